@@ -1,0 +1,145 @@
+"""Device profiles: the hardware numbers of trn1, inf2 and trn2 as data, each with its source.
+
+Every constant the cost model uses lives here, never in code. ``metadata()`` publishes a profile
+under the real profiler's Metadata field names (reference §3.8) with ``is_simulation = true``.
+
+>>> p = get_profile("trn1")
+>>> round(p.tensor_peak_flops("bfloat16") / 1e12, 1)
+91.8
+>>> get_profile("trn2").cores_per_chip
+4
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+_ARCH = "SDK nki/guides/architecture/trainium_inferentia2_arch.rst"
+_ARCH3 = "SDK nki/guides/architecture/trainium2_arch.rst"
+_DMA = "SDK nki/deep-dives/nki-dma-bandwidth-guide.rst"
+_HW = "SDK about-neuron/arch/neuron-hardware/{trn1,trn2,inferentia2}-arch.rst"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One simulated device generation and the instance it comes in (reference §5.1)."""
+
+    name: str                      # trn1 | inf2 | trn2
+    instance_type: str             # the instance simulated by default
+    neuroncore_version: str        # v2 | v3d (as neuron-top titles it)
+    neuron_device_type: str        # as neuron-monitor's neuron_hardware_info
+    neuron_device_version: str
+    chips_per_instance: int
+    cores_per_chip: int            # logical NeuronCores per chip
+    # Tensor Engine
+    pe_rows: int = 128
+    pe_cols: int = 128
+    tensor_clock_ghz: float = 2.8
+    mm_init_latency_cycles: int = 64      # back-to-back MATMUL II floor: max(N_moving, 64)
+    fp32_matmul_factor: int = 4           # FP32 matmuls run 4x slower than BF16
+    ldweights_speedup: int = 4            # LoadStationary up to 4x faster than an MM of same size
+    # Vector / Scalar / GpSimd
+    vector_clock_ghz: float = 1.12
+    vector_lanes: int = 128
+    scalar_clock_ghz: float = 1.4
+    scalar_lanes: int = 128
+    gpsimd_clock_ghz: float = 1.4
+    min_ii_cycles: int = 64               # Vector/Scalar max(MIN_II, N)
+    dependent_overhead_cycles: int = 100  # dependent back-to-back small instructions
+    gpsimd_start_cycles: int = 150        # GpSimd 150 + N
+    neuroncore_clock_ghz: float = 1.4
+    # On-chip memory
+    partitions: int = 128
+    sbuf_bytes_per_partition: int = 192 * 1024
+    psum_bytes_per_partition: int = 16 * 1024
+    psum_banks: int = 8
+    psum_bank_fp32: int = 512             # gemm moving free size limit = one PSUM bank
+    # DMA and HBM
+    dma_engines_per_core: int = 16
+    dma_bytes_per_ns_per_engine: float = 17.0   # 272 GB/s per NC
+    dma_fixed_ns: float = 1300.0                 # descriptor + sync + semaphore overhead
+    hbm_bytes_per_chip: int = 32 * 2**30
+    hbm_gbps_per_chip: float = 820.0
+    hbm_stacks_per_chip: int = 2
+    # Interconnect and host
+    neuronlink_gbps_per_chip: float = 384.0     # NeuronLink-v2, 4 links x 96 GB/s
+    efa_gbps_per_instance: float = 100.0        # 800 Gbps EFA on trn1.32xlarge
+    pcie_gbps: float = 32.0                     # host <-> device (PCIe Gen4 x16 ~ 32 GB/s)
+    throttle: bool = False                      # TensorE ramps from 50% over ~3 us (trn2)
+    throttle_ramp_ns: float = 3000.0
+    sources: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def cores_per_instance(self) -> int:
+        return self.chips_per_instance * self.cores_per_chip
+
+    @property
+    def hbm_bytes_per_core(self) -> int:
+        return self.hbm_bytes_per_chip // self.cores_per_chip
+
+    @property
+    def hbm_bytes_per_ns_per_core(self) -> float:
+        return self.hbm_gbps_per_chip / self.cores_per_chip
+
+    @property
+    def dma_bytes_per_ns(self) -> float:
+        return self.dma_engines_per_core * self.dma_bytes_per_ns_per_engine
+
+    def tensor_peak_flops(self, dtype: str = "bfloat16") -> float:
+        """Peak Tensor Engine FLOP/s of one core for ``dtype`` (FP32 runs at 1/4)."""
+        peak = 2 * self.pe_rows * self.pe_cols * self.tensor_clock_ghz * 1e9
+        return peak / self.fp32_matmul_factor if dtype == "float32" else peak
+
+    def metadata(self) -> dict[str, str]:
+        """Metadata rows under the real profiler's names (reference §3.8), all strings."""
+        rows = {
+            "instance_type": self.instance_type, "is_simulation": "true",
+            "device_profile": self.name, "neuroncore_version": self.neuroncore_version,
+            "num_physical_cores": self.cores_per_chip, "vnc_enabled": str(self.name == "trn2").lower(),
+            "dma_ddr_bandwidth": self.dma_bytes_per_ns, "num_dma_engines_per_neuroncore": self.dma_engines_per_core,
+            "hbm_ddr_bandwidth": self.hbm_gbps_per_chip / self.hbm_stacks_per_chip,
+            "tensor_engine_num_rows": self.pe_rows, "tensor_engine_num_cols": self.pe_cols,
+            "tensor_engine_clock_freq": self.tensor_clock_ghz, "vector_engine_clock_freq": self.vector_clock_ghz,
+            "scalar_engine_clock_freq": self.scalar_clock_ghz, "gpsimd_engine_clock_freq": self.gpsimd_clock_ghz,
+            "vector_engine_num_channels": self.vector_lanes, "scalar_engine_num_channels": self.scalar_lanes,
+            "neuroncore_clock_freq": self.neuroncore_clock_ghz, "ticks_per_nanosec": 1,
+            "tensor_engine_peak_bf16_flops": self.tensor_peak_flops("bfloat16"),
+            "hbm_bytes_per_core": self.hbm_bytes_per_core,
+        }
+        return {k: str(v) for k, v in rows.items()}
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_COMMON_SOURCES = {"tensor": _ARCH, "vector": _ARCH, "dma": _DMA, "hbm": _HW,
+                   "cost_formulas": "SDK nki isa docstrings (reference §5.4)"}
+
+PROFILES: dict[str, DeviceProfile] = {
+    "trn1": DeviceProfile(
+        name="trn1", instance_type="trn1.32xlarge", neuroncore_version="v2",
+        neuron_device_type="trainium", neuron_device_version="v2",
+        chips_per_instance=16, cores_per_chip=2, sources=_COMMON_SOURCES),
+    "inf2": DeviceProfile(
+        name="inf2", instance_type="inf2.48xlarge", neuroncore_version="v2",
+        neuron_device_type="inferentia2", neuron_device_version="v2",
+        chips_per_instance=12, cores_per_chip=2, neuronlink_gbps_per_chip=192.0,
+        efa_gbps_per_instance=12.5, sources=_COMMON_SOURCES),
+    "trn2": DeviceProfile(
+        name="trn2", instance_type="trn2.48xlarge", neuroncore_version="v3d",
+        neuron_device_type="trainium2", neuron_device_version="v4",
+        # LNC=2: 8 physical NC-v3 per chip exposed as 4 logical cores (reference §4.4)
+        chips_per_instance=16, cores_per_chip=4,
+        tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2, gpsimd_clock_ghz=1.2,
+        neuroncore_clock_ghz=1.2, sbuf_bytes_per_partition=224 * 1024,
+        dma_bytes_per_ns_per_engine=23.0, hbm_bytes_per_chip=96 * 2**30, hbm_gbps_per_chip=2900.0,
+        hbm_stacks_per_chip=4, neuronlink_gbps_per_chip=1280.0, efa_gbps_per_instance=400.0,
+        throttle=True, sources={**_COMMON_SOURCES, "tensor": _ARCH3}),
+}
+
+
+def get_profile(name: str) -> DeviceProfile:
+    """The profile named ``name`` (trn1, inf2, trn2). Raises ``ValueError`` naming the choices."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}: choose one of {', '.join(PROFILES)}") from None

@@ -1,0 +1,97 @@
+"""The compiler's graph IR: what the front end produces, the passes annotate and the NEFF stores.
+
+A :class:`Program` is a flat, topologically ordered list of :class:`Node` records plus its
+constants (weights). It is plain data (JSON-able apart from the constant tensors), so a NEFF can
+store it without pickle and the runtime can rebuild an executable graph from it.
+
+>>> n = Node(name="addmm", target="aten.addmm.default", args=[{"node": "b"}, {"node": "x"}, {"node": "w"}],
+...          outputs=[TensorSpec((2, 8), "float32")])
+>>> n.is_compute
+True
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Op classes (legalize assigns one per node). "view" ops are metadata only: no device work.
+OP_CLASSES = ("matmul", "conv", "elementwise", "activation", "reduction", "normalization", "softmax",
+              "data_movement", "gather", "view", "collective", "cpu")
+
+
+@dataclass
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without prefix: "float32", "bfloat16", "int64", "bool"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Source:
+    file: str       # absolute path of the user's file
+    line: int
+    function: str
+    code: str = ""
+
+
+@dataclass
+class Node:
+    """One graph node.
+
+    ``args``/``kwargs`` are JSON-able: numbers, bools, None, strings, lists, ``{"node": name}``
+    for a reference to another node's value, ``{"dtype": "float32"}``, ``{"device": "cpu"}``,
+    ``{"layout": ...}``/``{"memory_format": ...}`` for the torch enums.
+    """
+
+    name: str
+    target: str                               # "aten.addmm.default"; "placeholder", "get_attr", "output", "getitem"
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: list[TensorSpec] = field(default_factory=list)   # tensor arguments, in argument order
+    outputs: list[TensorSpec] = field(default_factory=list)
+    op_class: str = ""                         # one of OP_CLASSES (set by legalize)
+    placement: str = "device"                  # "device" | "cpu_fallback"
+    fallback_reason: str = ""
+    fused_into: str | None = None              # name of the node this one is fused into (set by fuse)
+    module_path: str = ""                      # innermost nn.Module path, e.g. "encoder.layer.0.attention"
+    module_type: str = ""                      # its class, e.g. "torch.nn.modules.linear.Linear"
+    source: Source | None = None               # innermost frame in user code
+    flops: int = 0
+    bytes: int = 0                             # bytes read + written by the op, unfused
+    partition: int = -1                        # index of the device subgraph / CPU island (set by partition)
+
+    @property
+    def is_compute(self) -> bool:
+        return self.target not in ("placeholder", "get_attr", "output", "getitem")
+
+
+@dataclass
+class Program:
+    """A compiled graph: nodes in topological order, named inputs/outputs and constants."""
+
+    name: str
+    nodes: list[Node]
+    input_names: list[str]                     # placeholder node names, in call order
+    output_names: list[Any]                    # output structure: names or nested lists of names
+    constants: dict[str, Any] = field(default_factory=dict)   # name -> torch.Tensor (weights, buffers)
+    flags: dict[str, Any] = field(default_factory=dict)       # the compile flags that produced it
+    log: list[str] = field(default_factory=list)              # the verbose compile log, one decision a line
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def to_json(self) -> dict:
+        """Everything but the constant tensors, as JSON-able data."""
+        d = asdict(self)
+        d.pop("constants")
+        d["constant_names"] = sorted(self.constants)
+        return d
