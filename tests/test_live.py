@@ -1,0 +1,204 @@
+"""traces.live: the per-process snapshot the monitor and neuron-top read."""
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from traces import live
+from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info, request_capture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def d(tmp_path):
+    return tmp_path / "live"
+
+
+def _record(pub, n, core=0, status="completed", start=0):
+    for i in range(start, start + n):
+        pub.record_execution(core=core, wall_end=1000.0 + i, proj_end_ns=10**12 + i * 10**6,
+                             total_latency_s=0.001 * (i + 1), device_latency_s=0.0005 * (i + 1),
+                             busy_ns={"tensor": 300, "dma": 100}, flops=1000, status=status)
+
+
+def test_counters_memory_models_events_round_trip(d):
+    pub = LivePublisher(tag="app", target="trn1", instance_type="trn1.32xlarge", command="python x.py",
+                        hardware={"neuron_device_type": "trainium", "neuroncore_per_device_count": 2},
+                        directory=d)
+    pub.cores = [1, 0]
+    _record(pub, 3, core=0)
+    _record(pub, 2, core=1, status="timed_out", start=3)
+    pub.count_error("numerical")
+    pub.set_device_memory(0, "constants", 1024)
+    pub.set_host_memory("dma_buffers", 4096)
+    pub.model_loaded(name="mlp", uuid="abc", model_id=10001, core=1, device_bytes={"model_code": 77},
+                     host_bytes={"application_memory": 5})
+    pub.model_running(10001, True)
+    pub.count_event("recompile", reason="x dim 0: 4 -> 8", source="m.py:3")
+    pub.count_event("cpu_fallback", op="aten.nonzero.default", source="m.py:9")
+    pub.flush()
+    (s,) = read_all(d)
+    assert (s["tag"], s["pid"], s["target"], s["instance_type"], s["command"]) == (
+        "app", os.getpid(), "trn1", "trn1.32xlarge", "python x.py")
+    assert s["cores"] == [0, 1]
+    assert s["seq"] == 5
+    assert s["executions"]["completed"] == 3 and s["executions"]["timed_out"] == 2
+    assert set(s["executions"]) == set(live.EXECUTION_STATUSES)
+    assert s["errors"] == dict.fromkeys(live.ERROR_TYPES, 0) | {"numerical": 1}
+    assert s["core_stats"]["0"] == {"busy_ns": {"tensor": 900, "dma": 300}, "device_ns": 3_000_000,
+                                    "flops": 3000, "executions": 3}
+    assert s["device_memory"]["0"]["constants"] == 1024 and s["device_memory"]["0"]["tensors"] == 0
+    assert s["host_memory"]["dma_buffers"] == 4096
+    (m,) = s["models"]
+    assert (m["name"], m["model_id"], m["is_running"], m["core"], m["device_index"]) == ("mlp", 10001, True, 1, 0)
+    assert m["device_bytes"]["model_code"] == 77 and m["host_bytes"]["application_memory"] == 5
+    assert s["events"]["recompile"] == {"count": 1, "last_reason": "x dim 0: 4 -> 8",
+                                        "last_source": "m.py:3", "last_op": ""}
+    assert s["events"]["cpu_fallback"]["last_op"] == "aten.nonzero.default"
+    assert s["ring"]["seq"] == [1, 2, 3, 4, 5]
+    assert s["ring"]["core"] == [0, 0, 0, 1, 1]
+    assert s["ring"]["status"] == ["completed"] * 3 + ["timed_out"] * 2
+    assert s["ring"]["total_latency"][4] == pytest.approx(0.005, rel=1e-6)
+    assert s["hardware"]["neuron_device_type"] == "trainium"
+    assert read_device_info(d)["instance_type"] == "trn1.32xlarge"
+    pub.close()
+    assert read_all(d) == [] and not pub.path.exists()
+
+
+def test_tag_defaults_to_env_then_pid(d, monkeypatch):
+    monkeypatch.delenv("NEURON_PROCESS_TAG", raising=False)
+    a = LivePublisher(directory=d)
+    monkeypatch.setenv("NEURON_PROCESS_TAG", "my_app_1")
+    b = LivePublisher(directory=d)
+    assert a.tag == str(os.getpid()) and b.tag == "my_app_1"
+    assert a.path != b.path  # two publishers in one process never share a file
+    a.close(), b.close()
+
+
+def test_ring_keeps_the_newest_executions_in_order(d):
+    pub = LivePublisher(tag="r", directory=d)
+    n = RING_SIZE + 123
+    _record(pub, n)
+    pub.flush()
+    ring = read_all(d)[0]["ring"]
+    assert ring["seq"] == list(range(n - RING_SIZE + 1, n + 1))
+    assert ring["wall_end"][-1] == 1000.0 + n - 1
+    assert all(len(col) == RING_SIZE for col in ring.values())
+    pub.close()
+
+
+def test_flush_is_rate_limited_and_a_quiet_spell_still_gets_written(d):
+    pub = LivePublisher(tag="f", directory=d)
+    writes = 0
+    orig = live._write_atomic
+
+    def counting(path, data):
+        nonlocal writes
+        writes += 1
+        orig(path, data)
+
+    live._write_atomic = counting
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.6:
+            _record(pub, 1)
+        # at most one write per 0.25 s (+1 for a backstop write racing the hot path)
+        assert 1 <= writes <= 5
+        last = pub._seq
+        deadline = time.monotonic() + 5
+        while read_all(d)[0]["seq"] != last and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_all(d)[0]["seq"] == last  # the background flusher published the tail
+    finally:
+        live._write_atomic = orig
+        pub.close()
+
+
+def test_unknown_names_are_refused(d):
+    pub = LivePublisher(tag="u", directory=d)
+    with pytest.raises(ValueError, match="unknown execution status 'ok'"):
+        pub.record_execution(0, 1.0, 1, 0.1, 0.1, status="ok")
+    with pytest.raises(ValueError, match="error type"):
+        pub.count_error("oops")
+    with pytest.raises(ValueError, match="device memory category"):
+        pub.set_device_memory(0, "weights", 1)
+    with pytest.raises(ValueError, match="event kind"):
+        pub.count_event("launch")
+    pub.close()
+
+
+def test_dead_process_files_are_dropped_and_removed(d):
+    code = ("import time, sys; from traces.live import LivePublisher\n"
+            f"p = LivePublisher(tag='short', directory={str(d)!r}); p.flush(); print(p.path, flush=True)\n"
+            "import os; os._exit(0)\n")  # skip atexit: like a kill, the file stays behind
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    left = Path(out.stdout.strip())
+    assert left.exists()
+    assert read_all(d) == []
+    assert not left.exists()
+
+
+def test_half_written_and_foreign_files_are_skipped(d):
+    pub = LivePublisher(tag="ok", directory=d)
+    (d / f"{os.getpid()}-999.json").write_text('{"version": 1, "pid": ')  # torn write of a live pid
+    (d / "notes.txt").write_text("hello")
+    assert [s["tag"] for s in read_all(d)] == ["ok"]
+    pub.close()
+
+
+def test_concurrent_read_while_the_file_is_replaced(d):
+    pub = LivePublisher(tag="busy", directory=d)
+    stop = threading.Event()
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            _record(pub, 50, start=i)
+            i += 50
+            pub.flush()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        seen = []
+        deadline = time.monotonic() + 0.8
+        while time.monotonic() < deadline:
+            snaps = read_all(d)
+            assert len(snaps) == 1  # never torn, never missing
+            seen.append(snaps[0]["seq"])
+        assert seen == sorted(seen) and seen[-1] > 0
+    finally:
+        stop.set()
+        t.join()
+        pub.close()
+
+
+def test_capture_request_is_consumed_once(d):
+    pub = LivePublisher(tag="cap", directory=d)
+    assert pub.poll_capture() is None
+    request_capture(os.getpid(), "/tmp/cap_out", 3, directory=d)
+    pub._last_poll = 0.0  # poll_capture looks at the disk at most every 0.25 s
+    assert pub.poll_capture() == {"output_dir": "/tmp/cap_out", "seconds": 3.0}
+    pub._last_poll = 0.0
+    assert pub.poll_capture() is None
+    pub.close()
+
+
+def test_atexit_removes_the_file(d):
+    code = ("from traces.live import LivePublisher\n"
+            f"p = LivePublisher(tag='bye', directory={str(d)!r}); print(p.path)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert not Path(out.stdout.strip()).exists()
+    assert read_all(d) == []
+
+
+def test_live_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(tmp_path))
+    assert live.live_dir() == tmp_path
+    monkeypatch.delenv("NEURON_STACK_LIVE_DIR")
+    assert live.live_dir() == Path(f"/tmp/neuron_stack-{os.getuid()}/live")

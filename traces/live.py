@@ -1,0 +1,498 @@
+"""Live per-process statistics: the runtime publishes, ``neuron-monitor`` and ``neuron-top`` read.
+
+Each process using the runtime owns one small JSON snapshot ``<pid>-<n>.json`` in :func:`live_dir`.
+It holds cumulative counters (executions by status, errors by type, per-core busy time per engine on
+the projected clock, device time, flops), a ring of the last executions (so a reader can compute
+latency percentiles for exactly its own period), memory by category, loaded models, event counters,
+and the (wall, projected-clock) pair at the moment it was written. Nothing locks across processes:
+the file is replaced atomically (temp file + ``os.replace``), readers just read whatever is there.
+
+>>> import tempfile, time
+>>> d = tempfile.mkdtemp()
+>>> pub = LivePublisher(tag="demo", target="trn1", instance_type="trn1.32xlarge", directory=d)
+>>> pub.record_execution(core=0, wall_end=time.time(), proj_end_ns=time.time_ns(), total_latency_s=0.002,
+...                      device_latency_s=0.0015, busy_ns={"tensor": 1_000_000}, flops=10**9)
+>>> pub.flush()
+>>> [s["tag"] for s in read_all(d)]
+['demo']
+>>> pub.close(); read_all(d)
+[]
+"""
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import os
+import re
+import sys
+import threading
+import time
+from array import array
+from pathlib import Path
+
+__all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_device_info",
+           "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
+
+SNAPSHOT_VERSION = 1
+FLUSH_INTERVAL_S = 0.25          # at most four small writes a second per process
+RING_SIZE = 4096                 # executions kept for per-period latency percentiles
+
+# The real neuron-monitor's keys (reference §1.4); counters always carry all of them.
+EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
+                      "incorrect_input", "failed_to_queue")
+ERROR_TYPES = ("generic", "numerical", "transient", "model", "runtime", "hardware")
+DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
+HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
+EVENT_KINDS = ("compile", "recompile", "cpu_fallback", "cache_hit")
+
+_STATUS_CODE = {s: i for i, s in enumerate(EXECUTION_STATUSES)}
+# Ring columns and their array type codes: seq, wall end (s), latencies (s, float32 is plenty), core, status.
+_RING_COLUMNS = (("seq", "q"), ("wall_end", "d"), ("total_latency", "f"), ("device_latency", "f"),
+                 ("core", "i"), ("status", "b"))
+_SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.json$")
+_CAPTURE_SUFFIX = ".capture.json"
+_DEVICE_FILE = "device.json"
+_counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
+
+
+def live_dir() -> Path:
+    """The directory snapshots live in: ``$NEURON_STACK_LIVE_DIR`` or ``/tmp/neuron_stack-<uid>/live``.
+
+    >>> live_dir().name
+    'live'
+    """
+    env = os.environ.get("NEURON_STACK_LIVE_DIR")
+    if env:
+        return Path(env)
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(f"/tmp/neuron_stack-{uid}/live")
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    # The temp name carries pid and thread so concurrent writers never share a temp file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def _process_start_time(pid: int) -> float | None:
+    try:
+        import psutil
+        return psutil.Process(pid).create_time()
+    except Exception:  # gone, or psutil cannot see it: the caller treats None as "unknown"
+        return None
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    """True while ``pid`` runs and is the same process that wrote the snapshot (pids get reused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if started is None:
+        return True
+    now_started = _process_start_time(pid)
+    return now_started is None or abs(now_started - started) < 1.0
+
+
+class LivePublisher:
+    """Publishes one process's live statistics for the monitor; every call is cheap and never blocks.
+
+    ``record_*`` calls update in-memory counters and write the snapshot at most every 0.25 s; a
+    daemon thread writes the last changes if the process goes quiet. ``close()`` (also at exit)
+    removes the snapshot.
+
+    >>> import tempfile
+    >>> pub = LivePublisher(tag="job", target="trn1", directory=tempfile.mkdtemp())
+    >>> pub.count_error("numerical"); pub.cores = [0]; pub.flush()
+    >>> read_all(pub.directory)[0]["errors"]["numerical"]
+    1
+    >>> pub.close()
+    """
+
+    def __init__(self, tag: str | None = None, target: str = "", instance_type: str = "",
+                 command: str | None = None, *, hardware: dict | None = None,
+                 directory: str | os.PathLike | None = None):
+        self.pid = os.getpid()
+        self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
+        self.tag = self.tag[:255]  # the real tag limit
+        self.target = target
+        self.instance_type = instance_type
+        self.command = command if command is not None else " ".join(sys.argv)
+        self.hardware = dict(hardware or {})
+        self.directory = Path(directory) if directory is not None else live_dir()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / f"{self.pid}-{next(_counter)}.json"
+        self.start_time = time.time()
+        self.process_start_time = _process_start_time(self.pid)
+        self.cores: list[int] = []
+        self._lock = threading.Lock()      # guards the counters; held for microseconds
+        self._io_lock = threading.Lock()   # one writer at a time, and no write after close()
+        self._seq = 0
+        self._executions = dict.fromkeys(EXECUTION_STATUSES, 0)
+        self._errors = dict.fromkeys(ERROR_TYPES, 0)
+        self._core_stats: dict[int, dict] = {}
+        # The ring is a set of fixed typed arrays (slot = seq % RING_SIZE): an O(1) store per
+        # execution and a cheap bytes dump per flush, instead of thousands of JSON objects.
+        self._ring = {name: array(code, bytes(array(code).itemsize * RING_SIZE)) for name, code in _RING_COLUMNS}
+        self._device_memory: dict[int, dict[str, int]] = {}
+        self._host_memory = dict.fromkeys(HOST_MEMORY, 0)
+        self._models: dict[int, dict] = {}
+        self._events = {k: {"count": 0, "last_reason": "", "last_source": "", "last_op": ""} for k in EVENT_KINDS}
+        self._last_wall = time.time()
+        self._last_proj_ns: int | None = None  # projected clock at the last execution's end
+        self._last_flush = 0.0
+        self._last_poll = 0.0
+        self._dirty = True
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.hardware:
+            self._publish_device_info()
+        atexit.register(self.close)
+        self.flush()
+
+    # -- recording (hot path) ------------------------------------------------------------------
+    def record_execution(self, core: int, wall_end: float, proj_end_ns: int, total_latency_s: float,
+                         device_latency_s: float, busy_ns: dict | None = None, flops: float = 0,
+                         status: str = "completed") -> None:
+        """Count one NEFF execution on ``core`` (busy time per engine in ns on the projected clock).
+
+        >>> import tempfile, time
+        >>> pub = LivePublisher(tag="x", directory=tempfile.mkdtemp())
+        >>> pub.record_execution(0, time.time(), time.time_ns(), 0.01, 0.008, {"tensor": 5_000_000}, 1e9)
+        >>> pub.close()
+        """
+        if status not in self._executions:
+            raise ValueError(f"unknown execution status {status!r}: use one of {', '.join(EXECUTION_STATUSES)}")
+        with self._lock:
+            self._seq += 1
+            self._executions[status] += 1
+            st = self._core_stats.get(core)
+            if st is None:
+                st = self._core_stats[core] = {"busy_ns": {}, "device_ns": 0, "flops": 0, "executions": 0}
+            busy = st["busy_ns"]
+            for engine, ns in (busy_ns or {}).items():
+                busy[engine] = busy.get(engine, 0) + int(ns)
+            st["device_ns"] += int(device_latency_s * 1e9)
+            st["flops"] += int(flops)
+            st["executions"] += 1
+            slot = self._seq % RING_SIZE
+            ring = self._ring
+            ring["seq"][slot] = self._seq
+            ring["wall_end"][slot] = wall_end
+            ring["total_latency"][slot] = total_latency_s
+            ring["device_latency"][slot] = device_latency_s
+            ring["core"][slot] = core
+            ring["status"][slot] = _STATUS_CODE[status]
+            self._last_wall = wall_end
+            self._last_proj_ns = int(proj_end_ns)
+            self._dirty = True
+        self._maybe_flush()
+
+    def count_error(self, kind: str) -> None:
+        """Count one error of ``kind`` (an ``error_summary`` key: generic, numerical, transient, ...)."""
+        if kind not in self._errors:
+            raise ValueError(f"unknown error type {kind!r}: use one of {', '.join(ERROR_TYPES)}")
+        with self._lock:
+            self._errors[kind] += 1
+            self._dirty = True
+        self._maybe_flush()
+
+    def set_device_memory(self, core: int, category: str, nbytes: int) -> None:
+        """Set the device memory ``core`` uses for ``category`` (constants, model_code, tensors, ...)."""
+        if category not in DEVICE_MEMORY:
+            raise ValueError(f"unknown device memory category {category!r}: use one of {', '.join(DEVICE_MEMORY)}")
+        with self._lock:
+            self._device_memory.setdefault(core, dict.fromkeys(DEVICE_MEMORY, 0))[category] = int(nbytes)
+            self._dirty = True
+        self._maybe_flush()
+
+    def set_host_memory(self, category: str, nbytes: int) -> None:
+        """Set the host memory the runtime uses for ``category`` (application_memory, dma_buffers, ...)."""
+        if category not in HOST_MEMORY:
+            raise ValueError(f"unknown host memory category {category!r}: use one of {', '.join(HOST_MEMORY)}")
+        with self._lock:
+            self._host_memory[category] = int(nbytes)
+            self._dirty = True
+        self._maybe_flush()
+
+    def model_loaded(self, name: str, uuid: str, model_id: int, core: int,
+                     device_bytes: dict | None = None, host_bytes: dict | None = None,
+                     device_index: int | None = None) -> None:
+        """Record a model (NEFF) loaded on ``core``, with its memory per category."""
+        dev = dict.fromkeys(("constants", "model_code", "runtime_memory", "tensors"), 0)
+        dev.update({k: int(v) for k, v in (device_bytes or {}).items()})
+        host = dict.fromkeys(HOST_MEMORY, 0)
+        host.update({k: int(v) for k, v in (host_bytes or {}).items()})
+        per_dev = int(self.hardware.get("neuroncore_per_device_count") or 1)
+        with self._lock:
+            self._models[int(model_id)] = {
+                "name": name, "uuid": uuid, "model_id": int(model_id), "is_running": False,
+                "core": int(core), "device_index": int(core) // per_dev if device_index is None else device_index,
+                "device_bytes": dev, "host_bytes": host}
+            self._dirty = True
+        self._maybe_flush()
+
+    def model_unloaded(self, model_id: int) -> None:
+        """Forget a model that was unloaded."""
+        with self._lock:
+            self._models.pop(int(model_id), None)
+            self._dirty = True
+        self._maybe_flush()
+
+    def model_running(self, model_id: int, running: bool) -> None:
+        """Mark a loaded model as running (an execution in flight) or idle."""
+        with self._lock:
+            if int(model_id) in self._models:
+                self._models[int(model_id)]["is_running"] = bool(running)
+                self._dirty = True
+        self._maybe_flush()
+
+    def count_event(self, kind: str, reason: str = "", source: str = "", op: str = "") -> None:
+        """Count a compile, recompile, cpu_fallback or cache_hit, keeping the last reason/source/op."""
+        if kind not in self._events:
+            raise ValueError(f"unknown event kind {kind!r}: use one of {', '.join(EVENT_KINDS)}")
+        with self._lock:
+            ev = self._events[kind]
+            ev["count"] += 1
+            if reason:
+                ev["last_reason"] = str(reason)
+            if source:
+                ev["last_source"] = str(source)
+            if op:
+                ev["last_op"] = str(op)
+            self._dirty = True
+        self._maybe_flush()
+
+    # -- capture requests from neuron-top ------------------------------------------------------
+    def poll_capture(self) -> dict | None:
+        """A pending capture request ``{"output_dir", "seconds"}`` for this process, consumed once.
+
+        Looks at the disk at most every 0.25 s, so it is cheap to call after every execution.
+        """
+        now = time.monotonic()
+        if now - self._last_poll < FLUSH_INTERVAL_S:
+            return None
+        self._last_poll = now
+        path = self.directory / f"{self.pid}{_CAPTURE_SUFFIX}"
+        claimed = path.with_name(f".{path.name}.claimed")
+        try:
+            os.replace(path, claimed)  # atomic claim: a request is consumed exactly once
+        except FileNotFoundError:
+            return None
+        try:
+            with open(claimed) as f:
+                req = json.load(f)
+        except (OSError, ValueError):
+            req = None
+        finally:
+            try:
+                os.unlink(claimed)
+            except OSError:
+                pass
+        if not isinstance(req, dict) or "output_dir" not in req:
+            return None
+        return {"output_dir": str(req["output_dir"]), "seconds": float(req.get("seconds", 5.0))}
+
+    # -- publishing ------------------------------------------------------------------------------
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+            self.flush()
+        elif self._thread is None and not self._closed:
+            # Backstop so the last changes before a quiet spell still reach the monitor.
+            self._thread = threading.Thread(target=self._flusher, name="neuron-live", daemon=True)
+            self._thread.start()
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(FLUSH_INTERVAL_S):
+            if self._dirty and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+                try:
+                    self.flush()
+                except Exception:  # a full disk must never take the workload down
+                    pass
+
+    def snapshot(self) -> dict:
+        """The snapshot as written to disk (a plain dict; see docs/monitor.md for the fields)."""
+        with self._lock:
+            now = time.time()
+            # Outside the runtime the projected clock runs at wall speed, so extrapolate from the
+            # last execution's end to "now".
+            if self._last_proj_ns is None:
+                proj_ns = time.time_ns()
+            else:
+                proj_ns = self._last_proj_ns + int(max(0.0, now - self._last_wall) * 1e9)
+            ring = {name: base64.b64encode(col.tobytes()).decode("ascii") for name, col in self._ring.items()}
+            snap = {
+                "version": SNAPSHOT_VERSION, "pid": self.pid, "tag": self.tag, "command": self.command,
+                "target": self.target, "instance_type": self.instance_type, "hardware": dict(self.hardware),
+                "start_time": self.start_time, "process_start_time": self.process_start_time,
+                "wall": now, "proj_ns": proj_ns, "seq": self._seq,
+                "cores": sorted(int(c) for c in self.cores),
+                "executions": dict(self._executions), "errors": dict(self._errors),
+                "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],
+                                        "flops": s["flops"], "executions": s["executions"]}
+                               for c, s in self._core_stats.items()},
+                "device_memory": {str(c): dict(m) for c, m in self._device_memory.items()},
+                "host_memory": dict(self._host_memory),
+                "models": [dict(m, device_bytes=dict(m["device_bytes"]), host_bytes=dict(m["host_bytes"]))
+                           for m in self._models.values()],
+                "events": {k: dict(v) for k, v in self._events.items()},
+                "ring": dict(ring, byteorder=sys.byteorder),
+            }
+            self._dirty = False
+        return snap
+
+    def flush(self) -> None:
+        """Write the snapshot now (atomically). A forked child never writes its parent's file."""
+        if os.getpid() != self.pid:
+            return
+        with self._io_lock:
+            if self._closed:
+                return
+            self._last_flush = time.monotonic()
+            snap = self.snapshot()
+            try:
+                _write_atomic(self.path, snap)
+            except FileNotFoundError:  # someone removed the directory: recreate it once
+                self.directory.mkdir(parents=True, exist_ok=True)
+                _write_atomic(self.path, snap)
+
+    def close(self) -> None:
+        """Stop publishing and remove the snapshot (also run at interpreter exit)."""
+        with self._io_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+        if os.getpid() == self.pid:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def _publish_device_info(self) -> None:
+        # The simulated "driver" description: survives the process so the monitor can describe the
+        # device (neuron_hardware_info, instance_info) even when nothing runs.
+        info = {"target": self.target, "instance_type": self.instance_type, "hardware": self.hardware}
+        try:
+            _write_atomic(self.directory / _DEVICE_FILE, info)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
+    """Snapshots of every live publishing process, oldest first; files of dead pids are removed.
+
+    A file being replaced while it is read, or a half-written file from a killed process, is
+    skipped (it will be complete at the next read).
+
+    >>> import tempfile
+    >>> read_all(tempfile.mkdtemp())
+    []
+    """
+    d = Path(directory) if directory is not None else live_dir()
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for name in names:
+        m = _SNAPSHOT_RE.match(name)
+        if not m:
+            continue
+        path = d / name
+        pid = int(m.group(1))
+        try:
+            with open(path) as f:
+                snap = json.load(f)
+        except (OSError, ValueError):
+            snap = None
+        if not isinstance(snap, dict) or snap.get("version") != SNAPSHOT_VERSION:
+            if not _alive(pid, None):
+                _unlink_quietly(path)
+            continue
+        if not _alive(pid, snap.get("process_start_time")):
+            _unlink_quietly(path)
+            continue
+        try:
+            snap["ring"] = _decode_ring(snap["ring"], snap["seq"])
+        except (ValueError, TypeError, KeyError):
+            continue
+        snap["file"] = str(path)
+        out.append(snap)
+    out.sort(key=lambda s: (s.get("start_time", 0), s.get("pid", 0), s.get("file", "")))
+    return out
+
+
+def _decode_ring(raw: dict, seq: int) -> dict[str, list]:
+    """The ring as columns of equal length, oldest execution first (``seq`` is the newest number)."""
+    n = min(int(seq), RING_SIZE)
+    start = (int(seq) + 1) % RING_SIZE  # slot of the oldest entry once the ring has wrapped
+    out = {}
+    for name, code in _RING_COLUMNS:
+        col = array(code)
+        col.frombytes(base64.b64decode(raw[name]))
+        if len(col) != RING_SIZE:
+            raise ValueError("ring size mismatch")
+        if raw.get("byteorder", sys.byteorder) != sys.byteorder:
+            col.byteswap()
+        ordered = col[start:] + col[:start] if seq >= RING_SIZE else col[1:n + 1]
+        out[name] = ordered.tolist()
+    out["status"] = [EXECUTION_STATUSES[c] for c in out["status"]]
+    return out
+
+
+def read_device_info(directory: str | os.PathLike | None = None) -> dict | None:
+    """The last simulated device a workload described (``{"target", "instance_type", "hardware"}``).
+
+    >>> import tempfile
+    >>> read_device_info(tempfile.mkdtemp()) is None
+    True
+    """
+    d = Path(directory) if directory is not None else live_dir()
+    try:
+        with open(d / _DEVICE_FILE) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def request_capture(pid: int, output_dir: str | os.PathLike, seconds: float,
+                    directory: str | os.PathLike | None = None) -> Path:
+    """Ask process ``pid`` to record a profile into ``output_dir`` for ``seconds`` (used by neuron-top).
+
+    The workload picks it up with :meth:`LivePublisher.poll_capture`.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> request_capture(12345, "/tmp/out", 5, directory=d).name
+    '12345.capture.json'
+    """
+    d = Path(directory) if directory is not None else live_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{int(pid)}{_CAPTURE_SUFFIX}"
+    _write_atomic(path, {"output_dir": str(output_dir), "seconds": float(seconds), "requested": time.time()})
+    return path
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
