@@ -128,14 +128,18 @@ class Instance:
 def get_instance(target: str | DeviceProfile | None = None) -> Instance:
     """The simulated instance: ``NEURON_STACK_INSTANCE_TYPE`` if set, else the target's default.
 
-    ``target`` is a device profile or its name (default ``NEURON_STACK_TARGET`` or ``trn1``).
+    ``target`` is a device profile or its name; without one, the instance type decides, else
+    ``NEURON_STACK_TARGET`` or ``trn1``.
     Example: ``get_instance("inf2").instance_type == "inf2.48xlarge"``.
     """
+    itype = os.environ.get("NEURON_STACK_INSTANCE_TYPE", "").strip()
     if isinstance(target, DeviceProfile):
         profile = target
+    elif target is None and itype in INSTANCE_TYPES:  # the machine decides (neuron-ls, monitors)
+        profile = get_profile(INSTANCE_TYPES[itype][0])
     else:
         profile = get_profile(target or os.environ.get("NEURON_STACK_TARGET") or "trn1")
-    itype = os.environ.get("NEURON_STACK_INSTANCE_TYPE", "").strip() or profile.instance_type
+    itype = itype or profile.instance_type
     if itype not in INSTANCE_TYPES:
         raise CoreAllocationError(
             f"NEURON_STACK_INSTANCE_TYPE={itype!r} is not a simulated instance type: "
