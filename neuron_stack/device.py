@@ -64,6 +64,10 @@ class DeviceProfile:
     neuronlink_gbps_per_chip: float = 384.0     # NeuronLink-v2, 4 links x 96 GB/s
     efa_gbps_per_instance: float = 100.0        # 800 Gbps EFA on trn1.32xlarge
     pcie_gbps: float = 32.0                     # host <-> device (PCIe Gen4 x16 ~ 32 GB/s)
+    # Per ring step of a collective (assumed; no public figure): NeuronLink hop, EFA hop.
+    # A hop between two cores of one chip costs dma_fixed_ns (a DMA descriptor round).
+    neuronlink_step_latency_ns: float = 2000.0
+    efa_step_latency_ns: float = 15000.0
     throttle: bool = False                      # TensorE ramps from 50% over ~3 us (trn2)
     throttle_ramp_ns: float = 3000.0
     sources: dict = field(default_factory=dict, compare=False)
