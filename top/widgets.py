@@ -1,0 +1,129 @@
+"""neuron-top's widgets. Each renders only from the last :class:`~top.snapshot.Snapshot` it was given.
+
+>>> Panel(render.vcpu_body, "vCPU Utilization").frame is None
+True
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from rich.text import Text
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Static, Tree
+
+from top import render
+from top.keymap import KEYMAP
+from top.render import ViewState
+from top.snapshot import MemoryNode, Snapshot
+
+
+class Panel(Widget):
+    """A bordered panel whose body is one of the pure :mod:`top.render` panel functions.
+
+    ``body(snapshot, state, width) -> (title, Text)``; the height follows the text, so panels
+    shrink and grow with the data and the terminal.
+    """
+
+    DEFAULT_CSS = "Panel { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, body: Callable[[Snapshot, ViewState, int], tuple[str, Text]] | None = None,
+                 title: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.body = body
+        self.frame: tuple[Snapshot, ViewState] | None = None
+        self.border_title = title
+
+    def show(self, snapshot: Snapshot, state: ViewState) -> None:
+        """Render ``snapshot`` as seen with ``state`` (tab, grid mode, selected core)."""
+        self.frame = (snapshot, state)
+        self.refresh(layout=True)
+
+    def _text(self, width: int) -> Text:
+        if self.frame is None or self.body is None:
+            return Text("waiting for the first report…", style="dim")
+        title, text = self.body(*self.frame, max(width, 10))
+        self.border_title = title
+        return text
+
+    def render(self) -> Text:
+        return self._text(self.content_size.width)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return len(self._text(width).plain.split("\n"))
+
+
+class MemoryTree(Tree):
+    """``Memory Usage Details``: ND → NC → model → category, updated in place so the
+    expansion and the cursor survive every refresh."""
+
+    ICON_NODE = "[+] "          # the real tool's markers, readable without colour
+    ICON_NODE_EXPANDED = "[-] "
+
+    def __init__(self, **kwargs):
+        super().__init__("memory", **kwargs)
+        self.show_root = False
+        self.guide_depth = 3
+        self._memory_nodes: tuple[MemoryNode, ...] = ()
+
+    def show_nodes(self, nodes: tuple[MemoryNode, ...]) -> None:
+        """Make the tree show ``nodes`` (new devices and cores start expanded down to NC)."""
+        self._memory_nodes = nodes
+        self._sync(self.root, nodes, 0)
+        if self.cursor_line < 0 and nodes:
+            self.cursor_line = 0   # start on the first device so arrows and enter act at once
+
+    def _label_width(self) -> int:
+        # One column stays free for the vertical scrollbar when the tree outgrows its panel.
+        return max(self.scrollable_content_region.width, 40) - 1
+
+    def _sync(self, parent, nodes: tuple[MemoryNode, ...], depth: int) -> None:
+        existing = {child.data[0]: child for child in parent.children if child.data}
+        width = self._label_width()
+        for node in nodes:
+            label = render.tree_label(node, width, depth, self.guide_depth)
+            tree_node = existing.pop(node.key, None)
+            if tree_node is None:
+                tree_node = parent.add(label, data=(node.key, node.core), expand=depth < 1,
+                                       allow_expand=bool(node.children))
+            else:
+                tree_node.set_label(label)
+                tree_node.allow_expand = bool(node.children)
+            self._sync(tree_node, node.children, depth + 1)
+        for gone in existing.values():
+            gone.remove()
+
+    def on_resize(self) -> None:
+        self._sync(self.root, self._memory_nodes, 0)
+
+    def toggle_all(self) -> None:
+        """Expand everything, or collapse everything when it is all expanded already."""
+        def nodes(node):
+            for child in node.children:
+                yield child
+                yield from nodes(child)
+        branches = [n for n in nodes(self.root) if n.allow_expand]
+        expand = not all(n.is_expanded for n in branches)
+        for node in self.root.children:
+            node.expand_all() if expand else node.collapse_all()
+
+
+class HelpScreen(ModalScreen):
+    """Every binding of :data:`top.keymap.KEYMAP`, the same table the app binds."""
+
+    BINDINGS = [("escape", "app.pop_screen", "Close"), ("q", "app.pop_screen", "Close"),
+                ("question_mark", "app.pop_screen", "Close"), ("h", "app.pop_screen", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: auto; max-width: 100%; height: auto; max-height: 100%;
+                          border: round $accent; padding: 0 1; background: $surface; }
+    """
+
+    def compose(self):
+        text = Text("neuron-top keys\n", style="bold")
+        width = max(len(row.display) for row in KEYMAP) + 2
+        for row in KEYMAP:
+            text.append(row.display.ljust(width), style="bold")
+            text.append(row.description + "\n")
+        text.append("\nescape / q / ? closes this screen", style="dim")
+        yield Static(text, id="help_text")
