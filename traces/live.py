@@ -36,6 +36,8 @@ __all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_dev
 
 SNAPSHOT_VERSION = 1
 FLUSH_INTERVAL_S = 0.25          # at most four small writes a second per process
+# Any recorded change is on disk within this long (hot-path flush or the backstop thread).
+PUBLISH_DELAY_MAX_S = 2 * FLUSH_INTERVAL_S + 0.1
 RING_SIZE = 4096                 # executions kept for per-period latency percentiles
 
 # The real neuron-monitor's keys (reference §1.4); counters always carry all of them.
@@ -143,8 +145,9 @@ class LivePublisher:
         self._host_memory = dict.fromkeys(HOST_MEMORY, 0)
         self._models: dict[int, dict] = {}
         self._events = {k: {"count": 0, "last_reason": "", "last_source": "", "last_op": ""} for k in EVENT_KINDS}
-        self._last_wall = time.time()
-        self._last_proj_ns: int | None = None  # projected clock at the last execution's end
+        # The projected clock starts at the wall clock; then (wall, projected) at each execution's end.
+        self._last_wall = self.start_time
+        self._last_proj_ns = int(self.start_time * 1e9)
         self._last_flush = 0.0
         self._last_poll = 0.0
         self._dirty = True
@@ -320,18 +323,14 @@ class LivePublisher:
         """The snapshot as written to disk (a plain dict; see docs/monitor.md for the fields)."""
         with self._lock:
             now = time.time()
-            # Outside the runtime the projected clock runs at wall speed, so extrapolate from the
-            # last execution's end to "now".
-            if self._last_proj_ns is None:
-                proj_ns = time.time_ns()
-            else:
-                proj_ns = self._last_proj_ns + int(max(0.0, now - self._last_wall) * 1e9)
             ring = {name: base64.b64encode(col.tobytes()).decode("ascii") for name, col in self._ring.items()}
             snap = {
                 "version": SNAPSHOT_VERSION, "pid": self.pid, "tag": self.tag, "command": self.command,
                 "target": self.target, "instance_type": self.instance_type, "hardware": dict(self.hardware),
                 "start_time": self.start_time, "process_start_time": self.process_start_time,
-                "wall": now, "proj_ns": proj_ns, "seq": self._seq,
+                # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
+                # both clocks. The reader extrapolates idle time itself (monitor/collect.py).
+                "wall": now, "proj_wall": self._last_wall, "proj_ns": self._last_proj_ns, "seq": self._seq,
                 "cores": sorted(int(c) for c in self.cores),
                 "executions": dict(self._executions), "errors": dict(self._errors),
                 "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],
