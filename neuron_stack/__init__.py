@@ -1,0 +1,18 @@
+"""neuron_stack: capture, compile and run PyTorch models on a simulated NeuronCore.
+
+The public API is imported lazily so that light tools (``neuron-ls``) do not pay for torch.
+
+>>> import neuron_stack
+>>> sorted(neuron_stack.__all__)[:3]
+['NeuronModule', 'PartitionerConfig', 'analyze']
+"""
+from __future__ import annotations
+
+__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'neuron_stack' has no attribute {name!r}")

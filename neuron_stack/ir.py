@@ -65,6 +65,7 @@ class Node:
     flops: int = 0
     bytes: int = 0                             # bytes read + written by the op, unfused
     partition: int = -1                        # index of the device subgraph / CPU island (set by partition)
+    decomposed_from: str = ""                  # the ATen op run_decompositions produced this node from
 
     @property
     def is_compute(self) -> bool:
@@ -82,6 +83,10 @@ class Program:
     constants: dict[str, Any] = field(default_factory=dict)   # name -> torch.Tensor (weights, buffers)
     flags: dict[str, Any] = field(default_factory=dict)       # the compile flags that produced it
     log: list[str] = field(default_factory=list)              # the verbose compile log, one decision a line
+    # Added by the compiler engineer (additive):
+    io_specs: dict[str, str] = field(default_factory=dict)    # pytree specs of inputs/outputs (treespec_dumps)
+    partitions: list[dict] = field(default_factory=list)      # set by partition: kind, nodes, inputs, outputs
+    stats: dict[str, Any] = field(default_factory=dict)       # compile-time figures (memory, counts)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -95,3 +100,25 @@ class Program:
         d.pop("constants")
         d["constant_names"] = sorted(self.constants)
         return d
+
+    @classmethod
+    def from_json(cls, d: dict, constants: dict[str, Any] | None = None) -> "Program":
+        """Inverse of :meth:`to_json`; ``constants`` supplies the tensors.
+
+        >>> p = Program("g", [Node("x", "placeholder", outputs=[TensorSpec((2,), "float32")])], ["x"], ["x"])
+        >>> Program.from_json(p.to_json()).nodes[0].outputs[0].shape
+        (2,)
+        """
+        def spec(s):
+            return TensorSpec(tuple(s["shape"]), s["dtype"])
+
+        nodes = []
+        for n in d["nodes"]:
+            n = dict(n)
+            n["inputs"] = [spec(s) for s in n.get("inputs", [])]
+            n["outputs"] = [spec(s) for s in n.get("outputs", [])]
+            n["source"] = Source(**n["source"]) if n.get("source") else None
+            nodes.append(Node(**n))
+        fields = {k: d[k] for k in ("name", "input_names", "output_names", "flags", "log", "io_specs",
+                                    "partitions", "stats") if k in d}
+        return cls(nodes=nodes, constants=dict(constants or {}), **fields)

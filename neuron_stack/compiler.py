@@ -1,0 +1,147 @@
+"""The compiler driver (the ``neuronx-cc compile`` analogue): runs the passes in order and emits a NEFF.
+
+legalize -> partition -> fuse -> lower+schedule (``neuron_stack.schedule.build_schedule``, or the
+roofline model of :mod:`neuron_stack.roofline` when the scheduler is absent) -> emit.
+
+>>> import torch
+>>> from neuron_stack.frontend import capture
+>>> from neuron_stack.flags import parse_flags
+>>> prog = capture(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+>>> neff = compile_program(prog, parse_flags(env=""))
+>>> neff.header["target"], sorted(neff.schedules)
+('trn1', [0])
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid as uuidlib
+
+from .device import get_profile
+from .flags import command_line, compiler_flags, flags_hash
+from .frontend import file_texts, sources_in
+from .fuse import fuse
+from .ir import Program
+from .legalize import legalize, nbytes
+from .neff import Neff
+from .partition import partition
+
+#: Bytes of device instruction memory per instruction ("model_code" in the memory accounting).
+INSTRUCTION_BYTES = 64
+#: Fixed runtime reservation per core ("runtime_memory"): queues, semaphores, DMA rings.
+RUNTIME_MEMORY_BYTES = 64 * 2**20
+
+
+def compiler_version() -> str:
+    """The version in cache paths (``neuronxcc-<version>``): this package's version + NEFF format."""
+    from .neff import FORMAT_VERSION
+    try:
+        from importlib.metadata import version
+        v = version("neuron-stack")
+    except Exception:
+        v = "0.0.0"
+    return f"{v}+neff{FORMAT_VERSION}"
+
+
+def graph_hash(program: Program, salt: str = "") -> str:
+    """A hash of what determines the compiled artifact: ops, arguments, shapes, sources and weights.
+
+    Source lines are part of it because the NEFF carries them into the profile; weights because
+    the NEFF inlines them (a model with other weights must not hit the cache).
+    """
+    import torch
+
+    h = hashlib.sha256(salt.encode())
+    d = program.to_json()
+    for k in ("log", "flags", "partitions", "stats"):
+        d.pop(k, None)
+    h.update(json.dumps(d, sort_keys=True, default=str).encode())
+    for name in sorted(program.constants):
+        t = program.constants[name].detach().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return str(int(h.hexdigest()[:15], 16))
+
+
+def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object, str]:
+    try:
+        from .schedule import build_schedule
+    except ImportError:  # the instruction-level scheduler is its own part; roofline until it is there
+        from .roofline import build_roofline
+        return build_roofline(program, part, profile, flags), "roofline"
+    return build_schedule(program, part, profile, flags), "instruction"
+
+
+def memory_plan(program: Program) -> dict:
+    """Device bytes by category for one loaded copy (the runtime adds them per core).
+
+    tensors = peak of live inputs, activations and outputs over the op order (views are free);
+    constants = weights; model_code = instructions x INSTRUCTION_BYTES; model_shared_scratchpad =
+    the largest single activation (the staging buffer for SBUF spills).
+    """
+    last_use: dict[str, int] = {}
+    from .partition import refs
+    for i, n in enumerate(program.nodes):
+        for r in refs([n.args, n.kwargs]):
+            last_use[r] = i
+    live = peak = largest = 0
+    sizes: dict[str, int] = {}
+    for i, n in enumerate(program.nodes):
+        if n.target == "placeholder" or (n.is_compute and n.op_class != "view" and n.placement == "device"):
+            sizes[n.name] = sum(nbytes(s) for s in n.outputs)
+            live += sizes[n.name]
+            largest = max(largest, sizes[n.name])
+        peak = max(peak, live)
+        for r in [r for r, j in last_use.items() if j == i]:
+            live -= sizes.pop(r, 0)
+    constants = sum(t.numel() * t.element_size() for t in program.constants.values())
+    return {"tensors": peak, "constants": constants, "model_shared_scratchpad": largest,
+            "runtime_memory": RUNTIME_MEMORY_BYTES}
+
+
+def compile_program(program: Program, flags: dict, *, partitioner_config=None,
+                    graph_hash_value: str | None = None) -> Neff:
+    """Run every pass on ``program`` (annotated in place) and return the in-memory :class:`Neff`.
+
+    ``flags`` comes from :func:`neuron_stack.flags.parse_flags`. Example in the module docstring.
+    """
+    t0 = time.perf_counter()
+    profile = get_profile(flags["target"])
+    program.flags = compiler_flags(flags)
+    ghash = graph_hash_value or graph_hash(program)
+    program.log.append(f"neuronx-cc compile {command_line(flags)} -- {program.name}: "
+                       f"{sum(n.is_compute for n in program.nodes)} ops")
+    legalize(program, partitioner_config)
+    partition(program)
+    fuse(program)
+    schedules: dict[int, dict] = {}
+    timing = "roofline"
+    instructions = 0
+    for p in program.partitions:
+        if p["kind"] != "device":
+            continue
+        s, timing = _schedule(program, p["index"], profile, flags)
+        schedules[p["index"]] = {"table": s.table, "busy_ns": {k: int(v) for k, v in s.busy_ns.items()},
+                                 "device_ns": int(s.device_ns), "hbm_read_bytes": int(s.hbm_read_bytes),
+                                 "hbm_write_bytes": int(s.hbm_write_bytes),
+                                 "spill_save_bytes": int(s.spill_save_bytes),
+                                 "spill_reload_bytes": int(s.spill_reload_bytes), "flops": int(s.flops)}
+        instructions += s.table.num_rows
+        program.log.append(f"schedule: partition #{p['index']}: {s.table.num_rows} instructions, "
+                           f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")
+    memory = memory_plan(program)
+    memory["model_code"] = instructions * INSTRUCTION_BYTES
+    fallbacks = [n for n in program.nodes if n.placement == "cpu_fallback" and n.is_compute]
+    program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions,
+                     "num_ops": sum(n.is_compute for n in program.nodes),
+                     "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),
+                     "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0}
+    program.log.append(f"Compiler status PASS ({len(program.partitions)} partitions, {len(fallbacks)} ops on the "
+                       f"host CPU, {instructions} instructions)")
+    header = {"name": program.name, "uuid": uuidlib.uuid4().hex, "hash": ghash, "flags_hash": flags_hash(flags),
+              "target": flags["target"], "compiler_version": compiler_version(), "core_count": 1,
+              "flags": compiler_flags(flags), "timing_model": timing}
+    files = file_texts([s.file for s in sources_in(program)])
+    return Neff(header=header, program=program, schedules=schedules, source_files=files,
+                log="\n".join(program.log) + "\n")

@@ -1,0 +1,89 @@
+"""Pass 2, partition: cut the node list into device subgraphs and CPU islands.
+
+Walking the (topologically ordered) nodes, a new partition starts whenever placement switches
+between the NeuronCore and the host; view ops stay with the partition they sit in. Each partition
+records the values it takes in and gives out; a value crossing between a device partition and a
+CPU island is a host<->device transfer (``transfers``) the runtime charges over PCIe.
+
+>>> from neuron_stack.ir import Node, Program, TensorSpec
+>>> t = TensorSpec((4,), "float32")
+>>> nodes = [Node("x", "placeholder", outputs=[t]),
+...          Node("a", "aten.relu.default", [{"node": "x"}], inputs=[t], outputs=[t], op_class="activation"),
+...          Node("b", "aten.sort.default", [{"node": "a"}], inputs=[t], outputs=[t], op_class="cpu",
+...               placement="cpu_fallback"),
+...          Node("o", "output", [[{"node": "b"}]])]
+>>> [(p["kind"], p["nodes"]) for p in partition(Program("g", nodes, ["x"], [{"node": "b"}])).partitions]
+[('device', ['a']), ('cpu', ['b'])]
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .ir import Program
+from .legalize import nbytes
+
+
+def refs(value: Any) -> Iterator[str]:
+    """Names of the nodes referenced anywhere in a JSON-able argument structure."""
+    if isinstance(value, dict):
+        if "node" in value and len(value) == 1:
+            yield value["node"]
+        else:
+            for v in value.values():
+                yield from refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from refs(v)
+
+
+def partition(program: Program) -> Program:
+    """Set ``Node.partition`` and ``program.partitions`` in place; log each partition and seam.
+
+    Each partition is ``{"index", "kind": "device"|"cpu", "nodes", "inputs", "outputs", "transfers"}``
+    where ``transfers`` lists ``{"value", "direction": "to_host"|"to_device", "bytes"}``.
+    Example: ``partition(legalize(prog)).partitions[0]["kind"]``.
+    """
+    by_name = {n.name: n for n in program.nodes}
+    parts: list[dict] = []
+    for n in program.nodes:
+        if not n.is_compute:
+            continue
+        kind = "cpu" if n.placement == "cpu_fallback" else "device"
+        if n.op_class == "view" and parts:
+            kind = parts[-1]["kind"]          # metadata-only ops never open a partition
+        if not parts or parts[-1]["kind"] != kind:
+            parts.append({"index": len(parts), "kind": kind, "nodes": []})
+        n.partition = parts[-1]["index"]
+        parts[-1]["nodes"].append(n.name)
+
+    owner = {n.name: n.partition for n in program.nodes if n.is_compute}
+    used_later: dict[str, set[int]] = {}
+    for n in program.nodes:
+        consumer = n.partition if n.is_compute else (len(parts) if n.target == "output" else None)
+        if consumer is None:
+            continue
+        for r in refs(n.args) if n.target == "output" else refs([n.args, n.kwargs]):
+            used_later.setdefault(r, set()).add(consumer)
+    for p in parts:
+        members = set(p["nodes"])
+        inputs: list[str] = []
+        for name in p["nodes"]:
+            n = by_name[name]
+            for r in refs([n.args, n.kwargs]):
+                if r not in members and r not in inputs:
+                    inputs.append(r)
+        p["inputs"] = inputs
+        p["outputs"] = [m for m in p["nodes"] if any(c != p["index"] for c in used_later.get(m, ()))]
+        p["transfers"] = []
+        for r in inputs:
+            src = owner.get(r)
+            if src is not None and parts[src]["kind"] != p["kind"]:
+                direction = "to_host" if p["kind"] == "cpu" else "to_device"
+                size = sum(nbytes(s) for s in by_name[r].outputs)
+                p["transfers"].append({"value": r, "direction": direction, "bytes": size})
+        seams = ", ".join(f"{t['value']} {t['direction']} {t['bytes']} B" for t in p["transfers"])
+        program.log.append(f"partition: #{p['index']} {p['kind']} {len(p['nodes'])} ops, "
+                           f"{len(inputs)} inputs, {len(p['outputs'])} outputs"
+                           + (f"; host<->device transfers: {seams}" if seams else ""))
+    program.partitions = parts
+    return program
