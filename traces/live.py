@@ -131,7 +131,7 @@ class LivePublisher:
         self.path = self.directory / f"{self.pid}-{next(_counter)}.json"
         self.start_time = time.time()
         self.process_start_time = _process_start_time(self.pid)
-        self.cores: list[int] = []
+        self._cores: list[int] = []
         self._lock = threading.Lock()      # guards the counters; held for microseconds
         self._io_lock = threading.Lock()   # one writer at a time, and no write after close()
         self._seq = 0
@@ -158,6 +158,18 @@ class LivePublisher:
             self._publish_device_info()
         atexit.register(self.close)
         self.flush()
+
+    @property
+    def cores(self) -> list[int]:
+        """The NeuronCores this process holds (assign a list; published with the next flush)."""
+        return list(self._cores)
+
+    @cores.setter
+    def cores(self, value) -> None:
+        with self._lock:
+            self._cores = sorted(int(c) for c in value)
+            self._dirty = True
+        self._maybe_flush()
 
     # -- recording (hot path) ------------------------------------------------------------------
     def record_execution(self, core: int, wall_end: float, proj_end_ns: int, total_latency_s: float,
@@ -331,7 +343,7 @@ class LivePublisher:
                 # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
                 # both clocks. The reader extrapolates idle time itself (monitor/collect.py).
                 "wall": now, "proj_wall": self._last_wall, "proj_ns": self._last_proj_ns, "seq": self._seq,
-                "cores": sorted(int(c) for c in self.cores),
+                "cores": list(self._cores),
                 "executions": dict(self._executions), "errors": dict(self._errors),
                 "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],
                                         "flops": s["flops"], "executions": s["executions"]}
