@@ -1,0 +1,80 @@
+"""The Explorer web app: a Dash pages app over the profiles named on the command line.
+
+``create_app(paths)`` returns the (single, per process) Dash app serving those profiles. Dash
+registers page callbacks globally and hands them to the first app it builds, so later calls swap
+the profiles the existing app serves instead of building a second app.
+
+>>> app = create_app([])          # doctest: +SKIP
+>>> app.server.test_client().get("/").status_code   # doctest: +SKIP
+200
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "sql", "compare")
+NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"), ("Source", "/source"),
+       ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("SQL", "/sql"), ("Compare", "/compare"))
+
+_APP = None
+
+
+def create_app(paths, registry=None):
+    """The Dash app serving ``paths`` (profile.duckdb files). Example: ``create_app(["out/s/profile.duckdb"])``."""
+    global _APP
+    from explorer import data
+
+    data.set_registry(registry or data.Registry(paths))
+    if _APP is None:
+        _APP = _build()
+    return _APP
+
+
+def _build():
+    import dash
+    from dash import Input, Output, State, dcc, html
+
+    from explorer import data, ui
+
+    app = dash.Dash(__name__, use_pages=True, pages_folder="", assets_folder=str(Path(__file__).parent / "assets"),
+                    title="Neuron Explorer (simulated)", suppress_callback_exceptions=True,
+                    update_title=None)
+    for name in PAGES:
+        importlib.import_module(f"explorer.pages.{name}")
+
+    app.layout = html.Div([
+        dcc.Location(id="app-url", refresh="callback-nav"),
+        html.Header([
+            html.Div(["Neuron Explorer", html.Small("neuron_stack · simulated NeuronCore")], className="brand"),
+            html.Nav(id="app-nav"),
+            dcc.Dropdown(id="app-profile", clearable=False, className="profile-pick", placeholder="no profile open"),
+        ], className="app"),
+        html.Main(dash.page_container),
+    ])
+
+    @dash.callback(Output("app-nav", "children"), Output("app-profile", "options"), Output("app-profile", "value"),
+                   Input("app-url", "pathname"), Input("app-url", "search"))
+    def nav(pathname, search):
+        """Links that keep the current profile; the profile picker."""
+        from urllib.parse import parse_qs
+
+        q = parse_qs((search or "").lstrip("?"))
+        key = (q.get("profile") or [data.registry().default_key()])[0]
+        links = [dcc.Link(label, href=ui.href(path, profile=key), id=f"app-nav-{label.lower()}",
+                          className="active" if (pathname or "/") == path else "") for label, path in NAV]
+        options = [{"label": k, "value": k} for k in data.registry().keys()]
+        return links, options, key if key in data.registry().keys() else None
+
+    @dash.callback(Output("app-url", "href"), Input("app-profile", "value"), State("app-url", "pathname"),
+                   State("app-url", "search"), prevent_initial_call=True)
+    def pick(value, pathname, search):
+        """Switching profile reopens the same page on the other profile (range and selection dropped)."""
+        from urllib.parse import parse_qs
+
+        current = (parse_qs((search or "").lstrip("?")).get("profile") or [data.registry().default_key()])[0]
+        if not value or value == current:
+            return dash.no_update
+        return ui.href(pathname or "/", profile=value)
+
+    return app

@@ -1,0 +1,17 @@
+// Keep the address bar in step with what the page shows (profile, range, selection) without a
+// reload or a Dash re-render: history.replaceState does not fire popstate, so the page router
+// does not rebuild the page, yet the URL can be copied and shared at any time.
+window.dash_clientside = Object.assign({}, window.dash_clientside, {
+  explorer: {
+    syncUrl: function (params) {
+      if (!params) { return window.dash_clientside.no_update; }
+      const url = new URL(window.location.href);
+      for (const [k, v] of Object.entries(params)) {
+        if (v === null || v === undefined || v === "") { url.searchParams.delete(k); }
+        else { url.searchParams.set(k, String(v)); }
+      }
+      window.history.replaceState(window.history.state, "", url.toString());
+      return window.dash_clientside.no_update;
+    }
+  }
+});

@@ -1,0 +1,210 @@
+"""Plotly figures the pages share: the timeline (raw or level-of-detail), the hierarchy icicle, small bars.
+
+The timeline's x axis is microseconds since the profile's start; lanes are rows (y = lane index,
+top to bottom). In raw mode each instruction is a bar coloured by the ATen op it came from; in
+level-of-detail mode each lane is a heat strip of busy fraction per time bucket, so the browser
+never receives more cells than the screen has pixels.
+
+>>> fmt_ns(1500)
+'1.5 µs'
+"""
+from __future__ import annotations
+
+import zlib
+
+import plotly.graph_objects as go
+
+from explorer import data
+
+PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
+           "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
+FALLBACK_RED = "#e15759"
+RECOMPILE_ORANGE = "#f28e2b"
+COMPILE_BLUE = "#7aa6d6"
+SELECT_GOLD = "#ffbf00"
+MAX_LEGEND_OPS = 10
+
+
+def fmt_ns(ns) -> str:
+    """Human time for nanoseconds: ``fmt_ns(2_500_000) == '2.5 ms'``."""
+    ns = float(ns or 0)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def fmt_bytes(n) -> str:
+    n = float(n or 0)
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def op_color(label: str) -> str:
+    """A stable colour per ATen op name, the same on every page and every profile."""
+    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]
+
+
+def _lane_index(lanes) -> dict[str, int]:
+    return {lane.key: i for i, lane in enumerate(lanes)}
+
+
+def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: bool = False) -> go.Figure:
+    """The timeline for one :func:`explorer.data.timeline` answer.
+
+    Raw instruction bars carry ``customdata = [core, engine, start_ns, pc, op_id]`` so a click can
+    ask for the instruction; highlighted (selected) instructions form the trace named ``selection``.
+    """
+    lanes = tl["lanes"]
+    index = _lane_index(lanes)
+    fig = go.Figure()
+    chosen = set(tl.get("selection") or [])
+    if tl["mode"] == "raw":
+        _raw_bars(fig, tl, ops, index, chosen)
+    else:
+        _lod_heat(fig, tl, ops, index, chosen)
+    _span_bars(fig, tl, index)
+    n = len(lanes)
+    fig.update_layout(
+        height=height or max(260, 26 * n + 90), margin=dict(l=10, r=10, t=28 if not compact else 8, b=36),
+        barmode="overlay", bargap=0.15, dragmode="zoom", hovermode="closest", plot_bgcolor="#fbfbfd",
+        showlegend=not compact, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=10)),
+        xaxis=dict(title="time since start (µs)", range=[tl["start"] / 1e3, tl["end"] / 1e3], showgrid=True,
+                   zeroline=False),
+        yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=[lane.label for lane in lanes],
+                   range=[n - 0.5, -0.5], fixedrange=True, showgrid=False, automargin=True),
+        uirevision=f"{tl['start']}-{tl['end']}",
+    )
+    return fig
+
+
+def _raw_bars(fig, tl, ops, index, chosen):
+    by_op: dict[str, list] = {}
+    for r in tl["instructions"]:
+        lane = data._lane_key(r["core"], r["engine"], r["queue"])
+        if lane not in index:
+            continue
+        label = data.op_label(ops.get(r["op_id"]))
+        by_op.setdefault(label, []).append((r, index[lane]))
+    ranked = sorted(by_op, key=lambda k: -sum(r["dur"] for r, _ in by_op[k]))
+    legend_ops = set(ranked[:MAX_LEGEND_OPS])
+    groups: dict[str, list] = {}
+    for label in ranked:
+        groups.setdefault(label if label in legend_ops else "other ops", []).extend(by_op[label])
+    for label, items in groups.items():
+        rest = [(r, y) for r, y in items if r["op_id"] not in chosen]
+        if rest:
+            fig.add_trace(_bar_trace(label, rest, ops, "#bbbbbb" if label == "other ops" else op_color(label),
+                                     opacity=0.35 if chosen else 0.95))
+    picked = [(r, index[data._lane_key(r["core"], r["engine"], r["queue"])]) for r in tl["instructions"]
+              if r["op_id"] in chosen and data._lane_key(r["core"], r["engine"], r["queue"]) in index]
+    if picked:
+        t = _bar_trace("selection", picked, ops, SELECT_GOLD, opacity=1.0)
+        t.marker.line = dict(color="#5a3d00", width=1.5)
+        fig.add_trace(t)
+
+
+def _bar_trace(name, items, ops, color, opacity):
+    xs, base, ys, custom, text = [], [], [], [], []
+    for r, y in items:
+        o = ops.get(r["op_id"]) or {}
+        xs.append(max(r["dur"], 1) / 1e3)
+        base.append(r["start"] / 1e3)
+        ys.append(y)
+        custom.append([r["core"], r["engine"], r["start"], r["pc"], r["op_id"]])
+        text.append(f"<b>{r['opcode']}</b> pc {r['pc']} · {fmt_ns(r['dur'])}<br>op {data.op_label(o)} "
+                    f"({o.get('name', '?')})<br>module {o.get('module_path') or '—'}<br>source "
+                    f"{data.where(o) or '—'}<br>{(o.get('code') or '').strip()[:80]}")
+    return go.Bar(name=name, orientation="h", x=xs, base=base, y=ys, customdata=custom, hovertext=text,
+                  hovertemplate="%{hovertext}<extra></extra>", marker=dict(color=color), opacity=opacity, width=0.8)
+
+
+def _lod_heat(fig, tl, ops, index, chosen):
+    n_buckets = max((b for cells in tl["buckets"].values() for b, *_ in cells), default=0) + 1
+    width, origin = tl["bucket_ns"], tl.get("bucket_origin", tl["start"])
+    xs = [(origin + (i + 0.5) * width) / 1e3 for i in range(n_buckets)]
+    z = [[None] * n_buckets for _ in index]
+    text = [[""] * n_buckets for _ in index]
+    for lane_key, cells in tl["buckets"].items():
+        y = index.get(lane_key)
+        if y is None:
+            continue
+        label = tl["lanes"][y].label
+        for b, frac, n, top in cells:
+            z[y][b] = frac
+            o = ops.get(top)
+            text[y][b] = (f"<b>{label}</b> {fmt_ns(origin + b * width)}–{fmt_ns(origin + (b + 1) * width)}"
+                          f"<br>busy {100 * frac:.0f}% · {n} instructions"
+                          + (f"<br>longest from {data.op_label(o)} {data.where(o)}" if o else ""))
+    fig.add_trace(go.Heatmap(name="busy", x=xs, y=list(range(len(index))), z=z, text=text, zmin=0, zmax=1,
+                             hovertemplate="%{text}<extra></extra>", showscale=False, xgap=0, ygap=3,
+                             colorscale=[[0, "#dbe6f3"], [0.5, "#6f9bd1"], [1, "#1f4e8c"]]))
+    if chosen and tl.get("highlight"):
+        hx, hy, ht = [], [], []
+        for lane_key, cells in tl["highlight"].items():
+            y = index.get(lane_key)
+            if y is None:
+                continue
+            for b, n in cells:
+                hx.append((origin + (b + 0.5) * width) / 1e3)
+                hy.append(y - 0.32)
+                ht.append(f"{n} selected instructions")
+        fig.add_trace(go.Scatter(name="selection", x=hx, y=hy, mode="markers", hovertext=ht,
+                                 hovertemplate="%{hovertext}<extra></extra>",
+                                 marker=dict(symbol="square", size=7, color=SELECT_GOLD,
+                                             line=dict(color="#5a3d00", width=1))))
+
+
+def _span_bars(fig, tl, index):
+    groups = {"exec": [], "cpu_fallback": [], "host_transfer": [], "compile": [], "recompile": [], "cache_hit": []}
+    for s in tl["spans"]:
+        kind = s.get("kind") or s.get("name")
+        if s["lane"] in index and kind in groups:
+            groups[kind].append(s)
+    style = {"exec": ("executions", "#9fb3c8"), "cpu_fallback": ("CPU fallback", FALLBACK_RED),
+             "host_transfer": ("host↔device transfer", "#bab0ac"), "compile": ("compile", COMPILE_BLUE),
+             "recompile": ("recompile", RECOMPILE_ORANGE), "cache_hit": ("compile cache hit", "#8cd17d")}
+    for kind, spans in groups.items():
+        if not spans:
+            continue
+        name, color = style[kind]
+        text = []
+        for s in spans:
+            extra = f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec" else (s.get("detail") or "")
+            text.append(f"<b>{name}</b> {fmt_ns(s['dur'])}<br>{str(extra)[:160]}")
+        fig.add_trace(go.Bar(name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
+                             base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
+                             hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                             marker=dict(color=color), width=0.7, opacity=0.9))
+        if kind == "recompile":   # a marker so a recompile shows even when its span is a sliver
+            fig.add_trace(go.Scatter(name="recompile marker", x=[s["start"] / 1e3 for s in spans],
+                                     y=[index[s["lane"]] for s in spans], mode="markers", showlegend=False,
+                                     hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                                     marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
+                                                 line=dict(color="#7a3e00", width=1))))
+
+
+def icicle_figure(nodes: list[dict]) -> go.Figure:
+    """Module path → ATen op → opcode, sized by device time; ``customdata`` holds each node's selection."""
+    fig = go.Figure(go.Icicle(
+        ids=[n["id"] for n in nodes], parents=[n["parent"] for n in nodes], labels=[n["label"] for n in nodes],
+        values=[n["value"] for n in nodes], branchvalues="total", customdata=[n["sel"] for n in nodes],
+        text=[f"{fmt_ns(n['value'])} · {n['instructions']} instructions" for n in nodes],
+        hovertemplate="<b>%{label}</b><br>%{text}<br>%{percentRoot:.1%} of device time<extra></extra>",
+        tiling=dict(orientation="v"), root=dict(color="#eef2f7")))
+    fig.update_layout(margin=dict(l=4, r=4, t=4, b=4), height=560)
+    return fig
+
+
+def engine_bars(engines: dict[str, float]) -> go.Figure:
+    """Horizontal bars of engine active %, in the real tool's engine order."""
+    names = [e for e in ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc") if e in engines]
+    fig = go.Figure(go.Bar(x=[engines[e] for e in names], y=[data.ENGINE_LABELS[e] for e in names], orientation="h",
+                           text=[f"{engines[e]:.1f}%" for e in names], textposition="auto",
+                           marker=dict(color=["#4e79a7" if e != "dma" else "#f28e2b" for e in names]),
+                           hovertemplate="%{y}: %{x:.1f}% active<extra></extra>"))
+    fig.update_layout(height=230, margin=dict(l=4, r=4, t=4, b=30), xaxis=dict(range=[0, 100], title="active %"),
+                      yaxis=dict(autorange="reversed"))
+    return fig

@@ -1,0 +1,59 @@
+"""Compare: two profiles aligned by source line (``file.py:line``) and op path (``module / aten op``),
+with per-line and per-op deltas of device time (B − A)."""
+from __future__ import annotations
+
+import dash
+from dash import dcc, html
+
+from explorer import data, ui
+from explorer.figures import fmt_ns
+
+
+
+def _delta(ns):
+    cls = "delta-up" if ns > 0 else "delta-down" if ns < 0 else ""
+    return html.Span(("+" if ns > 0 else "") + fmt_ns(ns), className=cls)
+
+
+@ui.guarded
+def layout(profile=None, a=None, b=None, **_):
+    keys = data.registry().keys()
+    if len(keys) < 2:
+        return ui.error_box("Compare needs two profiles",
+                            "Start the Explorer with both: `neuron-explorer view A/profile.duckdb B/profile.duckdb`.")
+    a = a or profile or keys[0]
+    b = b or next(k for k in keys if k != a)
+    c = data.compare(data.resolve(a), data.resolve(b))
+    pickers = html.Div(["A: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=k, b=b),
+                                          className="active" if k == a else "", style={"marginRight": "8px"}) for k in keys],
+                        " · B: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=a, b=k),
+                                             className="active" if k == b else "", style={"marginRight": "8px"}) for k in keys]],
+                       className="toolbar")
+    totals = ui.table([("metric", lambda r: r[0]), ("A", lambda r: _fmt(r[0], r[1]["a"])),
+                       ("B", lambda r: _fmt(r[0], r[1]["b"])), ("B − A", lambda r: _fmt(r[0], r[1]["delta"]))],
+                      list(c["totals"].items()), id="compare-totals")
+    cols = [("A", lambda r: fmt_ns(r["a_ns"])), ("B", lambda r: fmt_ns(r["b_ns"])), ("Δ", lambda r: _delta(r["delta_ns"])),
+            ("Δ %", lambda r: "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"),
+            ("instructions A → B", lambda r: f"{r['a_instructions']:,} → {r['b_instructions']:,}")]
+    return html.Div([
+        html.H2(f"Compare · A = {a} · B = {b}"), pickers,
+        html.Div(totals, className="card"),
+        html.Div([
+            html.Div([html.H3("By source line"), ui.table(
+                [("line", "line"), ("code", lambda r: html.Code((r.get("code") or "")[:60]))] + cols,
+                c["by_line"], id="compare-lines")], className="card col"),
+            html.Div([html.H3("By op path"), ui.table([("op path", "op_path")] + cols, c["by_op"], id="compare-ops")],
+                     className="card col"),
+        ], className="row"),
+    ])
+
+
+def _fmt(metric, v):
+    if metric in ("device_ns",):
+        return fmt_ns(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+dash.register_page(__name__, path="/compare", name="Compare", title="Compare · Neuron Explorer", layout=layout)

@@ -1,0 +1,61 @@
+"""Recompiles: each recompiled graph with the old and new input signature side by side (the changed
+dimension highlighted), the reason, the compile time, and a bucketing suggestion per graph family."""
+from __future__ import annotations
+
+import dash
+from dash import dcc, html
+
+from explorer import data, ui
+from explorer.figures import fmt_ns
+
+
+
+def _shape(shape, changed):
+    if shape is None:
+        return html.Span("(new input)")
+    parts = []
+    for i, d in enumerate(shape):
+        parts.append(html.Span(str(d), className="dim-changed" if i in changed else None))
+        if i < len(shape) - 1:
+            parts.append(", ")
+    return html.Span(["[", *parts, "]"])
+
+
+def _signature(diff, side):
+    return html.Div([html.Div([f"{d['name']}: {d['dtype']}", _shape(d[side], d["changed"])], className="sig")
+                     for d in diff])
+
+
+@ui.guarded
+def layout(profile=None, **_):
+    key = ui.profile_key(profile)
+    r = data.recompiles(data.resolve(key))
+    suggestions = [html.Div([
+        html.Div(html.Strong(f"Pad input '{s['input']}' dimension {s['dim']} to {s['buckets']}")),
+        html.Div(f"Graph {s['graph']} was compiled for {s['compiles_before']} values of that dimension "
+                 f"({', '.join(map(str, s['values'][:12]))}). With these buckets it compiles "
+                 f"{s['compiles_after']} times: {s['compiles_saved']} compiles saved (~{fmt_ns(s['compile_ns_saved'])} "
+                 f"of compile time), at a padding cost of {s['padding_percent']:.1f}% more elements along that "
+                 f"dimension, weighted by how often each shape ran."),
+    ], className="reco") for s in r["suggestions"]]
+    table = ui.table([
+        ("graph", "name"),
+        ("reason", "reason"),
+        ("previous signature", lambda e: _signature(e["diff"], "old")),
+        ("new signature", lambda e: _signature(e["diff"], "new")),
+        ("compile time", lambda e: fmt_ns(e["compile_wall_ns"]) + (" (cache hit)" if e["cache_hit"] else "")),
+        ("call site", lambda e: dcc.Link(e["where"], href=ui.href("/source", profile=key, line=e["source_id"]))
+         if e["source_id"] is not None else "—"),
+        ("timeline", lambda e: dcc.Link("show", href=ui.href("/timeline", profile=key, sel=f"graph:{e['graph_id']}"))),
+    ], r["recompiles"], id="recompiles-table")
+    return html.Div([
+        html.H2(f"Recompiles · {len(r['recompiles'])} of {len(r['graphs'])} graphs · "
+                f"{fmt_ns(r['compile_wall_ns'])} compiling in total"),
+        html.Div(suggestions or [html.Div("No bucketing suggestion: no input dimension varied between compiles.",
+                                          className="hint")], id="recompiles-suggestions"),
+        html.Div(table if r["recompiles"] else html.Div("No recompiles: every graph compiled once.", className="hint"),
+                 className="card"),
+    ])
+
+
+dash.register_page(__name__, path="/recompiles", name="Recompiles", title="Recompiles · Neuron Explorer", layout=layout)

@@ -1,0 +1,108 @@
+"""Source: every file the profile embeds, each line with a heat strip of its device time and its
+instruction count. Clicking a line highlights its instructions on the timeline below (and links the
+full Timeline page filtered to it); the timeline's instruction details link back here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dash
+from dash import ALL, Input, Output, State, callback, ctx, dcc, html
+
+from explorer import data, ui
+from explorer.figures import fmt_ns, timeline_figure
+
+
+MAX_LINES = 5000
+
+
+def _line_row(r, peak, selected_sid):
+    hot = r["source_id"] is not None and (r["device_ns"] or r["instructions"] or r["host_ns"])
+    width = f"{100.0 * r['device_ns'] / peak:.1f}%" if peak and r["device_ns"] else "0%"
+    cells = [html.Span(str(r["line"]), className="src-no"),
+             html.Div(html.Div(style={"width": width}), className="heat",
+                      title=f"{fmt_ns(r['device_ns'])} device time" if hot else ""),
+             html.Span(fmt_ns(r["device_ns"]) if r["device_ns"] else ("host" if r["host_ns"] else ""), className="src-t"),
+             html.Span(f"{r['instructions']:,}" if r["instructions"] else "", className="src-n"),
+             html.Span(r["code"] or " ", className="src-code")]
+    if not hot:
+        return html.Div(cells, className="src-line")
+    sid = str(r["source_id"])
+    return html.Div(cells, id={"type": "source-line", "sid": sid}, n_clicks=0,
+                    className="src-line hot selected" if sid == selected_sid else "src-line hot",
+                    title="click: highlight this line's instructions on the timeline")
+
+
+def _mini_timeline(key, sid):
+    if not sid:
+        return html.Div("Click a highlighted line to see where its instructions run.", className="hint")
+    L = data.resolve(key)
+    tl = data.timeline(L, sel=f"line:{sid}")
+    fig = timeline_figure(tl, data.ops(L), height=max(240, 20 * len(tl["lanes"]) + 60), compact=True)
+    return html.Div([
+        html.Div([html.Strong(tl["selection_text"]), " · ",
+                  dcc.Link("Open on the Timeline page →", href=ui.href("/timeline", profile=key, sel=f"line:{sid}"),
+                           id="source-to-timeline")]),
+        dcc.Graph(id="source-timeline", figure=fig, config={"displaylogo": False}),
+    ])
+
+
+@ui.guarded
+def layout(profile=None, file=None, line=None, **_):
+    key = ui.profile_key(profile)
+    L = data.resolve(key)
+    files = data.source_files(L)
+    if not files:
+        return ui.error_box("the profile embeds no source files",
+                            "Source text is recorded by the runtime for files it links ops to.")
+    selected_sid = ""
+    index = data.parse_int(file, "file", 0, len(files) - 1) or 0
+    if line not in (None, ""):
+        sid = data.parse_int(line, "line")
+        t = data.line_totals(L).get(sid)
+        if t is None or t.get("file") not in files:
+            raise data.ExplorerError(f"no recorded source line with id {sid}")
+        index, selected_sid = files.index(t["file"]), str(sid)
+    name = files[index]
+    rows = data.source_view(L, name)
+    peak = max((r["device_ns"] for r in rows), default=0)
+    file_links = [dcc.Link(Path(f).name, href=ui.href("/source", profile=key, file=i), title=f,
+                           className="active" if i == index else "", style={"marginRight": "12px"})
+                  for i, f in enumerate(files)]
+    return html.Div([
+        *ui.url_sink("source"),
+        dcc.Store(id="source-state", data={"profile": key, "file": index, "line": selected_sid}),
+        html.H2(["Source · ", html.Span(name, className="code")]),
+        html.Div(["Files: ", *file_links], className="toolbar", id="source-files"),
+        html.Div([
+            html.Div(html.Div([_line_row(r, peak, selected_sid) for r in rows[:MAX_LINES]], className="source-view",
+                              id="source-lines"), className="col", style={"flex": "1 1 520px"}),
+            html.Div(html.Div(_mini_timeline(key, selected_sid), id="source-selection"), className="card col",
+                     style={"flex": "1 1 520px"}),
+        ], className="row"),
+    ])
+
+
+@callback(Output("source-selection", "children"), Output({"type": "source-line", "sid": ALL}, "className"),
+          Output("source-state", "data"), Output("source-url", "data"),
+          Input({"type": "source-line", "sid": ALL}, "n_clicks"), State("source-state", "data"),
+          prevent_initial_call=True)
+def pick_line(clicks, state):
+    """A click on a line: highlight its instructions on the timeline and mark the line."""
+    trigger = ctx.triggered_id
+    if not isinstance(trigger, dict) or not any(clicks):
+        return (dash.no_update,) * 4
+    sid = str(trigger.get("sid"))
+    try:
+        data.parse_int(sid, "line")
+        panel = _mini_timeline(state["profile"], sid)
+    except data.ExplorerError as exc:
+        return ui.error_box(str(exc)), dash.no_update, dash.no_update, dash.no_update
+    classes = ["src-line hot selected" if str(o["id"]["sid"]) == sid else "src-line hot"
+               for o in ctx.outputs_list[1]]
+    return panel, classes, dict(state, line=sid), {"line": sid, "file": None}
+
+
+ui.register_url_sync("source")
+
+
+dash.register_page(__name__, path="/source", name="Source", title="Source · Neuron Explorer", layout=layout)

@@ -1,0 +1,84 @@
+"""SQL: a read-only console over the profile. One SELECT (or WITH … SELECT) per run, checked by
+DuckDB's own parser, at most ``data.CONSOLE_LIMIT`` rows; results as a table and a quick chart."""
+from __future__ import annotations
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, callback, dcc, html
+
+from explorer import data, ui
+from explorer.sqlguard import RefusedQuery
+
+
+EXAMPLES = {
+    "Device time per engine": "SELECT engine, count(*) AS instructions, sum(dur_ns) AS busy_ns\n"
+                              "FROM instructions GROUP BY engine ORDER BY busy_ns DESC",
+    "Costliest source lines": "SELECT s.file, s.line, sum(i.dur_ns) AS device_ns, count(*) AS instructions\n"
+                              "FROM instructions i JOIN ops o USING (op_id) JOIN sources s USING (source_id)\n"
+                              "GROUP BY ALL ORDER BY device_ns DESC LIMIT 20",
+    "CPU fallbacks": "SELECT aten_op, fallback_reason, count(*) AS ops FROM ops\n"
+                     "WHERE placement = 'cpu_fallback' GROUP BY ALL",
+    "Recompiles": "SELECT name, input_signature, recompile_reason, compile_wall_ns FROM graphs\n"
+                  "WHERE recompile_of IS NOT NULL ORDER BY compile_wall_ns DESC",
+    "Tables": "SELECT table_name, estimated_size AS rows FROM duckdb_tables() ORDER BY table_name",
+}
+
+
+@ui.guarded
+def layout(profile=None, q=None, **_):
+    key = ui.profile_key(profile)
+    data.resolve(key)
+    query = q if isinstance(q, str) and len(q) <= 20_000 else EXAMPLES["Device time per engine"]
+    return html.Div([
+        *ui.url_sink("sql"),
+        dcc.Store(id="sql-profile", data=key),
+        html.H2("SQL console (read-only)"),
+        html.Div(["Examples: ", dcc.Dropdown(id="sql-examples", options=list(EXAMPLES), placeholder="pick a query",
+                                             style={"minWidth": "320px"})], className="toolbar"),
+        dcc.Textarea(id="sql-query", value=query, className="sql", spellCheck=False),
+        html.Div([html.Button("Run", id="sql-run", className="btn"),
+                  html.Span(f"One SELECT or WITH … SELECT; at most {data.CONSOLE_LIMIT:,} rows; tables: metadata, runs, "
+                            "sources, source_files, graphs, ops, executions, instructions, events, memory and the "
+                            "derived summaries.", className="hint")], className="toolbar"),
+        html.Div(id="sql-message"),
+        html.Div([html.Div(id="sql-result", className="card col", style={"maxHeight": "60vh", "overflow": "auto"}),
+                  html.Div(dcc.Graph(id="sql-chart", config={"displaylogo": False}), className="card col")],
+                 className="row"),
+    ])
+
+
+@callback(Output("sql-query", "value"), Input("sql-examples", "value"), prevent_initial_call=True)
+def example(name):
+    return EXAMPLES.get(name, dash.no_update)
+
+
+def quick_chart(columns, rows) -> go.Figure:
+    """A bar chart of the first numeric column against the first column, when the result has one."""
+    fig = go.Figure()
+    numeric = [c for c in columns[1:] if rows and all(isinstance(r[c], (int, float)) or r[c] is None for r in rows)]
+    if columns and numeric and rows:
+        fig.add_bar(x=[str(r[columns[0]]) for r in rows[:200]], y=[r[numeric[0]] for r in rows[:200]], name=numeric[0])
+        fig.update_layout(xaxis_title=columns[0], yaxis_title=numeric[0])
+    fig.update_layout(height=360, margin=dict(l=10, r=10, t=20, b=40))
+    return fig
+
+
+@callback(Output("sql-result", "children"), Output("sql-message", "children"), Output("sql-chart", "figure"),
+          Output("sql-url", "data"),
+          Input("sql-run", "n_clicks"), State("sql-query", "value"), State("sql-profile", "data"))
+def run(_clicks, query, key):
+    """Run the console query (also on page load, so a shared ``?q=`` link shows its result)."""
+    try:
+        res = data.run_console(data.resolve(key), query or "")
+    except (RefusedQuery, data.ExplorerError) as exc:
+        return html.Div(), html.Div(f"Refused: {exc}" if isinstance(exc, RefusedQuery) else f"Error: {exc}",
+                                    className="error-box", id="sql-error"), go.Figure(), dash.no_update
+    table = ui.table([(c, c) for c in res["columns"]], res["rows"], id="sql-table", max_rows=data.CONSOLE_LIMIT)
+    note = f"{len(res['rows']):,} rows" + (f" (first {data.CONSOLE_LIMIT:,} shown)" if res["truncated"] else "")
+    return table, html.Div(note, className="hint", id="sql-count"), quick_chart(res["columns"], res["rows"]), {"q": query}
+
+
+ui.register_url_sync("sql")
+
+
+dash.register_page(__name__, path="/sql", name="SQL", title="SQL · Neuron Explorer", layout=layout)

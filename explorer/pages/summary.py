@@ -1,0 +1,84 @@
+"""Summary: the device profile, total time, engine activity, MFU, HBM traffic, top ops and lines,
+fallback and recompile counts, and the ranked recommendations with links to their evidence."""
+from __future__ import annotations
+
+import dash
+from dash import dcc, html
+
+from explorer import data, recommend, ui
+from explorer.figures import engine_bars, fmt_bytes, fmt_ns
+
+
+PAGE_FOR = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks", "source": "/source",
+            "hierarchy": "/hierarchy"}
+
+
+def _profiles_list():
+    reg = data.registry()
+    if not reg.keys():
+        return ui.error_box("no profiles to show.",
+                            "Record one with `neuron-explorer inspect -- python script.py`, then run "
+                            "`neuron-explorer view output/<session>/profile.duckdb`.")
+    return html.Div([html.H2("Profiles"), ui.table(
+        [("profile", lambda e: dcc.Link(e.key, href=ui.href("/", profile=e.key))), ("file", lambda e: e.path.name),
+         ("session", lambda e: e.path.parent.name), ("status", lambda e: e.error or "ok")],
+        list(reg.entries.values()), id="summary-profiles")], className="card")
+
+
+@ui.guarded
+def layout(profile=None, **_):
+    if profile is None and len(data.registry().keys()) != 1:
+        return _profiles_list()
+    key = ui.profile_key(profile)
+    L = data.resolve(key)
+    s = data.summary(L)
+    recos = recommend.recommendations(L)
+    stats = html.Div([
+        ui.stat("device profile", s["device_profile"], f"{s['instance_type']} · simulated", id="summary-target"),
+        ui.stat("total time", fmt_ns(s["device_ns"]), f"on-device, {s['executions']} executions "
+                                                      f"({s['warmup_executions']} warm-up)", id="summary-total"),
+        ui.stat("MFU (estimated)", f"{s['mfu_estimated_percent']:.1f}%", f"{s['model_flops'] / 1e9:.3g} GFLOP",
+                id="summary-mfu"),
+        ui.stat("HBM traffic", fmt_bytes(s["hbm_read_bytes"] + s["hbm_write_bytes"]),
+                f"read {fmt_bytes(s['hbm_read_bytes'])} · write {fmt_bytes(s['hbm_write_bytes'])}"),
+        ui.stat("device busy", f"{s['device_busy_percent']:.1f}%", "of the time between first and last execution"),
+        html.A(ui.stat("CPU fallbacks", f"{s['fallback_ops']} ops", f"{s['fallback_calls']} calls · "
+                       f"{fmt_ns(s['cpu_fallback_ns'])}", id="summary-fallbacks"), href=ui.href("/fallbacks", profile=key)),
+        html.A(ui.stat("recompiles", str(s["recompiles"]), f"{s['graphs']} graphs · {fmt_ns(s['compile_wall_ns'])} compiling",
+                       id="summary-recompiles"), href=ui.href("/recompiles", profile=key)),
+        ui.stat("instructions", f"{s['instructions']:,}", s["timing_model"] and f"timing model: {s['timing_model']}"),
+    ], className="stats")
+    reco_items = [html.Div([
+        html.Span(f"{i}. {f.title}", className="reco-title"),
+        html.Span(f"~{fmt_ns(f.impact_ns)}", className="reco-impact"),
+        html.Div(f.words),
+        dcc.Link("Evidence →", href=ui.href(PAGE_FOR.get(f.page, "/"), profile=key, **f.query),
+                 id=f"summary-evidence-{i}"),
+    ], className="reco") for i, f in enumerate(recos, start=1)] or [html.Div("No issues found by the rules.", className="hint")]
+    top_ops = ui.table([
+        ("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=f"op:{r['op_id']}"))),
+        ("module", "module"), ("source", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
+                              if r["source_id"] is not None else ""),
+        ("device time", lambda r: fmt_ns(r["device_ns"])), ("instructions", "instructions")],
+        data.top_ops(L, 10), id="summary-top-ops")
+    top_lines = ui.table([
+        ("line", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))),
+        ("code", lambda r: html.Code(r["code"].strip()[:70])), ("device time", lambda r: fmt_ns(r["device_ns"])),
+        ("instructions", "instructions")], data.top_lines(L, 10), id="summary-top-lines")
+    return html.Div([
+        html.H2(["Summary · ", key, html.Span("is_simulation = true", className="sim-badge")]),
+        stats,
+        html.Div([
+            html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],
+                     className="card col"),
+            html.Div([html.H3("Engine active time (% of device time)"),
+                      dcc.Graph(figure=engine_bars(s["engines"]), config={"displayModeBar": False}, id="summary-engines")],
+                     className="card col"),
+        ], className="row"),
+        html.Div([html.Div([html.H3("Top ops by device time"), top_ops], className="card col"),
+                  html.Div([html.H3("Top source lines by device time"), top_lines], className="card col")],
+                 className="row"),
+    ])
+
+
+dash.register_page(__name__, path="/", name="Summary", title="Summary · Neuron Explorer", layout=layout)

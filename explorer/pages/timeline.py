@@ -1,0 +1,167 @@
+"""Timeline: a lane per core × engine and DMA queue, host and compile lanes, executions as spans.
+
+Zoom and pan (drag on the plot, scroll, or the URL's ``start``/``end``) re-query DuckDB: the page
+gets raw instructions only when the window holds at most ``data.RAW_CAP`` of them, otherwise
+busy-fraction buckets. Box-select (toolbar) a range to see its aggregates by lane, op and source
+line; click an instruction for its op and source line.
+"""
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, State, callback, ctx, dcc, html
+
+from explorer import data, ui
+from explorer.figures import fmt_ns, timeline_figure
+
+
+GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
+                "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "toImage"]}
+
+
+def _status(tl: dict) -> str:
+    if tl["mode"] == "raw":
+        return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one"
+    return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
+            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {data.RAW_CAP:,} to see each instruction")
+
+
+def render(key, start=None, end=None, sel=None):
+    """Figure, normalised state and status text for a window (the callbacks' shared path)."""
+    L = data.resolve(key)
+    tl = data.timeline(L, start, end, sel)
+    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or ""}
+    return timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", "")
+
+
+@ui.guarded
+def layout(profile=None, start=None, end=None, sel=None, **_):
+    key = ui.profile_key(profile)
+    fig, state, status, sel_text = render(key, start, end, sel)
+    return html.Div([
+        *ui.url_sink("timeline"),
+        dcc.Store(id="timeline-state", data=state),
+        html.Div([
+            html.Span(status, id="timeline-status"),
+            html.Span([html.Span(sel_text, id="timeline-selection"), " ",
+                       html.Button("clear", id="timeline-clear", className="btn")],
+                      className="pill", hidden=not sel_text, id="timeline-selection-pill"),
+            html.Button("Whole profile", id="timeline-reset", className="btn"),
+            html.Span("Drag to zoom · scroll to zoom · box-select (toolbar) to aggregate a range · "
+                      "click an instruction for its source line", className="hint"),
+        ], className="toolbar"),
+        html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
+                 className="card"),
+        html.Div([
+            html.Div([html.H3("Instruction"), html.Div("Click an instruction bar.", id="timeline-details",
+                                                       className="hint")], className="card col"),
+            html.Div([html.H3(id="timeline-agg-title", children="This window"),
+                      html.Div(id="timeline-aggregates")], className="card col"),
+        ], className="row"),
+    ])
+
+
+def _window_from_relayout(relayout: dict, state: dict):
+    """The new [start, end) in ns since t0 from Plotly's relayout event, or None if the x range did not change."""
+    if not relayout:
+        return None
+    if relayout.get("xaxis.autorange"):   # double-click: back to the whole profile
+        return None, None
+    lo = relayout.get("xaxis.range[0]", (relayout.get("xaxis.range") or [None, None])[0])
+    hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
+    if lo is None or hi is None:
+        return None
+    return max(int(float(lo) * 1e3), 0), max(int(float(hi) * 1e3), 1)
+
+
+@callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
+          Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
+          Output("timeline-url", "data"),
+          Input("timeline-graph", "relayoutData"), Input("timeline-reset", "n_clicks"),
+          Input("timeline-clear", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
+def zoom(relayout, _reset, _clear, state):
+    """Zoom, pan, reset or clear the selection: re-query the window at the right level of detail."""
+    start, end, sel = state.get("start"), state.get("end"), state.get("sel")
+    if ctx.triggered_id == "timeline-reset":
+        start, end = None, None
+    elif ctx.triggered_id == "timeline-clear":
+        sel = ""
+    else:
+        window = _window_from_relayout(relayout or {}, state)
+        if window is None:
+            return (dash.no_update,) * 6
+        start, end = window
+    try:
+        fig, new_state, status, sel_text = render(state["profile"], start, end, sel)
+    except data.ExplorerError as exc:
+        return dash.no_update, dash.no_update, str(exc), dash.no_update, dash.no_update, dash.no_update
+    url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"]}
+    return fig, new_state, status, sel_text, not sel_text, url
+
+
+@callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
+          Input("timeline-graph", "selectedData"), Input("timeline-state", "data"))
+def aggregates(selected, state):
+    """Busy time by lane, op and source line for the brushed range (or the whole window)."""
+    key = state["profile"]
+    start, end, title = state["start"], state["end"], "This window"
+    rng = (selected or {}).get("range", {}).get("x") if ctx.triggered_id == "timeline-graph" else None
+    if rng:
+        start, end = max(int(rng[0] * 1e3), 0), max(int(rng[1] * 1e3), 1)
+        title = "Selected range"
+    try:
+        agg = data.range_aggregates(data.resolve(key), start, end)
+    except data.ExplorerError as exc:
+        return ui.error_box(str(exc)), title
+    title = f"{title}: {fmt_ns(agg['start'])} – {fmt_ns(agg['end'])}"
+    return html.Div([
+        ui.table([("lane", "lane"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
+                  ("busy %", lambda r: f"{r['busy_percent']:.1f}%"), ("instructions", "instructions")],
+                 agg["by_engine"], id="timeline-agg-engines", max_rows=24),
+        html.H3("By op"),
+        ui.table([("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=f"op:{r['op_id']}"))),
+                  ("module", "module"), ("source", "where"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
+                  ("instructions", "instructions")], agg["by_op"], id="timeline-agg-ops"),
+        html.H3("By source line"),
+        ui.table([("line", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
+                   if r["source_id"] is not None else r["where"]),
+                  ("busy", lambda r: fmt_ns(r["busy_ns"])), ("instructions", "instructions")],
+                 agg["by_line"], id="timeline-agg-lines"),
+    ]), title
+
+
+@callback(Output("timeline-details", "children"), Input("timeline-graph", "clickData"),
+          State("timeline-state", "data"), prevent_initial_call=True)
+def details(click, state):
+    """The clicked instruction: opcode, timing, bytes, its op, module and a link to its source line."""
+    point = ((click or {}).get("points") or [{}])[0]
+    custom = point.get("customdata")
+    if not isinstance(custom, list) or len(custom) != 5:
+        return html.Span("Click an instruction bar (zoom in until instructions are drawn one by one).",
+                         className="hint")
+    key = state["profile"]
+    try:
+        core = data.parse_int(custom[0], "core", 0, 4096)
+        start = data.parse_int(custom[2], "start")
+        pc = data.parse_int(custom[3], "pc", 0, 2**31)
+        engine = str(custom[1])
+        if engine not in data.ENGINE_LABELS:
+            raise data.ExplorerError(f"unknown engine {engine[:20]!r}")
+        r = data.instruction_at(data.resolve(key), core, engine, start, pc)
+    except data.ExplorerError as exc:
+        return ui.error_box(str(exc))
+    if not r:
+        return html.Span("That instruction is not in the profile.", className="hint")
+    rows = [("opcode", r["opcode"]), ("engine / queue", f"{r['engine']} {r['queue'] or ''}"), ("pc", r["pc"]),
+            ("start", fmt_ns(r["start"])), ("duration", fmt_ns(r["dur"])), ("FLOPs", f"{r['flops']:,}"),
+            ("bytes read / written", f"{r['bytes_read']:,} / {r['bytes_written']:,}"),
+            ("semaphore wait", fmt_ns(r["sem_wait_ns"])), ("op", r["op"]), ("module", r["module"] or "—")]
+    link = (dcc.Link(f"Open {r['where']} →", href=ui.href("/source", profile=key, line=r["source_id"]),
+                     id="timeline-open-source") if r["source_id"] is not None else html.Span("no source line recorded"))
+    return html.Div([ui.table([("field", lambda x: x[0]), ("value", lambda x: str(x[1]))],
+                              [(a, b) for a, b in rows], class_name="data"), html.Div(link)])
+
+
+ui.register_url_sync("timeline")
+
+
+dash.register_page(__name__, path="/timeline", name="Timeline", title="Timeline · Neuron Explorer", layout=layout)

@@ -1,0 +1,140 @@
+"""``neuron-explorer view`` (the web Explorer) and ``neuron-explorer diff`` (two profiles compared).
+
+Examples::
+
+    neuron-explorer view output/20260101-120000_mlp/profile.duckdb          # http://127.0.0.1:3001/
+    neuron-explorer view A/profile.duckdb B/profile.duckdb --port 3005
+    neuron-explorer diff A/profile.duckdb B/profile.duckdb --json
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    """Add the ``view`` and ``diff`` verbs to the ``neuron-explorer`` parser."""
+    p = subparsers.add_parser("view", help="serve the Explorer web app over one or more profiles",
+                              description="Serve the Explorer (Summary, Timeline, Hierarchy, Source, Fallbacks, "
+                                          "Recompiles, SQL, Compare). With no profile, lists the profiles in the "
+                                          "inspect output directory ($NEURON_RT_INSPECT_OUTPUT_DIR or ./output).")
+    p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile.duckdb files or session directories")
+    p.add_argument("--port", type=int, default=3001, help="port to serve on (default 3001, as the real tool)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: only this machine; use 0.0.0.0 deliberately)")
+    p.set_defaults(func=_view)
+
+    d = subparsers.add_parser("diff", help="compare two profiles by source line and op path",
+                              description="Align two profiles by source line (file:line) and op path "
+                                          "(module / ATen op) and print the device-time deltas (B - A).")
+    d.add_argument("a", metavar="A", help="baseline profile.duckdb (or its session directory)")
+    d.add_argument("b", metavar="B", help="profile to compare against A")
+    d.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    d.add_argument("-n", "--top", type=int, default=15, help="rows per table (default 15)")
+    d.set_defaults(func=_diff)
+
+
+def resolve_profile(arg: str) -> Path:
+    """A profile path from the command line: a ``.duckdb`` file or a session directory holding one."""
+    path = Path(arg)
+    if path.is_dir():
+        if (path / "profile.duckdb").is_file():
+            return path / "profile.duckdb"
+        raise ValueError(f"{arg}: no profile.duckdb in this directory; finalise the session with "
+                         f"`neuron-explorer summary {arg}` or pass the .duckdb file")
+    if not path.exists():
+        raise ValueError(f"{arg}: no such file; pass a profile.duckdb written by `neuron-explorer inspect`")
+    if not path.is_file():
+        raise ValueError(f"{arg}: not a regular file; pass a profile.duckdb")
+    return path
+
+
+def discover(output_dir: Path) -> list[Path]:
+    """Profiles under the inspect output directory (``DIR/<session>/profile.duckdb``), newest first."""
+    if not output_dir.is_dir():
+        return []
+    found = [p for p in output_dir.glob("*/profile.duckdb") if p.is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _check_port(host: str, port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port} is not a port number; use 1-65535 (default 3001)")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                             f"pick another port with --port") from None
+
+
+def _view(args) -> int:
+    paths = [resolve_profile(a) for a in args.profiles]
+    if not args.profiles:
+        out_dir = Path(os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"))
+        paths = discover(out_dir)
+        print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
+    _check_port(args.host, args.port)
+    from explorer import data
+    from explorer.app import create_app
+
+    registry = data.Registry(paths)
+    for key in registry.keys():   # say what is wrong now, and keep serving the good ones
+        try:
+            registry.get(key)
+        except data.ExplorerError as exc:
+            print(f"neuron-explorer: warning: {exc}", file=sys.stderr)
+    app = create_app(paths, registry=registry)
+    url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"View {'a list of profiles' if len(paths) != 1 else 'the profile'} at http://{url_host}:{args.port}/",
+          flush=True)
+    print("ctrl-c to exit", flush=True)
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)   # one line per request drowns the URL
+    app.run(host=args.host, port=args.port, debug=False)
+    return 0
+
+
+def _diff(args) -> int:
+    from explorer import data
+
+    a, b = resolve_profile(args.a), resolve_profile(args.b)
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    registry = data.Registry([a, b])
+    ka, kb = registry.keys()
+    result = data.compare(registry.get(ka), registry.get(kb), limit=args.top)
+    result["a_path"], result["b_path"] = str(a), str(b)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        _print_diff(result)
+    registry.close()
+    return 0
+
+
+def _print_diff(c: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from explorer.figures import fmt_ns
+
+    console = Console()
+    console.print(f"[bold]A[/] {c['a_path']}\n[bold]B[/] {c['b_path']}")
+    t = Table("metric", "A", "B", "B - A", title="Totals")
+    for k, v in c["totals"].items():
+        f = fmt_ns if k == "device_ns" else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
+        t.add_row(k, f(v["a"]), f(v["b"]), f(v["delta"]))
+    console.print(t)
+    for title, key in (("By source line", "line"), ("By op path", "op_path")):
+        t = Table(key, "A", "B", "delta", "delta %", title=title)
+        for r in c["by_line" if key == "line" else "by_op"]:
+            pct = "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"
+            t.add_row(r[key], fmt_ns(r["a_ns"]), fmt_ns(r["b_ns"]), ("+" if r["delta_ns"] > 0 else "") + fmt_ns(r["delta_ns"]),
+                      pct or (f"only in {r['only_in'].upper()}" if r["only_in"] else ""))
+        console.print(t)
