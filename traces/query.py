@@ -1,0 +1,393 @@
+"""The read side: ``traces.open(path) -> Profile``, SQL plus helpers for the common questions.
+
+A finalised ``profile.duckdb`` is opened read-only, so any number of readers share it (DuckDB
+lets several read-only processes in, but no reader while a read-write holder exists: this is
+why only finalise ever writes a profile, under a temporary name). Every DuckDB error becomes a
+one-line :class:`~traces.errors.TraceError`; values always travel as parameters.
+
+>>> import tempfile, traces.synthetic
+>>> d = tempfile.mkdtemp()
+>>> _ = traces.synthetic.write_run(d, executions=2, instructions=400)
+>>> with open_profile(d) as p:
+...     round(p.summary()["total_time"] * 1e9) == p.sql("SELECT device_ns FROM executions").to_pylist()[0]["device_ns"]
+True
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+from traces.errors import TraceError
+from traces.schema import SCHEMA_VERSION, TABLES
+from traces.segments import list_segments
+from traces.store import DERIVED_TABLES, PROFILE_NAME, finalize, summary_sql
+
+log = logging.getLogger("traces")
+
+#: A zoomed-out utilization query reads the pyramid level whose buckets are at most 1/16 of its
+#: own bucket; where no level is that fine it reads raw instructions (exact at every edge).
+LOD_OVERSAMPLE = 16
+
+UTILIZATION_SCHEMA = pa.schema([("bucket", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                ("core", pa.int32()), ("engine", pa.string()), ("busy_ns", pa.float64()),
+                                ("utilization", pa.float64())])
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error message (DuckDB's "Did you mean" hint kept on the same line)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    hint = next((ln for ln in lines[1:] if ln.startswith("Did you mean")), "")
+    return f"{lines[0]} {hint}".strip()
+
+
+def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "Profile":
+    """Open ``path`` read-only and return a :class:`Profile`.
+
+    ``path`` is a ``profile.duckdb``; a directory holding one or holding segments (finalised
+    first if the profile is missing or older than its segments, with a note on the log); or a
+    Parquet dataset written by ``neuron-explorer export --format parquet``. With
+    ``external_access=False`` SQL cannot read or write other files (for a shared SQL console).
+    Example: ``p = open_profile("output/session")``.
+    """
+    import duckdb
+
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"profile {path} does not exist: pass a profile.duckdb or the directory "
+                         "`neuron-explorer inspect` wrote")
+    if path.is_dir():
+        if (path / "metadata.parquet").is_file():
+            return _open_parquet_dataset(path, external_access)
+        segments = list_segments(path)
+        target = path / PROFILE_NAME
+        if segments and (not target.exists()
+                         or target.stat().st_mtime_ns < max(s.stat().st_mtime_ns for s in segments)):
+            log.info("finalising the segments in %s into %s", path, target)
+            target = finalize(path)
+        if not target.exists():
+            raise TraceError(f"{path} is not a profile: it has no {PROFILE_NAME}, no trace segments and no "
+                             "Parquet export")
+        path = target
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    if not external_access:
+        config["enable_external_access"] = False
+    try:
+        con = duckdb.connect(str(path), read_only=True, config=config)
+    except duckdb.Error as exc:
+        msg = one_line(exc)
+        if "lock" in msg.lower():
+            raise TraceError(f"profile {path} is open for writing by another process: wait until it is "
+                             "finalised, or open a copy") from None
+        raise TraceError(f"{path} is not a neuron_stack profile (not a readable DuckDB database: {msg}): "
+                         f"pass the {PROFILE_NAME} that `neuron-explorer inspect` wrote") from None
+    profile = Profile(con, path)
+    try:
+        profile._check_version()
+    except BaseException:
+        profile.close()
+        raise
+    return profile
+
+
+def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
+    import duckdb
+
+    con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
+                                             "autoload_known_extensions": False})
+    try:
+        for name in (*TABLES, *DERIVED_TABLES):
+            file = path / f"{name}.parquet"
+            part_dir = path / name
+            # DDL cannot take parameters: the path is a quoted literal (quotes doubled)
+            if name == "instructions" and part_dir.is_dir():
+                glob = _literal(str(part_dir / "**" / "*.parquet"))
+                cols = ", ".join(f"CAST({c} AS {_sql_type(TABLES['instructions'].field(c).type)}) AS {c}"
+                                 for c in TABLES["instructions"].names)
+                con.execute(f"CREATE VIEW instructions AS SELECT {cols} "
+                            f"FROM read_parquet({glob}, hive_partitioning = true)")
+            elif file.is_file():
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_literal(str(file))})")
+        if not external_access:
+            con.execute("SET enable_external_access = false")
+    except duckdb.Error as exc:
+        con.close()
+        raise TraceError(f"{path} is not a readable Parquet export of a profile: {one_line(exc)}") from None
+    profile = Profile(con, path)
+    profile._check_version()
+    return profile
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sql_type(t: pa.DataType) -> str:
+    return {pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.string(): "VARCHAR", pa.bool_(): "BOOLEAN",
+            pa.float64(): "DOUBLE"}[t]
+
+
+class Profile:
+    """A read-only profile. Use as a context manager; safe to share between threads.
+
+    Example::
+
+        with traces.open("output/session/profile.duckdb") as p:
+            print(p.summary()["mfu_estimated_percent"])
+            p.sql("SELECT opcode, count(*) FROM instructions WHERE core = ? GROUP BY ALL", [0])
+    """
+
+    def __init__(self, con, path: Path):
+        self._con = con
+        self.path = Path(path)
+        self._local = threading.local()
+        self._meta: dict[str, str] | None = None
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _cursor(self):
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            if self._con is None:
+                raise TraceError(f"profile {self.path} is closed: open it again with traces.open()")
+            cur = self._local.cursor = self._con.cursor()
+        return cur
+
+    def sql(self, query: str, params=None) -> pa.Table:
+        """Run one SQL statement; the result as a ``pyarrow.Table``. Values go in ``params``.
+
+        ``params`` is a list for ``?`` / ``$1`` placeholders or a dict for ``$name`` ones.
+        Example: ``p.sql("SELECT * FROM ops WHERE placement = ?", ["cpu_fallback"])``.
+        """
+        import duckdb
+
+        try:
+            rel = self._cursor().sql(query, params=params)
+            return pa.table({}) if rel is None else rel.to_arrow_table()
+        except duckdb.Error as exc:
+            raise TraceError(f"SQL error: {one_line(exc)}") from None
+
+    def _rows(self, query: str, params=None) -> list[tuple]:
+        import duckdb
+
+        try:
+            return self._cursor().execute(query, params or []).fetchall()
+        except duckdb.Error as exc:
+            raise TraceError(f"SQL error: {one_line(exc)}") from None
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def __enter__(self) -> "Profile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_version(self) -> None:
+        try:
+            version = self.metadata().get("schema_version")
+        except TraceError:
+            raise TraceError(f"{self.path} is a DuckDB database but not a neuron_stack profile (it has no "
+                             "metadata table)") from None
+        major = int(str(version or "0").split(".")[0] or 0) if str(version or "0").split(".")[0].isdigit() else -1
+        ours = int(SCHEMA_VERSION.split(".")[0])
+        if major > ours:
+            raise TraceError(f"profile {self.path} was written by schema {version}; this neuron-stack reads "
+                             f"{ours}.x: upgrade neuron-stack")
+        if major < ours:
+            raise TraceError(f"profile {self.path} was written by schema {version or 'unknown'}, older than the "
+                             f"{ours}.x this neuron-stack reads: finalise its segments again with "
+                             "`neuron-explorer summary DIR`")
+
+    # -- helpers -------------------------------------------------------------------------------
+    def tables(self) -> list[str]:
+        """Names of the tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``."""
+        return sorted(r[0] for r in self._rows(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"))
+
+    def metadata(self) -> dict[str, str]:
+        """The metadata table as a dict (device rates, versions, trace statistics).
+
+        Example: ``p.metadata()["target"] == "trn1"``.
+        """
+        if self._meta is None:
+            self._meta = dict(self._rows("SELECT key, value FROM metadata"))
+        return self._meta
+
+    def runs(self) -> pa.Table:
+        """One row per recorded process run, oldest first. Example: ``p.runs().column("status")``."""
+        return self.sql("SELECT * FROM runs ORDER BY wall_start_ns")
+
+    def summary(self, include_warmup: bool = False) -> dict:
+        """The Summary metrics (real profiler names) as a dict; warm-up executions excluded by default.
+
+        Example: ``p.summary()["tensor_engine_active_time_percent"]``.
+        """
+        query = "SELECT * FROM summary" if not include_warmup else summary_sql(include_warmup=True)
+        rows = self.sql(query).to_pylist()
+        return rows[0] if rows else {}
+
+    def summary_per_core(self, include_warmup: bool = False) -> pa.Table:
+        """The Summary metrics per ``(run_id, core)``. Example: ``p.summary_per_core().num_rows``."""
+        if not include_warmup:
+            return self.sql("SELECT * FROM summary_per_core")
+        return self.sql(summary_sql(include_warmup=True, per_core=True))
+
+    def top_ops(self, n: int = 20) -> pa.Table:
+        """The ``n`` ops with the most device plus CPU-fallback time (``op_summary``).
+
+        Example: ``p.top_ops(5).column("aten_op").to_pylist()``.
+        """
+        return self.sql("SELECT * FROM op_summary ORDER BY device_ns + cpu_ns DESC, op_id LIMIT ?", [int(n)])
+
+    def source_hotspots(self, n: int = 20) -> pa.Table:
+        """The ``n`` source lines with the most device plus CPU-fallback time (``source_summary``).
+
+        Example: ``p.source_hotspots(3).select(["file", "line", "device_ns"])``.
+        """
+        return self.sql("SELECT * FROM source_summary ORDER BY device_ns + cpu_ns DESC, file, line LIMIT ?",
+                        [int(n)])
+
+    def fallbacks(self) -> pa.Table:
+        """Ops placed on the CPU: reason, call site, how often and how long they ran.
+
+        Example: ``p.fallbacks().column("aten_op").to_pylist() == ["aten.nonzero.default"]``.
+        """
+        return self.sql("""
+            SELECT o.op_id, o.graph_id, g.name AS graph_name, o.name, o.aten_op, o.fallback_reason,
+                   o.module_path, o.source_id, s.file, s.line, s.code,
+                   coalesce(os.cpu_calls, 0) AS cpu_calls, coalesce(os.cpu_ns, 0) AS cpu_ns
+            FROM ops o LEFT JOIN op_summary os ON os.op_id = o.op_id
+            LEFT JOIN graphs g ON g.graph_id = o.graph_id LEFT JOIN sources s ON s.source_id = o.source_id
+            WHERE o.placement = 'cpu_fallback'
+            ORDER BY cpu_ns DESC, o.op_id""")
+
+    def recompiles(self) -> pa.Table:
+        """Graphs compiled again for a new input signature: old and new signature, reason, cost.
+
+        Example: ``p.recompiles().column("recompile_reason").to_pylist()``.
+        """
+        return self.sql("""
+            SELECT g.graph_id, g.run_id, g.name, g.kind, g.recompile_of,
+                   prev.input_signature AS previous_signature, g.input_signature, g.recompile_reason,
+                   g.compile_wall_ns, g.compile_ns, g.cache_hit, g.source_id, s.file, s.line
+            FROM graphs g LEFT JOIN graphs prev ON prev.graph_id = g.recompile_of
+            LEFT JOIN sources s ON s.source_id = g.source_id
+            WHERE g.recompile_of IS NOT NULL OR g.recompile_reason IS NOT NULL
+            ORDER BY g.compile_ns, g.graph_id""")
+
+    def source_text(self, file: str) -> str | None:
+        """The embedded text of a source file (the profile is self-contained), or None.
+
+        Example: ``p.source_text("/home/me/model.py").splitlines()[87]``.
+        """
+        rows = self._rows("SELECT text FROM source_files WHERE file = ?", [file])
+        return rows[0][0] if rows else None
+
+    def instructions(self, t0: int, t1: int, core=None, engine=None, limit: int | None = None) -> pa.Table:
+        """Instructions overlapping ``[t0, t1)`` ns (projected clock), in start order.
+
+        Example: ``p.instructions(t, t + 10_000, core=0, engine="tensor")``.
+        """
+        max_dur = int(self.metadata().get("max_instruction_dur_ns") or 0)
+        where, params = _lane_filter(core, engine)
+        params.update(t0=int(t0), t1=int(t1), lo=int(t0) - max_dur)
+        query = (f"SELECT * FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo "
+                 f"AND start_ns + dur_ns > $t0 {where} ORDER BY start_ns")
+        if limit is not None:
+            query += " LIMIT $limit"
+            params["limit"] = int(limit)
+        return self.sql(query, params)
+
+    def trace_range(self) -> tuple[int, int] | None:
+        """``(first instruction start, last instruction end)`` in ns, or None without instructions."""
+        meta = self.metadata()
+        lo, hi = meta.get("trace_start_ns"), meta.get("trace_end_ns")
+        return (int(lo), int(hi)) if lo and hi else None
+
+    def utilization(self, t0: int | None = None, t1: int | None = None, buckets: int = 1000, core=None,
+                    engine=None, by_queue: bool = False) -> pa.Table:
+        """Busy time per core × engine (× queue with ``by_queue``) in ``buckets`` equal time buckets.
+
+        One row per lane and bucket (zeros included): ``bucket, start_ns, end_ns, core, engine,
+        [queue,] busy_ns, utilization`` where ``utilization = busy_ns / bucket width``. The dma
+        engine sums its queues, so its utilization can exceed 1.0 (ask ``by_queue`` for lanes).
+        Zoomed out it reads the level-of-detail pyramid (a pyramid bucket cut by an edge is
+        shared in proportion); zoomed in it reads raw instructions, split exactly at every edge.
+        ``core`` / ``engine`` take one value or a list. Example:
+        ``p.utilization(buckets=200, engine=["tensor", "vector"])``.
+        """
+        if not isinstance(buckets, int) or buckets < 1:
+            raise TraceError(f"buckets must be a positive integer, not {buckets!r}")
+        rng = self.trace_range()
+        schema = UTILIZATION_SCHEMA if not by_queue else UTILIZATION_SCHEMA.insert(5, pa.field("queue", pa.string()))
+        if rng is None:
+            return schema.empty_table()
+        t0 = rng[0] if t0 is None else int(t0)
+        t1 = rng[1] if t1 is None else int(t1)
+        if t1 <= t0:
+            raise TraceError(f"empty time range [{t0}, {t1}): t1 must be greater than t0")
+        width = (t1 - t0) / buckets
+        meta = self.metadata()
+        base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
+        level = min(top, math.floor(math.log2(width / LOD_OVERSAMPLE))) if width >= LOD_OVERSAMPLE else -1
+        where, params = _lane_filter(core, engine)
+        params.update(t0=t0, span=t1 - t0, w=width, nb=buckets, top=top)
+        if level >= base:
+            # a pyramid bucket is clipped to the trace's extent first: no busy time lies outside it
+            params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level,
+                          tlo=rng[0], thi=rng[1])
+            source = (f"SELECT core, engine, queue, greatest(bucket * $bw, $tlo) - $t0 AS s, "
+                      f"least((bucket + 1) * $bw, $thi) - $t0 AS e, busy_ns AS busy "
+                      f"FROM lod_busy WHERE level = $lvl AND bucket BETWEEN $blo AND $bhi {where}")
+        else:
+            max_dur = int(meta.get("max_instruction_dur_ns") or 0)
+            # the start_ns range alone selects candidates, so the sorted table's zone maps skip the rest
+            params.update(t1=t1, lo=t0 - max_dur)
+            source = (f"SELECT core, engine, queue, start_ns - $t0 AS s, start_ns + dur_ns - $t0 AS e, "
+                      f"dur_ns AS busy FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo "
+                      f"AND dur_ns > 0 {where}")
+        lane = "core, engine, queue" if by_queue else "core, engine"
+        query = f"""
+            WITH iv AS ({source}),
+            x AS (SELECT {lane}, s, e, busy, greatest(s, 0) AS cs, least(e, $span) AS ce
+                  FROM iv WHERE s < $span AND e > 0),
+            y AS (SELECT *, least(floor(cs / $w), $nb - 1)::BIGINT AS b0,
+                            least(floor((ce - 1) / $w), $nb - 1)::BIGINT AS b1 FROM x),
+            parts AS (
+                SELECT {lane}, b0 AS bucket, busy * (ce - cs) / (e - s) AS part FROM y WHERE b0 = b1
+                UNION ALL
+                SELECT {lane}, k AS bucket,
+                       busy * (least(ce, (k + 1) * $w) - greatest(cs, k * $w)) / (e - s) AS part
+                FROM y, generate_series(b0, b1) AS g(k) WHERE b0 < b1),
+            agg AS (SELECT {lane}, bucket, sum(part) AS busy_ns FROM parts GROUP BY ALL),
+            lanes AS (SELECT DISTINCT {lane} FROM lod_busy WHERE level = $top {where}),
+            grid AS (SELECT lanes.*, r.range AS bucket FROM lanes, range($nb) AS r)
+            SELECT g.bucket, $t0 + floor(g.bucket * $w)::BIGINT AS start_ns,
+                   $t0 + floor((g.bucket + 1) * $w)::BIGINT AS end_ns, {', '.join('g.' + c for c in lane.split(', '))},
+                   coalesce(a.busy_ns, 0.0) AS busy_ns, coalesce(a.busy_ns, 0.0) / $w AS utilization
+            FROM grid g LEFT JOIN agg a USING ({lane}, bucket)
+            ORDER BY {lane}, bucket"""
+        return self.sql(query, params).cast(schema)
+
+
+def _lane_filter(core, engine) -> tuple[str, dict]:
+    where, params = "", {}
+    if core is not None:
+        cores = [core] if isinstance(core, int) else list(core)
+        where += " AND list_contains($cores, core)"
+        params["cores"] = [int(c) for c in cores]
+    if engine is not None:
+        engines = [engine] if isinstance(engine, str) else list(engine)
+        where += " AND list_contains($engines, engine)"
+        params["engines"] = [str(e) for e in engines]
+    return where, params

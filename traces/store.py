@@ -1,0 +1,409 @@
+"""Finalise: load a directory of segments into one ``profile.duckdb`` with its derived tables.
+
+The database is built under a hidden temporary name in the same directory and renamed over
+``profile.duckdb`` only when complete, so a reader holding the previous profile keeps a valid
+file and a failed finalise (a full disk, a crash) leaves the previous profile as it was.
+Segments are never deleted: they are the source of truth, so finalising again rebuilds the
+same profile (plus whatever was appended since).
+
+>>> import tempfile, traces
+>>> d = tempfile.mkdtemp()
+>>> traces.Writer(d, run={"run_id": "doc"}).close()
+>>> finalize(d).name
+'profile.duckdb'
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+from pathlib import Path
+
+import pyarrow as pa
+
+from traces.errors import TraceError
+from traces.schema import ENGINES, SCHEMA_VERSION, TABLES
+from traces.segments import list_segments, read_segment
+
+log = logging.getLogger("traces")
+
+PROFILE_NAME = "profile.duckdb"
+
+#: Base level of the level-of-detail pyramid holds at most about this many buckets per lane.
+LOD_BASE_BUCKETS = 1 << 16
+#: The pyramid's top level holds at most about this many buckets per lane.
+LOD_TOP_BUCKETS = 64
+#: Smallest base bucket: 2**6 = 64 ns, about one short instruction.
+LOD_MIN_LEVEL = 6
+
+#: Engines whose instructions may overlap (several DMA queues, collective streams, host threads):
+#: their active time is the union of their intervals; the compute engines run their stream in order.
+CONCURRENT_ENGINES = ("dma", "cc", "cpu")
+
+#: Summary engine columns: schema engine name -> name prefix used by the real profiler.
+SUMMARY_ENGINES = {"tensor": "tensor_engine", "vector": "vector_engine", "scalar": "scalar_engine",
+                   "gpsimd": "gpsimd_engine", "sync": "sync_engine"}
+
+#: How duplicate rows (the same entity recorded by several processes or twice) collapse.
+_LOAD_CLAUSE = {
+    "runs": "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY (status = 'running'), "
+            "end_ns DESC NULLS LAST) = 1",
+    "sources": "QUALIFY row_number() OVER (PARTITION BY source_id ORDER BY code NULLS LAST) = 1",
+    "source_files": "QUALIFY row_number() OVER (PARTITION BY file ORDER BY text NULLS LAST) = 1",
+    "graphs": "QUALIFY row_number() OVER (PARTITION BY graph_id) = 1",
+    "ops": "QUALIFY row_number() OVER (PARTITION BY op_id) = 1",
+    "executions": "QUALIFY row_number() OVER (PARTITION BY exec_id) = 1 ORDER BY start_ns",
+    # sorted by start so DuckDB's per-row-group min/max (zone maps) skip everything outside a zoom window
+    "instructions": "ORDER BY start_ns",
+    "events": "ORDER BY ts_ns",
+    "memory": "ORDER BY ts_ns",
+    "metadata": "ORDER BY key",
+}
+
+DERIVED_TABLES = ("exec_engine_summary", "opcode_summary", "op_summary", "source_summary", "lod_busy",
+                  "summary", "summary_per_core")
+"""Tables finalise derives from the raw ones (columns in docs/trace_schema.md)."""
+
+
+def finalize(out_dir: str | os.PathLike) -> Path:
+    """Build ``out_dir/profile.duckdb`` from the segments in ``out_dir`` and return its path.
+
+    Idempotent: finalising again rebuilds from the same segments. A truncated segment is
+    skipped with a warning naming it. Works on the segments of a crashed run (its ``runs.status``
+    becomes ``incomplete``). Raises :class:`TraceError` (one line) on failure, leaving any
+    previous profile intact. Example: ``traces.finalize("output/20260101T120000_train")``.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        what = "is not a directory" if out_dir.exists() else "does not exist"
+        raise TraceError(f"trace directory {out_dir} {what}: pass the directory the run wrote its segments into")
+    target = out_dir / PROFILE_NAME
+    segments = list_segments(out_dir)
+    if not segments:
+        if target.exists():
+            return target
+        raise TraceError(f"{out_dir} holds no trace segments (*.arrow): record a run with "
+                         "NEURON_RT_INSPECT_ENABLE=1 or `neuron-explorer inspect -- python script.py`")
+    loaded: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
+    skipped: list[str] = []
+    for path in segments:
+        got = read_segment(path)
+        if got is None:
+            skipped.append(path.name)
+        else:
+            loaded[got[0]].append(got[1])
+    import duckdb
+
+    tmp = out_dir / f".{PROFILE_NAME}.{os.getpid()}.tmp"
+    try:
+        _build(tmp, loaded, segment_count=len(segments), skipped=skipped)
+        os.replace(tmp, target)
+    except (duckdb.Error, OSError) as exc:
+        for junk in (tmp, Path(f"{tmp}.wal")):
+            junk.unlink(missing_ok=True)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fix = ("free disk space and run again" if isinstance(exc, (OSError, duckdb.IOException))
+               else "this is a neuron-stack bug: please report it with the output of NEURON_STACK_DEBUG=1")
+        raise TraceError(f"could not finalise {out_dir}: {reason}; the previous profile is unchanged: {fix}") from None
+    finally:
+        del loaded
+    return target
+
+
+def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int, skipped: list[str]) -> None:
+    import duckdb
+
+    path.unlink(missing_ok=True)
+    con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
+                                            "autoload_known_extensions": False})
+    try:
+        metadata = _merged_metadata(loaded.pop("metadata"))
+        metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
+                         "skipped_segments": ",".join(skipped),
+                         "finalized_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        for name, parts in loaded.items():
+            _load(con, name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
+        _close_open_runs(con)
+        _load(con, "metadata", _kv(metadata))
+        stats = _derive(con)
+        con.register("_stats", _kv(stats))
+        con.execute("INSERT INTO metadata SELECT * FROM _stats")
+        con.unregister("_stats")
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+
+
+def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:
+    con.register("_segment_rows", rows)
+    try:
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _segment_rows {clause or _LOAD_CLAUSE.get(name, '')}")
+    finally:
+        con.unregister("_segment_rows")
+
+
+def _kv(values: dict[str, str]) -> pa.Table:
+    return pa.table({"key": list(values), "value": list(values.values())}, schema=TABLES["metadata"])
+
+
+def _merged_metadata(parts: list[pa.Table]) -> dict[str, str]:
+    """One value per key; where processes disagree the later segment wins (same run, later write)."""
+    merged: dict[str, str] = {}
+    for part in parts:
+        merged.update(zip(part.column("key").to_pylist(), part.column("value").to_pylist()))
+    return {k: v for k, v in merged.items() if k is not None and v is not None}
+
+
+def _close_open_runs(con) -> None:
+    """A run without an end row ended without closing its writer (killed, crashed, or still running)."""
+    con.execute("""
+        UPDATE runs SET status = 'incomplete',
+            end_ns = coalesce((SELECT max(e.end_ns) FROM executions e WHERE e.run_id = runs.run_id), start_ns),
+            wall_end_ns = coalesce((SELECT max(e.wall_end_ns) FROM executions e WHERE e.run_id = runs.run_id),
+                                   wall_start_ns)
+        WHERE status = 'running'""")
+
+
+def _scalar(con, query: str, params=None):
+    return con.execute(query, params or []).fetchall()[0][0]
+
+
+def _derive(con) -> dict[str, str]:
+    """Create every derived table; return trace statistics for the metadata table."""
+    lo, hi, max_dur, mean_dur, count = con.execute(
+        "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), avg(dur_ns), count(*) FROM instructions"
+    ).fetchall()[0]
+    # one scan over the instructions; everything per op, opcode, engine and execution derives from it
+    con.execute("""
+        CREATE TEMP TABLE exec_op_opcode AS
+        SELECT exec_id, op_id, engine, opcode, count(*) AS n, sum(dur_ns) AS busy, sum(flops) AS flops,
+               sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
+               sum(greatest(bytes_read, bytes_written)) AS transfer_bytes
+        FROM instructions GROUP BY ALL""")
+    _exec_engine_summary(con)
+    con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(False)}")
+    _op_and_source_summaries(con)
+    lod = _lod_busy(con, lo, hi, mean_dur)
+    con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup=False)}")
+    con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup=False, per_core=True)}")
+    stats = {"instruction_count": count, "trace_start_ns": lo, "trace_end_ns": hi,
+             "max_instruction_dur_ns": max_dur, **lod}
+    return {k: ("" if v is None else str(v)) for k, v in stats.items()}
+
+
+def _exec_engine_summary(con) -> None:
+    concurrent = ", ".join(f"'{e}'" for e in CONCURRENT_ENGINES)
+    busy_cols = [e for e in ENGINES if f"{e}_busy_ns" in TABLES["executions"].names]
+    unpivot = " UNION ALL ".join(f"SELECT exec_id, '{e}' AS engine, {e}_busy_ns AS busy_ns FROM executions"
+                                 for e in busy_cols)
+    con.execute(f"""
+        CREATE TABLE exec_engine_summary AS
+        WITH agg AS (
+            SELECT exec_id, engine, sum(n)::BIGINT AS instruction_count, sum(busy)::BIGINT AS busy_ns,
+                   sum(flops)::BIGINT AS flops, sum(bytes_read)::BIGINT AS bytes_read,
+                   sum(bytes_written)::BIGINT AS bytes_written, sum(transfer_bytes)::BIGINT AS transfer_bytes
+            FROM exec_op_opcode GROUP BY ALL),
+        overlap AS (  -- union length of possibly overlapping intervals: sum of the parts past the running max end
+            SELECT exec_id, engine, sum(greatest(0, e - greatest(s, coalesce(prev_end, s))))::BIGINT AS active_ns
+            FROM (SELECT exec_id, engine, start_ns AS s, start_ns + dur_ns AS e,
+                         max(start_ns + dur_ns) OVER (PARTITION BY exec_id, engine ORDER BY start_ns
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+                  FROM instructions WHERE engine IN ({concurrent}))
+            GROUP BY ALL)
+        SELECT agg.*, coalesce(overlap.active_ns, agg.busy_ns) AS active_ns, 'instructions' AS origin
+        FROM agg LEFT JOIN overlap USING (exec_id, engine)
+        UNION ALL BY NAME
+        -- executions recorded without per-instruction rows still count, from their busy columns
+        SELECT exec_id, engine, busy_ns, busy_ns AS active_ns, 'executions' AS origin
+        FROM ({unpivot})
+        WHERE busy_ns > 0 AND exec_id NOT IN (SELECT exec_id FROM agg)
+        ORDER BY exec_id, engine""")
+
+
+def _measured_condition(include_warmup: bool) -> str:
+    """Executions the summaries count: warm-ups excluded, unless every execution is a warm-up."""
+    if include_warmup:
+        return "TRUE"
+    return ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
+            "(SELECT 1 FROM executions WHERE NOT coalesce(warmup, FALSE))")
+
+
+def _op_and_source_summaries(con) -> None:
+    per_engine = ",\n".join(f"sum(busy) FILTER (WHERE engine = '{e}')::BIGINT AS {e}_ns" for e in ENGINES
+                            if e != "cpu")
+    con.execute(f"""
+        CREATE TABLE opcode_summary AS
+        WITH total AS (SELECT sum(coalesce(device_ns, end_ns - start_ns)) AS device_ns FROM measured)
+        SELECT engine, opcode, sum(n)::BIGINT AS instruction_count, sum(busy)::BIGINT AS instruction_time_ns,
+               sum(flops)::BIGINT AS flops,
+               100.0 * sum(busy) / nullif(any_value(total.device_ns), 0) AS active_time_percent
+        FROM exec_op_opcode CROSS JOIN total WHERE exec_id IN (SELECT exec_id FROM measured)
+        GROUP BY engine, opcode ORDER BY instruction_time_ns DESC""")
+    con.execute(f"""
+        CREATE TABLE op_summary AS
+        WITH per_op AS (
+            SELECT op_id, count(DISTINCT exec_id) AS calls, sum(n)::BIGINT AS instruction_count,
+                   sum(busy)::BIGINT AS device_ns, {per_engine},
+                   sum(flops)::BIGINT AS instruction_flops, sum(bytes_read)::BIGINT AS bytes_read,
+                   sum(bytes_written)::BIGINT AS bytes_written
+            FROM exec_op_opcode WHERE exec_id IN (SELECT exec_id FROM measured) GROUP BY op_id),
+        fallback AS (
+            SELECT op_id, count(*) AS cpu_calls, sum(dur_ns)::BIGINT AS cpu_ns
+            FROM events WHERE kind = 'cpu_fallback' AND op_id IS NOT NULL GROUP BY op_id)
+        SELECT coalesce(o.op_id, p.op_id) AS op_id, o.graph_id, g.name AS graph_name,
+               coalesce(o.name, CASE WHEN p.op_id IS NULL THEN '(unattributed)' ELSE '(unknown op)' END) AS name,
+               o.aten_op, o.op_class, o.placement, o.fallback_reason, o.fused_into, o.module_path,
+               o.source_id, s.file, s.line, o.shape, o.dtype, o.flops AS model_flops, o.bytes AS model_bytes,
+               coalesce(p.calls, 0) AS calls, coalesce(p.instruction_count, 0) AS instruction_count,
+               coalesce(p.device_ns, 0) AS device_ns,
+               {', '.join(f'coalesce(p.{e}_ns, 0) AS {e}_ns' for e in ENGINES if e != 'cpu')},
+               coalesce(p.instruction_flops, 0) AS instruction_flops, coalesce(p.bytes_read, 0) AS bytes_read,
+               coalesce(p.bytes_written, 0) AS bytes_written,
+               coalesce(f.cpu_calls, 0) AS cpu_calls, coalesce(f.cpu_ns, 0) AS cpu_ns
+        FROM ops o
+        FULL OUTER JOIN per_op p ON p.op_id IS NOT DISTINCT FROM o.op_id
+        LEFT JOIN fallback f ON f.op_id = coalesce(o.op_id, p.op_id)
+        LEFT JOIN graphs g ON g.graph_id = o.graph_id
+        LEFT JOIN sources s ON s.source_id = o.source_id
+        ORDER BY device_ns + cpu_ns DESC, op_id""")
+    con.execute("""
+        CREATE TABLE source_summary AS
+        SELECT * FROM (
+        SELECT o.source_id, any_value(s.file) AS file, any_value(s.line) AS line,
+               any_value(s.function) AS function, any_value(s.code) AS code,
+               sum(o.device_ns)::BIGINT AS device_ns, sum(o.instruction_count)::BIGINT AS instruction_count,
+               count(*) AS op_count, string_agg(DISTINCT o.aten_op, ', ' ORDER BY o.aten_op) AS ops,
+               count(*) FILTER (WHERE o.placement = 'cpu_fallback') AS fallback_count,
+               sum(o.cpu_ns)::BIGINT AS cpu_ns, sum(o.instruction_flops)::BIGINT AS instruction_flops,
+               count(DISTINCT o.graph_id) AS graph_count
+        FROM op_summary o LEFT JOIN sources s ON s.source_id = o.source_id
+        WHERE o.source_id IS NOT NULL
+        GROUP BY o.source_id)
+        ORDER BY device_ns + cpu_ns DESC, file, line""")
+
+
+def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) -> tuple[int, int]:
+    """(base, top) levels of the pyramid for a trace spanning ``[lo, hi)`` ns; level k buckets are 2**k ns.
+
+    A base bucket is at least four mean instructions wide, so few instructions cross a bucket
+    edge and the base level stays smaller than the instruction table.
+
+    >>> lod_levels(0, 1_000_000_000, mean_dur=500)
+    (14, 24)
+    """
+    span = max(1, (hi or 0) - (lo or 0))
+    base = max(LOD_MIN_LEVEL, math.ceil(math.log2(span / LOD_BASE_BUCKETS)),
+               math.ceil(math.log2(max(1.0, 4 * (mean_dur or 1)))))
+    top = max(base, math.ceil(math.log2(span / LOD_TOP_BUCKETS)))
+    return base, top
+
+
+def _lod_busy(con, lo, hi, mean_dur) -> dict[str, int]:
+    """Per core × engine × queue busy ns in power-of-two buckets, split exactly at bucket edges.
+
+    Most instructions fit in one base bucket and aggregate directly; only the few that cross an
+    edge are expanded over the buckets they touch (generate_series) and clipped to each.
+    """
+    base, top = lod_levels(lo, hi, mean_dur)
+    con.execute(f"""
+        CREATE TEMP TABLE lod_build AS
+        WITH x AS (SELECT core, engine, queue, start_ns AS s, start_ns + dur_ns AS e,
+                          start_ns >> {base} AS b0, (start_ns + greatest(dur_ns, 1) - 1) >> {base} AS b1
+                   FROM instructions)
+        SELECT {base}::SMALLINT AS level, core, engine, queue, bucket,
+               sum(busy)::BIGINT AS busy_ns, sum(n)::BIGINT AS instructions
+        FROM (SELECT core, engine, queue, b0 AS bucket, e - s AS busy, 1 AS n FROM x WHERE b0 = b1
+              UNION ALL
+              SELECT core, engine, queue, k AS bucket,
+                     least(e, (k + 1) << {base}) - greatest(s, k << {base}) AS busy, (k = b0)::INT AS n
+              FROM x, generate_series(b0, b1) AS g(k) WHERE b0 < b1)
+        GROUP BY ALL""")
+    for level in range(base + 1, top + 1):
+        con.execute(f"""
+            INSERT INTO lod_build
+            SELECT {level}, core, engine, queue, bucket >> 1, sum(busy_ns), sum(instructions)
+            FROM lod_build WHERE level = {level - 1} GROUP BY ALL""")
+    con.execute("CREATE TABLE lod_busy AS SELECT * FROM lod_build ORDER BY level, bucket, core, engine, queue")
+    return {"lod_base_level": base, "lod_top_level": top}
+
+
+def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
+    """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
+
+    One row overall, or one per ``(run_id, core)`` with ``per_core``. Reads only small tables
+    (``executions``, ``exec_engine_summary``, ...), so it is cheap to run on a finalised profile.
+    Example: ``profile.sql(summary_sql(include_warmup=True))``.
+    """
+    keys = "run_id, core" if per_core else ""
+    sel_keys = f"{keys}, " if keys else ""
+    join = "USING (run_id, core)" if per_core else "ON TRUE"
+    engine_cols = []
+    for engine, name in SUMMARY_ENGINES.items():
+        engine_cols += [
+            f"coalesce(sum(instruction_count) FILTER (WHERE engine = '{engine}'), 0)::BIGINT AS {name}_instruction_count",
+            f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
+            f"coalesce(sum(active_ns) FILTER (WHERE engine = '{engine}'), 0) AS {engine}_active_ns"]
+    event_cols = "" if per_core else """,
+        (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
+        (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
+        (SELECT count(*) FROM graphs) AS graph_count,
+        (SELECT count(*) FROM graphs WHERE recompile_of IS NOT NULL OR recompile_reason IS NOT NULL)
+            AS recompile_count,
+        (SELECT count(*) FROM graphs WHERE cache_hit) AS cache_hit_count,
+        (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
+            AS compile_time"""
+    engine_out = []
+    for engine, name in SUMMARY_ENGINES.items():
+        engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
+                       f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
+                       f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
+    return f"""
+    WITH meas AS (SELECT * FROM executions WHERE {_measured_condition(include_warmup)}),
+    ex AS (SELECT {sel_keys}count(*) AS execution_count,
+                  sum(coalesce(device_ns, end_ns - start_ns))::BIGINT AS device_ns,
+                  sum(end_ns - start_ns)::BIGINT AS exec_ns, coalesce(sum(flops), 0)::BIGINT AS model_flops,
+                  coalesce(sum(hbm_read_bytes), 0)::BIGINT AS hbm_read_bytes,
+                  coalesce(sum(hbm_write_bytes), 0)::BIGINT AS hbm_write_bytes,
+                  coalesce(sum(cpu_fallback_ns), 0) AS cpu_fallback_ns,
+                  count(DISTINCT core) AS core_count, count(DISTINCT run_id) AS run_count,
+                  bool_or(coalesce(warmup, FALSE)) AS warmup_included
+           FROM meas {'GROUP BY ' + keys if keys else ''}),
+    eng AS (SELECT {sel_keys}{', '.join(engine_cols)},
+                   coalesce(sum(active_ns) FILTER (WHERE engine = 'dma'), 0) AS dma_active_ns,
+                   coalesce(sum(instruction_count) FILTER (WHERE engine = 'dma'), 0)::BIGINT AS dma_transfer_count,
+                   coalesce(sum(transfer_bytes) FILTER (WHERE engine = 'dma'), 0)::BIGINT AS dma_transfer_total_bytes,
+                   coalesce(sum(active_ns) FILTER (WHERE engine = 'cc'), 0) AS cc_active_ns,
+                   coalesce(sum(instruction_count) FILTER (WHERE engine = 'cc'), 0)::BIGINT AS cc_op_count,
+                   coalesce(sum(s.flops) FILTER (WHERE engine = 'tensor'), 0)::BIGINT AS tensor_flops,
+                   coalesce(sum(instruction_count), 0)::BIGINT AS event_count,
+                   count(*) FILTER (WHERE origin = 'instructions') > 0 AS has_instructions
+            FROM exec_engine_summary AS s JOIN meas USING (exec_id) {'GROUP BY ' + keys if keys else ''}),
+    md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
+                  try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
+           FROM metadata)
+    SELECT {', '.join('ex.' + k.strip() for k in keys.split(',')) + ', ' if keys else ''}
+        ex.device_ns / 1e9 AS total_time,
+        ex.exec_ns / 1e9 AS total_exec_time,
+        ex.execution_count, ex.warmup_included, ex.core_count, ex.run_count,
+        round(ex.device_ns * md.clock_ghz)::BIGINT AS neuroncore_cycle_count,
+        {', '.join(engine_out)},
+        eng.dma_active_ns / 1e9 AS dma_active_time,
+        100.0 * eng.dma_active_ns / nullif(ex.device_ns, 0) AS dma_active_time_percent,
+        eng.dma_transfer_count, eng.dma_transfer_total_bytes,
+        eng.dma_transfer_total_bytes / nullif(eng.dma_transfer_count, 0) AS dma_transfer_average_bytes,
+        eng.cc_active_ns / 1e9 AS cc_op_active_time,
+        100.0 * eng.cc_active_ns / nullif(ex.device_ns, 0) AS cc_op_active_time_percent, eng.cc_op_count,
+        ex.model_flops,
+        CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END AS hardware_flops,
+        md.peak AS tensor_engine_peak_bf16_flops,
+        100.0 * ex.model_flops / nullif(md.peak * ex.device_ns / 1e9, 0) AS mfu_estimated_percent,
+        100.0 * (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
+            / nullif(md.peak * ex.device_ns / 1e9, 0) AS hfu_estimated_percent,
+        ex.hbm_read_bytes, ex.hbm_write_bytes,
+        (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
+            / nullif(ex.hbm_read_bytes + ex.hbm_write_bytes, 0) AS mm_arithmetic_intensity,
+        ex.cpu_fallback_ns / 1e9 AS cpu_fallback_time,
+        eng.event_count{event_cols}
+    FROM ex LEFT JOIN eng {join} CROSS JOIN md
+    {'ORDER BY ' + keys if keys else ''}"""
