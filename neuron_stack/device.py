@@ -45,6 +45,12 @@ class DeviceProfile:
     gpsimd_clock_ghz: float = 1.4
     min_ii_cycles: int = 64               # Vector/Scalar max(MIN_II, N)
     dependent_overhead_cycles: int = 100  # dependent back-to-back small instructions
+    reciprocal_cycles_per_elem: int = 8   # Vector reciprocal costs 8N
+    bn_aggr_cycles_num: int = 13          # bn_aggr costs 13*N/3
+    bn_aggr_cycles_den: int = 3
+    accumulate_cycles: int = 64           # activation_reduce / ActReadAccumulator adds MIN_II
+    vector_perf_copy: int = 1             # v3 performance mode: 4x bf16 tensor_copy/tensor_scalar
+    vector_perf_other: int = 1            # v3 performance mode: 2x other bf16 Vector instructions
     gpsimd_start_cycles: int = 150        # GpSimd 150 + N
     neuroncore_clock_ghz: float = 1.4
     # On-chip memory
@@ -57,6 +63,7 @@ class DeviceProfile:
     dma_engines_per_core: int = 16
     dma_bytes_per_ns_per_engine: float = 17.0   # 272 GB/s per NC
     dma_fixed_ns: float = 1300.0                 # descriptor + sync + semaphore overhead
+    dma_desc_overhead_bytes: int = 256           # per-descriptor cost in byte-times (calibrated, see docs)
     hbm_bytes_per_chip: int = 32 * 2**30
     hbm_gbps_per_chip: float = 820.0
     hbm_stacks_per_chip: int = 2
@@ -137,6 +144,7 @@ PROFILES: dict[str, DeviceProfile] = {
         neuroncore_clock_ghz=1.2, sbuf_bytes_per_partition=224 * 1024,
         dma_bytes_per_ns_per_engine=23.0, hbm_bytes_per_chip=96 * 2**30, hbm_gbps_per_chip=2900.0,
         hbm_stacks_per_chip=4, neuronlink_gbps_per_chip=1280.0, efa_gbps_per_instance=400.0,
+        vector_perf_copy=4, vector_perf_other=2,
         throttle=True, sources={**_COMMON_SOURCES, "tensor": _ARCH3}),
 }
 

@@ -1,0 +1,631 @@
+"""Pass 4, lower and tile: a device partition's graph nodes become NeuronCore instructions.
+
+Every graph value lives in HBM (inputs, weights, intermediates, outputs), as a flat buffer. An op
+loads tiles of its inputs into SBUF with DMA (any view - permute, slice, broadcast - is an access
+pattern, so view ops cost nothing), computes on the engines, and stores its result tiles back with
+DMA. Fused elementwise nodes (``Node.fused_into``) are applied to the host's output tiles while they
+are still in SBUF/PSUM (the PSUM-evacuation epilogue), never as separate loads.
+
+Tiling obeys the NeuronCore rules (reference §5.3): at most 128 partitions, Tensor Engine stationary
+<=128x128 and moving <=512 free elements accumulating in one 2 KiB PSUM bank, ``bn_stats`` free size
+<=512. SBUF tiles come from rotating pools (``bufs=2`` is double buffering: the next tile's DMA runs
+while the current one is computed); the pools are carved out of a ring over SBUF, and PSUM banks
+out of a ring over the 8 banks, with write-after-read dependencies when a region is reused. When an
+op's resident working set does not fit in SBUF, it spills to HBM and the traffic is counted as
+``spill_save_bytes`` / ``spill_reload_bytes`` on the ``qSyncSpillReload`` queues.
+
+>>> from neuron_stack.ir import Node, Program, TensorSpec
+>>> t = TensorSpec((256, 256), "float32")
+>>> prog = Program("g", [Node("x", "placeholder", outputs=[t]),
+...     Node("mm", "aten.mm.default", [{"node": "x"}, {"node": "x"}], inputs=[t, t], outputs=[t],
+...          op_class="matmul", partition=0)], ["x"], [{"node": "mm"}])
+>>> from neuron_stack.device import get_profile
+>>> low = lower(prog, 0, get_profile("trn1"), {})
+>>> sorted({i.opcode for i in low.instrs})
+['DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cost import (ceil_div, dependent_overhead_ns, dma_ns, gpsimd_ns, ldweights_ns, matmul_ns,
+                   ring_collective_ns, scalar_ns, vector_ns)
+from .device import DeviceProfile
+from .ir import Node, Program, TensorSpec
+from .isa import ENGINE_OF
+
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
+               "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "complex64": 8}
+FLOATS = ("float32", "float64", "bfloat16", "float16")
+PMAX = 128            # partitions
+MOVING_FMAX = 512     # gemm moving free size = one PSUM bank of fp32
+STAT_FMAX = 128       # gemm stationary free size
+BN_FMAX = 512         # bn_stats free size limit
+FREE_TILE = 2048      # free elements per Vector/Scalar tile (keeps pools small, instructions long)
+
+
+def nbytes_of(dtype: str) -> int:
+    return DTYPE_BYTES.get(dtype, 4)
+
+
+class LoweringError(ValueError):
+    """A node the lowering cannot handle; the message names the node and why."""
+
+
+@dataclass(slots=True)
+class Instr:
+    """One device instruction before scheduling (times in ns)."""
+    engine: str
+    opcode: str
+    node: str
+    dur: float
+    deps: list[int]
+    tdeps: list[str]
+    operands: dict
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    writes: tuple = ()            # HBM buffers this instruction writes (for tensor-ready tracking)
+    queue_kind: str = ""          # DMA: "IO" or "SpillReload"
+    itype: str = ""               # Tensor: REGULAR / TRANSPOSE
+    hbm_read: int = 0
+    hbm_write: int = 0
+    spill_save: int = 0
+    spill_reload: int = 0
+
+
+@dataclass
+class Lowered:
+    """The instruction list of one partition plus what the interpreter and summary need."""
+    instrs: list[Instr]
+    hbm_buffers: dict[str, dict]          # name -> {"dtype", "numel", "role": input|output|const|scratch, "shape"}
+    inputs: list[str]                     # HBM buffers the partition reads from outside
+    outputs: list[str]                    # HBM buffers other partitions / the program read
+    values: dict[str, dict] = field(default_factory=dict)   # value name -> strided view of a buffer
+    sbuf_peak_bytes: int = 0              # per partition
+    log: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------
+# Views over HBM buffers: a meta tensor carries shape/stride/offset, so torch's own view semantics
+# decide what is a view and what needs a copy.
+
+def _torch():
+    import torch
+    return torch
+
+
+@dataclass
+class View:
+    buf: str
+    dtype: str
+    meta: Any          # torch meta tensor (shape, stride, storage_offset)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.meta.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def with_meta(self, meta) -> "View":
+        return View(self.buf, self.dtype, meta)
+
+
+def _meta(shape, dtype="float32"):
+    torch = _torch()
+    tdt = getattr(torch, dtype, torch.float32) if dtype in DTYPE_BYTES else torch.float32
+    return torch.empty(tuple(shape), dtype=tdt, device="meta")
+
+
+def boxes(shape: tuple[int, ...], limit: int) -> list[list[tuple[int, int]]]:
+    """Split the index space ``shape`` into boxes of at most ``limit`` elements, each one access pattern.
+
+    Inner dimensions are kept whole while they fit; the first dimension that does not fit is
+    chunked; outer dimensions are iterated one index at a time.
+    >>> boxes((2, 100), 128)
+    [[(0, 1), (0, 100)], [(1, 1), (0, 100)]]
+    >>> [b[1] for b in boxes((300,), 128)]
+    [(128, 128), (256, 44)]
+    """
+    if not shape:
+        return [[]]
+    inner = 1
+    j = len(shape)
+    while j > 0 and inner * shape[j - 1] <= limit:
+        inner *= shape[j - 1]
+        j -= 1
+    if j == 0:
+        return [[(0, d) for d in shape]]
+    d = j - 1
+    step = max(1, limit // inner)
+    out = []
+    for outer in _ndindex(shape[:d]):
+        for s in range(0, shape[d], step):
+            out.append([(i, 1) for i in outer] + [(s, min(step, shape[d] - s))] + [(0, n) for n in shape[j:]])
+    return out
+
+
+def _ndindex(shape):
+    if not shape:
+        yield ()
+        return
+    import itertools
+    yield from itertools.product(*(range(n) for n in shape))
+
+
+def _merge_ap(ap: list[list[int]]) -> list[list[int]]:
+    """Drop unit dims and merge dims that are contiguous with each other (same element order)."""
+    ap = [[s, n] for s, n in ap if n != 1] or [[1, 1]]
+    out = [list(ap[0])]
+    for s, n in ap[1:]:
+        ps, pn = out[-1]
+        if ps == s * n:
+            out[-1] = [s, pn * n]
+        else:
+            out.append([s, n])
+    return out
+
+
+def view_operand(v: View, box: list[tuple[int, int]] | None = None) -> dict:
+    """The HBM access-pattern operand of ``v`` restricted to ``box`` (per-dim start, length)."""
+    strides = v.meta.stride()
+    shape = v.shape
+    box = box if box is not None else [(0, n) for n in shape]
+    off = v.meta.storage_offset() + sum(s * st for (s, _), st in zip(box, strides))
+    ap = _merge_ap([[st, n] for (_, n), st in zip(box, strides)])
+    return {"m": "hbm", "b": v.buf, "dt": v.dtype, "o": int(off), "ap": ap}
+
+
+def _run(ap: list[list[int]]) -> int:
+    """Contiguous elements per descriptor of an access pattern (innermost unit-stride run)."""
+    s, n = ap[-1]
+    return n if s == 1 else 1
+
+
+def _numel_ap(ap) -> int:
+    return math.prod(n for _, n in ap)
+
+
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Tile:
+    """A rectangular [P partitions, F free] region of an SBUF or PSUM slot."""
+    key: str
+    mem: str
+    dtype: str
+    P: int
+    F: int
+    pitch: int
+    off: int = 0
+
+    def op(self) -> dict:
+        return {"m": self.mem, "b": self.key, "dt": self.dtype, "o": self.off,
+                "ap": [[self.pitch, self.P], [1, self.F]]}
+
+    def cols(self, c0: int, n: int) -> "Tile":
+        return Tile(self.key, self.mem, self.dtype, self.P, n, self.pitch, self.off + c0)
+
+    def rows(self, p0: int, n: int) -> "Tile":
+        return Tile(self.key, self.mem, self.dtype, n, self.F, self.pitch, self.off + p0 * self.pitch)
+
+    def as_dtype(self, dt: str) -> "Tile":
+        return Tile(self.key, self.mem, dt, self.P, self.F, self.pitch, self.off)
+
+
+class _Ring:
+    """Ring allocator over one on-chip memory (bytes per partition); reports overlapped regions."""
+
+    def __init__(self, capacity: int, unit: int = 64):
+        self.cap, self.unit, self.cursor, self.regions, self.peak = capacity, unit, 0, [], 0
+
+    def alloc(self, nbytes: int, key: str) -> list[str]:
+        nbytes = ceil_div(max(nbytes, 1), self.unit) * self.unit
+        if nbytes > self.cap:
+            raise LoweringError(f"tile of {nbytes} bytes per partition exceeds on-chip capacity {self.cap}")
+        if self.cursor + nbytes > self.cap:
+            self.cursor = 0
+        lo, hi = self.cursor, self.cursor + nbytes
+        self.cursor = hi
+        self.peak = max(self.peak, hi)
+        hit = [k for (a, b, k) in self.regions if a < hi and lo < b]
+        self.regions = [(a, b, k) for (a, b, k) in self.regions if not (a < hi and lo < b)] + [(lo, hi, key)]
+        return hit
+
+
+class Pool:
+    """A rotating pool of ``bufs`` same-sized tiles (double buffering when bufs >= 2)."""
+
+    def __init__(self, low: "Lowerer", name: str, mem: str, P: int, F: int, dtype: str, bufs: int = 2):
+        self.low, self.name, self.mem, self.P, self.F, self.dtype, self.bufs = low, name, mem, P, F, dtype, bufs
+        self.i = 0
+        self.keys = []
+        per = F * (4 if mem == "psum" else nbytes_of(dtype))
+        for b in range(bufs):
+            key = f"{name}.{b}"
+            low.claim(mem, per, key)
+            self.keys.append(key)
+
+    def tile(self, P: int | None = None, F: int | None = None) -> Tile:
+        key = self.keys[self.i % self.bufs]
+        self.i += 1
+        dt = "float32" if self.mem == "psum" else self.dtype
+        return Tile(key, self.mem, dt, P or self.P, F or self.F, self.F)
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise op tables (data): ATen packet -> how it lowers.
+
+#: binary ops with a tensor or scalar second operand -> Vector ALU op
+BINARY = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
+    "minimum": "minimum", "pow": "power", "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+    "gt": "greater", "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor", "remainder": "mod", "fmod": "fmod", "atan2": "atan2", "hypot": "hypot",
+    "copysign": "copysign", "floor_divide": "floor_divide", "rsub": "rsub",
+}
+#: unary ops -> Scalar engine activation function
+UNARY_ACT = {
+    "relu": "relu", "gelu": "gelu", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp",
+    "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "sin": "sin", "cos": "cos", "abs": "abs",
+    "sign": "sign", "sgn": "sign", "neg": "neg", "exp2": "exp2", "log2": "log2", "log1p": "log1p",
+    "expm1": "expm1", "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc",
+    "square": "square", "clone": "copy", "alias": "copy", "_to_copy": "copy", "lift_fresh_copy": "copy",
+}
+#: unary ops -> Vector (TENSOR_SCALAR with immediates, or RECIPROCAL)
+CLAMPS = {"clamp": ("min", "max"), "clamp_min": ("min", None), "clamp_max": (None, "max"),
+          "hardtanh": ("min_val", "max_val"), "relu6": (None, None)}
+
+
+def _packet_name(target: str) -> str:
+    parts = target.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else target
+
+
+# ----------------------------------------------------------------------------------------------
+
+class Lowerer:
+    """Lowers one partition. Use :func:`lower`."""
+
+    def __init__(self, program: Program, partition: int, profile: DeviceProfile, flags: dict):
+        self.prog, self.part, self.p, self.flags = program, partition, profile, flags or {}
+        self.auto_cast = self.flags.get("auto_cast", "none") or "none"
+        self.cast_type = {"bf16": "bfloat16", "fp16": "float16"}.get(self.flags.get("auto_cast_type", "bf16"), "bfloat16")
+        self.by_name = {n.name: n for n in program.nodes}
+        self.instrs: list[Instr] = []
+        self.last_writer: dict[str, int] = {}
+        self.readers: dict[str, dict] = {}
+        self.pending: dict[str, set[int]] = {}
+        self.engine_last: dict[str, int] = {}
+        self.sbuf = _Ring(profile.sbuf_bytes_per_partition)
+        self.psum = _Ring(profile.psum_bytes_per_partition, unit=profile.psum_bytes_per_partition // profile.psum_banks)
+        self.values: dict[str, View] = {}      # value name ("n" or "n:i") -> HBM view
+        self.hbm: dict[str, dict] = {}
+        self.inputs: list[str] = []
+        self.log: list[str] = []
+        self.const_names = set()
+        for n in program.nodes:
+            if n.target == "get_attr":
+                self.const_names.add(n.name)
+        self.nodes = [n for n in program.nodes
+                      if n.partition == partition and n.is_compute and n.placement == "device"]
+        self.in_part = {n.name for n in self.nodes}
+        self.users: dict[str, list[str]] = {}
+        for n in program.nodes:
+            for r in _refs([n.args, n.kwargs]):
+                self.users.setdefault(r, []).append(n.name)
+        self.out_refs = set(_refs(program.output_names))
+        self.fused: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            if n.fused_into and n.fused_into in self.in_part:
+                self.fused.setdefault(n.fused_into, []).append(n)
+        self.scratch_i = 0
+
+    # ---- buffers and dependency tracking -------------------------------------------------
+    def claim(self, mem: str, nbytes: int, key: str) -> None:
+        ring = self.sbuf if mem == "sbuf" else self.psum
+        deps = set()
+        for old in ring.alloc(nbytes, key):
+            w = self.last_writer.get(old)
+            if w is not None:
+                deps.add(w)
+            deps.update(self.readers.get(old, {}).values())
+            deps.update(self.pending.pop(old, ()))
+        self.pending[key] = deps
+        self.last_writer.pop(key, None)
+        self.readers.pop(key, None)
+
+    def emit(self, opcode: str, node: str, dst: list[dict], src: list[dict], attrs: dict | None = None,
+             dur: float = 0.0, flops: int = 0, queue_kind: str = "IO", itype: str = "",
+             hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
+             small: bool = True) -> int:
+        engine = ENGINE_OF[opcode]
+        deps: set[int] = set()
+        tdeps: list[str] = []
+        writes = []
+        br = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
+        bw = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
+        for o in src:
+            if o["m"] == "hbm":
+                if o["b"] not in tdeps:
+                    tdeps.append(o["b"])
+            else:
+                w = self.last_writer.get(o["b"])
+                if w is not None:
+                    deps.add(w)
+                deps.update(self.pending.get(o["b"], ()))
+        for o in dst:
+            if o["m"] == "hbm":
+                writes.append(o["b"])
+            else:
+                k = o["b"]
+                w = self.last_writer.get(k)
+                if w is not None:
+                    deps.add(w)
+                deps.update(self.readers.get(k, {}).values())
+                deps.update(self.pending.pop(k, ()))
+        idx = len(self.instrs)
+        prev = self.engine_last.get(engine)
+        if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
+            dur += dependent_overhead_ns(self.p, engine)
+        ops = {"dst": dst, "src": src}
+        if attrs:
+            ops.update(attrs)
+        self.instrs.append(Instr(engine, opcode, node, dur, sorted(deps), tdeps, ops, flops, br, bw,
+                                 tuple(writes), queue_kind if engine == "dma" else "", itype,
+                                 hbm_read, hbm_write, spill_save, spill_reload))
+        self.engine_last[engine] = idx
+        rk = engine if engine != "dma" else f"dma{idx}"
+        for o in src:
+            if o["m"] != "hbm":
+                r = self.readers.setdefault(o["b"], {})
+                if engine == "dma":
+                    # keep DMA readers few: they run on any of 16 queues, so all must be waited on
+                    r[rk] = idx
+                else:
+                    r[engine] = idx
+        for o in dst:
+            if o["m"] != "hbm":
+                self.last_writer[o["b"]] = idx
+                self.readers[o["b"]] = {}
+        return idx
+
+    # ---- DMA ------------------------------------------------------------------------------
+    def dma(self, node: str, dst: dict, src: dict, spill: str = "") -> int:
+        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts)."""
+        n = _numel_ap(src["ap"])
+        assert n == _numel_ap(dst["ap"]), (src, dst)
+        nb = n * nbytes_of(src["dt"])
+        run = math.gcd(_run(src["ap"]), _run(dst["ap"]))
+        # SBUF/PSUM partitions are separate address ranges: at least one descriptor per partition
+        desc = n // max(1, run)
+        for o in (src, dst):
+            if o["m"] != "hbm":
+                desc = max(desc, o["ap"][0][1])
+        wbytes = n * nbytes_of(dst["dt"])
+        kw = {}
+        if src["m"] == "hbm":
+            kw["hbm_read"] = nb
+        if dst["m"] == "hbm":
+            kw["hbm_write"] = wbytes
+        if spill == "save":
+            kw["spill_save"] = wbytes
+        elif spill == "reload":
+            kw["spill_reload"] = nb
+        return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc}, dur=dma_ns(self.p, max(nb, wbytes), desc),
+                         queue_kind="SpillReload" if spill else "IO", **kw)
+
+    def load(self, node: str, v: View, box: list[tuple[int, int]], pool: Pool, split: int) -> Tile:
+        """DMA the ``box`` of ``v`` into a tile of ``pool``: dims before ``split`` go to partitions."""
+        P = math.prod(n for _, n in box[:split])
+        F = math.prod(n for _, n in box[split:])
+        t = pool.tile(P, F)
+        self.dma(node, t.op() if t.dtype == v.dtype else t.as_dtype(v.dtype).op(), view_operand(v, box))
+        return t.as_dtype(v.dtype) if t.dtype != v.dtype else t
+
+    def store(self, node: str, t: Tile, v: View, box: list[tuple[int, int]]) -> int:
+        return self.dma(node, view_operand(v, box), t.op())
+
+    # ---- compute helpers -------------------------------------------------------------------
+    def vec(self, opcode: str, node: str, dst: Tile, srcs: list[dict], n_inputs: int = 1, fast: bool = False,
+            flops: int = 0, cost_n: int | None = None, **attrs) -> int:
+        n = cost_n if cost_n is not None else dst.F
+        if any(s["m"] == "psum" for s in srcs) and n_inputs == 2:
+            fast = True
+        d = vector_ns(self.p, opcode, n, n_inputs, dst.dtype, fast, attrs.get("op", ""))
+        return self.emit(opcode, node, [dst.op()], srcs, attrs, dur=d, flops=flops)
+
+    def act(self, node: str, dst: Tile, src: dict, func: str, bias: Any = 0.0, scale: Any = 1.0,
+            acc: Tile | None = None, acc_op: str = "add", flops: int = 0, **attrs) -> int:
+        srcs = [src]
+        a = {"func": func, "scale": scale, "bias": bias, **attrs}
+        if isinstance(bias, dict):
+            srcs.append(bias)
+            a["bias"] = {"src": len(srcs) - 1}
+        if isinstance(scale, dict):
+            srcs.append(scale)
+            a["scale"] = {"src": len(srcs) - 1}
+        dsts = [dst.op()]
+        if acc is not None:
+            dsts.append(acc.op())
+            a["acc_op"] = acc_op
+        d = scalar_ns(self.p, src["ap"][-1][1] if src["ap"] else dst.F, accumulate=acc is not None)
+        return self.emit("ACTIVATE", node, dsts, srcs, a, dur=d, flops=flops)
+
+    def new_scratch(self, dtype: str, numel: int, shape=None) -> str:
+        self.scratch_i += 1
+        name = f"__spill{self.scratch_i}"
+        self.hbm[name] = {"dtype": dtype, "numel": numel, "role": "scratch", "shape": list(shape or [numel])}
+        return name
+
+    # ---- values ----------------------------------------------------------------------------
+    def node_of(self, name: str) -> Node:
+        return self.by_name[name]
+
+    def value(self, ref: Any) -> View:
+        """The HBM view of a ``{"node": name}`` argument (resolving metadata-only views)."""
+        name = ref["node"] if isinstance(ref, dict) else ref
+        if name in self.values:
+            return self.values[name]
+        n = self.by_name[name]
+        if n.target == "getitem":
+            src = n.args[0]["node"]
+            idx = n.args[1]
+            self.value(src) if idx == 0 else None
+            key = src if idx == 0 else f"{src}:{idx}"
+            if key not in self.values:
+                self._external(key, self.by_name[src].outputs[idx])
+            self.values[name] = self.values[key]
+            return self.values[name]
+        if n.op_class == "view" and n.name in self.in_part and n.target.startswith("aten."):
+            v = self._apply_view(n)
+            if v is not None:
+                self.values[name] = v
+                return v
+        spec = n.outputs[0] if n.outputs else TensorSpec((), "float32")
+        return self._external(name, spec)
+
+    def _external(self, name: str, spec: TensorSpec) -> View:
+        role = "const" if name in self.const_names else "input"
+        dtype = getattr(self, "const_dtype", {}).get(name, spec.dtype)
+        strides = getattr(self, "const_strides", {}).get(name)
+        meta = _meta(spec.shape, dtype)
+        if strides is not None:
+            meta = _torch().empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
+        self.hbm[name] = {"dtype": dtype, "numel": spec.numel, "role": role, "shape": list(spec.shape),
+                          "strides": list(meta.stride())}
+        if name not in self.inputs:
+            self.inputs.append(name)
+        v = View(name, dtype, meta)
+        self.values[name] = v
+        return v
+
+    def out_view(self, name: str, spec: TensorSpec) -> View:
+        """A fresh contiguous HBM buffer for an op's output."""
+        meta = _meta(spec.shape, spec.dtype)
+        self.hbm[name] = {"dtype": spec.dtype, "numel": spec.numel, "role": "output", "shape": list(spec.shape),
+                          "strides": list(meta.stride())}
+        v = View(name, spec.dtype, meta)
+        self.values[name] = v
+        return v
+
+    def value_table(self) -> dict[str, dict]:
+        """Every value of the partition as a strided view of an HBM buffer (JSON-able)."""
+        out = {}
+        for k, v in self.values.items():
+            out[k] = {"buf": v.buf, "dtype": v.dtype, "shape": list(v.shape), "strides": list(v.meta.stride()),
+                      "offset": int(v.meta.storage_offset())}
+        return out
+
+    def _apply_view(self, n: Node) -> View | None:
+        torch = _torch()
+        base: list[View] = []
+
+        def conv(a):
+            if isinstance(a, dict) and set(a) == {"node"}:
+                v = self.value(a)
+                base.append(v)
+                return v.meta
+            if isinstance(a, list):
+                return [conv(x) for x in a]
+            if isinstance(a, dict) and "dtype" in a:
+                return getattr(torch, a["dtype"])
+            if isinstance(a, dict) and "memory_format" in a:
+                return getattr(torch, a["memory_format"])
+            return a
+
+        try:
+            op = _aten_op(n.target)
+            args = conv(n.args)
+            kwargs = {k: conv(v) for k, v in n.kwargs.items()}
+            out = op(*args, **kwargs)
+        except Exception as e:  # not expressible as a view: materialise with a copy
+            self.log.append(f"lower: {n.name} {n.target} is not a plain view ({type(e).__name__}); copied")
+            return None
+        if not base:
+            return None
+        src = base[0]
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        first = None
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                continue
+            if o.data_ptr() != src.meta.data_ptr() and not (o._is_view() or o.untyped_storage() is src.meta.untyped_storage()):
+                return None
+            v = src.with_meta(o)
+            if i == 0:
+                first = v
+            else:
+                self.values[f"{n.name}:{i}"] = v
+        return first
+
+    # ---- driver -----------------------------------------------------------------------------
+    def run(self) -> Lowered:
+        from . import lower_ops
+        lower_ops.prepare_constants(self)
+        for n in self.nodes:
+            if n.fused_into and n.fused_into in self.in_part:
+                continue
+            if n.op_class == "view":
+                if n.name not in self.values:
+                    v = self._apply_view(n) if n.target.startswith("aten.") else None
+                    if v is not None:
+                        self.values[n.name] = v
+                    else:
+                        lower_ops.lower_copy(self, n)
+                continue
+            self.lower_node(n)
+        outputs = []
+        for n in self.nodes:
+            for key in [n.name] + [f"{n.name}:{i}" for i in range(1, len(n.outputs))]:
+                if key in self.hbm and self.hbm[key]["role"] == "output" and self._escapes(n.name):
+                    outputs.append(key)
+        return Lowered(self.instrs, self.hbm, self.inputs, outputs, self.value_table(), self.sbuf.peak, self.log)
+
+    def _escapes(self, name: str) -> bool:
+        if name in self.out_refs:
+            return True
+        for u in self.users.get(name, []):
+            un = self.by_name[u]
+            if u not in self.in_part or un.target == "getitem" and self._escapes(u):
+                return True
+            if un.op_class == "view" and self._escapes(u):
+                return True
+        return False
+
+    def lower_node(self, n: Node) -> None:
+        from . import lower_ops
+        fn = lower_ops.dispatch(n)
+        fn(self, n)
+
+
+def _refs(value: Any):
+    if isinstance(value, dict):
+        if "node" in value and len(value) == 1:
+            yield value["node"]
+        else:
+            for v in value.values():
+                yield from _refs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _refs(v)
+
+
+def _aten_op(target: str):
+    torch = _torch()
+    parts = target.split(".")
+    op = getattr(torch.ops.aten, parts[1])
+    return getattr(op, parts[2] if len(parts) > 2 else "default")
+
+
+def lower(program: Program, partition: int, profile: DeviceProfile, flags: dict | None = None) -> Lowered:
+    """Lower the device nodes of ``partition`` to instructions (unscheduled).
+
+    Example: ``lower(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).instrs[0].opcode``.
+    """
+    return Lowerer(program, partition, profile, flags or {}).run()

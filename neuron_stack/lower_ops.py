@@ -1,0 +1,1218 @@
+"""Per-op-class lowerings of pass 4 (see :mod:`neuron_stack.lower` for the model they share).
+
+Each ``lower_*`` function takes the :class:`~neuron_stack.lower.Lowerer` and one node and emits its
+instructions. :func:`dispatch` picks the lowering; ops without a dedicated one run as a GpSimd
+library kernel (``CUSTOM_OP``) so every op of every class gets instructions and a time.
+
+>>> dispatch_name("aten.addmm.default", "matmul"), dispatch_name("aten.cumsum.default", "reduction")
+('lower_matmul', 'lower_custom')
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns, ring_collective_ns, vector_ns
+from .ir import Node, TensorSpec
+from .lower import (BINARY, BN_FMAX, CLAMPS, FLOATS, FREE_TILE, MOVING_FMAX, PMAX, STAT_FMAX, UNARY_ACT,
+                    Lowerer, Pool, Tile, View, _meta, _packet_name, _refs, boxes, nbytes_of, view_operand)
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _is_ref(a) -> bool:
+    return isinstance(a, dict) and set(a) == {"node"}
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _bcast(v: View, shape: tuple[int, ...]) -> View:
+    """``v`` broadcast to ``shape`` (stride-0 dims): loads of it fill whole tiles."""
+    if v.shape == tuple(shape):
+        return v
+    return v.with_meta(v.meta.broadcast_to(shape))
+
+
+def _reshape_view(v: View, shape: tuple[int, ...]) -> View | None:
+    try:
+        return v.with_meta(v.meta.view(shape))
+    except RuntimeError:
+        return None
+
+
+def _n_boxes(shape, limit) -> int:
+    inner, j = 1, len(shape)
+    while j > 0 and inner * shape[j - 1] <= limit:
+        inner *= shape[j - 1]
+        j -= 1
+    if j == 0:
+        return 1
+    d = j - 1
+    step = max(1, limit // inner)
+    return math.prod(shape[:d]) * ceil_div(shape[d], step)
+
+
+def choose_split(shape: tuple[int, ...], free_limit: int = FREE_TILE) -> int:
+    """Where to cut ``shape`` into partition dims and free dims: the cut with the cheapest tiles."""
+    if len(shape) <= 1:
+        return 0
+    best, best_k = None, len(shape) - 1
+    for k in range(len(shape) + 1):
+        rows, cols = shape[:k], shape[k:]
+        nr = _n_boxes(rows, PMAX)
+        nc = _n_boxes(cols, free_limit)
+        f = min(math.prod(cols), free_limit) if cols else 1
+        cost = nr * nc * max(64, f)
+        if best is None or cost < best:
+            best, best_k = cost, k
+    return best_k
+
+
+def _flat128(views: list[View], shape: tuple[int, ...]) -> tuple[tuple[int, ...], list[View]] | None:
+    """Contiguous operands of an elementwise op viewed as [128, numel/128]: full partitions."""
+    n = math.prod(shape)
+    if n < PMAX * 64 or n % PMAX:
+        return None
+    new = (PMAX, n // PMAX)
+    out = []
+    for v in views:
+        if not v.meta.is_contiguous():
+            return None
+        r = _reshape_view(v, new)
+        if r is None:
+            return None
+        out.append(r)
+    return new, out
+
+
+# ----------------------------------------------------------------------------------------------
+# constants: compile-time layout and dtype choices
+
+
+def prepare_constants(low: Lowerer) -> None:
+    """Weights are laid out and cast at compile time, as neuronx-cc does: a weight used as a
+    matmul operand whose contraction dim is contiguous is stored transposed (so tiles load with
+    long contiguous rows), and with ``--auto-cast`` it is stored in the cast type."""
+    torch = _torch()
+    low.const_strides: dict[str, tuple] = {}
+    low.const_dtype: dict[str, str] = {}
+    for n in low.nodes:
+        if n.op_class != "matmul" or n.fused_into:
+            continue
+        ops = _matmul_operands(low, n)
+        if ops is None:
+            continue
+        a, b = ops[0], ops[1]
+        for v, want_contig_dim in ((a, -2), (b, -1)):
+            if v.buf not in low.const_names or len(low.hbm.get(v.buf, {}).get("shape", [])) != 2:
+                continue
+            if v.meta.stride()[want_contig_dim] != 1 and v.meta.dim() >= 2:
+                base = low.hbm[v.buf]["shape"]
+                low.const_strides[v.buf] = (1, base[0])      # column-major storage
+            if low.auto_cast in ("matmult", "all") and v.dtype == "float32" and _only_matmul_users(low, v.buf):
+                low.const_dtype[v.buf] = low.cast_type
+    # forget the views resolved while looking, so they are rebuilt over the chosen layouts
+    low.values.clear()
+    low.hbm.clear()
+    low.inputs.clear()
+    del torch
+
+
+def _only_matmul_users(low: Lowerer, name: str) -> bool:
+    for u in low.users.get(name, []):
+        un = low.by_name[u]
+        if un.op_class == "view":
+            if not _only_matmul_users(low, u):
+                return False
+        elif un.op_class != "matmul":
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# dispatch
+
+_ROWWISE = {"_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
+            "sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "logsumexp": "logsumexp",
+            "var": "var", "std": "std", "any": "any", "all": "all", "prod": "prod", "cumsum": "cumsum",
+            "native_group_norm": "group_norm"}
+_DM_COPY = ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "cat", "stack", "constant_pad_nd",
+            "repeat", "flip", "roll", "expand_copy", "permute_copy", "view_copy", "_unsafe_view",
+            "reshape", "slice_scatter", "select_scatter", "full", "full_like", "zeros", "zeros_like",
+            "ones", "ones_like", "scalar_tensor", "new_zeros", "new_ones", "new_full", "fill")
+
+
+def dispatch_name(target: str, op_class: str) -> str:
+    """Name of the lowering function for an op (data-driven; see :func:`dispatch`)."""
+    name = _packet_name(target)
+    if op_class == "matmul" and name in ("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"):
+        return "lower_matmul"
+    if op_class == "conv" and name == "convolution":
+        return "lower_conv"
+    if op_class in ("elementwise", "activation"):
+        return "lower_elementwise"
+    if name in _ROWWISE and op_class in ("reduction", "softmax", "normalization"):
+        return "lower_rowwise"
+    if op_class == "gather" and name in ("embedding", "index_select"):
+        return "lower_embedding"
+    if op_class == "gather" and name == "arange":
+        return "lower_iota"
+    if op_class in ("data_movement", "view") and name in _DM_COPY:
+        return "lower_copy"
+    if op_class == "collective":
+        return "lower_collective"
+    return "lower_custom"
+
+
+def dispatch(n: Node):
+    """The lowering function for node ``n``."""
+    return globals()[dispatch_name(n.target, n.op_class)]
+
+
+# ----------------------------------------------------------------------------------------------
+# elementwise steps (shared by standalone elementwise ops and every epilogue)
+
+def _arg_value(low: Lowerer, a):
+    return low.value(a) if _is_ref(a) else a
+
+
+def _chain_ref(n: Node, prev: str, low: Lowerer) -> int | None:
+    """Index of the argument of ``n`` that carries the previous chain value (through views)."""
+    for i, a in enumerate(n.args):
+        if _is_ref(a):
+            name = a["node"]
+            while True:
+                if name == prev:
+                    return i
+                nn = low.by_name.get(name)
+                if nn is None or nn.op_class != "view" or nn.target == "getitem" and False:
+                    break
+                nxt = next(_refs(nn.args), None)
+                if nxt is None:
+                    break
+                name = nxt
+    return None
+
+
+class TileCtx:
+    """What an elementwise step needs: the box of the host-shaped output tile, and load/pools."""
+
+    def __init__(self, low: Lowerer, host_shape, box, split, pools):
+        self.low, self.host_shape, self.box, self.split, self.pools = low, host_shape, box, split, pools
+
+    def load_extra(self, node: str, v: View, key: str) -> Tile:
+        pool = self.pools.get(key)
+        P = math.prod(n for _, n in self.box[:self.split])
+        F = math.prod(n for _, n in self.box[self.split:])
+        if pool is None:
+            Fmax = math.prod(n for _, n in self.pools["__shape"][self.split:]) if False else self.pools["__F"]
+            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, Fmax, v.dtype, bufs=2)
+            self.pools[key] = pool
+        return self.low.load(node, v, self.box, pool, self.split)
+
+    def out_tile(self, node: str, key: str, dtype: str) -> Tile:
+        pool = self.pools.get(key)
+        P = math.prod(n for _, n in self.box[:self.split])
+        F = math.prod(n for _, n in self.box[self.split:])
+        if pool is None:
+            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], dtype, bufs=2)
+            self.pools[key] = pool
+        return pool.tile(P, F)
+
+
+def _host_shaped(low: Lowerer, v: View, node_shape, host_shape) -> View | None:
+    """Operand ``v`` of a node with output ``node_shape``, broadcast, then viewed in the host's shape."""
+    b = _bcast(v, tuple(node_shape))
+    if tuple(node_shape) == tuple(host_shape):
+        return b
+    return _reshape_view(b, tuple(host_shape))
+
+
+def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, host_shape) -> Tile:
+    """Emit the instructions of elementwise node ``n`` for one tile; ``cur`` is the chain input tile
+    (argument ``cur_idx`` of ``n``) or None when every tensor argument is loaded from HBM."""
+    low = ctx.low
+    name = _packet_name(n.target)
+    out_dt = n.outputs[0].dtype
+    if low.auto_cast == "all" and out_dt == "float32":
+        pass  # values in HBM keep the graph dtype; tiles compute in fp32 and round on store
+    oshape = tuple(n.outputs[0].shape)
+    tiles: dict[int, Tile] = {}
+    scalars: dict[int, Any] = {}
+    for i, a in enumerate(n.args):
+        if i == cur_idx:
+            tiles[i] = cur
+        elif _is_ref(a):
+            v = low.value(a)
+            hv = _host_shaped(low, v, oshape, host_shape)
+            tiles[i] = ctx.load_extra(n.name, hv, f"a{i}")
+        elif isinstance(a, (int, float, bool)) or a is None:
+            scalars[i] = a
+    dst = ctx.out_tile(n.name, "o", out_dt)
+    elems = dst.P * dst.F
+    tensor_args = sorted(tiles)
+    alpha = n.kwargs.get("alpha", 1)
+
+    if name in BINARY and len(n.args) >= 2 and "rounding_mode" not in n.kwargs:
+        alu = BINARY[name]
+        if 0 in tiles and 1 in tiles:
+            b = tiles[1]
+            if alpha != 1 and alu in ("add", "subtract", "rsub"):
+                tmp = ctx.out_tile(n.name, "alpha", out_dt)
+                low.vec("TENSOR_SCALAR", n.name, tmp, [b.op()], op0="multiply", scalar0=alpha)
+                b = tmp
+            fast = dst.dtype in ("bfloat16", "float16") and alu in ("add", "subtract", "multiply")
+            low.vec("TENSOR_TENSOR", n.name, dst, [tiles[0].op(), b.op()], n_inputs=2, fast=fast, op=alu,
+                    flops=elems)
+            return dst
+        if 0 in tiles and 1 in scalars:
+            imm = scalars[1] * (alpha if alu in ("add", "subtract", "rsub") else 1)
+            low.vec("TENSOR_SCALAR", n.name, dst, [tiles[0].op()], op0=alu, scalar0=imm, flops=elems)
+            return dst
+    if name in UNARY_ACT and tensor_args == [0] and (name not in ("_to_copy", "clone") or True):
+        func = UNARY_ACT[name]
+        if name == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
+            func = "gelu_tanh"
+        if func == "copy" and dst.dtype == tiles[0].dtype:
+            low.vec("TENSOR_COPY", n.name, dst, [tiles[0].op()])
+        else:
+            low.act(n.name, dst, tiles[0].op(), func, flops=elems)
+        return dst
+    if name == "reciprocal" and tensor_args == [0]:
+        low.vec("RECIPROCAL", n.name, dst, [tiles[0].op()], flops=elems)
+        return dst
+    if name in CLAMPS and tensor_args == [0]:
+        lo_k, hi_k = CLAMPS[name]
+        lo = n.args[1] if len(n.args) > 1 else n.kwargs.get(lo_k)
+        hi = n.args[2] if len(n.args) > 2 else n.kwargs.get(hi_k)
+        if name == "hardtanh":
+            lo = -1.0 if lo is None else lo
+            hi = 1.0 if hi is None else hi
+        if name == "relu6":
+            lo, hi = 0.0, 6.0
+        if name == "clamp_max":
+            lo, hi = None, n.args[1]
+        ops = {}
+        if lo is not None:
+            ops.update(op0="maximum", scalar0=lo)
+        if hi is not None:
+            ops.update({"op1" if ops else "op0": "minimum", "scalar1" if ops else "scalar0": hi})
+        low.vec("TENSOR_SCALAR", n.name, dst, [tiles[0].op()], flops=elems, **ops)
+        return dst
+    if name == "where" and len(n.args) == 3:
+        # dst = b; dst = where(cond, a, dst)   (Vector copy + predicated copy)
+        b = tiles.get(2)
+        if b is not None:
+            low.vec("TENSOR_COPY", n.name, dst, [b.op()])
+        else:
+            low.vec("MEMSET", n.name, dst, [], value=scalars.get(2, 0))
+        a = tiles.get(1)
+        if a is None:
+            a = ctx.out_tile(n.name, "imm", out_dt)
+            low.vec("MEMSET", n.name, a, [], value=scalars.get(1, 0))
+        low.vec("COPY_PREDICATED", n.name, dst, [a.op(), tiles[0].op(), dst.op()], n_inputs=2)
+        return dst
+    # Any other elementwise ATen op is one pass of its engine over the tile, with the op's own
+    # semantics (the engine's function table): Scalar for activations, Vector otherwise.
+    template = _template(n.args, tiles)
+    srcs = [tiles[i].op() for i in tensor_args]
+    attrs = {"aten": n.target, "args": template, "kwargs": _jsonable(n.kwargs)}
+    if n.op_class == "activation":
+        d = low.act(n.name, dst, srcs[0], "aten", srcs=srcs, flops=elems, **attrs) if len(srcs) == 1 else \
+            low.emit("ACTIVATE", n.name, [dst.op()], srcs, {**attrs, "func": "aten"},
+                     dur=len(srcs) * max(64, dst.F) / low.p.scalar_clock_ghz, flops=elems)
+    else:
+        low.vec("TENSOR_TENSOR", n.name, dst, srcs, n_inputs=max(1, len(srcs)), flops=elems,
+                cost_n=dst.F * max(1, len(srcs) - 1), **attrs)
+    return dst
+
+
+def _jsonable(kw: dict) -> dict:
+    return {k: v for k, v in kw.items()}
+
+
+def _template(args, tiles: dict[int, Tile]):
+    out = []
+    order = {i: k for k, i in enumerate(sorted(tiles))}
+    for i, a in enumerate(args):
+        out.append({"src": order[i]} if i in tiles else a)
+    return out
+
+
+def _chain(low: Lowerer, host: Node) -> tuple[list[Node], list[Node]]:
+    """The fused nodes applied in ``host``'s epilogue, and the ones that must be lowered alone."""
+    members, alone, prev = [], [], host.name
+    hshape = tuple(host.outputs[0].shape)
+    hn = math.prod(hshape)
+    for f in low.fused.get(host.name, []):
+        idx = _chain_ref(f, prev, low)
+        ok = idx is not None and f.outputs and math.prod(f.outputs[0].shape) == hn
+        if ok:
+            for i, a in enumerate(f.args):
+                if i != idx and _is_ref(a) and _host_shaped(low, low.value(a), tuple(f.outputs[0].shape), hshape) is None:
+                    ok = False
+        if ok and _packet_name(f.target) in ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill",
+                                             "logit"):
+            ok = False
+        if ok:
+            members.append((f, idx))
+            prev = f.name
+        else:
+            alone.append(f)
+    return members, alone
+
+
+def epilogue(low: Lowerer, host: Node, ctx: TileCtx, cur: Tile, out_views: dict[str, View],
+             members) -> None:
+    """Apply the fused chain to ``cur`` (host-shaped tile) and store every value that escapes."""
+    hshape = ctx.host_shape
+    if host.name in out_views:
+        low.store(host.name, cur, out_views[host.name], ctx.box)
+    for f, idx in members:
+        cur = ew_step(ctx, f, cur, idx, hshape)
+        if f.name in out_views:
+            low.store(f.name, cur, out_views[f.name], ctx.box)
+
+
+def _escaping_views(low: Lowerer, host: Node, members, hshape) -> dict[str, View]:
+    """Fresh HBM buffers for the chain values used outside the chain, viewed in the host's shape."""
+    inside = {host.name} | {f.name for f, _ in members}
+    out: dict[str, View] = {}
+    names = [host] + [f for f, _ in members]
+    for k, nd in enumerate(names):
+        users = low.users.get(nd.name, [])
+        internal = k + 1 < len(names) and users and all(_reaches_only(low, u, names[k + 1].name) for u in users)
+        if internal and nd.name not in low.out_refs:
+            continue
+        v = low.out_view(nd.name, nd.outputs[0])
+        out[nd.name] = _reshape_view(v, tuple(hshape))
+    del inside
+    return out
+
+
+def _reaches_only(low: Lowerer, user: str, target: str) -> bool:
+    if user == target:
+        return True
+    un = low.by_name[user]
+    if un.op_class != "view" or un.name in low.out_refs:
+        return False
+    us = low.users.get(user, [])
+    return bool(us) and all(_reaches_only(low, u, target) for u in us)
+
+
+def _lower_alone(low: Lowerer, alone: list[Node]) -> None:
+    for f in alone:
+        f.fused_into = None if False else f.fused_into
+        dispatch(f)(low, f) if dispatch_name(f.target, f.op_class) != "lower_elementwise" else \
+            lower_elementwise(low, f, standalone=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# elementwise / activation
+
+
+def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
+    """Tiles of [<=128 partitions, <=2048 free]: DMA in every tensor argument (broadcasts are
+    stride-0 access patterns), one Vector/Scalar instruction per step, DMA out."""
+    members, alone = ([], []) if standalone else _chain(low, n)
+    if not n.outputs:
+        return
+    if _packet_name(n.target) in ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit"):
+        lower_custom(low, n)
+        _lower_alone(low, alone)
+        return
+    shape = tuple(n.outputs[0].shape)
+    outs = _escaping_views(low, n, members, shape)
+    # try the [128, numel/128] layout when every operand is contiguous and unbroadcast
+    operand_views = []
+    for i, a in enumerate(n.args):
+        if _is_ref(a):
+            operand_views.append(low.value(a))
+    for f, idx in members:
+        for i, a in enumerate(f.args):
+            if i != idx and _is_ref(a):
+                operand_views.append(_host_shaped(low, low.value(a), tuple(f.outputs[0].shape), shape))
+    flat = None
+    if all(v is not None and v.shape == shape for v in operand_views) and all(
+            v is not None for v in outs.values()):
+        flat = _flat128(operand_views + list(outs.values()), shape)
+    tshape = shape
+    if flat is not None:
+        tshape = flat[0]
+        reshaped = {id(v): r for v, r in zip(operand_views, flat[1])}
+        outs = {k: _reshape_view(v, tshape) for k, v in outs.items()}
+    split = choose_split(tshape)
+    F = max((math.prod(b[1] for b in bx[split:]) for bx in boxes(tshape[split:], FREE_TILE)[:1]), default=1)
+    F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
+    for box_r in boxes(tshape[:split], PMAX):
+        for box_c in boxes(tshape[split:], FREE_TILE):
+            ctx = TileCtx(low, tshape, box_r + box_c, split, _pools_for(low, n, F))
+            _ew_tile(low, n, ctx, shape, tshape, members, outs)
+
+
+def _pools_for(low, n, F):
+    key = (n.name, F)
+    cache = low.__dict__.setdefault("_pool_cache", {})
+    if key not in cache:
+        cache[key] = {"__F": F}
+    return cache[key]
+
+
+def _ew_tile(low, n, ctx, shape, tshape, members, outs):
+    # views of the host's own args in the tile shape
+    if tshape != shape:
+        saved = {}
+        for i, a in enumerate(n.args):
+            if _is_ref(a):
+                saved[a["node"]] = low.values[a["node"]] if a["node"] in low.values else low.value(a)
+        # temporarily view the args as tshape (contiguous, same numel)
+        for k, v in saved.items():
+            low.values[k] = _reshape_view(v, tshape)
+        fake = Node(n.name, n.target, n.args, n.kwargs, n.inputs, [TensorSpec(tshape, n.outputs[0].dtype)],
+                    n.op_class)
+        cur = ew_step(ctx, fake, None, None, tshape)
+        for k, v in saved.items():
+            low.values[k] = v
+        members2 = []
+        for f, idx in members:
+            saved2 = {}
+            for i, a in enumerate(f.args):
+                if i != idx and _is_ref(a):
+                    v = low.value(a)
+                    saved2[a["node"]] = v
+                    low.values[a["node"]] = _reshape_view(_bcast(v, tuple(f.outputs[0].shape)), tshape)
+            ff = Node(f.name, f.target, f.args, f.kwargs, f.inputs, [TensorSpec(tshape, f.outputs[0].dtype)],
+                      f.op_class)
+            members2.append((ff, idx, saved2))
+        if n.name in outs:
+            low.store(n.name, cur, outs[n.name], ctx.box)
+        for ff, idx, saved2 in members2:
+            cur = ew_step(ctx, ff, cur, idx, tshape)
+            for k, v in saved2.items():
+                low.values[k] = v
+            if ff.name in outs:
+                low.store(ff.name, cur, outs[ff.name], ctx.box)
+        return
+    cur = ew_step(ctx, n, None, None, shape)
+    epilogue(low, n, ctx, cur, outs, members)
+
+
+# ----------------------------------------------------------------------------------------------
+# matmul
+
+
+def _matmul_operands(low: Lowerer, n: Node):
+    """(A [..,M,K], B [..,K,N], bias or None, alpha, beta, batched) as views, or None."""
+    name = _packet_name(n.target)
+    a = n.args
+    try:
+        if name == "mm":
+            A, B, C, alpha, beta = low.value(a[0]), low.value(a[1]), None, 1, 1
+        elif name == "addmm":
+            C, A, B = low.value(a[0]), low.value(a[1]), low.value(a[2])
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name == "bmm":
+            A, B, C, alpha, beta = low.value(a[0]), low.value(a[1]), None, 1, 1
+        elif name == "baddbmm":
+            C, A, B = low.value(a[0]), low.value(a[1]), low.value(a[2])
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name in ("mv", "addmv"):
+            off = 1 if name == "addmv" else 0
+            A, x = low.value(a[off]), low.value(a[off + 1])
+            B = x.with_meta(x.meta.unsqueeze(-1))
+            C = low.value(a[0]) if name == "addmv" else None
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name == "dot":
+            x, y = low.value(a[0]), low.value(a[1])
+            A, B, C, alpha, beta = x.with_meta(x.meta.unsqueeze(0)), y.with_meta(y.meta.unsqueeze(-1)), None, 1, 1
+        else:
+            return None
+    except (KeyError, IndexError, TypeError):
+        return None
+    return A, B, C, alpha, beta
+
+
+class _Identity:
+    """The [128, 128] identity in SBUF used by Tensor Engine transposes (built once, on GpSimd)."""
+
+    def __init__(self, low: Lowerer, dtype: str):
+        self.tile = Pool(low, f"__identity_{dtype}", "sbuf", PMAX, PMAX, dtype, bufs=1).tile()
+        low.emit("AFFINE_SELECT", "__identity", [self.tile.op()], [],
+                 {"cmp": "equal", "channel_multiplier": 1, "step": -1, "base": 0, "on_true": 1.0,
+                  "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
+
+
+def _identity(low: Lowerer, dtype: str) -> Tile:
+    ids = low.__dict__.setdefault("_identity", {})
+    if dtype not in ids:
+        ids[dtype] = _Identity(low, dtype)
+    return ids[dtype].tile
+
+
+def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
+    """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
+    ident = _identity(low, src.dtype)
+    pt = psum_pool.tile(src.F, src.P)
+    low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
+             itype="TRANSPOSE")
+    low.emit("MATMUL", node, [pt.op()], [src.op(), ident.rows(0, src.P).cols(0, src.P).op()],
+             {"start": True, "stop": True}, dur=matmul_ns(low.p, src.P, src.F, src.dtype),
+             flops=2 * src.P * src.P * src.F, itype="TRANSPOSE")
+    if engine == "scalar":
+        low.act(node, dst, pt.op(), "copy")
+    else:
+        low.vec("TENSOR_COPY", node, dst, [pt.op()])
+
+
+def lower_matmul(low: Lowerer, n: Node) -> None:
+    """out[M,N] = A[M,K] @ B[K,N] (batched for bmm): stationary A^T tiles [K<=128, M<=128],
+    moving B tiles [K<=128, N<=512] accumulating over K in PSUM banks, evacuated through the
+    epilogue (alpha, bias, fused activations) to SBUF and stored."""
+    ops = _matmul_operands(low, n)
+    if ops is None:
+        lower_custom(low, n)
+        return
+    A, B, C, alpha, beta = ops
+    members, alone = _chain(low, n)
+    oshape = tuple(n.outputs[0].shape)
+    batched = A.meta.dim() == 3
+    if A.meta.dim() > 3 or B.meta.dim() > 3:
+        lower_custom(low, n)
+        _lower_alone(low, alone)
+        return
+    M, K = A.shape[-2], A.shape[-1]
+    N = B.shape[-1]
+    nb = A.shape[0] if batched else 1
+    mm_dt = low.cast_type if low.auto_cast in ("matmult", "all") and A.dtype == "float32" else A.dtype
+    if mm_dt not in FLOATS:
+        mm_dt = "float32"
+    out_dt = n.outputs[0].dtype
+    # the output as [nb, M, N] (dot/mv produce fewer dims)
+    out_views = _escaping_views(low, n, members, oshape)
+    hshape = (nb, M, N)
+    out3 = {k: _reshape_view(v, hshape) for k, v in out_views.items()}
+    Cv = None
+    if C is not None:
+        Cv = _reshape_view(_bcast(C, oshape), hshape) if oshape != hshape else _bcast(C, oshape)
+        if Cv is not None and oshape != hshape:
+            pass
+        if Cv is None:
+            Cv = _bcast(C.with_meta(C.meta.reshape(-1) if C.numel == M * N else C.meta), (M, N)) if False else None
+        if Cv is not None and Cv.meta.dim() == 2:
+            Cv = Cv.with_meta(Cv.meta.unsqueeze(0))
+    A3 = A if batched else A.with_meta(A.meta.unsqueeze(0))
+    B3 = B if B.meta.dim() == 3 else B.with_meta(B.meta.unsqueeze(0).expand(nb, K, N))
+    nk = ceil_div(K, PMAX)
+    NG = min(N, 2 * MOVING_FMAX)
+    MG = min(M, 4 * STAT_FMAX)
+    a_direct = A3.meta.stride()[-2] == 1 or M == 1      # A^T rows are contiguous along M
+    b_direct = B3.meta.stride()[-1] == 1 or N == 1
+    # pools (SBUF bytes per partition; PSUM banks)
+    es = nbytes_of(mm_dt)
+    b_bytes = nk * NG * es
+    budget = low.p.sbuf_bytes_per_partition
+    panel_resident = b_bytes <= budget // 2
+    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=nk if panel_resident else 3)
+    atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
+    acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
+    tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=3) if not (a_direct and b_direct) else None
+    ld_pool = None
+    if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
+        ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)
+    epi_pools = {"__F": min(NG, MOVING_FMAX)}
+
+    def load_cast(v: View, box, pool: Pool, split: int) -> Tile:
+        """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
+        if v.dtype == mm_dt:
+            return low.load(n.name, v, box, pool, split)
+        stage = low.load(n.name, v, box, ld_pool, split)
+        t = pool.tile(stage.P, stage.F)
+        low.act(n.name, t, stage.op(), "copy")
+        return t
+
+    def transposed(v2: View, r0, rn, c0, cn, pool: Pool) -> Tile:
+        """Tile [cn, rn] = v2[r0:r0+rn, c0:c0+cn].T through natural loads + TensorE transposes."""
+        t = pool.tile(cn, rn)
+        for rr in range(0, rn, PMAX):
+            rlen = min(PMAX, rn - rr)
+            src = low.load(n.name, v2, [(r0 + rr, rlen), (c0, cn)], nat_pool, 1)
+            transpose_to(low, n.name, src, t.cols(rr, rlen).as_dtype(mm_dt), tp_pool)
+        return t
+
+    for b in range(nb):
+        Ab = A3.with_meta(A3.meta[b])
+        Bb = B3.with_meta(B3.meta[b])
+        ATv = Ab.with_meta(Ab.meta.t())          # [K, M]
+        for n0 in range(0, N, NG):
+            nw = min(NG, N - n0)
+            panel = []
+
+            def moving(kb):
+                k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if b_direct:
+                    return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
+                # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
+                Wv = Bb.with_meta(Bb.meta.t())   # [N, K]
+                return transposed(Wv, n0, nw, k0, kl, bpool)
+
+            if panel_resident:
+                panel = [moving(kb) for kb in range(nk)]
+            for m0 in range(0, M, MG):
+                mw = min(MG, M - m0)
+                ats = []
+                for kb in range(nk):
+                    k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                    if a_direct:
+                        ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
+                    else:
+                        ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
+                for ms in range(0, mw, STAT_FMAX):
+                    mp = min(STAT_FMAX, mw - ms)
+                    acc = acc_pool.tile(mp, nw)
+                    for kb in range(nk):
+                        kl = min(PMAX, K - kb * PMAX)
+                        stat = ats[kb].cols(ms, mp)
+                        mov_t = panel[kb] if panel_resident else moving(kb)
+                        low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
+                        for c0 in range(0, nw, MOVING_FMAX):
+                            cw = min(MOVING_FMAX, nw - c0)
+                            low.emit("MATMUL", n.name, [acc.cols(c0, cw).op()], [stat.op(), mov_t.cols(c0, cw).op()],
+                                     {"start": kb == 0, "stop": kb == nk - 1},
+                                     dur=matmul_ns(low.p, cw, mp, mm_dt), flops=2 * kl * mp * cw, itype="REGULAR",
+                                     small=False)
+                    # evacuate PSUM through the epilogue, one bank (<=512 columns) at a time
+                    for c0 in range(0, nw, MOVING_FMAX):
+                        cw = min(MOVING_FMAX, nw - c0)
+                        box = [(b, 1), (m0 + ms, mp), (n0 + c0, cw)]
+                        ctx = TileCtx(low, hshape, box, 2, epi_pools)
+                        src = acc.cols(c0, cw)
+                        first = members[0] if members else None
+                        out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
+                        if Cv is not None:
+                            ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N)) if Cv.meta.shape[0] != nb else Cv, "bias")
+                            if beta != 1:
+                                low.vec("TENSOR_SCALAR", n.name, ctile, [ctile.op()], op0="multiply", scalar0=beta)
+                            if alpha != 1:
+                                low.vec("TENSOR_SCALAR", n.name, out_t, [src.op()], op0="multiply", scalar0=alpha)
+                                low.vec("TENSOR_TENSOR", n.name, out_t, [out_t.op(), ctile.op()], n_inputs=2, op="add",
+                                        flops=mp * cw)
+                            else:
+                                low.vec("TENSOR_TENSOR", n.name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
+                                        flops=mp * cw)
+                        else:
+                            low.act(n.name, out_t, src.op(), "copy", scale=alpha)
+                        outs = {k: v for k, v in out3.items()}
+                        epilogue(low, n, ctx, out_t, outs, members)
+    del first
+    _lower_alone(low, alone)
+
+
+# ----------------------------------------------------------------------------------------------
+# generic: a GpSimd library kernel over whole tensors
+
+
+def lower_custom(low: Lowerer, n: Node) -> None:
+    """Ops without a dedicated lowering run as one GpSimd ``CUSTOM_OP`` over whole HBM tensors
+    (GpSimd cores reach memory through their own DMA): ``150 + N`` cycles per 128-lane pass."""
+    srcs, template = [], []
+    for a in n.args:
+        template.append(_tmpl(low, a, srcs))
+    kwargs = {k: _tmpl(low, v, srcs) for k, v in n.kwargs.items()}
+    dsts = []
+    for i, spec in enumerate(n.outputs):
+        key = n.name if i == 0 else f"{n.name}:{i}"
+        v = low.out_view(key, spec)
+        dsts.append(view_operand(v))
+    elems = sum(math.prod(s.shape) for s in n.inputs) + sum(math.prod(s.shape) for s in n.outputs)
+    nread = sum(math.prod(_shape(o)) * nbytes_of(o["dt"]) for o in srcs)
+    nwrite = sum(spec.numel * nbytes_of(spec.dtype) for spec in n.outputs)
+    dur = gpsimd_ns(low.p, ceil_div(elems, PMAX)) + (nread + nwrite) / low.p.dma_bytes_per_ns_per_engine
+    low.emit("CUSTOM_OP", n.name, dsts, srcs, {"aten": n.target, "args": template, "kwargs": kwargs},
+             dur=dur, flops=n.flops, hbm_read=nread, hbm_write=nwrite, small=False)
+
+
+def _shape(o: dict) -> list[int]:
+    return [num for _, num in o["ap"]]
+
+
+def _tmpl(low: Lowerer, a, srcs: list):
+    if _is_ref(a):
+        v = low.value(a)
+        op = view_operand(v)
+        op["shape"] = list(v.shape)
+        op["strides"] = list(v.meta.stride())
+        op["o"] = int(v.meta.storage_offset())
+        srcs.append(op)
+        return {"src": len(srcs) - 1}
+    if isinstance(a, list):
+        return [_tmpl(low, x, srcs) for x in a]
+    return a
+
+
+# ----------------------------------------------------------------------------------------------
+# data movement: DMA with access patterns
+
+
+def lower_copy(low: Lowerer, n: Node) -> None:
+    """clone/_to_copy/cat/pad/... as DMA between HBM access patterns (via SBUF when the dtype changes)."""
+    name = _packet_name(n.target)
+    if not n.outputs:
+        return
+    spec = n.outputs[0]
+    if name == "cat":
+        tensors = [low.value(a) for a in n.args[0]]
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        dim = dim % len(spec.shape)
+        out = low.out_view(n.name, spec)
+        off = 0
+        for v in tensors:
+            if v.numel == 0:
+                continue
+            sl = out.with_meta(out.meta.narrow(dim, off, v.shape[dim]))
+            _dma_view(low, n.name, sl, v)
+            off += v.shape[dim]
+        return
+    if name in ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "expand_copy", "permute_copy",
+                "view_copy", "_unsafe_view", "reshape") and n.args and _is_ref(n.args[-1] if name == "copy" else n.args[0]):
+        src = low.value(n.args[1] if name == "copy" else n.args[0])
+        out = low.out_view(n.name, spec)
+        if name in ("_unsafe_view", "reshape", "view_copy"):
+            src_c = src
+            # a reshape of a non-viewable layout: copy element order (row-major of the source)
+            out_as = _reshape_view(out, src.shape)
+            _dma_view(low, n.name, out_as, src_c)
+            return
+        if name == "expand_copy":
+            src = _bcast(src, tuple(spec.shape))
+        if name == "permute_copy":
+            src = src.with_meta(src.meta.permute(n.args[1]))
+        _dma_view(low, n.name, out, src)
+        return
+    if name in ("full", "zeros", "ones", "scalar_tensor", "full_like", "zeros_like", "ones_like", "new_zeros",
+                "new_ones", "new_full", "fill"):
+        value = {"zeros": 0, "zeros_like": 0, "new_zeros": 0, "ones": 1, "ones_like": 1, "new_ones": 1}.get(name)
+        if value is None:
+            value = n.args[1] if name in ("full", "full_like", "new_full", "fill") and len(n.args) > 1 else \
+                n.args[0] if name == "scalar_tensor" else 0
+        out = low.out_view(n.name, spec)
+        _memset_view(low, n.name, out, value)
+        return
+    if name == "constant_pad_nd":
+        src = low.value(n.args[0])
+        pad = n.args[1]
+        value = n.args[2] if len(n.args) > 2 else 0
+        out = low.out_view(n.name, spec)
+        _memset_view(low, n.name, out, value)
+        inner = out.meta
+        nd = len(spec.shape)
+        for i in range(len(pad) // 2):
+            d = nd - 1 - i
+            lo, hi = pad[2 * i], pad[2 * i + 1]
+            start = max(lo, 0)
+            length = spec.shape[d] - start - max(hi, 0)
+            inner = inner.narrow(d, start, length)
+        srcv = src
+        for i in range(len(pad) // 2):
+            d = nd - 1 - i
+            lo, hi = pad[2 * i], pad[2 * i + 1]
+            s0 = max(-lo, 0)
+            srcv = srcv.with_meta(srcv.meta.narrow(d, s0, inner.shape[d]))
+        _dma_view(low, n.name, out.with_meta(inner), srcv)
+        return
+    lower_custom(low, n)
+
+
+def _dma_view(low: Lowerer, node: str, dst: View, src: View) -> None:
+    """Copy view ``src`` into view ``dst`` (same shape): HBM->HBM DMA, or through SBUF with a cast."""
+    if src.numel == 0:
+        return
+    if src.dtype == dst.dtype:
+        shape = dst.shape
+        split = choose_split(shape, 1 << 16)
+        # big HBM->HBM copies: one DMA per 128-row box keeps each descriptor list bounded
+        for br in boxes(shape[:split], PMAX * 64):
+            for bc in boxes(shape[split:], 1 << 16):
+                low.dma(node, view_operand(dst, br + bc), view_operand(src, br + bc))
+        return
+    shape = dst.shape
+    split = choose_split(shape)
+    Fm = max(1, min(FREE_TILE, math.prod(shape[split:]) if shape[split:] else 1))
+    pin = Pool(low, f"{node}.cin", "sbuf", PMAX, Fm, src.dtype, bufs=2)
+    pout = Pool(low, f"{node}.cout", "sbuf", PMAX, Fm, dst.dtype, bufs=2)
+    for br in boxes(shape[:split], PMAX):
+        for bc in boxes(shape[split:], FREE_TILE):
+            t = low.load(node, src, br + bc, pin, split)
+            o = pout.tile(t.P, t.F)
+            low.act(node, o, t.op(), "copy")
+            low.store(node, o, dst, br + bc)
+
+
+def _memset_view(low: Lowerer, node: str, dst: View, value) -> None:
+    shape = dst.shape
+    split = choose_split(shape)
+    Fm = max(1, min(FREE_TILE, math.prod(shape[split:]) if shape[split:] else 1))
+    pool = Pool(low, f"{node}.fill", "sbuf", PMAX, Fm, dst.dtype, bufs=1)
+    t = pool.tile()
+    low.vec("MEMSET", node, t, [], value=value)
+    for br in boxes(shape[:split], PMAX):
+        for bc in boxes(shape[split:], FREE_TILE):
+            P = math.prod(x for _, x in br)
+            F = math.prod(x for _, x in bc)
+            low.store(node, t.rows(0, P).cols(0, F) if True else t, dst, br + bc)
+
+
+# ----------------------------------------------------------------------------------------------
+# row-wise: softmax, layer norm, group norm, reductions
+
+
+def _rows_free(v: View, dims: list[int]) -> tuple[View, int]:
+    """Permute ``dims`` (reduced / normalised) to the end: returns the view and the split point."""
+    nd = v.meta.dim()
+    dims = sorted(d % nd for d in dims) if nd else []
+    keep = [d for d in range(nd) if d not in dims]
+    return v.with_meta(v.meta.permute(keep + dims)), len(keep)
+
+
+def lower_rowwise(low: Lowerer, n: Node) -> None:
+    """Softmax, log-softmax, layer/group norm and reductions: the reduced dims become the free axis,
+    the kept dims the partitions; whole rows stay in SBUF when they fit (else chunked passes and,
+    for softmax, a spill of the exponentials to HBM)."""
+    kind = _ROWWISE[_packet_name(n.target)]
+    x = low.value(n.args[0])
+    nd = x.meta.dim()
+    args = n.args
+    if kind in ("softmax", "log_softmax"):
+        dims = [args[1]]
+    elif kind == "layer_norm":
+        dims = list(range(nd - len(args[1]), nd))
+    elif kind == "group_norm":
+        return _group_norm(low, n, x)
+    elif kind == "cumsum":
+        dims = [args[1]]
+    else:
+        d = args[1] if len(args) > 1 else n.kwargs.get("dim")
+        if d is None or d == []:
+            dims = list(range(nd))
+        else:
+            dims = [d] if isinstance(d, int) else list(d)
+    if nd == 0:
+        dims = []
+    if kind in ("var", "std") and _packet_name(n.target) and "correction" not in n.kwargs and len(args) > 2 \
+            and isinstance(args[2], bool):
+        pass
+    xv, split = _rows_free(x, dims)
+    rows, free = xv.shape[:split], xv.shape[split:]
+    D = math.prod(free) if free else 1
+    if kind == "cumsum" and (D > FREE_TILE or len(free) > 1):
+        lower_custom(low, n)
+        return
+    members, alone = _chain(low, n) if kind in ("layer_norm",) else ([], [])
+    es = 4
+    fits = D * es * 3 <= low.p.sbuf_bytes_per_partition // 2
+    Fc = D if fits else FREE_TILE
+    chunks = boxes(free, Fc) if free else [[]]
+    nch = len(chunks)
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, min(D, Fc) if free else 1, x.dtype, bufs=2 if fits else 3)
+    work = Pool(low, f"{n.name}.w", "sbuf", PMAX, min(D, Fc) if free else 1, "float32", bufs=2 if fits else 3)
+    small = Pool(low, f"{n.name}.s", "sbuf", PMAX, max(8, 3 * nch + 2), "float32", bufs=8)
+    out_spec = n.outputs[0]
+    if kind in ("softmax", "log_softmax", "cumsum"):
+        out = low.out_view(n.name, out_spec)
+        ov, _ = _rows_free(out, dims)
+    elif kind == "layer_norm":
+        outs = _escaping_views(low, n, members, tuple(out_spec.shape))
+        ov_map = {k: _rows_free(v, dims)[0] for k, v in outs.items()}
+    else:
+        out = low.out_view(n.name, out_spec)
+        # reduced output: kept dims in order, reduced ones gone (or 1)
+        ov = _reshape_view(out, tuple(rows) + (1,))
+    spill_bufs = []
+    for br in boxes(tuple(rows), PMAX):
+        P = math.prod(x for _, x in br) if rows else 1
+        st = small.tile(P, None)
+        if kind in ("softmax", "log_softmax", "logsumexp"):
+            m = small.tile(P, 1)
+            if fits:
+                xt = low.load(n.name, xv, br + chunks[0], xin, split)
+                low.vec("REDUCE", n.name, m, [xt.op()], op="max", cost_n=xt.F)
+            else:
+                parts = small.tile(P, nch)
+                for ci, cb in enumerate(chunks):
+                    xt = low.load(n.name, xv, br + cb, xin, split)
+                    low.vec("REDUCE", n.name, parts.cols(ci, 1), [xt.op()], op="max", cost_n=xt.F)
+                low.vec("REDUCE", n.name, m, [parts.op()], op="max")
+            negm = small.tile(P, 1)
+            low.vec("TENSOR_SCALAR", n.name, negm, [m.op()], op0="multiply", scalar0=-1.0)
+            s = small.tile(P, 1)
+            sums = small.tile(P, nch)
+            es_tiles = []
+            for ci, cb in enumerate(chunks):
+                if not fits:
+                    xt = low.load(n.name, xv, br + cb, xin, split)
+                e = work.tile(P, xt.F)
+                low.act(n.name, e, xt.op(), "exp", bias=negm.op(), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
+                if kind == "softmax" and not fits:
+                    # the exponentials do not fit beside the row: spill them to HBM, reload later
+                    sc = low.new_scratch("float32", P * e.F)
+                    sop = {"m": "hbm", "b": sc, "dt": "float32", "o": 0, "ap": [[e.F, P], [1, e.F]]}
+                    low.dma(n.name, sop, e.op(), spill="save")
+                    spill_bufs.append((cb, sc, e.F))
+                es_tiles.append(e)
+            if nch > 1:
+                low.vec("REDUCE", n.name, s, [sums.op()], op="add")
+            else:
+                s = sums
+            if kind == "softmax":
+                r = small.tile(P, 1)
+                low.vec("RECIPROCAL", n.name, r, [s.op()])
+                for ci, cb in enumerate(chunks):
+                    if fits:
+                        e = es_tiles[ci]
+                    else:
+                        _, sc, F = spill_bufs[len(spill_bufs) - nch + ci]
+                        e = work.tile(P, F)
+                        low.dma(n.name, e.op(), {"m": "hbm", "b": sc, "dt": "float32", "o": 0,
+                                                 "ap": [[F, P], [1, F]]}, spill="reload")
+                    o = xin.tile(P, e.F).as_dtype(out_spec.dtype) if out_spec.dtype == x.dtype else \
+                        work.tile(P, e.F).as_dtype(out_spec.dtype)
+                    low.vec("TENSOR_SCALAR", n.name, o, [e.op(), r.op()], op0="multiply", scalar0={"src": 1},
+                            flops=P * e.F)
+                    low.store(n.name, o, ov, br + cb)
+            else:
+                ls = small.tile(P, 1)
+                low.act(n.name, ls, s.op(), "log")
+                if kind == "logsumexp":
+                    o = small.tile(P, 1).as_dtype(out_spec.dtype)
+                    low.vec("TENSOR_TENSOR", n.name, o, [ls.op(), m.op()], n_inputs=2, op="add")
+                    low.store(n.name, o, ov, br + [(0, 1)])
+                else:
+                    tot = small.tile(P, 1)
+                    low.vec("TENSOR_TENSOR", n.name, tot, [ls.op(), m.op()], n_inputs=2, op="add")
+                    for ci, cb in enumerate(chunks):
+                        xt = low.load(n.name, xv, br + cb, xin, split) if not fits else xt
+                        o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
+                        low.vec("TENSOR_SCALAR", n.name, o, [xt.op(), tot.op()], op0="subtract", scalar0={"src": 1},
+                                flops=P * xt.F)
+                        low.store(n.name, o, ov, br + cb)
+            continue
+        if kind == "layer_norm":
+            w = low.value(args[2]) if len(args) > 2 and _is_ref(args[2]) else None
+            bias = low.value(args[3]) if len(args) > 3 and _is_ref(args[3]) else None
+            eps = args[4] if len(args) > 4 else 1e-5
+            stats = small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
+            si = 0
+            xts = []
+            for cb in chunks:
+                xt = low.load(n.name, xv, br + cb, xin, split)
+                for f0 in range(0, xt.F, BN_FMAX):
+                    fl = min(BN_FMAX, xt.F - f0)
+                    low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl,
+                            flops=2 * P * fl)
+                    si += 1
+                xts.append(xt)
+            mv = small.tile(P, 2)
+            low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=si * 3)
+            rstd = small.tile(P, 1)
+            low.vec("TENSOR_SCALAR", n.name, rstd, [mv.cols(1, 1).op()], op0="add", scalar0=eps, op1="power",
+                    scalar1=-0.5)
+            hshape = tuple(out_spec.shape)
+            for ci, cb in enumerate(chunks):
+                xt = xts[ci] if fits else low.load(n.name, xv, br + cb, xin, split)
+                y = work.tile(P, xt.F)
+                low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), mv.cols(0, 1).op(), rstd.op()], op0="subtract",
+                        scalar0={"src": 1}, op1="multiply", scalar1={"src": 2}, flops=2 * P * xt.F)
+                pools = low.__dict__.setdefault("_ln_pools", {}).setdefault(n.name, {"__F": min(D, Fc)})
+                ctx = TileCtx(low, xv.shape, br + cb, split, pools)
+                for wv, op in ((w, "multiply"), (bias, "add")):
+                    if wv is None:
+                        continue
+                    wt = ctx.load_extra(n.name, _bcast(wv, tuple(x.shape)).with_meta(
+                        _bcast(wv, tuple(x.shape)).meta.permute(list(range(split)) + list(range(split, nd))))
+                        if False else _ln_param(wv, x, dims, split), f"p{op}")
+                    low.vec("TENSOR_TENSOR", n.name, y, [y.op(), wt.op()], n_inputs=2, op=op, flops=P * xt.F)
+                yo = y
+                if out_spec.dtype != "float32" and not members:
+                    yo = ctx.out_tile(n.name, "cast", out_spec.dtype)
+                    low.act(n.name, yo, y.op(), "copy")
+                host_like = Node(n.name, n.target, n.args, n.kwargs, n.inputs, [TensorSpec(hshape, out_spec.dtype)])
+                if n.name in ov_map:
+                    low.store(n.name, yo, ov_map[n.name], br + cb)
+                cur = yo
+                for f, idx in members:
+                    cur = ew_step(TileCtx(low, xv.shape, br + cb, split, pools), _permuted(f, dims, nd), cur, idx,
+                                  xv.shape) if False else ew_step(ctx, f, cur, idx, tuple(out_spec.shape)) \
+                        if _rows_free(x, dims)[0].shape == tuple(out_spec.shape) else ew_step(ctx, f, cur, idx, tuple(out_spec.shape))
+                    if f.name in ov_map:
+                        low.store(f.name, cur, ov_map[f.name], br + cb)
+                del host_like
+            # mean and rstd outputs ([rows..., 1...])
+            for i, val in ((1, mv.cols(0, 1)), (2, rstd)):
+                key = f"{n.name}:{i}"
+                if len(n.outputs) > i and _used(low, n, i):
+                    v = low.out_view(key, n.outputs[i])
+                    vv = _reshape_view(v, tuple(rows) + (1,))
+                    low.store(n.name, val.as_dtype(n.outputs[i].dtype) if n.outputs[i].dtype == "float32" else val, vv,
+                              br + [(0, 1)])
+            continue
+        if kind == "cumsum":
+            xt = low.load(n.name, xv, br + chunks[0], xin, split)
+            o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
+            low.vec("TENSOR_SCAN", n.name, o, [xt.op()], op="add", flops=P * xt.F)
+            low.store(n.name, o, ov, br + chunks[0])
+            continue
+        # reductions
+        red_op = {"sum": "add", "mean": "add", "max": "max", "min": "min", "any": "max", "all": "min",
+                  "prod": "multiply", "var": "var", "std": "var"}[kind]
+        res = small.tile(P, 1)
+        if red_op == "var":
+            stats = small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
+            si = 0
+            for cb in chunks:
+                xt = low.load(n.name, xv, br + cb, xin, split)
+                for f0 in range(0, xt.F, BN_FMAX):
+                    fl = min(BN_FMAX, xt.F - f0)
+                    low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl)
+                    si += 1
+            mv = small.tile(P, 2)
+            low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=3 * si)
+            corr = n.kwargs.get("correction", 1 if not (len(args) > 2 and args[2] is False) else 0)
+            if corr is None:
+                corr = 1
+            low.vec("TENSOR_SCALAR", n.name, res, [mv.cols(1, 1).op()], op0="multiply",
+                    scalar0=D / max(D - corr, 1) if D - corr > 0 else float("nan"))
+            if kind == "std":
+                low.act(n.name, res, res.op(), "sqrt")
+        else:
+            parts = small.tile(P, nch) if nch > 1 else res
+            for ci, cb in enumerate(chunks):
+                xt = low.load(n.name, xv, br + cb, xin, split)
+                low.vec("REDUCE", n.name, parts.cols(ci, 1) if nch > 1 else res, [xt.op()], op=red_op, cost_n=xt.F,
+                        flops=P * xt.F)
+            if nch > 1:
+                low.vec("REDUCE", n.name, res, [parts.op()], op=red_op)
+            if kind == "mean":
+                low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
+        low.store(n.name, res.as_dtype(res.dtype), ov, br + [(0, 1)])
+    _lower_alone(low, alone)
+
+
+def _permuted(f, dims, nd):
+    return f
+
+
+def _used(low: Lowerer, n: Node, i: int) -> bool:
+    for u in low.users.get(n.name, []):
+        un = low.by_name[u]
+        if un.target == "getitem" and un.args[1] == i:
+            return True
+    return False
+
+
+def _ln_param(wv: View, x: View, dims: list[int], split: int) -> View:
+    """A layer-norm weight [normalized_shape] as a [rows (stride 0), free] view matching x's tiles."""
+    b = _bcast(wv, tuple(x.shape))
+    nd = x.meta.dim()
+    keep = [d for d in range(nd) if d not in dims]
+    return b.with_meta(b.meta.permute(keep + sorted(dims)))
+
+
+def _group_norm(low: Lowerer, n: Node, x: View) -> None:
+    lower_custom(low, n)
+
+
+# ----------------------------------------------------------------------------------------------
+# gather, iota, collectives, conv
+
+
+def lower_embedding(low: Lowerer, n: Node) -> None:
+    """embedding(weight, indices) / index_select(x, 0, idx): indices loaded to SBUF, then one
+    indirect DMA per 128 rows gathers table rows (descriptors generated on GpSimd)."""
+    name = _packet_name(n.target)
+    if name == "embedding":
+        table, idx = low.value(n.args[0]), low.value(n.args[1])
+    else:
+        table, dim, idx = low.value(n.args[0]), n.args[1], low.value(n.args[2])
+        if dim % table.meta.dim() != 0:
+            lower_custom(low, n)
+            return
+    if table.meta.dim() != 2 or not table.meta[0].is_contiguous():
+        lower_custom(low, n)
+        return
+    D = table.shape[1]
+    spec = n.outputs[0]
+    out = low.out_view(n.name, spec)
+    nidx = idx.numel
+    flat_idx = _reshape_view(idx, (nidx, 1)) or idx.with_meta(idx.meta.reshape(nidx, 1))
+    out2 = _reshape_view(out, (nidx, D))
+    ipool = Pool(low, f"{n.name}.idx", "sbuf", PMAX, 1, idx.dtype, bufs=2)
+    for r0 in range(0, nidx, PMAX):
+        P = min(PMAX, nidx - r0)
+        it = low.load(n.name, flat_idx, [(r0, P), (0, 1)], ipool, 1)
+        desc = P
+        nb = P * D * nbytes_of(table.dtype)
+        low.emit("GATHER", n.name, [], [it.op()], {"note": "descriptor generation"}, dur=gpsimd_ns(low.p, P))
+        dst = view_operand(out2, [(r0, P), (0, D)])
+        tab = view_operand(table)
+        tab["ap"] = [[table.meta.stride()[0], table.shape[0]], [table.meta.stride()[1], D]]
+        from .cost import dma_ns
+        low.emit("DMA_INDIRECT", n.name, [dst], [tab, it.op()], {"desc": desc}, dur=dma_ns(low.p, nb, desc),
+                 hbm_read=nb, hbm_write=nb)
+
+
+def lower_iota(low: Lowerer, n: Node) -> None:
+    """arange: GpSimd IOTA into SBUF tiles, stored with DMA."""
+    spec = n.outputs[0]
+    args = [a for a in n.args]
+    start, end, step = 0, None, 1
+    if len(args) == 1:
+        end = args[0]
+    elif len(args) >= 2:
+        start, end = args[0], args[1]
+        step = args[2] if len(args) > 2 else n.kwargs.get("step", 1)
+    step = n.kwargs.get("step", step)
+    N = spec.shape[0] if spec.shape else 1
+    out = low.out_view(n.name, spec)
+    P = min(PMAX, N)
+    cols = ceil_div(N, P)
+    pool = Pool(low, f"{n.name}.iota", "sbuf", PMAX, cols, spec.dtype, bufs=1)
+    t = pool.tile(P, cols)
+    low.emit("IOTA", n.name, [t.op()], [], {"base": start, "channel_multiplier": step * cols, "step": step},
+             dur=gpsimd_ns(low.p, cols))
+    full = (N // cols) * cols
+    if full:
+        o2 = _reshape_view(out.with_meta(out.meta[:full]), (full // cols, cols))
+        low.store(n.name, t.rows(0, full // cols), o2, [(0, full // cols), (0, cols)])
+    if N > full:
+        rem = N - full
+        o2 = _reshape_view(out.with_meta(out.meta[full:]), (1, rem))
+        low.store(n.name, t.rows(full // cols, 1).cols(0, rem), o2, [(0, 1), (0, rem)])
+
+
+def lower_collective(low: Lowerer, n: Node) -> None:
+    """A collective: one ``cc`` row timed by :mod:`neuron_stack.collectives` when it exists, else a
+    ring over NeuronLink (:func:`neuron_stack.cost.ring_collective_ns`)."""
+    name = _packet_name(n.target)
+    kind = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+            "reduce_scatter_tensor": "reduce_scatter"}.get(n.target.split(".")[1] if "." in n.target else name, "wait")
+    world = int(low.flags.get("world_size", 1) or 1)
+    srcs = [view_operand(low.value(a)) for a in n.args if _is_ref(a)]
+    nb = sum(s.numel * nbytes_of(s.dtype) for s in n.inputs)
+    dsts = [view_operand(low.out_view(n.name, n.outputs[0]))] if n.outputs else []
+    try:
+        from . import collectives  # owned by the multi-core engineer
+        dur = collectives.cost_ns(low.p, kind, nb, world)
+    except Exception:
+        dur = ring_collective_ns(low.p, kind, nb, world)
+    opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER", "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
+    low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)
+
+
+def lower_conv(low: Lowerer, n: Node) -> None:
+    """convolution: im2col windows are access patterns, so each output tile is a matmul of the
+    weight [O, C*KH*KW] against the window columns, accumulated over (c, kh, kw) blocks in PSUM."""
+    lower_custom(low, n)
