@@ -38,6 +38,9 @@ ENGINE_LABELS = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gp
 # Lane order inside one core, top to bottom, as the real Explorer draws it: DMA queues first.
 ENGINE_ORDER = ("dma", "sync", "tensor", "vector", "scalar", "gpsimd", "cc", "cpu")
 FALLBACK_PLACEMENT = "cpu_fallback"
+# Executions the summaries count, as the trace store's Summary does: warm-ups out unless all are warm-ups.
+MEASURED = ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
+            "(SELECT 1 FROM executions WHERE NOT coalesce(warmup, FALSE))")
 
 
 class ExplorerError(Exception):
@@ -63,7 +66,8 @@ class Loaded:
         import traces
 
         self.key, self.path = key, path
-        self.profile = traces.open(path)
+        # external_access=False: no query can read or write any other file, whatever it calls
+        self.profile = traces.open(path, external_access=False)
         self.lock = threading.RLock()
         self._cache: dict = {}
         self.harden()
@@ -181,7 +185,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------ validation
-_SEL = re.compile(r"^(line|op|module|graph):([A-Za-z0-9_.\-/:]{1,200})$")
+_SEL = re.compile(r"^(line|op|module|graph|path):([A-Za-z0-9_.\-/:]{1,200})$")
 
 
 def parse_int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int | None:
@@ -207,7 +211,8 @@ def parse_int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int | None:
 
 
 def parse_selection(sel) -> tuple[str, str] | None:
-    """``"line:123"`` → ``("line", "123")``; kinds: line (source_id), op (op_id), module (path), graph.
+    """``"line:123"`` → ``("line", "123")``; kinds: line (source_id), op (op_id), module (path), graph,
+    path (``module/aten_op``: one op of the model across all its graphs).
 
     >>> parse_selection("op:17")
     ('op', '17')
@@ -216,7 +221,8 @@ def parse_selection(sel) -> tuple[str, str] | None:
         return None
     m = _SEL.match(str(sel))
     if not m:
-        raise ExplorerError("selection must look like line:<source_id>, op:<op_id>, module:<path> or graph:<graph_id>")
+        raise ExplorerError("selection must look like line:<source_id>, op:<op_id>, module:<path>, "
+                            "path:<module>/<aten op> or graph:<graph_id>")
     return m.group(1), m.group(2)
 
 
@@ -269,6 +275,11 @@ def ops(L: Loaded) -> dict[int, dict]:
             FROM ops o LEFT JOIN sources s USING (source_id) LEFT JOIN graphs g USING (graph_id)""")
         return {r["op_id"]: r for r in rows}
     return L.cached("ops", compute)
+
+
+def op_path_key(op: dict) -> str:
+    """``fc1/aten.addmm.default``: an op of the model, the same in every graph compiled from it."""
+    return f"{op.get('module_path') or ''}/{op_label(op)}"
 
 
 def op_label(op: dict | None) -> str:
@@ -329,17 +340,27 @@ def data_engines() -> tuple[str, ...]:
 
 
 def top_ops(L: Loaded, n: int = 10) -> list[dict]:
-    """Ops by device time, most expensive first, each with its ATen op, module and source line."""
+    """Ops of the model by device time (summed over every graph compiled from them), costliest first.
+
+    Each row: ``op`` (ATen op), ``module``, ``where`` (file:line), ``device_ns``, ``instructions``,
+    ``engines`` and ``sel`` (the timeline selection ``path:<module>/<aten op>``).
+    """
     info, totals = ops(L), op_totals(L)
-    rows = []
+    groups: dict[str, dict] = {}
     for op_id, t in totals.items():
         if not t["device_ns"]:
             continue
         o = info.get(op_id) or {}
-        rows.append({"op_id": op_id, "op": op_label(o), "name": o.get("name", ""), "module": o.get("module_path", ""),
-                     "where": where(o), "source_id": o.get("source_id"), "device_ns": t["device_ns"],
-                     "instructions": t["instructions"], "engines": t["engines"]})
-    rows.sort(key=lambda r: -r["device_ns"])
+        key = op_path_key(o)
+        g = groups.setdefault(key, {"op": op_label(o), "module": o.get("module_path", ""), "where": where(o),
+                                    "source_id": o.get("source_id"), "sel": f"path:{key}", "device_ns": 0,
+                                    "instructions": 0, "engines": {}, "graphs": 0})
+        g["device_ns"] += t["device_ns"]
+        g["instructions"] += t["instructions"]
+        g["graphs"] += 1
+        for e, ns in t["engines"].items():
+            g["engines"][e] = g["engines"].get(e, 0) + ns
+    rows = sorted(groups.values(), key=lambda r: -r["device_ns"])
     return rows[:n]
 
 
@@ -500,6 +521,8 @@ def selection_ops(L: Loaded, sel) -> set[int]:
     if kind == "graph":
         gid = parse_int(value, "graph id")
         return {k for k, o in info.items() if o.get("graph_id") == gid}
+    if kind == "path":
+        return {k for k, o in info.items() if op_path_key(o) == value}
     return {k for k, o in info.items()
             if (o.get("module_path") or "") == value or (o.get("module_path") or "").startswith(value + ".")}
 
@@ -664,16 +687,21 @@ def range_aggregates(L: Loaded, start=None, end=None, limit: int = 12) -> dict:
     per_op = L.rows(f"""SELECT op_id, sum({clip}) AS busy_ns, count(*) AS instructions
                         FROM instructions WHERE {win} GROUP BY ALL ORDER BY busy_ns DESC""", p)
     info = ops(L)
-    by_op, by_line = [], {}
+    by_line: dict[str, dict] = {}
+    paths: dict[str, dict] = {}
     for r in per_op:
         o = info.get(r["op_id"]) or {}
-        by_op.append({"op_id": r["op_id"], "op": op_label(o), "module": o.get("module_path", ""),
-                      "where": where(o), "busy_ns": r["busy_ns"], "instructions": r["instructions"]})
+        key = op_path_key(o)
+        d = paths.setdefault(key, {"sel": f"path:{key}", "op": op_label(o), "module": o.get("module_path", ""),
+                                   "where": where(o), "busy_ns": 0, "instructions": 0})
+        d["busy_ns"] += r["busy_ns"]
+        d["instructions"] += r["instructions"]
         key = where(o) or "(no source)"
         d = by_line.setdefault(key, {"where": key, "source_id": o.get("source_id"), "busy_ns": 0, "instructions": 0})
         d["busy_ns"] += r["busy_ns"]
         d["instructions"] += r["instructions"]
     lines = sorted(by_line.values(), key=lambda r: -r["busy_ns"])
+    by_op = sorted(paths.values(), key=lambda r: -r["busy_ns"])
     return {"start": a, "end": b, "by_engine": by_engine, "by_op": by_op[:limit], "by_line": lines[:limit]}
 
 
@@ -686,7 +714,8 @@ def hierarchy(L: Loaded) -> list[dict]:
     """
     def compute():
         info = ops(L)
-        rows = L.rows("SELECT op_id, opcode, sum(dur_ns) AS t, count(*) AS n FROM instructions GROUP BY ALL")
+        rows = L.rows(f"""SELECT op_id, opcode, sum(dur_ns) AS t, count(*) AS n FROM instructions
+                           WHERE exec_id IN (SELECT exec_id FROM executions WHERE {MEASURED}) GROUP BY ALL""")
         nodes: dict[str, dict] = {"root": {"id": "root", "parent": "", "label": "model", "value": 0,
                                            "instructions": 0, "sel": ""}}
 
@@ -707,9 +736,10 @@ def hierarchy(L: Loaded) -> list[dict]:
                 prefix = ".".join(path[: i + 1])
                 add(f"m:{prefix}", parent, path[i], t, n, f"module:{prefix}")
                 parent = f"m:{prefix}"
-            op_node = f"o:{r['op_id']}"
-            add(op_node, parent, f"{op_label(o)} {where(o)}".strip(), t, n, f"op:{r['op_id']}")
-            add(f"{op_node}/{r['opcode']}", op_node, r["opcode"], t, n, f"op:{r['op_id']}")
+            key = op_path_key(o)
+            op_node = f"o:{key}"
+            add(op_node, parent, f"{op_label(o)} {where(o)}".strip(), t, n, f"path:{key}")
+            add(f"{op_node}|{r['opcode']}", op_node, r["opcode"], t, n, f"path:{key}")
         return list(nodes.values())
     return L.cached("hierarchy", compute)
 

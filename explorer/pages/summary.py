@@ -56,8 +56,8 @@ def layout(profile=None, **_):
                  id=f"summary-evidence-{i}"),
     ], className="reco") for i, f in enumerate(recos, start=1)] or [html.Div("No issues found by the rules.", className="hint")]
     top_ops = ui.table([
-        ("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=f"op:{r['op_id']}"))),
-        ("module", "module"), ("source", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
+        ("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=r["sel"]))),
+        ("module", "module"), ("graphs", "graphs"), ("source", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
                               if r["source_id"] is not None else ""),
         ("device time", lambda r: fmt_ns(r["device_ns"])), ("instructions", "instructions")],
         data.top_ops(L, 10), id="summary-top-ops")

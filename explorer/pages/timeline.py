@@ -118,7 +118,7 @@ def aggregates(selected, state):
                   ("busy %", lambda r: f"{r['busy_percent']:.1f}%"), ("instructions", "instructions")],
                  agg["by_engine"], id="timeline-agg-engines", max_rows=24),
         html.H3("By op"),
-        ui.table([("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=f"op:{r['op_id']}"))),
+        ui.table([("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=r["sel"]))),
                   ("module", "module"), ("source", "where"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
                   ("instructions", "instructions")], agg["by_op"], id="timeline-agg-ops"),
         html.H3("By source line"),

@@ -1,0 +1,176 @@
+"""The Explorer's queries (explorer.data, explorer.recommend) over small real profiles."""
+from __future__ import annotations
+
+import pytest
+
+from explorer import data, recommend
+from test_explorer_profiles import MODEL_FILE, make_profile
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    path = make_profile(tmp_path_factory.mktemp("data") / "20260101-000000_mlp")
+    reg = data.Registry([path])
+    data.set_registry(reg)
+    yield data.resolve(reg.default_key())
+    reg.close()
+
+
+def test_exp001_registry_keys_come_from_session_directories(tmp_path):
+    a = tmp_path / "s1_mlp" / "profile.duckdb"
+    b = tmp_path / "other" / "s1_mlp" / "profile.duckdb"
+    reg = data.Registry([a, b, tmp_path / "run.duckdb"])
+    assert reg.keys() == ["s1_mlp", "s1_mlp-2", "run"]
+    with pytest.raises(data.ExplorerError, match="unknown profile '../etc/passwd'"):
+        reg.get("../etc/passwd")
+
+
+def test_exp002_summary_matches_the_trace_store_summary(loaded):
+    s = data.summary(loaded)
+    stored = loaded.profile.summary()
+    assert s["device_ns"] == round(stored["total_time"] * 1e9)
+    assert s["mfu_estimated_percent"] == pytest.approx(stored["mfu_estimated_percent"])
+    assert s["recompiles"] == 3 and s["graphs"] == 4
+    assert s["fallback_ops"] == 4 and s["fallback_calls"] == 12
+    assert s["is_simulation"] == "true"
+
+
+def test_exp003_top_ops_and_lines_rank_by_device_time(loaded):
+    ops = data.top_ops(loaded, 5)
+    assert [o["device_ns"] for o in ops] == sorted((o["device_ns"] for o in ops), reverse=True)
+    assert ops[0]["module"] == "fc2" and ops[0]["where"] == "model.py:15" and ops[0]["graphs"] == 4
+    lines = data.top_lines(loaded, 3)
+    assert [ln["line"] for ln in lines] == [15, 13, 14]
+    # the per-line sums equal the per-op sums: nothing counted twice or lost
+    assert sum(ln["device_ns"] for ln in data.line_totals(loaded).values()) == \
+        sum(t["device_ns"] for t in data.op_totals(loaded).values())
+
+
+def test_exp004_raw_window_returns_each_instruction_with_lanes_named_like_the_real_tool(loaded):
+    labels = [lane.label for lane in data.lanes(loaded)]
+    assert labels[:3] == ["Compile", "Host (CPU)", "Executions(nc0)"]
+    assert "Tensor(nc0)" in labels and "qSyncIO0(nc1)" in labels and "qSyncSpillReload0(nc0)" in labels
+    tl = data.timeline(loaded)
+    assert tl["mode"] == "raw" and len(tl["instructions"]) == tl["count"] == data.bounds(loaded)["instructions"]
+    kinds = {s["kind"] for s in tl["spans"]}
+    assert {"exec", "cpu_fallback", "compile", "recompile"} <= kinds
+
+
+def test_exp005_wide_windows_use_level_of_detail_with_bounded_cells(loaded, monkeypatch):
+    monkeypatch.setattr(data, "RAW_CAP", 50)
+    tl = data.timeline(loaded, buckets=100)
+    assert tl["mode"] == "lod" and "instructions" not in tl
+    assert tl["lod_source"].startswith("lod_busy level")
+    cells = sum(len(c) for c in tl["buckets"].values())
+    assert cells <= 100 * len(tl["buckets"])
+    assert all(0 < frac <= 1.0 for c in tl["buckets"].values() for _, frac, _, _ in c)
+    # busy time is conserved by the pyramid: the sum over cells equals the instructions' total
+    busy = sum(frac * tl["bucket_ns"] for c in tl["buckets"].values() for _, frac, _, _ in c)
+    total = loaded.scalar("SELECT sum(dur_ns) FROM instructions")
+    assert busy == pytest.approx(total, rel=1e-6)
+
+
+def test_exp006_zoomed_window_below_the_pyramid_aggregates_instructions(loaded, monkeypatch):
+    monkeypatch.setattr(data, "RAW_CAP", 5)
+    first = data.timeline(loaded)["spans"]
+    ex = min((s for s in first if s["kind"] == "exec"), key=lambda s: s["start"])
+    tl = data.timeline(loaded, ex["start"], ex["start"] + ex["dur"], buckets=50)
+    assert tl["mode"] == "lod" and tl["lod_source"] == "instructions"
+    assert any(top is not None for c in tl["buckets"].values() for *_, top in c)
+
+
+def test_exp007_selection_of_a_source_line_highlights_its_instructions(loaded):
+    sid = next(t["source_id"] for t in data.line_totals(loaded).values() if t["line"] == 13)
+    tl = data.timeline(loaded, sel=f"line:{sid}")
+    chosen = set(tl["selection"])
+    assert chosen and all(data.ops(loaded)[o]["line"] == 13 for o in chosen)
+    assert tl["selection_text"].startswith("line model.py:13")
+    assert data.selection_ops(loaded, "module:fc1") == chosen
+    assert data.selection_ops(loaded, "path:fc1/aten.addmm.default") == chosen
+    with pytest.raises(data.ExplorerError):
+        data.timeline(loaded, sel="line:1;DROP")
+
+
+def test_exp008_range_aggregates_clip_to_the_range(loaded):
+    full = data.range_aggregates(loaded)
+    total = loaded.scalar("SELECT sum(dur_ns) FROM instructions")
+    assert sum(r["busy_ns"] for r in full["by_engine"]) == total
+    ex = min((s for s in data.timeline(loaded)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
+    half = data.range_aggregates(loaded, ex["start"], ex["start"] + ex["dur"] // 2)
+    assert 0 < sum(r["busy_ns"] for r in half["by_engine"]) < total
+    assert half["by_line"][0]["where"].startswith("model.py:")
+
+
+def test_exp009_instruction_lookup_links_back_to_its_source_line(loaded):
+    r = data.timeline(loaded)["instructions"][0]
+    got = data.instruction_at(loaded, r["core"], r["engine"], r["start"], r["pc"])
+    assert got["opcode"] == r["opcode"] and got["file"] == MODEL_FILE and got["line"] in (13, 14, 15)
+
+
+def test_exp010_hierarchy_weights_sum_to_the_root(loaded):
+    nodes = {n["id"]: n for n in data.hierarchy(loaded)}
+    children = [n for n in nodes.values() if n["parent"] == "root"]
+    assert sum(n["value"] for n in children) == nodes["root"]["value"] > 0
+    assert {"m:fc1", "m:fc2", "m:act"} <= set(nodes)
+    assert any(n["label"] == "MATMUL" for n in nodes.values())
+
+
+def test_exp011_source_view_annotates_each_line(loaded):
+    files = data.source_files(loaded)
+    assert files == [MODEL_FILE]
+    rows = data.source_view(loaded, MODEL_FILE)
+    by_line = {r["line"]: r for r in rows}
+    assert by_line[15]["device_ns"] > by_line[13]["device_ns"] > by_line[14]["device_ns"] > 0
+    assert by_line[16]["host_ns"] > 0 and by_line[16]["instructions"] == 0
+    assert by_line[1]["device_ns"] == 0
+    with pytest.raises(data.ExplorerError, match="embeds no file"):
+        data.source_view(loaded, "/etc/passwd")
+
+
+def test_exp012_fallbacks_and_recompiles(loaded):
+    fb = data.fallbacks(loaded)
+    assert {f["op"] for f in fb} == {"aten.nonzero.default"}
+    assert all(f["where"] == "model.py:16" and f["calls"] == 3 for f in fb)
+    r = data.recompiles(loaded)
+    assert len(r["recompiles"]) == 3
+    first = next(e for e in r["recompiles"] if e["reason"].endswith("57 -> 64"))
+    assert first["diff"][0]["old"] == [4, 57, 512] and first["diff"][0]["changed"] == [1]
+    (s,) = r["suggestions"]
+    assert (s["input"], s["dim"], s["buckets"], s["compiles_saved"]) == ("x", 1, [64, 128], 2)
+    assert s["padding_percent"] == pytest.approx(100 * (64 + 64 + 128 + 128 - 349) / 349)
+
+
+def test_exp013_signature_parsing_accepts_text_and_json():
+    assert data.parse_signature("x: float32[4, 57], m: bool[4]")[1] == {"name": "m", "dtype": "bool", "shape": [4]}
+    assert data.parse_signature('{"x": {"dtype": "int64", "shape": [2, 9]}}') == \
+        [{"name": "x", "dtype": "int64", "shape": [2, 9]}]
+    assert data.signature_diff("x: f32[2, 3]", "x: f32[2, 5]")[0]["changed"] == [1]
+
+
+def test_exp014_recommendations_are_ranked_and_link_evidence(loaded):
+    found = recommend.recommendations(loaded)
+    rules = [f.rule for f in found]
+    assert {"host_starved", "recompile_storm", "cpu_fallback", "dma_bound", "fp32_matmul"} <= set(rules)
+    assert [f.impact_ns for f in found] == sorted((f.impact_ns for f in found), reverse=True)
+    storm = next(f for f in found if f.rule == "recompile_storm")
+    assert "[64, 128]" in storm.words and storm.page == "recompiles"
+    fb = next(f for f in found if f.rule == "cpu_fallback")
+    assert "aten.nonzero.default at model.py:16" in fb.words and fb.page == "source" and fb.query["line"]
+    gap = next(f for f in found if f.rule == "host_starved")
+    assert gap.query["end"] > gap.query["start"] >= 0
+
+
+def test_exp015_compare_aligns_by_line_and_op_path(loaded, tmp_path):
+    other = make_profile(tmp_path / "20260102_mlp", seqs=(64, 128), iterations=4)
+    reg = data.Registry([loaded.path, other])
+    try:
+        a, b = (reg.get(k) for k in reg.keys())
+        c = data.compare(a, b)
+        lines = {r["line"]: r for r in c["by_line"]}
+        assert set(lines) >= {"model.py:13", "model.py:15"}
+        r15 = lines["model.py:15"]
+        assert r15["delta_ns"] == r15["b_ns"] - r15["a_ns"] and r15["a_ns"] > 0 and r15["b_ns"] > 0
+        assert any(r["op_path"] == "fc2 / aten.addmm.default" for r in c["by_op"])
+        assert c["totals"]["recompiles"] == {"a": 3, "b": 1, "delta": -2}
+    finally:
+        reg.close()
