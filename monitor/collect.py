@@ -105,9 +105,12 @@ class Collector:
             if key not in self._seen:
                 # Appeared since the last scan: all its work happened since it started (or since then).
                 self._seen.add(key)
-                since = min(now, max(float(snap.get("start_time", now)), self._last_scan))
+                created = snap.get("process_start_time") or snap.get("start_time", now)
+                since = min(now, max(float(created), self._last_scan))
+                # Its CPU time so far all falls in this period only if it started after the last scan.
+                cpu = (0.0, 0.0) if created >= self._last_scan else self._cpu_times(snap["pid"])
                 for _, g in groups:
-                    self._prev[(key, g.type)] = self._baseline(None, since)
+                    self._prev[(key, g.type)] = dict(self._baseline(None, since), cpu=cpu)
             report = {}
             for i, g in groups:
                 if due is not None and ("runtime", i, g.type) not in due:
