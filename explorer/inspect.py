@@ -1,0 +1,124 @@
+"""``neuron-explorer inspect`` and ``capture``: run a workload with profiling on, then finalise.
+
+Both run the workload in a child process with the real runtime switches set
+(``NEURON_RT_INSPECT_ENABLE=1``, ``NEURON_RT_INSPECT_OUTPUT_DIR=<session>``), so this command never
+imports torch. Whatever the child does — succeed, fail, get killed — the segments it flushed are
+finalised into ``<session>/profile.duckdb``.
+
+Example::
+
+    neuron-explorer inspect -o profiles -- python sample_workloads/mlp.py --small
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from traces.errors import TraceError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="run a command with profiling on and finalise its profile",
+                       description="Run COMMAND with NEURON_RT_INSPECT_ENABLE=1, then finalise the profile.")
+    p.add_argument("-o", "--output-dir", default=os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"),
+                   help="where session directories are made (default: ./output)")
+    p.add_argument("--name", help="session name (default: the script's name)")
+    p.add_argument("--include-warmup", action="store_true",
+                   help="keep warm-up executions in the summary (excluded by default)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    p.set_defaults(func=_inspect)
+
+    c = sub.add_parser("capture", help="run a saved NEFF with given or generated inputs and profile it",
+                       description="Execute a NEFF on a simulated NeuronCore and write its profile.")
+    c.add_argument("-n", "--neff", default="file.neff", help="the NEFF to run (default: file.neff)")
+    c.add_argument("-s", "--session-dir", default=None,
+                   help="profile output directory (default: ./output/<timestamp>_<neff name>)")
+    c.add_argument("--num-exec", type=int, default=1, help="number of executions (default 1)")
+    c.add_argument("--profile-nth-exec", type=int, default=1,
+                   help="record instructions of the Nth execution only (0 disables device profiling)")
+    c.add_argument("--save-output-npy", metavar="DIR", help="write each output as DIR/<name>.npy")
+    c.add_argument("inputs", nargs="*", metavar="NAME FILE.npy",
+                   help="input name and .npy file pairs; missing inputs are zero-filled")
+    c.set_defaults(func=_capture)
+
+
+def _session_dir(root: str, name: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "session"
+    path = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}_{safe}"
+    n = 1
+    while path.exists():  # two sessions in the same second
+        n += 1
+        path = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}_{safe}_{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _script_name(cmd: list[str]) -> str:
+    for arg in cmd[1:] if Path(cmd[0]).name.startswith("python") else cmd:
+        if not arg.startswith("-"):
+            return Path(arg).stem
+    return Path(cmd[0]).stem
+
+
+def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> int:
+    env = {**os.environ, "NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_OUTPUT_DIR": str(session.resolve()), **extra_env}
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        raise TraceError(f"cannot run {cmd[0]!r}: {exc.strerror}; check the command after '--'") from None
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The child got the same SIGINT; let it stop, then finalise what it recorded.
+        return proc.wait()
+
+
+def _finish(session: Path, code: int, include_warmup: bool) -> int:
+    import traces
+
+    has_segments = any(p.is_file() for p in session.rglob("*") if p.name != "profile.duckdb")
+    if not has_segments:
+        print(f"neuron-explorer: error: no Neuron executions were recorded in {session}: does the script "
+              "run a model through neuron_stack.trace or torch.compile(backend='neuron')?", file=sys.stderr)
+        return code or 1
+    profile = traces.finalize(session, include_warmup=include_warmup)
+    status = "finished" if code == 0 else f"exited with status {code}"
+    print(f"neuron-explorer: workload {status}; profile written to {profile}")
+    print(f"  summary:  neuron-explorer summary {profile}")
+    print(f"  explore:  neuron-explorer view {profile}")
+    return code
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        raise TraceError("inspect needs a command: neuron-explorer inspect -o DIR -- python script.py")
+    session = _session_dir(args.output_dir, args.name or _script_name(cmd))
+    code = _run_profiled(cmd, session, {})
+    return _finish(session, code, args.include_warmup)
+
+
+def _capture(args: argparse.Namespace) -> int:
+    neff = Path(args.neff)
+    if not neff.is_file():
+        raise TraceError(f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
+    if len(args.inputs) % 2:
+        raise TraceError("inputs come in pairs: NAME file.npy [NAME file.npy ...]")
+    if args.num_exec < 1 or not 0 <= args.profile_nth_exec <= args.num_exec:
+        raise TraceError("--num-exec must be >= 1 and --profile-nth-exec between 0 and --num-exec")
+    session = Path(args.session_dir) if args.session_dir else _session_dir("output", neff.stem)
+    session.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "neuron_stack.capture", str(neff), "--num-exec", str(args.num_exec),
+           "--profile-nth-exec", str(args.profile_nth_exec)]
+    if args.save_output_npy:
+        cmd += ["--save-output-npy", args.save_output_npy]
+    code = _run_profiled(cmd + ["--", *args.inputs], session, {})
+    if code != 0 and not any(session.iterdir()):
+        return code  # the child already printed its one-line error (bad NEFF, bad input)
+    return _finish(session, code, include_warmup=args.profile_nth_exec == 1)
