@@ -1,0 +1,201 @@
+"""The Explorer app: page layouts and callbacks as plain functions, the Flask server, and the
+``neuron-explorer view`` / ``diff`` commands as a user types them."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextvars import copy_context
+from pathlib import Path
+
+import pytest
+from dash._callback_context import context_value
+from dash._utils import AttributeDict
+
+from explorer import data
+from explorer.app import create_app
+from test_explorer_profiles import make_profile
+
+EXE = Path(sys.executable).parent / "neuron-explorer"
+
+
+def triggered(prop_id: str, fn, *args, outputs_list=None):
+    """Call a callback as Dash would after ``prop_id`` changed (ctx.triggered_id works)."""
+    def run():
+        context_value.set(AttributeDict(triggered_inputs=[{"prop_id": prop_id, "value": 1}],
+                                        outputs_list=outputs_list or [], inputs_list=[], states_list=[]))
+        return fn(*args)
+    return copy_context().run(run)
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory):
+    root = tmp_path_factory.mktemp("app")
+    return make_profile(root / "20260101_mlp"), make_profile(root / "20260102_mlp", seqs=(64, 128), iterations=4)
+
+
+@pytest.fixture(scope="module")
+def app(profiles):
+    app = create_app(list(profiles))
+    yield app
+    data.registry().close()
+
+
+def test_exp201_server_serves_the_shell_and_layout(app):
+    client = app.server.test_client()
+    assert client.get("/").status_code == 200
+    layout = client.get("/_dash-layout")
+    assert layout.status_code == 200 and b"app-nav" in layout.data
+    assert client.get("/_dash-dependencies").status_code == 200
+
+
+@pytest.mark.parametrize("page", ["summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "sql",
+                                  "compare"])
+def test_exp202_every_page_renders_for_a_profile(app, page):
+    import importlib
+
+    module = importlib.import_module(f"explorer.pages.{page}")
+    out = str(module.layout(profile="20260101_mlp"))
+    assert "error-box" not in out, out[:400]
+
+
+def test_exp203_summary_lists_recommendations_with_evidence_links(app):
+    from explorer.pages import summary
+
+    out = str(summary.layout(profile="20260101_mlp"))
+    assert "Recompile storm" in out and "CPU fallback" in out and "/recompiles?profile=20260101_mlp" in out
+    assert "is_simulation = true" in out
+    # two profiles and none chosen: the list of profiles
+    assert "summary-profiles" in str(summary.layout())
+
+
+def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
+    from explorer.pages import timeline
+
+    monkeypatch.setattr(data, "RAW_CAP", 50)
+    fig, state, status, *_ = timeline.render("20260101_mlp")
+    assert "level of detail" in status and any(t.type == "heatmap" for t in fig.data)
+    span = data.bounds(data.resolve("20260101_mlp"))["span"]
+    ex = min((s for s in data.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
+             key=lambda s: s["start"])
+    relayout = {"xaxis.range[0]": ex["start"] / 1e3, "xaxis.range[1]": (ex["start"] + ex["dur"] // 3) / 1e3}
+    fig2, state2, status2, _sel, _hidden, url = triggered("timeline-graph.relayoutData", timeline.zoom,
+                                                          relayout, None, None, state)
+    assert "drawn one by one" in status2 and any(t.type == "bar" for t in fig2.data)
+    assert url["start"] == state2["start"] < url["end"] < span
+    # the hover text names the instruction, its op and its source line
+    bar = next(t for t in fig2.data if t.type == "bar" and t.customdata is not None)
+    assert "model.py:1" in bar.hovertext[0] and "op aten." in bar.hovertext[0]
+    # double-click (autorange) goes back to the whole profile
+    *_, url3 = triggered("timeline-graph.relayoutData", timeline.zoom, {"xaxis.autorange": True}, None, None, state2)
+    assert (url3["start"], url3["end"]) == (0, span)
+    # a relayout that is not an x-range change does nothing
+    assert triggered("timeline-graph.relayoutData", timeline.zoom, {"autosize": True}, None, None, state)[0] is \
+        __import__("dash").no_update
+
+
+def test_exp205_timeline_click_opens_the_source_line(app):
+    from explorer.pages import timeline
+
+    fig, state, *_ = timeline.render("20260101_mlp")
+    bar = next(t for t in fig.data if t.type == "bar" and t.customdata is not None)
+    out = str(timeline.details({"points": [{"customdata": list(bar.customdata[0])}]}, state))
+    assert "/source?profile=20260101_mlp&amp;line=" in out or "/source?profile=20260101_mlp&line=" in out
+    bad = str(timeline.details({"points": [{"customdata": [0, "rm -rf", 0, 0, 0]}]}, state))
+    assert "unknown engine" in bad
+
+
+def test_exp206_brushed_range_aggregates(app):
+    from explorer.pages import timeline
+
+    _fig, state, *_ = timeline.render("20260101_mlp")
+    ex = min((s for s in data.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
+             key=lambda s: s["start"])
+    sel = {"points": [], "range": {"x": [ex["start"] / 1e3, (ex["start"] + ex["dur"]) / 1e3], "y": [0, 5]}}
+    body, title = triggered("timeline-graph.selectedData", timeline.aggregates, sel, state)
+    assert title.startswith("Selected range") and "Tensor(nc" in str(body) and "model.py:" in str(body)
+
+
+def test_exp207_source_line_click_highlights_its_instructions(app):
+    from explorer.pages import source
+
+    L = data.resolve("20260101_mlp")
+    sid = str(next(t["source_id"] for t in data.line_totals(L).values() if t["line"] == 15))
+    outputs = [{"id": {"type": "source-line", "sid": s}, "property": "className"}
+               for s in sorted(str(t["source_id"]) for t in data.line_totals(L).values())]
+    prop = json.dumps({"sid": sid, "type": "source-line"}, separators=(",", ":")) + ".n_clicks"
+    panel, classes, state, url = triggered(prop, source.pick_line, [0, 1, 0, 0], {"profile": "20260101_mlp"},
+                                           outputs_list=[{}, outputs, {}, {}])
+    assert url == {"line": sid, "file": None}
+    assert classes.count("src-line hot selected") == 1
+    graph = next(c for c in panel.children if getattr(c, "id", None) == "source-timeline")
+    picked = [t for t in graph.figure.data if t.name == "selection"]
+    assert picked and len(picked[0].x) == sum(1 for r in data.timeline(L)["instructions"]
+                                              if data.ops(L)[r["op_id"]]["line"] == 15)
+
+
+def test_exp208_hierarchy_click_links_a_filtered_timeline(app):
+    from explorer.pages import hierarchy
+
+    out = str(hierarchy.pick({"points": [{"id": "m:fc1", "customdata": "module:fc1"}]}, "20260101_mlp"))
+    assert "sel=module%3Afc1" in out and "Show on the timeline" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_exp209_view_serves_until_interrupted(profiles, tmp_path):
+    port = _free_port()
+    bad = tmp_path / "bad" / "profile.duckdb"
+    bad.parent.mkdir()
+    bad.write_text("not a database")
+    proc = subprocess.Popen([str(EXE), "view", str(profiles[0]), str(bad.parent), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == f"View a list of profiles at http://127.0.0.1:{port}/"
+        for _ in range(50):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_dash-layout", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the server did not answer")
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=10)
+    assert "warning: profile 'bad'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["view", "/no/such/profile.duckdb"], "no such file"),
+    (["view", "{good}", "--port", "70000"], "is not a port number"),
+    (["diff", "{good}", "/no/such.duckdb"], "no such file"),
+    (["diff", "{good}", "{good}", "--top", "0"], "--top must be at least 1"),
+])
+def test_exp210_bad_input_is_one_line(profiles, argv, message):
+    argv = [a.replace("{good}", str(profiles[0])) for a in argv]
+    out = subprocess.run([str(EXE), *argv], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert out.stderr.startswith("neuron-explorer: error: ") and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_exp211_diff_prints_the_comparison(profiles):
+    out = subprocess.run([str(EXE), "diff", str(profiles[0]), str(profiles[1]), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["totals"]["recompiles"] == {"a": 3, "b": 1, "delta": -2}
+    assert {r["line"] for r in result["by_line"]} >= {"model.py:13", "model.py:15"}
+    text = subprocess.run([str(EXE), "diff", str(profiles[0]), str(profiles[1])], capture_output=True, text=True,
+                          timeout=60)
+    assert text.returncode == 0 and "By source line" in text.stdout and "model.py:15" in text.stdout
