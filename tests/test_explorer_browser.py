@@ -1,0 +1,155 @@
+"""The Explorer in a real browser: Playwright driving Debian's chromium (never `playwright install`).
+
+Opens every page, zooms the timeline, clicks a source line and checks that the timeline highlights
+its instructions, runs a SQL query, fails on any browser console error, and saves a screenshot of
+each page under docs/img/ (the images docs/explorer.md shows).
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from explorer import data
+from explorer.app import create_app
+from test_explorer_profiles import make_profile
+
+CHROMIUM = "/usr/bin/chromium"
+IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
+                                reason="Debian's chromium is not installed (apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from werkzeug.serving import make_server
+
+    root = tmp_path_factory.mktemp("browser")
+    a = make_profile(root / "20260101-120000_mlp", iterations=6, tiles=3)
+    b = make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3)
+    app = create_app([a, b])
+    old_cap = data.RAW_CAP
+    data.RAW_CAP = 300          # so the whole-profile view is level-of-detail and zooming in shows instructions
+    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    data.RAW_CAP = old_cap
+    data.registry().close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 950})
+        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.errors = errors
+        yield pg
+        browser.close()
+    assert errors == [], errors
+
+
+def _shot(page, name):
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(IMG / f"explorer-{name}.png"), full_page=True)
+
+
+def _plot(page, graph_id):
+    return page.evaluate(f"""() => {{
+        const el = document.querySelector('#{graph_id} .js-plotly-plot');
+        return el && el.data ? el.data.map(t => ({{name: t.name, type: t.type, n: (t.x || []).length}})) : null;
+    }}""")
+
+
+def test_exp301_summary_and_tables(server, page):
+    page.goto(f"{server}/?profile=20260101-120000_mlp")
+    page.wait_for_selector("#summary-recommendations .reco")
+    assert "Recompile storm" in page.inner_text("#summary-recommendations")
+    _shot(page, "summary")
+    page.click("#summary-evidence-1")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot, #recompiles-table, #source-lines")
+    for name, sel in (("fallbacks", "#fallbacks-table"), ("recompiles", "#recompiles-table"),
+                      ("hierarchy", "#hierarchy-graph .js-plotly-plot")):
+        page.goto(f"{server}/{name}?profile=20260101-120000_mlp")
+        page.wait_for_selector(sel)
+        _shot(page, name)
+    assert "dim-changed" in page.content() or True
+    page.goto(f"{server}/recompiles?profile=20260101-120000_mlp")
+    page.wait_for_selector("#recompiles-table .dim-changed")
+    assert "[64, 128]" in page.inner_text("#recompiles-suggestions")
+
+
+def test_exp302_timeline_zoom_requeries_at_finer_detail(server, page):
+    page.goto(f"{server}/timeline?profile=20260101-120000_mlp")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    assert "level of detail" in page.inner_text("#timeline-status")
+    assert any(t["type"] == "heatmap" for t in _plot(page, "timeline-graph"))
+    _shot(page, "timeline-lod")
+    # zoom on the first execution's window by URL range, then drag to zoom further
+    L = data.resolve("20260101-120000_mlp")
+    ex = min((s for s in data.timeline(L)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
+    page.goto(f"{server}/timeline?profile=20260101-120000_mlp&start={ex['start'] - 2000}&end={ex['start'] + 60000}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    before = page.inner_text("#timeline-status")
+    box = page.locator("#timeline-graph .nsewdrag").first.bounding_box()
+    y = box["y"] + box["height"] * 0.6
+    page.mouse.move(box["x"] + box["width"] * 0.02, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.3, y, steps=8)
+    page.mouse.up()
+    page.wait_for_function("b => document.querySelector('#timeline-status').innerText !== b", arg=before)
+    page.wait_for_function("() => new URL(location.href).searchParams.get('start') !== null")
+    assert "drawn one by one" in page.inner_text("#timeline-status")
+    assert any(t["type"] == "bar" and t["name"] == "aten.addmm.default" for t in _plot(page, "timeline-graph"))
+    _shot(page, "timeline")
+
+
+def test_exp303_source_line_click_highlights_the_timeline(server, page):
+    page.goto(f"{server}/source?profile=20260101-120000_mlp")
+    page.wait_for_selector("#source-lines .src-line.hot")
+    hot = page.locator("#source-lines .src-line.hot").filter(has_text="self.fc2(h)")
+    hot.click()
+    page.wait_for_selector("#source-timeline .js-plotly-plot")
+    page.wait_for_function("() => new URL(location.href).searchParams.get('line') !== null")
+    assert "selected" in hot.get_attribute("class")
+    traces = _plot(page, "source-timeline")
+    assert any(t["name"] == "selection" and t["n"] > 0 for t in traces)
+    _shot(page, "source")
+    # and on the full timeline page, the selection travels in the URL
+    page.click("#source-to-timeline")
+    page.wait_for_selector("#timeline-selection")
+    page.wait_for_function("() => document.querySelector('#timeline-selection').innerText.includes('model.py:15')")
+    assert any(t["name"] == "selection" for t in _plot(page, "timeline-graph"))
+
+
+def test_exp304_sql_console_runs_and_refuses(server, page):
+    page.goto(f"{server}/sql?profile=20260101-120000_mlp")
+    page.wait_for_selector("#sql-table")
+    page.fill("#sql-query", "SELECT opcode, count(*) AS n FROM instructions GROUP BY opcode ORDER BY n DESC")
+    page.click("#sql-run")
+    page.wait_for_function("() => document.querySelector('#sql-table') && "
+                           "document.querySelector('#sql-table').innerText.includes('MATMUL')")
+    _shot(page, "sql")
+    page.fill("#sql-query", "SELECT 1; DROP TABLE ops")
+    page.click("#sql-run")
+    page.wait_for_selector("#sql-error")
+    assert "only one statement" in page.inner_text("#sql-error")
+
+
+def test_exp305_compare_two_profiles(server, page):
+    page.goto(f"{server}/compare?profile=20260101-120000_mlp")
+    page.wait_for_selector("#compare-lines")
+    assert "model.py:15" in page.inner_text("#compare-lines")
+    _shot(page, "compare")
