@@ -246,14 +246,26 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = N
     Parameters and buffers become constants (inlined weights, as ``torch_neuronx.trace`` does).
     Example: ``capture(torch.nn.Linear(4, 2), (torch.randn(1, 4),))``.
     """
-    from torch.export.graph_signature import InputKind, OutputKind
-    from torch.utils import _pytree as pytree
-
     if not isinstance(model, torch.nn.Module):
         model = _FunctionModule(model)
     args, kwargs = normalise_inputs(example_inputs)
     was_training = model.training
     ep = export(model, args, kwargs)
+    model.train(was_training)
+    return from_exported(ep, name or type(model).__name__, decompose=False)
+
+
+def from_exported(ep, name: str, decompose: bool = True) -> Program:
+    """A Program from an ``ExportedProgram`` (decomposed to core ATen here if it is not yet).
+
+    Example: ``from_exported(torch.export.load("model.pt2"), "model")``.
+    """
+    from torch.export.graph_signature import InputKind, OutputKind
+    from torch.utils import _pytree as pytree
+
+    if decompose:
+        with _full_stack_traces():
+            ep = ep.run_decompositions()
     sig = ep.graph_signature
     constants: dict[str, torch.Tensor] = {}
     placeholder_constants: dict[str, str] = {}
@@ -272,7 +284,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = N
             raise CaptureError(f"unsupported graph input kind {spec.kind.name}: neuron_stack takes tensors")
     user_outputs = [{"node": s.arg.name} if hasattr(s.arg, "name") else s.arg.value
                     for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    prog = graph_to_program(ep.graph_module, name=name or type(model).__name__, constants=constants,
+    prog = graph_to_program(ep.graph_module, name=name, constants=constants,
                             input_names=input_names, placeholder_constants=placeholder_constants,
                             output_names=user_outputs)
     # The in/out pytree specs let NeuronModule accept and return the same structures as the model.
@@ -283,7 +295,6 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = N
                          "out": pytree.treespec_dumps(ep.call_spec.out_spec)}
     except Exception:  # custom pytree nodes without a serialized name: outputs load back as a tuple
         prog.io_specs = {}
-    model.train(was_training)
     return prog
 
 

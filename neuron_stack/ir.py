@@ -71,6 +71,11 @@ class Node:
     def is_compute(self) -> bool:
         return self.target not in ("placeholder", "get_attr", "output", "getitem")
 
+    @property
+    def is_op(self) -> bool:
+        """Any graph operation, ``getitem`` included (everything but inputs, weights and the output)."""
+        return self.target not in ("placeholder", "get_attr", "output")
+
 
 @dataclass
 class Program:

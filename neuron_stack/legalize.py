@@ -64,7 +64,7 @@ def legalize(program: Program, partitioner_config=None) -> Program:
     forced = set(getattr(partitioner_config, "ops_to_partition", None) or ())
     log = program.log
     for n in program.nodes:
-        if not n.is_compute:
+        if not n.is_op:
             n.op_class = "view"
             continue
         op_class, note = lookup(n.target)

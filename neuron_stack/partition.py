@@ -46,7 +46,7 @@ def partition(program: Program) -> Program:
     by_name = {n.name: n for n in program.nodes}
     parts: list[dict] = []
     for n in program.nodes:
-        if not n.is_compute:
+        if not n.is_op:
             continue
         kind = "cpu" if n.placement == "cpu_fallback" else "device"
         if n.op_class == "view" and parts:
@@ -56,10 +56,10 @@ def partition(program: Program) -> Program:
         n.partition = parts[-1]["index"]
         parts[-1]["nodes"].append(n.name)
 
-    owner = {n.name: n.partition for n in program.nodes if n.is_compute}
+    owner = {n.name: n.partition for n in program.nodes if n.is_op}
     used_later: dict[str, set[int]] = {}
     for n in program.nodes:
-        consumer = n.partition if n.is_compute else (len(parts) if n.target == "output" else None)
+        consumer = n.partition if n.is_op else (len(parts) if n.target == "output" else None)
         if consumer is None:
             continue
         for r in refs(n.args) if n.target == "output" else refs([n.args, n.kwargs]):

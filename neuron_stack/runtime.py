@@ -91,15 +91,15 @@ def _from_json(a: Any, env: dict) -> Any:
     if isinstance(a, dict):
         if "node" in a and len(a) == 1:
             return env[a["node"]]
-        if "dtype" in a:
+        if "dtype" in a and len(a) == 1:
             return getattr(torch, a["dtype"])
-        if "device" in a:
+        if "device" in a and len(a) == 1:
             return torch.device(a["device"])
-        if "layout" in a:
+        if "layout" in a and len(a) == 1:
             return getattr(torch, a["layout"])
-        if "memory_format" in a:
+        if "memory_format" in a and len(a) == 1:
             return getattr(torch, a["memory_format"])
-        if "dict" in a:
+        if "dict" in a and len(a) == 1:
             return {k: _from_json(v, env) for k, v in a["dict"].items()}
     return a
 
@@ -135,7 +135,7 @@ def build_graph_module(program: Program, part: dict, auto_cast: str = "none",
     for name in part["nodes"]:
         n = by_name[name]
         args = _from_json(n.args, env)
-        kwargs = _from_json(n.kwargs, env)
+        kwargs = {k: _from_json(v, env) for k, v in n.kwargs.items()}
         if device and auto_cast != "none" and (n.op_class in ("matmul", "conv") or auto_cast == "all"):
             args = [g.call_function(round_to, (a, dtype)) if isinstance(a, torch.fx.Node) else a for a in args]
         out = g.call_function(resolve_target(n.target), tuple(args), kwargs)
@@ -268,13 +268,13 @@ class Recorder:
     def append(self, table: str, rows) -> None:
         self.writer.append(table, rows)
 
-    def event(self, kind: str, *, ts_ns: int | None = None, dur_ns: int = 0, core: int | None = None,
+    def event(self, event_kind: str, *, ts_ns: int | None = None, dur_ns: int = 0, core: int | None = None,
               graph_id: int | None = None, op_id: int | None = None, source_id: int | None = None,
               **detail) -> None:
         ts = clock.now_ns() if ts_ns is None else ts_ns
         self.writer.append("events", {
             "ts_ns": [ts], "wall_ns": [ts - clock.offset_ns()], "dur_ns": [dur_ns],
-            "run_id": [self.session.run_id], "kind": [kind], "core": [core], "graph_id": [graph_id],
+            "run_id": [self.session.run_id], "kind": [event_kind], "core": [core], "graph_id": [graph_id],
             "op_id": [op_id], "source_id": [source_id], "detail": [json.dumps(detail, default=str)]})
 
     def close(self) -> None:
@@ -310,7 +310,7 @@ class LoadedModel:
     Example: ``LoadedModel(neuron_stack.neff.load("model.neff")).run([x])``.
     """
 
-    def __init__(self, neff: Neff, compile_info: dict | None = None):
+    def __init__(self, neff: Neff, compile_info: dict | None = None, core: int | None = None):
         from traces.ids import new_id
 
         info = dict(compile_info or {})
@@ -318,7 +318,8 @@ class LoadedModel:
         self.program = prog = neff.program
         self.session = session = Session.get(neff.target)
         self.profile = session.profile
-        self.core = session.next_core()
+        # core: pinned by the caller (DataParallel, tensor parallel), else round-robin
+        self.core = session.next_core() if core is None else core
         self.graph_id = new_id()
         self.name = neff.name
         self.executions = 0
@@ -343,6 +344,10 @@ class LoadedModel:
         self.out_refs = prog.output_names
         self.single = (self.parts[0]["gm"] if len(self.parts) == 1 and self.parts[0]["part"]["kind"] == "device"
                        else None)
+        # graph outputs that are graph inputs or constants (aot_autograd saves inputs for backward)
+        pos = {n: i for i, n in enumerate(prog.input_names)}
+        from .partition import refs
+        self.out_from_inputs = [(r, pos.get(r, -1)) for r in refs(self.out_refs) if r in pos or r in self.const_env]
         if self.single is not None:
             # argument plan of the one partition: (input position, None) or (-1, constant tensor)
             pos = {n: i for i, n in enumerate(prog.input_names)}
@@ -361,7 +366,7 @@ class LoadedModel:
         self.static_device_ns = sum(p["device_ns"] + p["transfer_ns"] for p in self.parts if p["part"]["kind"] == "device")
         self.has_cpu = any(p["part"]["kind"] == "cpu" for p in self.parts)
 
-        self.op_ids = {n.name: new_id() for n in prog.nodes if n.is_compute}
+        self.op_ids = {n.name: new_id() for n in prog.nodes if n.is_op}
         self._instr_tables: dict[int, pa.Table] | None = None
         live = session.live
         live.model_loaded(name=self.name, uuid=neff.header["uuid"], model_id=self.graph_id & 0x7FFFFFFF,
@@ -516,12 +521,12 @@ class LoadedModel:
                     f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}: a compiled NEFF runs one static "
                     f"shape; trace again with this shape, or pad inputs to the traced shape")
 
-    def run(self, inputs: list) -> list:
+    def run(self, inputs: list, start_ns: int | None = None) -> list:
         """Execute on the simulated core: inputs and outputs are CPU tensors (flat lists)."""
         with torch.no_grad():
-            return self._run(inputs)
+            return self._run(inputs, start_ns)
 
-    def _run(self, inputs: list) -> list:
+    def _run(self, inputs: list, start_ns: int | None = None) -> list:
         session = self.session
         session.poll_capture()
         rec = session.recorder
@@ -535,6 +540,8 @@ class LoadedModel:
             p = self.parts[0]
             outs = self.single(*[inputs[i] if i >= 0 else c for i, c in self.single_plan])
             values = dict(zip(p["part"]["outputs"], outs))
+            for name, i in self.out_from_inputs:
+                values[name] = inputs[i] if i >= 0 else self.const_env[name]
             device_ns = self.static_device_ns
         else:
             values = dict(self.const_env)
@@ -559,7 +566,8 @@ class LoadedModel:
         result = [_from_json(r, values) for r in self.out_refs]
         real = time.perf_counter_ns() - t0
         wall1 = wall0 + real
-        proj0 = wall0 + clock.offset_ns()
+        # start_ns: the projected start chosen by a multi-core scheduler (DataParallel, tensor parallel)
+        proj0 = wall0 + clock.offset_ns() if start_ns is None else start_ns
         clock.advance(real, device_ns)
         warmup = self.executions == 0
         self.executions += 1
