@@ -51,15 +51,29 @@ def _lane_index(lanes) -> dict[str, int]:
     return {lane.key: i for i, lane in enumerate(lanes)}
 
 
-def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: bool = False) -> go.Figure:
-    """The timeline for one :func:`explorer.data.timeline` answer.
+class _Fig:
+    """A figure as plain dicts: plotly's validating objects cost more than the query for 4000 bars."""
+
+    def __init__(self):
+        self.data: list[dict] = []
+        self.layout: dict = {}
+
+    def add_trace(self, trace: dict) -> None:
+        self.data.append(trace)
+
+    def to_dict(self) -> dict:
+        return {"data": self.data, "layout": self.layout}
+
+
+def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: bool = False) -> dict:
+    """The timeline for one :func:`explorer.data.timeline` answer, as a Plotly figure dict.
 
     Raw instruction bars carry ``customdata = [core, engine, start_ns, pc, op_id]`` so a click can
     ask for the instruction; highlighted (selected) instructions form the trace named ``selection``.
     """
     lanes = tl["lanes"]
     index = _lane_index(lanes)
-    fig = go.Figure()
+    fig = _Fig()
     chosen = set(tl.get("selection") or [])
     if tl["mode"] == "raw":
         _raw_bars(fig, tl, ops, index, chosen)
@@ -67,7 +81,7 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         _lod_heat(fig, tl, ops, index, chosen)
     _span_bars(fig, tl, index)
     n = len(lanes)
-    fig.update_layout(
+    fig.layout = dict(
         height=height or max(260, 26 * n + 90), margin=dict(l=10, r=10, t=28 if not compact else 8, b=36),
         barmode="overlay", bargap=0.15, dragmode="zoom", hovermode="closest", plot_bgcolor="#fbfbfd",
         showlegend=not compact, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=10)),
@@ -77,7 +91,7 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
                    range=[n - 0.5, -0.5], fixedrange=True, showgrid=False, automargin=True),
         uirevision=f"{tl['start']}-{tl['end']}",
     )
-    return fig
+    return fig.to_dict()
 
 
 def _raw_bars(fig, tl, ops, index, chosen):
@@ -102,7 +116,7 @@ def _raw_bars(fig, tl, ops, index, chosen):
               if r["op_id"] in chosen and data._lane_key(r["core"], r["engine"], r["queue"]) in index]
     if picked:
         t = _bar_trace("selection", picked, ops, SELECT_GOLD, opacity=1.0)
-        t.marker.line = dict(color="#5a3d00", width=1.5)
+        t["marker"]["line"] = dict(color="#5a3d00", width=1.5)
         fig.add_trace(t)
 
 
@@ -117,8 +131,8 @@ def _bar_trace(name, items, ops, color, opacity):
         text.append(f"<b>{r['opcode']}</b> pc {r['pc']} · {fmt_ns(r['dur'])}<br>op {data.op_label(o)} "
                     f"({o.get('name', '?')})<br>module {o.get('module_path') or '—'}<br>source "
                     f"{data.where(o) or '—'}<br>{(o.get('code') or '').strip()[:80]}")
-    return go.Bar(name=name, orientation="h", x=xs, base=base, y=ys, customdata=custom, hovertext=text,
-                  hovertemplate="%{hovertext}<extra></extra>", marker=dict(color=color), opacity=opacity, width=0.8)
+    return dict(type="bar", name=name, orientation="h", x=xs, base=base, y=ys, customdata=custom, hovertext=text,
+                hovertemplate="%{hovertext}<extra></extra>", marker=dict(color=color), opacity=opacity, width=0.8)
 
 
 def _lod_heat(fig, tl, ops, index, chosen):
@@ -138,9 +152,9 @@ def _lod_heat(fig, tl, ops, index, chosen):
             text[y][b] = (f"<b>{label}</b> {fmt_ns(origin + b * width)}–{fmt_ns(origin + (b + 1) * width)}"
                           f"<br>busy {100 * frac:.0f}% · {n} instructions"
                           + (f"<br>longest from {data.op_label(o)} {data.where(o)}" if o else ""))
-    fig.add_trace(go.Heatmap(name="busy", x=xs, y=list(range(len(index))), z=z, text=text, zmin=0, zmax=1,
-                             hovertemplate="%{text}<extra></extra>", showscale=False, xgap=0, ygap=3,
-                             colorscale=[[0, "#dbe6f3"], [0.5, "#6f9bd1"], [1, "#1f4e8c"]]))
+    fig.add_trace(dict(type="heatmap", name="busy", x=xs, y=list(range(len(index))), z=z, text=text, zmin=0, zmax=1,
+                       hovertemplate="%{text}<extra></extra>", showscale=False, xgap=0, ygap=3,
+                       colorscale=[[0, "#dbe6f3"], [0.5, "#6f9bd1"], [1, "#1f4e8c"]]))
     if chosen and tl.get("highlight"):
         hx, hy, ht = [], [], []
         for lane_key, cells in tl["highlight"].items():
@@ -151,10 +165,9 @@ def _lod_heat(fig, tl, ops, index, chosen):
                 hx.append((origin + (b + 0.5) * width) / 1e3)
                 hy.append(y - 0.32)
                 ht.append(f"{n} selected instructions")
-        fig.add_trace(go.Scatter(name="selection", x=hx, y=hy, mode="markers", hovertext=ht,
-                                 hovertemplate="%{hovertext}<extra></extra>",
-                                 marker=dict(symbol="square", size=7, color=SELECT_GOLD,
-                                             line=dict(color="#5a3d00", width=1))))
+        fig.add_trace(dict(type="scatter", name="selection", x=hx, y=hy, mode="markers", hovertext=ht,
+                           hovertemplate="%{hovertext}<extra></extra>",
+                           marker=dict(symbol="square", size=7, color=SELECT_GOLD, line=dict(color="#5a3d00", width=1))))
 
 
 def _span_bars(fig, tl, index):
@@ -174,16 +187,16 @@ def _span_bars(fig, tl, index):
         for s in spans:
             extra = f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec" else (s.get("detail") or "")
             text.append(f"<b>{name}</b> {fmt_ns(s['dur'])}<br>{str(extra)[:160]}")
-        fig.add_trace(go.Bar(name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
-                             base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
-                             hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
-                             marker=dict(color=color), width=0.7, opacity=0.9))
+        fig.add_trace(dict(type="bar", name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
+                           base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
+                           hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                           marker=dict(color=color), width=0.7, opacity=0.9))
         if kind == "recompile":   # a marker so a recompile shows even when its span is a sliver
-            fig.add_trace(go.Scatter(name="recompile marker", x=[s["start"] / 1e3 for s in spans],
-                                     y=[index[s["lane"]] for s in spans], mode="markers", showlegend=False,
-                                     hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
-                                     marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
-                                                 line=dict(color="#7a3e00", width=1))))
+            fig.add_trace(dict(type="scatter", name="recompile marker", x=[s["start"] / 1e3 for s in spans],
+                               y=[index[s["lane"]] for s in spans], mode="markers", showlegend=False,
+                               hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                               marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
+                                           line=dict(color="#7a3e00", width=1))))
 
 
 def icicle_figure(nodes: list[dict]) -> go.Figure:

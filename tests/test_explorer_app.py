@@ -77,18 +77,18 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
 
     monkeypatch.setattr(data, "RAW_CAP", 50)
     fig, state, status, *_ = timeline.render("20260101_mlp")
-    assert "level of detail" in status and any(t.type == "heatmap" for t in fig.data)
+    assert "level of detail" in status and any(t["type"] == "heatmap" for t in fig["data"])
     span = data.bounds(data.resolve("20260101_mlp"))["span"]
     ex = min((s for s in data.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
              key=lambda s: s["start"])
     relayout = {"xaxis.range[0]": ex["start"] / 1e3, "xaxis.range[1]": (ex["start"] + ex["dur"] // 3) / 1e3}
     fig2, state2, status2, _sel, _hidden, url = triggered("timeline-graph.relayoutData", timeline.zoom,
                                                           relayout, None, None, state)
-    assert "drawn one by one" in status2 and any(t.type == "bar" for t in fig2.data)
+    assert "drawn one by one" in status2 and any(t["type"] == "bar" for t in fig2["data"])
     assert url["start"] == state2["start"] < url["end"] < span
     # the hover text names the instruction, its op and its source line
-    bar = next(t for t in fig2.data if t.type == "bar" and t.customdata is not None)
-    assert "model.py:1" in bar.hovertext[0] and "op aten." in bar.hovertext[0]
+    bar = next(t for t in fig2["data"] if t["type"] == "bar" and t.get("customdata"))
+    assert "model.py:1" in bar["hovertext"][0] and "op aten." in bar["hovertext"][0]
     # double-click (autorange) goes back to the whole profile
     *_, url3 = triggered("timeline-graph.relayoutData", timeline.zoom, {"xaxis.autorange": True}, None, None, state2)
     assert (url3["start"], url3["end"]) == (0, span)
@@ -101,8 +101,8 @@ def test_exp205_timeline_click_opens_the_source_line(app):
     from explorer.pages import timeline
 
     fig, state, *_ = timeline.render("20260101_mlp")
-    bar = next(t for t in fig.data if t.type == "bar" and t.customdata is not None)
-    out = str(timeline.details({"points": [{"customdata": list(bar.customdata[0])}]}, state))
+    bar = next(t for t in fig["data"] if t["type"] == "bar" and t.get("customdata"))
+    out = str(timeline.details({"points": [{"customdata": list(bar["customdata"][0])}]}, state))
     assert "/source?profile=20260101_mlp&amp;line=" in out or "/source?profile=20260101_mlp&line=" in out
     bad = str(timeline.details({"points": [{"customdata": [0, "rm -rf", 0, 0, 0]}]}, state))
     assert "unknown engine" in bad
@@ -132,8 +132,8 @@ def test_exp207_source_line_click_highlights_its_instructions(app):
     assert url == {"line": sid, "file": None}
     assert classes.count("src-line hot selected") == 1
     graph = next(c for c in panel.children if getattr(c, "id", None) == "source-timeline")
-    picked = [t for t in graph.figure.data if t.name == "selection"]
-    assert picked and len(picked[0].x) == sum(1 for r in data.timeline(L)["instructions"]
+    picked = [t for t in graph.figure["data"] if t["name"] == "selection"]
+    assert picked and len(picked[0]["x"]) == sum(1 for r in data.timeline(L)["instructions"]
                                               if data.ops(L)[r["op_id"]]["line"] == 15)
 
 
