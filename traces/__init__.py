@@ -21,13 +21,13 @@ __all__ = ["Writer", "finalize", "open", "Profile", "TraceError", "SCHEMA_VERSIO
            "EVENT_KINDS"]
 
 
-def finalize(out_dir):
+def finalize(out_dir, include_warmup: bool = False):
     """Build ``out_dir/profile.duckdb`` from the segments in ``out_dir``; see :func:`traces.store.finalize`.
 
     Example: ``path = traces.finalize("output/session")``.
     """
     from traces.store import finalize as _finalize
-    return _finalize(out_dir)
+    return _finalize(out_dir, include_warmup=include_warmup)
 
 
 def open(path, **options):  # noqa: A001 - the documented name, like io.open / tarfile.open

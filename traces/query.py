@@ -172,6 +172,25 @@ class Profile:
         except duckdb.Error as exc:
             raise TraceError(f"SQL error: {one_line(exc)}") from None
 
+    def batches(self, query: str, params=None, batch_size: int = 262_144):
+        """Stream a large result as ``pyarrow.RecordBatch`` es (its own cursor: other queries may run
+        meanwhile). Example: ``for b in p.batches("SELECT * FROM instructions"): ...``.
+        """
+        import duckdb
+
+        if self._con is None:
+            raise TraceError(f"profile {self.path} is closed: open it again with traces.open()")
+        cur = self._con.cursor()
+        try:
+            rel = cur.sql(query, params=params)
+            if rel is None:
+                return
+            yield from rel.to_arrow_reader(batch_size)
+        except duckdb.Error as exc:
+            raise TraceError(f"SQL error: {one_line(exc)}") from None
+        finally:
+            cur.close()
+
     def _rows(self, query: str, params=None) -> list[tuple]:
         import duckdb
 
@@ -227,20 +246,25 @@ class Profile:
         """One row per recorded process run, oldest first. Example: ``p.runs().column("status")``."""
         return self.sql("SELECT * FROM runs ORDER BY wall_start_ns")
 
-    def summary(self, include_warmup: bool = False) -> dict:
-        """The Summary metrics (real profiler names) as a dict; warm-up executions excluded by default.
+    def _stored_summary(self, include_warmup: bool | None) -> bool:
+        stored = self.metadata().get("summary_includes_warmup", "false") == "true"
+        return include_warmup is None or bool(include_warmup) == stored
 
-        Example: ``p.summary()["tensor_engine_active_time_percent"]``.
+    def summary(self, include_warmup: bool | None = None) -> dict:
+        """The Summary metrics (real profiler names) as a dict.
+
+        Warm-up executions are excluded unless the profile was finalised with them or
+        ``include_warmup=True``. Example: ``p.summary()["tensor_engine_active_time_percent"]``.
         """
-        query = "SELECT * FROM summary" if not include_warmup else summary_sql(include_warmup=True)
+        query = "SELECT * FROM summary" if self._stored_summary(include_warmup) else summary_sql(include_warmup)
         rows = self.sql(query).to_pylist()
         return rows[0] if rows else {}
 
-    def summary_per_core(self, include_warmup: bool = False) -> pa.Table:
+    def summary_per_core(self, include_warmup: bool | None = None) -> pa.Table:
         """The Summary metrics per ``(run_id, core)``. Example: ``p.summary_per_core().num_rows``."""
-        if not include_warmup:
+        if self._stored_summary(include_warmup):
             return self.sql("SELECT * FROM summary_per_core")
-        return self.sql(summary_sql(include_warmup=True, per_core=True))
+        return self.sql(summary_sql(include_warmup, per_core=True))
 
     def top_ops(self, n: int = 20) -> pa.Table:
         """The ``n`` ops with the most device plus CPU-fallback time (``op_summary``).

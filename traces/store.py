@@ -14,10 +14,12 @@ same profile (plus whatever was appended since).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import math
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -66,12 +68,13 @@ DERIVED_TABLES = ("exec_engine_summary", "opcode_summary", "op_summary", "source
 """Tables finalise derives from the raw ones (columns in docs/trace_schema.md)."""
 
 
-def finalize(out_dir: str | os.PathLike) -> Path:
+def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
     """Build ``out_dir/profile.duckdb`` from the segments in ``out_dir`` and return its path.
 
     Idempotent: finalising again rebuilds from the same segments. A truncated segment is
     skipped with a warning naming it. Works on the segments of a crashed run (its ``runs.status``
-    becomes ``incomplete``). Raises :class:`TraceError` (one line) on failure, leaving any
+    becomes ``incomplete``). Warm-up executions are left out of the summaries unless
+    ``include_warmup`` (recorded as metadata ``summary_includes_warmup``). Raises :class:`TraceError` (one line) on failure, leaving any
     previous profile intact. Example: ``traces.finalize("output/20260101T120000_train")``.
     """
     out_dir = Path(out_dir)
@@ -87,7 +90,7 @@ def finalize(out_dir: str | os.PathLike) -> Path:
                          "NEURON_RT_INSPECT_ENABLE=1 or `neuron-explorer inspect -- python script.py`")
     loaded: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
     skipped: list[str] = []
-    for path in segments:
+    for path in segments:  # memory-mapped: reading costs nothing until DuckDB scans the rows
         got = read_segment(path)
         if got is None:
             skipped.append(path.name)
@@ -97,7 +100,7 @@ def finalize(out_dir: str | os.PathLike) -> Path:
 
     tmp = out_dir / f".{PROFILE_NAME}.{os.getpid()}.tmp"
     try:
-        _build(tmp, loaded, segment_count=len(segments), skipped=skipped)
+        _build(tmp, loaded, segment_count=len(segments), skipped=skipped, include_warmup=include_warmup)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:
         for junk in (tmp, Path(f"{tmp}.wal")):
@@ -111,7 +114,8 @@ def finalize(out_dir: str | os.PathLike) -> Path:
     return target
 
 
-def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int, skipped: list[str]) -> None:
+def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int, skipped: list[str],
+           include_warmup: bool) -> None:
     import duckdb
 
     path.unlink(missing_ok=True)
@@ -121,16 +125,18 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         metadata = _merged_metadata(loaded.pop("metadata"))
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
                          "skipped_segments": ",".join(skipped),
+                         "summary_includes_warmup": str(bool(include_warmup)).lower(),
                          "finalized_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         for name, parts in loaded.items():
             _load(con, name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
         _close_open_runs(con)
         _load(con, "metadata", _kv(metadata))
-        stats = _derive(con)
+        stats = _derive(con, include_warmup)
         con.register("_stats", _kv(stats))
         con.execute("INSERT INTO metadata SELECT * FROM _stats")
         con.unregister("_stats")
-        con.execute("CHECKPOINT")
+        with _step("checkpoint"):
+            con.execute("CHECKPOINT")
     finally:
         con.close()
 
@@ -138,9 +144,18 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
 def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:
     con.register("_segment_rows", rows)
     try:
-        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _segment_rows {clause or _LOAD_CLAUSE.get(name, '')}")
+        with _step(f"load {name} ({rows.num_rows} rows)"):
+            con.execute(f"CREATE TABLE {name} AS SELECT * FROM _segment_rows {clause or _LOAD_CLAUSE.get(name, '')}")
     finally:
         con.unregister("_segment_rows")
+
+
+@contextlib.contextmanager
+def _step(name: str):
+    """Log how long a finalise step took (``logging.getLogger("traces").setLevel("DEBUG")`` shows it)."""
+    t = time.perf_counter()
+    yield
+    log.debug("finalise: %s %.3f s", name, time.perf_counter() - t)
 
 
 def _kv(values: dict[str, str]) -> pa.Table:
@@ -169,27 +184,36 @@ def _scalar(con, query: str, params=None):
     return con.execute(query, params or []).fetchall()[0][0]
 
 
-def _derive(con) -> dict[str, str]:
+def _derive(con, include_warmup: bool) -> dict[str, str]:
     """Create every derived table; return trace statistics for the metadata table."""
     lo, hi, max_dur, mean_dur, count = con.execute(
         "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), avg(dur_ns), count(*) FROM instructions"
     ).fetchall()[0]
     # one scan over the instructions; everything per op, opcode, engine and execution derives from it
+    with _step("aggregate instructions"):
+        _aggregate(con)
+    with _step("exec_engine_summary"):
+        _exec_engine_summary(con)
+    con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(include_warmup)}")
+    with _step("op, opcode and source summaries"):
+        _op_and_source_summaries(con)
+    with _step("lod_busy"):
+        lod = _lod_busy(con, lo, hi, mean_dur)
+    with _step("summary"):
+        con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
+        con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup, per_core=True)}")
+    stats = {"instruction_count": count, "trace_start_ns": lo, "trace_end_ns": hi,
+             "max_instruction_dur_ns": max_dur, **lod}
+    return {k: ("" if v is None else str(v)) for k, v in stats.items()}
+
+
+def _aggregate(con) -> None:
     con.execute("""
         CREATE TEMP TABLE exec_op_opcode AS
         SELECT exec_id, op_id, engine, opcode, count(*) AS n, sum(dur_ns) AS busy, sum(flops) AS flops,
                sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
                sum(greatest(bytes_read, bytes_written)) AS transfer_bytes
         FROM instructions GROUP BY ALL""")
-    _exec_engine_summary(con)
-    con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(False)}")
-    _op_and_source_summaries(con)
-    lod = _lod_busy(con, lo, hi, mean_dur)
-    con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup=False)}")
-    con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup=False, per_core=True)}")
-    stats = {"instruction_count": count, "trace_start_ns": lo, "trace_end_ns": hi,
-             "max_instruction_dur_ns": max_dur, **lod}
-    return {k: ("" if v is None else str(v)) for k, v in stats.items()}
 
 
 def _exec_engine_summary(con) -> None:
@@ -302,8 +326,8 @@ def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) ->
 def _lod_busy(con, lo, hi, mean_dur) -> dict[str, int]:
     """Per core × engine × queue busy ns in power-of-two buckets, split exactly at bucket edges.
 
-    Most instructions fit in one base bucket and aggregate directly; only the few that cross an
-    edge are expanded over the buckets they touch (generate_series) and clipped to each.
+    A base bucket is several instructions wide, so an instruction touches one bucket or two;
+    only the rare longer one is expanded over the buckets it spans (generate_series).
     """
     base, top = lod_levels(lo, hi, mean_dur)
     con.execute(f"""
@@ -313,11 +337,13 @@ def _lod_busy(con, lo, hi, mean_dur) -> dict[str, int]:
                    FROM instructions)
         SELECT {base}::SMALLINT AS level, core, engine, queue, bucket,
                sum(busy)::BIGINT AS busy_ns, sum(n)::BIGINT AS instructions
-        FROM (SELECT core, engine, queue, b0 AS bucket, e - s AS busy, 1 AS n FROM x WHERE b0 = b1
-              UNION ALL
-              SELECT core, engine, queue, k AS bucket,
-                     least(e, (k + 1) << {base}) - greatest(s, k << {base}) AS busy, (k = b0)::INT AS n
-              FROM x, generate_series(b0, b1) AS g(k) WHERE b0 < b1)
+        FROM (-- the part in the first bucket (the whole instruction for the many that fit in one)
+              SELECT core, engine, queue, b0 AS bucket, least(e, (b0 + 1) << {base}) - s AS busy, 1 AS n FROM x
+              UNION ALL  -- the part in the last bucket of those that cross an edge
+              SELECT core, engine, queue, b1, e - greatest(s, b1 << {base}), 0 FROM x WHERE b1 > b0
+              UNION ALL  -- whole buckets in between, for the rare instruction longer than a bucket
+              SELECT core, engine, queue, k, 1 << {base}, 0
+              FROM x, generate_series(b0 + 1, b1 - 1) AS g(k) WHERE b1 > b0 + 1)
         GROUP BY ALL""")
     for level in range(base + 1, top + 1):
         con.execute(f"""

@@ -1,0 +1,132 @@
+"""Trace-store ingest and query benchmark (docs/traces.md, "Performance").
+
+Builds a realistic instruction trace (a 100k-instruction static schedule stamped once per
+execution on two cores, as the runtime records it) and prints, all measured in this run:
+
+* raw ceiling: ``CREATE TABLE AS`` from the same rows held as one Arrow table into a DuckDB file;
+* writer: ``traces.Writer.append`` per execution + ``close`` (segments published);
+* finalise: ``traces.finalize`` (load, sort, derived tables, LOD pyramid);
+* ratio (writer + finalise rows/s) / (raw rows/s), target >= 0.7;
+* utilization query latency over the whole trace in 1000 buckets (target < 0.2 s) and over a 1%
+  zoom window in 1000 buckets (target < 0.03 s), best of 5.
+
+Usage: ``.venv/bin/python bench/ingest.py [--rows 10000000] [--dir DIR]``
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow as pa  # noqa: E402
+
+import traces  # noqa: E402
+from traces import synthetic  # noqa: E402
+from traces.errors import run_guarded  # noqa: E402
+from traces.schema import INSTRUCTIONS  # noqa: E402
+
+SCHEDULE_ROWS = 100_000
+
+
+def _raw_table(rows: int, cores=(0, 1)) -> pa.Table:
+    """The same instruction rows the writer run records, as one in-memory Arrow table."""
+    sched = synthetic.schedule(list(range(1, len(synthetic.OPS) + 1)), SCHEDULE_ROWS)
+    rel = sched["rel_start_ns"].to_numpy()
+    span = int((rel + sched["dur_ns"].to_numpy()).max()) + 100_000
+    parts = []
+    for i in range(rows // SCHEDULE_ROWS):
+        core, k = cores[i % len(cores)], i // len(cores)
+        part = sched.drop_columns(["rel_start_ns"]).append_column("start_ns", pa.array(rel + k * span))
+        part = part.append_column("exec_id", pa.array([i] * part.num_rows, pa.int64()))
+        part = part.append_column("core", pa.array([core] * part.num_rows, pa.int32()))
+        parts.append(part.select(INSTRUCTIONS.names).cast(INSTRUCTIONS))
+    return pa.concat_tables(parts)
+
+
+def _best(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def run(rows: int, work: Path) -> int:
+    import duckdb
+
+    rows = max(SCHEDULE_ROWS * 2, rows - rows % (SCHEDULE_ROWS * 2))
+    executions = rows // SCHEDULE_ROWS // 2
+    print(f"trace: {rows:,} instructions = {executions} executions x 2 cores x {SCHEDULE_ROWS:,}-row schedule")
+
+    table = _raw_table(rows)
+    raw_db = work / "raw.duckdb"
+    t = time.perf_counter()
+    con = duckdb.connect(str(raw_db))
+    con.register("rows_in", table)
+    con.execute("CREATE TABLE instructions AS SELECT * FROM rows_in")
+    con.execute("CHECKPOINT")
+    con.close()
+    t_raw = time.perf_counter() - t
+    del table
+    raw_db.unlink()
+
+    out = work / "session"
+    t = time.perf_counter()
+    synthetic.write_run(out, executions=executions, instructions=SCHEDULE_ROWS, cores=(0, 1), warmup=1)
+    t_write = time.perf_counter() - t
+
+    t = time.perf_counter()
+    profile_path = traces.finalize(out)
+    t_fin = time.perf_counter() - t
+
+    with traces.open(profile_path) as p:
+        lo, hi = p.trace_range()
+        n = p.sql("SELECT count(*) AS n FROM instructions").column("n")[0].as_py()
+        assert n == rows, f"finalised {n} rows, expected {rows}"
+        q_full = _best(lambda: p.utilization(buckets=1000))
+        mid = lo + (hi - lo) // 2
+        zoom = (mid, mid + (hi - lo) // 100)
+        q_zoom = _best(lambda: p.utilization(*zoom, buckets=1000))
+
+    rate = lambda s: rows / s / 1e6  # noqa: E731
+    ratio = t_raw / (t_write + t_fin)
+    print(f"raw CTAS Arrow -> DuckDB (ceiling)   {t_raw:7.2f} s  {rate(t_raw):6.2f} M rows/s")
+    print(f"writer (append + publish segments)   {t_write:7.2f} s  {rate(t_write):6.2f} M rows/s")
+    print(f"finalise (load, sort, derived, LOD)  {t_fin:7.2f} s  {rate(t_fin):6.2f} M rows/s")
+    print(f"writer + finalise                    {t_write + t_fin:7.2f} s  {rate(t_write + t_fin):6.2f} M rows/s")
+    print(f"ratio (writer+finalise) / raw        {ratio:7.2f}    target >= 0.70  {'OK' if ratio >= 0.7 else 'MISSED'}")
+    print(f"utilization, 1000 buckets, full      {q_full * 1e3:7.1f} ms  target < 200 ms  "
+          f"{'OK' if q_full < 0.2 else 'MISSED'}")
+    print(f"utilization, 1000 buckets, 1% zoom   {q_zoom * 1e3:7.1f} ms  target < 30 ms   "
+          f"{'OK' if q_zoom < 0.03 else 'MISSED'}")
+    print(f"profile size {profile_path.stat().st_size / 2**20:,.0f} MiB; "
+          f"segments {sum(f.stat().st_size for f in out.glob('*.arrow')) / 2**20:,.0f} MiB")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/ingest.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="instruction rows (default 10,000,000)")
+    parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one, removed after)")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        work = args.dir or Path(tempfile.mkdtemp(prefix="traces-bench-"))
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            return run(args.rows, work)
+        finally:
+            if args.dir is None:
+                shutil.rmtree(work, ignore_errors=True)
+
+    return run_guarded("bench/ingest.py", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

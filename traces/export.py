@@ -1,0 +1,245 @@
+"""Exporters: Perfetto / Chrome trace JSON, a hive-partitioned Parquet dataset, CSV.
+
+Each writes into a temporary name next to the output and renames it into place when complete,
+so a failed export never leaves a half-written file under the requested name.
+
+>>> import tempfile, traces, traces.synthetic
+>>> d = tempfile.mkdtemp()
+>>> _ = traces.synthetic.write_run(d, executions=2, instructions=300)
+>>> with traces.open(d) as p:
+...     out = perfetto(p, d + "/trace.json")
+>>> import json; doc = json.load(open(out))
+>>> doc["displayTimeUnit"], any(e.get("args", {}).get("name") == "Tensor(nc0)" for e in doc["traceEvents"])
+('ns', True)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from traces.errors import TraceError
+from traces.schema import TABLES
+
+#: Track names as the real Neuron Explorer shows them (reference §3.5): ``Tensor(nc0)``...
+TRACK_NAMES = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
+               "cc": "CC-core", "cpu": "Host"}
+#: Opcodes the real profiler draws on the TensorMatrix row (MultiplyMoving) rather than Tensor.
+TENSOR_MATRIX_OPCODES = ("MATMUL",)
+
+FORMATS = ("perfetto", "parquet", "csv")
+
+
+def export(profile, fmt: str, out: str | os.PathLike, **options) -> Path:
+    """Export ``profile`` in ``fmt`` (``perfetto``, ``parquet`` or ``csv``) to ``out``; return the path.
+
+    Example: ``export(p, "parquet", "trace_parquet")``.
+    """
+    writers = {"perfetto": perfetto, "parquet": parquet, "csv": csv}
+    if fmt not in writers:
+        raise TraceError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return writers[fmt](profile, out, **options)
+
+
+def _track_sql(t: str = "") -> str:
+    """SQL expression naming an instruction's track (``Tensor(nc0)``, ``qSyncIO0(nc0)``); ``t`` is
+    the instructions table's alias with its dot."""
+    names = " ".join(f"WHEN '{e}' THEN '{n}'" for e, n in TRACK_NAMES.items())
+    matrix = ", ".join(f"'{o}'" for o in TENSOR_MATRIX_OPCODES)
+    return (f"(CASE WHEN {t}engine = 'dma' THEN coalesce({t}queue, 'DMA') "
+            f"WHEN {t}engine = 'tensor' AND {t}opcode IN ({matrix}) THEN 'TensorMatrix' "
+            f"ELSE coalesce(CASE {t}engine {names} END, {t}engine) END) || '(nc' || {t}core || ')'")
+
+
+def _us(expr: str) -> str:
+    """Exact decimal microseconds of a non-negative ns expression (ns precision, no float rounding)."""
+    return f"(({expr}) // 1000)::VARCHAR || '.' || lpad((({expr}) % 1000)::VARCHAR, 3, '0')"
+
+
+def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | None = None) -> Path:
+    """Write a Chrome/Perfetto trace JSON (opens in ui.perfetto.dev) and return its path.
+
+    A process per NeuronCore (per run when several processes recorded), a thread per engine
+    and DMA queue named as the real tool does (``Tensor(nc0)``, ``TensorMatrix(nc0)``,
+    ``qSyncIO0(nc0)``), an ``Executions(nc0)`` track with one slice per NEFF run, and a host
+    process per run with CPU fallbacks, compiles and recompiles. ``ts``/``dur`` are exact
+    decimal microseconds from the first event (``otherData.origin_ns``), so ns precision is kept.
+    ``t0``/``t1`` (projected-clock ns) restrict the export to a window. Example:
+    ``perfetto(p, "trace.json", t0=lo, t1=lo + 1_000_000)``.
+    """
+    out = Path(out)
+    rng = profile.trace_range()
+    lo = t0 if t0 is not None else None
+    hi = t1 if t1 is not None else None
+    params = {"lo": lo if lo is not None else -(2**62), "hi": hi if hi is not None else 2**62}
+    origin_rows = profile.sql("""
+        SELECT least((SELECT min(start_ns) FROM executions WHERE end_ns > $lo AND start_ns < $hi),
+                     (SELECT min(ts_ns) FROM events WHERE ts_ns >= $lo AND ts_ns < $hi),
+                     (SELECT min(start_ns) FROM instructions WHERE start_ns >= $lo AND start_ns < $hi)) AS o""",
+                              params).to_pylist()
+    origin = origin_rows[0]["o"] if origin_rows and origin_rows[0]["o"] is not None else (rng or (0, 0))[0]
+    if lo is not None:
+        origin = max(origin, lo) if origin is not None else lo
+    params["origin"] = int(origin)
+    multi = (profile.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"] or 0) > 1
+    track = _track_sql("i.")
+    # one pid per (run, core) lane group and one per run's host; tids per track within a pid
+    profile_lanes = f"""
+        lanes AS (SELECT DISTINCT e.run_id, i.core, {track} AS track
+                  FROM instructions i LEFT JOIN executions e USING (exec_id)
+                  WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo
+                  UNION SELECT run_id, core, 'Executions(nc' || core || ')' FROM executions
+                        WHERE end_ns > $lo AND start_ns < $hi),
+        procs AS (SELECT run_id, core, row_number() OVER (ORDER BY run_id, core) AS pid
+                  FROM (SELECT DISTINCT run_id, core FROM lanes)),
+        threads AS (SELECT l.run_id, l.core, l.track, p.pid,
+                           row_number() OVER (PARTITION BY p.pid ORDER BY
+                               CASE WHEN l.track LIKE 'Executions%' THEN 0 WHEN l.track LIKE 'q%' THEN 2 ELSE 1 END,
+                               l.track) AS tid
+                    FROM lanes l JOIN procs p ON p.run_id IS NOT DISTINCT FROM l.run_id AND p.core = l.core),
+        hosts AS (SELECT r.run_id, r.pid AS os_pid, r.tag, 1000000 + row_number() OVER (ORDER BY r.run_id) AS pid
+                  FROM runs r)"""
+    proc_label = ("'NeuronCore nc' || p.core || coalesce(' · ' || r.tag, '')" if multi
+                  else "'NeuronCore nc' || p.core")
+    meta_query = f"""
+        WITH {profile_lanes}
+        SELECT '{{"ph":"M","name":"process_name","pid":' || p.pid || ',"args":{{"name":' || to_json({proc_label}) || '}}}}'
+        FROM procs p LEFT JOIN runs r ON r.run_id = p.run_id
+        UNION ALL
+        SELECT '{{"ph":"M","name":"process_sort_index","pid":' || pid || ',"args":{{"sort_index":' || pid || '}}}}'
+        FROM procs
+        UNION ALL
+        SELECT '{{"ph":"M","name":"thread_name","pid":' || pid || ',"tid":' || tid || ',"args":{{"name":'
+               || to_json(track) || '}}}}' FROM threads
+        UNION ALL
+        SELECT '{{"ph":"M","name":"thread_sort_index","pid":' || pid || ',"tid":' || tid
+               || ',"args":{{"sort_index":' || tid || '}}}}' FROM threads
+        UNION ALL
+        SELECT '{{"ph":"M","name":"process_name","pid":' || pid || ',"args":{{"name":'
+               || to_json('Host ' || coalesce(tag, run_id) || ' (pid ' || coalesce(os_pid::VARCHAR, '?') || ')') || '}}}}'
+        FROM hosts"""
+    instr_query = f"""
+        WITH {profile_lanes}
+        SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('i.start_ns - $origin')}
+               || ',"dur":' || {_us('i.dur_ns')} || ',"name":' || to_json(i.opcode)
+               || ',"cat":' || to_json(coalesce(o.aten_op, i.engine))
+               || ',"args":' || to_json({{'op': o.aten_op, 'op_name': o.name, 'op_id': i.op_id::VARCHAR,
+                                         'exec_id': i.exec_id::VARCHAR, 'pc': i.pc, 'queue': i.queue,
+                                         'flops': i.flops, 'bytes_read': i.bytes_read,
+                                         'bytes_written': i.bytes_written, 'sem_wait_ns': i.sem_wait_ns,
+                                         'source': s.file || ':' || s.line}}) || '}}'
+        FROM instructions i LEFT JOIN executions e USING (exec_id)
+        JOIN threads t ON t.run_id IS NOT DISTINCT FROM e.run_id AND t.core = i.core AND t.track = {track}
+        LEFT JOIN ops o ON o.op_id = i.op_id LEFT JOIN sources s ON s.source_id = o.source_id
+        WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo AND i.start_ns >= $origin"""
+    exec_query = f"""
+        WITH {profile_lanes}
+        SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('x.start_ns - $origin')}
+               || ',"dur":' || {_us('greatest(x.end_ns - x.start_ns, 0)')}
+               || ',"name":' || to_json(coalesce(g.name, 'execution') || CASE WHEN x.warmup THEN ' (warm-up)' ELSE '' END)
+               || ',"cat":"execution","args":' || to_json({{'exec_id': x.exec_id::VARCHAR, 'graph_id': x.graph_id::VARCHAR,
+                                                         'iteration': x.iteration, 'status': x.status,
+                                                         'device_ns': x.device_ns, 'warmup': x.warmup}}) || '}}'
+        FROM executions x LEFT JOIN graphs g USING (graph_id)
+        JOIN threads t ON t.run_id = x.run_id AND t.core = x.core AND t.track = 'Executions(nc' || x.core || ')'
+        WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin"""
+    host_query = f"""
+        WITH {profile_lanes}
+        SELECT '{{"ph":' || CASE WHEN coalesce(ev.dur_ns, 0) > 0 THEN '"X","dur":' || {_us('ev.dur_ns')}
+                                 ELSE '"i","s":"p"' END
+               || ',"pid":' || h.pid || ',"tid":' || (CASE ev.kind WHEN 'cpu_fallback' THEN 1 WHEN 'compile' THEN 2
+                                                       WHEN 'recompile' THEN 2 ELSE 3 END)
+               || ',"ts":' || {_us('ev.ts_ns - $origin')} || ',"name":' || to_json(
+                   CASE WHEN ev.kind = 'cpu_fallback' THEN 'cpu_fallback ' || coalesce(o.aten_op, '') ELSE ev.kind END)
+               || ',"cat":' || to_json(ev.kind) || ',"args":' || to_json({{'detail': ev.detail, 'core': ev.core,
+                                                                           'source': s.file || ':' || s.line}}) || '}}'
+        FROM events ev JOIN hosts h ON h.run_id = ev.run_id
+        LEFT JOIN ops o ON o.op_id = ev.op_id LEFT JOIN sources s ON s.source_id = ev.source_id
+        WHERE ev.ts_ns >= $lo AND ev.ts_ns < $hi AND ev.ts_ns >= $origin
+        UNION ALL
+        SELECT '{{"ph":"M","name":"thread_name","pid":' || h.pid || ',"tid":' || k.tid || ',"args":{{"name":'
+               || to_json(k.label) || '}}}}'
+        FROM hosts h, (VALUES (1, 'CPU fallbacks'), (2, 'Compiles'), (3, 'Events')) AS k(tid, label)"""
+    meta = profile.metadata()
+    other = {"origin_ns": str(origin), "clock": "projected", "schema_version": meta.get("schema_version"),
+             "target": meta.get("target"), "is_simulation": meta.get("is_simulation", "true"),
+             "source_profile": str(profile.path)}
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write('{"displayTimeUnit":"ns","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
+            first = True
+            for query in (meta_query, exec_query, host_query, instr_query):
+                used = {k: v for k, v in params.items() if f"${k}" in query}  # DuckDB refuses unused ones
+                for batch in profile.batches(query, used):
+                    lines = batch.column(0).to_pylist()
+                    if not lines:
+                        continue
+                    f.write(("" if first else ",\n") + ",\n".join(lines))
+                    first = False
+            f.write("\n]}\n")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _quoted(path: Path) -> str:
+    # COPY ... TO takes its file name as a literal, not a parameter: quote it, doubling quotes
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _into_new_dir(out: Path, fill) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TraceError(f"{out} already exists: choose a new output directory or remove it first")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def parquet(profile, out: str | os.PathLike) -> Path:
+    """Write a Parquet dataset: ``instructions/run_id=…/core=…/*.parquet`` (hive-partitioned)
+    and one ``<table>.parquet`` per other table, raw and derived; return the directory.
+
+    ``traces.open(out)`` (or DuckDB, Spark, Trino over the same files) answers the same queries
+    as the original profile. Example: ``parquet(p, "trace_parquet")``.
+    """
+    def fill(tmp: Path) -> None:
+        for name in profile.tables():
+            if name == "instructions":
+                cols = ", ".join(f"i.{c}" for c in TABLES["instructions"].names)
+                profile.sql(f"COPY (SELECT {cols}, coalesce(e.run_id, 'unknown') AS run_id "
+                            f"FROM instructions i LEFT JOIN executions e USING (exec_id) ORDER BY i.start_ns) "
+                            f"TO {_quoted(tmp / 'instructions')} (FORMAT parquet, PARTITION_BY (run_id, core))")
+            else:
+                profile.sql(f"COPY {name} TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
+    return _into_new_dir(Path(out), fill)
+
+
+def csv(profile, out: str | os.PathLike) -> Path:
+    """Write one ``<table>.csv`` (with a header row) per table, raw and derived; return the directory.
+
+    Example: ``csv(p, "trace_csv")``.
+    """
+    def fill(tmp: Path) -> None:
+        for name in profile.tables():
+            order = " ORDER BY start_ns" if name == "instructions" else ""
+            profile.sql(f"COPY (SELECT * FROM {name}{order}) TO {_quoted(tmp / (name + '.csv'))} (HEADER)")
+    return _into_new_dir(Path(out), fill)
