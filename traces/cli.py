@@ -1,0 +1,256 @@
+"""The trace verbs of ``neuron-explorer``: ``summary``, ``sql`` and ``export``.
+
+``explorer/cli.py`` calls :func:`register`; each verb's ``func(args)`` returns an exit code and
+raises :class:`~traces.errors.TraceError` (printed as one line by ``run_guarded``) on bad input.
+PROFILE is a ``profile.duckdb``, a session directory (its segments are finalised first when
+needed) or a Parquet export.
+
+Examples::
+
+    neuron-explorer summary output/session --json
+    neuron-explorer sql output/session "SELECT opcode, count(*) FROM instructions WHERE core = ? GROUP BY ALL" -p 0
+    neuron-explorer export output/session --format perfetto -o trace.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from traces.errors import TraceError
+
+PROG = "neuron-explorer"
+
+#: Summary sections for the human-readable table: (title, metric names); all of them are in --json.
+SUMMARY_SECTIONS = (
+    ("Time", ("total_time", "total_exec_time", "execution_count", "core_count", "run_count",
+              "neuroncore_cycle_count")),
+    ("Engines", ("tensor_engine_active_time_percent", "vector_engine_active_time_percent",
+                 "scalar_engine_active_time_percent", "gpsimd_engine_active_time_percent",
+                 "sync_engine_active_time_percent", "dma_active_time_percent", "cc_op_active_time_percent")),
+    ("Instructions", ("event_count", "tensor_engine_instruction_count", "vector_engine_instruction_count",
+                      "scalar_engine_instruction_count", "gpsimd_engine_instruction_count",
+                      "sync_engine_instruction_count", "dma_transfer_count", "cc_op_count")),
+    ("FLOPs", ("model_flops", "hardware_flops", "mfu_estimated_percent", "hfu_estimated_percent",
+               "mm_arithmetic_intensity", "tensor_engine_peak_bf16_flops")),
+    ("Memory traffic", ("hbm_read_bytes", "hbm_write_bytes", "dma_transfer_total_bytes",
+                        "dma_transfer_average_bytes")),
+    ("Host", ("cpu_fallback_count", "cpu_fallback_op_count", "cpu_fallback_time", "graph_count",
+              "recompile_count", "cache_hit_count", "compile_time")),
+)
+
+
+class _OneLine(logging.Handler):
+    """Library log records (notes, skipped segments) as ``neuron-explorer: note: ...`` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = "warning" if record.levelno >= logging.WARNING else "note"
+        print(f"{PROG}: {level}: {record.getMessage()}", file=sys.stderr)
+
+
+def _setup_logging() -> None:
+    log = logging.getLogger("traces")
+    if not any(isinstance(h, _OneLine) for h in log.handlers):
+        log.addHandler(_OneLine())
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def register(subparsers) -> None:
+    """Add the ``summary``, ``sql`` and ``export`` verbs to ``neuron-explorer``'s subparsers."""
+    p = subparsers.add_parser(
+        "summary", help="print the Summary metrics of a profile (real profiler names)",
+        description="Print the Summary metrics of a profile under the real profiler's names. "
+                    "Warm-up executions are excluded unless --include-warmup.")
+    p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
+    p.add_argument("--json", action="store_true", help='print {"summary": [ {...} ]} as JSON')
+    p.add_argument("--per-core", action="store_true", help="one row per run and NeuronCore")
+    p.add_argument("--include-warmup", action="store_true", help="count warm-up executions too")
+    p.set_defaults(func=summary_cmd)
+
+    p = subparsers.add_parser(
+        "sql", help="run read-only SQL over a profile",
+        description="Run one read-only SQL statement over a profile (tables: docs/trace_schema.md). "
+                    "Pass values with -p, never inside the SQL text.")
+    p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
+    p.add_argument("query", metavar="SQL", help='the statement, or "-" to read it from stdin')
+    p.add_argument("-p", "--param", action="append", default=[], metavar="VALUE",
+                   help="value for the next ? placeholder (JSON literal or plain text); repeatable")
+    p.add_argument("--format", choices=("table", "csv", "json", "arrow"), default="table",
+                   help="output format (default: a table)")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--max-rows", type=int, default=100, metavar="N",
+                   help="rows shown by --format table (default 100; other formats write all)")
+    p.set_defaults(func=sql_cmd)
+
+    p = subparsers.add_parser(
+        "export", help="export a profile to Perfetto JSON, a Parquet dataset or CSV",
+        description="Export a profile: perfetto = Chrome/Perfetto trace JSON (ui.perfetto.dev), "
+                    "parquet = hive-partitioned dataset (run_id/core), csv = one file per table.")
+    p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
+    p.add_argument("--format", required=True, choices=("perfetto", "parquet", "csv"), help="export format")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
+                   help="output file (perfetto) or new directory (parquet, csv)")
+    p.add_argument("--start-ns", type=int, help="perfetto: first ns (projected clock) to export")
+    p.add_argument("--end-ns", type=int, help="perfetto: ns (projected clock) to stop at")
+    p.set_defaults(func=export_cmd)
+
+
+def _open(path: str):
+    import traces
+
+    _setup_logging()
+    return traces.open(path)
+
+
+# -- summary ---------------------------------------------------------------------------------------
+def summary_cmd(args: argparse.Namespace) -> int:
+    """``neuron-explorer summary PROFILE [--json] [--per-core] [--include-warmup]``."""
+    with _open(args.profile) as p:
+        warm = True if args.include_warmup else None
+        rows = p.summary_per_core(warm).to_pylist() if args.per_core else [p.summary(warm)]
+        meta = p.metadata()
+        path = p.path
+    if args.json:
+        print(json.dumps({"summary": rows}, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=False)
+    console.print(f"[bold]{path}[/]  target [bold]{meta.get('target', '?')}[/] "
+                  f"({meta.get('instance_type', '?')}), simulated={meta.get('is_simulation', 'true')}, "
+                  f"timing model {meta.get('timing_model', '?')}")
+    for row in rows:
+        title = f"Summary — run {row['run_id']} nc{row['core']}" if args.per_core else "Summary"
+        if not row.get("warmup_included") and not args.include_warmup:
+            title += " (warm-up executions excluded)"
+        table = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+        table.add_column("section")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for section, names in SUMMARY_SECTIONS:
+            shown = [n for n in names if n in row]
+            for i, name in enumerate(shown):
+                table.add_row(section if i == 0 else "", name, _human(name, row[name]),
+                              end_section=i == len(shown) - 1)
+        console.print(table)
+    return 0
+
+
+def _human(name: str, value) -> str:
+    if value is None:
+        return "—"
+    if name.endswith("_percent"):
+        return f"{value:.2f} %"
+    if name.endswith("_time"):
+        return _seconds(value)
+    if name.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{_bytes(value)} ({int(value):,})"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() and abs(value) >= 1e6 else f"{value:,.3f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _seconds(s: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(s) >= scale:
+            return f"{s / scale:.3f} {unit}"
+    return f"{s * 1e9:.0f} ns"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# -- sql -------------------------------------------------------------------------------------------
+def _param(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def sql_cmd(args: argparse.Namespace) -> int:
+    """``neuron-explorer sql PROFILE "SELECT …" [-p VALUE]… [--format table|csv|json|arrow] [-o FILE]``."""
+    query = sys.stdin.read() if args.query == "-" else args.query
+    if not query.strip():
+        raise TraceError("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
+    if args.format == "arrow" and args.output is None and sys.stdout.isatty():
+        raise TraceError("--format arrow writes binary Arrow IPC: redirect stdout or pass -o FILE")
+    with _open(args.profile) as p:
+        result = p.sql(query, [_param(v) for v in args.param] or None)
+    if args.format == "table":
+        return _print_table(result, args.max_rows, args.output)
+    try:
+        if args.format == "arrow":
+            import pyarrow.ipc as ipc
+
+            sink = str(args.output) if args.output else sys.stdout.buffer
+            with ipc.new_file(sink, result.schema) as writer:
+                writer.write_table(result)
+        elif args.format == "csv":
+            import pyarrow.csv as pacsv
+
+            pacsv.write_csv(result, str(args.output) if args.output else sys.stdout.buffer)
+        else:
+            text = json.dumps(result.to_pylist(), indent=1, default=str)
+            if args.output:
+                args.output.write_text(text + "\n")
+            else:
+                print(text)
+    except OSError as exc:
+        raise TraceError(f"cannot write {args.output or 'stdout'}: {exc.strerror or exc}") from None
+    return 0
+
+
+def _print_table(result, max_rows: int, output: Path | None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    import pyarrow.types as pat
+
+    table = Table(show_header=True, header_style="bold", show_lines=False)
+    for field in result.schema:
+        numeric = pat.is_integer(field.type) or pat.is_floating(field.type) or pat.is_decimal(field.type)
+        table.add_column(f"{field.name}\n[dim]{field.type}[/]", justify="right" if numeric else "left",
+                         overflow="fold")
+    for row in result.slice(0, max(0, max_rows)).to_pylist():
+        table.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+    shown = min(result.num_rows, max(0, max_rows))
+    caption = f"{result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
+    if shown < result.num_rows:
+        caption += f" (first {shown:,} shown: --max-rows N, or --format csv for all)"
+    table.caption = caption
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            Console(file=f, width=200).print(table)
+    else:
+        Console(soft_wrap=False).print(table)
+    return 0
+
+
+# -- export ----------------------------------------------------------------------------------------
+def export_cmd(args: argparse.Namespace) -> int:
+    """``neuron-explorer export PROFILE --format perfetto|parquet|csv -o OUT``."""
+    from traces.export import export
+
+    options = {}
+    if args.format == "perfetto":
+        options = {"t0": args.start_ns, "t1": args.end_ns}
+    elif args.start_ns is not None or args.end_ns is not None:
+        raise TraceError("--start-ns/--end-ns apply to --format perfetto only")
+    with _open(args.profile) as p:
+        out = export(p, args.format, args.output, **options)
+    hint = {"perfetto": " (open it at https://ui.perfetto.dev)",
+            "parquet": f" (neuron-explorer sql {out} \"SELECT ...\" reads it back)", "csv": ""}[args.format]
+    print(f"{PROG}: exported {args.format} to {out}{hint}")
+    return 0
