@@ -166,15 +166,16 @@ class _TimedInterpreter(torch.fx.Interpreter):
 class Session:
     """Process-wide runtime state: core lease, device memory per core, live publisher, recorder."""
 
-    _instance: "Session | None" = None
+    _instances: dict[str, "Session"] = {}    # one per target (a process may load trn1 and inf2 NEFFs)
     _lock = threading.Lock()
 
     @classmethod
     def get(cls, target: str) -> "Session":
         with cls._lock:
-            if cls._instance is None or cls._instance.closed:
-                cls._instance = Session(target)
-            return cls._instance
+            s = cls._instances.get(target)
+            if s is None or s.closed:
+                s = cls._instances[target] = Session(target)
+            return s
 
     def __init__(self, target: str):
         from traces.live import LivePublisher

@@ -1,0 +1,84 @@
+"""Every sample workload's outputs against eager PyTorch (the scripts exit non-zero on a mismatch).
+
+Most run in-process through their ``main()`` (torch.export warm-up paid once per worker); ``mlp.py``
+and ``dynamic_shapes.py`` run as the user types them.
+"""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_workloads"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def env(tmp_path_factory):
+    saved = dict(os.environ)
+    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ.pop("NEURON_RT_INSPECT_ENABLE", None)
+    sys.path.insert(0, str(SAMPLES))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def run_main(name, *argv, capsys=None):
+    mod = importlib.import_module(name)
+    old = sys.argv
+    sys.argv = [f"{name}.py", "--small", *argv]
+    try:
+        mod.main()        # finish() raises SystemExit(1) on a mismatch
+    finally:
+        sys.argv = old
+
+
+@pytest.mark.parametrize("name,argv", [
+    ("cnn", []), ("bert_encoder", []), ("bert_encoder", ["--auto-cast", "matmult"]), ("gpt_decoder", []),
+    ("fallback", []), ("train_mlp", []),
+])
+def test_sample_matches_eager(name, argv, capsys):
+    run_main(name, *argv)
+    out = capsys.readouterr().out
+    assert "MISMATCH" not in out and "OK vs eager PyTorch" in out
+    assert len(out.split("\n\n")[0]) > 200          # the explanation paragraph
+
+
+def test_fallback_sample_reports_reasons_and_lines(capsys):
+    run_main("fallback")
+    out = capsys.readouterr().out
+    assert "CPU fallback aten.sort.default at models.py:" in out
+    assert "CPU fallback aten.index.Tensor at models.py:" in out and "data-dependent" in out
+    assert "device -> cpu -> device" in out
+
+
+def _script(name, *argv, env=None):
+    return subprocess.run([sys.executable, str(SAMPLES / f"{name}.py"), "--small", *argv], capture_output=True,
+                          text=True, env=env or dict(os.environ), timeout=300)
+
+
+def test_mlp_script_and_cache_hit_in_new_process(tmp_path):
+    env = dict(os.environ, NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"))
+    first = _script("mlp", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "mlp: OK vs eager PyTorch" in first.stdout and "cache hit: False" in first.stdout
+    second = _script("mlp", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "cache hit: True" in second.stdout
+    entries = list((tmp_path / "cache").glob("neuronxcc-*/MODULE_*+*"))
+    entries = [e for e in entries if e.is_dir()]
+    assert len(entries) == 1
+    assert {p.name for p in entries[0].iterdir()} == {"model.neff", "compile_flags.json", "model.done", "model.log"}
+
+
+def test_dynamic_shapes_recompiles_and_bucketing():
+    plain = _script("dynamic_shapes")
+    assert plain.returncode == 0, plain.stderr
+    assert "5 graphs compiled, 4 recompiles" in plain.stdout
+    assert "tensor 'ids' dim 1: 5 -> 9" in plain.stdout and "at dynamic_shapes.py:" in plain.stdout
+    bucketed = _script("dynamic_shapes", "--bucket")
+    assert bucketed.returncode == 0, bucketed.stderr
+    assert "2 graphs compiled, 1 recompiles" in bucketed.stdout
