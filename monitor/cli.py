@@ -23,11 +23,31 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Stop(Exception):
-    """Raised by the signal handler; only ever delivered while the loop sleeps."""
+    """Raised by the signal handler, only while the loop sleeps: a line is never cut in half."""
 
 
-def _on_signal(signum, frame):
-    raise _Stop()
+class _StopSwitch:
+    """SIGINT/SIGTERM: interrupt a sleep at once, or else stop after the document being written."""
+
+    def __init__(self):
+        self.sleeping = False
+        self.requested = False
+
+    def __call__(self, signum, frame):
+        self.requested = True
+        if self.sleeping:
+            raise _Stop()
+
+    def sleep(self, seconds: float) -> None:
+        if self.requested:
+            raise _Stop()
+        self.sleeping = True
+        try:
+            time.sleep(seconds)
+        finally:
+            self.sleeping = False
+        if self.requested:
+            raise _Stop()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,27 +114,27 @@ def run(argv=None) -> int:
     config = load_config(args.config_file)  # refused before any output
     from monitor.collect import Collector  # psutil/numpy only once the config is good
 
-    collector = Collector(config)
-    sched = Scheduler(config, time.monotonic())
-    v = args.verbose
-    _debug(v, 1, f"config {config.path or '(default)'}: " + ", ".join(
-        f"{'/'.join(map(str, k))}={p:g}s" for k, p in sched.periods.items()))
+    # Handlers first: a stop signal from now on always ends with a complete last line.
+    stop = _StopSwitch()
     for sig in _STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
+        signal.signal(sig, stop)
+    v = args.verbose
+    collector = None
     try:
+        collector = Collector(config)
+        sched = Scheduler(config, time.monotonic())
+        _debug(v, 1, f"config {config.path or '(default)'}: " + ", ".join(
+            f"{'/'.join(map(str, k))}={p:g}s" for k, p in sched.periods.items()))
         if args.once:
-            time.sleep(min(sched.periods.values()))
-            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+            stop.sleep(min(sched.periods.values()))
             _emit(collector.collect())
             return 0
         while True:
             now = time.monotonic()
             due = sched.due(now)
             if not due:
-                time.sleep(sched.wait_time(now))  # the only place a stop signal is delivered
+                stop.sleep(sched.wait_time(now))
                 continue
-            # Block stop signals while collecting and writing so a line is never cut in half.
-            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             t0 = time.process_time()
             doc = collector.collect(due)
             _emit(doc)
@@ -124,10 +144,12 @@ def run(argv=None) -> int:
             if v >= 4:
                 for rt in doc["neuron_runtime_data"]:
                     _debug(v, 4, f"runtime pid={rt['pid']} tag={rt['neuron_runtime_tag']} groups={sorted(rt['report'])}")
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     except _Stop:
+        for sig in _STOP_SIGNALS:  # a second signal must not interrupt the last line
+            signal.signal(sig, signal.SIG_IGN)
+        if collector is None:
+            return 0
         # The last document covers the partial period, so no execution goes unreported.
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         _emit(collector.collect())
         _debug(v, 1, "stopped by signal")
         return 0

@@ -150,10 +150,17 @@ def test_stream_follows_a_workload_field_by_field(tmp_path, env, procs):
         # The process started after the monitor: it appears, and its per-period deltas add up.
         seen = mon.until(lambda d: runtimes(d, w.pid) != [])
         docs = seen[-1:]
-        docs += mon.until(lambda d: sum(
-            r["report"]["execution_stats"]["execution_summary"]["completed"]
-            + r["report"]["execution_stats"]["execution_summary"]["timed_out"]
-            for doc in docs + [d] for r in runtimes(doc, w.pid)) == n)
+        def executions(doc):
+            return sum(sum(r["report"]["execution_stats"]["execution_summary"].values()) for r in runtimes(doc, w.pid))
+
+        count = executions(docs[0])
+
+        def all_counted(d):  # the per-period deltas add up to exactly what the workload ran
+            nonlocal count
+            count += executions(d)
+            return count == n
+
+        docs += mon.until(all_counted)
         assert w.stdout.readline().strip() == "done"
         # After the work: idle periods report zero executions and null latencies.
         docs += mon.until(lambda d: runtimes(d, w.pid) and runtimes(d, w.pid)[0]["report"]["execution_stats"]
