@@ -172,3 +172,25 @@ def test_bad_flags_and_busy_port_are_one_line():
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("neuron-monitor-prometheus: error: cannot serve on 127.0.0.1:") and "--port" in line
+
+
+def test_grafana_dashboard_queries_only_exported_metrics():
+    import re
+
+    from monitor.prometheus import METRICS
+
+    exported = set()
+    for name, (kind, _, _) in METRICS.items():
+        exported.add({"counter": f"{name}_total", "info": f"{name}_info"}.get(kind, name))
+    dash = json.loads((ROOT / "monitor" / "grafana" / "neuron-monitor-dashboard.json").read_text())
+    used = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = re.sub(r"by \([^)]*\)|\{[^}]*\}|\[[^\]]*\]", "", target["expr"])
+            used |= set(re.findall(r"[a-z][a-z0-9_]*", expr)) - {"sum", "avg", "count", "rate"}
+    assert used and used <= exported, used - exported
+    # the real SDK dashboard's queries are all there
+    exprs = {t["expr"] for p in dash["panels"] for t in p["targets"]}
+    assert {"avg by (neuroncore) (neuroncore_utilization_ratio)", "count(neuroncore_utilization_ratio > 0)",
+            "avg by (percentile) (execution_latency_seconds)", "sum(system_vcpu_count)", "count(instance_info)",
+            "avg(system_memory_used_bytes / system_memory_total_bytes)"} <= exprs
