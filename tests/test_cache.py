@@ -1,0 +1,73 @@
+"""The persistent compile cache: layout, corrupt entries rebuilt, concurrent compiles, --no_cache."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import neuron_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", str(tmp_path / "cache"))
+    monkeypatch.delenv("NEURON_CC_FLAGS", raising=False)
+    return tmp_path / "cache"
+
+
+def entries(cache: Path):
+    return [p for p in cache.glob("neuronxcc-*/MODULE_*+*") if p.is_dir()]
+
+
+def test_corrupt_entry_is_reported_and_rebuilt(cache, capfd):
+    torch.manual_seed(0)
+    m, x = torch.nn.Linear(8, 4).eval(), torch.randn(2, 8)
+    assert not neuron_stack.trace(m, x).cache_hit
+    [entry] = entries(cache)
+    neff = entry / "model.neff"
+    neff.write_bytes(neff.read_bytes()[:100])
+    nm = neuron_stack.trace(m, x)
+    err = capfd.readouterr().err
+    assert "corrupt compile cache entry" in err and "rebuilding it" in err and len(err.strip().splitlines()) == 1
+    assert not nm.cache_hit
+    assert neuron_stack.trace(m, x).cache_hit       # the rebuilt entry is good
+    torch.testing.assert_close(nm(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_cache_dir_flag_and_no_cache(tmp_path, cache, monkeypatch):
+    m, x = torch.nn.Linear(4, 2).eval(), torch.randn(1, 4)
+    neuron_stack.trace(m, x, compiler_args="--no_cache")
+    assert not cache.exists() or not entries(cache)
+    monkeypatch.setenv("NEURON_CC_FLAGS", f"--cache_dir={tmp_path / 'other'}")
+    neuron_stack.trace(m, x)
+    assert len(entries(tmp_path / "other")) == 1
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "s3://bucket/cache")
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    with pytest.raises(RuntimeError, match="S3 caches need network access"):
+        neuron_stack.trace(m, x)
+
+
+SCRIPT = textwrap.dedent("""
+    import torch, neuron_stack
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).eval()
+    nm = neuron_stack.trace(m, torch.randn(4, 16))
+    print("hit" if nm.cache_hit else "compiled")
+""")
+
+
+def test_two_processes_compile_once(cache):
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results = sorted(o[0].strip() for o in outs)
+    assert results == ["compiled", "hit"]
+    assert len(entries(cache)) == 1
+    assert not list(cache.glob("neuronxcc-*/.MODULE_*"))     # no temp dirs left behind

@@ -1,0 +1,77 @@
+"""torch.compile(backend="neuron"): inference and training graphs, recompiles with reasons and user
+source lines, and no silent eager fallback at the recompile limit."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_workloads"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    old = os.environ.get("NEURON_COMPILE_CACHE_URL")
+    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("NEURON_COMPILE_CACHE_URL")
+    else:
+        os.environ["NEURON_COMPILE_CACHE_URL"] = old
+
+
+def _events_for(name):
+    from neuron_stack.dynamo import compile_events
+    return [e for e in compile_events() if e["name"].startswith(name)]
+
+
+def scale_shift(x, w):
+    return torch.tanh(x @ w) * 2 + 1
+
+
+def test_recompile_reason_and_call_site():
+    f = torch.compile(scale_shift, backend="neuron")
+    w = torch.randn(8, 8)
+    for n in (3, 3, 5):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(f(x, w), scale_shift(x, w), rtol=1e-4, atol=1e-5)   # call site line
+    evs = _events_for("test_frontend_dynamo.scale_shift")
+    assert [e["recompile"] for e in evs] == [False, True]
+    rec = evs[1]
+    assert rec["reason"] == "tensor 'x' dim 0: 3 -> 5"
+    assert rec["source"].file == __file__ and "f(x, w)" in rec["source"].code
+
+
+def test_training_forward_and_backward_graphs():
+    from models import MLP
+    torch.manual_seed(0)
+    m = MLP(8, 16, 3)
+    ref = MLP(8, 16, 3)
+    ref.load_state_dict(m.state_dict())
+    cm = torch.compile(m, backend="neuron")
+    x = torch.randn(4, 8)
+    cm(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    kinds = {e["kind"] for e in _events_for("models.forward")}
+    assert {"forward", "backward"} <= kinds
+    bw = next(e for e in _events_for("models.forward") if e["kind"] == "backward")
+    srcs = {os.path.basename(n.source.file) for n in bw["model"].program.nodes if n.source}
+    assert "models.py" in srcs        # backward ops point at the forward's user lines
+
+
+def test_recompile_limit_is_not_silent_eager():
+    import torch._dynamo
+    f = torch.compile(lambda x: x * 3, backend="neuron")
+    old = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 2
+    try:
+        f(torch.randn(1))
+        f(torch.randn(2))
+        with pytest.raises(Exception, match="recompile_limit|FailOnRecompileLimitHit|fail_on_recompile_limit_hit"):
+            f(torch.randn(3))
+    finally:
+        torch._dynamo.config.recompile_limit = old
