@@ -386,7 +386,7 @@ class Profile:
             x AS (SELECT {lane}, s, e, busy, greatest(s, 0) AS cs, least(e, $span) AS ce
                   FROM iv WHERE s < $span AND e > 0),
             y AS (SELECT *, least(floor(cs / $w), $nb - 1)::BIGINT AS b0,
-                            least(floor((ce - 1) / $w), $nb - 1)::BIGINT AS b1 FROM x),
+                            least(ceil(ce / $w) - 1, $nb - 1)::BIGINT AS b1 FROM x),
             parts AS (
                 SELECT {lane}, b0 AS bucket, busy * (ce - cs) / (e - s) AS part FROM y WHERE b0 = b1
                 UNION ALL
