@@ -490,7 +490,7 @@ def lanes(L: Loaded) -> list[Lane]:
         for core in sorted(per_core):
             out.append(Lane(f"exec:{core}", f"Executions(nc{core})", "exec", core))
             mine = [r for r in found if r["core"] == core]
-            dma = sorted({r["queue"] or "qDMA" for r in mine if r["engine"] == "dma"})
+            dma = sorted({r["queue"] or "qDMA" for r in mine if r["engine"] == "dma"}, key=_natural)
             out += [Lane(f"dma:{core}:{q}", f"{q}(nc{core})", "dma", core, "dma", q) for q in dma]
             engines = {r["engine"] for r in mine if r["engine"] != "dma"}
             for eng in ENGINE_ORDER:
@@ -500,6 +500,11 @@ def lanes(L: Loaded) -> list[Lane]:
                 out.append(Lane(f"eng:{core}:{eng}", f"{eng}(nc{core})", "engine", core, eng))
         return out
     return L.cached("lanes", compute)
+
+
+def _natural(text: str):
+    """Sort key so qSyncIO2 comes before qSyncIO10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
 
 
 def _lane_key(core, engine, queue) -> str:
@@ -791,6 +796,7 @@ def fallbacks(L: Loaded) -> list[dict]:
     return rows
 
 
+_SIG_POSITIONAL = re.compile(r"\(([\d,\s]*)\)\s*([A-Za-z][\w]*)")
 _SIG_ITEM = re.compile(r"([A-Za-z_][\w.]*)\s*[:=]\s*([A-Za-z0-9_]*)\s*[\[(]([\d,\s]*)[\])]")
 
 
@@ -801,6 +807,8 @@ def parse_signature(sig) -> list[dict]:
     {'name': 'x', 'dtype': 'float32', 'shape': [4, 57]}
     >>> parse_signature('[{"name": "x", "dtype": "float32", "shape": [2, 3]}]')[0]["shape"]
     [2, 3]
+    >>> parse_signature("(2, 12) int64, (32,) float32")[1]
+    {'name': 'input1', 'dtype': 'float32', 'shape': [32]}
     """
     if not sig:
         return []
@@ -822,6 +830,10 @@ def parse_signature(sig) -> list[dict]:
     for m in _SIG_ITEM.finditer(str(sig)):
         out.append({"name": m.group(1), "dtype": m.group(2),
                     "shape": [int(d) for d in m.group(3).replace(" ", "").split(",") if d]})
+    if not out:   # the runtime's positional form: "(2, 12) int64, (100, 32) float32"
+        for i, m in enumerate(_SIG_POSITIONAL.finditer(str(sig))):
+            out.append({"name": f"input{i}", "dtype": m.group(2),
+                        "shape": [int(d) for d in m.group(1).replace(" ", "").split(",") if d]})
     return out
 
 

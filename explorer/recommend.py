@@ -99,6 +99,9 @@ def cpu_fallback(L, rule) -> list[Finding]:
     return out
 
 
+MAX_LAYERS = 3
+
+
 def dma_bound(L, rule) -> list[Finding]:
     """Layers (module paths) whose DMA time exceeds ``threshold`` × their compute-engine time."""
     per_layer: dict[str, dict] = {}
@@ -111,6 +114,8 @@ def dma_bound(L, rule) -> list[Finding]:
             d["dma" if eng == "dma" else "compute"] += ns
     out = []
     total = sum(d["dma"] + d["compute"] for d in per_layer.values()) or 1
+    # the few costliest layers only: a list of every layer is noise, not a recommendation
+    per_layer = dict(sorted(per_layer.items(), key=lambda kv: -(kv[1]["dma"] - kv[1]["compute"]))[:MAX_LAYERS])
     for layer, d in per_layer.items():
         if d["dma"] > rule.threshold * d["compute"] and (d["dma"] + d["compute"]) > 0.05 * total:
             share = 100.0 * d["dma"] / (d["dma"] + d["compute"])

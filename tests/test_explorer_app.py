@@ -199,3 +199,34 @@ def test_exp211_diff_prints_the_comparison(profiles):
     text = subprocess.run([str(EXE), "diff", str(profiles[0]), str(profiles[1])], capture_output=True, text=True,
                           timeout=60)
     assert text.returncode == 0 and "By source line" in text.stdout and "model.py:15" in text.stdout
+
+
+def test_exp212_real_inspect_run_finds_the_recompile_reason(tmp_path):
+    """From `neuron-explorer inspect` on a sample workload to the recompile reason and a bucketing fix."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[1]
+    workload = root / "sample_workloads" / "dynamic_shapes.py"
+    if not workload.exists():
+        pytest.skip("sample_workloads/dynamic_shapes.py is not in this checkout")
+    out = subprocess.run([str(EXE), "inspect", "-o", str(tmp_path), "--", sys.executable, str(workload), "--small"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (profile,) = tmp_path.glob("*/profile.duckdb")
+    reg = data.Registry([profile])
+    old = data.registry()
+    create_app([], registry=reg)
+    try:
+        key = reg.default_key()
+        L = data.resolve(key)
+        r = data.recompiles(L)
+        assert r["recompiles"] and all(e["reason"] for e in r["recompiles"])
+        assert any(d["changed"] for e in r["recompiles"] for d in e["diff"])
+        assert r["suggestions"] and r["suggestions"][0]["compiles_saved"] >= 1
+        assert data.top_lines(L, 1)[0]["file"].endswith(".py")
+        for page in ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "sql"):
+            text = str(importlib.import_module(f"explorer.pages.{page}").layout(profile=key))
+            assert "error-box" not in text, (page, text[:300])
+    finally:
+        data._REGISTRY = old
+        reg.close()
