@@ -106,7 +106,9 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
         for junk in (tmp, Path(f"{tmp}.wal")):
             junk.unlink(missing_ok=True)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fix = ("free disk space and run again" if isinstance(exc, (OSError, duckdb.IOException))
+        io = isinstance(exc, (OSError, duckdb.IOException)) or any(
+            s in reason for s in ("Could not write", "No space left", "File too large", "Disk quota"))
+        fix = ("free disk space and run again" if io
                else "this is a neuron-stack bug: please report it with the output of NEURON_STACK_DEBUG=1")
         raise TraceError(f"could not finalise {out_dir}: {reason}; the previous profile is unchanged: {fix}") from None
     finally:
