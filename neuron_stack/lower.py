@@ -325,6 +325,8 @@ class Lowerer:
             if n.fused_into and n.fused_into in self.in_part:
                 self.fused.setdefault(n.fused_into, []).append(n)
         self.scratch_i = 0
+        self.done: set[str] = set()
+        self.preparing = False
 
     # ---- buffers and dependency tracking -------------------------------------------------
     def claim(self, mem: str, nbytes: int, key: str) -> None:
@@ -473,6 +475,12 @@ class Lowerer:
         if name in self.values:
             return self.values[name]
         n = self.by_name[name]
+        if name in self.in_part and name not in self.done and n.op_class != "view" and not self.preparing:
+            # produced in this partition but not lowered yet (an epilogue operand): lower it now
+            host = n.fused_into if n.fused_into in self.in_part else name
+            self.lower_node(self.by_name[host])
+            if name in self.values:
+                return self.values[name]
         if n.target == "getitem":
             src = n.args[0]["node"]
             idx = n.args[1]
@@ -487,6 +495,11 @@ class Lowerer:
             if v is not None:
                 self.values[name] = v
                 return v
+            if not self.preparing:          # not expressible as a view: materialise a copy
+                from . import lower_ops
+                self.done.add(name)
+                lower_ops.lower_copy(self, n)
+                return self.values[name]
         spec = n.outputs[0] if n.outputs else TensorSpec((), "float32")
         return self._external(name, spec)
 
@@ -505,9 +518,11 @@ class Lowerer:
         self.values[name] = v
         return v
 
-    def out_view(self, name: str, spec: TensorSpec) -> View:
-        """A fresh contiguous HBM buffer for an op's output."""
+    def out_view(self, name: str, spec: TensorSpec, strides: tuple | None = None) -> View:
+        """A fresh HBM buffer for an op's output (contiguous unless ``strides`` is given)."""
         meta = _meta(spec.shape, spec.dtype)
+        if strides is not None:
+            meta = _torch().empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": spec.dtype, "numel": spec.numel, "role": "output", "shape": list(spec.shape),
                           "strides": list(meta.stride())}
         v = View(name, spec.dtype, meta)
@@ -569,17 +584,14 @@ class Lowerer:
         from . import lower_ops
         lower_ops.prepare_constants(self)
         for n in self.nodes:
-            if n.fused_into and n.fused_into in self.in_part:
+            if n.fused_into and n.fused_into in self.in_part or n.name in self.done:
                 continue
             if n.op_class == "view":
-                if n.name not in self.values:
-                    v = self._apply_view(n) if n.target.startswith("aten.") else None
-                    if v is not None:
-                        self.values[n.name] = v
-                    else:
-                        lower_ops.lower_copy(self, n)
-                continue
+                continue            # metadata only: resolved when a consumer asks (value())
             self.lower_node(n)
+        for n in self.nodes:      # views other partitions or the program read
+            if n.op_class == "view" and self._escapes(n.name):
+                self.value(n.name)
         outputs = []
         for n in self.nodes:
             for key in [n.name] + [f"{n.name}:{i}" for i in range(1, len(n.outputs))]:
@@ -599,9 +611,12 @@ class Lowerer:
         return False
 
     def lower_node(self, n: Node) -> None:
+        if n.name in self.done:
+            return
         from . import lower_ops
-        fn = lower_ops.dispatch(n)
-        fn(self, n)
+        self.done.add(n.name)
+        self.done.update(f.name for f in self.fused.get(n.name, []))
+        lower_ops.dispatch(n)(self, n)
 
 
 def _refs(value: Any):

@@ -100,6 +100,7 @@ def prepare_constants(low: Lowerer) -> None:
     torch = _torch()
     low.const_strides: dict[str, tuple] = {}
     low.const_dtype: dict[str, str] = {}
+    low.preparing = True
     for n in low.nodes:
         if n.op_class != "matmul" or n.fused_into:
             continue
@@ -119,6 +120,7 @@ def prepare_constants(low: Lowerer) -> None:
     low.values.clear()
     low.hbm.clear()
     low.inputs.clear()
+    low.preparing = False
     del torch
 
 
@@ -176,45 +178,64 @@ def dispatch(n: Node):
 # ----------------------------------------------------------------------------------------------
 # elementwise steps (shared by standalone elementwise ops and every epilogue)
 
-def _arg_value(low: Lowerer, a):
-    return low.value(a) if _is_ref(a) else a
-
-
-def _chain_ref(n: Node, prev: str, low: Lowerer) -> int | None:
-    """Index of the argument of ``n`` that carries the previous chain value (through views)."""
+def _chain_path(n: Node, prev: str, low: Lowerer) -> tuple[int, list[Node]] | None:
+    """(argument index of ``n`` carrying the previous chain value, view nodes from it to ``n``)."""
     for i, a in enumerate(n.args):
-        if _is_ref(a):
-            name = a["node"]
-            while True:
-                if name == prev:
-                    return i
-                nn = low.by_name.get(name)
-                if nn is None or nn.op_class != "view" or nn.target == "getitem" and False:
-                    break
-                nxt = next(_refs(nn.args), None)
-                if nxt is None:
-                    break
-                name = nxt
+        if not _is_ref(a):
+            continue
+        name, path = a["node"], []
+        while name != prev:
+            nn = low.by_name.get(name)
+            if nn is None or nn.op_class != "view" or not nn.target.startswith("aten."):
+                break
+            path.append(nn)
+            name = next(_refs(nn.args), None)
+            if name is None:
+                break
+        if name == prev:
+            return i, path[::-1]
     return None
 
 
+def _replay(low: Lowerer, path: list[Node], meta):
+    """Apply the view nodes of ``path`` to ``meta`` (their first tensor argument)."""
+    torch = _torch()
+    for v in path:
+        first = [True]
+
+        def conv(a):
+            if _is_ref(a):
+                if first[0]:
+                    first[0] = False
+                    return meta
+                return low.value(a).meta
+            if isinstance(a, list):
+                return [conv(x) for x in a]
+            if isinstance(a, dict) and "dtype" in a:
+                return getattr(torch, a["dtype"])
+            return a
+
+        from .lower import _aten_op
+        meta = _aten_op(v.target)(*conv(v.args), **{k: conv(x) for k, x in v.kwargs.items()})
+    return meta
+
+
 class TileCtx:
-    """What an elementwise step needs: the box of the host-shaped output tile, and load/pools."""
+    """One tile of an elementwise pass: its box in the tile-coordinate shape, and its pools."""
 
     def __init__(self, low: Lowerer, host_shape, box, split, pools):
         self.low, self.host_shape, self.box, self.split, self.pools = low, host_shape, box, split, pools
 
     def load_extra(self, node: str, v: View, key: str) -> Tile:
+        key = f"{key}:{v.dtype}"
         pool = self.pools.get(key)
-        P = math.prod(n for _, n in self.box[:self.split])
-        F = math.prod(n for _, n in self.box[self.split:])
         if pool is None:
-            Fmax = math.prod(n for _, n in self.pools["__shape"][self.split:]) if False else self.pools["__F"]
-            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, Fmax, v.dtype, bufs=2)
+            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], v.dtype, bufs=2)
             self.pools[key] = pool
         return self.low.load(node, v, self.box, pool, self.split)
 
     def out_tile(self, node: str, key: str, dtype: str) -> Tile:
+        key = f"{key}:{dtype}"
         pool = self.pools.get(key)
         P = math.prod(n for _, n in self.box[:self.split])
         F = math.prod(n for _, n in self.box[self.split:])
@@ -224,32 +245,96 @@ class TileCtx:
         return pool.tile(P, F)
 
 
-def _host_shaped(low: Lowerer, v: View, node_shape, host_shape) -> View | None:
-    """Operand ``v`` of a node with output ``node_shape``, broadcast, then viewed in the host's shape."""
-    b = _bcast(v, tuple(node_shape))
-    if tuple(node_shape) == tuple(host_shape):
-        return b
-    return _reshape_view(b, tuple(host_shape))
+_NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
 
 
-def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, host_shape) -> Tile:
-    """Emit the instructions of elementwise node ``n`` for one tile; ``cur`` is the chain input tile
-    (argument ``cur_idx`` of ``n``) or None when every tensor argument is loaded from HBM."""
+class Member:
+    """A fused node in its host's epilogue: ``idx`` is the argument carrying the chain value,
+    ``extras`` its other tensor arguments viewed in the host's tile coordinates, ``layout`` its
+    logical shape with strides into host order (where its output is stored)."""
+
+    def __init__(self, node: Node, idx: int, extras: dict, layout):
+        self.node, self.idx, self.extras, self.layout = node, idx, extras, layout
+
+    def reshaped(self, shape) -> "Member | None":
+        ex = {}
+        for i, v in self.extras.items():
+            r = _reshape_view(v, tuple(shape))
+            if r is None:
+                return None
+            ex[i] = r
+        return Member(self.node, self.idx, ex, self.layout)
+
+
+def _chain(low: Lowerer, host: Node) -> tuple[list[Member], list[Node]]:
+    """The fused nodes applied in ``host``'s epilogue, and the ones that must be lowered alone
+    (after the first node that cannot ride along, the rest of the chain is lowered alone too)."""
+    members, alone = [], []
+    fused = low.fused.get(host.name, [])
+    if not host.outputs:
+        return [], list(fused)
+    hshape = tuple(host.outputs[0].shape)
+    prev, layout = host.name, _meta(hshape)
+    for k, f in enumerate(fused):
+        m = _member(low, f, prev, layout, hshape)
+        if m is None:
+            alone.extend(fused[k:])
+            break
+        members.append(m)
+        prev, layout = f.name, m.layout
+    return members, alone
+
+
+def _dense(meta) -> bool:
+    """True when ``meta`` is a permutation of a contiguous layout (no gaps, no overlap)."""
+    dims = sorted((st, n) for st, n in zip(meta.stride(), meta.shape) if n != 1)
+    expect = 1
+    for st, n in dims:
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _member(low: Lowerer, f: Node, prev: str, layout, hshape) -> Member | None:
+    found = _chain_path(f, prev, low)
+    if found is None or not f.outputs or _packet_name(f.target) in _NOT_TILEWISE:
+        return None
+    idx, path = found
+    try:
+        lay = _replay(low, path, layout)
+    except Exception:
+        return None
+    fshape = tuple(f.outputs[0].shape)
+    if tuple(lay.shape) != fshape or lay.storage_offset() != 0 or not _dense(lay):
+        return None
+    nd = lay.dim()
+    perm = sorted(range(nd), key=lambda d: -lay.stride()[d])
+    extras = {}
+    for i, a in enumerate(f.args):
+        if i == idx or not _is_ref(a):
+            continue
+        x = _bcast(low.value(a), fshape)
+        r = _reshape_view(x.with_meta(x.meta.permute(perm)), hshape)
+        if r is None:
+            return None
+        extras[i] = r
+    return Member(f, idx, extras, lay)
+
+
+def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, views: dict[int, View]) -> Tile:
+    """Emit the instructions of elementwise node ``n`` for one tile. ``cur`` is the chain tile
+    (argument ``cur_idx``); ``views`` maps every other tensor argument to a view in tile coordinates."""
     low = ctx.low
     name = _packet_name(n.target)
     out_dt = n.outputs[0].dtype
-    if low.auto_cast == "all" and out_dt == "float32":
-        pass  # values in HBM keep the graph dtype; tiles compute in fp32 and round on store
-    oshape = tuple(n.outputs[0].shape)
     tiles: dict[int, Tile] = {}
     scalars: dict[int, Any] = {}
     for i, a in enumerate(n.args):
         if i == cur_idx:
             tiles[i] = cur
         elif _is_ref(a):
-            v = low.value(a)
-            hv = _host_shaped(low, v, oshape, host_shape)
-            tiles[i] = ctx.load_extra(n.name, hv, f"a{i}")
+            tiles[i] = ctx.load_extra(n.name, views[i], f"a{i}")
         elif isinstance(a, (int, float, bool)) or a is None:
             scalars[i] = a
     dst = ctx.out_tile(n.name, "o", out_dt)
@@ -262,18 +347,18 @@ def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, host_s
         if 0 in tiles and 1 in tiles:
             b = tiles[1]
             if alpha != 1 and alu in ("add", "subtract", "rsub"):
-                tmp = ctx.out_tile(n.name, "alpha", out_dt)
+                tmp = ctx.out_tile(n.name, "alpha", b.dtype)
                 low.vec("TENSOR_SCALAR", n.name, tmp, [b.op()], op0="multiply", scalar0=alpha)
                 b = tmp
             fast = dst.dtype in ("bfloat16", "float16") and alu in ("add", "subtract", "multiply")
             low.vec("TENSOR_TENSOR", n.name, dst, [tiles[0].op(), b.op()], n_inputs=2, fast=fast, op=alu,
                     flops=elems)
             return dst
-        if 0 in tiles and 1 in scalars:
-            imm = scalars[1] * (alpha if alu in ("add", "subtract", "rsub") else 1)
+        if 0 in tiles and 1 in scalars and alu != "rsub":
+            imm = scalars[1] * (alpha if alu in ("add", "subtract") else 1)
             low.vec("TENSOR_SCALAR", n.name, dst, [tiles[0].op()], op0=alu, scalar0=imm, flops=elems)
             return dst
-    if name in UNARY_ACT and tensor_args == [0] and (name not in ("_to_copy", "clone") or True):
+    if name in UNARY_ACT and tensor_args == [0]:
         func = UNARY_ACT[name]
         if name == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
             func = "gelu_tanh"
@@ -290,24 +375,25 @@ def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, host_s
         lo = n.args[1] if len(n.args) > 1 else n.kwargs.get(lo_k)
         hi = n.args[2] if len(n.args) > 2 else n.kwargs.get(hi_k)
         if name == "hardtanh":
-            lo = -1.0 if lo is None else lo
-            hi = 1.0 if hi is None else hi
-        if name == "relu6":
+            lo, hi = (-1.0 if lo is None else lo), (1.0 if hi is None else hi)
+        elif name == "relu6":
             lo, hi = 0.0, 6.0
-        if name == "clamp_max":
+        elif name == "clamp_max":
             lo, hi = None, n.args[1]
         ops = {}
         if lo is not None:
             ops.update(op0="maximum", scalar0=lo)
         if hi is not None:
             ops.update({"op1" if ops else "op0": "minimum", "scalar1" if ops else "scalar0": hi})
-        low.vec("TENSOR_SCALAR", n.name, dst, [tiles[0].op()], flops=elems, **ops)
+        if ops:
+            low.vec("TENSOR_SCALAR", n.name, dst, [tiles[0].op()], flops=elems, **ops)
+        else:
+            low.vec("TENSOR_COPY", n.name, dst, [tiles[0].op()])
         return dst
-    if name == "where" and len(n.args) == 3:
-        # dst = b; dst = where(cond, a, dst)   (Vector copy + predicated copy)
-        b = tiles.get(2)
-        if b is not None:
-            low.vec("TENSOR_COPY", n.name, dst, [b.op()])
+    if name == "where" and len(n.args) == 3 and 0 in tiles:
+        # dst = b; dst = where(cond, a, dst): a Vector copy and a predicated copy
+        if 2 in tiles:
+            low.vec("TENSOR_COPY", n.name, dst, [tiles[2].op()])
         else:
             low.vec("MEMSET", n.name, dst, [], value=scalars.get(2, 0))
         a = tiles.get(1)
@@ -316,81 +402,45 @@ def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, host_s
             low.vec("MEMSET", n.name, a, [], value=scalars.get(1, 0))
         low.vec("COPY_PREDICATED", n.name, dst, [a.op(), tiles[0].op(), dst.op()], n_inputs=2)
         return dst
-    # Any other elementwise ATen op is one pass of its engine over the tile, with the op's own
+    # Any other elementwise ATen op is one pass of its engine over the tile with the op's own
     # semantics (the engine's function table): Scalar for activations, Vector otherwise.
-    template = _template(n.args, tiles)
     srcs = [tiles[i].op() for i in tensor_args]
-    attrs = {"aten": n.target, "args": template, "kwargs": _jsonable(n.kwargs)}
+    attrs = {"aten": n.target, "args": _template(n.args, tiles), "kwargs": dict(n.kwargs)}
     if n.op_class == "activation":
-        d = low.act(n.name, dst, srcs[0], "aten", srcs=srcs, flops=elems, **attrs) if len(srcs) == 1 else \
-            low.emit("ACTIVATE", n.name, [dst.op()], srcs, {**attrs, "func": "aten"},
-                     dur=len(srcs) * max(64, dst.F) / low.p.scalar_clock_ghz, flops=elems)
+        from .cost import scalar_ns
+        low.emit("ACTIVATE", n.name, [dst.op()], srcs, {**attrs, "func": "aten"},
+                 dur=max(1, len(srcs)) * scalar_ns(low.p, dst.F), flops=elems)
     else:
         low.vec("TENSOR_TENSOR", n.name, dst, srcs, n_inputs=max(1, len(srcs)), flops=elems,
                 cost_n=dst.F * max(1, len(srcs) - 1), **attrs)
     return dst
 
 
-def _jsonable(kw: dict) -> dict:
-    return {k: v for k, v in kw.items()}
-
-
 def _template(args, tiles: dict[int, Tile]):
-    out = []
     order = {i: k for k, i in enumerate(sorted(tiles))}
-    for i, a in enumerate(args):
-        out.append({"src": order[i]} if i in tiles else a)
-    return out
+    return [{"src": order[i]} if i in tiles else a for i, a in enumerate(args)]
 
 
-def _chain(low: Lowerer, host: Node) -> tuple[list[Node], list[Node]]:
-    """The fused nodes applied in ``host``'s epilogue, and the ones that must be lowered alone."""
-    members, alone, prev = [], [], host.name
-    hshape = tuple(host.outputs[0].shape)
-    hn = math.prod(hshape)
-    for f in low.fused.get(host.name, []):
-        idx = _chain_ref(f, prev, low)
-        ok = idx is not None and f.outputs and math.prod(f.outputs[0].shape) == hn
-        if ok:
-            for i, a in enumerate(f.args):
-                if i != idx and _is_ref(a) and _host_shaped(low, low.value(a), tuple(f.outputs[0].shape), hshape) is None:
-                    ok = False
-        if ok and _packet_name(f.target) in ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill",
-                                             "logit"):
-            ok = False
-        if ok:
-            members.append((f, idx))
-            prev = f.name
-        else:
-            alone.append(f)
-    return members, alone
-
-
-def epilogue(low: Lowerer, host: Node, ctx: TileCtx, cur: Tile, out_views: dict[str, View],
-             members) -> None:
-    """Apply the fused chain to ``cur`` (host-shaped tile) and store every value that escapes."""
-    hshape = ctx.host_shape
-    if host.name in out_views:
-        low.store(host.name, cur, out_views[host.name], ctx.box)
-    for f, idx in members:
-        cur = ew_step(ctx, f, cur, idx, hshape)
-        if f.name in out_views:
-            low.store(f.name, cur, out_views[f.name], ctx.box)
-
-
-def _escaping_views(low: Lowerer, host: Node, members, hshape) -> dict[str, View]:
-    """Fresh HBM buffers for the chain values used outside the chain, viewed in the host's shape."""
-    inside = {host.name} | {f.name for f, _ in members}
+def chain_outputs(low: Lowerer, host: Node, members: list[Member], hshape) -> dict[str, View]:
+    """HBM buffers for the chain values used outside the chain, as store views in host order.
+    A member's buffer keeps host order with its own logical strides (a permuted layout), so
+    consumers read it through an ordinary view."""
+    torch = _torch()
     out: dict[str, View] = {}
-    names = [host] + [f for f, _ in members]
+    names = [host] + [m.node for m in members]
     for k, nd in enumerate(names):
         users = low.users.get(nd.name, [])
         internal = k + 1 < len(names) and users and all(_reaches_only(low, u, names[k + 1].name) for u in users)
         if internal and nd.name not in low.out_refs:
             continue
-        v = low.out_view(nd.name, nd.outputs[0])
-        out[nd.name] = _reshape_view(v, tuple(hshape))
-    del inside
+        spec = nd.outputs[0]
+        if k == 0:
+            v = low.out_view(nd.name, spec)
+            out[nd.name] = _reshape_view(v, tuple(hshape))
+        else:
+            strides = tuple(members[k - 1].layout.stride())
+            v = low.out_view(nd.name, spec, strides=strides)
+            out[nd.name] = View(v.buf, v.dtype, torch.empty(tuple(hshape), dtype=v.meta.dtype, device="meta"))
     return out
 
 
@@ -404,11 +454,29 @@ def _reaches_only(low: Lowerer, user: str, target: str) -> bool:
     return bool(us) and all(_reaches_only(low, u, target) for u in us)
 
 
+def run_chain(ctx: TileCtx, host_name: str, cur: Tile, members: list[Member], outs: dict[str, View]) -> Tile:
+    """Store the host tile if it escapes, then apply every member and store those that escape."""
+    low = ctx.low
+    if host_name in outs:
+        low.store(host_name, cur, outs[host_name], ctx.box)
+    for m in members:
+        cur = ew_step(ctx, m.node, cur, m.idx, m.extras)
+        if m.node.name in outs:
+            low.store(m.node.name, cur, outs[m.node.name], ctx.box)
+    return cur
+
+
 def _lower_alone(low: Lowerer, alone: list[Node]) -> None:
     for f in alone:
-        f.fused_into = None if False else f.fused_into
-        dispatch(f)(low, f) if dispatch_name(f.target, f.op_class) != "lower_elementwise" else \
+        if dispatch_name(f.target, f.op_class) == "lower_elementwise":
             lower_elementwise(low, f, standalone=True)
+        else:
+            dispatch(f)(low, f)
+
+
+def _pools(low: Lowerer, key: str, F: int) -> dict:
+    cache = low.__dict__.setdefault("_pool_cache", {})
+    return cache.setdefault((key, F), {"__F": F})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,88 +485,36 @@ def _lower_alone(low: Lowerer, alone: list[Node]) -> None:
 
 def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     """Tiles of [<=128 partitions, <=2048 free]: DMA in every tensor argument (broadcasts are
-    stride-0 access patterns), one Vector/Scalar instruction per step, DMA out."""
+    stride-0 access patterns), one Vector/Scalar instruction per step, fused steps on the same
+    tile, DMA out what escapes."""
     members, alone = ([], []) if standalone else _chain(low, n)
     if not n.outputs:
         return
-    if _packet_name(n.target) in ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit"):
+    if _packet_name(n.target) in _NOT_TILEWISE:
         lower_custom(low, n)
-        _lower_alone(low, alone)
+        _lower_alone(low, [m.node for m in members] + alone)
         return
     shape = tuple(n.outputs[0].shape)
-    outs = _escaping_views(low, n, members, shape)
-    # try the [128, numel/128] layout when every operand is contiguous and unbroadcast
-    operand_views = []
-    for i, a in enumerate(n.args):
-        if _is_ref(a):
-            operand_views.append(low.value(a))
-    for f, idx in members:
-        for i, a in enumerate(f.args):
-            if i != idx and _is_ref(a):
-                operand_views.append(_host_shaped(low, low.value(a), tuple(f.outputs[0].shape), shape))
-    flat = None
-    if all(v is not None and v.shape == shape for v in operand_views) and all(
-            v is not None for v in outs.values()):
-        flat = _flat128(operand_views + list(outs.values()), shape)
+    views = {i: _bcast(low.value(a), shape) for i, a in enumerate(n.args) if _is_ref(a)}
+    outs = chain_outputs(low, n, members, shape)
+    # every operand contiguous and unbroadcast: use all 128 partitions, [128, numel/128]
     tshape = shape
+    flat = _flat128(list(views.values()) + [v for m in members for v in m.extras.values()] + list(outs.values()),
+                    shape)
     if flat is not None:
         tshape = flat[0]
-        reshaped = {id(v): r for v, r in zip(operand_views, flat[1])}
+        views = {i: _reshape_view(v, tshape) for i, v in views.items()}
+        members = [m.reshaped(tshape) for m in members]
         outs = {k: _reshape_view(v, tshape) for k, v in outs.items()}
     split = choose_split(tshape)
-    F = max((math.prod(b[1] for b in bx[split:]) for bx in boxes(tshape[split:], FREE_TILE)[:1]), default=1)
     F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
+    pools = _pools(low, n.name, F)
     for box_r in boxes(tshape[:split], PMAX):
         for box_c in boxes(tshape[split:], FREE_TILE):
-            ctx = TileCtx(low, tshape, box_r + box_c, split, _pools_for(low, n, F))
-            _ew_tile(low, n, ctx, shape, tshape, members, outs)
-
-
-def _pools_for(low, n, F):
-    key = (n.name, F)
-    cache = low.__dict__.setdefault("_pool_cache", {})
-    if key not in cache:
-        cache[key] = {"__F": F}
-    return cache[key]
-
-
-def _ew_tile(low, n, ctx, shape, tshape, members, outs):
-    # views of the host's own args in the tile shape
-    if tshape != shape:
-        saved = {}
-        for i, a in enumerate(n.args):
-            if _is_ref(a):
-                saved[a["node"]] = low.values[a["node"]] if a["node"] in low.values else low.value(a)
-        # temporarily view the args as tshape (contiguous, same numel)
-        for k, v in saved.items():
-            low.values[k] = _reshape_view(v, tshape)
-        fake = Node(n.name, n.target, n.args, n.kwargs, n.inputs, [TensorSpec(tshape, n.outputs[0].dtype)],
-                    n.op_class)
-        cur = ew_step(ctx, fake, None, None, tshape)
-        for k, v in saved.items():
-            low.values[k] = v
-        members2 = []
-        for f, idx in members:
-            saved2 = {}
-            for i, a in enumerate(f.args):
-                if i != idx and _is_ref(a):
-                    v = low.value(a)
-                    saved2[a["node"]] = v
-                    low.values[a["node"]] = _reshape_view(_bcast(v, tuple(f.outputs[0].shape)), tshape)
-            ff = Node(f.name, f.target, f.args, f.kwargs, f.inputs, [TensorSpec(tshape, f.outputs[0].dtype)],
-                      f.op_class)
-            members2.append((ff, idx, saved2))
-        if n.name in outs:
-            low.store(n.name, cur, outs[n.name], ctx.box)
-        for ff, idx, saved2 in members2:
-            cur = ew_step(ctx, ff, cur, idx, tshape)
-            for k, v in saved2.items():
-                low.values[k] = v
-            if ff.name in outs:
-                low.store(ff.name, cur, outs[ff.name], ctx.box)
-        return
-    cur = ew_step(ctx, n, None, None, shape)
-    epilogue(low, n, ctx, cur, outs, members)
+            ctx = TileCtx(low, tshape, box_r + box_c, split, pools)
+            cur = ew_step(ctx, n, None, None, views)
+            run_chain(ctx, n.name, cur, members, outs)
+    _lower_alone(low, alone)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -592,9 +608,12 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         mm_dt = "float32"
     out_dt = n.outputs[0].dtype
     # the output as [nb, M, N] (dot/mv produce fewer dims)
-    out_views = _escaping_views(low, n, members, oshape)
+    out_views = chain_outputs(low, n, members, oshape)
     hshape = (nb, M, N)
     out3 = {k: _reshape_view(v, hshape) for k, v in out_views.items()}
+    members = [m.reshaped(hshape) for m in members]
+    if any(m is None for m in members):
+        raise AssertionError("matmul epilogue operands are contiguous reshapes of the output")
     Cv = None
     if C is not None:
         Cv = _reshape_view(_bcast(C, oshape), hshape) if oshape != hshape else _bcast(C, oshape)
@@ -691,7 +710,6 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         box = [(b, 1), (m0 + ms, mp), (n0 + c0, cw)]
                         ctx = TileCtx(low, hshape, box, 2, epi_pools)
                         src = acc.cols(c0, cw)
-                        first = members[0] if members else None
                         out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
                         if Cv is not None:
                             ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N)) if Cv.meta.shape[0] != nb else Cv, "bias")
@@ -706,9 +724,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                                         flops=mp * cw)
                         else:
                             low.act(n.name, out_t, src.op(), "copy", scale=alpha)
-                        outs = {k: v for k, v in out3.items()}
-                        epilogue(low, n, ctx, out_t, outs, members)
-    del first
+                        run_chain(ctx, n.name, out_t, members, out3)
     _lower_alone(low, alone)
 
 
@@ -925,8 +941,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
         out = low.out_view(n.name, out_spec)
         ov, _ = _rows_free(out, dims)
     elif kind == "layer_norm":
-        outs = _escaping_views(low, n, members, tuple(out_spec.shape))
-        ov_map = {k: _rows_free(v, dims)[0] for k, v in outs.items()}
+        ov_map = chain_outputs(low, n, members, tuple(out_spec.shape))
     else:
         out = low.out_view(n.name, out_spec)
         # reduced output: kept dims in order, reduced ones gone (or 1)
@@ -1031,25 +1046,13 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                 for wv, op in ((w, "multiply"), (bias, "add")):
                     if wv is None:
                         continue
-                    wt = ctx.load_extra(n.name, _bcast(wv, tuple(x.shape)).with_meta(
-                        _bcast(wv, tuple(x.shape)).meta.permute(list(range(split)) + list(range(split, nd))))
-                        if False else _ln_param(wv, x, dims, split), f"p{op}")
+                    wt = ctx.load_extra(n.name, _ln_param(wv, x, dims, split), f"p{op}")
                     low.vec("TENSOR_TENSOR", n.name, y, [y.op(), wt.op()], n_inputs=2, op=op, flops=P * xt.F)
                 yo = y
                 if out_spec.dtype != "float32" and not members:
                     yo = ctx.out_tile(n.name, "cast", out_spec.dtype)
                     low.act(n.name, yo, y.op(), "copy")
-                host_like = Node(n.name, n.target, n.args, n.kwargs, n.inputs, [TensorSpec(hshape, out_spec.dtype)])
-                if n.name in ov_map:
-                    low.store(n.name, yo, ov_map[n.name], br + cb)
-                cur = yo
-                for f, idx in members:
-                    cur = ew_step(TileCtx(low, xv.shape, br + cb, split, pools), _permuted(f, dims, nd), cur, idx,
-                                  xv.shape) if False else ew_step(ctx, f, cur, idx, tuple(out_spec.shape)) \
-                        if _rows_free(x, dims)[0].shape == tuple(out_spec.shape) else ew_step(ctx, f, cur, idx, tuple(out_spec.shape))
-                    if f.name in ov_map:
-                        low.store(f.name, cur, ov_map[f.name], br + cb)
-                del host_like
+                run_chain(ctx, n.name, yo, members, ov_map)
             # mean and rstd outputs ([rows..., 1...])
             for i, val in ((1, mv.cols(0, 1)), (2, rstd)):
                 key = f"{n.name}:{i}"
