@@ -41,7 +41,8 @@ def _build():
                     title="Neuron Explorer (simulated)", suppress_callback_exceptions=True,
                     update_title=None)
     for name in PAGES:
-        importlib.import_module(f"explorer.pages.{name}")
+        module = importlib.import_module(f"explorer.pages.{name}")
+        dash.register_page(module.__name__, layout=module.layout, **module.PAGE)
 
     app.layout = html.Div([
         dcc.Location(id="app-url", refresh="callback-nav"),

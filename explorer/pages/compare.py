@@ -2,7 +2,6 @@
 with per-line and per-op deltas of device time (B − A)."""
 from __future__ import annotations
 
-import dash
 from dash import dcc, html
 
 from explorer import data, ui
@@ -56,4 +55,5 @@ def _fmt(metric, v):
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-dash.register_page(__name__, path="/compare", name="Compare", title="Compare · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/compare", name="Compare", title="Compare · Neuron Explorer")

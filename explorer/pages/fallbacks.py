@@ -1,7 +1,6 @@
 """Fallbacks: every op that ran on the CPU, with its reason, call site, calls and host time."""
 from __future__ import annotations
 
-import dash
 from dash import dcc, html
 
 from explorer import data, ui
@@ -34,4 +33,5 @@ def layout(profile=None, **_):
     ])
 
 
-dash.register_page(__name__, path="/fallbacks", name="Fallbacks", title="CPU fallbacks · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/fallbacks", name="Fallbacks", title="CPU fallbacks · Neuron Explorer")

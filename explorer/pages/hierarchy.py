@@ -4,7 +4,6 @@ Clicking a block zooms into it and offers a link that filters the timeline to th
 """
 from __future__ import annotations
 
-import dash
 from dash import Input, Output, State, callback, dcc, html
 
 from explorer import data, ui
@@ -53,4 +52,5 @@ def pick(click, key):
     ])
 
 
-dash.register_page(__name__, path="/hierarchy", name="Hierarchy", title="Hierarchy · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/hierarchy", name="Hierarchy", title="Hierarchy · Neuron Explorer")

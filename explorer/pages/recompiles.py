@@ -2,7 +2,6 @@
 dimension highlighted), the reason, the compile time, and a bucketing suggestion per graph family."""
 from __future__ import annotations
 
-import dash
 from dash import dcc, html
 
 from explorer import data, ui
@@ -58,4 +57,5 @@ def layout(profile=None, **_):
     ])
 
 
-dash.register_page(__name__, path="/recompiles", name="Recompiles", title="Recompiles · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/recompiles", name="Recompiles", title="Recompiles · Neuron Explorer")

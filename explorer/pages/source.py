@@ -105,4 +105,5 @@ def pick_line(clicks, state):
 ui.register_url_sync("source")
 
 
-dash.register_page(__name__, path="/source", name="Source", title="Source · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/source", name="Source", title="Source · Neuron Explorer")

@@ -81,4 +81,5 @@ def run(_clicks, query, key):
 ui.register_url_sync("sql")
 
 
-dash.register_page(__name__, path="/sql", name="SQL", title="SQL · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/sql", name="SQL", title="SQL · Neuron Explorer")

@@ -2,7 +2,6 @@
 fallback and recompile counts, and the ranked recommendations with links to their evidence."""
 from __future__ import annotations
 
-import dash
 from dash import dcc, html
 
 from explorer import data, recommend, ui
@@ -81,4 +80,5 @@ def layout(profile=None, **_):
     ])
 
 
-dash.register_page(__name__, path="/", name="Summary", title="Summary · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/", name="Summary", title="Summary · Neuron Explorer")

@@ -164,4 +164,5 @@ def details(click, state):
 ui.register_url_sync("timeline")
 
 
-dash.register_page(__name__, path="/timeline", name="Timeline", title="Timeline · Neuron Explorer", layout=layout)
+#: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
+PAGE = dict(path="/timeline", name="Timeline", title="Timeline · Neuron Explorer")
