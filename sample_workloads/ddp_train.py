@@ -7,16 +7,15 @@ end, rank 0 checks that the weights equal a single-process eager run on the whol
 
     torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N]
     NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_OUTPUT_DIR=prof torchrun --nproc-per-node 2 \\
-        sample_workloads/ddp_train.py --small --straggler-rank 1 --straggler-ms 5
+        sample_workloads/ddp_train.py --small --straggler-rank 1
 """
 import argparse
 import copy
 import sys
-import time
 
 import torch
 
-from neuron_stack import distributed as nd
+from neuron_stack import clock, distributed as nd
 
 
 def make_model(width: int) -> torch.nn.Module:
@@ -30,7 +29,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--target", default="trn1", choices=["trn1", "inf2", "trn2"])
     ap.add_argument("--straggler-rank", type=int, default=-1, help="this rank does extra host work each step")
-    ap.add_argument("--straggler-ms", type=float, default=5.0)
+    ap.add_argument("--straggler-ms", type=float, default=200.0)
     args = ap.parse_args()
     width, per_rank, steps = (16, 8, 3) if args.small else (256, 64, 20)
     steps = args.steps or steps
@@ -53,7 +52,8 @@ def main() -> int:
             loss = torch.nn.functional.mse_loss(step(X[mine]), Y[mine])
             loss.backward()
             if w.rank == args.straggler_rank:
-                time.sleep(args.straggler_ms / 1e3)   # e.g. a slow data loader on this rank
+                # a slow data loader on this rank, as projected host time (no real sleep needed)
+                clock.advance(real_ns=0, simulated_ns=int(args.straggler_ms * 1e6))
             nd.all_reduce_gradients(model)
             opt.step()
             opt.zero_grad()

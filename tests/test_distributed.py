@@ -1,0 +1,69 @@
+"""torchrun --nproc-per-node 2 training as typed: real gloo gradients, one profile, a visible straggler."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import traces
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+STRAGGLER_SQL = """
+SELECT r.rank, r.node, sum(i.sem_wait_ns) AS waited_ns, sum(i.dur_ns) AS cc_ns
+FROM instructions i JOIN executions e USING (exec_id) JOIN runs r USING (run_id)
+WHERE i.engine = 'cc' GROUP BY r.rank, r.node ORDER BY r.rank
+"""
+
+
+def _env(tmp_path):
+    env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"),
+           "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"), "NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "prof"), "OMP_NUM_THREADS": "1"}
+    for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
+        env.pop(var, None)
+    return env
+
+
+def test_ddp_two_ranks_match_eager_and_the_straggler_shows(tmp_path):
+    p = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--standalone",
+                        str(ROOT / "sample_workloads" / "ddp_train.py"), "--small", "--straggler-rank", "1"],
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "weights match eager PyTorch" in p.stdout
+    assert "rank 1 (node 0, core 1) step 2" in p.stdout
+    with traces.open(traces.finalize(tmp_path / "prof")) as prof:
+        runs = prof.sql("SELECT rank, node, status FROM runs ORDER BY rank").to_pylist()
+        assert [(r["rank"], r["node"], r["status"]) for r in runs] == [(0, 0, "ok"), (1, 0, "ok")]
+        per_rank = prof.sql(STRAGGLER_SQL).to_pylist()
+        assert [r["rank"] for r in per_rank] == [0, 1]
+        # rank 0 waits for the straggler (200 ms of projected host work a step); rank 1 never waits long
+        assert per_rank[0]["waited_ns"] > 2 * 150e6 and per_rank[1]["waited_ns"] < per_rank[0]["waited_ns"] / 2
+        lanes = prof.sql("SELECT DISTINCT core FROM instructions WHERE engine = 'cc' ORDER BY core")
+        assert lanes.column("core").to_pylist() == [0, 1]
+
+
+def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_path):
+    env = {**_env(tmp_path), "NEURON_STACK_DIST_TIMEOUT": "20"}
+    job = subprocess.Popen([TORCHRUN, "--nproc-per-node", "2", "--standalone",
+                            str(ROOT / "sample_workloads" / "ddp_train.py"), "--small", "--steps", "400"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = None
+    for line in job.stdout:
+        if line.startswith("rank 1 ") and "step 2 " in line:
+            import psutil
+            kids = psutil.Process(job.pid).children(recursive=True)
+            victim = next(k for k in kids if "ddp_train.py" in " ".join(k.cmdline()) and
+                          k.environ().get("RANK") == "1")
+            victim.send_signal(signal.SIGKILL)
+            break
+    assert victim is not None
+    rest = job.stdout.read()
+    job.wait(timeout=120)
+    assert job.returncode != 0
+    assert "Traceback" not in rest.split("torch.distributed.elastic")[0] or "ddp_train: error:" in rest
+    time.sleep(0.1)
+    db = traces.finalize(tmp_path / "prof")
+    with traces.open(db) as prof:
+        assert prof.sql("SELECT count(DISTINCT rank) AS n FROM runs").column("n")[0].as_py() == 2
