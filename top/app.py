@@ -33,7 +33,7 @@ from textual.worker import get_current_worker
 from top import render
 from top.keymap import bindings, legend
 from top.render import ViewState
-from top.snapshot import History, Snapshot, build_snapshot
+from top.snapshot import History, Snapshot, Totals, build_snapshot
 from top.widgets import HelpScreen, MemoryTree, Panel
 
 PROG = "neuron-top"
@@ -95,6 +95,7 @@ class NeuronTop(App):
         self.capture_dir = Path(capture_dir)
         self.capture_seconds = capture_seconds
         self.snapshot: Snapshot | None = None
+        self.frames = 0   # snapshots rendered so far
         self.state = ViewState()
         self.status_text = "starting…"
         self.last_capture: Path | None = None
@@ -138,29 +139,29 @@ class NeuronTop(App):
         self._render_frame()
 
     def _apply_size(self) -> None:
-        # Wide terminals put the extras beside the real panels; short ones fold idle grid rows
-        # and thin the borders; a small terminal starts with the real layout only (e shows extras).
+        # Wide terminals put the extras beside the real panels; elsewhere the real layout comes
+        # first and e swaps the extras in for the memory tree. Short ones fold idle grid rows.
         wide, short = self.size.width >= WIDE_COLUMNS, self.size.height < TALL_ROWS
-        screen = self.screen if not isinstance(self.screen, HelpScreen) else self.screen_stack[0]
+        screen = self.screen_stack[0]
         screen.set_class(wide, "-wide")
         screen.set_class(short, "-short")
         if self._engines_auto:
-            self.state = replace(self.state, engines=wide or not short)
-        self.state = replace(self.state, compact=short)
+            self.state = replace(self.state, engines=wide)
+        # The grid gets about a quarter of the rows; a bigger instance folds its idle devices.
+        self.state = replace(self.state, compact=short, grid_rows=max(2, self.size.height // 4))
         self._apply_extras()
 
     def _apply_extras(self) -> None:
-        # In a short, narrow terminal the extras take the memory tree's place rather than
-        # squeezing it to nothing.
-        crowded = self.size.width < WIDE_COLUMNS and self.size.height < TALL_ROWS
+        wide = self.size.width >= WIDE_COLUMNS
         self.query_one("#extras").display = self.state.engines
-        self.query_one("#memory_details").display = not (crowded and self.state.engines)
+        self.query_one("#memory_details").display = wide or not self.state.engines
+        self.screen_stack[0].set_class(self.state.engines and not wide, "-swapped")
 
     # ---- the poll worker
     @work(thread=True, exclusive=True, group="poll", exit_on_error=False)
     def _poll(self) -> None:
         worker = get_current_worker()
-        history = History()
+        history, totals = History(), Totals()
         while not worker.is_cancelled:
             started = time.monotonic()
             try:
@@ -168,7 +169,7 @@ class NeuronTop(App):
                 if document is None and self.source.finished:
                     self.post_message(SourceFinished(self.source.status()))
                     return
-                snapshot = build_snapshot(document, history)
+                snapshot = build_snapshot(document, history, totals)
                 self.post_message(SnapshotReady(snapshot, self.source.status()))
             except Exception as exc:  # shown on the status line; the next period tries again
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -178,6 +179,7 @@ class NeuronTop(App):
     @on(SnapshotReady)
     def _snapshot_ready(self, message: SnapshotReady) -> None:
         self.snapshot = message.snapshot
+        self.frames += 1
         self.status_text = f"{message.status} · refreshed {datetime.now():%H:%M:%S}"
         self._render_frame()
 
@@ -206,7 +208,7 @@ class NeuronTop(App):
         tree = self.query_one(MemoryTree)
         tree.show_nodes(app_view.memory_tree)
         self.query_one("#tree_header", Static).update(
-            render.tree_header(max(tree.scrollable_content_region.width, 40) - 1))
+            render.tree_header(tree._label_width()))
         self.query_one("#tabs", Static).update(render.tab_bar(snap, self.state.tab))
         self._render_status()
 
@@ -227,7 +229,7 @@ class NeuronTop(App):
     def check_action(self, action: str, parameters) -> bool | None:
         # While the help screen is up only it and quit react; the main screen must not change behind it.
         if isinstance(self.screen, HelpScreen):
-            return action in ("quit", "help")
+            return action in ("quit", "help", "pop_screen")
         return True
 
     def _set_state(self, **changes) -> None:

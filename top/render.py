@@ -33,7 +33,8 @@ class ViewState:
     flops: bool = False
     engines: bool = True
     core: int | None = None   # the core selected in the memory tree (None: the tab's first core)
-    compact: bool = False     # small terminal: fold idle devices of the grid into one line
+    compact: bool = False     # short terminal: thinner panels
+    grid_rows: int | None = None   # most device rows the grid may take before idle ones fold
 
 
 def load_style(pct: float) -> str:
@@ -95,10 +96,11 @@ def _cell_value(app: AppView, core: int, flops: bool) -> tuple[str, float]:
 
 
 def utilization_grid(snap: Snapshot, app: AppView, width: int, flops: bool = False,
-                     compact: bool = False) -> Text:
+                     max_rows: int | None = None) -> Text:
     """The ND × NC grid: one bar and value per core; devices wrap side by side when wide.
 
-    ``compact`` folds the devices with no core in use into one line (small terminals).
+    When the grid would take more than ``max_rows`` lines, the devices with no core in use fold
+    into one line (small terminals, big instances).
     """
     per = snap.cores_per_device
     valw = 10 if flops else 9
@@ -117,7 +119,10 @@ def utilization_grid(snap: Snapshot, app: AppView, width: int, flops: bool = Fal
 
     devices = list(range(snap.device_count))
     idle = [d for d in devices if not any(d * per + c in app.utilization for c in range(per))]
-    shown = [d for d in devices if not (compact and d in idle)] if compact else devices
+    lines_per_device = -(-per // cores_per_line)
+    needed = -(-len(devices) // devices_per_line) * lines_per_device
+    compact = max_rows is not None and needed > max_rows and bool(idle)
+    shown = [d for d in devices if d not in idle] if compact else devices
     out = Text(no_wrap=True, overflow="crop")
     header = " " * label_w
     for i in range(min(per, cores_per_line)):
@@ -309,7 +314,10 @@ def _ms(seconds: float | None) -> str:
 
 
 def counters_panel(app: AppView, width: int) -> Text:
-    """Per process: executions, latency, compiles, recompiles and CPU fallbacks with their last cause."""
+    """Per process: executions, latency, compiles, recompiles and CPU fallbacks with their last cause.
+
+    Counts are totals since neuron-top started; ``(+n)`` is the part from the last period.
+    """
     out = Text(no_wrap=True, overflow="ellipsis")
     if not app.processes:
         out.append(NO_PROCESS_MESSAGE, style="dim")
@@ -321,25 +329,32 @@ def counters_panel(app: AppView, width: int) -> Text:
     return out
 
 
+def _recent(n: int) -> str:
+    return f" (+{n})" if n else ""
+
+
+def _counter_lines(out: Text, name: str, counter, cause: str, style: str) -> None:
+    """``Recompiles 3 (+1)  at model.py:88`` and, below it, the last cause."""
+    out.append(f"\n  {name} ")
+    out.append(f"{counter.count}{_recent(counter.recent)}", style=style if counter.count else "")
+    if counter.count:
+        if counter.last_source:
+            out.append("  last at ")
+            out.append(counter.last_source, style="cyan")
+        out.append(f"\n    {cause or 'no reason recorded'}")
+
+
 def _process_lines(out: Text, p: ProcessView) -> None:
+    rate = "n/a" if p.executions_per_s is None else f"{p.executions_per_s:.1f}/s"
     out.append(f"{p.tag} (pid {p.pid})", style="bold")
-    out.append(f"  executions {p.completed}  errors {p.errors}  p50 {_ms(p.latency_p50)}"
-               f"  p99 {_ms(p.latency_p99)}  compiles {p.compiles}  cache hits {p.cache_hits}")
+    out.append(f"  executions {p.completed} ({rate})  errors {p.errors}  p50 {_ms(p.latency_p50)}"
+               f"  p99 {_ms(p.latency_p99)}")
+    out.append(f"\n  compiles {p.compiles}  cache hits {p.cache_hits}")
     if p.command:
         out.append(f"  $ {p.command}", style="dim")
-    out.append("\n  Recompiles ")
-    out.append(str(p.recompiles.count), style="bold yellow" if p.recompiles.count else "")
-    if p.recompiles.count:
-        out.append(f"  last: {p.recompiles.last_reason or '?'}")
-        if p.recompiles.last_source:
-            out.append(f"  at {p.recompiles.last_source}", style="cyan")
-    out.append("\n  CPU fallbacks ")
-    out.append(str(p.fallbacks.count), style="bold red" if p.fallbacks.count else "")
-    if p.fallbacks.count:
-        what = " ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))
-        out.append(f"  last: {what or '?'}")
-        if p.fallbacks.last_source:
-            out.append(f"  at {p.fallbacks.last_source}", style="cyan")
+    _counter_lines(out, "Recompiles", p.recompiles, p.recompiles.last_reason, "bold yellow")
+    cause = ": ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))
+    _counter_lines(out, "CPU fallbacks", p.fallbacks, cause, "bold red")
     if p.error:
         out.append(f"\n  error: {p.error}", style="bold red")
 
@@ -349,7 +364,7 @@ def _process_lines(out: Text, p: ProcessView) -> None:
 def utilization_body(snap: Snapshot, state: ViewState, width: int) -> tuple[str, Text]:
     """The utilization panel; the no-process message sits on top of the (idle) grid."""
     app = snap.app(state.tab)
-    text = utilization_grid(snap, app, width, state.flops, compact=state.compact)
+    text = utilization_grid(snap, app, width, state.flops, max_rows=state.grid_rows)
     if not snap.has_processes:
         text = Text(NO_PROCESS_MESSAGE + "\n", style="bold").append_text(text)
     return utilization_title(snap, app, state.flops), text

@@ -50,12 +50,17 @@ class MemoryNode:
 
 @dataclass(frozen=True)
 class EventCounter:
-    """A recompile or CPU-fallback counter of one process, with the last reason and source line."""
+    """A recompile or CPU-fallback counter of one process, with the last reason and source line.
+
+    ``count`` is the total since neuron-top started watching the process, ``recent`` the part of
+    it from the last period (the monitor reports per-period deltas).
+    """
 
     count: int = 0
     last_reason: str = ""
     last_source: str = ""
     last_op: str = ""
+    recent: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,10 +72,11 @@ class ProcessView:
     command: str
     recompiles: EventCounter
     fallbacks: EventCounter
-    compiles: int
+    compiles: int               # totals since neuron-top started watching
     cache_hits: int
     completed: int
     errors: int
+    executions_per_s: float | None   # completed executions over the last period
     latency_p50: float | None   # seconds, total latency over the period
     latency_p99: float | None
     error: str                  # the runtime entry's or a group's error, "" when fine
@@ -132,6 +138,29 @@ class Snapshot:
     def app(self, index: int) -> AppView:
         """The tab at ``index``, clamped to the tabs that exist."""
         return self.apps[max(0, min(index, len(self.apps) - 1))]
+
+
+class Totals:
+    """Running sums of the monitor's per-period counts, per process; owned by the poll worker.
+
+    >>> t = Totals()
+    >>> t.add((1, "app"), "recompile", 2), t.add((1, "app"), "recompile", 1)
+    (2, 3)
+    """
+
+    def __init__(self):
+        self._sums: dict[tuple, dict[str, int]] = {}
+
+    def add(self, process: tuple, name: str, delta: int) -> int:
+        """Add this period's ``delta`` of counter ``name`` for ``process``; return the total."""
+        sums = self._sums.setdefault(process, {})
+        sums[name] = sums.get(name, 0) + max(0, int(delta))
+        return sums[name]
+
+    def forget_except(self, alive: set[tuple]) -> None:
+        """Drop processes no longer reported, so a reused pid starts from zero."""
+        for process in set(self._sums) - alive:
+            del self._sums[process]
 
 
 class History:
@@ -254,10 +283,11 @@ def _memory_tree(entries: list[dict], per_device: int) -> tuple[MemoryNode, ...]
     return tuple(_parent(f"nd{nd}", f"ND {nd}", "", cores) for nd, cores in sorted(devices.items()))
 
 
-def _counter(group: dict, name: str) -> EventCounter:
+def _counter(group: dict, name: str, total) -> EventCounter:
     raw = group.get(name) or {}
-    return EventCounter(int(_num(raw.get("count"))), str(raw.get("last_reason") or ""),
-                        str(raw.get("last_source") or ""), str(raw.get("last_op") or ""))
+    recent = int(_num(raw.get("count")))
+    return EventCounter(total(name, recent), str(raw.get("last_reason") or ""),
+                        str(raw.get("last_source") or ""), str(raw.get("last_op") or ""), recent)
 
 
 def _percentile(stats: dict | None, which: str, p: str) -> float | None:
@@ -265,7 +295,11 @@ def _percentile(stats: dict | None, which: str, p: str) -> float | None:
     return _num(values.get(p)) if isinstance(values, dict) and values.get(p) is not None else None
 
 
-def _process_view(entry: dict) -> ProcessView:
+def _process_key(entry: dict) -> tuple:
+    return (int(entry.get("pid") or 0), str(entry.get("neuron_runtime_tag") or ""))
+
+
+def _process_view(entry: dict, totals: Totals) -> ProcessView:
     report = entry.get("report") or {}
     extra = _group(report, "neuron_stack") or {}
     stats = _group(report, "execution_stats")
@@ -273,21 +307,31 @@ def _process_view(entry: dict) -> ProcessView:
     errors = (stats or {}).get("error_summary") or {}
     group_errors = [f"{name}: {g['error']}" for name, g in report.items()
                     if isinstance(g, dict) and g.get("error")]
+    key = _process_key(entry)
+
+    def total(name: str, delta) -> int:
+        return totals.add(key, name, int(_num(delta)))
+
+    completed = int(_num(summary.get("completed")))
+    period = _num((stats or {}).get("period"), 0.0)
     return ProcessView(
         tag=str(entry.get("neuron_runtime_tag") or entry.get("pid", "")),
-        pid=int(entry.get("pid") or 0),
+        pid=key[0],
         command=str(extra.get("command") or ""),
-        recompiles=_counter(extra, "recompiles"), fallbacks=_counter(extra, "cpu_fallbacks"),
-        compiles=int(_num(extra.get("compiles"))), cache_hits=int(_num(extra.get("cache_hits"))),
-        completed=int(_num(summary.get("completed"))),
-        errors=int(sum(_num(v) for v in errors.values())),
+        recompiles=_counter(extra, "recompiles", total), fallbacks=_counter(extra, "cpu_fallbacks", total),
+        compiles=total("compiles", extra.get("compiles")),
+        cache_hits=total("cache_hits", extra.get("cache_hits")),
+        completed=total("completed", completed),
+        errors=total("errors", sum(_num(v) for v in errors.values())),
+        executions_per_s=completed / period if stats is not None and period > 0 else None,
         latency_p50=_percentile(stats, "total_latency", "p50"),
         latency_p99=_percentile(stats, "total_latency", "p99"),
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 
 
-def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int) -> AppView:
+def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int,
+              processes: tuple[ProcessView, ...]) -> AppView:
     util: dict[int, float] = {}
     flops: dict[int, float] = {}
     engines: dict[int, dict[str, float]] = {}
@@ -328,7 +372,7 @@ def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int) -
         runtime_vcpu=tuple(vcpu) if vcpu is not None else None,
         host_memory=host, device_memory=device,
         memory_tree=_memory_tree(entries, per_device),
-        processes=tuple(_process_view(e) for e in entries),
+        processes=processes,
     )
 
 
@@ -343,11 +387,13 @@ def _system_vcpu(system: dict) -> tuple[float, float] | None:
     return (min(user, 100.0), min(sys_, 100.0))
 
 
-def build_snapshot(document: dict, history: History | None = None, now: float | None = None) -> Snapshot:
+def build_snapshot(document: dict, history: History | None = None, totals: Totals | None = None,
+                   now: float | None = None) -> Snapshot:
     """Build the frame for one neuron-monitor ``document`` (the dict ``Collector.collect()`` returns).
 
     ``history``, when given, gets this document's utilization appended and the snapshot carries a
-    copy of every series. Example: ``build_snapshot(collector.collect(), History())``.
+    copy of every series; ``totals`` sums the per-period counters across calls (pass the same
+    objects every period). Example: ``build_snapshot(collector.collect(), History(), Totals())``.
     """
     if not isinstance(document, dict):
         raise ValueError("neuron-top: the monitor document is not a JSON object")
@@ -358,10 +404,12 @@ def build_snapshot(document: dict, history: History | None = None, now: float | 
     per_device = int(_num(hw.get("neuroncore_per_device_count"), 0)) or 2
     device_count = int(_num(hw.get("neuron_device_count"), 0))
 
-    apps = [_app_view("all", None, entries, per_device)]
-    for entry in entries:
-        tag = str(entry.get("neuron_runtime_tag") or entry.get("pid", "?"))
-        apps.append(_app_view(tag, int(entry.get("pid") or 0), [entry], per_device))
+    totals = totals if totals is not None else Totals()
+    processes = [_process_view(e, totals) for e in entries]
+    totals.forget_except({_process_key(e) for e in entries})
+    apps = [_app_view("all", None, entries, per_device, tuple(processes))]
+    for entry, process in zip(entries, processes):
+        apps.append(_app_view(process.tag, process.pid, [entry], per_device, (process,)))
 
     # A driver-less host (or a replay without hardware info) still gets a grid covering every
     # core that reports anything.

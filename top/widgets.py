@@ -32,12 +32,18 @@ class Panel(Widget):
         super().__init__(**kwargs)
         self.body = body
         self.frame: tuple[Snapshot, ViewState] | None = None
+        self._last: Text | None = None
         self.border_title = title
 
     def show(self, snapshot: Snapshot, state: ViewState) -> None:
         """Render ``snapshot`` as seen with ``state`` (tab, grid mode, selected core)."""
         self.frame = (snapshot, state)
-        self.refresh(layout=True)
+        text = self._text(self.content_size.width)   # sets the border title now, not at paint
+        if text == self._last:
+            return   # an unchanged panel costs nothing (most of them, most refreshes)
+        relayout = self._last is None or text.plain.count("\n") != self._last.plain.count("\n")
+        self._last = text
+        self.refresh(layout=relayout)
 
     def _text(self, width: int) -> Text:
         if self.frame is None or self.body is None:
@@ -75,7 +81,7 @@ class MemoryTree(Tree):
 
     def _label_width(self) -> int:
         # One column stays free for the vertical scrollbar when the tree outgrows its panel.
-        return max(self.scrollable_content_region.width, 40) - 1
+        return max(self.scrollable_content_region.width, 40)
 
     def _sync(self, parent, nodes: tuple[MemoryNode, ...], depth: int) -> None:
         existing = {child.data[0]: child for child in parent.children if child.data}
@@ -87,8 +93,10 @@ class MemoryTree(Tree):
                 tree_node = parent.add(label, data=(node.key, node.core), expand=depth < 1,
                                        allow_expand=bool(node.children))
             else:
-                tree_node.set_label(label)
-                tree_node.allow_expand = bool(node.children)
+                if tree_node.label != label:
+                    tree_node.set_label(label)
+                if tree_node.allow_expand != bool(node.children):
+                    tree_node.allow_expand = bool(node.children)
             self._sync(tree_node, node.children, depth + 1)
         for gone in existing.values():
             gone.remove()
