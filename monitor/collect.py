@@ -236,12 +236,12 @@ class Collector:
         errors = {k: int(snap["errors"].get(k, 0) - prev["errors"].get(k, 0)) for k in live.ERROR_TYPES}
         ring = snap["ring"]
         # Executions after the previous report are exactly those with a larger sequence number.
-        start = int(np.searchsorted(np.asarray(ring["seq"], dtype=np.int64), prev["seq"], side="right"))
+        start = int(np.searchsorted(ring["seq"], prev["seq"], side="right"))
         latency = {}
         for name in ("total_latency", "device_latency"):
             values = ring[name][start:]
-            if values:
-                pct = np.percentile(np.asarray(values, dtype=np.float64), [p for _, p in PERCENTILES])
+            if len(values):
+                pct = np.percentile(values.astype(np.float64), [p for _, p in PERCENTILES])
                 latency[name] = {k: float(round(v, 9)) for (k, _), v in zip(PERCENTILES, pct)}
             else:
                 latency[name] = None

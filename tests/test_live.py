@@ -60,14 +60,14 @@ def test_counters_memory_models_events_round_trip(d):
     assert s["events"]["recompile"] == {"count": 1, "last_reason": "x dim 0: 4 -> 8",
                                         "last_source": "m.py:3", "last_op": ""}
     assert s["events"]["cpu_fallback"]["last_op"] == "aten.nonzero.default"
-    assert s["ring"]["seq"] == [1, 2, 3, 4, 5]
-    assert s["ring"]["core"] == [0, 0, 0, 1, 1]
-    assert s["ring"]["status"] == ["completed"] * 3 + ["timed_out"] * 2
+    assert s["ring"]["seq"].tolist() == [1, 2, 3, 4, 5]
+    assert s["ring"]["core"].tolist() == [0, 0, 0, 1, 1]
+    assert s["ring"]["status"].tolist() == ["completed"] * 3 + ["timed_out"] * 2
     assert s["ring"]["total_latency"][4] == pytest.approx(0.005, rel=1e-6)
     assert s["hardware"]["neuron_device_type"] == "trainium"
     assert read_device_info(d)["instance_type"] == "trn1.32xlarge"
     pub.close()
-    assert read_all(d) == [] and not pub.path.exists()
+    assert read_all(d) == [] and not pub.path.exists() and not pub.ring_path.exists()
 
 
 def test_tag_defaults_to_env_then_pid(d, monkeypatch):
@@ -86,7 +86,7 @@ def test_ring_keeps_the_newest_executions_in_order(d):
     _record(pub, n)
     pub.flush()
     ring = read_all(d)[0]["ring"]
-    assert ring["seq"] == list(range(n - RING_SIZE + 1, n + 1))
+    assert ring["seq"].tolist() == list(range(n - RING_SIZE + 1, n + 1))
     assert ring["wall_end"][-1] == 1000.0 + n - 1
     assert all(len(col) == RING_SIZE for col in ring.values())
     pub.close()
@@ -138,16 +138,18 @@ def test_dead_process_files_are_dropped_and_removed(d):
             "import os; os._exit(0)\n")  # skip atexit: like a kill, the file stays behind
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     left = Path(out.stdout.strip())
-    assert left.exists()
+    assert left.exists() and left.with_suffix(".ring").exists()
     assert read_all(d) == []
-    assert not left.exists()
+    assert not left.exists() and not left.with_suffix(".ring").exists()
 
 
 def test_half_written_and_foreign_files_are_skipped(d):
     pub = LivePublisher(tag="ok", directory=d)
     (d / f"{os.getpid()}-999.json").write_text('{"version": 1, "pid": ')  # torn write of a live pid
     (d / "notes.txt").write_text("hello")
+    (d / ".99999999-0.json.99999999.1.tmp").write_text("{")  # left by a writer killed mid-write
     assert [s["tag"] for s in read_all(d)] == ["ok"]
+    assert not (d / ".99999999-0.json.99999999.1.tmp").exists() and (d / "notes.txt").exists()
     pub.close()
 
 
@@ -201,4 +203,35 @@ def test_live_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(tmp_path))
     assert live.live_dir() == tmp_path
     monkeypatch.delenv("NEURON_STACK_LIVE_DIR")
-    assert live.live_dir() == Path(f"/tmp/neuron_stack-{os.getuid()}/live")
+    default = live.live_dir()
+    assert default.parent.name == f"neuron_stack-{os.getuid()}" and default.parent.parent in (Path("/dev/shm"), Path("/tmp"))
+
+
+def test_ring_only_shows_executions_the_snapshot_counted(d):
+    pub = LivePublisher(tag="r2", directory=d)
+    _record(pub, 3)
+    pub.flush()
+    pub._last_flush = time.monotonic() + 3600  # hold further writes of the snapshot back
+    _record(pub, 2, start=3)                   # in the shared ring already, not yet in the snapshot
+    (s,) = read_all(d)
+    assert s["seq"] == 3 and s["ring"]["seq"].tolist() == [1, 2, 3]
+    pub.close()
+
+
+def test_forked_child_leaves_the_parents_files_alone(d):
+    pub = LivePublisher(tag="parent", directory=d)
+    _record(pub, 2)
+    pub.flush()
+    pid = os.fork()
+    if pid == 0:  # child: recording and closing must not touch the parent's ring or snapshot
+        try:
+            _record(pub, 5, start=100)
+            pub.flush()
+            pub.close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    (s,) = read_all(d)
+    assert s["pid"] == os.getpid() and s["seq"] == 2 and s["ring"]["seq"].tolist() == [1, 2]
+    assert s["ring"]["wall_end"].tolist() == [1000.0, 1001.0]
+    pub.close()

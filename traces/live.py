@@ -2,9 +2,10 @@
 
 Each process using the runtime owns one small JSON snapshot ``<pid>-<n>.json`` in :func:`live_dir`.
 It holds cumulative counters (executions by status, errors by type, per-core busy time per engine on
-the projected clock, device time, flops), a ring of the last executions (so a reader can compute
-latency percentiles for exactly its own period), memory by category, loaded models, event counters,
-and the (wall, projected-clock) pair at the moment it was written. Nothing locks across processes:
+the projected clock, device time, flops), memory by category, loaded models, event counters, and
+the (wall, projected-clock) pair of the last execution. Next to it, ``<pid>-<n>.ring`` is a
+memory-mapped ring of the last executions (so a reader can compute latency percentiles for exactly
+its own period) that ``record_execution`` fills without a system call. Nothing locks across processes:
 the file is replaced atomically (temp file + ``os.replace``), readers just read whatever is there.
 
 >>> import tempfile, time
@@ -21,15 +22,18 @@ the file is replaced atomically (temp file + ``os.replace``), readers just read 
 from __future__ import annotations
 
 import atexit
-import base64
 import json
+import mmap
 import os
 import re
+import struct
 import sys
 import threading
 import time
-from array import array
+import weakref
 from pathlib import Path
+
+import numpy as np
 
 __all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
@@ -49,17 +53,34 @@ HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
 EVENT_KINDS = ("compile", "recompile", "cpu_fallback", "cache_hit")
 
 _STATUS_CODE = {s: i for i, s in enumerate(EXECUTION_STATUSES)}
-# Ring columns and their array type codes: seq, wall end (s), latencies (s, float32 is plenty), core, status.
-_RING_COLUMNS = (("seq", "q"), ("wall_end", "d"), ("total_latency", "f"), ("device_latency", "f"),
-                 ("core", "i"), ("status", "b"))
-_SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.json$")
+_STATUS_NAMES = np.array(EXECUTION_STATUSES, dtype=object)
+# The execution ring is a memory-mapped file next to the snapshot: record_execution writes one
+# 32-byte slot (slot = seq % RING_SIZE) with no system call; readers map the same bytes.
+_RING_ENTRY = struct.Struct("<qdffib3x")  # seq, wall end (s), total and device latency (s), core, status
+_RING_DTYPE = np.dtype({"names": ["seq", "wall_end", "total_latency", "device_latency", "core", "status"],
+                        "formats": ["<i8", "<f8", "<f4", "<f4", "<i4", "i1"],
+                        "offsets": [0, 8, 16, 20, 24, 28], "itemsize": _RING_ENTRY.size})
+_RING_SUFFIX = ".ring"
+_publishers: "weakref.WeakSet[LivePublisher]" = weakref.WeakSet()
+_SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.(json|ring)$")
+_TMP_RE = re.compile(r"^\..+\.(\d+)\.\d+\.tmp$")  # _write_atomic's temp names: .<name>.<pid>.<thread>.tmp
 _CAPTURE_SUFFIX = ".capture.json"
 _DEVICE_FILE = "device.json"
 _counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
 
 
+def _forget_parent_publishers() -> None:
+    # A forked child (a DataLoader worker, say) must not write into its parent's shared ring.
+    for pub in list(_publishers):
+        pub._ring = None
+
+
+os.register_at_fork(after_in_child=_forget_parent_publishers)
+
+
 def live_dir() -> Path:
-    """The directory snapshots live in: ``$NEURON_STACK_LIVE_DIR`` or ``/tmp/neuron_stack-<uid>/live``.
+    """Where snapshots live: ``$NEURON_STACK_LIVE_DIR``, else ``/dev/shm/neuron_stack-<uid>/live``
+    (memory: a rename on a busy disk can take milliseconds), else ``/tmp/neuron_stack-<uid>/live``.
 
     >>> live_dir().name
     'live'
@@ -68,7 +89,9 @@ def live_dir() -> Path:
     if env:
         return Path(env)
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(f"/tmp/neuron_stack-{uid}/live")
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path("/tmp")
+    return base / f"neuron_stack-{uid}" / "live"
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -138,9 +161,12 @@ class LivePublisher:
         self._executions = dict.fromkeys(EXECUTION_STATUSES, 0)
         self._errors = dict.fromkeys(ERROR_TYPES, 0)
         self._core_stats: dict[int, dict] = {}
-        # The ring is a set of fixed typed arrays (slot = seq % RING_SIZE): an O(1) store per
-        # execution and a cheap bytes dump per flush, instead of thousands of JSON objects.
-        self._ring = {name: array(code, bytes(array(code).itemsize * RING_SIZE)) for name, code in _RING_COLUMNS}
+        self.ring_path = self.path.with_suffix(_RING_SUFFIX)
+        with open(self.ring_path, "w+b") as f:
+            f.truncate(RING_SIZE * _RING_ENTRY.size)
+            self._ring = mmap.mmap(f.fileno(), RING_SIZE * _RING_ENTRY.size)
+        self._pack_into = _RING_ENTRY.pack_into
+        _publishers.add(self)
         self._device_memory: dict[int, dict[str, int]] = {}
         self._host_memory = dict.fromkeys(HOST_MEMORY, 0)
         self._models: dict[int, dict] = {}
@@ -196,14 +222,9 @@ class LivePublisher:
             st["device_ns"] += int(device_latency_s * 1e9)
             st["flops"] += int(flops)
             st["executions"] += 1
-            slot = self._seq % RING_SIZE
-            ring = self._ring
-            ring["seq"][slot] = self._seq
-            ring["wall_end"][slot] = wall_end
-            ring["total_latency"][slot] = total_latency_s
-            ring["device_latency"][slot] = device_latency_s
-            ring["core"][slot] = core
-            ring["status"][slot] = _STATUS_CODE[status]
+            if self._ring is not None:
+                self._pack_into(self._ring, (self._seq % RING_SIZE) * 32, self._seq, wall_end,
+                                total_latency_s, device_latency_s, core, _STATUS_CODE[status])
             self._last_wall = wall_end
             self._last_proj_ns = int(proj_end_ns)
             self._dirty = True
@@ -316,12 +337,12 @@ class LivePublisher:
 
     # -- publishing ------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
-            self.flush()
-        elif self._thread is None and not self._closed:
-            # Backstop so the last changes before a quiet spell still reach the monitor.
-            self._thread = threading.Thread(target=self._flusher, name="neuron-live", daemon=True)
-            self._thread.start()
+        # The hot path never writes: a daemon thread publishes the changes every FLUSH_INTERVAL_S.
+        if self._thread is None and not self._closed:
+            with self._io_lock:
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(target=self._flusher, name="neuron-live", daemon=True)
+                    self._thread.start()
 
     def _flusher(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
@@ -335,7 +356,6 @@ class LivePublisher:
         """The snapshot as written to disk (a plain dict; see docs/monitor.md for the fields)."""
         with self._lock:
             now = time.time()
-            ring = {name: base64.b64encode(col.tobytes()).decode("ascii") for name, col in self._ring.items()}
             snap = {
                 "version": SNAPSHOT_VERSION, "pid": self.pid, "tag": self.tag, "command": self.command,
                 "target": self.target, "instance_type": self.instance_type, "hardware": dict(self.hardware),
@@ -353,7 +373,7 @@ class LivePublisher:
                 "models": [dict(m, device_bytes=dict(m["device_bytes"]), host_bytes=dict(m["host_bytes"]))
                            for m in self._models.values()],
                 "events": {k: dict(v) for k, v in self._events.items()},
-                "ring": dict(ring, byteorder=sys.byteorder),
+                "ring_file": self.ring_path.name, "ring_size": RING_SIZE,
             }
             self._dirty = False
         return snap
@@ -384,11 +404,16 @@ class LivePublisher:
             atexit.unregister(self.close)
         except Exception:
             pass
+        with self._lock:
+            ring, self._ring = self._ring, None
         if os.getpid() == self.pid:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for path in (self.path, self.ring_path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            if ring is not None:
+                ring.close()
 
     def _publish_device_info(self) -> None:
         # The simulated "driver" description: survives the process so the monitor can describe the
@@ -425,9 +450,16 @@ def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
     for name in names:
         m = _SNAPSHOT_RE.match(name)
         if not m:
+            tmp = _TMP_RE.match(name)
+            if tmp and not _alive(int(tmp.group(1)), None):  # a writer killed mid-write
+                _unlink_quietly(d / name)
             continue
         path = d / name
         pid = int(m.group(1))
+        if m.group(3) == "ring":  # read with its snapshot; only orphans are handled here
+            if not (d / f"{pid}-{m.group(2)}.json").exists() and not _alive(pid, None):
+                _unlink_quietly(path)
+            continue
         try:
             with open(path) as f:
                 snap = json.load(f)
@@ -439,10 +471,11 @@ def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
             continue
         if not _alive(pid, snap.get("process_start_time")):
             _unlink_quietly(path)
+            _unlink_quietly(path.with_suffix(_RING_SUFFIX))
             continue
         try:
-            snap["ring"] = _decode_ring(snap["ring"], snap["seq"])
-        except (ValueError, TypeError, KeyError):
+            snap["ring"] = _read_ring(d / snap["ring_file"], int(snap["seq"]), int(snap["ring_size"]))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
         snap["file"] = str(path)
         out.append(snap)
@@ -450,22 +483,22 @@ def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
     return out
 
 
-def _decode_ring(raw: dict, seq: int) -> dict[str, list]:
-    """The ring as columns of equal length, oldest execution first (``seq`` is the newest number)."""
-    n = min(int(seq), RING_SIZE)
-    start = (int(seq) + 1) % RING_SIZE  # slot of the oldest entry once the ring has wrapped
-    out = {}
-    for name, code in _RING_COLUMNS:
-        col = array(code)
-        col.frombytes(base64.b64decode(raw[name]))
-        if len(col) != RING_SIZE:
-            raise ValueError("ring size mismatch")
-        if raw.get("byteorder", sys.byteorder) != sys.byteorder:
-            col.byteswap()
-        ordered = col[start:] + col[:start] if seq >= RING_SIZE else col[1:n + 1]
-        out[name] = ordered.tolist()
-    out["status"] = [EXECUTION_STATUSES[c] for c in out["status"]]
-    return out
+def _read_ring(path: Path, seq: int, size: int) -> dict[str, np.ndarray]:
+    """The ring's executions up to ``seq`` (the snapshot's count), oldest first, as numpy columns.
+
+    Entries newer than the snapshot are left for the next read, so the ring and the snapshot's
+    counters always describe the same executions.
+    """
+    with open(path, "rb") as f:
+        raw = np.frombuffer(f.read(), dtype=_RING_DTYPE)
+    if len(raw) != size:
+        raise ValueError("ring size mismatch")
+    lo = max(0, seq - size)
+    entries = raw[(raw["seq"] > lo) & (raw["seq"] <= seq)]
+    entries = entries[np.argsort(entries["seq"], kind="stable")]
+    cols = {name: np.ascontiguousarray(entries[name]) for name in _RING_DTYPE.names}
+    cols["status"] = _STATUS_NAMES[np.clip(cols["status"], 0, len(EXECUTION_STATUSES) - 1)]
+    return cols
 
 
 def read_device_info(directory: str | os.PathLike | None = None) -> dict | None:
