@@ -1,0 +1,70 @@
+"""neuron-cc as the user types it: compile (module:factory and .pt2), list-operators, analyze, errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CC = str(Path(sys.executable).parent / "neuron-cc")
+MODELS = str(ROOT / "sample_workloads" / "models.py")
+
+
+def cc(*args, cwd=None):
+    return subprocess.run([CC, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_compile_factory_and_run_the_neff(tmp_path):
+    out = tmp_path / "mlp.neff"
+    r = cc("compile", f"{MODELS}:MLP", "--input-shapes", "4x64", "--target", "inf2", "-O1",
+           "--auto-cast", "matmult", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "Compiler status PASS" in r.stdout and "inf2" in r.stdout
+    assert "-> matmul" in (tmp_path / "log-neuron-cc.txt").read_text()
+    import neuron_stack
+    from neuron_stack.neff import read_header
+    h = read_header(out)
+    assert h["target"] == "inf2" and h["flags"]["optlevel"] == 1 and h["flags"]["auto_cast"] == "matmult"
+    assert neuron_stack.load(out).neff.program.stats["num_device_ops"] > 0
+
+
+def test_compile_pt2(tmp_path):
+    code = ("import torch, sys; sys.path.insert(0, %r); from models import CNN; m = CNN(4, 4).eval();"
+            "torch.export.save(torch.export.export(m, (torch.randn(1, 3, 8, 8),)), %r)"
+            % (str(ROOT / "sample_workloads"), str(tmp_path / "cnn.pt2")))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    r = cc("compile", str(tmp_path / "cnn.pt2"), "--verbose", "info", "-o", str(tmp_path / "cnn.neff"))
+    assert r.returncode == 0, r.stderr
+    assert "legalize: " in r.stdout and "convolution" in r.stdout
+
+
+def test_list_operators():
+    r = cc("list-operators", "--json")
+    rows = {o["operator"]: o for o in json.loads(r.stdout)}
+    assert rows["aten.addmm"]["class"] == "matmul"
+    assert rows["aten.nonzero"]["class"] == "cpu" and "data-dependent" in rows["aten.nonzero"]["lowering"]
+    assert "OPERATOR" in cc("list-operators").stdout
+
+
+def test_analyze():
+    r = cc("analyze", f"{MODELS}:Ranker", "--input-shapes", "2x32")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["supported_operators"]["aten::addmm"] == 2
+    assert any(u["kind"] == "aten::index" for u in rep["unsupported_operators"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compile", "nope.py:MLP"], "no such file nope.py"),
+    (["compile", f"{MODELS}:Nope", "--input-shapes", "2x2"], "has no attribute 'Nope'"),
+    (["compile", f"{MODELS}:MLP"], "needs example inputs: pass --input-shapes"),
+    (["compile", f"{MODELS}:MLP", "--input-shapes", "4xq"], "bad input shape '4xq'"),
+    (["compile", f"{MODELS}:MLP", "--auto-cast", "bogus"], "invalid choice: 'bogus'"),
+    (["compile", "missing.pt2"], "no such file missing.pt2"),
+])
+def test_bad_input_is_one_line(args, needle):
+    r = cc(*args)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("neuron-cc") and needle in lines[0], r.stderr
