@@ -57,12 +57,18 @@ for line in sys.stdin:            # one marker execution per request; prints its
 '''
 
 
+def _scratch() -> str:
+    # Where the default live directory would be: memory when /dev/shm exists.
+    shm = Path("/dev/shm")
+    return tempfile.mkdtemp(prefix="nsbench-", dir=shm if shm.is_dir() else None)
+
+
 def publisher_costs() -> tuple[float, float]:
     """In this process: record_execution's own cost (us) and one snapshot write (us)."""
     sys.path.insert(0, str(ROOT))
     from traces.live import LivePublisher
 
-    pub = LivePublisher(tag="cost", directory=tempfile.mkdtemp(prefix="nsbench-"))
+    pub = LivePublisher(tag="cost", directory=_scratch())
     pub._last_flush = time.monotonic() + 3600  # measure the hot path alone
     n = 100_000
     t0 = time.perf_counter()
@@ -74,6 +80,9 @@ def publisher_costs() -> tuple[float, float]:
         pub.flush()
     flush = (time.perf_counter() - t0) / 200 * 1e6
     pub.close()
+    import shutil
+
+    shutil.rmtree(pub.directory, ignore_errors=True)
     return record, flush
 
 
@@ -85,7 +94,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="probe executions for the publish-to-report delay")
     args = ap.parse_args()
 
-    live = tempfile.mkdtemp(prefix="nsbench-")
+    live = _scratch()
     env = dict(os.environ, NEURON_STACK_LIVE_DIR=live, PYTHONPATH=str(ROOT))
     env.pop("NEURON_PROCESS_TAG", None)
     procs = [subprocess.Popen([sys.executable, "-c", WORKLOAD, str(args.rate), str(i)], env=env, cwd=ROOT,
@@ -109,11 +118,11 @@ def main() -> None:
     threading.Thread(target=pump, daemon=True).start()
     try:
         time.sleep(3.0)  # every workload publishing, the monitor past its first reports
-        seen = {r["pid"] for r in lines[-1][1]["neuron_runtime_data"]} if lines else set()
         mp = psutil.Process(mon.pid)
         c0, n0, t0 = sum(mp.cpu_times()[:2]), len(lines), time.monotonic()
         time.sleep(args.seconds)
         c1, n1, t1 = sum(mp.cpu_times()[:2]), len(lines), time.monotonic()
+        seen = max((len(doc["neuron_runtime_data"]) for _, doc in lines[n0:n1]), default=0)
         reports = max(1, n1 - n0)
 
         delays = []
@@ -135,6 +144,9 @@ def main() -> None:
                 time.sleep(0.01)
             time.sleep(0.37)  # land the next probe at a different phase of the period
     finally:
+        import shutil
+
+        shutil.rmtree(live, ignore_errors=True)
         mon.terminate()
         mon.wait()
         probe.kill()
@@ -154,7 +166,7 @@ def main() -> None:
     print(f"record_execution: {record_us:.2f} us per call; snapshot write: {flush_us:.0f} us "
           f"(at most 4 per second per process = {4 * flush_us / 1e4:.3f}% of a core)")
     print(f"workloads: {args.workloads} live processes at {args.rate:g} executions/s each "
-          f"({len(seen)} seen in one report), period 1 s")
+          f"({seen} runtimes in the fullest report), period 1 s")
     print(f"monitor CPU per report: {cpu / reports * 1000:.1f} ms ({reports} reports in {t1 - t0:.1f} s)")
     print(f"monitor CPU share: {100 * cpu / (t1 - t0):.2f}% of one core (target <= 2%)")
     if rec_costs:
