@@ -144,9 +144,6 @@ def main() -> None:
                 time.sleep(0.01)
             time.sleep(0.37)  # land the next probe at a different phase of the period
     finally:
-        import shutil
-
-        shutil.rmtree(live, ignore_errors=True)
         mon.terminate()
         mon.wait()
         probe.kill()
@@ -159,6 +156,9 @@ def main() -> None:
                 rec_costs.append(float(out[-1]))
             p.wait()
         probe.wait()
+        import shutil
+
+        shutil.rmtree(live, ignore_errors=True)  # after every publisher is gone (they recreate it)
 
     cpu = c1 - c0
     record_us, flush_us = publisher_costs()
