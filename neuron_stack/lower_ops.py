@@ -935,7 +935,8 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     nch = len(chunks)
     xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, min(D, Fc) if free else 1, x.dtype, bufs=2 if fits else 3)
     work = Pool(low, f"{n.name}.w", "sbuf", PMAX, min(D, Fc) if free else 1, "float32", bufs=2 if fits else 3)
-    small = Pool(low, f"{n.name}.s", "sbuf", PMAX, max(8, 3 * nch + 2), "float32", bufs=8)
+    nbn = sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)
+    small = Pool(low, f"{n.name}.s", "sbuf", PMAX, max(8, 3 * nbn, nch), "float32", bufs=8)
     out_spec = n.outputs[0]
     if kind in ("softmax", "log_softmax", "cumsum"):
         out = low.out_view(n.name, out_spec)

@@ -137,9 +137,9 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
                      "sync": "Sync", "cc": "CC-core"}.get(ins.engine, ins.engine)
             qfree = free.get(ins.engine, 0)
             s = max(qfree, ready)
+            if ins.engine == "tensor" and profile.throttle and s - last_tensor_end > profile.throttle_ramp_ns:
+                ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
             if ins.engine == "tensor" and profile.throttle and ins.opcode == "MATMUL":
-                if s - last_tensor_end > profile.throttle_ramp_ns:
-                    ramp_start = s
                 d_ns = max(1, int(math.ceil(ins.dur / throttle_factor(profile, s - ramp_start))))
             free[ins.engine] = s + d_ns
             if ins.engine == "tensor":
