@@ -335,9 +335,10 @@ def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int,
     util: dict[int, float] = {}
     flops: dict[int, float] = {}
     engines: dict[int, dict[str, float]] = {}
-    vcpu: list[float] | None = None
-    host: dict[str, int] | None = None
-    device: dict[str, int] | None = None
+    # With no runtime at all, the runtime's usage is truly zero rather than unknown.
+    vcpu: list[float] | None = None if entries else [0.0, 0.0]
+    host: dict[str, int] | None = None if entries else {k: 0 for k, _ in HOST_CATEGORIES}
+    device: dict[str, int] | None = None if entries else {k: 0 for k, _ in DEVICE_CATEGORIES}
     for entry in entries:
         report = entry.get("report") or {}
         counters = _group(report, "neuroncore_counters")
