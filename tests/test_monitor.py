@@ -331,3 +331,15 @@ def test_bad_flag_is_one_line(env):
                          env=env, cwd=ROOT, timeout=30)
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "--verbose" in out.stderr
+
+
+@pytest.mark.skipif(not __import__("shutil").which("jq"), reason="jq not installed")
+def test_jq_pipeline_from_the_readme(tmp_path, env, procs):
+    w = start_workload(tmp_path, env, procs, n=100000, sleep_s=0.002)
+    cfg = write_config(tmp_path, period="300ms")
+    cmd = (f"'{BIN / 'neuron-monitor'}' -c '{cfg}' | jq -c --unbuffered '.neuron_runtime_data[0].report.neuroncore_counters'"
+           " | grep -m1 neuroncore_utilization; exit ${PIPESTATUS[0]}")  # neuron-monitor's own status
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    counters = json.loads(out.stdout)
+    assert set(counters) == {"period", "neuroncores_in_use", "error"} and w.poll() is None
