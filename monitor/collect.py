@@ -56,10 +56,11 @@ class Collector:
     ``collect()`` reports every configured group; ``collect(due=keys)`` only the groups whose
     keys (from ``Config.groups()``) are due, as the CLI's scheduler does.
 
+    >>> import tempfile
     >>> from monitor.config import load_config
-    >>> c = Collector(load_config(None))
-    >>> c.collect()["neuron_runtime_data"] == [] or True
-    True
+    >>> c = Collector(load_config(None), directory=tempfile.mkdtemp())
+    >>> c.collect()["neuron_runtime_data"]
+    []
     """
 
     def __init__(self, config: Config | None = None, directory: str | os.PathLike | None = None):
@@ -200,7 +201,12 @@ class Collector:
         elif kind == "memory_used":
             block = self._memory_used(snap, period)
         elif kind == "neuron_runtime_vcpu_usage":
-            cpu = self._cpu_times(snap["pid"], strict=True)
+            try:
+                cpu = self._cpu_times(snap["pid"], strict=True)
+            except psutil.AccessDenied:
+                block = {"period": period, "vcpu_usage": {"user": 0.0, "system": 0.0},
+                         "error": "cannot read the process's CPU times: permission denied (run as its user)"}
+                return block, state
             before = prev.get("cpu") or cpu
             ncpu = psutil.cpu_count() or 1
             block = {"period": period, "vcpu_usage": {
