@@ -20,9 +20,11 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from traces.errors import TraceError
+from traces.intervals import bucket_busy
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.segments import list_segments
 from traces.store import DERIVED_TABLES, PROFILE_NAME, finalize, summary_sql
@@ -306,7 +308,7 @@ class Profile:
                    g.compile_wall_ns, g.compile_ns, g.cache_hit, g.source_id, s.file, s.line
             FROM graphs g LEFT JOIN graphs prev ON prev.graph_id = g.recompile_of
             LEFT JOIN sources s ON s.source_id = g.source_id
-            WHERE g.recompile_of IS NOT NULL OR g.recompile_reason IS NOT NULL
+            WHERE g.recompile_of IS NOT NULL OR coalesce(g.recompile_reason, '') <> ''
             ORDER BY g.compile_ns, g.graph_id""")
 
     def source_text(self, file: str) -> str | None:
@@ -365,43 +367,42 @@ class Profile:
         base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
         level = min(top, math.floor(math.log2(width / LOD_OVERSAMPLE))) if width >= LOD_OVERSAMPLE else -1
         where, params = _lane_filter(core, engine)
-        params.update(t0=t0, span=t1 - t0, w=width, nb=buckets, top=top)
+        lane_cols = ["core", "engine", "queue"] if by_queue else ["core", "engine"]
+        key = f"hash({', '.join(lane_cols)})"  # rows carry a lane hash, not strings: cheaper to transfer
+        lanes = self.sql(f"SELECT DISTINCT {', '.join(lane_cols)}, {key} AS h FROM lod_busy "
+                         f"WHERE level = $top {where} ORDER BY ALL", {**params, "top": top})
         if level >= base:
             # a pyramid bucket is clipped to the trace's extent first: no busy time lies outside it
             params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level,
                           tlo=rng[0], thi=rng[1])
-            source = (f"SELECT core, engine, queue, greatest(bucket * $bw, $tlo) - $t0 AS s, "
-                      f"least((bucket + 1) * $bw, $thi) - $t0 AS e, busy_ns AS busy "
+            source = (f"SELECT {key} AS h, greatest(bucket * $bw, $tlo) AS s, "
+                      f"least((bucket + 1) * $bw, $thi) AS e, busy_ns AS busy "
                       f"FROM lod_busy WHERE level = $lvl AND bucket BETWEEN $blo AND $bhi {where}")
         else:
             max_dur = int(meta.get("max_instruction_dur_ns") or 0)
-            # the start_ns range alone selects candidates, so the sorted table's zone maps skip the rest
+            # the start_ns range alone selects candidates, so zone maps skip the other row groups
             params.update(t1=t1, lo=t0 - max_dur)
-            source = (f"SELECT core, engine, queue, start_ns - $t0 AS s, start_ns + dur_ns - $t0 AS e, "
-                      f"dur_ns AS busy FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo "
-                      f"AND dur_ns > 0 {where}")
-        lane = "core, engine, queue" if by_queue else "core, engine"
-        query = f"""
-            WITH iv AS ({source}),
-            x AS (SELECT {lane}, s, e, busy, greatest(s, 0) AS cs, least(e, $span) AS ce
-                  FROM iv WHERE s < $span AND e > 0),
-            y AS (SELECT *, least(floor(cs / $w), $nb - 1)::BIGINT AS b0,
-                            least(ceil(ce / $w) - 1, $nb - 1)::BIGINT AS b1 FROM x),
-            parts AS (
-                SELECT {lane}, b0 AS bucket, busy * (ce - cs) / (e - s) AS part FROM y WHERE b0 = b1
-                UNION ALL
-                SELECT {lane}, k AS bucket,
-                       busy * (least(ce, (k + 1) * $w) - greatest(cs, k * $w)) / (e - s) AS part
-                FROM y, generate_series(b0, b1) AS g(k) WHERE b0 < b1),
-            agg AS (SELECT {lane}, bucket, sum(part) AS busy_ns FROM parts GROUP BY ALL),
-            lanes AS (SELECT DISTINCT {lane} FROM lod_busy WHERE level = $top {where}),
-            grid AS (SELECT lanes.*, r.range AS bucket FROM lanes, range($nb) AS r)
-            SELECT g.bucket, $t0 + floor(g.bucket * $w)::BIGINT AS start_ns,
-                   $t0 + floor((g.bucket + 1) * $w)::BIGINT AS end_ns, {', '.join('g.' + c for c in lane.split(', '))},
-                   coalesce(a.busy_ns, 0.0) AS busy_ns, coalesce(a.busy_ns, 0.0) / $w AS utilization
-            FROM grid g LEFT JOIN agg a USING ({lane}, bucket)
-            ORDER BY {lane}, bucket"""
-        return self.sql(query, params).cast(schema)
+            source = (f"SELECT {key} AS h, start_ns AS s, start_ns + dur_ns AS e, dur_ns AS busy "
+                      f"FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo AND dur_ns > 0 {where}")
+        rows = self.sql(source, params)
+        lane_h = lanes["h"].to_numpy()
+        order = np.argsort(lane_h)
+        h = rows["h"].to_numpy()
+        pos = np.minimum(np.searchsorted(lane_h[order], h), max(len(order) - 1, 0))
+        lane = np.where(lane_h[order][pos] == h, order[pos], -1) if len(order) else np.full(len(h), -1)
+        busy = bucket_busy(lane, rows["s"].to_numpy() - t0, rows["e"].to_numpy() - t0, rows["busy"].to_numpy(),
+                           lanes.num_rows, t1 - t0, buckets)   # (lanes, buckets)
+        k = np.arange(buckets, dtype=np.int64)
+        edges = t0 + np.floor(np.arange(buckets + 1) * width).astype(np.int64)
+        edges[-1] = t1
+        n = lanes.num_rows
+        columns = {"bucket": np.tile(k, n), "start_ns": np.tile(edges[:-1], n), "end_ns": np.tile(edges[1:], n)}
+        for col in lane_cols:
+            columns[col] = pa.array(lanes[col].to_numpy(zero_copy_only=False).repeat(buckets)
+                                    if n else [], type=schema.field(col).type)
+        columns["busy_ns"] = busy.reshape(-1)
+        columns["utilization"] = busy.reshape(-1) / width
+        return pa.table({f.name: columns[f.name] for f in schema}, schema=schema)
 
 
 def _lane_filter(core, engine) -> tuple[str, dict]:

@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traces.errors import TraceError
 from traces.schema import ENGINES, SCHEMA_VERSION, TABLES
+from traces.intervals import lod_pyramid, union_active
 from traces.segments import list_segments, read_segment
 
 log = logging.getLogger("traces")
@@ -56,8 +58,6 @@ _LOAD_CLAUSE = {
     "graphs": "QUALIFY row_number() OVER (PARTITION BY graph_id) = 1",
     "ops": "QUALIFY row_number() OVER (PARTITION BY op_id) = 1",
     "executions": "QUALIFY row_number() OVER (PARTITION BY exec_id) = 1 ORDER BY start_ns",
-    # sorted by start so DuckDB's per-row-group min/max (zone maps) skip everything outside a zoom window
-    "instructions": "ORDER BY start_ns",
     "events": "ORDER BY ts_ns",
     "memory": "ORDER BY ts_ns",
     "metadata": "ORDER BY key",
@@ -129,11 +129,17 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
                          "skipped_segments": ",".join(skipped),
                          "summary_includes_warmup": str(bool(include_warmup)).lower(),
                          "finalized_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        instructions = _time_ordered(loaded.pop("instructions"))
         for name, parts in loaded.items():
             _load(con, name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
+        # Row groups follow the segments in time order, so each one's min/max start (its zone map)
+        # is narrow and a window query skips the rest; a global sort would cost as much as the load.
+        con.execute("SET preserve_insertion_order = false")
+        _load(con, "instructions", instructions)
+        con.execute("SET preserve_insertion_order = true")
         _close_open_runs(con)
         _load(con, "metadata", _kv(metadata))
-        stats = _derive(con, include_warmup)
+        stats = _derive(con, instructions, include_warmup)
         con.register("_stats", _kv(stats))
         con.execute("INSERT INTO metadata SELECT * FROM _stats")
         con.unregister("_stats")
@@ -158,6 +164,15 @@ def _step(name: str):
     t = time.perf_counter()
     yield
     log.debug("finalise: %s %.3f s", name, time.perf_counter() - t)
+
+
+def _time_ordered(parts: list[pa.Table]) -> pa.Table:
+    """Instruction segments concatenated in order of their first start (no copy of the rows)."""
+    if not parts:
+        return TABLES["instructions"].empty_table()
+    firsts = [pc.min(p["start_ns"]).as_py() for p in parts]
+    order = sorted(range(len(parts)), key=lambda i: (firsts[i] is None, firsts[i] or 0))
+    return pa.concat_tables([parts[i] for i in order])
 
 
 def _kv(values: dict[str, str]) -> pa.Table:
@@ -186,7 +201,7 @@ def _scalar(con, query: str, params=None):
     return con.execute(query, params or []).fetchall()[0][0]
 
 
-def _derive(con, include_warmup: bool) -> dict[str, str]:
+def _derive(con, instructions: pa.Table, include_warmup: bool) -> dict[str, str]:
     """Create every derived table; return trace statistics for the metadata table."""
     lo, hi, max_dur, mean_dur, count = con.execute(
         "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), avg(dur_ns), count(*) FROM instructions"
@@ -195,12 +210,14 @@ def _derive(con, include_warmup: bool) -> dict[str, str]:
     with _step("aggregate instructions"):
         _aggregate(con)
     with _step("exec_engine_summary"):
-        _exec_engine_summary(con)
+        _exec_engine_summary(con, union_active(instructions, CONCURRENT_ENGINES))
     con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(include_warmup)}")
     with _step("op, opcode and source summaries"):
         _op_and_source_summaries(con)
     with _step("lod_busy"):
-        lod = _lod_busy(con, lo, hi, mean_dur)
+        base, top = lod_levels(lo, hi, mean_dur)
+        _load(con, "lod_busy", lod_pyramid(instructions, base, top), clause="ORDER BY level, bucket")
+        lod = {"lod_base_level": base, "lod_top_level": top}
     with _step("summary"):
         con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
         con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup, per_core=True)}")
@@ -218,25 +235,18 @@ def _aggregate(con) -> None:
         FROM instructions GROUP BY ALL""")
 
 
-def _exec_engine_summary(con) -> None:
-    concurrent = ", ".join(f"'{e}'" for e in CONCURRENT_ENGINES)
+def _exec_engine_summary(con, overlap: pa.Table) -> None:
     busy_cols = [e for e in ENGINES if f"{e}_busy_ns" in TABLES["executions"].names]
     unpivot = " UNION ALL ".join(f"SELECT exec_id, '{e}' AS engine, {e}_busy_ns AS busy_ns FROM executions"
                                  for e in busy_cols)
+    con.register("overlap", overlap)  # union lengths of the concurrent engines (traces.intervals)
     con.execute(f"""
         CREATE TABLE exec_engine_summary AS
         WITH agg AS (
             SELECT exec_id, engine, sum(n)::BIGINT AS instruction_count, sum(busy)::BIGINT AS busy_ns,
                    sum(flops)::BIGINT AS flops, sum(bytes_read)::BIGINT AS bytes_read,
                    sum(bytes_written)::BIGINT AS bytes_written, sum(transfer_bytes)::BIGINT AS transfer_bytes
-            FROM exec_op_opcode GROUP BY ALL),
-        overlap AS (  -- union length of possibly overlapping intervals: sum of the parts past the running max end
-            SELECT exec_id, engine, sum(greatest(0, e - greatest(s, coalesce(prev_end, s))))::BIGINT AS active_ns
-            FROM (SELECT exec_id, engine, start_ns AS s, start_ns + dur_ns AS e,
-                         max(start_ns + dur_ns) OVER (PARTITION BY exec_id, engine ORDER BY start_ns
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-                  FROM instructions WHERE engine IN ({concurrent}))
-            GROUP BY ALL)
+            FROM exec_op_opcode GROUP BY ALL)
         SELECT agg.*, coalesce(overlap.active_ns, agg.busy_ns) AS active_ns, 'instructions' AS origin
         FROM agg LEFT JOIN overlap USING (exec_id, engine)
         UNION ALL BY NAME
@@ -245,6 +255,7 @@ def _exec_engine_summary(con) -> None:
         FROM ({unpivot})
         WHERE busy_ns > 0 AND exec_id NOT IN (SELECT exec_id FROM agg)
         ORDER BY exec_id, engine""")
+    con.unregister("overlap")
 
 
 def _measured_condition(include_warmup: bool) -> str:
@@ -325,37 +336,6 @@ def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) ->
     return base, top
 
 
-def _lod_busy(con, lo, hi, mean_dur) -> dict[str, int]:
-    """Per core × engine × queue busy ns in power-of-two buckets, split exactly at bucket edges.
-
-    A base bucket is several instructions wide, so an instruction touches one bucket or two;
-    only the rare longer one is expanded over the buckets it spans (generate_series).
-    """
-    base, top = lod_levels(lo, hi, mean_dur)
-    con.execute(f"""
-        CREATE TEMP TABLE lod_build AS
-        WITH x AS (SELECT core, engine, queue, start_ns AS s, start_ns + dur_ns AS e,
-                          start_ns >> {base} AS b0, (start_ns + greatest(dur_ns, 1) - 1) >> {base} AS b1
-                   FROM instructions)
-        SELECT {base}::SMALLINT AS level, core, engine, queue, bucket,
-               sum(busy)::BIGINT AS busy_ns, sum(n)::BIGINT AS instructions
-        FROM (-- the part in the first bucket (the whole instruction for the many that fit in one)
-              SELECT core, engine, queue, b0 AS bucket, least(e, (b0 + 1) << {base}) - s AS busy, 1 AS n FROM x
-              UNION ALL  -- the part in the last bucket of those that cross an edge
-              SELECT core, engine, queue, b1, e - greatest(s, b1 << {base}), 0 FROM x WHERE b1 > b0
-              UNION ALL  -- whole buckets in between, for the rare instruction longer than a bucket
-              SELECT core, engine, queue, k, 1 << {base}, 0
-              FROM x, generate_series(b0 + 1, b1 - 1) AS g(k) WHERE b1 > b0 + 1)
-        GROUP BY ALL""")
-    for level in range(base + 1, top + 1):
-        con.execute(f"""
-            INSERT INTO lod_build
-            SELECT {level}, core, engine, queue, bucket >> 1, sum(busy_ns), sum(instructions)
-            FROM lod_build WHERE level = {level - 1} GROUP BY ALL""")
-    con.execute("CREATE TABLE lod_busy AS SELECT * FROM lod_build ORDER BY level, bucket, core, engine, queue")
-    return {"lod_base_level": base, "lod_top_level": top}
-
-
 def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
@@ -376,7 +356,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
         (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
         (SELECT count(*) FROM graphs) AS graph_count,
-        (SELECT count(*) FROM graphs WHERE recompile_of IS NOT NULL OR recompile_reason IS NOT NULL)
+        (SELECT count(*) FROM graphs WHERE recompile_of IS NOT NULL OR coalesce(recompile_reason, '') <> '')
             AS recompile_count,
         (SELECT count(*) FROM graphs WHERE cache_hit) AS cache_hit_count,
         (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
