@@ -79,29 +79,37 @@ def test_live_workload_through_the_real_collector(workload):
     proc, marker, tmp = workload
 
     async def main():
-        app = NeuronTop(LiveSource(None), period=0.2, capture_dir=tmp / "caps", capture_seconds=2)
+        # Period 0.5 s: the publisher flushes every 0.25 s, so every period sees new executions.
+        app = NeuronTop(LiveSource(None), period=0.5, capture_dir=tmp / "caps", capture_seconds=2)
         async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.press("2")
+            busy = None
             for _ in range(600):   # bounded: until a frame shows the process busy
                 await pilot.pause(0.02)
                 snap = app.snapshot
                 if snap and snap.has_processes and snap.apps[1].utilization.get(0, 0) > 0:
+                    await pilot.pause()
+                    busy = app.snapshot
+                    screen = app.screen_text()
                     break
-            await pilot.press("2", "x")
+            await pilot.press("x")
             await pilot.pause()
-            screen = app.screen_text()
+            screen = (screen, app.screen_text())
             await pilot.press("c")
             await pilot.pause()
             for _ in range(500):
                 if marker.exists():
                     break
                 await pilot.pause(0.02)
-            return screen, app.screen_text(), app.snapshot
+            return screen, app.screen_text(), busy
     screen, after_capture, snap = asyncio.run(main())
+    assert snap is not None, "neuron-top never showed the workload busy"
     app_view = snap.apps[1]
     assert app_view.tag == "live_app" and app_view.pid == proc.pid
     assert 0 < app_view.utilization[0] <= 100 and app_view.utilization[0] > app_view.utilization[1]
-    assert "Neuron Apps   [1]:all  >[2]:live_app<" in screen
-    assert "NeuronCore v2 Utilization (Avg:" in screen and "Avg: 0.00%" not in screen
+    busy_screen, screen = screen
+    assert "Neuron Apps   [1]:all  >[2]:live_app<" in busy_screen
+    assert "NeuronCore v2 Utilization (Avg:" in busy_screen and "Avg: 0.00%" not in busy_screen
     assert "mlp_neff" in screen and "10005" in screen
     assert "Recompiles 1" in screen and "train.py:42" in screen and "tensor 'x' dim 0: 8 -> 16" in screen
     assert "CPU fallbacks 1" in screen and "aten.nonzero.default: no device lowering" in screen

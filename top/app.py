@@ -27,14 +27,14 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Static, Tree
+from textual.widgets import Tree
 from textual.worker import get_current_worker
 
 from top import render
 from top.keymap import bindings, legend
 from top.render import ViewState
 from top.snapshot import History, Snapshot, Totals, build_snapshot
-from top.widgets import HelpScreen, MemoryTree, Panel
+from top.widgets import HelpScreen, Line, MemoryTree, Panel
 
 PROG = "neuron-top"
 WIDE_COLUMNS = 150   # from here the extras get their own column
@@ -81,7 +81,7 @@ class NeuronTop(App):
     Example (tests): ``NeuronTop(DocumentSource([doc]), period=0.05).run_test(size=(80, 24))``.
     """
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "neuron-top"
     ENABLE_COMMAND_PALETTE = False
     # Priority so the table's keys win over the focused tree's own bindings: one keymap rules.
@@ -104,29 +104,29 @@ class NeuronTop(App):
 
     # ---- layout
     def compose(self) -> ComposeResult:
-        yield Static(id="title")
+        yield Line(id="title")
         with Vertical(id="body"):
             with Vertical(id="left"):
                 yield Panel(render.utilization_body, "NeuronCore Utilization", id="utilization")
                 yield Panel(render.vcpu_body, "vCPU Utilization", id="vcpu")
                 yield Panel(render.memory_summary_body, "Memory Usage Summary", id="memory_summary")
                 with Vertical(id="memory_details"):
-                    yield Static(id="tree_header")
+                    yield Line(id="tree_header")
                     yield MemoryTree(id="memory_tree")
             with VerticalScroll(id="extras"):
                 yield Panel(render.engine_body, "Engines", id="engines")
                 yield Panel(render.history_body, "Utilization history", id="history")
                 yield Panel(render.counters_body, "Recompiles and CPU fallbacks", id="counters")
-        yield Static(id="status")
-        yield Static(id="tabs")
-        yield Static(id="legend")
+        yield Line(id="status")
+        yield Line(id="tabs")
+        yield Line(id="legend")
 
     def on_mount(self) -> None:
         self.query_one("#memory_details").border_title = "Memory Usage Details"
-        self.query_one("#title", Static).update(f"neuron-top {version()}  ({self.source.label})")
+        self.query_one("#title", Line).update(f"neuron-top {version()}  ({self.source.label})")
         self.query_one(MemoryTree).focus()
         self._apply_size()
-        self.query_one("#legend", Static).update(legend(self.size.width - 2))
+        self.query_one("#legend", Line).update(legend(self.size.width - 2))
         self._poll()
 
     def on_unmount(self) -> None:
@@ -135,7 +135,7 @@ class NeuronTop(App):
 
     def on_resize(self) -> None:
         self._apply_size()
-        self.query_one("#legend", Static).update(legend(self.size.width - 2))
+        self.query_one("#legend", Line).update(legend(self.size.width - 2))
         self._render_frame()
 
     def _apply_size(self) -> None:
@@ -201,22 +201,22 @@ class NeuronTop(App):
         if self.state.tab >= len(snap.apps):   # the selected process went away
             self.state = replace(self.state, tab=0)
         suffix = "" if self.source.live else f"— {self.source.label}"
-        self.query_one("#title", Static).update(render.title(snap, version(), suffix))
+        self.query_one("#title", Line).update(render.title(snap, version(), suffix))
         for panel in self.query(Panel):
             panel.show(snap, self.state)
         app_view = snap.app(self.state.tab)
         tree = self.query_one(MemoryTree)
         tree.show_nodes(app_view.memory_tree)
-        self.query_one("#tree_header", Static).update(
+        self.query_one("#tree_header", Line).update(
             render.tree_header(tree._label_width()))
-        self.query_one("#tabs", Static).update(render.tab_bar(snap, self.state.tab))
+        self.query_one("#tabs", Line).update(render.tab_bar(snap, self.state.tab))
         self._render_status()
 
     def _render_status(self) -> None:
         text = self.status_text
         if self.last_capture is not None:
             text += f" · capture → {self.last_capture}"
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Line).update(text)
 
     def screen_text(self) -> str:
         """The current screen as plain text (what a user sees, without colours): tests, benchmarks."""

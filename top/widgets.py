@@ -33,11 +33,14 @@ class Panel(Widget):
         self.body = body
         self.frame: tuple[Snapshot, ViewState] | None = None
         self._last: Text | None = None
+        self._cache: tuple | None = None
+        self._generation = 0   # bumped by every show(): keys the text cache
         self.border_title = title
 
     def show(self, snapshot: Snapshot, state: ViewState) -> None:
         """Render ``snapshot`` as seen with ``state`` (tab, grid mode, selected core)."""
         self.frame = (snapshot, state)
+        self._generation += 1
         text = self._text(self.content_size.width)   # sets the border title now, not at paint
         if text == self._last:
             return   # an unchanged panel costs nothing (most of them, most refreshes)
@@ -48,7 +51,10 @@ class Panel(Widget):
     def _text(self, width: int) -> Text:
         if self.frame is None or self.body is None:
             return Text("waiting for the first report…", style="dim")
-        title, text = self.body(*self.frame, max(width, 10))
+        key = (self._generation, width)
+        if self._cache is None or self._cache[0] != key:   # layout asks for the same text again
+            self._cache = (key, *self.body(*self.frame, max(width, 10)))
+        _, title, text = self._cache
         self.border_title = title
         return text
 
@@ -57,6 +63,26 @@ class Panel(Widget):
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self._text(width).plain.split("\n"))
+
+
+class Line(Widget):
+    """One line of text (title, status, tab bar, legend) that repaints only when it changes,
+    without the relayout a ``Static.update`` costs."""
+
+    DEFAULT_CSS = "Line { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, text: str | Text = "", **kwargs):
+        super().__init__(**kwargs)
+        self._content: str | Text = text
+
+    def update(self, text: str | Text) -> None:
+        """Show ``text``; a no-op when it is what is shown already."""
+        if text != self._content:
+            self._content = text
+            self.refresh()
+
+    def render(self) -> str | Text:
+        return self._content
 
 
 class MemoryTree(Tree):
@@ -71,10 +97,14 @@ class MemoryTree(Tree):
         self.show_root = False
         self.guide_depth = 3
         self._memory_nodes: tuple[MemoryNode, ...] = ()
+        self._synced_width = 0
 
     def show_nodes(self, nodes: tuple[MemoryNode, ...]) -> None:
         """Make the tree show ``nodes`` (new devices and cores start expanded down to NC)."""
+        if nodes == self._memory_nodes and self._label_width() == self._synced_width:
+            return   # memory rarely changes between refreshes: nothing to do
         self._memory_nodes = nodes
+        self._synced_width = self._label_width()
         self._sync(self.root, nodes, 0)
         if self.cursor_line < 0 and nodes:
             self.cursor_line = 0   # start on the first device so arrows and enter act at once
@@ -102,6 +132,7 @@ class MemoryTree(Tree):
             gone.remove()
 
     def on_resize(self) -> None:
+        self._synced_width = self._label_width()
         self._sync(self.root, self._memory_nodes, 0)
 
     def toggle_all(self) -> None:
