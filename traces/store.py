@@ -323,7 +323,7 @@ def _op_and_source_summaries(con) -> None:
 def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) -> tuple[int, int]:
     """(base, top) levels of the pyramid for a trace spanning ``[lo, hi)`` ns; level k buckets are 2**k ns.
 
-    A base bucket is at least four mean instructions wide, so few instructions cross a bucket
+    A base bucket is at least 16 mean instructions wide, so few instructions cross a bucket
     edge and the base level stays smaller than the instruction table.
 
     >>> lod_levels(0, 1_000_000_000, mean_dur=500)
@@ -331,7 +331,7 @@ def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) ->
     """
     span = max(1, (hi or 0) - (lo or 0))
     base = max(LOD_MIN_LEVEL, math.ceil(math.log2(span / LOD_BASE_BUCKETS)),
-               math.ceil(math.log2(max(1.0, 4 * (mean_dur or 1)))))
+               math.ceil(math.log2(max(1.0, 16 * (mean_dur or 1)))))
     top = max(base, math.ceil(math.log2(span / LOD_TOP_BUCKETS)))
     return base, top
 
