@@ -214,7 +214,7 @@ class Session:
         """Start a timed recording when neuron-top asks for one (``request_capture``)."""
         req = self.live.poll_capture()
         if req and self.recorder is None:
-            self.recorder = Recorder(self, req["output_dir"], timing_model="")
+            self.recorder = Recorder(self, req["output_dir"])
             self._capture_until = time.time() + float(req.get("seconds", 5))
         if self._capture_until and time.time() > self._capture_until and self.recorder is not None:
             self.recorder.close()
@@ -234,13 +234,14 @@ class Session:
 class Recorder:
     """Writes the trace tables through :class:`traces.Writer` (profiling on)."""
 
-    def __init__(self, session: Session, out_dir: str, timing_model: str = "", auto_cast: str = ""):
+    def __init__(self, session: Session, out_dir: str):
         import traces
 
         self.session = session
         self.out_dir = out_dir
         self.sources_seen: set[int] = set()
         self.files_seen: set[str] = set()
+        self.graph_settings: dict[str, set[str]] = {}
         filt = os.environ.get("NEURON_RT_INSPECT_EVENT_FILTER_NC", "").strip()
         if filt:
             from .cores import parse_core_list
@@ -251,8 +252,8 @@ class Recorder:
         from traces.schema import SCHEMA_VERSION
         meta = dict(session.profile.metadata())
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": _version(), "target": session.target,
-                     "is_simulation": "true", "timing_model": timing_model or "roofline",
-                     "auto_cast": auto_cast or "none", "warmup_executions": "1"})
+                     "is_simulation": "true",
+                     "warmup_executions": "1"})
         now = clock.wall_ns()
         self.writer = traces.Writer(out_dir, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
@@ -268,6 +269,12 @@ class Recorder:
 
     def append(self, table: str, rows) -> None:
         self.writer.append(table, rows)
+
+    def note_graph_settings(self, **settings: str) -> None:
+        for key, value in settings.items():
+            self.graph_settings.setdefault(key, set()).add(str(value))
+        keys = sorted(self.graph_settings)
+        self.append("metadata", {"key": keys, "value": ["+".join(sorted(self.graph_settings[k])) for k in keys]})
 
     def event(self, event_kind: str, *, ts_ns: int | None = None, dur_ns: int = 0, core: int | None = None,
               graph_id: int | None = None, op_id: int | None = None, source_id: int | None = None,
@@ -440,6 +447,10 @@ class LoadedModel:
         call_site = info.get("source")
         sig = ", ".join(f"{tuple(s.shape)} {s.dtype}" for s in self.input_specs if s is not None)
         stats = prog.stats
+        # Timing model and auto-cast are per graph (a lowering gap falls back to roofline); the
+        # profile's metadata names every value its graphs used.
+        rec.note_graph_settings(timing_model=stats.get("timing_model", "instruction"),
+                                auto_cast=prog.flags.get("auto_cast", "none"))
         rec.append("graphs", {
             "graph_id": [self.graph_id], "run_id": [self.session.run_id], "name": [self.name],
             "kind": [info.get("kind", "trace")], "neff_hash": [self.neff.header["hash"]], "input_signature": [sig],
