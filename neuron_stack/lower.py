@@ -186,6 +186,36 @@ def _run(ap: list[list[int]]) -> int:
     return n if s == 1 else 1
 
 
+def _split_dma(dst: dict, src: dict, engines: int, min_bytes: int = 64 * 1024, min_parts: int = 8):
+    """Split a large SBUF<->HBM transfer into pieces of whole partitions whose HBM side is still one
+    access pattern (its outer dim splits on partition boundaries); otherwise one piece."""
+    sb, hb = (dst, src) if dst["m"] != "hbm" else (src, dst)
+    if sb["m"] == "hbm" or hb["m"] != "hbm":
+        return [(dst, src)]
+    n = _numel_ap(sb["ap"])
+    if n * nbytes_of(sb["dt"]) < min_bytes:
+        return [(dst, src)]
+    P = sb["ap"][0][1]
+    F = n // P
+    s0, n0 = hb["ap"][0]
+    inner = n // n0
+    # rows of the HBM outer dim per partition group must cover whole partitions
+    parts = min(engines, P // min_parts, n * nbytes_of(sb["dt"]) // min_bytes)
+    if parts < 2:
+        return [(dst, src)]
+    per = ceil_div(P, parts)
+    out = []
+    for p0 in range(0, P, per):
+        np_ = min(per, P - p0)
+        e0, e1 = p0 * F, (p0 + np_) * F
+        if e0 % inner or e1 % inner:
+            return [(dst, src)]
+        h = dict(hb, o=hb["o"] + (e0 // inner) * s0, ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
+        sp = dict(sb, o=sb["o"] + p0 * sb["ap"][0][0], ap=[[sb["ap"][0][0], np_]] + [list(x) for x in sb["ap"][1:]])
+        out.append((sp, h) if dst is sb else (h, sp))
+    return out
+
+
 def _numel_ap(ap) -> int:
     return math.prod(n for _, n in ap)
 
@@ -202,19 +232,22 @@ class Tile:
     F: int
     pitch: int
     off: int = 0
+    free_ap: tuple | None = None     # engine read pattern over the free axis (stride 0 = broadcast)
 
     def op(self) -> dict:
+        free = [list(x) for x in self.free_ap] if self.free_ap else [[1, self.F]]
         return {"m": self.mem, "b": self.key, "dt": self.dtype, "o": self.off,
-                "ap": [[self.pitch, self.P], [1, self.F]]}
+                "ap": [[self.pitch, self.P]] + free}
 
     def cols(self, c0: int, n: int) -> "Tile":
         return Tile(self.key, self.mem, self.dtype, self.P, n, self.pitch, self.off + c0)
 
     def rows(self, p0: int, n: int) -> "Tile":
-        return Tile(self.key, self.mem, self.dtype, n, self.F, self.pitch, self.off + p0 * self.pitch)
+        return Tile(self.key, self.mem, self.dtype, n, self.F, self.pitch, self.off + p0 * self.pitch,
+                    self.free_ap)
 
     def as_dtype(self, dt: str) -> "Tile":
-        return Tile(self.key, self.mem, dt, self.P, self.F, self.pitch, self.off)
+        return Tile(self.key, self.mem, dt, self.P, self.F, self.pitch, self.off, self.free_ap)
 
 
 class _Ring:
@@ -335,7 +368,7 @@ class Lowerer:
         for old in ring.alloc(nbytes, key):
             w = self.last_writer.get(old)
             if w is not None:
-                deps.add(w)
+                deps.update(w) if isinstance(w, tuple) else deps.add(w)
             deps.update(self.readers.get(old, {}).values())
             deps.update(self.pending.pop(old, ()))
         self.pending[key] = deps
@@ -345,7 +378,7 @@ class Lowerer:
     def emit(self, opcode: str, node: str, dst: list[dict], src: list[dict], attrs: dict | None = None,
              dur: float = 0.0, flops: int = 0, queue_kind: str = "IO", itype: str = "",
              hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
-             small: bool = True) -> int:
+             small: bool = True, piece_of: int | None = None) -> int:
         engine = ENGINE_OF[opcode]
         deps: set[int] = set()
         tdeps: list[str] = []
@@ -359,7 +392,7 @@ class Lowerer:
             else:
                 w = self.last_writer.get(o["b"])
                 if w is not None:
-                    deps.add(w)
+                    deps.update(w) if isinstance(w, tuple) else deps.add(w)
                 deps.update(self.pending.get(o["b"], ()))
         for o in dst:
             if o["m"] == "hbm":
@@ -367,10 +400,12 @@ class Lowerer:
             else:
                 k = o["b"]
                 w = self.last_writer.get(k)
+                if piece_of is not None and isinstance(w, tuple) and piece_of in w:
+                    w = None            # sibling pieces of one DMA write disjoint partitions
                 if w is not None:
-                    deps.add(w)
+                    deps.update(w) if isinstance(w, tuple) else deps.add(w)
                 deps.update(self.readers.get(k, {}).values())
-                deps.update(self.pending.pop(k, ()))
+                deps.update(self.pending.get(k, ()) if piece_of is not None else self.pending.pop(k, ()))
         idx = len(self.instrs)
         prev = self.engine_last.get(engine)
         if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
@@ -393,13 +428,31 @@ class Lowerer:
                     r[engine] = idx
         for o in dst:
             if o["m"] != "hbm":
-                self.last_writer[o["b"]] = idx
-                self.readers[o["b"]] = {}
+                prev_w = self.last_writer.get(o["b"])
+                if piece_of is not None and isinstance(prev_w, tuple) and piece_of in prev_w:
+                    self.last_writer[o["b"]] = prev_w + (idx,)
+                else:
+                    self.last_writer[o["b"]] = (idx,) if piece_of is not None else idx
+                    self.readers[o["b"]] = {}
         return idx
 
     # ---- DMA ------------------------------------------------------------------------------
     def dma(self, node: str, dst: dict, src: dict, spill: str = "") -> int:
-        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts)."""
+        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). Transfers of
+        64 KiB or more are split by partition ranges over several queues, as the compiler spreads a
+        tile over the core's DMA engines."""
+        # a piece is worth its fixed cost only when its transfer is several times longer
+        min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
+        pieces = _split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
+        if len(pieces) > 1:
+            first = None
+            for d, s_ in pieces:
+                i = self._dma1(node, d, s_, spill, first)
+                first = i if first is None else first
+            return first
+        return self._dma1(node, dst, src, spill, None)
+
+    def _dma1(self, node: str, dst: dict, src: dict, spill: str, piece_of: int | None) -> int:
         n = _numel_ap(src["ap"])
         assert n == _numel_ap(dst["ap"]), (src, dst)
         nb = n * nbytes_of(src["dt"])
@@ -419,13 +472,33 @@ class Lowerer:
             kw["spill_save"] = wbytes
         elif spill == "reload":
             kw["spill_reload"] = nb
+        idx = len(self.instrs)
         return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc}, dur=dma_ns(self.p, max(nb, wbytes), desc),
-                         queue_kind="SpillReload" if spill else "IO", **kw)
+                         queue_kind="SpillReload" if spill else "IO", piece_of=idx if piece_of is None else piece_of,
+                         **kw)
 
     def load(self, node: str, v: View, box: list[tuple[int, int]], pool: Pool, split: int) -> Tile:
         """DMA the ``box`` of ``v`` into a tile of ``pool``: dims before ``split`` go to partitions."""
         P = math.prod(n for _, n in box[:split])
         F = math.prod(n for _, n in box[split:])
+        strides = v.meta.stride()
+        bcast = [k for k in range(split, len(box)) if strides[k] == 0 and box[k][1] > 1]
+        if bcast:
+            # broadcast along the free axis: DMA the compact tile once, the engines read it with
+            # stride 0 (an SBUF access pattern) instead of paying a descriptor per element
+            cbox = [(s, 1) if k in bcast else (s, n) for k, (s, n) in enumerate(box)]
+            Fc = math.prod(n for _, n in cbox[split:])
+            t = pool.tile(P, Fc).as_dtype(v.dtype)
+            self.dma(node, t.op(), view_operand(v, cbox))
+            free, step = [], 1
+            for k in reversed(range(split, len(box))):
+                n = box[k][1]
+                if n == 1:
+                    continue
+                free.append([0, n] if k in bcast else [step, n])
+                if k not in bcast:
+                    step *= n
+            return Tile(t.key, t.mem, t.dtype, P, F, t.pitch, t.off, tuple(reversed(free)) or ((1, 1),))
         t = pool.tile(P, F)
         self.dma(node, t.op() if t.dtype == v.dtype else t.as_dtype(v.dtype).op(), view_operand(v, box))
         return t.as_dtype(v.dtype) if t.dtype != v.dtype else t

@@ -230,7 +230,8 @@ class TileCtx:
         key = f"{key}:{v.dtype}"
         pool = self.pools.get(key)
         if pool is None:
-            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], v.dtype, bufs=2)
+            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], v.dtype,
+                        bufs=self.pools.get("__bufs", 2))
             self.pools[key] = pool
         return self.low.load(node, v, self.box, pool, self.split)
 
@@ -240,7 +241,8 @@ class TileCtx:
         P = math.prod(n for _, n in self.box[:self.split])
         F = math.prod(n for _, n in self.box[self.split:])
         if pool is None:
-            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], dtype, bufs=2)
+            pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], dtype,
+                        bufs=self.pools.get("__bufs", 2))
             self.pools[key] = pool
         return pool.tile(P, F)
 
@@ -635,7 +637,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     b_bytes = nk * NG * es
     budget = low.p.sbuf_bytes_per_partition
     panel_resident = b_bytes <= budget // 2
-    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=nk if panel_resident else 3)
+    # double-buffer the moving panel when two fit: the next panel loads while this one multiplies
+    panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else 3
+    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs)
     atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
@@ -643,7 +647,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)
-    epi_pools = {"__F": min(NG, MOVING_FMAX)}
+    # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
+    epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
 
     def load_cast(v: View, box, pool: Pool, split: int) -> Tile:
         """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
