@@ -13,6 +13,7 @@ Run ``neuron-top`` (live), ``neuron-top --replay out/profile.duckdb --speed 4``.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import threading
@@ -41,6 +42,7 @@ WIDE_COLUMNS = 150   # from here the extras get their own column
 TALL_ROWS = 40       # below this the layout is compacted
 
 
+@functools.cache
 def version() -> str:
     """The installed neuron-stack version (what the title bar shows)."""
     from importlib.metadata import PackageNotFoundError, version as pkg_version

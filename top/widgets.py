@@ -55,7 +55,8 @@ class Panel(Widget):
         if self._cache is None or self._cache[0] != key:   # layout asks for the same text again
             self._cache = (key, *self.body(*self.frame, max(width, 10)))
         _, title, text = self._cache
-        self.border_title = title
+        if title != self.border_title:   # setting it repaints, even to the same value
+            self.border_title = title
         return text
 
     def render(self) -> Text:
