@@ -1,0 +1,381 @@
+"""The reliability battery's scenarios, shared by the tests (quick mode) and bench/reliability.py (--full).
+
+Each scenario drives the real tools the way a user does (processes, CLIs as typed, signals, mounts)
+and returns one :class:`Trial` per trial: did it hold its promise, and the figures the report
+prints (seconds of trace lost, seconds until a resource was free again). A scenario never raises
+for a broken promise; it records the problem, so the benchmark can count failures.
+
+>>> t = Trial("kill mid-run", ok=True, lost_s=0.4, recover_s=0.01)
+>>> t.ok, t.problem
+(True, '')
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+BIN = Path(sys.executable).parent
+PYTHON = sys.executable
+WORKLOAD = HERE / "workload.py"
+
+#: The writer publishes at least once a second (docs/traces.md, "Durability"); the promise is that a
+#: SIGKILL loses at most about that much. The checks allow this much on top for a loaded CI machine
+#: (the flush thread competes with the workload for the GIL and for 2 shared cores).
+FLUSH_INTERVAL_S = 1.0
+LOST_SLACK_S = 1.0
+#: A dead process's cores must be free again within this time (the kernel drops flocks at exit).
+RECOVER_BOUND_S = 5.0
+
+#: Variables of the caller that would change what the battery's processes do.
+_SCRUB = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE",
+          "NEURON_RT_INSPECT_ENABLE", "NEURON_RT_INSPECT_OUTPUT_DIR", "NEURON_PROCESS_TAG",
+          "NEURON_STACK_DEBUG", "NEURON_RT_INSPECT_EVENT_FILTER_NC")
+
+
+@dataclass
+class Trial:
+    """One trial of one test: whether every promise held, and its figures (None when not measured)."""
+
+    test: str
+    ok: bool
+    problem: str = ""
+    lost_s: float | None = None
+    recover_s: float | None = None
+
+
+def failures(trials: list[Trial]) -> list[str]:
+    """The problems of the failed trials, for an assertion message."""
+    return [f"{t.test}: {t.problem}" for t in trials if not t.ok]
+
+
+def base_env(root: Path, cache: Path | None = None) -> dict[str, str]:
+    """An environment isolated under ``root``: own core locks, live dir and compile cache.
+
+    Example: ``subprocess.run(cmd, env=base_env(tmp_path))``.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env.update({"NEURON_STACK_RUNTIME_DIR": str(root / "cores"), "NEURON_STACK_LIVE_DIR": str(root / "live"),
+                "NEURON_COMPILE_CACHE_URL": str(cache or root / "cache"), "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+    """Run a block of this process under ``env`` (the cores API reads its settings from os.environ)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def is_one_line_error(text: str, prog: str) -> bool:
+    """True when ``text`` (stderr) is a clean refusal: no traceback and a ``prog: error: ...`` line."""
+    return "Traceback" not in text and any(line.startswith(f"{prog}: error: ") and len(line) > len(prog) + 12
+                                           for line in text.splitlines())
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run a console script of this environment as typed (``neuron-explorer summary DIR``)."""
+    return subprocess.run([str(BIN / args[0]), *args[1:]], env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def wait_cores_free(env: dict[str, str], cores: list[int], t0: float, bound: float = RECOVER_BOUND_S,
+                    target: str = "trn1") -> float | None:
+    """Seconds from ``t0`` (time.monotonic) until this process can take ``cores``; None if not within ``bound``.
+
+    Uses the public reservation API, so "free" means what the runtime means by it.
+    """
+    from neuron_stack.cores import CoreAllocationError, acquire
+
+    with environ(env):
+        while True:
+            try:
+                acquire(target, cores=cores).release()
+                return time.monotonic() - t0
+            except CoreAllocationError:
+                if time.monotonic() - t0 > bound:
+                    return None
+                time.sleep(0.002)
+
+
+def _lines(path: Path) -> list[list[str]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    # the last line may be cut off by the kill: only whole lines count
+    return [line.split() for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def workload_output(path: Path) -> dict:
+    """Parse the workload's stdout: core, instructions per execution, execution end times, done."""
+    out = {"core": None, "per_exec": None, "execs": [], "done": None}
+    for parts in _lines(path):
+        if parts[0] == "ready":
+            out["core"], out["per_exec"] = int(parts[1]), int(parts[2])
+        elif parts[0] == "exec":
+            out["execs"].append(int(parts[2]))
+        elif parts[0] == "done":
+            out["done"] = int(parts[1])
+    return out
+
+
+def start_workload(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
+    """Start tests/reliability/workload.py with stdout to ``log`` (readable even after a SIGKILL)."""
+    with open(log, "w") as out, open(log.with_suffix(".err"), "w") as err:
+        return subprocess.Popen([PYTHON, str(WORKLOAD), *args], stdout=out, stderr=err, env=env, cwd=log.parent)
+
+
+def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds pass."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+def run_rows(profile: Path, pid: int) -> dict:
+    """What the finalised profile holds of the run of process ``pid``."""
+    import traces
+
+    with traces.open(profile) as p:
+        runs = p.sql("SELECT run_id, status FROM runs WHERE pid = ?", [pid]).to_pylist()
+        if not runs:
+            return {"status": None, "execs": 0, "with_instr": 0, "torn": 0, "per_exec": set()}
+        rid = runs[0]["run_id"]
+        n_exec = p.sql("SELECT count(*) AS n FROM executions WHERE run_id = ?", [rid]).column("n")[0].as_py()
+        per = p.sql("SELECT i.exec_id, count(*) AS n FROM instructions i JOIN executions e USING (exec_id) "
+                    "WHERE e.run_id = ? GROUP BY ALL", [rid]).column("n").to_pylist()
+    return {"status": runs[0]["status"], "execs": n_exec, "with_instr": len(per), "per_exec": set(per)}
+
+
+# -- 1. kill mid-run ---------------------------------------------------------------------------
+
+def kill_mid_run(root: Path, rng: random.Random, trials: int, run_s: float = 3.0) -> list[Trial]:
+    """SIGKILL a profiled workload at random moments; every trial writes into one output directory.
+
+    Per trial: the flushed segments finalise (``neuron-explorer summary DIR`` as typed), the run is
+    marked ``incomplete``, at most about a second of executions is lost (measured against the
+    workload's own log of executions), no execution is torn (all its instructions or none), and the
+    core it held is free again. Afterwards the directory (with every killed run's leftovers) still
+    takes a new run and finalises, and neuron-monitor / neuron-ls read the dead processes' files.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    prof = root / "prof"
+    env = {**base_env(root), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
+    results: list[Trial] = []
+    for k in range(trials):
+        log = root / f"trial{k}.out"
+        proc = start_workload(env, log, "--seconds", "120")
+        early = rng.random() < 0.2   # sometimes during start-up (import, compile, load)
+        if early:
+            time.sleep(rng.uniform(0.3, 4.0))
+        else:
+            if not wait_for(lambda: workload_output(log)["core"] is not None or proc.poll() is not None, 180):
+                proc.kill()
+            time.sleep(rng.uniform(0.0, run_s))
+        kill_ns, t_kill = time.time_ns(), time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        recover = wait_cores_free(env, list(range(32)), t_kill)
+        proc.wait()
+        results.append(_check_killed(k, proc, log, prof, env, kill_ns, recover))
+    results.append(_later_commands_after_kills(root, prof, env))
+    return results
+
+
+def _check_killed(k: int, proc, log: Path, prof: Path, env, kill_ns: int, recover: float | None) -> Trial:
+    name = f"kill mid-run #{k}"
+    seen = workload_output(log)
+    err = log.with_suffix(".err").read_text()
+    if proc.returncode != -signal.SIGKILL:
+        return Trial(name, False, f"workload ended with {proc.returncode} before the kill: {err[-300:]}")
+    if recover is None:
+        return Trial(name, False, f"cores still held {RECOVER_BOUND_S} s after the holder was killed")
+    summary = run_cli(["neuron-explorer", "summary", str(prof), "--json"], env)
+    if summary.returncode != 0:
+        if not any(prof.glob("*.arrow")) and is_one_line_error(summary.stderr, "neuron-explorer"):
+            return Trial(name, True, recover_s=recover)   # killed before anything was recorded: nothing to lose
+        return Trial(name, False, f"summary of the killed run's directory failed: {summary.stderr.strip()[-300:]}")
+    if "Traceback" in summary.stderr:
+        return Trial(name, False, f"traceback while finalising: {summary.stderr[-300:]}")
+    rows = run_rows(prof / "profile.duckdb", proc.pid)
+    if rows["status"] is None:
+        if seen["execs"]:
+            return Trial(name, False, f"{len(seen['execs'])} executions ran but the run is not in the profile")
+        return Trial(name, True, lost_s=0.0 if seen["core"] is not None else None, recover_s=recover)
+    if rows["status"] != "incomplete":
+        return Trial(name, False, f"a killed run shows status {rows['status']!r}, not 'incomplete'")
+    if seen["per_exec"] is not None and rows["per_exec"] - {seen["per_exec"]}:
+        return Trial(name, False, f"torn execution: instruction rows per execution {sorted(rows['per_exec'])}, "
+                                  f"expected {seen['per_exec']}")
+    kept = min(rows["execs"], rows["with_instr"])
+    lost = 0.0
+    if len(seen["execs"]) > kept:   # the first execution the trace does not have
+        lost = max(0.0, (kill_ns - seen["execs"][kept]) / 1e9)
+    if seen["core"] is None:
+        return Trial(name, True, recover_s=recover)
+    ok = lost <= FLUSH_INTERVAL_S + LOST_SLACK_S
+    return Trial(name, ok, "" if ok else f"lost {lost:.2f} s of trace ({len(seen['execs']) - kept} executions)",
+                 lost_s=lost, recover_s=recover)
+
+
+def _later_commands_after_kills(root: Path, prof: Path, env) -> Trial:
+    name = "kill mid-run: later commands"
+    log = root / "after.out"
+    proc = start_workload(env, log, "--execs", "3")
+    proc.wait(timeout=300)
+    if proc.returncode != 0:
+        return Trial(name, False, f"a new run in the killed runs' directory failed: "
+                                  f"{log.with_suffix('.err').read_text()[-300:]}")
+    summary = run_cli(["neuron-explorer", "summary", str(prof)], env)
+    if summary.returncode != 0 or "Traceback" in summary.stderr:
+        return Trial(name, False, f"summary after the kills failed: {summary.stderr.strip()[-300:]}")
+    rows = run_rows(prof / "profile.duckdb", proc.pid)
+    if rows["status"] != "ok" or rows["execs"] != 3:
+        return Trial(name, False, f"the clean run after the kills shows {rows}")
+    cfg = root / "monitor.json"
+    cfg.write_text(json.dumps({"period": "100ms", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
+        {"type": "neuroncore_counters"}, {"type": "execution_stats"}]}]}))
+    mon = run_cli(["neuron-monitor", "--once", "-c", str(cfg)], env, timeout=60)
+    if mon.returncode != 0 or mon.stderr.strip():
+        return Trial(name, False, f"neuron-monitor over the killed runs' live files: {mon.stderr.strip()[-300:]}")
+    doc = json.loads(mon.stdout.splitlines()[0])
+    if doc.get("neuron_runtime_data"):
+        return Trial(name, False, f"neuron-monitor still lists dead processes: "
+                                  f"{[r.get('pid') for r in doc['neuron_runtime_data']]}")
+    ls = run_cli(["neuron-ls", "--wide"], env)
+    if ls.returncode != 0 or "python" in ls.stdout:
+        return Trial(name, False, f"neuron-ls after the kills: rc {ls.returncode}, {ls.stdout[-300:]}{ls.stderr[-300:]}")
+    return Trial(name, True)
+
+
+# -- 5. races for cores ------------------------------------------------------------------------
+
+def _flock_pids() -> set[int]:
+    """Pids holding any flock right now, from the kernel's own table."""
+    pids = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 4 and parts[1] == "FLOCK" and parts[4].isdigit():
+                pids.add(int(parts[4]))
+    return pids
+
+
+def core_races(root: Path, rng: random.Random, seconds: float, racers: int = 16,
+               kills: int | None = None) -> list[Trial]:
+    """``racers`` processes reserve overlapping core sets in a loop while some are SIGKILLed.
+
+    Promises: never two holders of one core (checked from every holder's log of its holdings, the
+    killed ones' holdings ending at their kill), and a killed holder's cores are free again within
+    a bounded time (the kernel's lock table and neuron-ls no longer name it). One Trial per kill,
+    plus one for exclusivity and one for the final cleanup.
+    """
+    from neuron_stack.cores import core_holders, get_instance
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "claims").mkdir(exist_ok=True)
+    env = base_env(root)
+    kills = kills if kills is not None else max(1, int(seconds))
+    spawn = lambda i: subprocess.Popen([PYTHON, str(HERE / "core_holder.py"), str(root), str(rng.randrange(1 << 30))],
+                                       env=env, stderr=subprocess.PIPE, text=True)
+    procs = {}
+    for i in range(racers):
+        p = spawn(i)
+        procs[p.pid] = p
+    held_at_kill: list[tuple[int, list[int], int, int]] = []   # pid, cores, t0, t_kill
+    results: list[Trial] = []
+    with environ(env):
+        inst = get_instance("trn1")
+    time.sleep(min(2.0, seconds / 4))   # let every racer import and start fighting
+    end = time.monotonic() + seconds
+    gap = seconds / (kills + 1)
+    while time.monotonic() < end:
+        time.sleep(gap)
+        holding = [int(f.name) for f in (root / "claims").iterdir() if f.name.isdigit() and int(f.name) in procs]
+        if not holding:
+            continue
+        pid = rng.choice(holding)
+        try:
+            claim = json.loads((root / "claims" / str(pid)).read_text())
+        except (OSError, ValueError):
+            claim = None   # released just now: kill it anyway, it may hold the next set already
+        t_kill_ns, t_kill = time.monotonic_ns(), time.monotonic()
+        procs[pid].send_signal(signal.SIGKILL)
+        if claim is not None:
+            held_at_kill.append((pid, claim["cores"], claim["t0"], t_kill_ns))
+        # free = the kernel no longer lists a lock of the dead process, and neuron-ls no longer names it
+        def released():
+            if pid in _flock_pids():
+                return False
+            with environ(env):
+                return all(h.get("pid") != pid for h in core_holders(inst).values())
+        freed = wait_for(released, RECOVER_BOUND_S, step=0.002)
+        recover = time.monotonic() - t_kill
+        procs.pop(pid).wait()
+        results.append(Trial(f"core races: kill pid {pid}", freed, "" if freed else
+                             f"pid {pid}'s cores still held {RECOVER_BOUND_S} s after SIGKILL", recover_s=recover))
+        p = spawn(len(procs))   # a new racer takes its place
+        procs[p.pid] = p
+    t_stop_ns, t_stop = time.monotonic_ns(), time.monotonic()
+    for p in procs.values():
+        p.send_signal(signal.SIGKILL)
+    for pid in list(procs):
+        with contextlib.suppress(OSError, ValueError):
+            claim = json.loads((root / "claims" / str(pid)).read_text())
+            held_at_kill.append((pid, claim["cores"], claim["t0"], t_stop_ns))
+    all_free = wait_cores_free(env, list(range(inst.num_cores)), t_stop)
+    for p in procs.values():
+        p.wait()
+        err = p.stderr.read()
+        if err.strip():
+            results.append(Trial("core races: racer stderr", False, err.strip()[-300:]))
+    results.append(Trial("core races: all free after the last kills", all_free is not None,
+                         "" if all_free is not None else "cores still held after every racer was killed",
+                         recover_s=all_free))
+    results.append(_check_exclusive(root / "intervals.log", held_at_kill))
+    return results
+
+
+def _check_exclusive(log: Path, held_at_kill) -> Trial:
+    by_core: dict[int, list[tuple[int, int, int]]] = {}
+    text = log.read_text() if log.exists() else ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            c, pid, t0, t1 = map(int, parts)
+            by_core.setdefault(c, []).append((t0, t1, pid))
+    for pid, cores, t0, t_kill in held_at_kill:
+        for c in cores:
+            by_core.setdefault(c, []).append((t0, t_kill, pid))
+    holdings = sum(len(v) for v in by_core.values())
+    for c, spans in by_core.items():
+        spans.sort()
+        active: list[tuple[int, int, int]] = []   # spans not yet ended at the current start
+        for b0, b1, pb in spans:
+            active = [s for s in active if s[1] > b0]
+            for a0, a1, pa in active:
+                if pa != pb:
+                    return Trial("core races: exclusivity", False,
+                                 f"core {c} held by pid {pa} and pid {pb} at once ({(a1 - b0) / 1e6:.3f} ms overlap)")
+            active.append((b0, b1, pb))
+    ok = holdings > 0
+    return Trial(f"core races: exclusivity ({holdings} holdings)", ok, "" if ok else "no racer ever held a core")
