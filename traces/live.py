@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import mmap
 import os
 import re
@@ -150,7 +151,6 @@ class LivePublisher:
         self.command = command if command is not None else " ".join(sys.argv)
         self.hardware = dict(hardware or {})
         self.directory = Path(directory) if directory is not None else live_dir()
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{self.pid}-{next(_counter)}.json"
         self.start_time = time.time()
         self.process_start_time = _process_start_time(self.pid)
@@ -162,9 +162,17 @@ class LivePublisher:
         self._errors = dict.fromkeys(ERROR_TYPES, 0)
         self._core_stats: dict[int, dict] = {}
         self.ring_path = self.path.with_suffix(_RING_SUFFIX)
-        with open(self.ring_path, "w+b") as f:
-            f.truncate(RING_SIZE * _RING_ENTRY.size)
-            self._ring = mmap.mmap(f.fileno(), RING_SIZE * _RING_ENTRY.size)
+        self._ring = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(self.ring_path, "w+b") as f:
+                # Allocate the pages now: a sparse ring on a full tmpfs would SIGBUS at its first write.
+                os.posix_fallocate(f.fileno(), 0, RING_SIZE * _RING_ENTRY.size)
+                self._ring = mmap.mmap(f.fileno(), RING_SIZE * _RING_ENTRY.size)
+        except OSError as exc:  # live statistics are optional: a read-only or full directory must not stop the workload
+            logging.getLogger("traces").warning(
+                "neuron-monitor will not see this process: cannot write live statistics into %s (%s); "
+                "set NEURON_STACK_LIVE_DIR to a writable directory", self.directory, exc.strerror or exc)
         self._pack_into = _RING_ENTRY.pack_into
         _publishers.add(self)
         self._device_memory: dict[int, dict[str, int]] = {}
@@ -183,7 +191,10 @@ class LivePublisher:
         if self.hardware:
             self._publish_device_info()
         atexit.register(self.close)
-        self.flush()
+        try:
+            self.flush()
+        except OSError:  # already reported above, or a full disk: the background thread retries
+            pass
 
     @property
     def cores(self) -> list[int]:
@@ -319,7 +330,7 @@ class LivePublisher:
         claimed = path.with_name(f".{path.name}.claimed")
         try:
             os.replace(path, claimed)  # atomic claim: a request is consumed exactly once
-        except FileNotFoundError:
+        except OSError:  # no request (or a read-only live directory, where none can be claimed)
             return None
         try:
             with open(claimed) as f:
