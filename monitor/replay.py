@@ -144,6 +144,7 @@ class Replay:
                              "nothing to replay")
         self.start_ns, self.end_ns = int(span["t0"]), int(span["t1"])
         self.position_ns = self.start_ns
+        self.cores_per_device = self._hardware_info()["neuroncore_per_device_count"] or 1
 
     # -- position -------------------------------------------------------------------------------
     @property
@@ -193,7 +194,8 @@ class Replay:
                 "execution_stats": self._stats([r for r in finished if r["run_id"] == rid],
                                                latency.get(rid), period),
                 "memory_used": self._memory([r for r in memory if r["run_id"] == rid],
-                                            [r for r in loads if r["run_id"] == rid], period),
+                                            [r for r in loads if r["run_id"] == rid], period,
+                                            self.cores_per_device),
                 "neuron_stack": self._extra(run, run_busy, [r for r in events if r["run_id"] == rid],
                                             period, t1 - t0),
             }
@@ -225,7 +227,7 @@ class Replay:
                 "execution_summary": summary, "latency_stats": stats, "error": ""}
 
     @staticmethod
-    def _memory(rows: list[dict], loads: list[dict], period: float) -> dict:
+    def _memory(rows: list[dict], loads: list[dict], period: float, cores_per_device: int) -> dict:
         host = dict.fromkeys(HOST_MEMORY, 0)
         per_core: dict[str, dict[str, int]] = {}
         for r in rows:
@@ -249,7 +251,7 @@ class Replay:
                 "subgraphs": {"sg_00": {
                     "memory_used_bytes": {"host": 0, "neuron_device": sum(dev.values()),
                                           "usage_breakdown": {"host": mhost, "neuron_device": dev}},
-                    "neuroncore_index": core, "neuron_device_index": 0}}})
+                    "neuroncore_index": core, "neuron_device_index": core // cores_per_device}}})
         return {"period": period, "neuron_runtime_used_bytes": {
             "host": sum(host.values()), "neuron_device": sum(sum(c.values()) for c in per_core.values()),
             "usage_breakdown": {"host": host, "neuroncore_memory_usage": per_core}},

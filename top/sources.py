@@ -13,6 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 
+def _seconds(s: float) -> str:
+    """``12.3s``, or ``3.725ms`` for the short runs a laptop profile often is."""
+    return f"{s:.1f}s" if s >= 1 else f"{s * 1e3:.3f}ms"
+
+
 class DocumentSource:
     """Documents from any iterable (tests, recorded ``neuron-monitor`` output)."""
 
@@ -97,7 +102,7 @@ class ReplaySource:
     def status(self) -> str:
         r = self._replay
         state = "finished" if self.finished else "playing"
-        return (f"replay {state}: {r.position_s:.1f}s / {r.duration_s:.1f}s of profile time "
+        return (f"replay {state}: {_seconds(r.position_s)} / {_seconds(r.duration_s)} of profile time "
                 f"at ×{self.speed:g}")
 
     def close(self) -> None:
