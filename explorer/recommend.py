@@ -10,6 +10,7 @@ Summary rules where one exists (reference §3.6: spill reload > 25% of HBM reads
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,7 +36,7 @@ class Rule:
 
 
 def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.3g} ms" if ns >= 1e5 else f"{ns / 1e3:.3g} µs"
+    return f"{ns / 1e9:.3g} s" if ns >= 1e9 else f"{ns / 1e6:.3g} ms" if ns >= 1e6 else f"{ns / 1e3:.3g} µs"
 
 
 def host_starved(L, rule) -> list[Finding]:
@@ -54,49 +55,153 @@ def host_starved(L, rule) -> list[Finding]:
         pad = max((b - a) // 10, 1)
         query = {"start": max(a - pad, 0), "end": b + pad}
     idle = s["span_ns"] * max(s["cores"], 1) - s["device_ns"]
+    t_first, t_last = data.bounds(L)["t0"], data.bounds(L)["t0"] + s["span_ns"]
+    # recompile events are zero-length markers beside their graph's compile event: count graphs, sum durations
+    host = L.rows("""SELECT coalesce(sum(dur_ns), 0) AS compile_ns, count(DISTINCT graph_id) AS compiles
+                     FROM events WHERE kind IN ('compile', 'recompile') AND ts_ns >= ? AND ts_ns < ?""",
+                  [t_first, t_last])[0]
+    # Name what filled the idle time, so the fix is obvious: compiles and fallbacks first.
+    parts = []
+    if host["compiles"]:
+        parts.append(f"{host['compiles']} compile{'s' if host['compiles'] != 1 else ''} took {_ms(host['compile_ns'])}")
+    if s["cpu_fallback_ns"]:
+        parts.append(f"CPU fallbacks took {_ms(s['cpu_fallback_ns'])}")
+    longest = f" (longest gap {_ms(gap[0]['start_ns'] - gap[0]['prev_end'])})" if gap else ""
+    rest = ("host Python and data preparation between steps: overlap it with DataLoader workers, or batch more "
+            "work per call.")
+    filled = (" In that time " + " and ".join(parts) + " — fix those first (see the other findings); the rest is "
+              + rest) if parts else " The idle time is " + rest
     return [Finding(rule.id, rule.title,
-                    f"The NeuronCores were busy only {s['device_busy_percent']:.1f}% of the time between the first "
-                    f"and last execution: host work (Python, data preparation, CPU fallbacks, compiles) starves "
-                    f"the device. The timeline link opens the longest gap.", idle, "timeline", query)]
+                    f"The NeuronCores were busy only {s['device_busy_percent']:.1f}% of the {_ms(s['span_ns'])} "
+                    f"between the first and last execution{longest}.{filled}", idle, "timeline", query)]
+
+
+_REASON_DIM = re.compile(r"tensor '([^']+)' dim (\d+)")
+
+
+def _dim_names(reasons: list[str], dim: int) -> list[str]:
+    """The user's argument names that changed along ``dim``, from reasons like ``tensor 'ids' dim 1: 5 -> 9``."""
+    names: list[str] = []
+    for reason in reasons:
+        for name, d in _REASON_DIM.findall(reason):
+            if int(d) == dim and name not in names:
+                names.append(name)
+    return names
 
 
 def recompile_storm(L, rule) -> list[Finding]:
-    """At least ``threshold`` recompiles: name the shapes and suggest buckets."""
+    """At least ``threshold`` recompiles: how many compiles, for which input dimension, and the buckets that fix it.
+
+    Words like: "5 compiles for 'ids' dim 1 = 5–20: pad to [8, 16, 32] to compile 3 graphs with 51%
+    padding waste (saves 2 compiles, ~103 ms). 4 recompiles spent 197 ms; e.g. tensor 'ids' dim 1: 5 -> 9."
+    """
     r = data.recompiles(L)
     n = len(r["recompiles"])
     if n < rule.threshold:
         return []
     cost = sum(e["compile_wall_ns"] for e in r["recompiles"])
-    words = f"{n} recompiles spent {_ms(cost)} compiling new graphs."
-    reasons = sorted({e["reason"] for e in r["recompiles"] if e["reason"]})[:3]
-    if reasons:
-        words += " Reasons: " + "; ".join(reasons) + "."
+    reasons = [e["reason"] for e in r["recompiles"] if e["reason"]]
+    words = ""
     for s in r["suggestions"][:1]:
-        words += (f" Input '{s['input']}' dim {s['dim']} took {len(s['values'])} values "
-                  f"({', '.join(map(str, s['values'][:8]))}); padding it to {s['buckets']} saves "
-                  f"{s['compiles_saved']} compiles (~{_ms(s['compile_ns_saved'])}) at "
-                  f"{s['padding_percent']:.1f}% padding cost.")
+        # Signatures may name inputs by position (input0); the reasons carry the user's argument names.
+        names = _dim_names(reasons, s["dim"]) if re.fullmatch(r"input\d+", s["input"]) else []
+        what = ", ".join(f"'{x}'" for x in names) if names else f"'{s['input']}'"
+        lo, hi = min(s["values"]), max(s["values"])
+        words = (f"{s['compiles_before']} compiles for {what} dim {s['dim']} = {lo}–{hi}: pad to {s['buckets']} "
+                 f"to compile {s['compiles_after']} graphs with {s['padding_percent']:.0f}% padding waste "
+                 f"(saves {s['compiles_saved']} compiles, ~{_ms(s['compile_ns_saved'])}). ")
+    words += f"{n} recompiles spent {_ms(cost)} compiling new graphs"
+    words += f"; e.g. {reasons[0]}." if reasons else "."
+    if not r["suggestions"]:
+        words += " No input dimension varied: the guards changed (see the reasons); keep them stable."
     return [Finding(rule.id, rule.title, words, cost, "recompiles")]
 
 
+#: How to bring an op back to the device, by ATen op (prefix match): the fix a porting engineer applies.
+FALLBACK_FIXES: tuple[tuple[str, str], ...] = (
+    ("aten.sort", "a top-k with fixed k (torch.topk(x, k)) lowers to the device"),
+    ("aten.argsort", "a top-k with fixed k (torch.topk(x, k).indices) lowers to the device"),
+    ("aten.index.Tensor", "a boolean-mask selection x[mask] has a data-dependent shape: keep it static with "
+                          "torch.where(mask, x, 0) and a masked sum/count"),
+    ("aten.masked_select", "masked_select has a data-dependent shape: keep it static with torch.where(mask, x, 0) "
+                           "and a masked sum/count"),
+    ("aten.nonzero", "nonzero has a data-dependent shape: use the mask itself (torch.where, a masked sum) or a "
+                     "fixed-size torch.topk over it"),
+    ("aten._unique", "unique has a data-dependent size: use torch.bincount(x, minlength=N) or a one-hot with a "
+                     "fixed N"),
+)
+#: When no op-specific fix applies, the fix by the compiler's fallback reason (substring match).
+REASON_FIXES: tuple[tuple[str, str], ...] = (
+    ("data-dependent size", "shape arithmetic on a data-dependent size: it goes away with the op that made the size"),
+    ("shape assertion", "a shape check of a data-dependent size: it goes away with the op that made the size"),
+    ("consumes a data-dependent shape", "its input has a data-dependent shape: it returns to the device once the "
+                                        "op upstream keeps shapes static"),
+    ("ops_to_partition", "forced to the host by partitioner_config.ops_to_partition: drop it from that set"),
+)
+DEFAULT_FIX = "no device lowering: rewrite it with supported ops (neuron-cc list-operators) or move it outside " \
+              "the compiled region"
+
+
+def fallback_fix(op: str, reason: str) -> str:
+    """The fix for one CPU-fallback op, in words.
+
+    >>> fallback_fix("aten.sort.default", "forced")
+    'a top-k with fixed k (torch.topk(x, k)) lowers to the device'
+    """
+    for prefix, fix in FALLBACK_FIXES:
+        if op.startswith(prefix):
+            return fix
+    for needle, fix in REASON_FIXES:
+        if needle in (reason or ""):
+            return fix
+    return DEFAULT_FIX
+
+
 def cpu_fallback(L, rule) -> list[Finding]:
-    """Every op that ran on the CPU, grouped by ATen op and call site."""
-    groups: dict[tuple, dict] = {}
-    for f in data.fallbacks(L):
-        g = groups.setdefault((f["op"], f["where"]), {"calls": 0, "host_ns": 0, "reason": f["reason"],
-                                                      "source_id": f["source_id"]})
-        g["calls"] += f["calls"]
-        g["host_ns"] += f["host_ns"]
-    out = []
-    for (op, where), g in groups.items():
+    """Every op that ran on the CPU: one finding with the total cost, then per call site the op and its fix.
+
+    Words like: "9 ops fall back to the CPU at 3 source lines, costing 305 µs of host time (92% of step
+    time): aten.sort.default at models.py:139 (112 µs) — a top-k with fixed k lowers to the device; …"
+    """
+    rows = data.fallbacks(L)
+    if len(rows) <= rule.threshold:
+        return []
+    totals = data.op_totals(L)
+    sites: dict[str, dict] = {}
+    for f in rows:
+        t = totals.get(f["op_id"], {})
+        # A CPU op's time is recorded as host time, or as its instructions on the 'cpu' engine.
+        ns = max(f["host_ns"], t.get("device_ns", 0))
+        site = sites.setdefault(f["where"], {"ns": 0, "ops": [], "source_id": f["source_id"]})
+        site["ns"] += ns
+        site["ops"].append((ns, f["op"], f["reason"]))
+    total = sum(s["ns"] for s in sites.values())
+    ordered = sorted(sites.items(), key=lambda kv: -kv[1]["ns"])
+    step = _step_ns(L, total)
+    share = f" ({100.0 * total / step:.0f}% of step time)" if step else ""
+    n_ops = len(rows)
+    words = (f"{n_ops} op{'s' if n_ops != 1 else ''} fall{'s' if n_ops == 1 else ''} back to the CPU at "
+             f"{len(sites)} source line{'s' if len(sites) != 1 else ''}, costing {_ms(total)} of host time{share} "
+             f"plus host↔device transfers: ")
+    parts = []
+    for where, site in ordered:
+        ops = sorted(site["ops"], key=lambda o: -o[0])
+        # Name the op the user wrote (one with its own fix) rather than the shape arithmetic it caused.
+        lead = next((o for o in ops if any(o[1].startswith(p) for p, _ in FALLBACK_FIXES)), ops[0])
+        more = f", +{len(ops) - 1} more there" if len(ops) > 1 else ""
         at = f" at {where}" if where else ""
-        query = {"line": g["source_id"]} if g["source_id"] is not None else {}
-        out.append(Finding(rule.id, rule.title,
-                           f"{op}{at} falls back to the CPU ({g['reason'] or 'no device lowering'}); it ran "
-                           f"{g['calls']} times for {_ms(g['host_ns'])} of host time plus transfers. Replace it with "
-                           f"a supported op or move it outside the compiled region.",
-                           g["host_ns"], "source" if query else "fallbacks", query))
-    return out
+        parts.append(f"{lead[1]}{at} ({_ms(site['ns'])}{more}) — {fallback_fix(lead[1], lead[2])}")
+    words += "; ".join(parts) + "."
+    first = ordered[0][1]
+    query = {"line": first["source_id"]} if first["source_id"] is not None else {}
+    return [Finding(rule.id, rule.title, words, total, "source" if query else "fallbacks", query)]
+
+
+def _step_ns(L, fallback_ns: float) -> float:
+    """Time of the measured executions with the CPU fallbacks counted once (inside or outside them)."""
+    s = data.summary(L)
+    inside = L.scalar(f"SELECT coalesce(sum(cpu_fallback_ns), 0) FROM executions WHERE {data.MEASURED}") or 0
+    return max(s["device_ns"] - inside, 0) + fallback_ns
 
 
 MAX_LAYERS = 3
@@ -122,8 +227,9 @@ def dma_bound(L, rule) -> list[Finding]:
             sel = {"sel": f"module:{layer}"} if layer != "(top level)" else {}
             out.append(Finding(rule.id, rule.title,
                                f"Layer {layer} ({d['where']}) is DMA-bound: {share:.0f}% of its instruction time is "
-                               f"data movement. Keep weights resident, fuse neighbouring ops or enlarge tiles "
-                               f"so each transfer feeds more compute.", d["dma"] - d["compute"], "timeline", sel))
+                               f"data movement ({_ms(d['dma'])} of DMA against {_ms(d['compute'])} of compute). "
+                               f"Keep weights resident, fuse neighbouring ops or enlarge tiles so each transfer "
+                               f"feeds more compute.", d["dma"] - d["compute"], "timeline", sel))
     return out
 
 
@@ -158,7 +264,7 @@ def fp32_matmul(L, rule) -> list[Finding]:
 RULES: tuple[Rule, ...] = (
     Rule("host_starved", "Device starved by host work", 50.0, host_starved),
     Rule("recompile_storm", "Recompile storm", 2, recompile_storm),
-    Rule("cpu_fallback", "CPU fallback", 0, cpu_fallback),
+    Rule("cpu_fallback", "CPU fallback", 0, cpu_fallback),   # fires on more than `threshold` ops
     Rule("dma_bound", "DMA-bound layer", 1.0, dma_bound),
     Rule("spills", "SBUF spills", 0.25, spills),
     Rule("fp32_matmul", "FP32 matmuls", 0.10, fp32_matmul),
@@ -170,3 +276,46 @@ def recommendations(L: data.Loaded) -> list[Finding]:
     """All findings of all rules, costliest first. Example: ``recommendations(data.resolve("mlp"))``."""
     found = [f for rule in RULES for f in rule.check(L, rule)]
     return sorted(found, key=lambda f: -f.impact_ns)
+
+
+# ------------------------------------------------------------------------------ command line
+def register(subparsers) -> None:
+    """Add ``neuron-explorer recommend PROFILE [--json]``: the Summary page's findings in a terminal."""
+    p = subparsers.add_parser("recommend", help="print the Summary's ranked recommendations",
+                              description="Run every recommendation rule over a profile and print the findings, "
+                                          "costliest first, each with the Explorer page that shows its evidence.")
+    p.add_argument("profile", metavar="PROFILE", help="profile.duckdb or its session directory")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(func=_recommend_cli)
+
+
+def _recommend_cli(args) -> int:
+    """Example: ``neuron-explorer recommend output/20260101-120000_fallback``."""
+    import json
+    from urllib.parse import urlencode
+
+    from explorer.view import resolve_profile
+
+    registry = data.Registry([resolve_profile(args.profile)])
+    key = registry.keys()[0]
+    try:
+        found = recommendations(registry.get(key))
+    finally:
+        registry.close()
+    pages = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks",
+             "source": "/source", "hierarchy": "/hierarchy"}
+    rows = [{"rule": f.rule, "title": f.title, "impact_ns": int(f.impact_ns), "words": f.words,
+             "evidence": pages.get(f.page, "/") + "?" + urlencode({"profile": key, **f.query})} for f in found]
+    if args.json:
+        print(json.dumps({"profile": key, "recommendations": rows}, indent=2))
+        return 0
+    import textwrap
+
+    print(f"{key}: {len(rows)} recommendation{'s' if len(rows) != 1 else ''}, costliest first (simulated profile)")
+    for i, r in enumerate(rows, start=1):
+        print(f"\n{i}. {r['title']} (~{_ms(r['impact_ns'])})")
+        print(textwrap.fill(r["words"], width=100, initial_indent="   ", subsequent_indent="   "))
+        print(f"   evidence: neuron-explorer view, then {r['evidence']}")
+    if not rows:
+        print("No issues found by the rules.")
+    return 0
