@@ -4,8 +4,8 @@ The first block is the real neuron-top's keys (reference §2.1); the rest is wha
 
 >>> [k.display for k in KEYMAP][:3]
 ['q', '↑/↓', '←/→']
->>> bindings()[0].key, bindings()[0].action
-('q', 'quit')
+>>> [(b.key, b.action) for b in bindings()][:2]
+[('q', 'quit'), ('ctrl+c', 'quit')]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class KeyBinding:
 
 
 KEYMAP: tuple[KeyBinding, ...] = (
-    KeyBinding(("q",), "quit", "q", "quit", "Quit neuron-top"),
+    KeyBinding(("q", "ctrl+c"), "quit", "q", "quit", "Quit neuron-top (ctrl+c too)"),
     KeyBinding(("up", "down"), "tree_{key}", "↑/↓", "move",
                "Move the selection in the Memory Usage Details tree"),
     KeyBinding(("left", "right"), "tree_{key}", "←/→", "fold",
