@@ -286,7 +286,12 @@ class Recorder:
             "op_id": [op_id], "source_id": [source_id], "detail": [json.dumps(detail, default=str)]})
 
     def close(self) -> None:
-        self.writer.close(status="ok")
+        import traces
+        try:
+            self.writer.close(status="ok")
+        except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
+            import logging
+            logging.getLogger("traces").warning("%s", exc)
 
 
 def _version() -> str:
