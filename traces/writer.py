@@ -17,6 +17,7 @@ before stays readable and finalises.
 from __future__ import annotations
 
 import atexit
+import errno
 import itertools
 import logging
 import os
@@ -112,15 +113,21 @@ class Writer:
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
-            for table, parts in pending.items():
+            items = list(pending.items())
+            for i, (table, parts) in enumerate(items):
                 name = segment_name(table, self.run_id, self._pid, next(_seq))
                 try:
                     write_segment(self.out_dir, name, table, parts)
                 except OSError as exc:
-                    with self._lock:  # keep the rows, in order, for the next attempt
-                        self._pending[table] = parts + self._pending.get(table, [])
-                    self._error = (f"cannot write trace segment into {self.out_dir}: "
-                                   f"{exc.strerror or exc}; free disk space or choose another output directory")
+                    with self._lock:  # keep this table's rows and every later table's, in order, for the next attempt
+                        unwritten = dict(items[i:])
+                        for t, newer in self._pending.items():
+                            unwritten[t] = unwritten.get(t, []) + newer
+                        self._pending = unwritten
+                    fix = ("free disk space or choose another output directory"
+                           if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+                           else "choose a writable NEURON_RT_INSPECT_OUTPUT_DIR")
+                    self._error = f"cannot write trace segment into {self.out_dir}: {exc.strerror or exc}; {fix}"
                     raise TraceError(self._error) from None
             self._error = None
 
