@@ -417,15 +417,14 @@ class Lowerer:
                                  tuple(writes), queue_kind if engine == "dma" else "", itype,
                                  hbm_read, hbm_write, spill_save, spill_reload))
         self.engine_last[engine] = idx
-        rk = engine if engine != "dma" else f"dma{idx}"
+        rk = idx
         for o in src:
             if o["m"] != "hbm":
                 r = self.readers.setdefault(o["b"], {})
-                if engine == "dma":
-                    # keep DMA readers few: they run on any of 16 queues, so all must be waited on
-                    r[rk] = idx
+                if engine == "tensor":
+                    r[engine] = idx     # the Tensor Engine stays in program order: its last reader suffices
                 else:
-                    r[engine] = idx
+                    r[rk] = idx         # other queues may be reordered by the scheduler: wait for every reader
         for o in dst:
             if o["m"] != "hbm":
                 prev_w = self.last_writer.get(o["b"])

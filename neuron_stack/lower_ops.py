@@ -643,7 +643,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
-    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=3) if not (a_direct and b_direct) else None
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=8) if not (a_direct and b_direct) else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)

@@ -99,61 +99,128 @@ def build_schedule(program: Program, partition: int, profile: DeviceProfile, fla
 
 
 def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
-    """List-schedule a lowered instruction list (in-order engines, 16 DMA queues, semaphores)."""
+    """List-schedule a lowered instruction list.
+
+    Event-driven list scheduling: among the instructions whose dependencies are done, the one that
+    can start earliest goes first (ties: program order), each engine running one instruction at a
+    time and DMAs taking the earliest free of 16 queues. Independent work of a later op therefore
+    fills an engine's idle time, as the compiler's scheduler reorders each engine's stream; the
+    Tensor Engine keeps program order (LDWEIGHTS/MATMUL pairs share the PE array).
+    """
+    import heapq
+
     instrs = low.instrs
     n = len(instrs)
+    # dependency graph; one zero-time barrier node per HBM tensor ("every writer done")
+    tensors: dict[str, int] = {}
+    preds_left = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    bar_succ: list[list[int]] = []
+    bar_left: list[int] = []
+    bar_ready: list[int] = []
+    writer_bars: list[list[int]] = [[] for _ in range(n)]
+    prev_tensor = -1
+    for i, ins in enumerate(instrs):
+        deps = set(ins.deps)
+        if ins.engine == "tensor":
+            if prev_tensor >= 0:
+                deps.add(prev_tensor)
+            prev_tensor = i
+        for d in deps:
+            succ[d].append(i)
+        preds_left[i] = len(deps)
+        for t in ins.tdeps:
+            b = tensors.get(t)
+            if b is None:
+                continue                     # an input: ready at time 0
+            bar_succ[b].append(i)
+            preds_left[i] += 1
+        for w in ins.writes:
+            b = tensors.get(w)
+            if b is None or bar_succ[b]:     # first writer, or written again after being read
+                b = tensors[w] = len(bar_succ)
+                bar_succ.append([])
+                bar_left.append(0)
+                bar_ready.append(0)
+            bar_left[b] += 1
+            writer_bars[i].append(b)
     start = np.zeros(n, dtype=np.int64)
     dur = np.zeros(n, dtype=np.int64)
     wait = np.zeros(n, dtype=np.int64)
+    ready = [0] * n
     queue = [""] * n
-    pc = np.zeros(n, dtype=np.int32)
     free: dict[str, int] = {}
-    count: dict[str, int] = {}
     io_free = [0] * profile.dma_engines_per_core
     spill_free = [0] * SPILL_QUEUES
-    ready_t: dict[str, int] = {}
     ramp_start, last_tensor_end = 0, -10**18
-    for i, ins in enumerate(instrs):
-        ready = 0
-        for d in ins.deps:
-            e = start[d] + dur[d]
-            if e > ready:
-                ready = e
-        for t in ins.tdeps:
-            r = ready_t.get(t, 0)
-            if r > ready:
-                ready = r
-        d_ns = max(1, int(math.ceil(ins.dur)))
+    names = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
+             "cc": "CC-core"}
+
+    def est(i: int) -> int:
+        ins = instrs[i]
         if ins.engine == "dma":
             qs = spill_free if ins.queue_kind == "SpillReload" else io_free
-            # the earliest-starting queue; among equals the lowest index (deterministic)
-            best = min(range(len(qs)), key=lambda q: (max(qs[q], ready), q))
-            qfree = qs[best]
-            s = max(qfree, ready)
+            return max(min(qs), ready[i])
+        return max(free.get(ins.engine, 0), ready[i])
+
+    heap = [(0, i) for i in range(n) if preds_left[i] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        key, i = heapq.heappop(heap)
+        e = est(i)
+        if e > key:
+            heapq.heappush(heap, (e, i))
+            continue
+        ins = instrs[i]
+        d_ns = max(1, int(math.ceil(ins.dur)))
+        r = ready[i]
+        if ins.engine == "dma":
+            qs = spill_free if ins.queue_kind == "SpillReload" else io_free
+            best = min(range(len(qs)), key=lambda q: (max(qs[q], r), q))
+            qfree, s = qs[best], max(qs[best], r)
             qs[best] = s + d_ns
-            qname = dma_queue_name(best, ins.queue_kind or "IO")
+            queue[i] = dma_queue_name(best, ins.queue_kind or "IO")
         else:
-            qname = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd",
-                     "sync": "Sync", "cc": "CC-core"}.get(ins.engine, ins.engine)
             qfree = free.get(ins.engine, 0)
-            s = max(qfree, ready)
-            if ins.engine == "tensor" and profile.throttle and s - last_tensor_end > profile.throttle_ramp_ns:
-                ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
-            if ins.engine == "tensor" and profile.throttle and ins.opcode == "MATMUL":
-                d_ns = max(1, int(math.ceil(ins.dur / throttle_factor(profile, s - ramp_start))))
+            s = max(qfree, r)
+            if ins.engine == "tensor" and profile.throttle:
+                if s - last_tensor_end > profile.throttle_ramp_ns:
+                    ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
+                if ins.opcode == "MATMUL":
+                    d_ns = max(1, int(math.ceil(ins.dur / throttle_factor(profile, s - ramp_start))))
             free[ins.engine] = s + d_ns
             if ins.engine == "tensor":
                 last_tensor_end = s + d_ns
-        start[i] = s
-        dur[i] = d_ns
-        wait[i] = max(0, ready - qfree) if ready > qfree else 0
-        queue[i] = qname
-        pc[i] = count.get(qname, 0)
-        count[qname] = pc[i] + 1
-        for w in ins.writes:
-            e = s + d_ns
-            if e > ready_t.get(w, 0):
-                ready_t[w] = e
+            queue[i] = names.get(ins.engine, ins.engine)
+        start[i], dur[i] = s, d_ns
+        wait[i] = r - qfree if r > qfree else 0
+        done += 1
+        end = s + d_ns
+        released = list(succ[i])
+        for b in writer_bars[i]:
+            bar_ready[b] = max(bar_ready[b], end)
+            bar_left[b] -= 1
+            if bar_left[b] == 0:
+                for j in bar_succ[b]:
+                    ready[j] = max(ready[j], bar_ready[b])
+                    preds_left[j] -= 1
+                    if preds_left[j] == 0:
+                        heapq.heappush(heap, (est(j), j))
+        for j in released:
+            ready[j] = max(ready[j], end)
+            preds_left[j] -= 1
+            if preds_left[j] == 0:
+                heapq.heappush(heap, (est(j), j))
+    if done != n:
+        raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
+    # program counter = position in the queue's executed order
+    pc = np.zeros(n, dtype=np.int32)
+    qarr = np.array(queue, dtype=object)
+    for q in set(queue):
+        idx = np.flatnonzero(qarr == q)
+        order = idx[np.lexsort((idx, start[idx]))]
+        pc[order] = np.arange(len(order), dtype=np.int32)
     return _assemble(low, instrs, start, dur, wait, queue, pc, profile)
 
 

@@ -23,8 +23,11 @@ class F(torch.nn.Module):
         return self.fn(*a)
 
 
+_GEN = torch.Generator().manual_seed(0)
+
+
 def r(*shape):
-    return torch.randn(*shape)
+    return torch.randn(*shape, generator=_GEN)
 
 
 CASES = {
@@ -56,7 +59,7 @@ CASES = {
     "layer_norm_chunked": (torch.nn.LayerNorm(40_000), (r(2, 40_000),)),
     "group_norm": (torch.nn.GroupNorm(2, 6), (r(2, 6, 5, 5),)),
     # gather
-    "embedding": (torch.nn.Embedding(50, 16), (torch.randint(0, 50, (3, 7)),)),
+    "embedding": (torch.nn.Embedding(50, 16), (torch.randint(0, 50, (3, 7), generator=_GEN),)),
     "arange_add": (F(lambda a: a + torch.arange(7)), (r(3, 7),)),
     # data movement
     "cat": (F(lambda a, b: torch.cat([a, b * 2], 1)), (r(4, 5), r(4, 3))),
@@ -76,7 +79,8 @@ def test_interpreter_matches_eager_fp32(name):
     ref = model(*args)
     ref = ref if isinstance(ref, (list, tuple)) else [ref]
     for o, e in zip(out, ref):
-        np.testing.assert_allclose(o, e.detach().numpy(), rtol=1e-4, atol=1e-5)
+        # atol covers fp32 sums whose terms cancel (the engines accumulate in a different order)
+        np.testing.assert_allclose(o, e.detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

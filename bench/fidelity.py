@@ -1,0 +1,158 @@
+"""Cost-model fidelity against the published NeuronCore figures (a benchmark, not a test).
+
+Per device profile it prints:
+  1. achieved Tensor Engine TFLOPS / peak for bf16 matmuls 128^3 ... 4096^3 (stationary operand
+     given transposed, as NKI matmul kernels take it); large ones should reach >= 0.85 of peak and
+     128^3 fall well below, as on the hardware;
+  2. DMA efficiency against the payload per partition (overhead-bound under 256 B, near peak from
+     4 KiB), from a real lowered HBM->SBUF->HBM copy and from the formula;
+  3. a Llama-style decoder layer (RMSNorm, rotary-free attention with causal mask, SwiGLU MLP),
+     built through ``neuron_stack.frontend``: device time and busy time per engine.
+
+Usage: ``.venv/bin/python bench/fidelity.py [--targets trn1,inf2,trn2] [--max-n 4096] [--quick]``
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from neuron_stack.cost import dma_efficiency  # noqa: E402
+from neuron_stack.device import get_profile  # noqa: E402
+from neuron_stack.frontend import capture  # noqa: E402
+from neuron_stack.fuse import fuse  # noqa: E402
+from neuron_stack.legalize import legalize  # noqa: E402
+from neuron_stack.partition import partition  # noqa: E402
+from neuron_stack.schedule import build_schedule  # noqa: E402
+
+
+class LhsTMatmul(torch.nn.Module):
+    def forward(self, a_t, b):
+        return a_t.t() @ b
+
+
+class Copy(torch.nn.Module):
+    def forward(self, x):
+        return x * 1.0
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class DecoderLayer(torch.nn.Module):
+    """One Llama-style layer (hidden 1024, 16 heads, SwiGLU 2816) on a 256-token sequence."""
+
+    def __init__(self, d=1024, heads=16, ff=2816):
+        super().__init__()
+        self.h, self.dh = heads, d // heads
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.gate, self.up = torch.nn.Linear(d, ff, bias=False), torch.nn.Linear(d, ff, bias=False)
+        self.down = torch.nn.Linear(ff, d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        y = self.n1(x)
+        q, k, v = (p(y).view(b, s, self.h, self.dh).transpose(1, 2) for p in (self.q, self.k, self.v))
+        att = (q @ k.transpose(-1, -2)) / self.dh ** 0.5
+        mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+        a = torch.softmax(att + mask, dim=-1) @ v
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        y = self.n2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
+def compile_program(model, args):
+    return fuse(partition(legalize(capture(model, args))))
+
+
+def matmul_rows(targets, sizes):
+    print("\n== Tensor Engine: bf16 matmul n^3, achieved / peak ==")
+    print(f"{'n':>6} " + " ".join(f"{t:>16}" for t in targets))
+    for n in sizes:
+        a_t = torch.empty(n, n, dtype=torch.bfloat16)
+        b = torch.empty(n, n, dtype=torch.bfloat16)
+        prog = compile_program(LhsTMatmul(), (a_t, b))
+        cells = []
+        for t in targets:
+            p = get_profile(t)
+            s = build_schedule(prog, 0, p, {"target": t})
+            frac = 2 * n ** 3 / (s.device_ns * 1e-9) / p.tensor_peak_flops("bfloat16")
+            cells.append(f"{frac:6.3f} ({2 * n ** 3 / s.device_ns / 1e3:5.1f} TF)")
+        print(f"{n:>6} " + " ".join(f"{c:>16}" for c in cells))
+
+
+def dma_rows(targets, per_partition):
+    print("\n== DMA: efficiency vs payload per partition (128 partitions, 16 queues) ==")
+    print("   lowered = bytes moved / (busy time of the DMA queues x per-queue peak); formula = cost.dma_efficiency")
+    print(f"{'bytes':>7} " + " ".join(f"{t + ' lowered':>14} {t + ' formula':>14}" for t in targets))
+    for nbytes in per_partition:
+        cols = max(1, nbytes // 4)
+        x = torch.empty(128 * 16, cols)        # 16 tiles of [128, cols] fp32
+        prog = compile_program(Copy(), (x,))
+        cells = []
+        for t in targets:
+            p = get_profile(t)
+            s = build_schedule(prog, 0, p, {"target": t})
+            tbl = s.table
+            dma = [e == "dma" for e in tbl["engine"].to_pylist()]
+            moved = sum(b for b, m in zip(tbl["bytes_read"].to_pylist(), dma) if m)
+            busy = sum(d for d, m in zip(tbl["dur_ns"].to_pylist(), dma) if m)
+            eff = moved / p.dma_bytes_per_ns_per_engine / busy
+            cells.append(f"{eff:14.3f} {dma_efficiency(p, nbytes):14.3f}")
+        print(f"{nbytes:>7} " + " ".join(cells))
+
+
+def decoder_rows(targets, seq):
+    print(f"\n== Llama-style decoder layer (hidden 1024, 16 heads, SwiGLU 2816, seq {seq}), --auto-cast matmult ==")
+    torch.manual_seed(0)
+    model = DecoderLayer().eval()
+    prog = compile_program(model, (torch.randn(1, seq, 1024),))
+    engines = ("tensor", "vector", "scalar", "gpsimd", "dma")
+    print(f"{'target':>7} {'device us':>10} {'instr':>7} {'sched s':>8} " + " ".join(f"{e:>14}" for e in engines)
+          + f" {'MFU':>6}")
+    for t in targets:
+        p = get_profile(t)
+        t0 = time.perf_counter()
+        s = build_schedule(prog, 0, p, {"target": t, "auto_cast": "matmult"})
+        el = time.perf_counter() - t0
+        cells = []
+        for e in engines:
+            busy = s.active_ns.get(e, 0)
+            cells.append(f"{busy / 1e3:8.1f}us {100 * busy / max(s.device_ns, 1):3.0f}%")
+        mfu = s.tensor_flops / (s.device_ns * 1e-9) / p.tensor_peak_flops("bfloat16")
+        print(f"{t:>7} {s.device_ns / 1e3:10.1f} {s.table.num_rows:7d} {el:8.2f} " + " ".join(f"{c:>14}" for c in cells)
+              + f" {100 * mfu:5.1f}%")
+    print("   (per engine: active time = union of its busy intervals, and its share of the device time)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", default="trn1,inf2,trn2")
+    ap.add_argument("--max-n", type=int, default=4096)
+    ap.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
+    a = ap.parse_args(argv)
+    targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    for t in targets:
+        get_profile(t)
+    sizes = [n for n in (128, 256, 512, 1024, 2048, 4096) if n <= (512 if a.quick else a.max_n)]
+    matmul_rows(targets, sizes)
+    dma_rows(targets, [64, 128, 256, 512, 1024, 2048, 4096, 8192] if not a.quick else [64, 4096])
+    decoder_rows(targets, 64 if a.quick else 256)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
