@@ -433,3 +433,68 @@ def test_history_and_totals_accumulate_over_refreshes():
     assert proc.recompiles.count == 3 and proc.recompiles.recent == 1
     assert proc.fallbacks.count == 6 and proc.completed == 360
     assert proc.executions_per_s == 120.0
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path
+
+
+LEAVES = list(_leaves(TWO_APPS))
+
+
+def test_any_snapshot_that_builds_also_renders_at_any_width():
+    """Foreign or hand-edited documents: either the worker reports them as an error, or every panel
+    renders them (NaN, negatives, huge numbers, wrong types), so the UI thread never fails."""
+    from hypothesis import given, settings, strategies as st
+
+    from top import render
+    from top.render import ViewState
+
+    values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20),
+                       st.text(max_size=5), st.none(), st.booleans())
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.tuples(st.sampled_from(LEAVES), values), max_size=6),
+           st.integers(10, 250), st.integers(0, 3), st.booleans())
+    def check(mutations, width, tab, flops):
+        doc = copy.deepcopy(TWO_APPS)
+        for path, value in mutations:
+            node = doc
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+        try:
+            snap = build_snapshot(doc, History(), Totals())
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return   # the poll worker shows these on the status line
+        state = ViewState(tab=tab, flops=flops, grid_rows=5)
+        for body in (render.utilization_body, render.vcpu_body, render.memory_summary_body,
+                     render.engine_body, render.history_body, render.counters_body):
+            body(snap, state, width)
+        render.tab_bar(snap, tab)
+        for node in snap.app(tab).memory_tree:
+            render.tree_label(node, width, 1, 3)
+    check()
+
+
+def test_resizing_relayouts_without_error():
+    async def script(pilot):
+        screens = []
+        for size in ((200, 60), (80, 24), (150, 30), (60, 20), (120, 50)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            screens.append((size, pilot.app.screen_text()))
+        return screens
+    for (w, h), text in run(NeuronTop(repeating(TWO_APPS), period=0.02), (100, 30), script):
+        lines = text.rstrip("\n").splitlines()
+        assert len(lines) == h and all(len(line) <= w for line in lines)
+        assert "Neuron Apps" in text and "NeuronCore v2 Utilization" in text
+        # Wide: extras beside the real panels; narrow: the real layout only.
+        assert ("Engines of ND0 NC0" in text) == (w >= 150)

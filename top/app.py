@@ -77,6 +77,14 @@ class SourceFinished(Message):
         self.status = status
 
 
+class Body(Vertical):
+    """The panels' container; it tells the app when the terminal size changed."""
+
+    def on_resize(self) -> None:
+        # The app's own Resize arrives before the new size is laid out; the body's comes after.
+        self.app.terminal_resized()
+
+
 class NeuronTop(App):
     """The neuron-top application over a document source (live collector, replay or a list).
 
@@ -107,7 +115,7 @@ class NeuronTop(App):
     # ---- layout
     def compose(self) -> ComposeResult:
         yield Line(id="title")
-        with Vertical(id="body"):
+        with Body(id="body"):
             with Vertical(id="left"):
                 yield Panel(render.utilization_body, "NeuronCore Utilization", id="utilization")
                 yield Panel(render.vcpu_body, "vCPU Utilization", id="vcpu")
@@ -135,7 +143,8 @@ class NeuronTop(App):
         self._wake.set()
         self.source.close()
 
-    def on_resize(self) -> None:
+    def terminal_resized(self) -> None:
+        """Re-fit the layout to the terminal (called by the body whenever its size changes)."""
         self._apply_size()
         self.query_one("#legend", Line).update(legend(self.size.width - 2))
         self._render_frame()

@@ -13,6 +13,7 @@ Missing or failed metric groups become ``None`` fields that render as ``n/a``.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -185,10 +186,12 @@ class History:
 
 
 def _num(value, default=0.0) -> float:
+    """A finite float, or ``default`` (a hand-written or foreign document may hold anything)."""
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return default
+    return number if math.isfinite(number) else default
 
 
 def _group(report: dict, name: str) -> dict | None:
