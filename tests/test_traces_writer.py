@@ -148,3 +148,30 @@ def test_forked_child_does_not_republish_parent_rows(tmp_path):
     os.waitpid(pid, 0)
     w.close()
     assert _rows(tmp_path, "memory") == 1
+
+
+def test_full_disk_keeps_rows_buffered_until_space_returns(tmp_path):
+    """A write that fails (file-size limit, as a full disk) is one line; the rows are retried later."""
+    code = textwrap.dedent("""
+        import resource, signal, sys
+        import numpy as np
+        import traces
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        w = traces.Writer(sys.argv[1], run={"run_id": "full"}, flush_interval=3600)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+        w.append("instructions", {"start_ns": np.arange(100_000), "dur_ns": 5, "engine": "vector"})
+        try:
+            w.flush()
+        except traces.TraceError as exc:
+            print("ERROR", exc)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        w.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ERROR cannot write trace segment into") and "free disk space" in proc.stdout
+    assert len(proc.stdout.strip().splitlines()) == 1
+    assert _rows(tmp_path, "instructions") == 100_000
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
