@@ -498,3 +498,18 @@ def test_resizing_relayouts_without_error():
         assert "Neuron Apps" in text and "NeuronCore v2 Utilization" in text
         # Wide: extras beside the real panels; narrow: the real layout only.
         assert ("Engines of ND0 NC0" in text) == (w >= 150)
+
+
+def test_groups_left_out_by_a_config_show_as_not_reported():
+    doc = copy.deepcopy(TWO_APPS)
+    for entry in doc["neuron_runtime_data"]:
+        del entry["report"]["neuron_stack"], entry["report"]["neuron_runtime_vcpu_usage"]
+    del doc["system_data"]["vcpu_usage"]
+
+    async def script(pilot):
+        return await press(pilot, "d")
+    text = run(NeuronTop(repeating(doc), period=0.02), (200, 50), script)
+    assert "System vCPU Usage   n/a" in text and "Runtime vCPU Usage  n/a" in text
+    assert "no engine data (monitor's neuron_stack group is off)" in text
+    assert "recompiles, CPU fallbacks: not reported" in text and "Recompiles 0" not in text
+    assert "[ 42.01%]" in text   # the groups that are there still show

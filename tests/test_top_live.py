@@ -158,3 +158,32 @@ def test_real_script_in_tmux_80x24(workload):
         assert alive.returncode != 0, "q did not quit neuron-top"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def test_config_file_filters_processes_and_groups(workload, tmp_path):
+    proc, marker, tmp = workload
+    only_counters = tmp_path / "counters.json"
+    only_counters.write_text(json.dumps({
+        "period": "1s",
+        "neuron_runtimes": [{"tag_filter": "^live_", "metrics": [{"type": "neuroncore_counters"},
+                                                                  {"type": "memory_used"}]}],
+        "system_metrics": [{"type": "vcpu_usage"}]}))
+    nobody = tmp_path / "nobody.json"
+    nobody.write_text(json.dumps({"neuron_runtimes": [{"tag_filter": "^other_job$",
+                                                       "metrics": [{"type": "neuroncore_counters"}]}]}))
+
+    async def watch(config):
+        app = NeuronTop(LiveSource(str(config)), period=0.5)
+        async with app.run_test(size=(200, 50)) as pilot:
+            for _ in range(300):   # bounded: two refreshes
+                await pilot.pause(0.02)
+                if app.frames >= 2:
+                    break
+            await pilot.pause()
+            return app.screen_text()
+    shown = asyncio.run(watch(only_counters))
+    assert "[2]:live_app" in shown and "mlp_neff" not in shown   # tree collapsed at NC level
+    assert "Runtime vCPU Usage  n/a" in shown
+    assert "recompiles, CPU fallbacks: not reported" in shown
+    filtered = asyncio.run(watch(nobody))
+    assert "No Neuron processes found — waiting…" in filtered and "live_app" not in filtered

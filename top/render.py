@@ -352,9 +352,13 @@ def _process_lines(out: Text, p: ProcessView) -> None:
     out.append(f"\n  compiles {p.compiles}  cache hits {p.cache_hits}")
     if p.command:
         out.append(f"  $ {p.command}", style="dim")
-    _counter_lines(out, "Recompiles", p.recompiles, p.recompiles.last_reason, "bold yellow")
-    cause = ": ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))
-    _counter_lines(out, "CPU fallbacks", p.fallbacks, cause, "bold red")
+    if p.counted:
+        _counter_lines(out, "Recompiles", p.recompiles, p.recompiles.last_reason, "bold yellow")
+        cause = ": ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))
+        _counter_lines(out, "CPU fallbacks", p.fallbacks, cause, "bold red")
+    else:
+        out.append("\n  recompiles, CPU fallbacks: not reported (add the neuron_stack metric group "
+                   "to the monitor config)", style="dim")
     if p.error:
         out.append(f"\n  error: {p.error}", style="bold red")
 

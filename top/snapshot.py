@@ -81,6 +81,7 @@ class ProcessView:
     latency_p50: float | None   # seconds, total latency over the period
     latency_p99: float | None
     error: str                  # the runtime entry's or a group's error, "" when fine
+    counted: bool = True        # False when the monitor's neuron_stack group is not reported
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
         executions_per_s=completed / period if stats is not None and period > 0 else None,
         latency_p50=_percentile(stats, "total_latency", "p50"),
         latency_p99=_percentile(stats, "total_latency", "p99"),
+        counted=_group(report, "neuron_stack") is not None,
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 
