@@ -188,6 +188,9 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"config file {str(p)!r} is a directory: give the path of a JSON file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}): "
+                          "give a JSON config file") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
