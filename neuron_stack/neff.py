@@ -147,14 +147,26 @@ def read_header(path: str | os.PathLike) -> dict:
         raise _fail(path, "not a NEFF archive (no zip directory: the file is truncated or not a NEFF)") from None
     except KeyError:
         raise _fail(path, "not a NEFF archive (no neff.json header)") from None
-    except (ValueError, OSError, zipfile.LargeZipFile) as exc:
+    except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
         raise _fail(path, f"unreadable NEFF header ({type(exc).__name__})") from None
-    if header.get("magic") != MAGIC:
+    if not isinstance(header, dict) or header.get("magic") != MAGIC:
         raise _fail(path, "not a neuron_stack NEFF (bad magic)")
     if header.get("format_version") != FORMAT_VERSION:
         raise _fail(path, f"NEFF format version {header.get('format_version')} but this runtime reads "
                           f"version {FORMAT_VERSION}", "recompile it with this neuron_stack")
     return header
+
+
+#: The per-partition scalars the runtime adds up at load (schedule.json): ints, busy_ns per engine.
+SCHEDULE_SCALARS = ("device_ns", "hbm_read_bytes", "hbm_write_bytes", "flops")
+
+
+def _check_scalars(path, partition: str, s) -> None:
+    ok = (isinstance(s, dict) and all(type(s.get(k)) is int for k in SCHEDULE_SCALARS)
+          and isinstance(s.get("busy_ns"), dict)
+          and all(isinstance(e, str) and type(v) is int for e, v in s["busy_ns"].items()))
+    if not ok:
+        raise _fail(path, f"malformed schedule scalars for partition {partition!r} in schedule.json")
 
 
 def load(path: str | os.PathLike, target: str | None = None) -> Neff:
@@ -179,7 +191,7 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
                 data[name] = blob
     except NeffError:
         raise
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError) as exc:
+    except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
         raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     try:
         constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
@@ -187,12 +199,13 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
         scalars = json.loads(data["schedule.json"])
         schedules = {}
         for p, s in scalars.items():
+            _check_scalars(path, p, s)
             table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
             schedules[int(p)] = dict(s, table=table)
         source_files = json.loads(data["source_files.json"])
+        log = data["compile.log"].decode()
     except NeffError:
         raise
     except Exception as exc:  # a member that passed its checksum but does not parse: written by a bug
         raise _fail(path, f"unreadable NEFF member ({type(exc).__name__})") from None
-    return Neff(header=header, program=program, schedules=schedules, source_files=source_files,
-                log=data["compile.log"].decode())
+    return Neff(header=header, program=program, schedules=schedules, source_files=source_files, log=log)
