@@ -148,10 +148,23 @@ def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
 
     ``target`` (optional) must match the NEFF's. Example: ``neuron_stack.load("model.neff")``.
     """
+    from traces import TraceError
+
+    from .cores import CoreAllocationError
+    from .neff import NeffError
+    from .runtime import OutOfDeviceMemory
+
     t0 = time.perf_counter_ns()
     neff = load_neff(path, target=target)
-    return NeuronModule(neff, {"kind": "trace", "cache_hit": False, "loaded_from": str(path),
-                               "load_wall_ns": time.perf_counter_ns() - t0, "source": caller_source()})
+    try:
+        return NeuronModule(neff, {"kind": "trace", "cache_hit": False, "loaded_from": str(path),
+                                   "load_wall_ns": time.perf_counter_ns() - t0, "source": caller_source()})
+    except (NeffError, CoreAllocationError, OutOfDeviceMemory, TraceError):
+        raise
+    except Exception as exc:  # checksums matched but the program is not one this runtime can build
+        first = str(exc).splitlines()[0][:120] if str(exc) else ""
+        raise NeffError(f"{path}: its program cannot be loaded ({type(exc).__name__}: {first}); "
+                        "recompile the model with this neuron_stack") from None
 
 
 _DATA_DEP_AT = "Lowering to HLO"
