@@ -34,11 +34,20 @@ def _valid(rows: pa.Table) -> pa.Table:
     return rows if pc.all(mask).as_py() is not False else rows.filter(mask)
 
 
-def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list]:
+def _codes(column) -> tuple[np.ndarray, list]:
     """Small integer codes and their values for a low-cardinality column (nulls get their own code)."""
-    encoded = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column,
-                                   null_encoding="encode")
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
+    column = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
+    if pa.types.is_integer(column.type) and column.null_count == 0 and len(column):
+        values = column.to_numpy().astype(np.int64)   # small ints (cores): offset, no hashing
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < 4096:
+            return values - lo, list(range(lo, hi + 1))
+    # one dictionary for all chunks (the kernel's memo table spans them), so indices agree
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    if encoded.num_chunks == 0:
+        return np.zeros(0, dtype=np.int64), []
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks]).astype(np.int64)
+    return codes, encoded.chunks[-1].dictionary.to_pylist()
 
 
 def lod_pyramid(rows: pa.Table, base: int, top: int) -> pa.Table:

@@ -14,6 +14,7 @@ same profile (plus whatever was appended since).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import logging
@@ -123,6 +124,7 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
     path.unlink(missing_ok=True)
     con = duckdb.connect(str(path), config={"autoinstall_known_extensions": False,
                                             "autoload_known_extensions": False})
+    pool = None
     try:
         metadata = _merged_metadata(loaded.pop("metadata"))
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
@@ -130,6 +132,9 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
                          "summary_includes_warmup": str(bool(include_warmup)).lower(),
                          "finalized_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
         instructions = _time_ordered(loaded.pop("instructions"))
+        # numpy work on the Arrow rows runs on a thread while DuckDB loads them (both release the GIL)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        intervals = pool.submit(_interval_work, instructions)
         for name, parts in loaded.items():
             _load(con, name, pa.concat_tables(parts) if parts else TABLES[name].empty_table())
         # Row groups follow the segments in time order, so each one's min/max start (its zone map)
@@ -139,13 +144,15 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         con.execute("SET preserve_insertion_order = true")
         _close_open_runs(con)
         _load(con, "metadata", _kv(metadata))
-        stats = _derive(con, instructions, include_warmup)
+        stats = _derive(con, intervals.result(), include_warmup)
         con.register("_stats", _kv(stats))
         con.execute("INSERT INTO metadata SELECT * FROM _stats")
         con.unregister("_stats")
         with _step("checkpoint"):
             con.execute("CHECKPOINT")
     finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         con.close()
 
 
@@ -201,23 +208,38 @@ def _scalar(con, query: str, params=None):
     return con.execute(query, params or []).fetchall()[0][0]
 
 
-def _derive(con, instructions: pa.Table, include_warmup: bool) -> dict[str, str]:
+def _interval_work(instructions: pa.Table) -> dict:
+    """The pyramid and the interval unions, from the Arrow rows (see traces.intervals)."""
+    with _step("lod_busy and interval unions (numpy)"):
+        valid = instructions.filter(pc.and_(pc.is_valid(instructions["start_ns"]),
+                                            pc.is_valid(instructions["dur_ns"])))
+        if valid.num_rows:
+            lo = pc.min(valid["start_ns"]).as_py()
+            hi = pc.max(pc.add(valid["start_ns"], valid["dur_ns"])).as_py()
+            mean = pc.mean(valid["dur_ns"]).as_py()
+        else:
+            lo = hi = mean = None
+        base, top = lod_levels(lo, hi, mean)
+        return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top),
+                "union": union_active(valid, CONCURRENT_ENGINES)}
+
+
+def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
     """Create every derived table; return trace statistics for the metadata table."""
-    lo, hi, max_dur, mean_dur, count = con.execute(
-        "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), avg(dur_ns), count(*) FROM instructions"
+    lo, hi, max_dur, count = con.execute(
+        "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), count(*) FROM instructions"
     ).fetchall()[0]
     # one scan over the instructions; everything per op, opcode, engine and execution derives from it
     with _step("aggregate instructions"):
         _aggregate(con)
     with _step("exec_engine_summary"):
-        _exec_engine_summary(con, union_active(instructions, CONCURRENT_ENGINES))
+        _exec_engine_summary(con, work["union"])
     con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(include_warmup)}")
     with _step("op, opcode and source summaries"):
         _op_and_source_summaries(con)
     with _step("lod_busy"):
-        base, top = lod_levels(lo, hi, mean_dur)
-        _load(con, "lod_busy", lod_pyramid(instructions, base, top), clause="ORDER BY level, bucket")
-        lod = {"lod_base_level": base, "lod_top_level": top}
+        _load(con, "lod_busy", work["lod"], clause="ORDER BY level, bucket")
+        lod = {"lod_base_level": work["base"], "lod_top_level": work["top"]}
     with _step("summary"):
         con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
         con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup, per_core=True)}")
