@@ -2,11 +2,14 @@
 
 Opens every page, zooms the timeline, clicks a source line and checks that the timeline highlights
 its instructions, runs a SQL query, fails on any browser console error, and saves a screenshot of
-each page under docs/img/ (the images docs/explorer.md shows).
+each page. Screenshots go to a temporary directory; to refresh the ones docs/explorer.md shows, run
+`NEURON_STACK_SCREENSHOT_DIR=docs/img .venv/bin/python -m pytest tests/test_explorer_browser.py`.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from explorer.app import create_app
 from test_explorer_profiles import make_profile
 
 CHROMIUM = "/usr/bin/chromium"
-IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+IMG = Path(os.environ.get("NEURON_STACK_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="explorer-shots-"))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 
