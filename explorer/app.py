@@ -20,6 +20,31 @@ NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"),
 _APP = None
 
 
+def _refuse_request(exc: Exception):
+    """A request no page of this app sends (a hostile or stale browser: a callback given values of the
+    wrong shape, a path outside the served packages): refuse it with 400/404 and log one line, not a
+    traceback. HTTP errors pass through; ``NEURON_STACK_DEBUG=1`` re-raises to see the traceback."""
+    import logging
+    import os
+
+    from dash.exceptions import DependencyException
+    from werkzeug.exceptions import HTTPException
+
+    if isinstance(exc, HTTPException):
+        return exc
+    if os.environ.get("NEURON_STACK_DEBUG"):
+        raise exc
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb is not None else ""
+    logging.getLogger("explorer").warning("refused a request the pages never send: %s: %s%s",
+                                          type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else "", where)
+    if isinstance(exc, DependencyException):
+        return "not found", 404
+    return "bad request", 400
+
+
 def create_app(paths, registry=None):
     """The Dash app serving ``paths`` (profile.duckdb files). Example: ``create_app(["out/s/profile.duckdb"])``."""
     global _APP
@@ -40,6 +65,7 @@ def _build():
     app = dash.Dash(__name__, use_pages=True, pages_folder="", assets_folder=str(Path(__file__).parent / "assets"),
                     title="Neuron Explorer (simulated)", suppress_callback_exceptions=True,
                     update_title=None)
+    app.server.register_error_handler(Exception, _refuse_request)
     for name in PAGES:
         module = importlib.import_module(f"explorer.pages.{name}")
         dash.register_page(module.__name__, layout=module.layout, **module.PAGE)
