@@ -122,6 +122,8 @@ class CompileCache:
 def compile_cached(graph_hash: str, flags: dict, compile_fn: Callable[[], Neff]) -> tuple[Neff, bool, Path | None]:
     """Compile through the cache unless ``--no_cache``. Returns ``(neff, cache_hit, entry_dir)``."""
     from .flags import flags_hash
-    if flags.get("no_cache"):
+    from .parallel_compile import extract_only
+    # a collect run's NEFFs are quick placeholders (neuron_parallel_compile): they never enter the cache
+    if flags.get("no_cache") or extract_only():
         return compile_fn(), False, None
     return CompileCache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn)

@@ -119,6 +119,10 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     profile = get_profile(flags["target"])
     program.flags = compiler_flags(flags)
     ghash = graph_hash_value or graph_hash(program)
+    from .parallel_compile import extract_only, record_graph
+    extract = extract_only()
+    if extract:  # neuron_parallel_compile's collect run: record the graph, skip the costly lowering
+        record_graph(program, flags, partitioner_config, ghash)
     program.log.append(f"neuronx-cc compile {command_line(flags)} -- {program.name}: "
                        f"{sum(n.is_compute for n in program.nodes)} ops")
     legalize(program, partitioner_config)
@@ -130,7 +134,11 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     for p in program.partitions:
         if p["kind"] != "device":
             continue
-        s, timing = _schedule(program, p["index"], profile, flags)
+        if extract:
+            from .roofline import build_roofline
+            s, timing = build_roofline(program, p["index"], profile, flags), "roofline"
+        else:
+            s, timing = _schedule(program, p["index"], profile, flags)
         schedules[p["index"]] = {"table": s.table, "busy_ns": {k: int(v) for k, v in s.busy_ns.items()},
                                  "device_ns": int(s.device_ns), "hbm_read_bytes": int(s.hbm_read_bytes),
                                  "hbm_write_bytes": int(s.hbm_write_bytes),
