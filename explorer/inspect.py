@@ -54,7 +54,11 @@ def _session_dir(root: str, name: str) -> Path:
     while path.exists():  # two sessions in the same second
         n += 1
         path = Path(root) / f"{time.strftime('%Y%m%d-%H%M%S')}_{safe}_{n}"
-    path.mkdir(parents=True)
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise TraceError(f"cannot create the session directory {path}: {exc.strerror}; "
+                         "pass a writable directory with -o DIR") from None
     return path
 
 
