@@ -169,7 +169,8 @@ def run_rows(profile: Path, pid: int) -> dict:
 
 # -- 1. kill mid-run ---------------------------------------------------------------------------
 
-def kill_mid_run(root: Path, rng: random.Random, trials: int, run_s: float = 3.0) -> list[Trial]:
+def kill_mid_run(root: Path, rng: random.Random, trials: int, run_s: float = 3.0,
+                 cache: Path | None = None) -> list[Trial]:
     """SIGKILL a profiled workload at random moments; every trial writes into one output directory.
 
     Per trial: the flushed segments finalise (``neuron-explorer summary DIR`` as typed), the run is
@@ -180,7 +181,7 @@ def kill_mid_run(root: Path, rng: random.Random, trials: int, run_s: float = 3.0
     """
     root.mkdir(parents=True, exist_ok=True)
     prof = root / "prof"
-    env = {**base_env(root), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
+    env = {**base_env(root, cache), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
     results: list[Trial] = []
     for k in range(trials):
         log = root / f"trial{k}.out"
@@ -379,3 +380,185 @@ def _check_exclusive(log: Path, held_at_kill) -> Trial:
             active.append((b0, b1, pb))
     ok = holdings > 0
     return Trial(f"core races: exclusivity ({holdings} holdings)", ok, "" if ok else "no racer ever held a core")
+
+
+# -- 7. disk full and read-only directories ----------------------------------------------------
+
+class MountUnavailable(RuntimeError):
+    """This machine cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN): the test skips."""
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "16m"):
+    """A real size-limited filesystem at ``path`` (tmpfs), unmounted afterwards. Needs root."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MountUnavailable(f"cannot mount a tmpfs at {path}: {(r.stderr or r.stdout).strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def remount(path: Path, options: str) -> None:
+    """Remount ``path`` with ``options`` (``ro``, ``rw``, ``size=64m``)."""
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True, capture_output=True)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte with one file; delete it to free the space."""
+    filler = directory / "filler.bin"
+    with open(filler, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+            block = bytes(chunk)
+            try:
+                while True:
+                    f.write(block)
+            except OSError:
+                continue
+    return filler
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = None) -> list[Trial]:
+    """Fill the disk under a profiled workload at a random moment, with and without space coming back.
+
+    Promises: the workload keeps running and says so in one warning line (no traceback); when space
+    comes back every buffered row lands (exact counts, status ``ok``); when it does not, finalising
+    on the full disk is one clear error and leaves no temporary files, the run is never presented
+    as complete (``status = 'incomplete'`` unless every execution is there), and a profile that
+    existed before is byte-for-byte unchanged. Raises MountUnavailable when tmpfs cannot be mounted.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    results = []
+    for k in range(trials):
+        comes_back = k % 2 == 0
+        with tmpfs(root / f"disk{k}", "64m") as disk:
+            results.append(_disk_full_trial(root, disk, rng, comes_back, k, cache or root / "cache"))
+    return results
+
+
+def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: bool, k: int, cache: Path) -> Trial:
+    name = f"disk full #{k} ({'space comes back' if comes_back else 'stays full'})"
+    prof = disk / "prof"
+    env = {**base_env(root, cache=cache), "NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
+    # a finished profile from an earlier run in the same directory: it must survive everything
+    first = root / f"first{k}.out"
+    p = start_workload(env, first, "--execs", "2")
+    p.wait(timeout=300)
+    r = run_cli(["neuron-explorer", "summary", str(prof)], env)
+    if p.returncode != 0 or r.returncode != 0:
+        return Trial(name, False, f"setup run failed: {r.stderr[-300:]}")
+    before = _sha(prof / "profile.duckdb")
+    log = root / f"full{k}.out"
+    proc = start_workload(env, log, "--seconds", "5")
+    wait_for(lambda: workload_output(log)["core"] is not None or proc.poll() is not None, 180)
+    time.sleep(rng.uniform(0.2, 1.5))
+    t_full = time.monotonic()
+    filler = fill(disk)
+    warned = wait_for(lambda: "cannot write trace segment" in log.with_suffix(".err").read_text()
+                      or proc.poll() is not None, 10)
+    recover = None
+    if comes_back:
+        time.sleep(rng.uniform(0.2, 1.0))
+        filler.unlink()
+        recover = time.monotonic() - t_full
+    proc.wait(timeout=300)
+    err = log.with_suffix(".err").read_text()
+    seen = workload_output(log)
+    if proc.returncode != 0 or "Traceback" in err:
+        return Trial(name, False, f"the workload did not survive the full disk (rc {proc.returncode}): {err[-400:]}")
+    if not warned or "No space left on device" not in err:
+        return Trial(name, False, f"no warning about the full disk on stderr: {err[-300:]!r}")
+    if not comes_back:
+        r = run_cli(["neuron-explorer", "summary", str(prof)], env)
+        leftovers = [f.name for f in prof.iterdir() if f.name.endswith(".tmp") or f.name.endswith(".wal")]
+        if r.returncode == 0 or not is_one_line_error(r.stderr, "neuron-explorer"):
+            return Trial(name, False, f"finalising on a full disk: rc {r.returncode}, {r.stderr.strip()[-300:]}")
+        if leftovers:
+            return Trial(name, False, f"failed finalise left {leftovers}")
+        if _sha(prof / "profile.duckdb") != before:
+            return Trial(name, False, "the earlier profile changed during a failed finalise")
+        r = run_cli(["neuron-explorer", "summary", str(prof / "profile.duckdb")], env)
+        if r.returncode != 0:
+            return Trial(name, False, f"the earlier profile is unreadable on a full disk: {r.stderr[-300:]}")
+        filler.unlink()
+        recover = time.monotonic() - t_full
+    r = run_cli(["neuron-explorer", "summary", str(prof)], env)
+    if r.returncode != 0:
+        return Trial(name, False, f"finalise after freeing space failed: {r.stderr[-300:]}")
+    rows = run_rows(prof / "profile.duckdb", proc.pid)
+    n = len(seen["execs"])
+    complete = rows["execs"] == n and rows["with_instr"] == n and rows["per_exec"] <= {seen["per_exec"]}
+    if rows["status"] == "ok" and not complete:
+        return Trial(name, False, f"partial run presented as complete: status ok with {rows['execs']} of {n} "
+                                  f"executions ({rows['with_instr']} with instructions)")
+    if comes_back and not (complete and rows["status"] == "ok"):
+        return Trial(name, False, f"rows lost although space came back: {rows['execs']}/{n} executions, "
+                                  f"{rows['with_instr']} with instructions, status {rows['status']}")
+    return Trial(name, True, recover_s=recover)
+
+
+def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
+    """Read-only directories: the profile output, the live-statistics directory, inspect's -o, a finished
+    session on read-only media. Each refusal is one clear line; reading a finished profile still works.
+    """
+    import shutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    env = base_env(root, cache)
+    results = []
+    # a finished session to put on read-only media, plus one segment newer than its profile
+    prof = root / "prof"
+    p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)},
+                       root / "setup.out", "--execs", "2")
+    p.wait(timeout=300)
+    run_cli(["neuron-explorer", "summary", str(prof)], env)
+    with tmpfs(root / "ro") as ro:
+        (ro / "out").mkdir()
+        shutil.copytree(prof, ro / "done")
+        shutil.copytree(prof, ro / "stale")
+        newest = max((ro / "stale").glob("*.arrow"))
+        shutil.copy(newest, newest.with_name(newest.name.replace(".arrow", "9.arrow")))
+        remount(ro, "ro")
+
+        log = root / "ro-output.out"
+        p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(ro / "out")},
+                           log, "--execs", "2")
+        p.wait(timeout=300)
+        last = (log.with_suffix(".err").read_text().strip().splitlines() or [""])[-1]
+        ok = p.returncode != 0 and "Read-only file system" in last and "writable" in last
+        results.append(Trial("read-only: profiling output directory", ok,
+                             "" if ok else f"rc {p.returncode}, last line {last!r}"))
+
+        log = root / "ro-live.out"
+        p = start_workload({**env, "NEURON_STACK_LIVE_DIR": str(ro / "live")}, log, "--execs", "2")
+        p.wait(timeout=300)
+        err = log.with_suffix(".err").read_text()
+        ok = p.returncode == 0 and "Traceback" not in err and "NEURON_STACK_LIVE_DIR" in err
+        results.append(Trial("read-only: live statistics directory", ok,
+                             "" if ok else f"the workload did not keep running: rc {p.returncode}, {err[-300:]}"))
+
+        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", PYTHON, str(WORKLOAD), "--execs", "1"], env)
+        ok = r.returncode != 0 and is_one_line_error(r.stderr, "neuron-explorer") and "writable" in r.stderr
+        results.append(Trial("read-only: neuron-explorer inspect -o", ok, "" if ok else f"rc {r.returncode}: {r.stderr[-300:]}"))
+
+        r = run_cli(["neuron-explorer", "summary", str(ro / "done" / "profile.duckdb"), "--json"], env)
+        s = run_cli(["neuron-explorer", "sql", str(ro / "done"), "SELECT count(*) AS n FROM executions", "--format", "json"], env)
+        ok = r.returncode == 0 and s.returncode == 0 and '"n": 2' in s.stdout.replace('"n":2', '"n": 2')
+        results.append(Trial("read-only: reading a finished profile", ok,
+                             "" if ok else f"summary rc {r.returncode} {r.stderr[-200:]}; sql rc {s.returncode} {s.stdout[-100:]} {s.stderr[-200:]}"))
+
+        r = run_cli(["neuron-explorer", "summary", str(ro / "stale")], env)
+        ok = (r.returncode == 0 and "Traceback" not in r.stderr) or \
+            (is_one_line_error(r.stderr, "neuron-explorer") and "free disk space" not in r.stderr)
+        results.append(Trial("read-only: a session that needs finalising", ok,
+                             "" if ok else f"rc {r.returncode}: {r.stderr.strip()[-300:]}"))
+    return results

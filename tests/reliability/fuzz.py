@@ -1,0 +1,354 @@
+"""Fuzzed input for the reliability battery: NEFFs, profiles, segments, monitor configs, Explorer requests.
+
+Each ``fuzz_*`` function feeds ``examples`` mutated inputs (hypothesis generates them) to the real
+loader and returns one :class:`harness.Trial` per kind of input, counting every example whose
+outcome broke a promise: an exception other than the loader's documented one, a message that is not
+one clear line, or more than ``TIME_BOUND_S`` spent on one input (a hang). Failures are collected,
+not raised, so one run counts them all (the benchmark's table); the tests assert there are none.
+
+>>> one_line_ok("profile x is not a neuron_stack profile: pass a profile.duckdb")
+True
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import zipfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import Trial
+
+#: Longest any single input may take before it counts as a hang.
+TIME_BOUND_S = 20.0
+
+
+class Hang(Exception):
+    """One input took longer than TIME_BOUND_S."""
+
+
+@contextlib.contextmanager
+def time_bound(seconds: float = TIME_BOUND_S):
+    """Raise :class:`Hang` in the main thread if the block runs longer than ``seconds``."""
+    def _alarm(signum, frame):
+        raise Hang(f"no answer within {seconds:.0f} s")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line_ok(message: str) -> bool:
+    """A refusal message is one line that says something (not a bare type name or repr)."""
+    return bool(message) and "\n" not in message.strip() and len(message.strip()) >= 20 and \
+        "Traceback" not in message
+
+
+def _settings(examples: int):
+    return settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+                    suppress_health_check=list(HealthCheck), print_blob=False)
+
+
+class Tally:
+    """Counts examples and collects the first few problems of one kind of input."""
+
+    def __init__(self, test: str):
+        self.test, self.count, self.problems = test, 0, []
+
+    def check(self, fn, allowed: tuple[type[BaseException], ...], what: str) -> None:
+        """Run ``fn()``; record a problem unless it returns or raises ``allowed`` with one clear line."""
+        self.count += 1
+        try:
+            with time_bound():
+                fn()
+        except Hang as exc:
+            self.problems.append(f"{what}: hang ({exc})")
+        except allowed as exc:
+            if not one_line_ok(str(exc)):
+                self.problems.append(f"{what}: unclear refusal {type(exc).__name__}: {str(exc)[:200]!r}")
+        except Exception as exc:  # the loader let something else through: a traceback for the user
+            self.problems.append(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+
+    def trial(self) -> Trial:
+        n = len(self.problems)
+        kinds: dict[str, str] = {}   # one example per distinct outcome (the text after the input)
+        for p in self.problems:
+            kinds.setdefault(p.rsplit(": ", 2)[-2] if p.count(": ") >= 2 else p, p)
+        return Trial(f"{self.test} ({self.count} inputs)", n == 0,
+                     "" if n == 0 else f"{n} bad outcomes, e.g. " + " | ".join(list(kinds.values())[:6]))
+
+
+# -- byte-level mutations, shared ----------------------------------------------------------------
+
+def byte_mutations():
+    """A strategy of functions bytes -> bytes: flips, truncations, insertions, splices."""
+    flip = st.tuples(st.just("flip"), st.floats(0, 1), st.integers(1, 255), st.integers(1, 64))
+    cut = st.tuples(st.just("cut"), st.floats(0, 1))
+    ins = st.tuples(st.just("insert"), st.floats(0, 1), st.binary(min_size=1, max_size=64))
+    zero = st.tuples(st.just("zero"), st.floats(0, 1), st.integers(1, 4096))
+    return st.lists(st.one_of(flip, cut, ins, zero), min_size=1, max_size=4)
+
+
+def apply_mutations(data: bytes, ops) -> bytes:
+    """Apply the ``byte_mutations`` ops to ``data``."""
+    buf = bytearray(data)
+    for op in ops:
+        at = int(op[1] * max(len(buf) - 1, 0))
+        if op[0] == "flip":
+            for i in range(at, min(at + op[3], len(buf))):
+                buf[i] ^= op[2]
+        elif op[0] == "cut":
+            del buf[at:]
+        elif op[0] == "insert":
+            buf[at:at] = op[2]
+        elif op[0] == "zero":
+            buf[at:at + op[2]] = bytes(len(buf[at:at + op[2]]))
+    return bytes(buf)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63) | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12)
+
+
+def _mutate_json(value, path_choices, replacement):
+    """Replace one node of ``value`` (chosen by the floats in ``path_choices``) with ``replacement``."""
+    if not path_choices or not isinstance(value, (dict, list)) or not value:
+        return replacement
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    key = keys[int(path_choices[0] * (len(keys) - 1))]
+    out = dict(value) if isinstance(value, dict) else list(value)
+    out[key] = _mutate_json(value[key], path_choices[1:], replacement)
+    return out
+
+
+# -- NEFF ------------------------------------------------------------------------------------------
+
+def fuzz_neff(base: Path, work: Path, examples: int) -> list[Trial]:
+    """Mutated NEFFs into ``neuron_stack.neff.load`` and, when it accepts one, ``neuron_stack.load``.
+
+    Two kinds: raw byte damage (the archive as a whole), and a valid archive whose header or one
+    member is changed with checksums recomputed (so the mutation reaches the parsers behind them).
+    """
+    import hashlib
+
+    import neuron_stack
+    from neuron_stack import neff as neff_mod
+    from neuron_stack.cores import CoreAllocationError
+
+    data = base.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    header = json.loads(members["neff.json"])
+    names = sorted(n for n in members if n != "neff.json")
+    path = work / "fuzz.neff"
+    allowed = (neff_mod.NeffError, CoreAllocationError)
+    raw, deep = Tally("fuzz NEFF bytes"), Tally("fuzz NEFF members")
+
+    def load_both():
+        neff_mod.load(path)
+        neuron_stack.load(path)   # what a user calls: the runtime must refuse with one line too
+
+    @_settings(examples)
+    @given(byte_mutations())
+    def raw_case(ops):
+        path.write_bytes(apply_mutations(data, ops))
+        raw.check(lambda: neff_mod.load(path), allowed, f"bytes {ops!r}"[:120])
+
+    @_settings(examples)
+    @given(st.sampled_from(["neff.json", *names]), byte_mutations(),
+           st.lists(st.floats(0, 1), max_size=4), json_values, st.booleans())
+    def member_case(member, ops, where, value, as_json):
+        new = dict(members)
+        hdr = dict(header)
+        if member == "neff.json" or (as_json and member.endswith(".json")):
+            doc = json.loads(members[member]) if member != "neff.json" else hdr
+            doc = _mutate_json(doc, where, value)
+            blob = json.dumps(doc).encode()
+        else:
+            blob = apply_mutations(members[member], ops)
+        if member == "neff.json":
+            hdr = doc if isinstance(doc, dict) else hdr
+            new["neff.json"] = blob
+        else:
+            new[member] = blob
+            if isinstance(hdr.get("checksums"), dict):
+                hdr["checksums"] = {**hdr["checksums"], member: hashlib.sha256(blob).hexdigest()}
+            new["neff.json"] = json.dumps(hdr).encode()
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+            for n, b in new.items():
+                z.writestr(n, b)
+        deep.check(load_both, allowed, f"{member}: {value!r}"[:120])
+
+    raw_case()
+    member_case()
+    return [raw.trial(), deep.trial()]
+
+
+# -- profiles and segments ---------------------------------------------------------------------------
+
+def _read_profile(path: Path) -> None:
+    import traces
+    with traces.open(path) as p:
+        p.summary()
+        p.sql("SELECT engine, count(*), sum(dur_ns) FROM instructions GROUP BY ALL")
+        p.top_ops(5)
+        p.utilization(buckets=50)
+
+
+def fuzz_profile(session: Path, work: Path, examples: int) -> list[Trial]:
+    """Mutated ``profile.duckdb`` files into ``traces.open`` + queries; mutated segments into ``finalize``."""
+    import shutil
+
+    import traces
+
+    base = (session / "profile.duckdb").read_bytes()
+    segs = sorted(p.name for p in session.glob("*.arrow"))
+    db = work / "fuzz.duckdb"
+    prof, seg = Tally("fuzz profile.duckdb"), Tally("fuzz segments")
+
+    @_settings(examples)
+    @given(byte_mutations())
+    def db_case(ops):
+        for junk in (db, Path(f"{db}.wal")):
+            junk.unlink(missing_ok=True)
+        db.write_bytes(apply_mutations(base, ops))
+        prof.check(lambda: _read_profile(db), (traces.TraceError,), f"{ops!r}"[:120])
+
+    seg_dir = work / "segs"
+
+    @_settings(examples)
+    @given(st.sampled_from(segs), byte_mutations(), st.booleans())
+    def seg_case(name, ops, also_profile):
+        shutil.rmtree(seg_dir, ignore_errors=True)
+        seg_dir.mkdir(parents=True)
+        for s in segs:
+            os.link(session / s, seg_dir / s) if s != name else \
+                (seg_dir / s).write_bytes(apply_mutations((session / s).read_bytes(), ops))
+
+        def go():
+            out = traces.finalize(seg_dir)
+            if also_profile:
+                _read_profile(out)
+        seg.check(go, (traces.TraceError,), f"{name} {ops!r}"[:120])
+
+    db_case()
+    seg_case()
+    return [prof.trial(), seg.trial()]
+
+
+# -- monitor configs -----------------------------------------------------------------------------------
+
+VALID_CONFIG = {
+    "period": "1s",
+    "neuron_runtimes": [{"tag_filter": "^train", "period": "2s", "metrics": [
+        {"type": "neuroncore_counters"}, {"type": "memory_used"}, {"type": "neuron_runtime_vcpu_usage"},
+        {"type": "execution_stats", "period": "500ms"}, {"type": "neuron_stack"}]}],
+    "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"period": "2s", "type": "neuron_hw_counters"}],
+}
+
+
+def fuzz_monitor_config(work: Path, examples: int) -> list[Trial]:
+    """Mutated neuron-monitor configs (structure-aware, raw text, raw bytes) into ``load_config``."""
+    from monitor.config import ConfigError, load_config
+
+    path = work / "monitor.json"
+    tally = Tally("fuzz monitor configs")
+    base = json.dumps(VALID_CONFIG).encode()
+
+    @_settings(examples)
+    @given(st.integers(0, 2), st.lists(st.floats(0, 1), max_size=5), json_values, byte_mutations(),
+           st.sampled_from(["500ms", "1m30s", "0s", "-1s", "1e9h", "99999999999999h", "1.5.5s", "", "1", "ms",
+                            "(", "[a-", "(?P<x", "a{99999}{99999}", "\x00", "😀"]))
+    def case(kind, where, value, ops, token):
+        if kind == 0:     # one node of a valid config replaced by any JSON value
+            path.write_text(json.dumps(_mutate_json(VALID_CONFIG, where, value)))
+        elif kind == 1:   # one node replaced by a tricky duration / regex / text
+            path.write_text(json.dumps(_mutate_json(VALID_CONFIG, where, token)))
+        else:             # damaged bytes
+            path.write_bytes(apply_mutations(base, ops))
+        tally.check(lambda: load_config(path), (ConfigError,), path.read_bytes()[:120].decode(errors="replace"))
+
+    case()
+    return [tally.trial()]
+
+
+# -- Explorer requests ----------------------------------------------------------------------------------
+
+HOSTILE_TEXT = ["../../../../etc/passwd", "/etc/passwd", "..%2f..%2f..%2fetc%2fpasswd", "%00", "\x00",
+                "line:1 OR 1=1", "'; DROP TABLE ops; --", "op:-1", "module:" + "a." * 2000, "graph:99999999999999999999",
+                "path:x/y", "9" * 400, "-1", "1e309", "NaN", "sel=line:1&sel=op:2", "😀" * 50, "A" * 100_000]
+
+
+def _outputs(spec: str):
+    parts = spec[2:-2].split("...") if spec.startswith("..") else [spec]
+    out = [dict(zip(("id", "property"), p.rsplit(".", 1))) for p in parts]
+    return out if spec.startswith("..") else out[0]
+
+
+def fuzz_explorer_requests(app, work: Path, examples: int, profile_key: str) -> list[Trial]:
+    """Random and hostile values into every Dash callback and page URL of a running app (Flask client).
+
+    A request may be refused (4xx, or 204 when a callback ignores it) but never crash (500): Dash
+    answers 500 when a callback raised, which means a traceback in the server log.
+    """
+    client = app.server.test_client()
+    deps = [d for d in client.get("/_dash-dependencies").get_json()
+            if not any(i["id"].startswith("{") for i in d["inputs"] + d.get("state", []))
+            and not d["output"].startswith("{")]
+    tally = Tally("fuzz Explorer requests")
+    pages = ["/", "/timeline", "/hierarchy", "/source", "/fallbacks", "/recompiles", "/sql", "/compare"]
+    params = ["profile", "start", "end", "sel", "file", "a", "b", "q", "page"]
+    text = st.one_of(st.sampled_from(HOSTILE_TEXT), st.text(max_size=40), st.integers().map(str),
+                     st.just(profile_key))
+    search = st.lists(st.tuples(st.sampled_from(params), text), max_size=5).map(
+        lambda kv: "?" + "&".join(f"{k}={v}" for k, v in kv))
+
+    class ServerError(Exception):
+        pass
+
+    def post(body):
+        r = client.post("/_dash-update-component", json=body)
+        if r.status_code >= 500:
+            raise ServerError(f"HTTP {r.status_code} for callback {body['output'][:60]}")
+
+    @_settings(examples)
+    @given(st.sampled_from(deps), st.data())
+    def callback_case(dep, data):
+        def value_for(prop):
+            if prop in ("pathname",):
+                return data.draw(st.sampled_from(pages) | text)
+            if prop == "search":
+                return data.draw(search)
+            return data.draw(json_values | text)
+        inputs = [dict(i, value=value_for(i["property"])) for i in dep["inputs"]]
+        state = [dict(s, value=value_for(s["property"])) for s in dep.get("state", [])]
+        body = {"output": dep["output"], "outputs": _outputs(dep["output"]), "inputs": inputs, "state": state,
+                "changedPropIds": [f"{inputs[0]['id']}.{inputs[0]['property']}"]}
+        tally.check(lambda: post(body), (), f"{dep['output'][:40]} {str(inputs)[:80]}")
+
+    @_settings(examples)
+    @given(st.sampled_from(pages + ["/assets/../../../etc/passwd", "/_dash-component-suites/../../etc/passwd",
+                                    "/static/../../etc/passwd", "/profile.duckdb", "/%2e%2e/%2e%2e/etc/passwd"]),
+           search)
+    def get_case(page, query):
+        def go():
+            r = client.get(page + query)
+            if r.status_code >= 500:
+                raise ServerError(f"HTTP {r.status_code} for GET {page}{query[:60]}")
+            if b"root:x:0:0" in r.data:
+                raise ServerError(f"GET {page} served /etc/passwd")
+        tally.check(go, (), f"GET {page}{query}"[:120])
+
+    callback_case()
+    get_case()
+    return [tally.trial()]
