@@ -687,8 +687,12 @@ class Lowerer:
             return
         from . import lower_ops
         self.done.add(n.name)
-        self.done.update(f.name for f in self.fused.get(n.name, []))
+        members = self.fused.get(n.name, [])
+        self.done.update(f.name for f in members)
         lower_ops.dispatch(n)(self, n)
+        if members and members[-1].name not in self.values:
+            # the host's lowering has no epilogue (e.g. a GpSimd kernel): its fused nodes run alone
+            lower_ops._lower_alone(self, [f for f in members if f.name not in self.values])
 
 
 def _refs(value: Any):
