@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import json
+from collections import ChainMap
 import operator
 import os
 import socket
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import uuid as uuidlib
+import weakref
 from typing import Any
 
 import numpy as np
@@ -106,43 +108,91 @@ def _from_json(a: Any, env: dict) -> Any:
 
 _CAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+#: The TensorE operands of matmul-class ops (argument positions), the only inputs ``--auto-cast
+#: matmult`` rounds: bias and epilogue inputs stay fp32, as in the ISA lowering. Ops not listed
+#: (mm, bmm, dot, attention...) have only operands.
+MATMUL_OPERANDS = {"aten.addmm": (1, 2), "aten.baddbmm": (1, 2), "aten.addmv": (1, 2),
+                   "aten.convolution": (0, 1), "aten.convolution_backward": (0, 1, 2)}
+
 
 def round_to(x, dtype):
     """Round an fp32 tensor to ``dtype`` precision, keeping fp32 storage.
 
     This is --auto-cast: a bf16 matmul with fp32 (PSUM) accumulation equals an fp32 matmul of
     bf16-rounded inputs, because every bf16 x bf16 product is exact in fp32.
+
+    >>> round_to(torch.tensor([1.0 + 2**-10]), torch.bfloat16)
+    tensor([1.])
     """
     if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
         return x.to(dtype).to(torch.float32)
     return x
 
 
-torch.fx.wrap("round_to")
+class _Env(dict):
+    """Node name -> FX node; a weight is fetched (``get_attr``) the first time it is referenced."""
+
+    def __init__(self, graph: torch.fx.Graph, root: torch.nn.Module, constants: dict):
+        super().__init__()
+        self.graph, self.root, self.constants = graph, root, constants
+        self.const_names: dict[torch.fx.Node, str] = {}
+
+    def __missing__(self, name: str) -> torch.fx.Node:
+        if name not in self.constants:
+            raise KeyError(name)
+        attr = f"_const_{len(self.const_names)}"
+        self.root.register_buffer(attr, self.constants[name], persistent=False)
+        node = self[name] = self.graph.get_attr(attr)
+        self.const_names[node] = name
+        return node
 
 
-def build_graph_module(program: Program, part: dict, auto_cast: str = "none",
-                       cast_type: str = "bf16") -> torch.fx.GraphModule:
-    """A GraphModule computing partition ``part``: placeholders = ``part["inputs"]``, output =
-    the tuple of ``part["outputs"]``. Example: ``build_graph_module(prog, prog.partitions[0])``."""
+def build_graph_module(program: Program, part: dict, auto_cast: str = "none", cast_type: str = "bf16", *,
+                       constants: dict | None = None, inputs: list[str] | None = None,
+                       output=None) -> torch.fx.GraphModule:
+    """A GraphModule computing partition ``part`` of ``program``.
+
+    Weights (``constants``: node name -> tensor) live in the module, so only activations are
+    arguments: placeholders are ``inputs`` (default: the partition's non-constant inputs). It
+    returns ``output`` (a JSON output structure, e.g. ``program.output_names``) or else the tuple
+    of ``part["outputs"]``. With ``--auto-cast`` a weight is rounded once here, an activation
+    once per execution however many matmuls read it.
+    Example: ``build_graph_module(prog, prog.partitions[0], constants=prog.constants)``.
+    """
+    constants = constants or {}
     by_name = {n.name: n for n in program.nodes}
     g = torch.fx.Graph()
-    env: dict[str, torch.fx.Node] = {}
-    for name in part["inputs"]:
+    root = torch.nn.Module()
+    env = _Env(g, root, constants)
+    for name in inputs if inputs is not None else [n for n in part["inputs"] if n not in constants]:
         env[name] = g.placeholder(name)
     dtype = _CAST_DTYPES[cast_type]
-    device = part["kind"] == "device"
+    cast = part["kind"] == "device" and auto_cast != "none"
+    rounded: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def rounded_value(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in rounded:
+            if a in env.const_names:   # a weight: round it now, once
+                attr = f"{a.target}_{cast_type}"
+                root.register_buffer(attr, round_to(constants[env.const_names[a]], dtype), persistent=False)
+                rounded[a] = g.get_attr(attr)
+            else:
+                rounded[a] = g.call_function(round_to, (a, dtype))
+        return rounded[a]
+
     for name in part["nodes"]:
         n = by_name[name]
         args = _from_json(n.args, env)
         kwargs = {k: _from_json(v, env) for k, v in n.kwargs.items()}
-        if device and auto_cast != "none" and (n.op_class in ("matmul", "conv") or auto_cast == "all"):
-            args = [g.call_function(round_to, (a, dtype)) if isinstance(a, torch.fx.Node) else a for a in args]
+        if cast and (n.op_class in ("matmul", "conv") or auto_cast == "all"):
+            which = MATMUL_OPERANDS.get(n.target.rsplit(".", 1)[0]) if auto_cast == "matmult" else None
+            args = [rounded_value(a) if isinstance(a, torch.fx.Node) and (which is None or i in which) else a
+                    for i, a in enumerate(args)]
         out = g.call_function(resolve_target(n.target), tuple(args), kwargs)
         out.name = name
         env[name] = out
-    g.output(tuple(env[o] for o in part["outputs"]))
-    return torch.fx.GraphModule(torch.nn.Module(), g)
+    g.output(_from_json(output, env) if output is not None else tuple(env[o] for o in part["outputs"]))
+    return torch.fx.GraphModule(root, g)
 
 
 class _TimedInterpreter(torch.fx.Interpreter):
@@ -200,8 +250,11 @@ class Session:
                       "neuroncore_per_device_count": p.cores_per_chip,
                       "logical_neuroncore_config": 2 if p.name == "trn2" else 1})
         self.live.cores = list(self.cores)
+        self.models: weakref.WeakSet[LoadedModel] = weakref.WeakSet()   # loaded here, described to a capture
+        # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
+        self.record_lock = threading.Lock()
+        self._capture_timer: threading.Timer | None = None
         self.recorder = Recorder.from_env(self)
-        self._capture_until = 0.0
         atexit.register(self.close)
 
     def next_core(self) -> int:
@@ -211,22 +264,56 @@ class Session:
         return core
 
     def poll_capture(self) -> None:
-        """Start a timed recording when neuron-top asks for one (``request_capture``)."""
+        """Start a timed recording if neuron-top asked for one (``traces.live.request_capture``).
+
+        Cheap enough for every execution: the publisher looks at the disk at most every 0.25 s.
+        """
         req = self.live.poll_capture()
-        if req and self.recorder is None:
-            self.recorder = Recorder(self, req["output_dir"])
-            self._capture_until = time.time() + float(req.get("seconds", 5))
-        if self._capture_until and time.time() > self._capture_until and self.recorder is not None:
-            self.recorder.close()
+        if req is not None:
+            self.start_capture(req["output_dir"], req["seconds"])
+
+    def start_capture(self, output_dir: str, seconds: float) -> bool:
+        """Record everything into ``output_dir`` for ``seconds``, then stop and flush by itself
+        (a timer, so an idle workload finishes its capture too). Models already loaded are
+        described first (sources, graphs, ops, fallbacks, memory), so the capture stands alone.
+        Returns False when this process is already recording. Example:
+        ``Session.get("trn1").start_capture("/tmp/cap", 5)``, then ``traces.finalize("/tmp/cap")``.
+        """
+        with self.record_lock:
+            if self.recorder is not None or self.closed:
+                return False
+            try:
+                rec = Recorder(self, output_dir)
+                for m in list(self.models):
+                    m._record_load(rec, history=False)
+            except Exception as exc:  # a bad capture directory must not break the workload
+                print(f"neuron_stack: warning: capture into {output_dir} failed ({exc}); the workload "
+                      "continues without recording", file=sys.stderr)
+                return False
+            self.recorder = rec
+            self._capture_timer = threading.Timer(float(seconds), self.stop_capture, args=(rec,))
+            self._capture_timer.daemon = True
+            self._capture_timer.start()
+        return True
+
+    def stop_capture(self, rec: "Recorder") -> None:
+        """End the timed recording ``rec`` (if still running): flush and close its segments."""
+        with self.record_lock:
+            if self.recorder is not rec:
+                return
             self.recorder = None
-            self._capture_until = 0.0
+            rec.close()
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.recorder is not None:
-            self.recorder.close()
+        with self.record_lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._capture_timer is not None:
+                self._capture_timer.cancel()
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
         self.live.close()
         self.lease.release()
 
@@ -340,32 +427,34 @@ class LoadedModel:
         self.auto_cast = flags.get("auto_cast", "none")
         by_name = {n.name: n for n in prog.nodes}
         self.input_specs = [by_name[n].outputs[0] if by_name[n].outputs else None for n in prog.input_names]
+        # (shape, dtype) per input, compared per call without string work
+        self._expect = [(torch.Size(s.shape), getattr(torch, s.dtype)) if s is not None else None
+                        for s in self.input_specs]
+        self.targets = {n.name: n.target for n in prog.nodes}
 
         self._reserve_memory()
-        # Executable partitions, built once: generated Python, not a per-node interpreter.
-        self.parts = []
-        for p in prog.partitions:
-            gm = build_graph_module(prog, p, self.auto_cast, flags.get("auto_cast_type", "bf16"))
-            sched = neff.schedules.get(p["index"])
-            transfer_ns = sum(self._pcie_ns(t["bytes"]) for t in p["transfers"])
-            self.parts.append({"part": p, "gm": gm, "sched": sched, "transfer_ns": transfer_ns,
-                               "device_ns": int(sched["device_ns"]) if sched else 0})
+        # weights by node name (get_attr nodes alias a constant): they live inside the GraphModules
         self.const_env = dict(prog.constants)
         for n in prog.nodes:
             if n.target == "get_attr":
                 self.const_env[n.name] = prog.constants[n.args[0]]
         self.out_refs = prog.output_names
-        self.single = (self.parts[0]["gm"] if len(self.parts) == 1 and self.parts[0]["part"]["kind"] == "device"
-                       else None)
-        # graph outputs that are graph inputs or constants (aot_autograd saves inputs for backward)
-        pos = {n: i for i, n in enumerate(prog.input_names)}
-        from .partition import refs
-        self.out_from_inputs = [(r, pos.get(r, -1)) for r in refs(self.out_refs) if r in pos or r in self.const_env]
-        if self.single is not None:
-            # argument plan of the one partition: (input position, None) or (-1, constant tensor)
-            pos = {n: i for i, n in enumerate(prog.input_names)}
-            self.single_plan = [(pos[n], None) if n in pos else (-1, self.const_env[n])
-                                for n in self.parts[0]["part"]["inputs"]]
+        # Executable partitions, built once: generated Python, not a per-node interpreter.
+        # One device partition (the common case) is built to take the graph's inputs and return
+        # its outputs directly: the fast path is a single call with nothing to look up.
+        single = len(prog.partitions) == 1 and prog.partitions[0]["kind"] == "device"
+        cast_type = flags.get("auto_cast_type", "bf16")
+        self.parts = []
+        for p in prog.partitions:
+            gm = build_graph_module(prog, p, self.auto_cast, cast_type, constants=self.const_env,
+                                    inputs=prog.input_names if single else None,
+                                    output=self.out_refs if single else None)
+            sched = neff.schedules.get(p["index"])
+            transfer_ns = sum(self._pcie_ns(t["bytes"]) for t in p["transfers"])
+            self.parts.append({"part": p, "gm": gm, "sched": sched, "transfer_ns": transfer_ns,
+                               "inputs": [n for n in p["inputs"] if n not in self.const_env],
+                               "device_ns": int(sched["device_ns"]) if sched else 0})
+        self.single = self.parts[0]["gm"].forward if single else None
         self.busy_ns: dict[str, int] = {}
         self.flops = 0
         self.hbm = [0, 0]
@@ -392,8 +481,10 @@ class LoadedModel:
             if n.is_compute and n.placement == "cpu_fallback":
                 live.count_event("cpu_fallback", reason=n.fallback_reason, source=_where(n.source), op=n.target)
         self.compile_info = info
-        if session.recorder is not None:
-            self._record_load(session.recorder)
+        with session.record_lock:
+            session.models.add(self)
+            if session.recorder is not None:
+                self._record_load(session.recorder)
 
     # -- memory ------------------------------------------------------------------------------
     def _pcie_ns(self, nbytes: int) -> int:
@@ -408,8 +499,9 @@ class LoadedModel:
             self.memory["runtime_memory"] if used["runtime_memory"] == 0 else 0)
         have = self.profile.hbm_bytes_per_core - sum(used.values())
         if need > have:
-            if self.session.recorder is not None:
-                self.session.recorder.event("oom", core=self.core, model=self.name, need=need, free=have)
+            with self.session.record_lock:
+                if self.session.recorder is not None:
+                    self.session.recorder.event("oom", core=self.core, model=self.name, need=need, free=have)
             self.session.live.count_error("runtime")
             parts = ", ".join(f"{k} {_mib(v)}" for k, v in self.memory.items() if v)
             raise OutOfDeviceMemory(
@@ -427,7 +519,10 @@ class LoadedModel:
         self.session.live.set_host_memory("constants", self.session.host_constants)
 
     # -- recording ------------------------------------------------------------------------------
-    def _record_load(self, rec: Recorder) -> None:
+    def _record_load(self, rec: Recorder, history: bool = True) -> None:
+        """Describe this model to ``rec``: sources, graph, ops, fallbacks, memory; with ``history``
+        also its compile, cache hit, recompile and load events (a capture that starts later
+        skips those: they happened before it)."""
         prog, info = self.program, self.compile_info
         now = clock.now_ns()
         src_rows = {"source_id": [], "file": [], "line": [], "function": [], "code": []}
@@ -480,21 +575,22 @@ class LoadedModel:
             "dtype": [n.outputs[0].dtype if n.outputs else "" for n in ops],
             "flops": [n.flops for n in ops], "bytes": [n.bytes for n in ops]})
         compile_ns = int(info.get("compile_wall_ns", 0))
-        if info.get("cache_hit"):
+        if history and info.get("cache_hit"):
             rec.event("cache_hit", ts_ns=now, graph_id=self.graph_id, model=self.name,
                       neff_hash=self.neff.header["hash"], path=info.get("cache_path", ""))
-        elif compile_ns:
+        elif history and compile_ns:
             rec.event("compile", ts_ns=now - compile_ns, dur_ns=compile_ns, graph_id=self.graph_id,
                       source_id=source_id(call_site), model=self.name, kind=info.get("kind", "trace"))
-        if info.get("recompile_of"):
+        if history and info.get("recompile_of"):
             rec.event("recompile", ts_ns=now, graph_id=self.graph_id, source_id=source_id(call_site),
                       reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])
         for n in ops:
             if n.placement == "cpu_fallback":
                 rec.event("cpu_fallback", ts_ns=now, graph_id=self.graph_id, op_id=self.op_ids[n.name],
                           source_id=source_id(n.source), op=n.target, reason=n.fallback_reason)
-        rec.event("load", ts_ns=now, core=self.core, graph_id=self.graph_id, model=self.name,
-                  uuid=self.neff.header["uuid"], bytes=self.memory)
+        if history:
+            rec.event("load", ts_ns=now, core=self.core, graph_id=self.graph_id, model=self.name,
+                      uuid=self.neff.header["uuid"], bytes=self.memory)
         rec.append("memory", {"ts_ns": [now] * len(self.memory), "run_id": [self.session.run_id] * len(self.memory),
                               "core": [self.core] * len(self.memory), "location": ["device"] * len(self.memory),
                               "category": list(self.memory),
@@ -524,19 +620,22 @@ class LoadedModel:
     # -- execution -------------------------------------------------------------------------------
     def check_inputs(self, inputs: list) -> None:
         """Refuse inputs that differ from the compiled signature, naming input, dim, expected and got."""
-        if len(inputs) != len(self.input_specs):
-            raise InputMismatch(f"{self.name} was compiled for {len(self.input_specs)} inputs but got {len(inputs)}")
-        for i, (x, spec) in enumerate(zip(inputs, self.input_specs)):
-            if spec is None:
-                continue
-            if not isinstance(x, torch.Tensor):
-                raise InputMismatch(f"{self.name} input {i}: expected a tensor of shape {tuple(spec.shape)}, "
-                                    f"got {type(x).__name__}")
-            if tuple(x.shape) != tuple(spec.shape) or str(x.dtype).removeprefix("torch.") != spec.dtype:
-                raise InputMismatch(
-                    f"{self.name} input {i} was compiled for shape {tuple(spec.shape)} {spec.dtype} but got "
-                    f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}: a compiled NEFF runs one static "
-                    f"shape; trace again with this shape, or pad inputs to the traced shape")
+        if len(inputs) != len(self._expect):
+            raise InputMismatch(f"{self.name} was compiled for {len(self._expect)} inputs but got {len(inputs)}")
+        for i, (x, expect) in enumerate(zip(inputs, self._expect)):
+            if expect is not None and not (isinstance(x, torch.Tensor) and x.shape == expect[0]
+                                           and x.dtype == expect[1]):
+                self._mismatch(i, x)
+
+    def _mismatch(self, i: int, x) -> None:
+        spec = self.input_specs[i]
+        if not isinstance(x, torch.Tensor):
+            raise InputMismatch(f"{self.name} input {i}: expected a tensor of shape {tuple(spec.shape)}, "
+                                f"got {type(x).__name__}")
+        raise InputMismatch(
+            f"{self.name} input {i} was compiled for shape {tuple(spec.shape)} {spec.dtype} but got "
+            f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}: a compiled NEFF runs one static "
+            f"shape; trace again with this shape, or pad inputs to the traced shape")
 
     def run(self, inputs: list, start_ns: int | None = None) -> list:
         """Execute on the simulated core: inputs and outputs are CPU tensors (flat lists)."""
@@ -551,21 +650,18 @@ class LoadedModel:
         t0 = time.perf_counter_ns()
         cpu_ns = 0
         timeline: list[tuple[str, dict, int, Any]] = []   # (kind, part, offset_ns, cpu op times)
-        cursor = 0
-        if self.single is not None and rec is None:
-            # The fast path: one device partition, nothing to record per instruction.
-            p = self.parts[0]
-            outs = self.single(*[inputs[i] if i >= 0 else c for i, c in self.single_plan])
-            values = dict(zip(p["part"]["outputs"], outs))
-            for name, i in self.out_from_inputs:
-                values[name] = inputs[i] if i >= 0 else self.const_env[name]
+        if self.single is not None:
+            # The fast path: one device partition taking the graph's inputs, returning its outputs.
+            result = self.single(*inputs)
             device_ns = self.static_device_ns
+            if rec is not None:
+                timeline.append(("device", self.parts[0], 0, None))
         else:
-            values = dict(self.const_env)
-            values.update(zip(self.program.input_names, inputs))
+            values = ChainMap(dict(zip(self.program.input_names, inputs)), self.const_env)
+            cursor = 0
             for p in self.parts:
                 part = p["part"]
-                args = [values[n] for n in part["inputs"]]
+                args = [values[n] for n in p["inputs"]]
                 cursor += p["transfer_ns"]
                 if part["kind"] == "device":
                     outs = p["gm"](*args)
@@ -580,7 +676,7 @@ class LoadedModel:
                     cpu_ns += island + p["transfer_ns"]
                 values.update(zip(part["outputs"], outs))
             device_ns = cursor
-        result = [_from_json(r, values) for r in self.out_refs]
+            result = _from_json(self.out_refs, values)
         real = time.perf_counter_ns() - t0
         wall1 = wall0 + real
         # start_ns: the projected start chosen by a multi-core scheduler (DataParallel, tensor parallel)
@@ -592,7 +688,9 @@ class LoadedModel:
             core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
             device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.busy_ns, flops=self.flops)
         if rec is not None:
-            self._record_execution(rec, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
+            with session.record_lock:
+                if session.recorder is rec:   # not ended by its timer meanwhile
+                    self._record_execution(rec, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
         return result
 
     def _record_execution(self, rec: Recorder, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline) -> None:
@@ -632,7 +730,7 @@ class LoadedModel:
                     starts.append(proj0 + offset)
                     durs.append(ns)
                     ops.append(self.op_ids.get(name))
-                    names.append(self.program.node(name).target if name in self.op_ids else name)
+                    names.append(self.targets.get(name, name))
                     offset += ns
                 batches.append(pa.table({
                     "engine": pa.array(["cpu"] * len(times)), "queue": pa.array(["host"] * len(times)),
