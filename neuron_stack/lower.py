@@ -22,7 +22,7 @@ op's resident working set does not fit in SBUF, it spills to HBM and the traffic
 >>> from neuron_stack.device import get_profile
 >>> low = lower(prog, 0, get_profile("trn1"), {})
 >>> sorted({i.opcode for i in low.instrs})
-['DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
+['ACTIVATE', 'AFFINE_SELECT', 'DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
 """
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def boxes(shape: tuple[int, ...], limit: int) -> list[list[tuple[int, int]]]:
     chunked; outer dimensions are iterated one index at a time.
     >>> boxes((2, 100), 128)
     [[(0, 1), (0, 100)], [(1, 1), (0, 100)]]
-    >>> [b[1] for b in boxes((300,), 128)]
-    [(128, 128), (256, 44)]
+    >>> [b[0] for b in boxes((300,), 128)]
+    [(0, 128), (128, 128), (256, 44)]
     """
     if not shape:
         return [[]]

@@ -4,7 +4,7 @@ Each ``lower_*`` function takes the :class:`~neuron_stack.lower.Lowerer` and one
 instructions. :func:`dispatch` picks the lowering; ops without a dedicated one run as a GpSimd
 library kernel (``CUSTOM_OP``) so every op of every class gets instructions and a time.
 
->>> dispatch_name("aten.addmm.default", "matmul"), dispatch_name("aten.cumsum.default", "reduction")
+>>> dispatch_name("aten.addmm.default", "matmul"), dispatch_name("aten.avg_pool2d.default", "reduction")
 ('lower_matmul', 'lower_custom')
 """
 from __future__ import annotations
