@@ -32,6 +32,9 @@ SPAN_CAP = 3000
 MAX_BUCKETS = 800
 #: Rows a SQL console query may return.
 CONSOLE_LIMIT = sqlguard.DEFAULT_ROW_LIMIT
+#: A console query is interrupted after this long: it holds the profile's lock, so one endless
+#: query (an aggregate over a huge generate_series) would otherwise stall every page of that profile.
+CONSOLE_TIMEOUT_S = 10.0
 
 ENGINE_LABELS = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd",
                  "sync": "Sync", "dma": "DMA", "cc": "CC", "cpu": "CPU"}
@@ -969,10 +972,18 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
     limit = max(1, min(int(limit), CONSOLE_LIMIT))
     query = sqlguard.check_select(sql)
     sqlguard.check_tree(L.scalar("SELECT json_serialize_sql($q)", {"q": query}))
-    try:
-        table = L.sql(sqlguard.limited(query, limit))
-    except Exception as exc:
-        raise ExplorerError(_one_line(exc)) from None
+    with L.lock:   # the cursor below is this thread's; the timer interrupts only this query
+        timer = threading.Timer(CONSOLE_TIMEOUT_S, L.profile._cursor().interrupt)
+        timer.start()
+        try:
+            table = L.profile.sql(sqlguard.limited(query, limit))
+        except Exception as exc:
+            if not timer.is_alive():
+                raise ExplorerError(f"query stopped after {CONSOLE_TIMEOUT_S:.0f} s: narrow it (a WHERE on start_ns, "
+                                    "a smaller range) or run it with neuron-explorer sql") from None
+            raise ExplorerError(_one_line(exc)) from None
+        finally:
+            timer.cancel()
     rows = table.slice(0, limit).to_pylist()
     return {"columns": table.column_names, "rows": [{k: _jsonable(v) for k, v in r.items()} for r in rows],
             "truncated": table.num_rows > limit}
