@@ -562,3 +562,135 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
         results.append(Trial("read-only: a session that needs finalising", ok,
                              "" if ok else f"rc {r.returncode}: {r.stderr.strip()[-300:]}"))
     return results
+
+
+# -- 4. hostile browser ------------------------------------------------------------------------------
+
+HOSTILE_SQL = [
+    "DROP TABLE ops", "DELETE FROM instructions", "INSERT INTO ops (op_id) VALUES (1)", "UPDATE runs SET status = 'x'",
+    "CREATE TABLE t AS SELECT 1", "ALTER TABLE ops RENAME TO o", "ATTACH '/tmp/x.duckdb' AS x",
+    "ATTACH ':memory:' AS m", "DETACH profile", "COPY ops TO '/tmp/ops.csv'", "COPY (SELECT 1) TO '/tmp/x.parquet'",
+    "EXPORT DATABASE '/tmp/dump'", "IMPORT DATABASE '/tmp/dump'", "INSTALL httpfs", "LOAD httpfs", "FORCE INSTALL x",
+    "PRAGMA database_list", "SET enable_external_access = true", "RESET enable_external_access",
+    "SET lock_configuration = false", "CALL pragma_version()", "CHECKPOINT", "VACUUM", "BEGIN TRANSACTION",
+    "SELECT 1; DROP TABLE ops", "SELECT 1 /* ok */; /* hidden */ DELETE FROM ops", "SELECT 1; -- x\nDROP TABLE ops",
+    "/* DROP */ SELECT 1; DROP TABLE ops", "-- SELECT\nDROP TABLE ops",
+    "WITH x AS (SELECT 1) INSERT INTO ops (op_id) SELECT * FROM x", "EXPLAIN ANALYZE SELECT 1",
+    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_blob('/etc/passwd')",
+    "SELECT * FROM glob('/*')", "SELECT * FROM '/etc/passwd'", "SELECT * FROM read_parquet('/tmp/*.parquet')",
+    "SELECT * FROM read_json_auto('/etc/hosts')", "SELECT * FROM duckdb_settings()", "SELECT getenv('HOME')",
+    "SELECT * FROM sniff_csv('/etc/passwd')",
+    "SELECT * FROM (SELECT * FROM read_csv_auto('/etc/passwd'))", "SELECT * FROM query('DROP TABLE ops')",
+    "SELECT * FROM query_table('ops')", "USE memory",
+    "CREATE MACRO m() AS 1", "CREATE SECRET s (TYPE S3)", "SELECT 1" + "\n" * 10 + "; DROP TABLE ops",
+    "SELECT " + "1 + " * 6000 + "1", "SELECT * FROM range(100000000000) a, range(100000000000) b",
+    "SELECT count(*) FROM range(100000000000) a, range(1000) b",   # endless: must be stopped, not hold the profile
+]
+#: Statements the console must still answer (the console is not simply refusing everything).
+GOOD_SQL = "SELECT engine, count(*) AS n FROM instructions GROUP BY ALL ORDER BY n DESC"
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int = 1) -> list[Trial]:
+    """A running ``neuron-explorer view`` (as typed) under attack over HTTP.
+
+    Write/DDL/ATTACH/COPY/INSTALL statements (also hidden after comments or in a second statement),
+    table functions that read files, path-like and oversized parameters, requests for files outside
+    the profile, very large results. Zero successes: the database is unchanged, no file is read or
+    written, the server answers every request (never 500) and keeps serving; it binds 127.0.0.1.
+    """
+    import psutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    before = _sha(profile)
+    canary = root / "canary"
+    server = subprocess.Popen([str(BIN / "neuron-explorer"), "view", str(profile), "--port", str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+    base = f"http://127.0.0.1:{port}"
+    results: list[Trial] = []
+    try:
+        up = wait_for(lambda: _http_ok(base + "/"), 120, step=0.2)
+        if not up:
+            return [Trial("hostile browser: server starts", False, server.stderr.read()[-300:] if server.poll() is not None else "no answer")]
+        listen = [c.laddr for c in psutil.Process(server.pid).net_connections("inet") if c.status == "LISTEN"]
+        ok = bool(listen) and all(a.ip == "127.0.0.1" for a in listen)
+        results.append(Trial("hostile browser: binds 127.0.0.1", ok, "" if ok else f"listening on {listen}"))
+        key = profile.parent.name
+        outputs = [{"id": "sql-result", "property": "children"}, {"id": "sql-message", "property": "children"},
+                   {"id": "sql-chart", "property": "figure"}, {"id": "sql-url", "property": "data"}]
+
+        def console(query, k=key):
+            body = {"output": "..sql-result.children...sql-message.children...sql-chart.figure...sql-url.data..",
+                    "outputs": outputs, "inputs": [{"id": "sql-run", "property": "n_clicks", "value": 1}],
+                    "state": [{"id": "sql-query", "property": "value", "value": query},
+                              {"id": "sql-profile", "property": "data", "value": k}],
+                    "changedPropIds": ["sql-run.n_clicks"]}
+            return _http(base + "/_dash-update-component", body)
+
+        status, data = console(GOOD_SQL)
+        ok = status == 200 and b"tensor" in data
+        results.append(Trial("hostile browser: console answers a SELECT", ok, "" if ok else f"HTTP {status}: {data[:200]!r}"))
+        for _ in range(rounds):
+            for q in HOSTILE_SQL + [s.replace("/tmp/", f"{canary}/") for s in HOSTILE_SQL if "/tmp/" in s]:
+                status, data = console(q)
+                text = data.decode(errors="replace")
+                refused = status == 200 and ("Refused" in text or "Error" in text) and "root:x:0" not in text
+                results.append(Trial(f"hostile browser: SQL {q[:50]!r}", refused,
+                                     "" if refused else f"HTTP {status}: {text[:200]}"))
+            big = console("SELECT * FROM range(10000000)")
+            ok = big[0] == 200 and len(big[1]) < 5_000_000
+            results.append(Trial("hostile browser: a 10M-row result is capped", ok, "" if ok else f"HTTP {big[0]}, {len(big[1])} bytes"))
+            for k in ["../../etc/passwd", "/etc/passwd", str(profile), "..", "", "x" * 100_000]:
+                status, data = console("SELECT 1", k)
+                ok = status in (200, 204, 400, 404, 413) and b"root:x:0" not in data
+                results.append(Trial(f"hostile browser: profile key {k[:30]!r}", ok, "" if ok else f"HTTP {status}"))
+            for path in ["/../../../etc/passwd", "/assets/../../../../etc/passwd", "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+                         "/_dash-component-suites/../../../etc/passwd", "/_dash-component-suites/dash/../../../../etc/passwd",
+                         f"/{profile}", "/profile.duckdb", f"/timeline?profile=../../etc&start=-1&end=1e400&sel=line:x",
+                         f"/source?profile={key}&file=/etc/passwd", f"/source?profile={key}&file=-1",
+                         f"/timeline?profile={key}&start={'9' * 5000}", "/?" + "a=b&" * 20000]:
+                status, data = _http(base + path)
+                ok = status < 500 and b"root:x:0" not in data and b"DUCK" not in data[:64]
+                results.append(Trial(f"hostile browser: GET {path[:50]}", ok, "" if ok else f"HTTP {status}"))
+        alive = server.poll() is None and _http_ok(base + "/")
+        results.append(Trial("hostile browser: still serving", alive, "" if alive else "the server stopped answering"))
+        status, data = console(GOOD_SQL)
+        intact = _sha(profile) == before and not canary.exists() and status == 200 and b"tensor" in data
+        results.append(Trial("hostile browser: profile unchanged, no file written", intact,
+                             "" if intact else "the profile or the file system changed"))
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    err = server.stderr.read()
+    ok = "Traceback" not in err
+    results.append(Trial("hostile browser: no traceback in the server log", ok, "" if ok else err[err.find("Traceback"):][:400]))
+    return results
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return _http(url, timeout=5)[0] == 200
+    except OSError:
+        return False
