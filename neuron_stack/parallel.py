@@ -53,15 +53,23 @@ def _load_on(neff, core: int, info: dict | None = None):
     return LoadedModel(neff, dict(info or {"kind": "trace", "cache_hit": True}), core=core)
 
 
-def _run_at(model, inputs: list, start_ns: int) -> tuple[list, int]:
+def _run_at(model, inputs: list, start_ns: int, host: bool = False) -> tuple[list, int]:
     """Run ``model`` as if it started at projected time ``start_ns``; returns (outputs, end_ns).
 
     The projected clock is set back (or forward) to ``start_ns`` first: executions on different
     cores overlap on the projected clock although the simulator runs them one after another.
+
+    ``host=True`` (DataParallel): the call's host time (input checks, the runtime's per-execution
+    work; the simulation itself is already replaced by device time) stays in this core's lane, as
+    it does for a single-core call, so N cores never look more than N times faster. ``host=False``
+    (tensor-parallel stages, which on hardware run inside one NEFF per core with no host round
+    trip in between): device time only.
     """
     _set_clock(start_ns)
+    if host:
+        model.check_inputs(inputs)
     outs = model.run(inputs, start_ns=start_ns)
-    if model.has_cpu:  # CPU islands are measured host time: take the clock's word for it
+    if host or model.has_cpu:  # measured host time (and CPU islands): take the clock's word for it
         return outs, clock.now_ns()
     end = start_ns + model.static_device_ns  # device time only, not the simulator's recording
     _set_clock(end)
@@ -143,7 +151,8 @@ class DataParallel(torch.nn.Module):
     ``torch.chunk``; with dynamic batching a batch that is a multiple of the compiled batch is
     cut into compiled-size chunks, round-robin over the cores); outputs are concatenated
     along ``dim``. All chunks start at the same projected time: the call takes as long as the
-    slowest core, not the sum.
+    slowest core, not the sum. Each core's lane includes the host time of its execution (input
+    checks, runtime bookkeeping), as a single-core call's does.
 
     >>> dp = DataParallel(neuron_stack.trace(model, x[:1]), device_ids=[0, 1])   # doctest: +SKIP
     >>> y = dp(x)                                                                 # doctest: +SKIP
@@ -202,7 +211,7 @@ class DataParallel(torch.nn.Module):
             r = k % len(self.replicas)
             inputs = [p[k] if p is not None else a for p, a in zip(pieces, args)]
             # chunks on one core run back to back; different cores run side by side
-            res, ends[r] = _run_at(self.replicas[r], inputs, ends[r])
+            res, ends[r] = _run_at(self.replicas[r], inputs, ends[r], host=True)
             outs.append(res)
         _set_clock(max(ends))
         merged = [torch.cat([o[i] for o in outs], dim=self.dim) for i in range(len(outs[0]))]
