@@ -694,3 +694,152 @@ def _http_ok(url: str) -> bool:
         return _http(url, timeout=5)[0] == 200
     except OSError:
         return False
+
+
+# -- 2. many at once ---------------------------------------------------------------------------------
+
+def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None = None) -> list[Trial]:
+    """``workloads`` profiled processes write into one directory while every reader works at once:
+    ``neuron-monitor`` streaming, a neuron-top replay of a finished profile (its document source,
+    ``top.sources.ReplaySource``), a running ``neuron-explorer view`` answering pages and SQL, and
+    ``neuron-explorer summary`` finalising the directory being written, again and again.
+    Promises: no lock error anywhere, every writer finishes, and the final profile holds exactly the
+    rows each workload produced (executions, and instructions per execution).
+    """
+    import threading
+
+    root.mkdir(parents=True, exist_ok=True)
+    env = base_env(root, cache)
+    done_dir, live_dir_ = root / "finished", root / "shared"
+    p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(done_dir)},
+                       root / "finished.out", "--execs", "3")
+    p.wait(timeout=600)
+    finished = Path(run_cli(["neuron-explorer", "summary", str(done_dir)], env) and done_dir / "profile.duckdb")
+    if p.returncode != 0 or not finished.exists():
+        return [Trial("many at once: setup", False, (root / "finished.err").read_text()[-300:])]
+    cfg = root / "monitor.json"
+    cfg.write_text(json.dumps({"period": "200ms", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
+        {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "neuron_stack"}]}]}))
+    mon_out = open(root / "monitor.jsonl", "w")
+    monitor = subprocess.Popen([str(BIN / "neuron-monitor"), "-c", str(cfg)], env=env, stdout=mon_out,
+                               stderr=subprocess.PIPE, text=True)
+    port = _free_port()
+    view = subprocess.Popen([str(BIN / "neuron-explorer"), "view", str(finished), "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wenv = {**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(live_dir_)}
+    procs = [start_workload(wenv, root / f"w{i}.out", "--execs", str(execs)) for i in range(workloads)]
+    problems: list[str] = []
+    reads = {"summary": 0, "replay": 0, "http": 0}
+    stop = threading.Event()
+
+    def replay_reader():
+        from top.sources import ReplaySource
+        while not stop.is_set():
+            try:
+                src = ReplaySource(str(finished), period=0.05, speed=1000)
+                while src.next_document() is not None and not stop.is_set():
+                    reads["replay"] += 1
+            except Exception as exc:   # a lock error or anything else: the replay must not fail
+                problems.append(f"replay: {type(exc).__name__}: {exc}")
+                return
+
+    t = threading.Thread(target=replay_reader, daemon=True)
+    t.start()
+    base = f"http://127.0.0.1:{port}"
+    while any(p.poll() is None for p in procs):
+        if any(live_dir_.glob("*.arrow")):
+            r = run_cli(["neuron-explorer", "summary", str(live_dir_), "--json"], env)
+            reads["summary"] += 1
+            if r.returncode != 0 or "lock" in r.stderr.lower():
+                problems.append(f"summary during writing: {r.stderr.strip()[-200:]}")
+        if _http_ok(base + "/"):
+            reads["http"] += 1
+        time.sleep(0.1)
+    stop.set()
+    t.join(timeout=60)
+    for p in (monitor, view):
+        p.send_signal(signal.SIGINT)
+    for p in (monitor, view):
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            problems.append(f"{p.args[0]} did not stop on SIGINT")
+    mon_out.close()
+    for name, p in (("neuron-monitor", monitor), ("neuron-explorer view", view)):
+        err = p.stderr.read()
+        if "Traceback" in err or "lock" in err.lower():
+            problems.append(f"{name}: {err.strip()[-300:]}")
+    docs = [json.loads(line) for line in (root / "monitor.jsonl").read_text().splitlines() if line.strip()]
+    if not any(d.get("neuron_runtime_data") for d in docs):
+        problems.append(f"neuron-monitor never saw a workload ({len(docs)} documents)")
+    results = [Trial("many at once: readers", not problems, "; ".join(problems[:3]))]
+    r = run_cli(["neuron-explorer", "summary", str(live_dir_)], env)
+    if r.returncode != 0:
+        return results + [Trial("many at once: final profile", False, r.stderr[-300:])]
+    for i, p in enumerate(procs):
+        seen = workload_output(root / f"w{i}.out")
+        err = (root / f"w{i}.err").read_text()
+        if p.returncode != 0:
+            results.append(Trial(f"many at once: writer {i}", False, f"rc {p.returncode}: {err[-300:]}"))
+            continue
+        rows = run_rows(live_dir_ / "profile.duckdb", p.pid)
+        exact = (rows["status"] == "ok" and rows["execs"] == execs == seen["done"] and rows["with_instr"] == execs
+                 and rows["per_exec"] == {seen["per_exec"]})
+        results.append(Trial(f"many at once: writer {i}", exact, "" if exact else f"rows {rows} vs produced "
+                             f"{seen['done']} executions x {seen['per_exec']} instructions"))
+    return results
+
+
+# -- 6. a dying rank ---------------------------------------------------------------------------------
+
+def dying_rank(root: Path, nprocs: int, cache: Path | None = None, timeout_s: int = 20) -> Trial:
+    """Kill one rank of an ``nprocs``-process torchrun job (as typed) mid-training.
+
+    Promises: the job ends within NEURON_STACK_DIST_TIMEOUT (+ slack) of the kill with a clear message
+    (the survivors' one-line ``ddp_train: error: ...`` or torchrun's report naming the killed rank),
+    and every rank's flushed trace finalises into one profile.
+    """
+    import psutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    prof = root / "prof"
+    env = {**base_env(root, cache), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof),
+           "NEURON_STACK_DIST_TIMEOUT": str(timeout_s)}
+    victim_rank = nprocs - 1
+    job = subprocess.Popen([str(BIN / "torchrun"), "--nproc-per-node", str(nprocs), "--standalone",
+                            str(ROOT / "sample_workloads" / "ddp_train.py"), "--small", "--steps", "100000"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root)
+    out = []
+    victim = None
+    seen_ranks = set()
+    for line in job.stdout:
+        out.append(line)
+        if line.startswith("rank ") and " step 2 " in line:
+            seen_ranks.add(int(line.split()[1]))
+        if len(seen_ranks) == nprocs:
+            kids = psutil.Process(job.pid).children(recursive=True)
+            victim = next((k for k in kids if "ddp_train.py" in " ".join(k.cmdline())
+                           and k.environ().get("RANK") == str(victim_rank)), None)
+            break
+    name = f"dying rank: {nprocs} processes"
+    if victim is None:
+        job.kill()
+        return Trial(name, False, "the job never reached step 2 on every rank: " + "".join(out)[-400:])
+    t_kill = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    try:
+        rest = job.communicate(timeout=timeout_s + 60)[0]
+    except subprocess.TimeoutExpired:
+        job.kill()
+        return Trial(name, False, f"the job still ran {timeout_s + 60} s after rank {victim_rank} was killed")
+    ended = time.monotonic() - t_kill
+    text = "".join(out) + rest
+    clear = "ddp_train: error:" in text or f"local_rank: {victim_rank}" in text or "Signal 9" in text
+    if job.returncode == 0 or not clear:
+        return Trial(name, False, f"rc {job.returncode}, no clear message: {text[-500:]}", recover_s=ended)
+    r = run_cli(["neuron-explorer", "sql", str(prof), "SELECT count(DISTINCT rank) AS n FROM runs", "--format", "csv"], env)
+    ranks = r.stdout.strip().splitlines()[-1] if r.returncode == 0 else ""
+    ok = ranks == str(nprocs)
+    return Trial(name, ok, "" if ok else f"the profile holds {ranks or r.stderr[-200:]} ranks, expected {nprocs}",
+                 recover_s=ended)
