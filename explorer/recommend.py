@@ -55,7 +55,8 @@ def host_starved(L, rule) -> list[Finding]:
         pad = max((b - a) // 10, 1)
         query = {"start": max(a - pad, 0), "end": b + pad}
     idle = s["span_ns"] * max(s["cores"], 1) - s["device_ns"]
-    t_first, t_last = data.bounds(L)["t0"], data.bounds(L)["t0"] + s["span_ns"]
+    span = L.rows("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions")[0]
+    t_first, t_last = span["a"], span["b"]
     # recompile events are zero-length markers beside their graph's compile event: count graphs, sum durations
     host = L.rows("""SELECT coalesce(sum(dur_ns), 0) AS compile_ns, count(DISTINCT graph_id) AS compiles
                      FROM events WHERE kind IN ('compile', 'recompile') AND ts_ns >= ? AND ts_ns < ?""",

@@ -215,6 +215,7 @@ def sql_cmd(args: argparse.Namespace) -> int:
 def _print_table(result, max_rows: int, output: Path | None) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     import pyarrow.types as pat
 
@@ -224,7 +225,8 @@ def _print_table(result, max_rows: int, output: Path | None) -> int:
         table.add_column(f"{field.name}\n[dim]{field.type}[/]", justify="right" if numeric else "left",
                          overflow="fold")
     for row in result.slice(0, max(0, max_rows)).to_pylist():
-        table.add_row(*("NULL" if v is None else str(v) for v in row.values()))
+        # Text, not markup: a value like "s[s > 0]" must print as it is
+        table.add_row(*(Text("NULL" if v is None else str(v)) for v in row.values()))
     shown = min(result.num_rows, max(0, max_rows))
     caption = f"{result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
     if shown < result.num_rows:

@@ -1,0 +1,494 @@
+"""docs/walkthrough.md, run as a newcomer runs it: every ```bash block, in order, as written.
+
+The commands are read from the Markdown (never copied here). Each ``<!-- step: NAME [server|tui] -->``
+comment names the block under it; every named step has a check below of what the document says the
+user will see, and a block without a name, or a name without a check, fails the test: the document
+and the product cannot drift apart silently.
+
+How a block runs: ``bash`` in a fresh temporary directory that links ``sample_workloads/`` and
+``.venv/`` (the document starts in the repository root after the README's two commands), with the
+variables a block sets (``$BEFORE``...) carried to the next (``set -a``, then ``env -0``).
+- ``server`` blocks (``neuron-explorer view``) run as typed plus ``--port`` (a documented option) on a
+  free port; Playwright with Debian's chromium opens the pages and saves the screenshots the
+  document shows (``docs/img/walkthrough-*.png``).
+- the ``tui`` block (``neuron-top``) is built from its own arguments with ``top.app.parse_args`` and
+  driven with Textual's ``run_test`` while the background workload runs; its SVG screenshot becomes a
+  PNG through the same chromium.
+- ``jq`` may be missing: then the monitor step runs without its ``| jq`` filter and the same fields
+  are picked in Python from the raw document.
+
+``python tests/test_walkthrough.py --print`` runs the steps and prints each output (to refresh the
+document's output blocks).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "walkthrough.md"
+IMG = ROOT / "docs" / "img"
+VENV = Path(sys.executable).parent.parent
+CHROMIUM = "/usr/bin/chromium"
+BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync"]
+STEP_TIMEOUT = 300   # seconds; a hung step fails instead of hanging CI
+
+_BLOCK = re.compile(r"^<!-- step: ([\w-]+)(?: (server|tui))? -->\n```bash\n(.*?)\n```", re.S | re.M)
+
+
+@dataclass
+class Step:
+    name: str
+    kind: str          # "shell", "server" or "tui"
+    code: str
+
+
+def read_steps(text: str | None = None) -> list[Step]:
+    """The document's bash blocks in order; each must carry a ``<!-- step: NAME -->`` comment.
+
+    >>> [s.name for s in read_steps("<!-- step: a -->\\n```bash\\necho hi\\n```\\n")]
+    ['a']
+    """
+    text = DOC.read_text() if text is None else text
+    steps = [Step(m[1], m[2] or "shell", m[3]) for m in _BLOCK.finditer(text)]
+    fences = len(re.findall(r"^```bash$", text, re.M))
+    assert len(steps) == fences, "every ```bash block needs a <!-- step: NAME --> line above it"
+    return steps
+
+
+class Walk:
+    """Runs steps in one working directory, carrying the environment from block to block."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.state = work.parent / (work.name + "-state")
+        self.state.mkdir(exist_ok=True)
+        work.mkdir(exist_ok=True)
+        for name, target in (("sample_workloads", ROOT / "sample_workloads"), (".venv", VENV)):
+            link = work / name
+            if not link.exists():
+                link.symlink_to(target)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_RT_", "NEURON_CC_"))}
+        # This run's own live directory: the monitor tools see only the walkthrough's workload.
+        env["NEURON_STACK_LIVE_DIR"] = str(work.parent / (work.name + "-live"))
+        env.pop("NEURON_PROCESS_TAG", None)
+        env["COLUMNS"] = "100"       # rich tables as wide as the document's output blocks
+        self.env = env
+        self.outputs: dict[str, str] = {}
+        self.background: list[int] = []
+        self.svgs: list[Path] = []   # terminal screenshots, made into PNGs once the live steps are done
+
+    def shell(self, step: Step) -> str:
+        script = (f"set -a -e -o pipefail\n{step.code}\n"
+                  f'jobs -p > "{self.state}/jobs"\nenv -0 > "{self.state}/env"\n')
+        out_path = self.state / f"{step.name}.out"
+        with open(out_path, "w") as out:
+            # stdout to a file, not a pipe: a background job keeps its copy of the descriptor open
+            proc = subprocess.run(["bash", "-c", script], cwd=self.work, env=self.env, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=STEP_TIMEOUT)
+        text = out_path.read_text()
+        assert proc.returncode == 0, f"step {step.name} exited {proc.returncode}:\n{text[-3000:]}"
+        env = (self.state / "env").read_bytes().split(b"\0")
+        self.env = dict(e.decode().split("=", 1) for e in env if b"=" in e)
+        self.background += [int(p) for p in (self.state / "jobs").read_text().split()]
+        self.outputs[step.name] = text
+        return text
+
+    def var(self, name: str) -> str:
+        return self.env[name]
+
+    def stop_background(self):
+        for pid in self.background:      # only the jobs the document started
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+        self.background.clear()
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def have_chromium() -> bool:
+    return Path(CHROMIUM).exists()
+
+
+class Server:
+    """A ``server`` block as typed plus ``--port``; its URL is read from what it prints."""
+
+    def __init__(self, walk: Walk, step: Step):
+        self.port = _free_port()
+        self.log = walk.state / f"{step.name}.out"
+        self.proc = subprocess.Popen(["bash", "-c", f"exec {step.code.strip()} --port {self.port}"], cwd=walk.work,
+                                     env=walk.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 90
+        while "ctrl-c to exit" not in self.log.read_text():
+            assert self.proc.poll() is None, f"{step.code} exited: {self.log.read_text()[-2000:]}"
+            assert time.time() < deadline, f"{step.code} printed no address: {self.log.read_text()[-2000:]}"
+            time.sleep(0.1)
+        found = re.search(r"at (http://\S+)/", self.log.read_text())
+        self.url = found[1]
+        assert self.url.endswith(f":{self.port}")
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def browser_page():
+    """A Playwright page in Debian's chromium (the Explorer's browser tests use the same launch)."""
+    from playwright.sync_api import sync_playwright
+
+    class _Ctx:
+        def __enter__(self):
+            self._p = sync_playwright().start()
+            self._b = self._p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            self.page = self._b.new_page(viewport={"width": 1400, "height": 950})
+            self.errors: list[str] = []
+            self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+            return self
+
+        def __exit__(self, *exc):
+            self._b.close()
+            self._p.stop()
+    return _Ctx()
+
+
+def shot(page, name: str):
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(IMG / f"walkthrough-{name}.png"), full_page=True)
+
+
+def session_key(path: str) -> str:
+    """The Explorer's key for a session directory: its name."""
+    return Path(path).name
+
+
+# ------------------------------------------------------------------------- the checks, per step
+def check_setup(walk, out):
+    assert walk.var("NEURON_COMPILE_CACHE_URL").endswith("walkthrough-cache")
+    assert shutil.which("neuron-explorer", path=walk.var("PATH")), "the virtualenv's tools are not on PATH"
+
+
+def check_analyze(walk, out):
+    report = json.loads((walk.work / "analyze.json").read_text())
+    assert float(report["support_percentage"].rstrip("%")) < 100
+    kinds = {u["kind"] for u in report["unsupported_operators"]}
+    assert "aten::index" in kinds and "aten::sum" in kinds
+    assert "models.py(140): forward" in out and "Lowering to HLO" in out
+    assert out.splitlines()[0] == report["support_percentage"]
+
+
+def check_trace(walk, out):
+    assert "matches eager PyTorch: True" in out
+    assert "'aten.index.Tensor': 'cpu_fallback'" in out
+    assert (walk.work / "ranker.neff").is_file()
+
+
+def check_inspect_before(walk, out):
+    assert "CPU fallback aten.sort.default at models.py:139" in out
+    assert "fallback: OK vs eager PyTorch" in out
+    before = walk.var("BEFORE")
+    assert f"profile written to {before}/profile.duckdb" in out and Path(walk.work, before).name.endswith("_ranker")
+
+
+def _metric(out: str, name: str) -> str:
+    found = re.search(rf"│ {name}\s+│\s+(.+?)\s+│", out)
+    assert found, f"{name} not in the output"
+    return found[1]
+
+
+def check_summary_before(walk, out):
+    assert "simulated=true" in out
+    assert int(_metric(out, "cpu_fallback_count")) == 9
+    assert _metric(out, "recompile_count") == "0"
+
+
+def check_recommend_before(walk, out):
+    first = out.split("\n\n")[1]
+    assert first.startswith("1. CPU fallback"), "the CPU fallback is the costliest finding"
+    words = " ".join(first.split())
+    assert "9 ops fall back to the CPU at 3 source lines" in words and "% of step time" in words
+    assert "aten.sort.default at models.py:139" in words and "torch.topk" in words
+    assert "aten.index.Tensor at models.py:140" in words and "torch.where(mask, x, 0)" in words
+    assert "evidence: neuron-explorer view, then /source?profile=" in first
+
+
+def check_view_before(walk, server):
+    key = session_key(walk.var("BEFORE"))
+    with browser_page() as b:
+        page = b.page
+        page.goto(f"{server.url}/?profile={key}")
+        page.wait_for_selector("#summary-recommendations .reco")
+        recos = page.inner_text("#summary-recommendations")
+        assert "1. CPU fallback" in recos and "torch.topk" in recos
+        assert "is_simulation = true" in page.content()
+        shot(page, "summary")
+        page.click("#summary-evidence-1")          # the CPU fallback's Evidence → link
+        page.wait_for_selector("#source-lines .src-line.selected")
+        line = page.locator("#source-lines .src-line.selected")
+        assert "s[s > 0]" in line.inner_text(), line.inner_text()
+        page.wait_for_selector("#source-timeline .js-plotly-plot")
+        line.scroll_into_view_if_needed()        # the picture shows the line the finding points at
+        shot(page, "source")
+        assert b.errors == [], b.errors
+
+
+def check_sql_hot_lines(walk, out):
+    rows = [r for r in out.splitlines() if "models.py:" in r]
+    assert rows and "models.py:140" in rows[0], out
+    assert {"models.py:139", "models.py:141"} <= {m for r in rows for m in re.findall(r"models\.py:\d+", r)}
+
+
+def check_inspect_after(walk, out):
+    assert "operator support: 100.00%" in out and "no CPU fallback" in out
+    assert "partitions: device (0 host<->device transfers per run)" in out
+    assert "fallback: OK vs eager PyTorch" in out
+    assert "CPU fallback (~" not in out, "the CPU-fallback finding must be gone"
+
+
+def check_inspect_dynamic(walk, out):
+    assert "5 graphs compiled, 4 recompiles" in out
+    words = " ".join(out.split())
+    assert "Recompile storm" in words
+    assert re.search(r"5 compiles for 'ids', 'pad_mask' dim 1 = 5–20: pad to \[8, 16, 32\] to compile 3 graphs", words)
+
+
+def check_inspect_bucketed(walk, out):
+    assert "2 graphs compiled, 1 recompiles (bucketed to [16, 32])" in out
+    assert "MISMATCH" not in out
+    assert "Recompile storm" not in out
+
+
+def _totals(out: str) -> dict[str, tuple[str, ...]]:
+    """The diff's Totals table: metric -> (A, B, B - A) as printed."""
+    rows = {}
+    for line in out.split("By source line")[0].splitlines():
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        if len(cells) == 4 and re.fullmatch(r"\w+", cells[0]):
+            rows[cells[0]] = tuple(cells[1:])
+    return rows
+
+
+def check_diff_fallback(walk, out):
+    t = _totals(out)
+    assert t["fallback_ops"] == ("9", "0", "-9")
+    assert t["device_ns"][2].startswith("-"), "the step got faster"
+    assert re.search(r"models\.py:140 .*-100\.0%", out)
+
+
+def check_diff_recompiles(walk, out):
+    t = _totals(out)
+    assert t["recompiles"] == ("4", "1", "-3")
+
+
+def check_view_compare(walk, server):
+    a, b = session_key(walk.var("BEFORE")), session_key(walk.var("AFTER"))
+    with browser_page() as br:
+        page = br.page
+        page.goto(f"{server.url}/compare?a={a}&b={b}")
+        page.wait_for_selector("#compare-totals")
+        totals = page.inner_text("#compare-totals")
+        assert re.search(r"fallback_ops\s+9\s+0\s+-9", totals), totals
+        assert "models.py:140" in page.inner_text("#compare-lines")
+        shot(page, "compare")
+        page.goto(f"{server.url}/recompiles?profile={session_key(walk.var('DYNAMIC'))}")
+        page.wait_for_selector("#recompiles-table .dim-changed")
+        assert "[8, 16, 32]" in page.inner_text("#recompiles-suggestions")
+        shot(page, "recompiles")
+        assert br.errors == [], br.errors
+
+
+def check_live_workload(walk, out):
+    assert walk.background, "the workload runs in the background"
+
+
+def check_top(walk, step):
+    """neuron-top with the document's arguments, under Textual's run_test, until it shows the workload."""
+    from top.app import NeuronTop, make_source, parse_args
+
+    argv = shlex.split(step.code)
+    assert argv[0] == "neuron-top"
+    os.environ["NEURON_STACK_LIVE_DIR"] = walk.env["NEURON_STACK_LIVE_DIR"]   # the collector reads it in-process
+    args = parse_args(argv[1:])
+
+    async def drive():
+        app = NeuronTop(make_source(args), period=0.5, capture_dir=walk.work / "captures")
+        # 200x50: wide enough for the extra panels (engines, history, recompiles and fallbacks)
+        async with app.run_test(size=(200, 50)) as pilot:
+            for _ in range(900):   # bounded (~90 s): until a frame shows the workload with a recompile
+                await pilot.pause(0.1)
+                snap = app.snapshot
+                if snap and snap.has_processes and re.search(r"Recompiles [1-9]", app.screen_text()):
+                    break
+            await pilot.pause()
+            text = app.screen_text()
+            svg = app.save_screenshot(filename="walkthrough-top.svg", path=str(walk.state))
+            return text, Path(svg)
+    text, svg = asyncio.run(drive())
+    log = walk.work / "live.log"
+    assert "walkthrough" in text, text + "\nlive.log:\n" + (log.read_text()[-2000:] if log.exists() else "(none)")
+    assert re.search(r"Recompiles [1-9]", text) and "dynamic_shapes.py:44" in text, text
+    walk.svgs.append(svg)
+
+
+def svg_to_png(svg: Path):
+    """Textual's SVG screenshot as the PNG the document links (chromium renders it), else the SVG itself."""
+    IMG.mkdir(parents=True, exist_ok=True)
+    if not have_chromium():
+        shutil.copy(svg, IMG / svg.name)
+        return
+    width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', svg.read_text()).groups())
+    with browser_page() as b:
+        # a viewport of the SVG's own size, so the picture has no margins
+        b.page.set_viewport_size({"width": int(width + 0.5), "height": int(height + 0.5)})
+        b.page.goto(svg.as_uri())
+        b.page.screenshot(path=str(IMG / svg.with_suffix(".png").name))
+
+
+def _monitor_pick(doc: dict) -> list[dict]:
+    """The document's jq filter, in Python (used when jq is not installed)."""
+    return [{"pid": r["pid"], "cores": r["report"]["neuron_stack"]["cores"],
+             "utilization": r["report"]["neuroncore_counters"]["neuroncores_in_use"],
+             "recompiles": r["report"]["neuron_stack"]["recompiles"],
+             "compiles": r["report"]["neuron_stack"]["compiles"]}
+            for r in doc["neuron_runtime_data"] if r["neuron_runtime_tag"] == "walkthrough"]
+
+
+def run_monitor(walk: Walk, step: Step) -> list[dict]:
+    code = step.code
+    has_jq = shutil.which("jq") is not None
+    if not has_jq:
+        code = code.split("| jq", 1)[0]
+    picked: list[dict] = []
+    for _ in range(4):   # the workload may not have published its first snapshot yet
+        out = walk.shell(Step(step.name, "shell", code))
+        if has_jq:
+            dec, i, text = json.JSONDecoder(), 0, out.strip()
+            while i < len(text):
+                obj, i = dec.raw_decode(text, i)
+                picked.append(obj)
+                i = len(text) - len(text[i:].lstrip())
+        else:
+            picked = _monitor_pick(json.loads(out.strip().splitlines()[-1]))
+        if picked:
+            break
+    return picked
+
+
+def check_monitor(walk, picked):
+    assert picked, "neuron-monitor never listed the walkthrough workload"
+    doc = picked[0]
+    assert set(doc) == {"pid", "cores", "utilization", "recompiles", "compiles"}
+    assert doc["pid"] in walk.background
+    assert doc["cores"] and set(doc["recompiles"]) == {"count", "last_reason", "last_source"}
+    assert isinstance(doc["compiles"], int) and all("neuroncore_utilization" in v for v in doc["utilization"].values())
+
+
+def check_sql_engines(walk, out):
+    engines = re.findall(r"│ (tensor|vector|scalar|gpsimd|sync|dma|cpu)\s+│", out)
+    assert "dma" in engines and "tensor" in engines and "cpu" not in engines, out
+
+
+def check_sql_fallbacks(walk, out):
+    lines = out.strip().splitlines()
+    assert lines[0] == '"aten_op","line","host_ns","reason"'
+    assert len(lines) == 4 and lines[1].startswith('"aten.sort.default",139,') or lines[1].startswith('"aten.index')
+    assert any("ops_to_partition" in r for r in lines[1:])
+
+
+def check_sql_recompiles(walk, out):
+    lines = out.strip().splitlines()
+    assert lines[0] == '"recompile_reason","compile_ms"' and len(lines) == 5
+    assert all("tensor 'ids' dim 1:" in r for r in lines[1:])
+
+
+SHELL_CHECKS = {
+    "setup": check_setup, "analyze": check_analyze, "trace": check_trace,
+    "inspect-before": check_inspect_before, "summary-before": check_summary_before,
+    "recommend-before": check_recommend_before, "sql-hot-lines": check_sql_hot_lines,
+    "inspect-after": check_inspect_after, "inspect-dynamic": check_inspect_dynamic,
+    "inspect-bucketed": check_inspect_bucketed, "diff-fallback": check_diff_fallback,
+    "diff-recompiles": check_diff_recompiles, "live-workload": check_live_workload,
+    "sql-engines": check_sql_engines, "sql-fallbacks": check_sql_fallbacks, "sql-recompiles": check_sql_recompiles,
+}
+SERVER_CHECKS = {"view-before": check_view_before, "view-compare": check_view_compare}
+
+
+def walk_through(walk: Walk, shots: bool = True) -> None:
+    """Run every step of the document in order in ``walk``, checking each (outputs in ``walk.outputs``)."""
+    steps = read_steps()
+    named = {s.name for s in steps}
+    assert named == set(SHELL_CHECKS) | set(SERVER_CHECKS) | {"top", "monitor"}, \
+        f"steps without a check or checks without a step: {named ^ (set(SHELL_CHECKS) | set(SERVER_CHECKS) | {'top', 'monitor'})}"
+    try:
+        for step in steps:
+            if step.kind == "server":
+                server = Server(walk, step)
+                try:
+                    if shots and have_chromium():
+                        SERVER_CHECKS[step.name](walk, server)
+                    else:
+                        import urllib.request
+                        assert urllib.request.urlopen(server.url + "/").status == 200
+                finally:
+                    server.close()
+            elif step.kind == "tui":
+                if shots:
+                    check_top(walk, step)
+            elif step.name == "monitor":
+                picked = run_monitor(walk, step)
+                walk.outputs[step.name] = json.dumps(picked[:1], indent=2)
+                check_monitor(walk, picked)
+            else:
+                SHELL_CHECKS[step.name](walk, walk.shell(step))
+    finally:
+        walk.stop_background()
+    for svg in walk.svgs:
+        svg_to_png(svg)
+
+
+def test_the_walkthrough_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(tmp_path / "work-live"))
+    walk_through(Walk(tmp_path / "work"))
+
+
+def test_every_bash_block_is_a_named_step():
+    text = DOC.read_text()
+    steps = read_steps(text)
+    assert [s.kind for s in steps].count("server") == 2 and [s.kind for s in steps].count("tui") == 1
+    # the images the document shows are the ones this test makes
+    for img in re.findall(r"\(img/(walkthrough-[\w-]+\.png)\)", text):
+        assert img[len("walkthrough-"):-4] in {"summary", "source", "compare", "recompiles", "top"}, img
+
+
+if __name__ == "__main__":   # python tests/test_walkthrough.py --print: outputs for the document
+    import tempfile
+
+    keep = sys.argv[sys.argv.index("--work") + 1] if "--work" in sys.argv else None
+    with tempfile.TemporaryDirectory(dir=keep) as d:
+        os.environ["NEURON_STACK_LIVE_DIR"] = str(Path(d) / "work-live")
+        w = Walk(Path(d) / "work")
+        try:
+            walk_through(w, shots="--no-shots" not in sys.argv)
+        finally:
+            for name, text in w.outputs.items():
+                print(f"===== {name}\n{text}")
