@@ -226,8 +226,11 @@ def dma_bound(L, rule) -> list[Finding]:
         if d["dma"] > rule.threshold * d["compute"] and (d["dma"] + d["compute"]) > 0.05 * total:
             share = 100.0 * d["dma"] / (d["dma"] + d["compute"])
             sel = {"sel": f"module:{layer}"} if layer != "(top level)" else {}
+            top = layer == "(top level)"
+            who = "The model's top-level ops" if top else f"Layer {layer}"
             out.append(Finding(rule.id, rule.title,
-                               f"Layer {layer} ({d['where']}) is DMA-bound: {share:.0f}% of its instruction time is "
+                               f"{who} ({d['where']}) {'are' if top else 'is'} DMA-bound: {share:.0f}% of "
+                               f"{'their' if top else 'its'} instruction time is "
                                f"data movement ({_ms(d['dma'])} of DMA against {_ms(d['compute'])} of compute). "
                                f"Keep weights resident, fuse neighbouring ops or enlarge tiles so each transfer "
                                f"feeds more compute.", d["dma"] - d["compute"], "timeline", sel))

@@ -89,6 +89,7 @@ class Walk:
         self.env = env
         self.outputs: dict[str, str] = {}
         self.background: list[int] = []
+        self.seconds: dict[str, float] = {}   # per step, printed by --print (never asserted)
         self.svgs: list[Path] = []   # terminal screenshots, made into PNGs once the live steps are done
 
     def shell(self, step: Step) -> str:
@@ -441,29 +442,35 @@ def walk_through(walk: Walk, shots: bool = True) -> None:
         f"steps without a check or checks without a step: {named ^ (set(SHELL_CHECKS) | set(SERVER_CHECKS) | {'top', 'monitor'})}"
     try:
         for step in steps:
-            if step.kind == "server":
-                server = Server(walk, step)
-                try:
-                    if shots and have_chromium():
-                        SERVER_CHECKS[step.name](walk, server)
-                    else:
-                        import urllib.request
-                        assert urllib.request.urlopen(server.url + "/").status == 200
-                finally:
-                    server.close()
-            elif step.kind == "tui":
-                if shots:
-                    check_top(walk, step)
-            elif step.name == "monitor":
-                picked = run_monitor(walk, step)
-                walk.outputs[step.name] = json.dumps(picked[:1], indent=2)
-                check_monitor(walk, picked)
-            else:
-                SHELL_CHECKS[step.name](walk, walk.shell(step))
+            started = time.monotonic()
+            _run_step(walk, step, shots)
+            walk.seconds[step.name] = time.monotonic() - started
     finally:
         walk.stop_background()
     for svg in walk.svgs:
         svg_to_png(svg)
+
+
+def _run_step(walk: Walk, step: Step, shots: bool) -> None:
+    if step.kind == "server":
+        server = Server(walk, step)
+        try:
+            if shots and have_chromium():
+                SERVER_CHECKS[step.name](walk, server)
+            else:   # no browser: the server must still answer
+                import urllib.request
+                assert urllib.request.urlopen(server.url + "/").status == 200
+        finally:
+            server.close()
+    elif step.kind == "tui":
+        if shots:
+            check_top(walk, step)
+    elif step.name == "monitor":
+        picked = run_monitor(walk, step)
+        walk.outputs[step.name] = json.dumps(picked[:1], indent=2)
+        check_monitor(walk, picked)
+    else:
+        SHELL_CHECKS[step.name](walk, walk.shell(step))
 
 
 def test_the_walkthrough_runs_as_written(tmp_path, monkeypatch):
@@ -480,6 +487,21 @@ def test_every_bash_block_is_a_named_step():
         assert img[len("walkthrough-"):-4] in {"summary", "source", "compare", "recompiles", "top"}, img
 
 
+@pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed: the walkthrough checks the same "
+                                                           "fields in Python instead")
+def test_the_python_pick_is_the_documents_jq_filter():
+    """What the walkthrough test does without jq must be what the document's jq filter does."""
+    from test_top_app import document, runtime_entry
+
+    doc = document(runtime_entry(11, "walkthrough", [0, 1], [35.0, 12.5], recompiles=3),
+                   runtime_entry(12, "other_app", [2], [80.0]))
+    step = next(s for s in read_steps() if s.name == "monitor")
+    jq_filter = shlex.split(step.code.split("| jq", 1)[1])[0]
+    out = subprocess.run(["jq", "-c", jq_filter], input=json.dumps(doc), capture_output=True, text=True, check=True)
+    assert [json.loads(line) for line in out.stdout.splitlines()] == _monitor_pick(doc)
+    assert _monitor_pick(doc)[0]["recompiles"]["count"] == 3
+
+
 if __name__ == "__main__":   # python tests/test_walkthrough.py --print: outputs for the document
     import tempfile
 
@@ -492,3 +514,4 @@ if __name__ == "__main__":   # python tests/test_walkthrough.py --print: outputs
         finally:
             for name, text in w.outputs.items():
                 print(f"===== {name}\n{text}")
+            print("seconds per step:", {k: round(v, 1) for k, v in w.seconds.items()})
