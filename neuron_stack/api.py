@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,29 +29,75 @@ from .compiler import compile_program, compiler_version, graph_hash
 from .flags import DEFAULTS, parse_flags
 from .frontend import capture, user_frame
 from .ir import Source
-from .legalize import aten_name, legalize
+from .legalize import legalize
 from .neff import Neff
 from .neff import load as load_neff
+from .partition import PartitionerError, check_partitioner_config, support_op_name
 
 
-@dataclass
+#: ``analyze_parameters`` keys the real graph partitioner accepts (the other ``analyze`` kwargs it refuses).
+ANALYZE_PARAMETERS = ("compiler_workdir", "additional_ignored_ops", "max_workers")
+#: ``trace_kwargs`` keys: the ``trace`` arguments that apply to the Neuron subgraphs.
+TRACE_KWARGS = ("compiler_args", "compiler_workdir")
+
+
+@dataclass(kw_only=True)
 class PartitionerConfig:
-    """Which ops to force onto the CPU, as ``torch_neuronx.PartitionerConfig``.
+    """The graph partitioner's configuration, as ``torch_neuronx.PartitionerConfig`` (keyword-only).
 
-    Only ``ops_to_partition`` changes placement here (the other fields are accepted for API
-    compatibility and recorded). Example: ``PartitionerConfig(ops_to_partition={"aten::sort"})``.
+    - ``ops_to_partition``: ATen ops (``"aten::sort"``) forced to the CPU whatever their support.
+    - ``model_support_percentage_threshold`` (0..1, default 0.5): refuse to compile when a smaller
+      share of the ops (as ``analyze`` counts them) is supported by the NeuronCore.
+    - ``min_subgraph_size`` (``-1`` or >= 1): refuse when any subgraph, NeuronCore or CPU, has
+      fewer ops. ``max_subgraph_count`` (``-1`` or >= 1): refuse when there are more subgraphs.
+    - ``analyze_parameters``: ``compiler_workdir`` (gets ``analyze.json``, the support report),
+      ``additional_ignored_ops`` (left out of the share), ``max_workers`` (accepted; our analysis
+      is one pass). ``trace_kwargs``: ``compiler_args`` / ``compiler_workdir`` for the trace.
+    A fully supported model with nothing forced is one graph and skips the checks, as in torch_neuronx.
+    Any violation raises :class:`~neuron_stack.partition.PartitionerError` (a ValueError), one line.
+
+    >>> PartitionerConfig(ops_to_partition={"aten::sort"}, max_subgraph_count=3).min_subgraph_size
+    -1
+    >>> PartitionerConfig(min_subgraph_size=0)
+    Traceback (most recent call last):
+    ...
+    neuron_stack.partition.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
     """
 
+    trace_kwargs: dict | None = None
     model_support_percentage_threshold: float = 0.5
     min_subgraph_size: int = -1
     max_subgraph_count: int = -1
-    ops_to_partition: set = field(default_factory=set)
+    ops_to_partition: set | None = field(default_factory=set)
     analyze_parameters: dict | None = None
 
     def __post_init__(self):
+        self.ops_to_partition = set(self.ops_to_partition or ())
         bad = [o for o in self.ops_to_partition if not str(o).startswith("aten::")]
         if bad:
-            raise ValueError(f"ops_to_partition entry {bad[0]!r} is not an ATen op name: spell it like 'aten::sort'")
+            raise PartitionerError(f"ops_to_partition entry {bad[0]!r} is not an ATen op name: spell it like "
+                                   "'aten::sort'")
+        t = self.model_support_percentage_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+            raise PartitionerError(f"partitioner_config.model_support_percentage_threshold must be a number "
+                                   f"between 0 and 1 (0.5 = half the ops supported), not {t!r}")
+        for name in ("min_subgraph_size", "max_subgraph_count"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or v >= 1):
+                what = "minimum" if name.startswith("min") else "maximum"
+                raise PartitionerError(f"partitioner_config.{name} must be -1 (no {what}) or >= 1, not {v!r}")
+        for name, allowed in (("analyze_parameters", ANALYZE_PARAMETERS), ("trace_kwargs", TRACE_KWARGS)):
+            given = getattr(self, name)
+            if given is not None and not isinstance(given, dict):
+                raise PartitionerError(f"partitioner_config.{name} must be a dict, not {type(given).__name__}")
+            for key in given or {}:
+                if key not in allowed:
+                    raise PartitionerError(f"partitioner_config.{name} key {key!r} is not supported by the graph "
+                                           f"partitioner: use {', '.join(allowed)}")
+        workers = (self.analyze_parameters or {}).get("max_workers", 1)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise PartitionerError(f"partitioner_config.analyze_parameters max_workers must be an integer >= 1, "
+                                   f"not {workers!r}")
 
 
 def caller_source() -> Source | None:
@@ -75,6 +122,11 @@ class NeuronModule(torch.nn.Module):
         specs = neff.program.io_specs or {}
         self._in_spec = in_spec or (pytree.treespec_loads(specs["in"]) if "in" in specs else None)
         self._out_spec = out_spec or (pytree.treespec_loads(specs["out"]) if "out" in specs else None)
+        # The common call (positional tensors in, one tensor or a flat tuple out) skips pytree per call.
+        n_in = len(self.model.input_specs)
+        self._positional = self._in_spec is None or self._in_spec == pytree.tree_structure(((0,) * n_in, {}))
+        out = self._out_spec
+        self._out_leaf = out is not None and out == pytree.tree_structure(0)
 
     @property
     def compile_log(self) -> str:
@@ -85,15 +137,20 @@ class NeuronModule(torch.nn.Module):
         return bool(self.model.compile_info.get("cache_hit"))
 
     def forward(self, *args, **kwargs):
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if self._in_spec is not None and spec != self._in_spec and len(flat) != len(self.model.input_specs):
-            raise TypeError(f"{self.neff.name} was traced with {len(self.model.input_specs)} inputs in another "
-                            f"structure: call it the way it was traced")
+        if kwargs or not self._positional:
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            if self._in_spec is not None and spec != self._in_spec and len(flat) != len(self.model.input_specs):
+                raise TypeError(f"{self.neff.name} was traced with {len(self.model.input_specs)} inputs in another "
+                                f"structure: call it the way it was traced")
+        else:
+            flat = args
         self.model.check_inputs(flat)
         outs = self.model.run(flat)
-        if self._out_spec is not None:
-            return pytree.tree_unflatten(outs, self._out_spec)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        if self._out_spec is None:
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        if self._out_leaf:
+            return outs[0]
+        return pytree.tree_unflatten(outs, self._out_spec)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the NEFF to ``path``. Example: ``nm.save("model.neff")``."""
@@ -120,16 +177,23 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
 
     call_site = caller_source()
     t0 = time.perf_counter_ns()
+    cfg = partitioner_config
+    if cfg is not None and not isinstance(cfg, PartitionerConfig):
+        raise TypeError(f"partitioner_config must be a neuron_stack.PartitionerConfig, not {type(cfg).__name__}")
+    if cfg is not None and cfg.trace_kwargs:  # trace's own arguments win over the config's
+        compiler_args = compiler_args if compiler_args is not None else cfg.trace_kwargs.get("compiler_args")
+        compiler_workdir = compiler_workdir if compiler_workdir is not None else cfg.trace_kwargs.get(
+            "compiler_workdir")
     probe = parse_flags(compiler_args)
     flags = parse_flags(compiler_args, target=None if target == DEFAULTS["target"] and probe["target"] != target
                         else target)
     program = capture(model, example_inputs)
     # forced CPU placement changes the artifact, so it is part of the graph identity
-    forced = sorted(partitioner_config.ops_to_partition) if partitioner_config is not None else []
+    forced = sorted(cfg.ops_to_partition) if cfg is not None else []
     ghash = graph_hash(program, salt=",".join(forced))
 
     def build() -> Neff:
-        return compile_program(program, flags, partitioner_config=partitioner_config, graph_hash_value=ghash)
+        return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
 
     neff, hit, entry = compile_cached(ghash, flags, build)
     if compiler_workdir is not None:
@@ -137,6 +201,14 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
         wd.mkdir(parents=True, exist_ok=True)
         neff.save(wd / "model.neff")
         (wd / "log-neuron-cc.txt").write_text(neff.log)
+    if cfg is not None:  # checked on cache hits too: the limits are not part of the artifact
+        params = cfg.analyze_parameters or {}
+        if params.get("compiler_workdir"):
+            wd = Path(params["compiler_workdir"])
+            wd.mkdir(parents=True, exist_ok=True)
+            report = support_report(neff.program, set(params.get("additional_ignored_ops") or ()))
+            (wd / "analyze.json").write_text(json.dumps(report, indent=2))
+        check_partitioner_config(neff.program, cfg)
     info = {"kind": "trace", "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,
             "cache_path": str(entry) if entry else "", "source": call_site}
     return NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
@@ -171,12 +243,15 @@ _DATA_DEP_AT = "Lowering to HLO"
 
 
 def analyze(model, example_inputs, compiler_workdir=None, additional_ignored_ops=frozenset(),
-            is_hf_transformers: bool = False, **_ignored) -> dict:
+            max_workers: int = 4, is_hf_transformers: bool = False, cleanup: bool = False) -> dict:
     """The operator-support report of ``torch_neuronx.analyze`` for ``model`` on ``example_inputs``.
 
     Returns ``{"torch_neuronx_version", "neuronx_cc_version", "support_percentage",
     "supported_operators": {"aten::addmm": 3, ...}, "unsupported_operators": [{"kind",
     "failureAt", "call", "opGraph"}]}``; ``call`` is the user's ``file(line): function`` stack.
+    ``additional_ignored_ops`` are left out of the report; ``compiler_workdir`` gets it as
+    ``analyze.json``. ``max_workers``, ``is_hf_transformers`` and ``cleanup`` are accepted for
+    compatibility: the analysis here is one pass with no worker threads or artifacts to clean.
 
     >>> r = analyze(torch.nn.Linear(4, 2), torch.randn(1, 4))     # doctest: +SKIP
     >>> r["support_percentage"]                                    # doctest: +SKIP
@@ -184,17 +259,26 @@ def analyze(model, example_inputs, compiler_workdir=None, additional_ignored_ops
     """
     program = capture(model, example_inputs)
     legalize(program)
+    report = support_report(program, set(additional_ignored_ops or ()))
+    if compiler_workdir is not None:
+        wd = Path(compiler_workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        (wd / "analyze.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def support_report(program, ignored=frozenset()) -> dict:
+    """The ``analyze`` report of a legalized program; ops forced to the CPU by ``ops_to_partition``
+    count as supported (the share is of what the NeuronCore *could* run). ``ignored``: ATen
+    names (``aten::sort``) left out. Example: ``support_report(neff.program)["support_percentage"]``.
+    """
     supported: dict[str, int] = {}
     unsupported = []
-    total = 0
     for n in program.nodes:
-        if not n.is_compute:
+        name = support_op_name(n)
+        if name is None or name in ignored:
             continue
-        name = aten_name(n.target)
-        if name in additional_ignored_ops:
-            continue
-        total += 1
-        if n.placement == "device":
+        if n.placement == "device" or "ops_to_partition" in n.fallback_reason:
             supported[name] = supported.get(name, 0) + 1
             continue
         src = n.source
@@ -206,6 +290,7 @@ def analyze(model, example_inputs, compiler_workdir=None, additional_ignored_ops
             "failureAt": _DATA_DEP_AT if "data-dependent" in n.fallback_reason else "neuronx-cc",
             "call": call, "reason": n.fallback_reason, "module": n.module_path,
             "opGraph": f"graph({ins}):\n  %{n.name} = {n.target}(...) -> ({outs})"})
+    total = sum(supported.values()) + len(unsupported)
     pct = 100.0 * sum(supported.values()) / total if total else 100.0
     return {"torch_neuronx_version": _pkg_version(), "neuronx_cc_version": compiler_version(),
             "support_percentage": f"{pct:.2f}%", "supported_operators": dict(sorted(supported.items())),

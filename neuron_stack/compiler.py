@@ -1,7 +1,7 @@
 """The compiler driver (the ``neuronx-cc compile`` analogue): runs the passes in order and emits a NEFF.
 
 legalize -> partition -> fuse -> lower+schedule (``neuron_stack.schedule.build_schedule``, or the
-roofline model of :mod:`neuron_stack.roofline` when the scheduler is absent) -> emit.
+roofline model of :mod:`neuron_stack.roofline`, loudly, when lowering a partition fails) -> emit.
 
 >>> import torch
 >>> from neuron_stack.frontend import capture
@@ -26,7 +26,7 @@ from .fuse import fuse
 from .ir import Program
 from .legalize import legalize, nbytes
 from .neff import Neff
-from .partition import partition
+from .partition import describe_support, partition, support_counts
 
 #: Bytes of device instruction memory per instruction ("model_code" in the memory accounting).
 INSTRUCTION_BYTES = 64
@@ -66,12 +66,12 @@ def graph_hash(program: Program, salt: str = "") -> str:
 
 
 def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object, str]:
+    """Partition ``part``'s instruction schedule, or the roofline estimate if lowering fails.
+
+    The fallback is a safety net, never a normal path: it is loud (compile log and stderr)."""
     from .roofline import build_roofline
     try:
         from .schedule import build_schedule
-    except ImportError:  # the instruction-level scheduler is its own part; roofline until it is there
-        return build_roofline(program, part, profile, flags), "roofline"
-    try:
         return build_schedule(program, part, profile, flags), "instruction"
     except Exception as exc:  # numbers do not depend on timing: a lowering gap must not fail the compile
         msg = (f"warning: instruction-level lowering failed on partition #{part} "
@@ -125,11 +125,20 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
         record_graph(program, flags, partitioner_config, ghash)
     program.log.append(f"neuronx-cc compile {command_line(flags)} -- {program.name}: "
                        f"{sum(n.is_compute for n in program.nodes)} ops")
+    natural = None
+    if getattr(partitioner_config, "ops_to_partition", None):
+        mark = len(program.log)
+        legalize(program)            # placement without forcing: the support share analyze reports
+        natural = support_counts(program)
+        del program.log[mark:]
     legalize(program, partitioner_config)
+    natural = natural or support_counts(program)
     partition(program)
+    if partitioner_config is not None:  # the limits are applied by trace (on cache hits too)
+        program.log.append(f"partitioner: {describe_support(natural)[1]}; {len(program.partitions)} subgraphs")
     fuse(program)
     schedules: dict[int, dict] = {}
-    timing = "roofline"
+    timings: set[str] = set()
     instructions = 0
     for p in program.partitions:
         if p["kind"] != "device":
@@ -139,6 +148,7 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
             s, timing = build_roofline(program, p["index"], profile, flags), "roofline"
         else:
             s, timing = _schedule(program, p["index"], profile, flags)
+        timings.add(timing)
         schedules[p["index"]] = {"table": s.table, "busy_ns": {k: int(v) for k, v in s.busy_ns.items()},
                                  "device_ns": int(s.device_ns), "hbm_read_bytes": int(s.hbm_read_bytes),
                                  "hbm_write_bytes": int(s.hbm_write_bytes),
@@ -147,10 +157,12 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
         instructions += s.table.num_rows
         program.log.append(f"schedule: partition #{p['index']}: {s.table.num_rows} instructions, "
                            f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")
+    # one roofline-timed partition makes the whole graph's timing an estimate: say so
+    timing = "roofline" if "roofline" in timings else "instruction"
     memory = memory_plan(program)
     memory["model_code"] = instructions * INSTRUCTION_BYTES
     fallbacks = [n for n in program.nodes if n.placement == "cpu_fallback" and n.is_compute]
-    program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions,
+    program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions, "support": natural,
                      "num_ops": sum(n.is_compute for n in program.nodes),
                      "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),
                      "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0}
