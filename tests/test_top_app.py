@@ -460,7 +460,7 @@ def test_any_snapshot_that_builds_also_renders_at_any_width():
     values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20),
                        st.text(max_size=5), st.none(), st.booleans())
 
-    @settings(max_examples=150, deadline=None)
+    @settings(max_examples=80, deadline=None)
     @given(st.lists(st.tuples(st.sampled_from(LEAVES), values), max_size=6),
            st.integers(10, 250), st.integers(0, 3), st.booleans())
     def check(mutations, width, tab, flops):

@@ -140,8 +140,7 @@ class NeuronTop(App):
         self._poll()
 
     def on_unmount(self) -> None:
-        self._wake.set()
-        self.source.close()
+        self._wake.set()   # the worker leaves its wait, sees it is cancelled and closes the source
 
     def terminal_resized(self) -> None:
         """Re-fit the layout to the terminal (called by the body whenever its size changes)."""
@@ -173,19 +172,23 @@ class NeuronTop(App):
     def _poll(self) -> None:
         worker = get_current_worker()
         history, totals = History(), Totals()
-        while not worker.is_cancelled:
-            started = time.monotonic()
-            try:
-                document = self.source.next_document()
-                if document is None and self.source.finished:
-                    self.post_message(SourceFinished(self.source.status()))
-                    return
-                snapshot = build_snapshot(document, history, totals)
-                self.post_message(SnapshotReady(snapshot, self.source.status()))
-            except Exception as exc:  # shown on the status line; the next period tries again
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                self.post_message(PollFailed(first))
-            self._wake.wait(max(0.0, self.period - (time.monotonic() - started)))
+        try:
+            while not worker.is_cancelled and not self._wake.is_set():
+                started = time.monotonic()
+                try:
+                    document = self.source.next_document()
+                    if document is None and self.source.finished:
+                        self.post_message(SourceFinished(self.source.status()))
+                        return
+                    snapshot = build_snapshot(document, history, totals)
+                    self.post_message(SnapshotReady(snapshot, self.source.status()))
+                except Exception as exc:  # shown on the status line; the next period tries again
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    self.post_message(PollFailed(first))
+                self._wake.wait(max(0.0, self.period - (time.monotonic() - started)))
+        finally:
+            # Closed by the thread that uses it, never under a query still running.
+            self.source.close()
 
     @on(SnapshotReady)
     def _snapshot_ready(self, message: SnapshotReady) -> None:

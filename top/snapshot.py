@@ -32,6 +32,10 @@ HOST_CATEGORIES = (
 ENGINES = (("tensor", "Tensor"), ("vector", "Vector"), ("scalar", "Scalar"),
            ("gpsimd", "GpSimd"), ("dma", "DMA"), ("sync", "Sync"))
 
+MAX_DEVICES = 64
+MAX_CORES_PER_DEVICE = 64
+"""Bounds on the grid a document can ask for (the largest instances have 16 devices of 8 cores)."""
+
 HISTORY_LENGTH = 120
 """How many refreshes of utilization history each core keeps (two minutes at 1 s)."""
 
@@ -407,8 +411,9 @@ def build_snapshot(document: dict, history: History | None = None, totals: Total
     inst = document.get("instance_info") or {}
     system = document.get("system_data") or {}
     entries = [e for e in document.get("neuron_runtime_data") or [] if isinstance(e, dict)]
-    per_device = int(_num(hw.get("neuroncore_per_device_count"), 0)) or 2
-    device_count = int(_num(hw.get("neuron_device_count"), 0))
+    # Clamped to what an instance can hold, so a corrupt document cannot ask for a billion rows.
+    per_device = min(max(int(_num(hw.get("neuroncore_per_device_count"), 0)), 0), MAX_CORES_PER_DEVICE) or 2
+    device_count = min(max(int(_num(hw.get("neuron_device_count"), 0)), 0), MAX_DEVICES)
 
     totals = totals if totals is not None else Totals()
     processes = [_process_view(e, totals) for e in entries]
@@ -422,7 +427,7 @@ def build_snapshot(document: dict, history: History | None = None, totals: Total
     used = [c for app in apps for c in app.utilization] + \
            [n.core for app in apps for nd in app.memory_tree for n in nd.children]
     if used:
-        device_count = max(device_count, max(used) // per_device + 1)
+        device_count = min(max(device_count, max(used) // per_device + 1), MAX_DEVICES)
     device_count = max(device_count, 1)
 
     memory_info = _group(system, "memory_info")
