@@ -436,20 +436,21 @@ class Lowerer:
         return idx
 
     # ---- DMA ------------------------------------------------------------------------------
-    def dma(self, node: str, dst: dict, src: dict, spill: str = "") -> int:
+    def dma(self, node: str, dst: dict, src: dict, spill: str = "", piece_of: int | None = None) -> int:
         """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). Transfers of
         64 KiB or more are split by partition ranges over several queues, as the compiler spreads a
         tile over the core's DMA engines."""
         # a piece is worth its fixed cost only when its transfer is several times longer
         min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
         pieces = _split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
+        # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
-            first = None
+            first = piece_of
             for d, s_ in pieces:
                 i = self._dma1(node, d, s_, spill, first)
                 first = i if first is None else first
             return first
-        return self._dma1(node, dst, src, spill, None)
+        return self._dma1(node, dst, src, spill, piece_of)
 
     def _dma1(self, node: str, dst: dict, src: dict, spill: str, piece_of: int | None) -> int:
         n = _numel_ap(src["ap"])
@@ -515,7 +516,8 @@ class Lowerer:
         return self.emit(opcode, node, [dst.op()], srcs, attrs, dur=d, flops=flops)
 
     def act(self, node: str, dst: Tile, src: dict, func: str, bias: Any = 0.0, scale: Any = 1.0,
-            acc: Tile | None = None, acc_op: str = "add", flops: int = 0, **attrs) -> int:
+            acc: Tile | None = None, acc_op: str = "add", flops: int = 0, piece_of: int | None = None,
+            **attrs) -> int:
         srcs = [src]
         a = {"func": func, "scale": scale, "bias": bias, **attrs}
         if isinstance(bias, dict):
@@ -529,7 +531,7 @@ class Lowerer:
             dsts.append(acc.op())
             a["acc_op"] = acc_op
         d = scalar_ns(self.p, src["ap"][-1][1] if src["ap"] else dst.F, accumulate=acc is not None)
-        return self.emit("ACTIVATE", node, dsts, srcs, a, dur=d, flops=flops)
+        return self.emit("ACTIVATE", node, dsts, srcs, a, dur=d, flops=flops, piece_of=piece_of)
 
     def new_scratch(self, dtype: str, numel: int, shape=None) -> str:
         self.scratch_i += 1

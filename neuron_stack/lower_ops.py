@@ -4,7 +4,7 @@ Each ``lower_*`` function takes the :class:`~neuron_stack.lower.Lowerer` and one
 instructions. :func:`dispatch` picks the lowering; ops without a dedicated one run as a GpSimd
 library kernel (``CUSTOM_OP``) so every op of every class gets instructions and a time.
 
->>> dispatch_name("aten.addmm.default", "matmul"), dispatch_name("aten.avg_pool2d.default", "reduction")
+>>> dispatch_name("aten.addmm.default", "matmul"), dispatch_name("aten.sort.default", "data_movement")
 ('lower_matmul', 'lower_custom')
 """
 from __future__ import annotations
@@ -102,6 +102,15 @@ def prepare_constants(low: Lowerer) -> None:
     low.const_dtype: dict[str, str] = {}
     low.preparing = True
     for n in low.nodes:
+        if dispatch_name(n.target, n.op_class) == "lower_conv" and len(n.args) > 1 and _is_ref(n.args[1]):
+            from .lower_conv import conv_weight_strides
+            w = low.value(n.args[1])
+            base = low.hbm.get(w.buf, {}).get("shape", [])
+            if w.buf in low.const_names and len(base) in (3, 4) and tuple(base) == w.shape:
+                low.const_strides[w.buf] = conv_weight_strides(base)      # [C, *K, O] storage
+                if low.auto_cast in ("matmult", "all") and w.dtype == "float32" and _only_matmul_users(low, w.buf):
+                    low.const_dtype[w.buf] = low.cast_type
+            continue
         if n.op_class != "matmul" or n.fused_into:
             continue
         ops = _matmul_operands(low, n)
@@ -130,7 +139,7 @@ def _only_matmul_users(low: Lowerer, name: str) -> bool:
         if un.op_class == "view":
             if not _only_matmul_users(low, u):
                 return False
-        elif un.op_class != "matmul":
+        elif un.op_class not in ("matmul", "conv"):
             return False
     return True
 
@@ -155,6 +164,10 @@ def dispatch_name(target: str, op_class: str) -> str:
         return "lower_matmul"
     if op_class == "conv" and name == "convolution":
         return "lower_conv"
+    if name in ("max_pool2d_with_indices", "avg_pool2d"):
+        return "lower_pool"
+    if name == "_native_batch_norm_legit_no_training":
+        return "lower_batch_norm"
     if op_class in ("elementwise", "activation"):
         return "lower_elementwise"
     if name in _ROWWISE and op_class in ("reduction", "softmax", "normalization"):
@@ -1221,7 +1234,6 @@ def lower_collective(low: Lowerer, n: Node) -> None:
     low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)
 
 
-def lower_conv(low: Lowerer, n: Node) -> None:
-    """convolution: im2col windows are access patterns, so each output tile is a matmul of the
-    weight [O, C*KH*KW] against the window columns, accumulated over (c, kh, kw) blocks in PSUM."""
-    lower_custom(low, n)
+# convolution, pooling and inference batch norm live in their own module (imported last: it
+# builds on the helpers above)
+from .lower_conv import lower_batch_norm, lower_conv, lower_pool  # noqa: E402
