@@ -304,7 +304,7 @@ def _percentile(stats: dict | None, which: str, p: str) -> float | None:
 
 
 def _process_key(entry: dict) -> tuple:
-    return (int(entry.get("pid") or 0), str(entry.get("neuron_runtime_tag") or ""))
+    return (int(_num(entry.get("pid"))), str(entry.get("neuron_runtime_tag") or ""))
 
 
 def _process_view(entry: dict, totals: Totals) -> ProcessView:
