@@ -492,6 +492,14 @@ def test_every_bash_block_is_a_named_step():
         assert img[len("walkthrough-"):-4] in {"summary", "source", "compare", "recompiles", "top"}, img
 
 
+def test_the_rewrite_shown_is_the_code_that_runs():
+    """The document's python block (the fix of step 6) is StaticRanker's code in sample_workloads/fallback.py."""
+    shown = re.search(r"^```python\n(.*?)\n```", DOC.read_text(), re.S | re.M)[1]
+    code = (ROOT / "sample_workloads" / "fallback.py").read_text()
+    lines = [ln.split("#")[0].strip() for ln in shown.splitlines()]
+    assert len(lines) == 3 and all(ln and ln in code for ln in lines), lines
+
+
 @pytest.mark.skipif(shutil.which("jq") is None, reason="jq is not installed: the walkthrough checks the same "
                                                            "fields in Python instead")
 def test_the_python_pick_is_the_documents_jq_filter():
