@@ -162,7 +162,8 @@ def cpu_fallback(L, rule) -> list[Finding]:
     """Every op that ran on the CPU: one finding with the total cost, then per call site the op and its fix.
 
     Words like: "9 ops fall back to the CPU at 3 source lines, costing 305 µs of host time (92% of step
-    time): aten.sort.default at models.py:139 (112 µs) — a top-k with fixed k lowers to the device; …"
+    time) plus host↔device transfers: aten.sort.default at models.py:139 (112 µs) — a top-k with fixed k
+    (torch.topk(x, k)) lowers to the device; …" (call sites in source order; the link opens the costliest).
     """
     rows = data.fallbacks(L)
     if len(rows) <= rule.threshold:
@@ -177,7 +178,10 @@ def cpu_fallback(L, rule) -> list[Finding]:
         site["ns"] += ns
         site["ops"].append((ns, f["op"], f["reason"]))
     total = sum(s["ns"] for s in sites.values())
-    ordered = sorted(sites.items(), key=lambda kv: -kv[1]["ns"])
+    # Call sites in source order, read like the code (host times are measured and noisy); the link
+    # goes to the costliest one.
+    ordered = sorted(sites.items(), key=lambda kv: _site_order(kv[0]))
+    costliest = max(sites.values(), key=lambda site: site["ns"])
     step = _step_ns(L, total)
     share = f" ({100.0 * total / step:.0f}% of step time)" if step else ""
     n_ops = len(rows)
@@ -193,9 +197,14 @@ def cpu_fallback(L, rule) -> list[Finding]:
         at = f" at {where}" if where else ""
         parts.append(f"{lead[1]}{at} ({_ms(site['ns'])}{more}) — {fallback_fix(lead[1], lead[2])}")
     words += "; ".join(parts) + "."
-    first = ordered[0][1]
-    query = {"line": first["source_id"]} if first["source_id"] is not None else {}
+    query = {"line": costliest["source_id"]} if costliest["source_id"] is not None else {}
     return [Finding(rule.id, rule.title, words, total, "source" if query else "fallbacks", query)]
+
+
+def _site_order(where: str) -> tuple:
+    """``models.py:139`` sorts by file, then line number; an unknown site goes last."""
+    file, _, line = where.rpartition(":")
+    return (not where, file, int(line) if line.isdigit() else 0)
 
 
 def _step_ns(L, fallback_ns: float) -> float:
