@@ -190,9 +190,11 @@ def cpu_fallback(L, rule) -> list[Finding]:
              f"plus host↔device transfers: ")
     parts = []
     for where, site in ordered:
-        ops = sorted(site["ops"], key=lambda o: -o[0])
-        # Name the op the user wrote (one with its own fix) rather than the shape arithmetic it caused.
-        lead = next((o for o in ops if any(o[1].startswith(p) for p, _ in FALLBACK_FIXES)), ops[0])
+        ops = site["ops"]
+        # Name the op the user wrote (one with its own fix, else an ATen op) rather than the shape
+        # arithmetic it caused; cost decides only between equals.
+        lead = max(ops, key=lambda o: (any(o[1].startswith(p) for p, _ in FALLBACK_FIXES),
+                                       o[1].startswith("aten."), o[0]))
         more = f", +{len(ops) - 1} more there" if len(ops) > 1 else ""
         at = f" at {where}" if where else ""
         parts.append(f"{lead[1]}{at} ({_ms(site['ns'])}{more}) — {fallback_fix(lead[1], lead[2])}")
