@@ -31,8 +31,8 @@ WORKLOAD = HERE / "workload.py"
 #: The writer publishes at least once a second (docs/traces.md, "Durability"); the promise is that a
 #: SIGKILL loses at most about that much. The checks allow this much on top for a loaded CI machine
 #: (the flush thread competes with the workload for the GIL and for 2 shared cores).
-FLUSH_INTERVAL_S = 1.0
-LOST_SLACK_S = 1.0
+FLUSH_INTERVAL_S = 0.5   # traces.Writer's default
+LOST_SLACK_S = 0.5       # one flush under load: the promise is 'at most the last second'
 #: A dead process's cores must be free again within this time (the kernel drops flocks at exit).
 RECOVER_BOUND_S = 5.0
 
