@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiler import compile_program, compiler_version, graph_hash
+from .compiler import compile_program, compiler_version, graph_hash, stack_version
 from .flags import DEFAULTS, parse_flags
 from .frontend import capture, user_frame
 from .ir import Source
@@ -297,10 +297,4 @@ def support_report(program, ignored=frozenset()) -> dict:
             "unsupported_operators": unsupported}
 
 
-def _pkg_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("neuron-stack")
-    except Exception:
-        return "0.0.0"
-
+_pkg_version = stack_version   # the torch_neuronx version in analyze reports (parallel_compile uses it)

@@ -34,15 +34,19 @@ INSTRUCTION_BYTES = 64
 RUNTIME_MEMORY_BYTES = 64 * 2**20
 
 
+def stack_version() -> str:
+    """This package's version (``0.0.0`` when run from a source tree that is not installed)."""
+    try:
+        from importlib.metadata import version
+        return version("neuron-stack")
+    except Exception:
+        return "0.0.0"
+
+
 def compiler_version() -> str:
     """The version in cache paths (``neuronxcc-<version>``): this package's version + NEFF format."""
     from .neff import FORMAT_VERSION
-    try:
-        from importlib.metadata import version
-        v = version("neuron-stack")
-    except Exception:
-        v = "0.0.0"
-    return f"{v}+neff{FORMAT_VERSION}"
+    return f"{stack_version()}+neff{FORMAT_VERSION}"
 
 
 def graph_hash(program: Program, salt: str = "") -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import json
-from collections import ChainMap
 import operator
 import os
 import socket
@@ -31,6 +30,7 @@ import threading
 import time
 import uuid as uuidlib
 import weakref
+from collections import ChainMap
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ import torch
 import torch.fx
 
 from . import clock
+from .compiler import stack_version
 from .device import get_profile
 from .ir import Program
 from .neff import Neff
@@ -338,7 +339,7 @@ class Recorder:
             self.core_filter = None
         from traces.schema import SCHEMA_VERSION
         meta = dict(session.profile.metadata())
-        meta.update({"schema_version": SCHEMA_VERSION, "stack_version": _version(), "target": session.target,
+        meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true",
                      "warmup_executions": "1"})
         now = clock.wall_ns()
@@ -379,14 +380,6 @@ class Recorder:
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             import logging
             logging.getLogger("traces").warning("%s", exc)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("neuron-stack")
-    except Exception:
-        return "0.0.0"
 
 
 def source_id(src) -> int | None:
@@ -432,7 +425,6 @@ class LoadedModel:
                         for s in self.input_specs]
         self.targets = {n.name: n.target for n in prog.nodes}
 
-        self._reserve_memory()
         # weights by node name (get_attr nodes alias a constant): they live inside the GraphModules
         self.const_env = dict(prog.constants)
         for n in prog.nodes:
@@ -465,17 +457,18 @@ class LoadedModel:
                 self.flops += p["sched"]["flops"]
                 self.hbm[0] += p["sched"]["hbm_read_bytes"]
                 self.hbm[1] += p["sched"]["hbm_write_bytes"]
-        self.static_device_ns = sum(p["device_ns"] + p["transfer_ns"] for p in self.parts if p["part"]["kind"] == "device")
+        self.static_device_ns = sum(p["device_ns"] + p["transfer_ns"] for p in self.parts
+                                    if p["part"]["kind"] == "device")
         self.has_cpu = any(p["part"]["kind"] == "cpu" for p in self.parts)
+        self._reserve_memory()   # last: a NEFF that cannot be built must not hold device memory
 
         self.op_ids = {n.name: new_id() for n in prog.nodes if n.is_op}
         self._instr_tables: dict[int, pa.Table] | None = None
         live = session.live
         live.model_loaded(name=self.name, uuid=neff.header["uuid"], model_id=self.graph_id & 0x7FFFFFFF,
                           core=self.core, device_bytes=dict(self.memory), host_bytes={"constants": self.memory["constants"]})
-        kind = "recompile" if info.get("recompile_of") else "compile"
         live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
-        if kind == "recompile":
+        if info.get("recompile_of"):
             live.count_event("recompile", reason=info.get("recompile_reason", ""), source=_where(info.get("source")))
         for n in prog.nodes:
             if n.is_compute and n.placement == "cpu_fallback":
@@ -746,13 +739,18 @@ class LoadedModel:
             rec.append("instructions", b)
 
     def unload(self) -> None:
-        """Give the model's device memory back."""
-        used = self.session.device_memory[self.core]
+        """Give the model's device and host memory back. Example: ``model.unload()``."""
+        session = self.session
+        used = session.device_memory[self.core]
         for k, v in self.memory.items():
             if k != "runtime_memory":
                 used[k] -= v
-                self.session.live.set_device_memory(self.core, k, used[k])
-        self.session.live.model_unloaded(self.graph_id & 0x7FFFFFFF)
+                session.live.set_device_memory(self.core, k, used[k])
+        session.host_constants -= self.memory["constants"]
+        session.live.set_host_memory("constants", session.host_constants)
+        session.live.model_unloaded(self.graph_id & 0x7FFFFFFF)
+        with session.record_lock:
+            session.models.discard(self)
 
 
 def _where(src) -> str:
