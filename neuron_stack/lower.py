@@ -35,6 +35,10 @@ from .cost import (ceil_div, dependent_overhead_ns, dma_ns, gpsimd_ns, ldweights
 from .device import DeviceProfile
 from .ir import Node, Program, TensorSpec
 from .isa import ENGINE_OF
+from .resident import Heap, Resident, row_tiling, tile_ap, translate
+
+#: share of SBUF (per partition) kept for values resident across ops; the rest holds tile pools
+RESIDENT_FRACTION = 0.6
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
                "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "complex64": 8}
@@ -335,7 +339,17 @@ class Lowerer:
         self.readers: dict[str, dict] = {}
         self.pending: dict[str, set[int]] = {}
         self.engine_last: dict[str, int] = {}
+        # SBUF: a ring of rotating tile pools, and a heap of values resident across ops (resident.py)
+        # (sized in run() by the peak of live intermediates, at most RESIDENT_FRACTION of SBUF)
         self.sbuf = _Ring(profile.sbuf_bytes_per_partition)
+        self.heap = Heap(0)
+        self.cand: dict[str, str] = {}           # intermediate buffer -> "undecided" | "hbm" | "resident"
+        self.res: dict[str, Resident] = {}        # resident buffer -> its placement
+        self.res_key: dict[str, Resident] = {}    # SBUF key -> the same
+        self.res_wait: dict[str, set[int]] = {}   # SBUF key -> semaphores its writes wait for (region reuse)
+        self.freed: list[tuple[int, int, int]] = []   # heap regions released: (start, end, semaphore)
+        self.finished: set[str] = set()
+        self.engine_busy: dict[str, float] = {}
         self.psum = _Ring(profile.psum_bytes_per_partition, unit=profile.psum_bytes_per_partition // profile.psum_banks)
         self.values: dict[str, View] = {}      # value name ("n" or "n:i") -> HBM view
         self.hbm: dict[str, dict] = {}
@@ -385,18 +399,23 @@ class Lowerer:
         writes = []
         br = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
         bw = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
+        if engine not in ("dma",) or opcode != "DMA_DIRECT2D":
+            self._raw_hbm_access(src, dst, node)
         for o in src:
-            if o["m"] == "hbm":
+            if o["m"] == "hbm" or o["b"] in self.res_key:
                 if o["b"] not in tdeps:
                     tdeps.append(o["b"])
+                if o["b"] in self.res_key:
+                    self.res_key[o["b"]].readers.append(len(self.instrs))
             else:
                 w = self.last_writer.get(o["b"])
                 if w is not None:
                     deps.update(w) if isinstance(w, tuple) else deps.add(w)
                 deps.update(self.pending.get(o["b"], ()))
         for o in dst:
-            if o["m"] == "hbm":
+            if o["m"] == "hbm" or o["b"] in self.res_key:
                 writes.append(o["b"])
+                deps.update(self.res_wait.get(o["b"], ()))
             else:
                 k = o["b"]
                 w = self.last_writer.get(k)
@@ -417,16 +436,17 @@ class Lowerer:
                                  tuple(writes), queue_kind if engine == "dma" else "", itype,
                                  hbm_read, hbm_write, spill_save, spill_reload))
         self.engine_last[engine] = idx
+        self.engine_busy[engine] = self.engine_busy.get(engine, 0.0) + dur
         rk = idx
         for o in src:
-            if o["m"] != "hbm":
+            if o["m"] != "hbm" and o["b"] not in self.res_key:
                 r = self.readers.setdefault(o["b"], {})
                 if engine == "tensor":
                     r[engine] = idx     # the Tensor Engine stays in program order: its last reader suffices
                 else:
                     r[rk] = idx         # other queues may be reordered by the scheduler: wait for every reader
         for o in dst:
-            if o["m"] != "hbm":
+            if o["m"] != "hbm" and o["b"] not in self.res_key:
                 prev_w = self.last_writer.get(o["b"])
                 if piece_of is not None and isinstance(prev_w, tuple) and piece_of in prev_w:
                     self.last_writer[o["b"]] = prev_w + (idx,)
@@ -453,6 +473,18 @@ class Lowerer:
         return self._dma1(node, dst, src, spill, piece_of)
 
     def _dma1(self, node: str, dst: dict, src: dict, spill: str, piece_of: int | None) -> int:
+        if dst["m"] == "hbm" and dst["b"] in self.cand:
+            self._decide(dst["b"])
+        if self._try_on_chip(src) is None or self._try_on_chip(dst) is None:
+            # a tile crossing the resident value's row blocks: one DMA per block it touches
+            pieces = self._block_pieces(dst, src)
+            if pieces:
+                first = piece_of
+                for d, s_ in pieces:
+                    i = self._dma1(node, d, s_, spill, first)
+                    first = i if first is None else first
+                return first
+        src, dst = self._on_chip(src, node), self._on_chip(dst, node)
         n = _numel_ap(src["ap"])
         assert n == _numel_ap(dst["ap"]), (src, dst)
         nb = n * nbytes_of(src["dt"])
@@ -468,9 +500,9 @@ class Lowerer:
             kw["hbm_read"] = nb
         if dst["m"] == "hbm":
             kw["hbm_write"] = wbytes
-        if spill == "save":
-            kw["spill_save"] = wbytes
-        elif spill == "reload":
+        if spill == "save" or dst["m"] == "hbm" and dst["b"] in self.cand:
+            kw["spill_save"] = wbytes       # an intermediate value that went through HBM
+        if spill == "reload" or src["m"] == "hbm" and src["b"] in self.cand:
             kw["spill_reload"] = nb
         idx = len(self.instrs)
         return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc}, dur=dma_ns(self.p, max(nb, wbytes), desc),
@@ -499,12 +531,193 @@ class Lowerer:
                 if k not in bcast:
                     step *= n
             return Tile(t.key, t.mem, t.dtype, P, F, t.pitch, t.off, tuple(reversed(free)) or ((1, 1),))
+        r = self.res.get(v.buf)
+        if r is not None and not r.evicted:
+            got = self._resident_tile(r, v, box, split)
+            if got is not None:       # read in place: no instruction
+                off, free = got
+                return Tile(r.key, "sbuf", v.dtype, P, F, r.psize, off, None if free == [[1, F]] else tuple(map(tuple, free)))
         t = pool.tile(P, F)
         self.dma(node, t.op() if t.dtype == v.dtype else t.as_dtype(v.dtype).op(), view_operand(v, box))
         return t.as_dtype(v.dtype) if t.dtype != v.dtype else t
 
     def store(self, node: str, t: Tile, v: View, box: list[tuple[int, int]]) -> int:
+        """Write tile ``t`` to the ``box`` of ``v``: one engine copy when ``v`` is resident in SBUF
+        and the box lines up with its rows, else a DMA (SBUF->SBUF or to HBM)."""
+        if v.buf in self.cand:
+            self._decide(v.buf)
+        r = self.res.get(v.buf)
+        if r is not None and not r.evicted and t.mem == "sbuf":
+            k, acc = 0, 1
+            while k < len(box) and acc < t.P:
+                acc *= box[k][1]
+                k += 1
+            got = self._resident_tile(r, v, box, k) if acc == t.P else None
+            if got is not None:
+                off, free = got
+                dst = {"m": "sbuf", "b": r.key, "dt": v.dtype, "o": off, "ap": [[r.psize, t.P]] + free}
+                # the less loaded of Scalar and Vector copies it (both read SBUF at one element per cycle)
+                if self.engine_busy.get("scalar", 0.0) <= self.engine_busy.get("vector", 0.0):
+                    return self.emit("ACTIVATE", node, [dst], [t.op()], {"func": "copy", "scale": 1.0, "bias": 0.0},
+                                     dur=scalar_ns(self.p, t.F))
+                return self.emit("TENSOR_COPY", node, [dst], [t.op()], {},
+                                 dur=vector_ns(self.p, "TENSOR_COPY", t.F, 1, v.dtype))
         return self.dma(node, view_operand(v, box), t.op())
+
+    # ---- residency (resident.py) -------------------------------------------------------------
+    def _resident_tile(self, r: Resident, v: View, box, split: int):
+        strides = v.meta.stride()
+        o = v.meta.storage_offset() + sum(s0 * st for (s0, _), st in zip(box, strides))
+        dims = [(st, n) for (_, n), st in zip(box, strides)]
+        got = tile_ap(r, o, dims[:split], dims[split:])
+        return None if got is None else (got[0], got[2])
+
+    def _decide(self, buf: str) -> None:
+        """At an intermediate value's first write: resident in the SBUF heap if it has room."""
+        if self.cand.get(buf) != "undecided":
+            return
+        meta = self.hbm[buf]
+        C, T = row_tiling(meta["shape"])
+        rows = meta["numel"] // C
+        psize = ceil_div(rows, T) * C
+        start = self.heap.alloc(psize * nbytes_of(meta["dtype"]))
+        if start is None:
+            self.cand[buf] = "hbm"
+            self.log.append(f"lower: {buf} does not fit in the SBUF heap; it goes through HBM (spill)")
+            return
+        self.cand[buf] = "resident"
+        r = Resident(buf, f"__res.{buf}", meta["dtype"], rows, C, T, psize, start)
+        end = start + ceil_div(psize * nbytes_of(meta["dtype"]), self.heap.unit) * self.heap.unit
+        # writes into a reused region wait for the semaphores of the values that lived there
+        self.res_wait[r.key] = {sem for (a, b, sem) in self.freed if a < end and start < b}
+        self.res[buf] = r
+        self.res_key[r.key] = r
+
+    def _try_on_chip(self, op: dict) -> dict | None:
+        """``op`` over SBUF when it addresses a resident value (None if it cannot), else ``op``."""
+        if op["m"] != "hbm" or op["b"] not in self.res or self.res[op["b"]].evicted:
+            return op
+        r = self.res[op["b"]]
+        t = translate(r, op["o"], [tuple(x) for x in op["ap"]])
+        return None if t is None else {"m": "sbuf", "b": r.key, "dt": op["dt"], "o": t[0], "ap": t[1]}
+
+    def _block_pieces(self, dst: dict, src: dict):
+        """Split a tile <-> resident-value DMA by partition ranges so that each piece stays inside
+        one row block of the value; None when the tile side or the pattern does not allow it."""
+        tile, hb = (src, dst) if dst["m"] == "hbm" else (dst, src)
+        if tile["m"] == "hbm" or tile["b"] in self.res_key or hb["m"] != "hbm":
+            return None
+        n = _numel_ap(tile["ap"])
+        P = tile["ap"][0][1]
+        F = n // P
+        s0, n0 = hb["ap"][0]
+        inner = n // n0
+        out, p0 = [], 0
+        while p0 < P:
+            for p1 in range(P, p0, -1):
+                e0, e1 = p0 * F, p1 * F
+                if e0 % inner or e1 % inner:
+                    continue
+                h = dict(hb, o=hb["o"] + (e0 // inner) * s0, ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
+                if self._try_on_chip(h) is not None:
+                    break
+            else:
+                return None
+            t = dict(tile, o=tile["o"] + p0 * tile["ap"][0][0], ap=[[tile["ap"][0][0], p1 - p0]] + [list(x) for x in tile["ap"][1:]])
+            out.append((h, t) if hb is dst else (t, h))
+            p0 = p1
+        return out
+
+    def _on_chip(self, op: dict, node: str) -> dict:
+        """A DMA operand over a resident value's HBM buffer, re-expressed over its SBUF placement
+        (evicting the value when the pattern cannot be)."""
+        if op["m"] != "hbm" or op["b"] not in self.res or self.res[op["b"]].evicted:
+            return op
+        r = self.res[op["b"]]
+        t = translate(r, op["o"], [tuple(x) for x in op["ap"]])
+        if t is None:
+            self._evict(r, "an access pattern that does not follow its rows", node)
+            return op
+        return {"m": "sbuf", "b": r.key, "dt": op["dt"], "o": t[0], "ap": t[1]}
+
+    def _raw_hbm_access(self, src: list[dict], dst: list[dict], node: str) -> None:
+        """An instruction that addresses whole HBM tensors (GpSimd kernel, indirect DMA, collective):
+        resident operands go back to HBM first; undecided outputs stay in HBM."""
+        for o in list(src) + list(dst):
+            if o["m"] != "hbm":
+                continue
+            r = self.res.get(o["b"])
+            if r is not None and not r.evicted:
+                self._evict(r, "an instruction that reads it from HBM", node)
+            elif self.cand.get(o["b"]) == "undecided":
+                self.cand[o["b"]] = "hbm"
+
+    def _evict(self, r: Resident, why: str, node: str) -> None:
+        """Save a resident value's rows to its HBM buffer (spill) and release its heap region."""
+        r.evicted = True
+        self.log.append(f"lower: {r.buf} leaves SBUF for HBM ({why}); spilled")
+        es = nbytes_of(r.dtype)
+        for j in range(ceil_div(r.rows, r.T)):
+            rows = min(r.T, r.rows - j * r.T)
+            self.dma(node, {"m": "hbm", "b": r.buf, "dt": r.dtype, "o": j * r.T * r.C, "ap": [[r.C, rows], [1, r.C]]},
+                     {"m": "sbuf", "b": r.key, "dt": r.dtype, "o": j * r.C, "ap": [[r.psize, rows], [1, r.C]]},
+                     spill="save")
+        del es
+        self._release(r, node)
+
+    def _release(self, r: Resident, node: str) -> None:
+        """Free a resident value's heap region behind a semaphore on its last readers."""
+        if r.off < 0:
+            return
+        sem = self.emit("EVENT_SEMAPHORE", node, [], [], {"wait": r.key}, dur=dependent_overhead_ns(self.p, "sync"),
+                        small=False)
+        self.instrs[sem].deps = sorted(set(self.instrs[sem].deps) | set(r.readers))
+        size = ceil_div(r.psize * nbytes_of(r.dtype), self.heap.unit) * self.heap.unit
+        self.freed.append((r.off, r.off + size, sem))
+        self.heap.free(r.off)
+        r.off = -1
+
+    def _heap_need(self) -> int:
+        """Peak bytes per partition of the intermediate values live at once (in node order), as
+        row-tiled resident values: what the heap needs so that none of them has to spill."""
+        order = {}
+        for i, n in enumerate(self.nodes):
+            order[n.name] = i
+        pos = {k: order.get(self.by_name[k].fused_into, v) if self.by_name[k].fused_into in order else v
+               for k, v in order.items()}
+        delta = [0] * (len(self.nodes) + 1)
+        for n in self.nodes:
+            if n.op_class == "view" or not n.outputs or self._escapes(n.name):
+                continue
+            cons = [pos[c] for c in self._consumers(n.name) if c in pos]
+            if not cons:
+                continue
+            spec = n.outputs[0]
+            C, T = row_tiling(spec.shape)
+            size = ceil_div(ceil_div(spec.numel, C), T) * C * nbytes_of(spec.dtype)
+            size = ceil_div(size, 64) * 64
+            delta[pos[n.name]] += size
+            delta[max(cons) + 1] -= size
+        live = peak = 0
+        for d in delta:
+            live += d
+            peak = max(peak, live)
+        return peak
+
+    def _consumers(self, name: str) -> set[str]:
+        out = set()
+        for u in self.users.get(name, []):
+            un = self.by_name[u]
+            if un.op_class == "view" or un.target == "getitem":
+                out |= self._consumers(u)
+            else:
+                out.add(u)
+        return out
+
+    def _release_finished(self, node: str) -> None:
+        for buf, r in self.res.items():
+            if r.off >= 0 and not r.evicted and self._consumers(buf.split(":")[0]) <= self.finished:
+                self._release(r, node)
 
     # ---- compute helpers -------------------------------------------------------------------
     def vec(self, opcode: str, node: str, dst: Tile, srcs: list[dict], n_inputs: int = 1, fast: bool = False,
@@ -599,6 +812,8 @@ class Lowerer:
             meta = _torch().empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": spec.dtype, "numel": spec.numel, "role": "output", "shape": list(spec.shape),
                           "strides": list(meta.stride())}
+        if meta.is_contiguous() and spec.numel > 0 and not self._escapes(name.split(":")[0]):
+            self.cand[name] = "undecided"     # an intermediate: may stay in SBUF (resident.py)
         v = View(name, spec.dtype, meta)
         self.values[name] = v
         return v
@@ -607,6 +822,8 @@ class Lowerer:
         """Every value of the partition as a strided view of an HBM buffer (JSON-able)."""
         out = {}
         for k, v in self.values.items():
+            if v.buf in self.res and not self.res[v.buf].evicted:
+                continue          # lived only in SBUF: no HBM copy to read back
             out[k] = {"buf": v.buf, "dtype": v.dtype, "shape": list(v.shape), "strides": list(v.meta.stride()),
                       "offset": int(v.meta.storage_offset())}
         return out
@@ -656,6 +873,9 @@ class Lowerer:
     # ---- driver -----------------------------------------------------------------------------
     def run(self) -> Lowered:
         from . import lower_ops
+        heap = min(self._heap_need(), int(self.p.sbuf_bytes_per_partition * RESIDENT_FRACTION))
+        self.heap = Heap(heap)
+        self.sbuf = _Ring(self.p.sbuf_bytes_per_partition - heap)
         lower_ops.prepare_constants(self)
         for n in self.nodes:
             if n.fused_into and n.fused_into in self.in_part or n.name in self.done:
@@ -671,7 +891,8 @@ class Lowerer:
             for key in [n.name] + [f"{n.name}:{i}" for i in range(1, len(n.outputs))]:
                 if key in self.hbm and self.hbm[key]["role"] == "output" and self._escapes(n.name):
                     outputs.append(key)
-        return Lowered(self.instrs, self.hbm, self.inputs, outputs, self.value_table(), self.sbuf.peak, self.log)
+        return Lowered(self.instrs, self.hbm, self.inputs, outputs, self.value_table(), self.sbuf.peak + self.heap.peak,
+                       self.log)
 
     def _escapes(self, name: str) -> bool:
         if name in self.out_refs:
@@ -695,6 +916,9 @@ class Lowerer:
         if members and members[-1].name not in self.values:
             # the host's lowering has no epilogue (e.g. a GpSimd kernel): its fused nodes run alone
             lower_ops._lower_alone(self, [f for f in members if f.name not in self.values])
+        self.finished.add(n.name)
+        self.finished.update(f.name for f in members)
+        self._release_finished(n.name)
 
 
 def _refs(value: Any):

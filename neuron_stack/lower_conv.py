@@ -178,7 +178,7 @@ def lower_conv(low: Lowerer, n: Node) -> None:
     oblocks = [(o0, min(PMAX, Og - o0)) for o0 in range(0, Og, PMAX)]
     chunks = _chunks(OH, OW)
     per_band = 2 if OW <= MOVING_FMAX else ceil_div(OW, MOVING_FMAX)
-    budget = low.p.sbuf_bytes_per_partition
+    budget = low.sbuf.cap
     w_bytes = G * len(cblocks) * ceil_div(KH * KW * Og * es, 64) * 64
     while True:
         bands = _bands(chunks, per_band)
@@ -300,7 +300,7 @@ def lower_pool(low: Lowerer, n: Node) -> None:
     Wp = W + 2 * pw
     R = max(1, min(OH, FREE_TILE // max(1, Wp * max(sh, 1)), FREE_TILE // max(1, OW)))
     Rin = (R - 1) * sh + (KH - 1) * dh + 1
-    if Rin * Wp * nbytes_of(dt) * 4 > low.p.sbuf_bytes_per_partition // 2:
+    if Rin * Wp * nbytes_of(dt) * 4 > low.sbuf.cap // 2:
         low.log.append(f"lower: {n.name} pooling window rows exceed SBUF; runs as a GpSimd kernel")
         return lower_custom(low, n)
     out = low.out_view(n.name, spec)

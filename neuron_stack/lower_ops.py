@@ -514,8 +514,9 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     outs = chain_outputs(low, n, members, shape)
     # every operand contiguous and unbroadcast: use all 128 partitions, [128, numel/128]
     tshape = shape
-    flat = _flat128(list(views.values()) + [v for m in members for v in m.extras.values()] + list(outs.values()),
-                    shape)
+    every = list(views.values()) + [v for m in members for v in m.extras.values()] + list(outs.values())
+    # values that may stay resident in SBUF are row-tiled (resident.py): tiles must follow their rows
+    flat = None if any(v.buf in low.cand for v in every) else _flat128(every, shape)
     if flat is not None:
         tshape = flat[0]
         views = {i: _reshape_view(v, tshape) for i, v in views.items()}
@@ -648,7 +649,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # pools (SBUF bytes per partition; PSUM banks)
     es = nbytes_of(mm_dt)
     b_bytes = nk * NG * es
-    budget = low.p.sbuf_bytes_per_partition
+    budget = low.sbuf.cap          # the tile-pool ring (the rest of SBUF holds resident values)
     panel_resident = b_bytes <= budget // 2
     # double-buffer the moving panel when two fit: the next panel loads while this one multiplies
     panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else 3
@@ -731,8 +732,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
                         if Cv is not None:
                             ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N)) if Cv.meta.shape[0] != nb else Cv, "bias")
-                            if beta != 1:
-                                low.vec("TENSOR_SCALAR", n.name, ctile, [ctile.op()], op0="multiply", scalar0=beta)
+                            if beta != 1:     # into a fresh tile: ctile may be a resident value read in place
+                                scaled = ctx.out_tile(n.name, "beta", ctile.dtype)
+                                low.vec("TENSOR_SCALAR", n.name, scaled, [ctile.op()], op0="multiply", scalar0=beta)
+                                ctile = scaled
                             if alpha != 1:
                                 low.vec("TENSOR_SCALAR", n.name, out_t, [src.op()], op0="multiply", scalar0=alpha)
                                 low.vec("TENSOR_TENSOR", n.name, out_t, [out_t.op(), ctile.op()], n_inputs=2, op="add",
@@ -947,7 +950,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
         return
     members, alone = _chain(low, n) if kind in ("layer_norm",) else ([], [])
     es = 4
-    fits = D * es * 3 <= low.p.sbuf_bytes_per_partition // 2
+    fits = D * es * 3 <= low.sbuf.cap // 2
     Fc = D if fits else FREE_TILE
     chunks = boxes(free, Fc) if free else [[]]
     nch = len(chunks)
