@@ -44,9 +44,9 @@ KEYMAP: tuple[KeyBinding, ...] = (
                "Toggle the utilization grid between percent and TFLOPS"),
     # Beyond the real tool.
     KeyBinding(("e",), "toggle_engines", "e", "engines",
-               "Show or hide the per-engine breakdown, history and recompile/fallback panels"),
+               "Show or hide the engines, history and recompiles/fallbacks panels"),
     KeyBinding(("c",), "capture", "c", "capture",
-               "Start a bounded profile capture of the selected process (prints where it goes)"),
+               "Capture a bounded profile of the selected process (shows where)"),
     KeyBinding(("question_mark", "h"), "help", "?/h", "help", "Show this help screen"),
 )
 
