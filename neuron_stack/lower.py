@@ -899,7 +899,11 @@ class Lowerer:
             return True
         for u in self.users.get(name, []):
             un = self.by_name[u]
-            if u not in self.in_part or un.target == "getitem" and self._escapes(u):
+            if un.target == "getitem" and un.partition == self.part:
+                if self._escapes(u):      # a tuple element read outside, or not at all
+                    return True
+                continue
+            if u not in self.in_part:
                 return True
             if un.op_class == "view" and self._escapes(u):
                 return True

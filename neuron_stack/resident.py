@@ -31,6 +31,7 @@ partition ``r % T`` at free offset ``(r // T) * C``. Then
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 PMAX = 128
@@ -38,15 +39,21 @@ PMAX = 128
 
 def row_tiling(shape) -> tuple[int, int]:
     """``(C, T)`` of a value's row-tiled layout: the row length C is the longest run of trailing
-    dims up to 4096 elements (a reshape of the last dims, e.g. heads x head_dim -> hidden, still
-    reads whole rows); the block height T is the product of the trailing row dims while it fits
+    dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the last dims, e.g.
+    heads x head_dim -> hidden, still reads whole rows); the block height T is the product of the trailing row dims while it fits
     in 128 partitions (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles."""
     shape = list(shape) or [1]
     k = len(shape) - 1
     C = max(1, shape[k])
-    while k > 0 and C * shape[k - 1] <= 4096:
+    rows = max(1, int(math.prod(shape[:k])))
+    # longer rows only while they stay short and still leave 128 rows to spread over partitions;
+    # the spatial dims of an NCHW value are one row (convolution, pooling and batch norm read
+    # channel rows of H x W)
+    while k > 0 and C * shape[k - 1] <= 4096 and (rows // max(1, shape[k - 1]) >= PMAX
+                                                  or len(shape) == 4 and k == 3):
         k -= 1
         C *= shape[k]
+        rows //= max(1, shape[k])
     T = 1
     for d in reversed(shape[:k]):
         if T * d > PMAX:
