@@ -380,6 +380,10 @@ class Lowerer:
         ring = self.sbuf if mem == "sbuf" else self.psum
         deps = set()
         for old in ring.alloc(nbytes, key):
+            if old.startswith("__identity_"):       # overwritten: the next transpose rebuilds it
+                ids = self.__dict__.get("_identity", {})
+                for dt in [d for d, t in ids.items() if t.tile.key == old]:
+                    del ids[dt]
             w = self.last_writer.get(old)
             if w is not None:
                 deps.update(w) if isinstance(w, tuple) else deps.add(w)

@@ -569,25 +569,27 @@ def _matmul_operands(low: Lowerer, n: Node):
 
 
 class _Identity:
-    """The [128, 128] identity in SBUF used by Tensor Engine transposes (built once, on GpSimd)."""
+    """The [128, 128] identity in SBUF used by Tensor Engine transposes, built on GpSimd by the
+    first op that needs it (its instruction belongs to that op, so it has a source line) and
+    rebuilt when the tile-pool ring has reused its slot (``Lowerer.claim`` forgets it)."""
 
-    def __init__(self, low: Lowerer, dtype: str):
+    def __init__(self, low: Lowerer, dtype: str, node: str):
         self.tile = Pool(low, f"__identity_{dtype}", "sbuf", PMAX, PMAX, dtype, bufs=1).tile()
-        low.emit("AFFINE_SELECT", "__identity", [self.tile.op()], [],
+        low.emit("AFFINE_SELECT", node, [self.tile.op()], [],
                  {"cmp": "equal", "channel_multiplier": 1, "step": -1, "base": 0, "on_true": 1.0,
                   "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
 
 
-def _identity(low: Lowerer, dtype: str) -> Tile:
+def _identity(low: Lowerer, dtype: str, node: str) -> Tile:
     ids = low.__dict__.setdefault("_identity", {})
     if dtype not in ids:
-        ids[dtype] = _Identity(low, dtype)
+        ids[dtype] = _Identity(low, dtype, node)
     return ids[dtype].tile
 
 
 def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
     """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
-    ident = _identity(low, src.dtype)
+    ident = _identity(low, src.dtype, node)
     pt = psum_pool.tile(src.F, src.P)
     low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
              itype="TRANSPOSE")
