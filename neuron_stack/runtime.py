@@ -148,6 +148,24 @@ class _Env(dict):
         return node
 
 
+#: Deterministic ops without tensor inputs: a device graph computes them once, at load.
+FOLDABLE_SOURCES = frozenset({"aten.arange", "aten.full", "aten.zeros", "aten.ones", "aten.scalar_tensor",
+                              "aten.eye", "aten.linspace"})
+_NEVER_FOLD = ("rand", "dropout", "bernoulli", "multinomial", "normal", "uniform", "exponential", "poisson", "empty")
+
+
+def _foldable(n, values: dict) -> bool:
+    """True if ``n`` depends on weights only (``permute(weight)``, ``arange``) and is deterministic."""
+    from .partition import refs
+
+    packet = n.target.rsplit(".", 1)[0]
+    op = packet.rsplit(".", 1)[-1]
+    if op.endswith("_") or any(w in op for w in _NEVER_FOLD):
+        return False
+    deps = list(refs([n.args, n.kwargs]))
+    return all(d in values for d in deps) if deps else packet in FOLDABLE_SOURCES
+
+
 def build_graph_module(program: Program, part: dict, auto_cast: str = "none", cast_type: str = "bf16", *,
                        constants: dict | None = None, inputs: list[str] | None = None,
                        output=None) -> torch.fx.GraphModule:
@@ -156,11 +174,13 @@ def build_graph_module(program: Program, part: dict, auto_cast: str = "none", ca
     Weights (``constants``: node name -> tensor) live in the module, so only activations are
     arguments: placeholders are ``inputs`` (default: the partition's non-constant inputs). It
     returns ``output`` (a JSON output structure, e.g. ``program.output_names``) or else the tuple
-    of ``part["outputs"]``. With ``--auto-cast`` a weight is rounded once here, an activation
-    once per execution however many matmuls read it.
+    of ``part["outputs"]``. In a device partition, ops that depend on weights only (the
+    ``permute`` of a linear's weight, ``arange``) are computed here, once: constant folding. With
+    ``--auto-cast`` a weight is rounded once here too, an activation once per execution however
+    many matmuls read it. CPU islands keep every op, since each is measured.
     Example: ``build_graph_module(prog, prog.partitions[0], constants=prog.constants)``.
     """
-    constants = constants or {}
+    constants = dict(constants or {})      # plus the folded values, by node name
     by_name = {n.name: n for n in program.nodes}
     g = torch.fx.Graph()
     root = torch.nn.Module()
@@ -168,7 +188,8 @@ def build_graph_module(program: Program, part: dict, auto_cast: str = "none", ca
     for name in inputs if inputs is not None else [n for n in part["inputs"] if n not in constants]:
         env[name] = g.placeholder(name)
     dtype = _CAST_DTYPES[cast_type]
-    cast = part["kind"] == "device" and auto_cast != "none"
+    device = part["kind"] == "device"
+    cast = device and auto_cast != "none"
     rounded: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def rounded_value(a: torch.fx.Node) -> torch.fx.Node:
@@ -183,6 +204,13 @@ def build_graph_module(program: Program, part: dict, auto_cast: str = "none", ca
 
     for name in part["nodes"]:
         n = by_name[name]
+        if device and _foldable(n, constants):
+            with torch.no_grad():
+                value = resolve_target(n.target)(*_from_json(n.args, constants),
+                                                 **{k: _from_json(v, constants) for k, v in n.kwargs.items()})
+            if isinstance(value, torch.Tensor):
+                constants[name] = value   # fetched (get_attr) where it is used
+                continue
         args = _from_json(n.args, env)
         kwargs = {k: _from_json(v, env) for k, v in n.kwargs.items()}
         if cast and (n.op_class in ("matmul", "conv") or auto_cast == "all"):
