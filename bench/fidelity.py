@@ -89,12 +89,17 @@ def matmul_rows(targets, sizes):
         print(f"{n:>6} " + " ".join(f"{c:>16}" for c in cells))
 
 
+IN_FLIGHT = 16   # SBUF slots the loads rotate through: one transfer in flight per DMA queue
+
+
 def dma_rows(targets, per_partition, transfers=64):
-    """HBM->SBUF loads of [128 partitions x N bytes], lowered and scheduled over the core's queues."""
+    """HBM->SBUF loads of [128 partitions x N bytes] into IN_FLIGHT rotating SBUF slots, lowered and
+    scheduled over the core's queues (the DMA guide's "16 transfers x 8 buffers" shape)."""
     from neuron_stack.ir import Program
     from neuron_stack.lower import Lowered, Lowerer, Pool
     from neuron_stack.schedule import schedule_lowered
-    print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, 16 queues) ==")
+    print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, {IN_FLIGHT} in flight,"
+          " 16 queues) ==")
     print("   scheduled = bytes / (device time x core peak); formula = cost.dma_efficiency (fixed cost overlapped)")
     print(f"{'bytes':>7} " + " ".join(f"{t + ' sched':>12} {t + ' formula':>13}" for t in targets))
     for nbytes in per_partition:
@@ -103,7 +108,7 @@ def dma_rows(targets, per_partition, transfers=64):
             p = get_profile(t)
             low = Lowerer(Program("dma", [], [], []), 0, p, {})
             F = max(1, nbytes // 4)
-            pool = Pool(low, "t", "sbuf", 128, F, "float32", bufs=4)
+            pool = Pool(low, "t", "sbuf", 128, F, "float32", bufs=IN_FLIGHT)
             for k in range(transfers):
                 low.dma("load", pool.tile().op(),
                         {"m": "hbm", "b": "x", "dt": "float32", "o": k * 128 * F, "ap": [[F, 128], [1, F]]})

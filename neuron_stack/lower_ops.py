@@ -149,8 +149,7 @@ def _only_matmul_users(low: Lowerer, name: str) -> bool:
 
 _ROWWISE = {"_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
             "sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "logsumexp": "logsumexp",
-            "var": "var", "std": "std", "any": "any", "all": "all", "prod": "prod", "cumsum": "cumsum",
-            "native_group_norm": "group_norm"}
+            "var": "var", "std": "std", "any": "any", "all": "all", "prod": "prod", "cumsum": "cumsum"}
 _DM_COPY = ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "cat", "stack", "constant_pad_nd",
             "repeat", "flip", "roll", "expand_copy", "permute_copy", "view_copy", "_unsafe_view",
             "reshape", "slice_scatter", "select_scatter", "full", "full_like", "zeros", "zeros_like",
@@ -929,8 +928,6 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
         dims = [args[1]]
     elif kind == "layer_norm":
         dims = list(range(nd - len(args[1]), nd))
-    elif kind == "group_norm":
-        return _group_norm(low, n, x)
     elif kind == "cumsum":
         dims = [args[1]]
     else:
@@ -1128,10 +1125,6 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     _lower_alone(low, alone)
 
 
-def _permuted(f, dims, nd):
-    return f
-
-
 def _used(low: Lowerer, n: Node, i: int) -> bool:
     for u in low.users.get(n.name, []):
         un = low.by_name[u]
@@ -1146,10 +1139,6 @@ def _ln_param(wv: View, x: View, dims: list[int], split: int) -> View:
     nd = x.meta.dim()
     keep = [d for d in range(nd) if d not in dims]
     return b.with_meta(b.meta.permute(keep + sorted(dims)))
-
-
-def _group_norm(low: Lowerer, n: Node, x: View) -> None:
-    lower_custom(low, n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1187,8 +1176,9 @@ def lower_embedding(low: Lowerer, n: Node) -> None:
         tab = view_operand(table)
         tab["ap"] = [[table.meta.stride()[0], table.shape[0]], [table.meta.stride()[1], D]]
         from .cost import dma_ns
-        low.emit("DMA_INDIRECT", n.name, [dst], [tab, it.op()], {"desc": desc}, dur=dma_ns(low.p, nb, desc),
-                 hbm_read=nb, hbm_write=nb)
+        i = low.emit("DMA_INDIRECT", n.name, [dst], [tab, it.op()], {"desc": desc},
+                     dur=dma_ns(low.p, nb, desc) - low.p.dma_fixed_ns, hbm_read=nb, hbm_write=nb)
+        low.instrs[i].latency = low.p.dma_fixed_ns       # trigger-to-start, off the queue (see Lowerer._dma1)
 
 
 def lower_iota(low: Lowerer, n: Node) -> None:

@@ -160,10 +160,11 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
         ins = instrs[i]
         if ins.engine == "dma":
             qs = spill_free if ins.queue_kind == "SpillReload" else io_free
-            return max(min(qs), ready[i])
+            return max(min(qs), ready[i] + lat[i])
         return max(free.get(ins.engine, 0), ready[i])
 
-    heap = [(0, i) for i in range(n) if preds_left[i] == 0]
+    lat = [int(math.ceil(ins.latency)) for ins in instrs]     # DMA trigger-to-start latency
+    heap = [(lat[i], i) for i in range(n) if preds_left[i] == 0]
     heapq.heapify(heap)
     done = 0
     while heap:
@@ -174,7 +175,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
             continue
         ins = instrs[i]
         d_ns = max(1, int(math.ceil(ins.dur)))
-        r = ready[i]
+        r = ready[i] + lat[i]
         if ins.engine == "dma":
             qs = spill_free if ins.queue_kind == "SpillReload" else io_free
             best = min(range(len(qs)), key=lambda q: (max(qs[q], r), q))
