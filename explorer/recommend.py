@@ -326,7 +326,7 @@ def _recommend_cli(args) -> int:
         return 0
     import textwrap
 
-    print(f"{key}: {len(rows)} recommendation{'s' if len(rows) != 1 else ''}, costliest first (simulated profile)")
+    print(f"{key}: recommendations, costliest first (simulated profile)")
     for i, r in enumerate(rows, start=1):
         print(f"\n{i}. {r['title']} (~{_ms(r['impact_ns'])})")
         print(textwrap.fill(r["words"], width=100, initial_indent="   ", subsequent_indent="   "))

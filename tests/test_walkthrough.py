@@ -23,6 +23,7 @@ document's output blocks).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -37,13 +38,12 @@ from pathlib import Path
 
 import pytest
 
+from test_explorer_browser import ARGS as BROWSER_ARGS, CHROMIUM   # the Explorer browser tests' launch
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "walkthrough.md"
 IMG = ROOT / "docs" / "img"
 VENV = Path(sys.executable).parent.parent
-CHROMIUM = "/usr/bin/chromium"
-BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"]
 STEP_TIMEOUT = 300   # seconds; a hung step fails instead of hanging CI
 
 _BLOCK = re.compile(r"^<!-- step: ([\w-]+)(?: (server|tui))? -->\n```bash\n(.*?)\n```", re.S | re.M)
@@ -174,8 +174,9 @@ class Server:
     def __init__(self, walk: Walk, step: Step):
         self.port = _free_port()
         self.log = walk.state / f"{step.name}.out"
-        self.proc = subprocess.Popen(["bash", "-c", f"exec {step.code.strip()} --port {self.port}"], cwd=walk.work,
-                                     env=walk.env, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        with open(self.log, "w") as out:   # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(["bash", "-c", f"exec {step.code.strip()} --port {self.port}"],
+                                         cwd=walk.work, env=walk.env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.time() + 90
         while "ctrl-c to exit" not in self.log.read_text():
             assert self.proc.poll() is None, f"{step.code} exited: {self.log.read_text()[-2000:]}"
@@ -190,23 +191,21 @@ class Server:
         self.proc.wait(timeout=30)
 
 
+@contextlib.contextmanager
 def browser_page():
-    """A Playwright page in Debian's chromium (the Explorer's browser tests use the same launch)."""
+    """A Playwright page in Debian's chromium, launched as the Explorer's browser tests do; ``page.errors``
+    collects the page's JavaScript errors."""
     from playwright.sync_api import sync_playwright
 
-    class _Ctx:
-        def __enter__(self):
-            self._p = sync_playwright().start()
-            self._b = self._p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            self.page = self._b.new_page(viewport={"width": 1400, "height": 950})
-            self.errors: list[str] = []
-            self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-            return self
-
-        def __exit__(self, *exc):
-            self._b.close()
-            self._p.stop()
-    return _Ctx()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 950})
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        try:
+            yield page
+        finally:
+            browser.close()
 
 
 def shot(page, name: str, full_page: bool = True):
@@ -275,8 +274,7 @@ def check_recommend_before(walk, out):
 
 def check_view_before(walk, server):
     key = session_key(walk.var("BEFORE"))
-    with browser_page() as b:
-        page = b.page
+    with browser_page() as page:
         page.goto(f"{server.url}/?profile={key}")
         page.wait_for_selector("#summary-recommendations .reco")
         recos = page.inner_text("#summary-recommendations")
@@ -291,7 +289,7 @@ def check_view_before(walk, server):
         # the picture shows the line the finding points at (a full-page shot would re-layout the scrolled list)
         line.evaluate("e => e.scrollIntoView({block: 'center'})")
         shot(page, "source", full_page=False)
-        assert b.errors == [], b.errors
+        assert page.errors == [], page.errors
 
 
 def check_sql_hot_lines(walk, out):
@@ -344,8 +342,7 @@ def check_diff_recompiles(walk, out):
 
 def check_view_compare(walk, server):
     a, b = session_key(walk.var("BEFORE")), session_key(walk.var("AFTER"))
-    with browser_page() as br:
-        page = br.page
+    with browser_page() as page:
         page.goto(f"{server.url}/compare?a={a}&b={b}")
         page.wait_for_selector("#compare-totals")
         totals = page.inner_text("#compare-totals")
@@ -356,7 +353,7 @@ def check_view_compare(walk, server):
         page.wait_for_selector("#recompiles-table .dim-changed")
         assert "[8, 16, 32]" in page.inner_text("#recompiles-suggestions")
         shot(page, "recompiles")
-        assert br.errors == [], br.errors
+        assert page.errors == [], page.errors
 
 
 def check_live_workload(walk, out):
@@ -399,11 +396,11 @@ def svg_to_png(svg: Path):
         shutil.copy(svg, IMG / svg.name)
         return
     width, height = (float(v) for v in re.search(r'viewBox="0 0 ([\d.]+) ([\d.]+)"', svg.read_text()).groups())
-    with browser_page() as b:
+    with browser_page() as page:
         # a viewport of the SVG's own size, so the picture has no margins
-        b.page.set_viewport_size({"width": int(width + 0.5), "height": int(height + 0.5)})
-        b.page.goto(svg.as_uri())
-        b.page.screenshot(path=str(IMG / svg.with_suffix(".png").name))
+        page.set_viewport_size({"width": int(width + 0.5), "height": int(height + 0.5)})
+        page.goto(svg.as_uri())
+        page.screenshot(path=str(IMG / svg.with_suffix(".png").name))
 
 
 def _monitor_pick(doc: dict) -> list[dict]:
