@@ -75,24 +75,26 @@ def test_host_starved_names_the_gap_and_what_filled_it(tmp_path):
     assert found[0].page == "timeline" and found[0].query["end"] > found[0].query["start"]
 
 
+def _no_host_work(t):
+    """No CPU-fallback spans, and every execution starts 500 ns after the previous one ends."""
+    t["events"] = t["events"].filter(pc.not_equal(t["events"]["kind"], "cpu_fallback"))
+    ex = t["executions"].sort_by("start_ns")
+    shift, prev_end, shifts = 0, None, {}
+    for e in ex.to_pylist():
+        if prev_end is not None:
+            shift += e["start_ns"] - shift - (prev_end + 500)
+        shifts[e["exec_id"]] = shift
+        prev_end = e["end_ns"] - shift
+    for col in ("start_ns", "end_ns", "wall_start_ns", "wall_end_ns"):
+        ex = _set_column(ex, col, [v - shifts[i] for v, i in zip(ex[col].to_pylist(), ex["exec_id"].to_pylist())])
+    t["executions"] = ex
+    i = t["instructions"]
+    t["instructions"] = _set_column(i, "start_ns", [v - shifts[e] for v, e in zip(i["start_ns"].to_pylist(),
+                                                                                i["exec_id"].to_pylist())])
+
+
 def test_host_starved_quiet_when_executions_run_back_to_back(tmp_path):
-    def no_host_work(t):
-        """No CPU-fallback spans, and every execution starts 500 ns after the previous one ends."""
-        t["events"] = t["events"].filter(pc.not_equal(t["events"]["kind"], "cpu_fallback"))
-        ex = t["executions"].sort_by("start_ns")
-        shift, prev_end, shifts = 0, None, {}
-        for e in ex.to_pylist():
-            if prev_end is not None:
-                shift += e["start_ns"] - shift - (prev_end + 500)
-            shifts[e["exec_id"]] = shift
-            prev_end = e["end_ns"] - shift
-        for col in ("start_ns", "end_ns", "wall_start_ns", "wall_end_ns"):
-            ex = _set_column(ex, col, [v - shifts[i] for v, i in zip(ex[col].to_pylist(), ex["exec_id"].to_pylist())])
-        t["executions"] = ex
-        i = t["instructions"]
-        t["instructions"] = _set_column(i, "start_ns", [v - shifts[e] for v, e in zip(i["start_ns"].to_pylist(),
-                                                                                    i["exec_id"].to_pylist())])
-    found = findings(tmp_path, "busy", no_host_work, seqs=(64,), cores=1)
+    found = findings(tmp_path, "busy", _no_host_work, seqs=(64,), cores=1)
     assert rule(found, "host_starved") == [], [f.words for f in found]
 
 
@@ -132,11 +134,13 @@ def test_cpu_fallback_names_cost_share_call_site_and_rewrite(tmp_path):
     assert found[0].page == "source" and found[0].query["line"]
 
 
+def _on_device(t):
+    t["ops"] = t["ops"].filter(pc.not_equal(t["ops"]["placement"], "cpu_fallback"))
+    t["events"] = t["events"].filter(pc.not_equal(t["events"]["kind"], "cpu_fallback"))
+
+
 def test_cpu_fallback_quiet_when_every_op_is_on_the_device(tmp_path):
-    def on_device(t):
-        t["ops"] = t["ops"].filter(pc.not_equal(t["ops"]["placement"], "cpu_fallback"))
-        t["events"] = t["events"].filter(pc.not_equal(t["events"]["kind"], "cpu_fallback"))
-    assert rule(findings(tmp_path, "nofallback", on_device), "cpu_fallback") == []
+    assert rule(findings(tmp_path, "nofallback", _on_device), "cpu_fallback") == []
 
 
 @pytest.mark.parametrize("op, reason, fix", [
@@ -163,12 +167,14 @@ def test_dma_bound_names_the_layer_and_its_dma_against_compute(tmp_path):
     assert "Keep weights resident" in w and found[0].query["sel"].startswith("module:fc")
 
 
+def _fast_dma(t):
+    i = t["instructions"]
+    dur = pc.if_else(pc.equal(i["engine"], "dma"), pc.divide(i["dur_ns"], 100), i["dur_ns"])
+    t["instructions"] = _set_column(i, "dur_ns", dur.to_pylist())
+
+
 def test_dma_bound_quiet_when_transfers_are_short(tmp_path):
-    def fast_dma(t):
-        i = t["instructions"]
-        dur = pc.if_else(pc.equal(i["engine"], "dma"), pc.divide(i["dur_ns"], 100), i["dur_ns"])
-        t["instructions"] = _set_column(i, "dur_ns", dur.to_pylist())
-    assert rule(findings(tmp_path, "compute", fast_dma), "dma_bound") == []
+    assert rule(findings(tmp_path, "compute", _fast_dma), "dma_bound") == []
 
 
 # --------------------------------------------------------------------------------------- spills
@@ -230,3 +236,15 @@ def test_recommend_cli_bad_input_is_one_line(tmp_path):
     (tmp_path / "bad.duckdb").write_text("not a database")
     out = subprocess.run([str(EXE), "recommend", str(tmp_path / "bad.duckdb")], capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_recommend_cli_says_when_nothing_is_found(tmp_path):
+    """A profile no rule fires on: one shape, back-to-back executions, all ops on the device, short DMAs, bf16."""
+    tables = build_tables(seqs=(64,), cores=1)
+    for change in (_no_host_work, _on_device, _fast_dma, lambda t: _metadata(t, auto_cast="matmult")):
+        change(tables)
+    path = write_profile(tmp_path / "20260101-000000_clean", tables)
+    out = subprocess.run([str(EXE), "recommend", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["20260101-000000_clean: recommendations, costliest first (simulated profile)",
+                                       "No issues found by the rules."]
