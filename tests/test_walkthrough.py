@@ -10,7 +10,8 @@ How a block runs: ``bash`` in a fresh temporary directory that links ``sample_wo
 variables a block sets (``$BEFORE``...) carried to the next (``set -a``, then ``env -0``).
 - ``server`` blocks (``neuron-explorer view``) run as typed plus ``--port`` (a documented option) on a
   free port; Playwright with Debian's chromium opens the pages and saves the screenshots the
-  document shows (``docs/img/walkthrough-*.png``).
+  document shows (``docs/img/walkthrough-*.png``) when ``NEURON_STACK_SCREENSHOT_DIR=docs/img`` asks
+  for them; otherwise into a temporary directory, so a test run never rewrites tracked files.
 - the ``tui`` block (``neuron-top``) is built from its own arguments with ``top.app.parse_args`` and
   driven with Textual's ``run_test`` while the background workload runs; its SVG screenshot becomes a
   PNG through the same chromium.
@@ -32,6 +33,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,7 @@ from test_explorer_browser import ARGS as BROWSER_ARGS, CHROMIUM   # the Explore
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "walkthrough.md"
-IMG = ROOT / "docs" / "img"
+IMG = Path(os.environ.get("NEURON_STACK_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="walkthrough-shots-"))
 VENV = Path(sys.executable).parent.parent
 STEP_TIMEOUT = 300   # seconds; a hung step fails instead of hanging CI
 
