@@ -513,3 +513,25 @@ def test_groups_left_out_by_a_config_show_as_not_reported():
     assert "no engine data (monitor's neuron_stack group is off)" in text
     assert "recompiles, CPU fallbacks: not reported" in text and "Recompiles 0" not in text
     assert "[ 42.01%]" in text   # the groups that are there still show
+
+
+def test_selected_tab_follows_its_process_when_others_exit():
+    later = document(runtime_entry(257999, "257999", [4], [80.0], flops=2.5e12))   # my_app_1 exited
+    gate = threading.Event()
+
+    def docs():
+        while not gate.is_set():
+            yield TWO_APPS
+        yield later
+
+    async def script(pilot):
+        await press(pilot, "3")
+        gate.set()
+        for _ in range(400):
+            await pilot.pause(0.01)
+            if len(pilot.app.snapshot.apps) == 2:
+                break
+        await pilot.pause()
+        return pilot.app.screen_text()
+    after = run(NeuronTop(DocumentSource(docs()), period=0.02), (100, 30), script)
+    assert ">[2]:257999<" in after and "[ 80.00%]" in after

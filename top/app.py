@@ -111,6 +111,7 @@ class NeuronTop(App):
         self.last_capture: Path | None = None
         self._wake = threading.Event()
         self._engines_auto = True   # until the user presses e, the terminal size decides
+        self._selected_tag: str | None = None   # the tag of the selected tab
 
     # ---- layout
     def compose(self) -> ComposeResult:
@@ -212,8 +213,12 @@ class NeuronTop(App):
         snap = self.snapshot
         if snap is None or not self.screen_stack or not self.screen_stack[0].is_attached:
             return
-        if self.state.tab >= len(snap.apps):   # the selected process went away
-            self.state = replace(self.state, tab=0)
+        # The selection follows the process, not the position: tabs shift as processes come and go.
+        tags = [a.tag for a in snap.apps]
+        if self._selected_tag is not None:
+            tab = tags.index(self._selected_tag) if self._selected_tag in tags else 0
+            self.state = replace(self.state, tab=tab)
+        self._selected_tag = tags[self.state.tab]
         suffix = "" if self.source.live else f"— {self.source.label}"
         self.query_one("#title", Line).update(render.title(snap, version(), suffix))
         for panel in self.query(Panel):
@@ -248,6 +253,8 @@ class NeuronTop(App):
 
     def _set_state(self, **changes) -> None:
         self.state = replace(self.state, **changes)
+        if "tab" in changes:
+            self._selected_tag = None   # a key chose the position; remember whose tab it is next
         self._render_frame()
 
     def action_previous_tab(self) -> None:
