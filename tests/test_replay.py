@@ -141,3 +141,16 @@ def test_neuron_top_replays_a_profile_with_the_same_screens(profile, totals):
     assert "Neuron Apps  >[1]:all<  [2]:train_job" in text
     assert "Tensor" in text and "Engines of ND0 NC0 (core 0)" in text
     assert "replay finished" in final and "Recompiles" in final
+
+
+def test_each_recorded_process_is_its_own_tab(tmp_path):
+    # Two ranks of one job writing into one session directory, as torchrun does.
+    write_run(tmp_path, executions=3, instructions=200, cores=(0,), tag="rank0", run_id="r0", seed=1)
+    write_run(tmp_path, executions=3, instructions=200, cores=(1,), tag="rank1", run_id="r1", seed=2)
+    with Replay(traces.finalize(tmp_path), window_s=1.0) as replay:
+        (doc,) = list(replay)
+    VALIDATOR.validate(doc)
+    tags = {e["neuron_runtime_tag"]: e for e in doc["neuron_runtime_data"]}
+    assert set(tags) == {"rank0", "rank1"}
+    assert set(tags["rank0"]["report"]["neuroncore_counters"]["neuroncores_in_use"]) == {"0"}
+    assert set(tags["rank1"]["report"]["neuroncore_counters"]["neuroncores_in_use"]) == {"1"}
