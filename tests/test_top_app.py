@@ -535,3 +535,16 @@ def test_selected_tab_follows_its_process_when_others_exit():
         return pilot.app.screen_text()
     after = run(NeuronTop(DocumentSource(docs()), period=0.02), (100, 30), script)
     assert ">[2]:257999<" in after and "[ 80.00%]" in after
+
+
+def test_many_processes_keep_the_selected_tab_visible_at_80_columns():
+    doc = document(*[runtime_entry(3000 + i, f"worker_{i:02d}", [i], [10.0 + i]) for i in range(16)])
+
+    async def script(pilot):
+        return pilot.app.screen_text(), await press(pilot, "9"), await press(pilot, "a")
+    first, ninth, eighth = run(NeuronTop(repeating(doc), period=0.02), (80, 24), script)
+    tabs = [line for line in (first + ninth + eighth).splitlines() if "Neuron Apps" in line]
+    assert ">[1]:all<" in tabs[0] and tabs[0].rstrip().endswith("…")
+    assert ">[9]:worker_07<" in tabs[1] and "Neuron Apps  …" in tabs[1]
+    assert ">[8]:worker_06<" in tabs[2]
+    assert all(len(t) <= 80 for t in tabs)

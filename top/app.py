@@ -228,7 +228,7 @@ class NeuronTop(App):
         tree.show_nodes(app_view.memory_tree)
         self.query_one("#tree_header", Line).update(
             render.tree_header(tree._label_width()))
-        self.query_one("#tabs", Line).update(render.tab_bar(snap, self.state.tab))
+        self.query_one("#tabs", Line).update(render.tab_bar(snap, self.state.tab, self.size.width - 2))
         self._render_status()
 
     def _render_status(self) -> None:

@@ -248,15 +248,35 @@ def tree_label(node: MemoryNode, width: int, depth: int, indent: int) -> Text:
     return text
 
 
-def tab_bar(snap: Snapshot, selected: int) -> Text:
-    """``Neuron Apps  >[1]:all<  [2]:257726 …``; the selected tab between ``>`` and ``<``."""
-    text = Text("Neuron Apps ", style="bold", no_wrap=True, overflow="ellipsis")
-    for i, app in enumerate(snap.apps):
-        label = f"[{i + 1}]:{app.tag}"
-        if i == selected:
-            text.append(f" >{label}<", style="bold reverse green")
-        else:
-            text.append(f"  {label} ")
+def tab_bar(snap: Snapshot, selected: int, width: int = 10_000) -> Text:
+    """``Neuron Apps  >[1]:all<  [2]:257726 …``; the selected tab between ``>`` and ``<``.
+
+    When the tabs do not fit ``width``, a window of them around the selected one is shown, with
+    ``…`` where tabs are left out, so the selected tab is always visible.
+    """
+    cells = [(f" >[{i + 1}]:{app.tag}<" if i == selected else f"  [{i + 1}]:{app.tag} ", i == selected)
+             for i, app in enumerate(snap.apps)]
+    head = "Neuron Apps "
+    lo = hi = max(0, min(selected, len(cells) - 1))
+    room = width - len(head) - 4   # room for the two "…" markers
+
+    def size(a, b):
+        return sum(len(c) for c, _ in cells[a:b + 1])
+    while True:   # grow the window right, then left, while it fits
+        grown = False
+        if hi + 1 < len(cells) and size(lo, hi + 1) <= room:
+            hi, grown = hi + 1, True
+        if lo > 0 and size(lo - 1, hi) <= room:
+            lo, grown = lo - 1, True
+        if not grown:
+            break
+    text = Text(head, style="bold", no_wrap=True, overflow="ellipsis")
+    if lo > 0:
+        text.append(" …")
+    for cell, chosen in cells[lo:hi + 1]:
+        text.append(cell, style="bold reverse green" if chosen else "")
+    if hi + 1 < len(cells):
+        text.append(" …")
     return text
 
 
