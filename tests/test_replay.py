@@ -154,3 +154,30 @@ def test_each_recorded_process_is_its_own_tab(tmp_path):
     assert set(tags) == {"rank0", "rank1"}
     assert set(tags["rank0"]["report"]["neuroncore_counters"]["neuroncores_in_use"]) == {"0"}
     assert set(tags["rank1"]["report"]["neuroncore_counters"]["neuroncores_in_use"]) == {"1"}
+
+
+def test_replay_pause_and_speed_keys(profile):
+    async def main():
+        source = ReplaySource(str(profile), period=0.02, speed=0.01)
+        app = NeuronTop(source, period=0.02)
+        async with app.run_test(size=(120, 30)) as pilot:
+            for _ in range(500):
+                if app.frames >= 2:
+                    break
+                await pilot.pause(0.01)
+            await pilot.press("space")
+            await pilot.pause(0.1)
+            frozen = app.frames
+            await pilot.pause(0.3)          # several periods: nothing new while paused
+            paused_screen, still = app.screen_text(), app.frames
+            await pilot.press("plus", "plus", "minus")
+            await pilot.press("space")
+            for _ in range(500):
+                if app.frames > still:
+                    break
+                await pilot.pause(0.01)
+            return frozen, still, paused_screen, app.frames, source.speed, app.screen_text()
+    frozen, still, paused_screen, resumed, speed, text = asyncio.run(main())
+    assert still == frozen and "PAUSED (space resumes)" in paused_screen
+    assert resumed > still and "PAUSED" not in text
+    assert speed == pytest.approx(0.02) and "at ×0.02" in text

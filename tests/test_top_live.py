@@ -82,6 +82,10 @@ def test_live_workload_through_the_real_collector(workload):
         # Period 0.5 s: the publisher flushes every 0.25 s, so every period sees new executions.
         app = NeuronTop(LiveSource(None), period=0.5, capture_dir=tmp / "caps", capture_seconds=2)
         async with app.run_test(size=(200, 50)) as pilot:
+            for _ in range(600):   # bounded: until the process has a tab
+                await pilot.pause(0.02)
+                if app.snapshot and app.snapshot.has_processes:
+                    break
             await pilot.press("2")
             busy = None
             for _ in range(600):   # bounded: until a frame shows the process busy

@@ -110,6 +110,7 @@ class NeuronTop(App):
         self.status_text = "starting…"
         self.last_capture: Path | None = None
         self._wake = threading.Event()
+        self._paused = threading.Event()
         self._engines_auto = True   # until the user presses e, the terminal size decides
         self._selected_tag: str | None = None   # the tag of the selected tab
 
@@ -175,6 +176,8 @@ class NeuronTop(App):
         history, totals = History(), Totals()
         try:
             while not worker.is_cancelled and not self._wake.is_set():
+                while self._paused.is_set() and not self._wake.is_set():
+                    self._wake.wait(0.05)   # paused: no collection, the frame stays as it is
                 started = time.monotonic()
                 try:
                     document = self.source.next_document()
@@ -232,7 +235,7 @@ class NeuronTop(App):
         self._render_status()
 
     def _render_status(self) -> None:
-        text = self.status_text
+        text = ("PAUSED (space resumes) · " if self._paused.is_set() else "") + self.status_text
         if self.last_capture is not None:
             text += f" · capture → {self.last_capture}"
         self.query_one("#status", Line).update(text)
@@ -278,6 +281,28 @@ class NeuronTop(App):
         self.state = replace(self.state, engines=not self.state.engines)
         self._apply_extras()
         self._render_frame()
+
+    def action_toggle_pause(self) -> None:
+        if self._paused.is_set():
+            self._paused.clear()
+        else:
+            self._paused.set()
+        self._render_status()
+
+    def _change_speed(self, factor: float) -> None:
+        if not hasattr(self.source, "set_speed"):
+            self.notify("speed applies to --replay; live data comes at the refresh period",
+                        severity="warning")
+            return
+        self.source.set_speed(self.source.speed * factor)
+        self.status_text = self.source.status()
+        self._render_status()
+
+    def action_speed_plus(self) -> None:
+        self._change_speed(2.0)
+
+    def action_speed_minus(self) -> None:
+        self._change_speed(0.5)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

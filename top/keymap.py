@@ -45,6 +45,10 @@ KEYMAP: tuple[KeyBinding, ...] = (
     # Beyond the real tool.
     KeyBinding(("e",), "toggle_engines", "e", "engines",
                "Show or hide the engines, history and recompiles/fallbacks panels"),
+    KeyBinding(("space",), "toggle_pause", "space", "pause",
+               "Pause or resume the refresh (live or replay)", legend=False),
+    KeyBinding(("plus", "minus"), "speed_{key}", "+/-", "speed",
+               "Replay twice as fast / half as fast", legend=False),
     KeyBinding(("c",), "capture", "c", "capture",
                "Capture a bounded profile of the selected process (shows where)"),
     KeyBinding(("question_mark", "h"), "help", "?/h", "help", "Show this help screen"),

@@ -99,6 +99,11 @@ class ReplaySource:
             self.finished = True
             return None
 
+    def set_speed(self, speed: float) -> None:
+        """Play on at ``speed`` (from the next refresh): each refresh covers ``period * speed``."""
+        self._replay.window_ns = max(1, int(self._replay.window_ns * speed / self.speed))
+        self.speed = speed
+
     def status(self) -> str:
         r = self._replay
         state = "finished" if self.finished else "playing"
