@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,30 @@ def test_replay_pause_and_speed_keys(profile):
     assert still == frozen and "PAUSED (space resumes)" in paused_screen
     assert resumed > still and "PAUSED" not in text
     assert speed == pytest.approx(0.02) and "at ×0.02" in text
+
+
+def test_replay_of_a_real_runtime_profile(tmp_path):
+    """The runtime's own records (load events, memory samples, executions), not synthetic ones."""
+    explorer = Path(sys.executable).parent / "neuron-explorer"
+    env = dict(os.environ, NEURON_PROCESS_TAG="mlp_replay")
+    run = subprocess.run([str(explorer), "inspect", "-o", str(tmp_path), "--", sys.executable,
+                          str(ROOT / "sample_workloads" / "mlp.py"), "--small"],
+                         capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr
+    (profile,) = tmp_path.glob("*/profile.duckdb")
+    with traces.open(profile) as p:
+        executions = p.sql("SELECT count(*) AS n FROM executions").to_pylist()[0]["n"]
+        model = p.sql("SELECT name FROM graphs LIMIT 1").to_pylist()[0]["name"]
+    with Replay(profile, window_s=1e-4) as replay:
+        docs = list(replay)
+    busy, completed, models = 0.0, 0, set()
+    for doc in docs:
+        VALIDATOR.validate(doc)
+        for entry in doc["neuron_runtime_data"]:
+            assert entry["neuron_runtime_tag"] == "mlp_replay"
+            report = entry["report"]
+            busy = max([busy] + [c["neuroncore_utilization"]
+                                 for c in report["neuroncore_counters"]["neuroncores_in_use"].values()])
+            completed += report["execution_stats"]["execution_summary"]["completed"]
+            models |= {m["name"] for m in report["memory_used"]["loaded_models"]}
+    assert busy > 0 and completed == executions and model in models
