@@ -191,3 +191,62 @@ def test_config_file_filters_processes_and_groups(workload, tmp_path):
     assert "recompiles, CPU fallbacks: not reported" in shown
     filtered = asyncio.run(watch(nobody))
     assert "No Neuron processes found — waiting…" in filtered and "live_app" not in filtered
+
+
+RUNTIME_WORKLOAD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[2])
+    import torch, neuron_stack
+    from models import MLP
+
+    stop = Path(sys.argv[1])
+    mlp = neuron_stack.trace(MLP(16, 32, 4).eval(), torch.randn(3, 16))
+    x = torch.randn(3, 16)
+    deadline = time.time() + 120
+    while time.time() < deadline and not stop.exists():
+        mlp(x)
+        time.sleep(0.005)
+""")
+
+
+def test_capture_key_records_a_profile_of_a_real_runtime_workload(tmp_path, monkeypatch):
+    """The whole chain a user relies on: c in neuron-top → request file → the runtime records for
+    --capture-seconds → a directory that finalises into a profile of that process."""
+    import traces
+
+    root = Path(__file__).resolve().parents[1]
+    live = tmp_path / "live"
+    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(live))
+    script, stop = tmp_path / "runtime_workload.py", tmp_path / "stop"
+    script.write_text(RUNTIME_WORKLOAD)
+    env = dict(os.environ, PYTHONPATH=str(root), NEURON_PROCESS_TAG="mlp_live",
+               NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, str(script), str(stop), str(root / "sample_workloads")], env=env)
+    try:
+        async def main():
+            app = NeuronTop(LiveSource(None), period=0.5, capture_dir=tmp_path / "caps", capture_seconds=1)
+            async with app.run_test(size=(160, 40)) as pilot:
+                for _ in range(3000):   # bounded: compiling the model, then its first executions
+                    await pilot.pause(0.02)
+                    snap = app.snapshot
+                    if snap and snap.has_processes and any(snap.apps[1].utilization.values()):
+                        break
+                await pilot.press("2", "c")
+                await pilot.pause()
+                return app.last_capture, app.screen_text()
+        capture, text = asyncio.run(main())
+        assert capture is not None and f"capture → {capture}" in text
+        for _ in range(600):   # bounded: one second of recording, then the recorder closes its run
+            # (the run is published once when recording starts and once when it stops)
+            if capture.exists() and any(capture.glob("executions.*")) and len(list(capture.glob("runs.*"))) >= 2:
+                break
+            time.sleep(0.05)
+    finally:
+        stop.write_text("")
+        proc.wait(timeout=60)
+    with traces.open(traces.finalize(capture)) as profile:
+        runs = profile.runs().to_pylist()
+        executions = profile.sql("SELECT count(*) AS n FROM executions").to_pylist()[0]["n"]
+    assert [r["tag"] for r in runs] == ["mlp_live"] and runs[0]["pid"] == proc.pid
+    assert executions > 0
