@@ -182,9 +182,16 @@ def dispatch_name(target: str, op_class: str) -> str:
     return "lower_custom"
 
 
+_CONV_MODULE = ("lower_conv", "lower_pool", "lower_batch_norm")   # in lower_conv.py (built on this module)
+
+
 def dispatch(n: Node):
     """The lowering function for node ``n``."""
-    return globals()[dispatch_name(n.target, n.op_class)]
+    name = dispatch_name(n.target, n.op_class)
+    if name in _CONV_MODULE:
+        from . import lower_conv
+        return getattr(lower_conv, name)
+    return globals()[name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1227,8 +1234,3 @@ def lower_collective(low: Lowerer, n: Node) -> None:
         dur = ring_collective_ns(low.p, kind, nb, world)
     opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER", "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
     low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)
-
-
-# convolution, pooling and inference batch norm live in their own module (imported last: it
-# builds on the helpers above)
-from .lower_conv import lower_batch_norm, lower_conv, lower_pool  # noqa: E402
