@@ -382,8 +382,8 @@ def run(program: Program, partition: int, schedule, inputs: dict[str, np.ndarray
 
     ``inputs`` maps the partition's input value names (placeholders, values of other partitions)
     to arrays; weights come from ``program.constants`` unless given. Returns every value the
-    partition produces for others (``schedule.outputs``) plus every value name it knows
-    (views and tuple elements included), as arrays.
+    partition produces for others (``schedule.outputs``) plus every value it keeps in HBM
+    (views and tuple elements included; intermediates resident in SBUF have no HBM copy), as arrays.
     Example: ``run(prog, 0, build_schedule(prog, 0, get_profile("trn1"), {}), {"x": x})["relu"]``.
     """
     m = Machine()
