@@ -7,6 +7,8 @@ source line that made the call. With --bucket the inputs are padded up to a few 
 (with an attention mask), so only one graph per bucket is compiled and the recompile count drops;
 the padded positions are ignored and the real positions match eager PyTorch.
 """
+import time
+
 import torch
 
 from common import check, explain, finish, parser
@@ -21,6 +23,8 @@ def bucket_of(n: int, buckets: list[int]) -> int:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--bucket", action="store_true", help="pad sequence lengths up to a few buckets")
+    p.add_argument("--serve", type=float, default=0, metavar="SECONDS",
+                   help="after the compiles, keep serving the same lengths for SECONDS (for neuron-top/monitor)")
     args = p.parse_args()
     explain(__doc__.split("\n\n", 1)[1])
     torch.manual_seed(0)
@@ -32,6 +36,7 @@ def main() -> None:
     compiled = torch.compile(model, backend="neuron")
     ok = True
     with torch.no_grad():
+        batches = []
         for t in lengths:
             ids = torch.randint(0, cfg["vocab"], (2, t))
             mask = torch.ones(2, t, dtype=torch.long)
@@ -43,6 +48,12 @@ def main() -> None:
                 ids_in, mask_in = ids, mask
             out = compiled(ids_in, mask_in)[:, :t]
             ok &= check(f"seq {t:3d} (ran as {ids_in.shape[1]})", out, model(ids, mask), args.auto_cast)
+            batches.append((ids_in, mask_in))
+        # Serving the lengths already seen compiles nothing more: every call runs a cached graph.
+        end = time.monotonic() + args.serve
+        while time.monotonic() < end:
+            for ids_in, mask_in in batches:
+                compiled(ids_in, mask_in)
     events = compile_events()
     recompiles = [e for e in events if e["recompile"]]
     print(f"\n{len(events)} graphs compiled, {len(recompiles)} recompiles "
