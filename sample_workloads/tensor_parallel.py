@@ -16,6 +16,7 @@ import sys
 import torch
 from torch import nn
 
+from common import check
 from neuron_stack.parallel import Stage, TensorParallel, column_parallel, row_parallel
 
 
@@ -105,13 +106,7 @@ def main() -> int:
     print(f"per-core compute {busiest / 1e3:.1f} us, all-reduce {r.collective_ns / 1e3:.1f} us "
           f"({len(r.collectives)} collectives, busbw {r.collectives[-1]['bus_bandwidth']:.1f} GB/s), "
           f"overlap {(busiest + r.collective_ns - r.makespan_ns) / 1e3:.1f} us")
-    err = (y - ref).abs().max().item()
-    print(f"max abs error vs eager: {err:.2e}")
-    if not torch.allclose(y, ref, atol=1e-4, rtol=1e-4):
-        print("MISMATCH against eager PyTorch", file=sys.stderr)
-        return 1
-    print("outputs match eager PyTorch")
-    return 0
+    return 0 if check("tensor parallel", y, ref) else 1
 
 
 if __name__ == "__main__":
