@@ -13,11 +13,13 @@ roofline model of :mod:`neuron_stack.roofline`, loudly, when lowering a partitio
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
 import time
 import uuid as uuidlib
+from pathlib import Path
 
 from .device import get_profile
 from .flags import command_line, compiler_flags, flags_hash
@@ -43,10 +45,19 @@ def stack_version() -> str:
         return "0.0.0"
 
 
+@functools.cache
 def compiler_version() -> str:
-    """The version in cache paths (``neuronxcc-<version>``): this package's version + NEFF format."""
+    """The version in cache paths, ``<version>+<build-hash>`` as ``neuronxcc-2.x+<hash>`` is.
+
+    The build hash covers the compiler's own source (every module of this package), so a NEFF
+    compiled by older lowering or cost-model code is never served from the cache as current.
+    Example: ``compiler_version()  # '0.1.0+neff1.3f2a9c1d'``.
+    """
     from .neff import FORMAT_VERSION
-    return f"{stack_version()}+neff{FORMAT_VERSION}"
+    build = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        build.update(path.name.encode() + path.read_bytes())
+    return f"{stack_version()}+neff{FORMAT_VERSION}.{build.hexdigest()[:8]}"
 
 
 def graph_hash(program: Program, salt: str = "") -> str:
