@@ -731,7 +731,9 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: _http_ok(base + "/") or view.poll() is not None, 180, step=0.2)   # readers first
     wenv = {**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(live_dir_)}
-    procs = [start_workload(wenv, root / f"w{i}.out", "--execs", str(execs)) for i in range(workloads)]
+    # --linger: twenty executions take milliseconds; the monitor's 200 ms period must get to see them
+    procs = [start_workload(wenv, root / f"w{i}.out", "--execs", str(execs), "--linger", "1")
+             for i in range(workloads)]
     problems: list[str] = []
     reads = {"summary": 0, "replay": 0, "http": 0}
     stop = threading.Event()
