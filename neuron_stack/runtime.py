@@ -365,10 +365,17 @@ class Recorder:
                                                    name="NEURON_RT_INSPECT_EVENT_FILTER_NC"))
         else:
             self.core_filter = None
+        # NEURON_RT_INSPECT_DEVICE_PROFILE as the real runtime: 0 = no device (instruction) rows,
+        # 1/model = the first execution of each NEFF per core, session = every execution (default).
+        mode = os.environ.get("NEURON_RT_INSPECT_DEVICE_PROFILE", "").strip().lower() or "session"
+        if mode not in ("0", "1", "model", "session"):
+            raise ValueError(f"NEURON_RT_INSPECT_DEVICE_PROFILE={mode!r} is not one of 0, 1, model, session")
+        self.device_profile = {"0": "off", "1": "model"}.get(mode, mode)
+        self.device_profiled: set[tuple[int, int]] = set()
         from traces.schema import SCHEMA_VERSION
         meta = dict(session.profile.metadata())
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
-                     "is_simulation": "true",
+                     "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
         now = clock.wall_ns()
         self.writer = traces.Writer(out_dir, run={
@@ -385,6 +392,16 @@ class Recorder:
 
     def append(self, table: str, rows) -> None:
         self.writer.append(table, rows)
+
+    def wants_instructions(self, graph_id: int, core: int) -> bool:
+        """Whether this execution's instruction rows are recorded (NEURON_RT_INSPECT_DEVICE_PROFILE)."""
+        if self.device_profile == "off":
+            return False
+        if self.device_profile == "model":
+            if (graph_id, core) in self.device_profiled:
+                return False
+            self.device_profiled.add((graph_id, core))
+        return True
 
     def note_graph_settings(self, **settings: str) -> None:
         for key, value in settings.items():
@@ -727,7 +744,11 @@ class LoadedModel:
             "cpu_fallback_ns": [cpu_ns], "hbm_read_bytes": [self.hbm[0]], "hbm_write_bytes": [self.hbm[1]]})
         if rec.core_filter is not None and self.core not in rec.core_filter:
             return
-        tables = self._instructions()
+        if not rec.wants_instructions(self.graph_id, self.core):
+            timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p["part"]["transfers"]]
+            tables = {}
+        else:
+            tables = self._instructions()
         batches = []
         for kind, p, offset, times in timeline:
             part = p["part"]
