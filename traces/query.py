@@ -49,6 +49,24 @@ def one_line(exc: BaseException) -> str:
     return f"{lines[0]} {hint}".strip()
 
 
+def _stale(target: Path, segments: list[Path]) -> bool:
+    """Whether ``target`` misses segments: absent, older than one, or built from fewer of them.
+
+    The count matters because a segment published while finalise ran can carry an older mtime
+    (written before its rename) than the profile that does not contain it; writers only ever add.
+    """
+    import duckdb
+
+    if not target.exists() or target.stat().st_mtime_ns < max(s.stat().st_mtime_ns for s in segments):
+        return True
+    try:
+        with duckdb.connect(str(target), read_only=True) as con:
+            row = con.execute("SELECT value FROM metadata WHERE key = 'segment_count'").fetchone()
+    except duckdb.Error:
+        return True
+    return row is None or int(row[0]) != len(segments)
+
+
 def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "Profile":
     """Open ``path`` read-only and return a :class:`Profile`.
 
@@ -69,8 +87,7 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
             return _open_parquet_dataset(path, external_access)
         segments = list_segments(path)
         target = path / PROFILE_NAME
-        if segments and (not target.exists()
-                         or target.stat().st_mtime_ns < max(s.stat().st_mtime_ns for s in segments)):
+        if segments and _stale(target, segments):
             log.info("finalising the segments in %s into %s", path, target)
             target = finalize(path)
         if not target.exists():
