@@ -15,7 +15,6 @@ formula with its source. Costs are in nanoseconds on the projected (simulated de
 """
 from __future__ import annotations
 
-import math
 
 from .device import DeviceProfile
 

@@ -30,8 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cost import (ceil_div, dependent_overhead_ns, dma_ns, gpsimd_ns, ldweights_ns, matmul_ns,
-                   ring_collective_ns, scalar_ns, vector_ns)
+from .cost import ceil_div, dependent_overhead_ns, dma_ns, scalar_ns, vector_ns
 from .device import DeviceProfile
 from .ir import Node, Program, TensorSpec
 from .isa import ENGINE_OF

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns, ring_collective_ns, vector_ns
-from .ir import Node, TensorSpec
+from .cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns, ring_collective_ns
+from .ir import Node
 from .lower import (BINARY, BN_FMAX, CLAMPS, FLOATS, FREE_TILE, MOVING_FMAX, PMAX, STAT_FMAX, UNARY_ACT,
                     Lowerer, Pool, Tile, View, _meta, _packet_name, _refs, boxes, nbytes_of, view_operand)
 

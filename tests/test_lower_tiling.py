@@ -1,7 +1,6 @@
 """Lowering obeys the NeuronCore tiling rules and spills when a working set exceeds SBUF."""
 import json
 
-import pytest
 import torch
 
 from neuron_stack.device import get_profile

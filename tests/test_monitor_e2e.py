@@ -33,7 +33,6 @@ while True:   # a serving loop, until stopped
 '''
 
 
-@pytest.mark.skipif(not (ROOT / "neuron_stack" / "runtime.py").exists(), reason="runtime not built yet")
 def test_monitor_sees_a_real_runtime_workload(tmp_path):
     env = dict(os.environ, NEURON_STACK_LIVE_DIR=str(tmp_path / "live"), NEURON_STACK_RUNTIME_DIR=str(tmp_path / "rt"),
                NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_PROCESS_TAG="serve_mlp")
