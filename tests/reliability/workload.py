@@ -25,6 +25,8 @@ def main() -> int:
     ap.add_argument("--execs", type=int, default=0, help="run this many executions (0: use --seconds)")
     ap.add_argument("--seconds", type=float, default=5.0, help="execute for this long when --execs is 0")
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--interval", type=float, default=0.0,
+                    help="sleep this long between executions (a paced workload writes a bounded amount)")
     ap.add_argument("--linger", type=float, default=0.0,
                     help="stay alive this long after the executions (so a monitor's period can catch it)")
     args = ap.parse_args()
@@ -44,6 +46,7 @@ def main() -> int:
         out.write(f"exec {i} {time.time_ns()}\n")
         out.flush()
         i += 1
+        time.sleep(args.interval)
     out.write(f"done {i}\n")
     out.flush()
     time.sleep(args.linger)
