@@ -42,6 +42,11 @@ def test_ddp_two_ranks_match_eager_and_the_straggler_shows(tmp_path):
         assert per_rank[0]["waited_ns"] > 2 * 150e6 and per_rank[1]["waited_ns"] < per_rank[0]["waited_ns"] / 2
         lanes = prof.sql("SELECT DISTINCT core FROM instructions WHERE engine = 'cc' ORDER BY core")
         assert lanes.column("core").to_pylist() == [0, 1]
+    # the summary names the straggler, as the user reads it
+    out = subprocess.run([str(Path(sys.executable).parent / "neuron-explorer"), "summary", str(tmp_path / "prof")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Ranks" in out.stdout and "straggler: rank 1 (node 0)" in out.stdout, out.stdout
 
 
 def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_path):

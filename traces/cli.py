@@ -113,8 +113,11 @@ def summary_cmd(args: argparse.Namespace) -> int:
         rows = p.summary_per_core(warm).to_pylist() if args.per_core else [p.summary(warm)]
         meta = p.metadata()
         path = p.path
+        ranks = p.ranks().to_pylist()
+    if len(ranks) < 2:
+        ranks = []
     if args.json:
-        print(json.dumps({"summary": rows}, indent=2, default=str))
+        print(json.dumps({"summary": rows, **({"ranks": ranks} if ranks else {})}, indent=2, default=str))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -137,7 +140,28 @@ def summary_cmd(args: argparse.Namespace) -> int:
                 table.add_row(section if i == 0 else "", name, _human(name, row[name]),
                               end_section=i == len(shown) - 1)
         console.print(table)
+    if ranks:
+        _print_ranks(console, ranks)
     return 0
+
+
+def _print_ranks(console, ranks: list[dict]) -> None:
+    """The ranks of a multi-process job; the straggler waits least in collectives (the others wait for it)."""
+    from rich.table import Table
+
+    table = Table(title="Ranks", title_justify="left", header_style="bold")
+    for col in ("node", "rank", "executions", "device time", "collective wait"):
+        table.add_column(col, justify="right")
+    for r in ranks:
+        table.add_row(str(r["node"]), str(r["rank"]), str(r["executions"]), _seconds(r["device_ns"] / 1e9),
+                      _seconds(r["cc_wait_ns"] / 1e9))
+    console.print(table)
+    slow = min(ranks, key=lambda r: r["cc_wait_ns"])
+    others = [r["cc_wait_ns"] for r in ranks if r is not slow]
+    lag = sum(others) / len(others) - slow["cc_wait_ns"]
+    if lag > 0:
+        console.print(f"straggler: rank {slow['rank']} (node {slow['node']}): the other ranks waited "
+                      f"{_seconds(lag / 1e9)} more on average in collectives for it")
 
 
 def _human(name: str, value) -> str:

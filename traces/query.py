@@ -265,6 +265,19 @@ class Profile:
         """One row per recorded process run, oldest first. Example: ``p.runs().column("status")``."""
         return self.sql("SELECT * FROM runs ORDER BY wall_start_ns")
 
+    def ranks(self) -> pa.Table:
+        """Per (node, rank) of a multi-process job: executions, device time, and the time spent
+        waiting in collectives. The straggler is the rank that waits least: the others wait for it.
+        Example: ``p.ranks().column("cc_wait_ns")``.
+        """
+        return self.sql("""
+            WITH e AS (SELECT r.node, r.rank, e.exec_id, e.device_ns FROM executions e JOIN runs r USING (run_id)),
+                 w AS (SELECT exec_id, sum(sem_wait_ns) AS wait_ns FROM instructions WHERE engine = 'cc'
+                       GROUP BY exec_id)
+            SELECT e.node, e.rank, count(*) AS executions, CAST(sum(e.device_ns) AS BIGINT) AS device_ns,
+                   CAST(coalesce(sum(w.wait_ns), 0) AS BIGINT) AS cc_wait_ns
+            FROM e LEFT JOIN w USING (exec_id) GROUP BY ALL ORDER BY e.node, e.rank""")
+
     def _stored_summary(self, include_warmup: bool | None) -> bool:
         stored = self.metadata().get("summary_includes_warmup", "false") == "true"
         return include_warmup is None or bool(include_warmup) == stored
