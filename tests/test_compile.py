@@ -19,15 +19,9 @@ from neuron_stack.runtime import InputMismatch, OutOfDeviceMemory  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    old = os.environ.get("NEURON_COMPILE_CACHE_URL")
-    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
+def cache_dir(compile_cache):
     os.environ.pop("NEURON_RT_INSPECT_ENABLE", None)
-    yield os.environ["NEURON_COMPILE_CACHE_URL"]
-    if old is None:
-        os.environ.pop("NEURON_COMPILE_CACHE_URL", None)
-    else:
-        os.environ["NEURON_COMPILE_CACHE_URL"] = old
+    return compile_cache
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sample_workloads"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    old = os.environ.get("NEURON_COMPILE_CACHE_URL")
-    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("NEURON_COMPILE_CACHE_URL")
-    else:
-        os.environ["NEURON_COMPILE_CACHE_URL"] = old
-
 
 def _events_for(name):
     from neuron_stack.dynamo import compile_events

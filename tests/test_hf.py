@@ -11,16 +11,6 @@ transformers = pytest.importorskip("transformers")
 import neuron_stack  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    old = os.environ.get("NEURON_COMPILE_CACHE_URL")
-    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("NEURON_COMPILE_CACHE_URL")
-    else:
-        os.environ["NEURON_COMPILE_CACHE_URL"] = old
-
 
 def bert():
     cfg = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -2,7 +2,6 @@
 min_subgraph_size, max_subgraph_count, analyze_parameters and trace_kwargs, each enforced with
 a one-line error, on fresh compiles and on cache hits alike."""
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -17,17 +16,6 @@ from neuron_stack import PartitionerConfig  # noqa: E402
 from neuron_stack.partition import PartitionerError  # noqa: E402
 
 SORT = {"aten::sort"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    old = os.environ.get("NEURON_COMPILE_CACHE_URL")
-    os.environ["NEURON_COMPILE_CACHE_URL"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("NEURON_COMPILE_CACHE_URL", None)
-    else:
-        os.environ["NEURON_COMPILE_CACHE_URL"] = old
 
 
 @pytest.fixture(scope="module")
