@@ -145,6 +145,29 @@ def test_truncated_segment_is_skipped_with_a_warning(tmp_path, caplog):
         assert victim.name in p.metadata()["skipped_segments"]
 
 
+def test_segment_with_wild_string_offsets_is_skipped_not_a_crash(tmp_path):
+    """Regression (SIGBUS in the segment fuzzer): a well-formed IPC file whose string offsets point
+    a gigabyte past its data made DuckDB read outside the memory map. Finalised in a child process,
+    so a crash fails this test instead of killing the suite."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from traces.segments import segment_name, write_segment
+    synthetic.write_run(tmp_path, run_id="a", executions=1, instructions=100)
+    keys = pa.Array.from_buffers(pa.string(), 2, [None, pa.array([0, 1 << 30, 5], pa.int32()).buffers()[1],
+                                                  pa.py_buffer(b"hello")])
+    bad = pa.table({"key": keys, "value": pa.array(["x", "y"])}, schema=traces.TABLES["metadata"])
+    victim = write_segment(tmp_path, segment_name("metadata", "a", 1, 999), "metadata", [bad])
+    r = subprocess.run([sys.executable, "-c", "import sys, traces; traces.finalize(sys.argv[1])", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-400:]
+    assert f"skipping segment {victim}" in r.stderr and "Offset invariant failure" in r.stderr
+    with traces.open(tmp_path / "profile.duckdb") as p:
+        assert victim.name in p.metadata()["skipped_segments"]
+
+
 def test_executions_without_instruction_rows_still_summarise(tmp_path):
     with traces.Writer(tmp_path, run={"run_id": "lite"}, metadata=synthetic.TRN1_METADATA) as w:
         w.append("executions", {"exec_id": [1, 2], "run_id": "lite", "core": 0, "start_ns": [0, 2000],

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from traces.errors import TraceError
 from traces.schema import ENGINES, SCHEMA_VERSION, TABLES
-from traces.intervals import lod_pyramid, union_active
+from traces.intervals import lod_pyramid, union_active, valid_intervals
 from traces.segments import list_segments, read_segment
 
 log = logging.getLogger("traces")
@@ -91,12 +91,13 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
                          "NEURON_RT_INSPECT_ENABLE=1 or `neuron-explorer inspect -- python script.py`")
     loaded: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
     skipped: list[str] = []
-    for path in segments:  # memory-mapped: reading costs nothing until DuckDB scans the rows
-        got = read_segment(path)
-        if got is None:
-            skipped.append(path.name)
-        else:
-            loaded[got[0]].append(got[1])
+    with _step(f"read {len(segments)} segments"):
+        for path in segments:  # memory-mapped: reading costs nothing until DuckDB scans the rows
+            got = read_segment(path)
+            if got is None:
+                skipped.append(path.name)
+            else:
+                loaded[got[0]].append(got[1])
     import duckdb
 
     tmp = out_dir / f".{PROFILE_NAME}.{os.getpid()}.tmp"
@@ -211,11 +212,11 @@ def _scalar(con, query: str, params=None):
 def _interval_work(instructions: pa.Table) -> dict:
     """The pyramid and the interval unions, from the Arrow rows (see traces.intervals)."""
     with _step("lod_busy and interval unions (numpy)"):
-        valid = instructions.filter(pc.and_(pc.is_valid(instructions["start_ns"]),
-                                            pc.is_valid(instructions["dur_ns"])))
-        if valid.num_rows:
-            lo = pc.min(valid["start_ns"]).as_py()
-            hi = pc.max(pc.add(valid["start_ns"], valid["dur_ns"])).as_py()
+        # only the columns the interval work reads: filtering out null intervals then copies little
+        valid = valid_intervals(instructions.select(["exec_id", "core", "engine", "queue", "start_ns", "dur_ns"]))
+        if valid.num_rows:  # the span only sizes the pyramid's levels: max start + max duration will do
+            lo, last = pc.min_max(valid["start_ns"]).values()
+            lo, hi = lo.as_py(), last.as_py() + pc.max(valid["dur_ns"]).as_py()
             mean = pc.mean(valid["dur_ns"]).as_py()
         else:
             lo = hi = mean = None
@@ -238,7 +239,7 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
     with _step("op, opcode and source summaries"):
         _op_and_source_summaries(con)
     with _step("lod_busy"):
-        _load(con, "lod_busy", work["lod"], clause="ORDER BY level, bucket")
+        _load(con, "lod_busy", work["lod"])  # already in (level, bucket) order: zone maps skip by bucket
         lod = {"lod_base_level": work["base"], "lod_top_level": work["top"]}
     with _step("summary"):
         con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
