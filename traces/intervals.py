@@ -28,11 +28,23 @@ LOD_SCHEMA = pa.schema([("level", pa.int16()), ("core", pa.int32()), ("engine", 
 UNION_SCHEMA = pa.schema([("exec_id", pa.int64()), ("engine", pa.string()), ("active_ns", pa.int64())])
 
 
+#: Interval ends are computed in int64: a start or duration beyond this (only a damaged trace has
+#: one; ns since 1970 stay below 2**61 until 2043) is left out rather than allowed to overflow.
+MAX_NS = 1 << 62
+
+
 def valid_intervals(rows: pa.Table) -> pa.Table:
-    """Rows that have an interval at all (a null start or duration cannot be placed in time)."""
-    if rows["start_ns"].null_count == 0 and rows["dur_ns"].null_count == 0:
-        return rows  # (numpy conversion goes by null_count too: floats and NaN if it is not zero)
-    return rows.filter(pc.and_(pc.is_valid(rows["start_ns"]), pc.is_valid(rows["dur_ns"])))
+    """Rows with an interval that can be placed in time: no null start or duration, start and
+    duration in [0, MAX_NS) (a negative duration counts as zero)."""
+    start, dur = rows["start_ns"], rows["dur_ns"]
+    if start.null_count == 0 and dur.null_count == 0 and len(start):
+        lo, hi = (v.as_py() for v in pc.min_max(start).values())
+        if 0 <= lo and hi < MAX_NS and pc.max(dur).as_py() < MAX_NS:
+            return rows  # the usual case: one min/max pass, no copy
+    # (numpy conversion goes by null_count too: an array with nulls would become floats)
+    return rows.filter(pc.and_kleene(pc.and_kleene(pc.is_valid(start), pc.is_valid(dur)),
+                                     pc.and_kleene(pc.and_kleene(pc.greater_equal(start, 0), pc.less(start, MAX_NS)),
+                                                   pc.less(dur, MAX_NS))), null_selection_behavior="drop")
 
 
 def _codes(column) -> tuple[np.ndarray, list]:
