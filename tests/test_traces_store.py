@@ -168,6 +168,30 @@ def test_segment_with_wild_string_offsets_is_skipped_not_a_crash(tmp_path):
         assert victim.name in p.metadata()["skipped_segments"]
 
 
+@pytest.mark.parametrize("key, value", [(b"neuron_stack.table", b"gr\xd4phs"),
+                                        (b"neuron_stack.schema_version", b"\xd41.0.0"),
+                                        (b"neuron_stack.schema_version", b"one.0.0"),
+                                        (b"graph_id", b"not a number")])   # a column of the wrong type
+def test_segment_with_damaged_schema_is_skipped(tmp_path, caplog, key, value):
+    """Found by the segment fuzzer: one flipped byte in a segment's table name raised UnicodeDecodeError."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    synthetic.write_run(tmp_path, run_id="a", executions=1, instructions=100)
+    victim = next(tmp_path.glob("graphs.*.arrow"))
+    rows = ipc.open_file(pa.py_buffer(victim.read_bytes())).read_all()
+    meta = {**rows.schema.metadata, key: value}
+    if key == b"graph_id":
+        rows = rows.set_column(rows.schema.get_field_index("graph_id"), "graph_id", pa.array([value.decode()] * len(rows)))
+    with pa.OSFile(str(victim), "wb") as sink, ipc.new_file(sink, rows.schema.with_metadata(meta)) as w:
+        w.write_table(rows.replace_schema_metadata(meta))
+    with caplog.at_level(logging.WARNING, logger="traces"):
+        path = traces.finalize(tmp_path)
+    assert f"skipping segment {victim}" in caplog.text
+    with traces.open(path) as p:
+        assert victim.name in p.metadata()["skipped_segments"]
+
+
 def test_executions_without_instruction_rows_still_summarise(tmp_path):
     with traces.Writer(tmp_path, run={"run_id": "lite"}, metadata=synthetic.TRN1_METADATA) as w:
         w.append("executions", {"exec_id": [1, 2], "run_id": "lite", "core": 0, "start_ns": [0, 2000],

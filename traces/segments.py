@@ -86,16 +86,25 @@ def read_segment(path: Path) -> tuple[str, pa.Table] | None:
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None
     meta = reader.schema.metadata or {}
-    table = meta.get(TABLE_KEY, path.name.split(".", 1)[0].encode()).decode()
-    version = meta.get(VERSION_KEY, b"0.0.0").decode()
+    # damaged metadata must not decide anything: undecodable bytes name no table and no version
+    table = meta.get(TABLE_KEY, path.name.split(".", 1)[0].encode()).decode(errors="replace")
+    version = meta.get(VERSION_KEY, b"0.0.0").decode(errors="replace")
     if table not in TABLES:
         log.warning("skipping segment %s: unknown table %r", path, table)
+        return None
+    if not version.split(".", 1)[0].isdigit():
+        log.warning("skipping segment %s: unreadable schema version %r", path, version)
         return None
     if _major(version) > _major(SCHEMA_VERSION):
         log.warning("skipping segment %s: written by trace schema %s, this neuron-stack reads %s.x: "
                     "upgrade neuron-stack", path, version, _major(SCHEMA_VERSION))
         return None
-    return table, conform_table(table, rows)
+    try:
+        return table, conform_table(table, rows)
+    except (pa.ArrowException, ValueError) as exc:  # a column of a type that cannot become the schema's
+        log.warning("skipping segment %s: its columns do not fit table %r (%s)", path, table,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
 
 
 def conform_table(table: str, rows: pa.Table) -> pa.Table:
