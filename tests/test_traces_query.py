@@ -94,6 +94,7 @@ def test_utilization_filters_and_queues(profile):
 @pytest.mark.parametrize("kwargs, message", [
     ({"buckets": 0}, "buckets must be a positive integer"),
     ({"t0": 10, "t1": 10}, "empty time range"),
+    ({"t0": 0, "t1": 2**63 - 1}, "beyond"),   # found by the profile fuzzer: the bucket edges wrapped
 ])
 def test_utilization_bad_arguments(profile, kwargs, message):
     with pytest.raises(traces.TraceError, match=message):

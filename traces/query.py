@@ -392,6 +392,9 @@ class Profile:
         t1 = rng[1] if t1 is None else int(t1)
         if t1 <= t0:
             raise TraceError(f"empty time range [{t0}, {t1}): t1 must be greater than t0")
+        if max(abs(t0), abs(t1)) >= 1 << 62:  # beyond year 2116 in ns: int64 arithmetic below would wrap
+            raise TraceError(f"time range [{t0}, {t1}) lies beyond ±2**62 ns: pass times in ns on the profile's "
+                             "clock (or re-finalise a damaged profile from its segments)")
         width = (t1 - t0) / buckets
         meta = self.metadata()
         base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
