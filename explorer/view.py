@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -96,8 +97,16 @@ def _view(args) -> int:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)   # one line per request drowns the URL
+    # SIGTERM (a service manager, a script's `kill`) stops the server as ctrl-c does, exit status 0.
+    # A script that starts the view in the background has SIGINT ignored (inherited), so SIGTERM
+    # is the way to stop it there, as with neuron-monitor.
+    signal.signal(signal.SIGTERM, _interrupt)
     app.run(host=args.host, port=args.port, debug=False)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt   # the server's loop closes its socket and returns
 
 
 def _diff(args) -> int:

@@ -57,7 +57,10 @@ def main() -> int:
             nd.all_reduce_gradients(model)
             opt.step()
             opt.zero_grad()
-            print(f"rank {w.rank} (node {w.node}, core {w.core}) step {i} loss {loss.item():.5f}", flush=True)
+            # one write per line (print writes the newline separately): ranks sharing torchrun's
+            # stdout must not run their lines together
+            sys.stdout.write(f"rank {w.rank} (node {w.node}, core {w.core}) step {i} loss {loss.item():.5f}\n")
+            sys.stdout.flush()
     except nd.DistributedError as exc:
         print(f"ddp_train: error: {exc}", file=sys.stderr)
         return 1

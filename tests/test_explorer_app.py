@@ -173,6 +173,7 @@ def test_exp209_view_serves_until_interrupted(profiles, tmp_path):
         proc.terminate()
         _out, err = proc.communicate(timeout=10)
     assert "warning: profile 'bad'" in err and "Traceback" not in err
+    assert proc.returncode == 0   # SIGTERM stops the server cleanly, as ctrl-c does
 
 
 @pytest.mark.parametrize("argv, message", [

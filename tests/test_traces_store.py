@@ -171,7 +171,8 @@ def test_segment_with_wild_string_offsets_is_skipped_not_a_crash(tmp_path):
 @pytest.mark.parametrize("key, value", [(b"neuron_stack.table", b"gr\xd4phs"),
                                         (b"neuron_stack.schema_version", b"\xd41.0.0"),
                                         (b"neuron_stack.schema_version", b"one.0.0"),
-                                        (b"graph_id", b"not a number")])   # a column of the wrong type
+                                        (b"graph_id", b"not a number"),    # a column of the wrong type
+                                        (b"name", b"n\xa8me")])            # a column name that is not UTF-8
 def test_segment_with_damaged_schema_is_skipped(tmp_path, caplog, key, value):
     """Found by the segment fuzzer: one flipped byte in a segment's table name raised UnicodeDecodeError."""
     import pyarrow as pa
@@ -183,8 +184,12 @@ def test_segment_with_damaged_schema_is_skipped(tmp_path, caplog, key, value):
     meta = {**rows.schema.metadata, key: value}
     if key == b"graph_id":
         rows = rows.set_column(rows.schema.get_field_index("graph_id"), "graph_id", pa.array([value.decode()] * len(rows)))
+    if key == b"name":   # pyarrow only takes str names: write "nXme", then swap the byte in the file
+        rows = rows.rename_columns([("n\x01me" if c == "name" else c) for c in rows.column_names])
     with pa.OSFile(str(victim), "wb") as sink, ipc.new_file(sink, rows.schema.with_metadata(meta)) as w:
         w.write_table(rows.replace_schema_metadata(meta))
+    if key == b"name":
+        victim.write_bytes(victim.read_bytes().replace(b"n\x01me", value))
     with caplog.at_level(logging.WARNING, logger="traces"):
         path = traces.finalize(tmp_path)
     assert f"skipping segment {victim}" in caplog.text

@@ -81,8 +81,8 @@ def read_segment(path: Path) -> tuple[str, pa.Table] | None:
         # Full validation (offsets, UTF-8): a damaged segment must be skipped here, not crash
         # the conversion or DuckDB's ingest later. Costs ~0.02 s per million rows.
         rows.validate(full=True)
-    except (pa.ArrowException, OSError) as exc:
-        log.warning("skipping segment %s: it is truncated or not an Arrow IPC file (%s)", path,
+    except (pa.ArrowException, OSError, ValueError) as exc:   # ValueError: e.g. a column name that is not UTF-8
+        log.warning("skipping segment %s: it is truncated, damaged or not an Arrow IPC file (%s)", path,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None
     meta = reader.schema.metadata or {}
@@ -101,7 +101,7 @@ def read_segment(path: Path) -> tuple[str, pa.Table] | None:
         return None
     try:
         return table, conform_table(table, rows)
-    except (pa.ArrowException, ValueError) as exc:  # a column of a type that cannot become the schema's
+    except (pa.ArrowException, ValueError, KeyError) as exc:  # a column of an impossible type, or named twice
         log.warning("skipping segment %s: its columns do not fit table %r (%s)", path, table,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return None

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def base_env(root: Path, cache: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
     env.update({"NEURON_STACK_RUNTIME_DIR": str(root / "cores"), "NEURON_STACK_LIVE_DIR": str(root / "live"),
                 "NEURON_COMPILE_CACHE_URL": str(cache or root / "cache"), "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1"})
+                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})   # SIGABRT dumps every thread's stack
     return env
 
 
@@ -681,11 +682,12 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
         results.append(Trial("hostile browser: profile unchanged, no file written", intact,
                              "" if intact else "the profile or the file system changed"))
     finally:
-        server.send_signal(signal.SIGINT)
+        server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+            results.append(Trial("hostile browser: server stops", False, "still running 30 s after SIGTERM"))
     err = server.stderr.read()
     ok = "Traceback" not in err
     results.append(Trial("hostile browser: no traceback in the server log", ok, "" if ok else err[err.find("Traceback"):][:400]))
@@ -723,12 +725,13 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
     cfg = root / "monitor.json"
     cfg.write_text(json.dumps({"period": "200ms", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
         {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "neuron_stack"}]}]}))
-    mon_out = open(root / "monitor.jsonl", "w")
-    monitor = subprocess.Popen([str(BIN / "neuron-monitor"), "-c", str(cfg)], env=env, stdout=mon_out,
-                               stderr=subprocess.PIPE, text=True)
+    # outputs go to files, not pipes nobody drains while the test runs (a full pipe would block them)
+    mon_out, mon_err = open(root / "monitor.jsonl", "w"), open(root / "monitor.err", "w")
+    monitor = subprocess.Popen([str(BIN / "neuron-monitor"), "-c", str(cfg)], env=env, stdout=mon_out, stderr=mon_err)
     port = _free_port()
+    view_out, view_err = open(root / "view.out", "w"), open(root / "view.err", "w")
     view = subprocess.Popen([str(BIN / "neuron-explorer"), "view", str(finished), "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=view_out, stderr=view_err)
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: _http_ok(base + "/") or view.poll() is not None, 180, step=0.2)   # readers first
     wenv = {**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(live_dir_)}
@@ -763,19 +766,24 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
         time.sleep(0.1)
     stop.set()
     t.join(timeout=60)
-    for p in (monitor, view):
-        p.send_signal(signal.SIGINT)
+    for p in (monitor, view):   # SIGTERM: SIGINT is ignored when this battery runs in the background
+        p.send_signal(signal.SIGTERM)
     for p in (monitor, view):
         try:
             p.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            p.kill()
-            problems.append(f"{p.args[0]} did not stop within 90 s of SIGINT")
-    mon_out.close()
-    for name, p in (("neuron-monitor", monitor), ("neuron-explorer view", view)):
-        err = p.stderr.read()
-        if "Traceback" in err or "lock" in err.lower():
-            problems.append(f"{name}: {err.strip()[-300:]}")
+            p.send_signal(signal.SIGABRT)   # faulthandler: where it hangs, on its stderr (read below)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            problems.append(f"{p.args[0]} did not stop within 90 s of SIGTERM")
+    for f in (mon_out, mon_err, view_out, view_err):
+        f.close()
+    for name, log in (("neuron-monitor", "monitor.err"), ("neuron-explorer view", "view.err")):
+        err = (root / log).read_text()
+        if "Traceback" in err or "lock" in err.lower() or "Fatal Python error" in err:
+            problems.append(f"{name}: {err.strip()[-1500:]}")
     docs = [json.loads(line) for line in (root / "monitor.jsonl").read_text().splitlines() if line.strip()]
     if not any(d.get("neuron_runtime_data") for d in docs):
         problems.append(f"neuron-monitor never saw a workload ({len(docs)} documents)")
@@ -821,8 +829,7 @@ def dying_rank(root: Path, nprocs: int, cache: Path | None = None, timeout_s: in
     seen_ranks = set()
     for line in job.stdout:
         out.append(line)
-        if line.startswith("rank ") and " step 2 " in line:
-            seen_ranks.add(int(line.split()[1]))
+        seen_ranks.update(int(r) for r, step in re.findall(r"rank (\d+) \([^)]*\) step (\d+)", line) if int(step) >= 2)
         if len(seen_ranks) == nprocs:
             kids = psutil.Process(job.pid).children(recursive=True)
             victim = next((k for k in kids if "ddp_train.py" in " ".join(k.cmdline())
