@@ -103,6 +103,26 @@ async def wait_for_frame(pilot, count=1):
     raise AssertionError("neuron-top never rendered a frame")
 
 
+def switching(before, after):
+    """A document source that shows ``before`` until the returned event is set, then ``after``."""
+    gate = threading.Event()
+
+    def docs():
+        while not gate.is_set():
+            yield before
+        yield after
+    return DocumentSource(docs()), gate
+
+
+async def wait_until(pilot, condition):
+    """Let the app run until ``condition()`` holds (bounded: 400 pauses of 0.01 s), then settle."""
+    for _ in range(400):
+        await pilot.pause(0.01)
+        if condition():
+            break
+    await pilot.pause()
+
+
 async def press(pilot, *keys):
     for key in keys:
         await pilot.press(key)
@@ -294,48 +314,28 @@ def test_no_color_keeps_everything_readable(monkeypatch):
 
 
 def test_no_process_message_then_keeps_watching():
-    empty = document()
-    gate = threading.Event()
-
-    def docs():
-        while not gate.is_set():
-            yield empty
-        yield TWO_APPS
+    source, gate = switching(document(), TWO_APPS)
 
     async def script(pilot):
         first = pilot.app.screen_text()
         gate.set()
-        for _ in range(400):
-            await pilot.pause(0.01)
-            if pilot.app.snapshot.has_processes:
-                break
-        await pilot.pause()
+        await wait_until(pilot, lambda: pilot.app.snapshot.has_processes)
         return first, pilot.app.screen_text()
-    first, later = run(NeuronTop(DocumentSource(docs()), period=0.02), (80, 24), script)
+    first, later = run(NeuronTop(source, period=0.02), (80, 24), script)
     assert NO_PROCESS_MESSAGE in first and "Neuron Apps  >[1]:all<" in first
     assert NO_PROCESS_MESSAGE not in later and "[2]:my_app_1" in later
 
 
 def test_selected_tab_falls_back_to_all_when_its_process_exits():
-    one = document(runtime_entry(257726, "my_app_1", [0, 1], [42.01, 63.5]))
-    gate = threading.Event()
-
-    def docs():
-        while not gate.is_set():
-            yield TWO_APPS
-        yield one
+    source, gate = switching(TWO_APPS, document(runtime_entry(257726, "my_app_1", [0, 1], [42.01, 63.5])))
 
     async def script(pilot):
         await press(pilot, "3")
         chosen = pilot.app.screen_text()
         gate.set()
-        for _ in range(400):
-            await pilot.pause(0.01)
-            if len(pilot.app.snapshot.apps) == 2:
-                break
-        await pilot.pause()
+        await wait_until(pilot, lambda: len(pilot.app.snapshot.apps) == 2)
         return chosen, pilot.app.screen_text()
-    chosen, after = run(NeuronTop(DocumentSource(docs()), period=0.02), (100, 30), script)
+    chosen, after = run(NeuronTop(source, period=0.02), (100, 30), script)
     assert ">[3]:257999<" in chosen
     assert ">[1]:all<" in after and "257999" not in after
 
@@ -516,23 +516,14 @@ def test_groups_left_out_by_a_config_show_as_not_reported():
 
 def test_selected_tab_follows_its_process_when_others_exit():
     later = document(runtime_entry(257999, "257999", [4], [80.0], flops=2.5e12))   # my_app_1 exited
-    gate = threading.Event()
-
-    def docs():
-        while not gate.is_set():
-            yield TWO_APPS
-        yield later
+    source, gate = switching(TWO_APPS, later)
 
     async def script(pilot):
         await press(pilot, "3")
         gate.set()
-        for _ in range(400):
-            await pilot.pause(0.01)
-            if len(pilot.app.snapshot.apps) == 2:
-                break
-        await pilot.pause()
+        await wait_until(pilot, lambda: len(pilot.app.snapshot.apps) == 2)
         return pilot.app.screen_text()
-    after = run(NeuronTop(DocumentSource(docs()), period=0.02), (100, 30), script)
+    after = run(NeuronTop(source, period=0.02), (100, 30), script)
     assert ">[2]:257999<" in after and "[ 80.00%]" in after
 
 
