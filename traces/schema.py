@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
+
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
 SCHEMA_VERSION = "1.0.0"
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc", "cpu")
-"""Engine names used in ``instructions.engine`` and the per-engine busy columns of ``executions``."""
 
 METADATA = pa.schema([("key", _str), ("value", _str)])
 
