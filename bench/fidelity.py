@@ -7,7 +7,7 @@ Per device profile it prints:
   2. DMA efficiency against the payload per partition (overhead-bound under 256 B, near peak from
      4 KiB), from a real lowered HBM->SBUF->HBM copy and from the formula;
   3. a Llama-style decoder layer (RMSNorm, rotary-free attention with causal mask, SwiGLU MLP),
-     built through ``neuron_stack.frontend``: device time and busy time per engine.
+     built through ``neuron_stack.frontend.export``: device time and busy time per engine.
 
 Usage: ``.venv/bin/python bench/fidelity.py [--targets trn1,inf2,trn2] [--max-n 4096] [--quick]``
 """
@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from neuron_stack.cost import dma_efficiency  # noqa: E402
-from neuron_stack.device import get_profile  # noqa: E402
-from neuron_stack.frontend import capture  # noqa: E402
-from neuron_stack.fuse import fuse  # noqa: E402
-from neuron_stack.legalize import legalize  # noqa: E402
-from neuron_stack.partition import partition  # noqa: E402
-from neuron_stack.schedule import build_schedule  # noqa: E402
+from neuron_stack.device.cost import dma_efficiency  # noqa: E402
+from neuron_stack.device.profiles import get_profile  # noqa: E402
+from neuron_stack.frontend.export import capture  # noqa: E402
+from neuron_stack.compiler.fuse import fuse  # noqa: E402
+from neuron_stack.compiler.legalize import legalize  # noqa: E402
+from neuron_stack.compiler.partition import partition  # noqa: E402
+from neuron_stack.compiler.schedule import build_schedule  # noqa: E402
 
 
 class LhsTMatmul(torch.nn.Module):
@@ -96,8 +96,8 @@ def dma_rows(targets, per_partition, transfers=64):
     """HBM->SBUF loads of [128 partitions x N bytes] into IN_FLIGHT rotating SBUF slots, lowered and
     scheduled over the core's queues (the DMA guide's "16 transfers x 8 buffers" shape)."""
     from neuron_stack.ir import Program
-    from neuron_stack.lower import Lowered, Lowerer, Pool
-    from neuron_stack.schedule import schedule_lowered
+    from neuron_stack.compiler.lower.lowerer import Lowered, Lowerer, Pool
+    from neuron_stack.compiler.schedule import schedule_lowered
     print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, {IN_FLIGHT} in flight,"
           " 16 queues) ==")
     print("   scheduled = bytes / (device time x core peak); formula = cost.dma_efficiency (fixed cost overlapped)")

@@ -118,7 +118,7 @@ def _capture(args: argparse.Namespace) -> int:
         raise TraceError("--num-exec must be >= 1 and --profile-nth-exec between 0 and --num-exec")
     session = Path(args.session_dir) if args.session_dir else _session_dir("output", neff.stem)
     session.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "neuron_stack.capture", str(neff), "--num-exec", str(args.num_exec),
+    cmd = [sys.executable, "-m", "neuron_stack.tools.capture", str(neff), "--num-exec", str(args.num_exec),
            "--profile-nth-exec", str(args.profile_nth_exec)]
     if args.save_output_npy:
         cmd += ["--save-output-npy", args.save_output_npy]

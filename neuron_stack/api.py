@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from .compiler import compile_program, compiler_version, graph_hash, stack_version
-from .flags import DEFAULTS, parse_flags
-from .frontend import capture, user_frame
-from .ir import Source
-from .legalize import legalize
-from .neff import Neff
-from .neff import load as load_neff
-from .partition import PartitionerError, check_partitioner_config, support_op_name
+from neuron_stack.compiler.driver import compile_program, compiler_version, graph_hash, stack_version
+from neuron_stack.frontend.flags import DEFAULTS, parse_flags
+from neuron_stack.frontend.export import capture, user_frame
+from neuron_stack.ir import Source
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.isa.neff import Neff
+from neuron_stack.isa.neff import load as load_neff
+from neuron_stack.compiler.partition import PartitionerError, check_partitioner_config, support_op_name
 
 
 #: ``analyze_parameters`` keys the real graph partitioner accepts (the other ``analyze`` kwargs it refuses).
@@ -54,14 +54,14 @@ class PartitionerConfig:
       ``additional_ignored_ops`` (left out of the share), ``max_workers`` (accepted; our analysis
       is one pass). ``trace_kwargs``: ``compiler_args`` / ``compiler_workdir`` for the trace.
     A fully supported model with nothing forced is one graph and skips the checks, as in torch_neuronx.
-    Any violation raises :class:`~neuron_stack.partition.PartitionerError` (a ValueError), one line.
+    Any violation raises :class:`~neuron_stack.compiler.partition.PartitionerError` (a ValueError), one line.
 
     >>> PartitionerConfig(ops_to_partition={"aten::sort"}, max_subgraph_count=3).min_subgraph_size
     -1
     >>> PartitionerConfig(min_subgraph_size=0)
     Traceback (most recent call last):
     ...
-    neuron_stack.partition.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
+    neuron_stack.compiler.partition.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
     """
 
     trace_kwargs: dict | None = None
@@ -115,7 +115,7 @@ class NeuronModule(torch.nn.Module):
 
     def __init__(self, neff: Neff, compile_info: dict | None = None, in_spec=None, out_spec=None):
         super().__init__()
-        from .runtime import LoadedModel
+        from neuron_stack.runtime.model import LoadedModel
 
         self.neff = neff
         self.model = LoadedModel(neff, compile_info)
@@ -173,7 +173,7 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
 
     >>> nm = trace(torch.nn.Linear(4, 2), torch.randn(1, 4), target="inf2")   # doctest: +SKIP
     """
-    from .cache import compile_cached
+    from neuron_stack.compiler.cache import compile_cached
 
     call_site = caller_source()
     t0 = time.perf_counter_ns()
@@ -222,9 +222,9 @@ def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
     """
     from traces import TraceError
 
-    from .cores import CoreAllocationError
-    from .neff import NeffError
-    from .runtime import OutOfDeviceMemory
+    from neuron_stack.runtime.cores import CoreAllocationError
+    from neuron_stack.isa.neff import NeffError
+    from neuron_stack.runtime.model import OutOfDeviceMemory
 
     t0 = time.perf_counter_ns()
     neff = load_neff(path, target=target)

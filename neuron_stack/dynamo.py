@@ -28,9 +28,9 @@ import time
 import torch
 import torch._dynamo
 
-from .api import caller_source
-from .flags import parse_flags
-from .frontend import graph_to_program
+from neuron_stack.api import caller_source
+from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.frontend.export import graph_to_program
 
 torch._dynamo.config.automatic_dynamic_shapes = False
 torch._dynamo.config.fail_on_recompile_limit_hit = True
@@ -106,9 +106,9 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 def _compiler(kind: str, ctx: dict):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        from .cache import compile_cached
-        from .compiler import compile_program, graph_hash
-        from .runtime import LoadedModel
+        from neuron_stack.compiler.cache import compile_cached
+        from neuron_stack.compiler.driver import compile_program, graph_hash
+        from neuron_stack.runtime.model import LoadedModel
 
         t0 = time.perf_counter_ns()
         names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]

@@ -14,9 +14,9 @@ import torch
 
 import neuron_stack
 from common import check
-from neuron_stack import clock
-from neuron_stack.cores import get_instance
-from neuron_stack.parallel import DataParallel
+from neuron_stack.device import clock
+from neuron_stack.runtime.cores import get_instance
+from neuron_stack.runtime.parallel import DataParallel
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 Each rank compiles the model with ``torch.compile(backend="neuron")`` on its own core, trains on
 its shard of a synthetic regression set, and averages gradients with
-``neuron_stack.distributed.all_reduce_gradients`` (real gloo data, simulated ring cost). At the
+``neuron_stack.runtime.distributed.all_reduce_gradients`` (real gloo data, simulated ring cost). At the
 end, rank 0 checks that the weights equal a single-process eager run on the whole batch.
 
     torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N]
@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from neuron_stack import clock, distributed as nd
+from neuron_stack.device import clock
+from neuron_stack.runtime import distributed as nd
 
 
 def make_model(width: int) -> torch.nn.Module:

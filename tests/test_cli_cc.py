@@ -23,7 +23,7 @@ def test_compile_factory_and_run_the_neff(tmp_path):
     assert "Compiler status PASS" in r.stdout and "inf2" in r.stdout
     assert "-> matmul" in (tmp_path / "log-neuron-cc.txt").read_text()
     import neuron_stack
-    from neuron_stack.neff import read_header
+    from neuron_stack.isa.neff import read_header
     h = read_header(out)
     assert h["target"] == "inf2" and h["flags"]["optlevel"] == 1 and h["flags"]["auto_cast"] == "matmult"
     assert neuron_stack.load(out).neff.program.stats["num_device_ops"] > 0

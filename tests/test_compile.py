@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sample_workloads"))
 
 import neuron_stack  # noqa: E402
-from neuron_stack.flags import FlagError, parse_flags  # noqa: E402
-from neuron_stack.neff import NeffError  # noqa: E402
-from neuron_stack.runtime import InputMismatch, OutOfDeviceMemory  # noqa: E402
+from neuron_stack.frontend.flags import FlagError, parse_flags  # noqa: E402
+from neuron_stack.isa.neff import NeffError  # noqa: E402
+from neuron_stack.runtime.model import InputMismatch, OutOfDeviceMemory  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,7 +159,7 @@ def test_fallbacks_recorded_with_reasons_and_source(ranker):
 def test_helper_function_lines_are_kept():
     from models import BertEncoder
     m = BertEncoder(vocab=20, hidden=16, layers=1, heads=2, seq=8).eval()
-    from neuron_stack.frontend import capture
+    from neuron_stack.frontend.export import capture
     prog = capture(m, (torch.randint(0, 20, (1, 8)),))
     fns = {(os.path.basename(n.source.file), n.source.function) for n in prog.nodes if n.source}
     assert ("models.py", "attention") in fns      # helper function, not named forward
@@ -170,8 +170,8 @@ def test_helper_function_lines_are_kept():
 def test_out_of_device_memory(mlp, monkeypatch):
     import dataclasses
 
-    from neuron_stack import device
-    from neuron_stack.runtime import Session
+    from neuron_stack.device import profiles as device
+    from neuron_stack.runtime.model import Session
     model, x, _ = mlp
     monkeypatch.setattr(Session, "_instances", {})   # a fresh session sees the shrunken profile
     small = dataclasses.replace(device.PROFILES["trn2"], hbm_bytes_per_chip=4 * 64 * 2**20 + 4096)

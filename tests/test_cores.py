@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from neuron_stack import cores
+from neuron_stack.runtime import cores
 
 HOLDER = """
 import json, sys
-from neuron_stack.cores import acquire, CoreAllocationError
+from neuron_stack.runtime.cores import acquire, CoreAllocationError
 try:
     lease = acquire("trn1")
 except CoreAllocationError as e:

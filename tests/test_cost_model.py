@@ -1,8 +1,8 @@
 """The cost formulas of reference §5.4 on hand-computed small cases (constants from the profiles)."""
 import pytest
 
-from neuron_stack import cost
-from neuron_stack.device import get_profile
+from neuron_stack.device import cost
+from neuron_stack.device.profiles import get_profile
 
 TRN1, TRN2 = get_profile("trn1"), get_profile("trn2")
 

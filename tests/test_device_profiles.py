@@ -1,7 +1,7 @@
 """Device profiles: the numbers of reference §5.1 and the real profiler's Metadata field names."""
 import pytest
 
-from neuron_stack.device import PROFILES, get_profile
+from neuron_stack.device.profiles import PROFILES, get_profile
 
 
 def test_published_peaks_and_sizes():

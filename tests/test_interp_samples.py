@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.frontend import capture
-from neuron_stack.fuse import fuse
-from neuron_stack.interp import run_program
-from neuron_stack.legalize import legalize
-from neuron_stack.partition import partition
+from neuron_stack.frontend.export import capture
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.isa.interp import run_program
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.partition import partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_workloads import models  # noqa: E402

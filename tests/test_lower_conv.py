@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.device import get_profile
-from neuron_stack.frontend import capture
-from neuron_stack.fuse import fuse
-from neuron_stack.interp import run_program
-from neuron_stack.legalize import legalize
-from neuron_stack.partition import partition
-from neuron_stack.schedule import build_schedule
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.isa.interp import run_program
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.schedule import build_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_workloads import models  # noqa: E402
@@ -97,7 +97,7 @@ def test_conv_tap_matmuls_and_flops_by_hand():
 def test_transposed_conv_keeps_gpsimd_kernel_and_says_so():
     model, x = torch.nn.ConvTranspose2d(3, 4, 2, stride=2), r(1, 3, 5, 5)
     prog = _compile(model, x)
-    from neuron_stack.lower import lower
+    from neuron_stack.compiler.lower.lowerer import lower
     low = lower(prog, 0, get_profile("trn1"), {})
     assert "CUSTOM_OP" in {i.opcode for i in low.instrs}
     assert any("transposed" in line for line in low.log)

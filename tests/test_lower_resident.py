@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-import neuron_stack.lower as lower_mod
-from neuron_stack.device import get_profile
-from neuron_stack.frontend import capture
-from neuron_stack.fuse import fuse
-from neuron_stack.interp import run_program
-from neuron_stack.legalize import legalize
-from neuron_stack.partition import partition
-from neuron_stack.resident import row_tiling, translate, Resident
-from neuron_stack.schedule import build_schedule
+import neuron_stack.compiler.lower.lowerer as lower_mod
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.isa.interp import run_program
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.lower.resident import row_tiling, translate, Resident
+from neuron_stack.compiler.schedule import build_schedule
 
 _G = torch.Generator().manual_seed(3)
 
@@ -72,7 +72,7 @@ def test_heap_too_small_spills_and_counts_it(monkeypatch):
 def test_gpsimd_kernel_evicts_a_resident_value():
     model, x = Sorted(), torch.randn(128, 64, generator=_G)
     prog = _prog(model, x)
-    from neuron_stack.lower import lower
+    from neuron_stack.compiler.lower.lowerer import lower
     low = lower(prog, 0, get_profile("trn1"), {})
     assert any("leaves SBUF" in line for line in low.log) or any(
         i.opcode == "CUSTOM_OP" for i in low.instrs)

@@ -3,13 +3,13 @@ import json
 
 import torch
 
-from neuron_stack.device import get_profile
-from neuron_stack.frontend import capture
-from neuron_stack.fuse import fuse
-from neuron_stack.legalize import legalize
-from neuron_stack.lower_ops import boxes
-from neuron_stack.partition import partition
-from neuron_stack.schedule import build_schedule
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.lower.ops import boxes
+from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.schedule import build_schedule
 
 
 class F(torch.nn.Module):

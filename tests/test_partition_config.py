@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "sample_workloads"))
 
 import neuron_stack  # noqa: E402
 from neuron_stack import PartitionerConfig  # noqa: E402
-from neuron_stack.partition import PartitionerError  # noqa: E402
+from neuron_stack.compiler.partition import PartitionerError  # noqa: E402
 
 SORT = {"aten::sort"}
 

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.device import get_profile
-from neuron_stack.frontend import capture
-from neuron_stack.fuse import fuse
-from neuron_stack.legalize import legalize
-from neuron_stack.lower import lower
-from neuron_stack.partition import partition
-from neuron_stack.schedule import Schedule, build_schedule, schedule_lowered
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.lower.lowerer import lower
+from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.schedule import Schedule, build_schedule, schedule_lowered
 
 
 class Block(torch.nn.Module):
@@ -131,7 +131,7 @@ def test_trn2_throttles_the_tensor_engine():
     s = build_schedule(prog, 0, p2, {"auto_cast": "matmult"})
     m = (np.array(s.table["opcode"].to_pylist()) == "MATMUL")
     durs = s.table["dur_ns"].to_numpy()[m]
-    from neuron_stack.cost import matmul_ns
+    from neuron_stack.device.cost import matmul_ns
     assert durs[0] >= 1.9 * matmul_ns(p2, 512, 128, "bfloat16") - 1   # first matmul at ~50%
 
 

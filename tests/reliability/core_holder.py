@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from neuron_stack.cores import CoreAllocationError, acquire
+from neuron_stack.runtime.cores import CoreAllocationError, acquire
 
 
 def main() -> None:

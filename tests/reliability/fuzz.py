@@ -134,7 +134,7 @@ def _mutate_json(value, path_choices, replacement):
 # -- NEFF ------------------------------------------------------------------------------------------
 
 def fuzz_neff(base: Path, work: Path, examples: int) -> list[Trial]:
-    """Mutated NEFFs into ``neuron_stack.neff.load`` and, when it accepts one, ``neuron_stack.load``.
+    """Mutated NEFFs into ``neuron_stack.isa.neff.load`` and, when it accepts one, ``neuron_stack.load``.
 
     Two kinds: raw byte damage (the archive as a whole), and a valid archive whose header or one
     member is changed with checksums recomputed (so the mutation reaches the parsers behind them).
@@ -142,8 +142,8 @@ def fuzz_neff(base: Path, work: Path, examples: int) -> list[Trial]:
     import hashlib
 
     import neuron_stack
-    from neuron_stack import neff as neff_mod
-    from neuron_stack.cores import CoreAllocationError
+    from neuron_stack.isa import neff as neff_mod
+    from neuron_stack.runtime.cores import CoreAllocationError
 
     data = base.read_bytes()
     with zipfile.ZipFile(io.BytesIO(data)) as z:

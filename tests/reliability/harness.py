@@ -102,7 +102,7 @@ def wait_cores_free(env: dict[str, str], cores: list[int], t0: float, bound: flo
 
     Uses the public reservation API, so "free" means what the runtime means by it.
     """
-    from neuron_stack.cores import CoreAllocationError, acquire
+    from neuron_stack.runtime.cores import CoreAllocationError, acquire
 
     with environ(env):
         while True:
@@ -291,7 +291,7 @@ def core_races(root: Path, rng: random.Random, seconds: float, racers: int = 16,
     a bounded time (the kernel's lock table and neuron-ls no longer name it). One Trial per kill,
     plus one for exclusivity and one for the final cleanup.
     """
-    from neuron_stack.cores import core_holders, get_instance
+    from neuron_stack.runtime.cores import core_holders, get_instance
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "claims").mkdir(exist_ok=True)

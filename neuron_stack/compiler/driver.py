@@ -1,0 +1,192 @@
+"""The compiler driver (the ``neuronx-cc compile`` analogue): runs the passes in order and emits a NEFF.
+
+legalize -> partition -> fuse -> lower+schedule (``neuron_stack.compiler.schedule.build_schedule``, or the
+roofline model of :mod:`neuron_stack.compiler.roofline`, loudly, when lowering a partition fails) -> emit.
+
+>>> import torch
+>>> from neuron_stack.frontend.export import capture
+>>> from neuron_stack.frontend.flags import parse_flags
+>>> prog = capture(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+>>> neff = compile_program(prog, parse_flags(env=""))
+>>> neff.header["target"], sorted(neff.schedules)
+('trn1', [0])
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.flags import command_line, compiler_flags, flags_hash
+from neuron_stack.frontend.export import file_texts, sources_in
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.ir import Program
+from neuron_stack.compiler.legalize import legalize, nbytes
+from neuron_stack.isa.neff import Neff
+from neuron_stack.compiler.partition import describe_support, partition, support_counts
+
+#: Bytes of device instruction memory per instruction ("model_code" in the memory accounting).
+INSTRUCTION_BYTES = 64
+#: Fixed runtime reservation per core ("runtime_memory"): queues, semaphores, DMA rings.
+RUNTIME_MEMORY_BYTES = 64 * 2**20
+
+
+def stack_version() -> str:
+    """This package's version (``0.0.0`` when run from a source tree that is not installed)."""
+    try:
+        from importlib.metadata import version
+        return version("neuron-stack")
+    except Exception:
+        return "0.0.0"
+
+
+@functools.cache
+def compiler_version() -> str:
+    """The version in cache paths, ``<version>+<build-hash>`` as ``neuronxcc-2.x+<hash>`` is.
+
+    The build hash covers the compiler's own source (every module of neuron_stack), so a NEFF
+    compiled by older lowering or cost-model code is never served from the cache as current.
+    Example: ``compiler_version()  # '0.1.0+neff1.3f2a9c1d'``.
+    """
+    from neuron_stack.isa.neff import FORMAT_VERSION
+    build = hashlib.sha256()
+    package = Path(__file__).resolve().parent.parent      # neuron_stack/, every stage
+    for path in sorted(package.rglob("*.py")):
+        build.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
+    return f"{stack_version()}+neff{FORMAT_VERSION}.{build.hexdigest()[:8]}"
+
+
+def graph_hash(program: Program, salt: str = "") -> str:
+    """A hash of what determines the compiled artifact: ops, arguments, shapes, sources and weights.
+
+    Source lines are part of it because the NEFF carries them into the profile; weights because
+    the NEFF inlines them (a model with other weights must not hit the cache).
+    """
+    import torch
+
+    h = hashlib.sha256(salt.encode())
+    d = program.to_json()
+    for k in ("log", "flags", "partitions", "stats"):
+        d.pop(k, None)
+    h.update(json.dumps(d, sort_keys=True, default=str).encode())
+    for name in sorted(program.constants):
+        t = program.constants[name].detach().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return str(int(h.hexdigest()[:15], 16))
+
+
+def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object, str]:
+    """Partition ``part``'s instruction schedule, or the roofline estimate if lowering fails.
+
+    The fallback is a safety net, never a normal path: it is loud (compile log and stderr)."""
+    from neuron_stack.compiler.roofline import build_roofline
+    try:
+        from neuron_stack.compiler.schedule import build_schedule
+        return build_schedule(program, part, profile, flags), "instruction"
+    except Exception as exc:  # numbers do not depend on timing: a lowering gap must not fail the compile
+        msg = (f"warning: instruction-level lowering failed on partition #{part} "
+               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+               "timed with the roofline model instead")
+        program.log.append(f"schedule: {msg}")
+        print(f"neuron_stack: {msg}", file=sys.stderr)
+        return build_roofline(program, part, profile, flags), "roofline"
+
+
+def memory_plan(program: Program) -> dict:
+    """Device bytes by category for one loaded copy (the runtime adds them per core).
+
+    tensors = peak of live inputs, activations and outputs over the op order (views are free);
+    constants = weights; model_code = instructions x INSTRUCTION_BYTES; model_shared_scratchpad =
+    the largest single activation (the staging buffer for SBUF spills).
+    """
+    last_use: dict[str, int] = {}
+    from neuron_stack.compiler.partition import refs
+    for i, n in enumerate(program.nodes):
+        for r in refs([n.args, n.kwargs]):
+            last_use[r] = i
+    live = peak = largest = 0
+    sizes: dict[str, int] = {}
+    for i, n in enumerate(program.nodes):
+        if n.target == "placeholder" or (n.is_compute and n.op_class != "view" and n.placement == "device"):
+            sizes[n.name] = sum(nbytes(s) for s in n.outputs)
+            live += sizes[n.name]
+            largest = max(largest, sizes[n.name])
+        peak = max(peak, live)
+        for r in [r for r, j in last_use.items() if j == i]:
+            live -= sizes.pop(r, 0)
+    constants = sum(t.numel() * t.element_size() for t in program.constants.values())
+    return {"tensors": peak, "constants": constants, "model_shared_scratchpad": largest,
+            "runtime_memory": RUNTIME_MEMORY_BYTES}
+
+
+def compile_program(program: Program, flags: dict, *, partitioner_config=None,
+                    graph_hash_value: str | None = None) -> Neff:
+    """Run every pass on ``program`` (annotated in place) and return the in-memory :class:`Neff`.
+
+    ``flags`` comes from :func:`neuron_stack.frontend.flags.parse_flags`. Example in the module docstring.
+    """
+    t0 = time.perf_counter()
+    profile = get_profile(flags["target"])
+    program.flags = compiler_flags(flags)
+    ghash = graph_hash_value or graph_hash(program)
+    from neuron_stack.tools.parallel_compile import extract_only, record_graph
+    extract = extract_only()
+    if extract:  # neuron_parallel_compile's collect run: record the graph, skip the costly lowering
+        record_graph(program, flags, partitioner_config, ghash)
+    program.log.append(f"neuronx-cc compile {command_line(flags)} -- {program.name}: "
+                       f"{sum(n.is_compute for n in program.nodes)} ops")
+    natural = None
+    if getattr(partitioner_config, "ops_to_partition", None):
+        mark = len(program.log)
+        legalize(program)            # placement without forcing: the support share analyze reports
+        natural = support_counts(program)
+        del program.log[mark:]
+    legalize(program, partitioner_config)
+    natural = natural or support_counts(program)
+    partition(program)
+    if partitioner_config is not None:  # the limits are applied by trace (on cache hits too)
+        program.log.append(f"partitioner: {describe_support(natural)[1]}; {len(program.partitions)} subgraphs")
+    fuse(program)
+    schedules: dict[int, dict] = {}
+    timings: set[str] = set()
+    instructions = 0
+    for p in program.partitions:
+        if p["kind"] != "device":
+            continue
+        if extract:
+            from neuron_stack.compiler.roofline import build_roofline
+            s, timing = build_roofline(program, p["index"], profile, flags), "roofline"
+        else:
+            s, timing = _schedule(program, p["index"], profile, flags)
+        timings.add(timing)
+        schedules[p["index"]] = {"table": s.table, "busy_ns": {k: int(v) for k, v in s.busy_ns.items()},
+                                 "device_ns": int(s.device_ns), "hbm_read_bytes": int(s.hbm_read_bytes),
+                                 "hbm_write_bytes": int(s.hbm_write_bytes),
+                                 "spill_save_bytes": int(s.spill_save_bytes),
+                                 "spill_reload_bytes": int(s.spill_reload_bytes), "flops": int(s.flops)}
+        instructions += s.table.num_rows
+        program.log.append(f"schedule: partition #{p['index']}: {s.table.num_rows} instructions, "
+                           f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")
+    # one roofline-timed partition makes the whole graph's timing an estimate: say so
+    timing = "roofline" if "roofline" in timings else "instruction"
+    memory = memory_plan(program)
+    memory["model_code"] = instructions * INSTRUCTION_BYTES
+    fallbacks = [n for n in program.nodes if n.placement == "cpu_fallback" and n.is_compute]
+    program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions, "support": natural,
+                     "num_ops": sum(n.is_compute for n in program.nodes),
+                     "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),
+                     "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0}
+    program.log.append(f"Compiler status PASS ({len(program.partitions)} partitions, {len(fallbacks)} ops on the "
+                       f"host CPU, {instructions} instructions)")
+    header = {"name": program.name, "uuid": uuidlib.uuid4().hex, "hash": ghash, "flags_hash": flags_hash(flags),
+              "target": flags["target"], "compiler_version": compiler_version(), "core_count": 1,
+              "flags": compiler_flags(flags), "timing_model": timing}
+    files = file_texts([s.file for s in sources_in(program)])
+    return Neff(header=header, program=program, schedules=schedules, source_files=files,
+                log="\n".join(program.log) + "\n")

@@ -1,0 +1,47 @@
+"""Pass 3, fuse: elementwise and activation ops that follow a matmul, convolution, normalisation or
+another elementwise op in the same device partition, and are its only consumer, are fused into it
+(``Node.fused_into`` names the op whose instruction stream carries them: a PSUM-evacuation
+epilogue on the Scalar/Vector engine instead of a round trip through HBM).
+
+>>> from neuron_stack.ir import Node, Program, TensorSpec
+>>> t = TensorSpec((4, 4), "float32")
+>>> nodes = [Node("x", "placeholder", outputs=[t]),
+...          Node("mm", "aten.mm.default", [{"node": "x"}, {"node": "x"}], op_class="matmul", partition=0),
+...          Node("r", "aten.relu.default", [{"node": "mm"}], op_class="activation", partition=0),
+...          Node("o", "output", [[{"node": "r"}]])]
+>>> fuse(Program("g", nodes, ["x"], [{"node": "r"}])).node("r").fused_into
+'mm'
+"""
+from __future__ import annotations
+
+from neuron_stack.ir import Program
+from neuron_stack.compiler.partition import refs
+
+_FUSABLE = ("elementwise", "activation")
+_HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")
+
+
+def fuse(program: Program) -> Program:
+    """Set ``Node.fused_into`` in place and log every fusion. Example: ``fuse(partition(legalize(p)))``."""
+    by_name = {n.name: n for n in program.nodes}
+    users: dict[str, list[str]] = {}
+    for n in program.nodes:
+        for r in refs([n.args, n.kwargs]):
+            users.setdefault(r, []).append(n.name)
+    for n in program.nodes:
+        if n.op_class not in _FUSABLE or n.placement != "device":
+            continue
+        first = next(refs(n.args), None)
+        prod = by_name.get(first) if first else None
+        # Look through metadata-only views with a single consumer (addmm -> view -> gelu).
+        while prod is not None and prod.op_class == "view" and prod.is_compute and len(users.get(prod.name, [])) == 1:
+            nxt = next(refs(prod.args), None)
+            prod = by_name.get(nxt) if nxt else None
+        if (prod is None or not prod.is_compute or prod.placement != "device" or prod.partition != n.partition
+                or prod.op_class not in _HOSTS or len(users.get(prod.name, [])) != 1):
+            continue
+        root = prod.fused_into or prod.name
+        n.fused_into = root
+        program.log.append(f"fuse: {n.name} {n.target} fused into {root} {by_name[root].target} "
+                           f"(epilogue on the {'Scalar' if n.op_class == 'activation' else 'Vector'} engine)")
+    return program

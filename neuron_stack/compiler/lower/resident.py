@@ -1,0 +1,181 @@
+"""SBUF residency across ops: intermediate values stay on chip between their producer and consumers.
+
+Part of pass 4 (:mod:`neuron_stack.compiler.lower.lowerer`). SBUF is split in two: a ring of rotating tile pools
+(each op's working tiles) and a *heap* for resident values. An intermediate value (produced and
+consumed inside one partition, contiguous) becomes resident at its first store: it gets a heap
+region sized by its liveness (freed once its last consumer is lowered) and lives *row-tiled* the
+way NKI kernels lay out big tensors: viewing it as ``[R rows, C]`` and cut in blocks of ``T <= 128``
+rows (:func:`row_tiling`: the same cut the tiling of its consumers makes), row ``r`` is in
+partition ``r % T`` at free offset ``(r // T) * C``. Then
+
+* a consumer tile whose rows map onto consecutive partitions and whose columns stay inside a row
+  is read in place (no instruction at all);
+* a producer tile of that shape is written by one engine copy (Scalar or Vector, whichever has
+  less work so far) instead of a DMA to HBM;
+* any other access pattern that can still be expressed over the row-tiled layout is an
+  SBUF->SBUF DMA (no HBM bytes);
+* an access that cannot (or a GpSimd library kernel that reads whole HBM tensors) evicts the value:
+  its rows are saved to its HBM buffer (``spill_save_bytes``) and later reads come from HBM
+  (``spill_reload_bytes``). A value that finds no room in the heap lives in HBM from the start and
+  its traffic is counted the same way, so HBM traffic is weights, graph inputs/outputs and spills.
+
+>>> h = Heap(1024)
+>>> h.alloc(512), h.alloc(512), h.alloc(64)
+(0, 512, None)
+>>> h.free(0); h.alloc(256)
+0
+>>> row_tiling([2, 96, 64]), row_tiling([1, 256, 1024]), row_tiling([16, 256, 256])
+((64, 96), (1024, 128), (256, 128))
+>>> translate(Resident("v", "__res.v", "float32", rows=300, C=8, T=128, psize=24, off=0), 128 * 8, [(8, 128), (1, 8)])
+(8, [[24, 128], [1, 8]], ['p', 'f'])
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PMAX = 128
+
+
+def row_tiling(shape) -> tuple[int, int]:
+    """``(C, T)`` of a value's row-tiled layout: the row length C is the longest run of trailing
+    dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the last dims, e.g.
+    heads x head_dim -> hidden, still reads whole rows); the block height T is the product of the trailing row dims while it fits
+    in 128 partitions (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles."""
+    shape = list(shape) or [1]
+    k = len(shape) - 1
+    C = max(1, shape[k])
+    rows = max(1, int(math.prod(shape[:k])))
+    # longer rows only while they stay short and still leave 128 rows to spread over partitions;
+    # the spatial dims of an NCHW value are one row (convolution, pooling and batch norm read
+    # channel rows of H x W)
+    while k > 0 and C * shape[k - 1] <= 4096 and (rows // max(1, shape[k - 1]) >= PMAX
+                                                  or len(shape) == 4 and k == 3):
+        k -= 1
+        C *= shape[k]
+        rows //= max(1, shape[k])
+    T = 1
+    for d in reversed(shape[:k]):
+        if T * d > PMAX:
+            T = PMAX if T == 1 else T
+            break
+        T *= d
+    return C, max(1, T)
+
+
+class Heap:
+    """First-fit allocator over the resident part of SBUF (bytes per partition, 64-byte units)."""
+
+    def __init__(self, capacity: int, unit: int = 64):
+        self.cap, self.unit = capacity, unit
+        self.used: dict[int, int] = {}        # start -> size
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Start of a free region of ``nbytes`` (rounded up to the unit), or None when none is free."""
+        size = -(-max(nbytes, 1) // self.unit) * self.unit
+        pos = 0
+        for s in sorted(self.used):
+            if s - pos >= size:
+                break
+            pos = max(pos, s + self.used[s])
+        if pos + size > self.cap:
+            return None
+        self.used[pos] = size
+        self.peak = max(self.peak, pos + size)
+        return pos
+
+    def free(self, start: int) -> None:
+        self.used.pop(start, None)
+
+
+@dataclass
+class Resident:
+    """A value living in the SBUF heap, row-tiled: element (r, c) at partition r % T, free
+    ``(r // T) * C + c`` of a buffer whose partition pitch is ``psize`` elements."""
+    buf: str          # the HBM buffer it stands for
+    key: str          # its SBUF buffer name
+    dtype: str
+    rows: int
+    C: int
+    T: int            # rows per block (partitions used)
+    psize: int        # elements per partition
+    off: int          # heap start in bytes per partition
+    readers: list[int] = field(default_factory=list)
+    evicted: bool = False
+
+
+def translate(r: Resident, o: int, dims: list[tuple[int, int]]):
+    """Map an access pattern over the flat HBM buffer (offset ``o``, ``[(stride, num), ...]``) to
+    the resident layout: ``(sbuf offset, ap, kinds)`` with kind ``p`` for dims stepping partitions
+    and ``f`` for dims inside a partition, or None when the pattern cannot be expressed."""
+    C, P, T = r.C, r.psize, r.T
+    r0, c0 = divmod(o, C)
+    ap, kinds = [], []
+    col_extent = c0
+    part_extent = r0 % T
+    expanded = []
+    for s, n in dims:
+        # a contiguous run of whole rows is a rows dim times a columns dim
+        if s == 1 and n > C and n % C == 0 and c0 == 0:
+            expanded += [(C, n // C), (1, C)]
+        else:
+            expanded.append((s, n))
+    for s, n in expanded:
+        if n == 1:
+            continue
+        if s == 0:
+            ap.append([0, n]), kinds.append("f")
+        elif s % C == 0:
+            m = s // C
+            if m % T == 0:
+                ap.append([(m // T) * C, n]), kinds.append("f")
+            elif part_extent + (n - 1) * m < T:
+                ap.append([m * P, n]), kinds.append("p")
+                part_extent += (n - 1) * m
+            elif m == 1 and n % T == 0 and r0 % T == 0 and part_extent == 0:
+                ap += [[C, n // T], [P, T]]
+                kinds += ["f", "p"]
+                part_extent = T - 1
+            else:
+                return None
+        elif s < C:
+            col_extent += (n - 1) * s
+            if col_extent >= C:
+                return None
+            ap.append([s, n]), kinds.append("f")
+        else:
+            return None
+    return (r0 % T) * P + (r0 // T) * C + c0, ap or [[1, 1]], kinds or ["f"]
+
+
+def tile_ap(r: Resident, o: int, pdims, fdims):
+    """The engine operand of a tile over a resident value: ``(offset, P, free_ap)`` when the
+    partition dims ``pdims`` step consecutive partitions and ``fdims`` stay inside one row, else None."""
+    t = translate(r, o, list(pdims) + list(fdims))
+    if t is None:
+        return None
+    off, ap, kinds = t
+    npd = sum(1 for _, n in pdims if n != 1)
+    # the partition part must be one run of consecutive partitions; the free part, in-partition
+    pk = [(a, k) for a, k in zip(ap, kinds)][:npd] if npd else []
+    fk = [(a, k) for a, k in zip(ap, kinds)][npd:] if npd else list(zip(ap, kinds))
+    if any(k != "p" for _, k in pk) or any(k != "f" for _, k in fk):
+        return None
+    merged = _merge([a for a, _ in pk])
+    if len(merged) > 1 or (merged and merged[0][0] != r.psize):
+        return None
+    P = merged[0][1] if merged else 1
+    return off, P, [a for a, _ in fk] or [[1, 1]]
+
+
+def _merge(ap):
+    out = []
+    for s, n in ap:
+        if n == 1:
+            continue
+        if out and out[-1][0] == s * n:
+            out[-1] = [s, out[-1][1] * n]
+        else:
+            out.append([s, n])
+    return out

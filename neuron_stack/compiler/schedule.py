@@ -1,0 +1,285 @@
+"""Pass 5, schedule: every instruction of a partition gets its start and duration on the projected clock.
+
+The lowering (:mod:`neuron_stack.compiler.lower.lowerer`) emits instructions in a valid program order with their
+dependencies (read-after-write on tiles, write-after-read when a pool slot or SBUF region is
+reused, and "all writers done" on HBM tensors). The scheduler replays that order as the hardware
+does: one in-order queue per compute engine, DMAs on the earliest free of the core's 16 queues
+(``qSyncIO0``..``qSyncIO15``, spills on ``qSyncSpillReload*``), and cross-engine dependencies as
+semaphore waits (``sem_wait_ns``: how long the engine sat idle waiting). Double buffering falls
+out of the pools: the next tile's DMA only waits for the slot it reuses. On trn2 the Tensor Engine
+throttles (50% ramping to 100% over ~3 us after idling).
+
+>>> from neuron_stack.ir import Node, Program, TensorSpec
+>>> from neuron_stack.device.profiles import get_profile
+>>> t = TensorSpec((128, 512), "float32")
+>>> prog = Program("g", [Node("x", "placeholder", outputs=[t]),
+...     Node("r", "aten.relu.default", [{"node": "x"}], inputs=[t], outputs=[t], op_class="activation",
+...          partition=0)], ["x"], [{"node": "r"}])
+>>> s = build_schedule(prog, 0, get_profile("trn1"), {})
+>>> s.table.column_names[:6]
+['engine', 'queue', 'opcode', 'node', 'pc', 'rel_start_ns']
+>>> s.busy_ns["scalar"] > 0 and s.device_ns >= s.busy_ns["scalar"]
+True
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from neuron_stack.device.cost import throttle_factor
+from neuron_stack.device.profiles import DeviceProfile
+from neuron_stack.ir import Program
+from neuron_stack.isa.instructions import dma_queue_name
+from neuron_stack.compiler.lower.lowerer import Instr, Lowered, lower
+
+ENGINE_NAMES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc", "cpu")
+SPILL_QUEUES = 2
+
+TABLE_SCHEMA = pa.schema([
+    ("engine", pa.string()), ("queue", pa.string()), ("opcode", pa.string()), ("node", pa.string()),
+    ("pc", pa.int32()), ("rel_start_ns", pa.int64()), ("dur_ns", pa.int64()), ("flops", pa.int64()),
+    ("bytes_read", pa.int64()), ("bytes_written", pa.int64()), ("sem_wait_ns", pa.int64()),
+    ("seq", pa.int32()), ("instruction_type", pa.string()),
+    ("hbm_read_bytes", pa.int64()), ("hbm_write_bytes", pa.int64()),
+    ("spill_save_bytes", pa.int64()), ("spill_reload_bytes", pa.int64()),
+    ("operands", pa.string()),
+])
+"""Columns of ``Schedule.table``: the contract columns first, then the interpreter's ``operands``
+(one JSON object per instruction, see :mod:`neuron_stack.isa.instructions`) and per-instruction traffic."""
+
+
+@dataclass
+class Schedule:
+    """A scheduled partition (docs/CONTRACTS.md). Extra fields beyond the contract are additive."""
+    table: pa.Table
+    busy_ns: dict[str, int]
+    device_ns: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    spill_save_bytes: int
+    spill_reload_bytes: int
+    flops: int
+    tensor_flops: int = 0             # MATMUL flops, transposes excluded (model flops on TensorE)
+    transpose_flops: int = 0
+    active_ns: dict[str, int] = field(default_factory=dict)   # union of busy intervals per engine (<= device_ns)
+    dma_transfer_bytes: int = 0
+    dma_transfer_count: int = 0
+    sbuf_peak_bytes: int = 0          # per partition
+    buffers: dict = field(default_factory=dict)   # HBM buffer name -> dtype, shape, strides, role
+    values: dict = field(default_factory=dict)    # value name -> strided view of a buffer
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    target: str = ""
+
+    def scalars(self) -> dict:
+        """Everything but the table, JSON-able (what a NEFF stores next to the Arrow table).
+
+        Example: ``Schedule.from_parts(s.table, json.loads(json.dumps(s.scalars())))``.
+        """
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "table"}
+
+    @classmethod
+    def from_parts(cls, table: pa.Table, scalars: dict) -> "Schedule":
+        """Rebuild a Schedule from its table and :meth:`scalars` (e.g. after loading a NEFF)."""
+        return cls(table=table, **scalars)
+
+
+def build_schedule(program: Program, partition: int, profile: DeviceProfile, flags: dict | None) -> Schedule:
+    """Lower and schedule the device nodes of ``partition`` (fused nodes in their host's epilogue).
+
+    ``flags``: the parsed compiler flags (``auto_cast``, ``auto_cast_type``, ``optlevel``, ``target``).
+    Example: ``build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).device_ns``.
+    """
+    low = lower(program, partition, profile, flags or {})
+    return schedule_lowered(low, profile)
+
+
+def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
+    """List-schedule a lowered instruction list.
+
+    Event-driven list scheduling: among the instructions whose dependencies are done, the one that
+    can start earliest goes first (ties: program order), each engine running one instruction at a
+    time and DMAs taking the earliest free of 16 queues. Independent work of a later op therefore
+    fills an engine's idle time, as the compiler's scheduler reorders each engine's stream; the
+    Tensor Engine keeps program order (LDWEIGHTS/MATMUL pairs share the PE array).
+    """
+    import heapq
+
+    instrs = low.instrs
+    n = len(instrs)
+    # dependency graph; one zero-time barrier node per HBM tensor ("every writer done")
+    tensors: dict[str, int] = {}
+    preds_left = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    bar_succ: list[list[int]] = []
+    bar_left: list[int] = []
+    bar_ready: list[int] = []
+    writer_bars: list[list[int]] = [[] for _ in range(n)]
+    prev_tensor = -1
+    for i, ins in enumerate(instrs):
+        deps = set(ins.deps)
+        if ins.engine == "tensor":
+            if prev_tensor >= 0:
+                deps.add(prev_tensor)
+            prev_tensor = i
+        for d in deps:
+            succ[d].append(i)
+        preds_left[i] = len(deps)
+        for t in ins.tdeps:
+            b = tensors.get(t)
+            if b is None:
+                continue                     # an input: ready at time 0
+            bar_succ[b].append(i)
+            preds_left[i] += 1
+        for w in ins.writes:
+            b = tensors.get(w)
+            if b is None or bar_succ[b]:     # first writer, or written again after being read
+                b = tensors[w] = len(bar_succ)
+                bar_succ.append([])
+                bar_left.append(0)
+                bar_ready.append(0)
+            bar_left[b] += 1
+            writer_bars[i].append(b)
+    start = np.zeros(n, dtype=np.int64)
+    dur = np.zeros(n, dtype=np.int64)
+    wait = np.zeros(n, dtype=np.int64)
+    ready = [0] * n
+    queue = [""] * n
+    free: dict[str, int] = {}
+    io_free = [0] * profile.dma_engines_per_core
+    spill_free = [0] * SPILL_QUEUES
+    ramp_start, last_tensor_end = 0, -10**18
+    names = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
+             "cc": "CC-core"}
+
+    def est(i: int) -> int:
+        ins = instrs[i]
+        if ins.engine == "dma":
+            qs = spill_free if ins.queue_kind == "SpillReload" else io_free
+            return max(min(qs), ready[i] + lat[i])
+        return max(free.get(ins.engine, 0), ready[i])
+
+    lat = [int(math.ceil(ins.latency)) for ins in instrs]     # DMA trigger-to-start latency
+    heap = [(lat[i], i) for i in range(n) if preds_left[i] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+        key, i = heapq.heappop(heap)
+        e = est(i)
+        if e > key:
+            heapq.heappush(heap, (e, i))
+            continue
+        ins = instrs[i]
+        d_ns = max(1, int(math.ceil(ins.dur)))
+        r = ready[i] + lat[i]
+        if ins.engine == "dma":
+            qs = spill_free if ins.queue_kind == "SpillReload" else io_free
+            best = min(range(len(qs)), key=lambda q: (max(qs[q], r), q))
+            qfree, s = qs[best], max(qs[best], r)
+            qs[best] = s + d_ns
+            queue[i] = dma_queue_name(best, ins.queue_kind or "IO")
+        else:
+            qfree = free.get(ins.engine, 0)
+            s = max(qfree, r)
+            if ins.engine == "tensor" and profile.throttle:
+                if s - last_tensor_end > profile.throttle_ramp_ns:
+                    ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
+                if ins.opcode == "MATMUL":
+                    d_ns = max(1, int(math.ceil(ins.dur / throttle_factor(profile, s - ramp_start))))
+            free[ins.engine] = s + d_ns
+            if ins.engine == "tensor":
+                last_tensor_end = s + d_ns
+            queue[i] = names.get(ins.engine, ins.engine)
+        start[i], dur[i] = s, d_ns
+        wait[i] = r - qfree if r > qfree else 0
+        done += 1
+        end = s + d_ns
+        released = list(succ[i])
+        for b in writer_bars[i]:
+            bar_ready[b] = max(bar_ready[b], end)
+            bar_left[b] -= 1
+            if bar_left[b] == 0:
+                for j in bar_succ[b]:
+                    ready[j] = max(ready[j], bar_ready[b])
+                    preds_left[j] -= 1
+                    if preds_left[j] == 0:
+                        heapq.heappush(heap, (est(j), j))
+        for j in released:
+            ready[j] = max(ready[j], end)
+            preds_left[j] -= 1
+            if preds_left[j] == 0:
+                heapq.heappush(heap, (est(j), j))
+    if done != n:
+        raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
+    # program counter = position in the queue's executed order
+    pc = np.zeros(n, dtype=np.int32)
+    qarr = np.array(queue, dtype=object)
+    for q in set(queue):
+        idx = np.flatnonzero(qarr == q)
+        order = idx[np.lexsort((idx, start[idx]))]
+        pc[order] = np.arange(len(order), dtype=np.int32)
+    return _assemble(low, instrs, start, dur, wait, queue, pc, profile)
+
+
+def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile) -> Schedule:
+    n = len(instrs)
+    col = lambda f: [getattr(x, f) for x in instrs]  # noqa: E731
+    engines = col("engine")
+    flops = np.array(col("flops"), dtype=np.int64)
+    itype = col("itype")
+    table = pa.Table.from_pydict({
+        "engine": engines, "queue": queue, "opcode": col("opcode"), "node": col("node"),
+        "pc": pc, "rel_start_ns": start, "dur_ns": dur, "flops": flops,
+        "bytes_read": np.array(col("bytes_read"), dtype=np.int64),
+        "bytes_written": np.array(col("bytes_written"), dtype=np.int64),
+        "sem_wait_ns": wait, "seq": np.arange(n, dtype=np.int32), "instruction_type": itype,
+        "hbm_read_bytes": np.array(col("hbm_read"), dtype=np.int64),
+        "hbm_write_bytes": np.array(col("hbm_write"), dtype=np.int64),
+        "spill_save_bytes": np.array(col("spill_save"), dtype=np.int64),
+        "spill_reload_bytes": np.array(col("spill_reload"), dtype=np.int64),
+        "operands": [json.dumps(x.operands, separators=(",", ":")) for x in instrs],
+    }, schema=TABLE_SCHEMA)
+    eng = np.array(engines, dtype=object)
+    busy, active = {}, {}
+    for e in ENGINE_NAMES:
+        m = eng == e
+        busy[e] = int(dur[m].sum()) if n else 0
+        active[e] = _union_ns(start[m], dur[m])
+    end = start + dur
+    device_ns = int(end.max()) if n else 0
+    is_t = np.array([t == "TRANSPOSE" for t in itype], dtype=bool) if n else np.zeros(0, bool)
+    is_mm = np.array([o == "MATMUL" for o in col("opcode")], dtype=bool) if n else np.zeros(0, bool)
+    dma = eng == "dma"
+    return Schedule(
+        table=table, busy_ns=busy, device_ns=device_ns,
+        hbm_read_bytes=int(table["hbm_read_bytes"].to_numpy().sum()) if n else 0,
+        hbm_write_bytes=int(table["hbm_write_bytes"].to_numpy().sum()) if n else 0,
+        spill_save_bytes=int(table["spill_save_bytes"].to_numpy().sum()) if n else 0,
+        spill_reload_bytes=int(table["spill_reload_bytes"].to_numpy().sum()) if n else 0,
+        flops=int(flops[~is_t].sum()) if n else 0,
+        tensor_flops=int(flops[is_mm & ~is_t].sum()) if n else 0,
+        transpose_flops=int(flops[is_t].sum()) if n else 0,
+        active_ns=active,
+        dma_transfer_bytes=int(table["bytes_read"].to_numpy()[dma].sum()) if n else 0,
+        dma_transfer_count=int(dma.sum()),
+        sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
+        inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name)
+
+
+def _union_ns(s: np.ndarray, d: np.ndarray) -> int:
+    """Total length of the union of intervals [s, s+d) (engines with several queues overlap)."""
+    if len(s) == 0:
+        return 0
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], (s + d)[o]
+    run_end = np.maximum.accumulate(e)
+    # a new merged interval starts where s exceeds every earlier end
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    ends = np.append(run_end[idx[1:] - 1], run_end[-1])
+    return int((ends - s[idx]).sum())

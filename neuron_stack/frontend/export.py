@@ -1,0 +1,344 @@
+"""Front end: capture a PyTorch model with ``torch.export``, decompose it to core ATen, and turn the
+FX graph into the compiler's :class:`~neuron_stack.ir.Program`, keeping every op's user source line
+and module path.
+
+Source lines: non-strict ``torch.export`` keeps only frames of functions named ``forward``, so a
+helper function in another file would be attributed to its caller (facts file §1.2). While we
+export we swap in a frame filter that keeps every frame from the first ``forward`` inward; the
+innermost frame outside torch (and outside this package and the standard library) is the op's source.
+
+>>> import torch
+>>> m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+>>> prog = capture(m, (torch.randn(2, 4),))
+>>> [n.target for n in prog.nodes if n.is_compute]
+['aten.permute.default', 'aten.addmm.default', 'aten.relu.default']
+"""
+from __future__ import annotations
+
+import contextlib
+import linecache
+import operator
+import os
+import re
+import sysconfig
+import traceback
+from typing import Any
+
+import torch
+import torch.fx
+
+from neuron_stack.ir import Node, Program, Source, TensorSpec
+
+
+class CaptureError(RuntimeError):
+    """The model could not be captured; the message says why and what to change."""
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+# frames inside torch, the standard library or neuron_stack itself (the package root) are not user code
+_SKIP_DIRS = tuple(os.path.realpath(d) + os.sep for d in (
+    os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
+
+
+def _is_user_file(path: str) -> bool:
+    if not path or path.startswith("<"):
+        return False
+    return not os.path.realpath(path).startswith(_SKIP_DIRS)
+
+
+def user_frame(stack_trace: str | None) -> Source | None:
+    """The innermost frame of ``stack_trace`` (traceback text) that is user code, or None.
+
+    Example: ``user_frame('File "/m.py", line 3, in forward')`` -> ``Source("/m.py", 3, "forward", ...)``.
+    """
+    for f, line, fn in reversed(_FRAME.findall(stack_trace or "")):
+        if _is_user_file(f):
+            path = os.path.abspath(f)
+            return Source(path, int(line), fn, linecache.getline(path, int(line)).strip())
+    return None
+
+
+@contextlib.contextmanager
+def _full_stack_traces():
+    """Keep every frame from the first ``forward`` inward while non-strict export records stacks."""
+    import torch.fx.proxy as proxy
+
+    original = proxy.TracerBase._filter_traceback_frames
+
+    def keep_all(self, summary):
+        from torch.fx.experimental.symbolic_shapes import uninteresting_files
+        skip = uninteresting_files()
+        frames = [f for f in summary if f.filename not in skip]
+        first = next((i for i, f in enumerate(frames) if f.name == "forward"), None)
+        return traceback.StackSummary.from_list(frames[first:] if first is not None else frames)
+
+    proxy.TracerBase._filter_traceback_frames = keep_all
+    try:
+        yield
+    finally:
+        proxy.TracerBase._filter_traceback_frames = original
+
+
+def _module_path(meta: dict) -> tuple[str, str]:
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, cls = list(stack.values())[-1]
+    # Dynamo spells paths as L['self'].encoder.layer[0]; export as encoder.layer.0
+    path = re.sub(r"^L\['[^']*'\]\.?", "", str(path))
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path).lstrip(".")
+    cls = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    return path, cls
+
+
+def _spec(v: Any) -> TensorSpec | None:
+    if isinstance(v, torch.Tensor):
+        # Data-dependent (unbacked) sizes such as nonzero's row count are recorded as -1.
+        shape = tuple(int(d) if isinstance(d, int) or not _symbolic(d) else -1 for d in v.shape)
+        return TensorSpec(shape, str(v.dtype).removeprefix("torch."))
+    return None
+
+
+def _symbolic(d: Any) -> bool:
+    try:
+        int(d)
+        return not isinstance(d, int) and not str(d).lstrip("-").isdigit()
+    except Exception:
+        return True
+
+
+def _specs(val: Any) -> list[TensorSpec]:
+    if isinstance(val, (tuple, list)):
+        return [s for s in (_spec(v) for v in val) if s is not None]
+    s = _spec(val)
+    return [s] if s is not None else []
+
+
+def target_name(target: Any) -> str:
+    """A stable string for an FX call target: ``aten.addmm.default``, ``getitem``, ``operator.ge``."""
+    if target is operator.getitem:
+        return "getitem"
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    mod = getattr(target, "__module__", "") or ""
+    mod = "operator" if mod == "_operator" else mod
+    return f"{mod}.{getattr(target, '__name__', str(target))}"
+
+
+def jsonify(a: Any) -> Any:
+    """An FX argument as JSON-able data (see :class:`neuron_stack.ir.Node`)."""
+    if isinstance(a, torch.fx.Node):
+        return {"node": a.name}
+    if isinstance(a, (bool, int, float, str)) or a is None:
+        return a
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    if isinstance(a, (list, tuple)):
+        return [jsonify(x) for x in a]
+    if isinstance(a, dict):
+        return {"dict": {str(k): jsonify(v) for k, v in a.items()}}
+    if isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise CaptureError(f"symbolic value {a} in the graph: neuron_stack compiles static shapes; "
+                           "do not mark dimensions dynamic")
+    raise CaptureError(f"cannot compile an argument of type {type(a).__name__}: neuron_stack graphs "
+                       "take tensors, numbers, dtypes and lists of them")
+
+
+def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str, torch.Tensor],
+                     input_names: list[str], placeholder_constants: dict[str, str] | None = None,
+                     output_names: list[Any] | None = None) -> Program:
+    """Convert a core-ATen FX graph to a :class:`Program`.
+
+    ``placeholder_constants`` maps placeholder names that are really weights (export's lifted
+    parameters) to keys of ``constants``; those become ``get_attr`` nodes.
+    Example: ``graph_to_program(gm, name="g", constants={}, input_names=["x"])``.
+    """
+    placeholder_constants = placeholder_constants or {}
+    nodes: list[Node] = []
+    out_struct: Any = None
+    vals: dict[str, list[TensorSpec]] = {}
+    for n in gm.graph.nodes:
+        outs = _specs(n.meta.get("val", n.meta.get("example_value")))
+        if n.op == "get_attr" and not outs:
+            t = _resolve_attr(gm, n.target)
+            outs = _specs(t)
+        vals[n.name] = outs
+        if n.op == "placeholder":
+            if n.name in placeholder_constants:
+                nodes.append(Node(n.name, "get_attr", args=[placeholder_constants[n.name]], outputs=outs,
+                                  op_class="view"))
+            else:
+                nodes.append(Node(n.name, "placeholder", outputs=outs, op_class="view"))
+            continue
+        if n.op == "get_attr":
+            key = str(n.target)
+            constants.setdefault(key, _resolve_attr(gm, n.target))
+            nodes.append(Node(n.name, "get_attr", args=[key], outputs=outs, op_class="view"))
+            continue
+        if n.op == "output":
+            out_struct = jsonify(n.args[0])
+            nodes.append(Node(n.name, "output", args=[out_struct], op_class="view"))
+            continue
+        if n.op != "call_function":
+            raise CaptureError(f"unexpected FX node {n.op} {n.target}: neuron_stack compiles core-ATen graphs")
+        if isinstance(n.target, torch._ops.HigherOrderOperator):
+            raise CaptureError(f"{n.target.name()} (control flow) is not supported: the NeuronCore compiles "
+                               "straight-line graphs; move the branch out of the model or use torch.where")
+        args = jsonify(list(n.args))
+        inputs = [s for a in n.all_input_nodes for s in vals.get(a.name, [])[:1]]
+        if target_name(n.target) == "getitem":
+            src = vals.get(n.args[0].name, [])
+            inputs = src[n.args[1]:n.args[1] + 1] if isinstance(n.args[1], int) else []
+        path, cls = _module_path(n.meta)
+        nodes.append(Node(decomposed_from=_decomposed_from(n),
+            name=n.name, target=target_name(n.target), args=args, kwargs=jsonify(dict(n.kwargs))["dict"],
+            inputs=inputs, outputs=outs, module_path=path, module_type=cls,
+            source=user_frame(n.meta.get("stack_trace"))))
+    return Program(name=name, nodes=nodes, input_names=input_names,
+                   output_names=output_names if output_names is not None else out_struct,
+                   constants=constants)
+
+
+def _decomposed_from(n: torch.fx.Node) -> str:
+    """The pre-decomposition op this node came from (``from_node`` provenance), if it differs."""
+    src = (n.meta.get("from_node") or [None])[0]
+    while src is not None and getattr(src, "from_node", None):
+        src = src.from_node[0]
+    t = str(getattr(src, "target", "") or "")
+    return t if t.startswith("aten.") and t != target_name(n.target) else ""
+
+
+def _resolve_attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in str(target).split("."):
+        obj = getattr(obj, part)
+    return obj.detach() if isinstance(obj, torch.Tensor) else obj
+
+
+def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
+    """``torch.export`` + ``run_decompositions`` to core ATen, with full user stack traces.
+
+    Returns the decomposed ``ExportedProgram``. Raises :class:`CaptureError` with the export
+    failure's first line. Example: ``ep = export(model, (x,))``.
+    """
+    import warnings
+    with _full_stack_traces(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            ep = torch.export.export(model, args, kwargs or {}, strict=False)
+            return ep.run_decompositions()
+        except CaptureError:
+            raise
+        except Exception as exc:  # export errors are long; the first line names the construct
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CaptureError(f"torch.export could not capture {type(model).__name__}: {first}") from exc
+
+
+def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = None) -> Program:
+    """Export ``model`` on ``example_inputs`` (a tensor, a tuple of args, or a dict of kwargs) to a Program.
+
+    Parameters and buffers become constants (inlined weights, as ``torch_neuronx.trace`` does).
+    Example: ``capture(torch.nn.Linear(4, 2), (torch.randn(1, 4),))``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        model = _FunctionModule(model)
+    args, kwargs = normalise_inputs(example_inputs)
+    was_training = model.training
+    ep = export(model, args, kwargs)
+    model.train(was_training)
+    return from_exported(ep, name or type(model).__name__, decompose=False)
+
+
+def from_exported(ep, name: str, decompose: bool = True) -> Program:
+    """A Program from an ``ExportedProgram`` (decomposed to core ATen here if it is not yet).
+
+    Example: ``from_exported(torch.export.load("model.pt2"), "model")``.
+    """
+    from torch.export.graph_signature import InputKind, OutputKind
+    from torch.utils import _pytree as pytree
+
+    if decompose:
+        with _full_stack_traces():
+            ep = ep.run_decompositions()
+    sig = ep.graph_signature
+    constants: dict[str, torch.Tensor] = {}
+    placeholder_constants: dict[str, str] = {}
+    input_names: list[str] = []
+    for spec in sig.input_specs:
+        pname = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            input_names.append(pname)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict.get(spec.target) if spec.kind != InputKind.CONSTANT_TENSOR else None
+            if t is None:
+                t = ep.constants[spec.target]
+            constants[pname] = t.detach()
+            placeholder_constants[pname] = pname
+        else:
+            raise CaptureError(f"unsupported graph input kind {spec.kind.name}: neuron_stack takes tensors")
+    user_outputs = [{"node": s.arg.name} if hasattr(s.arg, "name") else s.arg.value
+                    for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    prog = graph_to_program(ep.graph_module, name=name, constants=constants,
+                            input_names=input_names, placeholder_constants=placeholder_constants,
+                            output_names=user_outputs)
+    # The in/out pytree specs let NeuronModule accept and return the same structures as the model.
+    prog.in_spec = ep.call_spec.in_spec
+    prog.out_spec = ep.call_spec.out_spec
+    try:
+        prog.io_specs = {"in": pytree.treespec_dumps(ep.call_spec.in_spec),
+                         "out": pytree.treespec_dumps(ep.call_spec.out_spec)}
+    except Exception:  # custom pytree nodes without a serialized name: outputs load back as a tuple
+        prog.io_specs = {}
+    return prog
+
+
+class _FunctionModule(torch.nn.Module):
+    """Lets ``trace`` accept a plain function, as ``torch_neuronx.trace`` does."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def normalise_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """``example_inputs`` as ``(args, kwargs)``: a tensor -> ``((t,), {})``, a dict -> kwargs."""
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def sources_in(program: Program) -> list[Source]:
+    """Distinct sources of a program's nodes, in first-use order."""
+    seen: dict[tuple[str, int], Source] = {}
+    for n in program.nodes:
+        if n.source is not None:
+            seen.setdefault((n.source.file, n.source.line), n.source)
+    return list(seen.values())
+
+
+def file_texts(files: list[str]) -> dict[str, str]:
+    """The text of each readable user file (the NEFF embeds them so profiles are self-contained)."""
+    out = {}
+    for f in dict.fromkeys(files):
+        try:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                out[f] = fh.read()
+        except OSError:
+            continue
+    return out
+
+
+__all__ = ["capture", "export", "graph_to_program", "user_frame", "target_name", "jsonify",
+           "CaptureError", "normalise_inputs", "sources_in", "file_texts"]

@@ -1,0 +1,211 @@
+"""Pass 6, emit: the NEFF, a versioned, self-describing archive, and its safe loader.
+
+A NEFF is a zip archive (members stored uncompressed so weights load fast):
+
+- ``neff.json``      header: magic, format version, name, uuid, graph hash, target, compiler version,
+                     core count, compile flags, and a sha256 of every other member;
+- ``program.json``   the compiled :class:`~neuron_stack.ir.Program` (op table with placement, fusion,
+                     module path and source of every op; tensor specs; partitions);
+- ``constants.pt``   the weights, a dict of tensors read back with ``torch.load(weights_only=True)``
+                     (never pickled code);
+- ``schedule/<p>.arrow`` + ``schedule.json``   each device partition's instruction table (Arrow IPC)
+                     and its scalars (device_ns, busy_ns per engine, HBM bytes, FLOPs);
+- ``sources.json``, ``source_files.json``   the source table and the text of every referenced file;
+- ``compile.log``    the verbose compile log.
+
+Loading checks all of it; a truncated, corrupt, wrong-version or wrong-target file raises
+:class:`NeffError` whose message is one line naming the problem and the fix.
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "bad.neff")
+>>> _ = open(path, "wb").write(b"not a neff")
+>>> try:
+...     load(path)
+... except NeffError as e:
+...     print(str(e).split(":")[1].strip())
+not a NEFF archive (no zip directory
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import uuid as uuidlib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from neuron_stack.ir import Program
+
+MAGIC = "NEFF-neuron_stack"
+FORMAT_VERSION = 1
+
+
+class NeffError(RuntimeError):
+    """A NEFF that cannot be used; the message is one line naming the file, the problem and the fix."""
+
+
+@dataclass
+class Neff:
+    """A compiled graph: header, program, constants (inside ``program``), schedules, sources, log.
+
+    Example: ``Neff.load("model.neff").header["target"]``.
+    """
+
+    header: dict
+    program: Program
+    schedules: dict[int, dict] = field(default_factory=dict)   # partition -> {"table": pa.Table, scalars...}
+    source_files: dict[str, str] = field(default_factory=dict)
+    log: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.header["name"]
+
+    @property
+    def target(self) -> str:
+        return self.header["target"]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the archive to ``path`` atomically (temp file + rename). Returns the path."""
+        return save(self, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike, target: str | None = None) -> "Neff":
+        return load(path, target)
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _constants_bytes(constants: dict) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save({k: v.contiguous() for k, v in constants.items()}, buf)
+    return buf.getvalue()
+
+
+def members(neff: Neff) -> dict[str, bytes]:
+    """Every member but the header, as bytes (shared by :func:`save` and the checksum)."""
+    out: dict[str, bytes] = {
+        "program.json": json.dumps(neff.program.to_json()).encode(),
+        "constants.pt": _constants_bytes(neff.program.constants),
+        "compile.log": neff.log.encode(),
+        "source_files.json": json.dumps(neff.source_files).encode(),
+    }
+    sources = {}
+    for n in neff.program.nodes:
+        if n.source is not None:
+            sources[f"{n.source.file}:{n.source.line}"] = {"file": n.source.file, "line": n.source.line,
+                                                           "function": n.source.function, "code": n.source.code}
+    out["sources.json"] = json.dumps(list(sources.values())).encode()
+    scalars = {}
+    for p, s in neff.schedules.items():
+        out[f"schedule/{p}.arrow"] = _table_bytes(s["table"])
+        scalars[str(p)] = {k: v for k, v in s.items() if k != "table"}
+    out["schedule.json"] = json.dumps(scalars).encode()
+    return out
+
+
+def save(neff: Neff, path: str | os.PathLike) -> Path:
+    """Write ``neff`` to ``path`` (see module docstring for the layout). Example: ``save(neff, "m.neff")``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = members(neff)
+    header = dict(neff.header, magic=MAGIC, format_version=FORMAT_VERSION,
+                  checksums={k: hashlib.sha256(v).hexdigest() for k, v in data.items()})
+    neff.header = header
+    tmp = path.with_name(f".{path.name}.{uuidlib.uuid4().hex[:8]}.tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("neff.json", json.dumps(header, indent=1))
+        for k, v in data.items():
+            z.writestr(k, v)
+    os.replace(tmp, path)
+    return path
+
+
+def _fail(path, problem: str, fix: str = "recompile the model to regenerate it") -> NeffError:
+    return NeffError(f"{path}: {problem}; {fix}")
+
+
+def read_header(path: str | os.PathLike) -> dict:
+    """Only the header of a NEFF (cheap). Raises :class:`NeffError` like :func:`load`."""
+    path = Path(path)
+    if not path.exists():
+        raise NeffError(f"{path}: no such NEFF file; check the path or compile one with `neuron-cc compile`")
+    try:
+        with zipfile.ZipFile(path) as z:
+            header = json.loads(z.read("neff.json"))
+    except zipfile.BadZipFile:
+        raise _fail(path, "not a NEFF archive (no zip directory: the file is truncated or not a NEFF)") from None
+    except KeyError:
+        raise _fail(path, "not a NEFF archive (no neff.json header)") from None
+    except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
+        raise _fail(path, f"unreadable NEFF header ({type(exc).__name__})") from None
+    if not isinstance(header, dict) or header.get("magic") != MAGIC:
+        raise _fail(path, "not a neuron_stack NEFF (bad magic)")
+    if header.get("format_version") != FORMAT_VERSION:
+        raise _fail(path, f"NEFF format version {header.get('format_version')} but this runtime reads "
+                          f"version {FORMAT_VERSION}", "recompile it with this neuron_stack")
+    return header
+
+
+#: The per-partition scalars the runtime adds up at load (schedule.json): ints, busy_ns per engine.
+SCHEDULE_SCALARS = ("device_ns", "hbm_read_bytes", "hbm_write_bytes", "flops")
+
+
+def _check_scalars(path, partition: str, s) -> None:
+    ok = (isinstance(s, dict) and all(type(s.get(k)) is int for k in SCHEDULE_SCALARS)
+          and isinstance(s.get("busy_ns"), dict)
+          and all(isinstance(e, str) and type(v) is int for e, v in s["busy_ns"].items()))
+    if not ok:
+        raise _fail(path, f"malformed schedule scalars for partition {partition!r} in schedule.json")
+
+
+def load(path: str | os.PathLike, target: str | None = None) -> Neff:
+    """Read and verify a NEFF. ``target`` (if given) must match the NEFF's target.
+
+    Example: ``neff = load("model.neff", target="trn1")``.
+    """
+    import torch
+
+    path = Path(path)
+    header = read_header(path)
+    if target is not None and header.get("target") != target:
+        raise _fail(path, f"compiled for target {header.get('target')} but loaded on {target}",
+                    f"recompile with --target {target}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            data = {}
+            for name, digest in header["checksums"].items():
+                blob = z.read(name)
+                if hashlib.sha256(blob).hexdigest() != digest:
+                    raise _fail(path, f"checksum mismatch in member {name} (the file is corrupt)")
+                data[name] = blob
+    except NeffError:
+        raise
+    except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
+        raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    try:
+        constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
+        program = Program.from_json(json.loads(data["program.json"]), constants)
+        scalars = json.loads(data["schedule.json"])
+        schedules = {}
+        for p, s in scalars.items():
+            _check_scalars(path, p, s)
+            table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
+            schedules[int(p)] = dict(s, table=table)
+        source_files = json.loads(data["source_files.json"])
+        log = data["compile.log"].decode()
+    except NeffError:
+        raise
+    except Exception as exc:  # a member that passed its checksum but does not parse: written by a bug
+        raise _fail(path, f"unreadable NEFF member ({type(exc).__name__})") from None
+    return Neff(header=header, program=program, schedules=schedules, source_files=source_files, log=log)
