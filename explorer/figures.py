@@ -15,6 +15,7 @@ import zlib
 import plotly.graph_objects as go
 
 from explorer import data
+from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -213,8 +214,8 @@ def icicle_figure(nodes: list[dict]) -> go.Figure:
 
 def engine_bars(engines: dict[str, float]) -> go.Figure:
     """Horizontal bars of engine active %, in the real tool's engine order."""
-    names = [e for e in ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc") if e in engines]
-    fig = go.Figure(go.Bar(x=[engines[e] for e in names], y=[data.ENGINE_LABELS[e] for e in names], orientation="h",
+    names = [e for e in DEVICE_ENGINES if e in engines]
+    fig = go.Figure(go.Bar(x=[engines[e] for e in names], y=[ENGINE_LABELS[e] for e in names], orientation="h",
                            text=[f"{engines[e]:.1f}%" for e in names], textposition="auto",
                            marker=dict(color=["#4e79a7" if e != "dma" else "#f28e2b" for e in names]),
                            hovertemplate="%{y}: %{x:.1f}% active<extra></extra>"))

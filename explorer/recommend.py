@@ -44,30 +44,22 @@ def host_starved(L, rule) -> list[Finding]:
     s = data.summary(L)
     if not s["span_ns"] or s["device_busy_percent"] >= rule.threshold:
         return []
-    gap = L.rows("""
-        SELECT prev_end, start_ns FROM (
-          SELECT start_ns, lag(end_ns) OVER (PARTITION BY core ORDER BY start_ns) AS prev_end FROM executions)
-        WHERE prev_end IS NOT NULL ORDER BY start_ns - prev_end DESC LIMIT 1""")
+    gap = L.profile.idle_gap()
     query = {}
     if gap:
         t0 = data.bounds(L)["t0"]
-        a, b = gap[0]["prev_end"] - t0, gap[0]["start_ns"] - t0
+        a, b = gap["prev_end"] - t0, gap["start_ns"] - t0
         pad = max((b - a) // 10, 1)
         query = {"start": max(a - pad, 0), "end": b + pad}
     idle = s["span_ns"] * max(s["cores"], 1) - s["device_ns"]
-    span = L.rows("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions")[0]
-    t_first, t_last = span["a"], span["b"]
-    # recompile events are zero-length markers beside their graph's compile event: count graphs, sum durations
-    host = L.rows("""SELECT coalesce(sum(dur_ns), 0) AS compile_ns, count(DISTINCT graph_id) AS compiles
-                     FROM events WHERE kind IN ('compile', 'recompile') AND ts_ns >= ? AND ts_ns < ?""",
-                  [t_first, t_last])[0]
+    host = L.profile.compiles_between()
     # Name what filled the idle time, so the fix is obvious: compiles and fallbacks first.
     parts = []
     if host["compiles"]:
         parts.append(f"{host['compiles']} compile{'s' if host['compiles'] != 1 else ''} took {_ms(host['compile_ns'])}")
     if s["cpu_fallback_ns"]:
         parts.append(f"CPU fallbacks took {_ms(s['cpu_fallback_ns'])}")
-    longest = f" (longest gap {_ms(gap[0]['start_ns'] - gap[0]['prev_end'])})" if gap else ""
+    longest = f" (longest gap {_ms(gap['start_ns'] - gap['prev_end'])})" if gap else ""
     rest = ("host Python and data preparation between steps: overlap it with DataLoader workers, or batch more "
             "work per call.")
     filled = (" In that time " + " and ".join(parts) + " — fix those first (see the other findings); the rest is "
@@ -168,12 +160,9 @@ def cpu_fallback(L, rule) -> list[Finding]:
     rows = data.fallbacks(L)
     if len(rows) <= rule.threshold:
         return []
-    totals = data.op_totals(L)
     sites: dict[str, dict] = {}
     for f in rows:
-        t = totals.get(f["op_id"], {})
-        # A CPU op's time is recorded as host time, or as its instructions on the 'cpu' engine.
-        ns = max(f["host_ns"], t.get("device_ns", 0))
+        ns = f["host_ns"]   # host time (traces.Profile.fallbacks): never device time
         site = sites.setdefault(f["where"], {"ns": 0, "ops": [], "source_id": f["source_id"]})
         site["ns"] += ns
         site["ops"].append((ns, f["op"], f["reason"]))
@@ -210,10 +199,8 @@ def _site_order(where: str) -> tuple:
 
 
 def _step_ns(L, fallback_ns: float) -> float:
-    """Time of the measured executions with the CPU fallbacks counted once (inside or outside them)."""
-    s = data.summary(L)
-    inside = L.scalar(f"SELECT coalesce(sum(cpu_fallback_ns), 0) FROM executions WHERE {data.MEASURED}") or 0
-    return max(s["device_ns"] - inside, 0) + fallback_ns
+    """Time of the measured executions: their device time plus the CPU fallbacks' host time, once."""
+    return data.summary(L)["device_ns"] + fallback_ns
 
 
 MAX_LAYERS = 3
@@ -250,8 +237,7 @@ def dma_bound(L, rule) -> list[Finding]:
 
 def spills(L, rule) -> list[Finding]:
     """Spill/reload traffic (DMA queues named ``*Spill*``) above ``threshold`` of HBM reads."""
-    row = L.rows("""SELECT coalesce(sum(bytes_read + bytes_written), 0) AS bytes, coalesce(sum(dur_ns), 0) AS ns
-                    FROM instructions WHERE engine = 'dma' AND queue ILIKE '%spill%'""")[0]
+    row = L.profile.spill_traffic()
     hbm = data.summary(L)["hbm_read_bytes"]
     if not row["bytes"] or not hbm or row["bytes"] < rule.threshold * hbm:
         return []

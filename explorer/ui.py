@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 from dash import dcc, html
 
 from explorer import data
-from explorer.sqlguard import RefusedQuery
+from traces.console import RefusedQuery
 
 
 def href(path: str, **query) -> str:

@@ -15,7 +15,7 @@ import pytest
 from dash._callback_context import context_value
 from dash._utils import AttributeDict
 
-from explorer import data
+from explorer import data, profiles
 from explorer.app import create_app
 from test_explorer_profiles import make_profile
 
@@ -227,5 +227,5 @@ def test_exp212_real_inspect_run_finds_the_recompile_reason(tmp_path):
             text = str(importlib.import_module(f"explorer.pages.{page}").layout(profile=key))
             assert "error-box" not in text, (page, text[:300])
     finally:
-        data._REGISTRY = old
+        profiles._REGISTRY = old
         reg.close()

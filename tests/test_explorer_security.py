@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from explorer import data, sqlguard
+from explorer import data, profiles
 from explorer.app import create_app
 from test_explorer_profiles import make_profile
+from traces.console import RefusedQuery
 
 HOSTILE = [
     "DROP TABLE ops",
@@ -51,10 +52,10 @@ def loaded(tmp_path_factory):
 
 @pytest.mark.parametrize("query", HOSTILE)
 def test_exp101_console_refuses_hostile_statements(loaded, query):
-    with pytest.raises((sqlguard.RefusedQuery, data.ExplorerError)):
+    with pytest.raises((RefusedQuery, data.ExplorerError)):
         data.run_console(loaded, query)
     # and the profile is untouched
-    assert loaded.scalar("SELECT count(*) FROM ops") == 8
+    assert loaded.profile.sql("SELECT count(*) FROM ops").column(0)[0].as_py() == 8
 
 
 def test_exp102_console_runs_selects_with_a_row_cap(loaded):
@@ -69,9 +70,9 @@ def test_exp102_console_runs_selects_with_a_row_cap(loaded):
 def test_exp103_the_connection_itself_cannot_reach_files(loaded):
     # even a statement that slipped past the parser checks could not read or re-enable file access
     with pytest.raises(Exception, match="(?i)disabled|permission"):
-        loaded.sql("SELECT * FROM read_csv('/etc/passwd')")
+        loaded.profile.sql("SELECT * FROM read_csv('/etc/passwd')")
     with pytest.raises(Exception, match="(?i)locked|cannot change"):
-        loaded.sql("SET enable_external_access = true")
+        loaded.profile.sql("SET enable_external_access = true")
 
 
 def test_exp104_console_callback_reports_refusals_in_one_line(loaded):
@@ -130,5 +131,5 @@ def test_exp108_a_corrupt_profile_is_reported_and_others_keep_working(loaded, tm
         good = [k for k in reg.keys() if k != "broken"][0]
         assert "error-box" not in str(summary.layout(profile=good))
     finally:
-        data._REGISTRY = old   # keep the module fixture's registry open for the other tests
+        profiles._REGISTRY = old   # keep the module fixture's registry open for the other tests
         reg._loaded.pop("broken", None)

@@ -15,29 +15,22 @@ True
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
+from traces import q_figures, q_replay, q_timeline
+from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
-from traces.intervals import bucket_busy
+from traces.q_figures import Figures
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.segments import list_segments
 from traces.store import DERIVED_TABLES, PROFILE_NAME, finalize, summary_sql
 
 log = logging.getLogger("traces")
 
-#: A zoomed-out utilization query reads the pyramid level whose buckets are at most 1/16 of its
-#: own bucket; where no level is that fine it reads raw instructions (exact at every edge).
-LOD_OVERSAMPLE = 16
-
-UTILIZATION_SCHEMA = pa.schema([("bucket", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
-                                ("core", pa.int32()), ("engine", pa.string()), ("busy_ns", pa.float64()),
-                                ("utilization", pa.float64())])
 
 
 def one_line(exc: BaseException) -> str:
@@ -96,7 +89,9 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
         path = target
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     if not external_access:
+        # no file access from any query, and no way to turn it back on
         config["enable_external_access"] = False
+        config["lock_configuration"] = True
     try:
         con = duckdb.connect(str(path), read_only=True, config=config)
     except duckdb.Error as exc:
@@ -135,6 +130,7 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_literal(str(file))})")
         if not external_access:
             con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
         con.close()
         raise TraceError(f"{path} is not a readable Parquet export of a profile: {one_line(exc)}") from None
@@ -314,18 +310,11 @@ class Profile:
                         [int(n)])
 
     def fallbacks(self) -> pa.Table:
-        """Ops placed on the CPU: reason, call site, how often and how long they ran.
+        """Ops placed on the CPU: reason, call site, how often and how long they ran on the host.
 
         Example: ``p.fallbacks().column("aten_op").to_pylist() == ["aten.nonzero.default"]``.
         """
-        return self.sql("""
-            SELECT o.op_id, o.graph_id, g.name AS graph_name, o.name, o.aten_op, o.fallback_reason,
-                   o.module_path, o.source_id, s.file, s.line, s.code,
-                   coalesce(os.cpu_calls, 0) AS cpu_calls, coalesce(os.cpu_ns, 0) AS cpu_ns
-            FROM ops o LEFT JOIN op_summary os ON os.op_id = o.op_id
-            LEFT JOIN graphs g ON g.graph_id = o.graph_id LEFT JOIN sources s ON s.source_id = o.source_id
-            WHERE o.placement = 'cpu_fallback'
-            ORDER BY cpu_ns DESC, o.op_id""")
+        return q_figures.fallbacks(self)
 
     def recompiles(self) -> pa.Table:
         """Graphs compiled again for a new input signature: old and new signature, reason, cost.
@@ -355,7 +344,7 @@ class Profile:
         Example: ``p.instructions(t, t + 10_000, core=0, engine="tensor")``.
         """
         max_dur = int(self.metadata().get("max_instruction_dur_ns") or 0)
-        where, params = _lane_filter(core, engine)
+        where, params = q_timeline.lane_filter(core, engine)
         params.update(t0=int(t0), t1=int(t1), lo=int(t0) - max_dur)
         query = (f"SELECT * FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo "
                  f"AND start_ns + dur_ns > $t0 {where} ORDER BY start_ns")
@@ -377,75 +366,121 @@ class Profile:
         One row per lane and bucket (zeros included): ``bucket, start_ns, end_ns, core, engine,
         [queue,] busy_ns, utilization`` where ``utilization = busy_ns / bucket width``. The dma
         engine sums its queues, so its utilization can exceed 1.0 (ask ``by_queue`` for lanes).
-        Zoomed out it reads the level-of-detail pyramid (a pyramid bucket cut by an edge is
-        shared in proportion); zoomed in it reads raw instructions, split exactly at every edge.
-        ``core`` / ``engine`` take one value or a list. Example:
-        ``p.utilization(buckets=200, engine=["tensor", "vector"])``.
+        The level of detail follows the one rule of :mod:`traces.q_timeline`. ``core`` / ``engine``
+        take one value or a list. Example: ``p.utilization(buckets=200, engine=["tensor", "vector"])``.
         """
-        if not isinstance(buckets, int) or buckets < 1:
-            raise TraceError(f"buckets must be a positive integer, not {buckets!r}")
-        rng = self.trace_range()
-        schema = UTILIZATION_SCHEMA if not by_queue else UTILIZATION_SCHEMA.insert(5, pa.field("queue", pa.string()))
-        if rng is None:
-            return schema.empty_table()
-        t0 = rng[0] if t0 is None else int(t0)
-        t1 = rng[1] if t1 is None else int(t1)
-        if t1 <= t0:
-            raise TraceError(f"empty time range [{t0}, {t1}): t1 must be greater than t0")
-        if max(abs(t0), abs(t1)) >= 1 << 62:  # beyond year 2116 in ns: int64 arithmetic below would wrap
-            raise TraceError(f"time range [{t0}, {t1}) lies beyond ±2**62 ns: pass times in ns on the profile's "
-                             "clock (or re-finalise a damaged profile from its segments)")
-        width = (t1 - t0) / buckets
-        meta = self.metadata()
-        base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
-        level = min(top, math.floor(math.log2(width / LOD_OVERSAMPLE))) if width >= LOD_OVERSAMPLE else -1
-        where, params = _lane_filter(core, engine)
-        lane_cols = ["core", "engine", "queue"] if by_queue else ["core", "engine"]
-        key = f"hash({', '.join(lane_cols)})"  # rows carry a lane hash, not strings: cheaper to transfer
-        lanes = self.sql(f"SELECT DISTINCT {', '.join(lane_cols)}, {key} AS h FROM lod_busy "
-                         f"WHERE level = $top {where} ORDER BY ALL", {**params, "top": top})
-        if level >= base:
-            # a pyramid bucket is clipped to the trace's extent first: no busy time lies outside it
-            params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level,
-                          tlo=rng[0], thi=rng[1])
-            source = (f"SELECT {key} AS h, greatest(bucket * $bw, $tlo) AS s, "
-                      f"least((bucket + 1) * $bw, $thi) AS e, busy_ns AS busy "
-                      f"FROM lod_busy WHERE level = $lvl AND bucket BETWEEN $blo AND $bhi {where}")
-        else:
-            max_dur = int(meta.get("max_instruction_dur_ns") or 0)
-            # the start_ns range alone selects candidates, so zone maps skip the other row groups
-            params.update(t1=t1, lo=t0 - max_dur)
-            source = (f"SELECT {key} AS h, start_ns AS s, start_ns + dur_ns AS e, dur_ns AS busy "
-                      f"FROM instructions WHERE start_ns < $t1 AND start_ns >= $lo AND dur_ns > 0 {where}")
-        rows = self.sql(source, params)
-        lane_h = lanes["h"].to_numpy()
-        order = np.argsort(lane_h)
-        h = rows["h"].to_numpy()
-        pos = np.minimum(np.searchsorted(lane_h[order], h), max(len(order) - 1, 0))
-        lane = np.where(lane_h[order][pos] == h, order[pos], -1) if len(order) else np.full(len(h), -1)
-        busy = bucket_busy(lane, rows["s"].to_numpy() - t0, rows["e"].to_numpy() - t0, rows["busy"].to_numpy(),
-                           lanes.num_rows, t1 - t0, buckets)   # (lanes, buckets)
-        k = np.arange(buckets, dtype=np.int64)
-        edges = t0 + np.floor(np.arange(buckets + 1) * width).astype(np.int64)
-        edges[-1] = t1
-        n = lanes.num_rows
-        columns = {"bucket": np.tile(k, n), "start_ns": np.tile(edges[:-1], n), "end_ns": np.tile(edges[1:], n)}
-        for col in lane_cols:
-            columns[col] = pa.array(lanes[col].to_numpy(zero_copy_only=False).repeat(buckets)
-                                    if n else [], type=schema.field(col).type)
-        columns["busy_ns"] = busy.reshape(-1)
-        columns["utilization"] = busy.reshape(-1) / width
-        return pa.table({f.name: columns[f.name] for f in schema}, schema=schema)
+        return q_timeline.utilization(self, t0, t1, buckets, core, engine, by_queue)
 
+    # -- the figures every tool shows (traces.q_figures) ---------------------------------------
+    def figures(self, include_warmup: bool | None = None) -> Figures:
+        """The headline figures (device time, busy %, engine %, MFU, fallback host time, compiles...).
 
-def _lane_filter(core, engine) -> tuple[str, dict]:
-    where, params = "", {}
-    if core is not None:
-        cores = [core] if isinstance(core, int) else list(core)
-        where += " AND list_contains($cores, core)"
-        params["cores"] = [int(c) for c in cores]
-    if engine is not None:
-        engines = [engine] if isinstance(engine, str) else list(engine)
-        where += " AND list_contains($engines, engine)"
-        params["engines"] = [str(e) for e in engines]
-    return where, params
+        ``neuron-explorer summary``, the Explorer and ``neuron-top --replay`` all show these.
+        Example: ``p.figures().device_busy_percent``.
+        """
+        return q_figures.figures(self, include_warmup)
+
+    def ops(self) -> pa.Table:
+        """Every op with its source line and graph name. Example: ``p.ops().num_rows``."""
+        return q_figures.ops(self)
+
+    def op_totals(self) -> pa.Table:
+        """Per op: device time (device engines only, per engine too), instructions, FLOPs, bytes, host
+        time of a CPU op. Example: ``p.op_totals().column("device_ns")``."""
+        return q_figures.op_totals(self)
+
+    def hierarchy(self) -> pa.Table:
+        """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
+        return q_figures.hierarchy(self)
+
+    def graphs(self) -> pa.Table:
+        """Every graph with call site, executions and first compile time. Example: ``p.graphs().num_rows``."""
+        return q_figures.graphs(self)
+
+    def source_files(self) -> list[str]:
+        """Files whose text the profile embeds. Example: ``p.source_files()[0]``."""
+        return [r[0] for r in self._rows("SELECT file FROM source_files ORDER BY file")]
+
+    def idle_gap(self) -> dict | None:
+        """The longest gap between two executions on one core (``prev_end``, ``start_ns``), or None."""
+        return q_figures.idle_gap(self)
+
+    def compiles_between(self, t0: int | None = None, t1: int | None = None) -> dict:
+        """Compiles (graphs) and their time started in ``[t0, t1)``, default first to last execution."""
+        return q_figures.compiles_between(self, t0, t1)
+
+    def spill_traffic(self) -> dict:
+        """Bytes and DMA ns of SBUF spill/reload traffic. Example: ``p.spill_traffic()["bytes"]``."""
+        return q_figures.spill_traffic(self)
+
+    # -- the timeline (traces.q_timeline) ------------------------------------------------------
+    def timeline_bounds(self) -> q_timeline.Bounds:
+        """First/last recorded moment and instruction statistics (cached: a profile never changes)."""
+        if getattr(self, "_bounds", None) is None:
+            self._bounds = q_timeline.bounds(self)
+        return self._bounds
+
+    def lanes(self) -> pa.Table:
+        """Lanes with instructions (core, engine, DMA queue) and executing cores (engine NULL)."""
+        return q_timeline.lanes(self)
+
+    def lane_cells(self, t0: int, t1: int, buckets: int, core=None, engine=None) -> q_timeline.LaneCells:
+        """Busy time, counts and top op per lane (DMA per queue) on an exact grid over ``[t0, t1)``.
+
+        Example: ``cells = p.lane_cells(t, t + 10**6, 800); cells.busy.shape``.
+        """
+        return q_timeline.lane_cells(self, int(t0), int(t1), int(buckets), core, engine, by_queue=True,
+                                     dma_queues_only=True)
+
+    def window_count(self, t0: int, t1: int) -> int:
+        """How many instructions overlap ``[t0, t1)``."""
+        return q_timeline.window_count(self, t0, t1)
+
+    def window_instructions(self, t0: int, t1: int, limit: int) -> pa.Table:
+        """At most ``limit`` instructions overlapping ``[t0, t1)``, in start order."""
+        return q_timeline.window_instructions(self, t0, t1, limit)
+
+    def selected_counts(self, t0: int, t1: int, buckets: int, op_ids) -> pa.Table:
+        """Per lane and grid cell of ``[t0, t1)``: instructions of ``op_ids`` starting there."""
+        return q_timeline.selected_counts(self, t0, t1, buckets, op_ids)
+
+    def spans(self, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
+        """(executions, host and compile events) overlapping ``[t0, t1)``, at most ``cap`` each."""
+        return q_timeline.spans(self, t0, t1, cap)
+
+    def instruction_at(self, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
+        """One instruction by lane and absolute start time. Example: ``p.instruction_at(0, "tensor", t)``."""
+        return q_timeline.instruction_at(self, core, engine, start_ns, pc)
+
+    def range_by_lane(self, t0: int, t1: int) -> pa.Table:
+        """Busy ns clipped to ``[t0, t1)`` per core × engine × DMA queue."""
+        return q_timeline.range_by_lane(self, t0, t1)
+
+    def range_by_op(self, t0: int, t1: int) -> pa.Table:
+        """Busy ns clipped to ``[t0, t1)`` per op."""
+        return q_timeline.range_by_op(self, t0, t1)
+
+    # -- replay (traces.q_replay) --------------------------------------------------------------
+    def replay_runs(self) -> list[dict]:
+        """Recorded processes with their active span (first recorded moment to end)."""
+        return q_replay.runs(self)
+
+    def replay_span(self) -> tuple[int, int]:
+        """``(first, last)`` recorded moment; :class:`TraceError` when nothing was recorded."""
+        return q_replay.span(self)
+
+    def replay_window(self, t0: int, t1: int) -> q_replay.ReplayWindow:
+        """What the profile recorded in ``[t0, t1)`` (busy, finished executions, events, memory).
+
+        Example: ``p.replay_window(lo, lo + 10**9).busy``.
+        """
+        return q_replay.window(self, t0, t1)
+
+    # -- user SQL (traces.console) -------------------------------------------------------------
+    def user_sql(self, sql: str, params=None, *, select_only: bool = False, max_rows: int | None = None,
+                 timeout_s: float | None = None) -> UserResult:
+        """Run a user's own SQL, bounded; see :func:`traces.console.run_user_sql`.
+
+        Example: ``p.user_sql("SELECT * FROM ops", select_only=True, max_rows=100).table``.
+        """
+        return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s)

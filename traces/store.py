@@ -27,9 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces.errors import TraceError
-from traces.schema import ENGINES, SCHEMA_VERSION, TABLES
+from traces.schema import SCHEMA_VERSION, TABLES
 from traces.intervals import lod_pyramid, union_active, valid_intervals
 from traces.segments import list_segments, read_segment
+from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
 log = logging.getLogger("traces")
 
@@ -42,13 +43,11 @@ LOD_TOP_BUCKETS = 64
 #: Smallest base bucket: 2**6 = 64 ns, about one short instruction.
 LOD_MIN_LEVEL = 6
 
-#: Engines whose instructions may overlap (several DMA queues, collective streams, host threads):
-#: their active time is the union of their intervals; the compute engines run their stream in order.
-CONCURRENT_ENGINES = ("dma", "cc", "cpu")
-
-#: Summary engine columns: schema engine name -> name prefix used by the real profiler.
-SUMMARY_ENGINES = {"tensor": "tensor_engine", "vector": "vector_engine", "scalar": "scalar_engine",
-                   "gpsimd": "gpsimd_engine", "sync": "sync_engine"}
+#: Device time of one execution: its span minus the host (CPU-fallback) time inside it, never more
+#: than the recorded device makespan. The runtime records ``device_ns`` as the whole span, host
+#: time included, while other writers record the device part alone; this is right for both.
+DEVICE_NS_SQL = ("least(coalesce(device_ns, end_ns - start_ns), "
+                 "greatest(end_ns - start_ns - coalesce(cpu_fallback_ns, 0), 0))")
 
 #: How duplicate rows (the same entity recorded by several processes or twice) collapse.
 _LOAD_CLAUSE = {
@@ -235,7 +234,7 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
         _aggregate(con)
     with _step("exec_engine_summary"):
         _exec_engine_summary(con, work["union"])
-    con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {_measured_condition(include_warmup)}")
+    con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {measured_condition(include_warmup)}")
     with _step("op, opcode and source summaries"):
         _op_and_source_summaries(con)
     with _step("lod_busy"):
@@ -281,8 +280,9 @@ def _exec_engine_summary(con, overlap: pa.Table) -> None:
     con.unregister("overlap")
 
 
-def _measured_condition(include_warmup: bool) -> str:
-    """Executions the summaries count: warm-ups excluded, unless every execution is a warm-up."""
+def measured_condition(include_warmup: bool) -> str:
+    """SQL condition on ``executions``: the ones the summaries count (warm-ups excluded, unless every
+    execution is a warm-up, or ``include_warmup``). Example: ``f"... WHERE {measured_condition(False)}"``."""
     if include_warmup:
         return "TRUE"
     return ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
@@ -290,11 +290,10 @@ def _measured_condition(include_warmup: bool) -> str:
 
 
 def _op_and_source_summaries(con) -> None:
-    per_engine = ",\n".join(f"sum(busy) FILTER (WHERE engine = '{e}')::BIGINT AS {e}_ns" for e in ENGINES
-                            if e != "cpu")
+    per_engine = ",\n".join(f"sum(busy) FILTER (WHERE engine = '{e}')::BIGINT AS {e}_ns" for e in DEVICE_ENGINES)
     con.execute(f"""
         CREATE TABLE opcode_summary AS
-        WITH total AS (SELECT sum(coalesce(device_ns, end_ns - start_ns)) AS device_ns FROM measured)
+        WITH total AS (SELECT sum({DEVICE_NS_SQL}) AS device_ns FROM measured)
         SELECT engine, opcode, sum(n)::BIGINT AS instruction_count, sum(busy)::BIGINT AS instruction_time_ns,
                sum(flops)::BIGINT AS flops,
                100.0 * sum(busy) / nullif(any_value(total.device_ns), 0) AS active_time_percent
@@ -303,11 +302,15 @@ def _op_and_source_summaries(con) -> None:
     con.execute(f"""
         CREATE TABLE op_summary AS
         WITH per_op AS (
-            SELECT op_id, count(DISTINCT exec_id) AS calls, sum(n)::BIGINT AS instruction_count,
-                   sum(busy)::BIGINT AS device_ns, {per_engine},
+            SELECT op_id, count(DISTINCT exec_id) AS calls,
+                   (sum(n) FILTER (WHERE engine <> 'cpu'))::BIGINT AS instruction_count,
+                   (sum(busy) FILTER (WHERE engine <> 'cpu'))::BIGINT AS device_ns, {per_engine},
+                   (sum(busy) FILTER (WHERE engine = 'cpu'))::BIGINT AS host_ns,
                    sum(flops)::BIGINT AS instruction_flops, sum(bytes_read)::BIGINT AS bytes_read,
                    sum(bytes_written)::BIGINT AS bytes_written
             FROM exec_op_opcode WHERE exec_id IN (SELECT exec_id FROM measured) GROUP BY op_id),
+        -- a CPU op's host time is recorded as a fallback event's duration or as its instructions on
+        -- the 'cpu' engine (the runtime writes zero-length events): the same time, recorded twice
         fallback AS (
             SELECT op_id, count(*) AS cpu_calls, sum(dur_ns)::BIGINT AS cpu_ns
             FROM events WHERE kind = 'cpu_fallback' AND op_id IS NOT NULL GROUP BY op_id)
@@ -317,24 +320,25 @@ def _op_and_source_summaries(con) -> None:
                o.source_id, s.file, s.line, o.shape, o.dtype, o.flops AS model_flops, o.bytes AS model_bytes,
                coalesce(p.calls, 0) AS calls, coalesce(p.instruction_count, 0) AS instruction_count,
                coalesce(p.device_ns, 0) AS device_ns,
-               {', '.join(f'coalesce(p.{e}_ns, 0) AS {e}_ns' for e in ENGINES if e != 'cpu')},
+               {', '.join(f'coalesce(p.{e}_ns, 0) AS {e}_ns' for e in DEVICE_ENGINES)},
                coalesce(p.instruction_flops, 0) AS instruction_flops, coalesce(p.bytes_read, 0) AS bytes_read,
                coalesce(p.bytes_written, 0) AS bytes_written,
-               coalesce(f.cpu_calls, 0) AS cpu_calls, coalesce(f.cpu_ns, 0) AS cpu_ns
+               coalesce(f.cpu_calls, 0) AS cpu_calls,
+               greatest(coalesce(f.cpu_ns, 0), coalesce(p.host_ns, 0))::BIGINT AS cpu_ns
         FROM ops o
         FULL OUTER JOIN per_op p ON p.op_id IS NOT DISTINCT FROM o.op_id
         LEFT JOIN fallback f ON f.op_id = coalesce(o.op_id, p.op_id)
         LEFT JOIN graphs g ON g.graph_id = o.graph_id
         LEFT JOIN sources s ON s.source_id = o.source_id
         ORDER BY device_ns + cpu_ns DESC, op_id""")
-    con.execute("""
+    con.execute(f"""
         CREATE TABLE source_summary AS
         SELECT * FROM (
         SELECT o.source_id, any_value(s.file) AS file, any_value(s.line) AS line,
                any_value(s.function) AS function, any_value(s.code) AS code,
                sum(o.device_ns)::BIGINT AS device_ns, sum(o.instruction_count)::BIGINT AS instruction_count,
                count(*) AS op_count, string_agg(DISTINCT o.aten_op, ', ' ORDER BY o.aten_op) AS ops,
-               count(*) FILTER (WHERE o.placement = 'cpu_fallback') AS fallback_count,
+               count(*) FILTER (WHERE o.placement = '{FALLBACK_PLACEMENT}') AS fallback_count,
                sum(o.cpu_ns)::BIGINT AS cpu_ns, sum(o.instruction_flops)::BIGINT AS instruction_flops,
                count(DISTINCT o.graph_id) AS graph_count
         FROM op_summary o LEFT JOIN sources s ON s.source_id = o.source_id
@@ -370,7 +374,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     sel_keys = f"{keys}, " if keys else ""
     join = "USING (run_id, core)" if per_core else "ON TRUE"
     engine_cols = []
-    for engine, name in SUMMARY_ENGINES.items():
+    for engine, name in SUMMARY_ENGINE_PREFIX.items():
         engine_cols += [
             f"coalesce(sum(instruction_count) FILTER (WHERE engine = '{engine}'), 0)::BIGINT AS {name}_instruction_count",
             f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
@@ -385,14 +389,14 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
             AS compile_time"""
     engine_out = []
-    for engine, name in SUMMARY_ENGINES.items():
+    for engine, name in SUMMARY_ENGINE_PREFIX.items():
         engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
                        f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
                        f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
     return f"""
-    WITH meas AS (SELECT * FROM executions WHERE {_measured_condition(include_warmup)}),
+    WITH meas AS (SELECT * FROM executions WHERE {measured_condition(include_warmup)}),
     ex AS (SELECT {sel_keys}count(*) AS execution_count,
-                  sum(coalesce(device_ns, end_ns - start_ns))::BIGINT AS device_ns,
+                  sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
                   sum(end_ns - start_ns)::BIGINT AS exec_ns, coalesce(sum(flops), 0)::BIGINT AS model_flops,
                   coalesce(sum(hbm_read_bytes), 0)::BIGINT AS hbm_read_bytes,
                   coalesce(sum(hbm_write_bytes), 0)::BIGINT AS hbm_write_bytes,
@@ -410,6 +414,10 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
                    coalesce(sum(instruction_count), 0)::BIGINT AS event_count,
                    count(*) FILTER (WHERE origin = 'instructions') > 0 AS has_instructions
             FROM exec_engine_summary AS s JOIN meas USING (exec_id) {'GROUP BY ' + keys if keys else ''}),
+    -- CPU-fallback host time is recorded per execution or as fallback events' durations (or both: the
+    -- same time twice), so the figure is the larger of the two, never their sum
+    fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events
+           WHERE kind = 'cpu_fallback' {'GROUP BY ' + keys if keys else ''}),
     md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
                   try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
            FROM metadata)
@@ -434,7 +442,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         ex.hbm_read_bytes, ex.hbm_write_bytes,
         (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
             / nullif(ex.hbm_read_bytes + ex.hbm_write_bytes, 0) AS mm_arithmetic_intensity,
-        ex.cpu_fallback_ns / 1e9 AS cpu_fallback_time,
+        greatest(ex.cpu_fallback_ns, coalesce(fb.event_ns, 0)) / 1e9 AS cpu_fallback_time,
         eng.event_count{event_cols}
-    FROM ex LEFT JOIN eng {join} CROSS JOIN md
+    FROM ex LEFT JOIN eng {join} LEFT JOIN fb {join} CROSS JOIN md
     {'ORDER BY ' + keys if keys else ''}"""

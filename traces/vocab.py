@@ -47,3 +47,6 @@ def busy_column(engine: str) -> str:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
     return f"{engine}_busy_ns"
+
+#: Engines the monitor reports per core (``neuron_stack.engines``), in the order neuron-top draws them.
+MONITOR_ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma", "sync")

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
 
 from explorer import data, ui
-from explorer.sqlguard import RefusedQuery
+from traces.console import RefusedQuery
 
 
 EXAMPLES = {

@@ -12,6 +12,7 @@ from dash import Input, Output, State, callback, ctx, dcc, html
 
 from explorer import data, ui
 from explorer.figures import fmt_ns, timeline_figure
+from traces.vocab import ENGINES
 
 
 GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
@@ -144,7 +145,7 @@ def details(click, state):
         start = data.parse_int(custom[2], "start")
         pc = data.parse_int(custom[3], "pc", 0, 2**31)
         engine = str(custom[1])
-        if engine not in data.ENGINE_LABELS:
+        if engine not in ENGINES:
             raise data.ExplorerError(f"unknown engine {engine[:20]!r}")
         r = data.instruction_at(data.resolve(key), core, engine, start, pc)
     except data.ExplorerError as exc:

@@ -1,23 +1,31 @@
-"""The SQL console's gatekeeper: one read-only SELECT over the profile, structurally checked.
+"""User SQL: the one place a user's own SQL text runs (``neuron-explorer sql``, the Explorer's console).
 
-Three independent locks, so one mistake does not open the profile (or the filesystem) to a query:
+:func:`run_user_sql` runs it bounded: a row cap and a time limit (the query is interrupted).
+With ``select_only`` (the shared console) it is also structurally checked, with three
+independent locks, so one mistake does not open the profile (or the filesystem) to a query:
 1. the statement is parsed by DuckDB itself: exactly one statement and it must be a SELECT
    (``WITH`` included); comments cannot hide a second statement because the parser sees them;
 2. the parsed tree (``json_serialize_sql``) may only call table functions from an allow-list,
    so ``read_csv('/etc/passwd')``, ``glob``, ``read_text`` and friends are refused before running;
-3. the connection itself is read-only and has external access disabled and its configuration
-   locked (see :func:`harden`), and results are capped at ``limit`` rows.
+3. the connection itself is read-only, with external access disabled and its configuration locked
+   (``traces.open(path, external_access=False)``), and results are capped at ``max_rows`` rows.
 
 >>> check_select("SELECT 1")
 'SELECT 1'
 >>> check_select("DROP TABLE ops")
 Traceback (most recent call last):
 ...
-explorer.sqlguard.RefusedQuery: only a single SELECT (or WITH ... SELECT) is allowed; got DROP
+traces.console.RefusedQuery: only a single SELECT (or WITH ... SELECT) is allowed; got DROP
 """
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from traces.errors import TraceError
 
 #: Table functions a console query may use: generators only, nothing that reads files or settings.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
@@ -26,7 +34,7 @@ MAX_SQL_CHARS = 20_000
 DEFAULT_ROW_LIMIT = 1000
 
 
-class RefusedQuery(ValueError):
+class RefusedQuery(TraceError):
     """A console query that was not run; the message says why and what is allowed."""
 
 
@@ -91,6 +99,48 @@ def limited(sql: str, limit: int) -> str:
     return f"SELECT * FROM (\n{sql}\n) AS console_query LIMIT {int(limit) + 1}"
 
 
-HARDEN_STATEMENTS = (("enable_external_access", "SET enable_external_access = false"),
-                     ("lock_configuration", "SET lock_configuration = true"))
-"""Run once on the Explorer's connection: no file access from SQL, and no way to undo that."""
+
+
+@dataclass(frozen=True)
+class UserResult:
+    """A user query's result: at most the asked-for rows, and whether more existed."""
+
+    table: pa.Table
+    truncated: bool
+
+
+def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, max_rows: int | None = None,
+                 timeout_s: float | None = None) -> UserResult:
+    """Run the user's ``sql`` over ``profile`` (values in ``params``), bounded; the only place user SQL runs.
+
+    ``select_only``: refuse anything but one SELECT calling allowed table functions
+    (:class:`RefusedQuery`); ``max_rows``: keep at most that many rows (``truncated`` says more
+    existed); ``timeout_s``: interrupt the query after that long (:class:`TraceError` naming the
+    limit). Example: ``run_user_sql(p, "SELECT count(*) FROM instructions", max_rows=10).table``.
+    """
+    if not isinstance(sql, str) or not sql.strip():
+        raise RefusedQuery("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
+    if select_only:
+        sql = check_select(sql)
+        check_tree(profile.sql("SELECT json_serialize_sql($q) AS tree", {"q": sql}).column(0)[0].as_py())
+    if max_rows is not None:
+        max_rows = max(0, int(max_rows))
+        if select_only:
+            sql = limited(sql, max_rows)
+    # this thread's cursor runs the query below, so the timer interrupts this query only
+    timer = threading.Timer(timeout_s, profile._cursor().interrupt) if timeout_s else None
+    if timer is not None:
+        timer.start()
+    try:
+        table = profile.sql(sql, params)
+    except TraceError:
+        if timer is not None and not timer.is_alive():
+            raise TraceError(f"query stopped after {timeout_s:g} s: narrow it (a WHERE on start_ns, a smaller "
+                             "range) or run it with neuron-explorer sql") from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if max_rows is None:
+        return UserResult(table, False)
+    return UserResult(table.slice(0, max_rows), table.num_rows > max_rows)

@@ -1,0 +1,177 @@
+"""The figures a user sees, each computed once: the headline :class:`Figures`, op and line totals,
+the hierarchy, fallbacks, graphs and recompiles, and the evidence behind the recommendations.
+
+Device time and host (CPU-fallback) time never mix: an op's ``device_ns`` sums its device-engine
+instructions only, its host time is ``host_ns``; an execution's device time is
+:data:`traces.store.DEVICE_NS_SQL`.
+
+>>> import tempfile, traces, traces.synthetic
+>>> d = tempfile.mkdtemp()
+>>> _ = traces.synthetic.write_run(d, executions=3, instructions=300)
+>>> with traces.open(d) as p:
+...     f = p.figures()
+>>> f.device_ns > 0 and f.fallback_host_ns > 0 and 0 < f.device_busy_percent <= 100
+True
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from traces.store import measured_condition
+from traces.vocab import DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The headline numbers of a profile; every tool shows these, from this one computation.
+
+    ``device_ns``: device time of the measured executions summed over cores (host time excluded);
+    ``device_busy_percent``: that over (first start → last end of those executions) × cores;
+    ``engine_percent``: per device engine, active time over ``device_ns``; ``mfu_percent``: model
+    FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``fallback_host_ns``: host time of
+    CPU-fallback ops in those executions; ``compiles``: graphs compiled (cache hits excluded).
+    """
+
+    executions: int
+    warmup_executions: int
+    cores: int
+    device_ns: int
+    span_ns: int
+    device_busy_percent: float
+    engine_percent: dict
+    mfu_percent: float
+    model_flops: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    fallback_ops: int
+    fallback_calls: int
+    fallback_host_ns: int
+    graphs: int
+    compiles: int
+    recompiles: int
+    cache_hits: int
+    compile_ns: int
+    instructions: int
+
+    def as_dict(self) -> dict:
+        """Plain JSON-able dict. Example: ``json.dumps(p.figures().as_dict())``."""
+        return asdict(self)
+
+
+def _int(v) -> int:
+    return int(round(v)) if v is not None else 0
+
+
+def figures(p, include_warmup: bool | None = None) -> Figures:
+    """See :meth:`traces.query.Profile.figures`."""
+    s = p.summary(include_warmup)
+    warm = bool(include_warmup) if include_warmup is not None else \
+        p.metadata().get("summary_includes_warmup", "false") == "true"
+    ex = p.sql(f"""SELECT count(*) FILTER (WHERE coalesce(warmup, FALSE)) AS warmup,
+                          coalesce(max(end_ns) - min(start_ns), 0) AS span, count(DISTINCT core) AS cores
+                   FROM executions WHERE {measured_condition(warm)}""").to_pylist()[0]
+    device_ns = _int((s.get("total_time") or 0) * 1e9)
+    cores = int(ex["cores"] or 0)
+    span = int(ex["span"] or 0)
+    engines = {e: float(s.get(f"{prefix}_active_time_percent") or 0.0) for e, prefix in SUMMARY_ENGINE_PREFIX.items()}
+    engines["dma"] = float(s.get("dma_active_time_percent") or 0.0)
+    engines["cc"] = float(s.get("cc_op_active_time_percent") or 0.0)
+    graphs, hits = int(s.get("graph_count") or 0), int(s.get("cache_hit_count") or 0)
+    return Figures(
+        executions=int(s.get("execution_count") or 0), warmup_executions=int(ex["warmup"] or 0), cores=cores,
+        device_ns=device_ns, span_ns=span,
+        device_busy_percent=100.0 * device_ns / (span * max(cores, 1)) if span else 0.0,
+        engine_percent=engines, mfu_percent=float(s.get("mfu_estimated_percent") or 0.0),
+        model_flops=int(s.get("model_flops") or 0), hbm_read_bytes=int(s.get("hbm_read_bytes") or 0),
+        hbm_write_bytes=int(s.get("hbm_write_bytes") or 0),
+        fallback_ops=int(s.get("cpu_fallback_op_count") or 0), fallback_calls=int(s.get("cpu_fallback_count") or 0),
+        fallback_host_ns=_int((s.get("cpu_fallback_time") or 0) * 1e9),
+        graphs=graphs, compiles=graphs - hits, recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
+        compile_ns=_int((s.get("compile_time") or 0) * 1e9),
+        instructions=int(p.metadata().get("instruction_count") or 0))
+
+
+def ops(p) -> pa.Table:
+    """Every op with its source line and graph name (one row per graph node)."""
+    return p.sql("""
+        SELECT o.op_id, o.graph_id, o.name, o.aten_op, o.op_class, o.placement, o.fallback_reason,
+               o.fused_into, coalesce(o.module_path, '') AS module_path, o.source_id, o.shape, o.dtype,
+               o.flops, o.bytes, s.file, s.line, s.function, s.code, g.name AS graph
+        FROM ops o LEFT JOIN sources s USING (source_id) LEFT JOIN graphs g USING (graph_id)
+        ORDER BY o.op_id""")
+
+
+def op_totals(p) -> pa.Table:
+    """Per op (measured executions): device time and its per-engine split, instructions, FLOPs, bytes,
+    and host time (``host_ns``) and calls of a CPU-fallback op. Read from ``op_summary``."""
+    cols = ", ".join(f"{e}_ns" for e in DEVICE_ENGINES)
+    return p.sql(f"""SELECT op_id, device_ns, instruction_count, instruction_flops,
+                            bytes_read + bytes_written AS bytes, cpu_calls AS host_calls, cpu_ns AS host_ns, {cols}
+                     FROM op_summary WHERE op_id IS NOT NULL""")
+
+
+def hierarchy(p) -> pa.Table:
+    """Device time and instruction count per (op, opcode) over the measured executions (device engines)."""
+    warm = p.metadata().get("summary_includes_warmup", "false") == "true"
+    return p.sql(f"""SELECT op_id, opcode, CAST(sum(dur_ns) AS BIGINT) AS device_ns, count(*) AS instructions
+                     FROM instructions
+                     WHERE engine <> 'cpu' AND exec_id IN (SELECT exec_id FROM executions
+                                                           WHERE {measured_condition(warm)})
+                     GROUP BY ALL ORDER BY ALL""")
+
+
+def fallbacks(p) -> pa.Table:
+    """See :meth:`traces.query.Profile.fallbacks`."""
+    return p.sql("""
+        SELECT o.op_id, o.graph_id, g.name AS graph_name, o.name, o.aten_op, o.fallback_reason,
+               coalesce(o.module_path, '') AS module_path, o.source_id, s.file, s.line, s.code, o.shape,
+               coalesce(os.cpu_calls, 0) AS cpu_calls, coalesce(os.cpu_ns, 0) AS cpu_ns
+        FROM ops o LEFT JOIN op_summary os ON os.op_id = o.op_id
+        LEFT JOIN graphs g ON g.graph_id = o.graph_id LEFT JOIN sources s ON s.source_id = o.source_id
+        WHERE o.placement = $fb
+        ORDER BY cpu_ns DESC, cpu_calls DESC, o.op_id""", {"fb": FALLBACK_PLACEMENT})
+
+
+def graphs(p) -> pa.Table:
+    """Every graph with its call site, executions and first compile time (``compile_ts``), compile order."""
+    return p.sql("""
+        SELECT g.graph_id, g.name, g.kind, g.input_signature, g.compile_wall_ns, g.compile_ns, g.cache_hit,
+               g.recompile_of, g.recompile_reason, g.source_id, s.file, s.line, s.code,
+               (SELECT count(*) FROM executions e WHERE e.graph_id = g.graph_id) AS executions,
+               (SELECT min(ts_ns) FROM events v WHERE v.graph_id = g.graph_id
+                                                  AND v.kind IN ('compile', 'recompile')) AS compile_ts
+        FROM graphs g LEFT JOIN sources s USING (source_id)
+        ORDER BY g.compile_wall_ns IS NULL, g.graph_id""")
+
+
+def idle_gap(p) -> dict | None:
+    """The longest gap between two executions on one core: ``{"prev_end", "start_ns"}`` or None."""
+    rows = p.sql("""
+        SELECT prev_end, start_ns FROM (
+          SELECT start_ns, lag(end_ns) OVER (PARTITION BY core ORDER BY start_ns) AS prev_end FROM executions)
+        WHERE prev_end IS NOT NULL ORDER BY start_ns - prev_end DESC LIMIT 1""").to_pylist()
+    return rows[0] if rows else None
+
+
+def compiles_between(p, t0: int | None = None, t1: int | None = None) -> dict:
+    """Compiles started in ``[t0, t1)`` (default: first to last execution): ``{"compiles", "compile_ns"}``.
+
+    Recompile events are zero-length markers beside their graph's compile event: graphs are
+    counted, durations summed.
+    """
+    if t0 is None or t1 is None:
+        span = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
+        t0, t1 = span["a"], span["b"]
+    row = p.sql("""SELECT CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS compile_ns, count(DISTINCT graph_id) AS compiles
+                   FROM events WHERE kind IN ('compile', 'recompile') AND ts_ns >= $a AND ts_ns < $b""",
+                {"a": t0, "b": t1}).to_pylist()[0]
+    return row
+
+
+def spill_traffic(p) -> dict:
+    """Bytes and DMA time of spill/reload traffic (DMA queues named ``*spill*``)."""
+    return p.sql("""SELECT CAST(coalesce(sum(bytes_read + bytes_written), 0) AS BIGINT) AS bytes,
+                           CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS ns
+                    FROM instructions WHERE engine = 'dma' AND queue ILIKE '%spill%'""").to_pylist()[0]

@@ -1,0 +1,280 @@
+"""Timeline questions: level of detail, lanes, instructions and spans in a window, range aggregates.
+
+All times here are absolute ns on the profile's projected clock; callers (the Explorer) shift them.
+
+The one level-of-detail rule (:func:`lod_level`): a window cut into buckets of ``w`` ns reads the
+``lod_busy`` pyramid level whose buckets are at most ``w / 16`` wide, and re-buckets it exactly
+onto the caller's grid (a pyramid bucket cut by a grid edge is shared in proportion, so a cell is
+off by at most 1/16 of a bucket at each edge); where no level is that fine it reads the raw
+instructions, split exactly at every edge. The grid is always the one asked for.
+
+>>> lod_level(width_ns=16 * 2**14, base=12, top=20)
+14
+>>> lod_level(width_ns=1000, base=12, top=20) is None
+True
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from traces.errors import TraceError
+from traces.intervals import bucket_busy
+
+#: A zoomed-out query reads the pyramid level whose buckets are at most 1/16 of its own bucket.
+LOD_OVERSAMPLE = 16
+
+UTILIZATION_SCHEMA = pa.schema([("bucket", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                ("core", pa.int32()), ("engine", pa.string()), ("busy_ns", pa.float64()),
+                                ("utilization", pa.float64())])
+
+
+def lod_level(width_ns: float, base: int, top: int) -> int | None:
+    """The pyramid level a bucket of ``width_ns`` reads, or None for raw instructions (the one rule)."""
+    if width_ns < LOD_OVERSAMPLE:
+        return None
+    level = min(top, math.floor(math.log2(width_ns / LOD_OVERSAMPLE)))
+    return level if level >= base else None
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a timeline spans: ``t0``/``t1`` cover executions, events and instructions (absolute ns)."""
+
+    t0: int
+    t1: int
+    instructions: int
+    max_dur: int
+
+    @property
+    def span(self) -> int:
+        return max(self.t1 - self.t0, 1)
+
+
+@dataclass(frozen=True)
+class LaneCells:
+    """Busy time per lane on an exact grid of ``buckets`` cells over ``[t0, t1)``.
+
+    ``lanes``: Arrow table (core, engine, queue; queue only for DMA when ``by_queue``); ``busy``,
+    ``count`` (instructions starting in the cell) and ``top_op`` (op of the longest instruction;
+    -1 where unknown: the pyramid keeps no ops) are ``(lanes, buckets)`` numpy arrays; ``source``
+    says what was read (``lod_busy level k`` or ``instructions``).
+    """
+
+    t0: int
+    t1: int
+    buckets: int
+    lanes: pa.Table
+    busy: np.ndarray
+    count: np.ndarray
+    top_op: np.ndarray
+    source: str
+
+    @property
+    def width(self) -> float:
+        return (self.t1 - self.t0) / self.buckets
+
+
+def bounds(p) -> Bounds:
+    """First and last recorded moment (executions, events, instructions) and instruction statistics."""
+    row = p.sql("""
+        SELECT min(s) AS t0, max(e) AS t1 FROM (
+          SELECT min(start_ns) s, max(end_ns) e FROM executions
+          UNION ALL SELECT min(ts_ns), max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FROM events
+          UNION ALL SELECT min(start_ns), max(start_ns + dur_ns) FROM instructions)""").to_pylist()[0]
+    stats = p.sql("SELECT count(*) AS n, coalesce(max(dur_ns), 0) AS maxdur FROM instructions").to_pylist()[0]
+    t0 = int(row["t0"]) if row["t0"] is not None else 0
+    t1 = int(row["t1"]) if row["t1"] is not None else t0
+    return Bounds(t0, max(t1, t0 + 1), int(stats["n"]), int(stats["maxdur"]))
+
+
+def lane_filter(core, engine) -> tuple[str, dict]:
+    """SQL condition (parameters only) for ``core`` / ``engine``: one value or a list each."""
+    where, params = "", {}
+    if core is not None:
+        cores = [core] if isinstance(core, int) else list(core)
+        where += " AND list_contains($cores, core)"
+        params["cores"] = [int(c) for c in cores]
+    if engine is not None:
+        engines = [engine] if isinstance(engine, str) else list(engine)
+        where += " AND list_contains($engines, engine)"
+        params["engines"] = [str(e) for e in engines]
+    return where, params
+
+
+def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_queue: bool = True,
+               dma_queues_only: bool = False) -> LaneCells:
+    """Busy time, instruction count and top op per lane and bucket over ``[t0, t1)`` (see module doc).
+
+    ``by_queue``: DMA (and, unless ``dma_queues_only``, every engine) split by queue.
+    """
+    rng = p.trace_range()
+    queue_col = ("CASE WHEN engine = 'dma' THEN queue END" if dma_queues_only else "queue") if by_queue else None
+    lane_cols = ["core", "engine"] + (["queue"] if by_queue else [])
+    lane_exprs = ["core", "engine"] + ([f"{queue_col} AS queue"] if by_queue else [])
+    key = f"hash(core, engine{', ' + queue_col if by_queue else ''})"
+    schema = pa.schema([("core", pa.int32()), ("engine", pa.string())] + ([("queue", pa.string())] if by_queue else []))
+    empty = np.zeros((0, buckets))
+    if rng is None:
+        return LaneCells(t0, t1, buckets, schema.empty_table(), empty, empty, empty.astype(np.int64), "instructions")
+    width = (t1 - t0) / buckets
+    meta = p.metadata()
+    base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
+    level = lod_level(width, base, top)
+    where, params = lane_filter(core, engine)
+    lanes = p.sql(f"SELECT DISTINCT {', '.join(lane_exprs)}, {key} AS h FROM lod_busy "
+                  f"WHERE level = $top {where} ORDER BY ALL", {**params, "top": top})
+    if level is not None:
+        # a pyramid bucket is clipped to the trace's extent first: no busy time lies outside it
+        params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level, tlo=rng[0], thi=rng[1])
+        rows = p.sql(f"SELECT {key} AS h, greatest(bucket * $bw, $tlo) AS s, least((bucket + 1) * $bw, $thi) AS e, "
+                     f"busy_ns AS busy, instructions AS n, -1::BIGINT AS op "
+                     f"FROM lod_busy WHERE level = $lvl AND bucket BETWEEN $blo AND $bhi {where}", params)
+        source = f"lod_busy level {level}"
+    else:
+        max_dur = int(meta.get("max_instruction_dur_ns") or 0)
+        # the start_ns range alone selects candidates, so zone maps skip the other row groups
+        params.update(t1=t1, lo=t0 - max_dur, t0=t0)
+        rows = p.sql(f"SELECT {key} AS h, start_ns AS s, start_ns + dur_ns AS e, dur_ns AS busy, 1 AS n, "
+                     f"coalesce(op_id, -1) AS op FROM instructions "
+                     f"WHERE start_ns < $t1 AND start_ns >= $lo AND start_ns + dur_ns > $t0 {where}", params)
+        source = "instructions"
+    lane_h = lanes["h"].to_numpy()
+    order = np.argsort(lane_h)
+    h = rows["h"].to_numpy()
+    if len(order):
+        pos = np.minimum(np.searchsorted(lane_h[order], h), len(order) - 1)
+        lane = np.where(lane_h[order][pos] == h, order[pos], -1)
+    else:
+        lane = np.full(len(h), -1)
+    s, e = rows["s"].to_numpy() - t0, rows["e"].to_numpy() - t0
+    n_lanes = lanes.num_rows
+    busy = bucket_busy(lane, s, e, rows["busy"].to_numpy(), n_lanes, t1 - t0, buckets)
+    # counts and top op: an instruction (or pyramid bucket) belongs to the cell where it starts
+    cell = np.clip(np.floor(np.maximum(s, 0) / width), 0, buckets - 1).astype(np.int64)
+    ok = (lane >= 0) & (e > 0) & (s < t1 - t0)
+    flat = lane[ok] * buckets + cell[ok]
+    count = np.bincount(flat, weights=rows["n"].to_numpy()[ok], minlength=n_lanes * buckets).reshape(n_lanes, buckets)
+    top_op = np.full(n_lanes * buckets, -1, dtype=np.int64)
+    if level is None and flat.size:
+        dur = rows["busy"].to_numpy()[ok]
+        by = np.lexsort((dur, flat))            # per cell ascending duration: the last one is the longest
+        last = np.r_[flat[by][1:] != flat[by][:-1], True]
+        top_op[flat[by][last]] = rows["op"].to_numpy()[ok][by][last]
+    return LaneCells(t0, t1, buckets, lanes.select(lane_cols), busy, count.astype(np.int64),
+                     top_op.reshape(n_lanes, buckets), source)
+
+
+def utilization(p, t0=None, t1=None, buckets: int = 1000, core=None, engine=None, by_queue: bool = False) -> pa.Table:
+    """See :meth:`traces.query.Profile.utilization`."""
+    if not isinstance(buckets, int) or buckets < 1:
+        raise TraceError(f"buckets must be a positive integer, not {buckets!r}")
+    rng = p.trace_range()
+    schema = UTILIZATION_SCHEMA if not by_queue else UTILIZATION_SCHEMA.insert(5, pa.field("queue", pa.string()))
+    if rng is None:
+        return schema.empty_table()
+    t0 = rng[0] if t0 is None else int(t0)
+    t1 = rng[1] if t1 is None else int(t1)
+    if t1 <= t0:
+        raise TraceError(f"empty time range [{t0}, {t1}): t1 must be greater than t0")
+    if max(abs(t0), abs(t1)) >= 1 << 62:  # beyond year 2116 in ns: int64 arithmetic below would wrap
+        raise TraceError(f"time range [{t0}, {t1}) lies beyond ±2**62 ns: pass times in ns on the profile's "
+                         "clock (or re-finalise a damaged profile from its segments)")
+    cells = lane_cells(p, t0, t1, buckets, core, engine, by_queue=by_queue)
+    width = cells.width
+    k = np.arange(buckets, dtype=np.int64)
+    edges = t0 + np.floor(np.arange(buckets + 1) * width).astype(np.int64)
+    edges[-1] = t1
+    n = cells.lanes.num_rows
+    columns = {"bucket": np.tile(k, n), "start_ns": np.tile(edges[:-1], n), "end_ns": np.tile(edges[1:], n)}
+    for col in cells.lanes.column_names:
+        columns[col] = pa.array(cells.lanes[col].to_numpy(zero_copy_only=False).repeat(buckets)
+                                if n else [], type=schema.field(col).type)
+    columns["busy_ns"] = cells.busy.reshape(-1)
+    columns["utilization"] = cells.busy.reshape(-1) / width
+    return pa.table({f.name: columns[f.name] for f in schema}, schema=schema)
+
+
+def _window(t0: int, t1: int, max_dur: int) -> tuple[str, dict]:
+    return ("start_ns < $t1 AND start_ns >= $lo AND start_ns + dur_ns > $t0",
+            {"t0": int(t0), "t1": int(t1), "lo": int(t0) - int(max_dur)})
+
+
+def window_count(p, t0: int, t1: int) -> int:
+    """How many instructions overlap ``[t0, t1)``."""
+    cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
+    return int(p.sql(f"SELECT count(*) AS n FROM instructions WHERE {cond}", params)["n"][0].as_py())
+
+
+def window_instructions(p, t0: int, t1: int, limit: int) -> pa.Table:
+    """At most ``limit`` instructions overlapping ``[t0, t1)`` in start order (the timeline's columns)."""
+    cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
+    return p.sql(f"""SELECT start_ns, dur_ns, core, engine, queue, opcode, op_id, pc, flops, bytes_read,
+                            bytes_written, sem_wait_ns
+                     FROM instructions WHERE {cond} ORDER BY start_ns LIMIT $limit""", {**params, "limit": int(limit)})
+
+
+def selected_counts(p, t0: int, t1: int, buckets: int, op_ids) -> pa.Table:
+    """Per lane (DMA by queue) and grid cell: how many instructions of ``op_ids`` start there."""
+    cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
+    params.update(w=(t1 - t0) / buckets, nb=buckets - 1, ids=sorted(int(i) for i in op_ids))
+    return p.sql(f"""SELECT core, engine, CASE WHEN engine = 'dma' THEN queue END AS queue,
+                            least(greatest(CAST(floor((start_ns - $t0) / $w) AS BIGINT), 0), $nb) AS bucket,
+                            count(*) AS n
+                     FROM instructions WHERE {cond} AND list_contains($ids, op_id) GROUP BY ALL""", params)
+
+
+def lanes(p) -> pa.Table:
+    """Every (core, engine, DMA queue) lane with instructions, plus each executing core (engine NULL)."""
+    top = int(p.metadata().get("lod_top_level", 0) or 0)
+    return p.sql("""SELECT DISTINCT core, engine, CASE WHEN engine = 'dma' THEN queue END AS queue
+                    FROM lod_busy WHERE level = $top
+                    UNION SELECT DISTINCT core, NULL, NULL FROM executions WHERE core IS NOT NULL
+                    ORDER BY ALL""", {"top": top})
+
+
+def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
+    """Executions and host/compile events overlapping ``[t0, t1)``: at most ``cap`` of each, longest kept."""
+    params = {"t0": int(t0), "t1": int(t1), "cap": int(cap)}
+    ex = p.sql("""
+        SELECT e.core, e.start_ns, e.end_ns - e.start_ns AS dur, coalesce(g.name, 'graph') AS name,
+               e.exec_id AS id, e.status, e.warmup, e.iteration, e.device_ns, e.graph_id
+        FROM executions e LEFT JOIN graphs g USING (graph_id)
+        WHERE e.start_ns < $t1 AND e.end_ns > $t0 ORDER BY e.end_ns - e.start_ns DESC LIMIT $cap""", params)
+    ev = p.sql("""
+        SELECT kind, ts_ns AS start_ns, greatest(coalesce(dur_ns, 0), 0) AS dur, op_id, graph_id, source_id, detail
+        FROM events
+        WHERE kind IN ('compile', 'recompile', 'cache_hit', 'cpu_fallback', 'host_transfer')
+          AND ts_ns < $t1 AND ts_ns + greatest(coalesce(dur_ns, 0), 0) >= $t0
+        ORDER BY dur_ns DESC LIMIT $cap""", params)
+    return ex, ev
+
+
+def instruction_at(p, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
+    """One instruction by lane and absolute start time (the row with ``pc`` first)."""
+    rows = p.sql("""SELECT start_ns, dur_ns, core, engine, queue, opcode, op_id, pc, flops, bytes_read,
+                           bytes_written, sem_wait_ns
+                    FROM instructions WHERE core = $core AND engine = $engine AND start_ns = $s
+                    ORDER BY (pc = $pc) DESC LIMIT 1""",
+                 {"core": int(core), "engine": str(engine), "s": int(start_ns), "pc": pc}).to_pylist()
+    return rows[0] if rows else None
+
+
+def range_by_lane(p, t0: int, t1: int) -> pa.Table:
+    """Busy ns (clipped to ``[t0, t1)``) and instruction count per core × engine × DMA queue."""
+    cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
+    return p.sql(f"""SELECT core, engine, CASE WHEN engine = 'dma' THEN queue END AS queue,
+                            CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT) AS busy_ns,
+                            count(*) AS instructions
+                     FROM instructions WHERE {cond} GROUP BY ALL ORDER BY busy_ns DESC, core, engine, queue""", params)
+
+
+def range_by_op(p, t0: int, t1: int) -> pa.Table:
+    """Busy ns (clipped to ``[t0, t1)``) and instruction count per op."""
+    cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
+    return p.sql(f"""SELECT op_id, CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT)
+                            AS busy_ns, count(*) AS instructions
+                     FROM instructions WHERE {cond} GROUP BY ALL ORDER BY busy_ns DESC""", params)
