@@ -138,7 +138,7 @@ def _profiling_child(args) -> None:
             tp += [timed(eager, ids) for _ in range(block)]
     me, mn, mt = statistics.median(e), statistics.median(n), statistics.median(tp)
     # close the writer (flushes what is buffered) and count the rows that really landed
-    from neuron_stack.runtime.model import Session
+    from neuron_stack.runtime.session import Session
     for s in list(Session._instances.values()):
         s.close()
     t0 = time.perf_counter()

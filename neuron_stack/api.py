@@ -19,85 +19,31 @@ import inspect
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.utils import _pytree as pytree
 
-from neuron_stack.compiler.driver import compile_program, compiler_version, graph_hash, stack_version
-from neuron_stack.frontend.flags import DEFAULTS, parse_flags
+from neuron_stack.compiler import hooks
+from neuron_stack.compiler.cache import compile_cached
+from neuron_stack.compiler.driver import compile_program, graph_hash
+from neuron_stack.compiler.support import PartitionerConfig, analyze, check_partitioner_config, support_report
 from neuron_stack.frontend.export import capture, user_frame
+from neuron_stack.frontend.flags import DEFAULTS, parse_flags
 from neuron_stack.ir import Source
-from neuron_stack.compiler.legalize import legalize
-from neuron_stack.isa.neff import Neff
+from neuron_stack.isa.neff import Neff, NeffError
 from neuron_stack.isa.neff import load as load_neff
-from neuron_stack.compiler.partition import PartitionerError, check_partitioner_config, support_op_name
+from neuron_stack.runtime.cores import CoreAllocationError
+from neuron_stack.runtime.errors import OutOfDeviceMemory
+from neuron_stack.runtime.model import LoadedModel
+from neuron_stack.tools.parallel_compile import COLLECTOR
+from traces import TraceError
 
+__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "caller_source"]
 
-#: ``analyze_parameters`` keys the real graph partitioner accepts (the other ``analyze`` kwargs it refuses).
-ANALYZE_PARAMETERS = ("compiler_workdir", "additional_ignored_ops", "max_workers")
-#: ``trace_kwargs`` keys: the ``trace`` arguments that apply to the Neuron subgraphs.
-TRACE_KWARGS = ("compiler_args", "compiler_workdir")
-
-
-@dataclass(kw_only=True)
-class PartitionerConfig:
-    """The graph partitioner's configuration, as ``torch_neuronx.PartitionerConfig`` (keyword-only).
-
-    - ``ops_to_partition``: ATen ops (``"aten::sort"``) forced to the CPU whatever their support.
-    - ``model_support_percentage_threshold`` (0..1, default 0.5): refuse to compile when a smaller
-      share of the ops (as ``analyze`` counts them) is supported by the NeuronCore.
-    - ``min_subgraph_size`` (``-1`` or >= 1): refuse when any subgraph, NeuronCore or CPU, has
-      fewer ops. ``max_subgraph_count`` (``-1`` or >= 1): refuse when there are more subgraphs.
-    - ``analyze_parameters``: ``compiler_workdir`` (gets ``analyze.json``, the support report),
-      ``additional_ignored_ops`` (left out of the share), ``max_workers`` (accepted; our analysis
-      is one pass). ``trace_kwargs``: ``compiler_args`` / ``compiler_workdir`` for the trace.
-    A fully supported model with nothing forced is one graph and skips the checks, as in torch_neuronx.
-    Any violation raises :class:`~neuron_stack.compiler.partition.PartitionerError` (a ValueError), one line.
-
-    >>> PartitionerConfig(ops_to_partition={"aten::sort"}, max_subgraph_count=3).min_subgraph_size
-    -1
-    >>> PartitionerConfig(min_subgraph_size=0)
-    Traceback (most recent call last):
-    ...
-    neuron_stack.compiler.partition.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
-    """
-
-    trace_kwargs: dict | None = None
-    model_support_percentage_threshold: float = 0.5
-    min_subgraph_size: int = -1
-    max_subgraph_count: int = -1
-    ops_to_partition: set | None = field(default_factory=set)
-    analyze_parameters: dict | None = None
-
-    def __post_init__(self):
-        self.ops_to_partition = set(self.ops_to_partition or ())
-        bad = [o for o in self.ops_to_partition if not str(o).startswith("aten::")]
-        if bad:
-            raise PartitionerError(f"ops_to_partition entry {bad[0]!r} is not an ATen op name: spell it like "
-                                   "'aten::sort'")
-        t = self.model_support_percentage_threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
-            raise PartitionerError(f"partitioner_config.model_support_percentage_threshold must be a number "
-                                   f"between 0 and 1 (0.5 = half the ops supported), not {t!r}")
-        for name in ("min_subgraph_size", "max_subgraph_count"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or v >= 1):
-                what = "minimum" if name.startswith("min") else "maximum"
-                raise PartitionerError(f"partitioner_config.{name} must be -1 (no {what}) or >= 1, not {v!r}")
-        for name, allowed in (("analyze_parameters", ANALYZE_PARAMETERS), ("trace_kwargs", TRACE_KWARGS)):
-            given = getattr(self, name)
-            if given is not None and not isinstance(given, dict):
-                raise PartitionerError(f"partitioner_config.{name} must be a dict, not {type(given).__name__}")
-            for key in given or {}:
-                if key not in allowed:
-                    raise PartitionerError(f"partitioner_config.{name} key {key!r} is not supported by the graph "
-                                           f"partitioner: use {', '.join(allowed)}")
-        workers = (self.analyze_parameters or {}).get("max_workers", 1)
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise PartitionerError(f"partitioner_config.analyze_parameters max_workers must be an integer >= 1, "
-                                   f"not {workers!r}")
+# neuron_parallel_compile's collect run (NEURON_EXTRACT_GRAPHS_ONLY=1 in the environment of the
+# script it runs) records every graph compiled in this process; the compiler only sees the hook.
+hooks.set_graph_recorder(COLLECTOR)
 
 
 def caller_source() -> Source | None:
@@ -115,8 +61,6 @@ class NeuronModule(torch.nn.Module):
 
     def __init__(self, neff: Neff, compile_info: dict | None = None, in_spec=None, out_spec=None):
         super().__init__()
-        from neuron_stack.runtime.model import LoadedModel
-
         self.neff = neff
         self.model = LoadedModel(neff, compile_info)
         specs = neff.program.io_specs or {}
@@ -173,8 +117,6 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
 
     >>> nm = trace(torch.nn.Linear(4, 2), torch.randn(1, 4), target="inf2")   # doctest: +SKIP
     """
-    from neuron_stack.compiler.cache import compile_cached
-
     call_site = caller_source()
     t0 = time.perf_counter_ns()
     cfg = partitioner_config
@@ -220,12 +162,6 @@ def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
 
     ``target`` (optional) must match the NEFF's. Example: ``neuron_stack.load("model.neff")``.
     """
-    from traces import TraceError
-
-    from neuron_stack.runtime.cores import CoreAllocationError
-    from neuron_stack.isa.neff import NeffError
-    from neuron_stack.runtime.model import OutOfDeviceMemory
-
     t0 = time.perf_counter_ns()
     neff = load_neff(path, target=target)
     try:
@@ -237,64 +173,3 @@ def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
         first = str(exc).splitlines()[0][:120] if str(exc) else ""
         raise NeffError(f"{path}: its program cannot be loaded ({type(exc).__name__}: {first}); "
                         "recompile the model with this neuron_stack") from None
-
-
-_DATA_DEP_AT = "Lowering to HLO"
-
-
-def analyze(model, example_inputs, compiler_workdir=None, additional_ignored_ops=frozenset(),
-            max_workers: int = 4, is_hf_transformers: bool = False, cleanup: bool = False) -> dict:
-    """The operator-support report of ``torch_neuronx.analyze`` for ``model`` on ``example_inputs``.
-
-    Returns ``{"torch_neuronx_version", "neuronx_cc_version", "support_percentage",
-    "supported_operators": {"aten::addmm": 3, ...}, "unsupported_operators": [{"kind",
-    "failureAt", "call", "opGraph"}]}``; ``call`` is the user's ``file(line): function`` stack.
-    ``additional_ignored_ops`` are left out of the report; ``compiler_workdir`` gets it as
-    ``analyze.json``. ``max_workers``, ``is_hf_transformers`` and ``cleanup`` are accepted for
-    compatibility: the analysis here is one pass with no worker threads or artifacts to clean.
-
-    >>> r = analyze(torch.nn.Linear(4, 2), torch.randn(1, 4))     # doctest: +SKIP
-    >>> r["support_percentage"]                                    # doctest: +SKIP
-    '100.00%'
-    """
-    program = capture(model, example_inputs)
-    legalize(program)
-    report = support_report(program, set(additional_ignored_ops or ()))
-    if compiler_workdir is not None:
-        wd = Path(compiler_workdir)
-        wd.mkdir(parents=True, exist_ok=True)
-        (wd / "analyze.json").write_text(json.dumps(report, indent=2))
-    return report
-
-
-def support_report(program, ignored=frozenset()) -> dict:
-    """The ``analyze`` report of a legalized program; ops forced to the CPU by ``ops_to_partition``
-    count as supported (the share is of what the NeuronCore *could* run). ``ignored``: ATen
-    names (``aten::sort``) left out. Example: ``support_report(neff.program)["support_percentage"]``.
-    """
-    supported: dict[str, int] = {}
-    unsupported = []
-    for n in program.nodes:
-        name = support_op_name(n)
-        if name is None or name in ignored:
-            continue
-        if n.placement == "device" or "ops_to_partition" in n.fallback_reason:
-            supported[name] = supported.get(name, 0) + 1
-            continue
-        src = n.source
-        call = f"{src.file}({src.line}): {src.function}\n" if src else ""
-        ins = ", ".join(f"{tuple(s.shape)} {s.dtype}" for s in n.inputs)
-        outs = ", ".join(f"{tuple(s.shape)} {s.dtype}" for s in n.outputs)
-        unsupported.append({
-            "kind": name,
-            "failureAt": _DATA_DEP_AT if "data-dependent" in n.fallback_reason else "neuronx-cc",
-            "call": call, "reason": n.fallback_reason, "module": n.module_path,
-            "opGraph": f"graph({ins}):\n  %{n.name} = {n.target}(...) -> ({outs})"})
-    total = sum(supported.values()) + len(unsupported)
-    pct = 100.0 * sum(supported.values()) / total if total else 100.0
-    return {"torch_neuronx_version": _pkg_version(), "neuronx_cc_version": compiler_version(),
-            "support_percentage": f"{pct:.2f}%", "supported_operators": dict(sorted(supported.items())),
-            "unsupported_operators": unsupported}
-
-
-_pkg_version = stack_version   # the torch_neuronx version in analyze reports (parallel_compile uses it)

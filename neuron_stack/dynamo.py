@@ -27,10 +27,17 @@ import time
 
 import torch
 import torch._dynamo
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._guards import CompileContext
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from neuron_stack.api import caller_source
-from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.compiler.cache import compile_cached
+from neuron_stack.compiler.driver import compile_program, graph_hash
 from neuron_stack.frontend.export import graph_to_program
+from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.runtime.model import LoadedModel
 
 torch._dynamo.config.automatic_dynamic_shapes = False
 torch._dynamo.config.fail_on_recompile_limit_hit = True
@@ -106,17 +113,11 @@ def _graph_name(gm: torch.fx.GraphModule) -> str:
 
 def _compiler(kind: str, ctx: dict):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        from neuron_stack.compiler.cache import compile_cached
-        from neuron_stack.compiler.driver import compile_program, graph_hash
-        from neuron_stack.runtime.model import LoadedModel
-
         t0 = time.perf_counter_ns()
         names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names)
         flags = ctx["flags"]
         ghash = graph_hash(program)
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         # aot_autograd calls us under its fake mode; the compiler and runtime work on real tensors
         with unset_fake_temporarily():
             neff, hit, entry = compile_cached(ghash, flags,
@@ -148,10 +149,6 @@ def _compiler(kind: str, ctx: dict):
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """The ``"neuron"`` dynamo backend. ``options`` may hold ``compiler_args`` (neuronx-cc flags);
     ``NEURON_CC_FLAGS`` is read too. Example: ``torch.compile(model, backend="neuron")``."""
-    from torch._decomp import core_aten_decompositions
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._guards import CompileContext
-
     cid = CompileContext.current_compile_id()
     frame_id = cid.frame_id if cid is not None else -1
     sig = _signature(gm, example_inputs)

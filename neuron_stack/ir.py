@@ -77,6 +77,38 @@ class Node:
         return self.target not in ("placeholder", "get_attr", "output")
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """A value crossing between a device partition and a CPU island (charged over PCIe)."""
+
+    value: str                                 # the node whose output crosses
+    direction: str                             # "to_host" | "to_device"
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One device subgraph or CPU island, as the partition pass cuts it (pass 2).
+
+    >>> Partition(0, "device", ("relu",), ("x",), ("relu",)).kind
+    'device'
+    """
+
+    index: int
+    kind: str                                  # "device" | "cpu"
+    nodes: tuple[str, ...]                     # member node names, in program order
+    inputs: tuple[str, ...] = ()               # values it reads from outside (placeholders, weights, others)
+    outputs: tuple[str, ...] = ()              # members read by other partitions or the program output
+    transfers: tuple[Transfer, ...] = ()       # inputs produced on the other side of the host/device seam
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Partition":
+        """Inverse of ``dataclasses.asdict`` (what a NEFF's ``program.json`` stores)."""
+        return cls(index=d["index"], kind=d["kind"], nodes=tuple(d["nodes"]), inputs=tuple(d.get("inputs", ())),
+                   outputs=tuple(d.get("outputs", ())),
+                   transfers=tuple(Transfer(**t) for t in d.get("transfers", ())))
+
+
 @dataclass
 class Program:
     """A compiled graph: nodes in topological order, named inputs/outputs and constants."""
@@ -90,7 +122,7 @@ class Program:
     log: list[str] = field(default_factory=list)              # the verbose compile log, one decision a line
     # Added by the compiler engineer (additive):
     io_specs: dict[str, str] = field(default_factory=dict)    # pytree specs of inputs/outputs (treespec_dumps)
-    partitions: list[dict] = field(default_factory=list)      # set by partition: kind, nodes, inputs, outputs
+    partitions: list[Partition] = field(default_factory=list)  # set by the partition pass
     stats: dict[str, Any] = field(default_factory=dict)       # compile-time figures (memory, counts)
 
     def node(self, name: str) -> Node:
@@ -125,5 +157,6 @@ class Program:
             n["source"] = Source(**n["source"]) if n.get("source") else None
             nodes.append(Node(**n))
         fields = {k: d[k] for k in ("name", "input_names", "output_names", "flags", "log", "io_specs",
-                                    "partitions", "stats") if k in d}
-        return cls(nodes=nodes, constants=dict(constants or {}), **fields)
+                                    "stats") if k in d}
+        parts = [Partition.from_json(p) for p in d.get("partitions", [])]
+        return cls(nodes=nodes, constants=dict(constants or {}), partitions=parts, **fields)

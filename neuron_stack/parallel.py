@@ -1,4 +1,5 @@
-"""Data and tensor parallelism over the NeuronCores of one process.
+"""Data and tensor parallelism over the NeuronCores of one process (public API, as ``torch_neuronx``'s;
+built on :func:`neuron_stack.trace`, so it sits beside the facade, after every stage).
 
 - :class:`DataParallel` splits a batch over cores, as ``torch_neuronx.DataParallel`` does: one
   copy of the compiled model per core, every chunk starting at the same projected time, the
@@ -27,8 +28,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from neuron_stack.api import trace
 from neuron_stack.device import clock
-from neuron_stack.runtime.collectives import Group, Plan, plan as plan_collective
+from neuron_stack.runtime import cores as _cores
+from neuron_stack.runtime.collectives import Group, Plan, record_collective
+from neuron_stack.runtime.collectives import plan as plan_collective
+from neuron_stack.runtime.model import LoadedModel
+from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 
 
 class ParallelError(ValueError):
@@ -39,7 +45,6 @@ class ParallelError(ValueError):
 
 def _adopt(session, core_ids: list[int]) -> None:
     """Make ``core_ids`` (already reserved by a lease) usable by this process's runtime session."""
-    from neuron_stack.runtime.model import MEMORY_CATEGORIES
     for c in core_ids:
         session.device_memory.setdefault(c, dict.fromkeys(MEMORY_CATEGORIES, 0))
         if c not in session.cores:
@@ -49,7 +54,6 @@ def _adopt(session, core_ids: list[int]) -> None:
 
 def _load_on(neff, core: int, info: dict | None = None):
     """A copy of ``neff`` loaded on ``core`` (a :class:`neuron_stack.runtime.model.LoadedModel`)."""
-    from neuron_stack.runtime.model import LoadedModel
     return LoadedModel(neff, dict(info or {"kind": "trace", "cache_hit": True}), core=core)
 
 
@@ -80,66 +84,6 @@ def _set_clock(t_ns: int) -> None:
     clock.advance(real_ns=clock.now_ns() - t_ns, simulated_ns=0)
 
 
-@dataclass
-class _CollectiveGraph:
-    graph_id: int
-    recorded: bool = False
-
-
-_cc_graphs: dict[tuple, _CollectiveGraph] = {}
-
-
-def record_collective(session, p: Plan, cores: list[int], arrivals_ns: list[int], start_ns: int,
-                      tag: str = "") -> None:
-    """Record one collective on every participating core: live busy time, and with profiling
-    on, an ``executions`` row per core (its own ``graphs`` row, kind ``collective``), the ring's
-    ``cc`` instructions (first one carrying the wait for the slowest rank) and a ``collective``
-    event with the CcOp fields. ``arrivals_ns`` are when each core was ready.
-    """
-    from traces.ids import new_id
-    dur = p.dur_ns
-    for c in cores:
-        session.live.record_execution(core=c, wall_end=time.time(), proj_end_ns=start_ns + dur,
-                                      total_latency_s=dur / 1e9, device_latency_s=dur / 1e9,
-                                      busy_ns={"cc": dur}, flops=0)
-    rec = session.recorder
-    if rec is None:
-        return
-    op = p.ccop()["operation"]
-    key = (id(rec), op, tuple(cores), p.input_size, p.dtype)
-    g = _cc_graphs.setdefault(key, _CollectiveGraph(new_id()))
-    name = f"{op}[{','.join(map(str, cores))}]{'/' + tag if tag else ''}"
-    if not g.recorded:
-        g.recorded = True
-        rec.append("graphs", {"graph_id": [g.graph_id], "run_id": [session.run_id], "name": [name],
-                              "kind": ["collective"], "neff_hash": [""], "input_signature": [
-                                  f"{p.num_elements} x {p.dtype}"], "compile_wall_ns": [0], "compile_ns": [0],
-                              "cache_hit": [False], "target": [session.target], "flags": ["{}"], "num_ops": [1],
-                              "num_device_ops": [1], "num_instructions": [p.steps]})
-    wall = time.time_ns()
-    for c, arrival in zip(cores, arrivals_ns):
-        exec_id = new_id()
-        wait = start_ns - arrival
-        rec.append("executions", {
-            "exec_id": [exec_id], "run_id": [session.run_id], "graph_id": [g.graph_id], "core": [c],
-            "iteration": [0], "wall_start_ns": [wall], "wall_end_ns": [wall], "start_ns": [arrival],
-            "end_ns": [start_ns + dur], "device_ns": [dur + wait], "status": ["completed"], "warmup": [False],
-            "flops": [0], "cc_busy_ns": [dur], **{f"{e}_busy_ns": [0] for e in
-                                                  ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")},
-            "cpu_fallback_ns": [0], "hbm_read_bytes": [p.steps * p.step_bytes],
-            "hbm_write_bytes": [p.steps * p.step_bytes]})
-        rows = p.instruction_rows(rel_start_ns=start_ns, node=name, sem_wait_ns=wait)
-        n = len(rows["pc"])
-        if n:
-            t = pa.table({k: v for k, v in rows.items() if k != "node"})
-            t = (t.rename_columns(["start_ns" if k == "rel_start_ns" else k for k in t.column_names])
-                 .append_column("exec_id", pa.array(np.full(n, exec_id, dtype=np.int64)))
-                 .append_column("core", pa.array(np.full(n, c, dtype=np.int32))))
-            rec.append("instructions", t)
-        detail = {k: v for k, v in p.ccop().items() if k != "dur_ns"}
-        rec.event("collective", ts_ns=start_ns, dur_ns=dur, core=c, graph_id=g.graph_id, **detail, wait_ns=wait)
-
-
 # -- data parallel ------------------------------------------------------------------------------
 
 class DataParallel(torch.nn.Module):
@@ -161,7 +105,6 @@ class DataParallel(torch.nn.Module):
     def __init__(self, neuron_module, device_ids: list[int] | None = None, dim: int = 0,
                  set_dynamic_batching: bool = True):
         super().__init__()
-        from neuron_stack.runtime import cores as _cores
         base = getattr(neuron_module, "model", None)
         if base is None or not hasattr(neuron_module, "neff"):
             raise ParallelError("DataParallel needs a compiled module from neuron_stack.trace(...): "
@@ -311,8 +254,6 @@ class TensorParallel:
 
     def __init__(self, stages: list[Stage], cores: list[int] | None = None, target: str = "trn1",
                  micro_batches: int = 1, compiler_args=None):
-        from neuron_stack.runtime import cores as _cores
-        from neuron_stack.runtime.model import Session
         n = len(stages[0].shards)
         if any(len(s.shards) != n for s in stages):
             raise ParallelError("every stage needs one shard per core")
@@ -330,8 +271,7 @@ class TensorParallel:
     def _model(self, si: int, ci: int, inputs: list):
         key = (si, ci)
         if key not in self.loaded:
-            import neuron_stack
-            nm = neuron_stack.trace(self.stages[si].shards[ci], tuple(inputs), target=self.target,
+            nm = trace(self.stages[si].shards[ci], tuple(inputs), target=self.target,
                                     compiler_args=self.compiler_args)
             core = self.cores[ci]
             if nm.model.core == core:

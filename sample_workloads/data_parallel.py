@@ -16,7 +16,7 @@ import neuron_stack
 from common import check
 from neuron_stack.device import clock
 from neuron_stack.runtime.cores import get_instance
-from neuron_stack.runtime.parallel import DataParallel
+from neuron_stack.parallel import DataParallel
 
 
 def main() -> int:

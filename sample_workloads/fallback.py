@@ -51,8 +51,8 @@ def main() -> None:
         if n.is_compute and n.placement == "cpu_fallback":
             where = f"{os.path.basename(n.source.file)}:{n.source.line}" if n.source else "?"
             print(f"  CPU fallback {n.target} at {where}: {n.fallback_reason}")
-    kinds = [p["kind"] for p in prog.partitions]
-    seams = sum(len(p["transfers"]) for p in prog.partitions)
+    kinds = [p.kind for p in prog.partitions]
+    seams = sum(len(p.transfers) for p in prog.partitions)
     print(f"partitions: {' -> '.join(kinds)} ({seams} host<->device transfers per run)")
     y = nm(x)
     # the rewrite must keep the numbers: compare with the original Ranker in eager PyTorch (same weights)

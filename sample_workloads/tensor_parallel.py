@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from common import check
-from neuron_stack.runtime.parallel import Stage, TensorParallel, column_parallel, row_parallel
+from neuron_stack.parallel import Stage, TensorParallel, column_parallel, row_parallel
 
 
 class Block(nn.Module):

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "sample_workloads"))
 import neuron_stack  # noqa: E402
 from neuron_stack.frontend.flags import FlagError, parse_flags  # noqa: E402
 from neuron_stack.isa.neff import NeffError  # noqa: E402
-from neuron_stack.runtime.model import InputMismatch, OutOfDeviceMemory  # noqa: E402
+from neuron_stack.runtime.errors import InputMismatch, OutOfDeviceMemory  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -150,10 +150,10 @@ def test_fallbacks_recorded_with_reasons_and_source(ranker):
     assert os.path.basename(sort.source.file) == "models.py" and "sort" in sort.source.code
     idx = nodes["aten.index.Tensor"]
     assert "data-dependent" in idx.fallback_reason and "s > 0" in idx.source.code
-    kinds = [p["kind"] for p in nm.neff.program.partitions]
+    kinds = [p.kind for p in nm.neff.program.partitions]
     assert kinds[0] == "device" and "cpu" in kinds
-    transfers = [t for p in nm.neff.program.partitions for t in p["transfers"]]
-    assert {t["direction"] for t in transfers} == {"to_host", "to_device"}
+    transfers = [t for p in nm.neff.program.partitions for t in p.transfers]
+    assert {t.direction for t in transfers} == {"to_host", "to_device"}
 
 
 def test_helper_function_lines_are_kept():
@@ -171,7 +171,7 @@ def test_out_of_device_memory(mlp, monkeypatch):
     import dataclasses
 
     from neuron_stack.device import profiles as device
-    from neuron_stack.runtime.model import Session
+    from neuron_stack.runtime.session import Session
     model, x, _ = mlp
     monkeypatch.setattr(Session, "_instances", {})   # a fresh session sees the shrunken profile
     small = dataclasses.replace(device.PROFILES["trn2"], hbm_bytes_per_chip=4 * 64 * 2**20 + 4096)

@@ -11,7 +11,7 @@ from neuron_stack.compiler.fuse import fuse
 from neuron_stack.isa.interp import InterpError, run, run_program
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule
+from neuron_stack.compiler.schedule import build_schedule, build_schedules
 
 
 class F(torch.nn.Module):
@@ -75,7 +75,7 @@ def test_interpreter_matches_eager_fp32(name):
     model, args = CASES[name]
     model.eval()
     prog = fuse(partition(legalize(capture(model, args))))
-    out = run_program(prog, dict(zip(prog.input_names, [a.numpy() for a in args])))
+    out = run_program(prog, dict(zip(prog.input_names, [a.numpy() for a in args])), build_schedules(prog))
     ref = model(*args)
     ref = ref if isinstance(ref, (list, tuple)) else [ref]
     for o, e in zip(out, ref):
@@ -97,9 +97,9 @@ def bert():
 def test_small_bert_fp32_and_bf16(bert):
     m, ids, prog = bert
     ref = m(ids).last_hidden_state.detach().numpy()
-    out = run_program(prog, {prog.input_names[0]: ids.numpy()})
+    out = run_program(prog, {prog.input_names[0]: ids.numpy()}, build_schedules(prog))
     np.testing.assert_allclose(out[0], ref, rtol=1e-4, atol=1e-4)
-    bf = run_program(prog, {prog.input_names[0]: ids.numpy()}, flags={"auto_cast": "matmult"})
+    bf = run_program(prog, {prog.input_names[0]: ids.numpy()}, build_schedules(prog, {"auto_cast": "matmult"}))
     assert np.linalg.norm(bf[0] - ref) / np.linalg.norm(ref) < 1e-2
 
 

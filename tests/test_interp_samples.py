@@ -8,6 +8,7 @@ import torch
 
 from neuron_stack.frontend.export import capture
 from neuron_stack.compiler.fuse import fuse
+from neuron_stack.compiler.schedule import build_schedules
 from neuron_stack.isa.interp import run_program
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
@@ -33,7 +34,8 @@ def test_sample_model_through_interpreter(name, auto_cast):
     make, inputs = SAMPLES[name]
     model, args = make().eval(), inputs()
     prog = fuse(partition(legalize(capture(model, args))))
-    out = run_program(prog, dict(zip(prog.input_names, [a.numpy() for a in args])), flags={"auto_cast": auto_cast})
+    out = run_program(prog, dict(zip(prog.input_names, [a.numpy() for a in args])),
+                      build_schedules(prog, {"auto_cast": auto_cast}))
     ref = model(*args)
     ref = ref if isinstance(ref, (list, tuple)) else [ref]
     for o, e in zip(out, ref):

@@ -15,7 +15,7 @@ from neuron_stack.compiler.fuse import fuse
 from neuron_stack.isa.interp import run_program
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule
+from neuron_stack.compiler.schedule import build_schedule, build_schedules
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_workloads import models  # noqa: E402
@@ -101,5 +101,5 @@ def test_transposed_conv_keeps_gpsimd_kernel_and_says_so():
     low = lower(prog, 0, get_profile("trn1"), {})
     assert "CUSTOM_OP" in {i.opcode for i in low.instrs}
     assert any("transposed" in line for line in low.log)
-    out = run_program(prog, {prog.input_names[0]: x.numpy()})
+    out = run_program(prog, {prog.input_names[0]: x.numpy()}, build_schedules(prog))
     np.testing.assert_allclose(out[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-5)

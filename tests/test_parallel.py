@@ -66,7 +66,7 @@ def test_tensor_parallel_records_ring_all_reduces_that_overlap(tmp_path, tp):
 
 
 def test_shard_helpers_match_the_full_layer():
-    from neuron_stack.runtime.parallel import ParallelError, column_parallel, row_parallel
+    from neuron_stack.parallel import ParallelError, column_parallel, row_parallel
     torch.manual_seed(0)
     lin, x = torch.nn.Linear(8, 6), torch.randn(3, 8)
     cols = torch.cat([s(x) for s in column_parallel(lin, 3)], -1)

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "sample_workloads"))
 
 import neuron_stack  # noqa: E402
 from neuron_stack import PartitionerConfig  # noqa: E402
-from neuron_stack.compiler.partition import PartitionerError  # noqa: E402
+from neuron_stack.compiler.support import PartitionerError  # noqa: E402
 
 SORT = {"aten::sort"}
 
@@ -43,7 +43,7 @@ def test_default_config_partitions_and_matches_eager(ranker):
     nm = neuron_stack.trace(model, x, partitioner_config=PartitionerConfig(ops_to_partition=SORT))
     with torch.no_grad():
         torch.testing.assert_close(nm(x), model(x), rtol=1e-4, atol=1e-5)
-    kinds = [p["kind"] for p in nm.neff.program.partitions]
+    kinds = [p.kind for p in nm.neff.program.partitions]
     assert kinds == ["device", "cpu", "device", "cpu", "device"]
     assert "81.82%" in nm.compile_log and "partitioner:" in nm.compile_log
 

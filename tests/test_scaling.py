@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SLOW_HOST = textwrap.dedent("""
     import json, time, torch, neuron_stack
     from neuron_stack.device import clock
-    from neuron_stack.runtime.parallel import DataParallel
+    from neuron_stack.parallel import DataParallel
 
     nm = neuron_stack.trace(torch.nn.Linear(8, 4), torch.randn(2, 8))
     dp = DataParallel(nm, device_ids=[0, 1])

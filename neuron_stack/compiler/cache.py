@@ -26,8 +26,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from neuron_stack.compiler.driver import compiler_version
-from neuron_stack.frontend.flags import command_line
+from neuron_stack.compiler.hooks import recording
+from neuron_stack.compiler.version import compiler_version
+from neuron_stack.frontend.flags import command_line, flags_hash
 from neuron_stack.isa.neff import Neff, NeffError, load
 
 DEFAULT_URL = "/var/tmp/neuron-compile-cache"
@@ -121,9 +122,8 @@ class CompileCache:
 
 def compile_cached(graph_hash: str, flags: dict, compile_fn: Callable[[], Neff]) -> tuple[Neff, bool, Path | None]:
     """Compile through the cache unless ``--no_cache``. Returns ``(neff, cache_hit, entry_dir)``."""
-    from neuron_stack.frontend.flags import flags_hash
-    from neuron_stack.tools.parallel_compile import extract_only
-    # a collect run's NEFFs are quick placeholders (neuron_parallel_compile): they never enter the cache
-    if flags.get("no_cache") or extract_only():
+    # while a graph recorder is active (neuron_parallel_compile's collect run) NEFFs are quick
+    # placeholders: they never enter the cache
+    if flags.get("no_cache") or recording():
         return compile_fn(), False, None
     return CompileCache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn)

@@ -13,52 +13,31 @@ roofline model of :mod:`neuron_stack.compiler.roofline`, loudly, when lowering a
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import sys
 import time
 import uuid as uuidlib
-from pathlib import Path
 
-from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.flags import command_line, compiler_flags, flags_hash
-from neuron_stack.frontend.export import file_texts, sources_in
+import torch
+
+from neuron_stack.compiler import hooks, schedule
 from neuron_stack.compiler.fuse import fuse
-from neuron_stack.ir import Program
 from neuron_stack.compiler.legalize import legalize, nbytes
-from neuron_stack.isa.neff import Neff
-from neuron_stack.compiler.partition import describe_support, partition, support_counts
+from neuron_stack.compiler.partition import partition, refs
+from neuron_stack.compiler.roofline import build_roofline
+from neuron_stack.compiler.support import describe_support, support_counts
+from neuron_stack.compiler.version import compiler_version
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import file_texts, sources_in
+from neuron_stack.frontend.flags import command_line, compiler_flags, flags_hash
+from neuron_stack.ir import Program
+from neuron_stack.isa.neff import Neff, PartitionSchedule
 
 #: Bytes of device instruction memory per instruction ("model_code" in the memory accounting).
 INSTRUCTION_BYTES = 64
 #: Fixed runtime reservation per core ("runtime_memory"): queues, semaphores, DMA rings.
 RUNTIME_MEMORY_BYTES = 64 * 2**20
-
-
-def stack_version() -> str:
-    """This package's version (``0.0.0`` when run from a source tree that is not installed)."""
-    try:
-        from importlib.metadata import version
-        return version("neuron-stack")
-    except Exception:
-        return "0.0.0"
-
-
-@functools.cache
-def compiler_version() -> str:
-    """The version in cache paths, ``<version>+<build-hash>`` as ``neuronxcc-2.x+<hash>`` is.
-
-    The build hash covers the compiler's own source (every module of neuron_stack), so a NEFF
-    compiled by older lowering or cost-model code is never served from the cache as current.
-    Example: ``compiler_version()  # '0.1.0+neff1.3f2a9c1d'``.
-    """
-    from neuron_stack.isa.neff import FORMAT_VERSION
-    build = hashlib.sha256()
-    package = Path(__file__).resolve().parent.parent      # neuron_stack/, every stage
-    for path in sorted(package.rglob("*.py")):
-        build.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
-    return f"{stack_version()}+neff{FORMAT_VERSION}.{build.hexdigest()[:8]}"
 
 
 def graph_hash(program: Program, salt: str = "") -> str:
@@ -67,8 +46,6 @@ def graph_hash(program: Program, salt: str = "") -> str:
     Source lines are part of it because the NEFF carries them into the profile; weights because
     the NEFF inlines them (a model with other weights must not hit the cache).
     """
-    import torch
-
     h = hashlib.sha256(salt.encode())
     d = program.to_json()
     for k in ("log", "flags", "partitions", "stats"):
@@ -85,10 +62,9 @@ def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object
     """Partition ``part``'s instruction schedule, or the roofline estimate if lowering fails.
 
     The fallback is a safety net, never a normal path: it is loud (compile log and stderr)."""
-    from neuron_stack.compiler.roofline import build_roofline
     try:
-        from neuron_stack.compiler.schedule import build_schedule
-        return build_schedule(program, part, profile, flags), "instruction"
+        # looked up on the module at call time: a test replaces it to exercise the fallback
+        return schedule.build_schedule(program, part, profile, flags), "instruction"
     except Exception as exc:  # numbers do not depend on timing: a lowering gap must not fail the compile
         msg = (f"warning: instruction-level lowering failed on partition #{part} "
                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
@@ -106,7 +82,6 @@ def memory_plan(program: Program) -> dict:
     the largest single activation (the staging buffer for SBUF spills).
     """
     last_use: dict[str, int] = {}
-    from neuron_stack.compiler.partition import refs
     for i, n in enumerate(program.nodes):
         for r in refs([n.args, n.kwargs]):
             last_use[r] = i
@@ -135,10 +110,10 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     profile = get_profile(flags["target"])
     program.flags = compiler_flags(flags)
     ghash = graph_hash_value or graph_hash(program)
-    from neuron_stack.tools.parallel_compile import extract_only, record_graph
-    extract = extract_only()
-    if extract:  # neuron_parallel_compile's collect run: record the graph, skip the costly lowering
-        record_graph(program, flags, partitioner_config, ghash)
+    recorder = hooks.active_recorder()
+    extract = recorder is not None
+    if extract:  # e.g. neuron_parallel_compile's collect run: record the graph, skip the costly lowering
+        recorder.record(program, flags, partitioner_config, ghash)
     program.log.append(f"neuronx-cc compile {command_line(flags)} -- {program.name}: "
                        f"{sum(n.is_compute for n in program.nodes)} ops")
     natural = None
@@ -153,25 +128,24 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     if partitioner_config is not None:  # the limits are applied by trace (on cache hits too)
         program.log.append(f"partitioner: {describe_support(natural)[1]}; {len(program.partitions)} subgraphs")
     fuse(program)
-    schedules: dict[int, dict] = {}
+    schedules: dict[int, PartitionSchedule] = {}
     timings: set[str] = set()
     instructions = 0
     for p in program.partitions:
-        if p["kind"] != "device":
+        if p.kind != "device":
             continue
         if extract:
-            from neuron_stack.compiler.roofline import build_roofline
-            s, timing = build_roofline(program, p["index"], profile, flags), "roofline"
+            s, timing = build_roofline(program, p.index, profile, flags), "roofline"
         else:
-            s, timing = _schedule(program, p["index"], profile, flags)
+            s, timing = _schedule(program, p.index, profile, flags)
         timings.add(timing)
-        schedules[p["index"]] = {"table": s.table, "busy_ns": {k: int(v) for k, v in s.busy_ns.items()},
-                                 "device_ns": int(s.device_ns), "hbm_read_bytes": int(s.hbm_read_bytes),
-                                 "hbm_write_bytes": int(s.hbm_write_bytes),
-                                 "spill_save_bytes": int(s.spill_save_bytes),
-                                 "spill_reload_bytes": int(s.spill_reload_bytes), "flops": int(s.flops)}
+        schedules[p.index] = PartitionSchedule(
+            table=s.table, busy_ns={k: int(v) for k, v in s.busy_ns.items()}, device_ns=int(s.device_ns),
+            hbm_read_bytes=int(s.hbm_read_bytes), hbm_write_bytes=int(s.hbm_write_bytes),
+            spill_save_bytes=int(s.spill_save_bytes), spill_reload_bytes=int(s.spill_reload_bytes),
+            flops=int(s.flops))
         instructions += s.table.num_rows
-        program.log.append(f"schedule: partition #{p['index']}: {s.table.num_rows} instructions, "
+        program.log.append(f"schedule: partition #{p.index}: {s.table.num_rows} instructions, "
                            f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")
     # one roofline-timed partition makes the whole graph's timing an estimate: say so
     timing = "roofline" if "roofline" in timings else "instruction"

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from neuron_stack.device.cost import throttle_factor
-from neuron_stack.device.profiles import DeviceProfile
+from neuron_stack.device.profiles import DeviceProfile, get_profile
 from neuron_stack.ir import Program
 from neuron_stack.isa.instructions import dma_queue_name
 from neuron_stack.compiler.lower.lowerer import Instr, Lowered, lower
@@ -96,6 +96,19 @@ def build_schedule(program: Program, partition: int, profile: DeviceProfile, fla
     """
     low = lower(program, partition, profile, flags or {})
     return schedule_lowered(low, profile)
+
+
+def build_schedules(program: Program, flags: dict | None = None, profile: DeviceProfile | None = None
+                    ) -> dict[int, Schedule]:
+    """Every device partition's schedule, ``{partition: Schedule}`` (partition 0 of a program that
+    was never partitioned), for ``flags["target"]`` (default trn1) unless ``profile`` is given.
+
+    Example: ``run_program(prog, inputs, build_schedules(prog, {"auto_cast": "matmult"}))``.
+    """
+    flags = flags or {}
+    profile = profile or get_profile(flags.get("target", "trn1"))
+    parts = [p.index for p in program.partitions if p.kind == "device"] if program.partitions else [0]
+    return {i: build_schedule(program, i, profile, flags) for i in parts}
 
 
 def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:

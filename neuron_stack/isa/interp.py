@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from neuron_stack.ir import Program
+from neuron_stack.ir import Partition, Program
 
 _NP = {"float32": np.float32, "float64": np.float64, "bfloat16": np.float32, "float16": np.float32,
        "int64": np.int64, "int32": np.int64, "int16": np.int64, "int8": np.int64, "uint8": np.int64,
@@ -414,34 +414,29 @@ def run(program: Program, partition: int, schedule, inputs: dict[str, np.ndarray
     return {name: m.mem.read_value(val) for name, val in schedule.values.items()}
 
 
-def run_program(program: Program, inputs: dict[str, np.ndarray], schedules: dict[int, Any] | None = None,
-                profile=None, flags: dict | None = None) -> list[np.ndarray]:
+def run_program(program: Program, inputs: dict[str, np.ndarray], schedules: dict[int, Any]) -> list[np.ndarray]:
     """Run a whole program: device partitions through the interpreter, CPU partitions with torch.
 
-    Returns the program outputs (flattened ``output_names``) as arrays.
-    Example: ``run_program(prog, {"x": x.numpy()})[0]``.
+    ``schedules`` maps each device partition to its schedule
+    (:func:`neuron_stack.compiler.schedule.build_schedules` builds them all). Returns the program
+    outputs (flattened ``output_names``) as arrays.
+    Example: ``run_program(prog, {"x": x.numpy()}, build_schedules(prog))[0]``.
     """
-    from neuron_stack.device.profiles import get_profile
-    from neuron_stack.compiler.schedule import build_schedule
-    torch = _torch()
-    profile = profile or get_profile((flags or {}).get("target", "trn1"))
     env: dict[str, Any] = {k: np.asarray(v) for k, v in inputs.items()}
-    parts = getattr(program, "partitions", None) or [{"index": 0, "kind": "device"}]
+    parts = program.partitions or [Partition(0, "device", ())]
     for p in parts:
-        idx = p["index"]
-        if p["kind"] == "cpu":
+        if p.kind == "cpu":
             for n in program.nodes:
-                if n.partition == idx and n.is_compute:
+                if n.partition == p.index and n.is_compute:
                     env[n.name] = _eager(n, env, program)
             continue
-        s = (schedules or {}).get(idx) or build_schedule(program, idx, profile, flags or {})
+        s = schedules[p.index]
         need = {k: env[k] for k in s.inputs if k in env}
-        env.update(run(program, idx, s, need))
+        env.update(run(program, p.index, s, need))
     for n in program.nodes:
         if n.target == "getitem" and n.name not in env and n.args[0]["node"] in env:
             v = env[n.args[0]["node"]]
             env[n.name] = v[n.args[1]] if isinstance(v, (list, tuple)) else v
-    del torch
     return [env[name] for name in _flat_names(program.output_names)]
 
 

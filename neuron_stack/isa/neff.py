@@ -33,7 +33,7 @@ import json
 import os
 import uuid as uuidlib
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,6 +48,26 @@ class NeffError(RuntimeError):
     """A NEFF that cannot be used; the message is one line naming the file, the problem and the fix."""
 
 
+@dataclass(frozen=True)
+class PartitionSchedule:
+    """What a NEFF holds for one device partition: its instruction table (the contract columns of
+    ``neuron_stack.compiler.schedule.TABLE_SCHEMA``, times relative to the partition start) and
+    the scalars the runtime adds up at load."""
+
+    table: pa.Table
+    device_ns: int
+    busy_ns: dict[str, int]                    # per engine (traces.vocab.ENGINES)
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    spill_save_bytes: int = 0
+    spill_reload_bytes: int = 0
+    flops: int = 0
+
+    def scalars(self) -> dict:
+        """Everything but the table, JSON-able (``schedule.json``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "table"}
+
+
 @dataclass
 class Neff:
     """A compiled graph: header, program, constants (inside ``program``), schedules, sources, log.
@@ -57,7 +77,7 @@ class Neff:
 
     header: dict
     program: Program
-    schedules: dict[int, dict] = field(default_factory=dict)   # partition -> {"table": pa.Table, scalars...}
+    schedules: dict[int, PartitionSchedule] = field(default_factory=dict)   # device partition index -> schedule
     source_files: dict[str, str] = field(default_factory=dict)
     log: str = ""
 
@@ -108,8 +128,8 @@ def members(neff: Neff) -> dict[str, bytes]:
     out["sources.json"] = json.dumps(list(sources.values())).encode()
     scalars = {}
     for p, s in neff.schedules.items():
-        out[f"schedule/{p}.arrow"] = _table_bytes(s["table"])
-        scalars[str(p)] = {k: v for k, v in s.items() if k != "table"}
+        out[f"schedule/{p}.arrow"] = _table_bytes(s.table)
+        scalars[str(p)] = s.scalars()
     out["schedule.json"] = json.dumps(scalars).encode()
     return out
 
@@ -201,7 +221,8 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
         for p, s in scalars.items():
             _check_scalars(path, p, s)
             table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
-            schedules[int(p)] = dict(s, table=table)
+            known = {f.name for f in fields(PartitionSchedule)} - {"table"}
+            schedules[int(p)] = PartitionSchedule(table=table, **{k: v for k, v in s.items() if k in known})
         source_files = json.loads(data["source_files.json"])
         log = data["compile.log"].decode()
     except NeffError:

@@ -26,11 +26,15 @@ profile fields, GB/s == bytes/ns). Rows carry the real profiler's CcOp fields (Â
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from neuron_stack.device.profiles import DeviceProfile
+from neuron_stack.runtime.rows import ExecutionRow, GraphRow
+from traces.ids import new_id
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
                "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -198,3 +202,59 @@ def synchronise(arrivals_ns: list[int]) -> tuple[int, list[int]]:
     """
     start = max(arrivals_ns)
     return start, [start - a for a in arrivals_ns]
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+@dataclass
+class _CollectiveGraph:
+    graph_id: int
+    recorded: bool = False
+
+
+_cc_graphs: dict[tuple, _CollectiveGraph] = {}
+
+
+def record_collective(session, p: Plan, cores: list[int], arrivals_ns: list[int], start_ns: int,
+                      tag: str = "") -> None:
+    """Record one collective on every participating core: live busy time, and with profiling
+    on, an ``executions`` row per core (its own ``graphs`` row, kind ``collective``), the ring's
+    ``cc`` instructions (first one carrying the wait for the slowest rank) and a ``collective``
+    event with the CcOp fields. ``arrivals_ns`` are when each core was ready.
+    """
+    dur = p.dur_ns
+    for c in cores:
+        session.live.record_execution(core=c, wall_end=time.time(), proj_end_ns=start_ns + dur,
+                                      total_latency_s=dur / 1e9, device_latency_s=dur / 1e9,
+                                      busy_ns={"cc": dur}, flops=0)
+    rec = session.recorder
+    if rec is None:
+        return
+    op = p.ccop()["operation"]
+    key = (id(rec), op, tuple(cores), p.input_size, p.dtype)
+    g = _cc_graphs.setdefault(key, _CollectiveGraph(new_id()))
+    name = f"{op}[{','.join(map(str, cores))}]{'/' + tag if tag else ''}"
+    if not g.recorded:
+        g.recorded = True
+        rec.add(GraphRow(graph_id=g.graph_id, run_id=session.run_id, name=name, kind="collective", neff_hash="",
+                         input_signature=f"{p.num_elements} x {p.dtype}", target=session.target, flags="{}",
+                         num_ops=1, num_device_ops=1, num_instructions=p.steps))
+    wall = time.time_ns()
+    for c, arrival in zip(cores, arrivals_ns):
+        exec_id = new_id()
+        wait = start_ns - arrival
+        rec.add(ExecutionRow(
+            exec_id=exec_id, run_id=session.run_id, graph_id=g.graph_id, core=c, iteration=0,
+            wall_start_ns=wall, wall_end_ns=wall, start_ns=arrival, end_ns=start_ns + dur, device_ns=dur + wait,
+            warmup=False, flops=0, busy_ns={"cc": dur}, hbm_read_bytes=p.steps * p.step_bytes,
+            hbm_write_bytes=p.steps * p.step_bytes))
+        rows = p.instruction_rows(rel_start_ns=start_ns, node=name, sem_wait_ns=wait)
+        n = len(rows["pc"])
+        if n:
+            t = pa.table({k: v for k, v in rows.items() if k != "node"})
+            t = (t.rename_columns(["start_ns" if k == "rel_start_ns" else k for k in t.column_names])
+                 .append_column("exec_id", pa.array(np.full(n, exec_id, dtype=np.int64)))
+                 .append_column("core", pa.array(np.full(n, c, dtype=np.int32))))
+            rec.append("instructions", t)
+        detail = {k: v for k, v in p.ccop().items() if k != "dur_ns"}
+        rec.event("collective", ts_ns=start_ns, dur_ns=dur, core=c, graph_id=g.graph_id, **detail, wait_ns=wait)

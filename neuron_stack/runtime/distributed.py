@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from neuron_stack.device import clock
-from neuron_stack.runtime.collectives import Group, plan as plan_collective
+from neuron_stack.runtime.collectives import Group, record_collective
+from neuron_stack.runtime.collectives import plan as plan_collective
+from neuron_stack.runtime.session import Session
 
 DEFAULT_TIMEOUT_S = 60
 
@@ -74,8 +77,6 @@ def init(target: str = "trn1", timeout_s: float | None = None) -> World:
     (0, 0)
     """
     global _world
-    import torch.distributed as dist
-    from neuron_stack.runtime.model import Session
 
     rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, node = _env_int("LOCAL_RANK", rank), _env_int("GROUP_RANK", 0)
@@ -118,9 +119,6 @@ def all_reduce_gradients(model: torch.nn.Module, average: bool = True) -> int:
     A peer that died or hangs past the timeout raises :class:`DistributedError` (one line).
     Example: ``loss.backward(); all_reduce_gradients(model); opt.step()``.
     """
-    import torch.distributed as dist
-    from neuron_stack.runtime.parallel import record_collective
-    from neuron_stack.runtime.model import Session
 
     w = world()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -157,6 +155,5 @@ def all_reduce_gradients(model: torch.nn.Module, average: bool = True) -> int:
 
 def shutdown() -> None:
     """Leave the process group (call at the end of training)."""
-    import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()

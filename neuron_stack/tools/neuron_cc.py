@@ -142,7 +142,7 @@ def load_spec(spec: str, shapes: list[str] | None):
 
 
 def _compile(args) -> int:
-    from neuron_stack.api import PartitionerConfig
+    from neuron_stack.compiler.support import PartitionerConfig
     from neuron_stack.compiler.driver import compile_program
     from neuron_stack.frontend.flags import parse_flags
 
@@ -181,7 +181,7 @@ def _list_operators(args) -> int:
 
 
 def _analyze(args) -> int:
-    from neuron_stack.api import analyze
+    from neuron_stack.compiler.support import analyze
 
     program_spec = args.model
     if program_spec.endswith(".pt2"):

@@ -45,6 +45,9 @@ import uuid
 from collections import deque
 from pathlib import Path
 
+# torch and the compiler are imported inside the functions that need them: `clean`, `clear-locks`
+# and the collect parent (which only runs the user's script) start without paying for torch.
+
 PROG = "neuron_parallel_compile"
 EXTRACT_ENV = "NEURON_EXTRACT_GRAPHS_ONLY"
 WORKDIR_ENV = "NEURON_PARALLEL_COMPILE_WORKDIR"
@@ -98,10 +101,26 @@ def collected(gdir: Path) -> list[Path]:
 
 # -- the collect side: called by the compiler in extraction mode --------------------------------------
 
+class CollectRecorder:
+    """The compiler's graph recorder (:mod:`neuron_stack.compiler.hooks`) for collect runs: active
+    while ``NEURON_EXTRACT_GRAPHS_ONLY`` is on (read at every compile), records with
+    :func:`record_graph`. The public facade (``neuron_stack.api``) installs :data:`COLLECTOR`."""
+
+    def active(self) -> bool:
+        return extract_only()
+
+    def record(self, program, flags: dict, partitioner_config, graph_hash: str) -> Path:
+        return record_graph(program, flags, partitioner_config, graph_hash)
+
+
+COLLECTOR = CollectRecorder()
+
+
 def record_graph(program, flags: dict, partitioner_config, graph_hash: str) -> Path:
     """Save ``program`` (before any pass touches it), its weights and flags for a later compile.
 
-    Called by :func:`neuron_stack.compiler.driver.compile_program` when :func:`extract_only` is true.
+    Called by :func:`neuron_stack.compiler.driver.compile_program` (through :data:`COLLECTOR`) when
+    :func:`extract_only` is true.
     Identical graphs (same graph and flags hash, e.g. from several ranks) are kept once: a graph
     directory is built under a temporary name and renamed into place, so a half-written one is
     never seen. Example: ``record_graph(prog, parse_flags(), None, graph_hash(prog))``.
@@ -139,7 +158,7 @@ def load_graph(gdir: Path):
     """``(meta, program, partitioner_config)`` of a collected graph directory."""
     import torch
 
-    from neuron_stack.api import PartitionerConfig
+    from neuron_stack.compiler.support import PartitionerConfig
     from neuron_stack.ir import Program
 
     meta = json.loads((gdir / "graph.json").read_text())
@@ -322,8 +341,7 @@ def analyze(gdirs: list[Path], verbosity: int) -> dict:
     summed over graphs, plus one row per graph). ``verbosity`` 2 adds each unsupported op's call site."""
     from types import SimpleNamespace
 
-    from neuron_stack.api import _pkg_version
-    from neuron_stack.compiler.driver import compiler_version
+    from neuron_stack.compiler.version import compiler_version, stack_version
     from neuron_stack.ir import Program
     from neuron_stack.compiler.legalize import aten_name, legalize
 
@@ -354,7 +372,7 @@ def analyze(gdirs: list[Path], verbosity: int) -> dict:
         graphs.append({"graph": d.name, "name": meta["name"], "num_ops": len(ops), "num_device_ops": len(dev),
                        "support_percentage": f"{100.0 * len(dev) / len(ops) if ops else 100.0:.2f}%"})
     pct = 100.0 * sum(supported.values()) / total_ops if total_ops else 100.0
-    return {"torch_neuronx_version": _pkg_version(), "neuronx_cc_version": compiler_version(),
+    return {"torch_neuronx_version": stack_version(), "neuronx_cc_version": compiler_version(),
             "support_percentage": f"{pct:.2f}%", "supported_operators": dict(sorted(supported.items())),
             "unsupported_operators": unsupported, "graphs": graphs}
 

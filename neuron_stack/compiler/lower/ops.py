@@ -1218,8 +1218,8 @@ def lower_iota(low: Lowerer, n: Node) -> None:
 
 
 def lower_collective(low: Lowerer, n: Node) -> None:
-    """A collective: one ``cc`` row timed by :mod:`neuron_stack.runtime.collectives` when it exists, else a
-    ring over NeuronLink (:func:`neuron_stack.device.cost.ring_collective_ns`)."""
+    """A collective: one ``cc`` row timed as a ring over NeuronLink
+    (:func:`neuron_stack.device.cost.ring_collective_ns`)."""
     name = _packet_name(n.target)
     kind = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
             "reduce_scatter_tensor": "reduce_scatter"}.get(n.target.split(".")[1] if "." in n.target else name, "wait")
@@ -1227,10 +1227,6 @@ def lower_collective(low: Lowerer, n: Node) -> None:
     srcs = [view_operand(low.value(a)) for a in n.args if _is_ref(a)]
     nb = sum(s.numel * nbytes_of(s.dtype) for s in n.inputs)
     dsts = [view_operand(low.out_view(n.name, n.outputs[0]))] if n.outputs else []
-    try:
-        from neuron_stack.runtime import collectives  # owned by the multi-core engineer
-        dur = collectives.cost_ns(low.p, kind, nb, world)
-    except Exception:
-        dur = ring_collective_ns(low.p, kind, nb, world)
+    dur = ring_collective_ns(low.p, kind, nb, world)
     opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER", "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
     low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)

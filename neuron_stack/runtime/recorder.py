@@ -1,0 +1,267 @@
+"""The trace recorder: with profiling on (``NEURON_RT_INSPECT_ENABLE=1``) or during a timed capture,
+every table of a run goes through :class:`traces.Writer` into segment files: runs, sources, graphs,
+ops, executions, one row per device instruction and CPU op, events and memory.
+
+The rows built by hand are typed (:mod:`neuron_stack.runtime.rows`); instruction rows come from
+each partition's static schedule, stamped per execution.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import traces
+from neuron_stack.compiler.version import stack_version
+from neuron_stack.device import clock
+from neuron_stack.device.cost import pcie_ns
+from neuron_stack.runtime.cores import parse_core_list
+from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
+from traces.ids import new_id, stable_id
+from traces.schema import SCHEMA_VERSION
+
+
+class Recorder:
+    """Writes the trace tables through :class:`traces.Writer` (profiling on)."""
+
+    def __init__(self, session, out_dir: str):
+        self.session = session
+        self.out_dir = out_dir
+        self.sources_seen: set[int] = set()
+        self.files_seen: set[str] = set()
+        self.graph_settings: dict[str, set[str]] = {}
+        filt = os.environ.get("NEURON_RT_INSPECT_EVENT_FILTER_NC", "").strip()
+        if filt:
+            self.core_filter = set(parse_core_list(filt, session.profile.cores_per_instance,
+                                                   name="NEURON_RT_INSPECT_EVENT_FILTER_NC"))
+        else:
+            self.core_filter = None
+        # NEURON_RT_INSPECT_DEVICE_PROFILE as the real runtime: 0 = no device (instruction) rows,
+        # 1/model = the first execution of each NEFF per core, session = every execution (default).
+        mode = os.environ.get("NEURON_RT_INSPECT_DEVICE_PROFILE", "").strip().lower() or "session"
+        if mode not in ("0", "1", "model", "session"):
+            raise ValueError(f"NEURON_RT_INSPECT_DEVICE_PROFILE={mode!r} is not one of 0, 1, model, session")
+        self.device_profile = {"0": "off", "1": "model"}.get(mode, mode)
+        self.device_profiled: set[tuple[int, int]] = set()
+        meta = dict(session.profile.metadata())
+        meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
+                     "is_simulation": "true", "device_profile": self.device_profile,
+                     "warmup_executions": "1"})
+        now = clock.wall_ns()
+        self.writer = traces.Writer(out_dir, run={
+            "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
+            "command": session.live.command, "host": socket.gethostname(), "target": session.target,
+            "rank": int(os.environ.get("RANK", "0") or 0), "node": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
+
+    @classmethod
+    def from_env(cls, session) -> "Recorder | None":
+        if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0").strip().lower() in ("", "0", "false", "no", "off"):
+            return None
+        return cls(session, os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR") or "./output")
+
+    def append(self, table: str, rows) -> None:
+        self.writer.append(table, rows)
+
+    def add(self, row) -> None:
+        """Append one typed row (:mod:`neuron_stack.runtime.rows`) to its table."""
+        self.writer.append(row.TABLE, row.columns())
+
+    def wants_instructions(self, graph_id: int, core: int) -> bool:
+        """Whether this execution's instruction rows are recorded (NEURON_RT_INSPECT_DEVICE_PROFILE)."""
+        if self.device_profile == "off":
+            return False
+        if self.device_profile == "model":
+            if (graph_id, core) in self.device_profiled:
+                return False
+            self.device_profiled.add((graph_id, core))
+        return True
+
+    def note_graph_settings(self, **settings: str) -> None:
+        for key, value in settings.items():
+            self.graph_settings.setdefault(key, set()).add(str(value))
+        keys = sorted(self.graph_settings)
+        self.append("metadata", {"key": keys, "value": ["+".join(sorted(self.graph_settings[k])) for k in keys]})
+
+    def event(self, event_kind: str, *, ts_ns: int | None = None, dur_ns: int = 0, core: int | None = None,
+              graph_id: int | None = None, op_id: int | None = None, source_id: int | None = None,
+              **detail) -> None:
+        ts = clock.now_ns() if ts_ns is None else ts_ns
+        self.add(EventRow(ts_ns=ts, wall_ns=ts - clock.offset_ns(), dur_ns=dur_ns, run_id=self.session.run_id,
+                          kind=event_kind, core=core, graph_id=graph_id, op_id=op_id, source_id=source_id,
+                          detail=detail))
+
+    def close(self) -> None:
+        try:
+            self.writer.close(status="ok")
+        except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
+            logging.getLogger("traces").warning("%s", exc)
+
+
+def source_id(src) -> int | None:
+    """The trace store's id of a source line (``stable_id(file, line)``)."""
+    return stable_id(src.file, src.line) if src is not None else None
+
+
+def record_load(rec: Recorder, model, history: bool = True) -> None:
+    """Describe a loaded ``model`` (:class:`~neuron_stack.runtime.model.LoadedModel`) to ``rec``: sources,
+    graph, ops, fallbacks, memory; with ``history``
+    also its compile, cache hit, recompile and load events (a capture that starts later
+    skips those: they happened before it)."""
+    prog, info = model.program, model.compile_info
+    now = clock.now_ns()
+    src_rows = {"source_id": [], "file": [], "line": [], "function": [], "code": []}
+    for n in prog.nodes:
+        s = n.source
+        if s is None:
+            continue
+        sid = source_id(s)
+        if sid in rec.sources_seen:
+            continue
+        rec.sources_seen.add(sid)
+        for k, v in zip(src_rows, (sid, s.file, s.line, s.function, s.code)):
+            src_rows[k].append(v)
+    if src_rows["source_id"]:
+        rec.append("sources", src_rows)
+    files = {f: t for f, t in model.neff.source_files.items() if f not in rec.files_seen}
+    if files:
+        rec.files_seen.update(files)
+        rec.append("source_files", {"file": list(files), "text": list(files.values()),
+                                    "sha1": [hashlib.sha1(t.encode()).hexdigest() for t in files.values()]})
+    call_site = info.get("source")
+    sig = ", ".join(f"{tuple(s.shape)} {s.dtype}" for s in model.input_specs if s is not None)
+    stats = prog.stats
+    # Timing model and auto-cast are per graph (a lowering gap falls back to roofline); the
+    # profile's metadata names every value its graphs used.
+    rec.note_graph_settings(timing_model=stats.get("timing_model", "instruction"),
+                            auto_cast=prog.flags.get("auto_cast", "none"))
+    rec.add(GraphRow(
+        graph_id=model.graph_id, run_id=model.session.run_id, name=model.name, kind=info.get("kind", "trace"),
+        neff_hash=model.neff.header["hash"], input_signature=sig,
+        compile_wall_ns=int(info.get("compile_wall_ns", 0)), compile_ns=int(info.get("compile_wall_ns", 0)),
+        cache_hit=bool(info.get("cache_hit", False)), recompile_of=info.get("recompile_of"),
+        recompile_reason=info.get("recompile_reason", ""), source_id=source_id(call_site),
+        target=model.neff.target, flags=json.dumps(prog.flags), num_ops=stats.get("num_ops", 0),
+        num_device_ops=stats.get("num_device_ops", 0), num_instructions=stats.get("num_instructions", 0)))
+    if call_site is not None and source_id(call_site) not in rec.sources_seen:
+        rec.sources_seen.add(source_id(call_site))
+        rec.append("sources", {"source_id": [source_id(call_site)], "file": [call_site.file],
+                               "line": [call_site.line], "function": [call_site.function],
+                               "code": [call_site.code]})
+    ops = [n for n in prog.nodes if n.is_compute]
+    rec.append("ops", {
+        "op_id": [model.op_ids[n.name] for n in ops], "graph_id": [model.graph_id] * len(ops),
+        "name": [n.name for n in ops], "aten_op": [n.target for n in ops], "op_class": [n.op_class for n in ops],
+        "placement": [n.placement for n in ops], "fallback_reason": [n.fallback_reason for n in ops],
+        "fused_into": [n.fused_into for n in ops], "module_path": [n.module_path for n in ops],
+        "source_id": [source_id(n.source) for n in ops],
+        "shape": [str(list(n.outputs[0].shape)) if n.outputs else "" for n in ops],
+        "dtype": [n.outputs[0].dtype if n.outputs else "" for n in ops],
+        "flops": [n.flops for n in ops], "bytes": [n.bytes for n in ops]})
+    compile_ns = int(info.get("compile_wall_ns", 0))
+    if history and info.get("cache_hit"):
+        rec.event("cache_hit", ts_ns=now, graph_id=model.graph_id, model=model.name,
+                  neff_hash=model.neff.header["hash"], path=info.get("cache_path", ""))
+    elif history and compile_ns:
+        rec.event("compile", ts_ns=now - compile_ns, dur_ns=compile_ns, graph_id=model.graph_id,
+                  source_id=source_id(call_site), model=model.name, kind=info.get("kind", "trace"))
+    if history and info.get("recompile_of"):
+        rec.event("recompile", ts_ns=now, graph_id=model.graph_id, source_id=source_id(call_site),
+                  reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])
+    for n in ops:
+        if n.placement == "cpu_fallback":
+            rec.event("cpu_fallback", ts_ns=now, graph_id=model.graph_id, op_id=model.op_ids[n.name],
+                      source_id=source_id(n.source), op=n.target, reason=n.fallback_reason)
+    if history:
+        rec.event("load", ts_ns=now, core=model.core, graph_id=model.graph_id, model=model.name,
+                  uuid=model.neff.header["uuid"], bytes=model.memory)
+    rec.append("memory", {"ts_ns": [now] * len(model.memory), "run_id": [model.session.run_id] * len(model.memory),
+                          "core": [model.core] * len(model.memory), "location": ["device"] * len(model.memory),
+                          "category": list(model.memory),
+                          "bytes": [model.session.device_memory[model.core][k] for k in model.memory]})
+
+
+def instruction_tables(model) -> dict[int, pa.Table]:
+    """Each device partition's schedule with its op_id column, computed once per loaded model."""
+    if model.instruction_cache is None:
+        names = list(model.op_ids)
+        ids = pa.array([model.op_ids[n] for n in names], pa.int64())
+        out = {}
+        for p in model.parts:
+            if p.sched is None:
+                continue
+            t = p.sched.table
+            idx = pc.index_in(t.column("node"), value_set=pa.array(names, pa.string()))
+            op_id = pc.take(ids, idx)
+            keep = ["engine", "queue", "opcode", "pc", "dur_ns", "flops", "bytes_read", "bytes_written",
+                    "sem_wait_ns"]
+            cols = {k: t.column(k) for k in keep}
+            cols["op_id"] = op_id
+            cols["rel_start_ns"] = t.column("rel_start_ns")
+            out[p.part.index] = pa.table(cols)
+        model.instruction_cache = out
+    return model.instruction_cache
+
+
+def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline) -> None:
+    """Record one execution of ``model``: its ``executions`` row; unless filtered out
+    (``NEURON_RT_INSPECT_EVENT_FILTER_NC``, ``NEURON_RT_INSPECT_DEVICE_PROFILE``) one instruction row per
+    device instruction and CPU op, and a ``host_transfer`` event per seam crossing. ``timeline``
+    lists ``(kind, loaded partition, offset_ns, cpu op times)`` in execution order."""
+    exec_id = new_id()
+    busy = model.busy_ns
+    rec.add(ExecutionRow(
+        exec_id=exec_id, run_id=model.session.run_id, graph_id=model.graph_id, core=model.core,
+        iteration=model.executions - 1, wall_start_ns=wall0, wall_end_ns=wall1, start_ns=proj0,
+        end_ns=proj0 + device_ns, device_ns=device_ns, warmup=warmup, flops=model.flops, busy_ns=busy,
+        cpu_fallback_ns=cpu_ns, hbm_read_bytes=model.hbm[0], hbm_write_bytes=model.hbm[1]))
+    if rec.core_filter is not None and model.core not in rec.core_filter:
+        return
+    if not rec.wants_instructions(model.graph_id, model.core):
+        timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers]
+        tables = {}
+    else:
+        tables = instruction_tables(model)
+    batches = []
+    for kind, p, offset, times in timeline:
+        part = p.part
+        for t in part.transfers:
+            rec.event("host_transfer", ts_ns=proj0 + offset, dur_ns=pcie_ns(model.profile, t.bytes), core=model.core,
+                      graph_id=model.graph_id, op_id=model.op_ids.get(t.value), value=t.value,
+                      direction=t.direction, bytes=t.bytes)
+            offset += pcie_ns(model.profile, t.bytes)
+        if kind == "device":
+            t = tables.get(part.index)
+            if t is None or t.num_rows == 0:
+                continue
+            n = t.num_rows
+            start = pc.add(t.column("rel_start_ns"), pa.scalar(proj0 + offset, pa.int64()))
+            batches.append(t.drop_columns(["rel_start_ns"]).append_column("start_ns", start)
+                           .append_column("exec_id", pa.array(np.full(n, exec_id, dtype=np.int64)))
+                           .append_column("core", pa.array(np.full(n, model.core, dtype=np.int32))))
+        else:
+            starts, durs, ops, names = [], [], [], []
+            for name, ns in times:
+                starts.append(proj0 + offset)
+                durs.append(ns)
+                ops.append(model.op_ids.get(name))
+                names.append(model.targets.get(name, name))
+                offset += ns
+            batches.append(pa.table({
+                "engine": pa.array(["cpu"] * len(times)), "queue": pa.array(["host"] * len(times)),
+                "opcode": pa.array(names), "pc": pa.array(np.arange(len(times), dtype=np.int32)),
+                "dur_ns": pa.array(durs, pa.int64()), "flops": pa.array([0] * len(times), pa.int64()),
+                "bytes_read": pa.array([0] * len(times), pa.int64()),
+                "bytes_written": pa.array([0] * len(times), pa.int64()),
+                "sem_wait_ns": pa.array([0] * len(times), pa.int64()), "op_id": pa.array(ops, pa.int64()),
+                "start_ns": pa.array(starts, pa.int64()),
+                "exec_id": pa.array(np.full(len(times), exec_id, dtype=np.int64)),
+                "core": pa.array(np.full(len(times), model.core, dtype=np.int32))}))
+    for b in batches:
+        rec.append("instructions", b)

@@ -1,0 +1,122 @@
+"""The per-process runtime session: core lease, device memory per core, the live-statistics
+publisher (read by ``neuron-monitor``) and the trace recorder (profiling on, or a timed capture
+asked for by ``neuron-top``). One session per target per process: ``Session.get("trn1")``.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import uuid as uuidlib
+import weakref
+
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.runtime.cores import acquire
+from neuron_stack.runtime.recorder import Recorder, record_load
+from traces.live import LivePublisher
+
+#: Device memory categories, as the real runtime reports them (neuron-monitor's memory_used).
+MEMORY_CATEGORIES = ("constants", "model_code", "tensors", "runtime_memory", "model_shared_scratchpad")
+
+
+class Session:
+    """Process-wide runtime state: core lease, device memory per core, live publisher, recorder."""
+
+    _instances: dict[str, "Session"] = {}    # one per target (a process may load trn1 and inf2 NEFFs)
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, target: str) -> "Session":
+        with cls._lock:
+            s = cls._instances.get(target)
+            if s is None or s.closed:
+                s = cls._instances[target] = Session(target)
+            return s
+
+    def __init__(self, target: str):
+        self.target = target
+        self.profile = get_profile(target)
+        self.run_id = uuidlib.uuid4().hex
+        self.closed = False
+        self.lease = acquire(self.profile)
+        self.cores = list(self.lease.cores)
+        self._next_core = 0
+        self.device_memory: dict[int, dict[str, int]] = {c: dict.fromkeys(MEMORY_CATEGORIES, 0) for c in self.cores}
+        self.host_constants = 0
+        p = self.profile
+        self.live = LivePublisher(
+            tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
+            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+            hardware={"neuron_device_type": p.neuron_device_type, "neuron_device_version": p.neuron_device_version,
+                      "neuroncore_version": p.neuroncore_version, "neuron_device_count": p.chips_per_instance,
+                      "neuron_device_memory_size": p.hbm_bytes_per_chip,
+                      "neuroncore_per_device_count": p.cores_per_chip,
+                      "logical_neuroncore_config": 2 if p.name == "trn2" else 1})
+        self.live.cores = list(self.cores)
+        self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
+        # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
+        self.record_lock = threading.Lock()
+        self._capture_timer: threading.Timer | None = None
+        self.recorder = Recorder.from_env(self)
+        atexit.register(self.close)
+
+    def next_core(self) -> int:
+        """Round-robin placement of loaded models over this process's cores, as the real runtime does."""
+        core = self.cores[self._next_core % len(self.cores)]
+        self._next_core += 1
+        return core
+
+    def poll_capture(self) -> None:
+        """Start a timed recording if neuron-top asked for one (``traces.live.request_capture``).
+
+        Cheap enough for every execution: the publisher looks at the disk at most every 0.25 s.
+        """
+        req = self.live.poll_capture()
+        if req is not None:
+            self.start_capture(req["output_dir"], req["seconds"])
+
+    def start_capture(self, output_dir: str, seconds: float) -> bool:
+        """Record everything into ``output_dir`` for ``seconds``, then stop and flush by itself
+        (a timer, so an idle workload finishes its capture too). Models already loaded are
+        described first (sources, graphs, ops, fallbacks, memory), so the capture stands alone.
+        Returns False when this process is already recording. Example:
+        ``Session.get("trn1").start_capture("/tmp/cap", 5)``, then ``traces.finalize("/tmp/cap")``.
+        """
+        with self.record_lock:
+            if self.recorder is not None or self.closed:
+                return False
+            try:
+                rec = Recorder(self, output_dir)
+                for m in list(self.models):
+                    record_load(rec, m, history=False)
+            except Exception as exc:  # a bad capture directory must not break the workload
+                print(f"neuron_stack: warning: capture into {output_dir} failed ({exc}); the workload "
+                      "continues without recording", file=sys.stderr)
+                return False
+            self.recorder = rec
+            self._capture_timer = threading.Timer(float(seconds), self.stop_capture, args=(rec,))
+            self._capture_timer.daemon = True
+            self._capture_timer.start()
+        return True
+
+    def stop_capture(self, rec: "Recorder") -> None:
+        """End the timed recording ``rec`` (if still running): flush and close its segments."""
+        with self.record_lock:
+            if self.recorder is not rec:
+                return
+            self.recorder = None
+            rec.close()
+
+    def close(self) -> None:
+        with self.record_lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._capture_timer is not None:
+                self._capture_timer.cancel()
+            if self.recorder is not None:
+                self.recorder.close()
+                self.recorder = None
+        self.live.close()
+        self.lease.release()
