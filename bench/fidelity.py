@@ -96,7 +96,8 @@ def dma_rows(targets, per_partition, transfers=64):
     """HBM->SBUF loads of [128 partitions x N bytes] into IN_FLIGHT rotating SBUF slots, lowered and
     scheduled over the core's queues (the DMA guide's "16 transfers x 8 buffers" shape)."""
     from neuron_stack.ir import Program
-    from neuron_stack.compiler.lower.lowerer import Lowered, Lowerer, Pool
+    from neuron_stack.compiler.lower.lowerer import Lowerer
+    from neuron_stack.compiler.lower.tiles import Lowered, Pool
     from neuron_stack.compiler.schedule import schedule_lowered
     print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, {IN_FLIGHT} in flight,"
           " 16 queues) ==")

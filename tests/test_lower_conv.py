@@ -97,7 +97,7 @@ def test_conv_tap_matmuls_and_flops_by_hand():
 def test_transposed_conv_keeps_gpsimd_kernel_and_says_so():
     model, x = torch.nn.ConvTranspose2d(3, 4, 2, stride=2), r(1, 3, 5, 5)
     prog = _compile(model, x)
-    from neuron_stack.compiler.lower.lowerer import lower
+    from neuron_stack.compiler.lower import lower
     low = lower(prog, 0, get_profile("trn1"), {})
     assert "CUSTOM_OP" in {i.opcode for i in low.instrs}
     assert any("transposed" in line for line in low.log)

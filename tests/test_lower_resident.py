@@ -72,7 +72,7 @@ def test_heap_too_small_spills_and_counts_it(monkeypatch):
 def test_gpsimd_kernel_evicts_a_resident_value():
     model, x = Sorted(), torch.randn(128, 64, generator=_G)
     prog = _prog(model, x)
-    from neuron_stack.compiler.lower.lowerer import lower
+    from neuron_stack.compiler.lower import lower
     low = lower(prog, 0, get_profile("trn1"), {})
     assert any("leaves SBUF" in line for line in low.log) or any(
         i.opcode == "CUSTOM_OP" for i in low.instrs)

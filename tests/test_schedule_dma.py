@@ -5,7 +5,8 @@ import pytest
 
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.ir import Program
-from neuron_stack.compiler.lower.lowerer import Lowered, Lowerer, Pool
+from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.tiles import Lowered, Pool
 from neuron_stack.compiler.schedule import schedule_lowered
 
 

@@ -1,6 +1,6 @@
 """Pass 5, schedule: every instruction of a partition gets its start and duration on the projected clock.
 
-The lowering (:mod:`neuron_stack.compiler.lower.lowerer`) emits instructions in a valid program order with their
+The lowering (:mod:`neuron_stack.compiler.lower`) emits instructions in a valid program order with their
 dependencies (read-after-write on tiles, write-after-read when a pool slot or SBUF region is
 reused, and "all writers done" on HBM tensors). The scheduler replays that order as the hardware
 does: one in-order queue per compute engine, DMAs on the earliest free of the core's 16 queues
@@ -34,7 +34,8 @@ from neuron_stack.device.cost import throttle_factor
 from neuron_stack.device.profiles import DeviceProfile, get_profile
 from neuron_stack.ir import Program
 from neuron_stack.isa.instructions import dma_queue_name
-from neuron_stack.compiler.lower.lowerer import Instr, Lowered, lower
+from neuron_stack.compiler.lower import lower
+from neuron_stack.compiler.lower.tiles import Instr, Lowered
 
 ENGINE_NAMES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc", "cpu")
 SPILL_QUEUES = 2

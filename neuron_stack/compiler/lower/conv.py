@@ -1,4 +1,4 @@
-"""Convolution, pooling and inference batch norm on the engines (pass 4, see :mod:`neuron_stack.compiler.lower.lowerer`).
+"""Convolution, pooling and inference batch norm on the engines (pass 4).
 
 Convolution is *im2col-free shifted matmuls*: an input band (channels on partitions, a few input
 rows x the padded width on the free axis) is loaded once into SBUF, zero padding written by
@@ -31,11 +31,26 @@ from __future__ import annotations
 
 import math
 
+from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
+from neuron_stack.compiler.lower.common import output_used, reshape_view
+from neuron_stack.compiler.lower.custom import lower_custom
+from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.registry import lower_alone, lowering
+from neuron_stack.compiler.lower.tiles import (
+    FLOATS,
+    FREE_TILE,
+    MOVING_FMAX,
+    PMAX,
+    Pool,
+    Tile,
+    View,
+    boxes,
+    is_ref,
+    nbytes_of,
+    packet_name,
+)
 from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns, vector_ns
 from neuron_stack.ir import Node
-from neuron_stack.compiler.lower.lowerer import FLOATS, FREE_TILE, MOVING_FMAX, PMAX, Lowerer, Pool, Tile, View, _packet_name, nbytes_of
-from neuron_stack.compiler.lower.ops import (TileCtx, _chain, _is_ref, _lower_alone, _reshape_view, _used, boxes, chain_outputs,
-                        lower_custom, run_chain)
 
 PSUM_BANKS_PER_ACC = 4      # output positions of one accumulation group: up to 4 banks x 512
 
@@ -45,22 +60,6 @@ def _conv_params(n: Node):
     a = list(n.args) + [None] * (9 - len(n.args))
     stride, padding, dilation, transposed, groups = a[3], a[4], a[5], a[6], a[8]
     return list(stride or [1]), list(padding or [0]), list(dilation or [1]), bool(transposed), int(groups or 1)
-
-
-def conv_weight_strides(shape) -> tuple[int, ...]:
-    """Storage strides that put a conv weight [O, C, *K] in (C, *K, O) order: the compile-time layout
-    under which one channel block of every tap and output channel is a contiguous load.
-
-    >>> conv_weight_strides((8, 3, 3, 3))
-    (1, 72, 24, 8)
-    """
-    O = shape[0]
-    ks = list(shape[2:])
-    strides, acc = [], O
-    for k in reversed(ks):
-        strides.append(acc)
-        acc *= k
-    return (1, acc) + tuple(reversed(strides))
 
 
 def _fill_border(low: Lowerer, node: str, t: Tile, rows_lo: int, rows_hi: int, Rin: int, Wp: int, pw: int,
@@ -135,7 +134,7 @@ def _bands(chunks, per_band: int):
 def _epilogue_members(low: Lowerer, n: Node, hshape):
     """The fused chain of ``n`` reshaped to the host coordinates ``hshape``; members that cannot be
     (non-contiguous extras) and everything after them are lowered alone."""
-    members, alone = _chain(low, n)
+    members, alone = epilogue_chain(low, n)
     kept = []
     for k, m in enumerate(members):
         r = m.reshaped(hshape)
@@ -146,12 +145,13 @@ def _epilogue_members(low: Lowerer, n: Node, hshape):
     return [m for m, _ in kept], [r for _, r in kept], alone
 
 
+@lowering("conv", ops=("convolution",), op_classes=("conv",))
 def lower_conv(low: Lowerer, n: Node) -> None:
     """aten.convolution (1-D/2-D, any stride, padding, dilation, groups) as shifted matmuls; see the
     module docstring. Transposed and 3-D convolutions run as a GpSimd ``CUSTOM_OP``."""
     stride, padding, dilation, transposed, groups = _conv_params(n)
     x, w = low.value(n.args[0]), low.value(n.args[1])
-    bias = low.value(n.args[2]) if len(n.args) > 2 and _is_ref(n.args[2]) else None
+    bias = low.value(n.args[2]) if len(n.args) > 2 and is_ref(n.args[2]) else None
     nd = x.meta.dim() - 2
     if transposed or nd not in (1, 2) or w.meta.dim() != nd + 2:
         low.log.append(f"lower: {n.name} {'transposed ' if transposed else ''}{nd}-D convolution runs as a GpSimd kernel")
@@ -194,7 +194,7 @@ def lower_conv(low: Lowerer, n: Node) -> None:
     hshape = (B, O, OH * OW)
     members, members_h, alone = _epilogue_members(low, n, hshape)
     out_views = chain_outputs(low, n, members, tuple(n.outputs[0].shape))
-    out3 = {k: _reshape_view(v, hshape) for k, v in out_views.items()}
+    out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
     out_dt = n.outputs[0].dtype
 
     # weights: resident for the whole convolution, one [Cg-block, KH*KW*Og] tile per (group, block)
@@ -256,15 +256,12 @@ def lower_conv(low: Lowerer, n: Node) -> None:
                         else:
                             low.act(n.name, out_t, src, "copy")
                         run_chain(ctx, n.name, out_t, members_h, out3)
-    _lower_alone(low, alone)
+    lower_alone(low, alone)
 
-
-# ----------------------------------------------------------------------------------------------
-# pooling on the Vector engine
 
 def _pool_params(n: Node):
     """(kind, kernel, stride, padding, dilation, divisor) or None when the op needs the GpSimd kernel."""
-    name = _packet_name(n.target)
+    name = packet_name(n.target)
     a = list(n.args) + [None] * 8
     k = list(a[1])
     k = k * 2 if len(k) == 1 else k
@@ -284,12 +281,13 @@ def _pool_params(n: Node):
     return ("avg", k, s, p, [1, 1], override or k[0] * k[1])
 
 
+@lowering("pool", ops=("max_pool2d_with_indices", "avg_pool2d"))
 def lower_pool(low: Lowerer, n: Node) -> None:
     """max_pool2d (values only) and avg_pool2d: (B*C) rows on partitions, a band of input rows on the
     free axis, one Vector instruction per kernel tap over the output tile (module docstring)."""
     prm = _pool_params(n)
     x = low.value(n.args[0])
-    if prm is None or x.meta.dim() != 4 or (_packet_name(n.target) == "max_pool2d_with_indices" and _used(low, n, 1)):
+    if prm is None or x.meta.dim() != 4 or (packet_name(n.target) == "max_pool2d_with_indices" and output_used(low, n, 1)):
         low.log.append(f"lower: {n.name} {n.target} (indices, ceil_mode or padding-aware divisor) runs as a GpSimd kernel")
         return lower_custom(low, n)
     kind, (KH, KW), (sh, sw), (ph, pw), (dh, dw), divisor = prm
@@ -329,9 +327,7 @@ def lower_pool(low: Lowerer, n: Node) -> None:
             low.store(n.name, o, out, list(rbox) + [(r0, nr), (0, OW)])
 
 
-# ----------------------------------------------------------------------------------------------
-# inference batch norm on the Vector engine
-
+@lowering("batch_norm", ops=("_native_batch_norm_legit_no_training",))
 def lower_batch_norm(low: Lowerer, n: Node) -> None:
     """_native_batch_norm_legit_no_training(x, w, b, mean, var, momentum, eps): channels on partitions,
     per-channel scale/shift columns, one ``TENSOR_SCALAR`` (x * scale + shift) per tile."""
@@ -339,18 +335,18 @@ def lower_batch_norm(low: Lowerer, n: Node) -> None:
     x = low.value(a[0])
     if x.meta.dim() < 2:
         return lower_custom(low, n)
-    wv, bv = (low.value(a[i]) if _is_ref(a[i]) else None for i in (1, 2))
+    wv, bv = (low.value(a[i]) if is_ref(a[i]) else None for i in (1, 2))
     mean, var = low.value(a[3]), low.value(a[4])
     eps = a[6] if a[6] is not None else 1e-5
     B, C = x.shape[0], x.shape[1]
     S = math.prod(x.shape[2:])
-    x3 = _reshape_view(x, (B, C, S))
+    x3 = reshape_view(x, (B, C, S))
     if x3 is None:
         return lower_custom(low, n)
     hshape = (B, C, S)
     members, members_h, alone = _epilogue_members(low, n, hshape)
     outs = chain_outputs(low, n, members, tuple(n.outputs[0].shape))
-    out3 = {k: _reshape_view(v, hshape) for k, v in outs.items()}
+    out3 = {k: reshape_view(v, hshape) for k, v in outs.items()}
     for i in (1, 2):              # saved mean / invstd are empty in inference: buffers only
         if len(n.outputs) > i:
             low.out_view(f"{n.name}:{i}", n.outputs[i])
@@ -386,4 +382,4 @@ def lower_batch_norm(low: Lowerer, n: Node) -> None:
                 low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), scale.op(), shift.op()], op0="multiply",
                         scalar0={"src": 1}, op1="add", scalar1={"src": 2}, flops=2 * cn * fl)
                 run_chain(ctx, n.name, y, members_h, out3)
-    _lower_alone(low, alone)
+    lower_alone(low, alone)

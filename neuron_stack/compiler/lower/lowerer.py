@@ -1,330 +1,42 @@
-"""Pass 4, lower and tile: a device partition's graph nodes become NeuronCore instructions.
+"""The :class:`Lowerer`: the state of lowering one partition (instruction list, dependency tracking,
+the SBUF ring and resident heap, PSUM banks, HBM buffers and views) and the driver loop that lowers
+each node through the registry (:mod:`neuron_stack.compiler.lower.registry`).
 
-Every graph value lives in HBM (inputs, weights, intermediates, outputs), as a flat buffer. An op
-loads tiles of its inputs into SBUF with DMA (any view - permute, slice, broadcast - is an access
-pattern, so view ops cost nothing), computes on the engines, and stores its result tiles back with
-DMA. Fused elementwise nodes (``Node.fused_into``) are applied to the host's output tiles while they
-are still in SBUF/PSUM (the PSUM-evacuation epilogue), never as separate loads.
-
-Tiling obeys the NeuronCore rules (reference §5.3): at most 128 partitions, Tensor Engine stationary
-<=128x128 and moving <=512 free elements accumulating in one 2 KiB PSUM bank, ``bn_stats`` free size
-<=512. SBUF tiles come from rotating pools (``bufs=2`` is double buffering: the next tile's DMA runs
-while the current one is computed); the pools are carved out of a ring over SBUF, and PSUM banks
-out of a ring over the 8 banks, with write-after-read dependencies when a region is reused. When an
-op's resident working set does not fit in SBUF, it spills to HBM and the traffic is counted as
-``spill_save_bytes`` / ``spill_reload_bytes`` on the ``qSyncSpillReload`` queues.
-
->>> from neuron_stack.ir import Node, Program, TensorSpec
->>> t = TensorSpec((256, 256), "float32")
->>> prog = Program("g", [Node("x", "placeholder", outputs=[t]),
-...     Node("mm", "aten.mm.default", [{"node": "x"}, {"node": "x"}], inputs=[t, t], outputs=[t],
-...          op_class="matmul", partition=0)], ["x"], [{"node": "mm"}])
->>> from neuron_stack.device.profiles import get_profile
->>> low = lower(prog, 0, get_profile("trn1"), {})
->>> sorted({i.opcode for i in low.instrs})
-['ACTIVATE', 'AFFINE_SELECT', 'DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
+Use :func:`neuron_stack.compiler.lower.lower`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from neuron_stack.compiler.lower import registry
+from neuron_stack.compiler.lower.resident import Heap, Resident, row_tiling, tile_ap, translate
+from neuron_stack.compiler.lower.tiles import (
+    Instr,
+    Lowered,
+    Pool,
+    Ring,
+    Tile,
+    View,
+    aten_op,
+    contiguous_run,
+    meta_tensor,
+    nbytes_of,
+    numel_ap,
+    split_dma,
+    view_operand,
+)
+from neuron_stack.compiler.partition import refs
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns, dma_ns, scalar_ns, vector_ns
 from neuron_stack.device.profiles import DeviceProfile
 from neuron_stack.ir import Node, Program, TensorSpec
 from neuron_stack.isa.instructions import ENGINE_OF
-from neuron_stack.compiler.lower.resident import Heap, Resident, row_tiling, tile_ap, translate
 
 #: share of SBUF (per partition) kept for values resident across ops; the rest holds tile pools
 RESIDENT_FRACTION = 0.6
 
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
-               "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "complex64": 8}
-FLOATS = ("float32", "float64", "bfloat16", "float16")
-PMAX = 128            # partitions
-MOVING_FMAX = 512     # gemm moving free size = one PSUM bank of fp32
-STAT_FMAX = 128       # gemm stationary free size
-BN_FMAX = 512         # bn_stats free size limit
-FREE_TILE = 2048      # free elements per Vector/Scalar tile (keeps pools small, instructions long)
-
-
-def nbytes_of(dtype: str) -> int:
-    return DTYPE_BYTES.get(dtype, 4)
-
-
-class LoweringError(ValueError):
-    """A node the lowering cannot handle; the message names the node and why."""
-
-
-@dataclass(slots=True)
-class Instr:
-    """One device instruction before scheduling (times in ns)."""
-    engine: str
-    opcode: str
-    node: str
-    dur: float
-    deps: list[int]
-    tdeps: list[str]
-    operands: dict
-    flops: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    writes: tuple = ()            # HBM buffers this instruction writes (for tensor-ready tracking)
-    queue_kind: str = ""          # DMA: "IO" or "SpillReload"
-    itype: str = ""               # Tensor: REGULAR / TRANSPOSE
-    hbm_read: int = 0
-    hbm_write: int = 0
-    spill_save: int = 0
-    spill_reload: int = 0
-    latency: float = 0.0          # DMA: trigger-to-start time; the queue stays free for other transfers
-
-
-@dataclass
-class Lowered:
-    """The instruction list of one partition plus what the interpreter and summary need."""
-    instrs: list[Instr]
-    hbm_buffers: dict[str, dict]          # name -> {"dtype", "numel", "role": input|output|const|scratch, "shape"}
-    inputs: list[str]                     # HBM buffers the partition reads from outside
-    outputs: list[str]                    # HBM buffers other partitions / the program read
-    values: dict[str, dict] = field(default_factory=dict)   # value name -> strided view of a buffer
-    sbuf_peak_bytes: int = 0              # per partition
-    log: list[str] = field(default_factory=list)
-
-
-# ----------------------------------------------------------------------------------------------
-# Views over HBM buffers: a meta tensor carries shape/stride/offset, so torch's own view semantics
-# decide what is a view and what needs a copy.
-
-def _torch():
-    import torch
-    return torch
-
-
-@dataclass
-class View:
-    buf: str
-    dtype: str
-    meta: Any          # torch meta tensor (shape, stride, storage_offset)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.meta.shape)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    def with_meta(self, meta) -> "View":
-        return View(self.buf, self.dtype, meta)
-
-
-def _meta(shape, dtype="float32"):
-    torch = _torch()
-    tdt = getattr(torch, dtype, torch.float32) if dtype in DTYPE_BYTES else torch.float32
-    return torch.empty(tuple(shape), dtype=tdt, device="meta")
-
-
-def boxes(shape: tuple[int, ...], limit: int) -> list[list[tuple[int, int]]]:
-    """Split the index space ``shape`` into boxes of at most ``limit`` elements, each one access pattern.
-
-    Inner dimensions are kept whole while they fit; the first dimension that does not fit is
-    chunked; outer dimensions are iterated one index at a time.
-    >>> boxes((2, 100), 128)
-    [[(0, 1), (0, 100)], [(1, 1), (0, 100)]]
-    >>> [b[0] for b in boxes((300,), 128)]
-    [(0, 128), (128, 128), (256, 44)]
-    """
-    if not shape:
-        return [[]]
-    inner = 1
-    j = len(shape)
-    while j > 0 and inner * shape[j - 1] <= limit:
-        inner *= shape[j - 1]
-        j -= 1
-    if j == 0:
-        return [[(0, d) for d in shape]]
-    d = j - 1
-    step = max(1, limit // inner)
-    out = []
-    for outer in _ndindex(shape[:d]):
-        for s in range(0, shape[d], step):
-            out.append([(i, 1) for i in outer] + [(s, min(step, shape[d] - s))] + [(0, n) for n in shape[j:]])
-    return out
-
-
-def _ndindex(shape):
-    if not shape:
-        yield ()
-        return
-    import itertools
-    yield from itertools.product(*(range(n) for n in shape))
-
-
-def _merge_ap(ap: list[list[int]]) -> list[list[int]]:
-    """Drop unit dims and merge dims that are contiguous with each other (same element order)."""
-    ap = [[s, n] for s, n in ap if n != 1] or [[1, 1]]
-    out = [list(ap[0])]
-    for s, n in ap[1:]:
-        ps, pn = out[-1]
-        if ps == s * n:
-            out[-1] = [s, pn * n]
-        else:
-            out.append([s, n])
-    return out
-
-
-def view_operand(v: View, box: list[tuple[int, int]] | None = None) -> dict:
-    """The HBM access-pattern operand of ``v`` restricted to ``box`` (per-dim start, length)."""
-    strides = v.meta.stride()
-    shape = v.shape
-    box = box if box is not None else [(0, n) for n in shape]
-    off = v.meta.storage_offset() + sum(s * st for (s, _), st in zip(box, strides))
-    ap = _merge_ap([[st, n] for (_, n), st in zip(box, strides)])
-    return {"m": "hbm", "b": v.buf, "dt": v.dtype, "o": int(off), "ap": ap}
-
-
-def _run(ap: list[list[int]]) -> int:
-    """Contiguous elements per descriptor of an access pattern (innermost unit-stride run)."""
-    s, n = ap[-1]
-    return n if s == 1 else 1
-
-
-def _split_dma(dst: dict, src: dict, engines: int, min_bytes: int = 64 * 1024, min_parts: int = 8):
-    """Split a large SBUF<->HBM transfer into pieces of whole partitions whose HBM side is still one
-    access pattern (its outer dim splits on partition boundaries); otherwise one piece."""
-    sb, hb = (dst, src) if dst["m"] != "hbm" else (src, dst)
-    if sb["m"] == "hbm" or hb["m"] != "hbm":
-        return [(dst, src)]
-    n = _numel_ap(sb["ap"])
-    if n * nbytes_of(sb["dt"]) < min_bytes:
-        return [(dst, src)]
-    P = sb["ap"][0][1]
-    F = n // P
-    s0, n0 = hb["ap"][0]
-    inner = n // n0
-    # rows of the HBM outer dim per partition group must cover whole partitions
-    parts = min(engines, P // min_parts, n * nbytes_of(sb["dt"]) // min_bytes)
-    if parts < 2:
-        return [(dst, src)]
-    per = ceil_div(P, parts)
-    out = []
-    for p0 in range(0, P, per):
-        np_ = min(per, P - p0)
-        e0, e1 = p0 * F, (p0 + np_) * F
-        if e0 % inner or e1 % inner:
-            return [(dst, src)]
-        h = dict(hb, o=hb["o"] + (e0 // inner) * s0, ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
-        sp = dict(sb, o=sb["o"] + p0 * sb["ap"][0][0], ap=[[sb["ap"][0][0], np_]] + [list(x) for x in sb["ap"][1:]])
-        out.append((sp, h) if dst is sb else (h, sp))
-    return out
-
-
-def _numel_ap(ap) -> int:
-    return math.prod(n for _, n in ap)
-
-
-# ----------------------------------------------------------------------------------------------
-
-@dataclass
-class Tile:
-    """A rectangular [P partitions, F free] region of an SBUF or PSUM slot."""
-    key: str
-    mem: str
-    dtype: str
-    P: int
-    F: int
-    pitch: int
-    off: int = 0
-    free_ap: tuple | None = None     # engine read pattern over the free axis (stride 0 = broadcast)
-
-    def op(self) -> dict:
-        free = [list(x) for x in self.free_ap] if self.free_ap else [[1, self.F]]
-        return {"m": self.mem, "b": self.key, "dt": self.dtype, "o": self.off,
-                "ap": [[self.pitch, self.P]] + free}
-
-    def cols(self, c0: int, n: int) -> "Tile":
-        return Tile(self.key, self.mem, self.dtype, self.P, n, self.pitch, self.off + c0)
-
-    def rows(self, p0: int, n: int) -> "Tile":
-        return Tile(self.key, self.mem, self.dtype, n, self.F, self.pitch, self.off + p0 * self.pitch,
-                    self.free_ap)
-
-    def as_dtype(self, dt: str) -> "Tile":
-        return Tile(self.key, self.mem, dt, self.P, self.F, self.pitch, self.off, self.free_ap)
-
-
-class _Ring:
-    """Ring allocator over one on-chip memory (bytes per partition); reports overlapped regions."""
-
-    def __init__(self, capacity: int, unit: int = 64):
-        self.cap, self.unit, self.cursor, self.regions, self.peak = capacity, unit, 0, [], 0
-
-    def alloc(self, nbytes: int, key: str) -> list[str]:
-        nbytes = ceil_div(max(nbytes, 1), self.unit) * self.unit
-        if nbytes > self.cap:
-            raise LoweringError(f"tile of {nbytes} bytes per partition exceeds on-chip capacity {self.cap}")
-        if self.cursor + nbytes > self.cap:
-            self.cursor = 0
-        lo, hi = self.cursor, self.cursor + nbytes
-        self.cursor = hi
-        self.peak = max(self.peak, hi)
-        hit = [k for (a, b, k) in self.regions if a < hi and lo < b]
-        self.regions = [(a, b, k) for (a, b, k) in self.regions if not (a < hi and lo < b)] + [(lo, hi, key)]
-        return hit
-
-
-class Pool:
-    """A rotating pool of ``bufs`` same-sized tiles (double buffering when bufs >= 2)."""
-
-    def __init__(self, low: "Lowerer", name: str, mem: str, P: int, F: int, dtype: str, bufs: int = 2):
-        self.low, self.name, self.mem, self.P, self.F, self.dtype, self.bufs = low, name, mem, P, F, dtype, bufs
-        self.i = 0
-        self.keys = []
-        per = F * (4 if mem == "psum" else nbytes_of(dtype))
-        for b in range(bufs):
-            key = f"{name}.{b}"
-            low.claim(mem, per, key)
-            self.keys.append(key)
-
-    def tile(self, P: int | None = None, F: int | None = None) -> Tile:
-        key = self.keys[self.i % self.bufs]
-        self.i += 1
-        dt = "float32" if self.mem == "psum" else self.dtype
-        return Tile(key, self.mem, dt, P or self.P, F or self.F, self.F)
-
-
-# ----------------------------------------------------------------------------------------------
-# Elementwise op tables (data): ATen packet -> how it lowers.
-
-#: binary ops with a tensor or scalar second operand -> Vector ALU op
-BINARY = {
-    "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
-    "minimum": "minimum", "pow": "power", "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
-    "gt": "greater", "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
-    "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
-    "bitwise_xor": "bitwise_xor", "remainder": "mod", "fmod": "fmod", "atan2": "atan2", "hypot": "hypot",
-    "copysign": "copysign", "floor_divide": "floor_divide", "rsub": "rsub",
-}
-#: unary ops -> Scalar engine activation function
-UNARY_ACT = {
-    "relu": "relu", "gelu": "gelu", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp",
-    "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "sin": "sin", "cos": "cos", "abs": "abs",
-    "sign": "sign", "sgn": "sign", "neg": "neg", "exp2": "exp2", "log2": "log2", "log1p": "log1p",
-    "expm1": "expm1", "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc",
-    "square": "square", "clone": "copy", "alias": "copy", "_to_copy": "copy", "lift_fresh_copy": "copy",
-}
-#: unary ops -> Vector (TENSOR_SCALAR with immediates, or RECIPROCAL)
-CLAMPS = {"clamp": ("min", "max"), "clamp_min": ("min", None), "clamp_max": (None, "max"),
-          "hardtanh": ("min_val", "max_val"), "relu6": (None, None)}
-
-
-def _packet_name(target: str) -> str:
-    parts = target.split(".")
-    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else target
-
-
-# ----------------------------------------------------------------------------------------------
 
 class Lowerer:
     """Lowers one partition. Use :func:`lower`."""
@@ -341,7 +53,7 @@ class Lowerer:
         self.engine_last: dict[str, int] = {}
         # SBUF: a ring of rotating tile pools, and a heap of values resident across ops (resident.py)
         # (sized in run() by the peak of live intermediates, at most RESIDENT_FRACTION of SBUF)
-        self.sbuf = _Ring(profile.sbuf_bytes_per_partition)
+        self.sbuf = Ring(profile.sbuf_bytes_per_partition)
         self.heap = Heap(0)
         self.cand: dict[str, str] = {}           # intermediate buffer -> "undecided" | "hbm" | "resident"
         self.res: dict[str, Resident] = {}        # resident buffer -> its placement
@@ -350,7 +62,7 @@ class Lowerer:
         self.freed: list[tuple[int, int, int]] = []   # heap regions released: (start, end, semaphore)
         self.finished: set[str] = set()
         self.engine_busy: dict[str, float] = {}
-        self.psum = _Ring(profile.psum_bytes_per_partition, unit=profile.psum_bytes_per_partition // profile.psum_banks)
+        self.psum = Ring(profile.psum_bytes_per_partition, unit=profile.psum_bytes_per_partition // profile.psum_banks)
         self.values: dict[str, View] = {}      # value name ("n" or "n:i") -> HBM view
         self.hbm: dict[str, dict] = {}
         self.inputs: list[str] = []
@@ -364,9 +76,9 @@ class Lowerer:
         self.in_part = {n.name for n in self.nodes}
         self.users: dict[str, list[str]] = {}
         for n in program.nodes:
-            for r in _refs([n.args, n.kwargs]):
+            for r in refs([n.args, n.kwargs]):
                 self.users.setdefault(r, []).append(n.name)
-        self.out_refs = set(_refs(program.output_names))
+        self.out_refs = set(refs(program.output_names))
         self.fused: dict[str, list[Node]] = {}
         for n in self.nodes:
             if n.fused_into and n.fused_into in self.in_part:
@@ -374,6 +86,12 @@ class Lowerer:
         self.scratch_i = 0
         self.done: set[str] = set()
         self.preparing = False
+        # filled by the op lowerings: identity tiles for transposes (dtype -> tile) and tile
+        # pools reused across a node's tiles (key -> pools); weight layouts (constants.py)
+        self.identity_tiles: dict = {}
+        self.pool_cache: dict = {}
+        self.const_strides: dict[str, tuple] = {}
+        self.const_dtype: dict[str, str] = {}
 
     # ---- buffers and dependency tracking -------------------------------------------------
     def claim(self, mem: str, nbytes: int, key: str) -> None:
@@ -381,7 +99,7 @@ class Lowerer:
         deps = set()
         for old in ring.alloc(nbytes, key):
             if old.startswith("__identity_"):       # overwritten: the next transpose rebuilds it
-                ids = self.__dict__.get("_identity", {})
+                ids = self.identity_tiles
                 for dt in [d for d, t in ids.items() if t.tile.key == old]:
                     del ids[dt]
             w = self.last_writer.get(old)
@@ -401,8 +119,8 @@ class Lowerer:
         deps: set[int] = set()
         tdeps: list[str] = []
         writes = []
-        br = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
-        bw = sum(_numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
+        br = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
+        bw = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
         if engine not in ("dma",) or opcode != "DMA_DIRECT2D":
             self._raw_hbm_access(src, dst, node)
         for o in src:
@@ -466,7 +184,7 @@ class Lowerer:
         tile over the core's DMA engines."""
         # a piece is worth its fixed cost only when its transfer is several times longer
         min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
-        pieces = _split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
+        pieces = split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
         # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
             first = piece_of
@@ -489,10 +207,10 @@ class Lowerer:
                     first = i if first is None else first
                 return first
         src, dst = self._on_chip(src, node), self._on_chip(dst, node)
-        n = _numel_ap(src["ap"])
-        assert n == _numel_ap(dst["ap"]), (src, dst)
+        n = numel_ap(src["ap"])
+        assert n == numel_ap(dst["ap"]), (src, dst)
         nb = n * nbytes_of(src["dt"])
-        run = math.gcd(_run(src["ap"]), _run(dst["ap"]))
+        run = math.gcd(contiguous_run(src["ap"]), contiguous_run(dst["ap"]))
         # SBUF/PSUM partitions are separate address ranges: at least one descriptor per partition
         desc = n // max(1, run)
         for o in (src, dst):
@@ -616,7 +334,7 @@ class Lowerer:
         tile, hb = (src, dst) if dst["m"] == "hbm" else (dst, src)
         if tile["m"] == "hbm" or tile["b"] in self.res_key or hb["m"] != "hbm":
             return None
-        n = _numel_ap(tile["ap"])
+        n = numel_ap(tile["ap"])
         P = tile["ap"][0][1]
         F = n // P
         s0, n0 = hb["ap"][0]
@@ -792,9 +510,8 @@ class Lowerer:
                 self.values[name] = v
                 return v
             if not self.preparing:          # not expressible as a view: materialise a copy
-                from neuron_stack.compiler.lower import ops as lower_ops
                 self.done.add(name)
-                lower_ops.lower_copy(self, n)
+                registry.named("copy").fn(self, n)
                 return self.values[name]
         spec = n.outputs[0] if n.outputs else TensorSpec((), "float32")
         return self._external(name, spec)
@@ -803,9 +520,9 @@ class Lowerer:
         role = "const" if name in self.const_names else "input"
         dtype = getattr(self, "const_dtype", {}).get(name, spec.dtype)
         strides = getattr(self, "const_strides", {}).get(name)
-        meta = _meta(spec.shape, dtype)
+        meta = meta_tensor(spec.shape, dtype)
         if strides is not None:
-            meta = _torch().empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
+            meta = torch.empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": dtype, "numel": spec.numel, "role": role, "shape": list(spec.shape),
                           "strides": list(meta.stride())}
         if name not in self.inputs:
@@ -816,9 +533,9 @@ class Lowerer:
 
     def out_view(self, name: str, spec: TensorSpec, strides: tuple | None = None) -> View:
         """A fresh HBM buffer for an op's output (contiguous unless ``strides`` is given)."""
-        meta = _meta(spec.shape, spec.dtype)
+        meta = meta_tensor(spec.shape, spec.dtype)
         if strides is not None:
-            meta = _torch().empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
+            meta = torch.empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": spec.dtype, "numel": spec.numel, "role": "output", "shape": list(spec.shape),
                           "strides": list(meta.stride())}
         if meta.is_contiguous() and spec.numel > 0 and not self._escapes(name.split(":")[0]):
@@ -838,7 +555,6 @@ class Lowerer:
         return out
 
     def _apply_view(self, n: Node) -> View | None:
-        torch = _torch()
         base: list[View] = []
 
         def conv(a):
@@ -855,7 +571,7 @@ class Lowerer:
             return a
 
         try:
-            op = _aten_op(n.target)
+            op = aten_op(n.target)
             args = conv(n.args)
             kwargs = {k: conv(v) for k, v in n.kwargs.items()}
             out = op(*args, **kwargs)
@@ -881,11 +597,11 @@ class Lowerer:
 
     # ---- driver -----------------------------------------------------------------------------
     def run(self) -> Lowered:
-        from neuron_stack.compiler.lower import ops as lower_ops
         heap = min(self._heap_need(), int(self.p.sbuf_bytes_per_partition * RESIDENT_FRACTION))
         self.heap = Heap(heap)
-        self.sbuf = _Ring(self.p.sbuf_bytes_per_partition - heap)
-        lower_ops.prepare_constants(self)
+        self.sbuf = Ring(self.p.sbuf_bytes_per_partition - heap)
+        for prepare in registry.PREPARE_PASSES:     # weight layouts, before any node (constants.py)
+            prepare(self)
         for n in self.nodes:
             if n.fused_into and n.fused_into in self.in_part or n.name in self.done:
                 continue
@@ -921,41 +637,13 @@ class Lowerer:
     def lower_node(self, n: Node) -> None:
         if n.name in self.done:
             return
-        from neuron_stack.compiler.lower import ops as lower_ops
         self.done.add(n.name)
         members = self.fused.get(n.name, [])
         self.done.update(f.name for f in members)
-        lower_ops.dispatch(n)(self, n)
+        registry.lookup(n.target, n.op_class).fn(self, n)
         if members and members[-1].name not in self.values:
             # the host's lowering has no epilogue (e.g. a GpSimd kernel): its fused nodes run alone
-            lower_ops._lower_alone(self, [f for f in members if f.name not in self.values])
+            registry.lower_alone(self, [f for f in members if f.name not in self.values])
         self.finished.add(n.name)
         self.finished.update(f.name for f in members)
         self._release_finished(n.name)
-
-
-def _refs(value: Any):
-    if isinstance(value, dict):
-        if "node" in value and len(value) == 1:
-            yield value["node"]
-        else:
-            for v in value.values():
-                yield from _refs(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _refs(v)
-
-
-def _aten_op(target: str):
-    torch = _torch()
-    parts = target.split(".")
-    op = getattr(torch.ops.aten, parts[1])
-    return getattr(op, parts[2] if len(parts) > 2 else "default")
-
-
-def lower(program: Program, partition: int, profile: DeviceProfile, flags: dict | None = None) -> Lowered:
-    """Lower the device nodes of ``partition`` to instructions (unscheduled).
-
-    Example: ``lower(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).instrs[0].opcode``.
-    """
-    return Lowerer(program, partition, profile, flags or {}).run()

@@ -1,0 +1,51 @@
+"""The generic lowering: an op without a dedicated one runs as a GpSimd library kernel
+(``CUSTOM_OP``) over whole tensors, so every op of every class gets instructions and a time.
+"""
+from __future__ import annotations
+
+import math
+
+from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.registry import lowering
+from neuron_stack.compiler.lower.tiles import PMAX, is_ref, nbytes_of, view_operand
+from neuron_stack.device.cost import ceil_div, gpsimd_ns
+from neuron_stack.ir import Node
+
+
+@lowering("custom")             # the fallback: every op without a dedicated lowering
+def lower_custom(low: Lowerer, n: Node) -> None:
+    """Ops without a dedicated lowering run as one GpSimd ``CUSTOM_OP`` over whole HBM tensors
+    (GpSimd cores reach memory through their own DMA): ``150 + N`` cycles per 128-lane pass."""
+    srcs, template = [], []
+    for a in n.args:
+        template.append(_tmpl(low, a, srcs))
+    kwargs = {k: _tmpl(low, v, srcs) for k, v in n.kwargs.items()}
+    dsts = []
+    for i, spec in enumerate(n.outputs):
+        key = n.name if i == 0 else f"{n.name}:{i}"
+        v = low.out_view(key, spec)
+        dsts.append(view_operand(v))
+    elems = sum(math.prod(s.shape) for s in n.inputs) + sum(math.prod(s.shape) for s in n.outputs)
+    nread = sum(math.prod(_shape(o)) * nbytes_of(o["dt"]) for o in srcs)
+    nwrite = sum(spec.numel * nbytes_of(spec.dtype) for spec in n.outputs)
+    dur = gpsimd_ns(low.p, ceil_div(elems, PMAX)) + (nread + nwrite) / low.p.dma_bytes_per_ns_per_engine
+    low.emit("CUSTOM_OP", n.name, dsts, srcs, {"aten": n.target, "args": template, "kwargs": kwargs},
+             dur=dur, flops=n.flops, hbm_read=nread, hbm_write=nwrite, small=False)
+
+
+def _shape(o: dict) -> list[int]:
+    return [num for _, num in o["ap"]]
+
+
+def _tmpl(low: Lowerer, a, srcs: list):
+    if is_ref(a):
+        v = low.value(a)
+        op = view_operand(v)
+        op["shape"] = list(v.shape)
+        op["strides"] = list(v.meta.stride())
+        op["o"] = int(v.meta.storage_offset())
+        srcs.append(op)
+        return {"src": len(srcs) - 1}
+    if isinstance(a, list):
+        return [_tmpl(low, x, srcs) for x in a]
+    return a

@@ -1,0 +1,238 @@
+"""Matmul on the Tensor Engine: stationary <=128x128 (``LDWEIGHTS``), moving <=512 free elements
+accumulating in one PSUM bank, transposes through the PE array, the fused epilogue on evacuation.
+"""
+from __future__ import annotations
+
+from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
+from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
+from neuron_stack.compiler.lower.custom import lower_custom
+from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.registry import lower_alone, lowering
+from neuron_stack.compiler.lower.tiles import (
+    FLOATS,
+    MOVING_FMAX,
+    PMAX,
+    STAT_FMAX,
+    Pool,
+    Tile,
+    View,
+    nbytes_of,
+    packet_name,
+)
+from neuron_stack.device.cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns
+from neuron_stack.ir import Node
+
+
+def matmul_operands(low: Lowerer, n: Node):
+    """(A [..,M,K], B [..,K,N], bias or None, alpha, beta, batched) as views, or None."""
+    name = packet_name(n.target)
+    a = n.args
+    try:
+        if name == "mm":
+            A, B, C, alpha, beta = low.value(a[0]), low.value(a[1]), None, 1, 1
+        elif name == "addmm":
+            C, A, B = low.value(a[0]), low.value(a[1]), low.value(a[2])
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name == "bmm":
+            A, B, C, alpha, beta = low.value(a[0]), low.value(a[1]), None, 1, 1
+        elif name == "baddbmm":
+            C, A, B = low.value(a[0]), low.value(a[1]), low.value(a[2])
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name in ("mv", "addmv"):
+            off = 1 if name == "addmv" else 0
+            A, x = low.value(a[off]), low.value(a[off + 1])
+            B = x.with_meta(x.meta.unsqueeze(-1))
+            C = low.value(a[0]) if name == "addmv" else None
+            beta, alpha = n.kwargs.get("beta", 1), n.kwargs.get("alpha", 1)
+        elif name == "dot":
+            x, y = low.value(a[0]), low.value(a[1])
+            A, B, C, alpha, beta = x.with_meta(x.meta.unsqueeze(0)), y.with_meta(y.meta.unsqueeze(-1)), None, 1, 1
+        else:
+            return None
+    except (KeyError, IndexError, TypeError):
+        return None
+    return A, B, C, alpha, beta
+
+
+class _Identity:
+    """The [128, 128] identity in SBUF used by Tensor Engine transposes, built on GpSimd by the
+    first op that needs it (its instruction belongs to that op, so it has a source line) and
+    rebuilt when the tile-pool ring has reused its slot (``Lowerer.claim`` forgets it)."""
+
+    def __init__(self, low: Lowerer, dtype: str, node: str):
+        self.tile = Pool(low, f"__identity_{dtype}", "sbuf", PMAX, PMAX, dtype, bufs=1).tile()
+        low.emit("AFFINE_SELECT", node, [self.tile.op()], [],
+                 {"cmp": "equal", "channel_multiplier": 1, "step": -1, "base": 0, "on_true": 1.0,
+                  "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
+
+
+def _identity(low: Lowerer, dtype: str, node: str) -> Tile:
+    ids = low.identity_tiles
+    if dtype not in ids:
+        ids[dtype] = _Identity(low, dtype, node)
+    return ids[dtype].tile
+
+
+def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
+    """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
+    ident = _identity(low, src.dtype, node)
+    pt = psum_pool.tile(src.F, src.P)
+    low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
+             itype="TRANSPOSE")
+    low.emit("MATMUL", node, [pt.op()], [src.op(), ident.rows(0, src.P).cols(0, src.P).op()],
+             {"start": True, "stop": True}, dur=matmul_ns(low.p, src.P, src.F, src.dtype),
+             flops=2 * src.P * src.P * src.F, itype="TRANSPOSE")
+    if engine == "scalar":
+        low.act(node, dst, pt.op(), "copy")
+    else:
+        low.vec("TENSOR_COPY", node, dst, [pt.op()])
+
+
+@lowering("matmul", ops=("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"), op_classes=("matmul",))
+def lower_matmul(low: Lowerer, n: Node) -> None:
+    """out[M,N] = A[M,K] @ B[K,N] (batched for bmm): stationary A^T tiles [K<=128, M<=128],
+    moving B tiles [K<=128, N<=512] accumulating over K in PSUM banks, evacuated through the
+    epilogue (alpha, bias, fused activations) to SBUF and stored."""
+    ops = matmul_operands(low, n)
+    if ops is None:
+        lower_custom(low, n)
+        return
+    A, B, C, alpha, beta = ops
+    members, alone = epilogue_chain(low, n)
+    oshape = tuple(n.outputs[0].shape)
+    batched = A.meta.dim() == 3
+    if A.meta.dim() > 3 or B.meta.dim() > 3:
+        lower_custom(low, n)
+        lower_alone(low, alone)
+        return
+    M, K = A.shape[-2], A.shape[-1]
+    N = B.shape[-1]
+    nb = A.shape[0] if batched else 1
+    mm_dt = low.cast_type if low.auto_cast in ("matmult", "all") and A.dtype == "float32" else A.dtype
+    if mm_dt not in FLOATS:
+        mm_dt = "float32"
+    out_dt = n.outputs[0].dtype
+    # the output as [nb, M, N] (dot/mv produce fewer dims)
+    out_views = chain_outputs(low, n, members, oshape)
+    hshape = (nb, M, N)
+    out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
+    members = [m.reshaped(hshape) for m in members]
+    if any(m is None for m in members):
+        raise AssertionError("matmul epilogue operands are contiguous reshapes of the output")
+    Cv = None
+    if C is not None:
+        Cv = reshape_view(broadcast_view(C, oshape), hshape) if oshape != hshape else broadcast_view(C, oshape)
+        if Cv is not None and oshape != hshape:
+            pass
+        if Cv is None:
+            Cv = broadcast_view(C.with_meta(C.meta.reshape(-1) if C.numel == M * N else C.meta), (M, N)) if False else None
+        if Cv is not None and Cv.meta.dim() == 2:
+            Cv = Cv.with_meta(Cv.meta.unsqueeze(0))
+    A3 = A if batched else A.with_meta(A.meta.unsqueeze(0))
+    B3 = B if B.meta.dim() == 3 else B.with_meta(B.meta.unsqueeze(0).expand(nb, K, N))
+    nk = ceil_div(K, PMAX)
+    NG = min(N, 2 * MOVING_FMAX)
+    MG = min(M, 4 * STAT_FMAX)
+    a_direct = A3.meta.stride()[-2] == 1 or M == 1      # A^T rows are contiguous along M
+    b_direct = B3.meta.stride()[-1] == 1 or N == 1
+    # pools (SBUF bytes per partition; PSUM banks)
+    es = nbytes_of(mm_dt)
+    b_bytes = nk * NG * es
+    budget = low.sbuf.cap          # the tile-pool ring (the rest of SBUF holds resident values)
+    panel_resident = b_bytes <= budget // 2
+    # double-buffer the moving panel when two fit: the next panel loads while this one multiplies
+    panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else 3
+    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs)
+    atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
+    acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
+    tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=8) if not (a_direct and b_direct) else None
+    ld_pool = None
+    if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
+        ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)
+    # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
+    epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
+
+    def load_cast(v: View, box, pool: Pool, split: int) -> Tile:
+        """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
+        if v.dtype == mm_dt:
+            return low.load(n.name, v, box, pool, split)
+        stage = low.load(n.name, v, box, ld_pool, split)
+        t = pool.tile(stage.P, stage.F)
+        low.act(n.name, t, stage.op(), "copy")
+        return t
+
+    def transposed(v2: View, r0, rn, c0, cn, pool: Pool) -> Tile:
+        """Tile [cn, rn] = v2[r0:r0+rn, c0:c0+cn].T through natural loads + TensorE transposes."""
+        t = pool.tile(cn, rn)
+        for rr in range(0, rn, PMAX):
+            rlen = min(PMAX, rn - rr)
+            src = low.load(n.name, v2, [(r0 + rr, rlen), (c0, cn)], nat_pool, 1)
+            transpose_to(low, n.name, src, t.cols(rr, rlen).as_dtype(mm_dt), tp_pool)
+        return t
+
+    for b in range(nb):
+        Ab = A3.with_meta(A3.meta[b])
+        Bb = B3.with_meta(B3.meta[b])
+        ATv = Ab.with_meta(Ab.meta.t())          # [K, M]
+        for n0 in range(0, N, NG):
+            nw = min(NG, N - n0)
+            panel = []
+
+            def moving(kb):
+                k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if b_direct:
+                    return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
+                # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
+                Wv = Bb.with_meta(Bb.meta.t())   # [N, K]
+                return transposed(Wv, n0, nw, k0, kl, bpool)
+
+            if panel_resident:
+                panel = [moving(kb) for kb in range(nk)]
+            for m0 in range(0, M, MG):
+                mw = min(MG, M - m0)
+                ats = []
+                for kb in range(nk):
+                    k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                    if a_direct:
+                        ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
+                    else:
+                        ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
+                for ms in range(0, mw, STAT_FMAX):
+                    mp = min(STAT_FMAX, mw - ms)
+                    acc = acc_pool.tile(mp, nw)
+                    for kb in range(nk):
+                        kl = min(PMAX, K - kb * PMAX)
+                        stat = ats[kb].cols(ms, mp)
+                        mov_t = panel[kb] if panel_resident else moving(kb)
+                        low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
+                        for c0 in range(0, nw, MOVING_FMAX):
+                            cw = min(MOVING_FMAX, nw - c0)
+                            low.emit("MATMUL", n.name, [acc.cols(c0, cw).op()], [stat.op(), mov_t.cols(c0, cw).op()],
+                                     {"start": kb == 0, "stop": kb == nk - 1},
+                                     dur=matmul_ns(low.p, cw, mp, mm_dt), flops=2 * kl * mp * cw, itype="REGULAR",
+                                     small=False)
+                    # evacuate PSUM through the epilogue, one bank (<=512 columns) at a time
+                    for c0 in range(0, nw, MOVING_FMAX):
+                        cw = min(MOVING_FMAX, nw - c0)
+                        box = [(b, 1), (m0 + ms, mp), (n0 + c0, cw)]
+                        ctx = TileCtx(low, hshape, box, 2, epi_pools)
+                        src = acc.cols(c0, cw)
+                        out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
+                        if Cv is not None:
+                            ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N)) if Cv.meta.shape[0] != nb else Cv, "bias")
+                            if beta != 1:     # into a fresh tile: ctile may be a resident value read in place
+                                scaled = ctx.out_tile(n.name, "beta", ctile.dtype)
+                                low.vec("TENSOR_SCALAR", n.name, scaled, [ctile.op()], op0="multiply", scalar0=beta)
+                                ctile = scaled
+                            if alpha != 1:
+                                low.vec("TENSOR_SCALAR", n.name, out_t, [src.op()], op0="multiply", scalar0=alpha)
+                                low.vec("TENSOR_TENSOR", n.name, out_t, [out_t.op(), ctile.op()], n_inputs=2, op="add",
+                                        flops=mp * cw)
+                            else:
+                                low.vec("TENSOR_TENSOR", n.name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
+                                        flops=mp * cw)
+                        else:
+                            low.act(n.name, out_t, src.op(), "copy", scale=alpha)
+                        run_chain(ctx, n.name, out_t, members, out3)
+    lower_alone(low, alone)

@@ -1,0 +1,330 @@
+"""The data every lowering shares: instructions (:class:`Instr`, :class:`Lowered`), views over HBM
+buffers (:class:`View`: a meta tensor carries shape/stride/offset, so torch's own view semantics
+decide what is a view and what needs a copy), access patterns, SBUF/PSUM tiles and their rotating
+pools, the NeuronCore tiling limits, and the elementwise op tables (ATen packet -> engine op).
+
+>>> [len(b) for b in boxes((300, 64), 128)]
+[1, 1, 1]
+>>> view_operand(View("x", "float32", meta_tensor((4, 8))))["ap"]
+[[1, 32]]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from neuron_stack.device.cost import ceil_div
+
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
+               "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "complex64": 8}
+
+
+FLOATS = ("float32", "float64", "bfloat16", "float16")
+
+
+PMAX = 128            # partitions
+
+
+MOVING_FMAX = 512     # gemm moving free size = one PSUM bank of fp32
+
+
+STAT_FMAX = 128       # gemm stationary free size
+
+
+BN_FMAX = 512         # bn_stats free size limit
+
+
+FREE_TILE = 2048      # free elements per Vector/Scalar tile (keeps pools small, instructions long)
+
+
+def nbytes_of(dtype: str) -> int:
+    return DTYPE_BYTES.get(dtype, 4)
+
+
+class LoweringError(ValueError):
+    """A node the lowering cannot handle; the message names the node and why."""
+
+
+@dataclass(slots=True)
+class Instr:
+    """One device instruction before scheduling (times in ns)."""
+    engine: str
+    opcode: str
+    node: str
+    dur: float
+    deps: list[int]
+    tdeps: list[str]
+    operands: dict
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    writes: tuple = ()            # HBM buffers this instruction writes (for tensor-ready tracking)
+    queue_kind: str = ""          # DMA: "IO" or "SpillReload"
+    itype: str = ""               # Tensor: REGULAR / TRANSPOSE
+    hbm_read: int = 0
+    hbm_write: int = 0
+    spill_save: int = 0
+    spill_reload: int = 0
+    latency: float = 0.0          # DMA: trigger-to-start time; the queue stays free for other transfers
+
+
+@dataclass
+class Lowered:
+    """The instruction list of one partition plus what the interpreter and summary need."""
+    instrs: list[Instr]
+    hbm_buffers: dict[str, dict]          # name -> {"dtype", "numel", "role": input|output|const|scratch, "shape"}
+    inputs: list[str]                     # HBM buffers the partition reads from outside
+    outputs: list[str]                    # HBM buffers other partitions / the program read
+    values: dict[str, dict] = field(default_factory=dict)   # value name -> strided view of a buffer
+    sbuf_peak_bytes: int = 0              # per partition
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass
+class View:
+    buf: str
+    dtype: str
+    meta: Any          # torch meta tensor (shape, stride, storage_offset)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.meta.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def with_meta(self, meta) -> "View":
+        return View(self.buf, self.dtype, meta)
+
+
+def meta_tensor(shape, dtype="float32"):
+    tdt = getattr(torch, dtype, torch.float32) if dtype in DTYPE_BYTES else torch.float32
+    return torch.empty(tuple(shape), dtype=tdt, device="meta")
+
+
+def boxes(shape: tuple[int, ...], limit: int) -> list[list[tuple[int, int]]]:
+    """Split the index space ``shape`` into boxes of at most ``limit`` elements, each one access pattern.
+
+    Inner dimensions are kept whole while they fit; the first dimension that does not fit is
+    chunked; outer dimensions are iterated one index at a time.
+    >>> boxes((2, 100), 128)
+    [[(0, 1), (0, 100)], [(1, 1), (0, 100)]]
+    >>> [b[0] for b in boxes((300,), 128)]
+    [(0, 128), (128, 128), (256, 44)]
+    """
+    if not shape:
+        return [[]]
+    inner = 1
+    j = len(shape)
+    while j > 0 and inner * shape[j - 1] <= limit:
+        inner *= shape[j - 1]
+        j -= 1
+    if j == 0:
+        return [[(0, d) for d in shape]]
+    d = j - 1
+    step = max(1, limit // inner)
+    out = []
+    for outer in _ndindex(shape[:d]):
+        for s in range(0, shape[d], step):
+            out.append([(i, 1) for i in outer] + [(s, min(step, shape[d] - s))] + [(0, n) for n in shape[j:]])
+    return out
+
+
+def _ndindex(shape):
+    if not shape:
+        yield ()
+        return
+    import itertools
+    yield from itertools.product(*(range(n) for n in shape))
+
+
+def _merge_ap(ap: list[list[int]]) -> list[list[int]]:
+    """Drop unit dims and merge dims that are contiguous with each other (same element order)."""
+    ap = [[s, n] for s, n in ap if n != 1] or [[1, 1]]
+    out = [list(ap[0])]
+    for s, n in ap[1:]:
+        ps, pn = out[-1]
+        if ps == s * n:
+            out[-1] = [s, pn * n]
+        else:
+            out.append([s, n])
+    return out
+
+
+def view_operand(v: View, box: list[tuple[int, int]] | None = None) -> dict:
+    """The HBM access-pattern operand of ``v`` restricted to ``box`` (per-dim start, length)."""
+    strides = v.meta.stride()
+    shape = v.shape
+    box = box if box is not None else [(0, n) for n in shape]
+    off = v.meta.storage_offset() + sum(s * st for (s, _), st in zip(box, strides))
+    ap = _merge_ap([[st, n] for (_, n), st in zip(box, strides)])
+    return {"m": "hbm", "b": v.buf, "dt": v.dtype, "o": int(off), "ap": ap}
+
+
+def contiguous_run(ap: list[list[int]]) -> int:
+    """Contiguous elements per descriptor of an access pattern (innermost unit-stride run)."""
+    s, n = ap[-1]
+    return n if s == 1 else 1
+
+
+def split_dma(dst: dict, src: dict, engines: int, min_bytes: int = 64 * 1024, min_parts: int = 8):
+    """Split a large SBUF<->HBM transfer into pieces of whole partitions whose HBM side is still one
+    access pattern (its outer dim splits on partition boundaries); otherwise one piece."""
+    sb, hb = (dst, src) if dst["m"] != "hbm" else (src, dst)
+    if sb["m"] == "hbm" or hb["m"] != "hbm":
+        return [(dst, src)]
+    n = numel_ap(sb["ap"])
+    if n * nbytes_of(sb["dt"]) < min_bytes:
+        return [(dst, src)]
+    P = sb["ap"][0][1]
+    F = n // P
+    s0, n0 = hb["ap"][0]
+    inner = n // n0
+    # rows of the HBM outer dim per partition group must cover whole partitions
+    parts = min(engines, P // min_parts, n * nbytes_of(sb["dt"]) // min_bytes)
+    if parts < 2:
+        return [(dst, src)]
+    per = ceil_div(P, parts)
+    out = []
+    for p0 in range(0, P, per):
+        np_ = min(per, P - p0)
+        e0, e1 = p0 * F, (p0 + np_) * F
+        if e0 % inner or e1 % inner:
+            return [(dst, src)]
+        h = dict(hb, o=hb["o"] + (e0 // inner) * s0, ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
+        sp = dict(sb, o=sb["o"] + p0 * sb["ap"][0][0], ap=[[sb["ap"][0][0], np_]] + [list(x) for x in sb["ap"][1:]])
+        out.append((sp, h) if dst is sb else (h, sp))
+    return out
+
+
+def numel_ap(ap) -> int:
+    return math.prod(n for _, n in ap)
+
+
+@dataclass
+class Tile:
+    """A rectangular [P partitions, F free] region of an SBUF or PSUM slot."""
+    key: str
+    mem: str
+    dtype: str
+    P: int
+    F: int
+    pitch: int
+    off: int = 0
+    free_ap: tuple | None = None     # engine read pattern over the free axis (stride 0 = broadcast)
+
+    def op(self) -> dict:
+        free = [list(x) for x in self.free_ap] if self.free_ap else [[1, self.F]]
+        return {"m": self.mem, "b": self.key, "dt": self.dtype, "o": self.off,
+                "ap": [[self.pitch, self.P]] + free}
+
+    def cols(self, c0: int, n: int) -> "Tile":
+        return Tile(self.key, self.mem, self.dtype, self.P, n, self.pitch, self.off + c0)
+
+    def rows(self, p0: int, n: int) -> "Tile":
+        return Tile(self.key, self.mem, self.dtype, n, self.F, self.pitch, self.off + p0 * self.pitch,
+                    self.free_ap)
+
+    def as_dtype(self, dt: str) -> "Tile":
+        return Tile(self.key, self.mem, dt, self.P, self.F, self.pitch, self.off, self.free_ap)
+
+
+class Ring:
+    """Ring allocator over one on-chip memory (bytes per partition); reports overlapped regions."""
+
+    def __init__(self, capacity: int, unit: int = 64):
+        self.cap, self.unit, self.cursor, self.regions, self.peak = capacity, unit, 0, [], 0
+
+    def alloc(self, nbytes: int, key: str) -> list[str]:
+        nbytes = ceil_div(max(nbytes, 1), self.unit) * self.unit
+        if nbytes > self.cap:
+            raise LoweringError(f"tile of {nbytes} bytes per partition exceeds on-chip capacity {self.cap}")
+        if self.cursor + nbytes > self.cap:
+            self.cursor = 0
+        lo, hi = self.cursor, self.cursor + nbytes
+        self.cursor = hi
+        self.peak = max(self.peak, hi)
+        hit = [k for (a, b, k) in self.regions if a < hi and lo < b]
+        self.regions = [(a, b, k) for (a, b, k) in self.regions if not (a < hi and lo < b)] + [(lo, hi, key)]
+        return hit
+
+
+class Pool:
+    """A rotating pool of ``bufs`` same-sized tiles (double buffering when bufs >= 2)."""
+
+    def __init__(self, low, name: str, mem: str, P: int, F: int, dtype: str, bufs: int = 2):   # low: the Lowerer
+        self.low, self.name, self.mem, self.P, self.F, self.dtype, self.bufs = low, name, mem, P, F, dtype, bufs
+        self.i = 0
+        self.keys = []
+        per = F * (4 if mem == "psum" else nbytes_of(dtype))
+        for b in range(bufs):
+            key = f"{name}.{b}"
+            low.claim(mem, per, key)
+            self.keys.append(key)
+
+    def tile(self, P: int | None = None, F: int | None = None) -> Tile:
+        key = self.keys[self.i % self.bufs]
+        self.i += 1
+        dt = "float32" if self.mem == "psum" else self.dtype
+        return Tile(key, self.mem, dt, P or self.P, F or self.F, self.F)
+
+
+#: binary ops with a tensor or scalar second operand -> Vector ALU op
+BINARY = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "maximum": "maximum",
+    "minimum": "minimum", "pow": "power", "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+    "gt": "greater", "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "logical_xor": "logical_xor", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor", "remainder": "mod", "fmod": "fmod", "atan2": "atan2", "hypot": "hypot",
+    "copysign": "copysign", "floor_divide": "floor_divide", "rsub": "rsub",
+}
+
+
+#: unary ops -> Scalar engine activation function
+UNARY_ACT = {
+    "relu": "relu", "gelu": "gelu", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp",
+    "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "erf": "erf", "sin": "sin", "cos": "cos", "abs": "abs",
+    "sign": "sign", "sgn": "sign", "neg": "neg", "exp2": "exp2", "log2": "log2", "log1p": "log1p",
+    "expm1": "expm1", "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc",
+    "square": "square", "clone": "copy", "alias": "copy", "_to_copy": "copy", "lift_fresh_copy": "copy",
+}
+
+
+#: unary ops -> Vector (TENSOR_SCALAR with immediates, or RECIPROCAL)
+CLAMPS = {"clamp": ("min", "max"), "clamp_min": ("min", None), "clamp_max": (None, "max"),
+          "hardtanh": ("min_val", "max_val"), "relu6": (None, None)}
+
+
+def packet_name(target: str) -> str:
+    parts = target.split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else target
+
+
+def aten_op(target: str):
+    parts = target.split(".")
+    op = getattr(torch.ops.aten, parts[1])
+    return getattr(op, parts[2] if len(parts) > 2 else "default")
+
+
+def is_ref(a) -> bool:
+    return isinstance(a, dict) and set(a) == {"node"}
+
+
+def conv_weight_strides(shape) -> tuple[int, ...]:
+    """Storage strides that put a conv weight [O, C, *K] in (C, *K, O) order: the compile-time layout
+    under which one channel block of every tap and output channel is a contiguous load.
+
+    >>> conv_weight_strides((8, 3, 3, 3))
+    (1, 72, 24, 8)
+    """
+    O = shape[0]
+    ks = list(shape[2:])
+    strides, acc = [], O
+    for k in reversed(ks):
+        strides.append(acc)
+        acc *= k
+    return (1, acc) + tuple(reversed(strides))
