@@ -26,14 +26,15 @@ def _rows(d: Path, table: str) -> int:
 
 def test_to_table_casts_broadcasts_and_fills_nulls():
     t = to_table("instructions", {"start_ns": np.arange(3, dtype=np.int64), "core": 1, "engine": "tensor",
-                                  "pc": [1, 2, 3], "not_a_column": [0, 0, 0]})
+                                  "pc": [1, 2, 3]})
     assert t.schema == traces.TABLES["instructions"]
     assert t.column("core").to_pylist() == [1, 1, 1]            # scalar repeated, int -> int32
     assert t.column("dur_ns").null_count == 3                   # missing column -> nulls
     assert t.column("pc").type == pa.int32()
-    # a pyarrow table with extra columns (a schedule) plus keyword overrides
+    # a pyarrow table (a schedule, its relative start swapped for the absolute one) plus keyword overrides
     sched = synthetic.schedule([1, 2, 3, 4], 50)
-    w = to_table("instructions", sched, {"exec_id": 7, "start_ns": sched["rel_start_ns"].to_numpy() + 100})
+    w = to_table("instructions", sched.drop_columns(["rel_start_ns"]),
+                 {"exec_id": 7, "start_ns": sched["rel_start_ns"].to_numpy() + 100})
     assert w.num_rows == 50 and set(w.column("exec_id").to_pylist()) == {7}
     assert w.column("start_ns").to_pylist()[:3] == [v + 100 for v in sched["rel_start_ns"].to_pylist()[:3]]
 
@@ -41,7 +42,9 @@ def test_to_table_casts_broadcasts_and_fills_nulls():
 @pytest.mark.parametrize("table, rows, message", [
     ("instrs", {"pc": [1]}, "unknown trace table 'instrs'"),
     ("ops", {"op_id": [1, 2], "name": ["a"]}, "different lengths"),
-    ("ops", {"opid": [1]}, "none of the columns"),
+    ("ops", {"opid": [1]}, "table 'ops' has no column 'opid'"),
+    ("ops", {"op_id": [1], "aten": ["aten.mm"]}, "table 'ops' has no column 'aten'"),   # misspelt beside good ones
+    ("instructions", pa.table({"pc": [1], "rel_start_ns": [5]}), "no column 'rel_start_ns'"),
     ("ops", {"op_id": ["x"]}, "cannot append column ops.op_id"),
     ("memory", [1, 2], "cannot append list"),
 ])
@@ -114,7 +117,8 @@ def test_sigkilled_writer_keeps_what_it_published(tmp_path):
         sched = synthetic.schedule([1, 2, 3, 4], 500)
         i = 0
         while True:
-            w.append("instructions", sched, exec_id=i, core=0, start_ns=sched["rel_start_ns"].to_numpy() + i * 10**6)
+            w.append("instructions", sched.drop_columns(["rel_start_ns"]), exec_id=i, core=0,
+                     start_ns=sched["rel_start_ns"].to_numpy() + i * 10**6)
             w.append("executions", {"exec_id": [i], "run_id": "victim", "core": 0, "start_ns": i * 10**6,
                                     "end_ns": i * 10**6 + 900_000, "device_ns": 900_000, "warmup": False})
             i += 1

@@ -150,7 +150,7 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
             eid = new_id()
             exec_ids.append(eid)
             begin, dev_end = t + 20_000, t + 20_000 + device_ns
-            w.append("instructions", sched, exec_id=eid, core=core,
+            w.append("instructions", sched.drop_columns(["rel_start_ns"]), exec_id=eid, core=core,
                      start_ns=sched["rel_start_ns"].to_numpy() + begin)
             w.append("executions", {
                 "exec_id": [eid], "run_id": run_id, "graph_id": graph_id, "core": core, "iteration": i,

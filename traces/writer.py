@@ -68,6 +68,10 @@ class Writer:
                     "command": " ".join(sys.argv), "host": socket.gethostname(), "target": None,
                     "rank": 0, "node": 0, "wall_start_ns": now, "start_ns": now, "status": "running"}
         self.run.update({k: v for k, v in (run or {}).items() if v is not None})
+        unknown = sorted(set(self.run) - set(TABLES["runs"].names))
+        if unknown:
+            raise TraceError(f"table 'runs' has no column {unknown[0]!r}: check the run= keys "
+                             "(columns are in traces/schema.py)")
         self.run_id = str(self.run["run_id"])
         self._pid = os.getpid()
         self._pending: dict[str, list[pa.Table]] = {}
@@ -79,7 +83,7 @@ class Writer:
         meta = {"schema_version": SCHEMA_VERSION, **{str(k): str(v) for k, v in (metadata or {}).items()}}
         if self.run.get("target") is None and "target" in meta:
             self.run["target"] = meta["target"]
-        self.append("runs", {k: [v] for k, v in self.run.items() if k in TABLES["runs"].names})
+        self.append("runs", {k: [v] for k, v in self.run.items()})
         self.append("metadata", {"key": list(meta), "value": list(meta.values())})
         self.flush()  # the run is visible at once, even if the process dies within the first second
         self._wake = threading.Event()
@@ -93,8 +97,8 @@ class Writer:
 
         ``rows`` is a ``pa.Table``, ``pa.RecordBatch`` or ``dict[column -> list | np.ndarray | scalar]``;
         keyword ``columns`` add or override columns (a scalar is repeated on every row). Columns
-        are matched by name and cast to the table schema; missing columns become null, columns
-        the schema does not know are ignored. Example:
+        are matched by name and cast to the table schema; missing columns become null, a column
+        the schema does not know is an error (:class:`TraceError`), never silently dropped. Example:
         ``w.append("ops", {"op_id": ids, "graph_id": gid, "aten_op": names})``.
         """
         if self._closed:
@@ -164,7 +168,7 @@ class Writer:
         if end_ns is None:
             end_ns = int(self.run["start_ns"]) + (wall_end - int(self.run["wall_start_ns"]))
         row = {**self.run, "status": status, "wall_end_ns": wall_end, "end_ns": end_ns}
-        part = to_table("runs", {k: [v] for k, v in row.items() if k in TABLES["runs"].names}, {})
+        part = to_table("runs", {k: [v] for k, v in row.items()}, {})
         with self._lock:
             self._pending.setdefault("runs", []).append(part)
         _live.discard(self)
@@ -198,10 +202,11 @@ def to_table(table: str, rows, columns: Mapping | None = None) -> pa.Table:
         raise TraceError(f"cannot append {type(rows).__name__} to {table!r}: pass a pyarrow Table, "
                          "RecordBatch or a dict of columns")
     given.update(columns or {})
-    known = {name: value for name, value in given.items() if name in schema.names}
-    if given and not known:
-        raise TraceError(f"none of the columns {sorted(given)[:5]} belong to table {table!r}: "
-                         "check the table name (columns are in traces/schema.py)")
+    unknown = [name for name in given if name not in schema.names]
+    if unknown:  # a misspelt column would otherwise be dropped and its real column left NULL
+        raise TraceError(f"table {table!r} has no column{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown[:5]))}: check the names (columns are in traces/schema.py)")
+    known = given
     n = _row_count(table, known, rows)
     arrays = []
     for field in schema:
