@@ -22,12 +22,13 @@ import psutil
 
 from monitor.config import Config, default_config
 from traces import live
+from traces.vocab import MONITOR_ENGINES
 
 PERCENTILES = (("p0", 0), ("p1", 1), ("p25", 25), ("p50", 50), ("p75", 75), ("p99", 99), ("p100", 100))
 _CPU_FIELDS = (("user", "user"), ("nice", "nice"), ("system", "system"), ("idle", "idle"),
                ("io_wait", "iowait"), ("irq", "irq"), ("soft_irq", "softirq"))
 MODEL_DEVICE_MEMORY = ("constants", "model_code", "runtime_memory", "tensors")
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
+ENGINES = MONITOR_ENGINES
 
 
 def _r(x: float, nd: int = 2) -> float:

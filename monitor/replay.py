@@ -9,7 +9,10 @@ document of the same shape as :meth:`monitor.collect.Collector.collect` returns:
 last reason and source line). Host vCPU and system memory are not recorded in a profile, so those
 groups are left out (neuron-top shows ``n/a``), as a config without them would.
 
-Only the standard library, pyarrow and ``traces`` are used: no UI library.
+Every number comes from the ``traces`` query API (``Profile.replay_window``, ``Profile.figures``):
+this module holds no SQL, only the document's shape. Each document also carries the whole
+profile's headline figures (``neuron_stack.profile``: ``Profile.figures()``, the numbers
+``neuron-explorer summary`` and the Explorer show), so neuron-top can show them beside the window.
 
 >>> import tempfile, traces
 >>> from traces.synthetic import write_run
@@ -28,67 +31,15 @@ from collections.abc import Iterator
 
 import traces
 from traces.errors import TraceError
+from traces.q_replay import PERCENTILES
+from traces.vocab import MONITOR_ENGINES
 
-PERCENTILES = (("p0", 0.0), ("p1", 0.01), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p99", 0.99),
-               ("p100", 1.0))
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
                       "incorrect_input", "failed_to_queue")
 ERROR_TYPES = ("generic", "numerical", "transient", "model", "runtime", "hardware")
-ENGINE_COLUMNS = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")
 DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 MODEL_DEVICE_MEMORY = ("constants", "model_code", "runtime_memory", "tensors")
 HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
-EVENT_COUNTERS = {"recompile": "recompiles", "cpu_fallback": "cpu_fallbacks", "compile": "compiles",
-                  "cache_hit": "cache_hits"}
-
-# Executions overlapping [t0, t1): the device-busy part [start, start + device_ns] inside the window,
-# and each engine's busy time scaled by the same share.
-_BUSY_SQL = f"""
-WITH w AS (
-  SELECT run_id, core, flops, device_ns,
-         greatest(0, least(start_ns + device_ns, $t1) - greatest(start_ns, $t0))::DOUBLE AS ov,
-         {", ".join(f"coalesce({e}_busy_ns, 0) AS {e}" for e in ENGINE_COLUMNS)}
-  FROM executions
-  WHERE start_ns < $t1 AND start_ns + device_ns > $t0 AND device_ns > 0
-)
-SELECT run_id, core, sum(ov) AS busy_ns, sum(coalesce(flops, 0) * ov / device_ns) AS flops,
-       {", ".join(f"sum({e} * ov / device_ns) AS {e}" for e in ENGINE_COLUMNS)}
-FROM w GROUP BY run_id, core ORDER BY run_id, core
-"""
-
-_FINISHED_SQL = """
-SELECT run_id, coalesce(status, 'completed') AS status, count(*) AS n
-FROM executions WHERE end_ns >= $t0 AND end_ns < $t1
-GROUP BY ALL
-"""
-
-_LATENCY_SQL = f"""
-SELECT run_id,
-       quantile_cont((end_ns - start_ns) / 1e9, {[q for _, q in PERCENTILES]}) AS total_latency,
-       quantile_cont(device_ns / 1e9, {[q for _, q in PERCENTILES]}) AS device_latency
-FROM executions WHERE end_ns >= $t0 AND end_ns < $t1
-GROUP BY run_id
-"""
-
-_EVENTS_SQL = """
-SELECT e.run_id, e.kind,
-       count(*) FILTER (WHERE e.ts_ns >= $t0) AS recent,
-       arg_max(e.detail, e.ts_ns) AS detail,
-       arg_max(CASE WHEN s.file IS NULL THEN NULL ELSE s.file || ':' || s.line END, e.ts_ns) AS source
-FROM events e LEFT JOIN sources s USING (source_id)
-WHERE e.ts_ns < $t1 AND e.kind IN ('recompile', 'cpu_fallback', 'compile', 'cache_hit', 'error')
-GROUP BY ALL
-"""
-
-_MEMORY_SQL = """
-SELECT run_id, core, location, category, arg_max(bytes, ts_ns) AS bytes
-FROM memory WHERE ts_ns < $t1 GROUP BY ALL
-"""
-
-_LOADS_SQL = """
-SELECT run_id, core, graph_id, detail, ts_ns FROM events
-WHERE kind = 'load' AND ts_ns < $t1 ORDER BY ts_ns
-"""
 
 
 def _json(text) -> dict:
@@ -131,18 +82,9 @@ class Replay:
         self.path = str(profile)
         self.window_ns = max(1, int(window_s * 1e9))
         self.metadata = self._profile.metadata()
-        self._runs = self._profile.sql(
-            "SELECT run_id, pid, tag, command, host, target, start_ns, end_ns FROM runs "
-            "ORDER BY start_ns NULLS LAST, run_id").to_pylist()
-        span = self._profile.sql("""
-            SELECT min(t0) AS t0, max(t1) AS t1 FROM (
-              SELECT min(start_ns) AS t0, max(end_ns) AS t1 FROM executions
-              UNION ALL SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM events
-              UNION ALL SELECT min(ts_ns), max(ts_ns) FROM memory)""").to_pylist()[0]
-        if span["t0"] is None:
-            raise TraceError(f"profile {profile} recorded no executions, events or memory samples: "
-                             "nothing to replay")
-        self.start_ns, self.end_ns = int(span["t0"]), int(span["t1"])
+        self._runs = self._profile.replay_runs()
+        self.start_ns, self.end_ns = self._profile.replay_span()
+        self.figures = self._profile.figures().as_dict()
         self.position_ns = self.start_ns
         self.cores_per_device = self._hardware_info()["neuroncore_per_device_count"] or 1
 
@@ -173,14 +115,9 @@ class Replay:
 
         Example: ``replay.document(replay.start_ns, replay.start_ns + 10**9)``.
         """
-        params = {"t0": int(t0), "t1": int(t1)}
         period = (t1 - t0) / 1e9
-        busy = self._profile.sql(_BUSY_SQL, params).to_pylist()
-        finished = self._profile.sql(_FINISHED_SQL, params).to_pylist()
-        latency = {r["run_id"]: r for r in self._profile.sql(_LATENCY_SQL, params).to_pylist()}
-        events = self._profile.sql(_EVENTS_SQL, params).to_pylist()
-        memory = self._profile.sql(_MEMORY_SQL, {"t1": int(t1)}).to_pylist()
-        loads = self._profile.sql(_LOADS_SQL, {"t1": int(t1)}).to_pylist()
+        w = self._profile.replay_window(t0, t1)
+        busy, finished, latency, events, memory, loads = w.busy, w.finished, w.latency, w.events, w.memory, w.loads
 
         runtimes = []
         for run in self._runs:
@@ -196,8 +133,8 @@ class Replay:
                 "memory_used": self._memory([r for r in memory if r["run_id"] == rid],
                                             [r for r in loads if r["run_id"] == rid], period,
                                             self.cores_per_device),
-                "neuron_stack": self._extra(run, run_busy, [r for r in events if r["run_id"] == rid],
-                                            period, t1 - t0),
+                "neuron_stack": dict(self._extra(run, run_busy, [r for r in events if r["run_id"] == rid],
+                                                 period, t1 - t0), profile=self.figures),
             }
             runtimes.append({"pid": int(run["pid"] or 0), "address": "",
                              "neuron_runtime_tag": str(run["tag"] or run["pid"] or rid),
@@ -259,7 +196,7 @@ class Replay:
 
     @staticmethod
     def _extra(run: dict, busy: list[dict], events: list[dict], period: float, span_ns: int) -> dict:
-        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2) for e in ENGINE_COLUMNS}
+        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2) for e in MONITOR_ENGINES}
                    for r in busy if r["core"] is not None}
         by_kind = {r["kind"]: r for r in events}
 

@@ -372,6 +372,8 @@ def _process_lines(out: Text, p: ProcessView) -> None:
     out.append(f"\n  compiles {p.compiles}  cache hits {p.cache_hits}")
     if p.command:
         out.append(f"  $ {p.command}", style="dim")
+    if p.profile is not None:
+        _profile_line(out, p.profile)
     if p.counted:
         _counter_lines(out, "Recompiles", p.recompiles, p.recompiles.last_reason, "bold yellow")
         cause = ": ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))
@@ -381,6 +383,20 @@ def _process_lines(out: Text, p: ProcessView) -> None:
                    "to the monitor config)", style="dim")
     if p.error:
         out.append(f"\n  error: {p.error}", style="bold red")
+
+
+def _duration(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.2f}{unit}"
+    return f"{ns:.0f}ns"
+
+
+def _profile_line(out: Text, f) -> None:
+    """A replay's whole-profile figures (the same numbers as ``neuron-explorer summary``)."""
+    out.append("\n  profile: ", style="dim")
+    out.append(f"device {_duration(f.device_ns)}  busy {f.device_busy_percent:.1f}%  MFU {f.mfu_percent:.2f}%"
+               f"  fallback host {_duration(f.fallback_host_ns)}  compiles {f.compiles}")
 
 
 # Panel bodies: (snapshot, state, width) -> (border title, text), the shape widgets.Panel renders.

@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+from traces.vocab import ENGINE_LABELS, MONITOR_ENGINES
 
 #: (monitor key, neuron-top word) for device memory, in the real tool's order.
 DEVICE_CATEGORIES = (
@@ -29,8 +31,7 @@ HOST_CATEGORIES = (
     ("application_memory", "App. Memory"),
 )
 #: Engines of the breakdown panel: (key in the ``neuron_stack`` group, display name).
-ENGINES = (("tensor", "Tensor"), ("vector", "Vector"), ("scalar", "Scalar"),
-           ("gpsimd", "GpSimd"), ("dma", "DMA"), ("sync", "Sync"))
+ENGINES = tuple((e, ENGINE_LABELS[e]) for e in MONITOR_ENGINES)
 
 MAX_DEVICES = 64
 MAX_CORES_PER_DEVICE = 64
@@ -69,6 +70,38 @@ class EventCounter:
 
 
 @dataclass(frozen=True)
+class ProfileFigures:
+    """A replayed profile's headline figures, as the replay document carries them (``traces``
+    ``Profile.figures()``: the numbers ``neuron-explorer summary`` and the Explorer show too)."""
+
+    device_ns: int
+    device_busy_percent: float
+    engine_percent: dict
+    mfu_percent: float
+    fallback_host_ns: int
+    fallback_calls: int
+    compiles: int
+    recompiles: int
+    executions: int
+
+    @classmethod
+    def from_document(cls, raw) -> "ProfileFigures | None":
+        """The figures of a ``neuron_stack.profile`` group, or None when absent (live data)."""
+        if not isinstance(raw, dict):
+            return None
+        values = {}
+        for f in fields(cls):
+            v = raw.get(f.name)
+            if f.name == "engine_percent":
+                values[f.name] = {str(k): _num(x) for k, x in v.items()} if isinstance(v, dict) else {}
+            elif f.type in ("int", int):
+                values[f.name] = int(_num(v))
+            else:
+                values[f.name] = _num(v)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class ProcessView:
     """The per-process extras (beyond the real tool) shown in the counters panel."""
 
@@ -86,6 +119,7 @@ class ProcessView:
     latency_p99: float | None
     error: str                  # the runtime entry's or a group's error, "" when fine
     counted: bool = True        # False when the monitor's neuron_stack group is not reported
+    profile: ProfileFigures | None = None   # a replay's whole-profile figures
 
 
 @dataclass(frozen=True)
@@ -335,6 +369,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
         latency_p50=_percentile(stats, "total_latency", "p50"),
         latency_p99=_percentile(stats, "total_latency", "p99"),
         counted=_group(report, "neuron_stack") is not None,
+        profile=ProfileFigures.from_document(extra.get("profile")),
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 

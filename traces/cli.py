@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from traces.errors import TraceError
+from traces.vocab import ENGINE_LABELS
 
 PROG = "neuron-explorer"
 
@@ -111,13 +112,15 @@ def summary_cmd(args: argparse.Namespace) -> int:
     with _open(args.profile) as p:
         warm = True if args.include_warmup else None
         rows = p.summary_per_core(warm).to_pylist() if args.per_core else [p.summary(warm)]
+        figures = p.figures(warm)
         meta = p.metadata()
         path = p.path
         ranks = p.ranks().to_pylist()
     if len(ranks) < 2:
         ranks = []
     if args.json:
-        print(json.dumps({"summary": rows, **({"ranks": ranks} if ranks else {})}, indent=2, default=str))
+        print(json.dumps({"summary": rows, "figures": figures.as_dict(), **({"ranks": ranks} if ranks else {})},
+                         indent=2, default=str))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -140,9 +143,32 @@ def summary_cmd(args: argparse.Namespace) -> int:
                 table.add_row(section if i == 0 else "", name, _human(name, row[name]),
                               end_section=i == len(shown) - 1)
         console.print(table)
+    _print_figures(console, figures)
     if ranks:
         _print_ranks(console, ranks)
     return 0
+
+
+def _print_figures(console, f) -> None:
+    """The headline figures (``Profile.figures()``), as the Explorer's Summary and neuron-top --replay show them."""
+    from rich.table import Table
+
+    table = Table(title="Figures (as the Explorer and neuron-top --replay show them)", title_justify="left",
+                  header_style="bold")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    engines = "  ".join(f"{ENGINE_LABELS[e]} {pct:.1f} %" for e, pct in f.engine_percent.items())
+    for name, value in (("device time (host time excluded)", _seconds(f.device_ns / 1e9)),
+                        ("device busy", f"{f.device_busy_percent:.2f} % of {_seconds(f.span_ns / 1e9)} × "
+                                        f"{f.cores} core{'s' if f.cores != 1 else ''}"),
+                        ("engine active (% of device time)", engines),
+                        ("MFU (estimated)", f"{f.mfu_percent:.2f} %"),
+                        ("CPU fallbacks", f"{f.fallback_ops} ops · {f.fallback_calls} calls · "
+                                          f"{_seconds(f.fallback_host_ns / 1e9)} host time"),
+                        ("compiles", f"{f.compiles} ({f.recompiles} recompiles, {f.cache_hits} cache hits) · "
+                                     f"{_seconds(f.compile_ns / 1e9)}")):
+        table.add_row(name, value)
+    console.print(table)
 
 
 def _print_ranks(console, ranks: list[dict]) -> None:
@@ -211,7 +237,7 @@ def sql_cmd(args: argparse.Namespace) -> int:
     if args.format == "arrow" and args.output is None and sys.stdout.isatty():
         raise TraceError("--format arrow writes binary Arrow IPC: redirect stdout or pass -o FILE")
     with _open(args.profile) as p:
-        result = p.sql(query, [_param(v) for v in args.param] or None)
+        result = p.user_sql(query, [_param(v) for v in args.param] or None).table
     if args.format == "table":
         return _print_table(result, args.max_rows, args.output)
     try:

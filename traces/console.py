@@ -30,6 +30,20 @@ from traces.errors import TraceError
 #: Table functions a console query may use: generators only, nothing that reads files or settings.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 
+#: Starting points offered by the Explorer's console (each passes the console's checks).
+EXAMPLE_QUERIES = {
+    "Busy time per engine": "SELECT engine, count(*) AS instructions, sum(dur_ns) AS busy_ns\n"
+                            "FROM instructions GROUP BY engine ORDER BY busy_ns DESC",
+    "Costliest source lines": "SELECT s.file, s.line, sum(i.dur_ns) AS device_ns, count(*) AS instructions\n"
+                              "FROM instructions i JOIN ops o USING (op_id) JOIN sources s USING (source_id)\n"
+                              "WHERE i.engine <> 'cpu' GROUP BY ALL ORDER BY device_ns DESC LIMIT 20",
+    "CPU fallbacks": "SELECT aten_op, fallback_reason, count(*) AS ops FROM ops\n"
+                     "WHERE placement = 'cpu_fallback' GROUP BY ALL",
+    "Recompiles": "SELECT name, input_signature, recompile_reason, compile_wall_ns FROM graphs\n"
+                  "WHERE recompile_of IS NOT NULL ORDER BY compile_wall_ns DESC",
+    "Tables": "SELECT table_name, table_type FROM information_schema.tables ORDER BY table_name",
+}
+
 MAX_SQL_CHARS = 20_000
 DEFAULT_ROW_LIMIT = 1000
 

@@ -21,10 +21,8 @@ from pathlib import Path
 
 from traces.errors import TraceError
 from traces.schema import TABLES
+from traces.vocab import ENGINE_LABELS
 
-#: Track names as the real Neuron Explorer shows them (reference §3.5): ``Tensor(nc0)``...
-TRACK_NAMES = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
-               "cc": "CC-core", "cpu": "Host"}
 #: Opcodes the real profiler draws on the TensorMatrix row (MultiplyMoving) rather than Tensor.
 TENSOR_MATRIX_OPCODES = ("MATMUL",)
 
@@ -45,7 +43,8 @@ def export(profile, fmt: str, out: str | os.PathLike, **options) -> Path:
 def _track_sql(t: str = "") -> str:
     """SQL expression naming an instruction's track (``Tensor(nc0)``, ``qSyncIO0(nc0)``); ``t`` is
     the instructions table's alias with its dot."""
-    names = " ".join(f"WHEN '{e}' THEN '{n}'" for e, n in TRACK_NAMES.items())
+    # track names as the real Neuron Explorer shows them (reference §3.5): Tensor(nc0)...
+    names = " ".join(f"WHEN '{e}' THEN '{n}'" for e, n in ENGINE_LABELS.items() if e != "dma")
     matrix = ", ".join(f"'{o}'" for o in TENSOR_MATRIX_OPCODES)
     return (f"(CASE WHEN {t}engine = 'dma' THEN coalesce({t}queue, 'DMA') "
             f"WHEN {t}engine = 'tensor' AND {t}opcode IN ({matrix}) THEN 'TensorMatrix' "

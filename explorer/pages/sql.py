@@ -7,28 +7,17 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
 
 from explorer import data, ui
-from traces.console import RefusedQuery
+from traces.console import EXAMPLE_QUERIES, RefusedQuery
 
 
-EXAMPLES = {
-    "Device time per engine": "SELECT engine, count(*) AS instructions, sum(dur_ns) AS busy_ns\n"
-                              "FROM instructions GROUP BY engine ORDER BY busy_ns DESC",
-    "Costliest source lines": "SELECT s.file, s.line, sum(i.dur_ns) AS device_ns, count(*) AS instructions\n"
-                              "FROM instructions i JOIN ops o USING (op_id) JOIN sources s USING (source_id)\n"
-                              "GROUP BY ALL ORDER BY device_ns DESC LIMIT 20",
-    "CPU fallbacks": "SELECT aten_op, fallback_reason, count(*) AS ops FROM ops\n"
-                     "WHERE placement = 'cpu_fallback' GROUP BY ALL",
-    "Recompiles": "SELECT name, input_signature, recompile_reason, compile_wall_ns FROM graphs\n"
-                  "WHERE recompile_of IS NOT NULL ORDER BY compile_wall_ns DESC",
-    "Tables": "SELECT table_name, estimated_size AS rows FROM duckdb_tables() ORDER BY table_name",
-}
+EXAMPLES = EXAMPLE_QUERIES
 
 
 @ui.guarded
 def layout(profile=None, q=None, **_):
     key = ui.profile_key(profile)
     data.resolve(key)
-    query = q if isinstance(q, str) and len(q) <= 20_000 else EXAMPLES["Device time per engine"]
+    query = q if isinstance(q, str) and len(q) <= 20_000 else next(iter(EXAMPLES.values()))
     return html.Div([
         *ui.url_sink("sql"),
         dcc.Store(id="sql-profile", data=key),

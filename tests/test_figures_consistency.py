@@ -1,0 +1,148 @@
+"""One number, one function: ``neuron-explorer summary``, the Explorer's Summary page and
+``neuron-top --replay`` show the same headline figures, computed by ``traces.Profile.figures``.
+
+Profiles: one with CPU fallbacks recorded as events (the Explorer's test MLP: two cores, warm-ups,
+recompiles), a multi-execution synthetic run whose executions record their fallback host time, and
+one execution written the way the runtime writes it (``device_ns`` spanning the host time too).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import traces
+from explorer import data
+from monitor.replay import Replay
+from test_explorer_profiles import make_profile
+from top.snapshot import Totals, build_snapshot
+from traces.query import Profile
+from traces.synthetic import write_run
+
+DEVICE_PART, HOST_PART = 40_000, 900_000
+
+
+def runtime_style(out):
+    """One execution as the runtime records it: device_ns = end - start, CPU-fallback time inside it."""
+    with traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1"}) as w:
+        w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"], "value": ["9.5e13", "trn1"]})
+        w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
+                            "cache_hit": False})
+        w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
+                         "placement": "cpu_fallback"})
+        t = 1_000_000_000
+        w.append("events", {"ts_ns": [t - 6_000_000], "dur_ns": 5_000_000, "run_id": "rt", "kind": "compile",
+                            "graph_id": 1, "detail": "{}"})
+        w.append("executions", {"exec_id": [5], "run_id": "rt", "graph_id": 1, "core": 0, "iteration": 0,
+                                "start_ns": t, "end_ns": t + DEVICE_PART + HOST_PART,
+                                "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
+                                "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
+                                "warmup": False})
+        w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"], "opcode": ["MATMUL", "CPU_OP"],
+                                  "op_id": [None, 11], "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
+        w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
+                            "op_id": 11, "core": 0, "detail": "{}"})
+    return traces.finalize(out)
+
+
+@pytest.fixture(scope="module", params=["events_fallbacks", "synthetic_multi", "runtime_style"])
+def profile(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    if request.param == "events_fallbacks":
+        return make_profile(out / "20260101-000000_mlp")
+    if request.param == "synthetic_multi":
+        write_run(out, executions=4, instructions=400, cores=(0, 1), warmup=1)
+        return traces.finalize(out)
+    return runtime_style(out)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every call of ``Profile.figures`` (who computed a figure), recorded as it happens."""
+    seen = []
+    original = Profile.figures
+
+    def spy(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        seen.append(result)
+        return result
+    monkeypatch.setattr(Profile, "figures", spy)
+    return seen
+
+
+def cli_figures(profile, capsys, calls) -> dict:
+    from explorer.cli import main
+
+    before = len(calls)
+    assert main(["summary", str(profile), "--json"]) == 0
+    assert len(calls) == before + 1, "neuron-explorer summary must take its figures from Profile.figures"
+    return json.loads(capsys.readouterr().out)["figures"]
+
+
+def explorer_summary(profile, calls) -> dict:
+    reg = data.Registry([profile])
+    try:
+        before = len(calls)
+        s = data.summary(reg.get(reg.default_key()))
+        assert len(calls) == before + 1 and s["figures"] is calls[-1]
+        return s
+    finally:
+        reg.close()
+
+
+def replay_figures(profile, calls):
+    before = len(calls)
+    with Replay(profile, window_s=1.0) as replay:
+        doc = next(iter(replay))
+    assert len(calls) == before + 1, "the replay must take its figures from Profile.figures"
+    snap = build_snapshot(doc, totals=Totals())
+    (process,) = snap.apps[1].processes       # the process's own tab
+    assert snap.apps[0].processes == (process,)
+    return process.profile
+
+
+def test_summary_explorer_and_replay_show_the_same_figures(profile, capsys, calls):
+    cli = cli_figures(profile, capsys, calls)
+    page = explorer_summary(profile, calls)
+    top = replay_figures(profile, calls)
+    assert cli == calls[0].as_dict()
+    pairs = {  # figure: (summary --json, Explorer Summary page, neuron-top --replay snapshot)
+        "total device time": (cli["device_ns"], page["device_ns"], top.device_ns),
+        "device busy %": (cli["device_busy_percent"], page["device_busy_percent"], top.device_busy_percent),
+        "engine %": (cli["engine_percent"], page["engines"], top.engine_percent),
+        "MFU": (cli["mfu_percent"], page["mfu_estimated_percent"], top.mfu_percent),
+        "fallback host time": (cli["fallback_host_ns"], page["cpu_fallback_ns"], top.fallback_host_ns),
+        "compiles": (cli["compiles"], page["compiles"], top.compiles),
+        "recompiles": (cli["recompiles"], page["recompiles"], top.recompiles),
+        "fallback calls": (cli["fallback_calls"], page["fallback_calls"], top.fallback_calls),
+    }
+    for name, (a, b, c) in pairs.items():
+        assert a == b == c, f"{name}: summary {a}, Explorer {b}, neuron-top --replay {c}"
+
+
+def test_the_figures_keep_device_and_host_time_apart(profile):
+    with traces.open(profile) as p:
+        f = p.figures()
+        ex = p.sql("""SELECT sum(end_ns - start_ns)::BIGINT AS span_sum, sum(cpu_fallback_ns)::BIGINT AS host
+                      FROM executions WHERE NOT warmup""").to_pylist()[0]
+        events = p.sql("SELECT coalesce(sum(dur_ns), 0)::BIGINT AS ns, count(*) AS n FROM events "
+                       "WHERE kind = 'cpu_fallback'").to_pylist()[0]
+        graphs = p.sql("SELECT count(*) FILTER (WHERE NOT coalesce(cache_hit, FALSE)) AS n FROM graphs").to_pylist()[0]
+    assert f.fallback_host_ns == max(ex["host"] or 0, events["ns"]) > 0
+    assert f.fallback_calls == events["n"] and f.compiles == graphs["n"]
+    assert 0 < f.device_ns <= ex["span_sum"] - (ex["host"] or 0)   # host time is never device time
+    assert 0 < f.device_busy_percent <= 100.0
+    assert f.engine_percent["tensor"] > 0
+
+
+def test_runtime_style_execution_counts_only_its_device_part(tmp_path):
+    with traces.open(runtime_style(tmp_path)) as p:
+        f = p.figures()
+        ops = {r["op_id"]: r for r in p.op_totals().to_pylist()}
+        fb = p.fallbacks().to_pylist()
+    assert f.device_ns == DEVICE_PART and f.fallback_host_ns == HOST_PART
+    assert f.engine_percent["tensor"] == pytest.approx(50.0)
+    assert f.device_busy_percent == pytest.approx(100.0 * DEVICE_PART / (DEVICE_PART + HOST_PART))
+    # the CPU op: its host time from its 'cpu' instructions (its event is zero-length), no device time
+    assert ops[11]["device_ns"] == 0 and ops[11]["host_ns"] == HOST_PART
+    assert fb[0]["cpu_ns"] == HOST_PART and fb[0]["cpu_calls"] == 1
