@@ -39,7 +39,7 @@ SUMMARY_SECTIONS = (
     ("Memory traffic", ("hbm_read_bytes", "hbm_write_bytes", "dma_transfer_total_bytes",
                         "dma_transfer_average_bytes")),
     ("Host", ("cpu_fallback_count", "cpu_fallback_op_count", "cpu_fallback_time", "graph_count",
-              "recompile_count", "cache_hit_count", "compile_time")),
+              "recompile_count", "cache_hit_count", "compile_count", "compile_time")),
 )
 
 

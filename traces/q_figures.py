@@ -31,7 +31,8 @@ class Figures:
     ``device_busy_percent``: that over (first start → last end of those executions) × cores;
     ``engine_percent``: per device engine, active time over ``device_ns``; ``mfu_percent``: model
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``fallback_host_ns``: host time of
-    CPU-fallback ops in those executions; ``compiles``: graphs compiled (cache hits excluded).
+    CPU-fallback ops in those executions; ``compiles``: compiles run (one ``compile`` event each; cache
+    hits and collectives are not compiled).
     """
 
     executions: int
@@ -88,7 +89,7 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         hbm_write_bytes=int(s.get("hbm_write_bytes") or 0),
         fallback_ops=int(s.get("cpu_fallback_op_count") or 0), fallback_calls=int(s.get("cpu_fallback_count") or 0),
         fallback_host_ns=_int((s.get("cpu_fallback_time") or 0) * 1e9),
-        graphs=graphs, compiles=graphs - hits, recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
+        graphs=graphs, compiles=int(s.get("compile_count") or 0), recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
         instructions=int(p.metadata().get("instruction_count") or 0))
 

@@ -386,6 +386,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         (SELECT count(*) FROM graphs WHERE recompile_of IS NOT NULL OR coalesce(recompile_reason, '') <> '')
             AS recompile_count,
         (SELECT count(*) FROM graphs WHERE cache_hit) AS cache_hit_count,
+        (SELECT count(*) FROM events WHERE kind = 'compile') AS compile_count,
         (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
             AS compile_time"""
     engine_out = []
