@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from traces.ids import new_id, stable_id
+from traces.vocab import DEVICE_ENGINES
 from traces.writer import Writer
 
 #: Device metadata as a trn1 profile publishes it (the runtime takes it from neuron_stack.device).
@@ -140,7 +141,7 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
     device_ns = int((sched["rel_start_ns"].to_numpy() + sched["dur_ns"].to_numpy()).max())
     engines = sched["engine"].to_numpy(zero_copy_only=False)
     durs = sched["dur_ns"].to_numpy()
-    busy = {e: int(durs[engines == e].sum()) for e in ("tensor", "vector", "scalar", "gpsimd", "sync", "dma")}
+    busy = {e: int(durs[engines == e].sum()) for e in DEVICE_ENGINES}
     flops = int(sched["flops"].to_numpy().sum())
     cpu_ns = 35_000
     exec_ids = []
@@ -156,7 +157,7 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
                 "exec_id": [eid], "run_id": run_id, "graph_id": graph_id, "core": core, "iteration": i,
                 "wall_start_ns": t, "wall_end_ns": dev_end + cpu_ns + 40_000, "start_ns": t,
                 "end_ns": dev_end + cpu_ns, "device_ns": device_ns, "status": "completed", "warmup": i < warmup,
-                "flops": flops, **{f"{e}_busy_ns": b for e, b in busy.items()}, "cc_busy_ns": 0,
+                "flops": flops, **{f"{e}_busy_ns": b for e, b in busy.items()},
                 "cpu_fallback_ns": cpu_ns, "hbm_read_bytes": int(sched["bytes_read"].to_numpy()[engines == "dma"].sum()),
                 "hbm_write_bytes": int(sched["bytes_written"].to_numpy()[sched["opcode"].to_numpy(
                     zero_copy_only=False) == "DMA_STORE"].sum())})
