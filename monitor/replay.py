@@ -117,7 +117,8 @@ class Replay:
         """
         period = (t1 - t0) / 1e9
         w = self._profile.replay_window(t0, t1)
-        busy, finished, latency, events, memory, loads = w.busy, w.finished, w.latency, w.events, w.memory, w.loads
+        busy, finished, latency, events, memory, loads = (w.busy, w.finished, w.latency, w.events, w.memory,
+                                                          w.loads)
 
         runtimes = []
         for run in self._runs:
@@ -196,7 +197,8 @@ class Replay:
 
     @staticmethod
     def _extra(run: dict, busy: list[dict], events: list[dict], period: float, span_ns: int) -> dict:
-        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2) for e in MONITOR_ENGINES}
+        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2)
+                                          for e in MONITOR_ENGINES}
                    for r in busy if r["core"] is not None}
         by_kind = {r["kind"]: r for r in events}
 

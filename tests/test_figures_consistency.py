@@ -25,7 +25,8 @@ DEVICE_PART, HOST_PART = 40_000, 900_000
 def runtime_style(out):
     """One execution as the runtime records it: device_ns = end - start, CPU-fallback time inside it."""
     with traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1"}) as w:
-        w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"], "value": ["9.5e13", "trn1"]})
+        w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"],
+                              "value": ["9.5e13", "trn1"]})
         w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
                             "cache_hit": False})
         w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
@@ -38,8 +39,9 @@ def runtime_style(out):
                                 "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
                                 "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
                                 "warmup": False})
-        w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"], "opcode": ["MATMUL", "CPU_OP"],
-                                  "op_id": [None, 11], "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
+        w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"],
+                                  "opcode": ["MATMUL", "CPU_OP"], "op_id": [None, 11],
+                                  "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
         w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
                             "op_id": 11, "core": 0, "detail": "{}"})
     return traces.finalize(out)

@@ -76,7 +76,8 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     device_ns = _int((s.get("total_time") or 0) * 1e9)
     cores = int(ex["cores"] or 0)
     span = int(ex["span"] or 0)
-    engines = {e: float(s.get(f"{prefix}_active_time_percent") or 0.0) for e, prefix in SUMMARY_ENGINE_PREFIX.items()}
+    engines = {e: float(s.get(f"{prefix}_active_time_percent") or 0.0)
+               for e, prefix in SUMMARY_ENGINE_PREFIX.items()}
     engines["dma"] = float(s.get("dma_active_time_percent") or 0.0)
     engines["cc"] = float(s.get("cc_op_active_time_percent") or 0.0)
     graphs, hits = int(s.get("graph_count") or 0), int(s.get("cache_hit_count") or 0)
@@ -87,9 +88,11 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         engine_percent=engines, mfu_percent=float(s.get("mfu_estimated_percent") or 0.0),
         model_flops=int(s.get("model_flops") or 0), hbm_read_bytes=int(s.get("hbm_read_bytes") or 0),
         hbm_write_bytes=int(s.get("hbm_write_bytes") or 0),
-        fallback_ops=int(s.get("cpu_fallback_op_count") or 0), fallback_calls=int(s.get("cpu_fallback_count") or 0),
+        fallback_ops=int(s.get("cpu_fallback_op_count") or 0),
+        fallback_calls=int(s.get("cpu_fallback_count") or 0),
         fallback_host_ns=_int((s.get("cpu_fallback_time") or 0) * 1e9),
-        graphs=graphs, compiles=int(s.get("compile_count") or 0), recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
+        graphs=graphs, compiles=int(s.get("compile_count") or 0),
+        recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
         instructions=int(p.metadata().get("instruction_count") or 0))
 
@@ -109,7 +112,8 @@ def op_totals(p) -> pa.Table:
     and host time (``host_ns``) and calls of a CPU-fallback op. Read from ``op_summary``."""
     cols = ", ".join(f"{e}_ns" for e in DEVICE_ENGINES)
     return p.sql(f"""SELECT op_id, device_ns, instruction_count, instruction_flops,
-                            bytes_read + bytes_written AS bytes, cpu_calls AS host_calls, cpu_ns AS host_ns, {cols}
+                            bytes_read + bytes_written AS bytes, cpu_calls AS host_calls, cpu_ns AS host_ns,
+                            {cols}
                      FROM op_summary WHERE op_id IS NOT NULL""")
 
 
@@ -165,7 +169,8 @@ def compiles_between(p, t0: int | None = None, t1: int | None = None) -> dict:
     if t0 is None or t1 is None:
         span = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
         t0, t1 = span["a"], span["b"]
-    row = p.sql("""SELECT CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS compile_ns, count(DISTINCT graph_id) AS compiles
+    row = p.sql("""SELECT CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS compile_ns,
+                          count(DISTINCT graph_id) AS compiles
                    FROM events WHERE kind IN ('compile', 'recompile') AND ts_ns >= $a AND ts_ns < $b""",
                 {"a": t0, "b": t1}).to_pylist()[0]
     return row

@@ -72,7 +72,8 @@ def span(p) -> tuple[int, int]:
           UNION ALL SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM events
           UNION ALL SELECT min(ts_ns), max(ts_ns) FROM memory)""").to_pylist()[0]
     if row["t0"] is None:
-        raise TraceError(f"profile {p.path} recorded no executions, events or memory samples: nothing to replay")
+        raise TraceError(f"profile {p.path} recorded no executions, events or memory samples: "
+                         "nothing to replay")
     return int(row["t0"]), int(row["t1"])
 
 
@@ -99,7 +100,8 @@ def window(p, t0: int, t1: int) -> ReplayWindow:
     params = {"t0": int(t0), "t1": int(t1)}
     busy = p.sql(_BUSY_SQL, params).to_pylist()
     finished = p.sql("""SELECT run_id, coalesce(status, 'completed') AS status, count(*) AS n
-                        FROM executions WHERE end_ns >= $t0 AND end_ns < $t1 GROUP BY ALL""", params).to_pylist()
+                        FROM executions WHERE end_ns >= $t0 AND end_ns < $t1 GROUP BY ALL""",
+                     params).to_pylist()
     latency = {r["run_id"]: r for r in p.sql(f"""
         SELECT run_id, quantile_cont((end_ns - start_ns) / 1e9, {_QUANTILES}) AS total_latency,
                quantile_cont({DEVICE_NS_SQL} / 1e9, {_QUANTILES}) AS device_latency

@@ -112,14 +112,18 @@ def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_que
     ``by_queue``: DMA (and, unless ``dma_queues_only``, every engine) split by queue.
     """
     rng = p.trace_range()
-    queue_col = ("CASE WHEN engine = 'dma' THEN queue END" if dma_queues_only else "queue") if by_queue else None
+    queue_col = None
+    if by_queue:
+        queue_col = "CASE WHEN engine = 'dma' THEN queue END" if dma_queues_only else "queue"
     lane_cols = ["core", "engine"] + (["queue"] if by_queue else [])
     lane_exprs = ["core", "engine"] + ([f"{queue_col} AS queue"] if by_queue else [])
     key = f"hash(core, engine{', ' + queue_col if by_queue else ''})"
-    schema = pa.schema([("core", pa.int32()), ("engine", pa.string())] + ([("queue", pa.string())] if by_queue else []))
+    schema = pa.schema([("core", pa.int32()), ("engine", pa.string())]
+                       + ([("queue", pa.string())] if by_queue else []))
     empty = np.zeros((0, buckets))
     if rng is None:
-        return LaneCells(t0, t1, buckets, schema.empty_table(), empty, empty, empty.astype(np.int64), "instructions")
+        return LaneCells(t0, t1, buckets, schema.empty_table(), empty, empty, empty.astype(np.int64),
+                         "instructions")
     width = (t1 - t0) / buckets
     meta = p.metadata()
     base, top = int(meta.get("lod_base_level", 0)), int(meta.get("lod_top_level", 0))
@@ -129,8 +133,10 @@ def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_que
                   f"WHERE level = $top {where} ORDER BY ALL", {**params, "top": top})
     if level is not None:
         # a pyramid bucket is clipped to the trace's extent first: no busy time lies outside it
-        params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level, tlo=rng[0], thi=rng[1])
-        rows = p.sql(f"SELECT {key} AS h, greatest(bucket * $bw, $tlo) AS s, least((bucket + 1) * $bw, $thi) AS e, "
+        params.update(lvl=level, bw=1 << level, blo=t0 >> level, bhi=(t1 - 1) >> level,
+                      tlo=rng[0], thi=rng[1])
+        rows = p.sql(f"SELECT {key} AS h, greatest(bucket * $bw, $tlo) AS s, "
+                     f"least((bucket + 1) * $bw, $thi) AS e, "
                      f"busy_ns AS busy, instructions AS n, -1::BIGINT AS op "
                      f"FROM lod_busy WHERE level = $lvl AND bucket BETWEEN $blo AND $bhi {where}", params)
         source = f"lod_busy level {level}"
@@ -157,7 +163,8 @@ def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_que
     cell = np.clip(np.floor(np.maximum(s, 0) / width), 0, buckets - 1).astype(np.int64)
     ok = (lane >= 0) & (e > 0) & (s < t1 - t0)
     flat = lane[ok] * buckets + cell[ok]
-    count = np.bincount(flat, weights=rows["n"].to_numpy()[ok], minlength=n_lanes * buckets).reshape(n_lanes, buckets)
+    count = np.bincount(flat, weights=rows["n"].to_numpy()[ok], minlength=n_lanes * buckets)
+    count = count.reshape(n_lanes, buckets)
     top_op = np.full(n_lanes * buckets, -1, dtype=np.int64)
     if level is None and flat.size:
         dur = rows["busy"].to_numpy()[ok]
@@ -168,12 +175,15 @@ def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_que
                      top_op.reshape(n_lanes, buckets), source)
 
 
-def utilization(p, t0=None, t1=None, buckets: int = 1000, core=None, engine=None, by_queue: bool = False) -> pa.Table:
+def utilization(p, t0=None, t1=None, buckets: int = 1000, core=None, engine=None,
+                by_queue: bool = False) -> pa.Table:
     """See :meth:`traces.query.Profile.utilization`."""
     if not isinstance(buckets, int) or buckets < 1:
         raise TraceError(f"buckets must be a positive integer, not {buckets!r}")
     rng = p.trace_range()
-    schema = UTILIZATION_SCHEMA if not by_queue else UTILIZATION_SCHEMA.insert(5, pa.field("queue", pa.string()))
+    schema = UTILIZATION_SCHEMA
+    if by_queue:
+        schema = schema.insert(5, pa.field("queue", pa.string()))
     if rng is None:
         return schema.empty_table()
     t0 = rng[0] if t0 is None else int(t0)
@@ -214,7 +224,8 @@ def window_instructions(p, t0: int, t1: int, limit: int) -> pa.Table:
     cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
     return p.sql(f"""SELECT start_ns, dur_ns, core, engine, queue, opcode, op_id, pc, flops, bytes_read,
                             bytes_written, sem_wait_ns
-                     FROM instructions WHERE {cond} ORDER BY start_ns LIMIT $limit""", {**params, "limit": int(limit)})
+                     FROM instructions WHERE {cond} ORDER BY start_ns LIMIT $limit""",
+                 {**params, "limit": int(limit)})
 
 
 def selected_counts(p, t0: int, t1: int, buckets: int, op_ids) -> pa.Table:
@@ -245,7 +256,8 @@ def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
         FROM executions e LEFT JOIN graphs g USING (graph_id)
         WHERE e.start_ns < $t1 AND e.end_ns > $t0 ORDER BY e.end_ns - e.start_ns DESC LIMIT $cap""", params)
     ev = p.sql("""
-        SELECT kind, ts_ns AS start_ns, greatest(coalesce(dur_ns, 0), 0) AS dur, op_id, graph_id, source_id, detail
+        SELECT kind, ts_ns AS start_ns, greatest(coalesce(dur_ns, 0), 0) AS dur, op_id, graph_id, source_id,
+               detail
         FROM events
         WHERE kind IN ('compile', 'recompile', 'cache_hit', 'cpu_fallback', 'host_transfer')
           AND ts_ns < $t1 AND ts_ns + greatest(coalesce(dur_ns, 0), 0) >= $t0
@@ -267,14 +279,17 @@ def range_by_lane(p, t0: int, t1: int) -> pa.Table:
     """Busy ns (clipped to ``[t0, t1)``) and instruction count per core × engine × DMA queue."""
     cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
     return p.sql(f"""SELECT core, engine, CASE WHEN engine = 'dma' THEN queue END AS queue,
-                            CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT) AS busy_ns,
+                            CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT)
+                                AS busy_ns,
                             count(*) AS instructions
-                     FROM instructions WHERE {cond} GROUP BY ALL ORDER BY busy_ns DESC, core, engine, queue""", params)
+                     FROM instructions WHERE {cond} GROUP BY ALL
+                     ORDER BY busy_ns DESC, core, engine, queue""", params)
 
 
 def range_by_op(p, t0: int, t1: int) -> pa.Table:
     """Busy ns (clipped to ``[t0, t1)``) and instruction count per op."""
     cond, params = _window(t0, t1, p.timeline_bounds().max_dur)
-    return p.sql(f"""SELECT op_id, CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT)
-                            AS busy_ns, count(*) AS instructions
+    return p.sql(f"""SELECT op_id,
+                            CAST(sum(least(start_ns + dur_ns, $t1) - greatest(start_ns, $t0)) AS BIGINT) AS busy_ns,
+                            count(*) AS instructions
                      FROM instructions WHERE {cond} GROUP BY ALL ORDER BY busy_ns DESC""", params)
