@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from traces.errors import TraceError
 from traces.store import DEVICE_NS_SQL
 from traces.vocab import MONITOR_ENGINES, busy_column
@@ -77,44 +79,85 @@ def span(p) -> tuple[int, int]:
     return int(row["t0"]), int(row["t1"])
 
 
-_ENGINE_COLS = ", ".join(f"coalesce({busy_column(e)}, 0) AS {e}" for e in MONITOR_ENGINES)
-_ENGINE_SUMS = ", ".join(f"sum({e} * ov / dev) AS {e}" for e in MONITOR_ENGINES)
-# Executions overlapping [t0, t1): the device-busy part [start, start + device time] inside the
-# window, and the FLOPs and each engine's busy time scaled by the same share.
-_BUSY_SQL = f"""
-WITH d AS (SELECT *, {DEVICE_NS_SQL} AS dev FROM executions),
-w AS (
-  SELECT run_id, core, flops, dev,
-         greatest(0, least(start_ns + dev, $t1) - greatest(start_ns, $t0))::DOUBLE AS ov, {_ENGINE_COLS}
-  FROM d WHERE start_ns < $t1 AND start_ns + dev > $t0 AND dev > 0
-)
-SELECT run_id, core, sum(ov) AS busy_ns, sum(coalesce(flops, 0) * ov / dev) AS flops, {_ENGINE_SUMS}
-FROM w GROUP BY run_id, core ORDER BY run_id, core
-"""
+class _Recorded:
+    """What a replay reads, loaded once (small tables: executions, counted events, memory, loads) and
+    sorted by time, so each window is a few ``searchsorted`` calls instead of six queries."""
 
-_QUANTILES = [q for _, q in PERCENTILES]
+    def __init__(self, p):
+        engines = ", ".join(f"coalesce({busy_column(e)}, 0)::DOUBLE AS {e}" for e in MONITOR_ENGINES)
+        ex = p.sql(f"""SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
+                              coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status, {engines}
+                       FROM executions ORDER BY start_ns""").to_pylist()
+        self.execs = ex
+        self.start = np.array([r["start_ns"] for r in ex], dtype=np.int64)
+        self.max_dev = max((r["dev"] or 0 for r in ex), default=0)
+        by_end = sorted(ex, key=lambda r: r["end_ns"])
+        self.by_end = by_end
+        self.end = np.array([r["end_ns"] for r in by_end], dtype=np.int64)
+        # the source of an event as neuron-top shows it: file:line
+        self.events = p.sql("""
+            SELECT e.run_id, e.kind, e.ts_ns, e.detail,
+                   CASE WHEN s.file IS NULL THEN NULL ELSE s.file || ':' || s.line END AS source
+            FROM events e LEFT JOIN sources s USING (source_id)
+            WHERE list_contains($kinds, e.kind) ORDER BY e.ts_ns""", {"kinds": list(COUNTED_EVENTS)}).to_pylist()
+        self.event_ts = np.array([r["ts_ns"] for r in self.events], dtype=np.int64)
+        self.memory = p.sql("""SELECT run_id, core, location, category, bytes, ts_ns FROM memory
+                               WHERE ts_ns IS NOT NULL ORDER BY ts_ns""").to_pylist()
+        self.memory_ts = np.array([r["ts_ns"] for r in self.memory], dtype=np.int64)
+        self.loads = p.sql("""SELECT run_id, core, graph_id, detail, ts_ns FROM events
+                              WHERE kind = 'load' AND ts_ns IS NOT NULL ORDER BY ts_ns""").to_pylist()
+        self.load_ts = np.array([r["ts_ns"] for r in self.loads], dtype=np.int64)
+
+
+def _recorded(p) -> _Recorded:
+    cached = getattr(p, "_replay_recorded", None)
+    if cached is None:
+        cached = p._replay_recorded = _Recorded(p)
+    return cached
 
 
 def window(p, t0: int, t1: int) -> ReplayWindow:
     """See :meth:`traces.query.Profile.replay_window`."""
-    params = {"t0": int(t0), "t1": int(t1)}
-    busy = p.sql(_BUSY_SQL, params).to_pylist()
-    finished = p.sql("""SELECT run_id, coalesce(status, 'completed') AS status, count(*) AS n
-                        FROM executions WHERE end_ns >= $t0 AND end_ns < $t1 GROUP BY ALL""",
-                     params).to_pylist()
-    latency = {r["run_id"]: r for r in p.sql(f"""
-        SELECT run_id, quantile_cont((end_ns - start_ns) / 1e9, {_QUANTILES}) AS total_latency,
-               quantile_cont({DEVICE_NS_SQL} / 1e9, {_QUANTILES}) AS device_latency
-        FROM executions WHERE end_ns >= $t0 AND end_ns < $t1 GROUP BY run_id""", params).to_pylist()}
-    events = p.sql("""
-        SELECT e.run_id, e.kind, count(*) FILTER (WHERE e.ts_ns >= $t0) AS recent,
-               arg_max(e.detail, e.ts_ns) AS detail,
-               arg_max(CASE WHEN s.file IS NULL THEN NULL ELSE s.file || ':' || s.line END, e.ts_ns) AS source
-        FROM events e LEFT JOIN sources s USING (source_id)
-        WHERE e.ts_ns < $t1 AND list_contains($kinds, e.kind) GROUP BY ALL""",
-                   {**params, "kinds": list(COUNTED_EVENTS)}).to_pylist()
-    memory = p.sql("""SELECT run_id, core, location, category, arg_max(bytes, ts_ns) AS bytes
-                      FROM memory WHERE ts_ns < $t1 GROUP BY ALL""", {"t1": int(t1)}).to_pylist()
-    loads = p.sql("""SELECT run_id, core, graph_id, detail, ts_ns FROM events
-                     WHERE kind = 'load' AND ts_ns < $t1 ORDER BY ts_ns""", {"t1": int(t1)}).to_pylist()
-    return ReplayWindow(int(t0), int(t1), busy, finished, latency, events, memory, loads)
+    d, t0, t1 = _recorded(p), int(t0), int(t1)
+    # executions overlapping [t0, t1): the device-busy part [start, start + device time] inside the
+    # window, and the FLOPs and each engine's busy time scaled by the same share
+    busy: dict[tuple, dict] = {}
+    lo, hi = np.searchsorted(d.start, t0 - d.max_dev, "left"), np.searchsorted(d.start, t1, "left")
+    for r in d.execs[lo:hi]:
+        dev = r["dev"] or 0
+        ov = float(max(0, min(r["start_ns"] + dev, t1) - max(r["start_ns"], t0)))
+        if dev <= 0 or r["start_ns"] + dev <= t0:
+            continue
+        row = busy.setdefault((r["run_id"], r["core"]), {"run_id": r["run_id"], "core": r["core"], "busy_ns": 0.0,
+                                                         "flops": 0.0, **dict.fromkeys(MONITOR_ENGINES, 0.0)})
+        share = ov / dev
+        row["busy_ns"] += ov
+        row["flops"] += r["flops"] * share
+        for e in MONITOR_ENGINES:
+            row[e] += r[e] * share
+    ended = d.by_end[np.searchsorted(d.end, t0, "left"):np.searchsorted(d.end, t1, "left")]
+    finished: dict[tuple, int] = {}
+    per_run: dict[str, list] = {}
+    for r in ended:
+        finished[(r["run_id"], r["status"])] = finished.get((r["run_id"], r["status"]), 0) + 1
+        per_run.setdefault(r["run_id"], []).append(r)
+    quantiles = [q for _, q in PERCENTILES]   # linear interpolation, as SQL's quantile_cont
+    latency = {run: {"run_id": run,
+                     "total_latency": np.quantile([(r["end_ns"] - r["start_ns"]) / 1e9 for r in rs], quantiles).tolist(),
+                     "device_latency": np.quantile([(r["dev"] or 0) / 1e9 for r in rs], quantiles).tolist()}
+               for run, rs in per_run.items()}
+    events: dict[tuple, dict] = {}
+    for r in d.events[:np.searchsorted(d.event_ts, t1, "left")]:   # in time order: the last one wins
+        row = events.setdefault((r["run_id"], r["kind"]), {"run_id": r["run_id"], "kind": r["kind"], "recent": 0,
+                                                           "detail": None, "source": None})
+        row["recent"] += r["ts_ns"] >= t0
+        row["detail"] = r["detail"] if r["detail"] is not None else row["detail"]
+        row["source"] = r["source"] if r["source"] is not None else row["source"]
+    memory: dict[tuple, dict] = {}
+    for r in d.memory[:np.searchsorted(d.memory_ts, t1, "left")]:  # the last sample of each category
+        if r["bytes"] is not None:
+            memory[(r["run_id"], r["core"], r["location"], r["category"])] = r
+    loads = d.loads[:np.searchsorted(d.load_ts, t1, "left")]
+    return ReplayWindow(t0, t1, sorted(busy.values(), key=lambda r: (r["run_id"], r["core"] is None, r["core"])),
+                        [{"run_id": k[0], "status": k[1], "n": n} for k, n in finished.items()], latency,
+                        list(events.values()), list(memory.values()), list(loads))
