@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from neuron_stack.compiler import hooks
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
 from neuron_stack.compiler.support import PartitionerConfig, analyze, check_partitioner_config, support_report
@@ -36,14 +35,14 @@ from neuron_stack.isa.neff import load as load_neff
 from neuron_stack.runtime.cores import CoreAllocationError
 from neuron_stack.runtime.errors import OutOfDeviceMemory
 from neuron_stack.runtime.model import LoadedModel
-from neuron_stack.tools.parallel_compile import COLLECTOR
+from neuron_stack.tools.parallel_compile import install_collector
 from traces import TraceError
 
 __all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "caller_source"]
 
 # neuron_parallel_compile's collect run (NEURON_EXTRACT_GRAPHS_ONLY=1 in the environment of the
 # script it runs) records every graph compiled in this process; the compiler only sees the hook.
-hooks.set_graph_recorder(COLLECTOR)
+install_collector()
 
 
 def caller_source() -> Source | None:

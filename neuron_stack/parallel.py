@@ -20,18 +20,16 @@ torch.Size([4, 4])
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-import pyarrow as pa
 import torch
+from torch.utils import _pytree as pytree
 
 from neuron_stack.api import trace
 from neuron_stack.device import clock
 from neuron_stack.runtime import cores as _cores
-from neuron_stack.runtime.collectives import Group, Plan, record_collective
+from neuron_stack.runtime.collectives import Group, record_collective
 from neuron_stack.runtime.collectives import plan as plan_collective
 from neuron_stack.runtime.model import LoadedModel
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
@@ -159,7 +157,6 @@ class DataParallel(torch.nn.Module):
         _set_clock(max(ends))
         merged = [torch.cat([o[i] for o in outs], dim=self.dim) for i in range(len(outs[0]))]
         if self._out_spec is not None:
-            from torch.utils import _pytree as pytree
             return pytree.tree_unflatten(merged, self._out_spec)
         return merged[0] if len(merged) == 1 else tuple(merged)
 

@@ -37,7 +37,7 @@ def test_execution_row_spreads_busy_time_and_keeps_host_time_out():
 
 def test_a_misspelt_field_fails_where_the_row_is_built_and_the_writer_refuses_unknown_columns():
     with pytest.raises(TypeError):
-        EventRow(ts_ns=1, wall_ns=1, run_id="r", kind="load", graphid=3)   # noqa: the typo under test
+        EventRow(ts_ns=1, wall_ns=1, run_id="r", kind="load", graphid=3)   # the typo under test
     cols = EXAMPLES[2].columns() | {"graphid": [3]}
     with pytest.raises(traces.TraceError, match="no column 'graphid'"):
         to_table("events", cols)

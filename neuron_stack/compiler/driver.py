@@ -33,6 +33,7 @@ from neuron_stack.frontend.export import file_texts, sources_in
 from neuron_stack.frontend.flags import command_line, compiler_flags, flags_hash
 from neuron_stack.ir import Program
 from neuron_stack.isa.neff import Neff, PartitionSchedule
+from traces.vocab import FALLBACK_PLACEMENT
 
 #: Bytes of device instruction memory per instruction ("model_code" in the memory accounting).
 INSTRUCTION_BYTES = 64
@@ -151,7 +152,7 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     timing = "roofline" if "roofline" in timings else "instruction"
     memory = memory_plan(program)
     memory["model_code"] = instructions * INSTRUCTION_BYTES
-    fallbacks = [n for n in program.nodes if n.placement == "cpu_fallback" and n.is_compute]
+    fallbacks = [n for n in program.nodes if n.placement == FALLBACK_PLACEMENT and n.is_compute]
     program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions, "support": natural,
                      "num_ops": sum(n.is_compute for n in program.nodes),
                      "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),

@@ -14,8 +14,8 @@ epilogue on the Scalar/Vector engine instead of a round trip through HBM).
 """
 from __future__ import annotations
 
-from neuron_stack.ir import Program
 from neuron_stack.compiler.partition import refs
+from neuron_stack.ir import Program
 
 _FUSABLE = ("elementwise", "activation")
 _HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")

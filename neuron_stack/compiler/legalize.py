@@ -14,8 +14,9 @@ dimension anywhere in a node's inputs or outputs) and boolean-mask indexing are 
 """
 from __future__ import annotations
 
-from neuron_stack.ir import Node, Program, TensorSpec
 from neuron_stack.compiler.operators import BOOL_INDEX_REASON, lookup, packet
+from neuron_stack.ir import Node, Program, TensorSpec
+from traces.vocab import FALLBACK_PLACEMENT
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
                "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "float8_e4m3fn": 1}
@@ -77,7 +78,7 @@ def legalize(program: Program, partitioner_config=None) -> Program:
         elif op_class != "cpu" and packet(n.target) == "aten.index" and _bool_index(n, program):
             op_class, reason = "cpu", BOOL_INDEX_REASON
         n.op_class = op_class
-        n.placement = "cpu_fallback" if op_class == "cpu" else "device"
+        n.placement = FALLBACK_PLACEMENT if op_class == "cpu" else "device"
         n.fallback_reason = reason
         n.flops = _flops(n)
         n.bytes = sum(nbytes(s) for s in n.inputs) + sum(nbytes(s) for s in n.outputs)

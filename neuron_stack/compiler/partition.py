@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from neuron_stack.ir import Partition, Program, Transfer
 from neuron_stack.compiler.legalize import nbytes
+from neuron_stack.ir import Partition, Program, Transfer
+from traces.vocab import FALLBACK_PLACEMENT
 
 
 def refs(value: Any) -> Iterator[str]:
@@ -47,7 +48,7 @@ def partition(program: Program) -> Program:
     for n in program.nodes:
         if not n.is_op:
             continue
-        kind = "cpu" if n.placement == "cpu_fallback" else "device"
+        kind = "cpu" if n.placement == FALLBACK_PLACEMENT else "device"
         if n.op_class == "view" and cuts:
             kind = cuts[-1][0]                 # metadata-only ops never open a partition
         if not cuts or cuts[-1][0] != kind:

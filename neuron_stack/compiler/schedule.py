@@ -23,6 +23,7 @@ True
 """
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from dataclasses import dataclass, field
@@ -30,14 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from neuron_stack.compiler.lower import lower
+from neuron_stack.compiler.lower.tiles import Instr, Lowered
 from neuron_stack.device.cost import throttle_factor
 from neuron_stack.device.profiles import DeviceProfile, get_profile
 from neuron_stack.ir import Program
 from neuron_stack.isa.instructions import dma_queue_name
-from neuron_stack.compiler.lower import lower
-from neuron_stack.compiler.lower.tiles import Instr, Lowered
+from traces.vocab import ENGINE_LABELS, ENGINES
 
-ENGINE_NAMES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc", "cpu")
 SPILL_QUEUES = 2
 
 TABLE_SCHEMA = pa.schema([
@@ -121,8 +122,6 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     fills an engine's idle time, as the compiler's scheduler reorders each engine's stream; the
     Tensor Engine keeps program order (LDWEIGHTS/MATMUL pairs share the PE array).
     """
-    import heapq
-
     instrs = low.instrs
     n = len(instrs)
     # dependency graph; one zero-time barrier node per HBM tensor ("every writer done")
@@ -167,8 +166,6 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     io_free = [0] * profile.dma_engines_per_core
     spill_free = [0] * SPILL_QUEUES
     ramp_start, last_tensor_end = 0, -10**18
-    names = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
-             "cc": "CC-core"}
 
     def est(i: int) -> int:
         ins = instrs[i]
@@ -207,7 +204,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
             free[ins.engine] = s + d_ns
             if ins.engine == "tensor":
                 last_tensor_end = s + d_ns
-            queue[i] = names.get(ins.engine, ins.engine)
+            queue[i] = ENGINE_LABELS[ins.engine]     # an in-order engine's queue is its track
         start[i], dur[i] = s, d_ns
         wait[i] = r - qfree if r > qfree else 0
         done += 1
@@ -259,7 +256,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
     }, schema=TABLE_SCHEMA)
     eng = np.array(engines, dtype=object)
     busy, active = {}, {}
-    for e in ENGINE_NAMES:
+    for e in ENGINES:
         m = eng == e
         busy[e] = int(dur[m].sum()) if n else 0
         active[e] = _union_ns(start[m], dur[m])

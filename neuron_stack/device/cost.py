@@ -15,7 +15,6 @@ formula with its source. Costs are in nanoseconds on the projected (simulated de
 """
 from __future__ import annotations
 
-
 from neuron_stack.device.profiles import DeviceProfile
 
 _LOW_PRECISION = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")

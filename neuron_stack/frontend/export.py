@@ -22,10 +22,15 @@ import os
 import re
 import sysconfig
 import traceback
+import warnings
 from typing import Any
 
 import torch
 import torch.fx
+import torch.fx.proxy as proxy
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import uninteresting_files
+from torch.utils import _pytree as pytree
 
 from neuron_stack.ir import Node, Program, Source, TensorSpec
 
@@ -61,12 +66,9 @@ def user_frame(stack_trace: str | None) -> Source | None:
 @contextlib.contextmanager
 def _full_stack_traces():
     """Keep every frame from the first ``forward`` inward while non-strict export records stacks."""
-    import torch.fx.proxy as proxy
-
     original = proxy.TracerBase._filter_traceback_frames
 
     def keep_all(self, summary):
-        from torch.fx.experimental.symbolic_shapes import uninteresting_files
         skip = uninteresting_files()
         frames = [f for f in summary if f.filename not in skip]
         first = next((i for i, f in enumerate(frames) if f.name == "forward"), None)
@@ -228,7 +230,6 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
     Returns the decomposed ``ExportedProgram``. Raises :class:`CaptureError` with the export
     failure's first line. Example: ``ep = export(model, (x,))``.
     """
-    import warnings
     with _full_stack_traces(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -261,9 +262,6 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
 
     Example: ``from_exported(torch.export.load("model.pt2"), "model")``.
     """
-    from torch.export.graph_signature import InputKind, OutputKind
-    from torch.utils import _pytree as pytree
-
     if decompose:
         with _full_stack_traces():
             ep = ep.run_decompositions()

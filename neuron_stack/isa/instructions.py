@@ -72,11 +72,6 @@ ACT_FUNCS = ("copy", "identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid",
 #: Reduction operators of REDUCE / ACTIVATE accumulate.
 REDUCE_OPS = ("add", "max", "min", "multiply", "logical_or", "logical_and")
 
-#: Engines that run in-order instruction streams, and the trace track names of reference §3.5.
-TRACKS = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "sync": "Sync",
-          "cc": "CC-core"}
-
-
 def dma_queue_name(idx: int, purpose: str = "IO", trigger: str = "Sync") -> str:
     """Queue names as the profiler spells them: ``q<TriggerEngine><Purpose><idx>``.
 

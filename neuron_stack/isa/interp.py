@@ -28,6 +28,7 @@ import json
 from typing import Any
 
 import numpy as np
+import torch
 
 from neuron_stack.ir import Partition, Program
 
@@ -40,15 +41,9 @@ class InterpError(RuntimeError):
     """An instruction the interpreter cannot execute (names the instruction)."""
 
 
-def _torch():
-    import torch
-    return torch
-
-
 def _round(dt: str, a: np.ndarray) -> np.ndarray:
     """Round fp32 values to the storage precision of ``dt`` (bf16/fp16), keeping fp32 storage."""
     if dt in ("bfloat16", "float16"):
-        torch = _torch()
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         return t.to(getattr(torch, dt)).to(torch.float32).numpy()
     return a
@@ -125,7 +120,6 @@ def _p2(a: np.ndarray) -> np.ndarray:
 # ALU and activation semantics (the Vector/Scalar function tables)
 
 def _alu(op: str, a, b):
-    torch = _torch()
     fns = {
         "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
         "maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow, "mod": torch.remainder,
@@ -147,7 +141,6 @@ def _alu(op: str, a, b):
 
 
 def _act(func: str, x):
-    torch = _torch()
     F = torch.nn.functional
     fns = {
         "copy": lambda t: t, "identity": lambda t: t, "relu": torch.relu, "gelu": F.gelu,
@@ -164,11 +157,10 @@ def _act(func: str, x):
 
 
 def _t(a: np.ndarray):
-    return _torch().from_numpy(np.ascontiguousarray(a))
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def _aten_call(target: str, template, kwargs, tensors: list):
-    torch = _torch()
     parts = target.split(".")
     op = getattr(getattr(torch.ops.aten, parts[1]), parts[2] if len(parts) > 2 else "default")
 
@@ -264,7 +256,7 @@ class Machine:
         x = _t(_p2(self.mem.read(o["src"][0])))
         op = o["op"]
         if op == "add":
-            r = x.sum(dim=1, keepdim=True, dtype=_torch().float32 if x.is_floating_point() or x.dtype == _torch().bool else None)
+            r = x.sum(dim=1, keepdim=True, dtype=torch.float32 if x.is_floating_point() or x.dtype == torch.bool else None)
         elif op == "max":
             r = x.amax(dim=1, keepdim=True)
         elif op == "min":
@@ -321,7 +313,7 @@ class Machine:
             res = _aten_call(o["aten"], o["args"], o.get("kwargs"), [_t(_p2(s)) for s in srcs])
             y = res
         else:
-            x = _t(_p2(srcs[0])).to(_torch().float32)
+            x = _t(_p2(srcs[0])).to(torch.float32)
             scale, bias = _scalar(o, "scale", srcs), _scalar(o, "bias", srcs)
             if not (isinstance(scale, (int, float)) and scale == 1):
                 x = x * scale
@@ -351,7 +343,6 @@ class Machine:
         self.mem.write(o["dst"][0], np.where(cmp(expr, 0), o["on_true"], o["on_false"]))
 
     def op_CUSTOM_OP(self, o):
-        torch = _torch()
         tensors = []
         for s in o["src"]:
             op = {"m": "hbm", "b": s["b"], "dt": s["dt"], "o": s["o"],
@@ -449,7 +440,6 @@ def _flat_names(o) -> list[str]:
 
 
 def _eager(n, env, program):
-    torch = _torch()
     consts = {x.name: x.args[0] for x in program.nodes if x.target == "get_attr"}
 
     def sub(a):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
+import torch
 
 from neuron_stack.ir import Program
 
@@ -106,7 +107,6 @@ def _table_bytes(table: pa.Table) -> bytes:
 
 
 def _constants_bytes(constants: dict) -> bytes:
-    import torch
     buf = io.BytesIO()
     torch.save({k: v.contiguous() for k, v in constants.items()}, buf)
     return buf.getvalue()
@@ -194,8 +194,6 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
 
     Example: ``neff = load("model.neff", target="trn1")``.
     """
-    import torch
-
     path = Path(path)
     header = read_header(path)
     if target is not None and header.get("target") != target:

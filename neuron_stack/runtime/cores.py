@@ -27,7 +27,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
+
+import psutil
 
 from neuron_stack.device.profiles import DeviceProfile, get_profile
 
@@ -57,7 +60,6 @@ class CoreAllocationError(RuntimeError):
 def runtime_version() -> str:
     """The version neuron-ls shows in RUNTIME VERSION (this package's version)."""
     try:
-        from importlib.metadata import version
         return version("neuron-stack")
     except Exception:  # running from a source tree without metadata
         return "0.0.0"
@@ -185,7 +187,6 @@ def runtime_dir(instance: Instance) -> Path:
 # -- holder records ---------------------------------------------------------------------------
 
 def _proc_start(pid: int) -> float | None:
-    import psutil
     try:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
@@ -243,7 +244,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _record(core: int) -> dict:
-    import psutil
     me = psutil.Process()
     return {"core": core, "pid": os.getpid(), "create_time": me.create_time(),
             "command": " ".join(" ".join(me.cmdline()).split()) or sys.executable,  # one line

@@ -34,8 +34,6 @@ def resolve_target(name: str):
     if mod in ("operator", "_operator"):
         return getattr(operator, attr)
     if mod in ("math", "builtins"):
-        import builtins
-        import math
         return getattr(math if mod == "math" else builtins, attr)
     parts = name.split(".")
     if len(parts) >= 2 and hasattr(torch.ops, parts[0]):

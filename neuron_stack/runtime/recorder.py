@@ -25,6 +25,7 @@ from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
 from traces.ids import new_id, stable_id
 from traces.schema import SCHEMA_VERSION
+from traces.vocab import FALLBACK_PLACEMENT
 
 
 class Recorder:
@@ -175,7 +176,7 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
         rec.event("recompile", ts_ns=now, graph_id=model.graph_id, source_id=source_id(call_site),
                   reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])
     for n in ops:
-        if n.placement == "cpu_fallback":
+        if n.placement == FALLBACK_PLACEMENT:
             rec.event("cpu_fallback", ts_ns=now, graph_id=model.graph_id, op_id=model.op_ids[n.name],
                       source_id=source_id(n.source), op=n.target, reason=n.fallback_reason)
     if history:

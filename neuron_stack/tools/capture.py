@@ -27,6 +27,9 @@ import json
 import sys
 from pathlib import Path
 
+# torch and the runtime are imported inside the functions that use them: a missing or damaged
+# NEFF is reported (from its header) before paying for torch's import.
+
 PROG = "neuron-explorer capture"
 
 
@@ -214,7 +217,7 @@ def run(argv: list[str]) -> int:
     if zero_filled:
         print(f"capture: zero-filled inputs: {_describe({n: specs[n] for n in zero_filled})}")
     if args.profile_nth_exec:
-        n = sum(p["sched"]["table"].num_rows for p in model.parts if p["sched"])
+        n = sum(p.sched.table.num_rows for p in model.parts if p.sched)
         print(f"capture: instructions recorded for execution {args.profile_nth_exec} ({n} device instructions)")
     else:
         print("capture: device profile disabled (--profile-nth-exec 0); executions recorded")

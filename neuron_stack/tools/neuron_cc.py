@@ -25,6 +25,9 @@ from pathlib import Path
 
 from traces.errors import run_guarded
 
+# torch and the compiler are imported inside the verbs that use them, so a bad command line or
+# --help answers at once instead of after torch's import (seconds on a loaded machine).
+
 PROG = "neuron-cc"
 
 
@@ -142,10 +145,12 @@ def load_spec(spec: str, shapes: list[str] | None):
 
 
 def _compile(args) -> int:
-    from neuron_stack.compiler.support import PartitionerConfig
     from neuron_stack.compiler.driver import compile_program
+    from neuron_stack.compiler.support import PartitionerConfig
     from neuron_stack.frontend.flags import parse_flags
+    from neuron_stack.tools.parallel_compile import install_collector
 
+    install_collector()          # inside neuron_parallel_compile's collect run, record instead
     cli = []
     for flag in ("target", "optlevel", "auto_cast", "auto_cast_type", "model_type", "verbose"):
         v = getattr(args, flag)

@@ -17,7 +17,10 @@ import json
 import os
 import sys
 
+import psutil
+
 from neuron_stack.runtime import cores as _cores
+from traces.errors import run_guarded
 
 # Tools that open the device without the runtime: listed by -a with RUNTIME VERSION "NA".
 NON_RUNTIME_TOOLS = ("neuron-ls", "neuron-monitor", "neuron-monitor-prometheus", "neuron-top", "neuron-explorer")
@@ -42,7 +45,6 @@ def _truncate(text: str, width: int) -> str:
 
 def _tool_processes() -> list[dict]:
     """Running neuron tools that are not runtime users (for ``-a``), this neuron-ls included."""
-    import psutil
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         argv = p.info["cmdline"] or []
@@ -168,7 +170,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``neuron-ls``."""
-    from traces.errors import run_guarded
     args = _parser().parse_args(argv)
 
     def body() -> int:

@@ -45,7 +45,9 @@ import uuid
 from collections import deque
 from pathlib import Path
 
-# torch and the compiler are imported inside the functions that need them: `clean`, `clear-locks`
+from neuron_stack.compiler import hooks
+
+# torch and the rest of the compiler are imported inside the functions that need them: `clean`, `clear-locks`
 # and the collect parent (which only runs the user's script) start without paying for torch.
 
 PROG = "neuron_parallel_compile"
@@ -104,7 +106,7 @@ def collected(gdir: Path) -> list[Path]:
 class CollectRecorder:
     """The compiler's graph recorder (:mod:`neuron_stack.compiler.hooks`) for collect runs: active
     while ``NEURON_EXTRACT_GRAPHS_ONLY`` is on (read at every compile), records with
-    :func:`record_graph`. The public facade (``neuron_stack.api``) installs :data:`COLLECTOR`."""
+    :func:`record_graph`. Installed by :func:`install_collector`."""
 
     def active(self) -> bool:
         return extract_only()
@@ -114,6 +116,13 @@ class CollectRecorder:
 
 
 COLLECTOR = CollectRecorder()
+
+
+def install_collector() -> None:
+    """Make every compile in this process go through :data:`COLLECTOR` (a no-op unless
+    ``NEURON_EXTRACT_GRAPHS_ONLY`` is on when a graph is compiled). Called by the public API
+    and ``neuron-cc compile``: the compiler itself never imports this tool."""
+    hooks.set_graph_recorder(COLLECTOR)
 
 
 def record_graph(program, flags: dict, partitioner_config, graph_hash: str) -> Path:
@@ -341,9 +350,9 @@ def analyze(gdirs: list[Path], verbosity: int) -> dict:
     summed over graphs, plus one row per graph). ``verbosity`` 2 adds each unsupported op's call site."""
     from types import SimpleNamespace
 
+    from neuron_stack.compiler.legalize import aten_name, legalize
     from neuron_stack.compiler.version import compiler_version, stack_version
     from neuron_stack.ir import Program
-    from neuron_stack.compiler.legalize import aten_name, legalize
 
     supported: dict[str, int] = {}
     unsupported: list[dict] = []

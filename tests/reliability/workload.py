@@ -35,7 +35,7 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(w, 2 * w), torch.nn.ReLU(), torch.nn.Linear(2 * w, w)).eval()
     x = torch.randn(4, w)
     nm = neuron_stack.trace(model, x)
-    per_exec = sum(s["table"].num_rows for s in nm.neff.schedules.values())
+    per_exec = sum(s.table.num_rows for s in nm.neff.schedules.values())
     out = sys.stdout
     out.write(f"ready {nm.model.core} {per_exec} {os.getpid()}\n")
     out.flush()

@@ -22,12 +22,14 @@ from neuron_stack.compiler.lower.tiles import (
     Pool,
     Tile,
     View,
+    aten_op,
     boxes,
     is_ref,
     meta_tensor,
     packet_name,
 )
 from neuron_stack.compiler.partition import refs
+from neuron_stack.device.cost import scalar_ns
 from neuron_stack.ir import Node
 
 
@@ -67,7 +69,6 @@ def _replay(low: Lowerer, path: list[Node], meta):
                 return getattr(torch, a["dtype"])
             return a
 
-        from neuron_stack.compiler.lower.lowerer import aten_op
         meta = aten_op(v.target)(*conv(v.args), **{k: conv(x) for k, x in v.kwargs.items()})
     return meta
 
@@ -261,7 +262,6 @@ def ew_step(ctx: TileCtx, n: Node, cur: Tile | None, cur_idx: int | None, views:
     srcs = [tiles[i].op() for i in tensor_args]
     attrs = {"aten": n.target, "args": _template(n.args, tiles), "kwargs": dict(n.kwargs)}
     if n.op_class == "activation":
-        from neuron_stack.device.cost import scalar_ns
         low.emit("ACTIVATE", n.name, [dst.op()], srcs, {**attrs, "func": "aten"},
                  dur=max(1, len(srcs)) * scalar_ns(low.p, dst.F), flops=elems)
     else:

@@ -48,6 +48,7 @@ from neuron_stack.compiler.lower.tiles import (
     is_ref,
     nbytes_of,
     packet_name,
+    view_operand,
 )
 from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns, vector_ns
 from neuron_stack.ir import Node
@@ -108,7 +109,6 @@ def _load_band(low: Lowerer, node: str, v: View, rbox: list, hs: int, Rin: int, 
 
 
 def _view_op(v: View, box) -> dict:
-    from neuron_stack.compiler.lower.lowerer import view_operand
     return view_operand(v, box)
 
 

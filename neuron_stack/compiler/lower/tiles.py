@@ -10,6 +10,7 @@ pools, the NeuronCore tiling limits, and the elementwise op tables (ATen packet 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +139,6 @@ def _ndindex(shape):
     if not shape:
         yield ()
         return
-    import itertools
     yield from itertools.product(*(range(n) for n in shape))
 
 
