@@ -41,14 +41,14 @@ class PartitionerConfig:
       ``additional_ignored_ops`` (left out of the share), ``max_workers`` (accepted; our analysis
       is one pass). ``trace_kwargs``: ``compiler_args`` / ``compiler_workdir`` for the trace.
     A fully supported model with nothing forced is one graph and skips the checks, as in torch_neuronx.
-    Any violation raises :class:`~neuron_stack.compiler.partition.PartitionerError` (a ValueError), one line.
+    Any violation raises :class:`PartitionerError` (a ValueError), one line.
 
     >>> PartitionerConfig(ops_to_partition={"aten::sort"}, max_subgraph_count=3).min_subgraph_size
     -1
     >>> PartitionerConfig(min_subgraph_size=0)
     Traceback (most recent call last):
     ...
-    neuron_stack.compiler.partition.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
+    neuron_stack.compiler.support.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
     """
 
     trace_kwargs: dict | None = None

@@ -25,8 +25,8 @@ op's resident working set does not fit in SBUF, it spills to HBM and the traffic
 ['ACTIVATE', 'AFFINE_SELECT', 'DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
 
 Modules, in dependency order: ``tiles`` (instructions, views, tiles, pools, limits) ->
-``resident`` (SBUF residency) -> ``registry`` (op -> lowering table) -> ``lowerer`` (the per-partition
-state and driver) -> ``common`` -> the op lowerings, each registering itself: ``custom`` (the
+``resident`` (SBUF residency data) -> ``registry`` (op -> lowering table) -> ``residency`` +
+``lowerer`` (the per-partition state and driver) -> ``common`` -> the op lowerings, each registering itself: ``custom`` (the
 GpSimd fallback), ``chain`` (elementwise and fused epilogues), ``matmul``, ``conv`` (convolution,
 pooling, batch norm), ``rowwise``, ``data``; ``constants`` lays weights out before lowering.
 """

@@ -3,8 +3,8 @@ buffers (:class:`View`: a meta tensor carries shape/stride/offset, so torch's ow
 decide what is a view and what needs a copy), access patterns, SBUF/PSUM tiles and their rotating
 pools, the NeuronCore tiling limits, and the elementwise op tables (ATen packet -> engine op).
 
->>> [len(b) for b in boxes((300, 64), 128)]
-[1, 1, 1]
+>>> [b[0] for b in boxes((300, 64), 128 * 64)]       # row ranges of tiles of at most 128 x 64 elements
+[(0, 128), (128, 128), (256, 44)]
 >>> view_operand(View("x", "float32", meta_tensor((4, 8))))["ap"]
 [[1, 32]]
 """
