@@ -51,8 +51,9 @@ def host_starved(L, rule) -> list[Finding]:
         a, b = gap["prev_end"] - t0, gap["start_ns"] - t0
         pad = max((b - a) // 10, 1)
         query = {"start": max(a - pad, 0), "end": b + pad}
-    idle = s["span_ns"] * max(s["cores"], 1) - s["device_ns"]
     host = L.profile.compiles_between()
+    # the idle time not already a finding of its own (CPU fallbacks, compiles): ranked by what is left
+    idle = max(s["span_ns"] * max(s["cores"], 1) - s["device_ns"] - s["cpu_fallback_ns"] - host["compile_ns"], 0)
     # Name what filled the idle time, so the fix is obvious: compiles and fallbacks first.
     parts = []
     if host["compiles"]:
