@@ -180,7 +180,7 @@ def summary(L: Loaded) -> dict:
             "timing_model": md.get("timing_model", ""), "auto_cast": md.get("auto_cast", ""),
             "figures": f,
             "executions": f.executions, "warmup_executions": f.warmup_executions, "cores": f.cores,
-            "total_time": f.device_ns / 1e9, "device_ns": f.device_ns, "span_ns": f.span_ns,
+            "total_time": f.device_ns / 1e9, "device_ns": f.device_ns, "step_ns": f.step_ns, "span_ns": f.span_ns,
             "device_busy_percent": f.device_busy_percent, "engines": dict(f.engine_percent),
             "model_flops": f.model_flops, "mfu_estimated_percent": f.mfu_percent,
             "hbm_read_bytes": f.hbm_read_bytes, "hbm_write_bytes": f.hbm_write_bytes,
@@ -581,7 +581,8 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
         return out[:limit]
 
     ma, mb = summary(A), summary(B)
-    keys = ("total_time", "device_ns", "mfu_estimated_percent", "hbm_read_bytes", "hbm_write_bytes",
+    keys = ("total_time", "device_ns", "cpu_fallback_ns", "step_ns", "mfu_estimated_percent", "hbm_read_bytes",
+            "hbm_write_bytes",
             "fallback_ops", "recompiles", "executions", "instructions")
     return {"a": A.key, "b": B.key, "a_path": A.path.name, "b_path": B.path.name,
             "totals": {k: {"a": ma[k], "b": mb[k], "delta": mb[k] - ma[k]} for k in keys},

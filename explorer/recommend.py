@@ -201,7 +201,7 @@ def _site_order(where: str) -> tuple:
 
 def _step_ns(L, fallback_ns: float) -> float:
     """Time of the measured executions: their device time plus the CPU fallbacks' host time, once."""
-    return data.summary(L)["device_ns"] + fallback_ns
+    return data.summary(L)["device_ns"] + fallback_ns   # the figure's step_ns, with this finding's host time
 
 
 MAX_LAYERS = 3

@@ -137,7 +137,7 @@ def _print_diff(c: dict) -> None:
     console.print(f"[bold]A[/] {c['a_path']}\n[bold]B[/] {c['b_path']}")
     t = Table("metric", "A", "B", "B - A", title="Totals")
     for k, v in c["totals"].items():
-        f = fmt_ns if k == "device_ns" else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
+        f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
         t.add_row(k, f(v["a"]), f(v["b"]), f(v["delta"]))
     console.print(t)
     for title, key in (("By source line", "line"), ("By op path", "op_path")):

@@ -28,6 +28,7 @@ class Figures:
     """The headline numbers of a profile; every tool shows these, from this one computation.
 
     ``device_ns``: device time of the measured executions summed over cores (host time excluded);
+    ``step_ns``: that plus ``fallback_host_ns`` (the executions' time with their host work counted once);
     ``device_busy_percent``: that over (first start → last end of those executions) × cores;
     ``engine_percent``: per device engine, active time over ``device_ns``; ``mfu_percent``: model
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``fallback_host_ns``: host time of
@@ -39,6 +40,7 @@ class Figures:
     warmup_executions: int
     cores: int
     device_ns: int
+    step_ns: int
     span_ns: int
     device_busy_percent: float
     engine_percent: dict
@@ -83,7 +85,7 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     graphs, hits = int(s.get("graph_count") or 0), int(s.get("cache_hit_count") or 0)
     return Figures(
         executions=int(s.get("execution_count") or 0), warmup_executions=int(ex["warmup"] or 0), cores=cores,
-        device_ns=device_ns, span_ns=span,
+        device_ns=device_ns, step_ns=device_ns + _int((s.get("cpu_fallback_time") or 0) * 1e9), span_ns=span,
         device_busy_percent=100.0 * device_ns / (span * max(cores, 1)) if span else 0.0,
         engine_percent=engines, mfu_percent=float(s.get("mfu_estimated_percent") or 0.0),
         model_flops=int(s.get("model_flops") or 0), hbm_read_bytes=int(s.get("hbm_read_bytes") or 0),
