@@ -48,7 +48,7 @@ def layout(profile=None, a=None, b=None, **_):
 
 
 def _fmt(metric, v):
-    if metric in ("device_ns",):
+    if metric.endswith("_ns"):
         return fmt_ns(v)
     if isinstance(v, float):
         return f"{v:.4g}"
