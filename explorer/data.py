@@ -545,19 +545,22 @@ def _op_path(o: dict) -> str:
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
     """Two profiles aligned by source line (``file.py:line``) and op path (``module / aten op``).
 
-    Deltas are B − A in device ns, biggest absolute change first.
+    Each line's and op's time is its device time plus its CPU-fallback host time (so moving an op
+    from the host to the device shows as the saving it is). Deltas are B − A in ns, biggest
+    absolute change first.
     """
     def side(L):
         s = Side(L.key)
         for t in line_totals(L).values():
-            d = s.lines.setdefault(_line_key(t), {"device_ns": 0, "instructions": 0, "code": (t.get("code") or "").strip()})
-            d["device_ns"] += t["device_ns"]
+            d = s.lines.setdefault(_line_key(t), {"device_ns": 0, "instructions": 0,
+                                                  "code": (t.get("code") or "").strip()})
+            d["device_ns"] += t["device_ns"] + t.get("host_ns", 0)
             d["instructions"] += t["instructions"]
         totals = op_totals(L)
         for op_id, o in ops(L).items():
             t = totals.get(op_id, {})
             d = s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})
-            d["device_ns"] += t.get("device_ns", 0)
+            d["device_ns"] += t.get("device_ns", 0) + t.get("host_ns", 0)
             d["instructions"] += t.get("instructions", 0)
         return s
 

@@ -333,7 +333,8 @@ def _totals(out: str) -> dict[str, tuple[str, ...]]:
 def check_diff_fallback(walk, out):
     t = _totals(out)
     assert t["fallback_ops"] == ("9", "0", "-9")
-    assert t["device_ns"][2].startswith("-"), "the step got faster"
+    assert t["step_ns"][2].startswith("-"), "the step got faster"   # device time plus fallback host time
+    assert t["cpu_fallback_ns"][1] == "0 ns", "no host time is left"
     assert re.search(r"models\.py:140 .*-100\.0%", out)
 
 
