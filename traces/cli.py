@@ -150,7 +150,7 @@ def summary_cmd(args: argparse.Namespace) -> int:
 
 
 def _print_figures(console, f) -> None:
-    """The headline figures (``Profile.figures()``), as the Explorer's Summary and neuron-top --replay show them."""
+    """The headline figures (``Profile.figures()``), as the Explorer and neuron-top --replay show them."""
     from rich.table import Table
 
     table = Table(title="Figures (as the Explorer and neuron-top --replay show them)", title_justify="left",
