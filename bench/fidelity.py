@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
@@ -89,33 +90,19 @@ def matmul_rows(targets, sizes):
         print(f"{n:>6} " + " ".join(f"{c:>16}" for c in cells))
 
 
-IN_FLIGHT = 16   # SBUF slots the loads rotate through: one transfer in flight per DMA queue
-
-
 def dma_rows(targets, per_partition, transfers=64):
-    """HBM->SBUF loads of [128 partitions x N bytes] into IN_FLIGHT rotating SBUF slots, lowered and
+    """HBM->SBUF loads of [128 partitions x N bytes] into 16 rotating SBUF slots, lowered and
     scheduled over the core's queues (the DMA guide's "16 transfers x 8 buffers" shape)."""
-    from neuron_stack.ir import Program
-    from neuron_stack.compiler.lower.lowerer import Lowerer
-    from neuron_stack.compiler.lower.tiles import Lowered, Pool
-    from neuron_stack.compiler.schedule import schedule_lowered
-    print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, {IN_FLIGHT} in flight,"
+    from published import scheduled_dma_efficiency
+    print(f"\n== DMA: efficiency vs payload per partition ({transfers} loads of 128 partitions, 16 in flight,"
           " 16 queues) ==")
     print("   scheduled = bytes / (device time x core peak); formula = cost.dma_efficiency (fixed cost overlapped)")
     print(f"{'bytes':>7} " + " ".join(f"{t + ' sched':>12} {t + ' formula':>13}" for t in targets))
     for nbytes in per_partition:
         cells = []
         for t in targets:
-            p = get_profile(t)
-            low = Lowerer(Program("dma", [], [], []), 0, p, {})
-            F = max(1, nbytes // 4)
-            pool = Pool(low, "t", "sbuf", 128, F, "float32", bufs=IN_FLIGHT)
-            for k in range(transfers):
-                low.dma("load", pool.tile().op(),
-                        {"m": "hbm", "b": "x", "dt": "float32", "o": k * 128 * F, "ap": [[F, 128], [1, F]]})
-            s = schedule_lowered(Lowered(low.instrs, low.hbm, [], [], {}, 0), p)
-            eff = transfers * 128 * F * 4 / (s.device_ns * p.dma_bytes_per_ns)
-            cells.append(f"{eff:12.3f} {dma_efficiency(p, nbytes):13.3f}")
+            eff = scheduled_dma_efficiency(t, nbytes, transfers)
+            cells.append(f"{eff:12.3f} {dma_efficiency(get_profile(t), nbytes):13.3f}")
         print(f"{nbytes:>7} " + " ".join(cells))
 
 
@@ -142,15 +129,43 @@ def decoder_rows(targets, seq):
     print("   (per engine: active time = union of its busy intervals, and its share of the device time)")
 
 
+def published_report(targets, quick: bool, json_path: str | None) -> int:
+    """``--published``: the NKI guide's curves, then the §2.12 Llama rows (``--quick``: the three
+    Llama-3-8B rows with 128 input tokens), each with its ratio and roofline, and the summary."""
+    import json
+    import published
+    print("Calibration report (issue 18): projected / published. Device constants and their sources:")
+    for name in targets:
+        p = get_profile(name)
+        print(f"   {name}: " + "; ".join(f"{k}: {v}" for k, v in sorted(p.sources.items())))
+    disagree = published.print_nki(targets)
+    rows = [r for r in published.ROWS if not quick or r[0] == "Llama-3-8B" and r[4] == 128]
+    out, s = published.llama_report(rows, log=lambda m: print(m, file=sys.stderr))
+    published.print_llama(out, s)
+    print(f"   NKI guide statements that disagree with the schedule: {disagree}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": out, "summary": s, "nki_disagreements": disagree}, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="trn1,inf2,trn2")
     ap.add_argument("--max-n", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
+    ap.add_argument("--published", action="store_true",
+                    help="the calibration report: every public figure in the references vs the projection")
+    ap.add_argument("--json", metavar="FILE", help="with --published: also write the rows and summary as JSON")
     a = ap.parse_args(argv)
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     for t in targets:
-        get_profile(t)
+        try:
+            get_profile(t)
+        except ValueError as e:
+            ap.exit(2, f"fidelity: error: {e}\n")
+    if a.published:
+        return published_report(targets, a.quick, a.json)
     sizes = [n for n in (128, 256, 512, 1024, 2048, 4096) if n <= (512 if a.quick else a.max_n)]
     matmul_rows(targets, sizes)
     dma_rows(targets, [64, 128, 256, 512, 1024, 2048, 4096, 8192] if not a.quick else [64, 4096])

@@ -61,9 +61,10 @@ def test_heap_too_small_spills_and_counts_it(monkeypatch):
     prog = _prog(model, x)
     monkeypatch.setattr(lower_mod, "RESIDENT_FRACTION", 0.0)
     s = build_schedule(prog, 0, get_profile("trn1"), {})
-    # the three intermediates (matmul [256, 512], gelu [256, 512] fused in its epilogue, matmul
-    # [256, 256]) go through HBM: written once, read back at least once
-    inter = (256 * 512 + 256 * 256) * 4
+    # the intermediate (matmul [256, 512] with gelu fused in its epilogue) goes through HBM: written
+    # once, read back at least once; the second matmul's [256, 256] scores never leave the chip
+    # (the softmax runs in its PSUM evacuation: lower_attention.py)
+    inter = 256 * 512 * 4
     assert s.spill_save_bytes >= inter and s.spill_reload_bytes >= inter
     assert s.hbm_read_bytes >= x.numel() * 4 + (256 * 512 * 2) * 4 + s.spill_reload_bytes
     _check(prog, s, model, x)

@@ -33,8 +33,11 @@ def fuse(program: Program) -> Program:
             continue
         first = next(refs(n.args), None)
         prod = by_name.get(first) if first else None
-        # Look through metadata-only views with a single consumer (addmm -> view -> gelu).
-        while prod is not None and prod.op_class == "view" and prod.is_compute and len(users.get(prod.name, [])) == 1:
+        # Look through metadata-only views with a single consumer (addmm -> view -> gelu), and the
+        # first element of a tuple op (batch norm -> getitem 0 -> relu).
+        while prod is not None and len(users.get(prod.name, [])) == 1 and (
+                prod.op_class == "view" and prod.is_compute
+                or prod.target == "getitem" and len(prod.args) > 1 and prod.args[1] == 0):
             nxt = next(refs(prod.args), None)
             prod = by_name.get(nxt) if nxt else None
         if (prod is None or not prod.is_compute or prod.placement != "device" or prod.partition != n.partition

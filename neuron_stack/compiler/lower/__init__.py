@@ -24,11 +24,14 @@ op's resident working set does not fit in SBUF, it spills to HBM and the traffic
 >>> sorted({i.opcode for i in low.instrs})
 ['ACTIVATE', 'AFFINE_SELECT', 'DMA_DIRECT2D', 'LDWEIGHTS', 'MATMUL', 'TENSOR_COPY']
 
-Modules, in dependency order: ``tiles`` (instructions, views, tiles, pools, limits) ->
-``resident`` (SBUF residency data) -> ``registry`` (op -> lowering table) -> ``residency`` +
-``lowerer`` (the per-partition state and driver) -> ``common`` -> the op lowerings, each registering itself: ``custom`` (the
-GpSimd fallback), ``chain`` (elementwise and fused epilogues), ``matmul``, ``conv`` (convolution,
-pooling, batch norm), ``rowwise``, ``data``; ``constants`` lays weights out before lowering.
+Modules, in dependency order: ``tiles`` (instructions, views, tiles, pools, limits) -> ``placement``
+(stored dtypes, hoisted broadcast rows, eager layout copies) -> ``resident`` (SBUF residency data) ->
+``registry`` (op -> lowering table) -> ``residency`` + ``lowerer`` (the per-partition state and driver)
+-> ``common`` -> the op lowerings, each registering itself: ``custom`` (the GpSimd fallback), ``chain``
+(elementwise and fused epilogues), ``attention`` (softmax in a matmul's evacuation), ``matmul``,
+``convbn`` and ``conv`` (convolution with batch norm in its evacuation, pooling, batch norm),
+``rowwise``, ``layout`` (transposing and lane-local copies), ``data``; ``constants`` lays weights out
+before lowering.
 """
 from __future__ import annotations
 

@@ -41,6 +41,10 @@ def _chain_path(n: Node, prev: str, low: Lowerer) -> tuple[int, list[Node]] | No
         name, path = a["node"], []
         while name != prev:
             nn = low.by_name.get(name)
+            if nn is not None and nn.target == "getitem" and len(nn.args) > 1 and nn.args[1] == 0 \
+                    and is_ref(nn.args[0]):
+                name = nn.args[0]["node"]      # the first output of a tuple op (batch norm's y)
+                continue
             if nn is None or nn.op_class != "view" or not nn.target.startswith("aten."):
                 break
             path.append(nn)

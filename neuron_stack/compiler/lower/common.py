@@ -50,7 +50,11 @@ def choose_split(shape: tuple[int, ...], free_limit: int = FREE_TILE) -> int:
         nr = n_boxes(rows, PMAX)
         nc = n_boxes(cols, free_limit)
         f = min(math.prod(cols), free_limit) if cols else 1
-        cost = nr * nc * max(64, f)
+        # engine cycles plus the tile's DMA descriptors (one per partition row, ~256 B of transfer
+        # time each spread over 16 queues ~ 1 cycle): a [1 x 8192] decode row is 4 tiles of
+        # [1, 2048], not 64 tiles of one element per partition
+        p_rows = min(math.prod(rows), PMAX) if rows else 1
+        cost = nr * nc * (max(64, f) + p_rows)
         if best is None or cost < best:
             best, best_k = cost, k
     return best_k

@@ -33,6 +33,7 @@ import math
 
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import output_used, reshape_view
+from neuron_stack.compiler.lower.convbn import BNColumns, fusable_bn
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
@@ -193,9 +194,19 @@ def lower_conv(low: Lowerer, n: Node) -> None:
         return lower_custom(low, n)
     hshape = (B, O, OH * OW)
     members, members_h, alone = _epilogue_members(low, n, hshape)
-    out_views = chain_outputs(low, n, members, tuple(n.outputs[0].shape))
+    bn = fusable_bn(low, n) if not members else None
+    if bn is not None:      # BN (and its activation) ride in this evacuation: convbn.py
+        low.done.add(bn.name)
+        low.done.update(f.name for f in low.fused.get(bn.name, []))
+        members, members_h, bn_alone = _epilogue_members(low, bn, hshape)
+        alone = alone + bn_alone
+        for i in (1, 2):              # saved mean / invstd are empty in inference: buffers only
+            if len(bn.outputs) > i:
+                low.out_view(f"{bn.name}:{i}", bn.outputs[i])
+    host = bn if bn is not None else n
+    out_views = chain_outputs(low, host, members, tuple(host.outputs[0].shape))
     out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
-    out_dt = n.outputs[0].dtype
+    out_dt = host.outputs[0].dtype
 
     # weights: resident for the whole convolution, one [Cg-block, KH*KW*Og] tile per (group, block)
     wv = w.with_meta(w.meta.permute(1, 2, 3, 0))               # [Cg, KH, KW, O]
@@ -220,6 +231,10 @@ def lower_conv(low: Lowerer, n: Node) -> None:
         for g in range(G):
             for oi, (o0, on) in enumerate(oblocks):
                 bt[g, oi] = low.load(n.name, bcol, [(g * Og + o0, on), (0, 1)], bpool, 1)
+    bnc = None
+    if bn is not None:
+        blocks = {(g, oi): (g * Og + o0, on) for g in range(G) for oi, (o0, on) in enumerate(oblocks)}
+        bnc = BNColumns(low, n.name, bn, blocks, bt).cols
     xpool = Pool(low, f"{n.name}.x", "sbuf", PMAX, Rin * Wp, mm_dt, bufs=2 * len(cblocks))
     xstage = Pool(low, f"{n.name}.xst", "sbuf", PMAX, Rin * W, x.dtype, bufs=2) if x.dtype != mm_dt else None
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, per_band * MOVING_FMAX, "float32", bufs=2)
@@ -251,11 +266,17 @@ def lower_conv(low: Lowerer, n: Node) -> None:
                         ctx = TileCtx(low, hshape, box, 2, epi_pools)
                         out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
                         src = acc.cols(j * MOVING_FMAX, nr * nc).op()
-                        if bias is not None:
+                        if bnc is not None:
+                            scale, shift = bnc[g, oi]
+                            low.act(n.name, out_t, src, "copy", bias=shift.op(), scale=scale.op())
+                        elif bias is not None:
                             low.act(n.name, out_t, src, "copy", bias=bt[g, oi].op())
                         else:
                             low.act(n.name, out_t, src, "copy")
-                        run_chain(ctx, n.name, out_t, members_h, out3)
+                        run_chain(ctx, host.name, out_t, members_h, out3)
+    if bn is not None:
+        low.finished.add(bn.name)
+        low.finished.update(f.name for f in low.fused.get(bn.name, []))
     lower_alone(low, alone)
 
 

@@ -7,6 +7,7 @@ import math
 
 from neuron_stack.compiler.lower.common import broadcast_view, choose_split, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
+from neuron_stack.compiler.lower.layout import copy_dma, copy_transposed
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lowering
 from neuron_stack.compiler.lower.tiles import (
@@ -104,12 +105,9 @@ def _dma_view(low: Lowerer, node: str, dst: View, src: View) -> None:
     if src.numel == 0:
         return
     if src.dtype == dst.dtype:
-        shape = dst.shape
-        split = choose_split(shape, 1 << 16)
-        # big HBM->HBM copies: one DMA per 128-row box keeps each descriptor list bounded
-        for br in boxes(shape[:split], PMAX * 64):
-            for bc in boxes(shape[split:], 1 << 16):
-                low.dma(node, view_operand(dst, br + bc), view_operand(src, br + bc))
+        # a transposing copy goes through the Tensor Engine, never element by element over DMA
+        if not copy_transposed(low, node, dst, src):
+            copy_dma(low, node, dst, src, choose_split(dst.shape, 1 << 16))
         return
     shape = dst.shape
     split = choose_split(shape)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from neuron_stack.compiler.lower import registry
+from neuron_stack.compiler.lower.placement import cast_for_store, const_broadcast, eager_copies, stored_dtype
 from neuron_stack.compiler.lower.residency import Residency
 from neuron_stack.compiler.lower.resident import Heap, Resident
 from neuron_stack.compiler.lower.tiles import (
@@ -85,6 +86,10 @@ class Lowerer(Residency):
             if n.fused_into and n.fused_into in self.in_part:
                 self.fused.setdefault(n.fused_into, []).append(n)
         self.scratch_i = 0
+        # hoisted broadcast weights and cast staging pools (placement.const_broadcast, cast_for_store)
+        self.bcast_tiles: dict = {}
+        self.bcast_count = 0
+        self.cast_pools: dict = {}
         self.done: set[str] = set()
         self.preparing = False
         # filled by the op lowerings: identity tiles for transposes (dtype -> tile) and tile
@@ -103,6 +108,9 @@ class Lowerer(Residency):
                 ids = self.identity_tiles
                 for dt in [d for d, t in ids.items() if t.tile.key == old]:
                     del ids[dt]
+            if old.startswith("__bcast"):            # a hoisted broadcast weight: reloaded on next use
+                for k in [k for k, t in self.bcast_tiles.items() if t.key == old]:
+                    del self.bcast_tiles[k]
             w = self.last_writer.get(old)
             if w is not None:
                 deps.update(w) if isinstance(w, tuple) else deps.add(w)
@@ -207,16 +215,14 @@ class Lowerer(Residency):
                     i = self._dma1(node, d, s_, spill, first)
                     first = i if first is None else first
                 return first
-        src, dst = self._on_chip(src, node), self._on_chip(dst, node)
+        (src, ps), (dst, pd) = self._on_chip_parts(src, node), self._on_chip_parts(dst, node)
         n = numel_ap(src["ap"])
         assert n == numel_ap(dst["ap"]), (src, dst)
         nb = n * nbytes_of(src["dt"])
         run = math.gcd(contiguous_run(src["ap"]), contiguous_run(dst["ap"]))
         # SBUF/PSUM partitions are separate address ranges: at least one descriptor per partition
-        desc = n // max(1, run)
-        for o in (src, dst):
-            if o["m"] != "hbm":
-                desc = max(desc, o["ap"][0][1])
+        # (the partitions an operand spans: a resident value's pattern may stay inside one)
+        desc = max(n // max(1, run), ps, pd)
         wbytes = n * nbytes_of(dst["dt"])
         kw = {}
         if src["m"] == "hbm":
@@ -259,6 +265,9 @@ class Lowerer(Residency):
                 if k not in bcast:
                     step *= n
             return Tile(t.key, t.mem, t.dtype, P, F, t.pitch, t.off, tuple(reversed(free)) or ((1, 1),))
+        if self.hbm.get(v.buf, {}).get("role") == "const" and P > 1 and all(
+                strides[k] == 0 or n == 1 for k, (_, n) in enumerate(box[:split])):
+            return const_broadcast(self, node, v, box, split, P, F)
         r = self.res.get(v.buf)
         if r is not None and not r.evicted:
             got = self._resident_tile(r, v, box, split)
@@ -290,6 +299,8 @@ class Lowerer(Residency):
                                      dur=scalar_ns(self.p, t.F))
                 return self.emit("TENSOR_COPY", node, [dst], [t.op()], {},
                                  dur=vector_ns(self.p, "TENSOR_COPY", t.F, 1, v.dtype))
+        if t.dtype != v.dtype and t.mem == "sbuf":
+            t = cast_for_store(self, node, t, v.dtype)
         return self.dma(node, view_operand(v, box), t.op())
 
     # ---- compute helpers -------------------------------------------------------------------
@@ -378,7 +389,9 @@ class Lowerer(Residency):
         return v
 
     def out_view(self, name: str, spec: TensorSpec, strides: tuple | None = None) -> View:
-        """A fresh HBM buffer for an op's output (contiguous unless ``strides`` is given)."""
+        """A fresh HBM buffer for an op's output (contiguous unless ``strides`` is given); with
+        ``--auto-cast`` a value only matmuls read is stored in the cast type (placement.stored_dtype)."""
+        spec = TensorSpec(spec.shape, stored_dtype(self, name, spec.dtype))
         meta = meta_tensor(spec.shape, spec.dtype)
         if strides is not None:
             meta = torch.empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
@@ -454,6 +467,7 @@ class Lowerer(Residency):
             if n.op_class == "view":
                 continue            # metadata only: resolved when a consumer asks (value())
             self.lower_node(n)
+            eager_copies(self)
         for n in self.nodes:      # views other partitions or the program read
             if n.op_class == "view" and self._escapes(n.name):
                 self.value(n.name)

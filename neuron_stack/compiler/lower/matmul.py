@@ -3,6 +3,7 @@ accumulating in one PSUM bank, transposes through the PE array, the fused epilog
 """
 from __future__ import annotations
 
+from neuron_stack.compiler.lower.attention import SoftmaxEpilogue, fusable_softmax
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
@@ -113,8 +114,14 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         mm_dt = "float32"
     out_dt = n.outputs[0].dtype
     # the output as [nb, M, N] (dot/mv produce fewer dims)
-    out_views = chain_outputs(low, n, members, oshape)
     hshape = (nb, M, N)
+    last = members[-1].node.name if members else n.name
+    sm = fusable_softmax(low, last, N) if M and N else None
+    out_views = chain_outputs(low, n, members, oshape)
+    if sm is not None:
+        out_views.pop(last, None)         # the scores stay in PSUM/SBUF: only probabilities are stored
+        low.hbm.pop(last, None), low.cand.pop(last, None)
+        sm = SoftmaxEpilogue(low, n.name, sm, hshape)
     out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
     members = [m.reshaped(hshape) for m in members]
     if any(m is None for m in members):
@@ -141,12 +148,15 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     budget = low.sbuf.cap          # the tile-pool ring (the rest of SBUF holds resident values)
     panel_resident = b_bytes <= budget // 2
     # double-buffer the moving panel when two fit: the next panel loads while this one multiplies
-    panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else 3
+    # a streamed panel (weights too big to hold: decode, wide MLPs) keeps up to 16 tiles in flight,
+    # one per DMA queue, as the DMA guide's "16 transfers x 8 buffers" (3 left 13 queues idle)
+    streamed = max(3, min(16, nk, (budget // 2) // max(1, NG * es)))
+    panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else streamed
     bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs)
     atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
-    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=8) if not (a_direct and b_direct) else None
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if not (a_direct and b_direct) else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)
@@ -234,5 +244,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                                         flops=mp * cw)
                         else:
                             low.act(n.name, out_t, src.op(), "copy", scale=alpha)
-                        run_chain(ctx, n.name, out_t, members, out3)
+                        cur = run_chain(ctx, n.name, out_t, members, out3)
+                        if sm is not None:
+                            sm(cur, box)
+    if sm is not None:
+        sm.finish()
     lower_alone(low, alone)

@@ -7,6 +7,9 @@ A mixin of :class:`neuron_stack.compiler.lower.lowerer.Lowerer`: the methods use
 """
 from __future__ import annotations
 
+import math
+
+from neuron_stack.compiler.lower.placement import stored_dtype
 from neuron_stack.compiler.lower.resident import Resident, row_tiling, tile_ap, translate
 from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
@@ -88,6 +91,18 @@ class Residency:
             return op
         return {"m": "sbuf", "b": r.key, "dt": op["dt"], "o": t[0], "ap": t[1]}
 
+    def _on_chip_parts(self, op: dict, node: str) -> tuple[dict, int]:
+        """``_on_chip(op)`` and the number of SBUF partitions it spans (0 for HBM): a resident
+        value's pattern may stay inside one partition (DMA descriptors count partitions, not rows)."""
+        if op["m"] == "hbm" and op["b"] in self.res and not self.res[op["b"]].evicted:
+            r = self.res[op["b"]]
+            t = translate(r, op["o"], [tuple(x) for x in op["ap"]])
+            if t is not None:
+                parts = math.prod(n for (_, n), k in zip(t[1], t[2]) if k == "p")
+                return {"m": "sbuf", "b": r.key, "dt": op["dt"], "o": t[0], "ap": t[1]}, parts
+        op = self._on_chip(op, node)
+        return op, (0 if op["m"] == "hbm" else op["ap"][0][1])
+
     def _raw_hbm_access(self, src: list[dict], dst: list[dict], node: str) -> None:
         """An instruction that addresses whole HBM tensors (GpSimd kernel, indirect DMA, collective):
         resident operands go back to HBM first; undecided outputs stay in HBM."""
@@ -142,7 +157,7 @@ class Residency:
                 continue
             spec = n.outputs[0]
             C, T = row_tiling(spec.shape)
-            size = ceil_div(ceil_div(spec.numel, C), T) * C * nbytes_of(spec.dtype)
+            size = ceil_div(ceil_div(spec.numel, C), T) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
             size = ceil_div(size, 64) * 64
             delta[pos[n.name]] += size
             delta[max(cons) + 1] -= size

@@ -24,8 +24,8 @@ partition ``r % T`` at free offset ``(r // T) * C``. Then
 (0, 512, None)
 >>> h.free(0); h.alloc(256)
 0
->>> row_tiling([2, 96, 64]), row_tiling([1, 256, 1024]), row_tiling([16, 256, 256])
-((64, 96), (1024, 128), (256, 128))
+>>> row_tiling([2, 96, 64]), row_tiling([1, 256, 1024]), row_tiling([16, 256, 256]), row_tiling([8, 32, 64])
+((64, 96), (1024, 128), (256, 128), (64, 128))
 >>> translate(Resident("v", "__res.v", "float32", rows=300, C=8, T=128, psize=24, off=0), 128 * 8, [(8, 128), (1, 8)])
 (8, [[24, 128], [1, 8]], ['p', 'f'])
 """
@@ -41,7 +41,8 @@ def row_tiling(shape) -> tuple[int, int]:
     """``(C, T)`` of a value's row-tiled layout: the row length C is the longest run of trailing
     dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the last dims, e.g.
     heads x head_dim -> hidden, still reads whole rows); the block height T is the product of the trailing row dims while it fits
-    in 128 partitions (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles."""
+    in 128 partitions, times the chunk of the next dim that still fits (128 when the innermost one alone does
+    not), as ``lower.boxes`` cuts tiles."""
     shape = list(shape) or [1]
     k = len(shape) - 1
     C = max(1, shape[k])
@@ -57,7 +58,9 @@ def row_tiling(shape) -> tuple[int, int]:
     T = 1
     for d in reversed(shape[:k]):
         if T * d > PMAX:
-            T = PMAX if T == 1 else T
+            # lower.boxes chunks this dim in steps of PMAX // T: a tile is that many blocks
+            # (sequences of 32 tokens at batch 8 are 128-row tiles, not 32-row ones)
+            T = PMAX if T == 1 else T * max(1, min(d, PMAX // T))
             break
         T *= d
     return C, max(1, T)

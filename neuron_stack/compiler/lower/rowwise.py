@@ -66,8 +66,11 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     Fc = D if fits else FREE_TILE
     chunks = boxes(free, Fc) if free else [[]]
     nch = len(chunks)
-    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, min(D, Fc) if free else 1, x.dtype, bufs=2 if fits else 3)
-    work = Pool(low, f"{n.name}.w", "sbuf", PMAX, min(D, Fc) if free else 1, "float32", bufs=2 if fits else 3)
+    # short rows: enough buffers that several row-tile loads are in flight on the DMA queues (with
+    # two, each load waited for the previous tile's compute: one queue busy, the others idle)
+    depth = max(2, min(16, (low.sbuf.cap // 16) // max(1, D * es))) if fits else 3
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, min(D, Fc) if free else 1, x.dtype, bufs=depth)
+    work = Pool(low, f"{n.name}.w", "sbuf", PMAX, min(D, Fc) if free else 1, "float32", bufs=depth)
     nbn = sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)
     small = Pool(low, f"{n.name}.s", "sbuf", PMAX, max(8, 3 * nbn, nch), "float32", bufs=8)
     out_spec = n.outputs[0]

@@ -1,0 +1,61 @@
+"""``bench/fidelity.py --published`` as a user runs it: the calibration report prints the device
+constants' sources, the NKI guide's statements against the schedule, every selected published row
+with its projection, ratio and roofline bound, and the geometric mean and Spearman over them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_published_report(tmp_path):
+    out_json = tmp_path / "report.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "fidelity.py"),
+            "--published",
+            "--quick",
+            "--targets",
+            "trn1",
+            "--json",
+            str(out_json),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for source in (
+        "nki-dma-bandwidth-guide.rst",
+        "trainium_inferentia2_arch.rst",
+        "latency_data_decoder.csv",
+    ):
+        assert source in out
+    assert "geometric-mean ratio" in out and "Spearman" in out and "roof" in out
+    data = json.loads(out_json.read_text())
+    assert data["nki_disagreements"] == 0
+    rows = data["rows"]
+    assert len(rows) == 4 and {r["target"] for r in rows} == {"inf2", "trn1"}
+    for row in rows:
+        for key in ("ttft", "tpot"):
+            # no projection beats the roofline of its own row, and none is wildly off the published figure
+            assert row[f"{key}_proj"] >= row[f"{key}_roof"], row
+            assert 0.1 < row[f"{key}_proj"] / row[f"{key}_pub"] < 10, row
+    s = data["summary"]
+    assert s["values"] == 8 and 0 < s["geomean_ratio"] < 10 and -1 <= s["spearman"] <= 1
+
+
+def test_published_report_refuses_an_unknown_target():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fidelity.py"), "--published", "--targets", "trn9"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "unknown target 'trn9'" in r.stderr and "Traceback" not in r.stderr
