@@ -29,5 +29,15 @@ from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel
 from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
 
-__all__ = ["jit", "baremetal", "simulate_kernel", "simulate", "benchmark", "profile", "Kernel", "KernelRun",
-           "run_kernel", "NKIError"]
+__all__ = [
+           "Kernel",
+           "KernelRun",
+           "NKIError",
+           "baremetal",
+           "benchmark",
+           "jit",
+           "profile",
+           "run_kernel",
+           "simulate",
+           "simulate_kernel",
+]

@@ -78,7 +78,7 @@ def dtype_name(dt) -> str:
     return name
 
 
-def current() -> "Trace":
+def current() -> Trace:
     """The trace of the kernel being run (an NKI call outside a kernel is an error)."""
     t = getattr(_local, "trace", None)
     if t is None:
@@ -110,8 +110,21 @@ def _frame():
 class Buffer:
     """One allocation: an HBM tensor or an on-chip tile at ``addr`` (bytes per partition)."""
 
-    __slots__ = ("mem", "name", "dtype", "shape", "pitch", "addr", "size", "reads", "writes", "pending",
-                 "written", "kind_name", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "addr",
+        "dtype",
+        "kind_name",
+        "mem",
+        "name",
+        "pending",
+        "pitch",
+        "reads",
+        "shape",
+        "size",
+        "writes",
+        "written",
+    )
 
     def __init__(self, mem, name, dtype, shape, pitch, addr=0, size=0):
         self.mem, self.name, self.dtype, self.shape = mem, name, dtype, tuple(shape)
@@ -169,16 +182,19 @@ class ndarray:
         return {"m": self.buf.mem, "b": self.buf.name, "dt": self.dtype, "o": self.offset, "ap": ap}
 
     def region(self) -> tuple:
-        """(p_lo, p_hi, f_lo, f_hi): partitions and free offsets this view touches (inclusive)."""
+        """The box this view touches, as (lo, hi) pairs flattened: (p_lo, p_hi, f_lo, f_hi) on chip,
+        one pair per tensor dim in HBM (so disjoint blocks of one output never wait for each other)."""
         if self.buf.mem == "hbm":
-            hi = self.offset + sum((n - 1) * s for s, n in zip(self.strides, self.shape))
-            return (0, 0, self.offset, hi)
+            return _hbm_box(self)
         pitch = self.buf.pitch
         p0, f0 = divmod(self.offset, pitch)
         ps = self.strides[0] // pitch if self.shape else 0
         p1 = p0 + (self.shape[0] - 1) * ps if self.shape else p0
         f1 = f0 + sum((n - 1) * s for s, n in zip(self.strides[1:], self.shape[1:]))
         return (p0, p1, f0, f1)
+
+    def flat_range(self) -> tuple[int, int]:
+        return self.offset, self.offset + sum((n - 1) * s for s, n in zip(self.strides, self.shape))
 
     @property
     def free_size(self) -> int:
@@ -195,7 +211,7 @@ class ndarray:
         return self.shape[0]
 
     # -- views ---------------------------------------------------------------------------------
-    def __getitem__(self, key) -> "ndarray":
+    def __getitem__(self, key) -> ndarray:
         from .indexing import index_view
         return index_view(self, key)
 
@@ -210,10 +226,10 @@ class ndarray:
             from . import isa as nisa
             nisa.memset(dst, value)
 
-    def view(self, dtype) -> "ndarray":
+    def view(self, dtype) -> ndarray:
         return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype))
 
-    def reshape(self, shape) -> "ndarray":
+    def reshape(self, shape) -> ndarray:
         """A reshaped view of a contiguous tensor (HBM) or of a tile's free dims."""
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if math.prod(shape) != math.prod(self.shape):
@@ -227,7 +243,7 @@ class ndarray:
                            f"contiguous free part")
         return ndarray(self.buf, shape, self.offset, [self.strides[0]] + _contig(shape[1:]), self.dtype)
 
-    def broadcast_to(self, shape) -> "ndarray":
+    def broadcast_to(self, shape) -> ndarray:
         """A view repeating size-1 dims (stride 0), e.g. a ``[1, D]`` weight row to ``[128, D]``."""
         shape = tuple(int(s) for s in shape)
         if len(shape) != len(self.shape):
@@ -325,11 +341,33 @@ def _free_tile(alloc: Allocator, key: int, buf_ref) -> None:
 
 
 def _overlap(a: tuple, b: tuple) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1] and a[2] <= b[3] and b[2] <= a[3]
+    return all(a[k] <= b[k + 1] and b[k] <= a[k + 1] for k in range(0, len(a), 2))
 
 
 def _inside(a: tuple, b: tuple) -> bool:
-    return b[0] <= a[0] and a[1] <= b[1] and b[2] <= a[2] and a[3] <= b[3]
+    return all(b[k] <= a[k] and a[k + 1] <= b[k + 1] for k in range(0, len(a), 2))
+
+
+def _hbm_box(v: "ndarray") -> tuple:
+    """The per-dim bounding box of an HBM view over its tensor's dims; the whole tensor when a
+    stride does not map onto one dim (a conservative dependency, never a missed one)."""
+    shape = v.buf.shape or (1,)
+    B = _contig(shape)
+    whole = tuple(x for n in shape for x in (0, n - 1))
+    if not 0 <= v.offset < math.prod(shape):
+        return whole
+    lo = [int(i) for i in np.unravel_index(v.offset, shape)]
+    hi = list(lo)
+    for s, n in zip(v.strides, v.shape):
+        if n == 1 or s == 0:
+            continue
+        j = next((j for j in range(len(B)) if B[j] <= s and s % B[j] == 0), None)
+        if j is None:
+            return whole
+        hi[j] += (s // B[j]) * (n - 1)
+        if hi[j] >= shape[j]:
+            return whole
+    return tuple(x for a, b in zip(lo, hi) for x in (a, b))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -463,7 +501,7 @@ class Trace:
         prev = self.engine_last.get(engine)
         if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
             dur += dependent_overhead_ns(self.p, engine)
-        nb = lambda v: math.prod(v.shape) * DTYPE_BYTES[v.dtype]  # noqa: E731
+        nb = lambda v: math.prod(v.shape) * DTYPE_BYTES[v.dtype]
         ops = {"dst": [v.operand() for v in dsts], "src": [v.operand() for v in srcs]}
         ops.update(attrs or {})
         ins = Instr(engine, opcode, loc or self.loc(), dur, sorted(deps), [], ops, flops,
@@ -509,10 +547,11 @@ class Trace:
 
 
 def _in_bounds(v: ndarray) -> bool:
-    p0, p1, f0, f1 = v.region()
     b = v.buf
     if b.mem == "hbm":
+        f0, f1 = v.flat_range()
         return f0 >= 0 and f1 < math.prod(b.shape)
+    p0, p1, f0, f1 = v.region()
     return p0 >= 0 and p1 < b.shape[0] and f0 >= 0 and f1 < b.pitch
 
 

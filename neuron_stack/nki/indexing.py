@@ -38,7 +38,7 @@ class Idx:
     def __init__(self, base: int, coefs: tuple, shape: tuple):
         self.base, self.coefs, self.shape = int(base), tuple(int(c) for c in coefs), tuple(int(s) for s in shape)
 
-    def __getitem__(self, key) -> "Idx":
+    def __getitem__(self, key) -> Idx:
         key = key if isinstance(key, tuple) else (key,)
         coefs, shape, it = [], [], iter(zip(self.coefs, self.shape))
         for k in key:
@@ -56,7 +56,7 @@ class Idx:
             shape.append(n)
         return Idx(self.base, coefs, shape)
 
-    def _pad(self, ndim: int) -> "Idx":
+    def _pad(self, ndim: int) -> Idx:
         k = ndim - len(self.shape)
         return Idx(self.base, (0,) * k + self.coefs, (1,) * k + self.shape)
 

@@ -83,7 +83,7 @@ class Kernel:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    def __getitem__(self, grid) -> "Kernel":
+    def __getitem__(self, grid) -> Kernel:
         k = Kernel(self.fn, self.mode, self.target, **self.options)
         k.grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
         k._parent = self

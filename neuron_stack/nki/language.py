@@ -22,7 +22,7 @@ import math
 
 from . import ops
 from .core import PMAX, NKIError, current, dtype_name, where
-from .core import ndarray as tensor   # noqa: F401  (the tensor class, for isinstance checks)
+from .core import ndarray as tensor
 from .indexing import arange, ds, mgrid  # noqa: F401
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------

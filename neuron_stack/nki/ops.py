@@ -12,11 +12,26 @@ from __future__ import annotations
 
 import math
 
-from neuron_stack.device.cost import gpsimd_ns, ldweights_ns, matmul_ns, scalar_ns, vector_ns
+from neuron_stack.device.cost import (
+    gpsimd_ns,
+    ldweights_ns,
+    matmul_ns,
+    scalar_ns,
+    vector_ns,
+)
 from neuron_stack.isa.instructions import ACT_FUNCS, ALU_OPS
 
-from .core import (FLOATS, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PMAX, NKIError, current, dtype_name, ndarray,
-                   where)
+from .core import (
+    FLOATS,
+    GEMM_MOVING_FMAX,
+    GEMM_STATIONARY_FMAX,
+    PMAX,
+    NKIError,
+    current,
+    dtype_name,
+    ndarray,
+    where,
+)
 from .indexing import Idx, box_of, restrict
 
 _REDUCE = {"add": "add", "sum": "add", "maximum": "max", "max": "max", "minimum": "min", "min": "min",

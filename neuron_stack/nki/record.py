@@ -53,7 +53,7 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
 
     seen = seen if seen is not None else set()
     tr, sched = run.trace, run.schedule
-    lines = sorted(set(i.node for i in tr.instrs), key=lambda k: (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])
+    lines = sorted({i.node for i in tr.instrs}, key=lambda k: (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])
                                                                  if k.rsplit(":", 1)[-1].isdigit() else 0))
     rows = {"source_id": [], "file": [], "line": [], "function": [], "code": []}
     files = {}

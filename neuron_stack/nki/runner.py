@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .core import NKIError
-from .kernel import Kernel, run_kernel
+from .kernel import Kernel
 
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
 
