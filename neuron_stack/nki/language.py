@@ -104,6 +104,7 @@ sequential_range = static_range = affine_range
 # -- data movement ------------------------------------------------------------------------------
 def load(src, dtype=None, mask=None, **_):
     """HBM -> a new SBUF tile of ``src``'s shape (DMA). ``mask`` limits the copy to its box."""
+    current()
     if not isinstance(src, tensor):
         raise NKIError(f"{where()}: nl.load takes an HBM tensor, got {type(src).__name__}")
     if src.partitions > PMAX:

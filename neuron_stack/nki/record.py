@@ -46,12 +46,14 @@ def _read_source(path: str) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
-def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | None = None) -> dict[str, int]:
+def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | None = None,
+             files_seen: set | None = None) -> dict[str, int]:
     """Write the kernel's sources, source file, graph and ops (one per kernel line); returns the
     op id of each ``file.py:line``."""
     from traces.ids import new_id, stable_id
 
     seen = seen if seen is not None else set()
+    files_seen = files_seen if files_seen is not None else set()
     tr, sched = run.trace, run.schedule
     lines = sorted({i.node for i in tr.instrs}, key=lambda k: (k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])
                                                                  if k.rsplit(":", 1)[-1].isdigit() else 0))
@@ -64,8 +66,8 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
             seen.add(sid)
             for c, v in zip(rows, (sid, path, line, fn, code)):
                 rows[c].append(v)
-        if path not in files and ("file", path) not in seen:
-            seen.add(("file", path))
+        if path not in files and path not in files_seen:
+            files_seen.add(path)
             text = _read_source(path)
             if text is not None:
                 files[path] = text
@@ -155,7 +157,7 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
     if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0").strip().lower() in ("", "0", "false", "no", "off"):
         return
     from neuron_stack.device import clock
-    from neuron_stack.runtime.model import Session
+    from neuron_stack.runtime.session import Session
 
     session = Session.get(run.trace.p.name)
     rec = session.recorder
@@ -171,7 +173,7 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
         from traces.ids import new_id
         graph_id = new_id()
         seen = rec.sources_seen
-        op_ids = describe(rec.append, session.run_id, run, graph_id, seen)
+        op_ids = describe(rec.append, session.run_id, run, graph_id, seen, rec.files_seen)
         core = session.cores[0]
         want = rec.wants_instructions(graph_id, core) and (rec.core_filter is None or core in rec.core_filter)
         execution(rec.append, session.run_id, run, graph_id, op_ids, core, 0, proj0, wall0, wall1, want)
