@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from neuron_stack.compiler.lower.lowerer import Instr
+from neuron_stack.compiler.lower.tiles import Instr
 from neuron_stack.device.cost import dependent_overhead_ns
 from neuron_stack.isa.instructions import ENGINE_OF
 

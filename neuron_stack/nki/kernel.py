@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from neuron_stack.compiler.lower.lowerer import Lowered
+from neuron_stack.compiler.lower.tiles import Lowered
 from neuron_stack.compiler.schedule import Schedule, schedule_lowered
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.isa.interp import Machine
