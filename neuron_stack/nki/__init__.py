@@ -28,6 +28,7 @@ from __future__ import annotations
 from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel
 from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
+from . import lowering as _lowering  # noqa: E402,F401  (registers the nki op lowering with the compiler)
 
 __all__ = [
            "Kernel",

@@ -82,21 +82,48 @@ class Kernel:
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        _opaque_to_dynamo(self)
 
     def __getitem__(self, grid) -> Kernel:
         k = Kernel(self.fn, self.mode, self.target, **self.options)
         k.grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
         k._parent = self
+        _opaque_to_dynamo(k)
         if any(g < 1 for g in k.grid):
             raise NKIError(f"launch grid {k.grid} must be positive")
         return k
 
     def __call__(self, *args, **kwargs):
+        if args and not kwargs and _captured(args):
+            from .torch_op import torch_op
+            return torch_op(self, args)(*args)      # one op in the model's graph (docs/nki.md)
         self.last = run_kernel(self, args, kwargs)
         if self._parent is not None:
             self._parent.last = self.last
         outs = self.last.outputs
         return None if not outs else outs[0] if len(outs) == 1 and not self.last.trace.tuple_out else tuple(outs)
+
+
+def _opaque_to_dynamo(k) -> None:
+    """torch.compile puts a kernel call in the graph as one call (captured by aot_autograd as the
+    ``torch.ops.nki`` op) instead of tracing the kernel's Python."""
+    import torch._dynamo
+    torch._dynamo.allow_in_graph(k)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An input known by shape and dtype only (timing-only runs: ``run_kernel(..., execute=False)``)."""
+    shape: tuple
+    dtype: str
+
+
+def _captured(args) -> bool:
+    """A call on tensors that are being captured into a graph (torch imported only if torch tensors)."""
+    if not any(type(a).__module__.startswith("torch") for a in args):
+        return False
+    from .torch_op import tracing
+    return tracing(args)
 
 
 def _to_numpy(x):
@@ -135,7 +162,9 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
         name = params[i] if i < len(params) else f"arg{i}"
         if i >= len(args):
             name = list(kwargs)[i - len(args)]
-        if isinstance(a, (np.ndarray, np.generic)) or (hasattr(a, "detach") and hasattr(a, "shape")):
+        if isinstance(a, Spec):
+            v = trace.hbm_tensor(name, a.shape, dtype_name(a.dtype), "input")
+        elif isinstance(a, (np.ndarray, np.generic)) or (hasattr(a, "detach") and hasattr(a, "shape")):
             arr, dt, is_t = _to_numpy(a)
             torch_io |= is_t
             if arr.ndim == 0:
@@ -163,6 +192,8 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
     t1 = time.perf_counter_ns()
     run = KernelRun(k.__name__, trace, sched, [], t1 - t0, 0, os.path.abspath(inspect.getsourcefile(k.fn) or ""))
     if execute:
+        if any(isinstance(a, Spec) for a in list(args) + list(kwargs.values())):
+            raise NKIError("inputs given as shapes only (Spec) can be timed, not executed: pass execute=False")
         run.outputs = _execute(trace, inputs, outs, torch_io)
         run.sim_wall_ns = time.perf_counter_ns() - t1
     return run

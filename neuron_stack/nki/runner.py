@@ -37,9 +37,11 @@ def _deco(func, make):
 class _Jit(Kernel):
     def __call__(self, *args, **kwargs):
         t0 = time.perf_counter_ns()
+        before = self.last
         out = super().__call__(*args, **kwargs)
-        from .record import record_if_inspecting
-        record_if_inspecting(self.last, time.perf_counter_ns() - t0)
+        if self.last is not before:            # ran here (not captured into a model's graph)
+            from .record import record_if_inspecting
+            record_if_inspecting(self.last, time.perf_counter_ns() - t0)
         return out
 
     def __getitem__(self, grid):
