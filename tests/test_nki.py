@@ -40,7 +40,8 @@ def test_sample_kernels_match_numpy(name, capsys):
 
 def test_samples_import_only_the_nki_modules():
     """The promise: a kernel written for the SDK runs after changing only its imports."""
-    for f in SAMPLES.glob("*.py"):
+    for name in ("tensor_add", "matmul", "softmax", "rmsnorm", "flash_attention"):
+        f = SAMPLES / f"{name}.py"
         text = f.read_text()
         assert "import neuron_stack.nki as nki" in text
         assert "neuron_stack." not in text.replace("neuron_stack.nki", ""), f
