@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_nki_tutorial_runs_as_documented(tmp_path):
     doc = (ROOT / "docs" / "nki.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
-    assert len(blocks) >= 4
+    assert len(blocks) >= 5
     script = tmp_path / "tutorial.py"
     script.write_text("\n".join(blocks))
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
@@ -23,3 +23,4 @@ def test_nki_tutorial_runs_as_documented(tmp_path):
     assert f"tutorial.py:{line}: Size of partition dimension 300 exceeds architecture limitation of 128" in text
     assert re.search(r"p50 latency \(us\): [\d.]+", text)
     assert "'line': 'tutorial.py:" in text
+    assert re.search(r"\[\('nki\.rmsnorm_[0-9a-f]{10}\.default', 'nki'\)\]", text)
