@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_workloads" / "nki"))
-from flash_attention import flash_fwd  # noqa: E402
-from matmul import matmul_tiled  # noqa: E402
+from flash_attention import flash_fwd
+from matmul import matmul_tiled
 
-import neuron_stack  # noqa: E402
-from neuron_stack.device.profiles import get_profile  # noqa: E402
-from neuron_stack.nki import run_kernel  # noqa: E402
-from neuron_stack.nki.kernel import Spec  # noqa: E402
+import neuron_stack
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.nki import run_kernel
+from neuron_stack.nki.kernel import Spec
 
 
 def compiled_ns(model, *inputs, target: str) -> tuple[int, int]:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-import neuron_stack.nki as nki
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
+from neuron_stack import nki
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_workloads" / "nki"

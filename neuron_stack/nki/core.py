@@ -49,6 +49,11 @@ _ALIASES = {"float8_e4m3": "float8_e4m3fn", "bool_": "bool", "float": "float32",
 FLOATS = ("float32", "bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: Tensor operations that need the instruction emitters, supplied by the modules that define them
+#: (``indexing`` registers "index"; ``language`` "assign", "binary", "accumulate"), so this module
+#: imports neither: ``x[i]``, ``x[i] = v``, ``x + y`` and ``acc += y`` look them up here.
+TENSOR_OPS: dict = {}
 _local = threading.local()
 
 
@@ -212,19 +217,10 @@ class ndarray:
 
     # -- views ---------------------------------------------------------------------------------
     def __getitem__(self, key) -> ndarray:
-        from .indexing import index_view
-        return index_view(self, key)
+        return TENSOR_OPS["index"](self, key)
 
     def __setitem__(self, key, value) -> None:
-        from . import language as nl
-        dst = self[key]
-        if isinstance(value, ndarray) and value.buf.mem == "hbm" and dst.buf.mem != "hbm":
-            current().dma(dst, value)
-        elif isinstance(value, ndarray):
-            nl._copy_into(dst, value)
-        else:
-            from . import isa as nisa
-            nisa.memset(dst, value)
+        TENSOR_OPS["assign"](self[key], value)
 
     def view(self, dtype) -> ndarray:
         return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype))
@@ -262,8 +258,8 @@ class ndarray:
 
     # -- arithmetic (the legacy tile operators) ------------------------------------------------
     def _bin(self, other, op, reverse=False):
-        from . import language as nl
-        return nl._binary(other, self, op) if reverse else nl._binary(self, other, op)
+        binary = TENSOR_OPS["binary"]
+        return binary(other, self, op) if reverse else binary(self, other, op)
 
     def __add__(self, o): return self._bin(o, "add")
     def __radd__(self, o): return self._bin(o, "add", True)
@@ -276,8 +272,7 @@ class ndarray:
     def __neg__(self): return self._bin(-1.0, "multiply")
 
     def __iadd__(self, o):
-        from . import language as nl
-        return nl._accumulate(self, o)
+        return TENSOR_OPS["accumulate"](self, o)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -348,7 +343,7 @@ def _inside(a: tuple, b: tuple) -> bool:
     return all(b[k] <= a[k] and a[k + 1] <= b[k + 1] for k in range(0, len(a), 2))
 
 
-def _hbm_box(v: "ndarray") -> tuple:
+def _hbm_box(v: ndarray) -> tuple:
     """The per-dim bounding box of an HBM view over its tensor's dims; the whole tensor when a
     stride does not map onto one dim (a conservative dependency, never a missed one)."""
     shape = v.buf.shape or (1,)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import NKIError, ndarray, where
+from .core import TENSOR_OPS, NKIError, ndarray, where
 
 
 class ds:
@@ -256,3 +256,6 @@ def restrict(v: ndarray, box, shape) -> ndarray:
         off += s * v.strides[j]
         new_shape[j] = n
     return ndarray(v.buf, new_shape, off, v.strides, v.dtype)
+
+
+TENSOR_OPS["index"] = index_view

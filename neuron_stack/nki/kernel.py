@@ -94,9 +94,6 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
-        if args and not kwargs and _captured(args):
-            from .torch_op import torch_op
-            return torch_op(self, args)(*args)      # one op in the model's graph (docs/nki.md)
         self.last = run_kernel(self, args, kwargs)
         if self._parent is not None:
             self._parent.last = self.last
@@ -116,14 +113,6 @@ class Spec:
     """An input known by shape and dtype only (timing-only runs: ``run_kernel(..., execute=False)``)."""
     shape: tuple
     dtype: str
-
-
-def _captured(args) -> bool:
-    """A call on tensors that are being captured into a graph (torch imported only if torch tensors)."""
-    if not any(type(a).__module__.startswith("torch") for a in args):
-        return False
-    from .torch_op import tracing
-    return tracing(args)
 
 
 def _to_numpy(x):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from . import ops
-from .core import PMAX, NKIError, current, dtype_name, where
+from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, where
 from .core import ndarray as tensor
 from .indexing import arange, ds, mgrid  # noqa: F401
 
@@ -139,8 +139,13 @@ def copy(x, dtype=None, mask=None, **_):
     return out
 
 
-def _copy_into(dst, value) -> None:
-    if dst.buf.mem == "hbm":
+def _assign(dst, value) -> None:
+    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number."""
+    if not isinstance(value, tensor):
+        ops.memset(dst, value)
+    elif value.buf.mem == "hbm" and dst.buf.mem != "hbm":
+        ops.dma_copy(dst, value)
+    elif dst.buf.mem == "hbm":
         store(dst, value)
     else:
         ops.tensor_copy(dst, value)
@@ -310,3 +315,6 @@ def matmul(x, y, transpose_x: bool = False, mask=None, **_):
     i = ops.nc_matmul(out, stat, y)
     out._mm = (i, stat, y)
     return out
+
+
+TENSOR_OPS.update(assign=_assign, binary=_binary, accumulate=_accumulate)

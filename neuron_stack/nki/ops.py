@@ -27,6 +27,7 @@ from .core import (
     GEMM_STATIONARY_FMAX,
     PMAX,
     NKIError,
+    _overlap,
     current,
     dtype_name,
     ndarray,
@@ -271,7 +272,6 @@ def nc_matmul(dst: ndarray, stationary: ndarray, moving: ndarray, accumulate=Non
             raise NKIError(f"{where()}: nc_matmul takes floating tiles, not {v.dtype}")
     if accumulate is None:
         r = dst.region()
-        from .core import _overlap
         start = not any(_overlap(r, w) for w in dst.buf.written)
     else:
         start = not accumulate

@@ -76,7 +76,7 @@ def torch_op(kernel, example: tuple):
     name = op_name(kernel)
     with _lock:
         if name in KERNELS:
-            return getattr(getattr(torch.ops.nki, name), "default")
+            return getattr(torch.ops.nki, name).default
         params = list(inspect.signature(kernel.fn).parameters)
         if len(params) != len(example):
             raise NKIError(f"kernel {kernel.__name__} called from PyTorch takes tensors only: it has "
@@ -104,7 +104,12 @@ def torch_op(kernel, example: tuple):
         lib.impl(name, cpu, "CPU")
         torch.library.register_fake(f"nki::{name}", fake, lib=lib)
         KERNELS[name] = (kernel, kernel.grid)
-        return getattr(getattr(torch.ops.nki, name), "default")
+        return getattr(torch.ops.nki, name).default
+
+
+def captured(args) -> bool:
+    """A call on torch tensors that are being captured into a graph (not an eager call)."""
+    return any(isinstance(a, torch.Tensor) for a in args) and tracing(args)
 
 
 def tracing(args) -> bool:

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-import neuron_stack.nki as nki
+import neuron_stack.nki as nki  # noqa: PLR0402  (the SDK's import, renamed)
 import neuron_stack.nki.language as nl
 
 

@@ -13,9 +13,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rmsnorm import rmsnorm_kernel  # noqa: E402
+from rmsnorm import rmsnorm_kernel
 
-import neuron_stack  # noqa: E402
+import neuron_stack
 
 
 class Block(torch.nn.Module):
