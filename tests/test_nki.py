@@ -261,3 +261,27 @@ def test_flash_attention_bf16_close_to_torch_sdpa():
     want = torch.nn.functional.scaled_dot_product_attention(q.transpose(2, 3), k.transpose(2, 3), v)
     assert (torch.linalg.norm(got - want) / torch.linalg.norm(want)).item() < 1e-2
     assert math.isfinite(fa.flash_fwd.last.device_ns)
+
+
+def test_reused_sbuf_waits_for_the_previous_tiles_readers():
+    @nki.jit
+    def reuse(a):
+        out = nl.ndarray((2, 128, 40000), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 40000), nl.float32)          # 156 KiB of the 192 KiB per partition
+        nisa.memset(t, 1.0)
+        nisa.dma_copy(dst=out[0], src=t)
+        del t                                             # its bytes are free: the next tile lands there
+        u = nl.ndarray((128, 40000), nl.float32)
+        nisa.memset(u, 2.0)
+        nisa.dma_copy(dst=out[1], src=u)
+        return out
+
+    got = reuse(np.zeros(1, np.float32))
+    assert (got[0] == 1).all() and (got[1] == 2).all()
+    run = reuse.last
+    ops_ = [i.opcode for i in run.trace.instrs]
+    assert ops_ == ["MEMSET", "DMA_DIRECT2D", "MEMSET", "DMA_DIRECT2D"]
+    assert 1 in run.trace.instrs[2].deps                  # write-after-read on the reused bytes
+    t = run.schedule.table
+    start, dur = t.column("rel_start_ns").to_pylist(), t.column("dur_ns").to_pylist()
+    assert start[2] >= start[1] + dur[1]

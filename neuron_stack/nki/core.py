@@ -313,11 +313,16 @@ class Allocator:
         inherited: set = set()
         keep = []
         for g in self.ghosts:
-            if g[0] < addr + size and addr < g[0] + g[1]:
-                inherited |= g[2]
-                if addr <= g[0] and g[0] + g[1] <= addr + size:
-                    continue                 # fully covered: the new tile's accesses will carry it on
-            keep.append(g)
+            g0, g1, touched = g
+            if g0 < addr + size and addr < g0 + g1:
+                inherited |= touched
+                # the new tile's accesses carry the constraint on for its bytes; keep the rest
+                if g0 < addr:
+                    keep.append((g0, addr - g0, touched))
+                if addr + size < g0 + g1:
+                    keep.append((addr + size, g0 + g1 - addr - size, touched))
+            else:
+                keep.append(g)
         self.ghosts = keep
         return inherited
 
@@ -327,12 +332,11 @@ class Allocator:
             self.ghosts.append((addr, size, touched))
 
 
-def _free_tile(alloc: Allocator, key: int, buf_ref) -> None:
-    b = buf_ref()
-    touched = set()
-    if b is not None:
-        touched = {i for i, _ in b.reads} | {i for i, _ in b.writes} | b.pending
-    alloc.free(key, touched)
+def _free_tile(alloc: Allocator, key: int, reads: list, writes: list, pending: set) -> None:
+    """A tile's last reference is gone: its bytes keep the instructions that touched it (or, never
+    touched, the constraints it inherited) for the next tile placed there."""
+    touched = {i for i, _ in reads} | {i for i, _ in writes}
+    alloc.free(key, touched or pending)
 
 
 def _overlap(a: tuple, b: tuple) -> bool:
@@ -467,7 +471,8 @@ class Trace:
                    addr, free_bytes)
         key = self._n
         b.pending = alloc.take(key, addr, max(free_bytes, 1))
-        weakref.finalize(b, _free_tile, alloc, key, weakref.ref(b))
+        # the access lists are updated in place, so the finalizer sees their last state
+        weakref.finalize(b, _free_tile, alloc, key, b.reads, b.writes, b.pending)
         t = ndarray(b, shape)
         self.inits.append((len(self.instrs), t.operand(), _sentinel(dtype)))
         return t
@@ -509,8 +514,8 @@ class Trace:
             v.buf.reads.append((idx, r))
         for v, r in dregs:
             b = v.buf
-            b.reads = [(i, w) for i, w in b.reads if not _inside(w, r)]
-            b.writes = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
+            b.reads[:] = [(i, w) for i, w in b.reads if not _inside(w, r)]
+            b.writes[:] = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
             b.written.append(r)
         return idx
 

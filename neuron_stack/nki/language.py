@@ -228,7 +228,8 @@ def _accumulate(acc, o):
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
     if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
         ins = t.instrs.pop()
-        o.buf.writes, o.buf.written = [], []
+        o.buf.writes.clear()
+        o.buf.written.clear()
         stat, mov = mm[1], mm[2]
         t.emit("MATMUL", [acc], [stat, mov], {"start": False, "stop": True}, dur=ins.dur, flops=ins.flops,
                itype="REGULAR", small=False, loc=ins.node)
