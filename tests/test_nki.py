@@ -285,3 +285,27 @@ def test_reused_sbuf_waits_for_the_previous_tiles_readers():
     t = run.schedule.table
     start, dur = t.column("rel_start_ns").to_pylist(), t.column("dur_ns").to_pylist()
     assert start[2] >= start[1] + dur[1]
+
+
+def test_explorer_links_kernel_lines_and_instructions_both_ways(tmp_path):
+    """Source page: the kernel file with time per line; timeline: an instruction names its kernel line."""
+    from explorer import data
+    fa = sample("flash_attention")
+    prof = nki.profile(working_directory=tmp_path)(fa.flash_fwd[1, 1])
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((1, 1, 64, 512), dtype=np.float32), rng.standard_normal((1, 1, 64, 512), dtype=np.float32)
+    prof(q, k, rng.standard_normal((1, 1, 512, 64), dtype=np.float32))
+    reg = data.Registry([prof.profile_path])
+    data.set_registry(reg)
+    try:
+        L = data.resolve(reg.default_key())
+        kfile = str(SAMPLES / "flash_attention.py")
+        assert data.source_files(L) == [kfile]
+        rows = {r["line"]: r for r in data.source_view(L, kfile)}
+        mm_line = line_of(fa.flash_fwd.fn, "nisa.nc_matmul(dst=s_psum")
+        assert rows[mm_line]["device_ns"] > 0
+        inst = next(i for i in data.timeline(L)["instructions"] if i["opcode"] == "MATMUL")
+        got = data.instruction_at(L, inst["core"], inst["engine"], inst["start"], inst["pc"])
+        assert got["file"] == kfile and got["nki_source_location"] == f"flash_attention.py:{got['line']}"
+    finally:
+        reg.close()

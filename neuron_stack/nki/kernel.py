@@ -19,6 +19,7 @@ inputs. ``run_kernel`` returns everything: the trace, the schedule and the outpu
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import os
@@ -85,9 +86,9 @@ class Kernel:
         _opaque_to_dynamo(self)
 
     def __getitem__(self, grid) -> Kernel:
-        k = Kernel(self.fn, self.mode, self.target, **self.options)
+        k = copy.copy(self)                 # the same kind of kernel (jit, benchmark, profile), new grid
         k.grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
-        k._parent = self
+        k._parent, k.last = self, None
         _opaque_to_dynamo(k)
         if any(g < 1 for g in k.grid):
             raise NKIError(f"launch grid {k.grid} must be positive")

@@ -31,8 +31,12 @@ PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
 
 
 def _deco(func, make):
-    """Support ``@deco``, ``@deco(...)`` and ``deco(fn)``."""
-    return make(func) if func is not None else make
+    """Support ``@deco``, ``@deco(...)`` and ``deco(fn)``; a kernel given keeps its launch grid."""
+    def build(f):
+        k = make(getattr(f, "__wrapped__", f))
+        k.grid = getattr(f, "grid", k.grid)
+        return k
+    return build(func) if func is not None else build
 
 
 class _Jit(Kernel):
@@ -46,12 +50,6 @@ class _Jit(Kernel):
             from .record import record_if_inspecting
             record_if_inspecting(self.last, time.perf_counter_ns() - t0)
         return out
-
-    def __getitem__(self, grid):
-        k = _Jit(self.fn, self.mode, self.target, **self.options)
-        k.grid = super().__getitem__(grid).grid
-        k._parent = self
-        return k
 
 
 def jit(func=None, mode: str = "auto", **kwargs):
@@ -75,7 +73,7 @@ def simulate_kernel(kernel, *args, **kwargs):
 def baremetal(kernel=None, *, save_neff_name=None, save_trace_name=None, additional_compile_opt=None,
               artifacts_dir=None, **_):
     """Legacy ``@nki.baremetal``: run the kernel on the (simulated) device with numpy inputs."""
-    return _deco(kernel, lambda f: _Jit(getattr(f, "__wrapped__", f), "baremetal"))
+    return _deco(kernel, lambda f: _Jit(f, "baremetal"))
 
 
 class LatencyStats:
@@ -121,7 +119,7 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, save_neff_name
               additional_compile_opt=None, **_):
     """Legacy ``@nki.benchmark``: afterwards ``kernel.benchmark_result.nc_latency.get_latency_percentile(p)``
     gives the simulated device latency in microseconds."""
-    return _deco(kernel, lambda f: _Benchmark(getattr(f, "__wrapped__", f), warmup, iters))
+    return _deco(kernel, lambda f: _Benchmark(f, warmup, iters))
 
 
 class _Profile(Kernel):
@@ -164,5 +162,4 @@ def profile(func=None, *, working_directory=None, save_neff_name="file.neff", sa
             additional_compile_opt=None, overwrite: bool = False, profile_nth: int = 1, **_):
     """Legacy ``@nki.profile(working_directory=...)``: run the kernel and write
     ``working_directory/profile.duckdb`` with one row per instruction and its kernel line."""
-    return _deco(func, lambda f: _Profile(getattr(f, "__wrapped__", f), working_directory, save_trace_name,
-                                          overwrite, profile_nth))
+    return _deco(func, lambda f: _Profile(f, working_directory, save_trace_name, overwrite, profile_nth))
