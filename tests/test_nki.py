@@ -238,7 +238,8 @@ def test_kernel_under_neuron_explorer_inspect(tmp_path):
         f"sys.path.insert(0, {str(SAMPLES)!r})\n"
         "import numpy as np\n"
         "from rmsnorm import rmsnorm_kernel\n"
-        "rmsnorm_kernel(np.ones((130, 64), np.float32), np.ones(64, np.float32))\n")
+        "for _ in range(3):\n"
+        "    rmsnorm_kernel(np.ones((130, 64), np.float32), np.ones(64, np.float32))\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), NEURON_RT_VISIBLE_CORES="")
     env.pop("NEURON_RT_VISIBLE_CORES")
     out = tmp_path / "out"
@@ -250,6 +251,9 @@ def test_kernel_under_neuron_explorer_inspect(tmp_path):
         locs = p.sql("SELECT DISTINCT nki_source_location AS loc FROM instructions").column("loc").to_pylist()
         assert any(loc and loc.startswith("rmsnorm.py:") for loc in locs)
         assert p.sql("SELECT count(*) AS n FROM graphs WHERE kind = 'nki'").column("n")[0].as_py() == 1
+        ex = p.sql("SELECT iteration, warmup FROM executions ORDER BY iteration").to_pylist()
+        assert ex == [{"iteration": 0, "warmup": True}, {"iteration": 1, "warmup": False},
+                      {"iteration": 2, "warmup": False}]
 
 
 def test_flash_attention_bf16_close_to_torch_sdpa():

@@ -35,12 +35,13 @@ from neuron_stack.compiler.lower.tiles import Instr
 from neuron_stack.device.cost import dependent_overhead_ns
 from neuron_stack.isa.instructions import ENGINE_OF
 
+# Tile limits: reference llm_serving_and_nki.md §1.6 (legacy programming_model.rst, nl.tile_size)
 PMAX = 128              # nl.tile_size.pmax
 PSUM_FMAX = 512         # nl.tile_size.psum_fmax (fp32 elements of one 2 KiB bank)
 GEMM_STATIONARY_FMAX = 128
 GEMM_MOVING_FMAX = 512
-SBUF_ALIGN = 64         # bytes; nl.tile_size.sbuf_min_align
-PSUM_BANK_BYTES = 2048
+PSUM_BANK_BYTES = 2048  # 16 KiB per partition = 8 banks x 512 fp32 (§1.3)
+SBUF_ALIGN = 64         # bytes: the placement unit of the compiler's own SBUF ring (compiler/lower/tiles.py)
 
 #: element sizes of the NKI dtypes we simulate (nl.float8_e4m3 is stored as torch's e4m3fn)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "tfloat32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -518,12 +519,6 @@ class Trace:
             b.writes[:] = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
             b.written.append(r)
         return idx
-
-    def unemit_last(self) -> Instr:
-        """Take back the last instruction (a legacy ``acc += matmul`` retargets it into ``acc``)."""
-        ins = self.instrs.pop()
-        idx = len(self.instrs)
-        return ins, idx
 
     def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
         """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""

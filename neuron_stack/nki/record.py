@@ -105,8 +105,9 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
 
 
 def execution(append, run_id: str, run: KernelRun, graph_id: int, op_ids: dict, core: int, iteration: int,
-              proj0: int, wall0: int, wall1: int, instructions: bool = True) -> int:
-    """Write one execution row and (``instructions``) its instruction rows; returns the exec id."""
+              proj0: int, wall0: int, wall1: int, instructions: bool = True, warmup: bool | None = None) -> int:
+    """Write one execution row and (``instructions``) its instruction rows; returns the exec id.
+    ``warmup`` defaults to the runtime's rule: a graph's first execution is its warm-up."""
     from traces.ids import new_id
 
     s = run.schedule
@@ -114,7 +115,8 @@ def execution(append, run_id: str, run: KernelRun, graph_id: int, op_ids: dict, 
     append("executions", {
         "exec_id": [exec_id], "run_id": [run_id], "graph_id": [graph_id], "core": [core], "iteration": [iteration],
         "wall_start_ns": [wall0], "wall_end_ns": [wall1], "start_ns": [proj0], "end_ns": [proj0 + s.device_ns],
-        "device_ns": [s.device_ns], "status": ["completed"], "warmup": [iteration == 0], "flops": [s.flops],
+        "device_ns": [s.device_ns], "status": ["completed"],
+        "warmup": [iteration == 0 if warmup is None else warmup], "flops": [s.flops],
         **{f"{e}_busy_ns": [int(s.busy_ns.get(e, 0))] for e in _ENGINES},
         "cpu_fallback_ns": [0], "hbm_read_bytes": [s.hbm_read_bytes], "hbm_write_bytes": [s.hbm_write_bytes]})
     if instructions:
@@ -135,7 +137,8 @@ def execution(append, run_id: str, run: KernelRun, graph_id: int, op_ids: dict, 
 
 def record(append, run_id: str, run: KernelRun, core: int = 0, executions: int = 1, proj0: int | None = None,
            seen: set | None = None) -> int:
-    """Describe ``run`` and record ``executions`` back-to-back executions of it; returns the graph id.
+    """Describe ``run`` and record ``executions`` back-to-back executions of it, all but the last
+    marked warm-up (``nki.profile(profile_nth=N)`` profiles the N-th); returns the graph id.
 
     Example: ``record(writer.append, writer.run_id, nki.run_kernel(kernel, (a, b)))``.
     """
@@ -146,7 +149,8 @@ def record(append, run_id: str, run: KernelRun, core: int = 0, executions: int =
     op_ids = describe(append, run_id, run, graph_id, seen)
     t = time.time_ns() if proj0 is None else proj0
     for it in range(executions):
-        execution(append, run_id, run, graph_id, op_ids, core, it, t, t, t + run.device_ns)
+        execution(append, run_id, run, graph_id, op_ids, core, it, t, t, t + run.device_ns,
+                  warmup=it < executions - 1)
         t += run.device_ns
     return graph_id
 
@@ -171,9 +175,15 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
         if session.recorder is not rec:
             return
         from traces.ids import new_id
-        graph_id = new_id()
-        seen = rec.sources_seen
-        op_ids = describe(rec.append, session.run_id, run, graph_id, seen, rec.files_seen)
+        # one graph per kernel and instruction stream in this recording; later calls are its executions
+        graphs = rec.__dict__.setdefault("nki_graphs", {})
+        key = (run.name, hashlib.sha1("".join(run.schedule.table.column("operands").to_pylist()).encode()).digest())
+        if key not in graphs:
+            graph_id = new_id()
+            graphs[key] = [graph_id, describe(rec.append, session.run_id, run, graph_id, rec.sources_seen,
+                                              rec.files_seen), 0]
+        graph_id, op_ids, it = graphs[key]
+        graphs[key][2] += 1
         core = session.cores[0]
         want = rec.wants_instructions(graph_id, core) and (rec.core_filter is None or core in rec.core_filter)
-        execution(rec.append, session.run_id, run, graph_id, op_ids, core, 0, proj0, wall0, wall1, want)
+        execution(rec.append, session.run_id, run, graph_id, op_ids, core, it, proj0, wall0, wall1, want)
