@@ -313,3 +313,25 @@ def test_explorer_links_kernel_lines_and_instructions_both_ways(tmp_path):
         assert got["file"] == kfile and got["nki_source_location"] == f"flash_attention.py:{got['line']}"
     finally:
         reg.close()
+
+
+def test_fp8_rounding_psum_capacity_and_device_print(capsys):
+    @nki.jit
+    def to_fp8(a):
+        out = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a, dtype=nl.float8_e4m3)
+        nl.device_print("fp8 tile", t)
+        nl.store(out, value=nl.copy(t, dtype=nl.float32))
+        return out
+
+    x = np.array([[0.1, 1.3, 3.14159, 300.0]], np.float32)
+    want = torch.from_numpy(x).to(torch.float8_e4m3fn).float().numpy()
+    np.testing.assert_array_equal(to_fp8(x), want)
+    assert "fp8 tile" in capsys.readouterr().out
+
+    @nki.jit
+    def nine_banks(a):
+        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]  # MARK-BANKS
+        return keep
+
+    _raises_at(nine_banks, (x,), "PSUM is full", "MARK-BANKS")
