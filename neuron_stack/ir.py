@@ -16,7 +16,7 @@ from typing import Any
 
 # Op classes (legalize assigns one per node). "view" ops are metadata only: no device work.
 OP_CLASSES = ("matmul", "conv", "elementwise", "activation", "reduction", "normalization", "softmax",
-              "data_movement", "gather", "view", "collective", "cpu")
+              "data_movement", "gather", "view", "collective", "nki", "cpu")
 
 
 @dataclass

@@ -19,7 +19,7 @@ PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 #: neuron_stack's stages in processing order; a module may import its own stage and earlier ones.
 #: ``ir`` (the graph IR every stage passes on) comes first; the facade (``neuron_stack/__init__.py``,
 #: ``api.py``, ``dynamo.py``, ``parallel.py``: the public API) last.
-STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "tools", "facade")
+STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "facade")
 
 
 def module_name(path: Path) -> str:

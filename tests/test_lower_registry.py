@@ -29,7 +29,8 @@ def test_lookup_picks_the_most_specific_lowering(target, op_class, name):
 
 
 def test_every_lowering_is_a_registered_function_and_keys_are_unique():
-    names = {e.name for e in registry.LOWERINGS.values()}
+    # "nki" is registered by the NKI front end (neuron_stack.nki.lowering) once it has been imported
+    names = {e.name for e in registry.LOWERINGS.values()} - {"nki"}
     assert names == {"matmul", "conv", "pool", "batch_norm", "elementwise", "rowwise", "embedding", "iota",
                      "copy", "collective", "custom"}
     assert registry.named("copy").fn.__name__ == "lower_copy"

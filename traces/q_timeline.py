@@ -267,8 +267,11 @@ def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
 
 def instruction_at(p, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
     """One instruction by lane and absolute start time (the row with ``pc`` first)."""
-    rows = p.sql("""SELECT start_ns, dur_ns, core, engine, queue, opcode, op_id, pc, flops, bytes_read,
-                           bytes_written, sem_wait_ns
+    # schema 1.1: an NKI kernel's instructions name their kernel line (absent in older profiles)
+    nki = p.sql("""SELECT count(*) AS n FROM information_schema.columns
+                   WHERE table_name = 'instructions' AND column_name = 'nki_source_location'""").column("n")[0].as_py()
+    rows = p.sql(f"""SELECT start_ns, dur_ns, core, engine, queue, opcode, op_id, pc, flops, bytes_read,
+                           bytes_written, sem_wait_ns{", nki_source_location" if nki else ""}
                     FROM instructions WHERE core = $core AND engine = $engine AND start_ns = $s
                     ORDER BY (pc = $pc) DESC LIMIT 1""",
                  {"core": int(core), "engine": str(engine), "s": int(start_ns), "pc": pc}).to_pylist()

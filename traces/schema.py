@@ -18,7 +18,7 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
@@ -64,6 +64,7 @@ INSTRUCTIONS = pa.schema([
     ("exec_id", _i64), ("core", _i32), ("engine", _str), ("queue", _str), ("opcode", _str),
     ("op_id", _i64), ("pc", _i32), ("start_ns", _i64), ("dur_ns", _i64), ("flops", _i64),
     ("bytes_read", _i64), ("bytes_written", _i64), ("sem_wait_ns", _i64),
+    ("nki_source_location", _str),   # 1.1: the NKI kernel line (file.py:line) of a kernel's instruction
 ])
 
 EVENTS = pa.schema([

@@ -156,6 +156,8 @@ def details(click, state):
             ("start", fmt_ns(r["start"])), ("duration", fmt_ns(r["dur"])), ("FLOPs", f"{r['flops']:,}"),
             ("bytes read / written", f"{r['bytes_read']:,} / {r['bytes_written']:,}"),
             ("semaphore wait", fmt_ns(r["sem_wait_ns"])), ("op", r["op"]), ("module", r["module"] or "—")]
+    if r.get("nki_source_location"):
+        rows.append(("NKI kernel line", r["nki_source_location"]))     # docs/nki.md
     link = (dcc.Link(f"Open {r['where']} →", href=ui.href("/source", profile=key, line=r["source_id"]),
                      id="timeline-open-source") if r["source_id"] is not None else html.Span("no source line recorded"))
     return html.Div([ui.table([("field", lambda x: x[0]), ("value", lambda x: str(x[1]))],

@@ -146,6 +146,8 @@ def lookup(target: str) -> tuple[str, str]:
     """
     if target in TABLE:
         return TABLE[target]
+    if target.startswith("nki."):       # torch.ops.nki.*: an NKI kernel (neuron_stack.nki), its own lowering
+        return ("nki", "NKI kernel: lowered to the kernel's own instructions")
     if target in PYTHON_NODES:
         return PYTHON_NODES[target]
     if target.startswith(("operator.", "_operator.", "math.", "torch.sym_", "torch._sym_")):

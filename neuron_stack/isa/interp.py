@@ -42,8 +42,8 @@ class InterpError(RuntimeError):
 
 
 def _round(dt: str, a: np.ndarray) -> np.ndarray:
-    """Round fp32 values to the storage precision of ``dt`` (bf16/fp16), keeping fp32 storage."""
-    if dt in ("bfloat16", "float16"):
+    """Round fp32 values to the storage precision of ``dt`` (bf16/fp16/fp8), keeping fp32 storage."""
+    if dt in ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"):
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         return t.to(getattr(torch, dt)).to(torch.float32).numpy()
     return a
@@ -128,7 +128,7 @@ def _alu(op: str, a, b):
         "logical_or": torch.logical_or, "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
         "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "atan2": torch.atan2,
         "hypot": torch.hypot, "copysign": torch.copysign, "floor_divide": torch.floor_divide,
-        "rsub": lambda x, y: torch.sub(y, x), "bypass": lambda x, y: x,
+        "rsub": lambda x, y: torch.sub(y, x), "rdivide": lambda x, y: torch.div(y, x), "bypass": lambda x, y: x,
     }
     if op not in fns:
         raise InterpError(f"unknown ALU op {op!r}")

@@ -205,6 +205,12 @@ def instruction_tables(model) -> dict[int, pa.Table]:
             cols = {k: t.column(k) for k in keep}
             cols["op_id"] = op_id
             cols["rel_start_ns"] = t.column("rel_start_ns")
+            # an NKI kernel op's instructions carry their kernel line (neuron_stack.nki.lowering)
+            has = pc.match_substring(t.column("operands"), '"nki_loc"')
+            if t.num_rows and pc.any(has).as_py():
+                cols["nki_source_location"] = pa.array(
+                    [json.loads(o)["nki_loc"] if h else None
+                     for o, h in zip(t.column("operands").to_pylist(), has.to_pylist())], pa.string())
             out[p.part.index] = pa.table(cols)
         model.instruction_cache = out
     return model.instruction_cache

@@ -1,0 +1,561 @@
+"""The NKI tracer: kernel tensors, on-chip allocation, tile rules and instruction recording.
+
+Running a kernel function under :class:`Trace` turns every ``nl.*`` / ``nisa.*`` call into ISA
+instructions (:mod:`neuron_stack.isa.instructions` opcodes with access-pattern operands), each tagged
+with the kernel source line that issued it (``nki_source_location``). Nothing is computed here: the
+interpreter (:mod:`neuron_stack.isa.interp`) executes the recorded list for the numbers and the
+scheduler (:func:`neuron_stack.compiler.schedule.schedule_lowered`) times it.
+
+Dependencies are found the way the hardware's semaphores need them: per buffer, an instruction waits
+for earlier writes it reads (RAW) and earlier accesses it overwrites (WAR/WAW), by overlapping
+partition x free ranges. On-chip tiles are placed by a ring allocator over SBUF / PSUM (bytes per
+partition of the device profile); a tile freed by Python (its last reference gone) leaves its last
+accesses behind, and the next tile placed over that range waits for them: a tile allocated inside a
+loop body is double-buffered as long as SBUF has room.
+
+>>> from neuron_stack.device.profiles import get_profile
+>>> t = Trace(get_profile("trn1"))
+>>> with t:
+...     x = t.alloc("sbuf", (128, 512), "float32")
+>>> x.shape, x.buffer
+((128, 512), 'sbuf')
+"""
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+from neuron_stack.compiler.lower.tiles import Instr
+from neuron_stack.device.cost import dependent_overhead_ns
+from neuron_stack.isa.instructions import ENGINE_OF
+
+# Tile limits: reference llm_serving_and_nki.md §1.6 (legacy programming_model.rst, nl.tile_size)
+PMAX = 128              # nl.tile_size.pmax
+PSUM_FMAX = 512         # nl.tile_size.psum_fmax (fp32 elements of one 2 KiB bank)
+GEMM_STATIONARY_FMAX = 128
+GEMM_MOVING_FMAX = 512
+PSUM_BANK_BYTES = 2048  # 16 KiB per partition = 8 banks x 512 fp32 (§1.3)
+SBUF_ALIGN = 64         # bytes: the placement unit of the compiler's own SBUF ring (compiler/lower/tiles.py)
+
+#: element sizes of the NKI dtypes we simulate (nl.float8_e4m3 is stored as torch's e4m3fn)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "tfloat32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "int32": 4, "int16": 2, "int8": 1, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1}
+_ALIASES = {"float8_e4m3": "float8_e4m3fn", "bool_": "bool", "float": "float32", "int": "int32"}
+FLOATS = ("float32", "bfloat16", "float16", "tfloat32", "float8_e4m3fn", "float8_e5m2")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: Tensor operations that need the instruction emitters, supplied by the modules that define them
+#: (``indexing`` registers "index"; ``language`` "assign", "binary", "accumulate"), so this module
+#: imports neither: ``x[i]``, ``x[i] = v``, ``x + y`` and ``acc += y`` look them up here.
+TENSOR_OPS: dict = {}
+_local = threading.local()
+
+
+class NKIError(ValueError):
+    """A kernel the simulated NeuronCore refuses; the message starts with the kernel's file:line."""
+
+
+def dtype_name(dt) -> str:
+    """The NKI dtype name of ``dt`` (a name, a numpy dtype or a torch dtype).
+
+    >>> dtype_name("bfloat16"), dtype_name(np.float32)
+    ('bfloat16', 'float32')
+    """
+    if dt is None:
+        return "float32"
+    name = str(dt).removeprefix("torch.")
+    if not isinstance(dt, str):
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            pass
+    name = _ALIASES.get(name, name)
+    if name == "tfloat32":
+        return "float32"
+    if name not in DTYPE_BYTES:
+        raise NKIError(f"{where()}: dtype {dt!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
+    return name
+
+
+def current() -> Trace:
+    """The trace of the kernel being run (an NKI call outside a kernel is an error)."""
+    t = getattr(_local, "trace", None)
+    if t is None:
+        raise NKIError("nki.language / nki.isa calls only work inside a kernel: decorate the function with "
+                       "@nki.jit and call it (or nki.simulate_kernel(kernel, *args))")
+    return t
+
+
+def where() -> str:
+    """``file.py:line`` of the innermost caller outside this package (the kernel line)."""
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+        f = f.f_back
+    if f is None:
+        return "<kernel>"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+
+
+def _frame():
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+        f = f.f_back
+    return f
+
+
+# -----------------------------------------------------------------------------------------------
+# Buffers and tensors
+
+class Buffer:
+    """One allocation: an HBM tensor or an on-chip tile at ``addr`` (bytes per partition)."""
+
+    __slots__ = (
+        "__weakref__",
+        "addr",
+        "dtype",
+        "kind_name",
+        "mem",
+        "name",
+        "pending",
+        "pitch",
+        "reads",
+        "shape",
+        "size",
+        "writes",
+        "written",
+    )
+
+    def __init__(self, mem, name, dtype, shape, pitch, addr=0, size=0):
+        self.mem, self.name, self.dtype, self.shape = mem, name, dtype, tuple(shape)
+        self.pitch, self.addr, self.size = pitch, addr, size
+        self.reads: list = []        # (instr, region)
+        self.writes: list = []
+        self.pending: set = set()    # accesses of earlier tiles at the same addresses (WAR on reuse)
+        self.written: list = []      # regions written so far (PSUM accumulation groups)
+        self.kind_name = mem
+
+
+def _contig(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+class ndarray:
+    """An NKI tensor: a strided view of an HBM tensor or an SBUF/PSUM tile (dim 0 = partitions).
+
+    Indexing with integers, slices, ``nl.ds`` or ``nl.arange``/``nl.mgrid`` expressions gives a view;
+    arithmetic operators issue Vector Engine instructions. Example: ``a[0:128, 512:1024]``.
+    """
+
+    __array_priority__ = 100    # numpy scalars on the left defer to our operators
+
+    def __init__(self, buf: Buffer, shape, offset: int = 0, strides=None, dtype: str | None = None):
+        self.buf = buf
+        self.shape = tuple(int(s) for s in shape)
+        self.offset = int(offset)
+        if strides is None:
+            strides = [buf.pitch] + _contig(self.shape[1:]) if buf.mem != "hbm" and self.shape else _contig(self.shape)
+        self.strides = tuple(int(s) for s in strides)
+        self.dtype = dtype or buf.dtype
+        self._mm = None             # index of the MATMUL that produced this PSUM value (legacy `+=`)
+
+    # -- description ---------------------------------------------------------------------------
+    @property
+    def buffer(self) -> str:
+        return self.buf.mem if self.buf.mem != "hbm" else self.buf.kind_name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def name(self) -> str:
+        return self.buf.name
+
+    def operand(self) -> dict:
+        """The access-pattern operand ``{"m", "b", "dt", "o", "ap"}`` of this view."""
+        ap = [[s, n] for s, n in zip(self.strides, self.shape)] or [[1, 1]]
+        return {"m": self.buf.mem, "b": self.buf.name, "dt": self.dtype, "o": self.offset, "ap": ap}
+
+    def region(self) -> tuple:
+        """The box this view touches, as (lo, hi) pairs flattened: (p_lo, p_hi, f_lo, f_hi) on chip,
+        one pair per tensor dim in HBM (so disjoint blocks of one output never wait for each other)."""
+        if self.buf.mem == "hbm":
+            return _hbm_box(self)
+        pitch = self.buf.pitch
+        p0, f0 = divmod(self.offset, pitch)
+        ps = self.strides[0] // pitch if self.shape else 0
+        p1 = p0 + (self.shape[0] - 1) * ps if self.shape else p0
+        f1 = f0 + sum((n - 1) * s for s, n in zip(self.strides[1:], self.shape[1:]))
+        return (p0, p1, f0, f1)
+
+    def flat_range(self) -> tuple[int, int]:
+        return self.offset, self.offset + sum((n - 1) * s for s, n in zip(self.strides, self.shape))
+
+    @property
+    def free_size(self) -> int:
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def partitions(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    def __repr__(self) -> str:
+        return f"nki.ndarray(shape={self.shape}, dtype={self.dtype}, buffer={self.buffer}, name={self.name!r})"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    # -- views ---------------------------------------------------------------------------------
+    def __getitem__(self, key) -> ndarray:
+        return TENSOR_OPS["index"](self, key)
+
+    def __setitem__(self, key, value) -> None:
+        TENSOR_OPS["assign"](self[key], value)
+
+    def view(self, dtype) -> ndarray:
+        return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype))
+
+    def reshape(self, shape) -> ndarray:
+        """A reshaped view of a contiguous tensor (HBM) or of a tile's free dims."""
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if math.prod(shape) != math.prod(self.shape):
+            raise NKIError(f"{where()}: cannot reshape {self.shape} into {shape}")
+        if self.buf.mem == "hbm":
+            if list(self.strides) != _contig(self.shape):
+                raise NKIError(f"{where()}: reshape needs a contiguous HBM tensor; copy it first")
+            return ndarray(self.buf, shape, self.offset, _contig(shape), self.dtype)
+        if shape[0] != self.shape[0] or list(self.strides[1:]) != _contig(self.shape[1:]):
+            raise NKIError(f"{where()}: a tile reshape must keep the partition dim ({self.shape[0]}) and a "
+                           f"contiguous free part")
+        return ndarray(self.buf, shape, self.offset, [self.strides[0]] + _contig(shape[1:]), self.dtype)
+
+    def broadcast_to(self, shape) -> ndarray:
+        """A view repeating size-1 dims (stride 0), e.g. a ``[1, D]`` weight row to ``[128, D]``."""
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != len(self.shape):
+            raise NKIError(f"{where()}: broadcast_to {shape} needs the same rank as {self.shape}")
+        strides = []
+        for n, m, s in zip(self.shape, shape, self.strides):
+            if n == m:
+                strides.append(s)
+            elif n == 1:
+                strides.append(0)
+            else:
+                raise NKIError(f"{where()}: cannot broadcast {self.shape} to {shape}")
+        if self.buf.mem != "hbm" and shape and shape[0] > PMAX:
+            raise NKIError(f"{where()}: partition dimension {shape[0]} exceeds architecture limitation of {PMAX}")
+        return ndarray(self.buf, shape, self.offset, strides, self.dtype)
+
+    # -- arithmetic (the legacy tile operators) ------------------------------------------------
+    def _bin(self, other, op, reverse=False):
+        binary = TENSOR_OPS["binary"]
+        return binary(other, self, op) if reverse else binary(self, other, op)
+
+    def __add__(self, o): return self._bin(o, "add")
+    def __radd__(self, o): return self._bin(o, "add", True)
+    def __sub__(self, o): return self._bin(o, "subtract")
+    def __rsub__(self, o): return self._bin(o, "subtract", True)
+    def __mul__(self, o): return self._bin(o, "multiply")
+    def __rmul__(self, o): return self._bin(o, "multiply", True)
+    def __truediv__(self, o): return self._bin(o, "divide")
+    def __rtruediv__(self, o): return self._bin(o, "divide", True)
+    def __neg__(self): return self._bin(-1.0, "multiply")
+
+    def __iadd__(self, o):
+        return TENSOR_OPS["accumulate"](self, o)
+
+
+# -----------------------------------------------------------------------------------------------
+# On-chip allocation
+
+class Allocator:
+    """A ring over one on-chip memory (bytes per partition). Live tiles may not overlap; a freed
+    tile's accesses are inherited by the next tile placed over its bytes (write-after-read)."""
+
+    def __init__(self, mem: str, capacity: int, align: int):
+        self.mem, self.capacity, self.align = mem, capacity, align
+        self.live: dict[int, tuple[int, int]] = {}     # id -> (addr, size)
+        self.ghosts: list[tuple[int, int, set]] = []   # freed (addr, size, instrs that touched it)
+        self.cursor = 0
+        self.peak = 0
+
+    def _fits(self, a: int, size: int) -> bool:
+        return a + size <= self.capacity and all(a + size <= b or b + n <= a for b, n in self.live.values())
+
+    def place(self, size: int) -> int:
+        size = -(-size // self.align) * self.align
+        if size > self.capacity:
+            return -1
+        starts = sorted({self.cursor, 0} | {b + n for b, n in self.live.values()})
+        for a in [s for s in starts if s >= self.cursor] + [s for s in starts if s < self.cursor]:
+            if self._fits(a, size):
+                self.cursor = a + size if a + size < self.capacity else 0
+                return a
+        return -1
+
+    def used(self) -> int:
+        return sum(n for _, n in self.live.values())
+
+    def take(self, key: int, addr: int, size: int) -> set:
+        size = -(-size // self.align) * self.align
+        self.live[key] = (addr, size)
+        self.peak = max(self.peak, self.used())
+        inherited: set = set()
+        keep = []
+        for g in self.ghosts:
+            g0, g1, touched = g
+            if g0 < addr + size and addr < g0 + g1:
+                inherited |= touched
+                # the new tile's accesses carry the constraint on for its bytes; keep the rest
+                if g0 < addr:
+                    keep.append((g0, addr - g0, touched))
+                if addr + size < g0 + g1:
+                    keep.append((addr + size, g0 + g1 - addr - size, touched))
+            else:
+                keep.append(g)
+        self.ghosts = keep
+        return inherited
+
+    def free(self, key: int, touched: set) -> None:
+        addr, size = self.live.pop(key, (0, 0))
+        if size and touched:
+            self.ghosts.append((addr, size, touched))
+
+
+def _free_tile(alloc: Allocator, key: int, reads: list, writes: list, pending: set) -> None:
+    """A tile's last reference is gone: its bytes keep the instructions that touched it (or, never
+    touched, the constraints it inherited) for the next tile placed there."""
+    touched = {i for i, _ in reads} | {i for i, _ in writes}
+    alloc.free(key, touched or pending)
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return all(a[k] <= b[k + 1] and b[k] <= a[k + 1] for k in range(0, len(a), 2))
+
+
+def _inside(a: tuple, b: tuple) -> bool:
+    return all(b[k] <= a[k] and a[k + 1] <= b[k + 1] for k in range(0, len(a), 2))
+
+
+def _hbm_box(v: ndarray) -> tuple:
+    """The per-dim bounding box of an HBM view over its tensor's dims; the whole tensor when a
+    stride does not map onto one dim (a conservative dependency, never a missed one)."""
+    shape = v.buf.shape or (1,)
+    B = _contig(shape)
+    whole = tuple(x for n in shape for x in (0, n - 1))
+    if not 0 <= v.offset < math.prod(shape):
+        return whole
+    lo = [int(i) for i in np.unravel_index(v.offset, shape)]
+    hi = list(lo)
+    for s, n in zip(v.strides, v.shape):
+        if n == 1 or s == 0:
+            continue
+        j = next((j for j in range(len(B)) if B[j] <= s and s % B[j] == 0), None)
+        if j is None:
+            return whole
+        hi[j] += (s // B[j]) * (n - 1)
+        if hi[j] >= shape[j]:
+            return whole
+    return tuple(x for a, b in zip(lo, hi) for x in (a, b))
+
+
+# -----------------------------------------------------------------------------------------------
+
+class Trace:
+    """Records one kernel run: instructions, their kernel lines, allocations and HBM tensors.
+
+    Use as a context manager around the kernel call; ``instrs[i].node`` is the ``file.py:line``
+    of instruction ``i``. Example: see the module docstring.
+    """
+
+    def __init__(self, profile, program_id: tuple = (0,), grid: tuple = (1,)):
+        self.p = profile
+        self.instrs: list[Instr] = []
+        self.inits: list[tuple[int, dict, float]] = []   # (before instr i, operand, fill): NaN sentinels
+        self.prints: list[tuple] = []                      # nl.device_print: (before instr i, prefix, operand, shape)
+        self.tuple_out = False
+        self.sbuf = Allocator("sbuf", profile.sbuf_bytes_per_partition, SBUF_ALIGN)
+        self.psum = Allocator("psum", profile.psum_bytes_per_partition, PSUM_BANK_BYTES)
+        self.hbm: dict[str, dict] = {}          # name -> {"shape", "dtype", "role"}
+        self.shared: list[Buffer] = []          # shared_hbm tensors, in allocation order (SPMD instances share)
+        self.program_id, self.grid = program_id, grid
+        self.shared_next = 0
+        self.engine_last: dict[str, int] = {}
+        self.sources: dict[str, tuple] = {}     # "file.py:line" -> (abs file, line, function, code)
+        self._n = 0
+        self._keep: list[Buffer] = []           # HBM buffers stay alive for the whole trace
+        self.precise = os.environ.get("NKI_PRECISE_FP", "1") != "0"
+
+    def __enter__(self):
+        self._prev = getattr(_local, "trace", None)
+        _local.trace = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.trace = self._prev
+
+    # -- locations and errors --------------------------------------------------------------------
+    def loc(self) -> str:
+        f = _frame()
+        if f is None:
+            return "<kernel>"
+        path = os.path.abspath(f.f_code.co_filename)
+        key = f"{os.path.basename(path)}:{f.f_lineno}"
+        if key not in self.sources:
+            code = linecache.getline(path, f.f_lineno).strip()
+            self.sources[key] = (path, f.f_lineno, f.f_code.co_name, code)
+        return key
+
+    def error(self, msg: str) -> NKIError:
+        return NKIError(f"{self.loc()}: {msg}")
+
+    # -- allocation ------------------------------------------------------------------------------
+    def hbm_tensor(self, name: str, shape, dtype: str, role: str) -> ndarray:
+        b = Buffer("hbm", name, dtype, shape, 0)
+        b.kind_name = {"input": "hbm", "shared": "shared_hbm", "private": "private_hbm"}.get(role, "hbm")
+        self.hbm[name] = {"shape": list(shape), "dtype": dtype, "role": role}
+        self._keep.append(b)
+        return ndarray(b, shape)
+
+    def alloc(self, mem: str, shape, dtype, name: str = "") -> ndarray:
+        """A new tensor in ``mem`` (sbuf, psum, hbm, shared_hbm, private_hbm), NaN-filled as the
+        simulator does (ints: 4) so reading it before writing shows."""
+        dtype = dtype_name(dtype)
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if any(s <= 0 for s in shape):
+            raise self.error(f"tensor shape {shape} has an empty dimension")
+        if mem in ("hbm", "shared_hbm", "private_hbm"):
+            if mem == "shared_hbm" and self.shared_next < len(self.shared):
+                b = self.shared[self.shared_next]            # the same output for every SPMD instance
+                self.shared_next += 1
+                if b.shape != shape or b.dtype != dtype:
+                    raise self.error("SPMD instances allocate shared_hbm tensors of different shapes")
+                return ndarray(b, shape)
+            self._n += 1
+            t = self.hbm_tensor(name or f"{mem}{self._n}", shape, dtype, mem.removesuffix("_hbm") or "hbm")
+            t.buf.kind_name = mem
+            if mem == "shared_hbm":
+                self.shared.append(t.buf)
+                self.shared_next += 1
+            self.inits.append((len(self.instrs), t.operand(), _sentinel(dtype)))
+            return t
+        if mem not in ("sbuf", "psum"):
+            raise self.error(f"unknown buffer {mem!r}: use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+        if len(shape) < 1:
+            raise self.error("an on-chip tensor needs a partition dimension")
+        if shape[0] > PMAX:
+            raise self.error(f"Size of partition dimension {shape[0]} exceeds architecture limitation of {PMAX}")
+        free_bytes = math.prod(shape[1:]) * DTYPE_BYTES[dtype]
+        alloc = self.sbuf if mem == "sbuf" else self.psum
+        if mem == "psum" and free_bytes > PSUM_BANK_BYTES:
+            raise self.error(f"PSUM tile {shape} {dtype} needs {free_bytes} bytes per partition: the limit is one "
+                             f"2 KiB bank ({PSUM_FMAX} fp32, nl.tile_size.psum_fmax); split the free dimension")
+        addr = alloc.place(max(free_bytes, 1))
+        if addr < 0:
+            raise self.error(f"{mem.upper()} is full: {alloc.used() // 1024} KiB per partition are live and this "
+                             f"{shape} {dtype} tile needs {free_bytes / 1024:.1f} KiB more (capacity "
+                             f"{alloc.capacity // 1024} KiB on {self.p.name}); free tiles earlier or use smaller ones")
+        self._n += 1
+        # interpreter buffers are named by placement, so a loop's tiles reuse a bounded set of arrays
+        b = Buffer(mem, f"{mem}@{addr}+{free_bytes}:{dtype}", dtype, shape, max(1, math.prod(shape[1:])),
+                   addr, free_bytes)
+        key = self._n
+        b.pending = alloc.take(key, addr, max(free_bytes, 1))
+        # the access lists are updated in place, so the finalizer sees their last state
+        weakref.finalize(b, _free_tile, alloc, key, b.reads, b.writes, b.pending)
+        t = ndarray(b, shape)
+        self.inits.append((len(self.instrs), t.operand(), _sentinel(dtype)))
+        return t
+
+    # -- instructions ----------------------------------------------------------------------------
+    def emit(self, opcode: str, dsts: list[ndarray], srcs: list[ndarray], attrs: dict | None = None,
+             dur: float = 0.0, flops: int = 0, itype: str = "", small: bool = True, latency: float = 0.0,
+             loc: str | None = None) -> int:
+        """Append one instruction; returns its index. Dependencies come from overlapping accesses."""
+        engine = ENGINE_OF[opcode]
+        for v in (*dsts, *srcs):
+            if not _in_bounds(v):
+                raise self.error(f"access {v.shape} at offset {v.offset} is outside {v.buf.name} {v.buf.shape}: "
+                                 f"index within the tensor, or add a mask for a ragged last tile")
+        deps: set[int] = set()
+        sregs = [(v, v.region()) for v in srcs]
+        dregs = [(v, v.region()) for v in dsts]
+        for v, r in sregs:
+            deps.update(i for i, w in v.buf.writes if _overlap(r, w))
+            deps |= v.buf.pending
+        for v, r in dregs:
+            deps.update(i for i, w in v.buf.writes if _overlap(r, w))
+            deps.update(i for i, w in v.buf.reads if _overlap(r, w))
+            deps |= v.buf.pending
+        idx = len(self.instrs)
+        prev = self.engine_last.get(engine)
+        if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
+            dur += dependent_overhead_ns(self.p, engine)
+        nb = lambda v: math.prod(v.shape) * DTYPE_BYTES[v.dtype]
+        ops = {"dst": [v.operand() for v in dsts], "src": [v.operand() for v in srcs]}
+        ops.update(attrs or {})
+        ins = Instr(engine, opcode, loc or self.loc(), dur, sorted(deps), [], ops, flops,
+                    sum(nb(v) for v in srcs), sum(nb(v) for v in dsts), (), "IO" if engine == "dma" else "", itype,
+                    sum(nb(v) for v in srcs if v.buf.mem == "hbm"), sum(nb(v) for v in dsts if v.buf.mem == "hbm"))
+        ins.latency = latency
+        self.instrs.append(ins)
+        self.engine_last[engine] = idx
+        for v, r in sregs:
+            v.buf.reads.append((idx, r))
+        for v, r in dregs:
+            b = v.buf
+            b.reads[:] = [(i, w) for i, w in b.reads if not _inside(w, r)]
+            b.writes[:] = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
+            b.written.append(r)
+        return idx
+
+    def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
+        """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""
+        from neuron_stack.device.cost import dma_ns
+        n = math.prod(src.shape)
+        if n != math.prod(dst.shape):
+            raise self.error(f"dma_copy of {src.shape} into {dst.shape}: the element counts differ")
+        for v in (dst, src):
+            if v.buf.mem != "hbm" and v.partitions > PMAX:
+                raise self.error(f"Size of partition dimension {v.partitions} exceeds architecture limitation "
+                                 f"of {PMAX}")
+        run = math.gcd(_run(src), _run(dst))
+        desc = n // max(1, run)
+        for v in (src, dst):
+            if v.buf.mem != "hbm":
+                desc = max(desc, v.partitions)
+        nbytes = n * max(DTYPE_BYTES[src.dtype], DTYPE_BYTES[dst.dtype])
+        # the ~1.3 us fixed cost is latency before the data moves (same split as the compiler's DMAs)
+        return self.emit("DMA_DIRECT2D", [dst], [src], {"desc": desc, **(attrs or {})},
+                         dur=dma_ns(self.p, nbytes, desc) - self.p.dma_fixed_ns, latency=self.p.dma_fixed_ns)
+
+
+def _in_bounds(v: ndarray) -> bool:
+    b = v.buf
+    if b.mem == "hbm":
+        f0, f1 = v.flat_range()
+        return f0 >= 0 and f1 < math.prod(b.shape)
+    p0, p1, f0, f1 = v.region()
+    return p0 >= 0 and p1 < b.shape[0] and f0 >= 0 and f1 < b.pitch
+
+
+def _run(v: ndarray) -> int:
+    """Contiguous elements per descriptor (innermost unit-stride run)."""
+    if not v.shape:
+        return 1
+    return v.shape[-1] if v.strides[-1] == 1 else 1
+
+
+def _sentinel(dtype: str) -> float:
+    return float("nan") if dtype in FLOATS else 4

@@ -1,0 +1,261 @@
+"""NKI indexing: integer/slice/``nl.ds`` views, ``nl.arange`` / ``nl.mgrid`` affine index expressions
+and the masks built from them.
+
+An index expression is affine in the positions of the tile it indexes: ``base + sum(coef_d * i_d)``,
+so indexing a tensor with expressions is again one access pattern (strides are the tensor's strides
+times the coefficients). A mask (``i_p < n``) is a boolean array over the tile; the instructions it
+guards run on its bounding box, which must be exactly the true part (a rectangle), as the hardware's
+access patterns are.
+
+>>> i_p = arange(128)[:, None]; i_f = arange(512)[None, :]
+>>> (i_p * 2 + 1).shape, (i_p + i_f).values()[1, 2]
+((128, 1), 3)
+>>> box_of((i_p < 100) & (i_f < 512), (128, 512))
+[(0, 100), (0, 512)]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .core import TENSOR_OPS, NKIError, ndarray, where
+
+
+class ds:
+    """``nl.ds(start, size)``: the slice ``start:start+size``. Example: ``a[nl.ds(128, 128), :]``."""
+
+    def __init__(self, start, size):
+        self.start, self.size = int(start), int(size)
+
+    def as_slice(self) -> slice:
+        return slice(self.start, self.start + self.size)
+
+
+class Idx:
+    """An affine index expression over a tile's positions (what ``nl.arange`` builds)."""
+
+    __array_priority__ = 100
+
+    def __init__(self, base: int, coefs: tuple, shape: tuple):
+        self.base, self.coefs, self.shape = int(base), tuple(int(c) for c in coefs), tuple(int(s) for s in shape)
+
+    def __getitem__(self, key) -> Idx:
+        key = key if isinstance(key, tuple) else (key,)
+        coefs, shape, it = [], [], iter(zip(self.coefs, self.shape))
+        for k in key:
+            if k is None:
+                coefs.append(0)
+                shape.append(1)
+            elif isinstance(k, slice) and k == slice(None):
+                c, n = next(it)
+                coefs.append(c)
+                shape.append(n)
+            else:
+                raise NKIError(f"{where()}: index expressions take only ':' and None (e.g. nl.arange(128)[:, None])")
+        for c, n in it:
+            coefs.append(c)
+            shape.append(n)
+        return Idx(self.base, coefs, shape)
+
+    def _pad(self, ndim: int) -> Idx:
+        k = ndim - len(self.shape)
+        return Idx(self.base, (0,) * k + self.coefs, (1,) * k + self.shape)
+
+    def __add__(self, o):
+        if isinstance(o, Idx):
+            nd = max(len(self.shape), len(o.shape))
+            a, b = self._pad(nd), o._pad(nd)
+            shape = []
+            for x, y in zip(a.shape, b.shape):
+                if x != y and 1 not in (x, y):
+                    raise NKIError(f"{where()}: index expressions of shapes {a.shape} and {b.shape} do not broadcast")
+                shape.append(max(x, y))
+            return Idx(a.base + b.base, [x + y for x, y in zip(a.coefs, b.coefs)], shape)
+        return Idx(self.base + _int(o), self.coefs, self.shape)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self + (-1 * o if isinstance(o, Idx) else -_int(o))
+
+    def __rsub__(self, o):
+        return (-1 * self) + o
+
+    def __mul__(self, o):
+        k = _int(o)
+        return Idx(self.base * k, [c * k for c in self.coefs], self.shape)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return self * -1
+
+    def values(self) -> np.ndarray:
+        """The expression's value at every position (broadcast shape)."""
+        v = np.full(self.shape, self.base, dtype=np.int64)
+        for d, (c, n) in enumerate(zip(self.coefs, self.shape)):
+            if c and n > 1:
+                shp = [1] * len(self.shape)
+                shp[d] = n
+                v = v + c * np.arange(n).reshape(shp)
+        return v
+
+    def _cmp(self, o, fn):
+        ov = o.values() if isinstance(o, Idx) else _int(o)
+        return Pred(fn(self.values(), ov))
+
+    def __lt__(self, o): return self._cmp(o, np.less)
+    def __le__(self, o): return self._cmp(o, np.less_equal)
+    def __gt__(self, o): return self._cmp(o, np.greater)
+    def __ge__(self, o): return self._cmp(o, np.greater_equal)
+
+
+class Pred:
+    """A mask: a boolean array over tile positions, combined with ``&`` and ``|``."""
+
+    def __init__(self, values: np.ndarray):
+        self.v = np.asarray(values, dtype=bool)
+
+    def __and__(self, o): return Pred(self.v & _mask(o))
+    def __or__(self, o): return Pred(self.v | _mask(o))
+    __rand__, __ror__ = __and__, __or__
+
+    def __invert__(self):
+        return Pred(~self.v)
+
+
+def _mask(o) -> np.ndarray:
+    return o.v if isinstance(o, Pred) else np.asarray(bool(o))
+
+
+def _int(o) -> int:
+    if isinstance(o, (bool, np.bool_)) or not isinstance(o, (int, np.integer)):
+        raise NKIError(f"{where()}: index arithmetic takes integers (got {type(o).__name__})")
+    return int(o)
+
+
+def arange(*args) -> Idx:
+    """``nl.arange(n)`` / ``nl.arange(start, stop[, step])``: a 1-D index expression."""
+    r = range(*[int(a) for a in args])
+    if len(r) == 0:
+        raise NKIError(f"{where()}: nl.arange{args} is empty")
+    return Idx(r.start, (r.step,), (len(r),))
+
+
+class _MGrid:
+    """``nl.mgrid[0:128, 0:512]``: one index expression per dimension, broadcast against each other."""
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        out = []
+        for d, s in enumerate(key):
+            r = range(s.start or 0, s.stop, s.step or 1)
+            coefs, shape = [0] * len(key), [1] * len(key)
+            coefs[d], shape[d] = r.step, len(r)
+            out.append(Idx(r.start, coefs, shape))
+        return tuple(out) if len(out) > 1 else out[0]
+
+
+mgrid = _MGrid()
+
+
+def index_view(t: ndarray, key) -> ndarray:
+    """``t[key]`` as a strided view (see the module docstring for the accepted index forms)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis for k in key):
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (t.ndim - len(key) + 1) + key[i + 1:]
+    if len(key) > t.ndim:
+        raise NKIError(f"{where()}: {len(key)} indices for a tensor of {t.ndim} dims {t.shape}")
+    key = key + (slice(None),) * (t.ndim - len(key))
+    offset = t.offset
+    if any(isinstance(k, Idx) for k in key):
+        exprs = []
+        for k, st, n in zip(key, t.strides, t.shape):
+            if isinstance(k, (int, np.integer)):
+                offset += int(k) * st
+            elif isinstance(k, Idx):
+                exprs.append((k, st))
+            else:
+                raise NKIError(f"{where()}: mix of index expressions and slices; index every dim with "
+                               f"nl.arange expressions (or integers), or every dim with slices")
+        nd = max(len(e.shape) for e, _ in exprs)
+        shape = [1] * nd
+        strides = [0] * nd
+        for e, st in exprs:
+            e = e._pad(nd)
+            offset += e.base * st
+            for d, (c, n) in enumerate(zip(e.coefs, e.shape)):
+                if n > 1:
+                    if shape[d] not in (1, n):
+                        raise NKIError(f"{where()}: index expressions do not broadcast to one tile shape")
+                    shape[d] = n
+                    strides[d] += c * st
+        return _checked(t, ndarray(t.buf, shape, offset, strides, t.dtype))
+    shape, strides = [], []
+    for d, (k, st, n) in enumerate(zip(key, t.strides, t.shape)):
+        if isinstance(k, ds):
+            k = k.as_slice()
+        if isinstance(k, (int, np.integer)):
+            i = int(k) + (n if k < 0 else 0)
+            if not 0 <= i < n:
+                raise NKIError(f"{where()}: index {int(k)} is out of bounds for dim {d} of size {n}")
+            if d == 0 and t.buf.mem != "hbm" and t.ndim > 1:
+                raise NKIError(f"{where()}: indexing away a tile's partition dim; use a slice such as t[0:1, ...]")
+            offset += i * st
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step <= 0:
+                raise NKIError(f"{where()}: negative slice steps are not supported by access patterns")
+            m = len(range(start, stop, step))
+            if m == 0:
+                raise NKIError(f"{where()}: slice {k.start}:{k.stop} selects nothing from dim {d} of size {n}")
+            if k.stop is not None and int(k.stop) > n:
+                raise NKIError(f"{where()}: slice {k.start}:{k.stop} is out of bounds for dim {d} of size {n}")
+            offset += start * st
+            shape.append(m)
+            strides.append(st * step)
+        else:
+            raise NKIError(f"{where()}: unsupported index {k!r}")
+    return ndarray(t.buf, shape, offset, strides, t.dtype)
+
+
+def _checked(parent: ndarray, v: ndarray) -> ndarray:
+    v._parent_shape = parent.shape           # bounds are checked after masking (ragged last tiles)
+    v._root = parent
+    return v
+
+
+def box_of(mask, shape) -> list[tuple[int, int]] | None:
+    """The (start, length) box per dim where ``mask`` is true over a tile of ``shape``; None when
+    nothing is selected. A mask that is not a rectangle is refused."""
+    m = np.broadcast_to(_mask(mask), shape)
+    if not m.any():
+        return None
+    box = []
+    for d in range(m.ndim):
+        ax = tuple(j for j in range(m.ndim) if j != d)
+        nz = np.flatnonzero(m.any(axis=ax) if ax else m)
+        box.append((int(nz[0]), int(nz[-1] - nz[0] + 1)))
+    sub = m[tuple(slice(s, s + n) for s, n in box)]
+    if not sub.all():
+        raise NKIError(f"{where()}: the mask is not a rectangle of the tile; split the instruction so each "
+                       f"part's mask is a box")
+    return box
+
+
+def restrict(v: ndarray, box, shape) -> ndarray:
+    """``v`` limited to ``box`` of a tile of ``shape`` (dims where ``v`` broadcasts stay whole)."""
+    if box is None:
+        return v
+    off, new_shape = v.offset, list(v.shape)
+    k = len(shape) - len(v.shape)
+    for d, (s, n) in enumerate(box):
+        j = d - k
+        if j < 0 or v.shape[j] != shape[d] or v.shape[j] == n:
+            continue
+        off += s * v.strides[j]
+        new_shape[j] = n
+    return ndarray(v.buf, new_shape, off, v.strides, v.dtype)
+
+
+TENSOR_OPS["index"] = index_view

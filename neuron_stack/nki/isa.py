@@ -1,0 +1,215 @@
+"""``nki.isa`` (``nisa``): one call per hardware instruction, in both API forms.
+
+New NKI passes the destination first and returns nothing (``nisa.tensor_copy(dst, src)``); legacy
+NKI returned a new tile (``t = nisa.tensor_copy(src)``). Each function accepts both: a call whose
+first tensor is followed by the instruction's own tensors (or that names ``dst=``) is the new form.
+The instructions map onto ISA opcodes (docs/isa.md): ``nc_matmul`` -> LDWEIGHTS + MATMUL,
+``nc_transpose`` -> a TRANSPOSE matmul, ``activation`` -> ACTIVATE, ``tensor_tensor`` ->
+TENSOR_TENSOR, ``tensor_scalar`` -> TENSOR_SCALAR, ``tensor_reduce`` -> REDUCE, ``tensor_copy`` ->
+TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D.
+
+>>> import numpy as np
+>>> import neuron_stack.nki as nki
+>>> import neuron_stack.nki.language as nl
+>>> @nki.jit
+... def add_one(a):
+...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+...     t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+...     dma_copy(dst=t, src=a)
+...     tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+...     dma_copy(dst=out, src=t)
+...     return out
+>>> add_one(np.zeros((2, 3), np.float32))
+array([[1., 1., 1.],
+       [1., 1., 1.]], dtype=float32)
+"""
+from __future__ import annotations
+
+from . import ops
+from .core import NKIError, current, dtype_name, where
+from .core import ndarray as _T
+
+
+class engine:
+    """``nisa.engine``: where an instruction runs (``engine.vector`` ...)."""
+    unknown, tensor, scalar, gpsimd, dma, vector, sync = "unknown", "tensor", "scalar", "gpsimd", "dma", "vector", "sync"
+
+
+tensor_engine, scalar_engine, gpsimd_engine, vector_engine = "tensor", "scalar", "gpsimd", "vector"   # legacy names
+
+
+class oob_mode:
+    error, skip = "error", "skip"
+
+
+class dge_mode:
+    unknown, swdge, hwdge, none = "unknown", "swdge", "hwdge", "none"
+
+
+def _new(dtype, shape, buffer="sbuf"):
+    return current().alloc(buffer, shape, dtype_name(dtype))
+
+
+def _eng(e) -> str:
+    return "vector" if e in (None, "unknown") else str(e)
+
+
+def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is_transpose=False, mask=None,
+              is_stationary_onezero=False, is_moving_onezero=False, tile_position=(), tile_size=(), perf_mode=None,
+              **_):
+    """``dst (+)= stationary.T @ moving`` (new form) or ``return stationary.T @ moving`` in a new PSUM tile
+    (legacy). Stationary is [K<=128, M<=128], moving [K, N<=512], dst [M, N] in PSUM."""
+    a = list(args)
+    if len(a) == 3 or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        stationary = stationary if stationary is not None else a.pop(0)
+        moving = moving if moving is not None else a.pop(0)
+        if is_transpose:
+            return ops.nc_transpose(dst, stationary)
+        ops.nc_matmul(dst, stationary, moving, accumulate, mask)
+        return None
+    stationary = stationary if stationary is not None else a.pop(0)
+    moving = moving if moving is not None else a.pop(0)
+    out = _new("float32", (stationary.free_size, moving.free_size), "psum")
+    i = ops.nc_matmul(out, stationary, moving, None, mask)
+    out._mm = (i, stationary, moving)
+    return out
+
+
+def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None, **_):
+    """``dst = data.T`` on the Tensor Engine (into PSUM)."""
+    a = list(args)
+    if len(a) == 2 or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        data = data if data is not None else a.pop(0)
+        ops.nc_transpose(dst, data)
+        return None
+    data = data if data is not None else a.pop(0)
+    out = _new("float32", (data.free_size, data.partitions), "psum")
+    ops.nc_transpose(out, data)
+    return out
+
+
+def activation(*args, dst=None, op=None, data=None, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=None, mask=None, dtype=None, **_):
+    """``dst = op(data * scale + bias)`` on the Scalar Engine; ``reduce_res`` gets the free-axis reduce."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        op = op if op is not None else a.pop(0)
+        data = data if data is not None else a.pop(0)
+        ops.activation(dst, op, data, bias, scale, reduce_op, reduce_res, mask)
+        return None
+    op = op if op is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    out = _new(dtype or data.dtype if data.buf.mem != "psum" else dtype or "float32", data.shape)
+    ops.activation(out, op, data, bias, scale, reduce_op, reduce_res, mask)
+    return out
+
+
+activation_reduce = activation
+
+
+def tensor_tensor(*args, dst=None, data1=None, data2=None, op=None, engine=None, dtype=None, mask=None, **_):
+    """``dst = op(data1, data2)`` elementwise (Vector Engine)."""
+    a = list(args)
+    if len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        data1 = data1 if data1 is not None else a.pop(0)
+        data2 = data2 if data2 is not None else a.pop(0)
+        op = op if op is not None else a.pop(0)
+        ops.tensor_tensor(dst, data1, data2, op, mask)
+        return None
+    data1 = data1 if data1 is not None else a.pop(0)
+    data2 = data2 if data2 is not None else a.pop(0)
+    op = op if op is not None else a.pop(0)
+    out = _new(dtype or (data1.dtype if data1.buf.mem != "psum" else "float32"), data1.shape)
+    ops.tensor_tensor(out, data1, data2, op, mask)
+    return out
+
+
+def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=False, op1=None, operand1=None,
+                  reverse1=False, engine=None, dtype=None, mask=None, **_):
+    """``dst = op1(op0(data, operand0), operand1)``; operands are numbers or [P, 1] columns."""
+    a = list(args)
+    if (len(a) >= 2 and isinstance(a[0], _T) and isinstance(a[1], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    operand0 = operand0 if operand0 is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"), data.shape)
+    ops.tensor_scalar(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask)
+    return None if dst is not None else out
+
+
+def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False, keepdims=False, dtype=None,
+                  mask=None, **_):
+    """``dst[p] = reduce(op)(data[p, ...])`` over the free axes (Vector Engine); dst is [P, 1]."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    op = op if op is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    axis = axis if axis is not None else (a.pop(0) if a else list(range(1, data.ndim)))
+    out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"),
+                                           (data.partitions, 1))
+    ops.tensor_reduce(out, op, data, axis, negate, mask)
+    return None if dst is not None else out
+
+
+def tensor_copy(*args, dst=None, src=None, engine=None, dtype=None, mask=None, **_):
+    """``dst = src`` with dtype conversion (Vector by default; ``engine=nisa.scalar_engine``)."""
+    a = list(args)
+    if len(a) == 2 or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or src.dtype, src.shape)
+    ops.tensor_copy(out, src, _eng(engine), mask)
+    return None if dst is not None else out
+
+
+def iota(*args, dst=None, pattern=None, expr=None, offset=0, channel_multiplier=0, dtype=None, mask=None, **_):
+    """``dst[p, f] = offset + p * channel_multiplier + f * step`` (GpSimd). Legacy: ``iota(expr, dtype)``
+    with an ``nl.arange`` / ``nl.mgrid`` expression."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        pattern = pattern if pattern is not None else (a.pop(0) if a else [[1, dst.free_size]])
+        ops.iota(dst, pattern, offset, channel_multiplier)
+        return None
+    expr = expr if expr is not None else a.pop(0)
+    dtype = dtype or (a.pop(0) if a else "int32")
+    shape = tuple(expr._pad(2).shape)
+    out = _new(dtype, shape)
+    ops.iota(out, expr)
+    return out
+
+
+def memset(*args, dst=None, shape=None, value=None, dtype=None, engine=None, mask=None, **_):
+    """``dst = value`` (new) or a new ``shape`` tile of ``value`` (legacy)."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        value = value if value is not None else a.pop(0)
+        ops.memset(dst, value)
+        return None
+    shape = shape if shape is not None else a.pop(0)
+    value = value if value is not None else a.pop(0)
+    dtype = dtype or (a.pop(0) if a else None)
+    if dtype is None:
+        raise NKIError(f"{where()}: legacy nisa.memset(shape, value, dtype) needs a dtype")
+    out = _new(dtype, shape)
+    ops.memset(out, value)
+    return out
+
+
+def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=None, engine=None,
+             priority=None, **_):
+    """Copy ``src`` to ``dst`` with a DMA (any of HBM and SBUF on either side)."""
+    a = list(args)
+    dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    if dst_rmw_op is not None:
+        raise NKIError(f"{where()}: dma_copy dst_rmw_op is not simulated; load, add with nisa.tensor_tensor "
+                       f"and store instead")
+    ops.dma_copy(dst, src, mask)

@@ -1,0 +1,321 @@
+"""``nki.language`` (``nl``): tensors, buffers, indexing, loops, load/store and the common tile ops.
+
+Names and signatures follow the real SDK (reference llm_serving_and_nki.md §1.3-1.7), so a kernel
+written for ``neuronxcc.nki.language`` runs after changing its import. Each op records ISA
+instructions through :mod:`neuron_stack.nki.ops`: elementwise math on tiles and reductions on the
+Vector Engine, activation functions on the Scalar Engine, ``matmul`` / ``transpose`` on the Tensor
+Engine, ``load`` / ``store`` as DMAs.
+
+>>> import numpy as np
+>>> import neuron_stack.nki as nki
+>>> @nki.jit
+... def double(a):
+...     out = ndarray(a.shape, a.dtype, buffer=shared_hbm)
+...     store(out, value=multiply(load(a), 2.0))
+...     return out
+>>> double(np.ones((4, 8), np.float32))[0, :3]
+array([2., 2., 2.], dtype=float32)
+"""
+from __future__ import annotations
+
+import math
+
+from . import ops
+from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, where
+from .core import ndarray as tensor
+from .indexing import arange, ds, mgrid  # noqa: F401
+
+# -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
+float32, bfloat16, float16, tfloat32 = "float32", "bfloat16", "float16", "float32"
+float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"
+int32, int16, int8, uint32, uint16, uint8, bool_ = "int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"
+
+# -- buffers ------------------------------------------------------------------------------------
+sbuf, psum, hbm, shared_hbm, private_hbm = "sbuf", "psum", "hbm", "shared_hbm", "private_hbm"
+
+
+class tile_size:
+    """The hardware tile limits (``nl.tile_size``)."""
+    pmax = PMAX
+    psum_fmax = 512
+    psum_bank_fmax = 512
+    psum_num_banks = 8
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+
+
+def is_sbuf(t) -> bool: return t.buf.mem == "sbuf"
+def is_psum(t) -> bool: return t.buf.mem == "psum"
+def is_hbm(t) -> bool: return t.buf.mem == "hbm"
+def is_on_chip(t) -> bool: return t.buf.mem != "hbm"
+
+
+# -- creation -----------------------------------------------------------------------------------
+def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
+    """A new tensor in ``buffer``; its contents are undefined (NaN in the simulator) until written."""
+    return current().alloc(buffer, shape, dtype, name)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
+    t = ndarray(shape, dtype, buffer, name)
+    if t.buf.mem == "hbm":
+        raise NKIError(f"{where()}: nl.full/zeros/ones fill on-chip tiles; fill an SBUF tile and store it")
+    ops.memset(t, fill_value)
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 0.0, dtype, buffer, name)
+def ones(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 1.0, dtype, buffer, name)
+def zeros_like(a, dtype=None, buffer=None, name=""): return zeros(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
+def ones_like(a, dtype=None, buffer=None, name=""): return ones(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
+
+
+def empty_like(a, dtype=None, buffer=None, name=""):
+    return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
+
+
+# -- SPMD and loops -----------------------------------------------------------------------------
+def program_id(axis: int = 0) -> int:
+    """This instance's index along ``axis`` of the launch grid (``kernel[gx, gy](...)``)."""
+    t = current()
+    if not 0 <= axis < len(t.grid):
+        raise NKIError(f"{where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
+    return t.program_id[axis]
+
+
+def num_programs(axes: int = 0) -> int:
+    return current().grid[axes]
+
+
+def program_ndim() -> int:
+    return len(current().grid)
+
+
+def affine_range(*args, **kwargs):
+    """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
+    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace."""
+    return range(*args)
+
+
+sequential_range = static_range = affine_range
+
+
+# -- data movement ------------------------------------------------------------------------------
+def load(src, dtype=None, mask=None, **_):
+    """HBM -> a new SBUF tile of ``src``'s shape (DMA). ``mask`` limits the copy to its box."""
+    current()
+    if not isinstance(src, tensor):
+        raise NKIError(f"{where()}: nl.load takes an HBM tensor, got {type(src).__name__}")
+    if src.partitions > PMAX:
+        raise NKIError(f"{where()}: Size of partition dimension {src.partitions} exceeds architecture limitation "
+                       f"of {PMAX}; load tiles of at most {PMAX} rows")
+    shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1) if src.shape else (1, 1)
+    tile = ndarray(shape, dtype_name(dtype) if dtype else src.dtype)
+    ops.dma_copy(tile.reshape(shape) if tile.shape == shape else tile, _as(src, shape), mask)
+    return tile
+
+
+def _as(v, shape):
+    return v if v.shape == tuple(shape) else tensor(v.buf, shape, v.offset,
+                                                    list(v.strides) + [1] * (len(shape) - len(v.shape)), v.dtype)
+
+
+def store(dst, value, mask=None, **_):
+    """A tile -> HBM (DMA); a PSUM value is first copied to SBUF, as the compiler does."""
+    if not isinstance(value, tensor):
+        raise NKIError(f"{where()}: nl.store value must be a tile, got {type(value).__name__}")
+    if value.buf.mem == "psum":
+        value = copy(value)
+    if math.prod(value.shape) != math.prod(dst.shape) and mask is None:
+        raise NKIError(f"{where()}: nl.store of a {value.shape} tile into {dst.shape}")
+    ops.dma_copy(_as(dst, value.shape) if len(dst.shape) < len(value.shape) else dst, value, mask)
+
+
+def copy(x, dtype=None, mask=None, **_):
+    """A new SBUF tile holding ``x`` (converted to ``dtype``): TENSOR_COPY on the Vector Engine."""
+    out = ndarray(x.shape, dtype or x.dtype)
+    ops.tensor_copy(out, x, mask=mask)
+    return out
+
+
+def _assign(dst, value) -> None:
+    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number."""
+    if not isinstance(value, tensor):
+        ops.memset(dst, value)
+    elif value.buf.mem == "hbm" and dst.buf.mem != "hbm":
+        ops.dma_copy(dst, value)
+    elif dst.buf.mem == "hbm":
+        store(dst, value)
+    else:
+        ops.tensor_copy(dst, value)
+
+
+def broadcast_to(x, shape):
+    return x.broadcast_to(shape)
+
+
+def device_print(prefix: str, x) -> None:
+    """Print ``x``'s value when the simulator reaches this point (numbers, not timing)."""
+    t = current()
+    t.prints.append((len(t.instrs), str(prefix), x.operand(), x.shape))
+
+
+# -- elementwise --------------------------------------------------------------------------------
+def _result(x, dtype):
+    return ndarray(x.shape, dtype or (x.dtype if x.buf.mem != "psum" else float32))
+
+
+def _unary(func: str):
+    def f(x, dtype=None, mask=None, **_):
+        out = _result(x, dtype)
+        ops.activation(out, func, x, mask=mask)
+        return out
+    f.__name__ = f._act = func
+    f.__doc__ = f"``{func}(x)`` elementwise on the Scalar Engine (ACTIVATE). Example: ``nl.{func}(tile)``."
+    return f
+
+
+exp, log, tanh, sigmoid, relu, silu, gelu, softplus, erf, rsqrt, sqrt, square, abs, sin, cos, sign, reciprocal = (
+    _unary(n) for n in ("exp", "log", "tanh", "sigmoid", "relu", "silu", "gelu", "softplus", "erf", "rsqrt",
+                        "sqrt", "square", "abs", "sin", "cos", "sign", "reciprocal"))
+gelu_apprx_tanh = _unary("gelu_tanh")
+negative = _unary("neg")
+identity = _unary("identity")
+floor, ceil = _unary("floor"), _unary("ceil")
+
+
+def _binary(x, y, op: str, dtype=None, mask=None):
+    xt, yt = isinstance(x, tensor), isinstance(y, tensor)
+    if not xt and not yt:
+        raise NKIError(f"{where()}: nl.{op} needs at least one tile operand")
+    if xt and yt:
+        if x.free_size == 1 and y.free_size > 1:          # [P, 1] column on the left
+            out = _result(y, dtype)
+            ops.tensor_scalar(out, y, op, x, reverse0=True, mask=mask)
+        elif y.free_size == 1 and x.free_size > 1:
+            out = _result(x, dtype)
+            ops.tensor_scalar(out, x, op, y, mask=mask)
+        else:
+            out = _result(x, dtype)
+            ops.tensor_tensor(out, x, y, op, mask=mask)
+        return out
+    tile, scalar = (x, y) if xt else (y, x)
+    out = _result(tile, dtype)
+    ops.tensor_scalar(out, tile, op, float(scalar), reverse0=not xt, mask=mask)
+    return out
+
+
+def _binop(op: str):
+    def f(x, y, dtype=None, mask=None, **_):
+        return _binary(x, y, op, dtype, mask)
+    f.__name__ = f._alu = op
+    f.__doc__ = f"``{op}(x, y)`` elementwise on the Vector Engine; a [P, 1] column or a number broadcasts."
+    return f
+
+
+(add, subtract, multiply, divide, maximum, minimum, power, equal, not_equal, greater, greater_equal, less,
+ less_equal, logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor) = (
+    _binop(n) for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal",
+                        "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
+                        "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"))
+
+
+def _accumulate(acc, o):
+    """``acc += o``: a matmul result just produced is retargeted into ``acc`` (PSUM accumulation);
+    anything else is a Vector Engine add."""
+    t = current()
+    mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
+    if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
+        ins = t.instrs.pop()
+        o.buf.writes.clear()
+        o.buf.written.clear()
+        stat, mov = mm[1], mm[2]
+        t.emit("MATMUL", [acc], [stat, mov], {"start": False, "stop": True}, dur=ins.dur, flops=ins.flops,
+               itype="REGULAR", small=False, loc=ins.node)
+        return acc
+    if isinstance(o, tensor):
+        ops.tensor_tensor(acc, acc, o if o.shape == acc.shape or o.free_size > 1 else o.broadcast_to(acc.shape),
+                          "add")
+    else:
+        ops.tensor_scalar(acc, acc, "add", float(o))
+    return acc
+
+
+# -- reductions ---------------------------------------------------------------------------------
+def _reduction(red: str):
+    def f(x, axis, dtype=None, keepdims=False, mask=None, **_):
+        out = ndarray((x.partitions, 1), dtype or (x.dtype if x.buf.mem != "psum" else float32))
+        ops.tensor_reduce(out, red, x, axis, mask=mask)
+        return out
+    f.__name__ = red
+    f.__doc__ = (f"``{red}`` over the free axes (Vector Engine REDUCE); the result is a [P, 1] column. "
+                 f"Example: ``nl.{red}(tile, axis=[1])``.")
+    return f
+
+
+sum, max, min, prod = (_reduction(n) for n in ("add", "maximum", "minimum", "multiply"))
+sum.__name__, max.__name__, min.__name__, prod.__name__ = "sum", "max", "min", "prod"
+
+
+def mean(x, axis, dtype=None, keepdims=False, mask=None, **_):
+    s = sum(x, axis, dtype=float32, mask=mask)
+    out = ndarray(s.shape, dtype or x.dtype)
+    ops.tensor_scalar(out, s, "multiply", 1.0 / x.free_size)
+    return out
+
+
+def softmax(x, axis=-1, dtype=None, **_):
+    """Softmax along the free axis: max (Vector), exp(x - max) with a running sum (one ACTIVATE),
+    reciprocal and scale."""
+    if axis not in (-1, 1, x.ndim - 1):
+        raise NKIError(f"{where()}: nl.softmax runs along the free axis (axis=-1)")
+    m = max(x, axis=-1, dtype=float32)
+    neg = ndarray(m.shape, float32)
+    ops.tensor_scalar(neg, m, "multiply", -1.0)
+    e = ndarray(x.shape, float32)
+    s = ndarray(m.shape, float32)
+    ops.activation(e, "exp", x, bias=neg, reduce_op="add", reduce_res=s)
+    r = reciprocal(s)
+    out = ndarray(x.shape, dtype or x.dtype)
+    ops.tensor_scalar(out, e, "multiply", r)
+    return out
+
+
+def rms_norm(x, w, axis=-1, n=None, epsilon=1e-6, dtype=None, compute_dtype=None, **_):
+    """``x / sqrt(mean(x**2) + eps) * w`` along the free axis; ``w`` is [1, D] or [P, D]."""
+    n = n or x.free_size
+    sq = ndarray(x.shape, float32)
+    ss = ndarray((x.partitions, 1), float32)
+    ops.activation(sq, "square", x, reduce_op="add", reduce_res=ss)
+    ms = ndarray(ss.shape, float32)
+    ops.tensor_scalar(ms, ss, "multiply", 1.0 / n, op1="add", operand1=float(epsilon))
+    r = rsqrt(ms)
+    y = ndarray(x.shape, float32)
+    ops.tensor_scalar(y, x, "multiply", r)
+    out = ndarray(x.shape, dtype or x.dtype)
+    wt = w if w.partitions == x.partitions else w.broadcast_to((x.partitions,) + tuple(w.shape[1:]))
+    ops.tensor_tensor(out, y, wt, "multiply")
+    return out
+
+
+# -- Tensor Engine ------------------------------------------------------------------------------
+def transpose(x, dtype=None, **_):
+    """``x.T`` on the Tensor Engine (a matmul against the identity); the result is in PSUM."""
+    out = ndarray((x.free_size, x.partitions), float32, buffer=psum)
+    ops.nc_transpose(out, x)
+    return out
+
+
+def matmul(x, y, transpose_x: bool = False, mask=None, **_):
+    """``x @ y`` into a new PSUM tile; ``transpose_x=True`` takes ``x`` as [K, M] already (stationary)."""
+    stat = x
+    if not transpose_x:
+        stat = copy(transpose(x), dtype=x.dtype)
+    out = ndarray((stat.free_size, y.free_size), float32, buffer=psum)
+    i = ops.nc_matmul(out, stat, y)
+    out._mm = (i, stat, y)
+    return out
+
+
+TENSOR_OPS.update(assign=_assign, binary=_binary, accumulate=_accumulate)

@@ -1,0 +1,353 @@
+"""Instruction emitters shared by ``nki.isa`` (both call forms) and ``nki.language``.
+
+Each function checks the tile rules for its instruction (naming the kernel line), applies a mask
+(the instruction runs on the mask's box) and records the instruction with its cost from
+:mod:`neuron_stack.device.cost`, the same formulas the compiler's lowering uses.
+
+>>> import numpy as np
+>>> resolve_alu(np.add), resolve_act("exp")
+('add', 'exp')
+"""
+from __future__ import annotations
+
+import math
+
+from neuron_stack.device.cost import (
+    gpsimd_ns,
+    ldweights_ns,
+    matmul_ns,
+    scalar_ns,
+    vector_ns,
+)
+from neuron_stack.isa.instructions import ACT_FUNCS, ALU_OPS
+
+from .core import (
+    FLOATS,
+    GEMM_MOVING_FMAX,
+    GEMM_STATIONARY_FMAX,
+    PMAX,
+    NKIError,
+    _overlap,
+    current,
+    dtype_name,
+    ndarray,
+    where,
+)
+from .indexing import Idx, box_of, restrict
+
+_REDUCE = {"add": "add", "sum": "add", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
+           "multiply": "multiply", "prod": "multiply"}
+_ALU_ALIAS = {"sub": "subtract", "mul": "multiply", "div": "divide", "true_divide": "divide", "max": "maximum",
+              "min": "minimum", "pow": "power"}
+_ACT_ALIAS = {"negative": "neg", "gelu_apprx_tanh": "gelu_tanh", "copy": "copy", "sqrt": "sqrt"}
+
+
+def _name(op) -> str:
+    if isinstance(op, str):
+        return op
+    return getattr(op, "_alu", None) or getattr(op, "_act", None) or getattr(op, "__name__", str(op))
+
+
+def resolve_alu(op) -> str:
+    """The ISA ALU op of ``op`` (``nl.add``, ``np.add`` or ``"add"``)."""
+    n = _name(op)
+    n = _ALU_ALIAS.get(n, n)
+    if n not in ALU_OPS:
+        raise NKIError(f"{where()}: {n!r} is not a Vector Engine ALU operator; use one of nl.add, nl.subtract, "
+                       f"nl.multiply, nl.divide, nl.maximum, nl.minimum, ...")
+    return n
+
+
+def resolve_act(op) -> str:
+    """The ISA activation function of ``op`` (``nl.exp``, ``np.exp`` or ``"exp"``)."""
+    n = getattr(op, "_act", None) or _name(op)
+    n = _ACT_ALIAS.get(n, n)
+    if n not in ACT_FUNCS:
+        raise NKIError(f"{where()}: {n!r} is not a Scalar Engine activation function; use e.g. nl.exp, nl.tanh, "
+                       f"nl.relu, nl.rsqrt, nl.copy")
+    return n
+
+
+def resolve_reduce(op) -> str:
+    n = _name(op)
+    if n not in _REDUCE:
+        raise NKIError(f"{where()}: {n!r} is not a reduction; use nl.add, nl.maximum, nl.minimum or nl.multiply")
+    return _REDUCE[n]
+
+
+# -----------------------------------------------------------------------------------------------
+
+def on_chip(v, what: str) -> ndarray:
+    if not isinstance(v, ndarray):
+        raise NKIError(f"{where()}: {what} must be an NKI tile, got {type(v).__name__}")
+    if v.buf.mem == "hbm":
+        raise NKIError(f"{where()}: {what} is in HBM; engines read SBUF/PSUM: load it first (nl.load or "
+                       f"nisa.dma_copy into an nl.sbuf tensor)")
+    if v.partitions > PMAX:
+        raise NKIError(f"{where()}: {what} partition dimension {v.partitions} exceeds maximum {PMAX}")
+    return v
+
+
+def masked(dst: ndarray, srcs: list, mask) -> tuple | None:
+    """(dst, srcs) limited to ``mask``'s box; None when the mask selects nothing."""
+    if mask is None:
+        return dst, srcs
+    box = box_of(mask, dst.shape)
+    if box is None:
+        return None
+    return restrict(dst, box, dst.shape), [restrict(s, box, dst.shape) if isinstance(s, ndarray) else s
+                                            for s in srcs]
+
+
+def _same_partitions(dst: ndarray, srcs: list, name: str) -> None:
+    for s in srcs:
+        if isinstance(s, ndarray) and s.partitions != dst.partitions:
+            raise NKIError(f"{where()}: {name} reads {s.partitions} partitions but writes {dst.partitions}: engines "
+                           f"work lane by lane (partition broadcast needs tile.broadcast_to)")
+        if isinstance(s, ndarray) and s.free_size not in (dst.free_size, 1) and math.prod(s.shape) != math.prod(dst.shape):
+            raise NKIError(f"{where()}: {name} operand {s.shape} does not match the destination {dst.shape}")
+
+
+def _fit(s: ndarray, dst: ndarray) -> ndarray:
+    """``s`` broadcast to ``dst``'s shape when it is a [P, 1] column (stride 0 along free)."""
+    if s.shape == dst.shape or math.prod(s.shape) == math.prod(dst.shape):
+        return s
+    if s.free_size == 1:
+        return ndarray(s.buf, dst.shape, s.offset, [s.strides[0]] + [0] * (len(dst.shape) - 1), s.dtype)
+    return s
+
+
+def tensor_tensor(dst: ndarray, a: ndarray, b: ndarray, op, mask=None) -> int | None:
+    """TENSOR_TENSOR: ``dst = op(a, b)`` elementwise on the Vector Engine."""
+    t = current()
+    on_chip(dst, "tensor_tensor dst"), on_chip(a, "tensor_tensor data1"), on_chip(b, "tensor_tensor data2")
+    alu = resolve_alu(op)
+    _same_partitions(dst, [a, b], "tensor_tensor")
+    r = masked(dst, [a, b], mask)
+    if r is None:
+        return None
+    dst, (a, b) = r
+    a, b = _fit(a, dst), _fit(b, dst)
+    fast = "psum" in (a.buf.mem, b.buf.mem) or (a.dtype == b.dtype == "bfloat16" and alu in ("add", "multiply", "subtract"))
+    d = vector_ns(t.p, "TENSOR_TENSOR", dst.free_size, 2, dst.dtype, fast, alu)
+    return t.emit("TENSOR_TENSOR", [dst], [a, b], {"op": alu}, dur=d)
+
+
+def _scalar_arg(v, srcs: list, dst: ndarray, what: str):
+    if isinstance(v, ndarray):
+        on_chip(v, what)
+        if v.free_size != 1 or v.partitions != dst.partitions:
+            raise NKIError(f"{where()}: {what} {v.shape} must be a per-partition column [{dst.partitions}, 1]")
+        srcs.append(v)
+        return {"src": len(srcs) - 1}
+    if v is None:
+        return None
+    return float(v)
+
+
+def tensor_scalar(dst: ndarray, data: ndarray, op0, operand0, reverse0=False, op1=None, operand1=None,
+                  reverse1=False, mask=None, engine: str = "vector") -> int | None:
+    """TENSOR_SCALAR: ``dst = op1(op0(data, operand0), operand1)``; operands are immediates or
+    per-partition ``[P, 1]`` columns."""
+    t = current()
+    on_chip(dst, "tensor_scalar dst"), on_chip(data, "tensor_scalar data")
+    _same_partitions(dst, [data], "tensor_scalar")
+    r = masked(dst, [data, operand0, operand1], mask)
+    if r is None:
+        return None
+    dst, (data, operand0, operand1) = r
+    srcs = [data]
+    attrs = {"op0": _rev(resolve_alu(op0), reverse0), "scalar0": _scalar_arg(operand0, srcs, dst, "operand0")}
+    if op1 is not None:
+        attrs["op1"] = _rev(resolve_alu(op1), reverse1)
+        attrs["scalar1"] = _scalar_arg(operand1, srcs, dst, "operand1")
+    d = vector_ns(t.p, "TENSOR_SCALAR", dst.free_size, 1, dst.dtype)
+    return t.emit("TENSOR_SCALAR", [dst], srcs, attrs, dur=d)
+
+
+def _rev(alu: str, reverse: bool) -> str:
+    if not reverse:
+        return alu
+    if alu in ("add", "multiply", "maximum", "minimum", "equal", "not_equal"):
+        return alu
+    if alu in ("subtract", "divide"):
+        return {"subtract": "rsub", "divide": "rdivide"}[alu]
+    raise NKIError(f"{where()}: reverse operands are not supported for {alu}")
+
+
+def activation(dst: ndarray, op, data: ndarray, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               mask=None) -> int | None:
+    """ACTIVATE: ``dst = op(data * scale + bias)`` on the Scalar Engine, optionally reducing the result
+    along the free axis into ``reduce_res`` ([P, 1])."""
+    t = current()
+    on_chip(dst, "activation dst"), on_chip(data, "activation data")
+    func = resolve_act(op)
+    _same_partitions(dst, [data], "activation")
+    r = masked(dst, [data, bias, scale, reduce_res], mask)
+    if r is None:
+        return None
+    dst, (data, bias, scale, reduce_res) = r
+    srcs = [_fit(data, dst)]
+    attrs = {"func": func, "bias": _scalar_arg(bias, srcs, dst, "bias") or 0.0,
+             "scale": _scalar_arg(scale, srcs, dst, "scale")}
+    dsts = [dst]
+    if reduce_res is not None:
+        on_chip(reduce_res, "reduce_res")
+        if reduce_res.free_size != 1:
+            raise NKIError(f"{where()}: reduce_res {reduce_res.shape} must be a [P, 1] column")
+        attrs["acc_op"] = resolve_reduce(reduce_op or "add")
+        dsts.append(reduce_res)
+    d = scalar_ns(t.p, dst.free_size, accumulate=reduce_res is not None)
+    return t.emit("ACTIVATE", dsts, srcs, attrs, dur=d)
+
+
+def tensor_reduce(dst: ndarray, op, data: ndarray, axis, negate=False, mask=None) -> int | None:
+    """REDUCE over the free axes of ``data`` into ``dst`` [P, 1] on the Vector Engine."""
+    t = current()
+    on_chip(dst, "tensor_reduce dst"), on_chip(data, "tensor_reduce data")
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    axes = sorted(a % data.ndim for a in axes)
+    if 0 in axes:
+        raise NKIError(f"{where()}: tensor_reduce over the partition axis 0 is not an engine instruction; "
+                       f"transpose first (nisa.nc_transpose) or use GpSimd partition reduce")
+    if axes != list(range(1, data.ndim)):
+        raise NKIError(f"{where()}: tensor_reduce axis={axis}: reduce all free axes (1..{data.ndim - 1}) at once")
+    if dst.free_size != 1 or dst.partitions != data.partitions:
+        raise NKIError(f"{where()}: tensor_reduce dst {dst.shape} must be [{data.partitions}, 1]")
+    red = resolve_reduce(op)
+    r = masked(data, [dst], mask)
+    if r is None:
+        return None
+    data, (dst,) = r
+    d = vector_ns(t.p, "REDUCE", data.free_size, 1, data.dtype, alu=red)
+    i = t.emit("REDUCE", [dst], [data], {"op": red}, dur=d)
+    if negate:
+        i = tensor_scalar(dst, dst, "multiply", -1.0)
+    return i
+
+
+def tensor_copy(dst: ndarray, src: ndarray, engine: str = "vector", mask=None) -> int | None:
+    """TENSOR_COPY (Vector, dtype conversion, PSUM evacuation) or ACTIVATE copy (``engine='scalar'``)."""
+    t = current()
+    on_chip(dst, "tensor_copy dst"), on_chip(src, "tensor_copy src")
+    if math.prod(src.shape) != math.prod(dst.shape) and src.free_size != 1:
+        raise NKIError(f"{where()}: tensor_copy of {src.shape} into {dst.shape}: shapes differ")
+    _same_partitions(dst, [src], "tensor_copy")
+    r = masked(dst, [src], mask)
+    if r is None:
+        return None
+    dst, (src,) = r
+    src = _fit(src, dst)
+    if engine == "scalar":
+        return activation(dst, "copy", src)
+    if engine == "gpsimd":
+        return t.emit("TENSOR_COPY", [dst], [src], {}, dur=gpsimd_ns(t.p, dst.free_size))
+    return t.emit("TENSOR_COPY", [dst], [src], {}, dur=vector_ns(t.p, "TENSOR_COPY", dst.free_size, 1, dst.dtype))
+
+
+def nc_matmul(dst: ndarray, stationary: ndarray, moving: ndarray, accumulate=None, mask=None) -> int:
+    """LDWEIGHTS + MATMUL: ``dst (+)= stationary.T @ moving``; contraction over the partitions.
+
+    ``accumulate=None`` accumulates into a PSUM region already written by a matmul (an
+    accumulation group) and overwrites a fresh one, as the compiler decides from the kernel.
+    """
+    t = current()
+    on_chip(stationary, "nc_matmul stationary"), on_chip(moving, "nc_matmul moving")
+    if dst.buf.mem != "psum":
+        raise NKIError(f"{where()}: nc_matmul writes PSUM; dst is in {dst.buffer} (allocate it with buffer=nl.psum)")
+    K, M, N = stationary.partitions, stationary.free_size, moving.free_size
+    if M > GEMM_STATIONARY_FMAX:
+        raise NKIError(f"{where()}: nc_matmul stationary free size {M} exceeds gemm_stationary_fmax "
+                       f"{GEMM_STATIONARY_FMAX}; tile the M dimension")
+    if N > GEMM_MOVING_FMAX:
+        raise NKIError(f"{where()}: nc_matmul moving free size {N} exceeds gemm_moving_fmax {GEMM_MOVING_FMAX}; "
+                       f"tile the N dimension")
+    if moving.partitions != K:
+        raise NKIError(f"{where()}: nc_matmul contraction mismatch: stationary has {K} partitions, moving "
+                       f"{moving.partitions}")
+    if dst.partitions != M or dst.free_size != N:
+        raise NKIError(f"{where()}: nc_matmul dst {dst.shape} must be [{M}, {N}] (stationary free x moving free)")
+    for v in (stationary, moving):
+        if v.dtype in ("int32", "int16", "int8", "uint8", "bool"):
+            raise NKIError(f"{where()}: nc_matmul takes floating tiles, not {v.dtype}")
+    if accumulate is None:
+        r = dst.region()
+        start = not any(_overlap(r, w) for w in dst.buf.written)
+    else:
+        start = not accumulate
+    mm_dt = "bfloat16" if stationary.dtype in FLOATS and stationary.dtype != "float32" else stationary.dtype
+    t.emit("LDWEIGHTS", [], [stationary], {}, dur=ldweights_ns(t.p, M, mm_dt), small=False)
+    return t.emit("MATMUL", [dst], [stationary, moving], {"start": start, "stop": True},
+                  dur=matmul_ns(t.p, N, M, mm_dt), flops=2 * K * M * N, itype="REGULAR", small=False)
+
+
+def identity(dtype: str) -> ndarray:
+    """The [128, 128] identity tile of this trace (one AFFINE_SELECT on GpSimd, built once)."""
+    t = current()
+    key = "_identity_" + dtype
+    if not hasattr(t, key):
+        ident = t.alloc("sbuf", (PMAX, PMAX), dtype, name="identity")
+        t.emit("AFFINE_SELECT", [ident], [], {"base": 0, "channel_multiplier": 1, "step": -1, "cmp": "equal",
+                                               "on_true": 1.0, "on_false": 0.0}, dur=gpsimd_ns(t.p, PMAX))
+        setattr(t, key, ident)
+    return getattr(t, key)
+
+
+def nc_transpose(dst: ndarray, data: ndarray) -> int:
+    """``dst = data.T`` on the Tensor Engine: a matmul of ``data`` (stationary) against the identity."""
+    t = current()
+    on_chip(data, "nc_transpose data")
+    P, F = data.partitions, data.free_size
+    if F > PMAX:
+        raise NKIError(f"{where()}: nc_transpose free size {F} exceeds {PMAX} (the result's partitions)")
+    if dst.buf.mem != "psum":
+        raise NKIError(f"{where()}: nc_transpose on the Tensor Engine writes PSUM; dst is in {dst.buffer}")
+    if dst.partitions != F or dst.free_size != P:
+        raise NKIError(f"{where()}: nc_transpose dst {dst.shape} must be [{F}, {P}]")
+    ident = identity(data.dtype if data.dtype != "float32" else "float32")[0:P, 0:P]
+    t.emit("LDWEIGHTS", [], [data], {"row": 0}, dur=ldweights_ns(t.p, F, data.dtype), itype="TRANSPOSE",
+           small=False)
+    return t.emit("MATMUL", [dst], [data, ident], {"start": True, "stop": True},
+                  dur=matmul_ns(t.p, P, F, data.dtype), flops=2 * P * P * F, itype="TRANSPOSE", small=False)
+
+
+def iota(dst: ndarray, expr, offset: int = 0, channel_multiplier: int = 0) -> int:
+    """IOTA on GpSimd: ``dst[p, f] = offset + p * channel_multiplier + f * step``."""
+    t = current()
+    on_chip(dst, "iota dst")
+    if isinstance(expr, Idx):
+        e = expr._pad(2)
+        if len(e.shape) != 2:
+            raise NKIError(f"{where()}: iota takes a 2-D [partition, free] index expression")
+        base, cm, step = e.base + offset, e.coefs[0], e.coefs[1]
+    else:
+        base, cm, step = int(offset), int(channel_multiplier), int(expr[0][0]) if expr else 0
+    return t.emit("IOTA", [dst], [], {"base": base, "channel_multiplier": cm, "step": step},
+                  dur=gpsimd_ns(t.p, dst.free_size))
+
+
+def memset(dst: ndarray, value, engine: str = "vector") -> int:
+    """MEMSET: ``dst = value``."""
+    t = current()
+    on_chip(dst, "memset dst")
+    return t.emit("MEMSET", [dst], [], {"value": float(value)},
+                  dur=vector_ns(t.p, "MEMSET", dst.free_size, 1, dst.dtype))
+
+
+def dma_copy(dst: ndarray, src: ndarray, mask=None) -> int | None:
+    """DMA_DIRECT2D: copy ``src`` into ``dst`` (HBM <-> SBUF, SBUF <-> SBUF, HBM <-> HBM)."""
+    t = current()
+    for v, what in ((dst, "dst"), (src, "src")):
+        if not isinstance(v, ndarray):
+            raise NKIError(f"{where()}: dma_copy {what} must be an NKI tensor, got {type(v).__name__}")
+    if src.buf.mem == "psum" or dst.buf.mem == "psum":
+        raise NKIError(f"{where()}: DMA does not read or write PSUM; copy the tile to SBUF first (nisa.tensor_copy)")
+    r = masked(dst, [src], mask)
+    if r is None:
+        return None
+    dst, (src,) = r
+    return t.dma(dst, src)
+
+
+def new_tile(shape, dtype, buffer: str = "sbuf") -> ndarray:
+    return current().alloc(buffer, shape, dtype_name(dtype))

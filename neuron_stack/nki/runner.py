@@ -1,0 +1,165 @@
+"""The SDK's entry points: ``jit``, ``simulate``, and the legacy ``baremetal``, ``simulate_kernel``,
+``benchmark`` and ``profile`` decorators.
+
+``benchmark`` reports latency percentiles of the *simulated device time* (the schedule of the
+kernel's instructions on the device profile), so they are the same every iteration: the simulator
+is deterministic, and a spread would be invented. ``profile`` writes a finalised
+``profile.duckdb`` (our NTFF) into ``working_directory``.
+
+>>> import numpy as np
+>>> import neuron_stack.nki.language as nl
+>>> @benchmark(warmup=2, iters=5)
+... def copy_kernel(a):
+...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+...     nl.store(out, value=nl.load(a))
+...     return out
+>>> _ = copy_kernel(np.zeros((128, 512), np.float32))
+>>> copy_kernel.benchmark_result.nc_latency.get_latency_percentile(50) > 0
+True
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .core import NKIError
+from .kernel import Kernel
+from .torch_op import captured, torch_op
+
+PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
+
+
+def _deco(func, make):
+    """Support ``@deco``, ``@deco(...)`` and ``deco(fn)``; a kernel given keeps its launch grid."""
+    def build(f):
+        k = make(getattr(f, "__wrapped__", f))
+        k.grid = getattr(f, "grid", k.grid)
+        return k
+    return build(func) if func is not None else build
+
+
+class _Jit(Kernel):
+    def __call__(self, *args, **kwargs):
+        if args and not kwargs and captured(args):
+            return torch_op(self, args)(*args)      # one op in the model's graph (docs/nki.md)
+        t0 = time.perf_counter_ns()
+        before = self.last
+        out = super().__call__(*args, **kwargs)
+        if self.last is not before:            # ran here (not captured into a model's graph)
+            from .record import record_if_inspecting
+            record_if_inspecting(self.last, time.perf_counter_ns() - t0)
+        return out
+
+
+def jit(func=None, mode: str = "auto", **kwargs):
+    """``@nki.jit``: the kernel runs on the simulated NeuronCore when called with numpy arrays or CPU
+    torch tensors (``mode`` is accepted for the legacy values and changes nothing here)."""
+    return _deco(func, lambda f: _Jit(f, mode, **kwargs))
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)(*args)``: numbers only (same as calling the kernel; timing is also computed)."""
+    k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    return k
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """Legacy ``nki.simulate_kernel(kernel, *args)``: run it and return its outputs (numpy)."""
+    k = kernel if isinstance(kernel, Kernel) else Kernel(getattr(kernel, "__wrapped__", kernel))
+    return k(*args, **kwargs)
+
+
+def baremetal(kernel=None, *, save_neff_name=None, save_trace_name=None, additional_compile_opt=None,
+              artifacts_dir=None, **_):
+    """Legacy ``@nki.baremetal``: run the kernel on the (simulated) device with numpy inputs."""
+    return _deco(kernel, lambda f: _Jit(f, "baremetal"))
+
+
+class LatencyStats:
+    """``nc_latency``: per-iteration simulated device latencies, read as percentiles in microseconds."""
+
+    def __init__(self, latencies_ns: list[int]):
+        self.latencies_ns = list(latencies_ns)
+
+    def get_latency_percentile(self, p: int) -> float:
+        """The ``p``-th percentile (p in 0, 1, 10, 25, 50, 90, 99, 100) in microseconds."""
+        if p not in PERCENTILES:
+            raise NKIError(f"latency percentile {p} is not reported: use one of {', '.join(map(str, PERCENTILES))}")
+        import numpy as np
+        return float(np.percentile(np.asarray(self.latencies_ns, dtype=np.float64), p)) / 1e3
+
+
+class BenchmarkResult:
+    def __init__(self, latencies_ns: list[int], run):
+        self.nc_latency = LatencyStats(latencies_ns)
+        self.run = run
+
+    def __repr__(self) -> str:
+        return (f"BenchmarkResult(p50={self.nc_latency.get_latency_percentile(50):.3f} us, "
+                f"iters={len(self.nc_latency.latencies_ns)}, instructions={self.run.num_instructions})")
+
+
+class _Benchmark(Kernel):
+    def __init__(self, fn, warmup: int, iters: int):
+        super().__init__(fn, "benchmark")
+        self.warmup, self.iters = int(warmup), int(iters)
+        if self.iters < 1 or self.warmup < 0:
+            raise NKIError(f"nki.benchmark needs iters >= 1 and warmup >= 0 (got {iters}, {warmup})")
+        self.benchmark_result: BenchmarkResult | None = None
+
+    def __call__(self, *args, **kwargs):
+        out = super().__call__(*args, **kwargs)
+        # one NEFF, run warmup + iters times: every iteration replays the same static schedule
+        self.benchmark_result = BenchmarkResult([self.last.device_ns] * self.iters, self.last)
+        return out
+
+
+def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, save_neff_name=None, save_trace_name=None,
+              additional_compile_opt=None, **_):
+    """Legacy ``@nki.benchmark``: afterwards ``kernel.benchmark_result.nc_latency.get_latency_percentile(p)``
+    gives the simulated device latency in microseconds."""
+    return _deco(kernel, lambda f: _Benchmark(f, warmup, iters))
+
+
+class _Profile(Kernel):
+    def __init__(self, fn, working_directory, save_trace_name: str, overwrite: bool, profile_nth: int):
+        super().__init__(fn, "profile")
+        if not working_directory:
+            raise NKIError("nki.profile needs working_directory=<directory for the profile>")
+        self.dir = Path(working_directory)
+        self.trace_name = save_trace_name or "profile.ntff"
+        self.overwrite, self.profile_nth = overwrite, max(1, int(profile_nth))
+        self.profile_path: Path | None = None
+
+    def __call__(self, *args, **kwargs):
+        import traces
+        from traces.schema import SCHEMA_VERSION
+
+        from .record import record
+        out = super().__call__(*args, **kwargs)
+        seg = self.dir / (Path(self.trace_name).stem + ".segments")
+        target = self.dir / "profile.duckdb"
+        if target.exists() and not self.overwrite:
+            raise NKIError(f"{target} exists: pass overwrite=True to nki.profile or choose another working_directory")
+        import shutil
+        shutil.rmtree(seg, ignore_errors=True)
+        prof = self.last.trace.p
+        meta = dict(prof.metadata())
+        meta.update({"schema_version": SCHEMA_VERSION, "target": prof.name, "is_simulation": "true",
+                     "warmup_executions": str(self.profile_nth - 1), "nki_kernel": self.__name__})
+        w = traces.Writer(seg, run={"tag": f"nki:{self.__name__}", "target": prof.name}, metadata=meta)
+        record(w.append, w.run_id, self.last, executions=self.profile_nth)
+        w.close(status="ok")
+        built = traces.finalize(seg)
+        os.replace(built, target)
+        shutil.rmtree(seg, ignore_errors=True)
+        self.profile_path = target
+        return out
+
+
+def profile(func=None, *, working_directory=None, save_neff_name="file.neff", save_trace_name="profile.ntff",
+            additional_compile_opt=None, overwrite: bool = False, profile_nth: int = 1, **_):
+    """Legacy ``@nki.profile(working_directory=...)``: run the kernel and write
+    ``working_directory/profile.duckdb`` with one row per instruction and its kernel line."""
+    return _deco(func, lambda f: _Profile(f, working_directory, save_trace_name, overwrite, profile_nth))
