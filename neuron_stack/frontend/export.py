@@ -45,7 +45,11 @@ _SKIP_DIRS = tuple(os.path.realpath(d) + os.sep for d in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
-def _is_user_file(path: str) -> bool:
+def is_user_file(path: str) -> bool:
+    """True for a real file outside torch, this package and the standard library (site-packages count).
+
+    Example: ``is_user_file("/home/me/train.py")`` -> True.
+    """
     if not path or path.startswith("<"):
         return False
     return not os.path.realpath(path).startswith(_SKIP_DIRS)
@@ -57,7 +61,7 @@ def user_frame(stack_trace: str | None) -> Source | None:
     Example: ``user_frame('File "/m.py", line 3, in forward')`` -> ``Source("/m.py", 3, "forward", ...)``.
     """
     for f, line, fn in reversed(_FRAME.findall(stack_trace or "")):
-        if _is_user_file(f):
+        if is_user_file(f):
             path = os.path.abspath(f)
             return Source(path, int(line), fn, linecache.getline(path, int(line)).strip())
     return None
@@ -221,7 +225,51 @@ def _resolve_attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
     obj: Any = gm
     for part in str(target).split("."):
         obj = getattr(obj, part)
-    return obj.detach() if isinstance(obj, torch.Tensor) else obj
+    if not isinstance(obj, torch.Tensor):
+        return obj
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # A graph constant is a real tensor; aot_autograd calls the dynamo backend under its fake mode,
+    # which would refuse to detach a real tensor ("convert all Tensors to FakeTensors first").
+    with unset_fake_temporarily():
+        return obj.detach()
+
+
+def _sdpa_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """SDPA's CPU kernel as core ATen, returning the layout the kernel itself returns.
+
+    torch's own decomposition returns the output in (L, N, H, E) memory order, but the kernel (and its
+    fake/meta implementation) returns a contiguous (N, H, L, E) tensor; code that ``.view``s the
+    transposed output (GPT-2's attention) then fails to decompose (facts file §4).
+    """
+    out, attn = torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+        dropout_mask=None, scale=scale, enable_gqa=query.size(1) != key.size(1))
+    return out.contiguous(), attn
+
+
+def decompositions(table=None) -> dict:
+    """The decomposition table to core ATen (``torch.export.default_decompositions()`` unless given)
+    with the SDPA fix of :func:`_sdpa_cpu`. Example: ``ep.run_decompositions(decompositions())``."""
+    table = torch.export.default_decompositions() if table is None else table
+    table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default] = _sdpa_cpu
+    return table
+
+
+def register_model_pytrees(model: Any) -> None:
+    """Register the pytree flatten of a Hugging Face model's cache classes (``DynamicCache``,
+    ``StaticCache``...), so a KV cache is captured as what it is: tensor inputs and outputs.
+
+    Uses transformers' own registration (``register_cache_pytrees_for_model``); a no-op for other
+    models. Example: ``register_model_pytrees(LlamaForCausalLM(cfg))``.
+    """
+    if not type(model).__module__.startswith("transformers."):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # an older transformers: caches stay unregistered, export names the class
+        return
+    register_cache_pytrees_for_model(model)
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
@@ -233,8 +281,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
     with _full_stack_traces(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         try:
+            register_model_pytrees(model)
             ep = torch.export.export(model, args, kwargs or {}, strict=False)
-            return ep.run_decompositions()
+            return ep.run_decompositions(decompositions())
         except CaptureError:
             raise
         except Exception as exc:  # export errors are long; the first line names the construct
@@ -264,7 +313,7 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
     """
     if decompose:
         with _full_stack_traces():
-            ep = ep.run_decompositions()
+            ep = ep.run_decompositions(decompositions())
     sig = ep.graph_signature
     constants: dict[str, torch.Tensor] = {}
     placeholder_constants: dict[str, str] = {}
@@ -338,5 +387,5 @@ def file_texts(files: list[str]) -> dict[str, str]:
     return out
 
 
-__all__ = ["capture", "export", "graph_to_program", "user_frame", "target_name", "jsonify",
+__all__ = ["capture", "export", "graph_to_program", "user_frame", "is_user_file", "target_name", "jsonify",
            "CaptureError", "normalise_inputs", "sources_in", "file_texts"]
