@@ -16,6 +16,7 @@ innermost frame outside torch (and outside this package and the standard library
 from __future__ import annotations
 
 import contextlib
+import json
 import linecache
 import operator
 import os
@@ -332,6 +333,11 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
             raise CaptureError(f"unsupported graph input kind {spec.kind.name}: neuron_stack takes tensors")
     user_outputs = [{"node": s.arg.name} if hasattr(s.arg, "name") else s.arg.value
                     for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    # In-place updates of inputs (a static KV cache written at cache_position) come back as leading
+    # outputs; NeuronModule copies them into the caller's tensors, as the model would have.
+    mutations = [s for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION]
+    mutated_inputs = [input_names.index(s.target) for s in mutations]
+    user_outputs = [{"node": s.arg.name} for s in mutations] + user_outputs
     prog = graph_to_program(ep.graph_module, name=name, constants=constants,
                             input_names=input_names, placeholder_constants=placeholder_constants,
                             output_names=user_outputs)
@@ -343,6 +349,8 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
                          "out": pytree.treespec_dumps(ep.call_spec.out_spec)}
     except Exception:  # custom pytree nodes without a serialized name: outputs load back as a tuple
         prog.io_specs = {}
+    if mutated_inputs:
+        prog.io_specs["mutated_inputs"] = json.dumps(mutated_inputs)
     return prog
 
 
