@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import linecache
+import math
 import operator
 import os
 import re
@@ -237,23 +238,55 @@ def _resolve_attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
 
 
 def _sdpa_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """SDPA's CPU kernel as core ATen, returning the layout the kernel itself returns.
+    """SDPA's CPU kernel as core ATen, written the way a NeuronCore runs attention.
 
-    torch's own decomposition returns the output in (L, N, H, E) memory order, but the kernel (and its
-    fake/meta implementation) returns a contiguous (N, H, L, E) tensor; code that ``.view``s the
-    transposed output (GPT-2's attention) then fails to decompose (facts file §4).
+    - the softmax scale is applied to the query (``L`` rows) rather than, as torch's math
+      decomposition does, half to the query and half to the transposed keys: in token generation
+      that scaled the whole ``S``-long KV cache through a transposing copy every step;
+      ``K^T`` goes straight into the matmul, which transposes on the Tensor Engine;
+    - scores and softmax are computed in float32 (PSUM accumulates in fp32), the probabilities are
+      cast back to the value dtype for the second matmul;
+    - GQA key/value heads are repeated to the query heads (``repeat_interleave``, as the kernel does);
+    - the output is a contiguous (N, H, L, E) tensor, the layout the kernel (and its meta function)
+      returns: torch's decomposition returns (L, N, H, E) memory order, and code that ``.view``s the
+      transposed output (GPT-2's attention) then fails to decompose (facts file §4).
+    The second result stands in for the kernel's logsumexp, as in torch's decomposition (unused in
+    inference).
     """
-    out, attn = torch.ops.aten._scaled_dot_product_attention_math.default(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        dropout_mask=None, scale=scale, enable_gqa=query.size(1) != key.size(1))
-    return out.contiguous(), attn
+    torch._check(dropout_p == 0.0, lambda: "attention dropout must be off (model.eval()) to compile")
+    n_q, n_kv = query.size(-3), key.size(-3)
+    if n_q != n_kv:
+        key = key.repeat_interleave(n_q // n_kv, dim=-3)
+        value = value.repeat_interleave(n_q // n_kv, dim=-3)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    scores = torch.matmul(query * scale, key.transpose(-2, -1)).float()
+    L, S = query.size(-2), key.size(-2)
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if is_causal or attn_mask is not None:   # a fully masked row (a padding query) gives 0, not NaN
+        probs = torch.where(torch.isneginf(scores).all(-1, keepdim=True), 0.0, probs)
+    out = torch.matmul(probs.to(value.dtype), value)
+    return out.contiguous(), probs
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """``aten.scaled_dot_product_attention`` (what export keeps when a mask is given) as :func:`_sdpa_cpu`."""
+    return _sdpa_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
 def decompositions(table=None) -> dict:
     """The decomposition table to core ATen (``torch.export.default_decompositions()`` unless given)
-    with the SDPA fix of :func:`_sdpa_cpu`. Example: ``ep.run_decompositions(decompositions())``."""
+    with attention decomposed by :func:`_sdpa_cpu`. Example: ``ep.run_decompositions(decompositions())``."""
     table = torch.export.default_decompositions() if table is None else table
     table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default] = _sdpa_cpu
+    table[torch.ops.aten.scaled_dot_product_attention.default] = _sdpa
     return table
 
 
