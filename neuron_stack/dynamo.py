@@ -30,6 +30,7 @@ import time
 
 import torch
 import torch._dynamo
+import torch._guards
 
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
@@ -211,9 +212,10 @@ def _compiler(kind: str, ctx: dict):
         t0 = time.perf_counter_ns()
         names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
         flags = ctx["flags"]
-        # aot_autograd calls us under its fake mode; the compiler and runtime work on real tensors
-        # (the graph's constants are real: hashing them under the fake mode fails)
-        with unset_fake_temporarily():
+        # aot_autograd calls us under its fake mode and tracing context; the compiler and runtime work on
+        # real tensors (hashing the graph's real constants under the fake mode fails, and torch.load of a
+        # cached NEFF inside the tracing context makes every constant a meta tensor)
+        with unset_fake_temporarily(), torch._guards.tracing(None):
             program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names)
             ghash = graph_hash(program)
             neff, hit, entry = compile_cached(ghash, flags,
@@ -224,7 +226,7 @@ def _compiler(kind: str, ctx: dict):
                 "cache_path": str(entry or ""), "source": ctx["source"],
                 "recompile_of": prev if ctx["recompile"] else None,
                 "recompile_reason": ctx["reason"] if ctx["recompile"] else ""}
-        with unset_fake_temporarily():
+        with unset_fake_temporarily(), torch._guards.tracing(None):
             model = LoadedModel(neff, info)
         frame["graphs"][kind] = model.graph_id
         with _lock:

@@ -52,6 +52,7 @@ class GraphProjection:
     layer_instructions: int
     instructions: int           # whole model
     compile_s: float
+    layer_busy_ns: dict = field(default_factory=dict)        # engine -> busy ns of one layer
     neffs: list = field(default_factory=list, repr=False)   # the 1- and 2-layer NEFFs (numbers=none)
 
     def to_json(self) -> dict:
@@ -113,6 +114,10 @@ class Projection:
         for g in self.graphs:
             lines.append(f"{g.name:<18} {g.bucket:>7} {g.active_tokens:>6} {g.layer_ns / 1e3:>8.1f}us "
                          f"{g.collective_ns / 1e3:>9.1f}us {g.device_ns / 1e6:>10.2f}ms {g.instructions:>13,}")
+        lines += ["", "one layer's schedule, busy time per engine:"]
+        for g in self.graphs:
+            eng = ", ".join(f"{e} {v / 1e3:.1f}us" for e, v in g.layer_busy_ns.items())
+            lines.append(f"  {g.name} ({g.bucket}): {eng}")
         lines += ["", f"compiled in {self.compile_s:.1f} s, peak RSS {self.peak_rss_bytes / mib:.0f} MiB "
                       "(one and two decoder layers per sub-model; layers are identical)"]
         return "\n".join(lines)
@@ -264,9 +269,13 @@ def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_
         layer_ns, layer_instr = max(0, t2 - t1), max(0, i2 - i1)
         coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
         instructions = i1 + (layers - 1) * layer_instr
+        busy = {e: sum(sc["busy_ns"].get(e, 0) for sc in two.schedules.values())
+                - sum(sc["busy_ns"].get(e, 0) for sc in one.schedules.values())
+                for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc["busy_ns"]}}
         graphs.append(GraphProjection(kind, bucket, tokens, layer_ns, t1 - layer_ns, coll,
                                       t1 + (layers - 1) * layer_ns + coll, layer_instr, instructions,
-                                      time.perf_counter() - g0, [one, two]))
+                                      time.perf_counter() - g0, {e: v for e, v in sorted(busy.items()) if v > 0},
+                                      [one, two]))
         code_bytes += instructions * INSTRUCTION_BYTES         # each bucket is its own NEFF
         mem = one.program.stats["memory"]
         cache_1layer = 2 * batch_size * kv * bucket * head_dim * elt
