@@ -35,10 +35,22 @@ ARCHS = {   # default configs but tiny; only sizes are set
                                                          **COMMON)),
 }
 
+MORE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **COMMON)
+OTHERS = {  # what else a user would try: traced with the cache (generation is covered by the seven above)
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(num_key_value_heads=2, head_dim=16, **MORE)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(num_key_value_heads=2, head_dim=16, **MORE)),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(num_key_value_heads=2, pad_token_id=0, **MORE)),
+    "stablelm": lambda: T.StableLmForCausalLM(T.StableLmConfig(num_key_value_heads=2, **MORE)),
+    "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**MORE)),
+    "opt": lambda: T.OPTForCausalLM(T.OPTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                ffn_dim=128, word_embed_proj_dim=64, **COMMON)),
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=100)),
+}
+
 
 def build(arch, **overrides):
     torch.manual_seed(0)
-    model = ARCHS[arch]().eval()
+    model = {**ARCHS, **OTHERS}[arch]().eval()
     for k, v in overrides.items():
         setattr(model.config, k, v)
     return model
@@ -49,7 +61,7 @@ def assert_device_only(program):
     assert program.stats["num_fallbacks"] == 0, [n.target for n in program.nodes if n.placement == "cpu_fallback"]
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", sorted(ARCHS) + sorted(OTHERS))
 def test_trace_default_config_with_kv_cache(arch):
     model = build(arch)
     ids = torch.randint(0, 100, (2, 8))
