@@ -45,7 +45,7 @@ def simulator_step_wall() -> tuple[float, float, float]:
     import transformers
 
     from neuron_stack.llm import NeuronModelForCausalLM, project
-    from neuron_stack.runtime import LoadedModel
+    from neuron_stack.runtime.model import LoadedModel
 
     os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-llm-")
     torch.manual_seed(0)

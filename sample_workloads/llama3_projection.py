@@ -37,7 +37,7 @@ def main() -> None:
     proj = project(model, tp_degree=args.tp, instance_type=args.instance, sequence_length=args.sequence_length)
     print(proj.report())
 
-    from neuron_stack.runtime import LoadedModel
+    from neuron_stack.runtime.model import LoadedModel
     tkg = next(g for g in proj.graphs if g.name == "token_generation")
     loaded = LoadedModel(tkg.neffs[1], {"kind": "trace"})
     inputs = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="meta") for s in loaded.input_specs]

@@ -176,7 +176,7 @@ def test_projection_repeats_one_layer_like_the_whole_model():
         assert g.layer_ns > 0 and g.device_ns == g.base_ns + 4 * g.layer_ns and g.collective_ns == 0
         assert all(n.program.stats["numbers"] == "none" for n in g.neffs)
         whole = _compile_graph(cfg, 4, 1, g.active_tokens, g.bucket, "bfloat16", parse_flags(None))
-        full_ns = sum(s["device_ns"] for s in whole.schedules.values())
+        full_ns = sum(s.device_ns for s in whole.schedules.values())
         assert abs(g.device_ns - full_ns) / full_ns < 0.15        # measured 1-7% on these shapes
         assert abs(g.instructions - whole.program.stats["num_instructions"]) <= 0.05 * g.instructions
     kv = 2 * 4 * 1 * 2 * 64 * 16 * 2          # K and V, layers, batch, KV heads, length, head dim, bf16

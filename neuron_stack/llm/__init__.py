@@ -9,8 +9,8 @@ are not Optimum Neuron. See docs/llm.md.
 """
 from __future__ import annotations
 
-from .configs import PRESETS, ConfigError, load_config
-from .project import GraphProjection, Projection, project, rank_config
+from neuron_stack.llm.configs import PRESETS, ConfigError, load_config
+from neuron_stack.llm.project import GraphProjection, Projection, project, rank_config
 
 __all__ = ["project", "Projection", "GraphProjection", "rank_config", "load_config", "PRESETS", "ConfigError",
            "NeuronModelForCausalLM", "NeuronModelForSequenceClassification"]
@@ -18,6 +18,6 @@ __all__ = ["project", "Projection", "GraphProjection", "rank_config", "load_conf
 
 def __getattr__(name: str):
     if name in ("NeuronModelForCausalLM", "NeuronModelForSequenceClassification"):
-        from . import optimum
+        from neuron_stack.llm import optimum
         return getattr(optimum, name)
     raise AttributeError(f"module 'neuron_stack.llm' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """``python -m neuron_stack.llm project ...``: the ``neuron-llm`` command."""
 import sys
 
-from .cli import main
+from neuron_stack.llm.cli import main
 
 sys.exit(main())

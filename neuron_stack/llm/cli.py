@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def parser() -> argparse.ArgumentParser:
-    from .configs import PRESETS
+    from neuron_stack.llm.configs import PRESETS
 
     p = argparse.ArgumentParser(prog="neuron-llm", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _project(args) -> int:
-    from .project import project
+    from neuron_stack.llm.project import project
 
     p = project(args.model, batch_size=args.batch_size, sequence_length=args.sequence_length,
                 context_length=args.context_length, tp_degree=args.tp, dtype=args.dtype,

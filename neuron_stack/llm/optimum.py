@@ -20,7 +20,7 @@ import math
 import os
 from pathlib import Path
 
-from .configs import ConfigError, PRESETS, has_weights, load_config
+from neuron_stack.llm.configs import PRESETS, ConfigError, has_weights, load_config
 
 
 def _bool_mask_free(attention_mask) -> bool:
@@ -102,7 +102,7 @@ class NeuronModelForCausalLM:
                 raise ConfigError(f"{label} must be a positive integer, not {v!r}")
         model, config = _resolve(model_id, transformers.AutoModelForCausalLM)
         if model is None:
-            from .project import project
+            from neuron_stack.llm.project import project
             p = project(config, batch_size=batch_size, sequence_length=sequence_length, tp_degree=num_cores,
                         dtype=auto_cast_type or "bf16", instance_type=instance_type, target=target)
             p.model = model_id if isinstance(model_id, str) else type(config).__name__.removesuffix("Config")

@@ -33,7 +33,13 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from .configs import ConfigError, load_config
+from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES, compile_program
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.llm.configs import ConfigError, load_config
+from neuron_stack.runtime.collectives import Group, plan
+from neuron_stack.runtime.cores import INSTANCE_TYPES
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
@@ -180,9 +186,6 @@ def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dt
     import torch
     import transformers
 
-    from ..compiler import compile_program
-    from ..frontend import capture
-
     cfg = rank_config(config, 1, layers)
     model = _meta_model(cfg, dtype)
     cache = transformers.StaticCache(config=cfg, max_cache_len=bucket)
@@ -201,8 +204,6 @@ def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profil
     """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits."""
     if tp == 1:
         return 0
-    from ..collectives import Group, plan
-
     group = Group.on_cores(range(tp))
     per_layer = 2 * plan("all_reduce", batch * tokens * config.hidden_size, dtype, group, profile).dur_ns
     logits = plan("all_gather", batch * math.ceil(config.vocab_size / tp), dtype, group, profile).dur_ns
@@ -210,9 +211,6 @@ def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profil
 
 
 def _instance(instance_type: str | None, target: str):
-    from ..cores import INSTANCE_TYPES
-    from ..device import get_profile
-
     if instance_type is None:
         instance_type = get_profile(target).instance_type
     if instance_type not in INSTANCE_TYPES:
@@ -233,9 +231,6 @@ def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_
     ``instance_type`` (e.g. ``inf2.xlarge``) picks the device profile, else ``target``'s default instance.
     Example: ``print(project("llama-3-8b", tp_degree=8, instance_type="trn1.32xlarge").report())``.
     """
-    from ..compiler import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES
-    from ..flags import parse_flags
-
     t0 = time.perf_counter()
     name = model if isinstance(model, str) else type(model).__name__
     config = load_config(model)
@@ -264,14 +259,14 @@ def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_
         g0 = time.perf_counter()
         one = _compile_graph(rank, 1, batch_size, tokens, bucket, dtype, flags)
         two = _compile_graph(rank, 2, batch_size, tokens, bucket, dtype, flags)
-        t1, t2 = (sum(s["device_ns"] for s in n.schedules.values()) for n in (one, two))
+        t1, t2 = (sum(sc.device_ns for sc in n.schedules.values()) for n in (one, two))
         i1, i2 = one.program.stats["num_instructions"], two.program.stats["num_instructions"]
         layer_ns, layer_instr = max(0, t2 - t1), max(0, i2 - i1)
         coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
         instructions = i1 + (layers - 1) * layer_instr
-        busy = {e: sum(sc["busy_ns"].get(e, 0) for sc in two.schedules.values())
-                - sum(sc["busy_ns"].get(e, 0) for sc in one.schedules.values())
-                for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc["busy_ns"]}}
+        busy = {e: sum(sc.busy_ns.get(e, 0) for sc in two.schedules.values())
+                - sum(sc.busy_ns.get(e, 0) for sc in one.schedules.values())
+                for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc.busy_ns}}
         graphs.append(GraphProjection(kind, bucket, tokens, layer_ns, t1 - layer_ns, coll,
                                       t1 + (layers - 1) * layer_ns + coll, layer_instr, instructions,
                                       time.perf_counter() - g0, {e: v for e, v in sorted(busy.items()) if v > 0},
