@@ -164,7 +164,7 @@ def tiny_config(layers=4, hidden=64):
 
 
 def test_projection_repeats_one_layer_like_the_whole_model():
-    from neuron_stack.flags import parse_flags
+    from neuron_stack.frontend.flags import parse_flags
     from neuron_stack.llm import project
     from neuron_stack.llm.project import _compile_graph
 
