@@ -13,6 +13,7 @@ Usage: ``.venv/bin/python bench/llm.py [--quick]`` (``--quick``: 8B at TP=8 only
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -30,13 +31,16 @@ BUCKETS = ["512", "1024", "2048"]
 def projection(model: str, tp: int, instance: str) -> dict:
     cmd = [sys.executable, "-m", "neuron_stack.llm", "project", model, "--tp", str(tp), "--instance", instance,
            "--sequence-length", "2048", "--tkg-buckets", *BUCKETS, "--json"]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode not in (0, 2):
         raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-500:]}")
     doc = json.loads(r.stdout)
     doc["wall_s"] = wall
+    # CPU seconds do not depend on how many other processes share the machine; wall time does
+    doc["cpu_s"] = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     return doc
 
 
@@ -78,13 +82,15 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="Llama-3-8B at TP=8 only")
     args = p.parse_args()
     cases = [c for c in CASES if c[:2] == ("llama-3-8b", 8)] if args.quick else CASES
-    print(f"{'model':<12} {'TP':>3} {'instance':<14} {'compile s':>9} {'peak RSS':>9} {'HBM/core':>9} {'fits':>5}  "
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time grows with it; CPU time does not)")
+    print(f"{'model':<12} {'TP':>3} {'instance':<14} {'wall s':>7} {'CPU s':>6} {'peak RSS':>9} {'HBM/core':>9} {'fits':>5}  "
           f"decode step device ms per bucket (" + "/".join(BUCKETS) + "), context encoding ms")
     for model, tp, instance in cases:
         d = projection(model, tp, instance)
         tkg = {g["bucket"]: g["device_ns"] / 1e6 for g in d["graphs"] if g["name"] == "token_generation"}
         cte = next(g["device_ns"] / 1e6 for g in d["graphs"] if g["name"] == "context_encoding")
-        print(f"{model:<12} {tp:>3} {instance:<14} {d['wall_s']:>9.1f} {d['peak_rss_bytes'] / 2**30:>7.2f}GB "
+        print(f"{model:<12} {tp:>3} {instance:<14} {d['wall_s']:>7.1f} {d['cpu_s']:>6.1f} "
+              f"{d['peak_rss_bytes'] / 2**30:>7.2f}GB "
               f"{d['hbm_used'] / 2**30:>7.2f}GB {str(d['fits']):>5}  "
               + " / ".join(f"{tkg[int(b)]:.2f}" for b in BUCKETS) + f", {cte:.2f}")
     real_ms, device_us, meta_ms = simulator_step_wall()
