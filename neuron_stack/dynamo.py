@@ -72,8 +72,9 @@ def recompile_limit_message() -> str:
     site = _script_frame()
     where = f" (called from {os.path.basename(site.file)}:{site.line}: {site.code})" if site else ""
     limit = torch._dynamo.config.recompile_limit
-    return (f"neuron_stack: {name} was compiled {limit} times (torch._dynamo.config.recompile_limit), once per "
-            f"new input shape{'; last change: ' + reason if reason else ''}. A NeuronCore runs static shapes: pad "
+    last = f"; last change: {reason}" if reason else ""
+    return (f"neuron_stack: {name} was compiled {limit} times (torch._dynamo.config.recompile_limit), "
+            f"once per new input shape{last}. A NeuronCore runs static shapes: pad "
             f"that input to a few fixed lengths (buckets), or for model.generate() pass "
             f"cache_implementation=\"static\" so every decode step has one shape{where}")
 
@@ -166,7 +167,8 @@ def _dynamo_reason() -> str:
         return ""
     # "0/1: kwargs['past_key_values'].layers[0].n == 6  # code  # file:line in fn\nUser stack..." -> one line
     first = re.sub(r"^\d+/\d+: ", "", (text.strip().splitlines() or [""])[0])
-    return re.sub(r"\b(?:kwargs|self)\['([A-Za-z_]\w*)'\]\.?", r"\1.", first).replace(". ", " ").replace(".[", "[")
+    named = re.sub(r"\b(?:kwargs|self)\['([A-Za-z_]\w*)'\]\.?", r"\1.", first)
+    return named.replace(". ", " ").replace(".[", "[")
 
 
 def _frame_being_compiled() -> tuple[types.CodeType, dict] | None:

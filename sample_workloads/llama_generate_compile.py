@@ -8,6 +8,7 @@ stops at its recompile limit with an error that says to bucket). With
 encoding) and every decode step reuses one graph (token generation). The greedy tokens must equal
 eager `generate()`, and the compile log below shows the two graphs and why the second was compiled.
 """
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,13 +32,16 @@ def main() -> None:
     with torch.no_grad():
         want = model.generate(prompt, **gen)
     before = len(neuron_stack.dynamo.compile_events())
-    model.forward = torch.compile(model.forward, backend="neuron",
-                                  options={"compiler_args": f"--auto-cast {args.auto_cast} --target {args.target}"})
+    model.forward = torch.compile(
+        model.forward,
+        backend="neuron",
+        options={"compiler_args": f"--auto-cast {args.auto_cast} --target {args.target}"},
+    )
     with torch.no_grad():
         got = model.generate(prompt, **gen)
     events = neuron_stack.dynamo.compile_events()[before:]
     same = torch.equal(got, want)
-    print(f"generated {got[0, prompt.shape[1]:].tolist()}\ngreedy tokens equal eager generate(): {same}")
+    print(f"generated {got[0, prompt.shape[1] :].tolist()}\ngreedy tokens equal eager generate(): {same}")
     print(f"{len(events)} graphs compiled for {args.new_tokens} tokens")
     for e in events:
         timing = e["model"].neff.program.stats["timing_model"]

@@ -1,4 +1,5 @@
 """``python -m neuron_stack.llm project ...``: the ``neuron-llm`` command."""
+
 import sys
 
 from neuron_stack.llm.cli import main

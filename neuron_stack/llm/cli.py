@@ -6,6 +6,7 @@ and token-generation graphs, and one layer's schedule per engine; ``--json`` pri
 ``--neff-dir`` writes the compiled one- and two-layer NEFFs (loadable with ``neuron_stack.load``).
 Exit status 0 when it fits, 2 when it does not, 1 on an error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,22 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("model", help=f"a preset ({', '.join(PRESETS)}), a model directory or a config.json")
     pr.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (cores per model copy)")
     pr.add_argument("--instance", default=None, help="instance type, e.g. inf2.xlarge, trn1.32xlarge")
-    pr.add_argument("--target", choices=("trn1", "inf2", "trn2"), default="trn1",
-                    help="device generation when --instance is not given")
+    pr.add_argument(
+        "--target",
+        choices=("trn1", "inf2", "trn2"),
+        default="trn1",
+        help="device generation when --instance is not given",
+    )
     pr.add_argument("--batch-size", type=int, default=1)
     pr.add_argument("--sequence-length", type=int, default=2048, help="KV cache length (prompt + output)")
     pr.add_argument("--context-length", type=int, default=None, help="prompt bucket (default min(128, seq))")
-    pr.add_argument("--tkg-buckets", type=int, nargs="+", default=None,
-                    help="KV lengths of the token-generation graphs (default: the sequence length)")
+    pr.add_argument(
+        "--tkg-buckets",
+        type=int,
+        nargs="+",
+        default=None,
+        help="KV lengths of the token-generation graphs (default: the sequence length)",
+    )
     pr.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.add_argument("--neff-dir", default=None, help="write the compiled 1- and 2-layer NEFFs here")
@@ -39,9 +49,17 @@ def parser() -> argparse.ArgumentParser:
 def _project(args) -> int:
     from neuron_stack.llm.project import project
 
-    p = project(args.model, batch_size=args.batch_size, sequence_length=args.sequence_length,
-                context_length=args.context_length, tp_degree=args.tp, dtype=args.dtype,
-                instance_type=args.instance, target=args.target, token_generation_buckets=args.tkg_buckets)
+    p = project(
+        args.model,
+        batch_size=args.batch_size,
+        sequence_length=args.sequence_length,
+        context_length=args.context_length,
+        tp_degree=args.tp,
+        dtype=args.dtype,
+        instance_type=args.instance,
+        target=args.target,
+        token_generation_buckets=args.tkg_buckets,
+    )
     if args.neff_dir:
         out = Path(args.neff_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ with an all-gather of the last token's logits.
 >>> p.fits, p.graphs[1].device_ns > 0                                                   # doctest: +SKIP
 (True, True)
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,25 +42,32 @@ from neuron_stack.llm.configs import ConfigError, load_config
 from neuron_stack.runtime.collectives import Group, plan
 from neuron_stack.runtime.cores import INSTANCE_TYPES
 
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 
 
 @dataclass
 class GraphProjection:
     """One compiled sub-model (one NEFF per bucket): its per-layer and whole-model device time per call."""
-    name: str                   # context_encoding | token_generation
-    bucket: int                 # KV cache length the graph attends over
-    active_tokens: int          # tokens per sequence per call
-    layer_ns: int               # one decoder layer (marginal: t2 - t1)
-    base_ns: int                # embedding, final norm, LM head and I/O (t1 - layer)
-    collective_ns: int          # all tensor-parallel collectives of one call
-    device_ns: int              # the whole model, one call, per rank
+
+    name: str  # context_encoding | token_generation
+    bucket: int  # KV cache length the graph attends over
+    active_tokens: int  # tokens per sequence per call
+    layer_ns: int  # one decoder layer (marginal: t2 - t1)
+    base_ns: int  # embedding, final norm, LM head and I/O (t1 - layer)
+    collective_ns: int  # all tensor-parallel collectives of one call
+    device_ns: int  # the whole model, one call, per rank
     layer_instructions: int
-    instructions: int           # whole model
+    instructions: int  # whole model
     compile_s: float
-    layer_busy_ns: dict = field(default_factory=dict)        # engine -> busy ns of one layer
-    neffs: list = field(default_factory=list, repr=False)   # the 1- and 2-layer NEFFs (numbers=none)
+    layer_busy_ns: dict = field(default_factory=dict)  # engine -> busy ns of one layer
+    neffs: list = field(default_factory=list, repr=False)  # the 1- and 2-layer NEFFs (numbers=none)
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "neffs"}
@@ -68,6 +76,7 @@ class GraphProjection:
 @dataclass
 class Projection:
     """The answer to "how fast, and does it fit": per-core HBM, per-call latency, per-layer latency."""
+
     model: str
     target: str
     instance_type: str
@@ -78,8 +87,8 @@ class Projection:
     dtype: str
     num_layers: int
     graphs: list[GraphProjection]
-    memory: dict[str, int]          # bytes per core by category
-    hbm_per_core: int               # the device profile's
+    memory: dict[str, int]  # bytes per core by category
+    hbm_per_core: int  # the device profile's
     instance_cores: int
     compile_s: float = 0.0
     peak_rss_bytes: int = 0
@@ -96,42 +105,66 @@ class Projection:
     def verdict(self) -> str:
         """One line: fits or not, and why (the evidence)."""
         gib = 2**30
-        head = (f"{self.model} on {self.instance_type} with TP={self.tp_degree}: "
-                f"{self.hbm_used / gib:.2f} GiB per core of {self.hbm_per_core / gib:.0f} GiB HBM")
+        head = (
+            f"{self.model} on {self.instance_type} with TP={self.tp_degree}: "
+            f"{self.hbm_used / gib:.2f} GiB per core of {self.hbm_per_core / gib:.0f} GiB HBM"
+        )
         if self.tp_degree > self.instance_cores:
-            return f"{head}: does NOT fit: TP={self.tp_degree} needs more than the {self.instance_cores} cores"
+            return (
+                f"{head}: does NOT fit: TP={self.tp_degree} needs more than the {self.instance_cores} cores"
+            )
         if self.hbm_used > self.hbm_per_core:
-            return (f"{head}: does NOT fit: shard over more cores (a larger TP), or use a smaller batch or "
-                    f"sequence length")
+            return (
+                f"{head}: does NOT fit: shard over more cores (a larger TP), or use a smaller batch or "
+                f"sequence length"
+            )
         return f"{head}: fits ({100 * self.hbm_used / self.hbm_per_core:.0f}% of HBM)"
 
     def report(self) -> str:
         """The projection as text: verdict, HBM per core by category, latency per sub-model and bucket."""
         mib = 2**20
-        lines = [self.verdict(), "",
-                 f"shapes: batch {self.batch_size}, context {self.context_length}, sequence {self.sequence_length}, "
-                 f"{self.num_layers} layers, {self.dtype}, target {self.target} (numbers=none: no weights, "
-                 "nothing executed)", "", "HBM per core:"]
+        lines = [
+            self.verdict(),
+            "",
+            f"shapes: batch {self.batch_size}, context {self.context_length}, "
+            f"sequence {self.sequence_length}, "
+            f"{self.num_layers} layers, {self.dtype}, target {self.target} (numbers=none: no weights, "
+            "nothing executed)",
+            "",
+            "HBM per core:",
+        ]
         for k, v in self.memory.items():
             lines.append(f"  {k:<12} {v / mib:12.1f} MiB")
         lines.append(f"  {'total':<12} {self.hbm_used / mib:12.1f} MiB of {self.hbm_per_core / mib:.0f} MiB")
-        lines += ["", f"{'sub-model':<18} {'bucket':>7} {'tokens':>6} {'per layer':>10} {'collectives':>11} "
-                      f"{'whole model':>12} {'instructions':>13}"]
+        lines += [
+            "",
+            f"{'sub-model':<18} {'bucket':>7} {'tokens':>6} {'per layer':>10} {'collectives':>11} "
+            f"{'whole model':>12} {'instructions':>13}",
+        ]
         for g in self.graphs:
-            lines.append(f"{g.name:<18} {g.bucket:>7} {g.active_tokens:>6} {g.layer_ns / 1e3:>8.1f}us "
-                         f"{g.collective_ns / 1e3:>9.1f}us {g.device_ns / 1e6:>10.2f}ms {g.instructions:>13,}")
+            lines.append(
+                f"{g.name:<18} {g.bucket:>7} {g.active_tokens:>6} {g.layer_ns / 1e3:>8.1f}us "
+                f"{g.collective_ns / 1e3:>9.1f}us {g.device_ns / 1e6:>10.2f}ms {g.instructions:>13,}"
+            )
         lines += ["", "one layer's schedule, busy time per engine:"]
         for g in self.graphs:
             eng = ", ".join(f"{e} {v / 1e3:.1f}us" for e, v in g.layer_busy_ns.items())
             lines.append(f"  {g.name} ({g.bucket}): {eng}")
-        lines += ["", f"compiled in {self.compile_s:.1f} s, peak RSS {self.peak_rss_bytes / mib:.0f} MiB "
-                      "(one and two decoder layers per sub-model; layers are identical)"]
+        lines += [
+            "",
+            f"compiled in {self.compile_s:.1f} s, peak RSS {self.peak_rss_bytes / mib:.0f} MiB "
+            "(one and two decoder layers per sub-model; layers are identical)",
+        ]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "graphs"}
-        d.update(graphs=[g.to_json() for g in self.graphs], hbm_used=self.hbm_used, fits=self.fits,
-                 verdict=self.verdict())
+        d.update(
+            graphs=[g.to_json() for g in self.graphs],
+            hbm_used=self.hbm_used,
+            fits=self.fits,
+            verdict=self.verdict(),
+        )
         return d
 
 
@@ -153,12 +186,14 @@ def rank_config(config, tp_degree: int, num_layers: int | None = None):
         return c
     for attr in ("num_attention_heads", "intermediate_size", "vocab_size", "hidden_size"):
         if not isinstance(getattr(c, attr, None), int):
-            raise ConfigError(f"tensor parallelism needs {attr} in the config ({type(config).__name__} has none): "
-                              "project it with tp_degree=1")
+            raise ConfigError(
+                f"tensor parallelism needs {attr} in the config ({type(config).__name__} has none): "
+                "project it with tp_degree=1"
+            )
     heads = c.num_attention_heads
     kv = getattr(c, "num_key_value_heads", None) or heads
     c.head_dim = getattr(config, "head_dim", None) or c.hidden_size // heads
-    kv_rank = math.ceil(kv / tp_degree) if kv >= tp_degree else 1     # REPLICATE_TO_TP_DEGREE
+    kv_rank = math.ceil(kv / tp_degree) if kv >= tp_degree else 1  # REPLICATE_TO_TP_DEGREE
     q_rank = math.ceil(math.ceil(heads / tp_degree) / kv_rank) * kv_rank
     c.num_attention_heads, c.num_key_value_heads = q_rank, kv_rank
     c.intermediate_size = math.ceil(c.intermediate_size / tp_degree)
@@ -191,12 +226,16 @@ def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dt
     cache = transformers.StaticCache(config=cfg, max_cache_len=bucket)
     kv, head_dim = _kv_geometry(cfg)
     meta = torch.device("meta")
-    cache.early_initialization(batch_size=batch, num_heads=kv, head_dim=head_dim, dtype=getattr(torch, dtype),
-                               device=meta)
+    cache.early_initialization(
+        batch_size=batch, num_heads=kv, head_dim=head_dim, dtype=getattr(torch, dtype), device=meta
+    )
     ids = torch.zeros((batch, tokens), dtype=torch.long, device=meta)
     pos = torch.arange(tokens, device=meta) if tokens > 1 else torch.full((1,), bucket - 1, device=meta)
-    program = capture(model, {"input_ids": ids, "past_key_values": cache, "cache_position": pos},
-                      name=f"{type(model).__name__}_{layers}layer")
+    program = capture(
+        model,
+        {"input_ids": ids, "past_key_values": cache, "cache_position": pos},
+        name=f"{type(model).__name__}_{layers}layer",
+    )
     return compile_program(program, flags)
 
 
@@ -220,9 +259,19 @@ def _instance(instance_type: str | None, target: str):
     return instance_type, profile, chips * profile.cores_per_chip
 
 
-def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_length: int | None = None,
-            tp_degree: int = 1, dtype: str = "bf16", instance_type: str | None = None, target: str = "trn1",
-            token_generation_buckets: list[int] | None = None, compiler_args=None) -> Projection:
+def project(
+    model,
+    *,
+    batch_size: int = 1,
+    sequence_length: int = 2048,
+    context_length: int | None = None,
+    tp_degree: int = 1,
+    dtype: str = "bf16",
+    instance_type: str | None = None,
+    target: str = "trn1",
+    token_generation_buckets: list[int] | None = None,
+    compiler_args=None,
+) -> Projection:
     """Project a decoder LLM (a preset name, a config directory or a transformers config) with no weights.
 
     ``sequence_length``: the KV cache length (prompt + generated tokens); ``context_length``: the
@@ -237,21 +286,29 @@ def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_
     dtype = DTYPES.get(str(dtype).lower())
     if dtype is None:
         raise ConfigError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
-    for label, v in (("batch_size", batch_size), ("sequence_length", sequence_length), ("tp_degree", tp_degree)):
+    for label, v in (
+        ("batch_size", batch_size),
+        ("sequence_length", sequence_length),
+        ("tp_degree", tp_degree),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{label} must be a positive integer, not {v!r}")
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
     if context_length > sequence_length or buckets[-1] > sequence_length:
-        raise ConfigError(f"context length {context_length} and token-generation buckets {buckets} must not "
-                          f"exceed sequence_length {sequence_length}")
+        raise ConfigError(
+            f"context length {context_length} and token-generation buckets {buckets} must not "
+            f"exceed sequence_length {sequence_length}"
+        )
     instance_type, profile, cores = _instance(instance_type, target)
     flags = parse_flags(compiler_args, target=profile.name)
     layers = int(config.num_hidden_layers)
     rank = rank_config(config, tp_degree)
 
     graphs = []
-    plans = [("context_encoding", context_length, sequence_length)] + [("token_generation", 1, b) for b in buckets]
+    plans = [("context_encoding", context_length, sequence_length)] + [
+        ("token_generation", 1, b) for b in buckets
+    ]
     code_bytes, act_bytes, scratch = 0, 0, 0
     kv, head_dim = _kv_geometry(rank)
     elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
@@ -264,25 +321,56 @@ def project(model, *, batch_size: int = 1, sequence_length: int = 2048, context_
         layer_ns, layer_instr = max(0, t2 - t1), max(0, i2 - i1)
         coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
         instructions = i1 + (layers - 1) * layer_instr
-        busy = {e: sum(sc.busy_ns.get(e, 0) for sc in two.schedules.values())
-                - sum(sc.busy_ns.get(e, 0) for sc in one.schedules.values())
-                for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc.busy_ns}}
-        graphs.append(GraphProjection(kind, bucket, tokens, layer_ns, t1 - layer_ns, coll,
-                                      t1 + (layers - 1) * layer_ns + coll, layer_instr, instructions,
-                                      time.perf_counter() - g0, {e: v for e, v in sorted(busy.items()) if v > 0},
-                                      [one, two]))
-        code_bytes += instructions * INSTRUCTION_BYTES         # each bucket is its own NEFF
+        busy = {
+            e: sum(sc.busy_ns.get(e, 0) for sc in two.schedules.values())
+            - sum(sc.busy_ns.get(e, 0) for sc in one.schedules.values())
+            for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc.busy_ns}
+        }
+        graphs.append(
+            GraphProjection(
+                kind,
+                bucket,
+                tokens,
+                layer_ns,
+                t1 - layer_ns,
+                coll,
+                t1 + (layers - 1) * layer_ns + coll,
+                layer_instr,
+                instructions,
+                time.perf_counter() - g0,
+                {e: v for e, v in sorted(busy.items()) if v > 0},
+                [one, two],
+            )
+        )
+        code_bytes += instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
         mem = one.program.stats["memory"]
         cache_1layer = 2 * batch_size * kv * bucket * head_dim * elt
         act_bytes = max(act_bytes, mem["tensors"] - cache_1layer)
         scratch = max(scratch, mem["model_shared_scratchpad"])
 
     weights = sum(p.numel() * p.element_size() for p in _meta_model(rank, dtype).parameters())
-    memory = {"weights": weights, "kv_cache": 2 * layers * batch_size * kv * sequence_length * head_dim * elt,
-              "activations": act_bytes, "scratchpad": scratch, "code": code_bytes, "runtime": RUNTIME_MEMORY_BYTES}
-    return Projection(model=name, target=profile.name, instance_type=instance_type, tp_degree=tp_degree,
-                      batch_size=batch_size, sequence_length=sequence_length, context_length=context_length,
-                      dtype=dtype, num_layers=layers, graphs=graphs, memory=memory,
-                      hbm_per_core=profile.hbm_bytes_per_core, instance_cores=cores,
-                      compile_s=time.perf_counter() - t0,
-                      peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    memory = {
+        "weights": weights,
+        "kv_cache": 2 * layers * batch_size * kv * sequence_length * head_dim * elt,
+        "activations": act_bytes,
+        "scratchpad": scratch,
+        "code": code_bytes,
+        "runtime": RUNTIME_MEMORY_BYTES,
+    }
+    return Projection(
+        model=name,
+        target=profile.name,
+        instance_type=instance_type,
+        tp_degree=tp_degree,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
+        context_length=context_length,
+        dtype=dtype,
+        num_layers=layers,
+        graphs=graphs,
+        memory=memory,
+        hbm_per_core=profile.hbm_bytes_per_core,
+        instance_cores=cores,
+        compile_s=time.perf_counter() - t0,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    )
