@@ -70,6 +70,8 @@ class NeuronModule(torch.nn.Module):
         self._positional = self._in_spec is None or self._in_spec == pytree.tree_structure(((0,) * n_in, {}))
         out = self._out_spec
         self._out_leaf = out is not None and out == pytree.tree_structure(0)
+        #: flat input positions the model updates in place (a static KV cache): the leading outputs
+        self._mutated = json.loads(specs.get("mutated_inputs", "[]"))
 
     @property
     def compile_log(self) -> str:
@@ -89,6 +91,11 @@ class NeuronModule(torch.nn.Module):
             flat = args
         self.model.check_inputs(flat)
         outs = self.model.run(flat)
+        if self._mutated:
+            with torch.no_grad():
+                for i, t in zip(self._mutated, outs):
+                    flat[i].copy_(t)
+            outs = outs[len(self._mutated):]
         if self._out_spec is None:
             return outs[0] if len(outs) == 1 else tuple(outs)
         if self._out_leaf:

@@ -46,9 +46,9 @@ def test_training_forward_and_backward_graphs():
     ref(x).sum().backward()
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-    kinds = {e["kind"] for e in _events_for("models.forward")}
+    kinds = {e["kind"] for e in _events_for("MLP.forward")}
     assert {"forward", "backward"} <= kinds
-    bw = next(e for e in _events_for("models.forward") if e["kind"] == "backward")
+    bw = next(e for e in _events_for("MLP.forward") if e["kind"] == "backward")
     srcs = {os.path.basename(n.source.file) for n in bw["model"].program.nodes if n.source}
     assert "models.py" in srcs        # backward ops point at the forward's user lines
 

@@ -55,7 +55,8 @@ def graph_hash(program: Program, salt: str = "") -> str:
     for name in sorted(program.constants):
         t = program.constants[name].detach().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+        if t.device.type != "meta":   # projection mode: shapes only, there are no weights to hash
+            h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
     return str(int(h.hexdigest()[:15], 16))
 
 
@@ -153,7 +154,10 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
     memory = memory_plan(program)
     memory["model_code"] = instructions * INSTRUCTION_BYTES
     fallbacks = [n for n in program.nodes if n.placement == FALLBACK_PLACEMENT and n.is_compute]
-    program.stats = {"memory": memory, "timing_model": timing, "num_instructions": instructions, "support": natural,
+    # weights on the meta device (a model built from its config alone): projection mode, numbers=none
+    numbers = "none" if any(getattr(t, "is_meta", False) for t in program.constants.values()) else "cpu"
+    program.stats = {"memory": memory, "timing_model": timing, "numbers": numbers, "num_instructions": instructions,
+                     "support": natural,
                      "num_ops": sum(n.is_compute for n in program.nodes),
                      "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),
                      "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0}

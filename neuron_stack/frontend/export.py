@@ -16,7 +16,9 @@ innermost frame outside torch (and outside this package and the standard library
 from __future__ import annotations
 
 import contextlib
+import json
 import linecache
+import math
 import operator
 import os
 import re
@@ -45,7 +47,11 @@ _SKIP_DIRS = tuple(os.path.realpath(d) + os.sep for d in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
-def _is_user_file(path: str) -> bool:
+def is_user_file(path: str) -> bool:
+    """True for a real file outside torch, this package and the standard library (site-packages count).
+
+    Example: ``is_user_file("/home/me/train.py")`` -> True.
+    """
     if not path or path.startswith("<"):
         return False
     return not os.path.realpath(path).startswith(_SKIP_DIRS)
@@ -57,7 +63,7 @@ def user_frame(stack_trace: str | None) -> Source | None:
     Example: ``user_frame('File "/m.py", line 3, in forward')`` -> ``Source("/m.py", 3, "forward", ...)``.
     """
     for f, line, fn in reversed(_FRAME.findall(stack_trace or "")):
-        if _is_user_file(f):
+        if is_user_file(f):
             path = os.path.abspath(f)
             return Source(path, int(line), fn, linecache.getline(path, int(line)).strip())
     return None
@@ -221,7 +227,83 @@ def _resolve_attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
     obj: Any = gm
     for part in str(target).split("."):
         obj = getattr(obj, part)
-    return obj.detach() if isinstance(obj, torch.Tensor) else obj
+    if not isinstance(obj, torch.Tensor):
+        return obj
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # A graph constant is a real tensor; aot_autograd calls the dynamo backend under its fake mode,
+    # which would refuse to detach a real tensor ("convert all Tensors to FakeTensors first").
+    with unset_fake_temporarily():
+        return obj.detach()
+
+
+def _sdpa_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """SDPA's CPU kernel as core ATen, written the way a NeuronCore runs attention.
+
+    - the softmax scale is applied to the query (``L`` rows) rather than, as torch's math
+      decomposition does, half to the query and half to the transposed keys: in token generation
+      that scaled the whole ``S``-long KV cache through a transposing copy every step;
+      ``K^T`` goes straight into the matmul, which transposes on the Tensor Engine;
+    - scores and softmax are computed in float32 (PSUM accumulates in fp32), the probabilities are
+      cast back to the value dtype for the second matmul;
+    - GQA key/value heads are repeated to the query heads (``repeat_interleave``, as the kernel does);
+    - the output is a contiguous (N, H, L, E) tensor, the layout the kernel (and its meta function)
+      returns: torch's decomposition returns (L, N, H, E) memory order, and code that ``.view``s the
+      transposed output (GPT-2's attention) then fails to decompose (facts file §4).
+    The second result stands in for the kernel's logsumexp, as in torch's decomposition (unused in
+    inference).
+    """
+    torch._check(dropout_p == 0.0, lambda: "attention dropout must be off (model.eval()) to compile")
+    n_q, n_kv = query.size(-3), key.size(-3)
+    if n_q != n_kv:
+        key = key.repeat_interleave(n_q // n_kv, dim=-3)
+        value = value.repeat_interleave(n_q // n_kv, dim=-3)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    scores = torch.matmul(query * scale, key.transpose(-2, -1)).float()
+    L, S = query.size(-2), key.size(-2)
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if is_causal or attn_mask is not None:   # a fully masked row (a padding query) gives 0, not NaN
+        probs = torch.where(torch.isneginf(scores).all(-1, keepdim=True), 0.0, probs)
+    out = torch.matmul(probs.to(value.dtype), value)
+    return out.contiguous(), probs
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """``aten.scaled_dot_product_attention`` (what export keeps when a mask is given) as :func:`_sdpa_cpu`."""
+    return _sdpa_cpu(query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+def decompositions(table=None) -> dict:
+    """The decomposition table to core ATen (``torch.export.default_decompositions()`` unless given)
+    with attention decomposed by :func:`_sdpa_cpu`. Example: ``ep.run_decompositions(decompositions())``."""
+    table = torch.export.default_decompositions() if table is None else table
+    table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default] = _sdpa_cpu
+    table[torch.ops.aten.scaled_dot_product_attention.default] = _sdpa
+    return table
+
+
+def register_model_pytrees(model: Any) -> None:
+    """Register the pytree flatten of a Hugging Face model's cache classes (``DynamicCache``,
+    ``StaticCache``...), so a KV cache is captured as what it is: tensor inputs and outputs.
+
+    Uses transformers' own registration (``register_cache_pytrees_for_model``); a no-op for other
+    models. Example: ``register_model_pytrees(LlamaForCausalLM(cfg))``.
+    """
+    if not type(model).__module__.startswith("transformers."):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # an older transformers: caches stay unregistered, export names the class
+        return
+    register_cache_pytrees_for_model(model)
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
@@ -233,8 +315,9 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
     with _full_stack_traces(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         try:
+            register_model_pytrees(model)
             ep = torch.export.export(model, args, kwargs or {}, strict=False)
-            return ep.run_decompositions()
+            return ep.run_decompositions(decompositions())
         except CaptureError:
             raise
         except Exception as exc:  # export errors are long; the first line names the construct
@@ -264,7 +347,7 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
     """
     if decompose:
         with _full_stack_traces():
-            ep = ep.run_decompositions()
+            ep = ep.run_decompositions(decompositions())
     sig = ep.graph_signature
     constants: dict[str, torch.Tensor] = {}
     placeholder_constants: dict[str, str] = {}
@@ -283,6 +366,11 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
             raise CaptureError(f"unsupported graph input kind {spec.kind.name}: neuron_stack takes tensors")
     user_outputs = [{"node": s.arg.name} if hasattr(s.arg, "name") else s.arg.value
                     for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    # In-place updates of inputs (a static KV cache written at cache_position) come back as leading
+    # outputs; NeuronModule copies them into the caller's tensors, as the model would have.
+    mutations = [s for s in sig.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION]
+    mutated_inputs = [input_names.index(s.target) for s in mutations]
+    user_outputs = [{"node": s.arg.name} for s in mutations] + user_outputs
     prog = graph_to_program(ep.graph_module, name=name, constants=constants,
                             input_names=input_names, placeholder_constants=placeholder_constants,
                             output_names=user_outputs)
@@ -294,6 +382,8 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
                          "out": pytree.treespec_dumps(ep.call_spec.out_spec)}
     except Exception:  # custom pytree nodes without a serialized name: outputs load back as a tuple
         prog.io_specs = {}
+    if mutated_inputs:
+        prog.io_specs["mutated_inputs"] = json.dumps(mutated_inputs)
     return prog
 
 
@@ -338,5 +428,5 @@ def file_texts(files: list[str]) -> dict[str, str]:
     return out
 
 
-__all__ = ["capture", "export", "graph_to_program", "user_frame", "target_name", "jsonify",
+__all__ = ["capture", "export", "graph_to_program", "user_frame", "is_user_file", "target_name", "jsonify",
            "CaptureError", "normalise_inputs", "sources_in", "file_texts"]

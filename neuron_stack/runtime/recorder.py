@@ -141,7 +141,7 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
     # Timing model and auto-cast are per graph (a lowering gap falls back to roofline); the
     # profile's metadata names every value its graphs used.
     rec.note_graph_settings(timing_model=stats.get("timing_model", "instruction"),
-                            auto_cast=prog.flags.get("auto_cast", "none"))
+                            auto_cast=prog.flags.get("auto_cast", "none"), numbers=stats.get("numbers", "cpu"))
     rec.add(GraphRow(
         graph_id=model.graph_id, run_id=model.session.run_id, name=model.name, kind=info.get("kind", "trace"),
         neff_hash=model.neff.header["hash"], input_signature=sig,

@@ -22,9 +22,11 @@ def broadcast_view(v: View, shape: tuple[int, ...]) -> View:
 
 
 def reshape_view(v: View, shape: tuple[int, ...]) -> View | None:
+    """``v`` reshaped without a copy, or None when its strides forbid it (a stride-0 broadcast of a
+    causal mask merged with a real dim: torch's meta ``view`` raises ValueError there, not RuntimeError)."""
     try:
         return v.with_meta(v.meta.view(shape))
-    except RuntimeError:
+    except (RuntimeError, ValueError):
         return None
 
 

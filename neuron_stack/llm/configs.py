@@ -1,0 +1,116 @@
+"""Model configs for projections: presets of published architectures, a directory's ``config.json``, or
+a ``transformers`` config object. Nothing downloads.
+
+The presets copy the architecture fields of the models' published ``config.json`` files (Hugging Face
+``meta-llama/Meta-Llama-3-8B``, ``meta-llama/Meta-Llama-3-70B``, ``meta-llama/Llama-2-7b-hf``); only the
+shapes matter here, there are no weights.
+
+>>> load_config("llama-3-8b").num_hidden_layers
+32
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+#: Published architecture fields (config.json of each model on the Hugging Face hub).
+PRESETS: dict[str, dict] = {
+    "llama-3-8b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+    ),
+    "llama-3-70b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+    ),
+    "llama-2-7b": dict(
+        model_type="llama",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+    ),
+}
+#: config.json is JSON of a few kilobytes; a bigger file is not a model config.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A model config that cannot be read; the message names the problem and the fix."""
+
+
+def load_config(spec):
+    """A ``transformers`` config from a preset name, a directory or ``config.json`` path, or a config.
+
+    Example: ``load_config("llama-3-70b")``, ``load_config("./my-model")``, ``load_config(LlamaConfig())``.
+    """
+    import transformers
+
+    if isinstance(spec, transformers.PretrainedConfig):
+        return spec
+    if isinstance(spec, (str, os.PathLike)) and str(spec).lower() in PRESETS:
+        fields = dict(PRESETS[str(spec).lower()])
+    else:
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(
+                f"{spec}: no such model config: give a directory with config.json, a config.json "
+                f"file, or a preset ({', '.join(PRESETS)})"
+            )
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: {path.stat().st_size} bytes is too big for a config.json "
+                f"(limit {MAX_CONFIG_BYTES}); point at the model's config.json"
+            )
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"{path}: not valid JSON ({exc}); fix the file or point at the model's config.json"
+            ) from None
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise ConfigError(f"{path}: no model_type field: not a transformers config.json")
+    kind = fields.pop("model_type")
+    try:
+        cls = transformers.AutoConfig.for_model(kind).__class__
+    except ValueError:
+        raise ConfigError(
+            f"model_type {kind!r} is not one transformers {transformers.__version__} knows"
+        ) from None
+    fields.pop("transformers_version", None)
+    return cls(**fields)
+
+
+def has_weights(path) -> bool:
+    """True when ``path`` is a model directory holding weight files (safetensors or PyTorch bin).
+
+    Example: ``has_weights("./saved-llama")`` -> True after ``model.save_pretrained("./saved-llama")``.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return False
+    return any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin"))
