@@ -49,7 +49,7 @@ RING_SIZE = 4096                 # executions kept for per-period latency percen
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
                       "incorrect_input", "failed_to_queue")
 ERROR_TYPES = ("generic", "numerical", "transient", "model", "runtime", "hardware")
-DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
+DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors", "kv_cache")
 HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
 EVENT_KINDS = ("compile", "recompile", "cpu_fallback", "cache_hit")
 
