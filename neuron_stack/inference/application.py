@@ -65,7 +65,7 @@ class NeuronCausalLM:
         self.models: dict[tuple[str, int], object] = {}     # (tag, bucket) -> NeuronModule
         self.kv_cache: KVCacheManager | None = None
         self.compile_s = self.load_s = 0.0
-        self.hooks: list = []     # callables (tag, bucket, seconds, device_ns) after each sub-model call
+        self.hooks: list = []     # hook(tag, bucket, wall_s, projected_ns, device_ns) after each sub-model call
 
     # -- compile / load ---------------------------------------------------------------------------
     def _hf_model(self):
@@ -156,11 +156,13 @@ class NeuronCausalLM:
         nm = self.models.get((tag, bucket))
         if nm is None or self.kv_cache is None:
             raise InferenceError("the model is not loaded: call model.load(compiled_path) first")
-        t0 = time.perf_counter()
+        from neuron_stack import clock
+
+        t0, p0 = time.perf_counter(), clock.now_ns()
         out = nm(*args, *self.kv_cache.tensors)
-        secs = time.perf_counter() - t0
+        secs, proj_ns = time.perf_counter() - t0, clock.now_ns() - p0
         for hook in self.hooks:
-            hook(tag, bucket, secs, nm.model.static_device_ns)
+            hook(tag, bucket, secs, proj_ns, nm.model.static_device_ns)
         return out
 
     def context_encoding(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[torch.Tensor, int]:

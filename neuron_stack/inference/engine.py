@@ -93,7 +93,7 @@ class Engine:
         self._device_ns = 0
         model.hooks.append(self._on_call)
 
-    def _on_call(self, tag, bucket, secs, device_ns) -> None:
+    def _on_call(self, tag, bucket, secs, proj_ns, device_ns) -> None:
         self._device_ns += device_ns
 
     # -- requests ---------------------------------------------------------------------------------
