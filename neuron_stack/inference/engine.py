@@ -90,6 +90,7 @@ class Engine:
         self.wakeup = threading.Condition(self.lock)
         self.steps = 0
         self.observers = list(observers or [])
+        self.requests_by_id: dict[str, Request] = {}     # queued or running
         self._device_ns = 0
         model.hooks.append(self._on_call)
 
@@ -124,8 +125,23 @@ class Engine:
                       arrival_ns=clock.now_ns(), wall_arrival_ns=clock.wall_ns())
         with self.wakeup:
             self.waiting.append(req)
+            self.requests_by_id[req.request_id] = req
             self.wakeup.notify_all()
         return req
+
+    def abort(self, request_id: str) -> None:
+        """Drop a queued or running request (a client went away); its slot is free for the next step."""
+        from neuron_stack import clock
+
+        with self.lock:
+            r = self.requests_by_id.pop(request_id, None)
+            if r is None or r.finished:
+                return
+            r.finish_reason, r.finish_ns, r.wall_finish_ns = "abort", clock.now_ns(), clock.wall_ns()
+            if r in self.waiting:
+                self.waiting.remove(r)
+            elif r.slot is not None and self.slots[r.slot] is r:
+                self.slots[r.slot] = None
 
     @property
     def running(self) -> list[Request]:
@@ -172,6 +188,8 @@ class Engine:
         t1, w1 = clock.now_ns(), clock.wall_ns()
         finished = []
         for i, r in enumerate(members):
+            if r.finished:           # aborted while this step ran
+                continue
             tok = chosen[i] if phase == "prefill" else chosen[r.slot]
             r.output.append(tok)
             r.token_ns.append(t1)
@@ -199,6 +217,9 @@ class Engine:
             obs.on_step(self, st)
             for r in finished:
                 obs.on_finish(self, r)
+        with self.lock:
+            for r in finished:
+                self.requests_by_id.pop(r.request_id, None)
         return st
 
     def run_until_done(self, max_steps: int = 1_000_000) -> int:
