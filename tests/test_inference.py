@@ -81,7 +81,7 @@ def test_generate_equals_eager_hf(compiled):
 
 
 def test_kv_cache_is_device_memory_of_its_own(compiled):
-    from neuron_stack.runtime import Session
+    from neuron_stack.runtime.session import Session
     m, _ = compiled
     kv = m.kv_cache
     assert kv.shape == (2, 2, 64, 16)           # (slots, KV heads per rank, seq_len, head_dim)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from neuron_stack.device import clock
+
 from .config import InferenceConfig, InferenceError, NeuronConfig, get_target_bucket, load_pretrained_config
 from .kvcache import KVCacheManager
 from .modeling import DecoderGraph, check_supported
@@ -156,8 +158,6 @@ class NeuronCausalLM:
         nm = self.models.get((tag, bucket))
         if nm is None or self.kv_cache is None:
             raise InferenceError("the model is not loaded: call model.load(compiled_path) first")
-        from neuron_stack import clock
-
         t0, p0 = time.perf_counter(), clock.now_ns()
         out = nm(*args, *self.kv_cache.tensors)
         secs, proj_ns = time.perf_counter() - t0, clock.now_ns() - p0

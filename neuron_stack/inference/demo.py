@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inference_demo: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:   # a compile or runtime failure: one line naming it
-        from neuron_stack.runtime import NeuronRuntimeError
+        from neuron_stack.runtime.errors import NeuronRuntimeError
         if isinstance(exc, (NeuronRuntimeError, ValueError, OSError)):
             print(f"inference_demo: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   file=sys.stderr)

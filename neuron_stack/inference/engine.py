@@ -8,7 +8,7 @@ slots; vLLM's default for NxDI is one prompt per call); otherwise it is one toke
 every slot (the rows of free slots compute and are ignored). A request leaves when it reaches
 ``max_tokens``, its EOS token, or the cache's ``seq_len``; its slot is free for the next step.
 
-Times are on the projected clock (:mod:`neuron_stack.clock`: simulated device time plus real host
+Times are on the projected clock (:mod:`neuron_stack.device.clock`: simulated device time plus real host
 time), so TTFT and TPOT are what the request would see on hardware; wall times are kept beside them.
 
 >>> eng = Engine(model)                                                   # doctest: +SKIP
@@ -21,6 +21,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
+
+from neuron_stack.device import clock
 
 from .application import CTE, NeuronCausalLM, select_tokens
 from .config import InferenceError
@@ -118,8 +120,6 @@ class Engine:
     def add_request(self, prompt: list[int], max_tokens: int, eos_token_id: int | None = None,
                     on_token: Callable | None = None, request_id: str | None = None) -> Request:
         """Queue a request (thread-safe); it joins the running batch at the next step with a free slot."""
-        from neuron_stack import clock
-
         self.validate(prompt, max_tokens)
         req = Request(request_id or f"req-{next(_ids)}", list(prompt), int(max_tokens), eos_token_id, on_token,
                       arrival_ns=clock.now_ns(), wall_arrival_ns=clock.wall_ns())
@@ -131,8 +131,6 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Drop a queued or running request (a client went away); its slot is free for the next step."""
-        from neuron_stack import clock
-
         with self.lock:
             r = self.requests_by_id.pop(request_id, None)
             if r is None or r.finished:
@@ -154,8 +152,6 @@ class Engine:
     # -- stepping ---------------------------------------------------------------------------------
     def step(self) -> Step | None:
         """Run one prefill or decode call; None when there is nothing to do."""
-        from neuron_stack import clock
-
         with self.lock:
             free = [i for i, r in enumerate(self.slots) if r is None]
             admit = []

@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from neuron_stack.device import clock
+
 from .config import InferenceError, NeuronConfig
 from .modeling import kv_geometry
 
@@ -63,7 +65,8 @@ class KVCacheManager:
             t.zero_()
 
     def _reserve(self, core: int) -> None:
-        from neuron_stack.runtime import OutOfDeviceMemory, Session
+        from neuron_stack.runtime.errors import OutOfDeviceMemory
+        from neuron_stack.runtime.session import Session
 
         session = Session.get(self.target)
         used = session.device_memory[core]
@@ -79,7 +82,6 @@ class KVCacheManager:
         with session.record_lock:
             rec = session.recorder
             if rec is not None:
-                from neuron_stack import clock
                 rec.append("memory", {"ts_ns": [clock.now_ns()], "run_id": [session.run_id], "core": [core],
                                       "location": ["device"], "category": [CATEGORY], "bytes": [used[CATEGORY]]})
 

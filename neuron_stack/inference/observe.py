@@ -93,7 +93,7 @@ class TraceObserver:
     """Serving rows into the trace store of this process's runtime session (when profiling is on)."""
 
     def __init__(self, model_name: str, target: str):
-        from neuron_stack.runtime import Session
+        from neuron_stack.runtime.session import Session
         self.session = Session.get(target)
         self.model_name = model_name
 
@@ -125,7 +125,7 @@ class LiveObserver:
     clock), running and waiting requests, KV-cache slots in use and the cache's bytes per core."""
 
     def __init__(self, target: str, window_s: float = 5.0):
-        from neuron_stack.runtime import Session
+        from neuron_stack.runtime.session import Session
         self.session = Session.get(target)
         self.window_ns = int(window_s * 1e9)
         self.recent: deque[tuple[int, int]] = deque()    # (end_ns, tokens)
