@@ -20,6 +20,7 @@ from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 from neuron_stack.inference.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+server_proc: list = []      # the running server (the last test stops it to read its profile)
 
 
 def free_port() -> int:
@@ -40,6 +41,8 @@ def server(tmp_path_factory, compile_cache):
                              str(root / "tiny"), "--compiled-model-path", str(root / "compiled"), "--batch-size", "2",
                              "--max-context-length", "32", "--seq-len", "64", "--port", str(port),
                              "--served-model-name", "tiny"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    server_proc[:] = [proc]
+    (root / "server.pid").write_text(str(proc.pid))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -50,8 +53,9 @@ def server(tmp_path_factory, compile_cache):
         except OSError:
             time.sleep(0.5)
     yield base, root
-    proc.terminate()
-    proc.wait(timeout=30)
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=30)
     log.close()
 
 
@@ -149,3 +153,66 @@ def test_bad_requests_are_4xx(server):
     assert conn.getresponse().status == 413
     conn.close()
     assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
+
+
+def test_monitor_and_top_show_serving(server):
+    """neuron-monitor's document carries the engine's serving figures; neuron-top renders them."""
+    import jsonschema
+
+    from monitor.collect import Collector
+    from top.render import counters_panel
+    from top.snapshot import build_snapshot
+
+    base, root = server
+    post(base + "/v1/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 4})
+    pid = int((root / "server.pid").read_text())
+    deadline = time.monotonic() + 30
+    while True:
+        doc = Collector().collect()
+        ours = [r for r in doc["neuron_runtime_data"] if r["pid"] == pid]
+        serving = ours and ours[0]["report"]["neuron_stack"].get("serving")
+        if serving or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert serving and serving["model"] == "tiny" and serving["kv_cache_bytes"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    assert serving["num_requests_waiting"] == 0 and 0 <= serving["kv_cache_usage_perc"] <= 1
+    schema = json.loads((ROOT / "monitor" / "schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    # the KV cache is device memory on the core (counted as runtime tensors in the real document's categories)
+    mem = ours[0]["report"]["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"]["neuroncore_memory_usage"]
+    assert sum(m["tensors"] for m in mem.values()) >= serving["kv_cache_bytes"]
+    snap = build_snapshot({**doc, "neuron_runtime_data": ours})
+    text = counters_panel(snap.app(0), 200).plain
+    assert "serving tiny:" in text and "KV cache" in text and "running 0  waiting 0" in text
+
+
+def test_profile_and_explorer_show_serving(server):
+    """Every request and step lands in the trace store; the query layer and the Explorer page read them."""
+    import traces
+    from explorer import data
+    from explorer.pages import serving as page
+
+    base, root = server
+    post(base + "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    proc = server_proc[0]
+    proc.terminate()
+    proc.wait(timeout=60)
+    path = traces.finalize(root / "output")
+    with traces.open(path) as p:
+        s = p.serving_summary()
+        reqs = p.serving_requests().to_pylist()
+        buckets = p.serving_buckets().to_pylist()
+        steps = p.serving_steps().to_pylist()
+        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()[0]["b"]
+    # completion, chat, 5 concurrent, metrics, monitor and this one: 10 requests, every one finished
+    assert s["requests"] == len(reqs) == 10, [(r["prompt_tokens"], r["output_tokens"], r["finish_reason"]) for r in reqs]
+    assert s["output_tokens"] == 12 + 10 + 5 * 8 + 3 + 4 + 2
+    assert s["ttft_p50_ns"] > 0 and s["tpot_p50_ns"] > 0 and s["output_tokens_per_s"] > 0
+    assert s["prefill_steps"] == 10 and {b["phase"] for b in buckets} == {"prefill", "decode"}
+    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32} and kv_rows == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    assert all(r["arrival_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in reqs)
+    assert max(st["kv_slots_used"] for st in steps) <= 2 and any(st["waiting"] > 0 for st in steps)
+    data.set_registry(data.Registry([path]))
+    html = str(page.layout(profile=None))
+    for needle in ("serving-waterfall", "serving-ttft-hist", "serving-tpot-hist", "serving-buckets", "Serving · 10"):
+        assert needle in html, needle

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from .config import InferenceError
+
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
@@ -147,8 +149,18 @@ def tiny_model(args) -> int:
 
 
 def serve(args) -> int:
-    from .server import serve_main
-    return serve_main(args)
+    """Compile/load with vLLM's NxDI defaults (continuous batching, one prompt per prefill), then serve."""
+    from neuron_stack.llm.configs import has_weights
+
+    from .server import serve as run_server
+
+    nc = neuron_config(args)
+    nc.is_continuous_batching, nc.ctx_batch_size = True, 1
+    if not has_weights(args.model_path):
+        raise InferenceError(f"{args.model_path}: serving computes tokens and needs weights (save_pretrained); "
+                             "project a config's TTFT/TPOT with: inference_demo run --model-path CONFIG --tp-degree N")
+    model = load_model(args, nc, out=lambda line: print(line, file=sys.stderr))
+    return run_server(model, args.served_model_name or str(args.model_path), args.host, args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,8 +197,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``inference_demo``): one line, non-zero exit, on any bad input."""
     from neuron_stack.llm.configs import ConfigError
-
-    from .config import InferenceError
 
     args = build_parser().parse_args(argv)
     try:

@@ -167,6 +167,10 @@ class Engine:
         self._device_ns = 0
         if admit:
             for r in admit:
+                # A request that arrived while the simulator ran a step was stamped with the clock offset
+                # before that step's device time replaced its (longer) simulation time; on the projected
+                # timeline it arrived no later than this step's start.
+                r.arrival_ns = min(r.arrival_ns, t0)
                 r.scheduled_ns = t0
             out, bucket = self.model.context_encoding([r.prompt for r in admit], [r.slot for r in admit])
             batch, phase, members = self.nc.ctx_batch_size, "prefill", admit

@@ -76,8 +76,9 @@ def _int(body: dict, key: str, default: int, lo: int, hi: int) -> int:
     return v
 
 
-def create_app(engine, tokenizer, model_name: str, metrics=None):
-    """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine` whose thread the app starts)."""
+def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=None):
+    """The FastAPI app serving ``engine`` (an :class:`~.engine.Engine` whose thread the app starts);
+    ``on_shutdown()`` runs after the engine thread stopped."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -93,6 +94,8 @@ def create_app(engine, tokenizer, model_name: str, metrics=None):
         yield
         stop.set()
         t.join(timeout=10)
+        if on_shutdown is not None:
+            on_shutdown()
 
     app = FastAPI(title="neuron_stack OpenAI-compatible server", lifespan=lifespan)
 
@@ -226,34 +229,29 @@ def create_app(engine, tokenizer, model_name: str, metrics=None):
     return _BodyLimit(app, MAX_BODY_BYTES)
 
 
-def build(args, out=print):
-    """(asgi app, engine) for the ``serve`` flags: compile/load, engine with every observer."""
-    from .demo import load_model, neuron_config
+def build(model, model_name: str):
+    """(asgi app, engine) serving a loaded model: the engine with every observer (metrics, trace, live)."""
     from .engine import Engine
     from .observe import LiveObserver, TraceObserver, VllmMetrics
     from .tokenizer import ByteTokenizer
 
-    nc = neuron_config(args)
-    if not nc.is_continuous_batching:
-        nc.is_continuous_batching, nc.ctx_batch_size = True, 1     # vLLM's NxDI defaults
-    from neuron_stack.llm.configs import has_weights
-    if not has_weights(args.model_path):
-        raise InferenceError(f"{args.model_path}: serving computes tokens and needs weights (save_pretrained); "
-                             "project a config's TTFT/TPOT with: inference_demo run --model-path CONFIG --tp-degree N")
-    model = load_model(args, nc, out)
-    name = args.served_model_name or str(args.model_path)
-    metrics = VllmMetrics(name)
-    engine = Engine(model, observers=[metrics, TraceObserver(name, nc.target), LiveObserver(nc.target)],
-                    model_name=name)
-    return create_app(engine, ByteTokenizer(model.config.hf_config.vocab_size), name, metrics), engine
+    target = model.neuron_config.target
+    metrics = VllmMetrics(model_name)
+    trace = TraceObserver(model_name, target)
+    engine = Engine(model, observers=[metrics, trace, LiveObserver(target)], model_name=model_name)
+    # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so atexit never runs: close the runtime
+    # session (trace segments, run status, live snapshot, core lease) while shutting down
+    app = create_app(engine, ByteTokenizer(model.config.hf_config.vocab_size), model_name, metrics,
+                     on_shutdown=trace.session.close)
+    return app, engine
 
 
-def serve_main(args) -> int:
-    """``inference_demo serve``: build, then run uvicorn until interrupted."""
+def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000) -> int:
+    """Serve ``model`` with uvicorn until interrupted (``inference_demo serve``)."""
     import uvicorn
 
-    app, _ = build(args)
-    print(f"serving on http://{args.host}:{args.port} (OpenAI-compatible: /v1/completions, /v1/chat/completions, "
-          "/health, /metrics)", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    app, _ = build(model, model_name)
+    print(f"serving {model_name} on http://{host}:{port} (OpenAI-compatible: /v1/completions, "
+          "/v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
     return 0
