@@ -15,6 +15,7 @@ TTFT/TPOT for AWS's published Llama rows (reference §2.12) beside AWS's numbers
 
 Usage: ``.venv/bin/python bench/serving.py [--quick] [--requests N] [--concurrency C]``
 """
+
 import argparse
 import json
 import os
@@ -49,7 +50,9 @@ def _port() -> int:
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
         return json.loads(r.read())
 
@@ -74,10 +77,29 @@ def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
     port = _port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), NEURON_COMPILE_CACHE_URL=str(work / "cache"))
     log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_stack.inference.demo", "serve", "--model-path",
-                             str(work / "tiny"), "--batch-size", "4", "--max-context-length", "64", "--seq-len", "128",
-                             "--port", str(port), "--served-model-name", "tiny"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neuron_stack.inference.demo",
+            "serve",
+            "--model-path",
+            str(work / "tiny"),
+            "--batch-size",
+            "4",
+            "--max-context-length",
+            "64",
+            "--seq-len",
+            "128",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -90,16 +112,35 @@ def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
             except OSError:
                 time.sleep(0.5)
         g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(3, 259, (int(n),), generator=g).tolist()
-                   for n in torch.randint(4, 64, (requests,), generator=g)]
-        first = _post(base + "/v1/completions", {"prompt": prompts[0], "max_tokens": max_tokens, "ignore_eos": True})
+        prompts = [
+            torch.randint(3, 259, (int(n),), generator=g).tolist()
+            for n in torch.randint(4, 64, (requests,), generator=g)
+        ]
+        first = _post(
+            base + "/v1/completions", {"prompt": prompts[0], "max_tokens": max_tokens, "ignore_eos": True}
+        )
         with torch.no_grad():
-            want = tiny_llama().generate(torch.tensor([prompts[0]]), max_new_tokens=max_tokens, do_sample=False,
-                                         pad_token_id=0, eos_token_id=None)[0, len(prompts[0]):].tolist()
+            want = (
+                tiny_llama()
+                .generate(
+                    torch.tensor([prompts[0]]),
+                    max_new_tokens=max_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                    eos_token_id=None,
+                )[0, len(prompts[0]) :]
+                .tolist()
+            )
         t0 = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
-            out = list(pool.map(lambda p: _post(base + "/v1/completions",
-                                                {"prompt": p, "max_tokens": max_tokens, "ignore_eos": True}), prompts))
+            out = list(
+                pool.map(
+                    lambda p: _post(
+                        base + "/v1/completions", {"prompt": p, "max_tokens": max_tokens, "ignore_eos": True}
+                    ),
+                    prompts,
+                )
+            )
         wall = time.perf_counter() - t0
         metrics = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
     finally:
@@ -107,11 +148,18 @@ def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
         proc.wait(timeout=60)
         log.close()
     tokens = sum(o["usage"]["completion_tokens"] for o in out)
-    return {"requests": requests, "concurrency": concurrency, "wall_s": wall, "requests_per_s": requests / wall,
-            "generated_tokens": tokens, "tokens_per_s": tokens / wall, "wall_ms_per_token": 1e3 * wall / tokens,
-            "ttft_mean_ms": 1e3 * _histogram_mean(metrics, "vllm:time_to_first_token_seconds"),
-            "tpot_mean_ms": 1e3 * _histogram_mean(metrics, "vllm:time_per_output_token_seconds"),
-            "tokens_equal_eager": first["choices"][0]["token_ids"] == want}
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "wall_s": wall,
+        "requests_per_s": requests / wall,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "wall_ms_per_token": 1e3 * wall / tokens,
+        "ttft_mean_ms": 1e3 * _histogram_mean(metrics, "vllm:time_to_first_token_seconds"),
+        "tpot_mean_ms": 1e3 * _histogram_mean(metrics, "vllm:time_per_output_token_seconds"),
+        "tokens_equal_eager": first["choices"][0]["token_ids"] == want,
+    }
 
 
 def projected_rows(rows) -> list[dict]:
@@ -122,17 +170,43 @@ def projected_rows(rows) -> list[dict]:
     out = []
     for model, instance, tp, batch, n_in, n_out, ttft, tpot in rows:
         seq = n_in + n_out
-        nc = NeuronConfig(tp_degree=tp, batch_size=batch, seq_len=seq, max_context_length=max(n_in, 128),
-                          enable_bucketing=True, torch_dtype="bfloat16", instance_type=instance)
+        nc = NeuronConfig(
+            tp_degree=tp,
+            batch_size=batch,
+            seq_len=seq,
+            max_context_length=max(n_in, 128),
+            enable_bucketing=True,
+            torch_dtype="bfloat16",
+            instance_type=instance,
+        )
         t0 = time.perf_counter()
         r = project_serving(model, nc, n_in, n_out)
-        out.append({"model": model, "instance": instance, "tp": tp, "batch": batch, "in": n_in, "out": n_out,
-                    "ttft_ms": r["ttft_ms"], "aws_ttft_ms": ttft, "ttft_ratio": r["ttft_ms"] / ttft,
-                    "tpot_ms": r["tpot_ms"], "aws_tpot_ms": tpot, "tpot_ratio": r["tpot_ms"] / tpot,
-                    "fits": r["fits"], "tkg_buckets": r["tkg_buckets"], "wall_s": time.perf_counter() - t0})
-        print(f"  {model:<12} {instance:<14} TP{tp:<3} B{batch:<2} {n_in:>5}/{n_out:<5} TTFT {r['ttft_ms']:8.2f} ms "
-              f"(AWS {ttft:7.2f}, x{r['ttft_ms'] / ttft:5.2f})  TPOT {r['tpot_ms']:7.2f} ms (AWS {tpot:6.2f}, "
-              f"x{r['tpot_ms'] / tpot:5.2f})  fits={r['fits']}  [{time.perf_counter() - t0:.0f} s]", flush=True)
+        out.append(
+            {
+                "model": model,
+                "instance": instance,
+                "tp": tp,
+                "batch": batch,
+                "in": n_in,
+                "out": n_out,
+                "ttft_ms": r["ttft_ms"],
+                "aws_ttft_ms": ttft,
+                "ttft_ratio": r["ttft_ms"] / ttft,
+                "tpot_ms": r["tpot_ms"],
+                "aws_tpot_ms": tpot,
+                "tpot_ratio": r["tpot_ms"] / tpot,
+                "fits": r["fits"],
+                "tkg_buckets": r["tkg_buckets"],
+                "wall_s": time.perf_counter() - t0,
+            }
+        )
+        print(
+            f"  {model:<12} {instance:<14} TP{tp:<3} B{batch:<2} {n_in:>5}/{n_out:<5} "
+            f"TTFT {r['ttft_ms']:8.2f} ms "
+            f"(AWS {ttft:7.2f}, x{r['ttft_ms'] / ttft:5.2f})  TPOT {r['tpot_ms']:7.2f} ms (AWS {tpot:6.2f}, "
+            f"x{r['tpot_ms'] / tpot:5.2f})  fits={r['fits']}  [{time.perf_counter() - t0:.0f} s]",
+            flush=True,
+        )
     return out
 
 
@@ -147,14 +221,21 @@ def main() -> None:
     if not (1 <= a.requests <= 1000 and 1 <= a.concurrency <= 64 and 1 <= a.max_tokens <= 64):
         raise SystemExit("bounds: --requests 1..1000, --concurrency 1..64, --max-tokens 1..64")
     n = 8 if a.quick else a.requests
-    print(f"1. tiny Llama over HTTP: {n} requests x {a.max_tokens} tokens, {a.concurrency} clients, 4 slots",
-          flush=True)
+    print(
+        f"1. tiny Llama over HTTP: {n} requests x {a.max_tokens} tokens, {a.concurrency} clients, 4 slots",
+        flush=True,
+    )
     tiny = tiny_load(n, a.concurrency, a.max_tokens)
-    print(f"  held {tiny['requests_per_s']:.2f} requests/s, {tiny['tokens_per_s']:.1f} generated tokens/s "
-          f"(simulator wall); {tiny['wall_ms_per_token']:.1f} ms simulator wall per generated token; "
-          f"projected TTFT mean {tiny['ttft_mean_ms']:.2f} ms, TPOT mean {tiny['tpot_mean_ms']:.3f} ms; "
-          f"tokens equal eager: {tiny['tokens_equal_eager']}", flush=True)
-    print("2. projected TTFT/TPOT (bf16, device time, P50 = the one value) vs AWS's published P50", flush=True)
+    print(
+        f"  held {tiny['requests_per_s']:.2f} requests/s, {tiny['tokens_per_s']:.1f} generated tokens/s "
+        f"(simulator wall); {tiny['wall_ms_per_token']:.1f} ms simulator wall per generated token; "
+        f"projected TTFT mean {tiny['ttft_mean_ms']:.2f} ms, TPOT mean {tiny['tpot_mean_ms']:.3f} ms; "
+        f"tokens equal eager: {tiny['tokens_equal_eager']}",
+        flush=True,
+    )
+    print(
+        "2. projected TTFT/TPOT (bf16, device time, P50 = the one value) vs AWS's published P50", flush=True
+    )
     rows = projected_rows(PUBLISHED[:1] if a.quick else PUBLISHED)
     if a.json:
         Path(a.json).write_text(json.dumps({"tiny": tiny, "projected": rows}, indent=2))

@@ -1,12 +1,19 @@
 """neuron_stack.inference: NxDI-shaped config and buckets, compile/load, generate equal to eager HF, the
 KV cache as its own device-memory category, continuous batching."""
+
 import json
 
 import pytest
 import torch
 
-from neuron_stack.inference import (HuggingFaceGenerationAdapter, InferenceError, NeuronConfig,
-                                    NeuronLlamaForCausalLM, generate_buckets, get_target_bucket)
+from neuron_stack.inference import (
+    HuggingFaceGenerationAdapter,
+    InferenceError,
+    NeuronConfig,
+    NeuronLlamaForCausalLM,
+    generate_buckets,
+    get_target_bucket,
+)
 from neuron_stack.inference.engine import Engine
 from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 
@@ -42,8 +49,14 @@ def test_neuron_config_defaults_and_errors():
 def compiled(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     path = save_tiny_llama(root / "model")
-    nc = NeuronConfig(batch_size=2, seq_len=64, max_context_length=32, context_encoding_buckets=[16, 32],
-                      token_generation_buckets=[32, 64], is_continuous_batching=True)
+    nc = NeuronConfig(
+        batch_size=2,
+        seq_len=64,
+        max_context_length=32,
+        context_encoding_buckets=[16, 32],
+        token_generation_buckets=[32, 64],
+        is_continuous_batching=True,
+    )
     m = NeuronLlamaForCausalLM(path, nc)
     m.compile(root / "compiled")
     m.load(root / "compiled")
@@ -53,26 +66,31 @@ def compiled(tmp_path_factory):
 def eager(prompt, n):
     hf = tiny_llama()
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                          eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_compile_writes_one_neff_per_submodel_and_bucket(compiled):
     m, root = compiled
     names = sorted(p.name for p in (root / "compiled").glob("*.neff"))
-    assert names == ["context_encoding_model_16.neff", "context_encoding_model_32.neff",
-                     "token_generation_model_32.neff", "token_generation_model_64.neff"]
+    assert names == [
+        "context_encoding_model_16.neff",
+        "context_encoding_model_32.neff",
+        "token_generation_model_32.neff",
+        "token_generation_model_64.neff",
+    ]
     cfg = json.loads((root / "compiled" / "neuron_config.json").read_text())
     assert cfg["neuron_config"]["seq_len"] == 64
-    for nm in m.models.values():            # all on the device, instruction-level timing
+    for nm in m.models.values():  # all on the device, instruction-level timing
         assert not nm.model.has_cpu and nm.neff.program.stats["timing_model"] == "instruction"
 
 
 def test_generate_equals_eager_hf(compiled):
     m, _ = compiled
     torch.manual_seed(1)
-    ids = torch.randint(3, 256, (2, 20))        # 20 tokens: bucket 32; decode crosses the 32 -> 64 bucket
+    ids = torch.randint(3, 256, (2, 20))  # 20 tokens: bucket 32; decode crosses the 32 -> 64 bucket
     out = HuggingFaceGenerationAdapter(m).generate(ids, max_new_tokens=20)
     assert out[0, 20:].tolist() == eager(ids[0].tolist(), 20)
     assert out[1, 20:].tolist() == eager(ids[1].tolist(), 20)
@@ -82,9 +100,10 @@ def test_generate_equals_eager_hf(compiled):
 
 def test_kv_cache_is_device_memory_of_its_own(compiled):
     from neuron_stack.runtime.session import Session
+
     m, _ = compiled
     kv = m.kv_cache
-    assert kv.shape == (2, 2, 64, 16)           # (slots, KV heads per rank, seq_len, head_dim)
+    assert kv.shape == (2, 2, 64, 16)  # (slots, KV heads per rank, seq_len, head_dim)
     used = Session.get("trn1").device_memory[kv.core]["kv_cache"]
     assert used >= kv.bytes_per_core == 2 * 2 * (2 * 2 * 64 * 16) * 4
 
@@ -112,7 +131,9 @@ def test_continuous_batching_joins_and_leaves_per_step(compiled):
 def test_bad_requests_are_one_line(compiled):
     m, _ = compiled
     eng = Engine(m)
-    with pytest.raises(InferenceError, match=r"Inputs supplied \(40\) are longer than max_context_length \(32\)"):
+    with pytest.raises(
+        InferenceError, match=r"Inputs supplied \(40\) are longer than max_context_length \(32\)"
+    ):
         eng.add_request(list(range(3, 43)), max_tokens=4)
     with pytest.raises(InferenceError, match="exceed seq_len 64"):
         eng.add_request([5] * 30, max_tokens=40)

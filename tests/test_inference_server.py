@@ -1,6 +1,7 @@
 """The OpenAI-compatible server as a user runs it: `inference_demo serve` on 127.0.0.1, completions and chat
 (streamed and not) equal to eager HF greedy tokens, concurrent requests through continuous batching,
 vLLM's metric names on /metrics, bounded bad requests as 4xx."""
+
 import http.client
 import json
 import os
@@ -20,7 +21,7 @@ from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 from neuron_stack.inference.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-server_proc: list = []      # the running server (the last test stops it to read its profile)
+server_proc: list = []  # the running server (the last test stops it to read its profile)
 
 
 def free_port() -> int:
@@ -34,13 +35,39 @@ def server(tmp_path_factory, compile_cache):
     root = tmp_path_factory.mktemp("serve")
     save_tiny_llama(root / "tiny")
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", NEURON_RT_INSPECT_ENABLE="1",
-               NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_HUB_OFFLINE="1",
+        NEURON_RT_INSPECT_ENABLE="1",
+        NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"),
+    )
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "neuron_stack.inference.demo", "serve", "--model-path",
-                             str(root / "tiny"), "--compiled-model-path", str(root / "compiled"), "--batch-size", "2",
-                             "--max-context-length", "32", "--seq-len", "64", "--port", str(port),
-                             "--served-model-name", "tiny"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neuron_stack.inference.demo",
+            "serve",
+            "--model-path",
+            str(root / "tiny"),
+            "--compiled-model-path",
+            str(root / "compiled"),
+            "--batch-size",
+            "2",
+            "--max-context-length",
+            "32",
+            "--seq-len",
+            "64",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     server_proc[:] = [proc]
     (root / "server.pid").write_text(str(proc.pid))
     base = f"http://127.0.0.1:{port}"
@@ -71,29 +98,44 @@ def post(url, body, raw=None):
 
 def eager(ids, n):
     with torch.no_grad():
-        out = tiny_llama().generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0,
-                                    eos_token_id=None)
-    return out[0, len(ids):].tolist()
+        out = tiny_llama().generate(
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_completion_equals_eager(server):
     base, _ = server
-    status, text = post(base + "/v1/completions", {"model": "tiny", "prompt": "Hello Neuron", "max_tokens": 12,
-                                                    "ignore_eos": True})
+    status, text = post(
+        base + "/v1/completions",
+        {"model": "tiny", "prompt": "Hello Neuron", "max_tokens": 12, "ignore_eos": True},
+    )
     assert status == 200, text
     body = json.loads(text)
     ids = ByteTokenizer(259).encode("Hello Neuron")
     choice = body["choices"][0]
     assert choice["token_ids"] == eager(ids, 12) and choice["finish_reason"] == "length"
-    assert body["object"] == "text_completion" and body["usage"] == {"prompt_tokens": len(ids),
-                                                                     "completion_tokens": 12, "total_tokens": len(ids) + 12}
+    assert body["object"] == "text_completion" and body["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": 12,
+        "total_tokens": len(ids) + 12,
+    }
 
 
 def test_chat_streams_tokens_equal_to_eager(server):
     base, _ = server
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(
-        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10, "stream": True, "ignore_eos": True}).encode(),
-        headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 10,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     events = []
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -115,8 +157,12 @@ def test_concurrent_requests_batch_continuously(server):
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 259, (n,), generator=g).tolist() for n in (4, 9, 15, 6, 20)]
     with ThreadPoolExecutor(5) as pool:
-        results = list(pool.map(lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8,
-                                                                          "ignore_eos": True}), prompts))
+        results = list(
+            pool.map(
+                lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8, "ignore_eos": True}),
+                prompts,
+            )
+        )
     for p, (status, text) in zip(prompts, results):
         assert status == 200, text
         assert json.loads(text)["choices"][0]["token_ids"] == eager(p, 8)
@@ -126,10 +172,19 @@ def test_metrics_carry_vllm_names(server):
     base, _ = server
     post(base + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3})
     text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
-                 "vllm:e2e_request_latency_seconds_sum", "vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:request_queue_time_seconds"):
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:request_queue_time_seconds",
+    ):
         assert name in text, name
     line = next(x for x in text.splitlines() if x.startswith("vllm:e2e_request_latency_seconds_count"))
     assert 'model_name="tiny"' in line and float(line.split()[-1]) >= 1
@@ -137,9 +192,14 @@ def test_metrics_carry_vllm_names(server):
 
 def test_bad_requests_are_4xx(server):
     base, _ = server
-    cases = [({"prompt": ""}, 400, "prompt"), ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
-             ({"prompt": "x" * 40}, 400, "max_context_length"), ({"prompt": [1, 2, 9999]}, 400, "vocabulary"),
-             ({"prompt": "x", "model": "other"}, 404, "does not exist"), ({"prompt": "x", "n": 2}, 400, "n and")]
+    cases = [
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"prompt": "x" * 40}, 400, "max_context_length"),
+        ({"prompt": [1, 2, 9999]}, 400, "vocabulary"),
+        ({"prompt": "x", "model": "other"}, 404, "does not exist"),
+        ({"prompt": "x", "n": 2}, 400, "n and"),
+    ]
     for body, code, words in cases:
         status, text = post(base + "/v1/completions", body)
         assert status == code and words in json.loads(text)["error"]["message"], (body, text)
@@ -174,12 +234,16 @@ def test_monitor_and_top_show_serving(server):
         if serving or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    assert serving and serving["model"] == "tiny" and serving["kv_cache_bytes"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    assert (
+        serving and serving["model"] == "tiny" and serving["kv_cache_bytes"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    )
     assert serving["num_requests_waiting"] == 0 and 0 <= serving["kv_cache_usage_perc"] <= 1
     schema = json.loads((ROOT / "monitor" / "schema.json").read_text())
     jsonschema.validate(doc, schema)
     # the KV cache is device memory on the core (counted as runtime tensors in the real document's categories)
-    mem = ours[0]["report"]["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"]["neuroncore_memory_usage"]
+    mem = ours[0]["report"]["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"][
+        "neuroncore_memory_usage"
+    ]
     assert sum(m["tensors"] for m in mem.values()) >= serving["kv_cache_bytes"]
     snap = build_snapshot({**doc, "neuron_runtime_data": ours})
     text = counters_panel(snap.app(0), 200).plain
@@ -203,16 +267,28 @@ def test_profile_and_explorer_show_serving(server):
         reqs = p.serving_requests().to_pylist()
         buckets = p.serving_buckets().to_pylist()
         steps = p.serving_steps().to_pylist()
-        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()[0]["b"]
+        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()[0][
+            "b"
+        ]
     # completion, chat, 5 concurrent, metrics, monitor and this one: 10 requests, every one finished
-    assert s["requests"] == len(reqs) == 10, [(r["prompt_tokens"], r["output_tokens"], r["finish_reason"]) for r in reqs]
+    assert s["requests"] == len(reqs) == 10, [
+        (r["prompt_tokens"], r["output_tokens"], r["finish_reason"]) for r in reqs
+    ]
     assert s["output_tokens"] == 12 + 10 + 5 * 8 + 3 + 4 + 2
     assert s["ttft_p50_ns"] > 0 and s["tpot_p50_ns"] > 0 and s["output_tokens_per_s"] > 0
     assert s["prefill_steps"] == 10 and {b["phase"] for b in buckets} == {"prefill", "decode"}
-    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32} and kv_rows == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32} and kv_rows == 2 * 2 * (
+        2 * 2 * 64 * 16
+    ) * 4
     assert all(r["arrival_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in reqs)
     assert max(st["kv_slots_used"] for st in steps) <= 2 and any(st["waiting"] > 0 for st in steps)
     data.set_registry(data.Registry([path]))
     html = str(page.layout(profile=None))
-    for needle in ("serving-waterfall", "serving-ttft-hist", "serving-tpot-hist", "serving-buckets", "Serving · 10"):
+    for needle in (
+        "serving-waterfall",
+        "serving-ttft-hist",
+        "serving-tpot-hist",
+        "serving-buckets",
+        "Serving · 10",
+    ):
         assert needle in html, needle

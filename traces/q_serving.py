@@ -15,6 +15,7 @@ A profile without the tables (written before schema 1.2.0, or with no serving) h
 ...     p.serving_summary()["requests"]
 0
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -54,26 +55,40 @@ def bucket_use(p) -> pa.Table:
     """Per (phase, bucket): steps, tokens, device time and mean active rows per step."""
     if not _has(p):
         return pa.table({})
-    return p.sql("SELECT phase, bucket, count(*) AS steps, sum(tokens)::BIGINT AS tokens, "
-                 "sum(device_ns)::BIGINT AS device_ns, "
-                 "avg(active) AS mean_active, max(batch_size) AS batch_size FROM serving_steps "
-                 "GROUP BY phase, bucket ORDER BY phase DESC, bucket")
+    return p.sql(
+        "SELECT phase, bucket, count(*) AS steps, sum(tokens)::BIGINT AS tokens, "
+        "sum(device_ns)::BIGINT AS device_ns, "
+        "avg(active) AS mean_active, max(batch_size) AS batch_size FROM serving_steps "
+        "GROUP BY phase, bucket ORDER BY phase DESC, bucket"
+    )
 
 
 def summary(p) -> dict:
     """Requests, tokens, output tokens/s and P50/P90/P99 of TTFT, TPOT, E2E and queue time (ns)."""
-    out = {"requests": 0, "prompt_tokens": 0, "output_tokens": 0, "output_tokens_per_s": 0.0, "span_ns": 0,
-           "steps": 0, "prefill_steps": 0, "decode_steps": 0}
+    out = {
+        "requests": 0,
+        "prompt_tokens": 0,
+        "output_tokens": 0,
+        "output_tokens_per_s": 0.0,
+        "span_ns": 0,
+        "steps": 0,
+        "prefill_steps": 0,
+        "decode_steps": 0,
+    }
     if not _has(p):
         return out
-    row = p.sql("SELECT count(*) AS n, coalesce(sum(prompt_tokens), 0)::BIGINT AS pt, "
-                "coalesce(sum(output_tokens), 0)::BIGINT AS ot, "
-                "coalesce(max(finish_ns) - min(arrival_ns), 0)::BIGINT AS span FROM serving_requests").to_pylist()[0]
+    row = p.sql(
+        "SELECT count(*) AS n, coalesce(sum(prompt_tokens), 0)::BIGINT AS pt, "
+        "coalesce(sum(output_tokens), 0)::BIGINT AS ot, "
+        "coalesce(max(finish_ns) - min(arrival_ns), 0)::BIGINT AS span FROM serving_requests"
+    ).to_pylist()[0]
     out.update(requests=row["n"], prompt_tokens=row["pt"], output_tokens=row["ot"], span_ns=row["span"])
     if row["span"]:
         out["output_tokens_per_s"] = row["ot"] / (row["span"] / 1e9)
-    st = p.sql("SELECT count(*) AS n, count(*) FILTER (WHERE phase = 'prefill') AS pre, "
-               "count(*) FILTER (WHERE phase = 'decode') AS dec FROM serving_steps").to_pylist()[0]
+    st = p.sql(
+        "SELECT count(*) AS n, count(*) FILTER (WHERE phase = 'prefill') AS pre, "
+        "count(*) FILTER (WHERE phase = 'decode') AS dec FROM serving_steps"
+    ).to_pylist()[0]
     out.update(steps=st["n"], prefill_steps=st["pre"], decode_steps=st["dec"])
     quant = ", ".join(f"quantile_cont({{m}}, {q / 100}) AS p{q}" for q in PERCENTILES)
     for metric in ("ttft_ns", "tpot_ns", "e2e_ns", "queue_ns"):

@@ -4,10 +4,12 @@
 memory the model owns (one row per batch slot).
 
 >>> nc = NeuronConfig(batch_size=1, seq_len=64)                                          # doctest: +SKIP
->>> m = NeuronLlamaForCausalLM("./tiny-llama", InferenceConfig(nc, load_pretrained_config("./tiny-llama")))
+>>> cfg = InferenceConfig(nc, load_pretrained_config("./tiny-llama"))                     # doctest: +SKIP
+>>> m = NeuronLlamaForCausalLM("./tiny-llama", cfg)                                       # doctest: +SKIP
 >>> m.compile("./compiled"); m.load("./compiled")                                        # doctest: +SKIP
 >>> HuggingFaceGenerationAdapter(m).generate(ids, max_length=32)                         # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import json
@@ -25,12 +27,15 @@ from .modeling import DecoderGraph, check_supported
 
 CTE, TKG = "context_encoding_model", "token_generation_model"
 KINDS = {CTE: "context_encoding", TKG: "token_generation"}
-MAX_NEFF_BYTES = 4 << 30        # a compiled artifact bigger than this is not one of ours
+MAX_NEFF_BYTES = 4 << 30  # a compiled artifact bigger than this is not one of ours
 
 
 def _flags(nc: NeuronConfig) -> str:
-    cast = {"float32": "", "bfloat16": " --auto-cast matmult --auto-cast-type bf16",
-            "float16": " --auto-cast matmult --auto-cast-type fp16"}[nc.torch_dtype]
+    cast = {
+        "float32": "",
+        "bfloat16": " --auto-cast matmult --auto-cast-type bf16",
+        "float16": " --auto-cast matmult --auto-cast-type fp16",
+    }[nc.torch_dtype]
     return f"--target {nc.target}{cast}"
 
 
@@ -57,38 +62,47 @@ class NeuronCausalLM:
         check_supported(config.hf_config)
         window = getattr(config.hf_config, "_ns_window", None)
         if window and window < nc.seq_len:
-            raise InferenceError(f"sliding_window {window} < seq_len {nc.seq_len}: compile with seq_len <= {window}")
+            raise InferenceError(
+                f"sliding_window {window} < seq_len {nc.seq_len}: compile with seq_len <= {window}"
+            )
         if nc.tp_degree != 1:
-            raise InferenceError(f"tp_degree={nc.tp_degree}: real-number execution runs one rank here; project "
-                                 "tensor parallelism from the config (neuron-inference project --tp-degree N, or "
-                                 "neuron_stack.llm.project)")
+            raise InferenceError(
+                f"tp_degree={nc.tp_degree}: real-number execution runs one rank here; project "
+                "tensor parallelism from the config (neuron-inference project --tp-degree N, or "
+                "neuron_stack.llm.project)"
+            )
         self.model_path = model_path
         self._hf = model_path if isinstance(model_path, transformers.PreTrainedModel) else None
-        self.models: dict[tuple[str, int], object] = {}     # (tag, bucket) -> NeuronModule
+        self.models: dict[tuple[str, int], object] = {}  # (tag, bucket) -> NeuronModule
         self.kv_cache: KVCacheManager | None = None
         self.compile_s = self.load_s = 0.0
-        self.hooks: list = []     # hook(tag, bucket, wall_s, projected_ns, device_ns) after each sub-model call
+        self.hooks: list = []  # hook(tag, bucket, wall_s, projected_ns, device_ns) after each sub-model call
 
     # -- compile / load ---------------------------------------------------------------------------
     def _hf_model(self):
         if self._hf is None:
             import transformers
+
             path = Path(self.model_path)
             if not path.is_dir():
                 raise InferenceError(f"{path}: no such model directory (save the model with save_pretrained)")
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             try:
-                self._hf = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                                             dtype=torch.float32)
+                self._hf = transformers.AutoModelForCausalLM.from_pretrained(
+                    path, local_files_only=True, dtype=torch.float32
+                )
             except OSError as exc:
-                raise InferenceError(f"{path}: no weights to load ({str(exc).splitlines()[0][:100]}); save the "
-                                     "model with save_pretrained(), or project it from its config") from None
+                raise InferenceError(
+                    f"{path}: no weights to load ({str(exc).splitlines()[0][:100]}); save the "
+                    "model with save_pretrained(), or project it from its config"
+                ) from None
         return self._hf.eval()
 
     def _plans(self):
         nc = self.neuron_config
-        return ([(CTE, b, nc.ctx_batch_size) for b in nc.context_encoding_buckets]
-                + [(TKG, b, nc.tkg_batch_size) for b in nc.token_generation_buckets])
+        return [(CTE, b, nc.ctx_batch_size) for b in nc.context_encoding_buckets] + [
+            (TKG, b, nc.tkg_batch_size) for b in nc.token_generation_buckets
+        ]
 
     def _example(self, tag: str, bucket: int, batch: int, caches: list):
         t = bucket if tag == CTE else 1
@@ -112,12 +126,22 @@ class NeuronCausalLM:
         greedy = _greedy_on_device(nc)
         for tag, bucket, batch in self._plans():
             graph = DecoderGraph(hf, KINDS[tag], bucket, greedy_on_device=greedy and tag == TKG)
-            nm = neuron_stack.trace(graph, self._example(tag, bucket, batch, caches), compiler_args=_flags(nc))
+            nm = neuron_stack.trace(
+                graph, self._example(tag, bucket, batch, caches), compiler_args=_flags(nc)
+            )
             nm.save(out / f"{tag}_{bucket}.neff")
             self.models[(tag, bucket)] = nm
-        (out / "neuron_config.json").write_text(json.dumps(
-            {"neuron_config": nc.to_json(), "model_type": self.config.hf_config.model_type,
-             "hf_config": self.config.hf_config.to_dict()}, indent=2, default=str))
+        (out / "neuron_config.json").write_text(
+            json.dumps(
+                {
+                    "neuron_config": nc.to_json(),
+                    "model_type": self.config.hf_config.model_type,
+                    "hf_config": self.config.hf_config.to_dict(),
+                },
+                indent=2,
+                default=str,
+            )
+        )
         self.compile_s = time.perf_counter() - t0
         return out
 
@@ -130,9 +154,13 @@ class NeuronCausalLM:
         for tag, bucket, _ in self._plans():
             f = path / f"{tag}_{bucket}.neff"
             if not f.is_file():
-                raise InferenceError(f"{f}: missing: compile this configuration first (model.compile({str(path)!r}))")
+                raise InferenceError(
+                    f"{f}: missing: compile this configuration first (model.compile({str(path)!r}))"
+                )
             if f.stat().st_size > MAX_NEFF_BYTES:
-                raise InferenceError(f"{f}: {f.stat().st_size} bytes is larger than any compiled sub-model; recompile")
+                raise InferenceError(
+                    f"{f}: {f.stat().st_size} bytes is larger than any compiled sub-model; recompile"
+                )
             if (tag, bucket) not in self.models:
                 self.models[(tag, bucket)] = neuron_stack.load(f)
         core = self.models[self._plans()[0][:2]].model.core
@@ -169,8 +197,10 @@ class NeuronCausalLM:
         """Prefill ``prompts`` into cache rows ``seq_ids``; returns (last-token logits or tokens, bucket)."""
         nc = self.neuron_config
         if len(prompts) > nc.ctx_batch_size:
-            raise InferenceError(f"{len(prompts)} prompts in one context encoding, compiled for "
-                                 f"ctx_batch_size={nc.ctx_batch_size}")
+            raise InferenceError(
+                f"{len(prompts)} prompts in one context encoding, compiled for "
+                f"ctx_batch_size={nc.ctx_batch_size}"
+            )
         longest = max(len(p) for p in prompts)
         if not nc.allow_input_truncation or longest <= nc.max_context_length:
             bucket = get_target_bucket(nc.context_encoding_buckets, longest, nc.bucket_strategy)
@@ -182,18 +212,19 @@ class NeuronCausalLM:
         last = torch.zeros(b, dtype=torch.long)
         rows = list(seq_ids) + [seq_ids[-1]] * (b - len(seq_ids))  # padding prompts rewrite the last row
         for i, p in enumerate(prompts + [prompts[-1]] * (b - len(prompts))):
-            ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
             last[i] = len(p) - 1
         pos = torch.arange(bucket).repeat(b, 1)
         out = self._call(CTE, bucket, (ids, pos, torch.tensor(rows, dtype=torch.long), last))
-        return out[:len(prompts)], bucket
+        return out[: len(prompts)], bucket
 
     def token_generation(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, int]:
         """One decode step for every cache row: ``tokens[r]`` at ``positions[r]`` (inactive rows: any
         token at position 0). Returns (logits or tokens per row, bucket)."""
         nc = self.neuron_config
-        bucket = get_target_bucket(nc.token_generation_buckets, max(positions) + 1, nc.bucket_strategy,
-                                   what="seq_len")
+        bucket = get_target_bucket(
+            nc.token_generation_buckets, max(positions) + 1, nc.bucket_strategy, what="seq_len"
+        )
         ids = torch.tensor(tokens, dtype=torch.long)[:, None]
         pos = torch.tensor(positions, dtype=torch.long)[:, None]
         b = ids.shape[0]
@@ -240,25 +271,37 @@ class HuggingFaceGenerationAdapter:
     def __init__(self, model: NeuronCausalLM):
         self.model = model
 
-    def generate(self, input_ids, attention_mask=None, generation_config=None, max_length: int | None = None,
-                 max_new_tokens: int | None = None, eos_token_id: int | None = None, **_ignored):
+    def generate(
+        self,
+        input_ids,
+        attention_mask=None,
+        generation_config=None,
+        max_length: int | None = None,
+        max_new_tokens: int | None = None,
+        eos_token_id: int | None = None,
+        **_ignored,
+    ):
         nc = self.model.neuron_config
         b, n = input_ids.shape
         if b != nc.batch_size:
-            raise InferenceError(f"generate() got {b} prompts but the model was compiled for batch_size="
-                                 f"{nc.batch_size}: pass exactly that many")
+            raise InferenceError(
+                f"generate() got {b} prompts but the model was compiled for batch_size="
+                f"{nc.batch_size}: pass exactly that many"
+            )
         if generation_config is not None:
             max_new_tokens = max_new_tokens or getattr(generation_config, "max_new_tokens", None)
             max_length = max_length or getattr(generation_config, "max_length", None)
             eos_token_id = eos_token_id if eos_token_id is not None else generation_config.eos_token_id
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         lengths = [int(x) for x in mask.sum(1)]
-        prompts = [input_ids[i, :lengths[i]].tolist() for i in range(b)]
+        prompts = [input_ids[i, : lengths[i]].tolist() for i in range(b)]
         if max_new_tokens is None:
             max_new_tokens = (max_length or nc.seq_len) - n
         if n + max_new_tokens > nc.seq_len:
-            raise InferenceError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed seq_len {nc.seq_len}: "
-                                 "compile with a larger seq_len")
+            raise InferenceError(
+                f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed seq_len {nc.seq_len}: "
+                "compile with a larger seq_len"
+            )
         model = self.model
         model.reset()
         firsts = []
@@ -280,6 +323,8 @@ class HuggingFaceGenerationAdapter:
                     done[i] = eos_token_id is not None and t == eos_token_id
         pad = eos_token_id if eos_token_id is not None else 0
         width = max(len(g) for g in generated)
-        rows = [prompts[i] + [pad] * (n - lengths[i]) + generated[i] + [pad] * (width - len(generated[i]))
-                for i in range(b)]
+        rows = [
+            prompts[i] + [pad] * (n - lengths[i]) + generated[i] + [pad] * (width - len(generated[i]))
+            for i in range(b)
+        ]
         return torch.tensor(rows, dtype=input_ids.dtype)

@@ -9,6 +9,7 @@
 >>> get_target_bucket([128, 256, 640], 200)
 256
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
-          "float32": "float32", "fp32": "float32"}
+DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+}
 
 
 class InferenceError(ValueError):
@@ -36,16 +43,19 @@ def generate_buckets(lo: int, hi: int) -> list[int]:
     return [2**i for i in range(int(math.log2(lo)), round(math.log2(hi)))] + [hi]
 
 
-def get_target_bucket(buckets: list[int], length: int, strategy: str = "first_fit", *,
-                      what: str = "max_context_length") -> int:
+def get_target_bucket(
+    buckets: list[int], length: int, strategy: str = "first_fit", *, what: str = "max_context_length"
+) -> int:
     """The bucket a ``length``-token input runs in: ``first_fit`` (smallest bucket >= length, NxDI's
     default), ``second_fit`` (the next one up, else the largest) or ``max``.
 
     Too long is NxDI's error. Example: ``get_target_bucket([128, 256], 129) == 256``.
     """
     if length > buckets[-1]:
-        raise InferenceError(f"Inputs supplied ({length}) are longer than {what} ({buckets[-1]}): shorten the "
-                             f"prompt or compile with a larger {what}")
+        raise InferenceError(
+            f"Inputs supplied ({length}) are longer than {what} ({buckets[-1]}): shorten the "
+            f"prompt or compile with a larger {what}"
+        )
     if strategy == "max":
         return buckets[-1]
     i = next(i for i, b in enumerate(buckets) if b >= length)
@@ -61,6 +71,7 @@ class OnDeviceSamplingConfig:
     """Sampling inside the token-generation graph (NxDI's fields). Greedy (``top_k=1``) is computed by
     the graph itself (an argmax, so only token ids leave the device); other settings sample on the host
     from the graph's logits with these parameters."""
+
     do_sample: bool = False
     top_k: int = 1
     top_p: float = 1.0
@@ -85,6 +96,7 @@ class NeuronConfig:
     NEFF (``[seq_len]``); on, ``generate_buckets(128, max)`` each unless lists are given.
     Example: ``NeuronConfig(tp_degree=1, batch_size=4, seq_len=256, is_continuous_batching=True)``.
     """
+
     tp_degree: int = 1
     batch_size: int = 1
     ctx_batch_size: int | None = None
@@ -112,8 +124,10 @@ class NeuronConfig:
             _positive(name, getattr(self, name))
         self.max_context_length = _positive("max_context_length", self.max_context_length or self.seq_len)
         if self.max_context_length > self.seq_len:
-            raise InferenceError(f"max_context_length ({self.max_context_length}) exceeds seq_len ({self.seq_len}): "
-                                 "the KV cache must hold the whole prompt")
+            raise InferenceError(
+                f"max_context_length ({self.max_context_length}) exceeds seq_len ({self.seq_len}): "
+                "the KV cache must hold the whole prompt"
+            )
         if self.max_new_tokens is None and self.seq_len > self.max_context_length:
             self.max_new_tokens = self.seq_len - self.max_context_length
         for name in ("ctx_batch_size", "tkg_batch_size", "max_batch_size"):
@@ -132,17 +146,21 @@ class NeuronConfig:
         if self.buckets is not None and not (self.context_encoding_buckets or self.token_generation_buckets):
             self.context_encoding_buckets = [b for b in self.buckets if b <= self.max_context_length]
             self.token_generation_buckets = list(self.buckets)
-        self.context_encoding_buckets = self._buckets(self.context_encoding_buckets, self.max_context_length,
-                                                      "context_encoding_buckets")
-        self.token_generation_buckets = self._buckets(self.token_generation_buckets, self.seq_len,
-                                                      "token_generation_buckets")
-        get_target_bucket([1], 1, self.bucket_strategy)          # refuse an unknown strategy now
+        self.context_encoding_buckets = self._buckets(
+            self.context_encoding_buckets, self.max_context_length, "context_encoding_buckets"
+        )
+        self.token_generation_buckets = self._buckets(
+            self.token_generation_buckets, self.seq_len, "token_generation_buckets"
+        )
+        get_target_bucket([1], 1, self.bucket_strategy)  # refuse an unknown strategy now
 
     def _buckets(self, given, hi: int, name: str) -> list[int]:
         if given:
             out = sorted({_positive(name, int(b)) for b in given})
             if out[-1] != hi:
-                raise InferenceError(f"{name} {out}: the largest must equal {hi} (the longest input it serves)")
+                raise InferenceError(
+                    f"{name} {out}: the largest must equal {hi} (the longest input it serves)"
+                )
             return out
         return generate_buckets(128, hi) if self.enable_bucketing else [hi]
 
@@ -163,6 +181,7 @@ class NeuronConfig:
 class InferenceConfig:
     """The model's HF config plus its ``neuron_config`` (NxDI's ``InferenceConfig(neuron_config,
     load_config=load_pretrained_config(path))``). Attribute reads fall through to the HF config."""
+
     neuron_config: NeuronConfig
     load_config: object = None
     hf_config: object = None
@@ -189,6 +208,7 @@ def load_pretrained_config(model_path):
             return load_config(model_path)
         except ConfigError as exc:
             raise InferenceError(str(exc)) from None
+
     return load
 
 

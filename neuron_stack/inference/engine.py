@@ -14,6 +14,7 @@ time), so TTFT and TPOT are what the request would see on hardware; wall times a
 >>> eng = Engine(model)                                                   # doctest: +SKIP
 >>> r = eng.add_request([1, 2, 3], max_tokens=8); eng.run_until_done(); r.output   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,11 +34,12 @@ _ids = itertools.count()
 @dataclass
 class Request:
     """One generation request and what happened to it (projected-clock ``*_ns``, wall ``wall_*``)."""
+
     request_id: str
     prompt: list[int]
     max_tokens: int
     eos_token_id: int | None = None
-    on_token: Callable | None = None        # on_token(request, token_or_None, finished: bool)
+    on_token: Callable | None = None  # on_token(request, token_or_None, finished: bool)
     slot: int | None = None
     output: list[int] = field(default_factory=list)
     cte_bucket: int = 0
@@ -46,7 +48,7 @@ class Request:
     scheduled_ns: int = 0
     first_token_ns: int = 0
     finish_ns: int = 0
-    token_ns: list[int] = field(default_factory=list)   # projected time each output token was produced
+    token_ns: list[int] = field(default_factory=list)  # projected time each output token was produced
     wall_arrival_ns: int = 0
     wall_finish_ns: int = 0
 
@@ -58,8 +60,9 @@ class Request:
 @dataclass
 class Step:
     """One engine step (one sub-model call)."""
+
     step: int
-    phase: str                  # prefill | decode
+    phase: str  # prefill | decode
     bucket: int
     batch_size: int
     slots: list[int]
@@ -92,7 +95,7 @@ class Engine:
         self.wakeup = threading.Condition(self.lock)
         self.steps = 0
         self.observers = list(observers or [])
-        self.requests_by_id: dict[str, Request] = {}     # queued or running
+        self.requests_by_id: dict[str, Request] = {}  # queued or running
         self._device_ns = 0
         model.hooks.append(self._on_call)
 
@@ -106,23 +109,40 @@ class Engine:
         if not prompt:
             raise InferenceError("the prompt is empty: give at least one token")
         if len(prompt) > nc.max_context_length and not nc.allow_input_truncation:
-            raise InferenceError(f"Inputs supplied ({len(prompt)}) are longer than max_context_length "
-                                 f"({nc.max_context_length}): shorten the prompt or compile with a larger "
-                                 "max_context_length")
+            raise InferenceError(
+                f"Inputs supplied ({len(prompt)}) are longer than max_context_length "
+                f"({nc.max_context_length}): shorten the prompt or compile with a larger "
+                "max_context_length"
+            )
         if max_tokens < 1 or min(len(prompt), nc.max_context_length) + max_tokens > nc.seq_len:
-            raise InferenceError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed seq_len "
-                                 f"{nc.seq_len}: ask for fewer tokens or compile with a larger seq_len")
+            raise InferenceError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed seq_len "
+                f"{nc.seq_len}: ask for fewer tokens or compile with a larger seq_len"
+            )
         vocab = self.model.config.hf_config.vocab_size
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise InferenceError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
-    def add_request(self, prompt: list[int], max_tokens: int, eos_token_id: int | None = None,
-                    on_token: Callable | None = None, request_id: str | None = None) -> Request:
+    def add_request(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        eos_token_id: int | None = None,
+        on_token: Callable | None = None,
+        request_id: str | None = None,
+    ) -> Request:
         """Queue a request (thread-safe); it joins the running batch at the next step with a free slot."""
         self.validate(prompt, max_tokens)
-        req = Request(request_id or f"req-{next(_ids)}", list(prompt), int(max_tokens), eos_token_id, on_token,
-                      arrival_ns=clock.now_ns(), wall_arrival_ns=clock.wall_ns())
+        req = Request(
+            request_id or f"req-{next(_ids)}",
+            list(prompt),
+            int(max_tokens),
+            eos_token_id,
+            on_token,
+            arrival_ns=clock.now_ns(),
+            wall_arrival_ns=clock.wall_ns(),
+        )
         with self.wakeup:
             self.waiting.append(req)
             self.requests_by_id[req.request_id] = req
@@ -188,7 +208,7 @@ class Engine:
         t1, w1 = clock.now_ns(), clock.wall_ns()
         finished = []
         for i, r in enumerate(members):
-            if r.finished:           # aborted while this step ran
+            if r.finished:  # aborted while this step ran
                 continue
             tok = chosen[i] if phase == "prefill" else chosen[r.slot]
             r.output.append(tok)
@@ -210,8 +230,22 @@ class Engine:
                 self.slots[r.slot] = None
             used = sum(s is not None for s in self.slots)
             waiting = len(self.waiting)
-        st = Step(self.steps, phase, bucket, batch, [r.slot for r in members], [r.request_id for r in members],
-                  len(members), waiting, used, t0, t1, self._device_ns, w0, w1)
+        st = Step(
+            self.steps,
+            phase,
+            bucket,
+            batch,
+            [r.slot for r in members],
+            [r.request_id for r in members],
+            len(members),
+            waiting,
+            used,
+            t0,
+            t1,
+            self._device_ns,
+            w0,
+            w1,
+        )
         self.steps += 1
         for obs in self.observers:
             obs.on_step(self, st)
@@ -241,9 +275,12 @@ class Engine:
         """Running / waiting requests and KV-cache use now (what /metrics and the live snapshot show)."""
         with self.lock:
             running = sum(r is not None for r in self.slots)
-            return {"num_requests_running": running, "num_requests_waiting": len(self.waiting),
-                    "kv_cache_usage_perc": self.model.kv_cache.usage(running),
-                    "kv_cache_bytes": self.model.kv_cache.bytes_per_core}
+            return {
+                "num_requests_running": running,
+                "num_requests_waiting": len(self.waiting),
+                "kv_cache_usage_perc": self.model.kv_cache.usage(running),
+                "kv_cache_bytes": self.model.kv_cache.bytes_per_core,
+            }
 
 
 __all__ = ["Engine", "Request", "Step", "CTE"]

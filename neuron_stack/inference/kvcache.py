@@ -9,12 +9,13 @@ device would hold; real-number runs compute in fp32 on the host).
 
 >>> from transformers import LlamaConfig
 >>> from neuron_stack.inference.config import NeuronConfig
->>> kv = KVCacheManager(LlamaConfig(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
-...                                 num_hidden_layers=32), NeuronConfig(tp_degree=32, batch_size=4, seq_len=2048,
-...                                 torch_dtype="bfloat16"), allocate=False)
+>>> cfg = LlamaConfig(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096, num_hidden_layers=32)
+>>> nc = NeuronConfig(tp_degree=32, batch_size=4, seq_len=2048, torch_dtype="bfloat16")
+>>> kv = KVCacheManager(cfg, nc, allocate=False)
 >>> kv.shape, kv.bytes_per_core // 2**20
-((4, 1, 2048, 128), 64)
+((4, 1, 2048, 128), 128)
 """
+
 from __future__ import annotations
 
 import math
@@ -38,12 +39,16 @@ def kv_heads_per_rank(kv_heads: int, tp_degree: int) -> int:
     """
     if kv_heads >= tp_degree:
         if kv_heads % tp_degree:
-            raise InferenceError(f"{kv_heads} KV heads do not split over tp_degree={tp_degree}: use a TP degree "
-                                 "that divides the KV head count, or a multiple of it")
+            raise InferenceError(
+                f"{kv_heads} KV heads do not split over tp_degree={tp_degree}: use a TP degree "
+                "that divides the KV head count, or a multiple of it"
+            )
         return kv_heads // tp_degree
     if tp_degree % kv_heads:
-        raise InferenceError(f"tp_degree={tp_degree} is not a multiple of the {kv_heads} KV heads "
-                             "(REPLICATE_TO_TP_DEGREE needs tp % kv_heads == 0)")
+        raise InferenceError(
+            f"tp_degree={tp_degree} is not a multiple of the {kv_heads} KV heads "
+            "(REPLICATE_TO_TP_DEGREE needs tp % kv_heads == 0)"
+        )
     return 1
 
 
@@ -73,17 +78,28 @@ class KVCacheManager:
         have = session.profile.hbm_bytes_per_core - sum(used.values())
         if self.bytes_per_core > have:
             raise OutOfDeviceMemory(
-                f"out of device memory for the KV cache on NeuronCore {core}: needs {self.bytes_per_core / 2**20:.1f} "
-                f"MiB {self.shape} x {2 * self.layers} but {max(have, 0) / 2**20:.1f} MiB is free; use a smaller "
-                "batch_size or seq_len, or a larger tp_degree")
+                f"out of device memory for the KV cache on NeuronCore {core}: needs "
+                f"{self.bytes_per_core / 2**20:.1f} MiB {self.shape} x {2 * self.layers} but "
+                f"{max(have, 0) / 2**20:.1f} MiB is free; use a smaller "
+                "batch_size or seq_len, or a larger tp_degree"
+            )
         used[CATEGORY] = used.get(CATEGORY, 0) + self.bytes_per_core
         session.live.set_device_memory(core, CATEGORY, used[CATEGORY])
         self.core, self.session = core, session
         with session.record_lock:
             rec = session.recorder
             if rec is not None:
-                rec.append("memory", {"ts_ns": [clock.now_ns()], "run_id": [session.run_id], "core": [core],
-                                      "location": ["device"], "category": [CATEGORY], "bytes": [used[CATEGORY]]})
+                rec.append(
+                    "memory",
+                    {
+                        "ts_ns": [clock.now_ns()],
+                        "run_id": [session.run_id],
+                        "core": [core],
+                        "location": ["device"],
+                        "category": [CATEGORY],
+                        "bytes": [used[CATEGORY]],
+                    },
+                )
 
     def usage(self, active_slots: int) -> float:
         """The share of cache rows (slots) holding a sequence: vLLM's kv_cache_usage_perc (0..1)."""

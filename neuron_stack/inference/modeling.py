@@ -17,6 +17,7 @@ numbers); only attention, rotary embedding and the cache are ours, so rows can s
 
 >>> g = DecoderGraph(hf_model, "token_generation", bucket=128)          # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,11 +32,13 @@ def check_supported(config) -> None:
     """Refuse a config our decoder graph does not implement, naming what is supported."""
     kind = getattr(config, "model_type", "?")
     if kind not in SUPPORTED:
-        raise InferenceError(f"model_type {kind!r} is not supported by neuron_stack.inference (supported: "
-                             f"{', '.join(SUPPORTED)}); project other decoders with neuron_stack.llm.project")
+        raise InferenceError(
+            f"model_type {kind!r} is not supported by neuron_stack.inference (supported: "
+            f"{', '.join(SUPPORTED)}); project other decoders with neuron_stack.llm.project"
+        )
     window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", kind == "mistral") and window:
-        config._ns_window = window   # checked against seq_len by the application
+        config._ns_window = window  # checked against seq_len by the application
 
 
 def kv_geometry(config) -> tuple[int, int, int]:
@@ -66,7 +69,7 @@ class DecoderGraph(nn.Module):
         rot = model.model.rotary_emb
         self.register_buffer("inv_freq", rot.inv_freq.detach().clone().float(), persistent=False)
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
 
     def _rope(self, position_ids):
         freqs = position_ids[..., None].float() * self.inv_freq
@@ -86,13 +89,13 @@ class DecoderGraph(nn.Module):
             span = k_cache[:, :, :t]
             k_cache[:, :, :t].copy_(torch.where(has, k.index_select(0, rows_src), span))
             v_cache[:, :, :t].copy_(torch.where(has, v.index_select(0, rows_src), v_cache[:, :, :t]))
-            keys, values = k, v                          # the prompt attends to itself
+            keys, values = k, v  # the prompt attends to itself
         else:
-            at = write_rows                              # (B, 1, bucket, 1): this step's position per row
-            keys = torch.where(at, k, k_cache[:, :, :self.bucket])
-            values = torch.where(at, v, v_cache[:, :, :self.bucket])
-            k_cache[:, :, :self.bucket].copy_(keys)
-            v_cache[:, :, :self.bucket].copy_(values)
+            at = write_rows  # (B, 1, bucket, 1): this step's position per row
+            keys = torch.where(at, k, k_cache[:, :, : self.bucket])
+            values = torch.where(at, v, v_cache[:, :, : self.bucket])
+            k_cache[:, :, : self.bucket].copy_(keys)
+            v_cache[:, :, : self.bucket].copy_(values)
         groups = self.heads // self.kv_heads
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
@@ -110,19 +113,20 @@ class DecoderGraph(nn.Module):
         b, t = input_ids.shape
         if self.kind == "context_encoding":
             rows = caches[0].shape[0]
-            match = torch.arange(rows)[:, None] == seq_ids[None, :]          # (cache rows, prompts)
+            match = torch.arange(rows)[:, None] == seq_ids[None, :]  # (cache rows, prompts)
             write = (match.to(torch.int64).argmax(dim=1), match.any(dim=1)[:, None, None, None])
             idx = torch.arange(t)
-            mask = (idx[None, :] > idx[:, None])[None, None]                  # causal
+            mask = (idx[None, :] > idx[:, None])[None, None]  # causal
         else:
             span = torch.arange(self.bucket)
-            pos = position_ids[:, :1]                                         # (B, 1)
+            pos = position_ids[:, :1]  # (B, 1)
             write = (span[None, :] == pos)[:, None, :, None]
-            mask = (span[None, :] > pos)[:, None, None, :]                    # past this row's position
+            mask = (span[None, :] > pos)[:, None, None, :]  # past this row's position
         for i, layer in enumerate(inner.layers):
             res = h
-            h = res + self._attend(layer, layer.input_layernorm(h), cos, sin, caches[2 * i], caches[2 * i + 1],
-                                   write, mask)
+            h = res + self._attend(
+                layer, layer.input_layernorm(h), cos, sin, caches[2 * i], caches[2 * i + 1], write, mask
+            )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if self.kind == "context_encoding":
             h = torch.gather(h, 1, last_pos[:, None, None].expand(b, 1, h.shape[-1]))

@@ -31,9 +31,11 @@ MAX_MESSAGES = 256
 
 def _error(status: int, message: str, param: str | None = None):
     from fastapi.responses import JSONResponse
+
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    )
 
 
 class _BodyLimit:
@@ -57,6 +59,7 @@ class _BodyLimit:
             if seen > self.limit:
                 raise _TooLarge()
             return msg
+
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
@@ -118,13 +121,19 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
     def prompt_ids(body: dict, chat: bool) -> list[int]:
         if chat:
             msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs or len(msgs) > MAX_MESSAGES or not all(
-                    isinstance(m, dict) and isinstance(m.get("content", ""), str) for m in msgs):
-                raise InferenceError(f"messages must be a list of 1 to {MAX_MESSAGES} objects with string content")
+            if (
+                not isinstance(msgs, list)
+                or not msgs
+                or len(msgs) > MAX_MESSAGES
+                or not all(isinstance(m, dict) and isinstance(m.get("content", ""), str) for m in msgs)
+            ):
+                raise InferenceError(
+                    f"messages must be a list of 1 to {MAX_MESSAGES} objects with string content"
+                )
             return tokenizer.chat(msgs)
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-            p = p[0]                                   # one prompt in a batch of one
+            p = p[0]  # one prompt in a batch of one
         if isinstance(p, str) and p:
             return tokenizer.encode(p)
         if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
@@ -134,14 +143,25 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
     def submit(body: dict, chat: bool, loop, queue):
         ids = prompt_ids(body, chat)
         limit = nc.seq_len
-        max_tokens = _int(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
-                          16, 1, limit)
+        max_tokens = _int(
+            body,
+            "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
+            16,
+            1,
+            limit,
+        )
 
         def on_token(req, tok, finished):
             loop.call_soon_threadsafe(queue.put_nowait, (tok, req.finish_reason if finished else None))
+
         eos = None if body.get("ignore_eos") else tokenizer.eos_token_id
-        return engine.add_request(ids, max_tokens, eos_token_id=eos, on_token=on_token,
-                                  request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}")
+        return engine.add_request(
+            ids,
+            max_tokens,
+            eos_token_id=eos,
+            on_token=on_token,
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        )
 
     async def tokens(req, queue):
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
@@ -174,9 +194,14 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
             return _error(504, f"the request did not finish within {REQUEST_TIMEOUT_S:.0f} s")
         text = tokenizer.decode(ids)
         choice = {"index": 0, "finish_reason": reason, "token_ids": ids}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None})
-        usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(ids),
-                 "total_tokens": len(req.prompt) + len(ids)}
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None}
+        )
+        usage = {
+            "prompt_tokens": len(req.prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(req.prompt) + len(ids),
+        }
         return JSONResponse({**base, "object": kind, "choices": [choice], "usage": usage})
 
     async def stream(req, queue, base, chat):
@@ -191,6 +216,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
                 choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}
             choice["token_ids"] = [tok] if tok is not None else []
             return f"data: {json.dumps({**base, 'object': kind, 'choices': [choice]})}\n\n"
+
         first = True
         try:
             async for tok, reason in tokens(req, queue):
@@ -200,7 +226,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         except TimeoutError:
             yield f"data: {json.dumps({'error': {'message': 'request timed out', 'code': 504}})}\n\n"
         finally:
-            engine.abort(req.request_id)        # a no-op when it finished; frees the slot if the client left
+            engine.abort(req.request_id)  # a no-op when it finished; frees the slot if the client left
         yield "data: [DONE]\n\n"
 
     @app.post("/v1/completions")
@@ -213,8 +239,12 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "neuron_stack",
-                                            "max_model_len": nc.seq_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "owned_by": "neuron_stack", "max_model_len": nc.seq_len}
+            ],
+        }
 
     @app.get("/health")
     async def health():
@@ -241,8 +271,13 @@ def build(model, model_name: str):
     engine = Engine(model, observers=[metrics, trace, LiveObserver(target)], model_name=model_name)
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so atexit never runs: close the runtime
     # session (trace segments, run status, live snapshot, core lease) while shutting down
-    app = create_app(engine, ByteTokenizer(model.config.hf_config.vocab_size), model_name, metrics,
-                     on_shutdown=trace.session.close)
+    app = create_app(
+        engine,
+        ByteTokenizer(model.config.hf_config.vocab_size),
+        model_name,
+        metrics,
+        on_shutdown=trace.session.close,
+    )
     return app, engine
 
 
@@ -251,7 +286,11 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000) -> 
     import uvicorn
 
     app, _ = build(model, model_name)
-    print(f"serving {model_name} on http://{host}:{port} (OpenAI-compatible: /v1/completions, "
-          "/v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
+    print(
+        f"serving {model_name} on http://{host}:{port} (OpenAI-compatible: /v1/completions, "
+        "/v1/chat/completions, /health, /metrics)",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")
     return 0

@@ -9,6 +9,7 @@ A model directory holding a ``tokenizer.json`` is not read by this class: pass t
 >>> tok.encode("hi"), tok.decode(tok.encode("hi é"))
 ([107, 108], 'hi é')
 """
+
 from __future__ import annotations
 
 PAD, BOS, EOS = 0, 1, 2
@@ -22,7 +23,9 @@ class ByteTokenizer:
 
     def __init__(self, vocab_size: int):
         if vocab_size <= SPECIALS:
-            raise ValueError(f"vocab_size {vocab_size} is too small for the byte tokenizer (needs > {SPECIALS})")
+            raise ValueError(
+                f"vocab_size {vocab_size} is too small for the byte tokenizer (needs > {SPECIALS})"
+            )
         self.vocab_size = vocab_size
         self.span = min(256, vocab_size - SPECIALS)
 
@@ -30,7 +33,9 @@ class ByteTokenizer:
         return [SPECIALS + b % self.span for b in text.encode("utf-8")]
 
     def decode(self, ids) -> str:
-        return bytes(i - SPECIALS for i in ids if SPECIALS <= i < SPECIALS + self.span).decode("utf-8", "replace")
+        return bytes(i - SPECIALS for i in ids if SPECIALS <= i < SPECIALS + self.span).decode(
+            "utf-8", "replace"
+        )
 
     def decode_token(self, token: int) -> bytes:
         """The bytes of one token (streaming joins bytes so multi-byte characters arrive whole)."""
