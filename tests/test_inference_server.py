@@ -257,7 +257,12 @@ def test_profile_and_explorer_show_serving(server):
     from explorer.pages import serving as page
 
     base, root = server
-    post(base + "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    # its own load (under xdist this module's tests may run in different workers, each with a server):
+    # five concurrent requests over two slots, so some wait
+    with ThreadPoolExecutor(5) as pool:
+        done = list(pool.map(lambda n: post(base + "/v1/completions", {"prompt": [7] * n, "max_tokens": 5,
+                                                                       "ignore_eos": True}), (3, 5, 7, 9, 11)))
+    assert all(status == 200 for status, _ in done)
     proc = server_proc[0]
     proc.terminate()
     proc.wait(timeout=60)
@@ -267,19 +272,14 @@ def test_profile_and_explorer_show_serving(server):
         reqs = p.serving_requests().to_pylist()
         buckets = p.serving_buckets().to_pylist()
         steps = p.serving_steps().to_pylist()
-        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()[0][
-            "b"
-        ]
-    # completion, chat, 5 concurrent, metrics, monitor and this one: 10 requests, every one finished
-    assert s["requests"] == len(reqs) == 10, [
-        (r["prompt_tokens"], r["output_tokens"], r["finish_reason"]) for r in reqs
-    ]
-    assert s["output_tokens"] == 12 + 10 + 5 * 8 + 3 + 4 + 2
+        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()
+    # every request this server finished is a row (the five above and any earlier test's)
+    assert s["requests"] == len(reqs) >= 5 and s["output_tokens"] == sum(r["output_tokens"] for r in reqs)
+    assert sum(1 for r in reqs if r["prompt_tokens"] in (3, 5, 7, 9, 11) and r["output_tokens"] == 5) >= 5
     assert s["ttft_p50_ns"] > 0 and s["tpot_p50_ns"] > 0 and s["output_tokens_per_s"] > 0
-    assert s["prefill_steps"] == 10 and {b["phase"] for b in buckets} == {"prefill", "decode"}
-    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32} and kv_rows == 2 * 2 * (
-        2 * 2 * 64 * 16
-    ) * 4
+    assert s["prefill_steps"] == s["requests"] and {b["phase"] for b in buckets} == {"prefill", "decode"}
+    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32}
+    assert kv_rows[0]["b"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
     assert all(r["arrival_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in reqs)
     assert max(st["kv_slots_used"] for st in steps) <= 2 and any(st["waiting"] > 0 for st in steps)
     data.set_registry(data.Registry([path]))
@@ -289,6 +289,6 @@ def test_profile_and_explorer_show_serving(server):
         "serving-ttft-hist",
         "serving-tpot-hist",
         "serving-buckets",
-        "Serving · 10",
+        f"Serving · {s['requests']}",
     ):
         assert needle in html, needle
