@@ -259,9 +259,11 @@ def test_profile_and_explorer_show_serving(server):
     base, root = server
     # its own load (under xdist this module's tests may run in different workers, each with a server):
     # five concurrent requests over two slots, so some wait
+    def one(n):
+        return post(base + "/v1/completions", {"prompt": [7] * n, "max_tokens": 5, "ignore_eos": True})
+
     with ThreadPoolExecutor(5) as pool:
-        done = list(pool.map(lambda n: post(base + "/v1/completions", {"prompt": [7] * n, "max_tokens": 5,
-                                                                       "ignore_eos": True}), (3, 5, 7, 9, 11)))
+        done = list(pool.map(one, (3, 5, 7, 9, 11)))
     assert all(status == 200 for status, _ in done)
     proc = server_proc[0]
     proc.terminate()
