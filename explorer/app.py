@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "sql", "compare")
+PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "serving", "sql", "compare")
 NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"), ("Source", "/source"),
-       ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("SQL", "/sql"), ("Compare", "/compare"))
+       ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("Serving", "/serving"), ("SQL", "/sql"), ("Compare", "/compare"))
 
 _APP = None
 

@@ -28,6 +28,7 @@ PERCENTILES = (("p0", 0), ("p1", 1), ("p25", 25), ("p50", 50), ("p75", 75), ("p9
 _CPU_FIELDS = (("user", "user"), ("nice", "nice"), ("system", "system"), ("idle", "idle"),
                ("io_wait", "iowait"), ("irq", "irq"), ("soft_irq", "softirq"))
 MODEL_DEVICE_MEMORY = ("constants", "model_code", "runtime_memory", "tensors")
+REAL_CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 ENGINES = MONITOR_ENGINES
 
 
@@ -258,7 +259,10 @@ class Collector:
     @staticmethod
     def _memory_used(snap: dict, period: float) -> dict:
         host = {k: int(snap["host_memory"].get(k, 0)) for k in live.HOST_MEMORY}
-        per_core = {c: {k: int(m.get(k, 0)) for k in live.DEVICE_MEMORY} for c, m in snap["device_memory"].items()}
+        # the real document's five categories; an LLM's KV cache is a runtime tensor there (its own
+        # figure is in the neuron_stack group's "serving")
+        per_core = {c: {k: int(m.get(k, 0)) + (int(m.get("kv_cache", 0)) if k == "tensors" else 0)
+                        for k in REAL_CORE_MEMORY} for c, m in snap["device_memory"].items()}
         models = []
         for m in snap["models"]:
             dev = {k: int(m["device_bytes"].get(k, 0)) for k in MODEL_DEVICE_MEMORY}
@@ -297,7 +301,9 @@ class Collector:
                                   "last_reason": fb.get("last_reason", ""), "last_source": fb.get("last_source", "")},
                 "compiles": delta("compile"), "cache_hits": delta("cache_hit"),
                 "cores": list(snap.get("cores", [])), "command": snap.get("command", ""),
-                "target": snap.get("target", "")}
+                "target": snap.get("target", ""),
+                # an LLM serving engine's figures (neuron_stack.inference), else null
+                "serving": snap.get("serving")}
 
     @staticmethod
     def _cpu_times(pid: int, strict: bool = False):

@@ -19,6 +19,7 @@ PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 #: neuron_stack's stages in processing order; a module may import its own stage and earlier ones.
 #: ``ir`` (the graph IR every stage passes on) comes first; the facade (``neuron_stack/__init__.py``,
 #: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
+#: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
 STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "facade")
 
 
@@ -105,7 +106,7 @@ def stage_of(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "neuron_stack":
         return None
-    if len(parts) == 1 or parts[1] in ("api", "dynamo", "parallel", "llm"):
+    if len(parts) == 1 or parts[1] in ("api", "dynamo", "parallel", "llm", "inference"):
         return STAGES.index("facade")
     return STAGES.index(parts[1])
 

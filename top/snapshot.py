@@ -102,6 +102,26 @@ class ProfileFigures:
 
 
 @dataclass(frozen=True)
+class ServingFigures:
+    """An LLM serving engine's figures from the monitor's ``neuron_stack.serving`` (docs/monitor.md)."""
+
+    model: str
+    tokens_per_s: float
+    running: int
+    waiting: int
+    kv_cache_usage: float       # 0..1 of the cache's slots
+    kv_cache_bytes: int         # per core
+
+    @classmethod
+    def from_document(cls, d) -> "ServingFigures | None":
+        if not isinstance(d, dict):
+            return None
+        return cls(str(d.get("model") or ""), _num(d.get("tokens_per_s")), int(_num(d.get("num_requests_running"))),
+                   int(_num(d.get("num_requests_waiting"))), _num(d.get("kv_cache_usage_perc")),
+                   int(_num(d.get("kv_cache_bytes"))))
+
+
+@dataclass(frozen=True)
 class ProcessView:
     """The per-process extras (beyond the real tool) shown in the counters panel."""
 
@@ -120,6 +140,7 @@ class ProcessView:
     error: str                  # the runtime entry's or a group's error, "" when fine
     counted: bool = True        # False when the monitor's neuron_stack group is not reported
     profile: ProfileFigures | None = None   # a replay's whole-profile figures
+    serving: ServingFigures | None = None   # an LLM serving engine's figures (neuron_stack.inference)
 
 
 @dataclass(frozen=True)
@@ -370,6 +391,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
         latency_p99=_percentile(stats, "total_latency", "p99"),
         counted=_group(report, "neuron_stack") is not None,
         profile=ProfileFigures.from_document(extra.get("profile")),
+        serving=ServingFigures.from_document(extra.get("serving")),
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 

@@ -49,7 +49,7 @@ RING_SIZE = 4096                 # executions kept for per-period latency percen
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
                       "incorrect_input", "failed_to_queue")
 ERROR_TYPES = ("generic", "numerical", "transient", "model", "runtime", "hardware")
-DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
+DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors", "kv_cache")
 HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
 EVENT_KINDS = ("compile", "recompile", "cpu_fallback", "cache_hit")
 
@@ -179,6 +179,7 @@ class LivePublisher:
         self._host_memory = dict.fromkeys(HOST_MEMORY, 0)
         self._models: dict[int, dict] = {}
         self._events = {k: {"count": 0, "last_reason": "", "last_source": "", "last_op": ""} for k in EVENT_KINDS}
+        self._serving: dict | None = None     # an LLM serving engine's figures (neuron_stack.inference)
         # The projected clock starts at the wall clock; then (wall, projected) at each execution's end.
         self._last_wall = self.start_time
         self._last_proj_ns = int(self.start_time * 1e9)
@@ -256,6 +257,14 @@ class LivePublisher:
             raise ValueError(f"unknown device memory category {category!r}: use one of {', '.join(DEVICE_MEMORY)}")
         with self._lock:
             self._device_memory.setdefault(core, dict.fromkeys(DEVICE_MEMORY, 0))[category] = int(nbytes)
+            self._dirty = True
+        self._maybe_flush()
+
+    def set_serving(self, figures: dict) -> None:
+        """Publish an LLM serving engine's figures (tokens_per_s, num_requests_running/waiting,
+        kv_cache_usage_perc, kv_cache_bytes, ...): docs/monitor.md "serving"."""
+        with self._lock:
+            self._serving = dict(figures)
             self._dirty = True
         self._maybe_flush()
 
@@ -384,6 +393,7 @@ class LivePublisher:
                 "models": [dict(m, device_bytes=dict(m["device_bytes"]), host_bytes=dict(m["host_bytes"]))
                            for m in self._models.values()],
                 "events": {k: dict(v) for k, v in self._events.items()},
+                "serving": dict(self._serving) if self._serving else None,
                 "ring_file": self.ring_path.name, "ring_size": RING_SIZE,
             }
             self._dirty = False

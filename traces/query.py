@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import q_figures, q_replay, q_timeline
+from traces import q_figures, q_replay, q_serving, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
@@ -412,6 +412,23 @@ class Profile:
     def spill_traffic(self) -> dict:
         """Bytes and DMA ns of SBUF spill/reload traffic. Example: ``p.spill_traffic()["bytes"]``."""
         return q_figures.spill_traffic(self)
+
+    # -- LLM serving (traces.q_serving) -----------------------------------------------------------
+    def serving_requests(self) -> pa.Table:
+        """Finished requests with queue/TTFT/TPOT/E2E (ns). Example: ``p.serving_requests().num_rows``."""
+        return q_serving.requests(self)
+
+    def serving_steps(self) -> pa.Table:
+        """Engine steps (prefill/decode, bucket, slots, tokens). Example: ``p.serving_steps()["phase"]``."""
+        return q_serving.steps(self)
+
+    def serving_buckets(self) -> pa.Table:
+        """Steps, tokens and device time per (phase, bucket). Example: ``p.serving_buckets().to_pylist()``."""
+        return q_serving.bucket_use(self)
+
+    def serving_summary(self) -> dict:
+        """Requests, output tokens/s, P50/P90/P99 TTFT/TPOT/E2E. Example: ``p.serving_summary()["ttft_p50_ns"]``."""
+        return q_serving.summary(self)
 
     # -- the timeline (traces.q_timeline) ------------------------------------------------------
     def timeline_bounds(self) -> q_timeline.Bounds:

@@ -18,7 +18,7 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.1.0"
+SCHEMA_VERSION = "1.2.0"   # 1.2.0: serving_requests, serving_steps (1.1.0 is nki_source_location)
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
@@ -77,10 +77,25 @@ MEMORY = pa.schema([
     ("bytes", _i64),
 ])
 
+# LLM serving (neuron_stack.inference): one row per request and one per engine step (prefill or decode).
+SERVING_REQUESTS = pa.schema([
+    ("run_id", _str), ("request_id", _str), ("model", _str), ("slot", _i32), ("prompt_tokens", _i32),
+    ("output_tokens", _i32), ("cte_bucket", _i32), ("finish_reason", _str), ("arrival_ns", _i64),
+    ("scheduled_ns", _i64), ("first_token_ns", _i64), ("finish_ns", _i64), ("wall_arrival_ns", _i64),
+    ("wall_finish_ns", _i64),
+])
+
+SERVING_STEPS = pa.schema([
+    ("run_id", _str), ("step", _i64), ("phase", _str), ("bucket", _i32), ("batch_size", _i32),
+    ("active", _i32), ("slots", _str), ("request_ids", _str), ("tokens", _i32), ("waiting", _i32),
+    ("kv_slots_used", _i32), ("start_ns", _i64), ("end_ns", _i64), ("device_ns", _i64),
+    ("wall_start_ns", _i64), ("wall_end_ns", _i64),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "metadata": METADATA, "runs": RUNS, "sources": SOURCES, "source_files": SOURCE_FILES,
     "graphs": GRAPHS, "ops": OPS, "executions": EXECUTIONS, "instructions": INSTRUCTIONS,
-    "events": EVENTS, "memory": MEMORY,
+    "events": EVENTS, "memory": MEMORY, "serving_requests": SERVING_REQUESTS, "serving_steps": SERVING_STEPS,
 }
 """Every raw table, in the order a finalised profile lists them."""
 

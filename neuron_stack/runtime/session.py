@@ -17,7 +17,7 @@ from neuron_stack.runtime.recorder import Recorder, record_load
 from traces.live import LivePublisher
 
 #: Device memory categories, as the real runtime reports them (neuron-monitor's memory_used).
-MEMORY_CATEGORIES = ("constants", "model_code", "tensors", "runtime_memory", "model_shared_scratchpad")
+MEMORY_CATEGORIES = ("constants", "model_code", "tensors", "runtime_memory", "model_shared_scratchpad", "kv_cache")
 
 
 class Session:

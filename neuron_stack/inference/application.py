@@ -1,0 +1,330 @@
+"""The NxD-Inference-shaped causal LM (ours): ``NeuronCausalLM`` / ``NeuronLlamaForCausalLM``,
+``compile(path)`` → one NEFF per sub-model × bucket, ``load(path)``, ``forward``, ``reset``, and the
+``HuggingFaceGenerationAdapter`` (reference §2.2). The KV cache is :class:`KVCacheManager`, device
+memory the model owns (one row per batch slot).
+
+>>> nc = NeuronConfig(batch_size=1, seq_len=64)                                          # doctest: +SKIP
+>>> cfg = InferenceConfig(nc, load_pretrained_config("./tiny-llama"))                     # doctest: +SKIP
+>>> m = NeuronLlamaForCausalLM("./tiny-llama", cfg)                                       # doctest: +SKIP
+>>> m.compile("./compiled"); m.load("./compiled")                                        # doctest: +SKIP
+>>> HuggingFaceGenerationAdapter(m).generate(ids, max_length=32)                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from neuron_stack.device import clock
+
+from .config import InferenceConfig, InferenceError, NeuronConfig, get_target_bucket, load_pretrained_config
+from .kvcache import KVCacheManager
+from .modeling import DecoderGraph, check_supported
+
+CTE, TKG = "context_encoding_model", "token_generation_model"
+KINDS = {CTE: "context_encoding", TKG: "token_generation"}
+MAX_NEFF_BYTES = 4 << 30  # a compiled artifact bigger than this is not one of ours
+
+
+def _flags(nc: NeuronConfig) -> str:
+    cast = {
+        "float32": "",
+        "bfloat16": " --auto-cast matmult --auto-cast-type bf16",
+        "float16": " --auto-cast matmult --auto-cast-type fp16",
+    }[nc.torch_dtype]
+    return f"--target {nc.target}{cast}"
+
+
+class NeuronCausalLM:
+    """A Llama-family causal LM compiled into context-encoding and token-generation sub-models.
+
+    ``model_path``: a directory with ``config.json`` and weights (``save_pretrained``), or a
+    ``transformers`` model with weights. ``config``: an :class:`InferenceConfig` (or a bare
+    :class:`NeuronConfig`). Real numbers run on one NeuronCore (``tp_degree=1``); a larger TP degree is
+    projection mode (:func:`neuron_stack.llm.project`), which shards and costs the collectives.
+    """
+
+    def __init__(self, model_path, config: InferenceConfig | NeuronConfig | None = None):
+        import transformers
+
+        if isinstance(config, NeuronConfig) or config is None:
+            nc = config or NeuronConfig()
+            if isinstance(model_path, transformers.PreTrainedModel):
+                config = InferenceConfig(nc, hf_config=model_path.config)
+            else:
+                config = InferenceConfig(nc, load_pretrained_config(model_path))
+        self.config, self.neuron_config = config, config.neuron_config
+        nc = self.neuron_config
+        check_supported(config.hf_config)
+        window = getattr(config.hf_config, "_ns_window", None)
+        if window and window < nc.seq_len:
+            raise InferenceError(
+                f"sliding_window {window} < seq_len {nc.seq_len}: compile with seq_len <= {window}"
+            )
+        if nc.tp_degree != 1:
+            raise InferenceError(
+                f"tp_degree={nc.tp_degree}: real-number execution runs one rank here; project "
+                "tensor parallelism from the config (neuron-inference project --tp-degree N, or "
+                "neuron_stack.llm.project)"
+            )
+        self.model_path = model_path
+        self._hf = model_path if isinstance(model_path, transformers.PreTrainedModel) else None
+        self.models: dict[tuple[str, int], object] = {}  # (tag, bucket) -> NeuronModule
+        self.kv_cache: KVCacheManager | None = None
+        self.compile_s = self.load_s = 0.0
+        self.hooks: list = []  # hook(tag, bucket, wall_s, projected_ns, device_ns) after each sub-model call
+
+    # -- compile / load ---------------------------------------------------------------------------
+    def _hf_model(self):
+        if self._hf is None:
+            import transformers
+
+            path = Path(self.model_path)
+            if not path.is_dir():
+                raise InferenceError(f"{path}: no such model directory (save the model with save_pretrained)")
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            try:
+                self._hf = transformers.AutoModelForCausalLM.from_pretrained(
+                    path, local_files_only=True, dtype=torch.float32
+                )
+            except OSError as exc:
+                raise InferenceError(
+                    f"{path}: no weights to load ({str(exc).splitlines()[0][:100]}); save the "
+                    "model with save_pretrained(), or project it from its config"
+                ) from None
+        return self._hf.eval()
+
+    def _plans(self):
+        nc = self.neuron_config
+        return [(CTE, b, nc.ctx_batch_size) for b in nc.context_encoding_buckets] + [
+            (TKG, b, nc.tkg_batch_size) for b in nc.token_generation_buckets
+        ]
+
+    def _example(self, tag: str, bucket: int, batch: int, caches: list):
+        t = bucket if tag == CTE else 1
+        ids = torch.zeros((batch, t), dtype=torch.long)
+        pos = torch.arange(t).repeat(batch, 1) if tag == CTE else torch.zeros((batch, 1), dtype=torch.long)
+        return (ids, pos, torch.arange(batch), torch.zeros(batch, dtype=torch.long), *caches)
+
+    def compile(self, compiled_model_path, debug: bool = False) -> Path:
+        """Trace and compile every sub-model × bucket into ``compiled_model_path`` (one NEFF each).
+
+        Example: ``model.compile("compiled/")`` writes ``context_encoding_model_128.neff``, ...
+        """
+        import neuron_stack
+
+        t0 = time.perf_counter()
+        out = Path(compiled_model_path)
+        out.mkdir(parents=True, exist_ok=True)
+        hf = self._hf_model()
+        nc = self.neuron_config
+        caches = KVCacheManager(self.config.hf_config, nc, allocate_on=None).tensors
+        greedy = _greedy_on_device(nc)
+        for tag, bucket, batch in self._plans():
+            graph = DecoderGraph(hf, KINDS[tag], bucket, greedy_on_device=greedy and tag == TKG)
+            nm = neuron_stack.trace(
+                graph, self._example(tag, bucket, batch, caches), compiler_args=_flags(nc)
+            )
+            nm.save(out / f"{tag}_{bucket}.neff")
+            self.models[(tag, bucket)] = nm
+        (out / "neuron_config.json").write_text(
+            json.dumps(
+                {
+                    "neuron_config": nc.to_json(),
+                    "model_type": self.config.hf_config.model_type,
+                    "hf_config": self.config.hf_config.to_dict(),
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        self.compile_s = time.perf_counter() - t0
+        return out
+
+    def load(self, compiled_model_path, skip_warmup: bool = False) -> None:
+        """Load the NEFFs written by :meth:`compile` onto the NeuronCore and allocate the KV cache."""
+        import neuron_stack
+
+        t0 = time.perf_counter()
+        path = Path(compiled_model_path)
+        for tag, bucket, _ in self._plans():
+            f = path / f"{tag}_{bucket}.neff"
+            if not f.is_file():
+                raise InferenceError(
+                    f"{f}: missing: compile this configuration first (model.compile({str(path)!r}))"
+                )
+            if f.stat().st_size > MAX_NEFF_BYTES:
+                raise InferenceError(
+                    f"{f}: {f.stat().st_size} bytes is larger than any compiled sub-model; recompile"
+                )
+            if (tag, bucket) not in self.models:
+                self.models[(tag, bucket)] = neuron_stack.load(f)
+        core = self.models[self._plans()[0][:2]].model.core
+        self.kv_cache = KVCacheManager(self.config.hf_config, self.neuron_config, allocate_on=core)
+        if not skip_warmup:
+            self._warmup()
+        self.load_s = time.perf_counter() - t0
+
+    def _warmup(self) -> None:
+        # one call per NEFF, as NxDI's load() does, so the first request pays no first-execution cost
+        for (tag, bucket), nm in self.models.items():
+            batch = self.neuron_config.ctx_batch_size if tag == CTE else self.neuron_config.tkg_batch_size
+            nm(*self._example(tag, bucket, batch, self.kv_cache.tensors))
+        self.kv_cache.reset()
+
+    def reset(self) -> None:
+        """Forget every sequence (the KV cache rows become free)."""
+        if self.kv_cache is not None:
+            self.kv_cache.reset()
+
+    # -- execution --------------------------------------------------------------------------------
+    def _call(self, tag: str, bucket: int, args) -> torch.Tensor:
+        nm = self.models.get((tag, bucket))
+        if nm is None or self.kv_cache is None:
+            raise InferenceError("the model is not loaded: call model.load(compiled_path) first")
+        t0, p0 = time.perf_counter(), clock.now_ns()
+        out = nm(*args, *self.kv_cache.tensors)
+        secs, proj_ns = time.perf_counter() - t0, clock.now_ns() - p0
+        for hook in self.hooks:
+            hook(tag, bucket, secs, proj_ns, nm.model.static_device_ns)
+        return out
+
+    def context_encoding(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[torch.Tensor, int]:
+        """Prefill ``prompts`` into cache rows ``seq_ids``; returns (last-token logits or tokens, bucket)."""
+        nc = self.neuron_config
+        if len(prompts) > nc.ctx_batch_size:
+            raise InferenceError(
+                f"{len(prompts)} prompts in one context encoding, compiled for "
+                f"ctx_batch_size={nc.ctx_batch_size}"
+            )
+        longest = max(len(p) for p in prompts)
+        if not nc.allow_input_truncation or longest <= nc.max_context_length:
+            bucket = get_target_bucket(nc.context_encoding_buckets, longest, nc.bucket_strategy)
+        else:
+            bucket = nc.max_context_length
+            prompts = [p[-bucket:] for p in prompts]
+        b = nc.ctx_batch_size
+        ids = torch.zeros((b, bucket), dtype=torch.long)
+        last = torch.zeros(b, dtype=torch.long)
+        rows = list(seq_ids) + [seq_ids[-1]] * (b - len(seq_ids))  # padding prompts rewrite the last row
+        for i, p in enumerate(prompts + [prompts[-1]] * (b - len(prompts))):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+            last[i] = len(p) - 1
+        pos = torch.arange(bucket).repeat(b, 1)
+        out = self._call(CTE, bucket, (ids, pos, torch.tensor(rows, dtype=torch.long), last))
+        return out[: len(prompts)], bucket
+
+    def token_generation(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, int]:
+        """One decode step for every cache row: ``tokens[r]`` at ``positions[r]`` (inactive rows: any
+        token at position 0). Returns (logits or tokens per row, bucket)."""
+        nc = self.neuron_config
+        bucket = get_target_bucket(
+            nc.token_generation_buckets, max(positions) + 1, nc.bucket_strategy, what="seq_len"
+        )
+        ids = torch.tensor(tokens, dtype=torch.long)[:, None]
+        pos = torch.tensor(positions, dtype=torch.long)[:, None]
+        b = ids.shape[0]
+        out = self._call(TKG, bucket, (ids, pos, torch.arange(b), torch.zeros(b, dtype=torch.long)))
+        return out, bucket
+
+
+def _greedy_on_device(nc: NeuronConfig) -> bool:
+    s = nc.on_device_sampling_config
+    return s is not None and not s.do_sample and s.top_k == 1
+
+
+def select_tokens(out: torch.Tensor, nc: NeuronConfig, generator: torch.Generator | None = None) -> list[int]:
+    """Token ids from a sub-model's output: already tokens (greedy on device), else greedy or sampled on
+    the host with the sampling config (``top_k``, ``top_p``, ``temperature``)."""
+    if out.dim() == 1:
+        return out.tolist()
+    s = nc.on_device_sampling_config
+    if s is None or not s.do_sample:
+        return out.argmax(-1).tolist()
+    logits = out.float() / max(s.temperature, 1e-5)
+    if s.top_k and s.top_k > 0:
+        kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p < 1.0:
+        srt, idx = torch.sort(logits, descending=True, dim=-1)
+        cum = srt.softmax(-1).cumsum(-1)
+        drop = cum - srt.softmax(-1) > s.top_p
+        logits = logits.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0].tolist()
+
+
+class NeuronLlamaForCausalLM(NeuronCausalLM):
+    """Llama (and its Mistral / Qwen2 siblings) on the simulated NeuronCore: NxDI's class name."""
+
+
+class HuggingFaceGenerationAdapter:
+    """``generate`` as NxDI's adapter: exactly ``batch_size`` prompts, greedy (or sampling with the
+    on-device sampling config), prefill then one token-generation call per token.
+
+    Example: ``HuggingFaceGenerationAdapter(model).generate(input_ids, max_new_tokens=16)``.
+    """
+
+    def __init__(self, model: NeuronCausalLM):
+        self.model = model
+
+    def generate(
+        self,
+        input_ids,
+        attention_mask=None,
+        generation_config=None,
+        max_length: int | None = None,
+        max_new_tokens: int | None = None,
+        eos_token_id: int | None = None,
+        **_ignored,
+    ):
+        nc = self.model.neuron_config
+        b, n = input_ids.shape
+        if b != nc.batch_size:
+            raise InferenceError(
+                f"generate() got {b} prompts but the model was compiled for batch_size="
+                f"{nc.batch_size}: pass exactly that many"
+            )
+        if generation_config is not None:
+            max_new_tokens = max_new_tokens or getattr(generation_config, "max_new_tokens", None)
+            max_length = max_length or getattr(generation_config, "max_length", None)
+            eos_token_id = eos_token_id if eos_token_id is not None else generation_config.eos_token_id
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        lengths = [int(x) for x in mask.sum(1)]
+        prompts = [input_ids[i, : lengths[i]].tolist() for i in range(b)]
+        if max_new_tokens is None:
+            max_new_tokens = (max_length or nc.seq_len) - n
+        if n + max_new_tokens > nc.seq_len:
+            raise InferenceError(
+                f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed seq_len {nc.seq_len}: "
+                "compile with a larger seq_len"
+            )
+        model = self.model
+        model.reset()
+        firsts = []
+        for start in range(0, b, nc.ctx_batch_size):
+            chunk = list(range(start, min(b, start + nc.ctx_batch_size)))
+            out, _ = model.context_encoding([prompts[i] for i in chunk], chunk)
+            firsts += select_tokens(out, nc)
+        generated = [[t] for t in firsts]
+        positions = list(lengths)
+        done = [eos_token_id is not None and t == eos_token_id for t in firsts]
+        for _ in range(max_new_tokens - 1):
+            if all(done):
+                break
+            out, _ = model.token_generation([g[-1] for g in generated], positions)
+            for i, t in enumerate(select_tokens(out, nc)):
+                if not done[i]:
+                    generated[i].append(t)
+                    positions[i] += 1
+                    done[i] = eos_token_id is not None and t == eos_token_id
+        pad = eos_token_id if eos_token_id is not None else 0
+        width = max(len(g) for g in generated)
+        rows = [
+            prompts[i] + [pad] * (n - lengths[i]) + generated[i] + [pad] * (width - len(generated[i]))
+            for i in range(b)
+        ]
+        return torch.tensor(rows, dtype=input_ids.dtype)

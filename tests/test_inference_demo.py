@@ -1,0 +1,112 @@
+"""inference_demo run, the way a user calls it: tiny-model, run --benchmark (benchmark_report.json with the
+real keys), token matching against eager, and one-line errors."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def demo(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_stack.inference.demo", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_run_benchmark_report(tmp_path):
+    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+    r = demo(
+        "--model-type",
+        "llama",
+        "--task-type",
+        "causal-lm",
+        "run",
+        "--model-path",
+        str(tmp_path / "tiny"),
+        "--compiled-model-path",
+        str(tmp_path / "out"),
+        "--tp-degree",
+        "1",
+        "--batch-size",
+        "2",
+        "--max-context-length",
+        "16",
+        "--seq-len",
+        "32",
+        "--prompt",
+        "Hello",
+        "--check-accuracy-mode",
+        "token-matching",
+        "--benchmark",
+        "--num-runs",
+        "2",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Compiling and tracing time:" in r.stdout and "Total model loading time:" in r.stdout
+    assert "token matching against eager Hugging Face generate: passed" in r.stdout
+    report = json.loads((tmp_path / "benchmark_report.json").read_text())
+    keys = {f"latency_ms_p{p}" for p in (50, 90, 95, 99, 100)} | {"latency_ms_avg", "throughput"}
+    for sub in ("e2e_model", "context_encoding_model", "token_generation_model"):
+        assert keys <= set(report[sub]) and report[sub]["latency_ms_p50"] > 0
+    # simulated device time: deterministic per call, and a run is its calls
+    tkg = report["token_generation_model"]
+    assert tkg["latency_ms_p50"] == tkg["latency_ms_p100"]
+    e2e = report["e2e_model"]["latency_ms_avg"]
+    # "Hello" is 5 byte tokens: one context encoding, then 32 - 5 - 1 token-generation calls
+    per_run = report["context_encoding_model"]["latency_ms_avg"] + 26 * tkg["latency_ms_avg"]
+    assert abs(e2e - per_run) < 1e-6 * e2e
+    assert report["e2e_model"]["throughput"] == 2 * 32 * 2 / (2 * e2e / 1e3)
+
+
+def test_errors_are_one_line(tmp_path):
+    r = demo("run", "--model-path", str(tmp_path / "nothing"), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such model config" in r.stderr
+    r = demo("run", "--model-path", "x", "--seq-len", "16", "--max-context-length", "64", cwd=tmp_path)
+    assert r.returncode == 2 and "max_context_length (64) exceeds seq_len (16)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_projection_compares_tp_degrees(tmp_path):
+    """A full-size Llama-3-8B from its config alone: TTFT/TPOT and HBM per core for two TP degrees."""
+    reports = {}
+    for tp in (8, 32):
+        path = tmp_path / f"tp{tp}.json"
+        r = demo(
+            "run",
+            "--model-path",
+            "llama-3-8b",
+            "--tp-degree",
+            str(tp),
+            "--instance-type",
+            "trn1.32xlarge",
+            "--seq-len",
+            "256",
+            "--max-context-length",
+            "128",
+            "--torch-dtype",
+            "bfloat16",
+            "--benchmark",
+            "--benchmark-report-path",
+            str(path),
+            cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"with TP={tp}" in r.stdout and "TTFT" in r.stdout and "TPOT" in r.stdout
+        reports[tp] = (json.loads(path.read_text()), r.stdout)
+    for report, _ in reports.values():
+        assert report["context_encoding_model"]["latency_ms_p50"] > 0
+        assert report["token_generation_model"]["latency_ms_p50"] > 0
+    weights = {tp: float(re.search(r"^\s+weights\s+([\d.]+) MiB", out, re.M).group(1))
+               for tp, (_, out) in reports.items()}
+    assert weights[32] < weights[8] / 3  # MiB per core: each rank holds ~1/TP of the weights

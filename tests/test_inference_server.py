@@ -1,0 +1,296 @@
+"""The OpenAI-compatible server as a user runs it: `inference_demo serve` on 127.0.0.1, completions and chat
+(streamed and not) equal to eager HF greedy tokens, concurrent requests through continuous batching,
+vLLM's metric names on /metrics, bounded bad requests as 4xx."""
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
+from neuron_stack.inference.tokenizer import ByteTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+server_proc: list = []  # the running server (the last test stops it to read its profile)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, compile_cache):
+    root = tmp_path_factory.mktemp("serve")
+    save_tiny_llama(root / "tiny")
+    port = free_port()
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_HUB_OFFLINE="1",
+        NEURON_RT_INSPECT_ENABLE="1",
+        NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"),
+    )
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neuron_stack.inference.demo",
+            "serve",
+            "--model-path",
+            str(root / "tiny"),
+            "--compiled-model-path",
+            str(root / "compiled"),
+            "--batch-size",
+            "2",
+            "--max-context-length",
+            "32",
+            "--seq-len",
+            "64",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    server_proc[:] = [proc]
+    (root / "server.pid").write_text(str(proc.pid))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (root / "server.log").read_text()
+        try:
+            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    yield base, root
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=30)
+    log.close()
+
+
+def post(url, body, raw=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def eager(ids, n):
+    with torch.no_grad():
+        out = tiny_llama().generate(
+            torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def test_completion_equals_eager(server):
+    base, _ = server
+    status, text = post(
+        base + "/v1/completions",
+        {"model": "tiny", "prompt": "Hello Neuron", "max_tokens": 12, "ignore_eos": True},
+    )
+    assert status == 200, text
+    body = json.loads(text)
+    ids = ByteTokenizer(259).encode("Hello Neuron")
+    choice = body["choices"][0]
+    assert choice["token_ids"] == eager(ids, 12) and choice["finish_reason"] == "length"
+    assert body["object"] == "text_completion" and body["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": 12,
+        "total_tokens": len(ids) + 12,
+    }
+
+
+def test_chat_streams_tokens_equal_to_eager(server):
+    base, _ = server
+    req = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(
+            {
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 10,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    events = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    toks = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert toks == eager(ByteTokenizer(259).chat([{"role": "user", "content": "Hi"}]), 10)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and len(chunks) == 10
+
+
+def test_concurrent_requests_batch_continuously(server):
+    base, _ = server
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 259, (n,), generator=g).tolist() for n in (4, 9, 15, 6, 20)]
+    with ThreadPoolExecutor(5) as pool:
+        results = list(
+            pool.map(
+                lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8, "ignore_eos": True}),
+                prompts,
+            )
+        )
+    for p, (status, text) in zip(prompts, results):
+        assert status == 200, text
+        assert json.loads(text)["choices"][0]["token_ids"] == eager(p, 8)
+
+
+def test_metrics_carry_vllm_names(server):
+    base, _ = server
+    post(base + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3})
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:request_queue_time_seconds",
+    ):
+        assert name in text, name
+    line = next(x for x in text.splitlines() if x.startswith("vllm:e2e_request_latency_seconds_count"))
+    assert 'model_name="tiny"' in line and float(line.split()[-1]) >= 1
+
+
+def test_bad_requests_are_4xx(server):
+    base, _ = server
+    cases = [
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
+        ({"prompt": "x" * 40}, 400, "max_context_length"),
+        ({"prompt": [1, 2, 9999]}, 400, "vocabulary"),
+        ({"prompt": "x", "model": "other"}, 404, "does not exist"),
+        ({"prompt": "x", "n": 2}, 400, "n and"),
+    ]
+    for body, code, words in cases:
+        status, text = post(base + "/v1/completions", body)
+        assert status == code and words in json.loads(text)["error"]["message"], (body, text)
+    status, text = post(base + "/v1/completions", None, raw=b"{not json")
+    assert status == 400 and "not JSON" in text
+    # a declared body over the 1 MiB bound is refused before it is read
+    conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
+    conn.putrequest("POST", "/v1/completions")
+    conn.putheader("Content-Length", str(2 << 20))
+    conn.endheaders()
+    assert conn.getresponse().status == 413
+    conn.close()
+    assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
+
+
+def test_monitor_and_top_show_serving(server):
+    """neuron-monitor's document carries the engine's serving figures; neuron-top renders them."""
+    import jsonschema
+
+    from monitor.collect import Collector
+    from top.render import counters_panel
+    from top.snapshot import build_snapshot
+
+    base, root = server
+    post(base + "/v1/completions", {"prompt": [5, 6, 7, 8], "max_tokens": 4})
+    pid = int((root / "server.pid").read_text())
+    deadline = time.monotonic() + 30
+    while True:
+        doc = Collector().collect()
+        ours = [r for r in doc["neuron_runtime_data"] if r["pid"] == pid]
+        serving = ours and ours[0]["report"]["neuron_stack"].get("serving")
+        if serving or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (
+        serving and serving["model"] == "tiny" and serving["kv_cache_bytes"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    )
+    assert serving["num_requests_waiting"] == 0 and 0 <= serving["kv_cache_usage_perc"] <= 1
+    schema = json.loads((ROOT / "monitor" / "schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    # the KV cache is device memory on the core (counted as runtime tensors in the real document's categories)
+    mem = ours[0]["report"]["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"][
+        "neuroncore_memory_usage"
+    ]
+    assert sum(m["tensors"] for m in mem.values()) >= serving["kv_cache_bytes"]
+    snap = build_snapshot({**doc, "neuron_runtime_data": ours})
+    text = counters_panel(snap.app(0), 200).plain
+    assert "serving tiny:" in text and "KV cache" in text and "running 0  waiting 0" in text
+
+
+def test_profile_and_explorer_show_serving(server):
+    """Every request and step lands in the trace store; the query layer and the Explorer page read them."""
+    import traces
+    from explorer import data
+    from explorer.pages import serving as page
+
+    base, root = server
+    # its own load (under xdist this module's tests may run in different workers, each with a server):
+    # five concurrent requests over two slots, so some wait
+    def one(n):
+        return post(base + "/v1/completions", {"prompt": [7] * n, "max_tokens": 5, "ignore_eos": True})
+
+    with ThreadPoolExecutor(5) as pool:
+        done = list(pool.map(one, (3, 5, 7, 9, 11)))
+    assert all(status == 200 for status, _ in done)
+    proc = server_proc[0]
+    proc.terminate()
+    proc.wait(timeout=60)
+    path = traces.finalize(root / "output")
+    with traces.open(path) as p:
+        s = p.serving_summary()
+        reqs = p.serving_requests().to_pylist()
+        buckets = p.serving_buckets().to_pylist()
+        steps = p.serving_steps().to_pylist()
+        kv_rows = p.sql("SELECT max(bytes) AS b FROM memory WHERE category = ?", ["kv_cache"]).to_pylist()
+    # every request this server finished is a row (the five above and any earlier test's)
+    assert s["requests"] == len(reqs) >= 5 and s["output_tokens"] == sum(r["output_tokens"] for r in reqs)
+    assert sum(1 for r in reqs if r["prompt_tokens"] in (3, 5, 7, 9, 11) and r["output_tokens"] == 5) >= 5
+    assert s["ttft_p50_ns"] > 0 and s["tpot_p50_ns"] > 0 and s["output_tokens_per_s"] > 0
+    assert s["prefill_steps"] == s["requests"] and {b["phase"] for b in buckets} == {"prefill", "decode"}
+    assert {b["bucket"] for b in buckets if b["phase"] == "prefill"} <= {32}
+    assert kv_rows[0]["b"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
+    assert all(r["arrival_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in reqs)
+    assert max(st["kv_slots_used"] for st in steps) <= 2 and any(st["waiting"] > 0 for st in steps)
+    data.set_registry(data.Registry([path]))
+    html = str(page.layout(profile=None))
+    for needle in (
+        "serving-waterfall",
+        "serving-ttft-hist",
+        "serving-tpot-hist",
+        "serving-buckets",
+        f"Serving · {s['requests']}",
+    ):
+        assert needle in html, needle
