@@ -136,7 +136,7 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     def build() -> Neff:
         return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
 
-    neff, hit, entry = compile_cached(ghash, flags, build)
+    neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
     if compiler_workdir is not None:
         wd = Path(compiler_workdir)
         wd.mkdir(parents=True, exist_ok=True)

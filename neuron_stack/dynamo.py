@@ -121,7 +121,8 @@ def _compiler(kind: str, ctx: dict):
         # aot_autograd calls us under its fake mode; the compiler and runtime work on real tensors
         with unset_fake_temporarily():
             neff, hit, entry = compile_cached(ghash, flags,
-                                              lambda: compile_program(program, flags, graph_hash_value=ghash))
+                                              lambda: compile_program(program, flags, graph_hash_value=ghash),
+                                              constants=program.constants)
         frame = ctx["frame"]
         prev = frame["graphs"].get(kind)
         info = {"kind": kind, "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,

@@ -90,9 +90,9 @@ class Neff:
     def target(self) -> str:
         return self.header["target"]
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, weights: bool = True) -> Path:
         """Write the archive to ``path`` atomically (temp file + rename). Returns the path."""
-        return save(self, path)
+        return save(self, path, weights)
 
     @staticmethod
     def load(path: str | os.PathLike, target: str | None = None) -> "Neff":
@@ -112,14 +112,15 @@ def _constants_bytes(constants: dict) -> bytes:
     return buf.getvalue()
 
 
-def members(neff: Neff) -> dict[str, bytes]:
+def members(neff: Neff, weights: bool = True) -> dict[str, bytes]:
     """Every member but the header, as bytes (shared by :func:`save` and the checksum)."""
     out: dict[str, bytes] = {
         "program.json": json.dumps(neff.program.to_json()).encode(),
-        "constants.pt": _constants_bytes(neff.program.constants),
         "compile.log": neff.log.encode(),
         "source_files.json": json.dumps(neff.source_files).encode(),
     }
+    if weights:
+        out["constants.pt"] = _constants_bytes(neff.program.constants)
     sources = {}
     for n in neff.program.nodes:
         if n.source is not None:
@@ -134,12 +135,18 @@ def members(neff: Neff) -> dict[str, bytes]:
     return out
 
 
-def save(neff: Neff, path: str | os.PathLike) -> Path:
-    """Write ``neff`` to ``path`` (see module docstring for the layout). Example: ``save(neff, "m.neff")``."""
+def save(neff: Neff, path: str | os.PathLike, weights: bool = True) -> Path:
+    """Write ``neff`` to ``path`` (see module docstring for the layout). Example: ``save(neff, "m.neff")``.
+
+    ``weights=False`` leaves ``constants.pt`` out (header ``"weights": "external"``): the compile
+    cache's entries, whose weights always come from the model being traced (most of a NEFF's bytes,
+    and most of a cold compile's time, are the weights).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = members(neff)
+    data = members(neff, weights)
     header = dict(neff.header, magic=MAGIC, format_version=FORMAT_VERSION,
+                  weights="inline" if weights else "external",
                   checksums={k: hashlib.sha256(v).hexdigest() for k, v in data.items()})
     neff.header = header
     tmp = path.with_name(f".{path.name}.{uuidlib.uuid4().hex[:8]}.tmp")
@@ -189,13 +196,19 @@ def _check_scalars(path, partition: str, s) -> None:
         raise _fail(path, f"malformed schedule scalars for partition {partition!r} in schedule.json")
 
 
-def load(path: str | os.PathLike, target: str | None = None) -> Neff:
+def load(path: str | os.PathLike, target: str | None = None, constants: dict | None = None) -> Neff:
     """Read and verify a NEFF. ``target`` (if given) must match the NEFF's target.
 
+    ``constants``: the weights, when the caller already holds tensors proven equal to the NEFF's (a
+    compile-cache hit: the graph hash covers every weight byte); ``constants.pt``, the bulk of the
+    file, is then neither read nor unpickled, and a NEFF saved without weights can be loaded.
     Example: ``neff = load("model.neff", target="trn1")``.
     """
     path = Path(path)
     header = read_header(path)
+    if header.get("weights") == "external" and constants is None:
+        raise _fail(path, "this NEFF holds no weights (a compile-cache entry: trace supplies the model's)",
+                    "load a NEFF written by NeuronModule.save, neuron-cc -o or trace(compiler_workdir=...)")
     if target is not None and header.get("target") != target:
         raise _fail(path, f"compiled for target {header.get('target')} but loaded on {target}",
                     f"recompile with --target {target}")
@@ -203,6 +216,8 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
         with zipfile.ZipFile(path) as z:
             data = {}
             for name, digest in header["checksums"].items():
+                if name == "constants.pt" and constants is not None:
+                    continue
                 blob = z.read(name)
                 if hashlib.sha256(blob).hexdigest() != digest:
                     raise _fail(path, f"checksum mismatch in member {name} (the file is corrupt)")
@@ -212,8 +227,12 @@ def load(path: str | os.PathLike, target: str | None = None) -> Neff:
     except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
         raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     try:
-        constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
-        program = Program.from_json(json.loads(data["program.json"]), constants)
+        pj = json.loads(data["program.json"])
+        if constants is None:
+            constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
+        elif sorted(constants) != pj.get("constant_names"):
+            raise _fail(path, "its weights are not the ones given")
+        program = Program.from_json(pj, constants)
         scalars = json.loads(data["schedule.json"])
         schedules = {}
         for p, s in scalars.items():
