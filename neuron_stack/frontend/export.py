@@ -16,6 +16,7 @@ innermost frame outside torch (and outside this package and the standard library
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import operator
 import os
@@ -46,7 +47,9 @@ _SKIP_DIRS = tuple(os.path.realpath(d) + os.sep for d in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_user_file(path: str) -> bool:
+    # cached: every node's stack names the same few files, and realpath is a syscall per component
     if not path or path.startswith("<"):
         return False
     return not os.path.realpath(path).startswith(_SKIP_DIRS)
