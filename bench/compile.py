@@ -1,11 +1,20 @@
-"""Compile-time benchmark: a BERT-base-sized encoder (12 layers, hidden 768, seq 128, random init).
+"""Compile-time benchmark: BERT-base-sized encoders (hidden 768, seq 128, random init) of 1, 12 and 24 layers.
 
-Prints cold compile time (neuron_stack.trace with an empty cache) as a ratio of plain
-``torch.export`` + ``run_decompositions`` measured in the same run, and warm compile time (a cache
-hit) as a ratio of cold. Usage: ``.venv/bin/python bench/compile.py [--layers 12]``.
+For each size, in one run: plain ``torch.export`` + ``run_decompositions`` ("capture"), a cold
+``neuron_stack.trace`` (empty cache), a warm one (cache hit, same process), and in a new process
+``neuron_stack.load`` of the saved NEFF and a cache hit (lookup + load, after its own capture).
+Prints the per-stage table, the ratios cold/capture, warm/capture, load/cold, warm - capture, and a
+digest of the instruction schedule (``--expect-digest`` checks it: speed work must not change what
+the compiler emits). The machine's load average is printed with the figures: ratios are measured
+within one run because absolute times on a shared machine mean little.
+
+Usage: ``.venv/bin/python bench/compile.py [--layers 1 12 24] [--expect-digest 12:<sha256>]``.
 """
 import argparse
+import hashlib
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -13,27 +22,53 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_workloads"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_workloads"))
 from models import BertEncoder  # noqa: E402
 
 import neuron_stack  # noqa: E402
+from neuron_stack.frontend.export import export  # noqa: E402
+
+STAGES = ("capture", "graph_hash", "passes", "cache", "runtime_load")
+
+#: Run in a fresh interpreter: time neuron_stack.load of a saved NEFF, then a cache hit of the same model.
+CHILD = """
+import json, sys, time, torch
+sys.path.insert(0, {workloads!r})
+from models import BertEncoder
+import neuron_stack
+t0 = time.perf_counter(); import neuron_stack.api; import_s = time.perf_counter() - t0   # noqa: E702
+torch.manual_seed(0)
+m = BertEncoder(vocab=30522, hidden={hidden}, layers={layers}, heads=12, seq={seq}).eval()
+ids = torch.randint(0, 30522, (1, {seq}))
+t0 = time.perf_counter(); nm = neuron_stack.load({saved!r}); load_s = time.perf_counter() - t0
+nm.model.close() if hasattr(nm.model, "close") else None
+del nm
+hit = neuron_stack.trace(m, ids)
+st = hit.model.compile_info["stages_s"]
+print(json.dumps({{"import_s": import_s, "load_s": load_s, "hit": hit.cache_hit, "hit_s": st["graph_hash"] + st["cache"],
+                  "stages": st}}))
+"""
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--hidden", type=int, default=768)
-    p.add_argument("--seq", type=int, default=128)
-    args = p.parse_args()
-    os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
+def schedule_digest(nm) -> str:
+    """sha256 over every instruction column and the scalars of every partition's schedule."""
+    h = hashlib.sha256()
+    for _, s in sorted(nm.neff.schedules.items()):
+        h.update(str(s.table.schema).encode())
+        for c in s.table.column_names:
+            h.update(json.dumps(s.table.column(c).to_pylist(), default=str).encode())
+        h.update(json.dumps(s.scalars(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def bench(layers: int, hidden: int, seq: int) -> dict:
     torch.manual_seed(0)
-    model = BertEncoder(vocab=30522, hidden=args.hidden, layers=args.layers, heads=12, seq=args.seq).eval()
-    ids = torch.randint(0, 30522, (1, args.seq))
-    torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))    # pay the one-time export warm-up
-
+    model = BertEncoder(vocab=30522, hidden=hidden, layers=layers, heads=12, seq=seq).eval()
+    ids = torch.randint(0, 30522, (1, seq))
     t0 = time.perf_counter()
-    torch.export.export(model, (ids,)).run_decompositions()
-    export_s = time.perf_counter() - t0
+    export(model, (ids,))                        # torch.export + run_decompositions, nothing of ours
+    capture_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     cold = neuron_stack.trace(model, ids)
     cold_s = time.perf_counter() - t0
@@ -41,12 +76,71 @@ def main() -> None:
     warm = neuron_stack.trace(model, ids)
     warm_s = time.perf_counter() - t0
     assert warm.cache_hit and not cold.cache_hit
+    saved = Path(tempfile.mkdtemp(prefix="bench-neff-")) / "model.neff"
+    cold.save(saved)
+    code = CHILD.format(workloads=str(ROOT / "sample_workloads"), hidden=hidden, layers=layers, seq=seq,
+                        saved=str(saved))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        sys.exit(f"bench: the new-process load failed: {r.stderr.strip().splitlines()[-1:]}")
+    child = json.loads(r.stdout.strip().splitlines()[-1])
+    assert child["hit"], "the new process missed the cache"
     st = cold.neff.program.stats
-    print(f"model: {args.layers} layers, hidden {args.hidden}, seq {args.seq}; {st['num_ops']} ops, "
-          f"{st['num_instructions']} instructions ({st['timing_model']} timing)")
-    print(f"torch.export + run_decompositions: {export_s:7.2f} s")
-    print(f"cold compile (neuron_stack.trace):  {cold_s:7.2f} s   ratio to export+decomp: {cold_s / export_s:5.2f}x")
-    print(f"warm compile (cache hit):           {warm_s:7.2f} s   ratio to cold:          {warm_s / cold_s:5.2f}x")
+    return {"layers": layers, "ops": st["num_ops"], "instructions": st["num_instructions"],
+            "capture_s": capture_s, "cold_s": cold_s, "warm_s": warm_s, "child": child,
+            "cold_stages": cold.model.compile_info["stages_s"], "warm_stages": warm.model.compile_info["stages_s"],
+            "pass_s": st["pass_s"], "digest": schedule_digest(cold)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, nargs="+", default=[1, 12, 24])
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--expect-digest", action="append", default=[], metavar="LAYERS:SHA256",
+                   help="fail unless the schedule of that size has this digest (before/after a speed change)")
+    args = p.parse_args()
+    os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
+    export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))          # pay the one-time export warm-up
+    load_before = os.getloadavg()
+    rows = [bench(n, args.hidden, args.seq) for n in args.layers]
+    load_after = os.getloadavg()
+
+    print(f"load average (1/5/15 min) before {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}, "
+          f"after {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} CPUs")
+    print("\nper-stage seconds (cold | warm):")
+    print(f"{'layers':>6} " + " ".join(f"{s:>21}" for s in STAGES))
+    for r in rows:
+        cells = [f"{r['cold_stages'].get(s, 0):9.3f} | {r['warm_stages'].get(s, 0):9.3f}" for s in STAGES]
+        print(f"{r['layers']:>6} " + " ".join(f"{c:>21}" for c in cells))
+    print("\ncompiler passes of the cold compile, seconds:")
+    names = list(rows[0]["pass_s"])
+    print(f"{'layers':>6} " + " ".join(f"{n:>15}" for n in names))
+    for r in rows:
+        print(f"{r['layers']:>6} " + " ".join(f"{r['pass_s'].get(n, 0):15.3f}" for n in names))
+    print("\nsummary (capture = torch.export + run_decompositions; load = neuron_stack.load in a new process; "
+          "hit = graph hash + cache lookup/load of a new process):")
+    print(f"{'layers':>6} {'ops':>5} {'instr':>7} {'capture':>8} {'cold':>8} {'warm':>8} {'load':>7} {'hit':>7} "
+          f"{'cold/cap':>8} {'warm/cap':>8} {'warm-cap':>8} {'load/cold':>9} {'hit/cold':>8} {'us/instr':>8}")
+    for r in rows:
+        c = r["child"]
+        print(f"{r['layers']:>6} {r['ops']:>5} {r['instructions']:>7} {r['capture_s']:8.2f} {r['cold_s']:8.2f} "
+              f"{r['warm_s']:8.2f} {c['load_s']:7.2f} {c['hit_s']:7.2f} {r['cold_s'] / r['capture_s']:8.2f} "
+              f"{r['warm_s'] / r['capture_s']:8.2f} {r['warm_s'] - r['capture_s']:+8.2f} "
+              f"{c['load_s'] / r['cold_s']:9.3f} {c['hit_s'] / r['cold_s']:8.3f} "
+              f"{r['pass_s'].get('lower+schedule', 0) / max(r['instructions'], 1) * 1e6:8.1f}")
+    print("(load excludes importing neuron_stack.api in the new process: "
+          + ", ".join(f"{r['child']['import_s']:.2f} s" for r in rows) + ")")
+    print("\nschedule digests: " + ", ".join(f"{r['layers']}: {r['digest']}" for r in rows))
+    bad = []
+    for spec in args.expect_digest:
+        n, _, want = spec.partition(":")
+        got = {str(r["layers"]): r["digest"] for r in rows}.get(n)
+        if got != want:
+            bad.append(f"{n} layers: schedule digest {got} != expected {want}")
+    if bad:
+        sys.exit("bench: " + "; ".join(bad) + " (the compiler's output changed)")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,8 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     ``NEURON_CC_FLAGS``. ``compiler_workdir`` receives ``model.neff`` and ``log-neuron-cc.txt``.
     ``target``: trn1, inf2 or trn2 (a ``--target`` flag wins over the default).
     Compiles go through the persistent cache (``NEURON_COMPILE_CACHE_URL``).
+    ``nm.model.compile_info["stages_s"]`` holds the seconds of each stage (capture, graph_hash,
+    passes, cache, runtime_load); the compile log's ``pass times:`` line splits ``passes``.
 
     >>> nm = trace(torch.nn.Linear(4, 2), torch.randn(1, 4), target="inf2")   # doctest: +SKIP
     """
@@ -135,15 +137,27 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     probe = parse_flags(compiler_args)
     flags = parse_flags(compiler_args, target=None if target == DEFAULTS["target"] and probe["target"] != target
                         else target)
+    stages: dict[str, float] = {}     # seconds per stage of this call (compile_info["stages_s"])
+    t = time.perf_counter()
     program = capture(model, example_inputs)
+    stages["capture"] = time.perf_counter() - t
     # forced CPU placement changes the artifact, so it is part of the graph identity
     forced = sorted(cfg.ops_to_partition) if cfg is not None else []
+    t = time.perf_counter()
     ghash = graph_hash(program, salt=",".join(forced))
+    stages["graph_hash"] = time.perf_counter() - t
 
     def build() -> Neff:
-        return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
+        tb = time.perf_counter()
+        try:
+            return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
+        finally:
+            stages["passes"] = time.perf_counter() - tb
 
-    neff, hit, entry = compile_cached(ghash, flags, build)
+    t = time.perf_counter()
+    neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
+    # the cache's own work: a hit's lookup and load, or a miss's lookup and publish
+    stages["cache"] = time.perf_counter() - t - stages.get("passes", 0.0)
     if compiler_workdir is not None:
         wd = Path(compiler_workdir)
         wd.mkdir(parents=True, exist_ok=True)
@@ -158,9 +172,12 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
             (wd / "analyze.json").write_text(json.dumps(report, indent=2))
         check_partitioner_config(neff.program, cfg)
     info = {"kind": "trace", "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,
-            "cache_path": str(entry) if entry else "", "source": call_site}
-    return NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
-                        out_spec=getattr(program, "out_spec", None))
+            "cache_path": str(entry) if entry else "", "source": call_site, "stages_s": stages}
+    t = time.perf_counter()
+    nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
+                      out_spec=getattr(program, "out_spec", None))
+    stages["runtime_load"] = time.perf_counter() - t     # the runtime's fast-path build, core placement
+    return nm
 
 
 def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:

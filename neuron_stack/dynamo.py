@@ -221,7 +221,8 @@ def _compiler(kind: str, ctx: dict):
             program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names)
             ghash = graph_hash(program)
             neff, hit, entry = compile_cached(ghash, flags,
-                                              lambda: compile_program(program, flags, graph_hash_value=ghash))
+                                              lambda: compile_program(program, flags, graph_hash_value=ghash),
+                                              constants=program.constants)
         frame = ctx["frame"]
         prev = frame["graphs"].get(kind)
         info = {"kind": kind, "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,

@@ -11,7 +11,7 @@ True
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 # Op classes (legalize assigns one per node). "view" ops are metadata only: no device work.
@@ -109,6 +109,21 @@ class Partition:
                    transfers=tuple(Transfer(**t) for t in d.get("transfers", ())))
 
 
+def asdict_value(v: Any) -> Any:
+    """``dataclasses.asdict`` for a field value that may be a dataclass or a list of them.
+
+    >>> asdict_value([TensorSpec((2,), "float32")])
+    [{'shape': (2,), 'dtype': 'float32'}]
+    """
+    if is_dataclass(v):
+        return asdict(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(asdict_value(x) for x in v)
+    if isinstance(v, dict):
+        return {k: asdict_value(x) for k, x in v.items()}
+    return v
+
+
 @dataclass
 class Program:
     """A compiled graph: nodes in topological order, named inputs/outputs and constants."""
@@ -133,8 +148,8 @@ class Program:
 
     def to_json(self) -> dict:
         """Everything but the constant tensors, as JSON-able data."""
-        d = asdict(self)
-        d.pop("constants")
+        # field by field: ``asdict(self)`` would deep-copy every weight tensor only to drop them
+        d = {f.name: asdict_value(getattr(self, f.name)) for f in fields(self) if f.name != "constants"}
         d["constant_names"] = sorted(self.constants)
         return d
 

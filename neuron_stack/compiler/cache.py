@@ -3,6 +3,8 @@
 ``$NEURON_COMPILE_CACHE_URL`` (default ``/var/tmp/neuron-compile-cache``; ``--cache_dir=`` in
 ``NEURON_CC_FLAGS`` wins) / ``neuronxcc-<version>`` / ``MODULE_<graph-hash>+<flags-hash>/`` holding
 ``model.neff``, ``compile_flags.json``, ``model.log`` and ``model.done`` (written last).
+The entry's NEFF leaves the weights out: a hit runs the weights of the model being traced (the key,
+the graph hash, covers their bytes), so a cold compile does not write them and a hit does not read them.
 
 An entry is built in a hidden temp directory and renamed into place, so readers see all of it or
 nothing. Two processes compiling the same graph serialise on ``MODULE_...lock`` (``fcntl.flock``:
@@ -48,7 +50,7 @@ def cache_url(flags: dict | None = None) -> str:
 
 
 class CompileCache:
-    """One cache root. Example: ``CompileCache("/tmp/cache").get_or_compile(ghash, fhash, target, fn)``."""
+    """One cache root. Example: ``CompileCache("/tmp/cache").get_or_compile(ghash, fhash, flags, fn, constants={})``."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -57,7 +59,7 @@ class CompileCache:
     def entry_dir(self, graph_hash: str, flags_hash: str) -> Path:
         return self.version_dir / f"MODULE_{graph_hash}+{flags_hash}"
 
-    def _lookup(self, entry: Path, target: str) -> Neff | None:
+    def _lookup(self, entry: Path, target: str, constants: dict) -> Neff | None:
         if not (entry / "model.done").exists():
             if entry.exists():  # an entry without its done marker was never finished: rebuild it
                 print(f"neuron_stack: warning: incomplete compile cache entry {entry}; rebuilding it",
@@ -65,7 +67,7 @@ class CompileCache:
                 shutil.rmtree(entry, ignore_errors=True)
             return None
         try:
-            return load(entry / "model.neff", target=target)
+            return load(entry / "model.neff", target=target, constants=constants)
         except NeffError as exc:
             print(f"neuron_stack: warning: corrupt compile cache entry {entry} ({exc}); rebuilding it",
                   file=sys.stderr)
@@ -85,14 +87,15 @@ class CompileCache:
             os.close(fd)
 
     def get_or_compile(self, graph_hash: str, flags_hash: str, flags: dict,
-                       compile_fn: Callable[[], Neff]) -> tuple[Neff, bool, Path]:
+                       compile_fn: Callable[[], Neff], *, constants: dict) -> tuple[Neff, bool, Path]:
         """The cached NEFF for this graph and flags, or ``compile_fn()`` published into the cache.
 
-        Returns ``(neff, cache_hit, entry_dir)``.
+        ``constants``: the captured weights a hit runs with (the graph hash covers their bytes; the
+        entry holds none). Returns ``(neff, cache_hit, entry_dir)``.
         """
         entry = self.entry_dir(graph_hash, flags_hash)
         target = flags["target"]
-        neff = self._lookup(entry, target)
+        neff = self._lookup(entry, target, constants)
         if neff is not None:
             return neff, True, entry
         try:
@@ -102,13 +105,13 @@ class CompileCache:
             raise CacheError(f"compile cache {self.root} is not writable ({exc.strerror}): set "
                              "NEURON_COMPILE_CACHE_URL to a writable directory or pass --no_cache") from None
         try:
-            neff = self._lookup(entry, target)   # another process may have finished it while we waited
+            neff = self._lookup(entry, target, constants)   # another process may have finished it while we waited
             if neff is not None:
                 return neff, True, entry
             neff = compile_fn()
             tmp = entry.with_name(f".{entry.name}.{uuid.uuid4().hex[:8]}.tmp")
             tmp.mkdir(parents=True)
-            neff.save(tmp / "model.neff")
+            neff.save(tmp / "model.neff", weights=False)   # a hit runs the traced model's own weights
             (tmp / "compile_flags.json").write_text(json.dumps(command_line(flags).split()))
             (tmp / "model.log").write_text(neff.log)
             (tmp / "model.done").write_text("")
@@ -120,10 +123,16 @@ class CompileCache:
             ctx.__exit__(None, None, None)
 
 
-def compile_cached(graph_hash: str, flags: dict, compile_fn: Callable[[], Neff]) -> tuple[Neff, bool, Path | None]:
-    """Compile through the cache unless ``--no_cache``. Returns ``(neff, cache_hit, entry_dir)``."""
+def compile_cached(graph_hash: str, flags: dict, compile_fn: Callable[[], Neff], *,
+                   constants: dict) -> tuple[Neff, bool, Path | None]:
+    """Compile through the cache unless ``--no_cache``. Returns ``(neff, cache_hit, entry_dir)``.
+
+    A hit only reads the entry (no pass runs) and gives it ``constants``, the captured weights
+    (``graph_hash`` covered their bytes; the entry holds none).
+    """
     # while a graph recorder is active (neuron_parallel_compile's collect run) NEFFs are quick
     # placeholders: they never enter the cache
     if flags.get("no_cache") or recording():
         return compile_fn(), False, None
-    return CompileCache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn)
+    return CompileCache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn,
+                                                        constants=constants)

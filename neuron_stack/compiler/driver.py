@@ -13,11 +13,13 @@ roofline model of :mod:`neuron_stack.compiler.roofline`, loudly, when lowering a
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
 import time
 import uuid as uuidlib
+import weakref
 
 import torch
 
@@ -53,11 +55,40 @@ def graph_hash(program: Program, salt: str = "") -> str:
         d.pop(k, None)
     h.update(json.dumps(d, sort_keys=True, default=str).encode())
     for name in sorted(program.constants):
-        t = program.constants[name].detach().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        t = program.constants[name]
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
         if t.device.type != "meta":   # projection mode: shapes only, there are no weights to hash
-            h.update(t.view(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+            h.update(tensor_digest(t))
     return str(int(h.hexdigest()[:15], 16))
+
+
+#: Weight digests already computed in this process: id(tensor) -> (data address, version counter, digest).
+#: An entry goes when its tensor does (weakref.finalize), so an id is never reused while it is here.
+_DIGESTS: dict[int, tuple[int, int, bytes]] = {}
+
+
+def tensor_digest(t: torch.Tensor) -> bytes:
+    """sha256 of a tensor's bytes, remembered per tensor object and version counter in this process.
+
+    The front end hands out one detached tensor per parameter (``frontend.export.detached``), so a
+    second trace of the same model (a warm compile) hashes nothing. In-place updates bump the version
+    counter (``p.copy_``, optimizer steps, ``load_state_dict``) and are re-hashed. A write that bypasses
+    it (``p.data.mul_()``) can leave a stale digest; a cache hit is still right, because it runs the
+    captured tensors, never the cached copy of the weights (``compile_cached``).
+
+    >>> tensor_digest(torch.zeros(2)) == tensor_digest(torch.zeros(2).clone())
+    True
+    """
+    key = id(t)
+    hit = _DIGESTS.get(key)
+    if hit is not None and hit[0] == t.data_ptr() and hit[1] == t._version:
+        return hit[2]
+    c = t.detach().contiguous()
+    digest = hashlib.sha256(c.view(-1).view(torch.uint8).numpy().data if c.numel() else b"").digest()
+    if hit is None:
+        weakref.finalize(t, _DIGESTS.pop, key, None)
+    _DIGESTS[key] = (t.data_ptr(), t._version, digest)
+    return digest
 
 
 def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object, str]:
@@ -102,6 +133,16 @@ def memory_plan(program: Program) -> dict:
             "runtime_memory": RUNTIME_MEMORY_BYTES}
 
 
+@contextlib.contextmanager
+def _timed(passes: dict[str, float], name: str):
+    """Add the wall time of the block to ``passes[name]`` (a pass run per partition adds up)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        passes[name] = passes.get(name, 0.0) + time.perf_counter() - t0
+
+
 def compile_program(program: Program, flags: dict, *, partitioner_config=None,
                     graph_hash_value: str | None = None) -> Neff:
     """Run every pass on ``program`` (annotated in place) and return the in-memory :class:`Neff`.
@@ -124,22 +165,27 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
         legalize(program)            # placement without forcing: the support share analyze reports
         natural = support_counts(program)
         del program.log[mark:]
-    legalize(program, partitioner_config)
-    natural = natural or support_counts(program)
-    partition(program)
+    passes: dict[str, float] = {}   # pass -> seconds, in the log and in program.stats["pass_s"]
+    with _timed(passes, "legalize"):
+        legalize(program, partitioner_config)
+        natural = natural or support_counts(program)
+    with _timed(passes, "partition"):
+        partition(program)
     if partitioner_config is not None:  # the limits are applied by trace (on cache hits too)
         program.log.append(f"partitioner: {describe_support(natural)[1]}; {len(program.partitions)} subgraphs")
-    fuse(program)
+    with _timed(passes, "fuse"):
+        fuse(program)
     schedules: dict[int, PartitionSchedule] = {}
     timings: set[str] = set()
     instructions = 0
     for p in program.partitions:
         if p.kind != "device":
             continue
-        if extract:
-            s, timing = build_roofline(program, p.index, profile, flags), "roofline"
-        else:
-            s, timing = _schedule(program, p.index, profile, flags)
+        with _timed(passes, "lower+schedule"):
+            if extract:
+                s, timing = build_roofline(program, p.index, profile, flags), "roofline"
+            else:
+                s, timing = _schedule(program, p.index, profile, flags)
         timings.add(timing)
         schedules[p.index] = PartitionSchedule(
             table=s.table, busy_ns={k: int(v) for k, v in s.busy_ns.items()}, device_ns=int(s.device_ns),
@@ -151,7 +197,8 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
                            f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")
     # one roofline-timed partition makes the whole graph's timing an estimate: say so
     timing = "roofline" if "roofline" in timings else "instruction"
-    memory = memory_plan(program)
+    with _timed(passes, "memory_plan"):
+        memory = memory_plan(program)
     memory["model_code"] = instructions * INSTRUCTION_BYTES
     fallbacks = [n for n in program.nodes if n.placement == FALLBACK_PLACEMENT and n.is_compute]
     # weights on the meta device (a model built from its config alone): projection mode, numbers=none
@@ -160,7 +207,9 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
                      "support": natural,
                      "num_ops": sum(n.is_compute for n in program.nodes),
                      "num_device_ops": sum(n.is_compute and n.placement == "device" for n in program.nodes),
-                     "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0}
+                     "num_fallbacks": len(fallbacks), "compile_s": time.perf_counter() - t0,
+                     "pass_s": {k: round(v, 6) for k, v in passes.items()}}
+    program.log.append("pass times: " + ", ".join(f"{k} {v:.3f} s" for k, v in passes.items()))
     program.log.append(f"Compiler status PASS ({len(program.partitions)} partitions, {len(fallbacks)} ops on the "
                        f"host CPU, {instructions} instructions)")
     header = {"name": program.name, "uuid": uuidlib.uuid4().hex, "hash": ghash, "flags_hash": flags_hash(flags),

@@ -167,63 +167,77 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     spill_free = [0] * SPILL_QUEUES
     ramp_start, last_tensor_end = 0, -10**18
 
-    def est(i: int) -> int:
-        ins = instrs[i]
-        if ins.engine == "dma":
-            qs = spill_free if ins.queue_kind == "SpillReload" else io_free
-            return max(min(qs), ready[i] + lat[i])
-        return max(free.get(ins.engine, 0), ready[i])
-
+    # per-instruction fields as flat lists: the loop below runs once per instruction (and again on
+    # every re-queue), so it reads lists, never Instr attributes or per-call closures
+    engine = [ins.engine for ins in instrs]
+    kind = [(2 if ins.queue_kind == "SpillReload" else 1) if ins.engine == "dma" else 0 for ins in instrs]
+    base_dur = [max(1, int(math.ceil(ins.dur))) for ins in instrs]
     lat = [int(math.ceil(ins.latency)) for ins in instrs]     # DMA trigger-to-start latency
+    throttle = profile.throttle
+
+    def est(i: int) -> int:
+        k = kind[i]
+        if k:
+            return max(min(spill_free if k == 2 else io_free), ready[i] + lat[i])
+        return max(free.get(engine[i], 0), ready[i])
+
     heap = [(lat[i], i) for i in range(n) if preds_left[i] == 0]
     heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
     done = 0
     while heap:
-        key, i = heapq.heappop(heap)
+        key, i = pop(heap)
         e = est(i)
         if e > key:
-            heapq.heappush(heap, (e, i))
+            push(heap, (e, i))
             continue
-        ins = instrs[i]
-        d_ns = max(1, int(math.ceil(ins.dur)))
+        d_ns = base_dur[i]
         r = ready[i] + lat[i]
-        if ins.engine == "dma":
-            qs = spill_free if ins.queue_kind == "SpillReload" else io_free
-            best = min(range(len(qs)), key=lambda q: (max(qs[q], r), q))
-            qfree, s = qs[best], max(qs[best], r)
+        k = kind[i]
+        if k:
+            qs = spill_free if k == 2 else io_free
+            m = min(qs)
+            # the earliest-starting queue, lowest index on ties: every queue free by r starts at r
+            best = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
+            qfree = qs[best]
+            s = qfree if qfree > r else r
             qs[best] = s + d_ns
-            queue[i] = dma_queue_name(best, ins.queue_kind or "IO")
+            queue[i] = dma_queue_name(best, instrs[i].queue_kind or "IO")
         else:
-            qfree = free.get(ins.engine, 0)
-            s = max(qfree, r)
-            if ins.engine == "tensor" and profile.throttle:
-                if s - last_tensor_end > profile.throttle_ramp_ns:
-                    ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
-                if ins.opcode == "MATMUL":
-                    d_ns = max(1, int(math.ceil(ins.dur / throttle_factor(profile, s - ramp_start))))
-            free[ins.engine] = s + d_ns
-            if ins.engine == "tensor":
+            eng = engine[i]
+            qfree = free.get(eng, 0)
+            s = qfree if qfree > r else r
+            if eng == "tensor":
+                if throttle:
+                    if s - last_tensor_end > profile.throttle_ramp_ns:
+                        ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
+                    if instrs[i].opcode == "MATMUL":
+                        d_ns = max(1, int(math.ceil(instrs[i].dur / throttle_factor(profile, s - ramp_start))))
                 last_tensor_end = s + d_ns
-            queue[i] = ENGINE_LABELS[ins.engine]     # an in-order engine's queue is its track
+            free[eng] = s + d_ns
+            queue[i] = ENGINE_LABELS[eng]     # an in-order engine's queue is its track
         start[i], dur[i] = s, d_ns
         wait[i] = r - qfree if r > qfree else 0
         done += 1
         end = s + d_ns
-        released = list(succ[i])
         for b in writer_bars[i]:
-            bar_ready[b] = max(bar_ready[b], end)
+            if end > bar_ready[b]:
+                bar_ready[b] = end
             bar_left[b] -= 1
             if bar_left[b] == 0:
+                br = bar_ready[b]
                 for j in bar_succ[b]:
-                    ready[j] = max(ready[j], bar_ready[b])
+                    if br > ready[j]:
+                        ready[j] = br
                     preds_left[j] -= 1
                     if preds_left[j] == 0:
-                        heapq.heappush(heap, (est(j), j))
-        for j in released:
-            ready[j] = max(ready[j], end)
+                        push(heap, (est(j), j))
+        for j in succ[i]:
+            if end > ready[j]:
+                ready[j] = end
             preds_left[j] -= 1
             if preds_left[j] == 0:
-                heapq.heappush(heap, (est(j), j))
+                push(heap, (est(j), j))
     if done != n:
         raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
     # program counter = position in the queue's executed order

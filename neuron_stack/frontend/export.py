@@ -16,6 +16,7 @@ innermost frame outside torch (and outside this package and the standard library
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import linecache
 import math
@@ -25,6 +26,7 @@ import re
 import sysconfig
 import traceback
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -47,9 +49,11 @@ _SKIP_DIRS = tuple(os.path.realpath(d) + os.sep for d in (
     os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)), sysconfig.get_paths()["stdlib"]))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(path: str) -> bool:
     """True for a real file outside torch, this package and the standard library (site-packages count).
 
+    Cached: every node's stack names the same few files, and realpath is a syscall per component.
     Example: ``is_user_file("/home/me/train.py")`` -> True.
     """
     if not path or path.startswith("<"):
@@ -340,6 +344,30 @@ def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = N
     return from_exported(ep, name or type(model).__name__, decompose=False)
 
 
+#: id(parameter) -> its detached alias, while the parameter lives (weakref.finalize drops the entry).
+_DETACHED: dict[int, torch.Tensor] = {}
+
+
+def detached(t: torch.Tensor) -> torch.Tensor:
+    """``t.detach()``, the same object for the same tensor on every capture in this process.
+
+    A stable object lets the compiler remember its weight digest (``compiler.driver.tensor_digest``):
+    a warm compile does not re-hash the model's weights.
+
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> detached(w) is detached(w), detached(w).requires_grad
+    (True, False)
+    """
+    if not t.requires_grad:
+        return t
+    d = _DETACHED.get(id(t))
+    if d is None or d.data_ptr() != t.data_ptr():   # ``p.data = ...`` gives the parameter new storage
+        if id(t) not in _DETACHED:
+            weakref.finalize(t, _DETACHED.pop, id(t), None)
+        d = _DETACHED[id(t)] = t.detach()
+    return d
+
+
 def from_exported(ep, name: str, decompose: bool = True) -> Program:
     """A Program from an ``ExportedProgram`` (decomposed to core ATen here if it is not yet).
 
@@ -360,7 +388,7 @@ def from_exported(ep, name: str, decompose: bool = True) -> Program:
             t = ep.state_dict.get(spec.target) if spec.kind != InputKind.CONSTANT_TENSOR else None
             if t is None:
                 t = ep.constants[spec.target]
-            constants[pname] = t.detach()
+            constants[pname] = detached(t)
             placeholder_constants[pname] = pname
         else:
             raise CaptureError(f"unsupported graph input kind {spec.kind.name}: neuron_stack takes tensors")

@@ -6,8 +6,9 @@ A NEFF is a zip archive (members stored uncompressed so weights load fast):
                      core count, compile flags, and a sha256 of every other member;
 - ``program.json``   the compiled :class:`~neuron_stack.ir.Program` (op table with placement, fusion,
                      module path and source of every op; tensor specs; partitions);
-- ``constants.pt``   the weights, a dict of tensors read back with ``torch.load(weights_only=True)``
-                     (never pickled code);
+- ``weights.bin`` + ``weights.json``   the weights: raw tensor bytes and their layout
+                     (:mod:`neuron_stack.isa.weights`; never pickled code). Older NEFFs hold
+                     ``constants.pt`` (``torch.save``, read with ``weights_only=True``), still read;
 - ``schedule/<p>.arrow`` + ``schedule.json``   each device partition's instruction table (Arrow IPC)
                      and its scalars (device_ns, busy_ns per engine, HBM bytes, FLOPs);
 - ``sources.json``, ``source_files.json``   the source table and the text of every referenced file;
@@ -40,6 +41,7 @@ import pyarrow as pa
 import torch
 
 from neuron_stack.ir import Program
+from neuron_stack.isa import weights as weights_mod
 
 MAGIC = "NEFF-neuron_stack"
 FORMAT_VERSION = 1
@@ -90,9 +92,9 @@ class Neff:
     def target(self) -> str:
         return self.header["target"]
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, weights: bool = True) -> Path:
         """Write the archive to ``path`` atomically (temp file + rename). Returns the path."""
-        return save(self, path)
+        return save(self, path, weights)
 
     @staticmethod
     def load(path: str | os.PathLike, target: str | None = None) -> "Neff":
@@ -106,17 +108,10 @@ def _table_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _constants_bytes(constants: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save({k: v.contiguous() for k, v in constants.items()}, buf)
-    return buf.getvalue()
-
-
 def members(neff: Neff) -> dict[str, bytes]:
-    """Every member but the header, as bytes (shared by :func:`save` and the checksum)."""
+    """Every member but the header and the weights, as bytes (shared by :func:`save` and the checksum)."""
     out: dict[str, bytes] = {
         "program.json": json.dumps(neff.program.to_json()).encode(),
-        "constants.pt": _constants_bytes(neff.program.constants),
         "compile.log": neff.log.encode(),
         "source_files.json": json.dumps(neff.source_files).encode(),
     }
@@ -134,19 +129,29 @@ def members(neff: Neff) -> dict[str, bytes]:
     return out
 
 
-def save(neff: Neff, path: str | os.PathLike) -> Path:
-    """Write ``neff`` to ``path`` (see module docstring for the layout). Example: ``save(neff, "m.neff")``."""
+def save(neff: Neff, path: str | os.PathLike, weights: bool = True) -> Path:
+    """Write ``neff`` to ``path`` (see module docstring for the layout). Example: ``save(neff, "m.neff")``.
+
+    ``weights=False`` leaves the weights out (header ``"weights": "external"``): the compile
+    cache's entries, whose weights always come from the model being traced (most of a NEFF's bytes,
+    and most of a cold compile's time, are the weights).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = members(neff)
-    header = dict(neff.header, magic=MAGIC, format_version=FORMAT_VERSION,
-                  checksums={k: hashlib.sha256(v).hexdigest() for k, v in data.items()})
-    neff.header = header
+    sums = {k: hashlib.sha256(v).hexdigest() for k, v in data.items()}
     tmp = path.with_name(f".{path.name}.{uuidlib.uuid4().hex[:8]}.tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
-        z.writestr("neff.json", json.dumps(header, indent=1))
         for k, v in data.items():
             z.writestr(k, v)
+        if weights:   # streamed: the checksum is known once they are written, so the header goes last
+            index, sums[weights_mod.BIN] = weights_mod.write_weights(z, neff.program.constants)
+            z.writestr(weights_mod.INDEX, index)
+            sums[weights_mod.INDEX] = hashlib.sha256(index).hexdigest()
+        header = dict(neff.header, magic=MAGIC, format_version=FORMAT_VERSION,
+                      weights="inline" if weights else "external", checksums=sums)
+        z.writestr("neff.json", json.dumps(header, indent=1))
+    neff.header = header
     os.replace(tmp, path)
     return path
 
@@ -189,31 +194,50 @@ def _check_scalars(path, partition: str, s) -> None:
         raise _fail(path, f"malformed schedule scalars for partition {partition!r} in schedule.json")
 
 
-def load(path: str | os.PathLike, target: str | None = None) -> Neff:
+def load(path: str | os.PathLike, target: str | None = None, constants: dict | None = None) -> Neff:
     """Read and verify a NEFF. ``target`` (if given) must match the NEFF's target.
 
+    ``constants``: the weights, when the caller already holds tensors proven equal to the NEFF's (a
+    compile-cache hit: the graph hash covers every weight byte): the NEFF's own weights, the bulk of
+    the file, are then not read, and a NEFF saved without weights can be loaded.
     Example: ``neff = load("model.neff", target="trn1")``.
     """
     path = Path(path)
     header = read_header(path)
+    if header.get("weights") == "external" and constants is None:
+        raise _fail(path, "this NEFF holds no weights (a compile-cache entry: trace supplies the model's)",
+                    "load a NEFF written by NeuronModule.save, neuron-cc -o or trace(compiler_workdir=...)")
     if target is not None and header.get("target") != target:
         raise _fail(path, f"compiled for target {header.get('target')} but loaded on {target}",
                     f"recompile with --target {target}")
+    sums = header["checksums"]
     try:
-        with zipfile.ZipFile(path) as z:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as z:
             data = {}
-            for name, digest in header["checksums"].items():
+            for name, digest in sums.items():
+                if name in ("constants.pt", weights_mod.BIN) and constants is not None:
+                    continue      # the caller's tensors (a cache hit), or read below in one piece
+                if name == weights_mod.BIN:
+                    continue
                 blob = z.read(name)
                 if hashlib.sha256(blob).hexdigest() != digest:
                     raise _fail(path, f"checksum mismatch in member {name} (the file is corrupt)")
                 data[name] = blob
+            if constants is None and weights_mod.BIN in sums:
+                constants = weights_mod.read_weights(f, z, data[weights_mod.INDEX], sums[weights_mod.BIN])
     except NeffError:
         raise
+    except weights_mod.WeightsError as exc:
+        raise _fail(path, str(exc)) from None
     except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
         raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     try:
-        constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
-        program = Program.from_json(json.loads(data["program.json"]), constants)
+        pj = json.loads(data["program.json"])
+        if constants is None:
+            constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
+        elif sorted(constants) != pj.get("constant_names"):
+            raise _fail(path, "its weights are not the ones given")
+        program = Program.from_json(pj, constants)
         scalars = json.loads(data["schedule.json"])
         schedules = {}
         for p, s in scalars.items():

@@ -171,7 +171,8 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
                   neff_hash=model.neff.header["hash"], path=info.get("cache_path", ""))
     elif history and compile_ns:
         rec.event("compile", ts_ns=now - compile_ns, dur_ns=compile_ns, graph_id=model.graph_id,
-                  source_id=source_id(call_site), model=model.name, kind=info.get("kind", "trace"))
+                  source_id=source_id(call_site), model=model.name, kind=info.get("kind", "trace"),
+                  pass_s=stats.get("pass_s", {}))   # seconds per compiler pass (compile log names them too)
     if history and info.get("recompile_of"):
         rec.event("recompile", ts_ns=now, graph_id=model.graph_id, source_id=source_id(call_site),
                   reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])

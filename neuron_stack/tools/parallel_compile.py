@@ -197,7 +197,8 @@ def compile_graph(gdir: str) -> dict:
         flags = dict(meta["flags"], no_cache=False, cache_dir=meta["cache_url"])
         ghash = meta["graph_hash"]
         neff, hit, entry = compile_cached(
-            ghash, flags, lambda: compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash))
+            ghash, flags, lambda: compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash),
+            constants=program.constants)
         return {"ok": True, "cache_hit": hit, "entry": str(entry), "seconds": time.perf_counter() - t0,
                 "instructions": int(neff.program.stats.get("num_instructions", 0)), "error": ""}
     except Exception as exc:  # reported in the summary, one line
