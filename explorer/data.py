@@ -22,7 +22,7 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
     Entry, ExplorerError, Loaded, Registry, _one_line, _plain, parse_int, parse_selection, registry, resolve,
     set_registry)
 from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
-from traces.console import DEFAULT_ROW_LIMIT
+from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS, LANE_ORDER
 
@@ -509,7 +509,8 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
 
     limit = max(1, min(int(limit), CONSOLE_LIMIT))
     try:
-        res = L.profile.user_sql(sql, select_only=True, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S)
+        res = L.profile.user_sql(sql, select_only=True, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S,
+                                 max_bytes=MAX_RESULT_BYTES)
     except RefusedQuery:
         raise
     except TraceError as exc:

@@ -129,6 +129,12 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
             elif file.is_file():
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_literal(str(file))})")
         if not external_access:
+            # a view over a file stops working once file access is off, and allowed_directories would
+            # also let COPY ... TO write there: load the tables into this in-memory database instead
+            for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+                con.execute(f"CREATE TABLE {name}_loaded AS SELECT * FROM {name}")
+                con.execute(f"DROP VIEW {name}")
+                con.execute(f"ALTER TABLE {name}_loaded RENAME TO {name}")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
@@ -478,9 +484,10 @@ class Profile:
 
     # -- user SQL (traces.console) -------------------------------------------------------------
     def user_sql(self, sql: str, params=None, *, select_only: bool = False, max_rows: int | None = None,
-                 timeout_s: float | None = None) -> UserResult:
+                 timeout_s: float | None = None, max_bytes: int | None = None) -> UserResult:
         """Run a user's own SQL, bounded; see :func:`traces.console.run_user_sql`.
 
         Example: ``p.user_sql("SELECT * FROM ops", select_only=True, max_rows=100).table``.
         """
-        return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s)
+        return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s,
+                            max_bytes=max_bytes)
