@@ -25,6 +25,7 @@ from traces import q_figures, q_replay, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
+from traces.safeio import special_kind
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.segments import list_segments
 from traces.store import DERIVED_TABLES, PROFILE_NAME, finalize, summary_sql
@@ -87,6 +88,10 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
             raise TraceError(f"{path} is not a profile: it has no {PROFILE_NAME}, no trace segments and no "
                              "Parquet export")
         path = target
+    kind = special_kind(path)
+    if kind is not None:   # DuckDB would block on a FIFO forever
+        raise TraceError(f"{path} is {kind}, not a profile: pass the {PROFILE_NAME} that "
+                         "`neuron-explorer inspect` wrote")
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     if not external_access:
         # no file access from any query, and no way to turn it back on

@@ -27,6 +27,19 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def special_kind(path) -> str | None:
+    """What ``path`` is when it is not a regular file ("a FIFO (named pipe)", ...), else None.
+
+    For readers that hand a path to a library (DuckDB, zipfile) which would block on a FIFO or read
+    a device forever. Example: ``special_kind("/dev/zero") == "a character device"``.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None   # missing or unreadable: the caller's own open reports it
+    return next((kind for test, kind in _KINDS if test(mode)), None)
+
+
 class InputFileError(ValueError):
     """A file a user named cannot be read as asked; the message is one line with the fix."""
 

@@ -365,8 +365,9 @@ def _env_num_cores() -> int | None:
     raw = os.environ.get("NEURON_RT_NUM_CORES", "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
-        raise CoreAllocationError(f"NEURON_RT_NUM_CORES={raw!r} is not a number: set a core count such as 2 (0 = all)")
+    if not _ASCII_DIGITS.fullmatch(raw) or len(raw) > 9:   # '²'.isdigit() is True but int('²') fails
+        raise CoreAllocationError(f"NEURON_RT_NUM_CORES={raw[:40]!r} is not a core count: set one such as 2 "
+                                  "(0 = all)")
     return int(raw)
 
 
