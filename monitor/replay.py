@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import traces
 from traces.errors import TraceError
+from traces.live import CORE_ONLY_MEMORY
 from traces.q_replay import PERCENTILES
 from traces.vocab import MONITOR_ENGINES
 
@@ -179,7 +180,9 @@ class Replay:
         models = []
         for load in loads:
             detail = _json(load["detail"])
-            dev = {k: int((detail.get("bytes") or {}).get(k, 0)) for k in MODEL_DEVICE_MEMORY}
+            # the per-core runtime reservation is the core's, not the model's (as the live monitor shows it)
+            dev = {k: 0 if k in CORE_ONLY_MEMORY else int((detail.get("bytes") or {}).get(k, 0))
+                   for k in MODEL_DEVICE_MEMORY}
             mhost = dict.fromkeys(HOST_MEMORY, 0)
             core = int(load["core"] or 0)
             models.append({
