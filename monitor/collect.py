@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 
 from monitor.config import Config, default_config
+from monitor.merge import merge_runtimes
 from traces import live
 from traces.ids import instance_id
 from traces.vocab import MONITOR_ENGINES
@@ -111,6 +112,7 @@ class Collector:
                 continue
             runtimes.append({"pid": snap["pid"], "address": "", "neuron_runtime_tag": str(snap["tag"]),
                              "error": "", "report": report})
+        runtimes = merge_runtimes(runtimes)   # one entry per process, however many targets it uses
         # Forget processes that went away so a reused file name starts fresh.
         for k in [k for k in self._prev if k[0] not in alive]:
             del self._prev[k]

@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterator
 
 import traces
+from monitor.merge import merge_runtimes
 from traces.errors import TraceError
 from traces.live import CORE_ONLY_MEMORY
 from traces.q_replay import PERCENTILES
@@ -141,7 +142,8 @@ class Replay:
             runtimes.append({"pid": int(run["pid"] or 0), "address": "",
                              "neuron_runtime_tag": str(run["tag"] or run["pid"] or rid),
                              "error": "", "report": report})
-        return {"neuron_runtime_data": runtimes, "system_data": {},
+        # one entry per process, however many targets (runs) it used
+        return {"neuron_runtime_data": merge_runtimes(runtimes), "system_data": {},
                 "instance_info": self._instance_info(), "neuron_hardware_info": self._hardware_info()}
 
     @staticmethod
