@@ -229,3 +229,13 @@ def test_exp212_real_inspect_run_finds_the_recompile_reason(tmp_path):
     finally:
         profiles._REGISTRY = old
         reg.close()
+
+
+def test_recompiles_page_shows_only_the_inputs_that_changed():
+    from explorer.pages import recompiles
+    from explorer.signatures import signature_diff
+    diff = signature_diff("x: float32[4, 57, 512], w: float32[512, 512], mask: int64[4, 57]",
+                          "x: float32[4, 64, 512], w: float32[512, 512], mask: int64[4, 64]")
+    new = str(recompiles._signature(diff, "new"))
+    assert "x: float32" in new and "mask: int64" in new and "w: float32" not in new
+    assert "+ 1 unchanged input(s)" in new
