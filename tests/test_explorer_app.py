@@ -239,3 +239,16 @@ def test_recompiles_page_shows_only_the_inputs_that_changed():
     new = str(recompiles._signature(diff, "new"))
     assert "x: float32" in new and "mask: int64" in new and "w: float32" not in new
     assert "+ 1 unchanged input(s)" in new
+
+
+def test_source_page_opens_at_the_hottest_line(app):
+    from explorer.pages import source
+    L = data.resolve("20260101_mlp")
+    name = data.source_files(L)[0]
+    rows = [r for r in data.source_view(L, name) if r["source_id"] is not None]
+    hottest = max(rows, key=lambda r: (r["device_ns"] + r["host_ns"], -r["line"]))
+    out = str(source.layout(profile="20260101_mlp"))
+    assert out.count("src-line hot selected") == 1
+    assert f"'line': '{hottest['source_id']}'" in out   # the page state: that line selected
+    js = (Path(__file__).resolve().parents[1] / "explorer" / "assets" / "explorer.js").read_text()
+    assert "scrollIntoView" in js
