@@ -302,6 +302,8 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
         out["mode"] = "lod"
         out.update(_lod(L, A, B, buckets, chosen))
     out["spans"] = _spans(L, A, B, t0)
+    # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
+    out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
     return out
 
 

@@ -252,3 +252,14 @@ def test_source_page_opens_at_the_hottest_line(app):
     assert f"'line': '{hottest['source_id']}'" in out   # the page state: that line selected
     js = (Path(__file__).resolve().parents[1] / "explorer" / "assets" / "explorer.js").read_text()
     assert "scrollIntoView" in js
+
+
+def test_timeline_says_how_many_spans_the_cap_left_out(app, monkeypatch):
+    from explorer.pages import timeline
+    L = data.resolve("20260102_mlp")
+    full = data.timeline(L)
+    assert full["spans_hidden"] == 0 and len(full["spans"]) > 2
+    monkeypatch.setattr(data, "SPAN_CAP", 1)   # each of the two span queries keeps its longest one
+    capped = data.timeline(L)
+    assert len(capped["spans"]) <= 2 and capped["spans_hidden"] == len(full["spans"]) - len(capped["spans"])
+    assert f"{capped['spans_hidden']:,} more spans not drawn — zoom in" in timeline._status(capped)

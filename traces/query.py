@@ -459,6 +459,10 @@ class Profile:
         """(executions, host and compile events) overlapping ``[t0, t1)``, at most ``cap`` each."""
         return q_timeline.spans(self, t0, t1, cap)
 
+    def span_count(self, t0: int, t1: int) -> int:
+        """Spans overlapping ``[t0, t1)`` before :meth:`spans`' cap. Example: ``p.span_count(0, 10**9)``."""
+        return q_timeline.span_count(self, t0, t1)
+
     def instruction_at(self, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
         """One instruction by lane and absolute start time. Example: ``p.instruction_at(0, "tensor", t)``."""
         return q_timeline.instruction_at(self, core, engine, start_ns, pc)
