@@ -72,7 +72,10 @@ def run(name: str, n, work: Path, cache: Path, rng: random.Random) -> list[harne
         prof = make_profile(d / "20260101-000000_mlp", iterations=1, seqs=(57, 64))
         app = create_app([prof])
         out += fuzz.fuzz_explorer_requests(app, d, n, data.registry().default_key())
+        out += fuzz.fuzz_console_bytes(data.registry().get(data.registry().default_key()), n)
         data.registry().close()
+        with harness.environ(harness.base_env(d, cache)):
+            out += fuzz.fuzz_special_files(d) + fuzz.fuzz_env_values(n)
         return out
     if name == "browser":
         from test_explorer_profiles import make_profile

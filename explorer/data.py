@@ -22,7 +22,7 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
     Entry, ExplorerError, Loaded, Registry, _one_line, _plain, parse_int, parse_selection, registry, resolve,
     set_registry)
 from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
-from traces.console import DEFAULT_ROW_LIMIT
+from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS, LANE_ORDER
 
@@ -302,6 +302,8 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
         out["mode"] = "lod"
         out.update(_lod(L, A, B, buckets, chosen))
     out["spans"] = _spans(L, A, B, t0)
+    # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
+    out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
     return out
 
 
@@ -509,7 +511,8 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
 
     limit = max(1, min(int(limit), CONSOLE_LIMIT))
     try:
-        res = L.profile.user_sql(sql, select_only=True, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S)
+        res = L.profile.user_sql(sql, select_only=True, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S,
+                                 max_bytes=MAX_RESULT_BYTES)
     except RefusedQuery:
         raise
     except TraceError as exc:

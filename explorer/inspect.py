@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -77,10 +78,16 @@ def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> i
     except OSError as exc:
         raise TraceError(f"cannot run {cmd[0]!r}: {exc.strerror}; check the command after '--'") from None
     try:
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:
         # The child got the same SIGINT; let it stop, then finalise what it recorded.
-        return proc.wait()
+        code = proc.wait()
+    if code < 0:   # killed by a signal: say so and exit 128+N as a shell does (sys.exit(-9) would be 247)
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        print(f"neuron-explorer: the workload was killed by {name}; its profile keeps what it recorded "
+              f"before that (exit {128 - code})", file=sys.stderr)
+        code = 128 - code
+    return code
 
 
 def _finish(session: Path, code: int, include_warmup: bool) -> int:

@@ -11,17 +11,17 @@ utilization, and adds the host figures from psutil.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
 
 from monitor.config import Config, default_config
+from monitor.merge import merge_runtimes
 from traces import live
+from traces.ids import instance_id
 from traces.vocab import MONITOR_ENGINES
 
 PERCENTILES = (("p0", 0), ("p1", 1), ("p25", 25), ("p50", 50), ("p75", 75), ("p99", 99), ("p100", 100))
@@ -34,22 +34,6 @@ ENGINES = MONITOR_ENGINES
 
 def _r(x: float, nd: int = 2) -> float:
     return round(float(x), nd)
-
-
-def instance_id(host: str | None = None) -> str:
-    """A stable EC2-style instance id for this host ("i-" + 17 hex digits).
-
-    >>> instance_id("build-box") == instance_id("build-box")
-    True
-    """
-    seed = host
-    if seed is None:
-        try:
-            seed = Path("/etc/machine-id").read_text().strip()
-        except OSError:
-            seed = ""
-        seed = seed or socket.gethostname()
-    return "i-" + hashlib.sha256(seed.encode()).hexdigest()[:17]
 
 
 class Collector:
@@ -129,6 +113,7 @@ class Collector:
                 continue
             runtimes.append({"pid": snap["pid"], "address": "", "neuron_runtime_tag": str(snap["tag"]),
                              "error": "", "report": report})
+        runtimes = merge_runtimes(runtimes)   # one entry per process, however many targets it uses
         # Forget processes that went away so a reused file name starts fresh.
         for k in [k for k in self._prev if k[0] not in alive]:
             del self._prev[k]

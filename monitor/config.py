@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from traces.safeio import InputFileError, read_small_text
+
 DEFAULT_PERIOD = 5.0
 MIN_PERIOD = 0.05  # below this the monitor would spend its life reporting
 
@@ -180,17 +182,10 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return default_config()
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} not found: check the path given to -c") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {str(p)!r} is a directory: give the path of a JSON file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}): "
-                          "give a JSON config file") from None
+    try:   # bounded, non-blocking, regular files only: /dev/zero or a FIFO as -c must not hang or grow
+        text = read_small_text(p, what="config file")
+    except InputFileError as exc:
+        raise ConfigError(f"{exc} (the path given to -c)") from None
     try:
         data = json.loads(text)
     except ValueError as exc:

@@ -30,7 +30,9 @@ import os
 from collections.abc import Iterator
 
 import traces
+from monitor.merge import merge_runtimes
 from traces.errors import TraceError
+from traces.live import CORE_ONLY_MEMORY
 from traces.q_replay import PERCENTILES
 from traces.vocab import MONITOR_ENGINES
 
@@ -140,7 +142,8 @@ class Replay:
             runtimes.append({"pid": int(run["pid"] or 0), "address": "",
                              "neuron_runtime_tag": str(run["tag"] or run["pid"] or rid),
                              "error": "", "report": report})
-        return {"neuron_runtime_data": runtimes, "system_data": {},
+        # one entry per process, however many targets (runs) it used
+        return {"neuron_runtime_data": merge_runtimes(runtimes), "system_data": {},
                 "instance_info": self._instance_info(), "neuron_hardware_info": self._hardware_info()}
 
     @staticmethod
@@ -179,7 +182,9 @@ class Replay:
         models = []
         for load in loads:
             detail = _json(load["detail"])
-            dev = {k: int((detail.get("bytes") or {}).get(k, 0)) for k in MODEL_DEVICE_MEMORY}
+            # the per-core runtime reservation is the core's, not the model's (as the live monitor shows it)
+            dev = {k: 0 if k in CORE_ONLY_MEMORY else int((detail.get("bytes") or {}).get(k, 0))
+                   for k in MODEL_DEVICE_MEMORY}
             mhost = dict.fromkeys(HOST_MEMORY, 0)
             core = int(load["core"] or 0)
             models.append({

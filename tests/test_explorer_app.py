@@ -229,3 +229,37 @@ def test_exp212_real_inspect_run_finds_the_recompile_reason(tmp_path):
     finally:
         profiles._REGISTRY = old
         reg.close()
+
+
+def test_recompiles_page_shows_only_the_inputs_that_changed():
+    from explorer.pages import recompiles
+    from explorer.signatures import signature_diff
+    diff = signature_diff("x: float32[4, 57, 512], w: float32[512, 512], mask: int64[4, 57]",
+                          "x: float32[4, 64, 512], w: float32[512, 512], mask: int64[4, 64]")
+    new = str(recompiles._signature(diff, "new"))
+    assert "x: float32" in new and "mask: int64" in new and "w: float32" not in new
+    assert "+ 1 unchanged input(s)" in new
+
+
+def test_source_page_opens_at_the_hottest_line(app):
+    from explorer.pages import source
+    L = data.resolve("20260101_mlp")
+    name = data.source_files(L)[0]
+    rows = [r for r in data.source_view(L, name) if r["source_id"] is not None]
+    hottest = max(rows, key=lambda r: (r["device_ns"] + r["host_ns"], -r["line"]))
+    out = str(source.layout(profile="20260101_mlp"))
+    assert out.count("src-line hot selected") == 1
+    assert f"'line': '{hottest['source_id']}'" in out   # the page state: that line selected
+    js = (Path(__file__).resolve().parents[1] / "explorer" / "assets" / "explorer.js").read_text()
+    assert "scrollIntoView" in js
+
+
+def test_timeline_says_how_many_spans_the_cap_left_out(app, monkeypatch):
+    from explorer.pages import timeline
+    L = data.resolve("20260102_mlp")
+    full = data.timeline(L)
+    assert full["spans_hidden"] == 0 and len(full["spans"]) > 2
+    monkeypatch.setattr(data, "SPAN_CAP", 1)   # each of the two span queries keeps its longest one
+    capped = data.timeline(L)
+    assert len(capped["spans"]) <= 2 and capped["spans_hidden"] == len(full["spans"]) - len(capped["spans"])
+    assert f"{capped['spans_hidden']:,} more spans not drawn — zoom in" in timeline._status(capped)

@@ -75,6 +75,34 @@ def test_exp103_the_connection_itself_cannot_reach_files(loaded):
         loaded.profile.sql("SET enable_external_access = true")
 
 
+def test_exp109_console_caps_bytes_per_cell_and_per_result(loaded):
+    from traces.console import MAX_CELL_BYTES, MAX_RESULT_BYTES
+    # one 500 MB cell used to come back whole
+    res = data.run_console(loaded, "SELECT string_agg(repeat('x', 1000), ',') AS s FROM range(500000)")
+    cell = res["rows"][0]["s"]
+    assert len(cell.encode()) <= MAX_CELL_BYTES + 3 and cell.endswith("…")
+    # many cells under the cell cap but over the result cap: cut by rows, and said so
+    res = data.run_console(loaded, "SELECT repeat('y', 4000) AS a, repeat('z', 4000) AS b, 7 AS n FROM range(900)")
+    size = sum(len(str(v).encode()) for r in res["rows"] for v in r.values())
+    assert res["truncated"] and 0 < len(res["rows"]) < 900 and size <= MAX_RESULT_BYTES
+    assert res["columns"] == ["a", "b", "n"] and res["rows"][0]["n"] == 7   # numbers keep their type
+    # short cells are untouched
+    assert data.run_console(loaded, "SELECT 'abc' AS s, [1, 2] AS l")["rows"] == [{"s": "abc", "l": "[1, 2]"}]
+
+
+def test_exp110_console_answers_others_during_a_heavy_query(loaded):
+    import threading
+    heavy = {}
+    t = threading.Thread(target=lambda: heavy.update(
+        data.run_console(loaded, "SELECT string_agg(repeat('x', 1000), ',') AS s FROM range(300000)")))
+    t.start()
+    try:
+        assert data.run_console(loaded, "SELECT 42 AS answer")["rows"] == [{"answer": 42}]
+    finally:
+        t.join()
+    assert heavy["rows"][0]["s"].endswith("…")
+
+
 def test_exp104_console_callback_reports_refusals_in_one_line(loaded):
     from explorer.pages import sql as sql_page
 
@@ -133,3 +161,4 @@ def test_exp108_a_corrupt_profile_is_reported_and_others_keep_working(loaded, tm
     finally:
         profiles._REGISTRY = old   # keep the module fixture's registry open for the other tests
         reg._loaded.pop("broken", None)
+

@@ -538,3 +538,21 @@ def test_many_processes_keep_the_selected_tab_visible_at_80_columns():
     assert ">[9]:worker_07<" in tabs[1] and "Neuron Apps  …" in tabs[1]
     assert ">[8]:worker_06<" in tabs[2]
     assert all(len(t) <= 80 for t in tabs)
+
+
+def test_f_mode_scales_small_flops_to_g_and_m():
+    doc = document(runtime_entry(257726, "my_app_1", [0, 1], [42.01, 63.5], flops=3.2e8),
+                   runtime_entry(257999, "257999", [4], [80.0], flops=2.5e9))
+
+    async def script(pilot):
+        return await press(pilot, "f")
+    flops = run(NeuronTop(repeating(doc), period=0.02), (100, 30), script)
+    assert "[320.00MF]" in flops and "[  2.50GF]" in flops   # was "[  0.00TF]" for a working core
+    assert "Utilization (Total: 3.14 GFLOPS)" in flops
+
+
+def test_engines_panel_shows_dma_and_sync_at_80x24():
+    async def script(pilot):
+        return await press(pilot, "e")
+    extras = run(NeuronTop(repeating(TWO_APPS), period=0.02), (80, 24), script)
+    assert "DMA" in extras and "20.00%" in extras and "Sync" in extras

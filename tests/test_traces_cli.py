@@ -140,3 +140,27 @@ def test_full_disk_during_finalise_keeps_the_previous_profile(tmp_path):
     assert not [p.name for p in d.iterdir() if p.name.endswith((".tmp", ".wal"))]
     ok = run("summary", d, "--json")                                        # space again: it recovers
     assert ok.returncode == 0 and json.loads(ok.stdout)["summary"][0]["run_count"] == 2
+
+
+@pytest.mark.parametrize("query,fragment", [
+    ("COPY (SELECT 1) TO '{tmp}/out.csv'", "Cannot access file"),
+    ("SELECT * FROM read_text('/etc/hostname')", "Cannot access file"),
+    ("INSTALL httpfs", "Permission Error"),
+    ("ATTACH '{tmp}/other.duckdb' AS o", "Cannot access file"),
+    ("SET enable_external_access = true", "locked"),
+])
+def test_sql_is_read_only_by_default(session, tmp_path, query, fragment):
+    one_line_error(run("sql", session, query.format(tmp=tmp_path)), fragment, "--unsafe")
+    assert list(tmp_path.iterdir()) == []   # nothing written
+
+
+def test_sql_read_only_on_a_parquet_export_and_unsafe_opt_in(session, tmp_path):
+    out = tmp_path / "pq"
+    assert run("export", session, "--format", "parquet", "-o", out).returncode == 0
+    r = run("sql", out, "SELECT count(*) AS n FROM instructions", "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["n"] > 0, r.stderr
+    one_line_error(run("sql", out, f"COPY instructions TO '{tmp_path}/x.csv'"), "--unsafe")
+    note = tmp_path / "note.txt"
+    note.write_text("mine")
+    r = run("sql", session, f"SELECT content FROM read_text('{note}')", "--format", "json", "--unsafe")
+    assert r.returncode == 0 and json.loads(r.stdout) == [{"content": "mine"}], r.stderr

@@ -80,10 +80,27 @@ def title(snap: Snapshot, version: str, suffix: str = "") -> Text:
     return text
 
 
+_FLOP_SCALES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K"))
+
+
+def scale_flops(value: float) -> tuple[float, str]:
+    """``value`` FLOP/s as (number, prefix) with the number at least 1 (T when zero): a simulated small
+    model runs at GFLOP/s, which "0.00TF" would hide.
+
+    >>> scale_flops(2.5e12), scale_flops(3.2e8), scale_flops(0)
+    ((2.5, 'T'), (320.0, 'M'), (0.0, 'T'))
+    """
+    for factor, prefix in _FLOP_SCALES:
+        if value >= factor:
+            return value / factor, prefix
+    return (value, "") if value > 0 else (0.0, "T")
+
+
 def utilization_title(snap: Snapshot, app: AppView, flops: bool) -> str:
-    """``NeuronCore v2 Utilization (Avg: 56.86%)``, or the TFLOPS total in FLOPS mode."""
+    """``NeuronCore v2 Utilization (Avg: 56.86%)``, or the FLOP/s total (T/G/M) in FLOPS mode."""
     if flops:
-        return f"NeuronCore {snap.neuroncore_version} Utilization (Total: {app.total_flops() / 1e12:.2f} TFLOPS)"
+        number, prefix = scale_flops(app.total_flops())
+        return f"NeuronCore {snap.neuroncore_version} Utilization (Total: {number:.2f} {prefix}FLOPS)"
     avg = app.average_utilization()
     return f"NeuronCore {snap.neuroncore_version} Utilization (Avg: {avg or 0.0:.2f}%)"
 
@@ -91,7 +108,8 @@ def utilization_title(snap: Snapshot, app: AppView, flops: bool) -> str:
 def _cell_value(app: AppView, core: int, flops: bool) -> tuple[str, float]:
     pct = app.utilization.get(core, 0.0)
     if flops:
-        return f"[{app.flops.get(core, 0.0) / 1e12:6.2f}TF]", pct
+        number, prefix = scale_flops(app.flops.get(core, 0.0))
+        return f"[{number:6.2f}{prefix or ' '}F]", pct   # same width at every scale
     return f"[{pct:6.2f}%]", pct
 
 
@@ -299,14 +317,21 @@ def engine_panel(snap: Snapshot, app: AppView, state: ViewState, width: int) -> 
     if engines is None:
         out.append("no engine data (monitor's neuron_stack group is off)", style="dim")
     else:
-        bar_w = max(4, min(30, width - 8 - 10))
-        for i, (key, word) in enumerate(ENGINES):
-            if i:
+        # At 80x24 the full-width panel has four rows: one column cut DMA and Sync off, two fit.
+        cols = 2 if width >= 76 else 1   # the full-width panel of a small terminal; the side panel has rows
+        col_w = width // cols - 2
+        bar_w = max(4, min(30, col_w - 8 - 10))
+        rows = -(-len(ENGINES) // cols)
+        for r in range(rows):
+            if r:
                 out.append("\n")
-            pct = engines.get(key, 0.0)
-            out.append(word.ljust(8), style="bold")
-            out.append_text(bar(pct, bar_w))
-            out.append(f" {pct:6.2f}%")
+            for c, (key, word) in enumerate(ENGINES[r::rows]):
+                pct = engines.get(key, 0.0)
+                if c:
+                    out.append("  ")
+                out.append(word.ljust(8), style="bold")
+                out.append_text(bar(pct, bar_w))
+                out.append(f" {pct:6.2f}%")
     return f"Engines of ND{nd} NC{nc} (core {core})", out
 
 

@@ -84,6 +84,9 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--max-rows", type=int, default=100, metavar="N",
                    help="rows shown by --format table (default 100; other formats write all)")
+    p.add_argument("--unsafe", action="store_true",
+                   help="DuckDB's full power: the query may read and write other files (COPY ... TO, "
+                        "read_csv) and load extensions; only for your own machine")
     p.set_defaults(func=sql_cmd)
 
     p = subparsers.add_parser(
@@ -99,11 +102,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=export_cmd)
 
 
-def _open(path: str):
+def _open(path: str, **options):
     import traces
 
     _setup_logging()
-    return traces.open(path)
+    return traces.open(path, **options)
 
 
 # -- summary ---------------------------------------------------------------------------------------
@@ -236,8 +239,16 @@ def sql_cmd(args: argparse.Namespace) -> int:
         raise TraceError("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
     if args.format == "arrow" and args.output is None and sys.stdout.isatty():
         raise TraceError("--format arrow writes binary Arrow IPC: redirect stdout or pass -o FILE")
-    with _open(args.profile) as p:
-        result = p.user_sql(query, [_param(v) for v in args.param] or None).table
+    # read-only by default: no file writes (COPY ... TO), no reads outside the profile (read_text),
+    # no extension installs; the setting is locked so the query cannot turn it back on
+    with _open(args.profile, external_access=args.unsafe) as p:
+        try:
+            result = p.user_sql(query, [_param(v) for v in args.param] or None).table
+        except TraceError as exc:
+            if args.unsafe or not any(k in str(exc) for k in ("Permission Error", "configuration has been locked")):
+                raise
+            raise TraceError(f"{str(exc).splitlines()[0]} (neuron-explorer sql is read-only: it reads only the "
+                             "profile; pass --unsafe to let a query read or write other files)") from None
     if args.format == "table":
         return _print_table(result, args.max_rows, args.output)
     try:

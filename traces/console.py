@@ -46,6 +46,11 @@ EXAMPLE_QUERIES = {
 
 MAX_SQL_CHARS = 20_000
 DEFAULT_ROW_LIMIT = 1000
+#: A console cell longer than this (bytes of its text) is cut and ends in "…": one
+#: ``string_agg`` over a big range would otherwise send hundreds of MB to a browser.
+MAX_CELL_BYTES = 4096
+#: A console result stops (``truncated``) before its cells pass this many bytes in total.
+MAX_RESULT_BYTES = 2 << 20
 
 
 class RefusedQuery(TraceError):
@@ -115,6 +120,42 @@ def limited(sql: str, limit: int) -> str:
 
 
 
+def capped_cells(sql: str, columns: list[tuple[str, str]], cap: int = MAX_CELL_BYTES) -> str:
+    """Wrap a checked SELECT so that no text cell is longer than ``cap`` bytes (cut ones end in "…").
+
+    ``columns`` are the query's ``(name, type)`` from ``DESCRIBE``; numbers, booleans and times pass
+    as they are, anything else (text, blobs, lists, structs) is cut as text inside DuckDB, before it
+    is fetched. Columns are renamed positionally so that duplicate names cannot clash.
+    >>> print(capped_cells("SELECT 1 AS n", [("n", "INTEGER")]))
+    SELECT c0 AS "n" FROM (
+    SELECT 1 AS n
+    ) AS capped(c0)
+    """
+    keep = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+            "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "BOOLEAN", "DATE", "TIMESTAMP", "DECIMAL")
+    cols = []
+    for i, (name, kind) in enumerate(columns):
+        alias = '"' + name.replace('"', '""') + '"'
+        if kind.upper().split("(")[0] in keep:
+            cols.append(f"c{i} AS {alias}")
+        else:
+            text = f"CAST(c{i} AS VARCHAR)"
+            cols.append(f"CASE WHEN strlen({text}) > {int(cap)} THEN left({text}, {int(cap)}) || '…' "
+                        f"ELSE {text} END AS {alias}")
+    names = ", ".join(f"c{i}" for i in range(len(columns)))
+    return f"SELECT {', '.join(cols)} FROM (\n{sql}\n) AS capped({names})"
+
+
+def _rows_within(table: pa.Table, max_bytes: int) -> int:
+    """How many leading rows of ``table`` fit in ``max_bytes`` of cell text (at least one row)."""
+    total = 0
+    for i, row in enumerate(table.to_pylist()):
+        total += sum(len(str(v).encode()) for v in row.values())
+        if total > max_bytes:
+            return max(i, 1)
+    return table.num_rows
+
+
 @dataclass(frozen=True)
 class UserResult:
     """A user query's result: at most the asked-for rows, and whether more existed."""
@@ -124,19 +165,24 @@ class UserResult:
 
 
 def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, max_rows: int | None = None,
-                 timeout_s: float | None = None) -> UserResult:
+                 timeout_s: float | None = None, max_bytes: int | None = None) -> UserResult:
     """Run the user's ``sql`` over ``profile`` (values in ``params``), bounded; the only place user SQL runs.
 
     ``select_only``: refuse anything but one SELECT calling allowed table functions
     (:class:`RefusedQuery`); ``max_rows``: keep at most that many rows (``truncated`` says more
     existed); ``timeout_s``: interrupt the query after that long (:class:`TraceError` naming the
-    limit). Example: ``run_user_sql(p, "SELECT count(*) FROM instructions", max_rows=10).table``.
+    limit); ``max_bytes`` (with ``select_only``): cut each text cell at :data:`MAX_CELL_BYTES` inside
+    DuckDB and stop the result (``truncated``) before its cells pass ``max_bytes``.
+    Example: ``run_user_sql(p, "SELECT count(*) FROM instructions", max_rows=10).table``.
     """
     if not isinstance(sql, str) or not sql.strip():
         raise RefusedQuery("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
     if select_only:
         sql = check_select(sql)
         check_tree(profile.sql("SELECT json_serialize_sql($q) AS tree", {"q": sql}).column(0)[0].as_py())
+    if max_bytes is not None and select_only:
+        columns = profile.sql(f"DESCRIBE {sql}").select(["column_name", "column_type"]).to_pylist()
+        sql = capped_cells(sql, [(c["column_name"], c["column_type"]) for c in columns])
     if max_rows is not None:
         max_rows = max(0, int(max_rows))
         if select_only:
@@ -155,6 +201,12 @@ def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, m
     finally:
         if timer is not None:
             timer.cancel()
-    if max_rows is None:
-        return UserResult(table, False)
-    return UserResult(table.slice(0, max_rows), table.num_rows > max_rows)
+    truncated = False
+    if max_rows is not None:
+        truncated = table.num_rows > max_rows
+        table = table.slice(0, max_rows)
+    if max_bytes is not None:
+        keep = _rows_within(table, max_bytes)
+        truncated = truncated or keep < table.num_rows
+        table = table.slice(0, keep)
+    return UserResult(table, truncated)

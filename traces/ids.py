@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import os
 import secrets
+import socket
 
 # 31 random bits per process (re-drawn after fork) + a 32-bit counter: collisions between
 # processes are as unlikely as two random 31-bit draws matching, and ids stay positive int64.
@@ -40,3 +41,23 @@ def stable_id(*parts: object) -> int:
     """
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def instance_id(host: str | None = None) -> str:
+    """This machine's stable EC2-style id ("i-" + 17 hex digits): the one rule neuron-ls, neuron-monitor
+    and neuron-top share, so every tool names the same instance.
+
+    The seed is ``/etc/machine-id`` (stable across renames), else the host name; ``host`` overrides it.
+
+    >>> instance_id("build-box") == instance_id("build-box"), len(instance_id("build-box"))
+    (True, 19)
+    """
+    seed = host
+    if seed is None:
+        try:
+            with open("/etc/machine-id", "rb") as f:   # 33 bytes; bounded read all the same
+                seed = f.read(256).decode("ascii", "replace").strip()
+        except OSError:
+            seed = ""
+        seed = seed or socket.gethostname()
+    return "i-" + hashlib.sha256(seed.encode()).hexdigest()[:17]

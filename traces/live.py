@@ -51,6 +51,11 @@ EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err
 ERROR_TYPES = ("generic", "numerical", "transient", "model", "runtime", "hardware")
 DEVICE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors", "kv_cache")
 HOST_MEMORY = ("application_memory", "constants", "dma_buffers", "tensors")
+#: Device memory that belongs to a NeuronCore, not to any model on it: the runtime reserves it once per
+#: core (queues, semaphores, DMA rings), however many models it loads. A model's own breakdown shows it
+#: as 0, so that a core's total is the sum of its parts in every tool (counting it per model made one
+#: process show 64.5 MB in total and 320.5 MB in its tree, as in the real SDK's issue #744).
+CORE_ONLY_MEMORY = ("runtime_memory",)
 EVENT_KINDS = ("compile", "recompile", "cpu_fallback", "cache_hit")
 
 _STATUS_CODE = {s: i for i, s in enumerate(EXECUTION_STATUSES)}
@@ -282,7 +287,7 @@ class LivePublisher:
                      device_index: int | None = None) -> None:
         """Record a model (NEFF) loaded on ``core``, with its memory per category."""
         dev = dict.fromkeys(("constants", "model_code", "runtime_memory", "tensors"), 0)
-        dev.update({k: int(v) for k, v in (device_bytes or {}).items()})
+        dev.update({k: 0 if k in CORE_ONLY_MEMORY else int(v) for k, v in (device_bytes or {}).items()})
         host = dict.fromkeys(HOST_MEMORY, 0)
         host.update({k: int(v) for k, v in (host_bytes or {}).items()})
         per_dev = int(self.hardware.get("neuroncore_per_device_count") or 1)

@@ -265,6 +265,17 @@ def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
     return ex, ev
 
 
+def span_count(p, t0: int, t1: int) -> int:
+    """How many spans :func:`spans` would return without its cap (executions plus host/compile events)."""
+    params = {"t0": int(t0), "t1": int(t1)}
+    return int(p.sql("""
+        SELECT (SELECT count(*) FROM executions WHERE start_ns < $t1 AND end_ns > $t0)
+             + (SELECT count(*) FROM events
+                WHERE kind IN ('compile', 'recompile', 'cache_hit', 'cpu_fallback', 'host_transfer')
+                  AND ts_ns < $t1 AND ts_ns + greatest(coalesce(dur_ns, 0), 0) >= $t0) AS n""",
+                     params).column(0)[0].as_py())
+
+
 def instruction_at(p, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
     """One instruction by lane and absolute start time (the row with ``pc`` first)."""
     # schema 1.1: an NKI kernel's instructions name their kernel line (absent in older profiles)

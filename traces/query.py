@@ -25,6 +25,7 @@ from traces import q_figures, q_replay, q_serving, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
+from traces.safeio import special_kind
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.segments import list_segments
 from traces.store import DERIVED_TABLES, PROFILE_NAME, finalize, summary_sql
@@ -87,6 +88,10 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
             raise TraceError(f"{path} is not a profile: it has no {PROFILE_NAME}, no trace segments and no "
                              "Parquet export")
         path = target
+    kind = special_kind(path)
+    if kind is not None:   # DuckDB would block on a FIFO forever
+        raise TraceError(f"{path} is {kind}, not a profile: pass the {PROFILE_NAME} that "
+                         "`neuron-explorer inspect` wrote")
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     if not external_access:
         # no file access from any query, and no way to turn it back on
@@ -129,6 +134,12 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
             elif file.is_file():
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_literal(str(file))})")
         if not external_access:
+            # a view over a file stops working once file access is off, and allowed_directories would
+            # also let COPY ... TO write there: load the tables into this in-memory database instead
+            for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+                con.execute(f"CREATE TABLE {name}_loaded AS SELECT * FROM {name}")
+                con.execute(f"DROP VIEW {name}")
+                con.execute(f"ALTER TABLE {name}_loaded RENAME TO {name}")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
@@ -465,6 +476,10 @@ class Profile:
         """(executions, host and compile events) overlapping ``[t0, t1)``, at most ``cap`` each."""
         return q_timeline.spans(self, t0, t1, cap)
 
+    def span_count(self, t0: int, t1: int) -> int:
+        """Spans overlapping ``[t0, t1)`` before :meth:`spans`' cap. Example: ``p.span_count(0, 10**9)``."""
+        return q_timeline.span_count(self, t0, t1)
+
     def instruction_at(self, core: int, engine: str, start_ns: int, pc: int | None = None) -> dict | None:
         """One instruction by lane and absolute start time. Example: ``p.instruction_at(0, "tensor", t)``."""
         return q_timeline.instruction_at(self, core, engine, start_ns, pc)
@@ -495,9 +510,10 @@ class Profile:
 
     # -- user SQL (traces.console) -------------------------------------------------------------
     def user_sql(self, sql: str, params=None, *, select_only: bool = False, max_rows: int | None = None,
-                 timeout_s: float | None = None) -> UserResult:
+                 timeout_s: float | None = None, max_bytes: int | None = None) -> UserResult:
         """Run a user's own SQL, bounded; see :func:`traces.console.run_user_sql`.
 
         Example: ``p.user_sql("SELECT * FROM ops", select_only=True, max_rows=100).table``.
         """
-        return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s)
+        return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s,
+                            max_bytes=max_bytes)

@@ -15,3 +15,12 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
     }
   }
 });
+
+// Source page: open scrolled to the selected line (by default the hottest one), once per page render,
+// so a later click on another line does not make the view jump.
+new MutationObserver(function () {
+  const box = document.getElementById("source-lines");
+  if (!box || box.dataset.scrolled) { return; }
+  const line = box.querySelector(".src-line.selected");
+  if (line) { box.dataset.scrolled = "1"; line.scrollIntoView({block: "center"}); }
+}).observe(document.documentElement, {childList: true, subtree: true});

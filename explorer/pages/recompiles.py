@@ -20,9 +20,23 @@ def _shape(shape, changed):
     return html.Span(["[", *parts, "]"])
 
 
+def changed_inputs(diff: list[dict]) -> list[dict]:
+    """The inputs a recompile changed (a dimension, the dtype, or new); the rest are noise in the table.
+
+    >>> changed_inputs([{"name": "x", "changed": [1], "dtype_changed": False},
+    ...                 {"name": "mask", "changed": [], "dtype_changed": False}])[0]["name"]
+    'x'
+    """
+    return [d for d in diff if d["changed"] or d.get("dtype_changed")]
+
+
 def _signature(diff, side):
-    return html.Div([html.Div([f"{d['name']}: {d['dtype']}", _shape(d[side], d["changed"])], className="sig")
-                     for d in diff])
+    shown = changed_inputs(diff)
+    rows = [html.Div([f"{d['name']}: {d['dtype']}", _shape(d[side], d["changed"])], className="sig")
+            for d in shown]
+    if len(shown) < len(diff):
+        rows.append(html.Div(f"+ {len(diff) - len(shown)} unchanged input(s)", className="hint"))
+    return html.Div(rows)
 
 
 @ui.guarded

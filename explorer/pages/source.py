@@ -64,6 +64,10 @@ def layout(profile=None, file=None, line=None, **_):
         index, selected_sid = files.index(t["file"]), str(sid)
     name = files[index]
     rows = data.source_view(L, name)
+    if not selected_sid:   # open at the hottest line (device plus CPU-fallback host time); explorer.js scrolls to it
+        hot = [r for r in rows if r["source_id"] is not None and (r["device_ns"] or r["host_ns"])]
+        if hot:
+            selected_sid = str(max(hot, key=lambda r: (r["device_ns"] + r["host_ns"], -r["line"]))["source_id"])
     peak = max((r["device_ns"] for r in rows), default=0)
     file_links = [dcc.Link(Path(f).name, href=ui.href("/source", profile=key, file=i), title=f,
                            className="active" if i == index else "", style={"marginRight": "12px"})

@@ -20,10 +20,12 @@ GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
 
 
 def _status(tl: dict) -> str:
+    hidden = tl.get("spans_hidden", 0)
+    more = f" · {hidden:,} more spans not drawn — zoom in" if hidden else ""
     if tl["mode"] == "raw":
-        return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one"
+        return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one{more}"
     return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
-            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {data.RAW_CAP:,} to see each instruction")
+            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {data.RAW_CAP:,} to see each instruction{more}")
 
 
 def render(key, start=None, end=None, sel=None):

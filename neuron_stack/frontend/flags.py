@@ -52,11 +52,15 @@ def add_compiler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", choices=VERBOSE, default=None, help="compile log level (info shows every decision)")
 
 
-def _split(args: str | Iterable[str] | None) -> list[str]:
+def _split(args: str | Iterable[str] | None, where: str = "compiler_args") -> list[str]:
     if args is None:
         return []
     if isinstance(args, str):
-        return shlex.split(args)
+        try:
+            return shlex.split(args)
+        except ValueError as exc:   # shlex: "No closing quotation" names neither the variable nor the fix
+            raise FlagError(f"{where}={args[:60]!r} cannot be split into flags ({exc.args[0].lower()}): "
+                            "balance its quotes, e.g. --verbose 'info'") from None
     return [str(a) for a in args]
 
 
@@ -68,7 +72,7 @@ def parse_flags(compiler_args: str | Iterable[str] | None = None, *, target: str
     (bool) and ``retry_failed_compilation`` (bool). ``env`` overrides ``$NEURON_CC_FLAGS`` (tests).
     Example: ``parse_flags("--auto-cast matmult", target="inf2")``.
     """
-    env_tokens = _split(os.environ.get("NEURON_CC_FLAGS", "") if env is None else env)
+    env_tokens = _split(os.environ.get("NEURON_CC_FLAGS", "") if env is None else env, "NEURON_CC_FLAGS")
     tokens = env_tokens + _split(compiler_args)
     p = _Parser(prog="neuronx-cc", add_help=False)
     add_compiler_flags(p)

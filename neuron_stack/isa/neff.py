@@ -42,6 +42,7 @@ import torch
 
 from neuron_stack.ir import Program
 from neuron_stack.isa import weights as weights_mod
+from traces.safeio import special_kind
 
 MAGIC = "NEFF-neuron_stack"
 FORMAT_VERSION = 1
@@ -165,6 +166,9 @@ def read_header(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.exists():
         raise NeffError(f"{path}: no such NEFF file; check the path or compile one with `neuron-cc compile`")
+    kind = special_kind(path)
+    if kind is not None:   # zipfile would block on a FIFO or seek through /dev/zero forever
+        raise _fail(path, f"{kind}, not a NEFF file", "pass the path of a .neff file")
     try:
         with zipfile.ZipFile(path) as z:
             header = json.loads(z.read("neff.json"))

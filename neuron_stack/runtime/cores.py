@@ -19,10 +19,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-import socket
+import re
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from neuron_stack.device.profiles import DeviceProfile, get_profile
+from traces.ids import instance_id
 
 NOT_AVAILABLE = "Virtual Neuron Core(s) not available - Requested:{requested} Available:{available}"
 
@@ -123,8 +123,8 @@ class Instance:
 
     @property
     def instance_id(self) -> str:
-        """A stable EC2-style id for this simulated machine (derived from the host name)."""
-        return "i-" + hashlib.blake2b(socket.gethostname().encode(), digest_size=9).hexdigest()[:17]
+        """This machine's EC2-style id, the same one neuron-monitor and neuron-top report."""
+        return instance_id()
 
 
 def get_instance(target: str | DeviceProfile | None = None) -> Instance:
@@ -154,28 +154,33 @@ def get_instance(target: str | DeviceProfile | None = None) -> Instance:
     return Instance(itype, profile, chips, vcpus, topology)
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+")   # str.isdigit() accepts '٣' and '³'
+
+
 def parse_core_list(text: str, num_cores: int, name: str = "NEURON_RT_VISIBLE_CORES") -> list[int]:
     """Parse an index (``3``), inclusive range (``0-2``) or comma list (``0,2,5``) of core ids.
 
     >>> parse_core_list("1-3", 8)
     [1, 2, 3]
     """
-    cores: list[int] = []
+    cores: set[int] = set()
     hint = "use an index (3), an inclusive range (0-2) or a comma list (0,2,5)"
+    if len(text) > 4096:   # a core list is short; do not scan megabytes of environment
+        raise CoreAllocationError(f"{name} is {len(text)} characters long: {hint}")
     for part in text.replace(" ", "").split(","):
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise CoreAllocationError(f"{name}={text!r} is malformed: {hint}")
+        if not _ASCII_DIGITS.fullmatch(lo) or (sep and not _ASCII_DIGITS.fullmatch(hi)):
+            raise CoreAllocationError(f"{name}={text[:40]!r} is malformed: {hint} with ASCII digits")
         a, b = int(lo), int(hi) if sep else int(lo)
         if b < a:
-            raise CoreAllocationError(f"{name}={text!r} has a decreasing range {part}: write it as {b}-{a}")
-        cores.extend(range(a, b + 1))
-    bad = [c for c in cores if c >= num_cores]
-    if bad:
-        raise CoreAllocationError(
-            f"{name}={text!r} names core {bad[0]} but this instance has cores 0-{num_cores - 1}: "
-            f"pick cores in that range (see neuron-ls)")
-    return sorted(set(cores))
+            raise CoreAllocationError(
+                f"{name}={text[:40]!r} has a decreasing range {part}: write it as {b}-{a}")
+        if b >= num_cores:   # checked before expanding: 0-100000000 must not build a list first
+            raise CoreAllocationError(
+                f"{name}={text[:40]!r} names core {max(a, num_cores)} but this instance has cores "
+                f"0-{num_cores - 1}: pick cores in that range (see neuron-ls)")
+        cores.update(range(a, b + 1))
+    return sorted(cores)
 
 
 def runtime_dir(instance: Instance) -> Path:
@@ -360,8 +365,9 @@ def _env_num_cores() -> int | None:
     raw = os.environ.get("NEURON_RT_NUM_CORES", "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
-        raise CoreAllocationError(f"NEURON_RT_NUM_CORES={raw!r} is not a number: set a core count such as 2 (0 = all)")
+    if not _ASCII_DIGITS.fullmatch(raw) or len(raw) > 9:   # '²'.isdigit() is True but int('²') fails
+        raise CoreAllocationError(f"NEURON_RT_NUM_CORES={raw[:40]!r} is not a core count: set one such as 2 "
+                                  "(0 = all)")
     return int(raw)
 
 

@@ -17,6 +17,7 @@ Each rank's trace carries ``runs.rank`` and ``runs.node`` and all ranks write in
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -60,9 +61,23 @@ def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not raw.lstrip("-").isdigit():
-        raise DistributedError(f"{name}={raw!r} is not an integer: launch with torchrun, which sets it")
+    if not re.fullmatch(r"-?[0-9]{1,9}", raw):   # ASCII only: '²'.isdigit() is True, int('²') fails
+        raise DistributedError(f"{name}={raw[:40]!r} is not an integer: launch with torchrun, which sets it")
     return int(raw)
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get("NEURON_STACK_DIST_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw[:40])
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6 or len(raw) > 40:   # inf, nan, negative or a page of digits
+        raise DistributedError(f"NEURON_STACK_DIST_TIMEOUT={raw[:40]!r} is not a timeout: set seconds such "
+                               "as 60") from None
+    return value
 
 
 def init(target: str = "trn1", timeout_s: float | None = None) -> World:
@@ -80,7 +95,7 @@ def init(target: str = "trn1", timeout_s: float | None = None) -> World:
 
     rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, node = _env_int("LOCAL_RANK", rank), _env_int("GROUP_RANK", 0)
-    timeout_s = float(timeout_s or os.environ.get("NEURON_STACK_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
+    timeout_s = timeout_s or _env_timeout()
     os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(local_rank))   # one core per rank
     os.environ.setdefault("NEURON_PROCESS_TAG", f"rank{rank}")
     session = Session.get(target)

@@ -19,7 +19,9 @@ import argparse
 import importlib
 import importlib.util
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -69,10 +71,12 @@ def parse_shape(text: str):
     import torch
 
     dims, _, dtype = text.partition(":")
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x") if d)
-    except ValueError:
-        raise UsageError(f"bad input shape {text!r}: write dimensions like 2x16, optionally :dtype (4x8:int64)") from None
+    if not re.fullmatch(r"[0-9]{1,9}(x[0-9]{1,9}){0,7}", dims.lower()):   # ASCII digits, up to 8 dims
+        raise UsageError(f"bad input shape {text[:40]!r}: write dimensions like 2x16, optionally :dtype "
+                         "(4x8:int64)")
+    shape = tuple(int(d) for d in dims.lower().split("x"))
+    if not shape or any(d <= 0 for d in shape):   # a 0-sized input compiles to nothing useful
+        raise UsageError(f"bad input shape {text!r}: every dimension must be 1 or more (e.g. 2x16)")
     dt = getattr(torch, dtype or "float32", None)
     if not isinstance(dt, torch.dtype):
         raise UsageError(f"bad dtype {dtype!r} in input shape {text!r}: use float32, int64, bfloat16...")
@@ -141,7 +145,15 @@ def load_spec(spec: str, shapes: list[str] | None):
     if example is None:
         raise UsageError(f"{spec} needs example inputs: pass --input-shapes (e.g. --input-shapes 2x16) or "
                          "return (model, example_inputs) from the factory")
-    return capture(model.eval(), example, name=spec.rpartition(":")[2])
+    # torch logs the whole fake-tensor traceback of a shape mismatch at ERROR before raising;
+    # capture() turns the exception into one line, so that log would only bury it.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        return capture(model.eval(), example, name=spec.rpartition(":")[2])
+    finally:
+        fake_log.setLevel(level)
 
 
 def _compile(args) -> int:

@@ -352,3 +352,142 @@ def fuzz_explorer_requests(app, work: Path, examples: int, profile_key: str) -> 
     callback_case()
     get_case()
     return [tally.trial()]
+
+
+# -- special files as paths, huge values in environment variables, byte-heavy console SQL (issue 15) ----
+
+@contextlib.contextmanager
+def memory_bound(extra_bytes: int = 1 << 30):
+    """Lower this process's address-space soft limit to what it uses now plus ``extra_bytes``.
+
+    A reader that tries to slurp /dev/zero then gets ``MemoryError`` (a counted problem) instead of
+    taking the machine down; the soft limit is restored afterwards (the hard one never changes).
+    """
+    import resource
+
+    import psutil
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    bound = psutil.Process().memory_info().vms + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (bound if hard == resource.RLIM_INFINITY else min(bound, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def special_paths(work: Path) -> dict[str, Path]:
+    """Paths that are not small regular files: a FIFO, devices, a directory, a sparse 1 GiB file, links."""
+    work.mkdir(parents=True, exist_ok=True)
+    fifo = work / "special.fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    sparse = work / "sparse.bin"
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 30)
+    link = work / "to-fifo"
+    if not link.is_symlink():
+        link.symlink_to(fifo)
+    loop = work / "loop"
+    if not loop.is_symlink():
+        loop.symlink_to(loop)
+    return {"fifo": fifo, "/dev/zero": Path("/dev/zero"), "/dev/urandom": Path("/dev/urandom"),
+            "/dev/null": Path("/dev/null"), "directory": work, "sparse 1 GiB": sparse,
+            "symlink to a FIFO": link, "symlink loop": loop, "missing": work / "missing.json"}
+
+
+def fuzz_special_files(work: Path) -> list[Trial]:
+    """Every path a user gives (monitor/top config, profile, NEFF, capture input) as each special file."""
+    import traces
+    from monitor.config import ConfigError, load_config
+    from neuron_stack.isa.neff import NeffError
+    from neuron_stack.isa.neff import load as load_neff
+    from neuron_stack.tools.capture import CaptureError, read_input
+    from traces.errors import TraceError
+
+    readers = {"monitor/top config (-c)": (load_config, (ConfigError,)),
+               "profile (traces.open)": (traces.open, (TraceError,)),
+               "NEFF (load)": (load_neff, (NeffError,)),
+               "capture input (NAME file.npy)": (lambda p: read_input("x", str(p), ((2,), "float32")),
+                                                 (CaptureError,))}
+    tally = Tally("special files as paths")
+    for what, path in special_paths(work / "special").items():
+        for reader, (fn, allowed) in readers.items():
+            with memory_bound():
+                tally.check(lambda: fn(path), allowed, f"{reader} <- {what}")
+    return [tally.trial()]
+
+
+ENV_READERS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS", "NEURON_STACK_DIST_TIMEOUT")
+
+
+def fuzz_env_values(examples: int) -> list[Trial]:
+    """Huge ranges, long digit runs, non-ASCII digits and junk in every numeric/flag environment variable."""
+    from neuron_stack.frontend.flags import FlagError, parse_flags
+    from neuron_stack.runtime import cores, distributed
+
+    def read(name: str, value: str):
+        os.environ[name] = value
+        try:
+            if name == "NEURON_RT_VISIBLE_CORES":
+                cores.parse_core_list(value, 32)
+            elif name == "NEURON_RT_NUM_CORES":
+                cores._env_num_cores()
+            elif name == "NEURON_CC_FLAGS":
+                parse_flags()
+            else:
+                distributed._env_timeout()
+        finally:
+            del os.environ[name]
+
+    digits = st.text("0123456789٣²０", min_size=1, max_size=12)
+    huge = st.integers(0, 5000).map(lambda n: "9" * n)
+    value = st.one_of(
+        st.tuples(digits, huge).map(lambda t: f"{t[0]}-{t[1]}"),
+        st.tuples(digits, digits).map(lambda t: f"{t[0]}-{t[1]}"),
+        st.lists(digits, max_size=50).map(",".join),
+        huge, digits, st.text(max_size=40),
+        st.sampled_from(['"unbalanced', "'", "--target 'trn1", "inf", "nan", "-1", "1e309", "0-100000000",
+                         "1," * 4000, "0-" + "9" * 100_000]))
+    tally = Tally("huge and odd environment values")
+
+    @_settings(examples)
+    @given(st.sampled_from(ENV_READERS), value)
+    def case(name, val):
+        with memory_bound():
+            tally.check(lambda: read(name, val.replace("\x00", "")),
+                        (cores.CoreAllocationError, FlagError, distributed.DistributedError),
+                        f"{name}={val[:40]!r}")
+
+    case()
+    return [tally.trial()]
+
+
+def fuzz_console_bytes(loaded, examples: int) -> list[Trial]:
+    """Byte-heavy SELECTs in the Explorer console: every answer stays within the byte caps."""
+    from explorer import data
+    from traces.console import MAX_CELL_BYTES, MAX_RESULT_BYTES, RefusedQuery
+
+    tally = Tally("byte-heavy console SQL")
+    templates = ["SELECT repeat('x', {n}) AS s FROM range({m})",
+                 "SELECT string_agg(repeat('x', {n}), ',') AS s FROM range({m})",
+                 "SELECT list(repeat('y', {n})) AS l FROM range({m})",
+                 "SELECT repeat('é', {n}) AS a, repeat('b', {n}) AS a, {m} AS n FROM range({m})",
+                 "SELECT CAST(repeat('z', {n}) AS BLOB) AS b FROM range({m})",
+                 "SELECT {{'k': repeat('v', {n})}} AS s FROM range({m})"]
+
+    def run(sql: str) -> None:
+        res = data.run_console(loaded, sql)
+        size = sum(len(str(v).encode()) for r in res["rows"] for v in r.values())
+        cells = max((len(str(v).encode()) for r in res["rows"] for v in r.values()), default=0)
+        if size > MAX_RESULT_BYTES + MAX_CELL_BYTES * len(res["columns"]) or cells > 2 * MAX_CELL_BYTES + 16:
+            raise AssertionError(f"answer of {size} bytes (largest cell {cells})")
+
+    @_settings(examples)
+    @given(st.sampled_from(templates), st.integers(0, 200_000), st.integers(0, 3000))
+    def case(template, n, m):
+        sql = template.format(n=n, m=m)
+        with memory_bound(2 << 30):
+            tally.check(lambda: run(sql), (RefusedQuery, data.ExplorerError), sql)
+
+    case()
+    return [tally.trial()]

@@ -97,3 +97,23 @@ def test_rel4_hostile_browser(tmp_path, small_profile, count):
     profile = tmp_path / small_profile.parent.name / "profile.duckdb"
     shutil.copytree(small_profile.parent, profile.parent)
     _check(harness.hostile_browser(tmp_path, profile, harness.base_env(tmp_path), rounds=count("browser")))
+
+
+def test_rel3_special_files_for_every_path_argument(tmp_path):
+    import fuzz
+    _check(fuzz.fuzz_special_files(tmp_path))
+
+
+def test_rel3_huge_values_in_every_environment_variable(count):
+    import fuzz
+    _check(fuzz.fuzz_env_values(count("fuzz")))
+
+
+def test_rel3_byte_heavy_console_sql(small_profile, count):
+    import fuzz
+    from explorer import data
+    reg = data.Registry([small_profile])
+    try:
+        _check(fuzz.fuzz_console_bytes(reg.get(reg.default_key()), count("fuzz")))
+    finally:
+        reg.close()

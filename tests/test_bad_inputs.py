@@ -1,0 +1,115 @@
+"""Issue 15's bad inputs, each driven as a user types it: one clear line, a non-zero exit, bounded memory.
+
+Memory is bounded with RLIMIT_AS on the child (the monitor and top do not import torch, so 2 GiB of
+address space is plenty; /dev/zero used to grow past 4 GB). Hangs are caught by a generous timeout,
+not by asserting a duration.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODELS = str(ROOT / "sample_workloads" / "models.py")
+AS_LIMIT = 2 << 30
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
+
+
+def run(cmd, env=None, limit=True, timeout=120, cwd=None):
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd,
+                          preexec_fn=_limit_memory if limit else None, stdin=subprocess.DEVNULL)
+
+
+def one_error_line(r, prog: str, needle: str) -> None:
+    assert r.returncode != 0, r.stdout[-500:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:") and needle in lines[0], r.stderr[-2000:]
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "config.fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("prog,extra", [("neuron-monitor", ["--once"]), ("neuron-top", [])])
+def test_special_files_as_config(prog, extra, fifo, tmp_path):
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (2 << 20))
+    for path, needle in [("/dev/zero", "is a character device"), (fifo, "is a FIFO"),
+                         (tmp_path, "is a directory"), (big, "is larger than")]:
+        r = run([str(BIN / prog), "-c", str(path), *extra])
+        one_error_line(r, prog, needle)
+        assert "-c" in r.stderr   # names the argument to fix
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("0-100000000", "names core 32 but this instance has cores 0-31"),
+    ("0-99999999999999999999", "names core 32"),
+    ("٣", "malformed"),            # Arabic-Indic three: str.isdigit() says yes, a core list says no
+    ("1,²", "malformed"),
+    ("0x16", "malformed"),
+])
+def test_visible_cores_bad_values(value, needle, tmp_path):
+    code = ("import sys\nfrom neuron_stack.runtime.cores import acquire, CoreAllocationError\n"
+            "try:\n    acquire('trn1')\nexcept CoreAllocationError as e:\n    sys.exit(f'error: {e}')\n")
+    r = run([sys.executable, "-c", code], env={"NEURON_RT_VISIBLE_CORES": value,
+                                               "NEURON_STACK_RUNTIME_DIR": str(tmp_path)})
+    assert r.returncode == 1 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
+
+
+def test_parse_core_list_never_expands_a_huge_range():
+    from neuron_stack.runtime.cores import CoreAllocationError, parse_core_list
+    assert parse_core_list("0-2,5", 32) == [0, 1, 2, 5]
+    with pytest.raises(CoreAllocationError, match="names core 32"):
+        parse_core_list("0-" + "9" * 4000, 32)
+    with pytest.raises(CoreAllocationError, match="characters long"):
+        parse_core_list("1," * 5000, 32)
+
+
+def test_neuron_cc_flags_unbalanced_quote(tmp_path):
+    r = run([str(BIN / "neuron-cc"), "compile", f"{MODELS}:MLP", "--input-shapes", "2x64",
+             "-o", str(tmp_path / "m.neff")], env={"NEURON_CC_FLAGS": '"unbalanced'}, limit=False, cwd=tmp_path)
+    one_error_line(r, "neuron-cc", "NEURON_CC_FLAGS")
+    assert "balance its quotes" in r.stderr
+
+
+@pytest.mark.parametrize("shape,needle", [
+    ("2x3", "could not capture MLP"),          # wrong features: torch's fake-tensor log stays quiet
+    ("0x16", "every dimension must be 1 or more"),
+    ("2x", "bad input shape '2x'"),
+    ("２x64", "bad input shape"),               # full-width digit
+])
+def test_neuron_cc_bad_input_shapes(shape, needle, tmp_path):
+    r = run([str(BIN / "neuron-cc"), "compile", f"{MODELS}:MLP", "--input-shapes", shape,
+             "-o", str(tmp_path / "m.neff")], limit=False, cwd=tmp_path)
+    one_error_line(r, "neuron-cc", needle)
+
+
+def test_inspect_of_a_killed_workload_exits_137(tmp_path):
+    r = run([str(BIN / "neuron-explorer"), "inspect", "-o", str(tmp_path), "--", "/bin/sh", "-c", "kill -9 $$"])
+    assert r.returncode == 137, r.stderr
+    assert "killed by SIGKILL" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_instance_id_for_ls_and_monitor(tmp_path):
+    import json
+    env = {"NEURON_STACK_RUNTIME_DIR": str(tmp_path)}
+    ls = run([str(BIN / "neuron-ls")], env=env)
+    mon = run([str(BIN / "neuron-monitor"), "--once"], env=env)
+    assert ls.returncode == 0 and mon.returncode == 0, ls.stderr + mon.stderr
+    ls_id = next(line.split(": ", 1)[1] for line in ls.stdout.splitlines() if line.startswith("instance-id:"))
+    doc = json.loads(mon.stdout.strip().splitlines()[-1])
+    assert ls_id == doc["instance_info"]["instance_id"]
+    assert ls_id.startswith("i-") and len(ls_id) == 19
