@@ -143,7 +143,7 @@ def test_visible_cores_errors_are_one_line(rtdir, monkeypatch, value, message):
 
 def test_bad_num_cores_and_instance_type(rtdir, monkeypatch):
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "two")
-    with pytest.raises(cores.CoreAllocationError, match="NEURON_RT_NUM_CORES='two' is not a number"):
+    with pytest.raises(cores.CoreAllocationError, match="NEURON_RT_NUM_CORES='two' is not a core count"):
         cores.acquire("trn1")
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "33")
     with pytest.raises(cores.CoreAllocationError, match=r"Requested:33 Available:32"):
