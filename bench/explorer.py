@@ -42,9 +42,9 @@ def main() -> int:
         traces.finalize(out)
     build_s = time.perf_counter() - t
 
-    from explorer import data
     from plotly.utils import PlotlyJSONEncoder
 
+    from explorer import data
     from explorer.figures import timeline_figure
 
     t = time.perf_counter()

@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from neuron_stack.device.cost import dma_efficiency  # noqa: E402
-from neuron_stack.device.profiles import get_profile  # noqa: E402
-from neuron_stack.frontend.export import capture  # noqa: E402
 from neuron_stack.compiler.fuse import fuse  # noqa: E402
 from neuron_stack.compiler.legalize import legalize  # noqa: E402
 from neuron_stack.compiler.partition import partition  # noqa: E402
 from neuron_stack.compiler.schedule import build_schedule  # noqa: E402
+from neuron_stack.device.cost import dma_efficiency  # noqa: E402
+from neuron_stack.device.profiles import get_profile  # noqa: E402
+from neuron_stack.frontend.export import capture  # noqa: E402
 
 
 class LhsTMatmul(torch.nn.Module):
@@ -133,6 +133,7 @@ def published_report(targets, quick: bool, json_path: str | None) -> int:
     """``--published``: the NKI guide's curves, then the §2.12 Llama rows (``--quick``: the three
     Llama-3-8B rows with 128 input tokens), each with its ratio and roofline, and the summary."""
     import json
+
     import published
     print("Calibration report (issue 18): projected / published. Device constants and their sources:")
     for name in targets:

@@ -86,7 +86,7 @@ def run(rows: int, work: Path) -> int:
     t_raw = raw_ctas()
     # the same with the setting finalise uses for its instruction load, for an honest comparison
     t_raw_unordered = raw_ctas("SET preserve_insertion_order = false")
-    del table
+    table = None   # free the raw rows before the writer's run (raw_ctas is not called again)
 
     out = work / "session"
     t = time.perf_counter()

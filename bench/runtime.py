@@ -108,8 +108,9 @@ def profiling_case(args) -> None:
 def _profiling_child(args) -> None:
     import shutil
 
-    import traces
     from torch.profiler import ProfilerActivity, profile
+
+    import traces
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -42,8 +42,8 @@ from tensor_parallel import Block, shard  # noqa: E402
 
 import neuron_stack  # noqa: E402
 from neuron_stack.device import clock  # noqa: E402
-from neuron_stack.runtime.cores import get_instance  # noqa: E402
 from neuron_stack.parallel import DataParallel, TensorParallel  # noqa: E402
+from neuron_stack.runtime.cores import get_instance  # noqa: E402
 
 
 def timed_call(fn, x) -> tuple[int, int]:

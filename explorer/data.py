@@ -19,8 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.profiles import (  # noqa: F401  (the pages reach them through here)
-    Entry, ExplorerError, Loaded, Registry, _one_line, _plain, parse_int, parse_selection, registry, resolve,
-    set_registry)
+    Entry,
+    ExplorerError,
+    Loaded,
+    Registry,
+    _one_line,
+    _plain,
+    parse_int,
+    parse_selection,
+    registry,
+    resolve,
+    set_registry,
+)
 from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError

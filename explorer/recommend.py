@@ -11,8 +11,8 @@ Summary rules where one exists (reference §3.6: spill reload > 25% of HBM reads
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from explorer import data
 

@@ -225,8 +225,13 @@ def run(argv=None) -> int:
         raise ValueError("HTTPS needs both --cert-file and --key-file")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"port {args.port} is out of range: use 0..65535")
-    from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client import gc_collector, platform_collector, process_collector
+    from prometheus_client import (
+        CollectorRegistry,
+        gc_collector,
+        platform_collector,
+        process_collector,
+        start_http_server,
+    )
 
     registry = CollectorRegistry()
     # Like the real script (default registry): the exporter's own process/python metrics too.

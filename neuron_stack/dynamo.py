@@ -25,13 +25,12 @@ import os
 import re
 import sys
 import threading
-import types
 import time
+import types
 
 import torch
 import torch._dynamo
 import torch._guards
-
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._guards import CompileContext
@@ -40,7 +39,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from neuron_stack.api import caller_source
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
-from neuron_stack.frontend.export import is_user_file, graph_to_program
+from neuron_stack.frontend.export import graph_to_program, is_user_file
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Source
 from neuron_stack.runtime.model import LoadedModel

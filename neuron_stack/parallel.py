@@ -20,8 +20,8 @@ torch.Size([4, 4])
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree

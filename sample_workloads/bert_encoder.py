@@ -6,10 +6,10 @@ a helper function in models.py, so its ops point at that file's lines. With --au
 matmuls take bf16 inputs with fp32 accumulation and the output stays within 1e-2 relative norm.
 """
 import torch
-
-import neuron_stack
 from common import check, explain, finish, parser
 from models import BertEncoder
+
+import neuron_stack
 
 
 def main() -> None:

@@ -5,10 +5,10 @@ Vector engine, ReLU to Scalar-engine epilogues. The compiled model's logits are 
 PyTorch; the compile log (printed with --verbose) shows every lowering and fusion decision.
 """
 import torch
-
-import neuron_stack
 from common import check, explain, finish, parser
 from models import CNN
+
+import neuron_stack
 
 
 def main() -> None:

@@ -11,12 +11,12 @@ import argparse
 import sys
 
 import torch
+from common import check
 
 import neuron_stack
-from common import check
 from neuron_stack.device import clock
-from neuron_stack.runtime.cores import get_instance
 from neuron_stack.parallel import DataParallel
+from neuron_stack.runtime.cores import get_instance
 
 
 def main() -> int:

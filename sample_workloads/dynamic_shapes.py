@@ -10,9 +10,9 @@ the padded positions are ignored and the real positions match eager PyTorch.
 import time
 
 import torch
-
 from common import check, explain, finish, parser
 from models import BertEncoder
+
 from neuron_stack.dynamo import compile_events
 
 

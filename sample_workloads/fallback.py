@@ -12,10 +12,10 @@ and count for the boolean mask): same numbers, no CPU island.
 import os
 
 import torch
-
-import neuron_stack
 from common import check, explain, finish, parser
 from models import Ranker
+
+import neuron_stack
 
 
 class StaticRanker(Ranker):

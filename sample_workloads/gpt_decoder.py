@@ -5,10 +5,10 @@ LM head tied to the token embedding. The logits for every position are compared 
 PyTorch, and the greedy next token of each sequence must agree.
 """
 import torch
-
-import neuron_stack
 from common import check, explain, finish, parser
 from models import GPTDecoder
+
+import neuron_stack
 
 
 def main() -> None:

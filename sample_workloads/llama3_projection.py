@@ -13,7 +13,6 @@ executing anything, and a profile of this run (neuron-explorer inspect) says num
 import argparse
 
 import torch
-
 from common import explain
 
 

@@ -14,10 +14,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-
-import neuron_stack.dynamo  # noqa: E402  (compile_events: the graphs the backend compiled)
 from common import explain, finish, parser  # noqa: E402
 from llama_generate_trace import tiny_llama  # noqa: E402
+
+import neuron_stack.dynamo  # noqa: E402  (compile_events: the graphs the backend compiled)
 
 
 def main() -> None:

@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from common import check, explain, finish, parser  # noqa: E402
 
 import neuron_stack  # noqa: E402
-from common import check, explain, finish, parser  # noqa: E402
 
 
 def tiny_llama(small: bool) -> transformers.LlamaForCausalLM:

@@ -7,10 +7,10 @@ epilogues) and run by the runtime. The outputs are compared with eager PyTorch. 
 device instruction.
 """
 import torch
-
-import neuron_stack
 from common import check, explain, finish, parser
 from models import MLP
+
+import neuron_stack
 
 
 def main() -> None:

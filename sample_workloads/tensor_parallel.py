@@ -14,9 +14,9 @@ import math
 import sys
 
 import torch
+from common import check
 from torch import nn
 
-from common import check
 from neuron_stack.parallel import Stage, TensorParallel, column_parallel, row_parallel
 
 

@@ -9,7 +9,6 @@ import copy
 
 import torch
 import torch.nn.functional as F
-
 from common import check, explain, finish, parser
 from models import MLP
 

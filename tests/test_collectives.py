@@ -4,8 +4,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from neuron_stack.runtime.collectives import Group, plan, synchronise
 from neuron_stack.device.profiles import get_profile
+from neuron_stack.runtime.collectives import Group, plan, synchronise
 
 TRN1 = get_profile("trn1")
 

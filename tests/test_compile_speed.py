@@ -76,7 +76,7 @@ def test_pass_times_in_log_stats_and_profile(cache, tmp_path, monkeypatch):
     out = tmp_path / "profile"
     monkeypatch.setenv("NEURON_RT_INSPECT_ENABLE", "1")
     monkeypatch.setenv("NEURON_RT_INSPECT_OUTPUT_DIR", str(out))
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import torch, neuron_stack
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()).eval()

@@ -11,14 +11,15 @@ sys.path.insert(0, str(ROOT / "sample_workloads"))
 
 from neuron_stack import PartitionerConfig  # noqa: E402
 from neuron_stack.compiler.driver import compile_program  # noqa: E402
-from neuron_stack.frontend.flags import parse_flags  # noqa: E402
 from neuron_stack.frontend.export import capture  # noqa: E402
+from neuron_stack.frontend.flags import parse_flags  # noqa: E402
 from neuron_stack.runtime.model import LoadedModel  # noqa: E402
 
 
 def test_lowering_failure_is_loud_and_marks_the_graph_roofline(monkeypatch, capfd):
-    import neuron_stack.compiler.schedule as schedule
     from models import Ranker
+
+    import neuron_stack.compiler.schedule as schedule
 
     real = schedule.build_schedule
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from dash._callback_context import context_value
 from dash._utils import AttributeDict
-
-from explorer import data, profiles
-from explorer.app import create_app
 from test_explorer_profiles import make_profile
+
+from explorer import data
+from explorer import profiles as profile_registry
+from explorer.app import create_app
 
 EXE = Path(sys.executable).parent / "neuron-explorer"
 
@@ -227,7 +228,7 @@ def test_exp212_real_inspect_run_finds_the_recompile_reason(tmp_path):
             text = str(importlib.import_module(f"explorer.pages.{page}").layout(profile=key))
             assert "error-box" not in text, (page, text[:300])
     finally:
-        profiles._REGISTRY = old
+        profile_registry._REGISTRY = old
         reg.close()
 
 

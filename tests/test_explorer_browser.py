@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_explorer_profiles import make_profile
 
 from explorer import data
 from explorer.app import create_app
-from test_explorer_profiles import make_profile
 
 CHROMIUM = "/usr/bin/chromium"
 IMG = Path(os.environ.get("NEURON_STACK_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="explorer-shots-"))

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from test_explorer_profiles import MODEL_FILE, make_profile
 
 from explorer import data, recommend
-from test_explorer_profiles import MODEL_FILE, make_profile
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from test_explorer_profiles import make_profile
 
 from explorer import data, profiles
 from explorer.app import create_app
-from test_explorer_profiles import make_profile
 from traces.console import RefusedQuery
 
 HOSTILE = [

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_explorer_profiles import make_profile
 
 import traces
 from explorer import data
 from monitor.replay import Replay
-from test_explorer_profiles import make_profile
 from top.snapshot import Totals, build_snapshot
 from traces.query import Profile
 from traces.synthetic import write_run

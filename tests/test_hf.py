@@ -11,7 +11,6 @@ transformers = pytest.importorskip("transformers")
 import neuron_stack  # noqa: E402
 
 
-
 def bert():
     cfg = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=128, max_position_embeddings=32)

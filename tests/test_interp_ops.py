@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.export import capture
 from neuron_stack.compiler.fuse import fuse
-from neuron_stack.isa.interp import InterpError, run, run_program
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
 from neuron_stack.compiler.schedule import build_schedule, build_schedules
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
+from neuron_stack.isa.interp import InterpError, run, run_program
 
 
 class F(torch.nn.Module):

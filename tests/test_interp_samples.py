@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.frontend.export import capture
 from neuron_stack.compiler.fuse import fuse
-from neuron_stack.compiler.schedule import build_schedules
-from neuron_stack.isa.interp import run_program
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.schedule import build_schedules
+from neuron_stack.frontend.export import capture
+from neuron_stack.isa.interp import run_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_workloads import models  # noqa: E402

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 import neuron_stack.compiler.lower.lowerer as lower_mod
+from neuron_stack.compiler.fuse import fuse
+from neuron_stack.compiler.legalize import legalize
+from neuron_stack.compiler.lower.resident import Resident, row_tiling, translate
+from neuron_stack.compiler.partition import partition
+from neuron_stack.compiler.schedule import build_schedule
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
-from neuron_stack.compiler.fuse import fuse
 from neuron_stack.isa.interp import run_program
-from neuron_stack.compiler.legalize import legalize
-from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.lower.resident import row_tiling, translate, Resident
-from neuron_stack.compiler.schedule import build_schedule
 
 _G = torch.Generator().manual_seed(3)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from test_monitor import Stream, runtimes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from test_explorer_profiles import build_tables, write_profile
 
 from explorer import data, recommend
-from test_explorer_profiles import build_tables, write_profile
 
 EXE = Path(sys.executable).parent / "neuron-explorer"
 

@@ -3,11 +3,11 @@ transfers meanwhile), so many 4 KiB-per-partition loads run near peak while smal
 overhead-bound, and a lone transfer still takes fixed + bytes / rate (DMA guide, reference §5.4)."""
 import pytest
 
-from neuron_stack.device.profiles import get_profile
-from neuron_stack.ir import Program
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.tiles import Lowered, Pool
 from neuron_stack.compiler.schedule import schedule_lowered
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.ir import Program
 
 
 def _loads(p, per_partition: int, transfers: int, slots: int):

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.export import capture
 from neuron_stack.compiler.fuse import fuse
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.lower import lower
 from neuron_stack.compiler.partition import partition
 from neuron_stack.compiler.schedule import Schedule, build_schedule, schedule_lowered
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.frontend.export import capture
 
 
 class Block(torch.nn.Module):

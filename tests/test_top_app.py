@@ -451,7 +451,8 @@ LEAVES = list(_leaves(TWO_APPS))
 def test_any_snapshot_that_builds_also_renders_at_any_width():
     """Foreign or hand-edited documents: either the worker reports them as an error, or every panel
     renders them (NaN, negatives, huge numbers, wrong types), so the UI thread never fails."""
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from top import render
     from top.render import ViewState

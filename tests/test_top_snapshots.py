@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from test_top_app import TWO_APPS, repeating
+
 from top.app import NeuronTop, version
 
 SNAPSHOTS = Path(__file__).parent / "top_snapshots"

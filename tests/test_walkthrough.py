@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from test_explorer_browser import ARGS as BROWSER_ARGS, CHROMIUM   # the Explorer browser tests' launch
+from test_explorer_browser import ARGS as BROWSER_ARGS  # the Explorer browser tests' launch
+from test_explorer_browser import CHROMIUM
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "walkthrough.md"

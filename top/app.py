@@ -45,7 +45,8 @@ TALL_ROWS = 40       # below this the layout is compacted
 @functools.cache
 def version() -> str:
     """The installed neuron-stack version (what the title bar shows)."""
-    from importlib.metadata import PackageNotFoundError, version as pkg_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as pkg_version
     try:
         return pkg_version("neuron-stack")
     except PackageNotFoundError:

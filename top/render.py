@@ -17,8 +17,16 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from top.snapshot import (DEVICE_CATEGORIES, ENGINES, HOST_CATEGORIES, AppView, MemoryNode,
-                          ProcessView, Snapshot, human_bytes)
+from top.snapshot import (
+    DEVICE_CATEGORIES,
+    ENGINES,
+    HOST_CATEGORIES,
+    AppView,
+    MemoryNode,
+    ProcessView,
+    Snapshot,
+    human_bytes,
+)
 
 NO_PROCESS_MESSAGE = "No Neuron processes found — waiting…"
 _PARTIAL = " ▏▎▍▌▋▊▉"

@@ -5,7 +5,7 @@ True
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.screen import ModalScreen

@@ -274,11 +274,10 @@ def sql_cmd(args: argparse.Namespace) -> int:
 
 
 def _print_table(result, max_rows: int, output: Path | None) -> int:
+    import pyarrow.types as pat
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
-
-    import pyarrow.types as pat
 
     table = Table(show_header=True, header_style="bold", show_lines=False)
     for field in result.schema:

@@ -27,10 +27,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces.errors import TraceError
-from traces.schema import SCHEMA_VERSION, TABLES
 from traces.intervals import lod_pyramid, union_active, valid_intervals
+from traces.schema import SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
-from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
+from traces.vocab import (
+    CONCURRENT_ENGINES,
+    DEVICE_ENGINES,
+    ENGINES,
+    FALLBACK_PLACEMENT,
+    SUMMARY_ENGINE_PREFIX,
+)
 
 log = logging.getLogger("traces")
 
@@ -130,7 +136,7 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
                          "skipped_segments": ",".join(skipped),
                          "summary_includes_warmup": str(bool(include_warmup)).lower(),
-                         "finalized_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+                         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")})
         instructions = _time_ordered(loaded.pop("instructions"))
         # numpy work on the Arrow rows runs on a thread while DuckDB loads them (both release the GIL)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)

@@ -8,7 +8,6 @@ from explorer import data, ui
 from explorer.figures import fmt_ns
 
 
-
 def _delta(ns):
     cls = "delta-up" if ns > 0 else "delta-down" if ns < 0 else ""
     return html.Span(("+" if ns > 0 else "") + fmt_ns(ns), className=cls)

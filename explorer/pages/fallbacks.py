@@ -7,7 +7,6 @@ from explorer import data, ui
 from explorer.figures import fmt_ns
 
 
-
 @ui.guarded
 def layout(profile=None, **_):
     key = ui.profile_key(profile)

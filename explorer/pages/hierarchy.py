@@ -10,7 +10,6 @@ from explorer import data, ui
 from explorer.figures import fmt_ns, icicle_figure
 
 
-
 @ui.guarded
 def layout(profile=None, **_):
     key = ui.profile_key(profile)

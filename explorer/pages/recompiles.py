@@ -8,7 +8,6 @@ from explorer import data, ui
 from explorer.figures import fmt_ns
 
 
-
 def _shape(shape, changed):
     if shape is None:
         return html.Span("(new input)")

@@ -11,7 +11,6 @@ from dash import ALL, Input, Output, State, callback, ctx, dcc, html
 from explorer import data, ui
 from explorer.figures import fmt_ns, timeline_figure
 
-
 MAX_LINES = 5000
 
 

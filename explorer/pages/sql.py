@@ -9,7 +9,6 @@ from dash import Input, Output, State, callback, dcc, html
 from explorer import data, ui
 from traces.console import EXAMPLE_QUERIES, RefusedQuery
 
-
 EXAMPLES = EXAMPLE_QUERIES
 
 

@@ -7,7 +7,6 @@ from dash import dcc, html
 from explorer import data, recommend, ui
 from explorer.figures import engine_bars, fmt_bytes, fmt_ns
 
-
 PAGE_FOR = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks", "source": "/source",
             "hierarchy": "/hierarchy"}
 

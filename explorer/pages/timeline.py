@@ -14,7 +14,6 @@ from explorer import data, ui
 from explorer.figures import fmt_ns, timeline_figure
 from traces.vocab import ENGINES
 
-
 GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
                 "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "toImage"]}
 

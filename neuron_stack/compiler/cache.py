@@ -25,8 +25,8 @@ import os
 import shutil
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from neuron_stack.compiler.hooks import recording
 from neuron_stack.compiler.version import compiler_version

@@ -37,7 +37,7 @@ def _flops(n: Node) -> int:
     out = n.outputs[0].numel if n.outputs and -1 not in n.outputs[0].shape else 0
     ins = [s for s in n.inputs if -1 not in s.shape]
     if n.op_class == "matmul" and len(ins) >= 2:
-        a, b = ins[-2], ins[-1]             # addmm(bias, a, b), mm(a, b), bmm(a, b)
+        a = ins[-2]                          # addmm(bias, a, b), mm(a, b), bmm(a, b)
         k = a.shape[-1] if a.shape else 1
         return 2 * out * k
     if n.op_class == "conv" and len(ins) >= 2 and n.target.startswith("aten.convolution.default"):

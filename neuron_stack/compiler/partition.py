@@ -17,7 +17,8 @@ CPU island is a host<->device transfer (``transfers``) the runtime charges over 
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from neuron_stack.compiler.legalize import nbytes
 from neuron_stack.ir import Partition, Program, Transfer

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import shlex
-from typing import Iterable
+from collections.abc import Iterable
 
 #: Flags that change the compiled artifact, hence the cache key (defaults as neuronx-cc documents them).
 DEFAULTS = {"target": "trn1", "optlevel": 2, "auto_cast": "none", "auto_cast_type": "bf16",

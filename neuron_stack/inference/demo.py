@@ -108,10 +108,10 @@ def load_model(args, nc, out=print):
 def run(args) -> int:
     import torch
 
+    from neuron_stack.llm.configs import load_config
+
     from .benchmark import benchmark_sampling
     from .tokenizer import ByteTokenizer
-
-    from neuron_stack.llm.configs import load_config
 
     nc = neuron_config(args)
     if _projection_mode(args, nc):

@@ -19,10 +19,9 @@ import signal
 import zipfile
 from pathlib import Path
 
+from harness import Trial
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from harness import Trial
 
 #: Longest any single input may take before it counts as a hang.
 TIME_BOUND_S = 20.0

@@ -669,7 +669,7 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
                 results.append(Trial(f"hostile browser: profile key {k[:30]!r}", ok, "" if ok else f"HTTP {status}"))
             for path in ["/../../../etc/passwd", "/assets/../../../../etc/passwd", "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
                          "/_dash-component-suites/../../../etc/passwd", "/_dash-component-suites/dash/../../../../etc/passwd",
-                         f"/{profile}", "/profile.duckdb", f"/timeline?profile=../../etc&start=-1&end=1e400&sel=line:x",
+                         f"/{profile}", "/profile.duckdb", "/timeline?profile=../../etc&start=-1&end=1e400&sel=line:x",
                          f"/source?profile={key}&file=/etc/passwd", f"/source?profile={key}&file=-1",
                          f"/timeline?profile={key}&start={'9' * 5000}", "/?" + "a=b&" * 20000]:
                 status, data = _http(base + path)

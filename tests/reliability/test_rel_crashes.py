@@ -1,9 +1,8 @@
 """Reliability battery 1, 5, 7: SIGKILL mid-run, races for cores, full disks and read-only directories."""
 from __future__ import annotations
 
-import pytest
-
 import harness
+import pytest
 from harness import Trial, failures
 
 

@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import harness
+import pytest
 from harness import failures
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +47,7 @@ def test_rel3_fuzzed_neffs_are_refused_in_one_line(tmp_path, count, neff_file, m
 
 def test_rel3_fuzzed_profiles_and_segments(tmp_path, count, caplog):
     import fuzz
+
     import traces
     from traces import synthetic
     caplog.set_level(logging.ERROR, logger="traces")   # skipped-segment warnings are expected here
@@ -64,6 +64,7 @@ def test_rel3_fuzzed_monitor_configs(tmp_path, count):
 
 def test_rel3_fuzzed_explorer_requests(tmp_path, count, small_profile, caplog):
     import fuzz
+
     from explorer import data
     from explorer.app import create_app
     caplog.set_level(logging.ERROR, logger="explorer")   # each refusal logs one warning line
@@ -111,6 +112,7 @@ def test_rel3_huge_values_in_every_environment_variable(count):
 
 def test_rel3_byte_heavy_console_sql(small_profile, count):
     import fuzz
+
     from explorer import data
     reg = data.Registry([small_profile])
     try:

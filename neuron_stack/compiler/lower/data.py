@@ -177,11 +177,9 @@ def lower_iota(low: Lowerer, n: Node) -> None:
     """arange: GpSimd IOTA into SBUF tiles, stored with DMA."""
     spec = n.outputs[0]
     args = [a for a in n.args]
-    start, end, step = 0, None, 1
-    if len(args) == 1:
-        end = args[0]
-    elif len(args) >= 2:
-        start, end = args[0], args[1]
+    start, step = 0, 1      # arange(end) | arange(start, end[, step]); the length comes from the output shape
+    if len(args) >= 2:
+        start = args[0]
         step = args[2] if len(args) > 2 else n.kwargs.get("step", 1)
     step = n.kwargs.get("step", step)
     N = spec.shape[0] if spec.shape else 1

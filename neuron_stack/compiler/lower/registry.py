@@ -13,8 +13,9 @@ registered with neither). Registering the same key twice is an error.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 #: ``(lowerer, node) -> None``: emits the node's instructions through the lowerer.
 LowerFn = Callable[[Any, Any], None]

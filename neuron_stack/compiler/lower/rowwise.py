@@ -86,7 +86,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     spill_bufs = []
     for br in boxes(tuple(rows), PMAX):
         P = math.prod(x for _, x in br) if rows else 1
-        st = small.tile(P, None)
+        small.tile(P, None)   # unused tile: kept so the pool's rotation (and so the schedule) is unchanged
         if kind in ("softmax", "log_softmax", "logsumexp"):
             m = small.tile(P, 1)
             if fits:
@@ -172,7 +172,6 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
             rstd = small.tile(P, 1)
             low.vec("TENSOR_SCALAR", n.name, rstd, [mv.cols(1, 1).op()], op0="add", scalar0=eps, op1="power",
                     scalar1=-0.5)
-            hshape = tuple(out_spec.shape)
             for ci, cb in enumerate(chunks):
                 xt = xts[ci] if fits else low.load(n.name, xv, br + cb, xin, split)
                 y = work.tile(P, xt.F)
