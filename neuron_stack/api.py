@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
 from neuron_stack.compiler.support import PartitionerConfig, analyze, check_partitioner_config, support_report
-from neuron_stack.frontend.export import capture, user_frame
+from neuron_stack.frontend.export import capture, register_model_pytrees, user_frame
 from neuron_stack.frontend.flags import DEFAULTS, parse_flags
 from neuron_stack.ir import Source
 from neuron_stack.isa.neff import Neff, NeffError
@@ -51,6 +51,18 @@ def caller_source() -> Source | None:
     return user_frame(frames)
 
 
+def _load_spec(text: str):
+    """A NEFF's input/output pytree spec; one naming a Hugging Face cache class (a KV cache captured as
+    inputs/outputs) needs transformers' pytree registration, which a fresh process has not done yet."""
+    try:
+        return pytree.treespec_loads(text)
+    except NotImplementedError as e:
+        if "transformers." not in str(e):
+            raise
+        register_model_pytrees(None, all_caches=True)
+        return pytree.treespec_loads(text)
+
+
 class NeuronModule(torch.nn.Module):
     """A compiled model on a simulated NeuronCore: CPU tensors in, CPU tensors out.
 
@@ -63,8 +75,8 @@ class NeuronModule(torch.nn.Module):
         self.neff = neff
         self.model = LoadedModel(neff, compile_info)
         specs = neff.program.io_specs or {}
-        self._in_spec = in_spec or (pytree.treespec_loads(specs["in"]) if "in" in specs else None)
-        self._out_spec = out_spec or (pytree.treespec_loads(specs["out"]) if "out" in specs else None)
+        self._in_spec = in_spec or (_load_spec(specs["in"]) if "in" in specs else None)
+        self._out_spec = out_spec or (_load_spec(specs["out"]) if "out" in specs else None)
         # The common call (positional tensors in, one tensor or a flat tuple out) skips pytree per call.
         n_in = len(self.model.input_specs)
         self._positional = self._in_spec is None or self._in_spec == pytree.tree_structure(((0,) * n_in, {}))

@@ -294,20 +294,22 @@ def decompositions(table=None) -> dict:
     return table
 
 
-def register_model_pytrees(model: Any) -> None:
+def register_model_pytrees(model: Any, all_caches: bool = False) -> None:
     """Register the pytree flatten of a Hugging Face model's cache classes (``DynamicCache``,
     ``StaticCache``...), so a KV cache is captured as what it is: tensor inputs and outputs.
 
     Uses transformers' own registration (``register_cache_pytrees_for_model``); a no-op for other
-    models. Example: ``register_model_pytrees(LlamaForCausalLM(cfg))``.
+    models. ``all_caches=True`` registers every transformers cache class without a model (loading a
+    saved NEFF whose input spec names one). Example: ``register_model_pytrees(LlamaForCausalLM(cfg))``.
     """
-    if not type(model).__module__.startswith("transformers."):
+    if not all_caches and not type(model).__module__.startswith("transformers."):
         return
     try:
         from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
     except ImportError:  # an older transformers: caches stay unregistered, export names the class
         return
-    register_cache_pytrees_for_model(model)
+    # without a model, transformers registers every Cache subclass (and no model-specific class)
+    register_cache_pytrees_for_model(object() if all_caches else model)
 
 
 def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):

@@ -38,6 +38,10 @@ def write_weights(z: zipfile.ZipFile, constants: dict[str, torch.Tensor]) -> tup
     with z.open(zipfile.ZipInfo(BIN), "w", force_zip64=True) as out:
         for name in sorted(constants):
             t = constants[name].detach().contiguous()
+            if t.is_meta:   # projection mode: a shape without bytes, loaded back on the meta device
+                entries.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                                "offset": offset, "nbytes": 0, "meta": True})
+                continue
             raw = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
             pad = -offset % ALIGN
             if pad:
@@ -81,6 +85,9 @@ def read_weights(fileobj, z: zipfile.ZipFile, index: bytes, digest: str) -> dict
         numel = 1
         for d in shape:
             numel *= d
+        if e.get("meta") is True and nb == 0 and all(d >= 0 for d in shape):
+            out[e["name"]] = torch.empty(shape, dtype=dtype, device="meta")
+            continue
         if numel * dtype.itemsize != nb:
             raise WeightsError(f"weights.json: {e['name']!r} has {nb} bytes for shape {shape}")
         out[e["name"]] = (torch.frombuffer(buf, dtype=dtype, count=numel, offset=off).view(shape) if numel
