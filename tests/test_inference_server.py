@@ -231,7 +231,8 @@ def test_monitor_and_top_show_serving(server):
         doc = Collector().collect()
         ours = [r for r in doc["neuron_runtime_data"] if r["pid"] == pid]
         serving = ours and ours[0]["report"]["neuron_stack"].get("serving")
-        if serving or time.monotonic() > deadline:
+        # the snapshot is published at most every 0.25 s: wait for the one after the request finished
+        if (serving and serving["num_requests_running"] == 0) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     assert (
