@@ -46,8 +46,8 @@ nm.model.close() if hasattr(nm.model, "close") else None
 del nm
 hit = neuron_stack.trace(m, ids)
 st = hit.model.compile_info["stages_s"]
-print(json.dumps({{"import_s": import_s, "load_s": load_s, "hit": hit.cache_hit, "hit_s": st["graph_hash"] + st["cache"],
-                  "stages": st}}))
+print(json.dumps({{"import_s": import_s, "load_s": load_s, "hit": hit.cache_hit,
+                  "hit_s": st["graph_hash"] + st["cache"], "stages": st}}))
 """
 
 

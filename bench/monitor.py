@@ -137,7 +137,8 @@ def main() -> None:
                 hit = [ts for ts, doc in lines[start:] for r in doc["neuron_runtime_data"]
                        if r["neuron_runtime_tag"] == "probe"
                        and ((r["report"].get("execution_stats") or {}).get("latency_stats") or {}).get("total_latency")
-                       and abs(r["report"]["execution_stats"]["latency_stats"]["total_latency"]["p100"] - marker) < 1e-6]
+                       and abs(r["report"]["execution_stats"]["latency_stats"]["total_latency"]["p100"]
+                               - marker) < 1e-6]
                 if hit:
                     delays.append(hit[0] - end)
                     break

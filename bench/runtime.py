@@ -149,9 +149,11 @@ def _profiling_child(args) -> None:
         rows = prof.sql("SELECT count(*) AS n FROM instructions").column("n")[0].as_py()
         nexec = prof.sql("SELECT count(*) AS n FROM executions").column("n")[0].as_py()
     per_exec = rows // max(1, nexec)
-    print(f"\nprofiling on (NEURON_RT_INSPECT_ENABLE=1), same model, {len(n)} reps, {torch.get_num_threads()} torch threads:")
+    print(f"\nprofiling on (NEURON_RT_INSPECT_ENABLE=1), same model, {len(n)} reps, "
+          f"{torch.get_num_threads()} torch threads:")
     print(f"eager PyTorch (no_grad)                  median {me * 1e3:8.2f} ms")
-    print(f"neuron_stack, per-instruction profiling  median {mn * 1e3:8.2f} ms   ratio {mn / me:5.2f}x  (target <= 1.5)")
+    print(f"neuron_stack, per-instruction profiling  median {mn * 1e3:8.2f} ms   ratio {mn / me:5.2f}x  "
+          "(target <= 1.5)")
     print(f"eager under torch.profiler(with_stack)   median {mt * 1e3:8.2f} ms   ratio {mt / me:5.2f}x  "
           f"(ours {'<=' if mn <= mt else '>'} torch.profiler)")
     print(f"instruction rows: {per_exec} per execution x {nexec} executions = {rows} rows; "

@@ -454,7 +454,8 @@ def source_view(L: Loaded, file: str) -> list[dict]:
     out = []
     for i, code in enumerate(text.splitlines(), start=1):
         t = per_line.get(i, {})
-        out.append({"line": i, "code": code, "device_ns": t.get("device_ns", 0), "instructions": t.get("instructions", 0),
+        out.append({"line": i, "code": code, "device_ns": t.get("device_ns", 0),
+                    "instructions": t.get("instructions", 0),
                     "host_ns": t.get("host_ns", 0), "source_id": t.get("source_id"), "ops": len(t.get("ops", []))})
     return out
 

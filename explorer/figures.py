@@ -168,7 +168,8 @@ def _lod_heat(fig, tl, ops, index, chosen):
                 ht.append(f"{n} selected instructions")
         fig.add_trace(dict(type="scatter", name="selection", x=hx, y=hy, mode="markers", hovertext=ht,
                            hovertemplate="%{hovertext}<extra></extra>",
-                           marker=dict(symbol="square", size=7, color=SELECT_GOLD, line=dict(color="#5a3d00", width=1))))
+                           marker=dict(symbol="square", size=7, color=SELECT_GOLD,
+                                       line=dict(color="#5a3d00", width=1))))
 
 
 def _span_bars(fig, tl, index):

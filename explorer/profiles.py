@@ -97,7 +97,8 @@ class Registry:
                     self._loaded[key] = Loaded(key, entry.path)
                 except Exception as exc:  # a bad profile must not take the server down
                     entry.error = _one_line(exc)
-                    raise ExplorerError(f"profile {key!r} ({entry.path.name}) cannot be opened: {entry.error}") from None
+                    raise ExplorerError(f"profile {key!r} ({entry.path.name}) cannot be opened: "
+                                        f"{entry.error}") from None
             return self._loaded[key]
 
     def close(self):

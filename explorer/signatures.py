@@ -85,7 +85,8 @@ def bucketing(family: list[dict]) -> dict | None:
     ``family``: graphs that are recompiles of one another (with ``input_signature``, ``executions``,
     ``compile_wall_ns``). The padding cost is the extra elements along that dimension, weighted by
     how often each shape ran.
-    >>> fam = [{"input_signature": f"x: float32[1, {n}]", "executions": 1, "compile_wall_ns": 10} for n in (5, 7, 9, 16)]
+    >>> fam = [{"input_signature": f"x: float32[1, {n}]", "executions": 1, "compile_wall_ns": 10}
+    ...        for n in (5, 7, 9, 16)]
     >>> s = bucketing(fam); (s["input"], s["dim"], s["buckets"], s["compiles_saved"])
     ('x', 1, [8, 16], 2)
     """

@@ -144,6 +144,7 @@ def _print_diff(c: dict) -> None:
         t = Table(key, "A", "B", "delta", "delta %", title=title)
         for r in c["by_line" if key == "line" else "by_op"]:
             pct = "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"
-            t.add_row(r[key], fmt_ns(r["a_ns"]), fmt_ns(r["b_ns"]), ("+" if r["delta_ns"] > 0 else "") + fmt_ns(r["delta_ns"]),
+            t.add_row(r[key], fmt_ns(r["a_ns"]), fmt_ns(r["b_ns"]),
+                      ("+" if r["delta_ns"] > 0 else "") + fmt_ns(r["delta_ns"]),
                       pct or (f"only in {r['only_in'].upper()}" if r["only_in"] else ""))
         console.print(t)

@@ -140,10 +140,12 @@ def run(argv=None) -> int:
             _emit(doc)
             sched.advance(due, now)
             _debug(v, 2, f"report: {len(doc['neuron_runtime_data'])} runtime(s), groups "
-                         f"{sorted('/'.join(map(str, k)) for k in due)}, {1000 * (time.process_time() - t0):.1f} ms CPU")
+                         f"{sorted('/'.join(map(str, k)) for k in due)}, "
+                         f"{1000 * (time.process_time() - t0):.1f} ms CPU")
             if v >= 4:
                 for rt in doc["neuron_runtime_data"]:
-                    _debug(v, 4, f"runtime pid={rt['pid']} tag={rt['neuron_runtime_tag']} groups={sorted(rt['report'])}")
+                    _debug(v, 4, f"runtime pid={rt['pid']} tag={rt['neuron_runtime_tag']} "
+                                 f"groups={sorted(rt['report'])}")
     except _Stop:
         for sig in _STOP_SIGNALS:  # a second signal must not interrupt the last line
             signal.signal(sig, signal.SIG_IGN)

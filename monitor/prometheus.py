@@ -208,7 +208,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="neuron-monitor-prometheus",
                 description="Serve neuron-monitor's JSON stream (read on stdin) as Prometheus metrics.")
-    p.add_argument("-p", "--port", type=int, default=8000, help="port to serve /metrics on (default 8000; 0 = any free)")
+    p.add_argument("-p", "--port", type=int, default=8000,
+                   help="port to serve /metrics on (default 8000; 0 = any free)")
     p.add_argument("--address", "--host", dest="address", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
     p.add_argument("--cert-file", help="TLS certificate (serve HTTPS; needs --key-file)")

@@ -302,8 +302,8 @@ class TensorParallel:
                     compute_free[ci] = end
                     partials.append(outs[0])
                     arrivals.append(end)
-                p = plan_collective(stage.collective, partials[0].numel(), str(partials[0].dtype).removeprefix("torch."),
-                                    group, prof)
+                p = plan_collective(stage.collective, partials[0].numel(),
+                                    str(partials[0].dtype).removeprefix("torch."), group, prof)
                 cc_start = max(max(arrivals), cc_free)
                 record_collective(self.session, p, self.cores, arrivals, cc_start, tag=stage.name)
                 cc_free = cc_start + p.dur_ns

@@ -25,7 +25,8 @@ def main() -> None:
         y = nm(x)
     with torch.no_grad():
         ok = check("mlp", y, model(x), args.auto_cast)
-    print(f"compiled {nm.neff.header['name']} for {nm.neff.target} (cache hit: {nm.cache_hit}), ran on NeuronCore {nm.model.core}")
+    print(f"compiled {nm.neff.header['name']} for {nm.neff.target} (cache hit: {nm.cache_hit}), "
+          f"ran on NeuronCore {nm.model.core}")
     finish(ok)
 
 

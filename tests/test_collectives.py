@@ -63,7 +63,8 @@ def test_instruction_rows_and_ccop_record():
                                 "replica_group")} == {
         "operation": "AllReduce", "algorithm": "ring", "num_elements": 4096, "dtype": "float32",
         "input_size": 16384, "output_size": 16384, "replica_group": [0, 1, 2, 3]}
-    assert rec["algorithm_bandwidth"] > 0 and rec["bus_bandwidth"] == pytest.approx(rec["algorithm_bandwidth"] * 1.5, rel=1e-3)
+    assert (rec["algorithm_bandwidth"] > 0
+            and rec["bus_bandwidth"] == pytest.approx(rec["algorithm_bandwidth"] * 1.5, rel=1e-3))
 
 
 def test_synchronise_waits_for_the_straggler():

@@ -97,9 +97,11 @@ def build_tables(iterations: int = 3, cores: int = 2, tiles: int = 2, seqs=SEQS,
             op_ids[name] = op_id
             ops.append({"op_id": op_id, "graph_id": graph_id, "name": name, "aten_op": aten, "op_class": cls,
                         "placement": placement,
-                        "fallback_reason": "no device lowering for data-dependent output shape" if placement != "device" else None,
+                        "fallback_reason": "no device lowering for data-dependent output shape"
+                                           if placement != "device" else None,
                         "fused_into": None, "module_path": module, "source_id": stable_id(MODEL_FILE, line),
-                        "shape": f"[4, {seq}, 512]", "dtype": "float32", "flops": 2 * 4 * seq * 512 * 2048 if cls == "matmul" else 0,
+                        "shape": f"[4, {seq}, 512]", "dtype": "float32",
+                        "flops": 2 * 4 * seq * 512 * 2048 if cls == "matmul" else 0,
                         "bytes": 4 * seq * 512 * 4})
         for it in range(iterations):
             for core in range(cores):
@@ -116,7 +118,8 @@ def build_tables(iterations: int = 3, cores: int = 2, tiles: int = 2, seqs=SEQS,
                     starts = cursor + np.concatenate([[0], np.cumsum(durs)[:-1]])
                     cursor = int(starts[-1] + durs[-1])
                     engines = [p[0] for p in plan] * tiles
-                    fl = np.array([2 * 128 * 128 * 512 if p[2] == "MATMUL" else 0 for p in plan] * tiles, dtype=np.int64)
+                    fl = np.array([2 * 128 * 128 * 512 if p[2] == "MATMUL" else 0 for p in plan] * tiles,
+                                  dtype=np.int64)
                     for e, d in zip(engines, durs):
                         busy[e] += int(d)
                     flops += int(fl.sum())
@@ -125,8 +128,8 @@ def build_tables(iterations: int = 3, cores: int = 2, tiles: int = 2, seqs=SEQS,
                         "engine": engines, "queue": [p[1] or None for p in plan] * tiles,
                         "opcode": [p[2] for p in plan] * tiles, "op_id": np.full(n, op_ids[name], np.int64),
                         "pc": np.arange(n, dtype=np.int32), "start_ns": starts.astype(np.int64), "dur_ns": durs,
-                        "flops": fl, "bytes_read": np.full(n, 65536, np.int64), "bytes_written": np.full(n, 32768, np.int64),
-                        "sem_wait_ns": np.zeros(n, np.int64)})
+                        "flops": fl, "bytes_read": np.full(n, 65536, np.int64),
+                        "bytes_written": np.full(n, 32768, np.int64), "sem_wait_ns": np.zeros(n, np.int64)})
                 execs.append({"exec_id": exec_id, "run_id": run_id, "graph_id": graph_id, "core": core, "iteration": it,
                               "wall_start_ns": t, "wall_end_ns": cursor, "start_ns": t, "end_ns": cursor,
                               "device_ns": cursor - t, "status": "completed", "warmup": it == 0, "flops": flops,

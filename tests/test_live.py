@@ -204,7 +204,8 @@ def test_live_dir_env(monkeypatch, tmp_path):
     assert live.live_dir() == tmp_path
     monkeypatch.delenv("NEURON_STACK_LIVE_DIR")
     default = live.live_dir()
-    assert default.parent.name == f"neuron_stack-{os.getuid()}" and default.parent.parent in (Path("/dev/shm"), Path("/tmp"))
+    assert (default.parent.name == f"neuron_stack-{os.getuid()}"
+            and default.parent.parent in (Path("/dev/shm"), Path("/tmp")))
 
 
 def test_ring_only_shows_executions_the_snapshot_counted(d):

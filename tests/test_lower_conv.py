@@ -40,7 +40,8 @@ def _bn():
 CASES = {
     "conv_pad": lambda: (torch.nn.Conv2d(3, 8, 3, padding=1), r(2, 3, 10, 10)),
     "conv_stride_dilation": lambda: (torch.nn.Conv2d(5, 7, 3, stride=2, padding=2, dilation=2), r(1, 5, 13, 11)),
-    "conv_groups_no_bias": lambda: (torch.nn.Conv2d(8, 12, (3, 1), groups=4, bias=False, padding=(1, 0)), r(2, 8, 9, 9)),
+    "conv_groups_no_bias": lambda: (torch.nn.Conv2d(8, 12, (3, 1), groups=4, bias=False, padding=(1, 0)),
+                                    r(2, 8, 9, 9)),
     "conv1d": lambda: (torch.nn.Conv1d(4, 6, 5, stride=2, padding=2), r(2, 4, 33)),
     "conv_channels_over_128": lambda: (torch.nn.Conv2d(160, 140, 1), r(1, 160, 6, 6)),
     "conv_rows_over_512": lambda: (torch.nn.Conv2d(2, 3, 3, padding=1), r(1, 2, 3, 600)),

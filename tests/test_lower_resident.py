@@ -83,7 +83,8 @@ def test_gpsimd_kernel_evicts_a_resident_value():
 
 
 @pytest.mark.parametrize("shape,expect", [([2, 96, 64], (64, 96)), ([1, 256, 1024], (1024, 128)),
-                                          ([4, 8, 16, 16], (256, 32)), ([2, 100], (100, 2)), ([1, 256, 16, 64], (1024, 128)), ([300], (300, 1))])
+                                          ([4, 8, 16, 16], (256, 32)), ([2, 100], (100, 2)),
+                                          ([1, 256, 16, 64], (1024, 128)), ([300], (300, 1))])
 def test_row_tiling(shape, expect):
     assert row_tiling(shape) == expect
 

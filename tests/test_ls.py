@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 NEURON_LS = str(Path(sys.executable).parent / "neuron-ls")
-HOLD = "import sys; from neuron_stack.runtime.cores import acquire; acquire('trn1'); print('held', flush=True); sys.stdin.read()"
+HOLD = ("import sys; from neuron_stack.runtime.cores import acquire; acquire('trn1'); print('held', flush=True); "
+        "sys.stdin.read()")
 
 
 @pytest.fixture

@@ -197,7 +197,8 @@ def test_stream_follows_a_workload_field_by_field(tmp_path, env, procs):
         assert used["neuron_device"] == 4096 + 512 and used["host"] == (1 << 20) + 8192
         assert used["usage_breakdown"]["neuroncore_memory_usage"]["1"]["constants"] == 4096
         (model,) = mem["loaded_models"]
-        assert (model["name"], model["uuid"], model["model_id"], model["is_running"]) == ("mlp", "0123abcd", 10001, False)
+        assert ((model["name"], model["uuid"], model["model_id"], model["is_running"])
+                == ("mlp", "0123abcd", 10001, False))
         sg = model["subgraphs"]["sg_00"]
         assert (sg["neuroncore_index"], sg["neuron_device_index"]) == (1, 0)
         assert sg["memory_used_bytes"]["neuron_device"] == 4608
@@ -211,8 +212,8 @@ def test_stream_follows_a_workload_field_by_field(tmp_path, env, procs):
         assert ns[-1]["engines"]["1"]["tensor"] == 0
         last = docs[-1]
         hw = last["neuron_hardware_info"]
-        assert (hw["neuron_device_type"], hw["neuron_device_count"], hw["neuroncore_per_device_count"], hw["error"]) == (
-            "trainium", 16, 2, "")
+        assert (hw["neuron_device_type"], hw["neuron_device_count"], hw["neuroncore_per_device_count"],
+                hw["error"]) == ("trainium", 16, 2, "")
         assert last["instance_info"]["instance_type"] == "trn1.32xlarge"
         assert last["instance_info"]["instance_id"].startswith("i-")
         assert len(last["system_data"]["neuron_hw_counters"]["neuron_devices"]) == 16
@@ -303,11 +304,13 @@ def test_once_prints_one_document(tmp_path, env, procs):
 BAD_CONFIGS = [
     ("missing", None, "not found"),
     ("notjson", "{period: 1s}", "not valid JSON"),
-    ("unknown_type", {"system_metrics": [{"type": "gpu_usage"}]}, "system_metrics[0].type: unknown metric type 'gpu_usage'"),
+    ("unknown_type", {"system_metrics": [{"type": "gpu_usage"}]},
+     "system_metrics[0].type: unknown metric type 'gpu_usage'"),
     ("bad_period", {"period": "fast"}, "period: 'fast' is not a duration"),
     ("bad_group_period", {"neuron_runtimes": [{"metrics": [{"type": "memory_used", "period": "1x"}]}]},
      "neuron_runtimes[0].metrics[0].period"),
-    ("bad_regex", {"neuron_runtimes": [{"tag_filter": "(", "metrics": []}]}, "neuron_runtimes[0].tag_filter: bad regex"),
+    ("bad_regex", {"neuron_runtimes": [{"tag_filter": "(", "metrics": []}]},
+     "neuron_runtimes[0].tag_filter: bad regex"),
     ("unknown_key", {"periode": "1s"}, "unknown key 'periode'"),
     ("runtime_group_as_system", {"system_metrics": [{"type": "execution_stats"}]}, "unknown metric type"),
 ]
@@ -337,7 +340,8 @@ def test_bad_flag_is_one_line(env):
 def test_jq_pipeline_from_the_readme(tmp_path, env, procs):
     w = start_workload(tmp_path, env, procs, n=100000, sleep_s=0.002)
     cfg = write_config(tmp_path, period="300ms")
-    cmd = (f"'{BIN / 'neuron-monitor'}' -c '{cfg}' | jq -c --unbuffered '.neuron_runtime_data[0].report.neuroncore_counters'"
+    cmd = (f"'{BIN / 'neuron-monitor'}' -c '{cfg}' | jq -c --unbuffered "
+           "'.neuron_runtime_data[0].report.neuroncore_counters'"
            " | grep -m1 neuroncore_utilization; exit ${PIPESTATUS[0]}")  # neuron-monitor's own status
     out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and out.stderr == "", out.stderr

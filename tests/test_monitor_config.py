@@ -106,7 +106,8 @@ def test_the_schema_accepts_the_real_tools_example_document():
                                   "nc_v3.1": {"neuroncore_utilization": 63.01}}}}, "error": ""},
                 "execution_stats": {
                     "period": 1.030613214,
-                    "error_summary": {"generic": 0, "numerical": 0, "transient": 0, "model": 0, "runtime": 0, "hardware": 0},
+                    "error_summary": {"generic": 0, "numerical": 0, "transient": 0, "model": 0, "runtime": 0,
+                                      "hardware": 0},
                     "execution_summary": {"completed": 123, "completed_with_err": 0, "completed_with_num_err": 0,
                                           "timed_out": 0, "incorrect_input": 0, "failed_to_queue": 0},
                     "latency_stats": {
@@ -120,12 +121,14 @@ def test_the_schema_accepts_the_real_tools_example_document():
                     "neuron_runtime_used_bytes": {
                         "host": 6997643264, "neuron_device": 12519788544,
                         "usage_breakdown": {
-                            "host": {"application_memory": 6996594688, "constants": 0, "dma_buffers": 1048576, "tensors": 0},
+                            "host": {"application_memory": 6996594688, "constants": 0, "dma_buffers": 1048576,
+                                     "tensors": 0},
                             "neuroncore_memory_usage": {"0": {"constants": 193986816, "model_code": 176285056,
                                                               "model_shared_scratchpad": 0, "runtime_memory": 0,
                                                               "tensors": 20971520}}}},
                     "loaded_models": [{
-                        "name": "neff", "uuid": "91f2f66e83ea419dace1da07617ad39f", "model_id": 10005, "is_running": False,
+                        "name": "neff", "uuid": "91f2f66e83ea419dace1da07617ad39f", "model_id": 10005,
+                        "is_running": False,
                         "subgraphs": {"sg_00": {
                             "memory_used_bytes": {"host": 20480, "neuron_device": 21001024, "usage_breakdown": {
                                 "host": {"application_memory": 20480, "constants": 0, "dma_buffers": 0, "tensors": 0},

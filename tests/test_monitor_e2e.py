@@ -73,7 +73,8 @@ def test_monitor_sees_a_real_runtime_workload(tmp_path):
         assert ns[-1]["target"] == "trn2" and ns[-1]["cores"] == [int(core)]
         assert max(sum(e.values()) for x in ns for e in x["engines"].values()) > 0
         hw = docs[-1]["neuron_hardware_info"]
-        assert (hw["neuron_device_type"], hw["neuroncore_version"], hw["logical_neuroncore_config"]) == ("trainium2", "v3d", 2)
+        assert ((hw["neuron_device_type"], hw["neuroncore_version"], hw["logical_neuroncore_config"])
+                == ("trainium2", "v3d", 2))
         assert docs[-1]["instance_info"]["instance_type"] == "trn2.48xlarge"
 
         # The same stream through the exporter.
@@ -90,7 +91,8 @@ def test_monitor_sees_a_real_runtime_workload(tmp_path):
         scraped = {(s.name, s.labels.get("status_type")): s for f in text_string_to_metric_families(text)
                    for s in f.samples if s.labels.get("runtime_tag") == "serve_mlp"}
         assert scraped[("execution_status_total", "completed")].value == total
-        assert scraped[("neuroncore_utilization_ratio", None)].value == pytest.approx(nc["neuroncore_utilization"] / 100)
+        assert scraped[("neuroncore_utilization_ratio", None)].value == pytest.approx(
+            nc["neuroncore_utilization"] / 100)
 
         work.terminate()
         work.wait(timeout=30)

@@ -297,7 +297,8 @@ def test_explorer_links_kernel_lines_and_instructions_both_ways(tmp_path):
     fa = sample("flash_attention")
     prof = nki.profile(working_directory=tmp_path)(fa.flash_fwd[1, 1])
     rng = np.random.default_rng(3)
-    q, k = rng.standard_normal((1, 1, 64, 512), dtype=np.float32), rng.standard_normal((1, 1, 64, 512), dtype=np.float32)
+    q, k = (rng.standard_normal((1, 1, 64, 512), dtype=np.float32),
+            rng.standard_normal((1, 1, 64, 512), dtype=np.float32))
     prof(q, k, rng.standard_normal((1, 1, 512, 64), dtype=np.float32))
     reg = data.Registry([prof.profile_path])
     data.set_registry(reg)

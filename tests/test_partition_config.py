@@ -64,7 +64,8 @@ def test_threshold_on_a_mostly_unsupported_model():
         neuron_stack.trace(bessel_chain, x, partitioner_config=PartitionerConfig())
     assert "25.00% (1 of 4 ops supported; unsupported: aten::special_bessel_j0 x3)" in one_line(e)
     # a lower threshold accepts it, and it still computes the right numbers
-    nm = neuron_stack.trace(bessel_chain, x, partitioner_config=PartitionerConfig(model_support_percentage_threshold=0.2))
+    nm = neuron_stack.trace(bessel_chain, x,
+                            partitioner_config=PartitionerConfig(model_support_percentage_threshold=0.2))
     torch.testing.assert_close(nm(x), bessel_chain(x), rtol=1e-4, atol=1e-6)
     with pytest.raises(PartitionerError) as e:   # nothing on the device at all
         neuron_stack.trace(torch.special.bessel_j0, x, partitioner_config=PartitionerConfig(

@@ -128,7 +128,8 @@ def test_exporter_serves_the_real_metric_names_and_values(stream):
     # gauges: the latest document
     rep = doc2["neuron_runtime_data"][0]["report"]
     (util,) = samples(fams, "neuroncore_utilization_ratio", neuroncore="0", **tag)
-    assert util.value == pytest.approx(rep["neuroncore_counters"]["neuroncores_in_use"]["0"]["neuroncore_utilization"] / 100)
+    assert util.value == pytest.approx(
+        rep["neuroncore_counters"]["neuroncores_in_use"]["0"]["neuroncore_utilization"] / 100)
     (p50,) = samples(fams, "execution_latency_seconds", percentile="p50", **tag)
     assert p50.value == pytest.approx(rep["execution_stats"]["latency_stats"]["total_latency"]["p50"])
     assert {s.labels["percentile"] for s in samples(fams, "execution_latency_seconds")} == {

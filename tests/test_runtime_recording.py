@@ -75,4 +75,5 @@ def test_memory_and_metadata(profile):
     cats = dict(q(profile, "SELECT category, max(bytes) FROM memory GROUP BY category"))
     assert cats["constants"] > 0 and cats["runtime_memory"] > 0 and "model_code" in cats
     meta = dict(q(profile, "SELECT key, value FROM metadata"))
-    assert meta["is_simulation"] == "true" and meta["target"] == "trn1" and meta["timing_model"] in ("roofline", "instruction")
+    assert (meta["is_simulation"] == "true" and meta["target"] == "trn1"
+            and meta["timing_model"] in ("roofline", "instruction"))

@@ -15,7 +15,8 @@ def _loads(p, per_partition: int, transfers: int, slots: int):
     F = per_partition // 4
     pool = Pool(low, "t", "sbuf", 128, F, "float32", bufs=slots)
     for k in range(transfers):
-        low.dma("load", pool.tile().op(), {"m": "hbm", "b": "x", "dt": "float32", "o": k * 128 * F, "ap": [[F, 128], [1, F]]})
+        low.dma("load", pool.tile().op(),
+                {"m": "hbm", "b": "x", "dt": "float32", "o": k * 128 * F, "ap": [[F, 128], [1, F]]})
     return schedule_lowered(Lowered(low.instrs, low.hbm, [], [], {}, 0), p)
 
 

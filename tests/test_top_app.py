@@ -27,17 +27,20 @@ def runtime_entry(pid, tag, cores, util, flops=1.0e12, recompiles=0, fallbacks=0
                 str(c): {"neuroncore_utilization": u, "flops": flops} for c, u in zip(cores, util)}},
             "execution_stats": {
                 "period": 1.0, "error": "",
-                "error_summary": dict.fromkeys(["generic", "numerical", "transient", "model", "runtime", "hardware"], 0),
+                "error_summary": dict.fromkeys(
+                    ["generic", "numerical", "transient", "model", "runtime", "hardware"], 0),
                 "execution_summary": {"completed": 120, "completed_with_err": 0, "completed_with_num_err": 0,
                                       "timed_out": 0, "incorrect_input": 0, "failed_to_queue": 0},
-                "latency_stats": {"total_latency": {p: 0.011 for p in ("p0", "p1", "p25", "p50", "p75", "p99", "p100")},
-                                  "device_latency": {p: 0.010 for p in ("p0", "p1", "p25", "p50", "p75", "p99", "p100")}}},
+                "latency_stats": {
+                    "total_latency": {p: 0.011 for p in ("p0", "p1", "p25", "p50", "p75", "p99", "p100")},
+                    "device_latency": {p: 0.010 for p in ("p0", "p1", "p25", "p50", "p75", "p99", "p100")}}},
             "memory_used": {
                 "period": 1.0, "error": "",
                 "neuron_runtime_used_bytes": {
                     "host": 6997643264, "neuron_device": 391290880 * len(cores),
                     "usage_breakdown": {
-                        "host": {"application_memory": 6996594688, "constants": 0, "dma_buffers": 1048576, "tensors": 0},
+                        "host": {"application_memory": 6996594688, "constants": 0, "dma_buffers": 1048576,
+                                 "tensors": 0},
                         "neuroncore_memory_usage": per_core_mem}},
                 "loaded_models": [{
                     "name": f"{tag}_neff", "uuid": "91f2f66e83ea419dace1da07617ad39f", "model_id": 10005,

@@ -84,7 +84,8 @@ def test_parquet_dataset_answers_the_same_queries(profile, tmp_path):
         assert q.fallbacks().equals(profile.fallbacks())
     # and plain DuckDB reads the hive partitions directly
     con = duckdb.connect()
-    got = con.execute("SELECT core, count(*) FROM read_parquet(?, hive_partitioning = true) GROUP BY core ORDER BY core",
+    got = con.execute("SELECT core, count(*) FROM read_parquet(?, hive_partitioning = true) "
+                      "GROUP BY core ORDER BY core",
                       [str(out / "instructions" / "**" / "*.parquet")]).fetchall()
     con.close()
     assert got == [(0, 1600), (1, 1600)]

@@ -56,7 +56,8 @@ def test_union_active_matches_a_per_nanosecond_reference(rows):
     for _, engine, _, start, dur, exec_id in rows:
         if engine == "dma":
             covered[(exec_id, engine)].update(range(start, start + dur))
-    got = {(r["exec_id"], r["engine"]): r["active_ns"] for r in intervals.union_active(_table(rows), ("dma",)).to_pylist()}
+    got = {(r["exec_id"], r["engine"]): r["active_ns"]
+           for r in intervals.union_active(_table(rows), ("dma",)).to_pylist()}
     assert got == {k: len(v) for k, v in covered.items()}
 
 
@@ -65,5 +66,7 @@ def test_damaged_intervals_are_left_out_not_overflowed():
     rows = [(0, "dma", "q0", 100, 50, 1), (0, "dma", "q0", (1 << 63) - 10, 100, 1), (0, "dma", "q0", -5, 10, 1),
             (0, "dma", "q0", 200, (1 << 63) - 1, 1)]
     lod = intervals.lod_pyramid(_table(rows), 6, 8).to_pylist()
-    assert {(r["level"], r["bucket"]): r["busy_ns"] for r in lod} == {(6, 1): 28, (6, 2): 22, (7, 0): 28, (7, 1): 22, (8, 0): 50}
-    assert intervals.union_active(_table(rows), ("dma",)).to_pylist() == [{"exec_id": 1, "engine": "dma", "active_ns": 50}]
+    assert ({(r["level"], r["bucket"]): r["busy_ns"] for r in lod}
+            == {(6, 1): 28, (6, 2): 22, (7, 0): 28, (7, 1): 22, (8, 0): 50})
+    assert (intervals.union_active(_table(rows), ("dma",)).to_pylist()
+            == [{"exec_id": 1, "engine": "dma", "active_ns": 50}])

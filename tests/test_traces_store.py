@@ -183,7 +183,8 @@ def test_segment_with_damaged_schema_is_skipped(tmp_path, caplog, key, value):
     rows = ipc.open_file(pa.py_buffer(victim.read_bytes())).read_all()
     meta = {**rows.schema.metadata, key: value}
     if key == b"graph_id":
-        rows = rows.set_column(rows.schema.get_field_index("graph_id"), "graph_id", pa.array([value.decode()] * len(rows)))
+        rows = rows.set_column(rows.schema.get_field_index("graph_id"), "graph_id",
+                               pa.array([value.decode()] * len(rows)))
     if key == b"name":   # pyarrow only takes str names: write "nXme", then swap the byte in the file
         rows = rows.rename_columns([("n\x01me" if c == "name" else c) for c in rows.column_names])
     with pa.OSFile(str(victim), "wb") as sink, ipc.new_file(sink, rows.schema.with_metadata(meta)) as w:

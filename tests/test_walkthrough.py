@@ -484,7 +484,8 @@ def walk_through(walk: Walk, shots: bool = True) -> None:
     steps = read_steps()
     named = {s.name for s in steps}
     assert named == set(SHELL_CHECKS) | set(SERVER_CHECKS) | {"top", "monitor"}, \
-        f"steps without a check or checks without a step: {named ^ (set(SHELL_CHECKS) | set(SERVER_CHECKS) | {'top', 'monitor'})}"
+        ("steps without a check or checks without a step: "
+         f"{named ^ (set(SHELL_CHECKS) | set(SERVER_CHECKS) | {'top', 'monitor'})}")
     shown = shown_outputs()
     try:
         for step in steps:

@@ -92,7 +92,8 @@ def check_tree(tree_json: str) -> None:
     bad = sorted({name for name in _table_functions(tree) if name.lower() not in ALLOWED_TABLE_FUNCTIONS})
     if bad:
         raise RefusedQuery(f"table function {bad[0]}() is not allowed in the console; "
-                           f"query the profile's tables (allowed generators: {', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))})")
+                           "query the profile's tables (allowed generators: "
+                           f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))})")
 
 
 def _table_functions(node):

@@ -103,7 +103,8 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
                   else "'NeuronCore nc' || p.core")
     meta_query = f"""
         WITH {profile_lanes}
-        SELECT '{{"ph":"M","name":"process_name","pid":' || p.pid || ',"args":{{"name":' || to_json({proc_label}) || '}}}}'
+        SELECT '{{"ph":"M","name":"process_name","pid":' || p.pid || ',"args":{{"name":'
+               || to_json({proc_label}) || '}}}}'
         FROM procs p LEFT JOIN runs r ON r.run_id = p.run_id
         UNION ALL
         SELECT '{{"ph":"M","name":"process_sort_index","pid":' || pid || ',"args":{{"sort_index":' || pid || '}}}}'
@@ -116,7 +117,8 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
                || ',"args":{{"sort_index":' || tid || '}}}}' FROM threads
         UNION ALL
         SELECT '{{"ph":"M","name":"process_name","pid":' || pid || ',"args":{{"name":'
-               || to_json('Host ' || coalesce(tag, run_id) || ' (pid ' || coalesce(os_pid::VARCHAR, '?') || ')') || '}}}}'
+               || to_json('Host ' || coalesce(tag, run_id) || ' (pid ' || coalesce(os_pid::VARCHAR, '?') || ')')
+               || '}}}}'
         FROM hosts"""
     instr_query = f"""
         WITH {profile_lanes}
@@ -136,8 +138,10 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         WITH {profile_lanes}
         SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('x.start_ns - $origin')}
                || ',"dur":' || {_us('greatest(x.end_ns - x.start_ns, 0)')}
-               || ',"name":' || to_json(coalesce(g.name, 'execution') || CASE WHEN x.warmup THEN ' (warm-up)' ELSE '' END)
-               || ',"cat":"execution","args":' || to_json({{'exec_id': x.exec_id::VARCHAR, 'graph_id': x.graph_id::VARCHAR,
+               || ',"name":' || to_json(coalesce(g.name, 'execution')
+                                        || CASE WHEN x.warmup THEN ' (warm-up)' ELSE '' END)
+               || ',"cat":"execution","args":' || to_json({{'exec_id': x.exec_id::VARCHAR,
+                                                         'graph_id': x.graph_id::VARCHAR,
                                                          'iteration': x.iteration, 'status': x.status,
                                                          'device_ns': x.device_ns, 'warmup': x.warmup}}) || '}}'
         FROM executions x LEFT JOIN graphs g USING (graph_id)

@@ -143,7 +143,8 @@ def window(p, t0: int, t1: int) -> ReplayWindow:
         per_run.setdefault(r["run_id"], []).append(r)
     quantiles = [q for _, q in PERCENTILES]   # linear interpolation, as SQL's quantile_cont
     latency = {run: {"run_id": run,
-                     "total_latency": np.quantile([(r["end_ns"] - r["start_ns"]) / 1e9 for r in rs], quantiles).tolist(),
+                     "total_latency": np.quantile([(r["end_ns"] - r["start_ns"]) / 1e9 for r in rs],
+                                                  quantiles).tolist(),
                      "device_latency": np.quantile([(r["dev"] or 0) / 1e9 for r in rs], quantiles).tolist()}
                for run, rs in per_run.items()}
     events: dict[tuple, dict] = {}

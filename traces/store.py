@@ -80,8 +80,9 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
     Idempotent: finalising again rebuilds from the same segments. A truncated segment is
     skipped with a warning naming it. Works on the segments of a crashed run (its ``runs.status``
     becomes ``incomplete``). Warm-up executions are left out of the summaries unless
-    ``include_warmup`` (recorded as metadata ``summary_includes_warmup``). Raises :class:`TraceError` (one line) on failure, leaving any
-    previous profile intact. Example: ``traces.finalize("output/20260101T120000_train")``.
+    ``include_warmup`` (recorded as metadata ``summary_includes_warmup``). Raises :class:`TraceError`
+    (one line) on failure, leaving any previous profile intact. Example:
+    ``traces.finalize("output/20260101T120000_train")``.
     """
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
@@ -382,7 +383,8 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     engine_cols = []
     for engine, name in SUMMARY_ENGINE_PREFIX.items():
         engine_cols += [
-            f"coalesce(sum(instruction_count) FILTER (WHERE engine = '{engine}'), 0)::BIGINT AS {name}_instruction_count",
+            f"coalesce(sum(instruction_count) FILTER (WHERE engine = '{engine}'), 0)::BIGINT"
+            f" AS {name}_instruction_count",
             f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
             f"coalesce(sum(active_ns) FILTER (WHERE engine = '{engine}'), 0) AS {engine}_active_ns"]
     event_cols = "" if per_core else """,

@@ -158,7 +158,8 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
                 "wall_start_ns": t, "wall_end_ns": dev_end + cpu_ns + 40_000, "start_ns": t,
                 "end_ns": dev_end + cpu_ns, "device_ns": device_ns, "status": "completed", "warmup": i < warmup,
                 "flops": flops, **{f"{e}_busy_ns": b for e, b in busy.items()},
-                "cpu_fallback_ns": cpu_ns, "hbm_read_bytes": int(sched["bytes_read"].to_numpy()[engines == "dma"].sum()),
+                "cpu_fallback_ns": cpu_ns,
+                "hbm_read_bytes": int(sched["bytes_read"].to_numpy()[engines == "dma"].sum()),
                 "hbm_write_bytes": int(sched["bytes_written"].to_numpy()[sched["opcode"].to_numpy(
                     zero_copy_only=False) == "DMA_STORE"].sum())})
             w.append("events", {"ts_ns": [dev_end], "wall_ns": dev_end, "dur_ns": cpu_ns, "run_id": run_id,

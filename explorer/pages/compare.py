@@ -23,14 +23,17 @@ def layout(profile=None, a=None, b=None, **_):
     b = b or next(k for k in keys if k != a)
     c = data.compare(data.resolve(a), data.resolve(b))
     pickers = html.Div(["A: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=k, b=b),
-                                          className="active" if k == a else "", style={"marginRight": "8px"}) for k in keys],
+                                          className="active" if k == a else "", style={"marginRight": "8px"})
+                                 for k in keys],
                         " · B: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=a, b=k),
-                                             className="active" if k == b else "", style={"marginRight": "8px"}) for k in keys]],
+                                             className="active" if k == b else "", style={"marginRight": "8px"})
+                                    for k in keys]],
                        className="toolbar")
     totals = ui.table([("metric", lambda r: r[0]), ("A", lambda r: _fmt(r[0], r[1]["a"])),
                        ("B", lambda r: _fmt(r[0], r[1]["b"])), ("B − A", lambda r: _fmt(r[0], r[1]["delta"]))],
                       list(c["totals"].items()), id="compare-totals")
-    cols = [("A", lambda r: fmt_ns(r["a_ns"])), ("B", lambda r: fmt_ns(r["b_ns"])), ("Δ", lambda r: _delta(r["delta_ns"])),
+    cols = [("A", lambda r: fmt_ns(r["a_ns"])), ("B", lambda r: fmt_ns(r["b_ns"])),
+            ("Δ", lambda r: _delta(r["delta_ns"])),
             ("Δ %", lambda r: "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"),
             ("instructions A → B", lambda r: f"{r['a_instructions']:,} → {r['b_instructions']:,}")]
     return html.Div([

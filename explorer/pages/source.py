@@ -20,7 +20,8 @@ def _line_row(r, peak, selected_sid):
     cells = [html.Span(str(r["line"]), className="src-no"),
              html.Div(html.Div(style={"width": width}), className="heat",
                       title=f"{fmt_ns(r['device_ns'])} device time" if hot else ""),
-             html.Span(fmt_ns(r["device_ns"]) if r["device_ns"] else ("host" if r["host_ns"] else ""), className="src-t"),
+             html.Span(fmt_ns(r["device_ns"]) if r["device_ns"] else ("host" if r["host_ns"] else ""),
+                       className="src-t"),
              html.Span(f"{r['instructions']:,}" if r["instructions"] else "", className="src-n"),
              html.Span(r["code"] or " ", className="src-code")]
     if not hot:

@@ -25,7 +25,8 @@ def layout(profile=None, q=None, **_):
                                              style={"minWidth": "320px"})], className="toolbar"),
         dcc.Textarea(id="sql-query", value=query, className="sql", spellCheck=False),
         html.Div([html.Button("Run", id="sql-run", className="btn"),
-                  html.Span(f"One SELECT or WITH … SELECT; at most {data.CONSOLE_LIMIT:,} rows; tables: metadata, runs, "
+                  html.Span(f"One SELECT or WITH … SELECT; at most {data.CONSOLE_LIMIT:,} rows; "
+                            "tables: metadata, runs, "
                             "sources, source_files, graphs, ops, executions, instructions, events, memory and the "
                             "derived summaries.", className="hint")], className="toolbar"),
         html.Div(id="sql-message"),
@@ -63,7 +64,8 @@ def run(_clicks, query, key):
                                     className="error-box", id="sql-error"), go.Figure(), dash.no_update
     table = ui.table([(c, c) for c in res["columns"]], res["rows"], id="sql-table", max_rows=data.CONSOLE_LIMIT)
     note = f"{len(res['rows']):,} rows" + (f" (first {data.CONSOLE_LIMIT:,} shown)" if res["truncated"] else "")
-    return table, html.Div(note, className="hint", id="sql-count"), quick_chart(res["columns"], res["rows"]), {"q": query}
+    return (table, html.Div(note, className="hint", id="sql-count"), quick_chart(res["columns"], res["rows"]),
+            {"q": query})
 
 
 ui.register_url_sync("sql")

@@ -41,8 +41,10 @@ def layout(profile=None, **_):
                 f"read {fmt_bytes(s['hbm_read_bytes'])} · write {fmt_bytes(s['hbm_write_bytes'])}"),
         ui.stat("device busy", f"{s['device_busy_percent']:.1f}%", "of the time between first and last execution"),
         html.A(ui.stat("CPU fallbacks", f"{s['fallback_ops']} ops", f"{s['fallback_calls']} calls · "
-                       f"{fmt_ns(s['cpu_fallback_ns'])}", id="summary-fallbacks"), href=ui.href("/fallbacks", profile=key)),
-        html.A(ui.stat("recompiles", str(s["recompiles"]), f"{s['graphs']} graphs · {fmt_ns(s['compile_wall_ns'])} compiling",
+                       f"{fmt_ns(s['cpu_fallback_ns'])}", id="summary-fallbacks"),
+               href=ui.href("/fallbacks", profile=key)),
+        html.A(ui.stat("recompiles", str(s["recompiles"]),
+                       f"{s['graphs']} graphs · {fmt_ns(s['compile_wall_ns'])} compiling",
                        id="summary-recompiles"), href=ui.href("/recompiles", profile=key)),
         ui.stat("instructions", f"{s['instructions']:,}", s["timing_model"] and f"timing model: {s['timing_model']}"),
     ], className="stats")
@@ -52,11 +54,13 @@ def layout(profile=None, **_):
         html.Div(f.words),
         dcc.Link("Evidence →", href=ui.href(PAGE_FOR.get(f.page, "/"), profile=key, **f.query),
                  id=f"summary-evidence-{i}"),
-    ], className="reco") for i, f in enumerate(recos, start=1)] or [html.Div("No issues found by the rules.", className="hint")]
+    ], className="reco") for i, f in enumerate(recos, start=1)] or [html.Div("No issues found by the rules.",
+                                                                             className="hint")]
     top_ops = ui.table([
         ("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=r["sel"]))),
-        ("module", "module"), ("graphs", "graphs"), ("source", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
-                              if r["source_id"] is not None else ""),
+        ("module", "module"), ("graphs", "graphs"),
+        ("source", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
+                             if r["source_id"] is not None else ""),
         ("device time", lambda r: fmt_ns(r["device_ns"])), ("instructions", "instructions")],
         data.top_ops(L, 10), id="summary-top-ops")
     top_lines = ui.table([
@@ -70,7 +74,8 @@ def layout(profile=None, **_):
             html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],
                      className="card col"),
             html.Div([html.H3("Engine active time (% of device time)"),
-                      dcc.Graph(figure=engine_bars(s["engines"]), config={"displayModeBar": False}, id="summary-engines")],
+                      dcc.Graph(figure=engine_bars(s["engines"]), config={"displayModeBar": False},
+                                id="summary-engines")],
                      className="card col"),
         ], className="row"),
         html.Div([html.Div([html.H3("Top ops by device time"), top_ops], className="card col"),

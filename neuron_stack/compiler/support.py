@@ -45,10 +45,11 @@ class PartitionerConfig:
 
     >>> PartitionerConfig(ops_to_partition={"aten::sort"}, max_subgraph_count=3).min_subgraph_size
     -1
-    >>> PartitionerConfig(min_subgraph_size=0)
+    >>> PartitionerConfig(min_subgraph_size=0)  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    neuron_stack.compiler.support.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum) or >= 1, not 0
+    neuron_stack.compiler.support.PartitionerError: partitioner_config.min_subgraph_size must be -1 (no minimum)
+    or >= 1, not 0
     """
 
     trace_kwargs: dict | None = None

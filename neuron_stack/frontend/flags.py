@@ -7,10 +7,11 @@ the compile cache and never reach the compiler or its flags hash.
 >>> f = parse_flags(["--auto-cast", "matmult", "-O1"], env="")
 >>> f["auto_cast"], f["optlevel"], f["target"]
 ('matmult', 1, 'trn1')
->>> parse_flags("--bogus", env="")
+>>> parse_flags("--bogus", env="")  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-neuron_stack.frontend.flags.FlagError: unrecognized compiler flag '--bogus': see `neuron-cc compile --help` for the flags neuronx-cc accepts
+neuron_stack.frontend.flags.FlagError: unrecognized compiler flag '--bogus': see `neuron-cc compile --help`
+for the flags neuronx-cc accepts
 """
 from __future__ import annotations
 

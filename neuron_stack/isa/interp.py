@@ -256,7 +256,8 @@ class Machine:
         x = _t(_p2(self.mem.read(o["src"][0])))
         op = o["op"]
         if op == "add":
-            r = x.sum(dim=1, keepdim=True, dtype=torch.float32 if x.is_floating_point() or x.dtype == torch.bool else None)
+            r = x.sum(dim=1, keepdim=True,
+                      dtype=torch.float32 if x.is_floating_point() or x.dtype == torch.bool else None)
         elif op == "max":
             r = x.amax(dim=1, keepdim=True)
         elif op == "min":
@@ -324,7 +325,8 @@ class Machine:
         if len(o["dst"]) > 1:
             y2 = y.reshape(y.shape[0], -1)
             op = o.get("acc_op", "add")
-            r = y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max" else y2.amin(1, keepdim=True)
+            r = (y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max"
+                 else y2.amin(1, keepdim=True))
             self.mem.write(o["dst"][1], r.numpy())
 
     # GpSimd

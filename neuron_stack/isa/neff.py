@@ -234,7 +234,8 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
     except weights_mod.WeightsError as exc:
         raise _fail(path, str(exc)) from None
     except Exception as exc:  # a damaged archive raises many types (zlib.error, NotImplementedError, ...)
-        raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise _fail(path, f"corrupt NEFF archive ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     try:
         pj = json.loads(data["program.json"])
         if constants is None:

@@ -32,7 +32,8 @@ from .core import ndarray as _T
 
 class engine:
     """``nisa.engine``: where an instruction runs (``engine.vector`` ...)."""
-    unknown, tensor, scalar, gpsimd, dma, vector, sync = "unknown", "tensor", "scalar", "gpsimd", "dma", "vector", "sync"
+    unknown, tensor, scalar, gpsimd, dma, vector, sync = ("unknown", "tensor", "scalar", "gpsimd", "dma", "vector",
+                                                          "sync")
 
 
 tensor_engine, scalar_engine, gpsimd_engine, vector_engine = "tensor", "scalar", "gpsimd", "vector"   # legacy names

@@ -104,7 +104,8 @@ def _same_partitions(dst: ndarray, srcs: list, name: str) -> None:
         if isinstance(s, ndarray) and s.partitions != dst.partitions:
             raise NKIError(f"{where()}: {name} reads {s.partitions} partitions but writes {dst.partitions}: engines "
                            f"work lane by lane (partition broadcast needs tile.broadcast_to)")
-        if isinstance(s, ndarray) and s.free_size not in (dst.free_size, 1) and math.prod(s.shape) != math.prod(dst.shape):
+        if (isinstance(s, ndarray) and s.free_size not in (dst.free_size, 1)
+                and math.prod(s.shape) != math.prod(dst.shape)):
             raise NKIError(f"{where()}: {name} operand {s.shape} does not match the destination {dst.shape}")
 
 
@@ -128,7 +129,8 @@ def tensor_tensor(dst: ndarray, a: ndarray, b: ndarray, op, mask=None) -> int | 
         return None
     dst, (a, b) = r
     a, b = _fit(a, dst), _fit(b, dst)
-    fast = "psum" in (a.buf.mem, b.buf.mem) or (a.dtype == b.dtype == "bfloat16" and alu in ("add", "multiply", "subtract"))
+    fast = "psum" in (a.buf.mem, b.buf.mem) or (a.dtype == b.dtype == "bfloat16"
+                                                and alu in ("add", "multiply", "subtract"))
     d = vector_ns(t.p, "TENSOR_TENSOR", dst.free_size, 2, dst.dtype, fast, alu)
     return t.emit("TENSOR_TENSOR", [dst], [a, b], {"op": alu}, dur=d)
 

@@ -119,7 +119,8 @@ def tracing(args) -> bool:
         return True
     from torch._subclasses.fake_tensor import FakeTensor
     for a in args:
-        if isinstance(a, torch.Tensor) and (isinstance(a, FakeTensor) or torch._C._functorch.is_functorch_wrapped_tensor(a)
+        if isinstance(a, torch.Tensor) and (isinstance(a, FakeTensor)
+                                            or torch._C._functorch.is_functorch_wrapped_tensor(a)
                                             or type(a).__name__ in ("FunctionalTensor", "Proxy")):
             return True
     return False

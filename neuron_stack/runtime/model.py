@@ -126,7 +126,8 @@ class LoadedModel:
         self.instruction_cache: dict[int, pa.Table] | None = None   # filled by recorder.instruction_tables
         live = session.live
         live.model_loaded(name=self.name, uuid=neff.header["uuid"], model_id=self.graph_id & 0x7FFFFFFF,
-                          core=self.core, device_bytes=dict(self.memory), host_bytes={"constants": self.memory["constants"]})
+                          core=self.core, device_bytes=dict(self.memory),
+                          host_bytes={"constants": self.memory["constants"]})
         live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
         if info.get("recompile_of"):
             live.count_event("recompile", reason=info.get("recompile_reason", ""), source=_where(info.get("source")))

@@ -284,7 +284,8 @@ def fuzz_monitor_config(work: Path, examples: int) -> list[Trial]:
 # -- Explorer requests ----------------------------------------------------------------------------------
 
 HOSTILE_TEXT = ["../../../../etc/passwd", "/etc/passwd", "..%2f..%2f..%2fetc%2fpasswd", "%00", "\x00",
-                "line:1 OR 1=1", "'; DROP TABLE ops; --", "op:-1", "module:" + "a." * 2000, "graph:99999999999999999999",
+                "line:1 OR 1=1", "'; DROP TABLE ops; --", "op:-1", "module:" + "a." * 2000,
+                "graph:99999999999999999999",
                 "path:x/y", "9" * 400, "-1", "1e309", "NaN", "sel=line:1&sel=op:2", "😀" * 50, "A" * 100_000]
 
 

@@ -265,7 +265,8 @@ def _later_commands_after_kills(root: Path, prof: Path, env) -> Trial:
                                   f"{[r.get('pid') for r in doc['neuron_runtime_data']]}")
     ls = run_cli(["neuron-ls", "--wide"], env)
     if ls.returncode != 0 or "python" in ls.stdout:
-        return Trial(name, False, f"neuron-ls after the kills: rc {ls.returncode}, {ls.stdout[-300:]}{ls.stderr[-300:]}")
+        return Trial(name, False, f"neuron-ls after the kills: rc {ls.returncode}, "
+                                  f"{ls.stdout[-300:]}{ls.stderr[-300:]}")
     return Trial(name, True)
 
 
@@ -550,15 +551,19 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
         results.append(Trial("read-only: live statistics directory", ok,
                              "" if ok else f"the workload did not keep running: rc {p.returncode}, {err[-300:]}"))
 
-        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", PYTHON, str(WORKLOAD), "--execs", "1"], env)
+        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", PYTHON, str(WORKLOAD), "--execs", "1"],
+                    env)
         ok = r.returncode != 0 and is_one_line_error(r.stderr, "neuron-explorer") and "writable" in r.stderr
-        results.append(Trial("read-only: neuron-explorer inspect -o", ok, "" if ok else f"rc {r.returncode}: {r.stderr[-300:]}"))
+        results.append(Trial("read-only: neuron-explorer inspect -o", ok,
+                             "" if ok else f"rc {r.returncode}: {r.stderr[-300:]}"))
 
         r = run_cli(["neuron-explorer", "summary", str(ro / "done" / "profile.duckdb"), "--json"], env)
-        s = run_cli(["neuron-explorer", "sql", str(ro / "done"), "SELECT count(*) AS n FROM executions", "--format", "json"], env)
+        s = run_cli(["neuron-explorer", "sql", str(ro / "done"), "SELECT count(*) AS n FROM executions",
+                     "--format", "json"], env)
         ok = r.returncode == 0 and s.returncode == 0 and '"n": 2' in s.stdout.replace('"n":2', '"n": 2')
         results.append(Trial("read-only: reading a finished profile", ok,
-                             "" if ok else f"summary rc {r.returncode} {r.stderr[-200:]}; sql rc {s.returncode} {s.stdout[-100:]} {s.stderr[-200:]}"))
+                             "" if ok else f"summary rc {r.returncode} {r.stderr[-200:]}; "
+                                           f"sql rc {s.returncode} {s.stdout[-100:]} {s.stderr[-200:]}"))
 
         r = run_cli(["neuron-explorer", "summary", str(ro / "stale")], env)
         ok = (r.returncode == 0 and "Traceback" not in r.stderr) or \
@@ -580,7 +585,8 @@ HOSTILE_SQL = [
     "SELECT 1; DROP TABLE ops", "SELECT 1 /* ok */; /* hidden */ DELETE FROM ops", "SELECT 1; -- x\nDROP TABLE ops",
     "/* DROP */ SELECT 1; DROP TABLE ops", "-- SELECT\nDROP TABLE ops",
     "WITH x AS (SELECT 1) INSERT INTO ops (op_id) SELECT * FROM x", "EXPLAIN ANALYZE SELECT 1",
-    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_blob('/etc/passwd')",
+    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM read_text('/etc/passwd')",
+    "SELECT * FROM read_blob('/etc/passwd')",
     "SELECT * FROM glob('/*')", "SELECT * FROM '/etc/passwd'", "SELECT * FROM read_parquet('/tmp/*.parquet')",
     "SELECT * FROM read_json_auto('/etc/hosts')", "SELECT * FROM duckdb_settings()", "SELECT getenv('HOME')",
     "SELECT * FROM sniff_csv('/etc/passwd')",
@@ -634,7 +640,8 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
     try:
         up = wait_for(lambda: _http_ok(base + "/"), 120, step=0.2)
         if not up:
-            return [Trial("hostile browser: server starts", False, server.stderr.read()[-300:] if server.poll() is not None else "no answer")]
+            return [Trial("hostile browser: server starts", False,
+                          server.stderr.read()[-300:] if server.poll() is not None else "no answer")]
         listen = [c.laddr for c in psutil.Process(server.pid).net_connections("inet") if c.status == "LISTEN"]
         ok = bool(listen) and all(a.ip == "127.0.0.1" for a in listen)
         results.append(Trial("hostile browser: binds 127.0.0.1", ok, "" if ok else f"listening on {listen}"))
@@ -652,7 +659,8 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
 
         status, data = console(GOOD_SQL)
         ok = status == 200 and b"tensor" in data
-        results.append(Trial("hostile browser: console answers a SELECT", ok, "" if ok else f"HTTP {status}: {data[:200]!r}"))
+        results.append(Trial("hostile browser: console answers a SELECT", ok,
+                             "" if ok else f"HTTP {status}: {data[:200]!r}"))
         for _ in range(rounds):
             for q in HOSTILE_SQL + [s.replace("/tmp/", f"{canary}/") for s in HOSTILE_SQL if "/tmp/" in s]:
                 status, data = console(q)
@@ -662,13 +670,15 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
                                      "" if refused else f"HTTP {status}: {text[:200]}"))
             big = console("SELECT * FROM range(10000000)")
             ok = big[0] == 200 and len(big[1]) < 5_000_000
-            results.append(Trial("hostile browser: a 10M-row result is capped", ok, "" if ok else f"HTTP {big[0]}, {len(big[1])} bytes"))
+            results.append(Trial("hostile browser: a 10M-row result is capped", ok,
+                                 "" if ok else f"HTTP {big[0]}, {len(big[1])} bytes"))
             for k in ["../../etc/passwd", "/etc/passwd", str(profile), "..", "", "x" * 100_000]:
                 status, data = console("SELECT 1", k)
                 ok = status in (200, 204, 400, 404, 413) and b"root:x:0" not in data
                 results.append(Trial(f"hostile browser: profile key {k[:30]!r}", ok, "" if ok else f"HTTP {status}"))
-            for path in ["/../../../etc/passwd", "/assets/../../../../etc/passwd", "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
-                         "/_dash-component-suites/../../../etc/passwd", "/_dash-component-suites/dash/../../../../etc/passwd",
+            for path in ["/../../../etc/passwd", "/assets/../../../../etc/passwd",
+                         "/assets/%2e%2e/%2e%2e/%2e%2e/etc/passwd", "/_dash-component-suites/../../../etc/passwd",
+                         "/_dash-component-suites/dash/../../../../etc/passwd",
                          f"/{profile}", "/profile.duckdb", "/timeline?profile=../../etc&start=-1&end=1e400&sel=line:x",
                          f"/source?profile={key}&file=/etc/passwd", f"/source?profile={key}&file=-1",
                          f"/timeline?profile={key}&start={'9' * 5000}", "/?" + "a=b&" * 20000]:
@@ -690,7 +700,8 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
             results.append(Trial("hostile browser: server stops", False, "still running 30 s after SIGTERM"))
     err = server.stderr.read()
     ok = "Traceback" not in err
-    results.append(Trial("hostile browser: no traceback in the server log", ok, "" if ok else err[err.find("Traceback"):][:400]))
+    results.append(Trial("hostile browser: no traceback in the server log", ok,
+                         "" if ok else err[err.find("Traceback"):][:400]))
     return results
 
 
@@ -851,7 +862,8 @@ def dying_rank(root: Path, nprocs: int, cache: Path | None = None, timeout_s: in
     clear = "ddp_train: error:" in text or f"local_rank: {victim_rank}" in text or "Signal 9" in text
     if job.returncode == 0 or not clear:
         return Trial(name, False, f"rc {job.returncode}, no clear message: {text[-500:]}", recover_s=ended)
-    r = run_cli(["neuron-explorer", "sql", str(prof), "SELECT count(DISTINCT rank) AS n FROM runs", "--format", "csv"], env)
+    r = run_cli(["neuron-explorer", "sql", str(prof), "SELECT count(DISTINCT rank) AS n FROM runs",
+                 "--format", "csv"], env)
     ranks = r.stdout.strip().splitlines()[-1] if r.returncode == 0 else ""
     ok = ranks == str(nprocs)
     return Trial(name, ok, "" if ok else f"the profile holds {ranks or r.stderr[-200:]} ranks, expected {nprocs}",

@@ -155,7 +155,8 @@ def lower_conv(low: Lowerer, n: Node) -> None:
     bias = low.value(n.args[2]) if len(n.args) > 2 and is_ref(n.args[2]) else None
     nd = x.meta.dim() - 2
     if transposed or nd not in (1, 2) or w.meta.dim() != nd + 2:
-        low.log.append(f"lower: {n.name} {'transposed ' if transposed else ''}{nd}-D convolution runs as a GpSimd kernel")
+        low.log.append(f"lower: {n.name} {'transposed ' if transposed else ''}{nd}-D convolution runs as a "
+                       "GpSimd kernel")
         return lower_custom(low, n)
     if nd == 1:
         x = x.with_meta(x.meta.unsqueeze(2))
@@ -308,8 +309,10 @@ def lower_pool(low: Lowerer, n: Node) -> None:
     free axis, one Vector instruction per kernel tap over the output tile (module docstring)."""
     prm = _pool_params(n)
     x = low.value(n.args[0])
-    if prm is None or x.meta.dim() != 4 or (packet_name(n.target) == "max_pool2d_with_indices" and output_used(low, n, 1)):
-        low.log.append(f"lower: {n.name} {n.target} (indices, ceil_mode or padding-aware divisor) runs as a GpSimd kernel")
+    if prm is None or x.meta.dim() != 4 or (packet_name(n.target) == "max_pool2d_with_indices"
+                                            and output_used(low, n, 1)):
+        low.log.append(f"lower: {n.name} {n.target} (indices, ceil_mode or padding-aware divisor) runs as a "
+                       "GpSimd kernel")
         return lower_custom(low, n)
     kind, (KH, KW), (sh, sw), (ph, pw), (dh, dw), divisor = prm
     B, C, H, W = x.shape
@@ -341,8 +344,8 @@ def lower_pool(low: Lowerer, n: Node) -> None:
                 if ti == 0:
                     low.vec("TENSOR_COPY", n.name, o, [win])
                 else:
-                    low.vec("TENSOR_TENSOR", n.name, o, [o.op(), win], n_inputs=2, op="maximum" if alu == "max" else "add",
-                            flops=P * nr * OW)
+                    low.vec("TENSOR_TENSOR", n.name, o, [o.op(), win], n_inputs=2,
+                            op="maximum" if alu == "max" else "add", flops=P * nr * OW)
             if kind == "avg":
                 low.vec("TENSOR_SCALAR", n.name, o, [o.op()], op0="multiply", scalar0=1.0 / divisor, flops=P * nr * OW)
             low.store(n.name, o, out, list(rbox) + [(r0, nr), (0, OW)])

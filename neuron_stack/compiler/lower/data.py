@@ -50,8 +50,8 @@ def lower_copy(low: Lowerer, n: Node) -> None:
             _dma_view(low, n.name, sl, v)
             off += v.shape[dim]
         return
-    if name in ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "expand_copy", "permute_copy",
-                "view_copy", "_unsafe_view", "reshape") and n.args and is_ref(n.args[-1] if name == "copy" else n.args[0]):
+    if name in ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "expand_copy", "permute_copy", "view_copy",
+                "_unsafe_view", "reshape") and n.args and is_ref(n.args[-1] if name == "copy" else n.args[0]):
         src = low.value(n.args[1] if name == "copy" else n.args[0])
         out = low.out_view(n.name, spec)
         if name in ("_unsafe_view", "reshape", "view_copy"):
@@ -212,5 +212,6 @@ def lower_collective(low: Lowerer, n: Node) -> None:
     nb = sum(s.numel * nbytes_of(s.dtype) for s in n.inputs)
     dsts = [view_operand(low.out_view(n.name, n.outputs[0]))] if n.outputs else []
     dur = ring_collective_ns(low.p, kind, nb, world)
-    opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER", "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
+    opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER",
+              "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
     low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)

@@ -46,7 +46,8 @@ class Lowerer(Residency):
     def __init__(self, program: Program, partition: int, profile: DeviceProfile, flags: dict):
         self.prog, self.part, self.p, self.flags = program, partition, profile, flags or {}
         self.auto_cast = self.flags.get("auto_cast", "none") or "none"
-        self.cast_type = {"bf16": "bfloat16", "fp16": "float16"}.get(self.flags.get("auto_cast_type", "bf16"), "bfloat16")
+        self.cast_type = {"bf16": "bfloat16", "fp16": "float16"}.get(self.flags.get("auto_cast_type", "bf16"),
+                                                                     "bfloat16")
         self.by_name = {n.name: n for n in program.nodes}
         self.instrs: list[Instr] = []
         self.last_writer: dict[str, int] = {}
@@ -273,7 +274,8 @@ class Lowerer(Residency):
             got = self._resident_tile(r, v, box, split)
             if got is not None:       # read in place: no instruction
                 off, free = got
-                return Tile(r.key, "sbuf", v.dtype, P, F, r.psize, off, None if free == [[1, F]] else tuple(map(tuple, free)))
+                return Tile(r.key, "sbuf", v.dtype, P, F, r.psize, off,
+                            None if free == [[1, F]] else tuple(map(tuple, free)))
         t = pool.tile(P, F)
         self.dma(node, t.op() if t.dtype == v.dtype else t.as_dtype(v.dtype).op(), view_operand(v, box))
         return t.as_dtype(v.dtype) if t.dtype != v.dtype else t
@@ -445,7 +447,8 @@ class Lowerer(Residency):
         for i, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
                 continue
-            if o.data_ptr() != src.meta.data_ptr() and not (o._is_view() or o.untyped_storage() is src.meta.untyped_storage()):
+            if o.data_ptr() != src.meta.data_ptr() and not (o._is_view()
+                                                            or o.untyped_storage() is src.meta.untyped_storage()):
                 return None
             v = src.with_meta(o)
             if i == 0:

@@ -132,7 +132,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         if Cv is not None and oshape != hshape:
             pass
         if Cv is None:
-            Cv = broadcast_view(C.with_meta(C.meta.reshape(-1) if C.numel == M * N else C.meta), (M, N)) if False else None
+            Cv = broadcast_view(C.with_meta(C.meta.reshape(-1) if C.numel == M * N else C.meta),
+                                (M, N)) if False else None
         if Cv is not None and Cv.meta.dim() == 2:
             Cv = Cv.with_meta(Cv.meta.unsqueeze(0))
     A3 = A if batched else A.with_meta(A.meta.unsqueeze(0))
@@ -230,7 +231,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         src = acc.cols(c0, cw)
                         out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
                         if Cv is not None:
-                            ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N)) if Cv.meta.shape[0] != nb else Cv, "bias")
+                            ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N))
+                                                   if Cv.meta.shape[0] != nb else Cv, "bias")
                             if beta != 1:     # into a fresh tile: ctile may be a resident value read in place
                                 scaled = ctx.out_tile(n.name, "beta", ctile.dtype)
                                 low.vec("TENSOR_SCALAR", n.name, scaled, [ctile.op()], op0="multiply", scalar0=beta)

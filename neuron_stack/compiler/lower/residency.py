@@ -69,12 +69,14 @@ class Residency:
                 e0, e1 = p0 * F, p1 * F
                 if e0 % inner or e1 % inner:
                     continue
-                h = dict(hb, o=hb["o"] + (e0 // inner) * s0, ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
+                h = dict(hb, o=hb["o"] + (e0 // inner) * s0,
+                         ap=[[s0, (e1 - e0) // inner]] + [list(x) for x in hb["ap"][1:]])
                 if self._try_on_chip(h) is not None:
                     break
             else:
                 return None
-            t = dict(tile, o=tile["o"] + p0 * tile["ap"][0][0], ap=[[tile["ap"][0][0], p1 - p0]] + [list(x) for x in tile["ap"][1:]])
+            t = dict(tile, o=tile["o"] + p0 * tile["ap"][0][0],
+                     ap=[[tile["ap"][0][0], p1 - p0]] + [list(x) for x in tile["ap"][1:]])
             out.append((h, t) if hb is dst else (t, h))
             p0 = p1
         return out

@@ -39,10 +39,10 @@ PMAX = 128
 
 def row_tiling(shape) -> tuple[int, int]:
     """``(C, T)`` of a value's row-tiled layout: the row length C is the longest run of trailing
-    dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the last dims, e.g.
-    heads x head_dim -> hidden, still reads whole rows); the block height T is the product of the trailing row dims while it fits
-    in 128 partitions, times the chunk of the next dim that still fits (128 when the innermost one alone does
-    not), as ``lower.boxes`` cuts tiles."""
+    dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the
+    last dims, e.g. heads x head_dim -> hidden, still reads whole rows); the block height T is the product of
+    the trailing row dims while it fits in 128 partitions, times the chunk of the next dim that still fits
+    (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles."""
     shape = list(shape) or [1]
     k = len(shape) - 1
     C = max(1, shape[k])
