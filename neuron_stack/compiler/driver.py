@@ -22,6 +22,7 @@ import uuid as uuidlib
 import weakref
 
 import torch
+import xxhash
 
 from neuron_stack.compiler import hooks, schedule
 from neuron_stack.compiler.fuse import fuse
@@ -68,11 +69,13 @@ _DIGESTS: dict[int, tuple[int, int, bytes]] = {}
 
 
 def tensor_digest(t: torch.Tensor) -> bytes:
-    """sha256 of a tensor's bytes, remembered per tensor object and version counter in this process.
+    """xxHash3-128 of a tensor's bytes, remembered per tensor object and version counter in this process.
 
     The front end hands out one detached tensor per parameter (``frontend.export.detached``), so a
     second trace of the same model (a warm compile) hashes nothing. In-place updates bump the version
-    counter (``p.copy_``, optimizer steps, ``load_state_dict``) and are re-hashed. A write that bypasses
+    counter (``p.copy_``, optimizer steps, ``load_state_dict``) and are re-hashed. xxHash3, not sha256:
+    a new process hashes every weight before its cache hit (BERT-base: 0.04 s instead of 0.37 s);
+    128 bits keep an accidental collision out of reach (the key is not a defence against forgery). A write that bypasses
     it (``p.data.mul_()``) can leave a stale digest; a cache hit is still right, because it runs the
     captured tensors, never the cached copy of the weights (``compile_cached``).
 
@@ -84,7 +87,7 @@ def tensor_digest(t: torch.Tensor) -> bytes:
     if hit is not None and hit[0] == t.data_ptr() and hit[1] == t._version:
         return hit[2]
     c = t.detach().contiguous()
-    digest = hashlib.sha256(c.view(-1).view(torch.uint8).numpy().data if c.numel() else b"").digest()
+    digest = xxhash.xxh3_128(c.view(-1).view(torch.uint8).numpy().data if c.numel() else b"").digest()
     if hit is None:
         weakref.finalize(t, _DIGESTS.pop, key, None)
     _DIGESTS[key] = (t.data_ptr(), t._version, digest)
