@@ -28,7 +28,7 @@ from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.support import PartitionerConfig, analyze, check_partitioner_config, support_report
 from neuron_stack.frontend.export import capture, register_model_pytrees, user_frame
 from neuron_stack.frontend.flags import DEFAULTS, parse_flags
-from neuron_stack.ir import Source
+from neuron_stack.ir import Source, paused_gc
 from neuron_stack.isa.neff import Neff, NeffError
 from neuron_stack.isa.neff import load as load_neff
 from neuron_stack.runtime.cores import CoreAllocationError
@@ -161,43 +161,44 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     t = time.perf_counter()
     program = capture(model, example_inputs)
     stages["capture"] = time.perf_counter() - t
-    # forced CPU placement changes the artifact, so it is part of the graph identity
-    forced = sorted(cfg.ops_to_partition) if cfg is not None else []
-    t = time.perf_counter()
-    ghash = graph_hash(program, salt=",".join(forced))
-    stages["graph_hash"] = time.perf_counter() - t
+    with paused_gc():      # the rest allocates IR objects by the hundred thousand (see paused_gc)
+        # forced CPU placement changes the artifact, so it is part of the graph identity
+        forced = sorted(cfg.ops_to_partition) if cfg is not None else []
+        t = time.perf_counter()
+        ghash = graph_hash(program, salt=",".join(forced))
+        stages["graph_hash"] = time.perf_counter() - t
 
-    def build() -> Neff:
-        tb = time.perf_counter()
-        try:
-            return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
-        finally:
-            stages["passes"] = time.perf_counter() - tb
+        def build() -> Neff:
+            tb = time.perf_counter()
+            try:
+                return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
+            finally:
+                stages["passes"] = time.perf_counter() - tb
 
-    t = time.perf_counter()
-    neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
-    # the cache's own work: a hit's lookup and load, or a miss's lookup and publish
-    stages["cache"] = time.perf_counter() - t - stages.get("passes", 0.0)
-    if compiler_workdir is not None:
-        wd = Path(compiler_workdir)
-        wd.mkdir(parents=True, exist_ok=True)
-        neff.save(wd / "model.neff")
-        (wd / "log-neuron-cc.txt").write_text(neff.log)
-    if cfg is not None:  # checked on cache hits too: the limits are not part of the artifact
-        params = cfg.analyze_parameters or {}
-        if params.get("compiler_workdir"):
-            wd = Path(params["compiler_workdir"])
+        t = time.perf_counter()
+        neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
+        # the cache's own work: a hit's lookup and load, or a miss's lookup and publish
+        stages["cache"] = time.perf_counter() - t - stages.get("passes", 0.0)
+        if compiler_workdir is not None:
+            wd = Path(compiler_workdir)
             wd.mkdir(parents=True, exist_ok=True)
-            report = support_report(neff.program, set(params.get("additional_ignored_ops") or ()))
-            (wd / "analyze.json").write_text(json.dumps(report, indent=2))
-        check_partitioner_config(neff.program, cfg)
-    info = {"kind": "trace", "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,
-            "cache_path": str(entry) if entry else "", "source": call_site, "stages_s": stages}
-    t = time.perf_counter()
-    nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
-                      out_spec=getattr(program, "out_spec", None))
-    stages["runtime_load"] = time.perf_counter() - t     # the runtime's fast-path build, core placement
-    return nm
+            neff.save(wd / "model.neff")
+            (wd / "log-neuron-cc.txt").write_text(neff.log)
+        if cfg is not None:  # checked on cache hits too: the limits are not part of the artifact
+            params = cfg.analyze_parameters or {}
+            if params.get("compiler_workdir"):
+                wd = Path(params["compiler_workdir"])
+                wd.mkdir(parents=True, exist_ok=True)
+                report = support_report(neff.program, set(params.get("additional_ignored_ops") or ()))
+                (wd / "analyze.json").write_text(json.dumps(report, indent=2))
+            check_partitioner_config(neff.program, cfg)
+        info = {"kind": "trace", "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,
+                "cache_path": str(entry) if entry else "", "source": call_site, "stages_s": stages}
+        t = time.perf_counter()
+        nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
+                          out_spec=getattr(program, "out_spec", None))
+        stages["runtime_load"] = time.perf_counter() - t     # the runtime's fast-path build, core placement
+        return nm
 
 
 def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
@@ -206,6 +207,11 @@ def load(path: str | os.PathLike, target: str | None = None) -> NeuronModule:
     ``target`` (optional) must match the NEFF's. Example: ``neuron_stack.load("model.neff")``.
     """
     t0 = time.perf_counter_ns()
+    with paused_gc():
+        return _load(path, target, t0)
+
+
+def _load(path, target, t0) -> NeuronModule:
     neff = load_neff(path, target=target)
     try:
         return NeuronModule(neff, {"kind": "trace", "cache_hit": False, "loaded_from": str(path),

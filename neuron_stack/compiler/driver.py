@@ -34,7 +34,7 @@ from neuron_stack.compiler.version import compiler_version
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import file_texts, sources_in
 from neuron_stack.frontend.flags import command_line, compiler_flags, flags_hash
-from neuron_stack.ir import Program
+from neuron_stack.ir import Program, paused_gc
 from neuron_stack.isa.neff import Neff, PartitionSchedule
 from traces.vocab import FALLBACK_PLACEMENT
 
@@ -121,6 +121,9 @@ def memory_plan(program: Program) -> dict:
     for i, n in enumerate(program.nodes):
         for r in refs([n.args, n.kwargs]):
             last_use[r] = i
+    dies_at: dict[int, list[str]] = {}      # node index -> the values last read there
+    for r, j in last_use.items():
+        dies_at.setdefault(j, []).append(r)
     live = peak = largest = 0
     sizes: dict[str, int] = {}
     for i, n in enumerate(program.nodes):
@@ -129,7 +132,7 @@ def memory_plan(program: Program) -> dict:
             live += sizes[n.name]
             largest = max(largest, sizes[n.name])
         peak = max(peak, live)
-        for r in [r for r, j in last_use.items() if j == i]:
+        for r in dies_at.get(i, ()):
             live -= sizes.pop(r, 0)
     constants = sum(t.numel() * t.element_size() for t in program.constants.values())
     return {"tensors": peak, "constants": constants, "model_shared_scratchpad": largest,
@@ -152,6 +155,11 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
 
     ``flags`` comes from :func:`neuron_stack.frontend.flags.parse_flags`. Example in the module docstring.
     """
+    with paused_gc():
+        return _compile_program(program, flags, partitioner_config, graph_hash_value)
+
+
+def _compile_program(program: Program, flags: dict, partitioner_config, graph_hash_value: str | None) -> Neff:
     t0 = time.perf_counter()
     profile = get_profile(flags["target"])
     program.flags = compiler_flags(flags)
