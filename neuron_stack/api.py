@@ -15,6 +15,7 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -128,6 +129,29 @@ class NeuronModule(torch.nn.Module):
         return f"NeuronModule(name={h['name']!r}, target={h['target']!r}, core={self.model.core}, hash={h['hash']})"
 
 
+class _Stopwatch:
+    """Wall and CPU seconds per stage of one ``trace`` call (``compile_info["stages_s"]``, ``["stages_cpu_s"]``:
+    CPU time tells the stages apart on a busy machine, where the wall clock mostly measures waiting)."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.wall[name] = time.perf_counter() - t
+            self.cpu[name] = time.process_time() - c
+
+    def subtract(self, outer: str, inner: str) -> None:
+        """Take a stage that ran inside another out of the other's time."""
+        for d in (self.wall, self.cpu):
+            d[outer] -= d.get(inner, 0.0)
+
+
 def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, target: str = "trn1",
           partitioner_config: PartitionerConfig | None = None) -> NeuronModule:
     """Capture ``model`` on ``example_inputs``, compile it ahead of time and load it on a NeuronCore.
@@ -138,7 +162,8 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     ``target``: trn1, inf2 or trn2 (a ``--target`` flag wins over the default).
     Compiles go through the persistent cache (``NEURON_COMPILE_CACHE_URL``).
     ``nm.model.compile_info["stages_s"]`` holds the seconds of each stage (capture, graph_hash,
-    passes, cache, runtime_load); the compile log's ``pass times:`` line splits ``passes``.
+    passes, cache, runtime_load), ``["stages_cpu_s"]`` their CPU seconds; the compile log's
+    ``pass times:`` line splits ``passes``.
 
     >>> nm = trace(torch.nn.Linear(4, 2), torch.randn(1, 4), target="inf2")   # doctest: +SKIP
     """
@@ -157,28 +182,22 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     probe = parse_flags(compiler_args)
     flags = parse_flags(compiler_args, target=None if target == DEFAULTS["target"] and probe["target"] != target
                         else target)
-    stages: dict[str, float] = {}     # seconds per stage of this call (compile_info["stages_s"])
-    t = time.perf_counter()
-    program = capture(model, example_inputs)
-    stages["capture"] = time.perf_counter() - t
+    sw = _Stopwatch()
+    with sw.stage("capture"):
+        program = capture(model, example_inputs)
     with paused_gc():      # the rest allocates IR objects by the hundred thousand (see paused_gc)
         # forced CPU placement changes the artifact, so it is part of the graph identity
         forced = sorted(cfg.ops_to_partition) if cfg is not None else []
-        t = time.perf_counter()
-        ghash = graph_hash(program, salt=",".join(forced))
-        stages["graph_hash"] = time.perf_counter() - t
+        with sw.stage("graph_hash"):
+            ghash = graph_hash(program, salt=",".join(forced))
 
         def build() -> Neff:
-            tb = time.perf_counter()
-            try:
+            with sw.stage("passes"):
                 return compile_program(program, flags, partitioner_config=cfg, graph_hash_value=ghash)
-            finally:
-                stages["passes"] = time.perf_counter() - tb
 
-        t = time.perf_counter()
-        neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
-        # the cache's own work: a hit's lookup and load, or a miss's lookup and publish
-        stages["cache"] = time.perf_counter() - t - stages.get("passes", 0.0)
+        with sw.stage("cache"):
+            neff, hit, entry = compile_cached(ghash, flags, build, constants=program.constants)
+        sw.subtract("cache", "passes")   # the cache's own work: a hit's lookup and load, or a miss's publish
         if compiler_workdir is not None:
             wd = Path(compiler_workdir)
             wd.mkdir(parents=True, exist_ok=True)
@@ -193,11 +212,11 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
                 (wd / "analyze.json").write_text(json.dumps(report, indent=2))
             check_partitioner_config(neff.program, cfg)
         info = {"kind": "trace", "compile_wall_ns": time.perf_counter_ns() - t0, "cache_hit": hit,
-                "cache_path": str(entry) if entry else "", "source": call_site, "stages_s": stages}
-        t = time.perf_counter()
-        nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
-                          out_spec=getattr(program, "out_spec", None))
-        stages["runtime_load"] = time.perf_counter() - t     # the runtime's fast-path build, core placement
+                "cache_path": str(entry) if entry else "", "source": call_site, "stages_s": sw.wall,
+                "stages_cpu_s": sw.cpu}
+        with sw.stage("runtime_load"):     # the runtime's partition functions, core placement
+            nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
+                              out_spec=getattr(program, "out_spec", None))
         return nm
 
 
