@@ -196,3 +196,29 @@ def test_load_in_a_new_process_imports_no_compiler(cache, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_torch_compile_recompile_of_a_cached_shape_only_looks_up(cache, monkeypatch):
+    """After dynamo forgets its graphs (torch._dynamo.reset, a new process), a shape compiled before
+    is a cache lookup: no pass runs, the numbers are the same."""
+    from neuron_stack import dynamo
+
+    def f(x):
+        return torch.tanh(x) * 2
+    compiled = torch.compile(f, backend="neuron")
+    for n in (3, 5):
+        compiled(torch.randn(n, 8))
+    torch._dynamo.reset()
+
+    def boom(*a, **k):
+        raise AssertionError("a compiler pass ran for a shape already in the cache")
+    monkeypatch.setattr(dynamo, "compile_program", boom)
+    monkeypatch.setattr(schedule, "build_schedule", boom)
+    before = len(dynamo.compile_events())
+    compiled = torch.compile(f, backend="neuron")
+    for n in (5, 3):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
+    events = dynamo.compile_events()[before:]
+    assert len(events) == 2 and all(e["cache_hit"] for e in events)
+    torch._dynamo.reset()

@@ -154,7 +154,6 @@ class PartitionFn:
 
     def __init__(self, code: str, timed_code: str, namespace: dict):
         self.code = code
-        self.constants = {k: v for k, v in namespace.items() if isinstance(v, torch.Tensor)}
         self.forward = _compile(code, "forward", namespace)
         self._timed_code = timed_code
         self._namespace = namespace
@@ -172,7 +171,7 @@ class PartitionFn:
 
 def _compile(code: str, name: str, namespace: dict):
     scope: dict = {}
-    exec(compile(code, f"<neuron_stack partition {name}>", "exec"), namespace, scope)  # noqa: S102 (our own source)
+    exec(compile(code, f"<neuron_stack partition {name}>", "exec"), namespace, scope)   # our own generated source
     return scope[name]
 
 
