@@ -175,22 +175,50 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     lat = [int(math.ceil(ins.latency)) for ins in instrs]     # DMA trigger-to-start latency
     throttle = profile.throttle
 
-    def est(i: int) -> int:
-        k = kind[i]
-        if k:
-            return max(min(spill_free if k == 2 else io_free), ready[i] + lat[i])
-        return max(free.get(engine[i], 0), ready[i])
-
-    heap = [(lat[i], i) for i in range(n) if preds_left[i] == 0]
-    heapq.heapify(heap)
+    # Candidates (dependencies done) are kept per issue class: each compute engine, the IO DMA
+    # queues, the spill queues. A class is free from ``cfree[c]`` (an engine's free time, the
+    # earliest free of its DMA queues); a candidate could start at max(cfree, its ready time).
+    # Those already ready by then sit in ``avail[c]`` by program order, the rest in ``waiting[c]``
+    # by ready time, so the next instruction, the one that can start earliest (ties: program order),
+    # is the best head of a handful of heaps: no per-candidate re-evaluation.
+    cls_names: dict[str, int] = {}
+    cls = [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else engine[i], len(cls_names)) for i in range(n)]
+    cfree = [0] * len(cls_names)
+    avail: list[list[int]] = [[] for _ in cls_names]
+    waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
     push, pop = heapq.heappush, heapq.heappop
+
+    def add(j: int) -> None:
+        c = cls[j]
+        r = ready[j] + lat[j] if kind[j] else ready[j]
+        if r <= cfree[c]:
+            push(avail[c], j)
+        else:
+            push(waiting[c], (r, j))
+
+    for i in range(n):
+        if preds_left[i] == 0:
+            add(i)
     done = 0
-    while heap:
-        key, i = pop(heap)
-        e = est(i)
-        if e > key:
-            push(heap, (e, i))
-            continue
+    ncls = range(len(cls_names))
+    while True:
+        bc, best = -1, None
+        for c in ncls:
+            if avail[c]:
+                cand = (cfree[c], avail[c][0])
+            elif waiting[c]:
+                cand = waiting[c][0]
+            else:
+                continue
+            if best is None or cand < best:
+                bc, best = c, cand
+        if best is None:
+            break
+        i = best[1]
+        if avail[bc]:
+            pop(avail[bc])
+        else:
+            pop(waiting[bc])
         d_ns = base_dur[i]
         r = ready[i] + lat[i]
         k = kind[i]
@@ -198,11 +226,12 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
             qs = spill_free if k == 2 else io_free
             m = min(qs)
             # the earliest-starting queue, lowest index on ties: every queue free by r starts at r
-            best = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
-            qfree = qs[best]
+            best_q = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
+            qfree = qs[best_q]
             s = qfree if qfree > r else r
-            qs[best] = s + d_ns
-            queue[i] = dma_queue_name(best, instrs[i].queue_kind or "IO")
+            qs[best_q] = s + d_ns
+            queue[i] = dma_queue_name(best_q, instrs[i].queue_kind or "IO")
+            cfree[bc] = min(qs)
         else:
             eng = engine[i]
             qfree = free.get(eng, 0)
@@ -214,8 +243,11 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
                     if instrs[i].opcode == "MATMUL":
                         d_ns = max(1, int(math.ceil(instrs[i].dur / throttle_factor(profile, s - ramp_start))))
                 last_tensor_end = s + d_ns
-            free[eng] = s + d_ns
+            free[eng] = cfree[bc] = s + d_ns
             queue[i] = ENGINE_LABELS[eng]     # an in-order engine's queue is its track
+        w = waiting[bc]
+        while w and w[0][0] <= cfree[bc]:
+            push(avail[bc], pop(w)[1])
         start[i], dur[i] = s, d_ns
         wait[i] = r - qfree if r > qfree else 0
         done += 1
@@ -231,13 +263,13 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
                         ready[j] = br
                     preds_left[j] -= 1
                     if preds_left[j] == 0:
-                        push(heap, (est(j), j))
+                        add(j)
         for j in succ[i]:
             if end > ready[j]:
                 ready[j] = end
             preds_left[j] -= 1
             if preds_left[j] == 0:
-                push(heap, (est(j), j))
+                add(j)
     if done != n:
         raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
     # program counter = position in the queue's executed order

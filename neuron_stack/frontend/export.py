@@ -33,7 +33,6 @@ import torch
 import torch.fx
 import torch.fx.proxy as proxy
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.fx.experimental.symbolic_shapes import uninteresting_files
 from torch.utils import _pytree as pytree
 
 from neuron_stack.ir import Node, Program, Source, TensorSpec
@@ -77,6 +76,9 @@ def user_frame(stack_trace: str | None) -> Source | None:
 def _full_stack_traces():
     """Keep every frame from the first ``forward`` inward while non-strict export records stacks."""
     original = proxy.TracerBase._filter_traceback_frames
+
+    # imported here, not at the top: it pulls in sympy, which loading a NEFF never needs
+    from torch.fx.experimental.symbolic_shapes import uninteresting_files
 
     def keep_all(self, summary):
         skip = uninteresting_files()

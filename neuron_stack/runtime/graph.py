@@ -1,6 +1,11 @@
-"""Executable graphs: each partition of a NEFF's program becomes a ``torch.fx.GraphModule`` (generated
-Python, built once at load), with constant folding and ``--auto-cast`` rounding; CPU islands run
-through :class:`TimedInterpreter`, which measures each op.
+"""Executable graphs: each partition of a NEFF's program becomes a :class:`PartitionFn`, one generated
+straight-line Python function built once at load, with constant folding and ``--auto-cast``
+rounding; a CPU island's function also measures each op (``run_timed``).
+
+The code is generated here rather than through ``torch.fx``: building a BERT-base GraphModule took
+0.2-0.3 s of a 0.5 s load (issue 20), this takes a few milliseconds. Nothing of the NEFF is pasted
+into the source: values are ``a<i>``/``v<i>``, ops ``f<i>`` and literals ``k<i>`` name objects in
+the function's globals, so a crafted NEFF cannot inject code.
 
 >>> from neuron_stack.ir import Node, Partition, Program, TensorSpec
 >>> t = TensorSpec((2,), "float32")
@@ -13,19 +18,21 @@ through :class:`TimedInterpreter`, which measures each op.
 from __future__ import annotations
 
 import builtins
+import functools
+import keyword
 import math
 import operator
+import re
 import time
 from typing import Any
 
 import torch
-import torch.fx
 
-from neuron_stack.compiler.partition import refs
 from neuron_stack.ir import Partition, Program
 from neuron_stack.runtime.errors import NeuronRuntimeError
 
 
+@functools.cache
 def resolve_target(name: str):
     """The callable of a Program node target: ``aten.addmm.default`` -> ``torch.ops.aten.addmm.default``."""
     if name == "getitem":
@@ -96,24 +103,6 @@ def round_to(x, dtype):
     return x
 
 
-class _Env(dict):
-    """Node name -> FX node; a weight is fetched (``get_attr``) the first time it is referenced."""
-
-    def __init__(self, graph: torch.fx.Graph, root: torch.nn.Module, constants: dict):
-        super().__init__()
-        self.graph, self.root, self.constants = graph, root, constants
-        self.const_names: dict[torch.fx.Node, str] = {}
-
-    def __missing__(self, name: str) -> torch.fx.Node:
-        if name not in self.constants:
-            raise KeyError(name)
-        attr = f"_const_{len(self.const_names)}"
-        self.root.register_buffer(attr, self.constants[name], persistent=False)
-        node = self[name] = self.graph.get_attr(attr)
-        self.const_names[node] = name
-        return node
-
-
 #: Deterministic ops without tensor inputs: a device graph computes them once, at load.
 FOLDABLE_SOURCES = frozenset({"aten.arange", "aten.full", "aten.zeros", "aten.ones", "aten.scalar_tensor",
                               "aten.eye", "aten.linspace"})
@@ -122,20 +111,137 @@ _NEVER_FOLD = ("rand", "dropout", "bernoulli", "multinomial", "normal", "uniform
 
 def _foldable(n, values: dict) -> bool:
     """True if ``n`` depends on weights only (``permute(weight)``, ``arange``) and is deterministic."""
-    packet = n.target.rsplit(".", 1)[0]
-    op = packet.rsplit(".", 1)[-1]
-    if op.endswith("_") or any(w in op for w in _NEVER_FOLD):
+    deps = _known_refs([n.args, n.kwargs], values)
+    if deps < 0:               # reads an activation: the common case, answered first
         return False
-    deps = list(refs([n.args, n.kwargs]))
-    return all(d in values for d in deps) if deps else packet in FOLDABLE_SOURCES
+    never, source = _op_kind(n.target)
+    return not never and (deps > 0 or source)
+
+
+@functools.cache
+def _op_kind(target: str) -> tuple[bool, bool]:
+    """(never folded: in-place or random, a foldable source without inputs) of an op target."""
+    packet = target.rsplit(".", 1)[0]
+    op = packet.rsplit(".", 1)[-1]
+    return op.endswith("_") or any(w in op for w in _NEVER_FOLD), packet in FOLDABLE_SOURCES
+
+
+def _known_refs(a: Any, values: dict) -> int:
+    """-1 if the argument structure ``a`` references a node not in ``values``, else how many it references.
+
+    >>> _known_refs([{"node": "w"}, 2], {"w": 1}), _known_refs([{"node": "x"}], {})
+    (1, -1)
+    """
+    if isinstance(a, list):
+        total = 0
+        for x in a:
+            k = _known_refs(x, values)
+            if k < 0:
+                return -1
+            total += k
+        return total
+    if isinstance(a, dict):
+        if "node" in a and len(a) == 1:
+            return 1 if a["node"] in values else -1
+        return _known_refs(list(a.values()), values)
+    return 0
+
+
+class PartitionFn:
+    """One partition as a Python function: ``fn(*inputs)`` returns its outputs; ``run_timed(*inputs)``
+    returns ``(outputs, [(node name, host ns), ...])`` (CPU islands: each op is measured).
+    ``code`` is the generated source, for reading. Example: ``build_graph_module(prog, part)(x)``."""
+
+    def __init__(self, code: str, timed_code: str, namespace: dict):
+        self.code = code
+        self.forward = _compile(code, "forward", namespace)
+        self._timed_code = timed_code
+        self._namespace = namespace
+        self._timed = None
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def run_timed(self, *args) -> tuple[Any, list[tuple[str, int]]]:
+        if self._timed is None:     # built on first use: only CPU islands are run this way
+            self._timed = _compile(self._timed_code, "forward_timed", self._namespace)
+        times: list[tuple[str, int]] = []
+        return self._timed(times, *args), times
+
+
+def _compile(code: str, name: str, namespace: dict):
+    scope: dict = {}
+    exec(compile(code, f"<neuron_stack partition {name}>", "exec"), namespace, scope)   # our own generated source
+    return scope[name]
+
+
+class _Codegen:
+    """Python expressions for node arguments (JSON form) over named values and global constants."""
+
+    def __init__(self, constants: dict):
+        self.constants = constants                # node name -> tensor (weights and folded values)
+        self.names: dict[str, str] = {}           # node name -> variable of its value
+        self.values: set[str] = set()             # variables holding a graph value (fx's Nodes)
+        self.ns: dict[str, Any] = {"_ns": time.perf_counter_ns}   # the function's globals
+        self.const_var: dict[int, str] = {}       # id(object) -> its global name (ns keeps it alive)
+
+    def const(self, value) -> str:
+        """The global name of ``value``, one per object."""
+        key = id(value)
+        if key not in self.const_var:
+            self.const_var[key] = self.global_("k", value)
+        return self.const_var[key]
+
+    def global_(self, prefix: str, value) -> str:
+        name = f"{prefix}{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def bind(self, node: str, var: str) -> str:
+        self.names[node] = var
+        self.values.add(var)
+        return var
+
+    def ref(self, name: str) -> str:
+        if name in self.names:
+            return self.names[name]
+        if name in self.constants:
+            return self.bind(name, self.const(self.constants[name]))
+        raise KeyError(name)
+
+    def expr(self, a: Any) -> str:
+        """Source of the value ``from_json(a, env)`` would give."""
+        if isinstance(a, list):
+            return "[" + ", ".join(self.expr(x) for x in a) + "]"
+        if isinstance(a, dict):
+            if "node" in a and len(a) == 1:
+                return self.ref(a["node"])
+            if "dict" in a and len(a) == 1:
+                return "{" + ", ".join(f"{self.const(k)}: {self.expr(v)}" for k, v in a["dict"].items()) + "}"
+            return self.global_("k", from_json(a, {}))
+        if a is None or isinstance(a, bool) or type(a) is int:
+            return repr(a)
+        return self.global_("k", a)              # floats (inf, nan), strings: never pasted into the source
+
+    def call(self, fn: str, args: list[str], kwargs: dict[str, str]) -> str:
+        parts = list(args)
+        extra = {}
+        for k, v in kwargs.items():
+            if k.isidentifier() and not keyword.iskeyword(k):
+                parts.append(f"{k}={v}")
+            else:
+                extra[k] = v
+        if extra:
+            parts.append("**{" + ", ".join(f"{self.const(k)}: {v}" for k, v in extra.items()) + "}")
+        return f"{fn}({', '.join(parts)})"
 
 
 def build_graph_module(program: Program, part: Partition, auto_cast: str = "none", cast_type: str = "bf16", *,
                        constants: dict | None = None, inputs: list[str] | None = None,
-                       output=None) -> torch.fx.GraphModule:
-    """A GraphModule computing partition ``part`` of ``program``.
+                       output=None) -> PartitionFn:
+    """A :class:`PartitionFn` computing partition ``part`` of ``program``.
 
-    Weights (``constants``: node name -> tensor) live in the module, so only activations are
+    Weights (``constants``: node name -> tensor) are globals of the function, so only activations are
     arguments: placeholders are ``inputs`` (default: the partition's non-constant inputs). It
     returns ``output`` (a JSON output structure, e.g. ``program.output_names``) or else the tuple
     of ``part.outputs``. In a device partition, ops that depend on weights only (the
@@ -146,25 +252,25 @@ def build_graph_module(program: Program, part: Partition, auto_cast: str = "none
     """
     constants = dict(constants or {})      # plus the folded values, by node name
     by_name = {n.name: n for n in program.nodes}
-    g = torch.fx.Graph()
-    root = torch.nn.Module()
-    env = _Env(g, root, constants)
+    cg = _Codegen(constants)
+    params = []
     for name in inputs if inputs is not None else [n for n in part.inputs if n not in constants]:
-        env[name] = g.placeholder(name)
+        params.append(cg.bind(name, f"a{len(params)}"))
     dtype = _CAST_DTYPES[cast_type]
     device = part.kind == "device"
     cast = device and auto_cast != "none"
-    rounded: dict[torch.fx.Node, torch.fx.Node] = {}
+    rounded: dict[str, str] = {}            # variable -> variable of its rounded value
+    stmts: list[tuple[str, str, str]] = []  # (target variable, expression, node name or "")
 
-    def rounded_value(a: torch.fx.Node) -> torch.fx.Node:
-        if a not in rounded:
-            if a in env.const_names:   # a weight: round it now, once
-                attr = f"{a.target}_{cast_type}"
-                root.register_buffer(attr, round_to(constants[env.const_names[a]], dtype), persistent=False)
-                rounded[a] = g.get_attr(attr)
+    def rounded_value(var: str) -> str:
+        if var not in rounded:
+            value = cg.ns.get(var)
+            if isinstance(value, torch.Tensor):    # a weight: round it now, once
+                rounded[var] = cg.global_("k", round_to(value, dtype))
             else:
-                rounded[a] = g.call_function(round_to, (a, dtype))
-        return rounded[a]
+                rounded[var] = out = f"r{len(rounded)}"
+                stmts.append((out, f"{cg.const(round_to)}({var}, {cg.const(dtype)})", ""))
+        return rounded[var]
 
     for name in part.nodes:
         n = by_name[name]
@@ -173,32 +279,52 @@ def build_graph_module(program: Program, part: Partition, auto_cast: str = "none
                 value = resolve_target(n.target)(*from_json(n.args, constants),
                                                  **{k: from_json(v, constants) for k, v in n.kwargs.items()})
             if isinstance(value, torch.Tensor):
-                constants[name] = value   # fetched (get_attr) where it is used
+                constants[name] = value   # a global constant where it is used
                 continue
-        args = from_json(n.args, env)
-        kwargs = {k: from_json(v, env) for k, v in n.kwargs.items()}
+        args = [cg.expr(a) for a in n.args]
+        kwargs = {k: cg.expr(v) for k, v in n.kwargs.items()}
         if cast and (n.op_class in ("matmul", "conv") or auto_cast == "all"):
             which = MATMUL_OPERANDS.get(n.target.rsplit(".", 1)[0]) if auto_cast == "matmult" else None
-            args = [rounded_value(a) if isinstance(a, torch.fx.Node) and (which is None or i in which) else a
+            args = [rounded_value(a) if a in cg.values and (which is None or i in which) else a
                     for i, a in enumerate(args)]
-        out = g.call_function(resolve_target(n.target), tuple(args), kwargs)
-        out.name = name
-        env[name] = out
-    g.output(from_json(output, env) if output is not None else tuple(env[o] for o in part.outputs))
-    return torch.fx.GraphModule(root, g)
+        expr = cg.call(cg.global_("f", resolve_target(n.target)), args, kwargs)
+        stmts.append((cg.bind(name, f"v{len(stmts)}"), expr, name))
+    result = cg.expr(output) if output is not None else "(" + "".join(f"{cg.ref(o)}, " for o in part.outputs) + ")"
+    return PartitionFn(*_sources(params, stmts, result, cg), cg.ns)
 
 
-class TimedInterpreter(torch.fx.Interpreter):
-    """Runs a CPU island op by op and measures each op's host time (ns)."""
+def _sources(params: list[str], stmts: list[tuple[str, str, str]], result: str, cg: _Codegen) -> tuple[str, str]:
+    """The plain and the timed function. A value is dropped after its last use (as fx does), so
+    activations are freed while the function runs."""
+    last: dict[str, int] = {}
+    for i, (_, expr, _) in enumerate(stmts):
+        for tok in _tokens(expr):
+            last[tok] = i
+    keep = set(_tokens(result))
+    free_after: dict[int, list[str]] = {}
+    for var, i in last.items():
+        if var not in keep and (var[0] in "avr") and var[1:].isdigit():
+            free_after.setdefault(i, []).append(var)
+    plain = [f"def forward({', '.join(params)}):"]
+    timed = [f"def forward_timed(_times, {', '.join(params)}):"]
+    for i, (var, expr, node) in enumerate(stmts):
+        plain.append(f"    {var} = {expr}")
+        if node:
+            timed += ["    _t = _ns()", f"    {var} = {expr}", f"    _times.append(({cg.const(node)}, _ns() - _t))"]
+        else:
+            timed.append(f"    {var} = {expr}")
+        if i in free_after:
+            dead = "    " + " = ".join(free_after[i]) + " = None"
+            plain.append(dead)
+            timed.append(dead)
+    plain.append(f"    return {result}")
+    timed.append(f"    return {result}")
+    return "\n".join(plain) + "\n", "\n".join(timed) + "\n"
 
-    def __init__(self, gm):
-        super().__init__(gm)
-        self.times: list[tuple[str, int]] = []
 
-    def run_node(self, n):
-        if n.op != "call_function":
-            return super().run_node(n)
-        t0 = time.perf_counter_ns()
-        out = super().run_node(n)
-        self.times.append((n.name, time.perf_counter_ns() - t0))
-        return out
+def _tokens(expr: str) -> list[str]:
+    """The generated names an expression reads."""
+    return _TOKEN.findall(expr)
+
+
+_TOKEN = re.compile(r"\b[avrk]\d+\b")

@@ -1,6 +1,6 @@
 """A NEFF loaded on a simulated NeuronCore (the ``libnrt`` analogue): ``LoadedModel(neff).run(inputs)``.
 
-At load every partition of the program becomes a ``torch.fx.GraphModule`` (:mod:`.graph`): device
+At load every partition of the program becomes a generated Python function (:mod:`.graph`): device
 partitions run with torch on the CPU and are timed by their precomputed schedule; CPU islands run
 op by op and are *measured*, plus PCIe transfers of their seam tensors. Each execution moves the
 projected clock (:mod:`neuron_stack.device.clock`) by simulated minus real time, publishes live
@@ -25,14 +25,13 @@ from typing import Any
 
 import pyarrow as pa
 import torch
-import torch.fx
 
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
 from neuron_stack.ir import Partition
 from neuron_stack.isa.neff import Neff, PartitionSchedule
 from neuron_stack.runtime.errors import InputMismatch, OutOfDeviceMemory
-from neuron_stack.runtime.graph import TimedInterpreter, build_graph_module, from_json
+from neuron_stack.runtime.graph import PartitionFn, build_graph_module, from_json
 from neuron_stack.runtime.recorder import record_execution, record_load
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 from traces.ids import new_id
@@ -44,7 +43,7 @@ class LoadedPartition:
     """One partition as loaded: its executable graph, schedule (device partitions) and seam cost."""
 
     part: Partition
-    gm: torch.fx.GraphModule
+    gm: PartitionFn
     sched: PartitionSchedule | None
     transfer_ns: int                           # PCIe time of its host<->device transfers, per execution
     inputs: tuple[str, ...]                    # its non-constant inputs, in argument order
@@ -86,7 +85,7 @@ class LoadedModel:
                         for s in self.input_specs]
         self.targets = {n.name: n.target for n in prog.nodes}
 
-        # weights by node name (get_attr nodes alias a constant): they live inside the GraphModules
+        # weights by node name (get_attr nodes alias a constant): globals of the partition functions
         self.const_env = dict(prog.constants)
         for n in prog.nodes:
             if n.target == "get_attr":
@@ -219,10 +218,9 @@ class LoadedModel:
                     timeline.append(("device", p, cursor - p.transfer_ns, None))
                     cursor += p.device_ns
                 else:
-                    interp = TimedInterpreter(p.gm)
-                    outs = interp.run(*args)
-                    island = sum(ns for _, ns in interp.times)
-                    timeline.append(("cpu", p, cursor - p.transfer_ns, interp.times))
+                    outs, times = p.gm.run_timed(*args)
+                    island = sum(ns for _, ns in times)
+                    timeline.append(("cpu", p, cursor - p.transfer_ns, times))
                     cursor += island
                     cpu_ns += island + p.transfer_ns
                 values.update(zip(p.part.outputs, outs))

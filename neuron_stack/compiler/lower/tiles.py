@@ -10,6 +10,7 @@ pools, the NeuronCore tiling limits, and the elementwise op tables (ATen packet 
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -234,10 +235,17 @@ class Tile:
 
 
 class Ring:
-    """Ring allocator over one on-chip memory (bytes per partition); reports overlapped regions."""
+    """Ring allocator over one on-chip memory (bytes per partition); reports overlapped regions.
+
+    The live regions never overlap (an allocation evicts every region it touches), so they are kept
+    sorted by address in three parallel lists and the ones an allocation hits are one slice found by
+    bisection: a BERT-base compile makes ~6,000 allocations over up to thousands of regions."""
 
     def __init__(self, capacity: int, unit: int = 64):
-        self.cap, self.unit, self.cursor, self.regions, self.peak = capacity, unit, 0, [], 0
+        self.cap, self.unit, self.cursor, self.peak = capacity, unit, 0, 0
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.keys: list[str] = []
 
     def alloc(self, nbytes: int, key: str) -> list[str]:
         nbytes = ceil_div(max(nbytes, 1), self.unit) * self.unit
@@ -248,8 +256,10 @@ class Ring:
         lo, hi = self.cursor, self.cursor + nbytes
         self.cursor = hi
         self.peak = max(self.peak, hi)
-        hit = [k for (a, b, k) in self.regions if a < hi and lo < b]
-        self.regions = [(a, b, k) for (a, b, k) in self.regions if not (a < hi and lo < b)] + [(lo, hi, key)]
+        i = bisect.bisect_right(self.ends, lo)        # first region ending after lo
+        j = bisect.bisect_left(self.starts, hi, i)     # first region starting at or after hi
+        hit = self.keys[i:j]
+        self.starts[i:j], self.ends[i:j], self.keys[i:j] = [lo], [hi], [key]
         return hit
 
 
