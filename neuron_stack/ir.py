@@ -187,7 +187,8 @@ def paused_gc():
     dicts); each allocation burst triggers collections, and every few an old-generation one that
     walks torch's whole heap. That was 35-45% of a BERT-base compile's CPU time (issue 20); loading
     a NEFF (the program's nodes) pays the same way. Nothing here relies on the collector: reference
-    counting frees it all, and any cycle is collected once it is back on. Example: ``with paused_gc(): compile_program(prog, flags)``.
+    counting frees it all, and any cycle is collected once it is back on.
+    Example: ``with paused_gc(): compile_program(prog, flags)``.
     """
     was = gc.isenabled()
     gc.disable()

@@ -129,11 +129,6 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     Cv = None
     if C is not None:
         Cv = reshape_view(broadcast_view(C, oshape), hshape) if oshape != hshape else broadcast_view(C, oshape)
-        if Cv is not None and oshape != hshape:
-            pass
-        if Cv is None:
-            Cv = broadcast_view(C.with_meta(C.meta.reshape(-1) if C.numel == M * N else C.meta),
-                                (M, N)) if False else None
         if Cv is not None and Cv.meta.dim() == 2:
             Cv = Cv.with_meta(Cv.meta.unsqueeze(0))
     A3 = A if batched else A.with_meta(A.meta.unsqueeze(0))
