@@ -77,7 +77,7 @@ class ExecutionRow(_Row):
             raise ValueError(f"busy time for engines {sorted(unknown)}: an execution row has "
                              f"{', '.join(DEVICE_ENGINES)} (host CPU time is cpu_fallback_ns)")
         cols = super().columns()
-        del cols["busy_ns"]
+        del cols["busy_ns"]                  # one column per engine instead, below
         cols.update({busy_column(e): [int(self.busy_ns.get(e, 0))] for e in DEVICE_ENGINES})
         return cols
 
