@@ -66,22 +66,13 @@ def projection(model: str, tp: int, instance: str) -> dict:
 
 def simulator_step_wall() -> tuple[float, float, float]:
     """(host wall ms per real decode step, simulated device us per step, wall ms per meta-stamped step)."""
-    import transformers
-
+    from neuron_stack.inference.tiny import tiny_llama
     from neuron_stack.llm import NeuronModelForCausalLM, project
     from neuron_stack.runtime.model import LoadedModel
 
     os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-llm-")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=1000,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    # the tiny Llama's GQA shape (4 query heads, 2 KV heads), wider and deeper
+    model = tiny_llama(0, vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     nm = NeuronModelForCausalLM.from_pretrained(model, batch_size=1, sequence_length=128)
     prompt = torch.randint(1, 1000, (1, 16))
     nm.generate(prompt, max_new_tokens=4)  # compile both graphs

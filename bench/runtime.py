@@ -31,6 +31,24 @@ def timed(fn, x) -> float:
     return time.perf_counter() - t0
 
 
+def build(args):
+    """(input ids, traced module, eager no-grad call) of ``args``' BERT-style encoder, seeded, with
+    ``--threads`` applied and a fresh compile cache. Example: ``ids, nm, eager = build(args)``."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
+    torch.manual_seed(0)
+    model = BertEncoder(vocab=30522, hidden=args.hidden, layers=args.layers, heads=12, seq=args.seq).eval()
+    ids = torch.randint(0, 30522, (1, args.seq))
+    nm = neuron_stack.trace(model, ids, compiler_args=f"--auto-cast {args.auto_cast}")
+
+    def eager(x):
+        with torch.no_grad():
+            return model(x)
+
+    return ids, nm, eager
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -45,19 +63,8 @@ def main() -> None:
     args = p.parse_args()
     if args.profiling_child:
         return _profiling_child(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
     os.environ.pop("NEURON_RT_INSPECT_ENABLE", None)
-    torch.manual_seed(0)
-    model = BertEncoder(vocab=30522, hidden=args.hidden, layers=args.layers, heads=12, seq=args.seq).eval()
-    ids = torch.randint(0, 30522, (1, args.seq))
-    nm = neuron_stack.trace(model, ids, compiler_args=f"--auto-cast {args.auto_cast}")
-
-    def eager(x):
-        with torch.no_grad():
-            return model(x)
-
+    ids, nm, eager = build(args)
     for _ in range(3):                       # warm-up both
         eager(ids), nm(ids)
     load0 = os.getloadavg()[0]
@@ -112,19 +119,8 @@ def _profiling_child(args) -> None:
 
     import traces
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
     out_dir = os.environ["NEURON_RT_INSPECT_OUTPUT_DIR"]
-    torch.manual_seed(0)
-    model = BertEncoder(vocab=30522, hidden=args.hidden, layers=args.layers, heads=12, seq=args.seq).eval()
-    ids = torch.randint(0, 30522, (1, args.seq))
-    nm = neuron_stack.trace(model, ids, compiler_args=f"--auto-cast {args.auto_cast}")
-
-    def eager(x):
-        with torch.no_grad():
-            return model(x)
-
+    ids, nm, eager = build(args)
     for _ in range(3):                       # warm-up (our first execution is recorded as warm-up)
         eager(ids), nm(ids)
     block = 5                                # torch.profiler spans a block; its exit-time processing is not timed

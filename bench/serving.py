@@ -19,9 +19,6 @@ Usage: ``.venv/bin/python bench/serving.py [--quick] [--requests N] [--concurren
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -41,12 +38,6 @@ PUBLISHED = [
     ("llama-3-70b", "trn1.32xlarge", 32, 1, 2048, 2048, 547.00, 26.20),
 ]
 REQUEST_TIMEOUT_S = 300
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -70,47 +61,30 @@ def _histogram_mean(metrics: str, name: str) -> float:
 def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
     import torch
 
+    from neuron_stack.inference.config import InferenceError
+    from neuron_stack.inference.server import free_port, start_server_process
     from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     save_tiny_llama(work / "tiny")
-    port = _port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), NEURON_COMPILE_CACHE_URL=str(work / "cache"))
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuron_stack.inference.demo",
-            "serve",
-            "--model-path",
-            str(work / "tiny"),
-            "--batch-size",
-            "4",
-            "--max-context-length",
-            "64",
-            "--seq-len",
-            "128",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    try:
+        proc = start_server_process(
+            port,
+            work / "server.log",
+            env=env,
+            ready_timeout_s=600,
+            model_path=work / "tiny",
+            batch_size=4,
+            max_context_length=64,
+            seq_len=128,
+            served_model_name="tiny",
+        )
+    except InferenceError as exc:  # it exited or was not ready; the message quotes its log
+        raise SystemExit(f"server did not start: {exc}") from None
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start: {(work / 'server.log').read_text()[-500:]}")
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
         g = torch.Generator().manual_seed(0)
         prompts = [
             torch.randint(3, 259, (int(n),), generator=g).tolist()
@@ -146,7 +120,6 @@ def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-        log.close()
     tokens = sum(o["usage"]["completion_tokens"] for o in out)
     return {
         "requests": requests,

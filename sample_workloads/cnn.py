@@ -15,7 +15,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--verbose", action="store_true", help="print the compile log")
     args = p.parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     batch, size, width = (2, 16, 8) if args.small else (16, 64, 32)
     model = CNN(10, width).eval()

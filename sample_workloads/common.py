@@ -25,9 +25,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def explain(text: str) -> None:
-    """Print the workload's one-paragraph explanation."""
-    print(textwrap.fill(" ".join(text.split()), width=100))
+def explain(doc: str) -> None:
+    """Print the workload's explanation: its docstring after the first paragraph (the ``--help`` line)."""
+    print(textwrap.fill(" ".join(doc.split("\n\n", 1)[1].split()), width=100))
     print()
 
 

@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--serve", type=float, default=0, metavar="SECONDS",
                    help="after the compiles, keep serving the same lengths for SECONDS (for neuron-top/monitor)")
     args = p.parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     cfg = dict(vocab=100, hidden=32, layers=1, heads=2, seq=32) if args.small else \
         dict(vocab=1000, hidden=128, layers=2, heads=4, seq=128)

@@ -34,7 +34,7 @@ def main() -> None:
     p.add_argument("--fixed", action="store_true",
                    help="rewrite sort -> topk(k) and s[s > 0] -> a masked sum: no CPU fallback")
     args = p.parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     d, items, batch = (16, 8, 2) if args.small else (256, 64, 32)
     model = (StaticRanker if args.fixed else Ranker)(d, items).eval()

@@ -13,7 +13,7 @@ import neuron_stack
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     cfg = dict(vocab=100, hidden=32, layers=2, heads=2, seq=16) if args.small else \
         dict(vocab=8000, hidden=256, layers=4, heads=4, seq=128)

@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--sequence-length", type=int, default=2048)
     p.add_argument("--steps", type=int, default=4, help="decode steps the runtime stamps")
     args = p.parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
 
     from neuron_stack.llm import project
 

@@ -24,7 +24,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--new-tokens", type=int, default=12, help="tokens to generate")
     args = p.parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     model = tiny_llama(args.small)
     prompt = torch.randint(1, model.config.vocab_size, (1, 6))

@@ -15,7 +15,7 @@ import neuron_stack
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     batch, d_in, hidden = (4, 32, 64) if args.small else (64, 256, 1024)
     model = MLP(d_in, hidden, 10).eval()

@@ -15,7 +15,7 @@ from models import MLP
 
 def main() -> None:
     args = parser(__doc__).parse_args()
-    explain(__doc__.split("\n\n", 1)[1])
+    explain(__doc__)
     torch.manual_seed(0)
     d_in, hidden, steps, batch = (16, 32, 3, 8) if args.small else (128, 512, 30, 64)
     model = MLP(d_in, hidden, 10)

@@ -74,6 +74,16 @@ def _one_line(exc) -> str:
     return msg
 
 
+def _rewrite_member(path, name: str, edit) -> None:
+    """Rewrite NEFF member ``name`` as ``edit(bytes)`` returns it, keeping the other members as they are."""
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members[name] = edit(members[name])
+    with zipfile.ZipFile(path, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+
+
 def test_truncated_neff(mlp, tmp_path):
     path = mlp[2].save(tmp_path / "m.neff")
     data = path.read_bytes()
@@ -85,14 +95,7 @@ def test_truncated_neff(mlp, tmp_path):
 
 def test_corrupt_member(mlp, tmp_path):
     path = mlp[2].save(tmp_path / "m.neff")
-    with zipfile.ZipFile(path) as z:
-        members = {n: z.read(n) for n in z.namelist()}
-    blob = bytearray(members["program.json"])
-    blob[10] ^= 0x01
-    members["program.json"] = bytes(blob)
-    with zipfile.ZipFile(path, "w") as z:
-        for n, b in members.items():
-            z.writestr(n, b)
+    _rewrite_member(path, "program.json", lambda b: b[:10] + bytes([b[10] ^ 0x01]) + b[11:])  # one bit flipped
     with pytest.raises(NeffError) as e:
         neuron_stack.load(path)
     assert "checksum mismatch in member program.json" in _one_line(e)
@@ -103,14 +106,7 @@ def test_wrong_version_and_target(mlp, tmp_path):
     with pytest.raises(NeffError) as e:
         neuron_stack.load(path, target="trn2")
     assert "compiled for target trn1 but loaded on trn2" in _one_line(e)
-    with zipfile.ZipFile(path) as z:
-        members = {n: z.read(n) for n in z.namelist()}
-    header = json.loads(members["neff.json"])
-    header["format_version"] = 99
-    members["neff.json"] = json.dumps(header).encode()
-    with zipfile.ZipFile(path, "w") as z:
-        for n, b in members.items():
-            z.writestr(n, b)
+    _rewrite_member(path, "neff.json", lambda b: json.dumps({**json.loads(b), "format_version": 99}).encode())
     with pytest.raises(NeffError) as e:
         neuron_stack.load(path)
     assert "format version 99" in _one_line(e)

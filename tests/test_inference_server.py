@@ -5,9 +5,6 @@ vLLM's metric names on /metrics, bounded bad requests as 4xx."""
 import http.client
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,17 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from neuron_stack.inference.server import free_port, start_server_process
 from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 from neuron_stack.inference.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 server_proc: list = []  # the running server (the last test stops it to read its profile)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,48 +34,32 @@ def server(tmp_path_factory, compile_cache):
         NEURON_RT_INSPECT_ENABLE="1",
         NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"),
     )
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuron_stack.inference.demo",
-            "serve",
-            "--model-path",
-            str(root / "tiny"),
-            "--compiled-model-path",
-            str(root / "compiled"),
-            "--batch-size",
-            "2",
-            "--max-context-length",
-            "32",
-            "--seq-len",
-            "64",
-            "--port",
-            str(port),
-            "--served-model-name",
-            "tiny",
-        ],
+    proc = start_server_process(
+        port,
+        root / "server.log",
         env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        model_path=root / "tiny",
+        compiled_model_path=root / "compiled",
+        batch_size=2,
+        max_context_length=32,
+        seq_len=64,
+        served_model_name="tiny",
     )
     server_proc[:] = [proc]
     (root / "server.pid").write_text(str(proc.pid))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (root / "server.log").read_text()
-        try:
-            if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    yield base, root
+    yield f"http://127.0.0.1:{port}", root
     if proc.poll() is None:
         proc.terminate()
         proc.wait(timeout=30)
-    log.close()
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
+    from neuron_stack.inference.config import InferenceError
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    ends = r"exited with status 2; its log .* ends: inference_demo: error: .*missing"
+    with pytest.raises(InferenceError, match=ends):
+        start_server_process(free_port(), tmp_path / "server.log", env=env, model_path=tmp_path / "missing")
 
 
 def post(url, body, raw=None):

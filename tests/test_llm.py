@@ -232,6 +232,25 @@ def test_projection_tensor_parallel_shards_and_adds_collectives():
     assert not too_many.fits and "needs more than the 2 cores" in too_many.verdict()
 
 
+def test_bad_dtype_size_or_export_is_refused_naming_it():
+    from neuron_stack.llm import (
+        ConfigError,
+        NeuronModelForCausalLM,
+        NeuronModelForSequenceClassification,
+        project,
+    )
+
+    with pytest.raises(ConfigError, match="dtype 'int8' is not one of bf16, fp16, fp32"):
+        project("llama-3-8b", dtype="int8")
+    with pytest.raises(ConfigError, match="tp_degree must be a positive integer, not 0"):
+        project("llama-3-8b", tp_degree=0)
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer, not True"):
+        NeuronModelForCausalLM.from_pretrained("llama-3-8b", batch_size=True)
+    for cls in (NeuronModelForCausalLM, NeuronModelForSequenceClassification):
+        with pytest.raises(ConfigError, match="export=False loads a precompiled Optimum artifact"):
+            cls.from_pretrained("llama-3-8b", export=False)
+
+
 def test_cli_project_json_exit_status_and_bad_input(tmp_path):
     cfgdir = tmp_path / "tiny"
     tiny_config(layers=2).save_pretrained(cfgdir)

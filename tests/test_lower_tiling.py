@@ -12,17 +12,8 @@ from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 
 
-class F(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *a):
-        return self.fn(*a)
-
-
 def compile_(fn, *args, target="trn1", **flags):
-    prog = fuse(partition(legalize(capture(F(fn), args))))
+    prog = fuse(partition(legalize(capture(fn, args))))  # capture wraps a plain function
     return prog, build_schedule(prog, 0, get_profile(target), flags)
 
 

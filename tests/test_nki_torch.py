@@ -23,12 +23,18 @@ def _reference(model, x):
     return x + h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * model.weight
 
 
-def test_kernel_in_traced_model_matches_eager_and_is_lowered_to_its_instructions():
-    torch.manual_seed(0)
-    model = Block(256, use_kernel=True).eval()
-    x = torch.randn(200, 256)
+def _kernel_block(seed: int, dim: int, rows: int):
+    """The sample's Block with its norm as the NKI kernel, a seeded input, and eager PyTorch's output."""
+    torch.manual_seed(seed)
+    model = Block(dim, use_kernel=True).eval()
+    x = torch.randn(rows, dim)
     with torch.no_grad():
-        eager = model(x)
+        return model, x, model(x)
+
+
+def test_kernel_in_traced_model_matches_eager_and_is_lowered_to_its_instructions():
+    model, x, eager = _kernel_block(0, 256, 200)
+    with torch.no_grad():
         torch.testing.assert_close(eager, _reference(model, x), rtol=1e-4, atol=1e-5)
         traced = neuron_stack.trace(model, x)
         out = traced(x)
@@ -50,11 +56,8 @@ def test_kernel_in_traced_model_matches_eager_and_is_lowered_to_its_instructions
 
 
 def test_kernel_in_torch_compile_model():
-    torch.manual_seed(1)
-    model = Block(128, use_kernel=True).eval()
-    x = torch.randn(130, 128)
+    model, x, eager = _kernel_block(1, 128, 130)
     with torch.no_grad():
-        eager = model(x)
         out = torch.compile(model, backend="neuron")(x)
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-5)
 

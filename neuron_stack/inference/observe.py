@@ -17,74 +17,13 @@ import threading
 import time
 from collections import deque
 
-TTFT_BUCKETS = [
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-]
-TPOT_BUCKETS = [
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-]
-LATENCY_BUCKETS = [
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-]
+# vLLM's histogram buckets (see above), in seconds; TOKEN_BUCKETS in tokens
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 
 
@@ -98,30 +37,20 @@ class VllmMetrics:
         lab = ["model_name", "engine"]
         self.labels = {"model_name": model_name, "engine": "0"}
 
-        def hist(name, doc, buckets):
-            return Histogram(name, doc, lab, registry=r, buckets=buckets).labels(**self.labels)
+        def labelled(metric, name, doc, **kw):
+            return metric(name, doc, lab, registry=r, **kw).labels(**self.labels)
 
-        self.running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch", lab, registry=r
-        ).labels(**self.labels)
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting for a slot", lab, registry=r
-        ).labels(**self.labels)
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full)", lab, registry=r).labels(
-            **self.labels
+        def hist(name, doc, buckets):
+            return labelled(Histogram, name, doc, buckets=buckets)
+
+        self.running = labelled(Gauge, "vllm:num_requests_running", "Requests in the running batch")
+        self.waiting = labelled(Gauge, "vllm:num_requests_waiting", "Requests waiting for a slot")
+        self.kv = labelled(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage (1 = full)")
+        self.kv_old = labelled(
+            Gauge, "vllm:gpu_cache_usage_perc", "KV-cache usage (deprecated name of kv_cache_usage_perc)"
         )
-        self.kv_old = Gauge(
-            "vllm:gpu_cache_usage_perc",
-            "KV-cache usage (deprecated name of kv_cache_usage_perc)",
-            lab,
-            registry=r,
-        ).labels(**self.labels)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prefill tokens processed", lab, registry=r
-        ).labels(**self.labels)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated", lab, registry=r
-        ).labels(**self.labels)
+        self.prompt_tokens = labelled(Counter, "vllm:prompt_tokens", "Prefill tokens processed")
+        self.generation_tokens = labelled(Counter, "vllm:generation_tokens", "Tokens generated")
         self.success = Counter(
             "vllm:request_success", "Finished requests", lab + ["finished_reason"], registry=r
         )
@@ -165,6 +94,13 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
+#: ``serving_steps`` / ``serving_requests`` columns that are the engine's Step / Request field as it is
+STEP_COLUMNS = ("step", "phase", "bucket", "batch_size", "tokens", "waiting", "kv_slots_used", "start_ns",
+                "end_ns", "device_ns", "wall_start_ns", "wall_end_ns")
+REQUEST_COLUMNS = ("request_id", "slot", "cte_bucket", "finish_reason", "arrival_ns", "scheduled_ns",
+                   "first_token_ns", "finish_ns", "wall_arrival_ns", "wall_finish_ns")
+
+
 class TraceObserver:
     """Serving rows into the trace store of this process's runtime session (when profiling is on)."""
 
@@ -174,55 +110,21 @@ class TraceObserver:
         self.session = Session.get(target)
         self.model_name = model_name
 
-    def _append(self, table: str, rows: dict) -> None:
+    def _append(self, table: str, record, copied: tuple[str, ...], **computed) -> None:
+        """One row: the ``copied`` fields of the engine's ``record`` as they are, and ``computed``."""
+        row = {"run_id": self.session.run_id, **{c: getattr(record, c) for c in copied}, **computed}
         with self.session.record_lock:
             rec = self.session.recorder
             if rec is not None:
-                rec.append(table, rows)
+                rec.append(table, {k: [v] for k, v in row.items()})
 
     def on_step(self, engine, s) -> None:
-        self._append(
-            "serving_steps",
-            {
-                "run_id": [self.session.run_id],
-                "step": [s.step],
-                "phase": [s.phase],
-                "bucket": [s.bucket],
-                "batch_size": [s.batch_size],
-                "active": [len(s.slots)],
-                "slots": [json.dumps(s.slots)],
-                "request_ids": [json.dumps(s.request_ids)],
-                "tokens": [s.tokens],
-                "waiting": [s.waiting],
-                "kv_slots_used": [s.kv_slots_used],
-                "start_ns": [s.start_ns],
-                "end_ns": [s.end_ns],
-                "device_ns": [s.device_ns],
-                "wall_start_ns": [s.wall_start_ns],
-                "wall_end_ns": [s.wall_end_ns],
-            },
-        )
+        self._append("serving_steps", s, STEP_COLUMNS, active=len(s.slots), slots=json.dumps(s.slots),
+                     request_ids=json.dumps(s.request_ids))
 
     def on_finish(self, engine, r) -> None:
-        self._append(
-            "serving_requests",
-            {
-                "run_id": [self.session.run_id],
-                "request_id": [r.request_id],
-                "model": [self.model_name],
-                "slot": [r.slot],
-                "prompt_tokens": [len(r.prompt)],
-                "output_tokens": [len(r.output)],
-                "cte_bucket": [r.cte_bucket],
-                "finish_reason": [r.finish_reason],
-                "arrival_ns": [r.arrival_ns],
-                "scheduled_ns": [r.scheduled_ns],
-                "first_token_ns": [r.first_token_ns],
-                "finish_ns": [r.finish_ns],
-                "wall_arrival_ns": [r.wall_arrival_ns],
-                "wall_finish_ns": [r.wall_finish_ns],
-            },
-        )
+        self._append("serving_requests", r, REQUEST_COLUMNS, model=self.model_name,
+                     prompt_tokens=len(r.prompt), output_tokens=len(r.output))
 
 
 class LiveObserver:

@@ -17,10 +17,14 @@ also carries ``token_ids`` (ours) so a random-weight model's output can be check
 import asyncio
 import codecs
 import json
+import socket
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
+from pathlib import Path
 
 from .config import InferenceError
 
@@ -294,3 +298,41 @@ def serve(model, model_name: str, host: str = "127.0.0.1", port: int = 8000) -> 
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")
     return 0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now. Example: ``port = free_port()``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server_process(port: int, log_path, *, env=None, ready_timeout_s: float = 300.0, **flags):
+    """``inference_demo serve --port PORT`` with ``flags`` in a child process (output to ``log_path``),
+    returned once ``GET /health`` answers on 127.0.0.1; the caller stops it (``proc.terminate()``).
+
+    ``model_path="./tiny"`` becomes ``--model-path ./tiny``. A child that exits, or is not ready within
+    ``ready_timeout_s``, is stopped and raises :class:`InferenceError` quoting the end of its log.
+    Example: ``proc = start_server_process(free_port(), "serve.log", model_path="./tiny", seq_len=128)``.
+    """
+    cmd = [sys.executable, "-m", "neuron_stack.inference.demo", "serve", "--port", str(port)]
+    for name, value in flags.items():
+        cmd += ["--" + name.replace("_", "-"), str(value)]
+    with open(log_path, "w") as log:  # the child keeps its own handle
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + ready_timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    if proc.poll() is None:
+        why = f"was not ready in {ready_timeout_s} s"
+        proc.kill()
+        proc.wait()
+    else:
+        why = f"exited with status {proc.returncode}"
+    tail = " | ".join(Path(log_path).read_text(errors="replace").strip().splitlines()[-5:])
+    raise InferenceError(f"inference_demo serve on port {port} {why}; its log {log_path} ends: {tail}")

@@ -92,7 +92,7 @@ class Memory:
 
     def fill_buffer(self, name: str, meta: dict, value: np.ndarray) -> None:
         """Place a logical tensor into HBM buffer ``name`` with the buffer's storage strides."""
-        shape, strides = meta["shape"], meta.get("strides") or _contig(meta["shape"])
+        shape, strides = meta["shape"], meta.get("strides") or contiguous_strides(meta["shape"])
         op = {"m": "hbm", "b": name, "dt": meta["dtype"], "o": 0,
               "ap": [[s, n] for s, n in zip(strides, shape)] or [[1, 1]]}
         self.write(op, np.asarray(value).reshape(shape) if shape else np.asarray(value).reshape(1))
@@ -103,7 +103,12 @@ class Memory:
         return self.read(op).reshape(val["shape"])
 
 
-def _contig(shape) -> list[int]:
+def contiguous_strides(shape) -> list[int]:
+    """Element strides of a row-major (C-contiguous) tensor of ``shape``, as access patterns use them.
+
+    >>> contiguous_strides((2, 3, 4))
+    [12, 4, 1]
+    """
     out, acc = [], 1
     for d in reversed(shape):
         out.append(acc)

@@ -15,43 +15,30 @@ import json
 import os
 from pathlib import Path
 
-#: Published architecture fields (config.json of each model on the Hugging Face hub).
+#: Published architecture fields (config.json of each model on the Hugging Face hub), one row a model;
+#: None: the published file has no such field (transformers' default applies). All are Llama models
+#: with ``rms_norm_eps`` 1e-5.
+_PRESET_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rope_theta")
+_PRESET_ROWS = {
+    #              vocab   hidden inter  layers heads kv  max_pos rope_theta
+    "llama-3-8b":  (128256, 4096, 14336, 32,    32,   8,  8192,   500000.0),
+    "llama-3-70b": (128256, 8192, 28672, 80,    64,   8,  8192,   500000.0),
+    "llama-2-7b":  (32000,  4096, 11008, 32,    32,   32, 4096,   None),
+}
 PRESETS: dict[str, dict] = {
-    "llama-3-8b": dict(
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-    ),
-    "llama-3-70b": dict(
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-    ),
-    "llama-2-7b": dict(
-        model_type="llama",
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-    ),
+    name: {"model_type": "llama", **{f: v for f, v in zip(_PRESET_FIELDS, row) if v is not None},
+           "rms_norm_eps": 1e-5}
+    for name, row in _PRESET_ROWS.items()
+}
+#: dtype spellings a user may pass (``dtype=``, ``auto_cast_type=``) -> the torch dtype name.
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
 }
 #: config.json is JSON of a few kilobytes; a bigger file is not a model config.
 MAX_CONFIG_BYTES = 1 << 20
@@ -103,6 +90,17 @@ def load_config(spec):
         ) from None
     fields.pop("transformers_version", None)
     return cls(**fields)
+
+
+def require_positive(**sizes) -> None:
+    """Refuse the first size that is not a positive integer (a bool is not one), naming it.
+
+    Example: ``require_positive(batch_size=1, sequence_length=0)`` raises
+    ``ConfigError("sequence_length must be a positive integer, not 0")``.
+    """
+    for label, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{label} must be a positive integer, not {v!r}")
 
 
 def has_weights(path) -> bool:

@@ -21,7 +21,7 @@ import math
 import os
 from pathlib import Path
 
-from neuron_stack.llm.configs import PRESETS, ConfigError, has_weights, load_config
+from neuron_stack.llm.configs import DTYPES, PRESETS, ConfigError, has_weights, load_config, require_positive
 
 
 def _bool_mask_free(attention_mask) -> bool:
@@ -43,19 +43,19 @@ def context_buckets(sequence_length: int, smallest: int = 128) -> list[int]:
 
 
 def _flags(auto_cast_type: str | None, target: str) -> str:
-    kind = {
-        None: None,
-        "fp32": None,
-        "float32": None,
-        "bf16": "bf16",
-        "bfloat16": "bf16",
-        "fp16": "fp16",
-        "float16": "fp16",
-    }
-    if auto_cast_type not in kind:
+    if auto_cast_type is not None and auto_cast_type not in DTYPES:
         raise ConfigError(f"auto_cast_type {auto_cast_type!r} is not one of bf16, fp16, fp32")
-    cast = kind[auto_cast_type]
+    cast = {"bfloat16": "bf16", "float16": "fp16"}.get(DTYPES.get(auto_cast_type))  # fp32: no auto-cast
     return f"--target {target}" + (f" --auto-cast matmult --auto-cast-type {cast}" if cast else "")
+
+
+def _refuse_precompiled(export: bool) -> None:
+    """Optimum's ``export=False`` loads a precompiled artifact; here every model is compiled."""
+    if not export:
+        raise ConfigError(
+            "export=False loads a precompiled Optimum artifact, which neuron_stack does not "
+            "read: pass export=True (compiles go through the persistent cache)"
+        )
 
 
 def _resolve(model_or_path, auto_cls):
@@ -123,23 +123,14 @@ class NeuronModelForCausalLM:
         """
         import transformers
 
-        if not export:
-            raise ConfigError(
-                "export=False loads a precompiled Optimum artifact, which neuron_stack does not "
-                "read: pass export=True (compiles go through the persistent cache)"
-            )
-        for label, v in (
-            ("batch_size", batch_size),
-            ("sequence_length", sequence_length),
-            ("num_cores", num_cores),
-        ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{label} must be a positive integer, not {v!r}")
+        _refuse_precompiled(export)
+        require_positive(batch_size=batch_size, sequence_length=sequence_length, num_cores=num_cores)
         model, config = _resolve(model_id, transformers.AutoModelForCausalLM)
+        projection = None
         if model is None:
             from neuron_stack.llm.project import project
 
-            p = project(
+            projection = project(
                 config,
                 batch_size=batch_size,
                 sequence_length=sequence_length,
@@ -148,32 +139,26 @@ class NeuronModelForCausalLM:
                 instance_type=instance_type,
                 target=target,
             )
-            p.model = model_id if isinstance(model_id, str) else type(config).__name__.removesuffix("Config")
-            return cls(
-                None,
-                config,
-                batch_size=batch_size,
-                sequence_length=sequence_length,
-                num_cores=num_cores,
-                auto_cast_type=auto_cast_type,
-                target=target,
-                projection=p,
+            projection.model = (
+                model_id if isinstance(model_id, str) else type(config).__name__.removesuffix("Config")
             )
-        if num_cores != 1:
+        elif num_cores != 1:
             raise ConfigError(
                 f"num_cores={num_cores}: a model with weights runs its real numbers on one "
                 "NeuronCore here; project tensor parallelism from the config instead "
                 "(from_pretrained(model.config, num_cores=N))"
             )
-        _flags(auto_cast_type, target)  # refuse a bad auto_cast_type before any compile
+        else:
+            _flags(auto_cast_type, target)  # refuse a bad auto_cast_type before any compile
         return cls(
             model,
-            None,
+            config,
             batch_size=batch_size,
             sequence_length=sequence_length,
-            num_cores=1,
+            num_cores=num_cores,
             auto_cast_type=auto_cast_type,
             target=target,
+            projection=projection,
         )
 
     # -- real-number mode -------------------------------------------------------------------------
@@ -280,11 +265,7 @@ class NeuronModelForSequenceClassification:
 
         import neuron_stack
 
-        if not export:
-            raise ConfigError(
-                "export=False loads a precompiled Optimum artifact, which neuron_stack does not "
-                "read: pass export=True"
-            )
+        _refuse_precompiled(export)
         model, config = _resolve(model_id, transformers.AutoModelForSequenceClassification)
         if model is None:
             raise ConfigError(

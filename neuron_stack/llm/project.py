@@ -38,18 +38,9 @@ from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import parse_flags
-from neuron_stack.llm.configs import ConfigError, load_config
+from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive
 from neuron_stack.runtime.collectives import Group, plan
 from neuron_stack.runtime.cores import INSTANCE_TYPES
-
-DTYPES = {
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-}
 
 
 @dataclass
@@ -283,16 +274,10 @@ def project(
     t0 = time.perf_counter()
     name = model if isinstance(model, str) else type(model).__name__
     config = load_config(model)
-    dtype = DTYPES.get(str(dtype).lower())
-    if dtype is None:
+    if str(dtype).lower() not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
-    for label, v in (
-        ("batch_size", batch_size),
-        ("sequence_length", sequence_length),
-        ("tp_degree", tp_degree),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{label} must be a positive integer, not {v!r}")
+    dtype = DTYPES[str(dtype).lower()]
+    require_positive(batch_size=batch_size, sequence_length=sequence_length, tp_degree=tp_degree)
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
     if context_length > sequence_length or buckets[-1] > sequence_length:

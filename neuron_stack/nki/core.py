@@ -34,6 +34,7 @@ import numpy as np
 from neuron_stack.compiler.lower.tiles import Instr
 from neuron_stack.device.cost import dependent_overhead_ns
 from neuron_stack.isa.instructions import ENGINE_OF
+from neuron_stack.isa.interp import contiguous_strides
 
 # Tile limits: reference llm_serving_and_nki.md §1.6 (legacy programming_model.rst, nl.tile_size)
 PMAX = 128              # nl.tile_size.pmax
@@ -142,14 +143,6 @@ class Buffer:
         self.kind_name = mem
 
 
-def _contig(shape) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
-
-
 class ndarray:
     """An NKI tensor: a strided view of an HBM tensor or an SBUF/PSUM tile (dim 0 = partitions).
 
@@ -164,7 +157,10 @@ class ndarray:
         self.shape = tuple(int(s) for s in shape)
         self.offset = int(offset)
         if strides is None:
-            strides = [buf.pitch] + _contig(self.shape[1:]) if buf.mem != "hbm" and self.shape else _contig(self.shape)
+            if buf.mem != "hbm" and self.shape:     # a tile: partitions at the buffer's pitch
+                strides = [buf.pitch] + contiguous_strides(self.shape[1:])
+            else:
+                strides = contiguous_strides(self.shape)
         self.strides = tuple(int(s) for s in strides)
         self.dtype = dtype or buf.dtype
         self._mm = None             # index of the MATMUL that produced this PSUM value (legacy `+=`)
@@ -232,13 +228,14 @@ class ndarray:
         if math.prod(shape) != math.prod(self.shape):
             raise NKIError(f"{where()}: cannot reshape {self.shape} into {shape}")
         if self.buf.mem == "hbm":
-            if list(self.strides) != _contig(self.shape):
+            if list(self.strides) != contiguous_strides(self.shape):
                 raise NKIError(f"{where()}: reshape needs a contiguous HBM tensor; copy it first")
-            return ndarray(self.buf, shape, self.offset, _contig(shape), self.dtype)
-        if shape[0] != self.shape[0] or list(self.strides[1:]) != _contig(self.shape[1:]):
+            return ndarray(self.buf, shape, self.offset, contiguous_strides(shape), self.dtype)
+        if shape[0] != self.shape[0] or list(self.strides[1:]) != contiguous_strides(self.shape[1:]):
             raise NKIError(f"{where()}: a tile reshape must keep the partition dim ({self.shape[0]}) and a "
                            f"contiguous free part")
-        return ndarray(self.buf, shape, self.offset, [self.strides[0]] + _contig(shape[1:]), self.dtype)
+        strides = [self.strides[0]] + contiguous_strides(shape[1:])
+        return ndarray(self.buf, shape, self.offset, strides, self.dtype)
 
     def broadcast_to(self, shape) -> ndarray:
         """A view repeating size-1 dims (stride 0), e.g. a ``[1, D]`` weight row to ``[128, D]``."""
@@ -352,7 +349,7 @@ def _hbm_box(v: ndarray) -> tuple:
     """The per-dim bounding box of an HBM view over its tensor's dims; the whole tensor when a
     stride does not map onto one dim (a conservative dependency, never a missed one)."""
     shape = v.buf.shape or (1,)
-    B = _contig(shape)
+    B = contiguous_strides(shape)
     whole = tuple(x for n in shape for x in (0, n - 1))
     if not 0 <= v.offset < math.prod(shape):
         return whole

@@ -31,7 +31,7 @@ import numpy as np
 from neuron_stack.compiler.lower.tiles import Lowered
 from neuron_stack.compiler.schedule import Schedule, schedule_lowered
 from neuron_stack.device.profiles import get_profile
-from neuron_stack.isa.interp import Machine
+from neuron_stack.isa.interp import Machine, contiguous_strides
 
 from .core import NKIError, Trace, dtype_name, ndarray
 
@@ -218,21 +218,13 @@ def _execute(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
         written = any(ins.operands["dst"] and any(d["b"] == name for d in ins.operands["dst"]) for ins in trace.instrs)
         if written:
             val = m.mem.read_value({"buf": name, "dtype": trace.hbm[name]["dtype"], "offset": 0,
-                                    "strides": _contig(arr.shape), "shape": list(arr.shape)})
+                                    "strides": contiguous_strides(arr.shape), "shape": list(arr.shape)})
             if hasattr(orig, "copy_"):
                 import torch
                 orig.copy_(torch.from_numpy(np.ascontiguousarray(val)).to(orig.dtype))
             elif isinstance(orig, np.ndarray):
                 orig[...] = val.astype(orig.dtype)
     return result
-
-
-def _contig(shape):
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
 
 
 def _fill(m: Machine, op: dict, value) -> None:

@@ -48,31 +48,30 @@ def _name(op) -> str:
     return getattr(op, "_alu", None) or getattr(op, "_act", None) or getattr(op, "__name__", str(op))
 
 
+def _resolve(name: str, aliases: dict, known, refusal: str) -> str:
+    """``name`` through ``aliases``, refused with ``refusal`` when the engine does not know it."""
+    n = aliases.get(name, name)
+    if n not in known:
+        raise NKIError(f"{where()}: {n!r} is not {refusal}")
+    return n
+
+
 def resolve_alu(op) -> str:
     """The ISA ALU op of ``op`` (``nl.add``, ``np.add`` or ``"add"``)."""
-    n = _name(op)
-    n = _ALU_ALIAS.get(n, n)
-    if n not in ALU_OPS:
-        raise NKIError(f"{where()}: {n!r} is not a Vector Engine ALU operator; use one of nl.add, nl.subtract, "
-                       f"nl.multiply, nl.divide, nl.maximum, nl.minimum, ...")
-    return n
+    return _resolve(_name(op), _ALU_ALIAS, ALU_OPS, "a Vector Engine ALU operator; use one of nl.add, "
+                    "nl.subtract, nl.multiply, nl.divide, nl.maximum, nl.minimum, ...")
 
 
 def resolve_act(op) -> str:
     """The ISA activation function of ``op`` (``nl.exp``, ``np.exp`` or ``"exp"``)."""
-    n = getattr(op, "_act", None) or _name(op)
-    n = _ACT_ALIAS.get(n, n)
-    if n not in ACT_FUNCS:
-        raise NKIError(f"{where()}: {n!r} is not a Scalar Engine activation function; use e.g. nl.exp, nl.tanh, "
-                       f"nl.relu, nl.rsqrt, nl.copy")
-    return n
+    return _resolve(getattr(op, "_act", None) or _name(op), _ACT_ALIAS, ACT_FUNCS,
+                    "a Scalar Engine activation function; use e.g. nl.exp, nl.tanh, nl.relu, nl.rsqrt, nl.copy")
 
 
 def resolve_reduce(op) -> str:
-    n = _name(op)
-    if n not in _REDUCE:
-        raise NKIError(f"{where()}: {n!r} is not a reduction; use nl.add, nl.maximum, nl.minimum or nl.multiply")
-    return _REDUCE[n]
+    """The ISA reduction of ``op`` (``nl.add``, ``np.maximum`` or ``"max"``)."""
+    return _resolve(_name(op), _REDUCE, set(_REDUCE.values()),
+                    "a reduction; use nl.add, nl.maximum, nl.minimum or nl.multiply")
 
 
 # -----------------------------------------------------------------------------------------------

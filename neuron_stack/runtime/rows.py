@@ -76,7 +76,8 @@ class ExecutionRow(_Row):
         if unknown:
             raise ValueError(f"busy time for engines {sorted(unknown)}: an execution row has "
                              f"{', '.join(DEVICE_ENGINES)} (host CPU time is cpu_fallback_ns)")
-        cols = {f.name: [getattr(self, f.name)] for f in fields(self) if f.name != "busy_ns"}
+        cols = super().columns()
+        del cols["busy_ns"]                  # one column per engine instead, below
         cols.update({busy_column(e): [int(self.busy_ns.get(e, 0))] for e in DEVICE_ENGINES})
         return cols
 
@@ -98,7 +99,7 @@ class EventRow(_Row):
     detail: dict[str, Any] = field(default_factory=dict)
 
     def columns(self) -> dict[str, list]:
-        cols = {f.name: [getattr(self, f.name)] for f in fields(self)}
+        cols = super().columns()
         cols["detail"] = [json.dumps(self.detail, default=str)]
         return cols
 
