@@ -21,7 +21,7 @@ import numpy as np
 
 from traces.errors import TraceError
 from traces.store import DEVICE_NS_SQL
-from traces.vocab import MONITOR_ENGINES, busy_column
+from traces.vocab import MONITOR_ENGINES
 
 #: Latency percentiles of neuron-monitor's ``latency_stats``: (name, quantile).
 PERCENTILES = (("p0", 0.0), ("p1", 0.01), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p99", 0.99),
@@ -84,10 +84,16 @@ class _Recorded:
     sorted by time, so each window is a few ``searchsorted`` calls instead of six queries."""
 
     def __init__(self, p):
-        engines = ", ".join(f"coalesce({busy_column(e)}, 0)::DOUBLE AS {e}" for e in MONITOR_ENGINES)
-        ex = p.sql(f"""SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
-                              coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status, {engines}
-                       FROM executions ORDER BY start_ns""").to_pylist()
+        # an engine's active time as the Summary counts it (exec_engine_summary: the union of a DMA
+        # engine's overlapping queues, not the sum of their durations, which can pass 100 %)
+        engines = ", ".join(f"coalesce(sum(s.active_ns) FILTER (WHERE s.engine = '{e}'), 0)::DOUBLE AS {e}"
+                            for e in MONITOR_ENGINES)
+        ex = p.sql(f"""WITH act AS (SELECT exec_id, {engines} FROM exec_engine_summary s GROUP BY exec_id)
+                       SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
+                              coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status,
+                              {", ".join(f"coalesce(act.{e}, 0) AS {e}" for e in MONITOR_ENGINES)}
+                       FROM executions LEFT JOIN act USING (exec_id)
+                       ORDER BY start_ns, exec_id""").to_pylist()
         self.execs = ex
         self.start = np.array([r["start_ns"] for r in ex], dtype=np.int64)
         self.max_dev = max((r["dev"] or 0 for r in ex), default=0)
