@@ -60,6 +60,7 @@ class Views:
             self.fallbacks = data.fallbacks(L)
             self.op_totals = data.op_totals(L)
             self.line_totals = data.line_totals(L)
+            self.hotspots = {r["source_id"]: r for r in data.rows(L.profile.source_hotspots(10**9))}
             self.hierarchy = data.hierarchy(L)
             self.timeline = data.range_aggregates(L, limit=10**6)
             self.recommendations = recommend.recommendations(L)
@@ -229,6 +230,10 @@ def test_ops_lines_and_hierarchy_add_up_to_the_engine_figures(views):
     root = next(n for n in views.hierarchy if n["id"] == "root")
     assert root["value"] == ops_device + unattributed
     assert sum(t["device_ns"] for t in views.line_totals.values()) <= ops_device
+    # the Source page's per-line times are the query layer's source hotspots, device and host apart
+    for sid, t in views.line_totals.items():
+        spot = views.hotspots.get(sid) or {}
+        assert (t["device_ns"], t["host_ns"]) == (spot.get("device_ns") or 0, spot.get("cpu_ns") or 0), t
     for fb in views.fallbacks:
         assert views.op_totals.get(fb["op_id"], {}).get("device_ns", 0) == 0, fb["op"]
 

@@ -34,7 +34,8 @@ COUNTED_EVENTS = ("recompile", "cpu_fallback", "compile", "cache_hit", "error")
 class ReplayWindow:
     """Rows of one window ``[t0, t1)``; each list holds dicts (small: one per run × core or kind).
 
-    ``busy``: per (run_id, core) device-busy ns, FLOPs and per-engine busy ns inside the window;
+    ``busy``: per (run_id, core) device-busy ns, FLOPs and per-engine active ns (DMA: the union of its
+    queues) inside the window;
     ``finished``: executions ending in it per (run_id, status); ``latency``: per run_id the total and
     device latency percentiles (s); ``events``: per (run_id, kind) events in it (``recent``) with the
     last detail and source line so far; ``memory``: the last sample per (run_id, core, location,
@@ -126,7 +127,7 @@ def window(p, t0: int, t1: int) -> ReplayWindow:
     """See :meth:`traces.query.Profile.replay_window`."""
     d, t0, t1 = _recorded(p), int(t0), int(t1)
     # executions overlapping [t0, t1): the device-busy part [start, start + device time] inside the
-    # window, and the FLOPs and each engine's busy time scaled by the same share
+    # window, and the FLOPs and each engine's active time scaled by the same share
     busy: dict[tuple, dict] = {}
     lo, hi = np.searchsorted(d.start, t0 - d.max_dev, "left"), np.searchsorted(d.start, t1, "left")
     for r in d.execs[lo:hi]:
