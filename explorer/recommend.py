@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from explorer import data
+from traces.vocab import DEVICE_ENGINES
 
 
 @dataclass
@@ -167,12 +168,15 @@ def cpu_fallback(L, rule) -> list[Finding]:
         site = sites.setdefault(f["where"], {"ns": 0, "ops": [], "source_id": f["source_id"]})
         site["ns"] += ns
         site["ops"].append((ns, f["op"], f["reason"]))
-    total = sum(s["ns"] for s in sites.values())
+    # the host time is the Summary's figure (Profile.figures: the CPU islands' whole host time, their
+    # glue included), so this finding, the Summary and neuron-top cite one number; the sites split it
+    f = data.summary(L)["figures"]
+    total = f.fallback_host_ns or sum(s["ns"] for s in sites.values())
     # Call sites in source order, read like the code (host times are measured and noisy); the link
     # goes to the costliest one.
     ordered = sorted(sites.items(), key=lambda kv: _site_order(kv[0]))
     costliest = max(sites.values(), key=lambda site: site["ns"])
-    step = _step_ns(L, total)
+    step = f.step_ns if f.fallback_host_ns else _step_ns(L, total)
     share = f" ({100.0 * total / step:.0f}% of step time)" if step else ""
     n_ops = len(rows)
     words = (f"{n_ops} op{'s' if n_ops != 1 else ''} fall{'s' if n_ops == 1 else ''} back to the CPU at "
@@ -207,16 +211,23 @@ def _step_ns(L, fallback_ns: float) -> float:
 MAX_LAYERS = 3
 
 
+def _layers(L) -> list[dict]:
+    """Per layer: device engine time, DMA and collectives as the union of the layer's intervals
+    (``Profile.layer_engine_time``), so no layer's figure exceeds the profile's total."""
+    return L.cached("layer_engine_time", lambda: data.rows(L.profile.layer_engine_time()))
+
+
 def dma_bound(L, rule) -> list[Finding]:
-    """Layers (module paths) whose DMA time exceeds ``threshold`` × their compute-engine time."""
+    """Layers (module paths) whose DMA time exceeds ``threshold`` × their compute-engine time.
+
+    Collectives are neither DMA nor compute here: they have their own rule (``collective_bound``).
+    """
     per_layer: dict[str, dict] = {}
-    info = data.ops(L)
-    for op_id, t in data.op_totals(L).items():
-        o = info.get(op_id) or {}
-        layer = o.get("module_path") or "(top level)"
-        d = per_layer.setdefault(layer, {"dma": 0, "compute": 0, "where": data.where(o)})
-        for eng, ns in t["engines"].items():
-            d["dma" if eng == "dma" else "compute"] += ns
+    for r in _layers(L):
+        layer = r["module_path"] or "(top level)"
+        where = f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}" if r.get("file") else ""
+        compute = sum(r[f"{e}_ns"] or 0 for e in DEVICE_ENGINES if e not in ("dma", "cc"))
+        per_layer[layer] = {"dma": r["dma_ns"] or 0, "compute": compute, "where": where}
     out = []
     total = sum(d["dma"] + d["compute"] for d in per_layer.values()) or 1
     # the few costliest layers only: a list of every layer is noise, not a recommendation
@@ -227,13 +238,38 @@ def dma_bound(L, rule) -> list[Finding]:
             sel = {"sel": f"module:{layer}"} if layer != "(top level)" else {}
             top = layer == "(top level)"
             who = "The model's top-level ops" if top else f"Layer {layer}"
+            at = f" ({d['where']})" if d["where"] else ""
             out.append(Finding(rule.id, rule.title,
-                               f"{who} ({d['where']}) {'are' if top else 'is'} DMA-bound: {share:.0f}% of "
+                               f"{who}{at} {'are' if top else 'is'} DMA-bound: {share:.0f}% of "
                                f"{'their' if top else 'its'} instruction time is "
                                f"data movement ({_ms(d['dma'])} of DMA against {_ms(d['compute'])} of compute). "
                                f"Keep weights resident, fuse neighbouring ops or enlarge tiles so each transfer "
                                f"feeds more compute.", d["dma"] - d["compute"], "timeline", sel))
     return out
+
+
+def collective_bound(L, rule) -> list[Finding]:
+    """Collectives (the CC engine's all-reduce/all-gather) take at least ``threshold`` % of device time.
+
+    Words like: "Collectives took 20.9 µs, 31.6% of the 66.3 µs of device time (16 collective
+    instructions on 2 cores): ..."; the figures are ``Profile.figures()``'s ``collective_ns`` and
+    ``device_ns``, the same the Summary shows.
+    """
+    s = data.summary(L)
+    f = s["figures"]
+    if not f.collective_ns or not f.device_ns:
+        return []
+    share = 100.0 * f.collective_ns / f.device_ns
+    if share < rule.threshold:
+        return []
+    cores = f" on {f.cores} cores" if f.cores > 1 else ""
+    return [Finding(rule.id, rule.title,
+                    f"Collectives took {_ms(f.collective_ns)}, {share:.1f}% of the {_ms(f.device_ns)} of "
+                    f"device time{cores}: the cores wait on the ring instead of computing. Overlap them with "
+                    f"compute (more micro-batches: one half's all-reduce runs beside the other's compute), "
+                    f"shard so fewer activations cross cores (one all-reduce per block half, sequence "
+                    f"parallelism), or use a lower tensor-parallel degree for a model this small.",
+                    f.collective_ns, "timeline", {})]
 
 
 def spills(L, rule) -> list[Finding]:
@@ -268,6 +304,7 @@ RULES: tuple[Rule, ...] = (
     Rule("recompile_storm", "Recompile storm", 2, recompile_storm),
     Rule("cpu_fallback", "CPU fallback", 0, cpu_fallback),   # fires on more than `threshold` ops
     Rule("dma_bound", "DMA-bound layer", 1.0, dma_bound),
+    Rule("collective_bound", "Collective-bound", 15.0, collective_bound),   # % of device time
     Rule("spills", "SBUF spills", 0.25, spills),
     Rule("fp32_matmul", "FP32 matmuls", 0.10, fp32_matmul),
 )

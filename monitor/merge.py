@@ -52,6 +52,8 @@ def merge_runtimes(runtimes: list[dict]) -> list[dict]:
 def _merge(a, b, key: str):
     if key in _FIRST:
         return a if a not in ("", None) else b
+    if b is None:   # e.g. one target's latency_stats with no execution finished in the period
+        return a
     if isinstance(a, dict) and isinstance(b, dict):
         out = dict(a)
         for k, v in b.items():

@@ -14,3 +14,12 @@ def compile_cache(tmp_path_factory):
         os.environ.pop("NEURON_COMPILE_CACHE_URL", None)
     else:
         os.environ["NEURON_COMPILE_CACHE_URL"] = old
+
+
+@pytest.fixture(scope="session")
+def recorded_samples(tmp_path_factory):
+    """Sample workloads recorded with profiling on, each once per session: ``recorded_samples.get(name, ...)``
+    returns ``{name: profile.duckdb}`` (tests/recorded_samples.py)."""
+    from recorded_samples import Recorder
+
+    return Recorder(tmp_path_factory.mktemp("samples"))

@@ -58,3 +58,19 @@ def test_two_targets_in_one_process_are_one_runtime(tmp_path):
     assert len(tags) == 1 and len(exp._values["neuroncore_utilization_ratio"]) == 2
     for p in pubs:
         p.close()
+
+
+def test_merging_a_period_where_one_target_finished_nothing():
+    """One session's latency_stats are null in a period where the other's are not (seen in a replay)."""
+    from monitor.merge import merge_runtimes
+
+    def entry(latency):
+        stats = {"total_latency": latency, "device_latency": latency}
+        return {"pid": 7, "neuron_runtime_tag": "7", "report": {"execution_stats": {
+            "period": 1.0, "execution_summary": {"completed": 1 if latency else 0}, "latency_stats": stats}}}
+    both = [entry({"p50": 0.002, "p99": 0.003}), entry(None)]
+    for runtimes in (both, both[::-1]):
+        (merged,) = merge_runtimes(runtimes)
+        stats = merged["report"]["execution_stats"]
+        assert stats["latency_stats"]["total_latency"] == {"p50": 0.002, "p99": 0.003}
+        assert stats["execution_summary"]["completed"] == 1

@@ -5,7 +5,9 @@ engineer acts on. The profiles are the Explorer tests' small real profiles (``bu
 two-layer MLP on two cores, four sequence lengths, one CPU-fallback op, written through
 ``traces.Writer`` + ``traces.finalize``), each changed in one way to flip one rule. The sample
 workloads trigger and clear the two rules a port meets first (CPU fallback, recompile storm) in
-``tests/test_walkthrough.py``, through ``neuron-explorer recommend`` as typed.
+``tests/test_walkthrough.py``, through ``neuron-explorer recommend`` as typed; ``tensor_parallel`` and
+``dynamic_shapes`` profiles recorded here (``recorded_samples``) check the collective and DMA rules'
+figures against the profile's totals.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def _metadata(tables, **changes):
 
 def test_every_rule_is_covered_here():
     assert {r.id for r in recommend.RULES} == {"host_starved", "recompile_storm", "cpu_fallback", "dma_bound",
-                                               "spills", "fp32_matmul"}
+                                               "collective_bound", "spills", "fp32_matmul"}
 
 
 # --------------------------------------------------------------------------------- host_starved
@@ -248,3 +250,46 @@ def test_recommend_cli_says_when_nothing_is_found(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["20260101-000000_clean: recommendations, costliest first (simulated profile)",
                                        "No issues found by the rules."]
+
+
+# ------------------------------------------------------------------------- collectives, on real profiles
+def _real(recorded_samples, name):
+    path = recorded_samples.get(name)[name]
+    reg = data.Registry([path])
+    try:
+        L = reg.get(reg.keys()[0])
+        layers = data.rows(L.profile.layer_engine_time())
+        return recommend.recommendations(L), data.summary(L)["figures"], layers
+    finally:
+        reg.close()
+
+
+def test_collective_bound_cites_the_profiles_collective_time(recorded_samples):
+    found, f, _ = _real(recorded_samples, "tensor_parallel")
+    (finding,) = rule(found, "collective_bound")
+    share = 100.0 * f.collective_ns / f.device_ns
+    assert share >= 15.0 and f.collective_ns == round(f.engine_percent["cc"] * f.device_ns / 100)
+    ms = recommend._ms
+    assert words(finding).startswith(f"Collectives took {ms(f.collective_ns)}, {share:.1f}% of the "
+                                     f"{ms(f.device_ns)} of device time on 2 cores"), words(finding)
+    assert "micro-batches" in finding.words and finding.impact_ns == f.collective_ns
+    # collectives are not a layer's DMA: the DMA findings no longer take the all-reduce for data movement
+    assert found.index(finding) < min((found.index(x) for x in rule(found, "dma_bound")), default=len(found))
+
+
+def test_collective_bound_quiet_without_collectives(tmp_path):
+    assert rule(findings(tmp_path, "plain"), "collective_bound") == []
+
+
+def test_no_recommendation_states_a_layer_figure_above_the_profile_total(recorded_samples):
+    """A layer's DMA time is the union of its transfers (overlapping queues counted once), as the
+    profile's DMA total is: on dynamic_shapes a layer once read "284 µs of DMA" in a 263 µs profile."""
+    for name in ("dynamic_shapes", "tensor_parallel"):
+        found, f, layers = _real(recorded_samples, name)
+        total = f.engine_percent["dma"] * f.device_ns / 100
+        assert layers and all(r["dma_ns"] <= total + 1 for r in layers), name
+        dma = rule(found, "dma_bound")
+        assert dma, name
+        for finding in dma:
+            value, unit = re.search(r"\(([\d.]+) (µs|ms) of DMA", finding.words).groups()
+            assert float(value) * {"µs": 1e3, "ms": 1e6}[unit] <= total * 1.005, (name, finding.words)

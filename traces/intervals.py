@@ -204,20 +204,32 @@ def union_active(rows: pa.Table, engines: tuple[str, ...]) -> pa.Table:
     """Per (exec_id, engine) of ``engines``: the length of the union of the instruction intervals.
 
     For engines whose queues run concurrently (DMA queues, collectives) the time the engine was
-    active is less than the sum of durations. Sort by (group, start), then a running maximum of
-    the end: each interval adds only the part past everything before it. Example:
-    ``union_active(instructions, ("dma", "cc"))``.
+    active is less than the sum of durations. Example: ``union_active(instructions, ("dma", "cc"))``.
     """
-    rows = valid_intervals(rows.select(["exec_id", "engine", "start_ns", "dur_ns"]))
+    rows = rows.select(["exec_id", "engine", "start_ns", "dur_ns"])
     rows = rows.filter(pc.is_in(rows["engine"], value_set=pa.array(list(engines), pa.string())))
+    rows = rows.set_column(0, "exec_id", rows["exec_id"].fill_null(-1))
+    return union_by(rows, ("exec_id", "engine")).cast(UNION_SCHEMA)
+
+
+def union_by(rows: pa.Table, by: tuple[str, ...]) -> pa.Table:
+    """Per distinct value of the ``by`` columns: the length of the union of the rows' intervals
+    ``[start_ns, start_ns + dur_ns)`` (columns ``*by, active_ns``).
+
+    Sort by (group, start), then a running maximum of the end: each interval adds only the part
+    past everything before it. Example: ``union_by(dma_rows, ("exec_id", "module_path"))``.
+    """
+    rows = valid_intervals(rows.select([*by, "start_ns", "dur_ns"]))
     if rows.num_rows == 0:
-        return UNION_SCHEMA.empty_table()
+        return pa.table({**{k: rows[k].combine_chunks() for k in by}, "active_ns": pa.array([], pa.int64())})
     start = rows["start_ns"].to_numpy().astype(np.int64, copy=False)
     end = start + np.maximum(rows["dur_ns"].to_numpy(), 0)
-    exec_codes, exec_ids = _codes(rows["exec_id"].fill_null(-1))
-    exec_ids = np.array(exec_ids, dtype=np.int64)
-    engine_codes, engine_names = _codes(rows["engine"])
-    group = exec_codes * len(engine_names) + engine_codes
+    group = np.zeros(rows.num_rows, dtype=np.int64)
+    values = []
+    for k in by:   # one mixed-radix code over the key columns
+        codes, vals = _codes(rows[k])
+        group = group * max(len(vals), 1) + codes
+        values.append(vals)
     order = np.lexsort((start, group))
     start, end, group = start[order], end[order], group[order]
     heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
@@ -236,8 +248,9 @@ def union_active(rows: pa.Table, engines: tuple[str, ...]) -> pa.Table:
             for s, e in zip(np.split(start, heads[1:]), np.split(end, heads[1:]))])
     totals = np.bincount(rank, weights=added)
     firsts = group[heads]
-    return pa.table({
-        "exec_id": pa.array(exec_ids[firsts // len(engine_names)].astype(np.int64)),
-        "engine": pa.array([engine_names[g % len(engine_names)] for g in firsts], pa.string()),
-        "active_ns": pa.array(np.rint(totals).astype(np.int64)),
-    }, schema=UNION_SCHEMA)
+    out = {}
+    for k, vals in reversed(list(zip(by, values))):   # undo the mixed radix, last key first
+        radix = max(len(vals), 1)
+        out[k] = pa.array([vals[c] for c in (firsts % radix).tolist()], rows.schema.field(k).type)
+        firsts = firsts // radix
+    return pa.table({**{k: out[k] for k in by}, "active_ns": pa.array(np.rint(totals).astype(np.int64))})

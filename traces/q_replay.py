@@ -21,7 +21,7 @@ import numpy as np
 
 from traces.errors import TraceError
 from traces.store import DEVICE_NS_SQL
-from traces.vocab import MONITOR_ENGINES, busy_column
+from traces.vocab import MONITOR_ENGINES
 
 #: Latency percentiles of neuron-monitor's ``latency_stats``: (name, quantile).
 PERCENTILES = (("p0", 0.0), ("p1", 0.01), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p99", 0.99),
@@ -34,7 +34,8 @@ COUNTED_EVENTS = ("recompile", "cpu_fallback", "compile", "cache_hit", "error")
 class ReplayWindow:
     """Rows of one window ``[t0, t1)``; each list holds dicts (small: one per run × core or kind).
 
-    ``busy``: per (run_id, core) device-busy ns, FLOPs and per-engine busy ns inside the window;
+    ``busy``: per (run_id, core) device-busy ns, FLOPs and per-engine active ns (DMA: the union of its
+    queues) inside the window;
     ``finished``: executions ending in it per (run_id, status); ``latency``: per run_id the total and
     device latency percentiles (s); ``events``: per (run_id, kind) events in it (``recent``) with the
     last detail and source line so far; ``memory``: the last sample per (run_id, core, location,
@@ -84,10 +85,16 @@ class _Recorded:
     sorted by time, so each window is a few ``searchsorted`` calls instead of six queries."""
 
     def __init__(self, p):
-        engines = ", ".join(f"coalesce({busy_column(e)}, 0)::DOUBLE AS {e}" for e in MONITOR_ENGINES)
-        ex = p.sql(f"""SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
-                              coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status, {engines}
-                       FROM executions ORDER BY start_ns""").to_pylist()
+        # an engine's active time as the Summary counts it (exec_engine_summary: the union of a DMA
+        # engine's overlapping queues, not the sum of their durations, which can pass 100 %)
+        engines = ", ".join(f"coalesce(sum(s.active_ns) FILTER (WHERE s.engine = '{e}'), 0)::DOUBLE AS {e}"
+                            for e in MONITOR_ENGINES)
+        ex = p.sql(f"""WITH act AS (SELECT exec_id, {engines} FROM exec_engine_summary s GROUP BY exec_id)
+                       SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
+                              coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status,
+                              {", ".join(f"coalesce(act.{e}, 0) AS {e}" for e in MONITOR_ENGINES)}
+                       FROM executions LEFT JOIN act USING (exec_id)
+                       ORDER BY start_ns, exec_id""").to_pylist()
         self.execs = ex
         self.start = np.array([r["start_ns"] for r in ex], dtype=np.int64)
         self.max_dev = max((r["dev"] or 0 for r in ex), default=0)
@@ -120,7 +127,7 @@ def window(p, t0: int, t1: int) -> ReplayWindow:
     """See :meth:`traces.query.Profile.replay_window`."""
     d, t0, t1 = _recorded(p), int(t0), int(t1)
     # executions overlapping [t0, t1): the device-busy part [start, start + device time] inside the
-    # window, and the FLOPs and each engine's busy time scaled by the same share
+    # window, and the FLOPs and each engine's active time scaled by the same share
     busy: dict[tuple, dict] = {}
     lo, hi = np.searchsorted(d.start, t0 - d.max_dev, "left"), np.searchsorted(d.start, t1, "left")
     for r in d.execs[lo:hi]:

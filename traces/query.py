@@ -400,6 +400,12 @@ class Profile:
         time of a CPU op. Example: ``p.op_totals().column("device_ns")``."""
         return q_figures.op_totals(self)
 
+    def layer_engine_time(self) -> pa.Table:
+        """Per layer (module path): each device engine's active ns, a concurrent engine's (DMA, CC) as
+        the union of the layer's intervals, so never above the profile's total; its first source line.
+        Example: ``p.layer_engine_time().column("dma_ns")``."""
+        return q_figures.layer_engine_time(self)
+
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
         return q_figures.hierarchy(self)

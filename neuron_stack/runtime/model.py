@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from neuron_stack.device import clock
@@ -35,7 +36,16 @@ from neuron_stack.runtime.graph import PartitionFn, build_graph_module, from_jso
 from neuron_stack.runtime.recorder import record_execution, record_load
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 from traces.ids import new_id
-from traces.vocab import FALLBACK_PLACEMENT
+from traces.intervals import union_by
+from traces.vocab import CONCURRENT_ENGINES, FALLBACK_PLACEMENT
+
+
+def _active_ns(sched: PartitionSchedule) -> dict[str, int]:
+    """Per concurrent engine (DMA queues, collectives): the union of its instruction intervals."""
+    t = sched.table
+    rows = pa.table({"engine": t["engine"], "start_ns": t["rel_start_ns"], "dur_ns": t["dur_ns"]})
+    rows = rows.filter(pc.is_in(rows["engine"], value_set=pa.array(list(CONCURRENT_ENGINES))))
+    return {r["engine"]: r["active_ns"] for r in union_by(rows, ("engine",)).to_pylist()}
 
 
 @dataclass(frozen=True)
@@ -108,12 +118,16 @@ class LoadedModel:
                 device_ns=int(sched.device_ns) if sched else 0))
         self.single = self.parts[0].gm.forward if single else None
         self.busy_ns: dict[str, int] = {}
+        # what the monitor shows per engine: active time, the union of a DMA engine's overlapping
+        # queues (as the profile's Summary counts it), not the sum of their durations
+        self.active_ns: dict[str, int] = {}
         self.flops = 0
         self.hbm = [0, 0]
         for p in self.parts:
             if p.sched:
                 for e, ns in p.sched.busy_ns.items():
                     self.busy_ns[e] = self.busy_ns.get(e, 0) + ns
+                    self.active_ns[e] = self.active_ns.get(e, 0) + _active_ns(p.sched).get(e, ns)
                 self.flops += p.sched.flops
                 self.hbm[0] += p.sched.hbm_read_bytes
                 self.hbm[1] += p.sched.hbm_write_bytes
@@ -235,7 +249,7 @@ class LoadedModel:
         self.executions += 1
         session.live.record_execution(
             core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
-            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.busy_ns, flops=self.flops)
+            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops)
         if rec is not None:
             with session.record_lock:
                 if session.recorder is rec:   # not ended by its timer meanwhile

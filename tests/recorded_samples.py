@@ -1,0 +1,77 @@
+"""Sample workloads recorded as a user records them (``NEURON_RT_INSPECT_ENABLE=1``), once per test session.
+
+The ``recorded_samples`` fixture (conftest.py) hands out one :class:`Recorder`; ``get(*names)`` records
+the workloads not recorded yet, all at the same time, each with its own cores, compile cache and live
+directory, and returns ``{name: profile.duckdb}``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import traces
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_workloads"
+
+TWO_TARGETS = textwrap.dedent('''
+    """One process, two targets: a trn1 and an inf2 session of one tiny MLP."""
+    import sys
+
+    import torch
+
+    import neuron_stack
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    ok = True
+    for target, runs in (("trn1", 3), ("inf2", 2)):
+        nm = neuron_stack.trace(model, x, target=target)
+        for _ in range(runs):
+            ok &= torch.allclose(nm(x), model(x), rtol=1e-4, atol=1e-5)
+    sys.exit(0 if ok else 1)
+''')
+
+#: name -> command line after the interpreter (two_targets.py is written into the recording directory).
+WORKLOADS = {
+    "fallback": [str(SAMPLES / "fallback.py"), "--small"],
+    "dynamic_shapes": [str(SAMPLES / "dynamic_shapes.py"), "--small"],
+    "tensor_parallel": [str(SAMPLES / "tensor_parallel.py"), "--small"],
+    "train_mlp": [str(SAMPLES / "train_mlp.py"), "--small"],
+    "two_targets": ["two_targets.py"],
+}
+
+
+#: Variables that would pick the cores or instance for the workloads: each records on its own instance.
+CORE_VARIABLES = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE")
+
+
+class Recorder:
+    """Records workloads into ``root`` on demand and remembers the profiles."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.profiles: dict[str, Path] = {}
+        (self.root / "two_targets.py").write_text(TWO_TARGETS)
+
+    def get(self, *names: str) -> dict[str, Path]:
+        """``{name: profile.duckdb}`` for ``names``, recording the missing ones side by side."""
+        procs = {}
+        for name in (n for n in names if n not in self.profiles):
+            env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES}
+            env.update(NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(self.root / name),
+                       NEURON_STACK_RUNTIME_DIR=str(self.root / f"{name}.cores"),
+                       NEURON_STACK_LIVE_DIR=str(self.root / f"{name}.live"),
+                       NEURON_COMPILE_CACHE_URL=str(self.root / f"{name}.cache"),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+            procs[name] = subprocess.Popen([sys.executable, *WORKLOADS[name]], cwd=self.root, env=env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, proc in procs.items():
+            text, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, f"{name}: {text[-2000:]}"
+            self.profiles[name] = traces.finalize(self.root / name)
+        return {n: self.profiles[n] for n in names}
