@@ -17,6 +17,7 @@ import pytest
 from test_explorer_profiles import make_profile
 
 from explorer import data
+from explorer import timeline as tline
 from explorer.app import create_app
 
 CHROMIUM = "/usr/bin/chromium"
@@ -36,14 +37,14 @@ def server(tmp_path_factory):
     a = make_profile(root / "20260101-120000_mlp", iterations=6, tiles=3)
     b = make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3)
     app = create_app([a, b])
-    old_cap = data.RAW_CAP
-    data.RAW_CAP = 300          # so the whole-profile view is level-of-detail and zooming in shows instructions
+    old_cap = tline.RAW_CAP
+    tline.RAW_CAP = 300          # so the whole-profile view is level-of-detail and zooming in shows instructions
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_port}"
     srv.shutdown()
-    data.RAW_CAP = old_cap
+    tline.RAW_CAP = old_cap
     data.registry().close()
 
 
@@ -102,7 +103,7 @@ def test_exp302_timeline_zoom_requeries_at_finer_detail(server, page):
     _shot(page, "timeline-lod")
     # zoom on the first execution's window by URL range, then drag to zoom further
     L = data.resolve("20260101-120000_mlp")
-    ex = min((s for s in data.timeline(L)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
+    ex = min((s for s in tline.timeline(L)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
     page.goto(f"{server}/timeline?profile=20260101-120000_mlp&start={ex['start'] - 2000}&end={ex['start'] + 60000}")
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
     before = page.inner_text("#timeline-status")
