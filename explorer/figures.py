@@ -2,9 +2,9 @@
 
 The timeline's x axis is microseconds since the profile's start, its ticks labelled with units
 (``traces.timefmt.time_ticks``: "20 µs", "1.5 s", or "+20 µs" after a named instant when zoomed far
-from zero); lanes are rows (y = lane index, top to bottom). In raw mode each instruction is a bar coloured by the ATen op it came from; in
-level-of-detail mode each lane is a heat strip of busy fraction per time bucket, so the browser
-never receives more cells than the screen has pixels.
+from zero); lanes are rows (y = lane index, top to bottom). In raw mode each instruction is a bar
+coloured by the ATen op it came from; in level-of-detail mode each lane is a heat strip of busy
+fraction per time bucket, so the browser never receives more cells than the screen has pixels.
 
 >>> fmt_ns(1500)
 '1.5 µs'
@@ -82,7 +82,8 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         height=height or max(260, 26 * n + 90), margin=dict(l=10, r=10, t=28 if not compact else 8, b=36),
         barmode="overlay", bargap=0.15, dragmode="zoom", hovermode="closest", plot_bgcolor="#fbfbfd",
         showlegend=not compact, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=10)),
-        xaxis=dict(title=dict(text=ticks.title, font=dict(size=11)), range=[tl["start"] / 1e3, tl["end"] / 1e3],
+        xaxis=dict(title=dict(text=ticks.title, font=dict(size=11)),
+                   range=[tl["start"] / 1e3, tl["end"] / 1e3],
                    tickmode="array", tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels,
                    showgrid=True, zeroline=False),
         yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=[lane.label for lane in lanes],

@@ -85,7 +85,7 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     ex = min((s for s in tline.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
              key=lambda s: s["start"])
     relayout = {"xaxis.range[0]": ex["start"] / 1e3, "xaxis.range[1]": (ex["start"] + ex["dur"] // 3) / 1e3}
-    fig2, state2, status2, _sel, _hidden, url, label = triggered("timeline-graph.relayoutData", timeline.zoom,
+    fig2, state2, status2, _sel, _hidden, url, label = triggered("timeline-request.data", timeline.zoom,
                                                                  relayout, None, None, None, state)
     assert "drawn one by one" in status2 and any(t["type"] == "bar" for t in fig2["data"])
     assert url["start"] == state2["start"] < url["end"] < span
@@ -95,7 +95,7 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     assert "model.py:1" in bar["hovertext"][0] and "op aten." in bar["hovertext"][0]
     # double-click (autorange) and Fit go back to the executions; Whole session shows everything
     fit = data.bounds(data.resolve("20260101_mlp"))["fit"]
-    *_, url3, _ = triggered("timeline-graph.relayoutData", timeline.zoom, {"xaxis.autorange": True}, None, None,
+    *_, url3, _ = triggered("timeline-request.data", timeline.zoom, {"xaxis.autorange": True}, None, None,
                             None, state2)
     assert (url3["start"], url3["end"]) == fit
     *_, url4, _ = triggered("timeline-fit.n_clicks", timeline.zoom, None, 1, None, None, state2)
@@ -104,10 +104,14 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     assert (url5["start"], url5["end"]) == (0, span)
     # a pan past the end of the session stops there, keeping the width
     past = {"xaxis.range[0]": (span - 1000) / 1e3, "xaxis.range[1]": (span + 9000) / 1e3}
-    *_, url6, _ = triggered("timeline-graph.relayoutData", timeline.zoom, past, None, None, None, state2)
+    *_, url6, _ = triggered("timeline-request.data", timeline.zoom, past, None, None, None, state2)
     assert (url6["start"], url6["end"]) == (span - 10_000, span)
+    # a key's request (assets/timeline_keys.js)
+    keyed = {"xaxis.range": [ex["start"] / 1e3, (ex["start"] + 5000) / 1e3], "n": 3}
+    *_, url7, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, state2)
+    assert (url7["start"], url7["end"]) == (ex["start"], ex["start"] + 5000)
     # a relayout that is not an x-range change does nothing
-    assert triggered("timeline-graph.relayoutData", timeline.zoom, {"autosize": True}, None, None, None,
+    assert triggered("timeline-request.data", timeline.zoom, {"autosize": True}, None, None, None,
                      state)[0] is __import__("dash").no_update
 
 

@@ -1,14 +1,12 @@
 """The Explorer's queries (explorer.data, explorer.recommend) over small real profiles."""
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
-from test_explorer_profiles import MODEL_FILE, build_tables, make_profile, write_profile
+from test_explorer_profiles import MODEL_FILE, make_compile_first_profile, make_profile
 
 from explorer import data, recommend
 from explorer import timeline as tline
 from traces.q_timeline import fit_window
-from traces.schema import TABLES
 from traces.timefmt import fmt_ns, fmt_window, time_ticks
 
 
@@ -184,20 +182,12 @@ def test_exp015_compare_aligns_by_line_and_op_path(loaded, tmp_path):
 
 
 def _compile_then_run(tmp_path, executions: bool = True):
-    """One graph whose compile takes 2 s before three short executions on two cores (as
-    sample_workloads/tensor_parallel.py records: device work is a sliver of the session)."""
-    tables = build_tables(seqs=(64,), iterations=3)
-    events = tables["events"].to_pylist()
-    comp = next(e for e in events if e["kind"] == "compile")
-    comp["ts_ns"] -= 2_000_000_000
-    comp["wall_ns"] -= 2_000_000_000
-    comp["dur_ns"] += 2_000_000_000
-    tables["events"] = pa.Table.from_pylist(events, schema=TABLES["events"])
-    if not executions:
-        tables["executions"] = tables["executions"].slice(0, 0)
-        tables["instructions"] = tables["instructions"].slice(0, 0)
-    reg = data.Registry([write_profile(tmp_path / f"20260103-000000_tp{int(executions)}", tables)])
-    return reg, reg.get(reg.default_key()), comp
+    path = make_compile_first_profile(tmp_path / f"20260103-000000_tp{int(executions)}", executions)
+    reg = data.Registry([path])
+    L = reg.get(reg.default_key())
+    comp = next(r for r in L.profile.sql("SELECT kind, ts_ns, dur_ns FROM events").to_pylist()
+                if r["kind"] == "compile")
+    return reg, L, comp
 
 
 def test_timeline_opens_fitted_to_the_executions_not_the_compile(tmp_path):
@@ -244,8 +234,9 @@ def test_timeline_without_executions_opens_on_the_whole_session(tmp_path):
     assert fit_window(100, 200, session=(0, 150)) == (98, 150)      # clipped to the session
 
 
-@pytest.mark.parametrize("start, end, unit", [(0, 2_160_000_000, " s"), (2_140_312_000, 2_140_408_400, " µs"),
-                                              (0, 5_000_000, " ms"), (1_000, 1_400, " ns")])
+@pytest.mark.parametrize("start, end, unit", [
+    (0, 2_160_000_000, " s"), (2_140_312_000, 2_140_408_400, " µs"), (0, 5_000_000, " ms"),
+    (1_000, 1_400, " ns")])
 def test_axis_ticks_and_window_labels_carry_units(start, end, unit):
     ticks = time_ticks(start, end)
     assert 3 <= len(ticks.labels) <= 12 and all(lab.endswith(unit) for lab in ticks.labels)

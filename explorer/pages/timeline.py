@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import dash
-from dash import Input, Output, State, callback, ctx, dcc, html
+from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 
 from explorer import data, timeline, ui
 from explorer.figures import fmt_ns, fmt_window, timeline_figure
@@ -46,8 +46,8 @@ def _status(tl: dict) -> str:
     if tl["mode"] == "raw":
         return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one{more}"
     return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
-            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {timeline.RAW_CAP:,} to see each instruction"
-            f"{more}")
+            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {timeline.RAW_CAP:,} to see each "
+            f"instruction{more}")
 
 
 def render(key, start=None, end=None, sel=None):
@@ -69,6 +69,10 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
     return html.Div([
         *ui.url_sink("timeline"),
         dcc.Store(id="timeline-state", data=state),
+        # the x range asked for: by a key (assets/timeline_keys.js) or a drag/scroll/double-click (the
+        # graph's relayout events, filtered in assets/explorer.js so an autosize event that follows a
+        # request cannot replace it before the server has answered)
+        dcc.Store(id="timeline-request"),
         html.Div(id="timeline-keys", hidden=True, **{"data-keys": json.dumps(keys), "data-span-us": span_us}),
         html.Div([
             html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
@@ -80,9 +84,9 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
                        html.Button("clear", id="timeline-clear", className="btn")],
                       className="pill", hidden=not sel_text, id="timeline-selection-pill"),
         ], className="toolbar"),
-        html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · box-select (toolbar) "
-                 "to aggregate a range · click an instruction for its source line", className="hint",
-                 id="timeline-help"),
+        html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · "
+                 "box-select (toolbar) to aggregate a range · click an instruction for its source line",
+                 className="hint", id="timeline-help"),
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
                  className="card"),
         html.Div([
@@ -95,8 +99,8 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
 
 
 def _window_from_relayout(relayout: dict, state: dict):
-    """The new [start, end) in ns since t0 from Plotly's relayout event (``(None, None)``: fit), or None
-    if the x range did not change."""
+    """The new [start, end) in ns since t0 from a Plotly relayout event or a key's request (both in µs;
+    ``(None, None)``: fit), or None if the x range did not change."""
     if not relayout:
         return None
     if relayout.get("xaxis.autorange"):   # double-click: back to the fitted window
@@ -112,11 +116,12 @@ def _window_from_relayout(relayout: dict, state: dict):
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
           Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
           Output("timeline-url", "data"), Output("timeline-window", "children"),
-          Input("timeline-graph", "relayoutData"), Input("timeline-fit", "n_clicks"),
-          Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"), State("timeline-state", "data"),
-          prevent_initial_call=True)
-def zoom(relayout, _fit, _whole, _clear, state):
-    """Zoom, pan, fit, whole session or clear the selection: re-query the window at the right level of detail."""
+          Input("timeline-request", "data"), Input("timeline-fit", "n_clicks"),
+          Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"),
+          State("timeline-state", "data"), prevent_initial_call=True)
+def zoom(request, _fit, _whole, _clear, state):
+    """Zoom, pan (keys, drag, scroll), fit, whole session or clear the selection: re-query the window at
+    the right level of detail."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
     if ctx.triggered_id == "timeline-fit":
         start, end = None, None
@@ -126,7 +131,7 @@ def zoom(relayout, _fit, _whole, _clear, state):
         sel = ""
     else:
         try:
-            window = _window_from_relayout(relayout or {}, state)
+            window = _window_from_relayout(request if isinstance(request, dict) else {}, state)
         except data.ExplorerError as exc:
             return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
         if window is None:
@@ -206,6 +211,8 @@ def details(click, state):
 
 
 ui.register_url_sync("timeline")
+clientside_callback(ClientsideFunction("explorer", "xRangeRequest"), Output("timeline-request", "data"),
+                    Input("timeline-graph", "relayoutData"), prevent_initial_call=True)
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
