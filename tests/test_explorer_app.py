@@ -281,3 +281,15 @@ def test_timeline_says_how_many_spans_the_cap_left_out(app, monkeypatch):
     capped = tline.timeline(L)
     assert len(capped["spans"]) <= 2 and capped["spans_hidden"] == len(full["spans"]) - len(capped["spans"])
     assert f"{capped['spans_hidden']:,} more spans not drawn — zoom in" in timeline._status(capped)
+
+
+def test_timeline_keys_are_one_table_shown_in_the_help_and_the_docs(app):
+    from explorer.pages import timeline
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "explorer.md").read_text(encoding="utf-8")
+    page = str(timeline.layout(profile="20260101_mlp"))
+    assert [k for k, *_ in timeline.KEYS] == ["W", "S", "A", "D", "F"]
+    for key, what, action, _amount in timeline.KEYS:
+        assert f"| `{key}` | {what} |" in docs and f"{key} {what}" in page
+        assert action in ("zoom", "pan", "fit")
+    # the page hands the same table to assets/timeline_keys.js
+    assert '"key": "w", "action": "zoom", "amount": 0.5' in page.replace("\\", "")

@@ -58,14 +58,18 @@ def _group(text: str) -> str:
     return whole + "." + THIN_SPACE.join(frac[i:i + 3] for i in range(0, len(frac), 3))
 
 
-def fmt_at(ns: float, resolution_ns: float, unit: tuple[str, int] | None = None) -> str:
-    """An instant to the precision ``resolution_ns`` asks for, in ``unit`` (default: the instant's own).
+def fmt_at(ns: float, resolution_ns: float, unit: tuple[str, int] | None = None, trim: bool = False) -> str:
+    """An instant to the precision ``resolution_ns`` asks for, in ``unit`` (default: the instant's own);
+    ``trim`` drops trailing zeros (for a round instant such as an axis origin).
 
-    >>> fmt_at(2_140_312_345, 1_000)
-    '2.140\u2009312 s'
+    >>> fmt_at(2_140_312_345, 1_000), fmt_at(2_002_000_000, 10_000, trim=True)
+    ('2.140\u2009312 s', '2.002 s')
     """
     name, scale = unit or unit_for(ns)
-    return f"{_group(f'{ns / scale:.{_decimals(resolution_ns, scale)}f}')} {name}"
+    text = f"{ns / scale:.{_decimals(resolution_ns, scale)}f}"
+    if trim and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{_group(text)} {name}"
 
 
 def fmt_window(start_ns: float, end_ns: float) -> str:
@@ -121,6 +125,6 @@ def time_ticks(start_ns: int, end_ns: int, zero_name: str = "profile start") -> 
     values = list(range(int(first), int(end_ns) + 1, step))
     sign = "+" if relative else ""
     labels = [f"{sign}{_group(f'{(v - origin) / scale:.{decimals}f}')} {name}" for v in values]
-    title = (f"time since {fmt_at(origin, step)} ({name})" if relative
+    title = (f"time since {fmt_at(origin, step, trim=True)} ({name})" if relative
              else f"time since {zero_name} ({name})")
     return Ticks(int(origin), values, labels, title)
