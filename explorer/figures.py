@@ -140,6 +140,7 @@ def _lod_heat(fig, tl, ops, index, chosen):
     xs = [(origin + (i + 0.5) * width) / 1e3 for i in range(n_buckets)]
     z = [[None] * n_buckets for _ in index]
     text = [[""] * n_buckets for _ in index]
+    when: dict[int, str] = {}      # a bucket's time label, made once for all its lanes
     for lane_key, cells in tl["buckets"].items():
         y = index.get(lane_key)
         if y is None:
@@ -148,7 +149,9 @@ def _lod_heat(fig, tl, ops, index, chosen):
         for b, frac, n, top in cells:
             z[y][b] = frac
             o = ops.get(top)
-            text[y][b] = (f"<b>{label}</b> {fmt_window(origin + b * width, origin + (b + 1) * width)}"
+            if b not in when:
+                when[b] = fmt_window(origin + b * width, origin + (b + 1) * width)
+            text[y][b] = (f"<b>{label}</b> {when[b]}"
                           f"<br>busy {100 * frac:.0f}% · {n} instructions"
                           + (f"<br>longest from {data.op_label(o)} {data.where(o)}" if o else ""))
     fig.add_trace(dict(type="heatmap", name="busy", x=xs, y=list(range(len(index))), z=z, text=text, zmin=0, zmax=1,

@@ -110,6 +110,9 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     keyed = {"xaxis.range": [ex["start"] / 1e3, (ex["start"] + 5000) / 1e3], "n": 3}
     *_, url7, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, state2)
     assert (url7["start"], url7["end"]) == (ex["start"], ex["start"] + 5000)
+    # a request that is not two finite numbers is one line, not a traceback
+    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None, state2)
+    assert bad[2] == "the x range must be two finite numbers of µs"
     # a relayout that is not an x-range change does nothing
     assert triggered("timeline-request.data", timeline.zoom, {"autosize": True}, None, None, None,
                      state)[0] is __import__("dash").no_update

@@ -11,6 +11,7 @@ line; click an instruction for its op and source line.
 from __future__ import annotations
 
 import json
+import math
 
 import dash
 from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
@@ -109,8 +110,14 @@ def _window_from_relayout(relayout: dict, state: dict):
     hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
     if lo is None or hi is None:
         return None
+    try:
+        lo, hi = float(lo) * 1e3, float(hi) * 1e3
+    except (TypeError, ValueError):
+        lo = hi = math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise data.ExplorerError("the x range must be two finite numbers of µs")
     # a pan (keys A/D, drag) past either end of the session stops there
-    return timeline.within_session(data.resolve(state["profile"]), float(lo) * 1e3, float(hi) * 1e3)
+    return timeline.within_session(data.resolve(state["profile"]), lo, hi)
 
 
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
