@@ -45,12 +45,13 @@ def main() -> int:
     from plotly.utils import PlotlyJSONEncoder
 
     from explorer import data
+    from explorer import timeline as tline
     from explorer.figures import timeline_figure
 
     t = time.perf_counter()
     reg = data.Registry([out / "profile.duckdb"])
     L = reg.get(reg.default_key())
-    tl = data.timeline(L)
+    tl = tline.timeline(L)
     fig = timeline_figure(tl, data.ops(L))
     first_s = time.perf_counter() - t
     n = data.bounds(L)["instructions"]
@@ -67,7 +68,7 @@ def main() -> int:
         width = max(int(span * frac), 1000)
         start = rng.randrange(0, max(span - width, 1))
         t = time.perf_counter()
-        tl = data.timeline(L, start, start + width)
+        tl = tline.timeline(L, start, start + width)
         fig = timeline_figure(tl, data.ops(L))
         payload = len(json.dumps(fig, cls=PlotlyJSONEncoder))
         dt = time.perf_counter() - t

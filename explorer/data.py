@@ -3,7 +3,8 @@
 Every number comes from the ``traces`` query API (``traces.open`` → ``Profile``); nothing here
 writes SQL. Profiles are named by key and request parameters validated in :mod:`explorer.profiles`.
 
-Every result that could grow with the profile is capped.
+Every result that could grow with the profile is capped. The timeline's answers are shaped in
+:mod:`explorer.timeline`.
 Times in the Explorer are nanoseconds since the profile's first recorded moment (``t0``) on the
 projected clock, so URLs and axes stay short.
 
@@ -14,7 +15,6 @@ projected clock, so URLs and axes stay short.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +34,8 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
 from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
-from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS, LANE_ORDER
+from traces.vocab import DEVICE_ENGINES
 
-#: Instructions drawn one by one only when the visible window holds at most this many.
-RAW_CAP = 4000
-#: Spans (executions, host and compile events) drawn one by one up to this many per window.
-SPAN_CAP = 3000
-#: Time buckets per lane in level-of-detail mode: about one per two screen pixels.
-MAX_BUCKETS = 800
 #: Rows a SQL console query may return.
 CONSOLE_LIMIT = DEFAULT_ROW_LIMIT
 #: A console query is interrupted after this long: one endless query (an aggregate over a huge
@@ -64,23 +58,13 @@ def metadata(L: Loaded) -> dict[str, str]:
 
 
 def bounds(L: Loaded) -> dict:
-    """``t0``/``t1`` (absolute projected ns) covering executions, instructions and events."""
+    """``t0``/``t1`` (absolute projected ns) covering executions, instructions and events; ``fit``:
+    the window the timeline opens on, ``(start, end)`` in ns since ``t0`` (``Profile.timeline_bounds``)."""
     def compute():
         b = L.profile.timeline_bounds()
-        return {"t0": b.t0, "t1": b.t1, "span": b.span, "instructions": b.instructions, "max_dur": b.max_dur}
+        return {"t0": b.t0, "t1": b.t1, "span": b.span, "instructions": b.instructions, "max_dur": b.max_dur,
+                "fit": (b.fit_t0 - b.t0, b.fit_t1 - b.t0)}
     return L.cached("bounds", compute)
-
-
-def clamp_window(L: Loaded, start=None, end=None) -> tuple[int, int]:
-    """A validated [start, end) window in ns since t0, defaulting to the whole profile."""
-    span = bounds(L)["span"]
-    a = parse_int(start, "start", 0, span) if start is not None else 0
-    b = parse_int(end, "end", 0, span) if end is not None else span
-    a = 0 if a is None else a
-    b = span if b is None else b
-    if b <= a:
-        a, b = 0, span
-    return a, b
 
 
 def ops(L: Loaded) -> dict[int, dict]:
@@ -203,47 +187,7 @@ def summary(L: Loaded) -> dict:
 
 
 # ----------------------------------------------------------------------------------- timeline
-@dataclass
-class Lane:
-    key: str           # stable id used by the figure: "host", "compile", "exec:0", "eng:0:tensor", "dma:0:qSyncIO0"
-    label: str         # as the real tool names it: Tensor(nc0), qSyncIO0(nc0)
-    kind: str          # host | compile | exec | engine | dma
-    core: int | None = None
-    engine: str | None = None
-    queue: str | None = None
-
-
-def lanes(L: Loaded) -> list[Lane]:
-    """Timeline lanes top to bottom: compile, host, then per core its executions, DMA queues and engines."""
-    def compute():
-        out = [Lane("compile", "Compile", "compile"), Lane("host", "Host (CPU)", "host")]
-        found = rows(L.profile.lanes())
-        for core in sorted({r["core"] for r in found if r["core"] is not None}):
-            out.append(Lane(f"exec:{core}", f"Executions(nc{core})", "exec", core))
-            mine = [r for r in found if r["core"] == core and r["engine"] is not None]
-            dma = sorted({r["queue"] or "qDMA" for r in mine if r["engine"] == "dma"}, key=_natural)
-            out += [Lane(f"dma:{core}:{q}", f"{q}(nc{core})", "dma", core, "dma", q) for q in dma]
-            engines = {r["engine"] for r in mine if r["engine"] != "dma"}
-            for eng in [e for e in LANE_ORDER if e in engines] + sorted(engines - set(LANE_ORDER)):
-                out.append(Lane(f"eng:{core}:{eng}", f"{ENGINE_LABELS.get(eng, eng)}(nc{core})", "engine", core, eng))
-        return out
-    return L.cached("lanes", compute)
-
-
-def _natural(text: str):
-    """Sort key so qSyncIO2 comes before qSyncIO10."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
-
-
-def _lane_key(core, engine, queue) -> str:
-    return f"dma:{core}:{queue or 'qDMA'}" if engine == "dma" else f"eng:{core}:{engine}"
-
-
-def _lane_label(core, engine, queue) -> str:
-    return (f"{queue or 'qDMA'}(nc{core})" if engine == "dma"
-            else f"{ENGINE_LABELS.get(engine, engine)}(nc{core})")
-
-
+# ---------------------------------------------------------------------------------- selections
 def selection_ops(L: Loaded, sel) -> set[int]:
     """The op_ids a selection stands for (a source line's ops, a module's ops, one op, a graph's ops)."""
     parsed = parse_selection(sel)
@@ -280,117 +224,6 @@ def describe_selection(L: Loaded, sel) -> str:
         o = ops(L).get(int(value))
         return f"op {op_label(o)} {where(o)}".strip()
     return f"{kind} {value} ({n} ops)"
-
-
-def _instruction(r: dict, t0: int) -> dict:
-    r = dict(r)
-    r["start"], r["dur"] = r.pop("start_ns") - t0, r.pop("dur_ns")
-    return r
-
-
-def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKETS) -> dict:
-    """What the timeline draws for a window: raw instructions when few, else level-of-detail buckets.
-
-    Returns ``{"start", "end", "mode": "raw"|"lod", "lanes": [...], "instructions": [...] (raw),
-    "buckets": {lane_key: [(bucket, busy_fraction, count, top_op_id)]} (lod), "bucket_ns",
-    "spans": [...], "highlight": ...}``. Never more than ``RAW_CAP`` instructions or
-    ``lanes × buckets`` cells, whatever the profile's size. The level of detail is the ``traces``
-    rule (``Profile.lane_cells``): the grid is exactly ``buckets`` cells over the window.
-    """
-    a, b = clamp_window(L, start, end)
-    buckets = max(10, min(int(buckets), MAX_BUCKETS))
-    t0 = bounds(L)["t0"]
-    A, B = t0 + a, t0 + b
-    chosen = selection_ops(L, sel)
-    n_in = L.profile.window_count(A, B)
-    out = {"start": a, "end": b, "t0": t0, "lanes": lanes(L), "count": n_in, "selection": sorted(chosen),
-           "selection_text": describe_selection(L, sel) if sel else ""}
-    if n_in <= RAW_CAP:
-        out["mode"] = "raw"
-        out["instructions"] = [_instruction(r, t0) for r in rows(L.profile.window_instructions(A, B, RAW_CAP))]
-    else:
-        out["mode"] = "lod"
-        out.update(_lod(L, A, B, buckets, chosen))
-    out["spans"] = _spans(L, A, B, t0)
-    # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
-    out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
-    return out
-
-
-def _lod(L, A, B, buckets, chosen) -> dict:
-    """Busy fraction, instruction count and longest op per lane and cell, plus where the selected ops ran."""
-    cells = L.profile.lane_cells(A, B, buckets)
-    width = cells.width
-    out: dict[str, list] = {}
-    lane_rows = cells.lanes.to_pylist()
-    for i, r in enumerate(lane_rows):
-        busy, count, top = cells.busy[i], cells.count[i], cells.top_op[i]
-        for k in busy.nonzero()[0]:
-            out.setdefault(_lane_key(r["core"], r["engine"], r["queue"]), []).append(
-                (int(k), min(float(busy[k]) / width, 1.0), int(count[k]), int(top[k]) if top[k] >= 0 else None))
-    hl: dict[str, list] = {}
-    if chosen:
-        for r in rows(L.profile.selected_counts(A, B, buckets, chosen)):
-            hl.setdefault(_lane_key(r["core"], r["engine"], r["queue"]), []).append((r["bucket"], r["n"]))
-    return {"bucket_ns": width, "bucket_origin": A - bounds(L)["t0"], "buckets": out, "highlight": hl,
-            "lod_source": cells.source}
-
-
-def _spans(L, A, B, t0) -> list[dict]:
-    """Executions, CPU-fallback/host and compile spans in the window (capped; biggest kept)."""
-    ex, ev = L.profile.spans(A, B, SPAN_CAP)
-    out = []
-    for r in rows(ex):
-        core = r.pop("core")
-        r.update(lane=f"exec:{core}", start=r.pop("start_ns") - t0, kind="exec")
-        out.append(r)
-    for r in rows(ev):
-        kind = r["kind"]
-        r.update(lane="compile" if kind in ("compile", "recompile", "cache_hit") else "host",
-                 start=r.pop("start_ns") - t0, name=kind)
-        out.append(r)
-    return out
-
-
-def instruction_at(L: Loaded, core: int, engine: str, start: int, pc: int | None = None) -> dict | None:
-    """One instruction by lane and start time (ns since t0), with its op and source line."""
-    t0 = bounds(L)["t0"]
-    found = L.profile.instruction_at(int(core), str(engine), t0 + int(start), pc)
-    if found is None:
-        return None
-    r = _instruction({k: _plain(v) for k, v in found.items()}, t0)
-    o = ops(L).get(r["op_id"])
-    r.update(op=op_label(o), module=(o or {}).get("module_path", ""), where=where(o),
-             source_id=(o or {}).get("source_id"), file=(o or {}).get("file"), line=(o or {}).get("line"))
-    return r
-
-
-def range_aggregates(L: Loaded, start=None, end=None, limit: int = 12) -> dict:
-    """What a brushed range holds: busy time by lane, by op and by source line (time clipped to the range)."""
-    a, b = clamp_window(L, start, end)
-    t0 = bounds(L)["t0"]
-    A, B = t0 + a, t0 + b
-    by_engine = rows(L.profile.range_by_lane(A, B))
-    for r in by_engine:
-        r["lane"] = _lane_label(r["core"], r["engine"], r["queue"])
-        r["busy_percent"] = 100.0 * r["busy_ns"] / max(b - a, 1)
-    info = ops(L)
-    by_line: dict[str, dict] = {}
-    paths: dict[str, dict] = {}
-    for r in rows(L.profile.range_by_op(A, B)):
-        o = info.get(r["op_id"]) or {}
-        key = op_path_key(o)
-        d = paths.setdefault(key, {"sel": f"path:{key}", "op": op_label(o), "module": o.get("module_path", ""),
-                                   "where": where(o), "busy_ns": 0, "instructions": 0})
-        d["busy_ns"] += r["busy_ns"]
-        d["instructions"] += r["instructions"]
-        key = where(o) or "(no source)"
-        d = by_line.setdefault(key, {"where": key, "source_id": o.get("source_id"), "busy_ns": 0, "instructions": 0})
-        d["busy_ns"] += r["busy_ns"]
-        d["instructions"] += r["instructions"]
-    lines = sorted(by_line.values(), key=lambda r: -r["busy_ns"])
-    by_op = sorted(paths.values(), key=lambda r: -r["busy_ns"])
-    return {"start": a, "end": b, "by_engine": by_engine, "by_op": by_op[:limit], "by_line": lines[:limit]}
 
 
 # ---------------------------------------------------------------------------------- hierarchy

@@ -1,9 +1,10 @@
 """Plotly figures the pages share: the timeline (raw or level-of-detail), the hierarchy icicle, small bars.
 
-The timeline's x axis is microseconds since the profile's start; lanes are rows (y = lane index,
-top to bottom). In raw mode each instruction is a bar coloured by the ATen op it came from; in
-level-of-detail mode each lane is a heat strip of busy fraction per time bucket, so the browser
-never receives more cells than the screen has pixels.
+The timeline's x axis is microseconds since the profile's start, its ticks labelled with units
+(``traces.timefmt.time_ticks``: "20 µs", "1.5 s", or "+20 µs" after a named instant when zoomed far
+from zero); lanes are rows (y = lane index, top to bottom). In raw mode each instruction is a bar
+coloured by the ATen op it came from; in level-of-detail mode each lane is a heat strip of busy
+fraction per time bucket, so the browser never receives more cells than the screen has pixels.
 
 >>> fmt_ns(1500)
 '1.5 µs'
@@ -14,8 +15,11 @@ import zlib
 
 import plotly.graph_objects as go
 
-from explorer import data
+from explorer import data, timeline
+from traces.timefmt import fmt_ns, fmt_window, time_ticks
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
+
+__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "icicle_figure", "engine_bars", "op_color"]
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -24,15 +28,6 @@ RECOMPILE_ORANGE = "#f28e2b"
 COMPILE_BLUE = "#7aa6d6"
 SELECT_GOLD = "#ffbf00"
 MAX_LEGEND_OPS = 10
-
-
-def fmt_ns(ns) -> str:
-    """Human time for nanoseconds: ``fmt_ns(2_500_000) == '2.5 ms'``."""
-    ns = float(ns or 0)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
 
 
 def fmt_bytes(n) -> str:
@@ -67,7 +62,7 @@ class _Fig:
 
 
 def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: bool = False) -> dict:
-    """The timeline for one :func:`explorer.data.timeline` answer, as a Plotly figure dict.
+    """The timeline for one :func:`explorer.timeline.timeline` answer, as a Plotly figure dict.
 
     Raw instruction bars carry ``customdata = [core, engine, start_ns, pc, op_id]`` so a click can
     ask for the instruction; highlighted (selected) instructions form the trace named ``selection``.
@@ -82,12 +77,15 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         _lod_heat(fig, tl, ops, index, chosen)
     _span_bars(fig, tl, index)
     n = len(lanes)
+    ticks = time_ticks(tl["start"], tl["end"])
     fig.layout = dict(
         height=height or max(260, 26 * n + 90), margin=dict(l=10, r=10, t=28 if not compact else 8, b=36),
         barmode="overlay", bargap=0.15, dragmode="zoom", hovermode="closest", plot_bgcolor="#fbfbfd",
         showlegend=not compact, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, font=dict(size=10)),
-        xaxis=dict(title="time since start (µs)", range=[tl["start"] / 1e3, tl["end"] / 1e3], showgrid=True,
-                   zeroline=False),
+        xaxis=dict(title=dict(text=ticks.title, font=dict(size=11)),
+                   range=[tl["start"] / 1e3, tl["end"] / 1e3],
+                   tickmode="array", tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels,
+                   showgrid=True, zeroline=False),
         yaxis=dict(tickmode="array", tickvals=list(range(n)), ticktext=[lane.label for lane in lanes],
                    range=[n - 0.5, -0.5], fixedrange=True, showgrid=False, automargin=True),
         uirevision=f"{tl['start']}-{tl['end']}",
@@ -98,7 +96,7 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
 def _raw_bars(fig, tl, ops, index, chosen):
     by_op: dict[str, list] = {}
     for r in tl["instructions"]:
-        lane = data._lane_key(r["core"], r["engine"], r["queue"])
+        lane = timeline.lane_key(r["core"], r["engine"], r["queue"])
         if lane not in index:
             continue
         label = data.op_label(ops.get(r["op_id"]))
@@ -113,8 +111,8 @@ def _raw_bars(fig, tl, ops, index, chosen):
         if rest:
             fig.add_trace(_bar_trace(label, rest, ops, "#bbbbbb" if label == "other ops" else op_color(label),
                                      opacity=0.35 if chosen else 0.95))
-    picked = [(r, index[data._lane_key(r["core"], r["engine"], r["queue"])]) for r in tl["instructions"]
-              if r["op_id"] in chosen and data._lane_key(r["core"], r["engine"], r["queue"]) in index]
+    picked = [(r, index[timeline.lane_key(r["core"], r["engine"], r["queue"])]) for r in tl["instructions"]
+              if r["op_id"] in chosen and timeline.lane_key(r["core"], r["engine"], r["queue"]) in index]
     if picked:
         t = _bar_trace("selection", picked, ops, SELECT_GOLD, opacity=1.0)
         t["marker"]["line"] = dict(color="#5a3d00", width=1.5)
@@ -142,6 +140,7 @@ def _lod_heat(fig, tl, ops, index, chosen):
     xs = [(origin + (i + 0.5) * width) / 1e3 for i in range(n_buckets)]
     z = [[None] * n_buckets for _ in index]
     text = [[""] * n_buckets for _ in index]
+    when: dict[int, str] = {}      # a bucket's time label, made once for all its lanes
     for lane_key, cells in tl["buckets"].items():
         y = index.get(lane_key)
         if y is None:
@@ -150,7 +149,9 @@ def _lod_heat(fig, tl, ops, index, chosen):
         for b, frac, n, top in cells:
             z[y][b] = frac
             o = ops.get(top)
-            text[y][b] = (f"<b>{label}</b> {fmt_ns(origin + b * width)}–{fmt_ns(origin + (b + 1) * width)}"
+            if b not in when:
+                when[b] = fmt_window(origin + b * width, origin + (b + 1) * width)
+            text[y][b] = (f"<b>{label}</b> {when[b]}"
                           f"<br>busy {100 * frac:.0f}% · {n} instructions"
                           + (f"<br>longest from {data.op_label(o)} {data.where(o)}" if o else ""))
     fig.add_trace(dict(type="heatmap", name="busy", x=xs, y=list(range(len(index))), z=z, text=text, zmin=0, zmax=1,

@@ -18,7 +18,9 @@ from test_explorer_profiles import make_profile
 
 from explorer import data
 from explorer import profiles as profile_registry
+from explorer import timeline as tline
 from explorer.app import create_app
+from explorer.figures import fmt_ns
 
 EXE = Path(sys.executable).parent / "neuron-explorer"
 
@@ -76,26 +78,44 @@ def test_exp203_summary_lists_recommendations_with_evidence_links(app):
 def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     from explorer.pages import timeline
 
-    monkeypatch.setattr(data, "RAW_CAP", 50)
+    monkeypatch.setattr(tline, "RAW_CAP", 50)
     fig, state, status, *_ = timeline.render("20260101_mlp")
     assert "level of detail" in status and any(t["type"] == "heatmap" for t in fig["data"])
     span = data.bounds(data.resolve("20260101_mlp"))["span"]
-    ex = min((s for s in data.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
+    ex = min((s for s in tline.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
              key=lambda s: s["start"])
     relayout = {"xaxis.range[0]": ex["start"] / 1e3, "xaxis.range[1]": (ex["start"] + ex["dur"] // 3) / 1e3}
-    fig2, state2, status2, _sel, _hidden, url = triggered("timeline-graph.relayoutData", timeline.zoom,
-                                                          relayout, None, None, state)
+    fig2, state2, status2, _sel, _hidden, url, label = triggered("timeline-request.data", timeline.zoom,
+                                                                 relayout, None, None, None, state)
     assert "drawn one by one" in status2 and any(t["type"] == "bar" for t in fig2["data"])
     assert url["start"] == state2["start"] < url["end"] < span
+    assert label.endswith(f"({fmt_ns(url['end'] - url['start'])})")
     # the hover text names the instruction, its op and its source line
     bar = next(t for t in fig2["data"] if t["type"] == "bar" and t.get("customdata"))
     assert "model.py:1" in bar["hovertext"][0] and "op aten." in bar["hovertext"][0]
-    # double-click (autorange) goes back to the whole profile
-    *_, url3 = triggered("timeline-graph.relayoutData", timeline.zoom, {"xaxis.autorange": True}, None, None, state2)
-    assert (url3["start"], url3["end"]) == (0, span)
+    # double-click (autorange) and Fit go back to the executions; Whole session shows everything
+    fit = data.bounds(data.resolve("20260101_mlp"))["fit"]
+    *_, url3, _ = triggered("timeline-request.data", timeline.zoom, {"xaxis.autorange": True}, None, None,
+                            None, state2)
+    assert (url3["start"], url3["end"]) == fit
+    *_, url4, _ = triggered("timeline-fit.n_clicks", timeline.zoom, None, 1, None, None, state2)
+    assert (url4["start"], url4["end"]) == fit
+    *_, url5, _ = triggered("timeline-whole.n_clicks", timeline.zoom, None, None, 1, None, state2)
+    assert (url5["start"], url5["end"]) == (0, span)
+    # a pan past the end of the session stops there, keeping the width
+    past = {"xaxis.range[0]": (span - 1000) / 1e3, "xaxis.range[1]": (span + 9000) / 1e3}
+    *_, url6, _ = triggered("timeline-request.data", timeline.zoom, past, None, None, None, state2)
+    assert (url6["start"], url6["end"]) == (span - 10_000, span)
+    # a key's request (assets/timeline_keys.js)
+    keyed = {"xaxis.range": [ex["start"] / 1e3, (ex["start"] + 5000) / 1e3], "n": 3}
+    *_, url7, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, state2)
+    assert (url7["start"], url7["end"]) == (ex["start"], ex["start"] + 5000)
+    # a request that is not two finite numbers is one line, not a traceback
+    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None, state2)
+    assert bad[2] == "the x range must be two finite numbers of µs"
     # a relayout that is not an x-range change does nothing
-    assert triggered("timeline-graph.relayoutData", timeline.zoom, {"autosize": True}, None, None, state)[0] is \
-        __import__("dash").no_update
+    assert triggered("timeline-request.data", timeline.zoom, {"autosize": True}, None, None, None,
+                     state)[0] is __import__("dash").no_update
 
 
 def test_exp205_timeline_click_opens_the_source_line(app):
@@ -113,7 +133,7 @@ def test_exp206_brushed_range_aggregates(app):
     from explorer.pages import timeline
 
     _fig, state, *_ = timeline.render("20260101_mlp")
-    ex = min((s for s in data.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
+    ex = min((s for s in tline.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
              key=lambda s: s["start"])
     sel = {"points": [], "range": {"x": [ex["start"] / 1e3, (ex["start"] + ex["dur"]) / 1e3], "y": [0, 5]}}
     body, title = triggered("timeline-graph.selectedData", timeline.aggregates, sel, state)
@@ -134,7 +154,7 @@ def test_exp207_source_line_click_highlights_its_instructions(app):
     assert classes.count("src-line hot selected") == 1
     graph = next(c for c in panel.children if getattr(c, "id", None) == "source-timeline")
     picked = [t for t in graph.figure["data"] if t["name"] == "selection"]
-    assert picked and len(picked[0]["x"]) == sum(1 for r in data.timeline(L)["instructions"]
+    assert picked and len(picked[0]["x"]) == sum(1 for r in tline.timeline(L)["instructions"]
                                               if data.ops(L)[r["op_id"]]["line"] == 15)
 
 
@@ -258,9 +278,21 @@ def test_source_page_opens_at_the_hottest_line(app):
 def test_timeline_says_how_many_spans_the_cap_left_out(app, monkeypatch):
     from explorer.pages import timeline
     L = data.resolve("20260102_mlp")
-    full = data.timeline(L)
+    full = tline.timeline(L)
     assert full["spans_hidden"] == 0 and len(full["spans"]) > 2
-    monkeypatch.setattr(data, "SPAN_CAP", 1)   # each of the two span queries keeps its longest one
-    capped = data.timeline(L)
+    monkeypatch.setattr(tline, "SPAN_CAP", 1)   # each of the two span queries keeps its longest one
+    capped = tline.timeline(L)
     assert len(capped["spans"]) <= 2 and capped["spans_hidden"] == len(full["spans"]) - len(capped["spans"])
     assert f"{capped['spans_hidden']:,} more spans not drawn — zoom in" in timeline._status(capped)
+
+
+def test_timeline_keys_are_one_table_shown_in_the_help_and_the_docs(app):
+    from explorer.pages import timeline
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "explorer.md").read_text(encoding="utf-8")
+    page = str(timeline.layout(profile="20260101_mlp"))
+    assert [k for k, *_ in timeline.KEYS] == ["W", "S", "A", "D", "F"]
+    for key, what, action, _amount in timeline.KEYS:
+        assert f"| `{key}` | {what} |" in docs and f"{key} {what}" in page
+        assert action in ("zoom", "pan", "fit")
+    # the page hands the same table to assets/timeline_keys.js
+    assert '"key": "w", "action": "zoom", "amount": 0.5' in page.replace("\\", "")

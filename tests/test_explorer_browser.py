@@ -1,22 +1,26 @@
 """The Explorer in a real browser: Playwright driving Debian's chromium (never `playwright install`).
 
-Opens every page, zooms the timeline, clicks a source line and checks that the timeline highlights
-its instructions, runs a SQL query, fails on any browser console error, and saves a screenshot of
-each page. Screenshots go to a temporary directory; to refresh the ones docs/explorer.md shows, run
+Opens every page, checks that the timeline opens fitted to the executions, zooms and pans it with
+the W/S/A/D keys, Fit and Whole session, zooms by dragging, clicks a source line and checks that the
+timeline highlights its instructions, runs a SQL query, fails on any browser console error, and
+saves a screenshot of each page. Screenshots go to a temporary directory; to refresh the ones
+docs/explorer.md shows, run
 `NEURON_STACK_SCREENSHOT_DIR=docs/img .venv/bin/python -m pytest tests/test_explorer_browser.py`.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import threading
 from pathlib import Path
 
 import pytest
-from test_explorer_profiles import make_profile
+from test_explorer_profiles import make_compile_first_profile, make_profile
 
 from explorer import data
+from explorer import timeline as tline
 from explorer.app import create_app
 
 CHROMIUM = "/usr/bin/chromium"
@@ -35,15 +39,16 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
     a = make_profile(root / "20260101-120000_mlp", iterations=6, tiles=3)
     b = make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3)
-    app = create_app([a, b])
-    old_cap = data.RAW_CAP
-    data.RAW_CAP = 300          # so the whole-profile view is level-of-detail and zooming in shows instructions
+    c = make_compile_first_profile(root / "20260103-120000_tp")
+    app = create_app([a, b, c])
+    old_cap = tline.RAW_CAP
+    tline.RAW_CAP = 300          # so the opening view is level-of-detail and zooming in shows instructions
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_port}"
     srv.shutdown()
-    data.RAW_CAP = old_cap
+    tline.RAW_CAP = old_cap
     data.registry().close()
 
 
@@ -102,7 +107,7 @@ def test_exp302_timeline_zoom_requeries_at_finer_detail(server, page):
     _shot(page, "timeline-lod")
     # zoom on the first execution's window by URL range, then drag to zoom further
     L = data.resolve("20260101-120000_mlp")
-    ex = min((s for s in data.timeline(L)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
+    ex = min((s for s in tline.timeline(L)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
     page.goto(f"{server}/timeline?profile=20260101-120000_mlp&start={ex['start'] - 2000}&end={ex['start'] + 60000}")
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
     before = page.inner_text("#timeline-status")
@@ -116,7 +121,6 @@ def test_exp302_timeline_zoom_requeries_at_finer_detail(server, page):
     page.wait_for_function("() => new URL(location.href).searchParams.get('start') !== null")
     assert "drawn one by one" in page.inner_text("#timeline-status")
     assert any(t["type"] == "bar" and t["name"] == "aten.addmm.default" for t in _plot(page, "timeline-graph"))
-    _shot(page, "timeline")
 
 
 def test_exp303_source_line_click_highlights_the_timeline(server, page):
@@ -156,3 +160,86 @@ def test_exp305_compare_two_profiles(server, page):
     page.wait_for_selector("#compare-lines")
     assert "model.py:15" in page.inner_text("#compare-lines")
     _shot(page, "compare")
+
+
+def _xrange(page) -> list[float]:
+    return page.evaluate("() => document.querySelector('#timeline-graph .js-plotly-plot')"
+                         "._fullLayout.xaxis.range.map(Number)")
+
+
+def _press(page, key):
+    """Press a key and wait for the server's answer (the window label changes)."""
+    before = page.inner_text("#timeline-window")
+    page.keyboard.press(key)
+    page.wait_for_function("b => document.querySelector('#timeline-window').innerText !== b", arg=before)
+    return _xrange(page)
+
+
+def _click(page, button):
+    before = page.inner_text("#timeline-window")
+    page.click(button)
+    page.wait_for_function("b => document.querySelector('#timeline-window').innerText !== b", arg=before)
+    return _xrange(page)
+
+
+def test_exp306_timeline_opens_on_the_work_and_keys_zoom_and_pan(server, page):
+    key = "20260103-120000_tp"
+    L = data.resolve(key)
+    b = data.bounds(L)
+    ex = [s for s in tline.timeline(L, 0, b["span"])["spans"] if s["kind"] == "exec"]
+    first, last = min(s["start"] for s in ex) / 1e3, max(s["start"] + s["dur"] for s in ex) / 1e3
+    page.goto(f"{server}/timeline?profile={key}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    # opens on the executions (a 2 s compile before them is not in the window)
+    lo, hi = fit = _xrange(page)
+    assert lo <= first and last <= hi and hi - lo < b["span"] / 1e3 / 100
+    # ticks and the window label carry units
+    ticks = page.evaluate("() => Array.from(document.querySelectorAll('#timeline-graph .xtick text'))"
+                          ".map(t => t.textContent)")
+    assert ticks and all(re.fullmatch(r"\+?[0-9.\u2009]+ (ns|µs|ms|s)", t) for t in ticks), ticks
+    label = page.inner_text("#timeline-window")
+    assert " … " in label and label.endswith("µs)"), label
+    assert "W zoom in" in page.inner_text("#timeline-help")
+    _shot(page, "timeline")
+    # W zooms in around the mouse: the time under it stays where it was on the screen
+    box = page.locator("#timeline-graph .nsewdrag").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.25, box["y"] + box["height"] * 0.5)
+    at = lo + (hi - lo) * 0.25
+    lo2, hi2 = _press(page, "w")
+    assert hi2 - lo2 == pytest.approx((hi - lo) / 2, rel=0.02)
+    assert (at - lo2) / (hi2 - lo2) == pytest.approx(0.25, abs=0.02)
+    # S zooms back out; A and D pan by a quarter of the window (the executions end the session: a pan
+    # right from the fitted window stops at its end)
+    lo3, hi3 = _press(page, "s")
+    assert hi3 - lo3 == pytest.approx(hi - lo, rel=0.02)
+    lo4, hi4 = _press(page, "a")
+    assert lo3 - lo4 == pytest.approx((hi3 - lo3) / 4, rel=0.02)
+    assert hi4 - lo4 == pytest.approx(hi3 - lo3, rel=0.02)
+    lo5, _ = _press(page, "d")
+    assert lo5 == pytest.approx(lo3, abs=(hi3 - lo3) * 0.01)
+    # keys are ignored while typing in an input
+    page.evaluate("""() => { const i = document.createElement('input'); i.id = 'scratch';
+                             document.querySelector('#timeline-help').appendChild(i); }""")
+    page.focus("#scratch")
+    before = _xrange(page)
+    page.keyboard.press("w")
+    page.wait_for_timeout(400)
+    assert _xrange(page) == before and page.input_value("#scratch") == "w"
+    page.evaluate("() => document.activeElement.blur()")
+    # Whole session shows everything; Fit comes back to the executions
+    whole = _click(page, "#timeline-whole")
+    assert whole[0] == pytest.approx(0, abs=1e-3) and whole[1] == pytest.approx(b["span"] / 1e3, rel=1e-6)
+    assert page.inner_text("#timeline-window").endswith(" s)")
+    assert _click(page, "#timeline-fit") == pytest.approx(fit, abs=1e-3)
+    _press(page, "w")
+    assert _press(page, "f") == pytest.approx(fit, abs=1e-3)
+    # keys pressed faster than the server answers add up: three W are an eighth of the window, no step lost
+    for _ in range(3):
+        page.keyboard.press("w")
+    eighth = (fit[1] - fit[0]) / 8
+    page.wait_for_function("""w => {
+        const r = document.querySelector('#timeline-graph .js-plotly-plot')._fullLayout.xaxis.range;
+        return Math.abs(r[1] - r[0] - w) < w * 0.02; }""", arg=eighth)
+    page.wait_for_timeout(500)
+    lo6, hi6 = _xrange(page)
+    assert hi6 - lo6 == pytest.approx(eighth, rel=0.02)

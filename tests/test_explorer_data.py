@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import pytest
-from test_explorer_profiles import MODEL_FILE, make_profile
+from test_explorer_profiles import MODEL_FILE, make_compile_first_profile, make_profile
 
 from explorer import data, recommend
+from explorer import timeline as tline
+from traces.q_timeline import fit_window
+from traces.timefmt import fmt_ns, fmt_window, time_ticks
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +50,20 @@ def test_exp003_top_ops_and_lines_rank_by_device_time(loaded):
 
 
 def test_exp004_raw_window_returns_each_instruction_with_lanes_named_like_the_real_tool(loaded):
-    labels = [lane.label for lane in data.lanes(loaded)]
+    labels = [lane.label for lane in tline.lanes(loaded)]
     assert labels[:3] == ["Compile", "Host (CPU)", "Executions(nc0)"]
     assert "Tensor(nc0)" in labels and "qSyncIO0(nc1)" in labels and "qSyncSpillReload0(nc0)" in labels
-    tl = data.timeline(loaded)
+    tl = tline.timeline(loaded)
     assert tl["mode"] == "raw" and len(tl["instructions"]) == tl["count"] == data.bounds(loaded)["instructions"]
     kinds = {s["kind"] for s in tl["spans"]}
     assert {"exec", "cpu_fallback", "compile", "recompile"} <= kinds
 
 
 def test_exp005_wide_windows_use_level_of_detail_with_bounded_cells(loaded, monkeypatch):
-    monkeypatch.setattr(data, "RAW_CAP", 50)
+    monkeypatch.setattr(tline, "RAW_CAP", 50)
     # the one LOD rule (traces.q_timeline): a pyramid level at most 1/16 of a bucket; this small profile's
     # finest level is 16 µs, so 10 buckets over its 10 ms read the pyramid (100 would read instructions)
-    tl = data.timeline(loaded, buckets=10)
+    tl = tline.timeline(loaded, buckets=10)
     assert tl["mode"] == "lod" and "instructions" not in tl
     assert tl["lod_source"].startswith("lod_busy level")
     cells = sum(len(c) for c in tl["buckets"].values())
@@ -73,39 +76,39 @@ def test_exp005_wide_windows_use_level_of_detail_with_bounded_cells(loaded, monk
 
 
 def test_exp006_zoomed_window_below_the_pyramid_aggregates_instructions(loaded, monkeypatch):
-    monkeypatch.setattr(data, "RAW_CAP", 5)
-    first = data.timeline(loaded)["spans"]
+    monkeypatch.setattr(tline, "RAW_CAP", 5)
+    first = tline.timeline(loaded)["spans"]
     ex = min((s for s in first if s["kind"] == "exec"), key=lambda s: s["start"])
-    tl = data.timeline(loaded, ex["start"], ex["start"] + ex["dur"], buckets=50)
+    tl = tline.timeline(loaded, ex["start"], ex["start"] + ex["dur"], buckets=50)
     assert tl["mode"] == "lod" and tl["lod_source"] == "instructions"
     assert any(top is not None for c in tl["buckets"].values() for *_, top in c)
 
 
 def test_exp007_selection_of_a_source_line_highlights_its_instructions(loaded):
     sid = next(t["source_id"] for t in data.line_totals(loaded).values() if t["line"] == 13)
-    tl = data.timeline(loaded, sel=f"line:{sid}")
+    tl = tline.timeline(loaded, sel=f"line:{sid}")
     chosen = set(tl["selection"])
     assert chosen and all(data.ops(loaded)[o]["line"] == 13 for o in chosen)
     assert tl["selection_text"].startswith("line model.py:13")
     assert data.selection_ops(loaded, "module:fc1") == chosen
     assert data.selection_ops(loaded, "path:fc1/aten.addmm.default") == chosen
     with pytest.raises(data.ExplorerError):
-        data.timeline(loaded, sel="line:1;DROP")
+        tline.timeline(loaded, sel="line:1;DROP")
 
 
 def test_exp008_range_aggregates_clip_to_the_range(loaded):
-    full = data.range_aggregates(loaded)
+    full = tline.range_aggregates(loaded)
     total = loaded.profile.sql("SELECT sum(dur_ns)::BIGINT FROM instructions").column(0)[0].as_py()
     assert sum(r["busy_ns"] for r in full["by_engine"]) == total
-    ex = min((s for s in data.timeline(loaded)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
-    half = data.range_aggregates(loaded, ex["start"], ex["start"] + ex["dur"] // 2)
+    ex = min((s for s in tline.timeline(loaded)["spans"] if s["kind"] == "exec"), key=lambda s: s["start"])
+    half = tline.range_aggregates(loaded, ex["start"], ex["start"] + ex["dur"] // 2)
     assert 0 < sum(r["busy_ns"] for r in half["by_engine"]) < total
     assert half["by_line"][0]["where"].startswith("model.py:")
 
 
 def test_exp009_instruction_lookup_links_back_to_its_source_line(loaded):
-    r = data.timeline(loaded)["instructions"][0]
-    got = data.instruction_at(loaded, r["core"], r["engine"], r["start"], r["pc"])
+    r = tline.timeline(loaded)["instructions"][0]
+    got = tline.instruction_at(loaded, r["core"], r["engine"], r["start"], r["pc"])
     assert got["opcode"] == r["opcode"] and got["file"] == MODEL_FILE and got["line"] in (13, 14, 15)
 
 
@@ -176,3 +179,69 @@ def test_exp015_compare_aligns_by_line_and_op_path(loaded, tmp_path):
         assert c["totals"]["recompiles"] == {"a": 3, "b": 1, "delta": -2}
     finally:
         reg.close()
+
+
+def _compile_then_run(tmp_path, executions: bool = True):
+    path = make_compile_first_profile(tmp_path / f"20260103-000000_tp{int(executions)}", executions)
+    reg = data.Registry([path])
+    L = reg.get(reg.default_key())
+    comp = next(r for r in L.profile.sql("SELECT kind, ts_ns, dur_ns FROM events").to_pylist()
+                if r["kind"] == "compile")
+    return reg, L, comp
+
+
+def test_timeline_opens_fitted_to_the_executions_not_the_compile(tmp_path):
+    reg, L, comp = _compile_then_run(tmp_path)
+    try:
+        b = data.bounds(L)
+        t0, (a, e) = b["t0"], b["fit"]
+        ex = L.profile.sql("SELECT start_ns, end_ns FROM executions").to_pylist()
+        first, last = min(r["start_ns"] for r in ex) - t0, max(r["end_ns"] for r in ex) - t0
+        # every execution inside, the 2 s compile outside but for the small margin
+        assert a <= first and last <= e
+        margin = (last - first) * 0.05
+        compile_end = comp["ts_ns"] + comp["dur_ns"] - t0
+        assert comp["ts_ns"] - t0 < a and compile_end - a <= margin and e - last <= margin
+        assert e - a < b["span"] / 100
+        # the timeline opens there and draws every execution
+        tl = tline.timeline(L)
+        assert (tl["start"], tl["end"]) == (a, e) and tl["fit"] == (a, e)
+        assert sum(s["kind"] == "exec" for s in tl["spans"]) == len(ex)
+        whole = tline.timeline(L, 0, b["span"])
+        assert (whole["start"], whole["end"]) == (0, b["span"])
+        # an empty window asked for in the URL falls back to the fit, not to the whole session
+        assert tline.clamp_window(L, 500, 500) == (a, e)
+        # its axis and label read in µs, never as bare numbers or as "2 s – 2 s"
+        ticks = time_ticks(a, e)
+        assert ticks.labels and all(lab.endswith(" µs") for lab in ticks.labels)
+        label = fmt_window(a, e)
+        start_text, _, rest = label.partition(" … ")
+        assert label.endswith(f"({fmt_ns(e - a)})") and start_text != rest.split(" (")[0]
+    finally:
+        reg.close()
+
+
+def test_timeline_without_executions_opens_on_the_whole_session(tmp_path):
+    reg, L, _comp = _compile_then_run(tmp_path, executions=False)
+    try:
+        b = data.bounds(L)
+        assert b["fit"] == (0, b["span"]) and b["span"] > 2_000_000_000
+        tl = tline.timeline(L)
+        assert (tl["start"], tl["end"]) == (0, b["span"]) and {s["kind"] for s in tl["spans"]} >= {"compile"}
+    finally:
+        reg.close()
+    assert fit_window(None, None, session=(5, 9)) == (5, 9)
+    assert fit_window(100, 200, session=(0, 150)) == (98, 150)      # clipped to the session
+
+
+@pytest.mark.parametrize("start, end, unit", [
+    (0, 2_160_000_000, " s"), (2_140_312_000, 2_140_408_400, " µs"), (0, 5_000_000, " ms"),
+    (1_000, 1_400, " ns")])
+def test_axis_ticks_and_window_labels_carry_units(start, end, unit):
+    ticks = time_ticks(start, end)
+    assert 3 <= len(ticks.labels) <= 12 and all(lab.endswith(unit) for lab in ticks.labels)
+    assert all(start <= v <= end for v in ticks.values_ns) and ticks.title.endswith(f"({unit.strip()})")
+    lo, _, hi = fmt_window(start, end).partition(" … ")
+    assert lo != hi.split(" (")[0]           # never "2.14 s – 2.14 s"
+    if start > 10 * (end - start):           # far from zero: offsets after a named instant
+        assert ticks.labels[0].startswith("+") and "2.140" in ticks.title

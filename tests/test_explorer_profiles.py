@@ -183,6 +183,23 @@ def make_profile(out_dir: Path, **kw) -> Path:
     return write_profile(Path(out_dir), build_tables(**kw))
 
 
+def make_compile_first_profile(out_dir: Path, executions: bool = True) -> Path:
+    """One graph whose compile takes 2 s before three short executions on two cores, as
+    sample_workloads/tensor_parallel.py records: the device work is a sliver of the session.
+    ``executions=False`` keeps only the host events (a session that never ran on the device)."""
+    tables = build_tables(seqs=(64,), iterations=3)
+    events = tables["events"].to_pylist()
+    comp = next(e for e in events if e["kind"] == "compile")
+    for k in ("ts_ns", "wall_ns"):
+        comp[k] -= 2_000_000_000
+    comp["dur_ns"] += 2_000_000_000
+    tables["events"] = pa.Table.from_pylist(events, schema=TABLES["events"])
+    if not executions:
+        tables["executions"] = tables["executions"].slice(0, 0)
+        tables["instructions"] = tables["instructions"].slice(0, 0)
+    return write_profile(Path(out_dir), tables)
+
+
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     return make_profile(tmp_path_factory.mktemp("session") / "20260101-000000_mlp")

@@ -5,6 +5,7 @@ import pytest
 from test_explorer_profiles import make_profile
 
 from explorer import data, profiles
+from explorer import timeline as tline
 from explorer.app import create_app
 from traces.console import RefusedQuery
 
@@ -127,7 +128,7 @@ def test_exp105_unknown_or_path_like_profile_keys_are_refused(loaded, bad):
 ])
 def test_exp106_bad_range_and_selection_parameters_are_refused(loaded, params):
     with pytest.raises(data.ExplorerError):
-        data.timeline(loaded, params.get("start"), params.get("end"), params.get("sel"))
+        tline.timeline(loaded, params.get("start"), params.get("end"), params.get("sel"))
 
 
 def test_exp107_pages_show_bad_parameters_as_a_message(loaded):

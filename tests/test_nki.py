@@ -294,6 +294,7 @@ def test_reused_sbuf_waits_for_the_previous_tiles_readers():
 def test_explorer_links_kernel_lines_and_instructions_both_ways(tmp_path):
     """Source page: the kernel file with time per line; timeline: an instruction names its kernel line."""
     from explorer import data
+    from explorer import timeline as tline
     fa = sample("flash_attention")
     prof = nki.profile(working_directory=tmp_path)(fa.flash_fwd[1, 1])
     rng = np.random.default_rng(3)
@@ -309,8 +310,8 @@ def test_explorer_links_kernel_lines_and_instructions_both_ways(tmp_path):
         rows = {r["line"]: r for r in data.source_view(L, kfile)}
         mm_line = line_of(fa.flash_fwd.fn, "nisa.nc_matmul(dst=s_psum")
         assert rows[mm_line]["device_ns"] > 0
-        inst = next(i for i in data.timeline(L)["instructions"] if i["opcode"] == "MATMUL")
-        got = data.instruction_at(L, inst["core"], inst["engine"], inst["start"], inst["pc"])
+        inst = next(i for i in tline.timeline(L)["instructions"] if i["opcode"] == "MATMUL")
+        got = tline.instruction_at(L, inst["core"], inst["engine"], inst["start"], inst["pc"])
         assert got["file"] == kfile and got["nki_source_location"] == f"flash_attention.py:{got['line']}"
     finally:
         reg.close()

@@ -12,6 +12,16 @@ instructions, split exactly at every edge. The grid is always the one asked for.
 14
 >>> lod_level(width_ns=1000, base=12, top=20) is None
 True
+
+The one window rule (:func:`fit_window`): a timeline opens on the executions (first start to last
+end, plus ``FIT_MARGIN`` of their extent on each side), not on the whole session, where a
+profile's compiles can be ten thousand times longer than its device work; a profile with no
+execution opens on the whole session.
+
+>>> fit_window(2_000_000, 2_100_000, session=(0, 3_000_000))
+(1998000, 2102000)
+>>> fit_window(None, None, session=(0, 3_000_000))
+(0, 3000000)
 """
 from __future__ import annotations
 
@@ -26,6 +36,9 @@ from traces.intervals import bucket_busy
 
 #: A zoomed-out query reads the pyramid level whose buckets are at most 1/16 of its own bucket.
 LOD_OVERSAMPLE = 16
+#: The fitted window's margin on each side, as a fraction of the executions' extent: enough to see
+#: where the first execution starts and the last ends against the lanes' edges.
+FIT_MARGIN = 0.02
 
 UTILIZATION_SCHEMA = pa.schema([("bucket", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                 ("core", pa.int32()), ("engine", pa.string()), ("busy_ns", pa.float64()),
@@ -40,18 +53,39 @@ def lod_level(width_ns: float, base: int, top: int) -> int | None:
     return level if level >= base else None
 
 
+def fit_window(first_start: int | None, last_end: int | None, session: tuple[int, int]) -> tuple[int, int]:
+    """The window a timeline opens on: the executions with a margin, inside ``session`` (the one rule).
+
+    ``first_start``/``last_end``: the first execution's start and the last one's end (None without
+    executions: the whole ``session``). All absolute ns.
+    """
+    lo, hi = session
+    if first_start is None or last_end is None:
+        return lo, hi
+    margin = max(1, round((last_end - first_start) * FIT_MARGIN))
+    a, b = max(lo, first_start - margin), min(hi, last_end + margin)
+    return (a, b) if b > a else (lo, hi)
+
+
 @dataclass(frozen=True)
 class Bounds:
-    """What a timeline spans: ``t0``/``t1`` cover executions, events and instructions (absolute ns)."""
+    """What a timeline spans: ``t0``/``t1`` cover executions, events and instructions (absolute ns);
+    ``fit_t0``/``fit_t1`` is the window it opens on (:func:`fit_window`)."""
 
     t0: int
     t1: int
     instructions: int
     max_dur: int
+    fit_t0: int
+    fit_t1: int
 
     @property
     def span(self) -> int:
         return max(self.t1 - self.t0, 1)
+
+    @property
+    def fit(self) -> tuple[int, int]:
+        return self.fit_t0, self.fit_t1
 
 
 @dataclass(frozen=True)
@@ -86,9 +120,11 @@ def bounds(p) -> Bounds:
           UNION ALL SELECT min(ts_ns), max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FROM events
           UNION ALL SELECT min(start_ns), max(start_ns + dur_ns) FROM instructions)""").to_pylist()[0]
     stats = p.sql("SELECT count(*) AS n, coalesce(max(dur_ns), 0) AS maxdur FROM instructions").to_pylist()[0]
+    ex = p.sql("SELECT min(start_ns) AS s, max(end_ns) AS e FROM executions").to_pylist()[0]
     t0 = int(row["t0"]) if row["t0"] is not None else 0
-    t1 = int(row["t1"]) if row["t1"] is not None else t0
-    return Bounds(t0, max(t1, t0 + 1), int(stats["n"]), int(stats["maxdur"]))
+    t1 = max(int(row["t1"]) if row["t1"] is not None else t0, t0 + 1)
+    fit = fit_window(ex["s"], ex["e"], (t0, t1))
+    return Bounds(t0, t1, int(stats["n"]), int(stats["maxdur"]), *fit)
 
 
 def lane_filter(core, engine) -> tuple[str, dict]:

@@ -449,7 +449,8 @@ class Profile:
 
     # -- the timeline (traces.q_timeline) ------------------------------------------------------
     def timeline_bounds(self) -> q_timeline.Bounds:
-        """First/last recorded moment and instruction statistics (cached: a profile never changes)."""
+        """First/last recorded moment, the window a timeline opens on (``.fit``: the executions) and
+        instruction statistics (cached: a profile never changes). Example: ``p.timeline_bounds().fit``."""
         if getattr(self, "_bounds", None) is None:
             self._bounds = q_timeline.bounds(self)
         return self._bounds

@@ -12,6 +12,15 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
       }
       window.history.replaceState(window.history.state, "", url.toString());
       return window.dash_clientside.no_update;
+    },
+    // A graph's relayout event as a request for a new x range (or autorange), else nothing: so an
+    // event that is not one (autosize, a legend click) never triggers, and so never supersedes, the
+    // server's answer to a request made just before it.
+    xRangeRequest: function (relayout) {
+      if (!relayout) { return window.dash_clientside.no_update; }
+      const x = relayout["xaxis.autorange"] || relayout["xaxis.range"] ||
+                relayout["xaxis.range[0]"] !== undefined;
+      return x ? Object.assign({n: Date.now()}, relayout) : window.dash_clientside.no_update;
     }
   }
 });

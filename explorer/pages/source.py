@@ -8,7 +8,7 @@ from pathlib import Path
 import dash
 from dash import ALL, Input, Output, State, callback, ctx, dcc, html
 
-from explorer import data, ui
+from explorer import data, timeline, ui
 from explorer.figures import fmt_ns, timeline_figure
 
 MAX_LINES = 5000
@@ -36,7 +36,7 @@ def _mini_timeline(key, sid):
     if not sid:
         return html.Div("Click a highlighted line to see where its instructions run.", className="hint")
     L = data.resolve(key)
-    tl = data.timeline(L, sel=f"line:{sid}")
+    tl = timeline.timeline(L, sel=f"line:{sid}")
     fig = timeline_figure(tl, data.ops(L), height=max(240, 20 * len(tl["lanes"]) + 60), compact=True)
     return html.Div([
         html.Div([html.Strong(tl["selection_text"]), " · ",

@@ -1,21 +1,44 @@
 """Timeline: a lane per core × engine and DMA queue, host and compile lanes, executions as spans.
 
-Zoom and pan (drag on the plot, scroll, or the URL's ``start``/``end``) re-query DuckDB: the page
-gets raw instructions only when the window holds at most ``data.RAW_CAP`` of them, otherwise
+The page opens fitted to the executions (``Profile.timeline_bounds().fit``, the one window rule of
+``traces.q_timeline``), not on the whole session, whose compiles can dwarf the device work; **Fit**
+comes back to it and **Whole session** shows everything. Zoom and pan (the keys in :data:`KEYS`, drag
+on the plot, scroll, or the URL's ``start``/``end``) re-query DuckDB: the page gets raw
+instructions only when the window holds at most ``timeline.RAW_CAP`` of them, otherwise
 busy-fraction buckets. Box-select (toolbar) a range to see its aggregates by lane, op and source
 line; click an instruction for its op and source line.
 """
 from __future__ import annotations
 
-import dash
-from dash import Input, Output, State, callback, ctx, dcc, html
+import json
+import math
 
-from explorer import data, ui
-from explorer.figures import fmt_ns, timeline_figure
+import dash
+from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
+
+from explorer import data, timeline, ui
+from explorer.figures import fmt_ns, fmt_window, timeline_figure
 from traces.vocab import ENGINES
 
 GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
                 "modeBarButtonsToRemove": ["lasso2d", "autoScale2d", "toImage"]}
+
+#: The timeline's keys, as in Perfetto: (key, what it does, action, amount). The one table: the
+#: help line below, docs/explorer.md and assets/timeline_keys.js (which reads it from the page) use
+#: it. ``zoom`` multiplies the window's width around the mouse (or the centre); ``pan`` moves the
+#: window by that fraction of its width; ``fit`` clicks Fit. Ignored while typing in an input.
+KEYS = (
+    ("W", "zoom in", "zoom", 0.5),
+    ("S", "zoom out", "zoom", 2.0),
+    ("A", "pan left", "pan", -0.25),
+    ("D", "pan right", "pan", 0.25),
+    ("F", "fit to the executions", "fit", 0),
+)
+
+
+def keys_help() -> str:
+    """The help line's key list: ``W zoom in · S zoom out · …``."""
+    return " · ".join(f"{k} {what}" for k, what, *_ in KEYS)
 
 
 def _status(tl: dict) -> str:
@@ -24,33 +47,47 @@ def _status(tl: dict) -> str:
     if tl["mode"] == "raw":
         return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one{more}"
     return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
-            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {data.RAW_CAP:,} to see each instruction{more}")
+            f"{fmt_ns(tl['bucket_ns'])} per bucket; zoom in below {timeline.RAW_CAP:,} to see each "
+            f"instruction{more}")
 
 
 def render(key, start=None, end=None, sel=None):
-    """Figure, normalised state and status text for a window (the callbacks' shared path)."""
+    """Figure, normalised state, status text, selection words and window label for a window
+    (the callbacks' shared path; no ``start``/``end``: fitted to the executions)."""
     L = data.resolve(key)
-    tl = data.timeline(L, start, end, sel)
+    tl = timeline.timeline(L, start, end, sel)
     state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or ""}
-    return timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", "")
+    return (timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", ""),
+            fmt_window(tl["start"], tl["end"]))
 
 
 @ui.guarded
 def layout(profile=None, start=None, end=None, sel=None, **_):
     key = ui.profile_key(profile)
-    fig, state, status, sel_text = render(key, start, end, sel)
+    fig, state, status, sel_text, window = render(key, start, end, sel)
+    span_us = data.bounds(data.resolve(key))["span"] / 1e3
+    keys = [{"key": k.lower(), "action": action, "amount": amount} for k, _what, action, amount in KEYS]
     return html.Div([
         *ui.url_sink("timeline"),
         dcc.Store(id="timeline-state", data=state),
+        # the x range asked for: by a key (assets/timeline_keys.js) or a drag/scroll/double-click (the
+        # graph's relayout events, filtered in assets/explorer.js so an autosize event that follows a
+        # request cannot replace it before the server has answered)
+        dcc.Store(id="timeline-request"),
+        html.Div(id="timeline-keys", hidden=True, **{"data-keys": json.dumps(keys), "data-span-us": span_us}),
         html.Div([
+            html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
+            html.Button("Whole session", id="timeline-whole", className="btn",
+                        title="everything recorded: compiles, loads and executions"),
+            html.Strong(window, id="timeline-window"),
             html.Span(status, id="timeline-status"),
             html.Span([html.Span(sel_text, id="timeline-selection"), " ",
                        html.Button("clear", id="timeline-clear", className="btn")],
                       className="pill", hidden=not sel_text, id="timeline-selection-pill"),
-            html.Button("Whole profile", id="timeline-reset", className="btn"),
-            html.Span("Drag to zoom · scroll to zoom · box-select (toolbar) to aggregate a range · "
-                      "click an instruction for its source line", className="hint"),
         ], className="toolbar"),
+        html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · "
+                 "box-select (toolbar) to aggregate a range · click an instruction for its source line",
+                 className="hint", id="timeline-help"),
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
                  className="card"),
         html.Div([
@@ -63,41 +100,56 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
 
 
 def _window_from_relayout(relayout: dict, state: dict):
-    """The new [start, end) in ns since t0 from Plotly's relayout event, or None if the x range did not change."""
+    """The new [start, end) in ns since t0 from a Plotly relayout event or a key's request (both in µs;
+    ``(None, None)``: fit), or None if the x range did not change."""
     if not relayout:
         return None
-    if relayout.get("xaxis.autorange"):   # double-click: back to the whole profile
+    if relayout.get("xaxis.autorange"):   # double-click: back to the fitted window
         return None, None
     lo = relayout.get("xaxis.range[0]", (relayout.get("xaxis.range") or [None, None])[0])
     hi = relayout.get("xaxis.range[1]", (relayout.get("xaxis.range") or [None, None])[1])
     if lo is None or hi is None:
         return None
-    return max(int(float(lo) * 1e3), 0), max(int(float(hi) * 1e3), 1)
+    try:
+        lo, hi = float(lo) * 1e3, float(hi) * 1e3
+    except (TypeError, ValueError):
+        lo = hi = math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise data.ExplorerError("the x range must be two finite numbers of µs")
+    # a pan (keys A/D, drag) past either end of the session stops there
+    return timeline.within_session(data.resolve(state["profile"]), lo, hi)
 
 
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
           Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
-          Output("timeline-url", "data"),
-          Input("timeline-graph", "relayoutData"), Input("timeline-reset", "n_clicks"),
-          Input("timeline-clear", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
-def zoom(relayout, _reset, _clear, state):
-    """Zoom, pan, reset or clear the selection: re-query the window at the right level of detail."""
+          Output("timeline-url", "data"), Output("timeline-window", "children"),
+          Input("timeline-request", "data"), Input("timeline-fit", "n_clicks"),
+          Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"),
+          State("timeline-state", "data"), prevent_initial_call=True)
+def zoom(request, _fit, _whole, _clear, state):
+    """Zoom, pan (keys, drag, scroll), fit, whole session or clear the selection: re-query the window at
+    the right level of detail."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
-    if ctx.triggered_id == "timeline-reset":
+    if ctx.triggered_id == "timeline-fit":
         start, end = None, None
+    elif ctx.triggered_id == "timeline-whole":
+        start, end = 0, data.bounds(data.resolve(state["profile"]))["span"]
     elif ctx.triggered_id == "timeline-clear":
         sel = ""
     else:
-        window = _window_from_relayout(relayout or {}, state)
+        try:
+            window = _window_from_relayout(request if isinstance(request, dict) else {}, state)
+        except data.ExplorerError as exc:
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
         if window is None:
-            return (dash.no_update,) * 6
+            return (dash.no_update,) * 7
         start, end = window
     try:
-        fig, new_state, status, sel_text = render(state["profile"], start, end, sel)
+        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel)
     except data.ExplorerError as exc:
-        return dash.no_update, dash.no_update, str(exc), dash.no_update, dash.no_update, dash.no_update
+        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
     url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"]}
-    return fig, new_state, status, sel_text, not sel_text, url
+    return fig, new_state, status, sel_text, not sel_text, url, label
 
 
 @callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
@@ -111,10 +163,10 @@ def aggregates(selected, state):
         start, end = max(int(rng[0] * 1e3), 0), max(int(rng[1] * 1e3), 1)
         title = "Selected range"
     try:
-        agg = data.range_aggregates(data.resolve(key), start, end)
+        agg = timeline.range_aggregates(data.resolve(key), start, end)
     except data.ExplorerError as exc:
         return ui.error_box(str(exc)), title
-    title = f"{title}: {fmt_ns(agg['start'])} – {fmt_ns(agg['end'])}"
+    title = f"{title}: {fmt_window(agg['start'], agg['end'])}"
     return html.Div([
         ui.table([("lane", "lane"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
                   ("busy %", lambda r: f"{r['busy_percent']:.1f}%"), ("instructions", "instructions")],
@@ -148,7 +200,7 @@ def details(click, state):
         engine = str(custom[1])
         if engine not in ENGINES:
             raise data.ExplorerError(f"unknown engine {engine[:20]!r}")
-        r = data.instruction_at(data.resolve(key), core, engine, start, pc)
+        r = timeline.instruction_at(data.resolve(key), core, engine, start, pc)
     except data.ExplorerError as exc:
         return ui.error_box(str(exc))
     if not r:
@@ -166,6 +218,8 @@ def details(click, state):
 
 
 ui.register_url_sync("timeline")
+clientside_callback(ClientsideFunction("explorer", "xRangeRequest"), Output("timeline-request", "data"),
+                    Input("timeline-graph", "relayoutData"), prevent_initial_call=True)
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
