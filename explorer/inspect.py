@@ -94,10 +94,14 @@ def _finish(session: Path, code: int, include_warmup: bool) -> int:
     import traces
 
     has_segments = any(p.is_file() for p in session.rglob("*") if p.name != "profile.duckdb")
+    if not has_segments and code:   # it failed before its first execution: its own error is above
+        print(f"neuron-explorer: error: the workload ended with exit status {code} before recording any "
+              f"Neuron execution, so {session} holds no profile (its own output above says why)", file=sys.stderr)
+        return code
     if not has_segments:
         print(f"neuron-explorer: error: no Neuron executions were recorded in {session}: does the script "
               "run a model through neuron_stack.trace or torch.compile(backend='neuron')?", file=sys.stderr)
-        return code or 1
+        return 1
     profile = traces.finalize(session, include_warmup=include_warmup)
     status = "finished" if code == 0 else f"exited with status {code}"
     print(f"neuron-explorer: workload {status}; profile written to {profile}")

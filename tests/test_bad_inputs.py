@@ -113,3 +113,29 @@ def test_one_instance_id_for_ls_and_monitor(tmp_path):
     doc = json.loads(mon.stdout.strip().splitlines()[-1])
     assert ls_id == doc["instance_info"]["instance_id"]
     assert ls_id.startswith("i-") and len(ls_id) == 19
+
+
+def test_sql_table_cuts_a_huge_cell(tmp_path):
+    # found re-checking issue 15 by hand: `neuron-explorer sql P "SELECT string_agg(repeat('x',1000),',')
+    # FROM range(500000)"` had rich fold a 500 MB cell into millions of lines (5 GB, still printing at 60 s)
+    import traces
+    from traces import synthetic
+    synthetic.write_run(tmp_path / "s", executions=1, instructions=50)
+    traces.finalize(tmp_path / "s")
+    r = run([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "SELECT repeat('x', 300000) AS s, 7 AS n"])
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert "(300,000 characters; --format csv for all)" in r.stdout and len(r.stdout) < 20_000, len(r.stdout)
+    csv = run([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "SELECT repeat('x', 300000) AS s",
+               "--format", "csv"])
+    assert csv.returncode == 0 and "x" * 300_000 in csv.stdout   # the other formats write the value whole
+
+
+def test_inspect_of_a_workload_failing_before_its_first_execution(tmp_path):
+    # found re-checking issue 15 by hand: NEURON_RT_VISIBLE_CORES=0-100000000 under inspect ended with
+    # "does the script run a model through neuron_stack.trace?", sending the user the wrong way
+    r = run([str(BIN / "neuron-explorer"), "inspect", "-o", str(tmp_path), "--", sys.executable, "-c",
+             "import sys; sys.exit('error: NEURON_RT_VISIBLE_CORES is malformed')"])
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "ended with exit status 1 before recording any Neuron execution" in last, r.stderr
+    assert "neuron_stack.trace" not in r.stderr

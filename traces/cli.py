@@ -273,6 +273,21 @@ def sql_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(value) -> str:
+    """A value as a table cell, cut at MAX_CELL_BYTES characters: rich folds a 500 MB string into
+    millions of lines (gigabytes, minutes); ``--format csv`` writes it whole.
+
+    >>> _cell(None), _cell("x" * 5000)[-43:]
+    ('NULL', 'x… (5,000 characters; --format csv for all)')
+    """
+    from traces.console import MAX_CELL_BYTES
+
+    text = "NULL" if value is None else str(value)
+    if len(text) <= MAX_CELL_BYTES:
+        return text
+    return f"{text[:MAX_CELL_BYTES]}… ({len(text):,} characters; --format csv for all)"
+
+
 def _print_table(result, max_rows: int, output: Path | None) -> int:
     import pyarrow.types as pat
     from rich.console import Console
@@ -286,7 +301,7 @@ def _print_table(result, max_rows: int, output: Path | None) -> int:
                          overflow="fold")
     for row in result.slice(0, max(0, max_rows)).to_pylist():
         # Text, not markup: a value like "s[s > 0]" must print as it is
-        table.add_row(*(Text("NULL" if v is None else str(v)) for v in row.values()))
+        table.add_row(*(Text(_cell(v)) for v in row.values()))
     shown = min(result.num_rows, max(0, max_rows))
     caption = f"{result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
     if shown < result.num_rows:
