@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from traces.errors import TraceError
+from traces.safeio import special_kind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -122,7 +123,9 @@ def _inspect(args: argparse.Namespace) -> int:
 def _capture(args: argparse.Namespace) -> int:
     neff = Path(args.neff)
     if not neff.is_file():
-        raise TraceError(f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
+        kind = special_kind(neff)   # /dev/zero or a FIFO exists: "not found" would mislead
+        raise TraceError(f"NEFF {neff} is {kind}, not a file; pass the compiled model with -n model.neff" if kind
+                         else f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
     if len(args.inputs) % 2:
         raise TraceError("inputs come in pairs: NAME file.npy [NAME file.npy ...]")
     if args.num_exec < 1 or not 0 <= args.profile_nth_exec <= args.num_exec:

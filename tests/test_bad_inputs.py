@@ -139,3 +139,41 @@ def test_inspect_of_a_workload_failing_before_its_first_execution(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert "ended with exit status 1 before recording any Neuron execution" in last, r.stderr
     assert "neuron_stack.trace" not in r.stderr
+
+
+def _run_stdin(cmd, stdin_path, timeout=60):
+    with open(stdin_path, "rb") as f:
+        return subprocess.run(cmd, stdin=f, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_limit_memory)
+
+
+def test_sql_from_stdin_is_read_bounded(tmp_path):
+    # found re-checking issue 15's classes by hand: `neuron-explorer sql P - < /dev/zero` grew ~350 MB/s
+    import traces
+    from traces import synthetic
+    synthetic.write_run(tmp_path / "s", executions=1, instructions=50)
+    traces.finalize(tmp_path / "s")
+    r = _run_stdin([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "-"], "/dev/zero")
+    one_error_line(r, "neuron-explorer", "the SQL read from stdin is longer than 1,048,576 characters")
+
+
+def test_prometheus_drops_an_endless_line_in_bounded_memory(tmp_path):
+    # found re-checking issue 15's classes by hand: `neuron-monitor-prometheus < /dev/zero` grew ~200 MB/s
+    # (one endless line); now the line is dropped as it streams and the next report still applies
+    import json
+    report = {"neuron_runtime_data": [], "system_data": {}, "instance_info": {}, "neuron_hardware_info": {}}
+    src = tmp_path / "stream"
+    with open(src, "wb") as f:
+        f.write(b"\0" * (40 << 20) + b"\n" + json.dumps(report).encode() + b"\n")
+    r = _run_stdin([str(BIN / "neuron-monitor-prometheus"), "-p", "0", "--exit-on-eof"], src)
+    assert r.returncode == 0, r.stderr[-1000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[1:] == ["neuron-monitor-prometheus: skipped input line 1: longer than 16 MiB, "
+                         "not a neuron-monitor report"], r.stderr[-1000:]
+
+
+@pytest.mark.parametrize("what", ["/dev/zero", "fifo", "directory"])
+def test_capture_of_a_special_file_says_what_it_is(what, fifo, tmp_path):
+    path = {"/dev/zero": "/dev/zero", "fifo": str(fifo), "directory": str(tmp_path)}[what]
+    r = run([str(BIN / "neuron-explorer"), "capture", "-n", path, "-s", str(tmp_path / "s")])
+    one_error_line(r, "neuron-explorer", "not a file; pass the compiled model with -n model.neff")

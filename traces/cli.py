@@ -232,9 +232,22 @@ def _param(text: str):
         return text
 
 
+#: ``neuron-explorer sql P - < file``: a statement longer than this is not one (``< /dev/zero`` would
+#: otherwise fill the memory).
+MAX_STDIN_SQL_CHARS = 1 << 20
+
+
+def _stdin_sql() -> str:
+    query = sys.stdin.read(MAX_STDIN_SQL_CHARS + 1)
+    if len(query) > MAX_STDIN_SQL_CHARS:
+        raise TraceError(f"the SQL read from stdin is longer than {MAX_STDIN_SQL_CHARS:,} characters: "
+                         "pipe in one statement (for example from a .sql file)")
+    return query
+
+
 def sql_cmd(args: argparse.Namespace) -> int:
     """``neuron-explorer sql PROFILE "SELECT …" [-p VALUE]… [--format table|csv|json|arrow] [-o FILE]``."""
-    query = sys.stdin.read() if args.query == "-" else args.query
+    query = _stdin_sql() if args.query == "-" else args.query
     if not query.strip():
         raise TraceError("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
     if args.format == "arrow" and args.output is None and sys.stdout.isatty():
