@@ -177,3 +177,17 @@ def test_capture_of_a_special_file_says_what_it_is(what, fifo, tmp_path):
     path = {"/dev/zero": "/dev/zero", "fifo": str(fifo), "directory": str(tmp_path)}[what]
     r = run([str(BIN / "neuron-explorer"), "capture", "-n", path, "-s", str(tmp_path / "s")])
     one_error_line(r, "neuron-explorer", "not a file; pass the compiled model with -n model.neff")
+
+
+@pytest.mark.parametrize("name,value", [("RANK", "abc"), ("GROUP_RANK", "٣")])
+def test_profiled_run_with_a_bad_rank_variable(name, value, tmp_path):
+    # found re-checking issue 15's env classes: the recorder read RANK/GROUP_RANK with int() (bare ValueError
+    # for 'abc', and '٣' silently taken as rank 3); now torchrun's integers are checked in one place
+    code = ("import torch, neuron_stack\nm = neuron_stack.trace(torch.nn.Linear(4, 4), torch.ones(2, 4))\n"
+            "m(torch.ones(2, 4))\n")
+    r = run([sys.executable, "-c", code], limit=False, cwd=tmp_path,
+            env={name: value, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "o"),
+                 "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_COMPILE_CACHE_URL": str(tmp_path / "c")})
+    assert r.returncode == 1, r.stderr[-1000:]
+    assert r.stderr.strip().splitlines()[-1].endswith(f"{name}={value!r} is not an integer: launch with torchrun, "
+                                                      "which sets it"), r.stderr[-1000:]

@@ -54,11 +54,13 @@ class Recorder:
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
+        # torchrun's integers, checked in one place (RANK=abc, RANK=٣); imported here: distributed imports us
+        from neuron_stack.runtime.distributed import _env_int
         now = clock.wall_ns()
         self.writer = traces.Writer(out_dir, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
             "command": session.live.command, "host": socket.gethostname(), "target": session.target,
-            "rank": int(os.environ.get("RANK", "0") or 0), "node": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "rank": _env_int("RANK", 0), "node": _env_int("GROUP_RANK", 0),
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
 
     @classmethod

@@ -456,7 +456,8 @@ def _stdin(raw):
         sys.stdin = old
 
 
-ENV_READERS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS", "NEURON_STACK_DIST_TIMEOUT")
+ENV_READERS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS", "NEURON_STACK_DIST_TIMEOUT",
+               "RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def fuzz_env_values(examples: int) -> list[Trial]:
@@ -473,8 +474,10 @@ def fuzz_env_values(examples: int) -> list[Trial]:
                 cores._env_num_cores()
             elif name == "NEURON_CC_FLAGS":
                 parse_flags()
-            else:
+            elif name == "NEURON_STACK_DIST_TIMEOUT":
                 distributed._env_timeout()
+            else:   # torchrun's integers: the runtime and the recorder both read them with this
+                distributed._env_int(name, 0)
         finally:
             del os.environ[name]
 
