@@ -191,3 +191,15 @@ def test_profiled_run_with_a_bad_rank_variable(name, value, tmp_path):
     assert r.returncode == 1, r.stderr[-1000:]
     assert r.stderr.strip().splitlines()[-1].endswith(f"{name}={value!r} is not an integer: launch with torchrun, "
                                                       "which sets it"), r.stderr[-1000:]
+
+
+def test_neuron_cc_refuses_bad_shapes_and_flags_before_importing_torch():
+    # issue 15 wants these answered within a second: torch's import alone takes seconds on a loaded machine
+    code = ("import os, sys\nfrom neuron_stack.tools.neuron_cc import main\n"
+            f"codes = [main(['compile', {MODELS!r} + ':MLP', '--input-shapes', s]) for s in ('0x16', '２x64', '2x')]\n"
+            "os.environ['NEURON_CC_FLAGS'] = '\"unbalanced'\n"
+            f"codes.append(main(['compile', {MODELS!r} + ':MLP', '--input-shapes', '2x64']))\n"
+            "print(codes, 'torch' in sys.modules)\n")
+    r = run([sys.executable, "-c", code])
+    assert r.stdout.strip() == "[1, 1, 1, 1] False", (r.stdout, r.stderr[-1000:])
+    assert len(r.stderr.strip().splitlines()) == 4 and "Traceback" not in r.stderr, r.stderr
