@@ -22,6 +22,7 @@ from neuron_stack.compiler.version import stack_version
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
 from neuron_stack.runtime.cores import parse_core_list
+from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
 from traces.ids import new_id, stable_id
 from traces.schema import SCHEMA_VERSION
@@ -54,13 +55,11 @@ class Recorder:
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
-        # torchrun's integers, checked in one place (RANK=abc, RANK=٣); imported here: distributed imports us
-        from neuron_stack.runtime.distributed import _env_int
         now = clock.wall_ns()
         self.writer = traces.Writer(out_dir, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
             "command": session.live.command, "host": socket.gethostname(), "target": session.target,
-            "rank": _env_int("RANK", 0), "node": _env_int("GROUP_RANK", 0),
+            "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
 
     @classmethod
