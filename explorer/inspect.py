@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from traces.errors import TraceError
+from traces.safeio import special_kind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -94,10 +95,14 @@ def _finish(session: Path, code: int, include_warmup: bool) -> int:
     import traces
 
     has_segments = any(p.is_file() for p in session.rglob("*") if p.name != "profile.duckdb")
+    if not has_segments and code:   # it failed before its first execution: its own error is above
+        print(f"neuron-explorer: error: the workload ended with exit status {code} before recording any "
+              f"Neuron execution, so {session} holds no profile (its own output above says why)", file=sys.stderr)
+        return code
     if not has_segments:
         print(f"neuron-explorer: error: no Neuron executions were recorded in {session}: does the script "
               "run a model through neuron_stack.trace or torch.compile(backend='neuron')?", file=sys.stderr)
-        return code or 1
+        return 1
     profile = traces.finalize(session, include_warmup=include_warmup)
     status = "finished" if code == 0 else f"exited with status {code}"
     print(f"neuron-explorer: workload {status}; profile written to {profile}")
@@ -118,7 +123,9 @@ def _inspect(args: argparse.Namespace) -> int:
 def _capture(args: argparse.Namespace) -> int:
     neff = Path(args.neff)
     if not neff.is_file():
-        raise TraceError(f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
+        kind = special_kind(neff)   # /dev/zero or a FIFO exists: "not found" would mislead
+        raise TraceError(f"NEFF {neff} is {kind}, not a file; pass the compiled model with -n model.neff" if kind
+                         else f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
     if len(args.inputs) % 2:
         raise TraceError("inputs come in pairs: NAME file.npy [NAME file.npy ...]")
     if args.num_exec < 1 or not 0 <= args.profile_nth_exec <= args.num_exec:

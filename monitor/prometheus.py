@@ -219,6 +219,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: A report is a few KiB per process; a longer "line" (``< /dev/zero``) is not one and is dropped
+#: as it streams, so the exporter's memory stays bounded whatever is piped in.
+MAX_LINE_BYTES = 16 << 20
+
+
+def input_lines(stream, limit: int = MAX_LINE_BYTES):
+    r"""Yield ``(line number, bytes)`` for each line of a binary stream; ``None`` for a line over ``limit``.
+
+    >>> import io
+    >>> list(input_lines(io.BytesIO(b"{}\n" + b"x" * 10 + b"\n[]"), limit=5))
+    [(1, b'{}\n'), (2, None), (3, b'[]')]
+    """
+    lineno = 0
+    while line := stream.readline(limit + 1):
+        lineno += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            yield lineno, None   # said at once: the rest of ``< /dev/zero`` never ends
+            while line and not line.endswith(b"\n"):   # drop the rest of it, a chunk at a time
+                line = stream.readline(limit)
+        else:
+            yield lineno, line
+
+
 def run(argv=None) -> int:
     """The command body: serve, then apply each stdin line until EOF (or forever)."""
     args = _parser().parse_args(argv)
@@ -252,7 +275,11 @@ def run(argv=None) -> int:
     print(f"neuron-monitor-prometheus: serving {scheme}://{host}:{port}/metrics", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        for lineno, line in enumerate(sys.stdin, 1):
+        for lineno, line in input_lines(sys.stdin.buffer):
+            if line is None:
+                print(f"neuron-monitor-prometheus: skipped input line {lineno}: longer than "
+                      f"{MAX_LINE_BYTES >> 20} MiB, not a neuron-monitor report", file=sys.stderr, flush=True)
+                continue
             if not line.strip():
                 continue
             try:

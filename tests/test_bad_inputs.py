@@ -113,3 +113,93 @@ def test_one_instance_id_for_ls_and_monitor(tmp_path):
     doc = json.loads(mon.stdout.strip().splitlines()[-1])
     assert ls_id == doc["instance_info"]["instance_id"]
     assert ls_id.startswith("i-") and len(ls_id) == 19
+
+
+def test_sql_table_cuts_a_huge_cell(tmp_path):
+    # found re-checking issue 15 by hand: `neuron-explorer sql P "SELECT string_agg(repeat('x',1000),',')
+    # FROM range(500000)"` had rich fold a 500 MB cell into millions of lines (5 GB, still printing at 60 s)
+    import traces
+    from traces import synthetic
+    synthetic.write_run(tmp_path / "s", executions=1, instructions=50)
+    traces.finalize(tmp_path / "s")
+    r = run([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "SELECT repeat('x', 300000) AS s, 7 AS n"])
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert "(300,000 characters; --format csv for all)" in r.stdout and len(r.stdout) < 20_000, len(r.stdout)
+    csv = run([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "SELECT repeat('x', 300000) AS s",
+               "--format", "csv"])
+    assert csv.returncode == 0 and "x" * 300_000 in csv.stdout   # the other formats write the value whole
+
+
+def test_inspect_of_a_workload_failing_before_its_first_execution(tmp_path):
+    # found re-checking issue 15 by hand: NEURON_RT_VISIBLE_CORES=0-100000000 under inspect ended with
+    # "does the script run a model through neuron_stack.trace?", sending the user the wrong way
+    r = run([str(BIN / "neuron-explorer"), "inspect", "-o", str(tmp_path), "--", sys.executable, "-c",
+             "import sys; sys.exit('error: NEURON_RT_VISIBLE_CORES is malformed')"])
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "ended with exit status 1 before recording any Neuron execution" in last, r.stderr
+    assert "neuron_stack.trace" not in r.stderr
+
+
+def _run_stdin(cmd, stdin_path, timeout=60):
+    with open(stdin_path, "rb") as f:
+        return subprocess.run(cmd, stdin=f, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_limit_memory)
+
+
+def test_sql_from_stdin_is_read_bounded(tmp_path):
+    # found re-checking issue 15's classes by hand: `neuron-explorer sql P - < /dev/zero` grew ~350 MB/s
+    import traces
+    from traces import synthetic
+    synthetic.write_run(tmp_path / "s", executions=1, instructions=50)
+    traces.finalize(tmp_path / "s")
+    r = _run_stdin([str(BIN / "neuron-explorer"), "sql", str(tmp_path / "s"), "-"], "/dev/zero")
+    one_error_line(r, "neuron-explorer", "the SQL read from stdin is longer than 1,048,576 characters")
+
+
+def test_prometheus_drops_an_endless_line_in_bounded_memory(tmp_path):
+    # found re-checking issue 15's classes by hand: `neuron-monitor-prometheus < /dev/zero` grew ~200 MB/s
+    # (one endless line); now the line is dropped as it streams and the next report still applies
+    import json
+    report = {"neuron_runtime_data": [], "system_data": {}, "instance_info": {}, "neuron_hardware_info": {}}
+    src = tmp_path / "stream"
+    with open(src, "wb") as f:
+        f.write(b"\0" * (40 << 20) + b"\n" + json.dumps(report).encode() + b"\n")
+    r = _run_stdin([str(BIN / "neuron-monitor-prometheus"), "-p", "0", "--exit-on-eof"], src)
+    assert r.returncode == 0, r.stderr[-1000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[1:] == ["neuron-monitor-prometheus: skipped input line 1: longer than 16 MiB, "
+                         "not a neuron-monitor report"], r.stderr[-1000:]
+
+
+@pytest.mark.parametrize("what", ["/dev/zero", "fifo", "directory"])
+def test_capture_of_a_special_file_says_what_it_is(what, fifo, tmp_path):
+    path = {"/dev/zero": "/dev/zero", "fifo": str(fifo), "directory": str(tmp_path)}[what]
+    r = run([str(BIN / "neuron-explorer"), "capture", "-n", path, "-s", str(tmp_path / "s")])
+    one_error_line(r, "neuron-explorer", "not a file; pass the compiled model with -n model.neff")
+
+
+@pytest.mark.parametrize("name,value", [("RANK", "abc"), ("GROUP_RANK", "٣")])
+def test_profiled_run_with_a_bad_rank_variable(name, value, tmp_path):
+    # found re-checking issue 15's env classes: the recorder read RANK/GROUP_RANK with int() (bare ValueError
+    # for 'abc', and '٣' silently taken as rank 3); now torchrun's integers are checked in one place
+    code = ("import torch, neuron_stack\nm = neuron_stack.trace(torch.nn.Linear(4, 4), torch.ones(2, 4))\n"
+            "m(torch.ones(2, 4))\n")
+    r = run([sys.executable, "-c", code], limit=False, cwd=tmp_path,
+            env={name: value, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "o"),
+                 "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_COMPILE_CACHE_URL": str(tmp_path / "c")})
+    assert r.returncode == 1, r.stderr[-1000:]
+    assert r.stderr.strip().splitlines()[-1].endswith(f"{name}={value!r} is not an integer: launch with torchrun, "
+                                                      "which sets it"), r.stderr[-1000:]
+
+
+def test_neuron_cc_refuses_bad_shapes_and_flags_before_importing_torch():
+    # issue 15 wants these answered within a second: torch's import alone takes seconds on a loaded machine
+    code = ("import os, sys\nfrom neuron_stack.tools.neuron_cc import main\n"
+            f"codes = [main(['compile', {MODELS!r} + ':MLP', '--input-shapes', s]) for s in ('0x16', '２x64', '2x')]\n"
+            "os.environ['NEURON_CC_FLAGS'] = '\"unbalanced'\n"
+            f"codes.append(main(['compile', {MODELS!r} + ':MLP', '--input-shapes', '2x64']))\n"
+            "print(codes, 'torch' in sys.modules)\n")
+    r = run([sys.executable, "-c", code])
+    assert r.stdout.strip() == "[1, 1, 1, 1] False", (r.stdout, r.stderr[-1000:])
+    assert len(r.stderr.strip().splitlines()) == 4 and "Traceback" not in r.stderr, r.stderr

@@ -232,9 +232,22 @@ def _param(text: str):
         return text
 
 
+#: ``neuron-explorer sql P - < file``: a statement longer than this is not one (``< /dev/zero`` would
+#: otherwise fill the memory).
+MAX_STDIN_SQL_CHARS = 1 << 20
+
+
+def _stdin_sql() -> str:
+    query = sys.stdin.read(MAX_STDIN_SQL_CHARS + 1)
+    if len(query) > MAX_STDIN_SQL_CHARS:
+        raise TraceError(f"the SQL read from stdin is longer than {MAX_STDIN_SQL_CHARS:,} characters: "
+                         "pipe in one statement (for example from a .sql file)")
+    return query
+
+
 def sql_cmd(args: argparse.Namespace) -> int:
     """``neuron-explorer sql PROFILE "SELECT …" [-p VALUE]… [--format table|csv|json|arrow] [-o FILE]``."""
-    query = sys.stdin.read() if args.query == "-" else args.query
+    query = _stdin_sql() if args.query == "-" else args.query
     if not query.strip():
         raise TraceError("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
     if args.format == "arrow" and args.output is None and sys.stdout.isatty():
@@ -273,6 +286,21 @@ def sql_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell(value) -> str:
+    """A value as a table cell, cut at MAX_CELL_BYTES characters: rich folds a 500 MB string into
+    millions of lines (gigabytes, minutes); ``--format csv`` writes it whole.
+
+    >>> _cell(None), _cell("x" * 5000)[-43:]
+    ('NULL', 'x… (5,000 characters; --format csv for all)')
+    """
+    from traces.console import MAX_CELL_BYTES
+
+    text = "NULL" if value is None else str(value)
+    if len(text) <= MAX_CELL_BYTES:
+        return text
+    return f"{text[:MAX_CELL_BYTES]}… ({len(text):,} characters; --format csv for all)"
+
+
 def _print_table(result, max_rows: int, output: Path | None) -> int:
     import pyarrow.types as pat
     from rich.console import Console
@@ -286,7 +314,7 @@ def _print_table(result, max_rows: int, output: Path | None) -> int:
                          overflow="fold")
     for row in result.slice(0, max(0, max_rows)).to_pylist():
         # Text, not markup: a value like "s[s > 0]" must print as it is
-        table.add_row(*(Text("NULL" if v is None else str(v)) for v in row.values()))
+        table.add_row(*(Text(_cell(v)) for v in row.values()))
     shown = min(result.num_rows, max(0, max_rows))
     caption = f"{result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
     if shown < result.num_rows:

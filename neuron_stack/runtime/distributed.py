@@ -17,7 +17,6 @@ Each rank's trace carries ``runs.rank`` and ``runs.node`` and all ranks write in
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,13 +26,11 @@ import torch.distributed as dist
 from neuron_stack.device import clock
 from neuron_stack.runtime.collectives import Group, record_collective
 from neuron_stack.runtime.collectives import plan as plan_collective
+from neuron_stack.runtime.launch_env import DistributedError
+from neuron_stack.runtime.launch_env import env_int as _env_int
 from neuron_stack.runtime.session import Session
 
 DEFAULT_TIMEOUT_S = 60
-
-
-class DistributedError(RuntimeError):
-    """A rank could not join, or lost its peers; the message is one line with the likely cause."""
 
 
 @dataclass
@@ -55,15 +52,6 @@ class World:
 
 
 _world: World | None = None
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not re.fullmatch(r"-?[0-9]{1,9}", raw):   # ASCII only: '²'.isdigit() is True, int('²') fails
-        raise DistributedError(f"{name}={raw[:40]!r} is not an integer: launch with torchrun, which sets it")
-    return int(raw)
 
 
 def _env_timeout() -> float:

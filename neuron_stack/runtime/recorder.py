@@ -22,6 +22,7 @@ from neuron_stack.compiler.version import stack_version
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
 from neuron_stack.runtime.cores import parse_core_list
+from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
 from traces.ids import new_id, stable_id
 from traces.schema import SCHEMA_VERSION
@@ -58,7 +59,7 @@ class Recorder:
         self.writer = traces.Writer(out_dir, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
             "command": session.live.command, "host": socket.gethostname(), "target": session.target,
-            "rank": int(os.environ.get("RANK", "0") or 0), "node": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
 
     @classmethod

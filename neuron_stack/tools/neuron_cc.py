@@ -66,17 +66,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_shape(text: str):
-    """``2x16`` -> ((2, 16), torch.float32); ``4x8:int64`` -> ((4, 8), torch.int64)."""
-    import torch
+def shape_dims(text: str) -> tuple[int, ...]:
+    """The dimensions of an ``--input-shapes`` item, checked without torch.
 
-    dims, _, dtype = text.partition(":")
+    Example: ``shape_dims("4x8:int64") == (4, 8)``.
+    """
+    dims = text.partition(":")[0]
     if not re.fullmatch(r"[0-9]{1,9}(x[0-9]{1,9}){0,7}", dims.lower()):   # ASCII digits, up to 8 dims
         raise UsageError(f"bad input shape {text[:40]!r}: write dimensions like 2x16, optionally :dtype "
                          "(4x8:int64)")
     shape = tuple(int(d) for d in dims.lower().split("x"))
     if not shape or any(d <= 0 for d in shape):   # a 0-sized input compiles to nothing useful
         raise UsageError(f"bad input shape {text!r}: every dimension must be 1 or more (e.g. 2x16)")
+    return shape
+
+
+def parse_shape(text: str):
+    """``2x16`` -> ((2, 16), torch.float32); ``4x8:int64`` -> ((4, 8), torch.int64)."""
+    import torch
+
+    shape, dtype = shape_dims(text), text.partition(":")[2]
     dt = getattr(torch, dtype or "float32", None)
     if not isinstance(dt, torch.dtype):
         raise UsageError(f"bad dtype {dtype!r} in input shape {text!r}: use float32, int64, bfloat16...")
@@ -157,18 +166,23 @@ def load_spec(spec: str, shapes: list[str] | None):
 
 
 def _compile(args) -> int:
-    from neuron_stack.compiler.driver import compile_program
-    from neuron_stack.compiler.support import PartitionerConfig
     from neuron_stack.frontend.flags import parse_flags
-    from neuron_stack.tools.parallel_compile import install_collector
 
-    install_collector()          # inside neuron_parallel_compile's collect run, record instead
+    # a bad shape or NEURON_CC_FLAGS is refused before torch's import (seconds on a loaded machine)
+    for text in args.input_shapes or ():
+        shape_dims(text)
     cli = []
     for flag in ("target", "optlevel", "auto_cast", "auto_cast_type", "model_type", "verbose"):
         v = getattr(args, flag)
         if v is not None:
             cli += [f"--{flag.replace('_', '-')}", str(v)]
     flags = parse_flags(cli)
+
+    from neuron_stack.compiler.driver import compile_program
+    from neuron_stack.compiler.support import PartitionerConfig
+    from neuron_stack.tools.parallel_compile import install_collector
+
+    install_collector()          # inside neuron_parallel_compile's collect run, record instead
     cfg = PartitionerConfig(ops_to_partition=set(args.partition_ops)) if args.partition_ops else None
     program = load_spec(args.model, args.input_shapes)
     neff = compile_program(program, flags, partitioner_config=cfg)

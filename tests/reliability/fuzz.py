@@ -16,6 +16,7 @@ import io
 import json
 import os
 import signal
+import sys
 import zipfile
 from pathlib import Path
 
@@ -396,28 +397,68 @@ def special_paths(work: Path) -> dict[str, Path]:
 
 
 def fuzz_special_files(work: Path) -> list[Trial]:
-    """Every path a user gives (monitor/top config, profile, NEFF, capture input) as each special file."""
+    """Every path a user gives (monitor/top config, profile, NEFF, capture input, Explorer PROFILE, stdin of
+    `sql P -` and the Prometheus exporter) as each special file."""
     import traces
+    from explorer.view import resolve_profile
     from monitor.config import ConfigError, load_config
+    from monitor.prometheus import input_lines
     from neuron_stack.isa.neff import NeffError
     from neuron_stack.isa.neff import load as load_neff
     from neuron_stack.tools.capture import CaptureError, read_input
+    from traces.cli import _stdin_sql
     from traces.errors import TraceError
+
+    def as_stdin(fn):
+        """Run ``fn`` with ``path`` as stdin, opened as a shell's ``< path`` opens it."""
+        def go(path):
+            with open(path, "rb") as raw, _stdin(raw):
+                return fn()
+        return go
 
     readers = {"monitor/top config (-c)": (load_config, (ConfigError,)),
                "profile (traces.open)": (traces.open, (TraceError,)),
                "NEFF (load)": (load_neff, (NeffError,)),
                "capture input (NAME file.npy)": (lambda p: read_input("x", str(p), ((2,), "float32")),
-                                                 (CaptureError,))}
+                                                 (CaptureError,)),
+               "Explorer view/diff/recommend PROFILE": (resolve_profile, (ValueError,)),
+               "SQL on stdin (sql P - < path)": (as_stdin(_stdin_sql), (TraceError,)),
+               # the first line only: the exporter keeps reading an endless stream, in bounded memory
+               "Prometheus stdin (< path)": (as_stdin(lambda: next(input_lines(sys.stdin.buffer), None)), ())}
     tally = Tally("special files as paths")
     for what, path in special_paths(work / "special").items():
         for reader, (fn, allowed) in readers.items():
+            if "stdin" in reader and not _shell_opens(path):
+                continue   # `< path` fails (or, for a FIFO, waits) in the shell, before the command starts
             with memory_bound():
                 tally.check(lambda: fn(path), allowed, f"{reader} <- {what}")
     return [tally.trial()]
 
 
-ENV_READERS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS", "NEURON_STACK_DIST_TIMEOUT")
+def _shell_opens(path: Path) -> bool:
+    """Whether a shell's ``< path`` would open ``path`` at once (not missing, a loop, a directory or a FIFO)."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISDIR(mode) or stat.S_ISFIFO(mode))
+
+
+@contextlib.contextmanager
+def _stdin(raw):
+    """``sys.stdin`` reading the binary file ``raw``, decoded as Python decodes its own stdin."""
+    old = sys.stdin
+    sys.stdin = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
+    try:
+        yield
+    finally:
+        sys.stdin.detach()
+        sys.stdin = old
+
+
+ENV_READERS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS", "NEURON_STACK_DIST_TIMEOUT",
+               "RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def fuzz_env_values(examples: int) -> list[Trial]:
@@ -434,8 +475,10 @@ def fuzz_env_values(examples: int) -> list[Trial]:
                 cores._env_num_cores()
             elif name == "NEURON_CC_FLAGS":
                 parse_flags()
-            else:
+            elif name == "NEURON_STACK_DIST_TIMEOUT":
                 distributed._env_timeout()
+            else:   # torchrun's integers: the runtime and the recorder both read them with this
+                distributed._env_int(name, 0)
         finally:
             del os.environ[name]
 
