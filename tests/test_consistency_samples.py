@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from recorded_samples import WORKLOADS
 
 import traces
-from explorer import data, recommend
+from explorer import data, recommend, timeline
 from monitor.prometheus import Exporter
 from monitor.replay import Replay
 from top.snapshot import Totals, build_snapshot
@@ -62,7 +62,7 @@ class Views:
             self.line_totals = data.line_totals(L)
             self.hotspots = {r["source_id"]: r for r in data.rows(L.profile.source_hotspots(10**9))}
             self.hierarchy = data.hierarchy(L)
-            self.timeline = data.range_aggregates(L, limit=10**6)
+            self.timeline = timeline.range_aggregates(L, limit=10**6)
             self.recommendations = recommend.recommendations(L)
             self.layers = data.rows(L.profile.layer_engine_time())
         finally:
