@@ -27,6 +27,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Tree
 from textual.worker import get_current_worker
@@ -216,6 +217,10 @@ class NeuronTop(App):
     def _render_frame(self) -> None:
         snap = self.snapshot
         if snap is None or not self.screen_stack or not self.screen_stack[0].is_attached:
+            return
+        try:
+            self.query_one("#title", Line)
+        except NoMatches:   # a snapshot raced the screen's compose or teardown: the next one draws
             return
         # The selection follows the process, not the position: tabs shift as processes come and go.
         tags = [a.tag for a in snap.apps]
