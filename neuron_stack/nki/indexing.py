@@ -8,7 +8,7 @@ guards run on its bounding box, which must be exactly the true part (a rectangle
 access patterns are.
 
 >>> i_p = arange(128)[:, None]; i_f = arange(512)[None, :]
->>> (i_p * 2 + 1).shape, (i_p + i_f).values()[1, 2]
+>>> (i_p * 2 + 1).shape, int((i_p + i_f).values()[1, 2])
 ((128, 1), 3)
 >>> box_of((i_p < 100) & (i_f < 512), (128, 512))
 [(0, 100), (0, 512)]

@@ -14,9 +14,12 @@ process runs under ``neuron-explorer inspect`` (``NEURON_RT_INSPECT_ENABLE=1``).
 ...     return out
 >>> d = tempfile.mkdtemp()
 >>> w = traces.Writer(d, run={"run_id": "r1"}, metadata={"target": "trn1"})
->>> record(w.append, "r1", nki.run_kernel(neg, (np.ones((4, 4), np.float32),)))
+>>> graph_id = record(w.append, "r1", nki.run_kernel(neg, (np.ones((4, 4), np.float32),)))
 >>> w.close()
->>> con = traces.open(traces.finalize(d))
+>>> with traces.open(traces.finalize(d)) as prof:
+...     prof.sql("SELECT count(*) > 0 AS ok FROM instructions JOIN executions USING (exec_id) "
+...              "WHERE graph_id = ? AND nki_source_location LIKE '%:%'", [graph_id]).to_pylist()
+[{'ok': True}]
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ on [C, 1] columns, then one ``TENSOR_SCALAR`` ``x * scale + shift`` per tile.
 >>> from neuron_stack.compiler.legalize import legalize
 >>> from neuron_stack.compiler.partition import partition
 >>> from neuron_stack.compiler.fuse import fuse
->>> from neuron_stack.compiler.lower.lowerer import lower
+>>> from neuron_stack.compiler.lower import lower
 >>> from neuron_stack.device.profiles import get_profile
 >>> prog = fuse(partition(legalize(capture(torch.nn.Conv2d(3, 8, 3, padding=1), (torch.randn(1, 3, 8, 8),)))))
 >>> sorted({i.opcode for i in lower(prog, 0, get_profile("trn1"), {}).instrs})
