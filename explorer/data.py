@@ -345,9 +345,9 @@ def recompiles(L: Loaded) -> dict:
 
 # -------------------------------------------------------------------------------------- console
 def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
-    """Run one checked read-only SELECT; ``{"columns", "rows", "truncated"}`` (at most ``limit`` rows).
+    """Run one checked, read-only user query; ``{"columns", "rows", "truncated"}`` (at most ``limit`` rows).
 
-    The query goes through ``Profile.user_sql`` (the one place user SQL runs): a single SELECT,
+    The query goes through ``Profile.user_sql`` (the one place user SQL runs): one read-only statement,
     capped rows, interrupted after ``CONSOLE_TIMEOUT_S``. Raises ``traces.console.RefusedQuery``
     for anything else and :class:`ExplorerError` when DuckDB rejects the query.
     """
