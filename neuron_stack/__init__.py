@@ -8,7 +8,14 @@ The public API is imported lazily so that light tools (``neuron-ls``) do not pay
 """
 from __future__ import annotations
 
+import sys
+
 __all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig"]
+
+
+if "torch" in sys.modules:   # the neuron device; torch is never imported here (neuron-ls stays light)
+    from .eager import register as _register
+    _register()
 
 
 def __getattr__(name: str):

@@ -20,7 +20,7 @@ PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 #: ``ir`` (the graph IR every stage passes on) comes first; the facade (``neuron_stack/__init__.py``,
 #: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
 #: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
-STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "facade")
+STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "eager", "facade")
 
 
 def module_name(path: Path) -> str:

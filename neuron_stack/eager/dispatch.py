@@ -1,0 +1,329 @@
+"""Eager execution on the simulated NeuronCore: one op at a time, each compiled once into a small NEFF.
+
+An ATen op on ``neuron`` tensors is, by kind:
+
+- a view or metadata op (``view``, ``t``, ``detach``, ``expand``...): done on the value itself, no device work;
+- a transfer (``.to("neuron")``, ``.cpu()``, ``copy_`` across host and device): the copy, charged
+  PCIe time on the projected clock and recorded as a ``host_transfer`` event;
+- a random op (``normal_``, ``uniform_``...): drawn from the CPU generator, so ``torch.manual_seed`` gives
+  the same numbers as on the CPU;
+- anything else: a one-op FX graph, compiled by the same compiler (persistent cache, source line) into a
+  NEFF, loaded once per signature (op, shapes, strides, dtypes, scalar arguments, call site, core) and run
+  by the same runtime, so it is timed, recorded and shown like a compiled graph. An op the compiler
+  cannot place on the device runs as the NEFF's CPU island (``cpu_fallback``, the user's line); one it
+  cannot capture at all runs on the host and is counted the same way.
+
+In-place ops run their functional form and copy the result back. Under tracing (dynamo, aot_autograd)
+the values are fake tensors and every op simply runs on them: the compiled graph is one over the values.
+
+>>> import torch, neuron_stack.eager as eager
+>>> eager.register()
+>>> x = torch.tensor([-1.0, 2.0]).to("neuron")
+>>> torch.relu(x).cpu().tolist()
+[0.0, 2.0]
+>>> stats()["compiled_ops"] >= 1
+True
+"""
+from __future__ import annotations
+
+import operator
+import os
+import sys
+import threading
+import time
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from neuron_stack.compiler.cache import compile_cached
+from neuron_stack.compiler.driver import compile_program, graph_hash
+from neuron_stack.device import clock
+from neuron_stack.device.cost import pcie_ns
+from neuron_stack.eager.tensor import NeuronTensor, wrap
+from neuron_stack.frontend.export import graph_to_program, is_user_file
+from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.ir import Source
+from neuron_stack.runtime.model import LoadedModel
+from neuron_stack.runtime.session import Session
+
+aten = torch.ops.aten
+_HOST = object()          # cache marker: this signature runs on the host
+_lock = threading.RLock()
+_models: dict[tuple, object] = {}
+_stats = {"compiled_ops": 0, "executions": 0, "host_ops": 0, "transfers": 0, "transfer_bytes": 0,
+          "transfer_ns": 0, "device_ns": 0, "dispatch_ns": 0}
+_state = {"index": 0, "session": None}
+
+
+def session() -> Session:
+    """The runtime session eager ops run in (target from ``NEURON_CC_FLAGS --target``, default trn1)."""
+    s = _state["session"]
+    if s is None or s.closed:
+        s = _state["session"] = Session.get(parse_flags()["target"])
+    return s
+
+
+def core_of(index: int) -> tuple[Session, int]:
+    """The session and NeuronCore behind ``neuron:index`` (the process's visible cores, in order)."""
+    s = session()
+    if not 0 <= index < len(s.cores):
+        raise RuntimeError(f"neuron:{index} does not exist: this process sees {len(s.cores)} NeuronCore(s); set "
+                           "NEURON_RT_NUM_CORES or NEURON_RT_VISIBLE_CORES to see more")
+    return s, s.cores[index]
+
+
+def stats() -> dict:
+    """Counters of this process's eager execution: compiled ops, executions, host ops, transfers and their
+    PCIe bytes and time, simulated device time, and the host's dispatch time around the executions (ns).
+
+    >>> sorted(stats())[:3]
+    ['compiled_ops', 'device_ns', 'dispatch_ns']
+    """
+    with _lock:
+        return dict(_stats)
+
+
+def where() -> Source | None:
+    """The innermost frame of the current stack in user code: the line an eager op comes from."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if is_user_file(path):
+            import linecache
+            return Source(os.path.abspath(path), f.f_lineno, f.f_code.co_name,
+                          linecache.getline(path, f.f_lineno).strip())
+        f = f.f_back
+    return None
+
+
+def where_text() -> str:
+    """`` at file.py:12`` for the current user line, or an empty string."""
+    src = where()
+    return f" at {os.path.basename(src.file)}:{src.line}" if src is not None else ""
+
+
+def _index(flat) -> int:
+    for a in flat:
+        if isinstance(a, NeuronTensor):
+            return a.device.index or 0
+    return _state["index"]
+
+
+def _on_host(kwargs: dict) -> dict:
+    """Device kwargs name the host: the value of a neuron tensor is a CPU tensor."""
+    d = kwargs.get("device")
+    if d is not None and torch.device(d).type == "neuron":
+        kwargs = dict(kwargs, device=torch.device("cpu"))
+    return kwargs
+
+
+def dispatch(func, args: tuple, kwargs: dict):
+    """Run one ATen op with ``neuron`` tensor arguments (called from ``__torch_dispatch__``)."""
+    flat, spec = tree_flatten((args, kwargs))
+    index = _index(flat)
+    inner = [a.elem if isinstance(a, NeuronTensor) else a for a in flat]
+    if any(isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inner):
+        a, k = tree_unflatten(inner, spec)           # tracing: fake or functional values
+        return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
+    if func is aten._to_copy.default and torch.device(kwargs.get("device") or "neuron").type == "cpu":
+        return _transfer(func(inner[0], **kwargs), "device_to_host")
+    if func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        if isinstance(dst, NeuronTensor) != isinstance(src, NeuronTensor):
+            direction = "host_to_device" if isinstance(dst, NeuronTensor) else "device_to_host"
+            (dst.elem if isinstance(dst, NeuronTensor) else dst).copy_(
+                src.elem if isinstance(src, NeuronTensor) else src, *args[2:])
+            _transfer(src, direction)
+            return dst
+    a, k = tree_unflatten(inner, spec)
+    k = _on_host(k)
+    if func.is_view or func in _METADATA or torch.Tag.nondeterministic_seeded in func.tags \
+            or not any(isinstance(x, torch.Tensor) for x in inner):
+        return _rewrap(func(*a, **k), inner, flat, index)
+    if func in _TO_HOST:        # .item(), .tolist(): the value crosses to the host
+        _transfer(inner[0], "device_to_host")
+        return func(*a, **k)
+    if func._schema.is_mutable:
+        return _mutate(func, args, a, k, inner, flat, index)
+    return _rewrap(_execute(func, a, k, index), inner, flat, index)
+
+
+def _mutate(func, args, a, k, inner, flat, index):
+    """An in-place op: its functional form computed on the device, written back into ``self``."""
+    schema = func._schema
+    packet = getattr(aten, schema.name.split("::")[1].rstrip("_"), None)
+    functional = getattr(packet, func._overloadname, None) if packet is not None else None
+    first = schema.arguments[0]
+    if functional is None or first.alias_info is None or not first.alias_info.is_write \
+            or any(x.alias_info is not None and x.alias_info.is_write for x in schema.arguments[1:]):
+        # out= variants and the like
+        return _rewrap(_host_op(func, a, k, "an in-place op without a functional form"), inner, flat, index)
+    out = _execute(functional, a, k, index)
+    targets = a[0] if isinstance(a[0], (list, tuple)) else [a[0]]
+    results = out if isinstance(out, (list, tuple)) else [out]
+    for t, r in zip(targets, results):
+        t.copy_(r)
+    return args[0]
+
+
+def _rewrap(out, inner, flat, index):
+    """Results back as device tensors; a result that *is* an input value is that input's wrapper."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_rewrap(o, inner, flat, index) for o in out)
+    if not isinstance(out, torch.Tensor) or isinstance(out, NeuronTensor):
+        return out
+    for i, x in zip(flat, inner):
+        if x is out and isinstance(i, NeuronTensor):
+            return i
+    return wrap(out, index)
+
+
+def _transfer(t: torch.Tensor, direction: str):
+    """Charge one host<->device copy of ``t``: PCIe time on the projected clock and a ``host_transfer`` event."""
+    s, core = core_of(_state["index"])
+    nbytes = t.numel() * t.element_size()
+    ns = pcie_ns(s.profile, nbytes)
+    start = clock.now_ns()
+    clock.advance(0, ns)
+    with _lock:
+        _stats["transfers"] += 1
+        _stats["transfer_bytes"] += nbytes
+        _stats["transfer_ns"] += ns
+    rec = s.recorder
+    if rec is not None:
+        with s.record_lock:
+            if s.recorder is rec:
+                src = where()
+                rec.event("host_transfer", ts_ns=start, dur_ns=ns, core=core, direction=direction, bytes=nbytes,
+                          shape=list(t.shape), source=f"{src.file}:{src.line}" if src else "", mode="eager")
+    return t.elem if isinstance(t, NeuronTensor) else t
+
+
+def _meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def _signature(func, a, k, src, core) -> tuple:
+    flat, spec = tree_flatten((a, k))
+    leaves = tuple((tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
+    return (func, leaves, str(spec), (src.file, src.line) if src else None, core)
+
+
+def _execute(func, a: tuple, k: dict, index: int):
+    """Run ``func`` through its cached one-op NEFF (compiling it on first use) and return its results."""
+    t0 = time.perf_counter_ns()
+    s, core = core_of(index)
+    src = where()
+    key = _signature(func, a, k, src, core)
+    with _lock:
+        model = _models.get(key)
+    if model is None:
+        model = _compile(func, a, k, src, core, key)
+        t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
+    if model is _HOST:
+        return _host_op(func, a, k, None, src)
+    tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
+    r0 = time.perf_counter_ns()
+    outs = model.run(tensors)
+    r1 = time.perf_counter_ns()
+    ptrs = {x.untyped_storage().data_ptr() for x in tensors}
+    # a device op writes a new buffer: never hand back storage an input owns
+    outs = [o.clone() if o.untyped_storage().data_ptr() in ptrs else o for o in outs]
+    with _lock:
+        _stats["executions"] += 1
+        _stats["device_ns"] += model.static_device_ns
+        _stats["dispatch_ns"] += (time.perf_counter_ns() - t0) - (r1 - r0)
+    return tree_unflatten(outs, model.out_spec)
+
+
+def _compile(func, a, k, src, core, key):
+    """Compile ``func`` on these argument signatures into a NEFF and load it on ``core`` (or mark it host)."""
+    t0 = time.perf_counter_ns()
+    flat, spec = tree_flatten((a, k))
+    try:
+        g = torch.fx.Graph()
+        leaves, phs = [], []
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor):
+                ph = g.placeholder(f"arg{i}")
+                ph.meta["val"] = _meta(x)
+                phs.append(ph.name)
+                leaves.append(ph)
+            else:
+                leaves.append(x)
+        na, nk = tree_unflatten(leaves, spec)
+        ma, mk = tree_unflatten([_meta(x) for x in flat], spec)
+        val = func(*ma, **mk)
+        node = g.call_function(func, tuple(na), dict(nk))
+        node.meta["val"] = val
+        if src is not None:
+            node.meta["stack_trace"] = f'File "{src.file}", line {src.line}, in {src.function}\n'
+        vals, out_spec = tree_flatten(val)
+        if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
+            raise TypeError("results that are not tensors")
+        if isinstance(val, torch.Tensor):
+            outs = [node]
+        else:
+            outs = []
+            for i, v in enumerate(vals):
+                item = g.call_function(operator.getitem, (node, i))
+                item.meta["val"] = v
+                outs.append(item)
+        g.output(tuple(outs))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        name = "eager_" + str(func).removeprefix("aten.").replace(".", "_")
+        program = graph_to_program(gm, name=name, constants={}, input_names=phs)
+        flags = parse_flags(target=session().target)
+        ghash = graph_hash(program)
+        neff, hit, entry = compile_cached(ghash, flags, lambda: compile_program(program, flags,
+                                                                                 graph_hash_value=ghash),
+                                          constants=program.constants)
+        model = LoadedModel(neff, {"kind": "eager", "cache_hit": hit, "cache_path": str(entry or ""),
+                                   "compile_wall_ns": time.perf_counter_ns() - t0, "source": src}, core=core)
+        model.out_spec = out_spec
+        with _lock:
+            _stats["compiled_ops"] += 1
+    except Exception as exc:   # no meta kernel, a capture the compiler refuses: the host runs it
+        model = _HOST
+        _count_fallback(str(func), f"not compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
+                        if str(exc) else f"not compiled ({type(exc).__name__})", src)
+    with _lock:
+        _models[key] = model
+    return model
+
+
+def _count_fallback(op: str, reason: str, src) -> None:
+    s = session()
+    place = f"{os.path.basename(src.file)}:{src.line}" if src else ""
+    s.live.count_event("cpu_fallback", reason=reason, source=place, op=op)
+    rec = s.recorder
+    if rec is not None:
+        with s.record_lock:
+            if s.recorder is rec:
+                rec.event("cpu_fallback", op=op, reason=reason, source=f"{src.file}:{src.line}" if src else "",
+                          mode="eager")
+
+
+def _host_op(func, a, k, reason, src=None):
+    """An op that runs on the host: its inputs cross PCIe down and its results back up."""
+    src = src or where()
+    if reason is not None:
+        _count_fallback(str(func), reason, src)
+    tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
+    for t in tensors:
+        _transfer(t, "device_to_host")
+    out = func(*a, **k)
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor):
+            _transfer(t, "host_to_device")
+    with _lock:
+        _stats["host_ops"] += 1
+    return out
+
+
+_METADATA = {aten.detach.default, aten.alias.default, aten.lift_fresh.default, aten.set_.source_Tensor,
+             aten.resize_.default, aten.empty_like.default, aten.new_empty.default,
+             aten.new_empty_strided.default, aten.empty_strided.default, aten.empty.memory_format}
+_TO_HOST = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
