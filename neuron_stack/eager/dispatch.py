@@ -26,6 +26,7 @@ True
 """
 from __future__ import annotations
 
+import linecache
 import operator
 import os
 import sys
@@ -84,16 +85,21 @@ def stats() -> dict:
 
 
 def where() -> Source | None:
-    """The innermost frame of the current stack in user code: the line an eager op comes from."""
+    """The innermost frame of the current stack in user code: the line an eager op comes from.
+
+    Backward ops run on autograd's device thread, whose stack holds no user code: they get the last
+    user line seen, the ``loss.backward()`` that started them.
+    """
     f = sys._getframe(1)
     while f is not None:
         path = f.f_code.co_filename
         if is_user_file(path):
-            import linecache
-            return Source(os.path.abspath(path), f.f_lineno, f.f_code.co_name,
-                          linecache.getline(path, f.f_lineno).strip())
+            src = Source(os.path.abspath(path), f.f_lineno, f.f_code.co_name,
+                         linecache.getline(path, f.f_lineno).strip())
+            _state["source"] = src
+            return src
         f = f.f_back
-    return None
+    return _state.get("source")
 
 
 def where_text() -> str:
