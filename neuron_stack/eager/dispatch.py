@@ -26,10 +26,8 @@ True
 """
 from __future__ import annotations
 
-import linecache
 import operator
 import os
-import sys
 import threading
 import time
 
@@ -40,12 +38,10 @@ from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
-from neuron_stack.eager.tensor import NeuronTensor, wrap
-from neuron_stack.frontend.export import graph_to_program, is_user_file
+from neuron_stack.eager.memory import MEMORY, _state, core_of, session, where
+from neuron_stack.frontend.export import graph_to_program
 from neuron_stack.frontend.flags import parse_flags
-from neuron_stack.ir import Source
 from neuron_stack.runtime.model import LoadedModel
-from neuron_stack.runtime.session import Session
 
 aten = torch.ops.aten
 _HOST = object()          # cache marker: this signature runs on the host
@@ -53,24 +49,43 @@ _lock = threading.RLock()
 _models: dict[tuple, object] = {}
 _stats = {"compiled_ops": 0, "executions": 0, "host_ops": 0, "transfers": 0, "transfer_bytes": 0,
           "transfer_ns": 0, "device_ns": 0, "dispatch_ns": 0}
-_state = {"index": 0, "session": None}
 
 
-def session() -> Session:
-    """The runtime session eager ops run in (target from ``NEURON_CC_FLAGS --target``, default trn1)."""
-    s = _state["session"]
-    if s is None or s.closed:
-        s = _state["session"] = Session.get(parse_flags()["target"])
-    return s
+class NeuronTensor(torch.Tensor):
+    """A tensor on a simulated NeuronCore. ``elem`` holds its value (a CPU tensor standing for HBM)."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, index: int = 0):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
+            layout=elem.layout, device=torch.device("neuron", index), requires_grad=elem.requires_grad)
+
+    def __init__(self, elem: torch.Tensor, index: int = 0):
+        self.elem = elem
+        MEMORY.track(self, index)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        body = repr(self.elem).removeprefix("tensor(").rstrip(")")
+        return f"tensor({body}, device='{self.device}')"
+
+    # traceable wrapper subclass: dynamo and aot_autograd trace through it to graphs on ``elem``
+    def __tensor_flatten__(self):
+        return ["elem"], self.device.index or 0
+
+    @staticmethod
+    def __tensor_unflatten__(inner, index, outer_size, outer_stride):
+        return NeuronTensor(inner["elem"], index)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return dispatch(func, args, kwargs or {})
 
 
-def core_of(index: int) -> tuple[Session, int]:
-    """The session and NeuronCore behind ``neuron:index`` (the process's visible cores, in order)."""
-    s = session()
-    if not 0 <= index < len(s.cores):
-        raise RuntimeError(f"neuron:{index} does not exist: this process sees {len(s.cores)} NeuronCore(s); set "
-                           "NEURON_RT_NUM_CORES or NEURON_RT_VISIBLE_CORES to see more")
-    return s, s.cores[index]
+def wrap(elem: torch.Tensor, index: int) -> NeuronTensor:
+    """A device tensor holding ``elem``. Example: ``wrap(torch.zeros(2), 0).device`` -> ``neuron:0``."""
+    return NeuronTensor(elem, index)
 
 
 def stats() -> dict:
@@ -82,30 +97,6 @@ def stats() -> dict:
     """
     with _lock:
         return dict(_stats)
-
-
-def where() -> Source | None:
-    """The innermost frame of the current stack in user code: the line an eager op comes from.
-
-    Backward ops run on autograd's device thread, whose stack holds no user code: they get the last
-    user line seen, the ``loss.backward()`` that started them.
-    """
-    f = sys._getframe(1)
-    while f is not None:
-        path = f.f_code.co_filename
-        if is_user_file(path):
-            src = Source(os.path.abspath(path), f.f_lineno, f.f_code.co_name,
-                         linecache.getline(path, f.f_lineno).strip())
-            _state["source"] = src
-            return src
-        f = f.f_back
-    return _state.get("source")
-
-
-def where_text() -> str:
-    """`` at file.py:12`` for the current user line, or an empty string."""
-    src = where()
-    return f" at {os.path.basename(src.file)}:{src.line}" if src is not None else ""
 
 
 def _index(flat) -> int:

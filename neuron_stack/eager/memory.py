@@ -1,62 +1,69 @@
-"""The ``neuron`` tensor: a wrapper tensor whose device is ``neuron:i`` and whose value is a CPU tensor
-(the simulated HBM), plus device memory accounting against the core's HBM.
+"""Where ``neuron`` tensors live: the runtime session and NeuronCore behind ``neuron:i``, the user line an
+op or allocation comes from, and device memory accounting against the core's HBM.
 
-Every ATen op on it reaches :meth:`NeuronTensor.__torch_dispatch__`, which hands it to
-:mod:`neuron_stack.eager.dispatch` (compile the op once into a NEFF, run it on the simulated core).
-Autograd sits above the dispatch, so ``backward()`` runs the same way, op by op.
-
->>> import torch, neuron_stack.eager as eager
->>> eager.register()
->>> x = torch.ones(2, device="neuron")
->>> type(x).__name__, str(x.device), x.cpu().tolist()
-('NeuronTensor', 'neuron:0', [1.0, 1.0])
+>>> MEMORY.allocated.get(0, 0) >= 0
+True
 """
 from __future__ import annotations
 
+import linecache
+import os
+import sys
 import threading
 import weakref
 
 import torch
 
+from neuron_stack.frontend.export import is_user_file
+from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.ir import Source
 from neuron_stack.runtime.errors import OutOfDeviceMemory
+from neuron_stack.runtime.session import Session
+
+#: the current device index, the session, the last user line seen
+_state: dict = {"index": 0, "session": None, "source": None}
 
 
-class NeuronTensor(torch.Tensor):
-    """A tensor on a simulated NeuronCore. ``elem`` holds its value (a CPU tensor standing for HBM)."""
-
-    elem: torch.Tensor
-
-    @staticmethod
-    def __new__(cls, elem: torch.Tensor, index: int = 0):
-        return torch.Tensor._make_wrapper_subclass(
-            cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=torch.device("neuron", index), requires_grad=elem.requires_grad)
-
-    def __init__(self, elem: torch.Tensor, index: int = 0):
-        self.elem = elem
-        MEMORY.track(self, index)
-
-    def __repr__(self, *, tensor_contents=None) -> str:
-        body = repr(self.elem).removeprefix("tensor(").rstrip(")")
-        return f"tensor({body}, device='{self.device}')"
-
-    # traceable wrapper subclass: dynamo and aot_autograd trace through it to graphs on ``elem``
-    def __tensor_flatten__(self):
-        return ["elem"], self.device.index or 0
-
-    @staticmethod
-    def __tensor_unflatten__(inner, index, outer_size, outer_stride):
-        return NeuronTensor(inner["elem"], index)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from neuron_stack.eager.dispatch import dispatch
-        return dispatch(func, args, kwargs or {})
+def session() -> Session:
+    """The runtime session eager ops run in (target from ``NEURON_CC_FLAGS --target``, default trn1)."""
+    s = _state["session"]
+    if s is None or s.closed:
+        s = _state["session"] = Session.get(parse_flags()["target"])
+    return s
 
 
-def wrap(elem: torch.Tensor, index: int) -> NeuronTensor:
-    """A device tensor holding ``elem``. Example: ``wrap(torch.zeros(2), 0).device`` -> ``neuron:0``."""
-    return NeuronTensor(elem, index)
+def core_of(index: int) -> tuple[Session, int]:
+    """The session and NeuronCore behind ``neuron:index`` (the process's visible cores, in order)."""
+    s = session()
+    if not 0 <= index < len(s.cores):
+        raise RuntimeError(f"neuron:{index} does not exist: this process sees {len(s.cores)} NeuronCore(s); set "
+                           "NEURON_RT_NUM_CORES or NEURON_RT_VISIBLE_CORES to see more")
+    return s, s.cores[index]
+
+
+def where() -> Source | None:
+    """The innermost frame of the current stack in user code: the line an eager op comes from.
+
+    Backward ops run on autograd's device thread, whose stack holds no user code: they get the last
+    user line seen, the ``loss.backward()`` that started them.
+    """
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if is_user_file(path):
+            src = Source(os.path.abspath(path), f.f_lineno, f.f_code.co_name,
+                         linecache.getline(path, f.f_lineno).strip())
+            _state["source"] = src
+            return src
+        f = f.f_back
+    return _state.get("source")
+
+
+def where_text() -> str:
+    """`` at file.py:12`` for the current user line, or an empty string."""
+    src = where()
+    return f" at {os.path.basename(src.file)}:{src.line}" if src is not None else ""
+
 
 
 class DeviceMemory:
@@ -72,9 +79,9 @@ class DeviceMemory:
         self.storages: dict[int, list] = {}       # storage data_ptr -> [nbytes, users, index]
         self.allocated: dict[int, int] = {}
         self.peak: dict[int, int] = {}
-        self.session_of = None                    # index -> (Session, core); set by register()
+        self.session_of = core_of                 # index -> (Session, core)
 
-    def track(self, t: NeuronTensor, index: int) -> None:
+    def track(self, t: torch.Tensor, index: int) -> None:
         if type(t.elem) is not torch.Tensor:      # a fake or functional value while tracing: no memory
             return
         storage = t.elem.untyped_storage()
@@ -90,12 +97,11 @@ class DeviceMemory:
         # on the value, not the wrapper: Module.to swaps wrappers (torch.utils.swap_tensors refuses weakrefs)
         weakref.finalize(t.elem, self._release, key)
 
-    def _charge(self, index: int, nbytes: int, t: NeuronTensor) -> None:
+    def _charge(self, index: int, nbytes: int, t: torch.Tensor) -> None:
         session, core = self.session_of(index)
         used = session.device_memory[core]
         free = session.profile.hbm_bytes_per_core - sum(used.values())
         if nbytes > free:
-            from neuron_stack.eager.dispatch import where_text
             session.live.count_error("runtime")
             raise OutOfDeviceMemory(
                 f"out of device memory on neuron:{index} (NeuronCore {core}) allocating a "
