@@ -2,10 +2,13 @@
 
 Each rank compiles the model with ``torch.compile(backend="neuron")`` on its own core, trains on
 its shard of a synthetic regression set, and averages gradients with
-``neuron_stack.runtime.distributed.all_reduce_gradients`` (real gloo data, simulated ring cost). At the
+``neuron_stack.runtime.distributed.all_reduce_gradients`` (real gloo data, simulated ring cost).
+With ``--device neuron`` the model lives on the ``neuron`` device instead and trains eagerly under
+``torch.nn.parallel.DistributedDataParallel``, whose all-reduces go through
+``neuron_stack.eager.distributed.process_group()`` (the same gloo data and simulated ring). At the
 end, rank 0 checks that the weights equal a single-process eager run on the whole batch.
 
-    torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N]
+    torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N] [--device neuron]
     NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_OUTPUT_DIR=prof torchrun --nproc-per-node 2 \\
         sample_workloads/ddp_train.py --small --straggler-rank 1
 """
@@ -31,6 +34,8 @@ def main() -> int:
     ap.add_argument("--target", default="trn1", choices=["trn1", "inf2", "trn2"])
     ap.add_argument("--straggler-rank", type=int, default=-1, help="this rank does extra host work each step")
     ap.add_argument("--straggler-ms", type=float, default=200.0)
+    ap.add_argument("--device", choices=["cpu", "neuron"], default="cpu",
+                    help="neuron: the model on the neuron device under DistributedDataParallel")
     args = ap.parse_args()
     width, per_rank, steps = (16, 8, 3) if args.small else (256, 64, 20)
     steps = args.steps or steps
@@ -46,16 +51,23 @@ def main() -> int:
 
     model = make_model(width)
     reference = copy.deepcopy(model)
+    if args.device == "neuron":
+        from neuron_stack.eager.distributed import process_group
+        step = torch.nn.parallel.DistributedDataParallel(model.to("neuron"), process_group=process_group())
+        x, y = X[mine].to("neuron"), Y[mine].to("neuron")
+    else:
+        step = torch.compile(model, backend="neuron")
+        x, y = X[mine], Y[mine]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    step = torch.compile(model, backend="neuron")
     try:
         for i in range(steps):
-            loss = torch.nn.functional.mse_loss(step(X[mine]), Y[mine])
+            loss = torch.nn.functional.mse_loss(step(x), y)
             loss.backward()
             if w.rank == args.straggler_rank:
                 # a slow data loader on this rank, as projected host time (no real sleep needed)
                 clock.advance(real_ns=0, simulated_ns=int(args.straggler_ms * 1e6))
-            nd.all_reduce_gradients(model)
+            if args.device == "cpu":     # DDP all-reduced the neuron gradients during backward
+                nd.all_reduce_gradients(model)
             opt.step()
             opt.zero_grad()
             # one write per line (print writes the newline separately): ranks sharing torchrun's
@@ -74,7 +86,7 @@ def main() -> int:
             torch.nn.functional.mse_loss(reference(X), Y).backward()
             ref_opt.step()
             ref_opt.zero_grad()
-        diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+        diff = max((a.cpu() - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
         print(f"max weight difference vs single-process eager: {diff:.2e}")
         if diff > 1e-4:
             print("MISMATCH against eager PyTorch", file=sys.stderr)

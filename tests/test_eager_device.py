@@ -119,3 +119,21 @@ def test_eager_sample_profile_has_one_execution_per_op_with_source_lines(tmp_pat
     assert all(r["line"] is not None for r in rows)          # backward ops: the line of loss.backward()
     transfers = p.sql("SELECT count(*) AS n FROM events WHERE kind = 'host_transfer'").to_pylist()[0]["n"]
     assert transfers >= 6
+
+
+def test_ddp_on_neuron_tensors_two_ranks_under_torchrun(tmp_path):
+    env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "prof"), "OMP_NUM_THREADS": "1"}
+    for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
+        env.pop(var, None)
+    r = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--standalone",
+                        str(ROOT / "sample_workloads/ddp_train.py"), "--small", "--device", "neuron"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "weights match eager PyTorch" in r.stdout, r.stderr[-3000:]
+    import traces
+    p = traces.open(traces.finalize(str(tmp_path / "prof")))
+    cc = p.sql("SELECT r.rank, count(*) AS n FROM instructions i JOIN executions e USING (exec_id) "
+               "JOIN runs r USING (run_id) WHERE i.engine = 'cc' GROUP BY r.rank ORDER BY r.rank").to_pylist()
+    assert [c["rank"] for c in cc] == [0, 1] and all(c["n"] > 0 for c in cc)     # costed ring all-reduces
+    kinds = {r["kind"] for r in p.sql("SELECT DISTINCT g.kind FROM graphs g").to_pylist()}
+    assert {"eager", "collective"} <= kinds
