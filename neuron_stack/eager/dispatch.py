@@ -83,11 +83,6 @@ class NeuronTensor(torch.Tensor):
         return dispatch(func, args, kwargs or {})
 
 
-def wrap(elem: torch.Tensor, index: int) -> NeuronTensor:
-    """A device tensor holding ``elem``. Example: ``wrap(torch.zeros(2), 0).device`` -> ``neuron:0``."""
-    return NeuronTensor(elem, index)
-
-
 def stats() -> dict:
     """Counters of this process's eager execution: compiled ops, executions, host ops, transfers and their
     PCIe bytes and time, simulated device time, and the host's dispatch time around the executions (ns).
@@ -123,14 +118,14 @@ def dispatch(func, args: tuple, kwargs: dict):
         a, k = tree_unflatten(inner, spec)           # tracing: fake or functional values
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
     if func is aten._to_copy.default and torch.device(kwargs.get("device") or "neuron").type == "cpu":
-        return _transfer(func(inner[0], **kwargs), "device_to_host")
+        return _transfer(func(inner[0], **kwargs), "device_to_host", index)
     if func is aten.copy_.default:
         dst, src = args[0], args[1]
         if isinstance(dst, NeuronTensor) != isinstance(src, NeuronTensor):
             direction = "host_to_device" if isinstance(dst, NeuronTensor) else "device_to_host"
             (dst.elem if isinstance(dst, NeuronTensor) else dst).copy_(
                 src.elem if isinstance(src, NeuronTensor) else src, *args[2:])
-            _transfer(src, direction)
+            _transfer(src, direction, index)
             return dst
     a, k = tree_unflatten(inner, spec)
     k = _on_host(k)
@@ -138,7 +133,7 @@ def dispatch(func, args: tuple, kwargs: dict):
             or not any(isinstance(x, torch.Tensor) for x in inner):
         return _rewrap(func(*a, **k), inner, flat, index)
     if func in _TO_HOST:        # .item(), .tolist(): the value crosses to the host
-        _transfer(inner[0], "device_to_host")
+        _transfer(inner[0], "device_to_host", index)
         return func(*a, **k)
     if func._schema.is_mutable:
         return _mutate(func, args, a, k, inner, flat, index)
@@ -154,7 +149,7 @@ def _mutate(func, args, a, k, inner, flat, index):
     if functional is None or first.alias_info is None or not first.alias_info.is_write \
             or any(x.alias_info is not None and x.alias_info.is_write for x in schema.arguments[1:]):
         # out= variants and the like
-        return _rewrap(_host_op(func, a, k, "an in-place op without a functional form"), inner, flat, index)
+        return _rewrap(_host_op(func, a, k, index, "an in-place op without a functional form"), inner, flat, index)
     out = _execute(functional, a, k, index)
     targets = a[0] if isinstance(a[0], (list, tuple)) else [a[0]]
     results = out if isinstance(out, (list, tuple)) else [out]
@@ -172,12 +167,12 @@ def _rewrap(out, inner, flat, index):
     for i, x in zip(flat, inner):
         if x is out and isinstance(i, NeuronTensor):
             return i
-    return wrap(out, index)
+    return NeuronTensor(out, index)
 
 
-def _transfer(t: torch.Tensor, direction: str):
+def _transfer(t: torch.Tensor, direction: str, index: int):
     """Charge one host<->device copy of ``t``: PCIe time on the projected clock and a ``host_transfer`` event."""
-    s, core = core_of(_state["index"])
+    s, core = core_of(index)
     nbytes = t.numel() * t.element_size()
     ns = pcie_ns(s.profile, nbytes)
     start = clock.now_ns()
@@ -220,7 +215,7 @@ def _execute(func, a: tuple, k: dict, index: int):
         model = _compile(func, a, k, src, core, key)
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
     if model is _HOST:
-        return _host_op(func, a, k, None, src)
+        return _host_op(func, a, k, index, None, src)
     tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
     r0 = time.perf_counter_ns()
     outs = model.run(tensors)
@@ -303,18 +298,18 @@ def _count_fallback(op: str, reason: str, src) -> None:
                           mode="eager")
 
 
-def _host_op(func, a, k, reason, src=None):
+def _host_op(func, a, k, index, reason, src=None):
     """An op that runs on the host: its inputs cross PCIe down and its results back up."""
     src = src or where()
     if reason is not None:
         _count_fallback(str(func), reason, src)
     tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
     for t in tensors:
-        _transfer(t, "device_to_host")
+        _transfer(t, "device_to_host", index)
     out = func(*a, **k)
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor):
-            _transfer(t, "host_to_device")
+            _transfer(t, "host_to_device", index)
     with _lock:
         _stats["host_ops"] += 1
     return out
