@@ -20,6 +20,11 @@ def core_of(index: int):
 
 
 def index_of(device=None) -> int:
+    """The device index ``device`` names (an int, ``"neuron:1"``, a torch.device); none: the current one.
+
+    >>> index_of("neuron:0"), index_of(0)
+    (0, 0)
+    """
     if device is None:
         return current_device()
     if isinstance(device, int):

@@ -65,7 +65,6 @@ def where_text() -> str:
     return f" at {os.path.basename(src.file)}:{src.line}" if src is not None else ""
 
 
-
 class DeviceMemory:
     """Bytes of device tensors alive per device index, checked against the core's HBM.
 
