@@ -37,6 +37,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "MAX8": ("vector", "dst[p, :8] = the 8 largest values of src[p, :], descending"),
     "FIND_INDEX8": ("vector", "dst[p, j] = first free index of src[p, :] equal to vals[p, j]"),
     "TENSOR_SCAN": ("vector", "dst = inclusive scan (add or mult) of src along the free axis"),
+    "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
     # Scalar Engine
     "ACTIVATE": ("scalar", "dst = func(src * scale + bias); optional accumulate of dst along free into acc"),
     # GpSimd Engine

@@ -25,7 +25,7 @@ writes one row per instruction with its ``nki_source_location`` into the trace s
 """
 from __future__ import annotations
 
-from . import isa, language  # noqa: F401  (language supplies the tensor operators, see core.TENSOR_OPS)
+from . import compiler, isa, language, typing  # noqa: F401  (language supplies the tensor operators, see core.TENSOR_OPS)
 from . import lowering as _lowering  # noqa: F401  (registers the nki op lowering with the compiler)
 from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel

@@ -33,7 +33,7 @@ from neuron_stack.compiler.schedule import Schedule, schedule_lowered
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.isa.interp import Machine, contiguous_strides
 
-from .core import NKIError, Trace, dtype_name, ndarray
+from .core import NKIError, Trace, _local, dtype_name, ndarray
 
 _TARGETS = {"trn1": "trn1", "inf2": "inf2", "gen2": "trn1", "trn2": "trn2", "gen3": "trn2"}
 
@@ -95,6 +95,9 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
+        if getattr(_local, "trace", None) is not None:
+            # a helper (``@nki.jit(mode='trace')``) called inside a kernel: inlined, its own lines kept
+            return self.fn(*args, **kwargs)
         self.last = run_kernel(self, args, kwargs)
         if self._parent is not None:
             self._parent.last = self.last
