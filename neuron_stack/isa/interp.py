@@ -361,7 +361,8 @@ class Machine:
         P, F = d.shape[0], int(np.prod(d.shape[1:])) if d.ndim > 1 else 1
         expr = o["base"] + np.arange(P)[:, None] * o["channel_multiplier"] + np.arange(F)[None, :] * o["step"]
         cmp = {"equal": np.equal, "greater_equal": np.greater_equal, "less": np.less}[o["cmp"]]
-        self.mem.write(o["dst"][0], np.where(cmp(expr, 0), o["on_true"], o["on_false"]))
+        on_true = _p2(self.mem.read(o["src"][0])).reshape(P, F) if o["src"] else o["on_true"]   # NKI: a tile
+        self.mem.write(o["dst"][0], np.where(cmp(expr, 0), on_true, o["on_false"]))
 
     def op_CUSTOM_OP(self, o):
         tensors = []

@@ -31,6 +31,13 @@ from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel
 from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
 
+
+
+def __getattr__(name):
+    # the legacy ``neuronxcc.nki`` also exposed the language at the top (``nki.ndarray``, ``nki.par_dim``)
+    return getattr(language, name)
+
+
 __all__ = [
            "Kernel",
            "KernelRun",

@@ -561,6 +561,8 @@ class Trace:
                     sum(nb(v) for v in srcs if v.buf.mem == "hbm"), sum(nb(v) for v in dsts if v.buf.mem == "hbm"))
         ins.latency = latency
         self.instrs.append(ins)
+        # what `retarget` needs to rewrite this instruction (the destination weakly: tiles still free on time)
+        self._last = (idx, weakref.ref(dsts[0].buf), srcs, small) if len(dsts) == 1 else None
         self.engine_last[engine] = idx
         for v, r in sregs:
             v.buf.reads.append((idx, r))
@@ -570,6 +572,28 @@ class Trace:
             b.writes[:] = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
             b.written.append(r)
         return idx
+
+    def retarget(self, value: ndarray, dst: ndarray) -> bool:
+        """``dst[...] = value`` where ``value`` is a temporary tile the last instruction just wrote in full
+        and nothing read: that instruction writes ``dst`` instead (what the compiler does with
+        ``t[...] = nl.load(...)`` or ``= nl.copy(...)``), so no extra copy is issued. False when it cannot."""
+        last = getattr(self, "_last", None)
+        if last is None or last[0] != len(self.instrs) - 1 or last[1]() is not value.buf:
+            return False
+        ins = self.instrs[-1]
+        b = value.buf
+        if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
+                or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype or dst.partitions != value.partitions
+                or dst.free_size != value.free_size or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
+                or (ins.opcode == "MATMUL" and dst.buf.mem != "psum")):
+            return False
+        self.instrs.pop()
+        b.writes.clear()
+        b.written.clear()
+        attrs = {k: v for k, v in ins.operands.items() if k not in ("dst", "src")}
+        self.emit(ins.opcode, [dst], last[2], attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype, small=False,
+                  latency=getattr(ins, "latency", 0.0), loc=ins.node)
+        return True
 
     def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
         """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""

@@ -101,7 +101,7 @@ class Idx:
 
     def _cmp(self, o, fn):
         ov = o.values() if isinstance(o, Idx) else _int(o)
-        return Pred(fn(self.values(), ov))
+        return Pred(fn(self.values(), ov), (self - o, fn.__name__))
 
     def __lt__(self, o): return self._cmp(o, np.less)
     def __le__(self, o): return self._cmp(o, np.less_equal)
@@ -112,8 +112,9 @@ class Idx:
 class Pred:
     """A mask: a boolean array over tile positions, combined with ``&`` and ``|``."""
 
-    def __init__(self, values: np.ndarray):
+    def __init__(self, values: np.ndarray, affine: tuple | None = None):
         self.v = np.asarray(values, dtype=bool)
+        self.affine = affine        # (expr, comparison) when the mask is ``expr cmp 0`` (nisa.affine_select)
 
     def __and__(self, o): return Pred(self.v & _mask(o))
     def __or__(self, o): return Pred(self.v | _mask(o))

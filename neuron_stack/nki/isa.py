@@ -222,6 +222,19 @@ def dma_transpose(*args, dst=None, src=None, axes=None, dge_mode=None, **_):
     return out
 
 
+def affine_select(*args, dst=None, pred=None, on_true_tile=None, on_false_value=None, dtype=None, mask=None, **_):
+    """``pred ? on_true_tile : on_false_value`` with an affine predicate (GpSimd); both call forms."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    pred = pred if pred is not None else a.pop(0)
+    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
+    on_false_value = on_false_value if on_false_value is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
+    ops.affine_select(out, pred, on_true_tile, on_false_value)
+    return None if dst is not None else out
+
+
 def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False, keepdims=False, dtype=None,
                   mask=None, **_):
     """``dst[p] = reduce(op)(data[p, ...])`` over the free axes (Vector Engine); dst is [P, 1]."""

@@ -27,7 +27,22 @@ from .core import ndarray as tensor
 from .indexing import arange, ds, mgrid  # noqa: F401
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
-float32, bfloat16, float16, tfloat32 = "float32", "bfloat16", "float16", "float32"
+class _Float(str):
+    """A float dtype name that also knows its range (``nl.fp32.min``, used for masked-out scores)."""
+
+    @property
+    def min(self) -> float:
+        import torch
+        return float(torch.finfo(getattr(torch, str(self))).min)
+
+    @property
+    def max(self) -> float:
+        import torch
+        return float(torch.finfo(getattr(torch, str(self))).max)
+
+
+float32, bfloat16, float16 = _Float("float32"), _Float("bfloat16"), _Float("float16")
+tfloat32 = float32
 fp32, bf16, fp16 = float32, bfloat16, float16
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"
 int32, int16, int8, uint32, uint16, uint8, bool_ = "int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"
@@ -159,8 +174,7 @@ def load(src, dtype=None, mask=None, **_):
                        f"of {PMAX}; load tiles of at most {PMAX} rows")
     shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1) if src.shape else (1, 1)
     tile = ndarray(shape, dtype_name(dtype) if dtype else src.dtype)
-    i = ops.dma_copy(tile, _as(src, shape), mask)
-    tile._load = (i, _as(src, shape), mask)      # `t[...] = nl.load(...)` retargets this DMA (no extra copy)
+    ops.dma_copy(tile, _as(src, shape), mask)
     return tile
 
 
@@ -189,16 +203,13 @@ def copy(x, dtype=None, mask=None, **_):
 
 def _assign(dst, value) -> None:
     """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number. The
-    value of an ``nl.load`` just issued is loaded straight into ``dst`` (no Vector copy), as the compiler does."""
+    value just computed into a temporary tile (``nl.load``, ``nl.copy``, ``nl.exp`` ...) is written straight into
+    ``dst`` instead (no Vector copy), as the compiler does."""
     t = current()
-    ld = getattr(value, "_load", None) if isinstance(value, tensor) else None
-    if (ld is not None and ld[0] is not None and ld[0] == len(t.instrs) - 1 and dst.buf.mem == "sbuf"
-            and math.prod(dst.shape) == math.prod(value.shape) and dst.dtype == value.dtype):
-        t.instrs.pop()
-        value.buf.writes.clear()
-        value.buf.written.clear()
-        value._load = None
-        ops.dma_copy(dst, ld[1], ld[2])
+    if isinstance(value, tensor) and (value.buf, value.offset, value.strides, value.shape) == (
+            dst.buf, dst.offset, dst.strides, dst.shape):
+        return                  # `t[i] += x` writes t[i] in place; the assignment Python adds is not a copy
+    if isinstance(value, tensor) and dst.buf.mem != "hbm" and t.retarget(value, dst):
         return
     if not isinstance(value, tensor):
         ops.memset(dst, value)

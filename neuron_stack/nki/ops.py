@@ -416,6 +416,30 @@ def dma_transpose(dst: ndarray, src: ndarray) -> int:
     return t.dma(dst, view)
 
 
+#: ``expr cmp 0`` for integer expressions, as the GpSimd's three comparisons: (comparison, shift of the base)
+_AFFINE_CMP = {"greater_equal": ("greater_equal", 0), "greater": ("greater_equal", -1), "less": ("less", 0),
+               "less_equal": ("less", -1), "equal": ("equal", 0)}
+
+
+def affine_select(dst: ndarray, pred, on_true: ndarray, on_false: float) -> int:
+    """AFFINE_SELECT on GpSimd: ``dst = pred ? on_true : on_false`` where ``pred`` is one comparison of
+    ``nl.arange`` expressions over the tile's (partition, free) positions."""
+    t = current()
+    aff = getattr(pred, "affine", None)
+    if aff is None:
+        raise NKIError(f"{where()}: affine_select needs a predicate that is one comparison of nl.arange "
+                       f"expressions (e.g. i_p >= i_f); combine masks with nl.where instead")
+    on_chip(dst, "affine_select dst"), on_chip(on_true, "on_true_tile")
+    expr, name = aff
+    e = expr._pad(2)
+    if len(e.shape) != 2:
+        raise NKIError(f"{where()}: affine_select takes a 2-D [partition, free] predicate")
+    cmp, shift = _AFFINE_CMP[name]
+    attrs = {"base": e.base + shift, "channel_multiplier": e.coefs[0], "step": e.coefs[1], "cmp": cmp,
+             "on_true": 1.0, "on_false": float(on_false)}
+    return t.emit("AFFINE_SELECT", [dst], [_fit(on_true, dst)], attrs, dur=gpsimd_ns(t.p, dst.free_size))
+
+
 def memset(dst: ndarray, value, engine: str = "vector") -> int:
     """MEMSET: ``dst = value``."""
     t = current()
