@@ -562,7 +562,8 @@ class Trace:
         ins.latency = latency
         self.instrs.append(ins)
         # what `retarget` needs to rewrite this instruction (the destination weakly: tiles still free on time)
-        self._last = (idx, weakref.ref(dsts[0].buf), srcs, small) if len(dsts) == 1 else None
+        self._last = (idx, weakref.ref(dsts[0].buf), [(weakref.ref(v.buf), v.shape, v.offset, v.strides, v.dtype,
+                                                        v.pdim) for v in srcs]) if len(dsts) == 1 else None
         self.engine_last[engine] = idx
         for v, r in sregs:
             v.buf.reads.append((idx, r))
@@ -582,16 +583,22 @@ class Trace:
             return False
         ins = self.instrs[-1]
         b = value.buf
+        srcs = [ndarray(ref(), shape, off, st, dt, pd) for ref, shape, off, st, dt, pd in last[2] if ref() is not None]
+        if len(srcs) != len(last[2]):
+            return False
         if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
                 or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype or dst.partitions != value.partitions
                 or dst.free_size != value.free_size or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
                 or (ins.opcode == "MATMUL" and dst.buf.mem != "psum")):
             return False
+        idx = len(self.instrs) - 1
         self.instrs.pop()
         b.writes.clear()
         b.written.clear()
+        for v in srcs:              # the popped instruction's reads (the new one re-records them)
+            v.buf.reads[:] = [(i, r) for i, r in v.buf.reads if i != idx]
         attrs = {k: v for k, v in ins.operands.items() if k not in ("dst", "src")}
-        self.emit(ins.opcode, [dst], last[2], attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype, small=False,
+        self.emit(ins.opcode, [dst], srcs, attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype, small=False,
                   latency=getattr(ins, "latency", 0.0), loc=ins.node)
         return True
 
