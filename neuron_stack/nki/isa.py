@@ -198,8 +198,8 @@ def reciprocal(*args, dst=None, data=None, dtype=None, mask=None, **_):
 
 def bn_stats(*args, dst=None, data=None, dtype=None, mask=None, **_):
     """Per-partition (count, mean, var*count) of the even and odd elements: ``dst`` [P, 6]; data free <= 512."""
-    return _unary_new_or_legacy(ops.bn_stats, list(args), dst, data, lambda d: (d.partitions, 6),
-                                dtype or "float32")
+    return _unary_new_or_legacy(lambda o, d: ops.bn_stats(o, d, mask), list(args), dst, data,
+                                lambda d: (d.partitions, 6), dtype or "float32")
 
 
 def bn_aggr(*args, dst=None, data=None, dtype=None, mask=None, **_):

@@ -379,11 +379,16 @@ def reciprocal(dst: ndarray, data: ndarray) -> int:
 BN_STATS_FMAX, BN_STATS_DIM, BN_AGGR_DIM = 512, 6, 2
 
 
-def bn_stats(dst: ndarray, data: ndarray) -> int:
+def bn_stats(dst: ndarray, data: ndarray, mask=None) -> int | None:
     """BN_STATS: per partition (count, mean, variance*count) of the even and of the odd elements of
-    ``data`` (free size <= 512) into ``dst`` [P, 6]."""
+    ``data`` (free size <= 512, limited to ``mask``'s box) into ``dst`` [P, 6]."""
     t = current()
     on_chip(dst, "bn_stats dst"), on_chip(data, "bn_stats data")
+    if mask is not None:
+        box = box_of(mask, data.shape)
+        if box is None:
+            return None
+        data = restrict(data, box, data.shape)
     if data.free_size > BN_STATS_FMAX:
         raise NKIError(f"{where()}: bn_stats data has {data.free_size} elements per partition; the limit is "
                        f"{BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax): one bn_stats per 512-element slice, then bn_aggr")
