@@ -129,7 +129,8 @@ def _to_numpy(x):
         del torch
         return arr, dt, True
     arr = np.asarray(x)
-    return arr, dtype_name(arr.dtype), False
+    name = dtype_name(arr.dtype)
+    return (arr.astype(np.float32) if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else arr), name, False
 
 
 def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = True,
@@ -246,5 +247,6 @@ def _convert(a: np.ndarray, dtype: str, torch_io: bool):
         t = torch.from_numpy(np.ascontiguousarray(a))
         return t.to(getattr(torch, dtype if dtype != "bool" else "bool"))
     if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        return a.astype(np.float32)           # numpy has no bf16/fp8: values are rounded, storage fp32
+        import ml_dtypes                      # numpy's own dtypes stop at fp16: bf16/fp8 arrays as JAX has them
+        return a.astype(getattr(ml_dtypes, dtype))
     return a.astype(np.dtype(dtype if dtype != "bool" else np.bool_))
