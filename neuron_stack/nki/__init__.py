@@ -32,7 +32,6 @@ from .kernel import Kernel, KernelRun, run_kernel
 from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
 
 
-
 def __getattr__(name):
     # the legacy ``neuronxcc.nki`` also exposed the language at the top (``nki.ndarray``, ``nki.par_dim``)
     return getattr(language, name)

@@ -587,8 +587,9 @@ class Trace:
         if len(srcs) != len(last[2]):
             return False
         if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
-                or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype or dst.partitions != value.partitions
-                or dst.free_size != value.free_size or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
+                or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype
+                or dst.partitions != value.partitions or dst.free_size != value.free_size
+                or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
                 or (ins.opcode == "MATMUL" and dst.buf.mem != "psum")):
             return False
         idx = len(self.instrs) - 1

@@ -247,6 +247,6 @@ def _convert(a: np.ndarray, dtype: str, torch_io: bool):
         t = torch.from_numpy(np.ascontiguousarray(a))
         return t.to(getattr(torch, dtype if dtype != "bool" else "bool"))
     if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        import ml_dtypes                      # numpy's own dtypes stop at fp16: bf16/fp8 arrays as JAX has them
+        import ml_dtypes  # numpy's own dtypes stop at fp16: bf16/fp8 arrays as JAX has them
         return a.astype(getattr(ml_dtypes, dtype))
     return a.astype(np.dtype(dtype if dtype != "bool" else np.bool_))

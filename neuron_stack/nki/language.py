@@ -22,9 +22,10 @@ import math
 
 from . import ops
 from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
-from .core import where as _where
 from .core import ndarray as tensor
+from .core import where as _where
 from .indexing import arange, ds, mgrid  # noqa: F401
+
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
 class _Float(str):

@@ -391,7 +391,8 @@ def bn_stats(dst: ndarray, data: ndarray, mask=None) -> int | None:
         data = restrict(data, box, data.shape)
     if data.free_size > BN_STATS_FMAX:
         raise NKIError(f"{where()}: bn_stats data has {data.free_size} elements per partition; the limit is "
-                       f"{BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax): one bn_stats per 512-element slice, then bn_aggr")
+                       f"{BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax): one bn_stats per 512-element slice, then "
+                       f"bn_aggr")
     if dst.free_size != BN_STATS_DIM or dst.partitions != data.partitions:
         raise NKIError(f"{where()}: bn_stats dst {dst.shape} must be [{data.partitions}, {BN_STATS_DIM}]")
     return t.emit("BN_STATS", [dst], [data], {}, dur=vector_ns(t.p, "BN_STATS", data.free_size, 1, data.dtype))
