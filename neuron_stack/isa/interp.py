@@ -229,7 +229,8 @@ class Machine:
     def op_MATMUL(self, o):
         stat = _p2(self.mem.read(o["src"][0])).astype(np.float32)
         mov = _p2(self.mem.read(o["src"][1])).astype(np.float32)
-        res = stat.T @ mov
+        # torch, not numpy: one BLAS thread pool (numpy's OpenBLAS and torch's pool spin against each other)
+        res = (_t(stat).T @ _t(mov)).numpy()
         dst = o["dst"][0]
         if not o.get("start", True):
             res = res + _p2(self.mem.read(dst))

@@ -188,9 +188,21 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
     if execute:
         if any(isinstance(a, Spec) for a in list(args) + list(kwargs.values())):
             raise NKIError("inputs given as shapes only (Spec) can be timed, not executed: pass execute=False")
-        run.outputs = _execute(trace, inputs, outs, torch_io)
+        run.outputs = _execute_single_threaded(trace, inputs, outs, torch_io)
         run.sim_wall_ns = time.perf_counter_ns() - t1
     return run
+
+
+def _execute_single_threaded(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
+    """``_execute`` with torch on one thread: tiles are at most 128 x 512, so extra threads only wait for
+    each other (20x slower per instruction on a loaded 2-core machine, bench/nki.py)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _execute(trace, inputs, outs, torch_io)
+    finally:
+        torch.set_num_threads(n)
 
 
 def _execute(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
