@@ -126,7 +126,9 @@ def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
     import numpy as np
     import torch
 
-    import neuron_stack
+    from neuron_stack.compiler.driver import compile_program, graph_hash
+    from neuron_stack.frontend.export import capture
+    from neuron_stack.frontend.flags import parse_flags
 
     tensors = []
     for a in args:
@@ -145,9 +147,10 @@ def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
             return jit(*xs)
 
     with torch.no_grad():
-        traced = neuron_stack.trace(KernelModel(), tuple(tensors), target=target)
+        program = capture(KernelModel(), tuple(tensors))
+    neff = compile_program(program, parse_flags(None, target=target), graph_hash_value=graph_hash(program))
     path.parent.mkdir(parents=True, exist_ok=True)
-    return traced.neff.save(path)
+    return neff.save(path)
 
 
 def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, save_neff_name=None, save_trace_name=None,
