@@ -122,7 +122,18 @@ class _Benchmark(Kernel):
 
 def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
     """The kernel compiled as the one op of a model (its own instructions, ``torch.ops.nki``) and saved as a
-    NEFF that ``neuron-explorer capture -n`` runs. Every argument must be an array."""
+    NEFF (``neuron_stack.isa.neff.load`` reads it back). Every argument must be an array.
+
+    >>> import numpy as np, tempfile
+    >>> import neuron_stack.nki.language as nl
+    >>> @jit
+    ... def neg(a):
+    ...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    ...     nl.store(out, value=nl.negative(nl.load(a)))
+    ...     return out
+    >>> save_neff(neg, (np.ones((4, 4), np.float32),), Path(tempfile.mkdtemp()) / "neg.neff", "trn1").suffix
+    '.neff'
+    """
     import numpy as np
     import torch
 
@@ -162,7 +173,19 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, save_neff_name
 
 
 def write_profile(run, name: str, target: Path, executions: int = 1, overwrite: bool = True) -> Path:
-    """Write ``run`` as a finalised profile at ``target``: one row per instruction with its kernel line."""
+    """Write ``run`` as a finalised profile at ``target``: one row per instruction with its kernel line.
+
+    >>> import numpy as np, tempfile
+    >>> from neuron_stack.nki.kernel import run_kernel
+    >>> import neuron_stack.nki.language as nl
+    >>> def neg(a):
+    ...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    ...     nl.store(out, value=nl.negative(nl.load(a)))
+    ...     return out
+    >>> write_profile(run_kernel(neg, (np.ones((4, 4), np.float32),)), "neg",
+    ...               Path(tempfile.mkdtemp()) / "profile.duckdb").name
+    'profile.duckdb'
+    """
     import shutil
 
     import traces
