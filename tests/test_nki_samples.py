@@ -105,6 +105,26 @@ def test_tile_operators_where_and_vector_transpose():
     assert [i.engine for i in k.last.trace.instrs if i.opcode == "TRANSPOSE"] == ["vector"]
 
 
+def test_max8_and_find_index8():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 16), nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        top = nisa.max8(t)
+        idx = nisa.nc_find_index8(data=t, vals=top)
+        res = nl.ndarray((128, 16), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res[:, 0:8], src=top)
+        nisa.tensor_copy(dst=res[:, 8:16], src=idx)
+        nl.store(out, value=res)
+        return out
+
+    x = np.random.default_rng(5).standard_normal((128, 100), dtype=np.float32)
+    got = k(x)
+    order = np.argsort(-x, axis=1)[:, :8]
+    np.testing.assert_array_equal(got[:, :8], np.take_along_axis(x, order, 1))
+    np.testing.assert_array_equal(got[:, 8:], order)
+
+
 def test_bn_stats_new_form_and_bf16_numpy_outputs():
     @nki.jit
     def k(a):

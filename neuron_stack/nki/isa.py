@@ -208,6 +208,24 @@ def bn_aggr(*args, dst=None, data=None, dtype=None, mask=None, **_):
                                 dtype or "float32")
 
 
+def max8(*args, dst=None, src=None, data=None, dtype=None, mask=None, **_):
+    """The 8 largest values of each partition, descending: ``dst`` [P, 8] (Vector Engine)."""
+    return _unary_new_or_legacy(ops.max8, list(args), dst, data if data is not None else src,
+                                lambda d: (d.partitions, 8), dtype)
+
+
+def nc_find_index8(*args, dst=None, data=None, vals=None, dtype=None, mask=None, **_):
+    """Per partition, the first free index of ``data`` holding each of ``vals``' 8 values: ``dst`` [P, 8]."""
+    a = list(args)
+    if (len(a) == 3) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    vals = vals if vals is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or "uint32", (data.partitions, 8))
+    ops.find_index8(out, data, vals)
+    return None if dst is not None else out
+
+
 def dma_transpose(*args, dst=None, src=None, axes=None, dge_mode=None, **_):
     """A DMA writing the 2-D ``src`` transposed: ``dst`` (new form) or a new SBUF tile (legacy)."""
     a = list(args)

@@ -410,6 +410,27 @@ def bn_aggr(dst: ndarray, data: ndarray) -> int:
     return t.emit("BN_AGGR", [dst], [data], {}, dur=vector_ns(t.p, "BN_AGGR", data.free_size, 1, data.dtype))
 
 
+def max8(dst: ndarray, data: ndarray) -> int:
+    """MAX8 on the Vector Engine: the 8 largest values of each partition of ``data``, descending, into [P, 8]."""
+    t = current()
+    on_chip(dst, "max8 dst"), on_chip(data, "max8 data")
+    if dst.free_size != 8 or dst.partitions != data.partitions or data.free_size < 8:
+        raise NKIError(f"{where()}: max8 takes data with >= 8 elements per partition and a dst "
+                       f"[{data.partitions}, 8], got {data.shape} -> {dst.shape}")
+    return t.emit("MAX8", [dst], [data], {}, dur=vector_ns(t.p, "MAX8", data.free_size, 1, data.dtype))
+
+
+def find_index8(dst: ndarray, data: ndarray, vals: ndarray) -> int:
+    """FIND_INDEX8 on the Vector Engine: per partition, the first index in ``data`` of each of ``vals``' 8 values."""
+    t = current()
+    on_chip(dst, "nc_find_index8 dst"), on_chip(data, "nc_find_index8 data"), on_chip(vals, "nc_find_index8 vals")
+    if dst.free_size != 8 or vals.free_size != 8 or len({dst.partitions, data.partitions, vals.partitions}) != 1:
+        raise NKIError(f"{where()}: nc_find_index8 takes vals and dst of [{data.partitions}, 8], got {vals.shape} "
+                       f"and {dst.shape}")
+    return t.emit("FIND_INDEX8", [dst], [data, vals], {},
+                  dur=vector_ns(t.p, "FIND_INDEX8", data.free_size, 1, data.dtype))
+
+
 def dma_transpose(dst: ndarray, src: ndarray) -> int:
     """A DMA that writes the 2-D ``src`` transposed into ``dst`` (one element per descriptor, slow)."""
     t = current()
