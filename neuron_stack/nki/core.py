@@ -22,6 +22,7 @@ loop body is double-buffered as long as SBUF has room.
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import math
 import os
@@ -124,10 +125,16 @@ def current() -> Trace:
     return t
 
 
+@functools.lru_cache(maxsize=1024)
+def _ours(filename: str) -> bool:
+    """Whether ``filename`` is a module of this package (its frames are skipped when naming the kernel line)."""
+    return os.path.dirname(os.path.abspath(filename)) == _HERE
+
+
 def where() -> str:
     """``file.py:line`` of the innermost caller outside this package (the kernel line)."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and _ours(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return "<kernel>"
@@ -136,7 +143,7 @@ def where() -> str:
 
 def _frame():
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and _ours(f.f_code.co_filename):
         f = f.f_back
     return f
 
