@@ -222,3 +222,41 @@ def test_misuse_is_one_line_naming_the_kernel_line(monkeypatch):
     _raises_at(unsupported, (x,), "nl.random_seed is not supported", "MARK-UNSUPPORTED")
     _raises_at(crosses_bank, (x,), "crosses a 2 KiB PSUM bank", "MARK-BANK")
     assert not hasattr(nisa, "no_such_instruction") and hasattr(nisa, "bn_stats")
+
+
+def test_manual_allocation_style_of_the_last_attention_tutorial():
+    """The tutorial's last version: buffers carried on an ``nl.NKIObject``, ``address=`` hints, one PSUM tile
+    over several banks, ``accumulate=`` flags, ``dma_transpose``, a column view ``t[:, j]`` as reduce_res."""
+    class Bufs(nl.NKIObject):
+        pass
+
+    @nki.jit
+    def k(q):
+        P, S = q.shape
+        b = Bufs()
+        b.out = nl.ndarray((S, P), nl.float32, buffer=nl.shared_hbm)
+        b.q = nl.ndarray((P, S), q.dtype, buffer=nl.sbuf, address=(0, 0))
+        nisa.dma_copy(dst=b.q, src=q)
+        b.psum = nl.ndarray((P, 3 * 512), nl.float32, buffer=nl.psum, address=(0, 0))     # three banks
+        b.mx = nl.ndarray((P, 3), nl.float32, buffer=nl.sbuf)
+        b.sb = nl.ndarray((P, 3, 512), nl.float32, buffer=nl.sbuf)
+        with nl.no_reorder():
+            for j in nl.static_range(3):
+                for kk in nl.static_range(2):
+                    nisa.nc_matmul(dst=b.psum[:, nl.ds(j * 512, 512)], stationary=b.q[0:64, nl.ds(kk * 128, 128)],
+                                   moving=b.q[0:64, nl.ds(0, 512)], accumulate=kk != 0)
+                nisa.tensor_scalar_reduce(dst=b.sb[:, j, :], data=b.psum[:, nl.ds(j * 512, 512)],
+                                          op0=nl.multiply, operand0=1.0, reduce_op=nl.maximum, reduce_res=b.mx[:, j])
+        t = nl.ndarray((P, P), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=b.sb[:, 0, 0:P], engine=nisa.vector_engine)
+        tt = nl.ndarray((P, P), nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=tt, src=t, axes=(1, 0))
+        nisa.dma_copy(dst=b.out[0:P, :], src=tt)
+        nisa.dma_copy(dst=b.out[P:P + 128, 0:3], src=b.mx)
+        return b.out
+
+    q = np.random.default_rng(6).standard_normal((128, 512), dtype=np.float32)
+    got = k(q)
+    s = q[0:64, 0:128].T @ q[0:64, 0:512] + q[0:64, 128:256].T @ q[0:64, 0:512]
+    np.testing.assert_allclose(got[0:128], s[:, 0:128].T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[128:256, 0:3], np.repeat(s.max(1, keepdims=True), 3, 1), rtol=1e-5)
