@@ -260,3 +260,19 @@ def test_manual_allocation_style_of_the_last_attention_tutorial():
     s = q[0:64, 0:128].T @ q[0:64, 0:512] + q[0:64, 128:256].T @ q[0:64, 0:512]
     np.testing.assert_allclose(got[0:128], s[:, 0:128].T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got[128:256, 0:3], np.repeat(s.max(1, keepdims=True), 3, 1), rtol=1e-5)
+
+
+def test_masked_load_into_a_view_writes_only_the_mask():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 8), nl.float32, buffer=nl.shared_hbm)
+        t = nl.full((128, 8), 7.0, nl.float32)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(8)[None, :]
+        t[i_p, i_f] = nl.load(a[i_p, i_f], mask=(i_p < 100))
+        nl.store(out, value=t)
+        return out
+
+    x = np.ones((100, 8), np.float32)
+    got = k(x)
+    assert (got[:100] == 1).all() and (got[100:] == 7).all()
+    assert [i.opcode for i in k.last.trace.instrs] == ["MEMSET", "DMA_DIRECT2D", "DMA_DIRECT2D"]

@@ -593,6 +593,11 @@ class Trace:
         srcs = [ndarray(ref(), shape, off, st, dt, pd) for ref, shape, off, st, dt, pd in last[2] if ref() is not None]
         if len(srcs) != len(last[2]):
             return False
+        box = getattr(self, "masked_box", None)
+        if ins.operands["dst"][0] != value.operand() and box is not None and box[0] == value.operand() \
+                and dst.shape == value.shape:
+            restrict = TENSOR_OPS["restrict"]      # the instruction wrote the mask's box of value: that box of dst
+            dst, value = restrict(dst, box[1], dst.shape), restrict(value, box[1], value.shape)
         if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
                 or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype
                 or dst.partitions != value.partitions or dst.free_size != value.free_size

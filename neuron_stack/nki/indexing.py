@@ -279,3 +279,4 @@ def restrict(v: ndarray, box, shape) -> ndarray:
 
 
 TENSOR_OPS["index"] = index_view
+TENSOR_OPS["restrict"] = restrict

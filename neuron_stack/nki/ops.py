@@ -96,6 +96,7 @@ def masked(dst: ndarray, srcs: list, mask) -> tuple | None:
     box = box_of(mask, dst.shape)
     if box is None:
         return None
+    current().masked_box = (dst.operand(), box)     # `t[...] = <masked result>` writes only this box of t
     return restrict(dst, box, dst.shape), [restrict(s, box, dst.shape) if isinstance(s, ndarray) else s
                                             for s in srcs]
 
