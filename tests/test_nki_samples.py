@@ -105,6 +105,18 @@ def test_tile_operators_where_and_vector_transpose():
     assert [i.engine for i in k.last.trace.instrs if i.opcode == "TRANSPOSE"] == ["vector"]
 
 
+def test_nl_var_uses_bn_stats():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.var(nl.load(a), axis=1))
+        return out
+
+    x = np.random.default_rng(7).standard_normal((128, 700), dtype=np.float32) * 3
+    np.testing.assert_allclose(k(x)[:, 0], x.var(1), rtol=1e-4)
+    assert [i.opcode for i in k.last.trace.instrs].count("BN_STATS") == 2
+
+
 def test_max8_and_find_index8():
     @nki.jit
     def k(a):

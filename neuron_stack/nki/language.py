@@ -347,6 +347,24 @@ def mean(x, axis, dtype=None, keepdims=False, mask=None, **_):
     return out
 
 
+def var(x, axis, dtype=None, keepdims=False, mask=None, **_):
+    """Variance over the free axes as the Vector Engine computes it: one ``bn_stats`` per 512-element slice
+    into a stats tile, then ``bn_aggr``; the result is a [P, 1] column."""
+    P, F = x.partitions, x.free_size
+    flat = x if x.ndim == 2 else x.reshape((P, F))
+    n = -(-F // ops.BN_STATS_FMAX)
+    stats = ndarray((P, ops.BN_STATS_DIM * n), float32)
+    for j in range(n):
+        lo = j * ops.BN_STATS_FMAX
+        hi = F if F < lo + ops.BN_STATS_FMAX else lo + ops.BN_STATS_FMAX     # (min is nl.min here)
+        ops.bn_stats(stats[:, j * ops.BN_STATS_DIM:(j + 1) * ops.BN_STATS_DIM], flat[:, lo:hi])
+    mean_var = ndarray((P, ops.BN_AGGR_DIM), float32)
+    ops.bn_aggr(mean_var, stats)
+    out = ndarray((P, 1), dtype or float32)
+    ops.tensor_copy(out, mean_var[:, 1:2])
+    return out
+
+
 def softmax(x, axis=-1, dtype=None, **_):
     """Softmax along the free axis: max (Vector), exp(x - max) with a running sum (one ACTIVATE),
     reciprocal and scale."""
