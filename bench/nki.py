@@ -13,6 +13,7 @@
 Usage: ``.venv/bin/python bench/nki.py [--size 4096] [--seq 2048] [--target trn1]``.
 """
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -93,7 +94,8 @@ def main() -> None:
     ok = np.allclose(r.outputs[0], lhsT.T @ rhs, rtol=1e-4, atol=1e-3)
     ni = r.num_instructions
     print(f"simulator speed, fp32 matmul {K}x{M}x{N} kernel ({ni} instructions, numbers "
-          f"{'match' if ok else 'DO NOT match'} numpy):")
+          f"{'match' if ok else 'DO NOT match'} numpy; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          f"cores):")
     print(f"  trace + schedule: {r.trace_wall_ns / ni / 1e3:7.1f} us wall per instruction")
     print(f"  interpreter     : {r.sim_wall_ns / ni / 1e3:7.1f} us wall per instruction "
           f"({total_s:.2f} s in all for {r.device_ns / 1e3:.0f} us simulated)")

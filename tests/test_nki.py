@@ -134,7 +134,7 @@ def test_tile_rules_name_the_kernel_line():
 
     @nki.jit
     def psum_too_wide(a):
-        acc = nl.ndarray((128, 1024), nl.float32, buffer=nl.psum)  # MARK-PSUM
+        acc = nl.ndarray((128, 8192), nl.float32, buffer=nl.psum)  # MARK-PSUM
         return acc
 
     @nki.jit

@@ -29,7 +29,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "TENSOR_SCALAR": ("vector", "dst = op1(op0(src, scalar0), scalar1); scalars immediate or per-partition"),
     "TENSOR_COPY": ("vector", "dst = src (with dtype conversion), e.g. PSUM evacuation"),
     "REDUCE": ("vector", "dst[p, 0] = reduce_op over the free axis of src[p, :]"),
-    "BN_STATS": ("vector", "per-partition (count, mean, M2) of src (free size <= 512)"),
+    "BN_STATS": ("vector", "per-partition (count, mean, M2) of src (free size <= 512); 6-wide dst: even, odd elements"),
     "BN_AGGR": ("vector", "combine BN_STATS records into per-partition (mean, var)"),
     "RECIPROCAL": ("vector", "dst = 1 / src"),
     "MEMSET": ("vector", "dst = immediate value"),
@@ -37,6 +37,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "MAX8": ("vector", "dst[p, :8] = the 8 largest values of src[p, :], descending"),
     "FIND_INDEX8": ("vector", "dst[p, j] = first free index of src[p, :] equal to vals[p, j]"),
     "TENSOR_SCAN": ("vector", "dst = inclusive scan (add or mult) of src along the free axis"),
+    "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
     # Scalar Engine
     "ACTIVATE": ("scalar", "dst = func(src * scale + bias); optional accumulate of dst along free into acc"),
     # GpSimd Engine

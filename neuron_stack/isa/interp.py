@@ -229,7 +229,8 @@ class Machine:
     def op_MATMUL(self, o):
         stat = _p2(self.mem.read(o["src"][0])).astype(np.float32)
         mov = _p2(self.mem.read(o["src"][1])).astype(np.float32)
-        res = stat.T @ mov
+        # torch, not numpy: one BLAS thread pool (numpy's OpenBLAS and torch's pool spin against each other)
+        res = (_t(stat).T @ _t(mov)).numpy()
         dst = o["dst"][0]
         if not o.get("start", True):
             res = res + _p2(self.mem.read(dst))
@@ -253,6 +254,8 @@ class Machine:
         if o.get("op1"):
             x = _alu(o["op1"], x, _scalar(o, "scalar1", srcs))
         self.mem.write(o["dst"][0], x.numpy())
+        if len(o["dst"]) > 1:       # tensor_scalar_reduce: the result also reduced along free
+            self._accumulate(o, x)
 
     def op_TENSOR_COPY(self, o):
         self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
@@ -275,9 +278,17 @@ class Machine:
 
     def op_BN_STATS(self, o):
         x = _p2(self.mem.read(o["src"][0])).astype(np.float64)
-        mean = x.mean(axis=1)
-        m2 = ((x - mean[:, None]) ** 2).sum(axis=1)
-        self.mem.write(o["dst"][0], np.stack([np.full_like(mean, x.shape[1]), mean, m2], axis=1))
+        # a 6-wide destination gets the NKI form: one record for the even, one for the odd elements
+        parts = [x[:, 0::2], x[:, 1::2]] if np.prod([n for _, n in o["dst"][0]["ap"][1:]]) == 6 else [x]
+        recs = []
+        for part in parts:
+            n = part.shape[1]
+            mean = part.mean(axis=1) if n else np.zeros(len(part))
+            recs += [np.full_like(mean, n), mean, ((part - mean[:, None]) ** 2).sum(axis=1)]
+        self.mem.write(o["dst"][0], np.stack(recs, axis=1))
+
+    def op_TRANSPOSE(self, o):
+        self.mem.write(o["dst"][0], _p2(self.mem.read(o["src"][0])).T)
 
     def op_BN_AGGR(self, o):
         s = _p2(self.mem.read(o["src"][0])).astype(np.float64).reshape(-1, o["src"][0]["ap"][-1][1] // 3, 3)
@@ -328,11 +339,15 @@ class Machine:
             y = _act(o["func"], x)
         self.mem.write(o["dst"][0], y.numpy())
         if len(o["dst"]) > 1:
-            y2 = y.reshape(y.shape[0], -1)
-            op = o.get("acc_op", "add")
-            r = (y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max"
-                 else y2.amin(1, keepdim=True))
-            self.mem.write(o["dst"][1], r.numpy())
+            self._accumulate(o, y)
+
+    def _accumulate(self, o, y):
+        """The free-axis reduction ``acc_op`` of ``y`` into the second destination (a [P, 1] column)."""
+        y2 = y.reshape(y.shape[0], -1)
+        op = o.get("acc_op", "add")
+        r = (y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max"
+             else y2.amin(1, keepdim=True))
+        self.mem.write(o["dst"][1], r.numpy())
 
     # GpSimd
     def op_IOTA(self, o):
@@ -347,7 +362,8 @@ class Machine:
         P, F = d.shape[0], int(np.prod(d.shape[1:])) if d.ndim > 1 else 1
         expr = o["base"] + np.arange(P)[:, None] * o["channel_multiplier"] + np.arange(F)[None, :] * o["step"]
         cmp = {"equal": np.equal, "greater_equal": np.greater_equal, "less": np.less}[o["cmp"]]
-        self.mem.write(o["dst"][0], np.where(cmp(expr, 0), o["on_true"], o["on_false"]))
+        on_true = _p2(self.mem.read(o["src"][0])).reshape(P, F) if o["src"] else o["on_true"]   # NKI: a tile
+        self.mem.write(o["dst"][0], np.where(cmp(expr, 0), on_true, o["on_false"]))
 
     def op_CUSTOM_OP(self, o):
         tensors = []

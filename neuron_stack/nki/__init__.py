@@ -25,11 +25,17 @@ writes one row per instruction with its ``nki_source_location`` into the trace s
 """
 from __future__ import annotations
 
-from . import isa, language  # noqa: F401  (language supplies the tensor operators, see core.TENSOR_OPS)
+from . import compiler, isa, language, typing  # noqa: F401  (language supplies the tensor operators, see core.TENSOR_OPS)
 from . import lowering as _lowering  # noqa: F401  (registers the nki op lowering with the compiler)
 from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel
 from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
+
+
+def __getattr__(name):
+    # the legacy ``neuronxcc.nki`` also exposed the language at the top (``nki.ndarray``, ``nki.par_dim``)
+    return getattr(language, name)
+
 
 __all__ = [
            "Kernel",

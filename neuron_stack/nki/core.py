@@ -22,6 +22,7 @@ loop body is double-buffered as long as SBUF has room.
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import math
 import os
@@ -59,8 +60,38 @@ TENSOR_OPS: dict = {}
 _local = threading.local()
 
 
+#: a kernel that unrolls past this many instructions is refused (``affine_range(10**9)`` would need ~5 TB)
+MAX_INSTRUCTIONS = int(os.environ.get("NKI_MAX_INSTRUCTIONS", "500000"))
+
+
 class NKIError(ValueError):
     """A kernel the simulated NeuronCore refuses; the message starts with the kernel's file:line."""
+
+
+class NKIUnsupported(NKIError, AttributeError):
+    """An SDK name this simulator does not implement yet (an AttributeError too, so ``hasattr`` is False)."""
+
+
+class par_dim(int):
+    """``nl.par_dim(n)``: marks the partition dimension of a legacy block-layout tile shape, e.g.
+    ``(4, nl.par_dim(128), 512)`` is four [128, 512] tiles side by side in each partition.
+
+    >>> par_dim(128) + 0, isinstance(par_dim(128), int)
+    (128, True)
+    """
+
+
+def unsupported(module: str, name: str):
+    """The error for an SDK name this simulator lacks (a module ``__getattr__`` raises it); dunder
+    lookups stay plain AttributeErrors so ``inspect``/``pickle`` keep working.
+
+    >>> "nl.random_seed is not supported by the simulator yet" in str(unsupported("nl", "random_seed"))
+    True
+    """
+    if name.startswith("__"):
+        return AttributeError(name)
+    return NKIUnsupported(f"{where()}: {module}.{name} is not supported by the simulator yet (docs/nki.md lists "
+                          f"what is); express it with the supported instructions")
 
 
 def dtype_name(dt) -> str:
@@ -94,10 +125,16 @@ def current() -> Trace:
     return t
 
 
+@functools.lru_cache(maxsize=1024)
+def _ours(filename: str) -> bool:
+    """Whether ``filename`` is a module of this package (its frames are skipped when naming the kernel line)."""
+    return os.path.dirname(os.path.abspath(filename)) == _HERE
+
+
 def where() -> str:
     """``file.py:line`` of the innermost caller outside this package (the kernel line)."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and _ours(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return "<kernel>"
@@ -106,7 +143,7 @@ def where() -> str:
 
 def _frame():
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and _ours(f.f_code.co_filename):
         f = f.f_back
     return f
 
@@ -152,13 +189,15 @@ class ndarray:
 
     __array_priority__ = 100    # numpy scalars on the left defer to our operators
 
-    def __init__(self, buf: Buffer, shape, offset: int = 0, strides=None, dtype: str | None = None):
+    def __init__(self, buf: Buffer, shape, offset: int = 0, strides=None, dtype: str | None = None, pdim: int = 0):
         self.buf = buf
         self.shape = tuple(int(s) for s in shape)
         self.offset = int(offset)
+        self.pdim = pdim if buf.mem != "hbm" else 0     # the partition dim (legacy nl.par_dim block layouts)
         if strides is None:
-            if buf.mem != "hbm" and self.shape:     # a tile: partitions at the buffer's pitch
-                strides = [buf.pitch] + contiguous_strides(self.shape[1:])
+            if buf.mem != "hbm" and self.shape:     # a tile: partitions at the buffer's pitch, the rest contiguous
+                rest = contiguous_strides(self.shape[:pdim] + self.shape[pdim + 1:])
+                strides = rest[:pdim] + [buf.pitch] + rest[pdim:]
             else:
                 strides = contiguous_strides(self.shape)
         self.strides = tuple(int(s) for s in strides)
@@ -179,8 +218,10 @@ class ndarray:
         return self.buf.name
 
     def operand(self) -> dict:
-        """The access-pattern operand ``{"m", "b", "dt", "o", "ap"}`` of this view."""
+        """The access-pattern operand ``{"m", "b", "dt", "o", "ap"}`` of this view (partition dim first)."""
         ap = [[s, n] for s, n in zip(self.strides, self.shape)] or [[1, 1]]
+        if self.pdim:
+            ap.insert(0, ap.pop(self.pdim))
         return {"m": self.buf.mem, "b": self.buf.name, "dt": self.dtype, "o": self.offset, "ap": ap}
 
     def region(self) -> tuple:
@@ -190,9 +231,9 @@ class ndarray:
             return _hbm_box(self)
         pitch = self.buf.pitch
         p0, f0 = divmod(self.offset, pitch)
-        ps = self.strides[0] // pitch if self.shape else 0
-        p1 = p0 + (self.shape[0] - 1) * ps if self.shape else p0
-        f1 = f0 + sum((n - 1) * s for s, n in zip(self.strides[1:], self.shape[1:]))
+        # each stride steps partitions (a multiple of the pitch) or free elements (less than it)
+        p1 = p0 + sum((n - 1) * (s // pitch) for s, n in zip(self.strides, self.shape))
+        f1 = f0 + sum((n - 1) * (s % pitch) for s, n in zip(self.strides, self.shape))
         return (p0, p1, f0, f1)
 
     def flat_range(self) -> tuple[int, int]:
@@ -200,11 +241,11 @@ class ndarray:
 
     @property
     def free_size(self) -> int:
-        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+        return math.prod(self.shape) // self.partitions if self.shape else 1
 
     @property
     def partitions(self) -> int:
-        return self.shape[0] if self.shape else 1
+        return self.shape[self.pdim] if self.shape else 1
 
     def __repr__(self) -> str:
         return f"nki.ndarray(shape={self.shape}, dtype={self.dtype}, buffer={self.buffer}, name={self.name!r})"
@@ -220,7 +261,7 @@ class ndarray:
         TENSOR_OPS["assign"](self[key], value)
 
     def view(self, dtype) -> ndarray:
-        return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype))
+        return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype), self.pdim)
 
     def reshape(self, shape) -> ndarray:
         """A reshaped view of a contiguous tensor (HBM) or of a tile's free dims."""
@@ -231,7 +272,7 @@ class ndarray:
             if list(self.strides) != contiguous_strides(self.shape):
                 raise NKIError(f"{where()}: reshape needs a contiguous HBM tensor; copy it first")
             return ndarray(self.buf, shape, self.offset, contiguous_strides(shape), self.dtype)
-        if shape[0] != self.shape[0] or list(self.strides[1:]) != contiguous_strides(self.shape[1:]):
+        if self.pdim or shape[0] != self.shape[0] or list(self.strides[1:]) != contiguous_strides(self.shape[1:]):
             raise NKIError(f"{where()}: a tile reshape must keep the partition dim ({self.shape[0]}) and a "
                            f"contiguous free part")
         strides = [self.strides[0]] + contiguous_strides(shape[1:])
@@ -250,9 +291,10 @@ class ndarray:
                 strides.append(0)
             else:
                 raise NKIError(f"{where()}: cannot broadcast {self.shape} to {shape}")
-        if self.buf.mem != "hbm" and shape and shape[0] > PMAX:
-            raise NKIError(f"{where()}: partition dimension {shape[0]} exceeds architecture limitation of {PMAX}")
-        return ndarray(self.buf, shape, self.offset, strides, self.dtype)
+        if self.buf.mem != "hbm" and shape and shape[self.pdim] > PMAX:
+            raise NKIError(f"{where()}: partition dimension {shape[self.pdim]} exceeds architecture limitation of "
+                           f"{PMAX}")
+        return ndarray(self.buf, shape, self.offset, strides, self.dtype, self.pdim)
 
     # -- arithmetic (the legacy tile operators) ------------------------------------------------
     def _bin(self, other, op, reverse=False):
@@ -268,6 +310,17 @@ class ndarray:
     def __truediv__(self, o): return self._bin(o, "divide")
     def __rtruediv__(self, o): return self._bin(o, "divide", True)
     def __neg__(self): return self._bin(-1.0, "multiply")
+    def __pow__(self, o): return self._bin(o, "power")
+    def __mod__(self, o): return self._bin(o, "mod")
+    def __gt__(self, o): return self._bin(o, "greater")
+    def __ge__(self, o): return self._bin(o, "greater_equal")
+    def __lt__(self, o): return self._bin(o, "less")
+    def __le__(self, o): return self._bin(o, "less_equal")
+    def __and__(self, o): return self._bin(o, "logical_and")
+    def __or__(self, o): return self._bin(o, "logical_or")
+    def __xor__(self, o): return self._bin(o, "logical_xor")
+    __rand__, __ror__, __rxor__ = __and__, __or__, __xor__
+    def __invert__(self): return self._bin(0.0, "equal")
 
     def __iadd__(self, o):
         return TENSOR_OPS["accumulate"](self, o)
@@ -429,7 +482,8 @@ class Trace:
         """A new tensor in ``mem`` (sbuf, psum, hbm, shared_hbm, private_hbm), NaN-filled as the
         simulator does (ints: 4) so reading it before writing shows."""
         dtype = dtype_name(dtype)
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        raw = tuple(shape if isinstance(shape, (tuple, list)) else (shape,))
+        shape = tuple(int(s) for s in raw)
         if any(s <= 0 for s in shape):
             raise self.error(f"tensor shape {shape} has an empty dimension")
         if mem in ("hbm", "shared_hbm", "private_hbm"):
@@ -449,15 +503,19 @@ class Trace:
             return t
         if mem not in ("sbuf", "psum"):
             raise self.error(f"unknown buffer {mem!r}: use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
-        if len(shape) < 1:
-            raise self.error("an on-chip tensor needs a partition dimension")
-        if shape[0] > PMAX:
-            raise self.error(f"Size of partition dimension {shape[0]} exceeds architecture limitation of {PMAX}")
-        free_bytes = math.prod(shape[1:]) * DTYPE_BYTES[dtype]
+        if len(shape) < 2:
+            raise self.error(f"an on-chip tile needs a partition and a free dimension, got shape {shape}: "
+                             f"use ({shape[0] if shape else 1}, 1) for a column")
+        pdim = next((d for d, n in enumerate(raw) if isinstance(n, par_dim)), 0)
+        if shape[pdim] > PMAX:
+            raise self.error(f"Size of partition dimension {shape[pdim]} exceeds architecture limitation of {PMAX}")
+        free_bytes = math.prod(shape) // shape[pdim] * DTYPE_BYTES[dtype]
         alloc = self.sbuf if mem == "sbuf" else self.psum
-        if mem == "psum" and free_bytes > PSUM_BANK_BYTES:
-            raise self.error(f"PSUM tile {shape} {dtype} needs {free_bytes} bytes per partition: the limit is one "
-                             f"2 KiB bank ({PSUM_FMAX} fp32, nl.tile_size.psum_fmax); split the free dimension")
+        block_bytes = math.prod(shape[pdim + 1:]) * DTYPE_BYTES[dtype]
+        if mem == "psum" and (free_bytes > alloc.capacity or (pdim and block_bytes > PSUM_BANK_BYTES)):
+            raise self.error(f"PSUM tile {shape} {dtype} needs {free_bytes} bytes per partition ({block_bytes} per "
+                             f"block): PSUM holds {alloc.capacity // 1024} KiB per partition in 2 KiB banks "
+                             f"({PSUM_FMAX} fp32, nl.tile_size.psum_fmax); split the free dimension")
         addr = alloc.place(max(free_bytes, 1))
         if addr < 0:
             raise self.error(f"{mem.upper()} is full: {alloc.used() // 1024} KiB per partition are live and this "
@@ -465,13 +523,13 @@ class Trace:
                              f"{alloc.capacity // 1024} KiB on {self.p.name}); free tiles earlier or use smaller ones")
         self._n += 1
         # interpreter buffers are named by placement, so a loop's tiles reuse a bounded set of arrays
-        b = Buffer(mem, f"{mem}@{addr}+{free_bytes}:{dtype}", dtype, shape, max(1, math.prod(shape[1:])),
+        b = Buffer(mem, f"{mem}@{addr}+{free_bytes}:{dtype}", dtype, shape, max(1, free_bytes // DTYPE_BYTES[dtype]),
                    addr, free_bytes)
         key = self._n
         b.pending = alloc.take(key, addr, max(free_bytes, 1))
         # the access lists are updated in place, so the finalizer sees their last state
         weakref.finalize(b, _free_tile, alloc, key, b.reads, b.writes, b.pending)
-        t = ndarray(b, shape)
+        t = ndarray(b, shape, pdim=pdim)
         self.inits.append((len(self.instrs), t.operand(), _sentinel(dtype)))
         return t
 
@@ -481,6 +539,9 @@ class Trace:
              loc: str | None = None) -> int:
         """Append one instruction; returns its index. Dependencies come from overlapping accesses."""
         engine = ENGINE_OF[opcode]
+        if len(self.instrs) >= MAX_INSTRUCTIONS:
+            raise self.error(f"the kernel unrolls to more than {MAX_INSTRUCTIONS} instructions (NKI_MAX_INSTRUCTIONS): "
+                             f"every loop iteration is traced; shrink the loop bounds or the problem size")
         for v in (*dsts, *srcs):
             if not _in_bounds(v):
                 raise self.error(f"access {v.shape} at offset {v.offset} is outside {v.buf.name} {v.buf.shape}: "
@@ -507,6 +568,9 @@ class Trace:
                     sum(nb(v) for v in srcs if v.buf.mem == "hbm"), sum(nb(v) for v in dsts if v.buf.mem == "hbm"))
         ins.latency = latency
         self.instrs.append(ins)
+        # what `retarget` needs to rewrite this instruction (the destination weakly: tiles still free on time)
+        self._last = (idx, weakref.ref(dsts[0].buf), [(weakref.ref(v.buf), v.shape, v.offset, v.strides, v.dtype,
+                                                        v.pdim) for v in srcs]) if len(dsts) == 1 else None
         self.engine_last[engine] = idx
         for v, r in sregs:
             v.buf.reads.append((idx, r))
@@ -516,6 +580,40 @@ class Trace:
             b.writes[:] = [(i, w) for i, w in b.writes if not _inside(w, r)] + [(idx, r)]
             b.written.append(r)
         return idx
+
+    def retarget(self, value: ndarray, dst: ndarray) -> bool:
+        """``dst[...] = value`` where ``value`` is a temporary tile the last instruction just wrote in full
+        and nothing read: that instruction writes ``dst`` instead (what the compiler does with
+        ``t[...] = nl.load(...)`` or ``= nl.copy(...)``), so no extra copy is issued. False when it cannot."""
+        last = getattr(self, "_last", None)
+        if last is None or last[0] != len(self.instrs) - 1 or last[1]() is not value.buf:
+            return False
+        ins = self.instrs[-1]
+        b = value.buf
+        srcs = [ndarray(ref(), shape, off, st, dt, pd) for ref, shape, off, st, dt, pd in last[2] if ref() is not None]
+        if len(srcs) != len(last[2]):
+            return False
+        box = getattr(self, "masked_box", None)
+        if ins.operands["dst"][0] != value.operand() and box is not None and box[0] == value.operand() \
+                and dst.shape == value.shape:
+            restrict = TENSOR_OPS["restrict"]      # the instruction wrote the mask's box of value: that box of dst
+            dst, value = restrict(dst, box[1], dst.shape), restrict(value, box[1], value.shape)
+        if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
+                or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype
+                or dst.partitions != value.partitions or dst.free_size != value.free_size
+                or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
+                or (ins.opcode == "MATMUL" and dst.buf.mem != "psum")):
+            return False
+        idx = len(self.instrs) - 1
+        self.instrs.pop()
+        b.writes.clear()
+        b.written.clear()
+        for v in srcs:              # the popped instruction's reads (the new one re-records them)
+            v.buf.reads[:] = [(i, r) for i, r in v.buf.reads if i != idx]
+        attrs = {k: v for k, v in ins.operands.items() if k not in ("dst", "src")}
+        self.emit(ins.opcode, [dst], srcs, attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype, small=False,
+                  latency=getattr(ins, "latency", 0.0), loc=ins.node)
+        return True
 
     def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
         """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""
@@ -544,7 +642,7 @@ def _in_bounds(v: ndarray) -> bool:
         f0, f1 = v.flat_range()
         return f0 >= 0 and f1 < math.prod(b.shape)
     p0, p1, f0, f1 = v.region()
-    return p0 >= 0 and p1 < b.shape[0] and f0 >= 0 and f1 < b.pitch
+    return p0 >= 0 and p1 < math.prod(b.shape) // b.pitch and f0 >= 0 and f1 < b.pitch
 
 
 def _run(v: ndarray) -> int:

@@ -101,7 +101,7 @@ class Idx:
 
     def _cmp(self, o, fn):
         ov = o.values() if isinstance(o, Idx) else _int(o)
-        return Pred(fn(self.values(), ov))
+        return Pred(fn(self.values(), ov), (self - o, fn.__name__))
 
     def __lt__(self, o): return self._cmp(o, np.less)
     def __le__(self, o): return self._cmp(o, np.less_equal)
@@ -112,8 +112,9 @@ class Idx:
 class Pred:
     """A mask: a boolean array over tile positions, combined with ``&`` and ``|``."""
 
-    def __init__(self, values: np.ndarray):
+    def __init__(self, values: np.ndarray, affine: tuple | None = None):
         self.v = np.asarray(values, dtype=bool)
+        self.affine = affine        # (expr, comparison) when the mask is ``expr cmp 0`` (nisa.affine_select)
 
     def __and__(self, o): return Pred(self.v & _mask(o))
     def __or__(self, o): return Pred(self.v | _mask(o))
@@ -141,6 +142,15 @@ def arange(*args) -> Idx:
     return Idx(r.start, (r.step,), (len(r),))
 
 
+class Grid(tuple):
+    """What ``nl.mgrid`` gives: a tuple of index expressions, also named ``.p`` (partition), ``.x``, ``.y``, ``.z``."""
+
+    p = property(lambda g: g[0])
+    x = property(lambda g: g[1])
+    y = property(lambda g: g[2])
+    z = property(lambda g: g[3])
+
+
 class _MGrid:
     """``nl.mgrid[0:128, 0:512]``: one index expression per dimension, broadcast against each other."""
 
@@ -152,7 +162,7 @@ class _MGrid:
             coefs, shape = [0] * len(key), [1] * len(key)
             coefs[d], shape[d] = r.step, len(r)
             out.append(Idx(r.start, coefs, shape))
-        return tuple(out) if len(out) > 1 else out[0]
+        return Grid(out) if len(out) > 1 else out[0]
 
 
 mgrid = _MGrid()
@@ -168,20 +178,25 @@ def index_view(t: ndarray, key) -> ndarray:
         raise NKIError(f"{where()}: {len(key)} indices for a tensor of {t.ndim} dims {t.shape}")
     key = key + (slice(None),) * (t.ndim - len(key))
     offset = t.offset
+    on_chip = t.buf.mem != "hbm"
     if any(isinstance(k, Idx) for k in key):
         exprs = []
-        for k, st, n in zip(key, t.strides, t.shape):
+        for d, (k, st, n) in enumerate(zip(key, t.strides, t.shape)):
             if isinstance(k, (int, np.integer)):
                 offset += int(k) * st
             elif isinstance(k, Idx):
-                exprs.append((k, st))
+                exprs.append((k, st, d == t.pdim))
             else:
                 raise NKIError(f"{where()}: mix of index expressions and slices; index every dim with "
                                f"nl.arange expressions (or integers), or every dim with slices")
-        nd = max(len(e.shape) for e, _ in exprs)
+        nd = max(len(e.shape) for e, _, _ in exprs)
+        if len(exprs) > 1 and any(len(e.shape) == 1 for e, _, _ in exprs):
+            raise NKIError(f"{where()}: a 1-D nl.arange indexes one dimension only; give each its own axis: "
+                           f"nl.arange(P)[:, None] for the partitions, nl.arange(F)[None, :] for the free dim")
         shape = [1] * nd
         strides = [0] * nd
-        for e, st in exprs:
+        pdim = 0
+        for e, st, is_p in exprs:
             e = e._pad(nd)
             offset += e.base * st
             for d, (c, n) in enumerate(zip(e.coefs, e.shape)):
@@ -190,8 +205,10 @@ def index_view(t: ndarray, key) -> ndarray:
                         raise NKIError(f"{where()}: index expressions do not broadcast to one tile shape")
                     shape[d] = n
                     strides[d] += c * st
-        return _checked(t, ndarray(t.buf, shape, offset, strides, t.dtype))
+                    pdim = d if is_p and on_chip else pdim
+        return _checked(t, ndarray(t.buf, shape, offset, strides, t.dtype, pdim))
     shape, strides = [], []
+    pdim = t.pdim
     for d, (k, st, n) in enumerate(zip(key, t.strides, t.shape)):
         if isinstance(k, ds):
             k = k.as_slice()
@@ -199,8 +216,9 @@ def index_view(t: ndarray, key) -> ndarray:
             i = int(k) + (n if k < 0 else 0)
             if not 0 <= i < n:
                 raise NKIError(f"{where()}: index {int(k)} is out of bounds for dim {d} of size {n}")
-            if d == 0 and t.buf.mem != "hbm" and t.ndim > 1:
+            if d == t.pdim and on_chip and t.ndim > 1:
                 raise NKIError(f"{where()}: indexing away a tile's partition dim; use a slice such as t[0:1, ...]")
+            pdim -= d < t.pdim
             offset += i * st
         elif isinstance(k, slice):
             start, stop, step = k.indices(n)
@@ -216,7 +234,9 @@ def index_view(t: ndarray, key) -> ndarray:
             strides.append(st * step)
         else:
             raise NKIError(f"{where()}: unsupported index {k!r}")
-    return ndarray(t.buf, shape, offset, strides, t.dtype)
+    if on_chip and len(shape) == 1:         # t[:, j]: the partitions of one free column, a [P, 1] tile
+        shape, strides = shape + [1], strides + [1]
+    return ndarray(t.buf, shape, offset, strides, t.dtype, pdim if on_chip else 0)
 
 
 def _checked(parent: ndarray, v: ndarray) -> ndarray:
@@ -255,7 +275,8 @@ def restrict(v: ndarray, box, shape) -> ndarray:
             continue
         off += s * v.strides[j]
         new_shape[j] = n
-    return ndarray(v.buf, new_shape, off, v.strides, v.dtype)
+    return ndarray(v.buf, new_shape, off, v.strides, v.dtype, v.pdim)
 
 
 TENSOR_OPS["index"] = index_view
+TENSOR_OPS["restrict"] = restrict

@@ -26,7 +26,7 @@ array([[1., 1., 1.],
 from __future__ import annotations
 
 from . import ops
-from .core import NKIError, current, dtype_name, where
+from .core import NKIError, current, dtype_name, unsupported, where
 from .core import ndarray as _T
 
 
@@ -37,6 +37,20 @@ class engine:
 
 
 tensor_engine, scalar_engine, gpsimd_engine, vector_engine = "tensor", "scalar", "gpsimd", "vector"   # legacy names
+
+
+class reduce_cmd:
+    """``nisa.reduce_cmd``: how ``activation``'s accumulator starts (each call here resets it)."""
+    idle, reset, reduce, reset_reduce, load_reduce = "idle", "reset", "reduce", "reset_reduce", "load_reduce"
+
+
+class nc_version:
+    gen2, gen3, gen4 = 2, 3, 4
+
+
+def get_nc_version():
+    """The NeuronCore generation of the simulated device (trn1/inf2: gen2, trn2: gen3)."""
+    return nc_version.gen3 if current().p.name == "trn2" else nc_version.gen2
 
 
 class oob_mode:
@@ -78,16 +92,21 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
 
 
 def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None, **_):
-    """``dst = data.T`` on the Tensor Engine (into PSUM)."""
+    """``dst = data.T`` on the Tensor Engine (into PSUM), or on the Vector Engine (``engine=nisa.vector_engine``,
+    at most 32 x 32)."""
     a = list(args)
+    eng = "vector" if engine == "vector" else "tensor"
     if len(a) == 2 or dst is not None:
         dst = dst if dst is not None else a.pop(0)
         data = data if data is not None else a.pop(0)
-        ops.nc_transpose(dst, data)
+        ops.nc_transpose(dst, data, eng)
         return None
     data = data if data is not None else a.pop(0)
-    out = _new("float32", (data.free_size, data.partitions), "psum")
-    ops.nc_transpose(out, data)
+    if eng == "vector":
+        out = _new(dtype or data.dtype, (data.free_size, data.partitions))
+    else:
+        out = _new("float32", (data.free_size, data.partitions), "psum")
+    ops.nc_transpose(out, data, eng)
     return out
 
 
@@ -140,6 +159,97 @@ def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=
     operand0 = operand0 if operand0 is not None else a.pop(0)
     out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"), data.shape)
     ops.tensor_scalar(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask)
+    return None if dst is not None else out
+
+
+def tensor_scalar_reduce(*args, dst=None, data=None, op0=None, operand0=None, reduce_op=None, reduce_res=None,
+                         reverse0=False, dtype=None, mask=None, **_):
+    """``dst = op0(data, operand0)`` and ``reduce_res = reduce_op(dst)`` along free, one Vector instruction."""
+    a = list(args)
+    if (len(a) >= 2 and isinstance(a[0], _T) and isinstance(a[1], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    operand0 = operand0 if operand0 is not None else a.pop(0)
+    reduce_op = reduce_op if reduce_op is not None else a.pop(0)
+    reduce_res = reduce_res if reduce_res is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"), data.shape)
+    ops.tensor_scalar(out, data, op0, operand0, reverse0, mask=mask, reduce_op=reduce_op, reduce_res=reduce_res)
+    return None if dst is not None else out
+
+
+def _unary_new_or_legacy(emit, a, dst, data, out_shape, dtype):
+    """The two call forms of a one-input instruction: ``f(dst, data)`` / ``f(dst=, data=)``, or ``out = f(data)``."""
+    if (len(a) >= 2 and isinstance(a[1], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        data = data if data is not None else a.pop(0)
+        emit(dst, data)
+        return None
+    data = data if data is not None else a.pop(0)
+    out = _new(dtype or ("float32" if data.buf.mem == "psum" else data.dtype), out_shape(data))
+    emit(out, data)
+    return out
+
+
+def reciprocal(*args, dst=None, data=None, dtype=None, mask=None, **_):
+    """``dst = 1 / data`` (Vector Engine RECIPROCAL)."""
+    return _unary_new_or_legacy(ops.reciprocal, list(args), dst, data, lambda d: d.shape, dtype)
+
+
+def bn_stats(*args, dst=None, data=None, dtype=None, mask=None, **_):
+    """Per-partition (count, mean, var*count) of the even and odd elements: ``dst`` [P, 6]; data free <= 512."""
+    return _unary_new_or_legacy(lambda o, d: ops.bn_stats(o, d, mask), list(args), dst, data,
+                                lambda d: (d.partitions, 6), dtype or "float32")
+
+
+def bn_aggr(*args, dst=None, data=None, dtype=None, mask=None, **_):
+    """bn_stats records -> per-partition ``[mean, variance]``: ``dst`` [P, 2]."""
+    return _unary_new_or_legacy(ops.bn_aggr, list(args), dst, data, lambda d: (d.partitions, 2),
+                                dtype or "float32")
+
+
+def max8(*args, dst=None, src=None, data=None, dtype=None, mask=None, **_):
+    """The 8 largest values of each partition, descending: ``dst`` [P, 8] (Vector Engine)."""
+    return _unary_new_or_legacy(ops.max8, list(args), dst, data if data is not None else src,
+                                lambda d: (d.partitions, 8), dtype)
+
+
+def nc_find_index8(*args, dst=None, data=None, vals=None, dtype=None, mask=None, **_):
+    """Per partition, the first free index of ``data`` holding each of ``vals``' 8 values: ``dst`` [P, 8]."""
+    a = list(args)
+    if (len(a) == 3) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    vals = vals if vals is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or "uint32", (data.partitions, 8))
+    ops.find_index8(out, data, vals)
+    return None if dst is not None else out
+
+
+def dma_transpose(*args, dst=None, src=None, axes=None, dge_mode=None, **_):
+    """A DMA writing the 2-D ``src`` transposed: ``dst`` (new form) or a new SBUF tile (legacy)."""
+    a = list(args)
+    if len(a) == 2 or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+        src = src if src is not None else a.pop(0)
+        ops.dma_transpose(dst, src)
+        return None
+    src = src if src is not None else a.pop(0)
+    out = _new(src.dtype, tuple(src.shape[::-1]))
+    ops.dma_transpose(out, src)
+    return out
+
+
+def affine_select(*args, dst=None, pred=None, on_true_tile=None, on_false_value=None, dtype=None, mask=None, **_):
+    """``pred ? on_true_tile : on_false_value`` with an affine predicate (GpSimd); both call forms."""
+    a = list(args)
+    if (a and isinstance(a[0], _T)) or dst is not None:
+        dst = dst if dst is not None else a.pop(0)
+    pred = pred if pred is not None else a.pop(0)
+    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
+    on_false_value = on_false_value if on_false_value is not None else a.pop(0)
+    out = dst if dst is not None else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
+    ops.affine_select(out, pred, on_true_tile, on_false_value)
     return None if dst is not None else out
 
 
@@ -214,3 +324,7 @@ def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=Non
         raise NKIError(f"{where()}: dma_copy dst_rmw_op is not simulated; load, add with nisa.tensor_tensor "
                        f"and store instead")
     ops.dma_copy(dst, src, mask)
+
+
+def __getattr__(name):
+    raise unsupported("nisa", name)

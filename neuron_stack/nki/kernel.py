@@ -33,7 +33,7 @@ from neuron_stack.compiler.schedule import Schedule, schedule_lowered
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.isa.interp import Machine, contiguous_strides
 
-from .core import NKIError, Trace, dtype_name, ndarray
+from .core import NKIError, Trace, _local, dtype_name, ndarray
 
 _TARGETS = {"trn1": "trn1", "inf2": "inf2", "gen2": "trn1", "trn2": "trn2", "gen3": "trn2"}
 
@@ -95,6 +95,9 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
+        if getattr(_local, "trace", None) is not None:
+            # a helper (``@nki.jit(mode='trace')``) called inside a kernel: inlined, its own lines kept
+            return self.fn(*args, **kwargs)
         self.last = run_kernel(self, args, kwargs)
         if self._parent is not None:
             self._parent.last = self.last
@@ -126,7 +129,8 @@ def _to_numpy(x):
         del torch
         return arr, dt, True
     arr = np.asarray(x)
-    return arr, dtype_name(arr.dtype), False
+    name = dtype_name(arr.dtype)
+    return (arr.astype(np.float32) if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else arr), name, False
 
 
 def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = True,
@@ -184,9 +188,21 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
     if execute:
         if any(isinstance(a, Spec) for a in list(args) + list(kwargs.values())):
             raise NKIError("inputs given as shapes only (Spec) can be timed, not executed: pass execute=False")
-        run.outputs = _execute(trace, inputs, outs, torch_io)
+        run.outputs = _execute_single_threaded(trace, inputs, outs, torch_io)
         run.sim_wall_ns = time.perf_counter_ns() - t1
     return run
+
+
+def _execute_single_threaded(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
+    """``_execute`` with torch on one thread: tiles are at most 128 x 512, so extra threads only wait for
+    each other (20x slower per instruction on a loaded 2-core machine, bench/nki.py)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _execute(trace, inputs, outs, torch_io)
+    finally:
+        torch.set_num_threads(n)
 
 
 def _execute(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
@@ -243,5 +259,6 @@ def _convert(a: np.ndarray, dtype: str, torch_io: bool):
         t = torch.from_numpy(np.ascontiguousarray(a))
         return t.to(getattr(torch, dtype if dtype != "bool" else "bool"))
     if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        return a.astype(np.float32)           # numpy has no bf16/fp8: values are rounded, storage fp32
+        import ml_dtypes  # numpy's own dtypes stop at fp16: bf16/fp8 arrays as JAX has them
+        return a.astype(getattr(ml_dtypes, dtype))
     return a.astype(np.dtype(dtype if dtype != "bool" else np.bool_))

@@ -21,12 +21,30 @@ from __future__ import annotations
 import math
 
 from . import ops
-from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, where
+from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
+from .core import where as _where
 from .indexing import arange, ds, mgrid  # noqa: F401
 
+
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
-float32, bfloat16, float16, tfloat32 = "float32", "bfloat16", "float16", "float32"
+class _Float(str):
+    """A float dtype name that also knows its range (``nl.fp32.min``, used for masked-out scores)."""
+
+    @property
+    def min(self) -> float:
+        import torch
+        return float(torch.finfo(getattr(torch, str(self))).min)
+
+    @property
+    def max(self) -> float:
+        import torch
+        return float(torch.finfo(getattr(torch, str(self))).max)
+
+
+float32, bfloat16, float16 = _Float("float32"), _Float("bfloat16"), _Float("float16")
+tfloat32 = float32
+fp32, bf16, fp16 = float32, bfloat16, float16
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"
 int32, int16, int8, uint32, uint16, uint8, bool_ = "int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"
 
@@ -60,7 +78,7 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
     t = ndarray(shape, dtype, buffer, name)
     if t.buf.mem == "hbm":
-        raise NKIError(f"{where()}: nl.full/zeros/ones fill on-chip tiles; fill an SBUF tile and store it")
+        raise NKIError(f"{_where()}: nl.full/zeros/ones fill on-chip tiles; fill an SBUF tile and store it")
     ops.memset(t, fill_value)
     return t
 
@@ -80,7 +98,7 @@ def program_id(axis: int = 0) -> int:
     """This instance's index along ``axis`` of the launch grid (``kernel[gx, gy](...)``)."""
     t = current()
     if not 0 <= axis < len(t.grid):
-        raise NKIError(f"{where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
+        raise NKIError(f"{_where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
     return t.program_id[axis]
 
 
@@ -94,11 +112,56 @@ def program_ndim() -> int:
 
 def affine_range(*args, **kwargs):
     """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
-    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace."""
+    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
+    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line)."""
     return range(*args)
 
 
 sequential_range = static_range = affine_range
+
+
+class NKIObject:
+    """``nl.NKIObject``: a plain Python object a kernel may carry its tiles and settings in."""
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keep the instructions in program order. The simulator's scheduler already
+    issues each engine's instructions in program order, so the block changes nothing here."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def static_cast(x, dtype):
+    """``x`` converted to ``dtype`` in a new SBUF tile (TENSOR_COPY on the Vector Engine)."""
+    return copy(x, dtype=dtype)
+
+
+def expand_dims(x, axis):
+    """A view of ``x`` with a new size-1 free dimension at ``axis`` (>= 1)."""
+    axis = axis % (x.ndim + 1)
+    if axis == 0:
+        raise NKIError(f"{_where()}: nl.expand_dims cannot add a dim before the partition dim")
+    strides = list(x.strides[:axis]) + [1] + list(x.strides[axis:])
+    return tensor(x.buf, x.shape[:axis] + (1,) + x.shape[axis:], x.offset, strides, x.dtype, x.pdim)
+
+
+def where(condition, x, y, dtype=None, mask=None, **_):
+    """``condition ? x : y`` elementwise: ``y`` copied, then ``x`` copied over it where ``condition`` is
+    non-zero (COPY_PREDICATED on the Vector Engine); ``x`` / ``y`` may be numbers."""
+    like = next(v for v in (condition, x, y) if isinstance(v, tensor))
+    out = ndarray(like.shape, dtype or (x.dtype if isinstance(x, tensor) else y.dtype if isinstance(y, tensor)
+                                        else float32))
+    if isinstance(y, tensor):
+        ops.tensor_copy(out, y)
+    else:
+        ops.memset(out, y)
+    src = x if isinstance(x, tensor) else full(like.shape, x, out.dtype)
+    ops.copy_predicated(out, src, condition)
+    return out
 
 
 # -- data movement ------------------------------------------------------------------------------
@@ -106,13 +169,13 @@ def load(src, dtype=None, mask=None, **_):
     """HBM -> a new SBUF tile of ``src``'s shape (DMA). ``mask`` limits the copy to its box."""
     current()
     if not isinstance(src, tensor):
-        raise NKIError(f"{where()}: nl.load takes an HBM tensor, got {type(src).__name__}")
+        raise NKIError(f"{_where()}: nl.load takes an HBM tensor, got {type(src).__name__}")
     if src.partitions > PMAX:
-        raise NKIError(f"{where()}: Size of partition dimension {src.partitions} exceeds architecture limitation "
+        raise NKIError(f"{_where()}: Size of partition dimension {src.partitions} exceeds architecture limitation "
                        f"of {PMAX}; load tiles of at most {PMAX} rows")
     shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1) if src.shape else (1, 1)
     tile = ndarray(shape, dtype_name(dtype) if dtype else src.dtype)
-    ops.dma_copy(tile.reshape(shape) if tile.shape == shape else tile, _as(src, shape), mask)
+    ops.dma_copy(tile, _as(src, shape), mask)
     return tile
 
 
@@ -124,11 +187,11 @@ def _as(v, shape):
 def store(dst, value, mask=None, **_):
     """A tile -> HBM (DMA); a PSUM value is first copied to SBUF, as the compiler does."""
     if not isinstance(value, tensor):
-        raise NKIError(f"{where()}: nl.store value must be a tile, got {type(value).__name__}")
+        raise NKIError(f"{_where()}: nl.store value must be a tile, got {type(value).__name__}")
     if value.buf.mem == "psum":
         value = copy(value)
     if math.prod(value.shape) != math.prod(dst.shape) and mask is None:
-        raise NKIError(f"{where()}: nl.store of a {value.shape} tile into {dst.shape}")
+        raise NKIError(f"{_where()}: nl.store of a {value.shape} tile into {dst.shape}")
     ops.dma_copy(_as(dst, value.shape) if len(dst.shape) < len(value.shape) else dst, value, mask)
 
 
@@ -140,7 +203,15 @@ def copy(x, dtype=None, mask=None, **_):
 
 
 def _assign(dst, value) -> None:
-    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number."""
+    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number. The
+    value just computed into a temporary tile (``nl.load``, ``nl.copy``, ``nl.exp`` ...) is written straight into
+    ``dst`` instead (no Vector copy), as the compiler does."""
+    t = current()
+    if isinstance(value, tensor) and (value.buf, value.offset, value.strides, value.shape) == (
+            dst.buf, dst.offset, dst.strides, dst.shape):
+        return                  # `t[i] += x` writes t[i] in place; the assignment Python adds is not a copy
+    if isinstance(value, tensor) and dst.buf.mem != "hbm" and t.retarget(value, dst):
+        return
     if not isinstance(value, tensor):
         ops.memset(dst, value)
     elif value.buf.mem == "hbm" and dst.buf.mem != "hbm":
@@ -162,6 +233,17 @@ def device_print(prefix: str, x) -> None:
 
 
 # -- elementwise --------------------------------------------------------------------------------
+def load_transpose2d(src, dtype=None, **_):
+    """A new SBUF tile holding the 2-D HBM ``src`` transposed (a transposing DMA)."""
+    out = ndarray(tuple(src.shape[::-1]), dtype_name(dtype) if dtype else src.dtype)
+    ops.dma_transpose(out, src)
+    return out
+
+
+def __getattr__(name):
+    raise unsupported("nl", name)
+
+
 def _result(x, dtype):
     return ndarray(x.shape, dtype or (x.dtype if x.buf.mem != "psum" else float32))
 
@@ -188,7 +270,7 @@ floor, ceil = _unary("floor"), _unary("ceil")
 def _binary(x, y, op: str, dtype=None, mask=None):
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
     if not xt and not yt:
-        raise NKIError(f"{where()}: nl.{op} needs at least one tile operand")
+        raise NKIError(f"{_where()}: nl.{op} needs at least one tile operand")
     if xt and yt:
         if x.free_size == 1 and y.free_size > 1:          # [P, 1] column on the left
             out = _result(y, dtype)
@@ -265,11 +347,29 @@ def mean(x, axis, dtype=None, keepdims=False, mask=None, **_):
     return out
 
 
+def var(x, axis, dtype=None, keepdims=False, mask=None, **_):
+    """Variance over the free axes as the Vector Engine computes it: one ``bn_stats`` per 512-element slice
+    into a stats tile, then ``bn_aggr``; the result is a [P, 1] column."""
+    P, F = x.partitions, x.free_size
+    flat = x if x.ndim == 2 else x.reshape((P, F))
+    n = -(-F // ops.BN_STATS_FMAX)
+    stats = ndarray((P, ops.BN_STATS_DIM * n), float32)
+    for j in range(n):
+        lo = j * ops.BN_STATS_FMAX
+        hi = F if F < lo + ops.BN_STATS_FMAX else lo + ops.BN_STATS_FMAX     # (min is nl.min here)
+        ops.bn_stats(stats[:, j * ops.BN_STATS_DIM:(j + 1) * ops.BN_STATS_DIM], flat[:, lo:hi])
+    mean_var = ndarray((P, ops.BN_AGGR_DIM), float32)
+    ops.bn_aggr(mean_var, stats)
+    out = ndarray((P, 1), dtype or float32)
+    ops.tensor_copy(out, mean_var[:, 1:2])
+    return out
+
+
 def softmax(x, axis=-1, dtype=None, **_):
     """Softmax along the free axis: max (Vector), exp(x - max) with a running sum (one ACTIVATE),
     reciprocal and scale."""
     if axis not in (-1, 1, x.ndim - 1):
-        raise NKIError(f"{where()}: nl.softmax runs along the free axis (axis=-1)")
+        raise NKIError(f"{_where()}: nl.softmax runs along the free axis (axis=-1)")
     m = max(x, axis=-1, dtype=float32)
     neg = ndarray(m.shape, float32)
     ops.tensor_scalar(neg, m, "multiply", -1.0)

@@ -22,10 +22,12 @@ from neuron_stack.device.cost import (
 from neuron_stack.isa.instructions import ACT_FUNCS, ALU_OPS
 
 from .core import (
+    DTYPE_BYTES,
     FLOATS,
     GEMM_MOVING_FMAX,
     GEMM_STATIONARY_FMAX,
     PMAX,
+    PSUM_BANK_BYTES,
     NKIError,
     _overlap,
     current,
@@ -94,6 +96,7 @@ def masked(dst: ndarray, srcs: list, mask) -> tuple | None:
     box = box_of(mask, dst.shape)
     if box is None:
         return None
+    current().masked_box = (dst.operand(), box)     # `t[...] = <masked result>` writes only this box of t
     return restrict(dst, box, dst.shape), [restrict(s, box, dst.shape) if isinstance(s, ndarray) else s
                                             for s in srcs]
 
@@ -113,7 +116,9 @@ def _fit(s: ndarray, dst: ndarray) -> ndarray:
     if s.shape == dst.shape or math.prod(s.shape) == math.prod(dst.shape):
         return s
     if s.free_size == 1:
-        return ndarray(s.buf, dst.shape, s.offset, [s.strides[0]] + [0] * (len(dst.shape) - 1), s.dtype)
+        strides = [0] * len(dst.shape)
+        strides[dst.pdim] = s.strides[s.pdim]
+        return ndarray(s.buf, dst.shape, s.offset, strides, s.dtype, dst.pdim)
     return s
 
 
@@ -147,9 +152,10 @@ def _scalar_arg(v, srcs: list, dst: ndarray, what: str):
 
 
 def tensor_scalar(dst: ndarray, data: ndarray, op0, operand0, reverse0=False, op1=None, operand1=None,
-                  reverse1=False, mask=None, engine: str = "vector") -> int | None:
+                  reverse1=False, mask=None, engine: str = "vector", reduce_op=None, reduce_res=None) -> int | None:
     """TENSOR_SCALAR: ``dst = op1(op0(data, operand0), operand1)``; operands are immediates or
-    per-partition ``[P, 1]`` columns."""
+    per-partition ``[P, 1]`` columns; ``reduce_res`` ([P, 1]) also gets the result reduced along free
+    (``nisa.tensor_scalar_reduce``, one instruction)."""
     t = current()
     on_chip(dst, "tensor_scalar dst"), on_chip(data, "tensor_scalar data")
     _same_partitions(dst, [data], "tensor_scalar")
@@ -162,8 +168,15 @@ def tensor_scalar(dst: ndarray, data: ndarray, op0, operand0, reverse0=False, op
     if op1 is not None:
         attrs["op1"] = _rev(resolve_alu(op1), reverse1)
         attrs["scalar1"] = _scalar_arg(operand1, srcs, dst, "operand1")
+    dsts = [dst]
+    if reduce_res is not None:
+        on_chip(reduce_res, "reduce_res")
+        if reduce_res.free_size != 1 or reduce_res.partitions != dst.partitions:
+            raise NKIError(f"{where()}: reduce_res {reduce_res.shape} must be a [{dst.partitions}, 1] column")
+        attrs["acc_op"] = resolve_reduce(reduce_op or "add")
+        dsts.append(reduce_res)
     d = vector_ns(t.p, "TENSOR_SCALAR", dst.free_size, 1, dst.dtype)
-    return t.emit("TENSOR_SCALAR", [dst], srcs, attrs, dur=d)
+    return t.emit("TENSOR_SCALAR", dsts, srcs, attrs, dur=d)
 
 
 def _rev(alu: str, reverse: bool) -> str:
@@ -254,6 +267,10 @@ def nc_matmul(dst: ndarray, stationary: ndarray, moving: ndarray, accumulate=Non
     """
     t = current()
     on_chip(stationary, "nc_matmul stationary"), on_chip(moving, "nc_matmul moving")
+    for v, what in ((stationary, "stationary"), (moving, "moving")):
+        if v.buf.mem != "sbuf":
+            raise NKIError(f"{where()}: nc_matmul {what} is a PSUM tile; the Tensor Engine reads SBUF: copy it "
+                           f"to SBUF first (nisa.tensor_copy)")
     if dst.buf.mem != "psum":
         raise NKIError(f"{where()}: nc_matmul writes PSUM; dst is in {dst.buffer} (allocate it with buffer=nl.psum)")
     K, M, N = stationary.partitions, stationary.free_size, moving.free_size
@@ -271,6 +288,10 @@ def nc_matmul(dst: ndarray, stationary: ndarray, moving: ndarray, accumulate=Non
     for v in (stationary, moving):
         if v.dtype in ("int32", "int16", "int8", "uint8", "bool"):
             raise NKIError(f"{where()}: nc_matmul takes floating tiles, not {v.dtype}")
+    first, last = (dst.buf.addr + f * DTYPE_BYTES[dst.buf.dtype] for f in dst.region()[2:])
+    if first // PSUM_BANK_BYTES != last // PSUM_BANK_BYTES:
+        raise NKIError(f"{where()}: nc_matmul dst {dst.shape} crosses a 2 KiB PSUM bank boundary; one matmul writes "
+                       f"one bank ({GEMM_MOVING_FMAX} fp32)")
     if accumulate is None:
         r = dst.region()
         start = not any(_overlap(r, w) for w in dst.buf.written)
@@ -294,10 +315,20 @@ def identity(dtype: str) -> ndarray:
     return getattr(t, key)
 
 
-def nc_transpose(dst: ndarray, data: ndarray) -> int:
-    """``dst = data.T`` on the Tensor Engine: a matmul of ``data`` (stationary) against the identity."""
+def nc_transpose(dst: ndarray, data: ndarray, engine: str = "tensor") -> int:
+    """``dst = data.T`` on the Tensor Engine (a matmul of ``data`` against the identity, into PSUM) or,
+    ``engine="vector"``, on the Vector Engine (a tile of at most 32 x 32, SBUF or PSUM)."""
     t = current()
     on_chip(data, "nc_transpose data")
+    if engine == "vector":
+        on_chip(dst, "nc_transpose dst")
+        if data.partitions > 32 or data.free_size > 32:
+            raise NKIError(f"{where()}: nc_transpose on the Vector Engine takes at most 32 x 32, got {data.shape}; "
+                           f"use the Tensor Engine (engine=nisa.tensor_engine)")
+        if dst.partitions != data.free_size or dst.free_size != data.partitions:
+            raise NKIError(f"{where()}: nc_transpose dst {dst.shape} must be [{data.free_size}, {data.partitions}]")
+        return t.emit("TRANSPOSE", [dst], [data], {},
+                      dur=vector_ns(t.p, "TENSOR_COPY", data.free_size, 1, data.dtype))
     P, F = data.partitions, data.free_size
     if F > PMAX:
         raise NKIError(f"{where()}: nc_transpose free size {F} exceeds {PMAX} (the result's partitions)")
@@ -325,6 +356,116 @@ def iota(dst: ndarray, expr, offset: int = 0, channel_multiplier: int = 0) -> in
         base, cm, step = int(offset), int(channel_multiplier), int(expr[0][0]) if expr else 0
     return t.emit("IOTA", [dst], [], {"base": base, "channel_multiplier": cm, "step": step},
                   dur=gpsimd_ns(t.p, dst.free_size))
+
+
+def copy_predicated(dst: ndarray, src: ndarray, predicate: ndarray) -> int:
+    """COPY_PREDICATED: ``dst = src`` where ``predicate`` is non-zero, ``dst`` kept elsewhere (Vector)."""
+    t = current()
+    on_chip(dst, "copy_predicated dst"), on_chip(src, "copy_predicated data"), on_chip(predicate, "predicate")
+    _same_partitions(dst, [src, predicate], "copy_predicated")
+    srcs = [_fit(src, dst), _fit(predicate, dst), dst]
+    return t.emit("COPY_PREDICATED", [dst], srcs, {},
+                  dur=vector_ns(t.p, "COPY_PREDICATED", dst.free_size, 2, dst.dtype))
+
+
+def reciprocal(dst: ndarray, data: ndarray) -> int:
+    """RECIPROCAL on the Vector Engine: ``dst = 1 / data``."""
+    t = current()
+    on_chip(dst, "reciprocal dst"), on_chip(data, "reciprocal data")
+    _same_partitions(dst, [data], "reciprocal")
+    return t.emit("RECIPROCAL", [dst], [_fit(data, dst)], {},
+                  dur=vector_ns(t.p, "RECIPROCAL", dst.free_size, 1, dst.dtype))
+
+
+BN_STATS_FMAX, BN_STATS_DIM, BN_AGGR_DIM = 512, 6, 2
+
+
+def bn_stats(dst: ndarray, data: ndarray, mask=None) -> int | None:
+    """BN_STATS: per partition (count, mean, variance*count) of the even and of the odd elements of
+    ``data`` (free size <= 512, limited to ``mask``'s box) into ``dst`` [P, 6]."""
+    t = current()
+    on_chip(dst, "bn_stats dst"), on_chip(data, "bn_stats data")
+    if mask is not None:
+        box = box_of(mask, data.shape)
+        if box is None:
+            return None
+        data = restrict(data, box, data.shape)
+    if data.free_size > BN_STATS_FMAX:
+        raise NKIError(f"{where()}: bn_stats data has {data.free_size} elements per partition; the limit is "
+                       f"{BN_STATS_FMAX} (nl.tile_size.bn_stats_fmax): one bn_stats per 512-element slice, then "
+                       f"bn_aggr")
+    if dst.free_size != BN_STATS_DIM or dst.partitions != data.partitions:
+        raise NKIError(f"{where()}: bn_stats dst {dst.shape} must be [{data.partitions}, {BN_STATS_DIM}]")
+    return t.emit("BN_STATS", [dst], [data], {}, dur=vector_ns(t.p, "BN_STATS", data.free_size, 1, data.dtype))
+
+
+def bn_aggr(dst: ndarray, data: ndarray) -> int:
+    """BN_AGGR: the bn_stats records in ``data`` (a multiple of 3 per partition) -> ``dst`` [P, 2] (mean, var)."""
+    t = current()
+    on_chip(dst, "bn_aggr dst"), on_chip(data, "bn_aggr data")
+    if data.free_size % 3:
+        raise NKIError(f"{where()}: bn_aggr data {data.shape} must hold (count, mean, var*count) triples: a "
+                       f"multiple of 3 elements per partition")
+    if dst.free_size != BN_AGGR_DIM or dst.partitions != data.partitions:
+        raise NKIError(f"{where()}: bn_aggr dst {dst.shape} must be [{data.partitions}, {BN_AGGR_DIM}]")
+    return t.emit("BN_AGGR", [dst], [data], {}, dur=vector_ns(t.p, "BN_AGGR", data.free_size, 1, data.dtype))
+
+
+def max8(dst: ndarray, data: ndarray) -> int:
+    """MAX8 on the Vector Engine: the 8 largest values of each partition of ``data``, descending, into [P, 8]."""
+    t = current()
+    on_chip(dst, "max8 dst"), on_chip(data, "max8 data")
+    if dst.free_size != 8 or dst.partitions != data.partitions or data.free_size < 8:
+        raise NKIError(f"{where()}: max8 takes data with >= 8 elements per partition and a dst "
+                       f"[{data.partitions}, 8], got {data.shape} -> {dst.shape}")
+    return t.emit("MAX8", [dst], [data], {}, dur=vector_ns(t.p, "MAX8", data.free_size, 1, data.dtype))
+
+
+def find_index8(dst: ndarray, data: ndarray, vals: ndarray) -> int:
+    """FIND_INDEX8 on the Vector Engine: per partition, the first index in ``data`` of each of ``vals``' 8 values."""
+    t = current()
+    on_chip(dst, "nc_find_index8 dst"), on_chip(data, "nc_find_index8 data"), on_chip(vals, "nc_find_index8 vals")
+    if dst.free_size != 8 or vals.free_size != 8 or len({dst.partitions, data.partitions, vals.partitions}) != 1:
+        raise NKIError(f"{where()}: nc_find_index8 takes vals and dst of [{data.partitions}, 8], got {vals.shape} "
+                       f"and {dst.shape}")
+    return t.emit("FIND_INDEX8", [dst], [data, vals], {},
+                  dur=vector_ns(t.p, "FIND_INDEX8", data.free_size, 1, data.dtype))
+
+
+def dma_transpose(dst: ndarray, src: ndarray) -> int:
+    """A DMA that writes the 2-D ``src`` transposed into ``dst`` (one element per descriptor, slow)."""
+    t = current()
+    if src.ndim != 2 or dst.ndim != 2 or tuple(dst.shape) != tuple(src.shape[::-1]):
+        raise NKIError(f"{where()}: dma_transpose takes a 2-D src and a dst of the reversed shape, got {src.shape} "
+                       f"-> {dst.shape}")
+    if "psum" in (src.buf.mem, dst.buf.mem):
+        raise NKIError(f"{where()}: DMA does not read or write PSUM; copy the tile to SBUF first (nisa.tensor_copy)")
+    view = ndarray(src.buf, src.shape[::-1], src.offset, src.strides[::-1], src.dtype)    # element order: src.T
+    return t.dma(dst, view)
+
+
+#: ``expr cmp 0`` for integer expressions, as the GpSimd's three comparisons: (comparison, shift of the base)
+_AFFINE_CMP = {"greater_equal": ("greater_equal", 0), "greater": ("greater_equal", -1), "less": ("less", 0),
+               "less_equal": ("less", -1), "equal": ("equal", 0)}
+
+
+def affine_select(dst: ndarray, pred, on_true: ndarray, on_false: float) -> int:
+    """AFFINE_SELECT on GpSimd: ``dst = pred ? on_true : on_false`` where ``pred`` is one comparison of
+    ``nl.arange`` expressions over the tile's (partition, free) positions."""
+    t = current()
+    aff = getattr(pred, "affine", None)
+    if aff is None:
+        raise NKIError(f"{where()}: affine_select needs a predicate that is one comparison of nl.arange "
+                       f"expressions (e.g. i_p >= i_f); combine masks with nl.where instead")
+    on_chip(dst, "affine_select dst"), on_chip(on_true, "on_true_tile")
+    expr, name = aff
+    e = expr._pad(2)
+    if len(e.shape) != 2:
+        raise NKIError(f"{where()}: affine_select takes a 2-D [partition, free] predicate")
+    cmp, shift = _AFFINE_CMP[name]
+    attrs = {"base": e.base + shift, "channel_multiplier": e.coefs[0], "step": e.coefs[1], "cmp": cmp,
+             "on_true": 1.0, "on_false": float(on_false)}
+    return t.emit("AFFINE_SELECT", [dst], [_fit(on_true, dst)], attrs, dur=gpsimd_ns(t.p, dst.free_size))
 
 
 def memset(dst: ndarray, value, engine: str = "vector") -> int:

@@ -33,6 +33,9 @@ import pyarrow.compute as pc
 
 from .kernel import KernelRun
 
+#: how kernel instructions are timed: each one by the engine cost model, scheduled on its engine queue
+TIMING_MODEL = "instruction"
+
 MAX_SOURCE_BYTES = 2 * 2**20     # a kernel file larger than this is not embedded in the profile
 
 _ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc")
@@ -183,6 +186,7 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
         key = (run.name, hashlib.sha1("".join(run.schedule.table.column("operands").to_pylist()).encode()).digest())
         if key not in graphs:
             graph_id = new_id()
+            rec.note_graph_settings(timing_model=TIMING_MODEL)
             graphs[key] = [graph_id, describe(rec.append, session.run_id, run, graph_id, rec.sources_seen,
                                               rec.files_seen), 0]
         graph_id, op_ids, it = graphs[key]

@@ -101,25 +101,113 @@ class BenchmarkResult:
 
 
 class _Benchmark(Kernel):
-    def __init__(self, fn, warmup: int, iters: int):
+    def __init__(self, fn, warmup: int, iters: int, save_neff_name=None, save_trace_name=None):
         super().__init__(fn, "benchmark")
         self.warmup, self.iters = int(warmup), int(iters)
         if self.iters < 1 or self.warmup < 0:
             raise NKIError(f"nki.benchmark needs iters >= 1 and warmup >= 0 (got {iters}, {warmup})")
+        self.save_neff_name, self.save_trace_name = save_neff_name, save_trace_name
         self.benchmark_result: BenchmarkResult | None = None
 
     def __call__(self, *args, **kwargs):
         out = super().__call__(*args, **kwargs)
         # one NEFF, run warmup + iters times: every iteration replays the same static schedule
         self.benchmark_result = BenchmarkResult([self.last.device_ns] * self.iters, self.last)
+        if self.save_trace_name:
+            write_profile(self.last, self.__name__, Path(self.save_trace_name), executions=self.warmup + self.iters)
+        if self.save_neff_name:
+            save_neff(self, args, Path(self.save_neff_name), self.last.trace.p.name)
         return out
+
+
+def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
+    """The kernel compiled as the one op of a model (its own instructions, ``torch.ops.nki``) and saved as a
+    NEFF (``neuron_stack.isa.neff.load`` reads it back). Every argument must be an array.
+
+    >>> import numpy as np, tempfile
+    >>> import neuron_stack.nki.language as nl
+    >>> @jit
+    ... def neg(a):
+    ...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    ...     nl.store(out, value=nl.negative(nl.load(a)))
+    ...     return out
+    >>> save_neff(neg, (np.ones((4, 4), np.float32),), Path(tempfile.mkdtemp()) / "neg.neff", "trn1").suffix
+    '.neff'
+    """
+    import numpy as np
+    import torch
+
+    from neuron_stack.compiler.driver import compile_program, graph_hash
+    from neuron_stack.frontend.export import capture
+    from neuron_stack.frontend.flags import parse_flags
+
+    tensors = []
+    for a in args:
+        if not hasattr(a, "shape"):
+            raise NKIError(f"save_neff_name: kernel {kernel.__name__} takes a non-array argument {a!r}; a NEFF is "
+                           f"saved for kernels whose arguments are all tensors")
+        arr = np.asarray(a)
+        dt = arr.dtype.name
+        t = torch.from_numpy(np.ascontiguousarray(arr.astype(np.float32) if dt in ("bfloat16",) else arr))
+        tensors.append(t.to(torch.bfloat16) if dt == "bfloat16" else t)
+    jit = _Jit(kernel.fn)
+    jit.grid = kernel.grid
+
+    class KernelModel(torch.nn.Module):
+        def forward(self, *xs):
+            return jit(*xs)
+
+    with torch.no_grad():
+        program = capture(KernelModel(), tuple(tensors))
+    neff = compile_program(program, parse_flags(None, target=target), graph_hash_value=graph_hash(program))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return neff.save(path)
 
 
 def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, save_neff_name=None, save_trace_name=None,
               additional_compile_opt=None, **_):
     """Legacy ``@nki.benchmark``: afterwards ``kernel.benchmark_result.nc_latency.get_latency_percentile(p)``
-    gives the simulated device latency in microseconds."""
-    return _deco(kernel, lambda f: _Benchmark(f, warmup, iters))
+    gives the simulated device latency in microseconds. ``save_trace_name`` writes the run's profile there
+    (a ``profile.duckdb``; our NTFF), ``save_neff_name`` the kernel's NEFF."""
+    return _deco(kernel, lambda f: _Benchmark(f, warmup, iters, save_neff_name, save_trace_name))
+
+
+def write_profile(run, name: str, target: Path, executions: int = 1, overwrite: bool = True) -> Path:
+    """Write ``run`` as a finalised profile at ``target``: one row per instruction with its kernel line.
+
+    >>> import numpy as np, tempfile
+    >>> from neuron_stack.nki.kernel import run_kernel
+    >>> import neuron_stack.nki.language as nl
+    >>> def neg(a):
+    ...     out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    ...     nl.store(out, value=nl.negative(nl.load(a)))
+    ...     return out
+    >>> write_profile(run_kernel(neg, (np.ones((4, 4), np.float32),)), "neg",
+    ...               Path(tempfile.mkdtemp()) / "profile.duckdb").name
+    'profile.duckdb'
+    """
+    import shutil
+
+    import traces
+    from traces.schema import SCHEMA_VERSION
+
+    from .record import TIMING_MODEL, record
+    if target.exists() and not overwrite:
+        raise NKIError(f"{target} exists: pass overwrite=True to nki.profile or choose another working_directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    seg = target.parent / (target.stem + ".segments")
+    shutil.rmtree(seg, ignore_errors=True)
+    prof = run.trace.p
+    meta = dict(prof.metadata())
+    meta.update({"schema_version": SCHEMA_VERSION, "target": prof.name, "is_simulation": "true",
+                 "warmup_executions": str(executions - 1), "nki_kernel": name, "timing_model": TIMING_MODEL})
+    w = traces.Writer(seg, run={"tag": f"nki:{name}", "target": prof.name}, metadata=meta)
+    record(w.append, w.run_id, run, executions=executions)
+    w.close(status="ok")
+    built = traces.finalize(seg)
+    os.replace(built, target)
+    shutil.rmtree(seg, ignore_errors=True)
+    return target
 
 
 class _Profile(Kernel):
@@ -133,28 +221,9 @@ class _Profile(Kernel):
         self.profile_path: Path | None = None
 
     def __call__(self, *args, **kwargs):
-        import traces
-        from traces.schema import SCHEMA_VERSION
-
-        from .record import record
         out = super().__call__(*args, **kwargs)
-        seg = self.dir / (Path(self.trace_name).stem + ".segments")
-        target = self.dir / "profile.duckdb"
-        if target.exists() and not self.overwrite:
-            raise NKIError(f"{target} exists: pass overwrite=True to nki.profile or choose another working_directory")
-        import shutil
-        shutil.rmtree(seg, ignore_errors=True)
-        prof = self.last.trace.p
-        meta = dict(prof.metadata())
-        meta.update({"schema_version": SCHEMA_VERSION, "target": prof.name, "is_simulation": "true",
-                     "warmup_executions": str(self.profile_nth - 1), "nki_kernel": self.__name__})
-        w = traces.Writer(seg, run={"tag": f"nki:{self.__name__}", "target": prof.name}, metadata=meta)
-        record(w.append, w.run_id, self.last, executions=self.profile_nth)
-        w.close(status="ok")
-        built = traces.finalize(seg)
-        os.replace(built, target)
-        shutil.rmtree(seg, ignore_errors=True)
-        self.profile_path = target
+        self.profile_path = write_profile(self.last, self.__name__, self.dir / "profile.duckdb", self.profile_nth,
+                                          self.overwrite)
         return out
 
 

@@ -1,0 +1,103 @@
+"""The published-tutorial NKI samples at the tutorials' own sizes: simulated device time, achieved
+TensorE share and instruction count of each kernel (timed without numbers: the small sizes are checked
+against numpy by tests/test_nki_samples.py), plus the interpreter's wall time per instruction on a
+numbers run, with the machine's load average. ``--write`` puts the table into docs/nki.md between its
+``nki-samples`` markers.
+
+Usage: ``.venv/bin/python bench/nki_samples.py [--target trn1] [--write]``.
+"""
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_workloads" / "nki"))
+from attention_tutorial import attn_fused  # noqa: E402
+from layernorm import layernorm_bn, layernorm_nl  # noqa: E402
+from matmul_optimized import matmul_blocked, matmul_blocked_legacy  # noqa: E402
+from sd_attention import fused_self_attention  # noqa: E402
+
+from neuron_stack.device.profiles import get_profile  # noqa: E402
+from neuron_stack.nki import run_kernel  # noqa: E402
+from neuron_stack.nki.kernel import Spec  # noqa: E402
+
+DOC = ROOT / "docs" / "nki.md"
+BEGIN, END = "<!-- nki-samples:begin -->", "<!-- nki-samples:end -->"
+
+
+def cases():
+    """(sample file, kernel, shape text, inputs, kwargs, matmul FLOPs)."""
+    # the tutorial's meta-parameters at 2048^3: at 4096 the previous N block's partials (64 KiB per partition)
+    # are still live when the next are allocated (Python lifetimes: until the loop variable is rebound)
+    n = 2048
+    mm = dict(TILES_IN_BLOCK_M=16, TILES_IN_BLOCK_N=2, TILES_IN_BLOCK_K=8)
+    bf = "bfloat16"
+    yield ("matmul_optimized.py", matmul_blocked_legacy, f"bf16 {n}^3, blocks 16/2/8",
+           (Spec((n, n), bf), Spec((n, n), bf)), mm, 2 * n ** 3)
+    yield ("matmul_optimized.py", matmul_blocked, f"bf16 {n}^3, blocks 16/2/8",
+           (Spec((n, n), bf), Spec((n, n), bf)), mm, 2 * n ** 3)
+    R, D = 4096, 4096
+    ln = (Spec((R, D), "float32"), 1e-5, Spec((D,), "float32"), Spec((D,), "float32"))
+    yield ("layernorm.py", layernorm_nl, f"fp32 {R}x{D}", ln, {}, 0)
+    yield ("layernorm.py", layernorm_bn, f"fp32 {R}x{D}", ln, {}, 0)
+    S, d = 4096, 64
+    yield ("sd_attention.py", fused_self_attention, f"bf16 seq {S}, d {d}", tuple(Spec((S, d), bf) for _ in range(3)),
+           {}, 4 * S * S * d)
+    S = 4096
+    yield ("attention_tutorial.py", attn_fused, f"bf16 seq {S}, d 128", tuple(Spec((128, S), bf) for _ in range(3)),
+           {}, 4 * S * S * 128)
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="trn1", choices=("trn1", "inf2", "trn2"))
+    p.add_argument("--write", action="store_true", help="write the table into docs/nki.md")
+    args = p.parse_args()
+    prof = get_profile(args.target)
+    peak = prof.tensor_peak_flops("bfloat16")
+    rows = ["| sample | kernel | shape | simulated device time | TensorE share of peak | instructions |",
+            "|---|---|---|---|---|---|"]
+    for file, kernel, shape, inputs, kwargs, flops in cases():
+        t0 = time.perf_counter()
+        run = run_kernel(kernel, inputs, kwargs, execute=False, target=args.target)
+        wall = time.perf_counter() - t0
+        share = f"{flops / (run.device_ns * 1e-9) / peak:.1%}" if flops else "–"
+        rows.append(f"| `{file}` | `{kernel.__name__}` | {shape} | {run.device_ns / 1e3:,.1f} µs | {share} | "
+                    f"{run.num_instructions:,} |")
+        print(rows[-1], f"(traced + scheduled in {wall:.1f} s)")
+
+    # interpreter speed: the blocked matmul with numbers, fp32 1024 x 512 x 2048
+    rng = np.random.default_rng(0)
+    lhsT, rhs = rng.standard_normal((1024, 512), dtype=np.float32), rng.standard_normal((1024, 2048), dtype=np.float32)
+    load = os.getloadavg()[0]
+    c0 = time.process_time()
+    run_kernel(matmul_blocked, (lhsT, rhs), execute=False, target=args.target)
+    c1 = time.process_time()
+    r = run_kernel(matmul_blocked, (lhsT, rhs), target=args.target)
+    c2 = time.process_time()
+    ok = np.allclose(r.outputs[0], lhsT.T @ rhs, rtol=1e-4, atol=1e-3)
+    ni = r.num_instructions
+    interp_cpu = ((c2 - c1) - (c1 - c0)) / ni * 1e6      # the numbers run minus the timing-only run
+    speed = (f"Interpreter: {r.sim_wall_ns / ni / 1e3:,.0f} µs wall ({interp_cpu:,.0f} µs CPU) per instruction "
+             f"executed; tracing and scheduling {r.trace_wall_ns / ni / 1e3:,.0f} µs wall ({(c1 - c0) / ni * 1e6:,.0f} "
+             f"µs CPU) per instruction (`matmul_blocked`, fp32 1024x512x2048, {ni} instructions, numbers "
+             f"{'match' if ok else 'DO NOT match'} numpy; load average {load:.1f} on {os.cpu_count()} cores: wall "
+             f"time grows with the load, CPU time much less).")
+    print(speed)
+    if args.write:
+        table = "\n".join(rows) + "\n\n" + speed
+        text = DOC.read_text()
+        text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text,
+                      flags=re.DOTALL)
+        DOC.write_text(text)
+        print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
