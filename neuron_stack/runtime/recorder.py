@@ -307,7 +307,8 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
     rec.system_event("nrt_execute", proj0, device_ns, core=model.core, exec_id=exec_id, flow_id=flow,
                      model=model.name, iteration=model.executions - 1, warmup=warmup)
     if not rec.wants_instructions(model.graph_id, model.core):
-        timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers]
+        # no instruction rows, but the transfers and device executions stay in the system profile
+        timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers or kind == "device"]
         tables = {}
     else:
         tables = instruction_tables(model)
