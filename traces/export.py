@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from traces import profile_schema
 from traces.errors import TraceError
 from traces.schema import TABLES
 from traces.vocab import ENGINE_LABELS
@@ -219,7 +220,9 @@ def _into_new_dir(out: Path, fill) -> Path:
 
 def parquet(profile, out: str | os.PathLike) -> Path:
     """Write a Parquet dataset: ``instructions/run_id=…/core=…/*.parquet`` (hive-partitioned)
-    and one ``<table>.parquet`` per other table, raw and derived; return the directory.
+    and one ``<table>.parquet`` per other table, raw and derived, plus the real Neuron Explorer's files
+    (``Instruction.parquet``, ``Summary.parquet``, ``Metadata.parquet``, ``SystemProfileEvents.parquet``,
+    ``SchemaFields.parquet``, ...: :mod:`traces.profile_schema`); return the directory.
 
     ``traces.open(out)`` (or DuckDB, Spark, Trino over the same files) answers the same queries
     as the original profile. Example: ``parquet(p, "trace_parquet")``.
@@ -233,6 +236,9 @@ def parquet(profile, out: str | os.PathLike) -> Path:
                             f"TO {_quoted(tmp / 'instructions')} (FORMAT parquet, PARTITION_BY (run_id, core))")
             else:
                 profile.sql(f"COPY {name} TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
+        for name in profile.real_tables():   # the real tool's files: Instruction.parquet, Summary.parquet, ...
+            profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}") '
+                        f"TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
     return _into_new_dir(Path(out), fill)
 
 

@@ -387,22 +387,79 @@ METADATA = Table(
     "Metadata", "Metadata associated with this profile, including details about the system configuration.",
     "main.metadata", tuple(F(n, t, None, r, d, o, w) for n, t, r, d, o, w in _META_FIELDS))
 
+_SUMMARY_NAMES = """
+total_time neuroncore_cycle_count model_flops hardware_flops transpose_flops adjusted_hardware_flops
+adjusted_transpose_flops mm_arithmetic_intensity peak_flops_bandwidth_ratio trace_count event_count total_row_count
+dma_active_cycles dma_active_time dma_active_time_percent static_dma_active_time dynamic_dma_active_time_percent
+static_dma_active_time_percent dma_transfer_average_bytes dma_packet_time dma_transfer_time dma_transfer_count
+dma_transfer_total_bytes dma_queue_count inputs_and_weights_size_bytes inputs_outputs_weights_size_bytes
+weight_size_bytes static_dma_packet_count static_dma_size dynamic_dma_packet_percent static_dma_packet_percent
+dynamic_dma_size_percent static_dma_size_percent mbu_estimated_percent mbu_min_read_util_percent hbm_write_bytes
+hbm_read_bytes sbuf_write_bytes sbuf_read_bytes spill_save_bytes spill_reload_bytes psum_write_bytes psum_read_bytes
+psum_read_sbuf_write_count psum_read_sbuf_write_bytes input_queue_bytes output_queue_bytes weight_queue_bytes
+software_dynamic_dma_active_time software_dynamic_dma_active_time_percent software_dynamic_dma_packet_count
+software_dynamic_dma_size software_dynamic_dma_packet_percent software_dynamic_dma_size_percent
+hardware_dynamic_dma_active_time hardware_dynamic_dma_active_time_percent hardware_dynamic_dma_packet_count
+hardware_dynamic_dma_size hardware_dynamic_dma_packet_percent hardware_dynamic_dma_size_percent
+tensor_engine_instruction_time tensor_engine_active_time tensor_engine_active_time_percent
+tensor_engine_instruction_count matmul_instruction_count mfu_estimated_percent mfu_max_achievable_estimated_percent
+mfu_hlo_estimated_percent mfu_hlo_max_achievable_estimated_percent mfu_inst_estimated_percent
+mfu_inst_max_achievable_estimated_percent hfu_estimated_percent vector_engine_instruction_time
+vector_engine_active_time vector_engine_active_time_percent vector_engine_instruction_count
+scalar_engine_instruction_time scalar_engine_active_time scalar_engine_active_time_percent
+scalar_engine_instruction_count activate_instruction_time activate_instruction_count sync_engine_instruction_time
+sync_engine_active_time sync_engine_active_time_percent sync_engine_instruction_count gpsimd_engine_instruction_time
+gpsimd_engine_active_time gpsimd_engine_active_time_percent gpsimd_engine_instruction_count cc_op_time
+cc_op_active_time cc_op_active_time_percent cc_op_count cc_cores_instruction_time cc_cores_instruction_active_time
+cc_cores_instruction_active_time_percent cc_cores_instruction_count total_exec_time total_active_time
+total_active_time_percent""".split()
+
+#: Summary columns our ``summary`` table has today (traces.store.summary_sql), under the real names.
+_SUMMARY_OURS = frozenset("""
+total_time total_exec_time neuroncore_cycle_count model_flops hardware_flops mm_arithmetic_intensity event_count
+dma_active_time dma_active_time_percent dma_transfer_count dma_transfer_total_bytes dma_transfer_average_bytes
+hbm_read_bytes hbm_write_bytes mfu_estimated_percent hfu_estimated_percent cc_op_active_time cc_op_active_time_percent
+cc_op_count""".split()) | {f"{e}_engine_{m}" for e in ("tensor", "vector", "scalar", "gpsimd", "sync")
+                         for m in ("instruction_time", "active_time", "active_time_percent", "instruction_count")}
+
+
+def _summary_field(name: str) -> Field:
+    float_ = name.endswith(("_percent", "_time", "_intensity", "_ratio", "_average_bytes"))
+    unit = ("percent" if name.endswith("_percent") else "seconds" if name.endswith("_time") else
+            "bytes" if name.endswith(("_bytes", "_size")) else "flops" if name.endswith("_flops") else
+            "cycles" if name.endswith("_cycles") or name == "neuroncore_cycle_count" else None)
+    why = ("" if name in _SUMMARY_OURS else
+           "DMA packets are not modelled one by one (one row per transfer), nor static/dynamic queues"
+           if "dma" in name else
+           "bytes are not split by memory (SBUF/PSUM/spill) or queue kind" if name.startswith(
+               ("sbuf", "psum", "spill", "input_queue", "output_queue", "weight_queue")) else
+           "no transposes or dtype multipliers per instruction" if "transpose" in name or "adjusted" in name else
+           "not computed yet (the one formula per figure lives in traces.q_figures)")
+    return F(name, "float" if float_ else "int64", unit, False, f"Summary metric {name} (see the real schema).",
+             f"s.{name}" if name in _SUMMARY_OURS else None, why)
+
+
+SUMMARY = Table("Summary", "Profile performance metrics which summarize execution.", "main.summary AS s",
+                tuple(_summary_field(n) for n in _SUMMARY_NAMES))
+
 SCHEMA_FIELDS_COLUMNS = ("table_name", "table_description", "field_name", "field_description", "field_example",
                          "field_type", "field_required", "field_format", "field_unit", "field_minimum",
                          "field_maximum", "field_enum_values")
 
+SCHEMA_FIELDS = Table(
+    "SchemaFields", "The schema of the data in this profile: every field of every table.", 'main."SchemaFields"',
+    tuple(F(c, "bool" if c == "field_required" else "float" if c in ("field_minimum", "field_maximum") else "string",
+            None, c in ("table_name", "table_description", "field_name", "field_description", "field_type",
+                        "field_required"), f"SchemaFields.{c}", c) for c in SCHEMA_FIELDS_COLUMNS))
+
 TABLES: dict[str, Table] = {t.name: t for t in (
-    INSTRUCTION, METADATA, SYSTEM_PROFILE_EVENTS, CC_OP, HBM_USAGE, SYSTEM_PROFILE_HBM_USAGE, CPU_USAGE,
-    HOST_MEM_USAGE)}
-"""The real tables defined over ours (``Summary`` is our ``summary`` table under real names: see
-:data:`SUMMARY_VIEW`; ``SchemaFields`` is generated by :func:`schema_fields`)."""
+    INSTRUCTION, SUMMARY, METADATA, SYSTEM_PROFILE_EVENTS, CC_OP, HBM_USAGE, SYSTEM_PROFILE_HBM_USAGE, CPU_USAGE,
+    HOST_MEM_USAGE, SCHEMA_FIELDS)}
+"""The real tables defined over ours. ``SchemaFields`` is a table in ``main``, generated by :func:`schema_fields`."""
 
 #: DuckDB names are case-insensitive, so ``Metadata`` and ``Summary`` cannot sit beside our ``metadata`` and
 #: ``summary``: every real table is a view in this schema too (``SELECT * FROM neuron_explorer.Metadata``).
 SCHEMA = "neuron_explorer"
-
-SUMMARY_SQL = "SELECT * FROM main.summary"
-"""``Summary``: one wide row. Our ``summary`` already uses the real names (docs/trace_schema.md)."""
 
 
 def schema_fields() -> dict[str, list]:
@@ -423,14 +480,12 @@ def schema_fields() -> dict[str, list]:
 
 def view_statements(taken: set[str]) -> list[str]:
     """Every ``CREATE VIEW`` of the real tables: all in :data:`SCHEMA`, and in ``main`` those whose name
-    is not ``taken`` (our table names, lower case). ``SchemaFields`` is a table in ``main``."""
+    is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``)."""
     out = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
     for t in TABLES.values():
         out.append(t.view_sql(SCHEMA))
         if t.name.lower() not in taken:
             out.append(t.view_sql())
-    out += [f'CREATE OR REPLACE VIEW {SCHEMA}."Summary" AS {SUMMARY_SQL}',
-            f'CREATE OR REPLACE VIEW {SCHEMA}."SchemaFields" AS SELECT * FROM main."SchemaFields"']
     return out
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import q_figures, q_replay, q_serving, q_timeline
+from traces import profile_schema, q_figures, q_replay, q_serving, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
@@ -125,7 +125,11 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
             file = path / f"{name}.parquet"
             part_dir = path / name
             # DDL cannot take parameters: the path is a quoted literal (quotes doubled)
-            if name == "instructions" and part_dir.is_dir():
+            if name == "instructions" and part_dir.is_dir() and not any(part_dir.rglob("*.parquet")):
+                # a profile without device rows (the device profile is off by default) writes no partition
+                cols = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in TABLES["instructions"])
+                con.execute(f"CREATE VIEW instructions AS SELECT {cols} WHERE FALSE")
+            elif name == "instructions" and part_dir.is_dir():
                 glob = _literal(str(part_dir / "**" / "*.parquet"))
                 cols = ", ".join(f"CAST({c} AS {_sql_type(TABLES['instructions'].field(c).type)}) AS {c}"
                                  for c in TABLES["instructions"].names)
@@ -255,9 +259,18 @@ class Profile:
 
     # -- helpers -------------------------------------------------------------------------------
     def tables(self) -> list[str]:
-        """Names of the tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``."""
+        """Names of our tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``.
+        The real Neuron Explorer's tables (``Instruction``...) are :meth:`real_tables`."""
         return sorted(r[0] for r in self._rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"))
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+            "AND table_name = lower(table_name)"))   # ours are snake_case; the real ones CamelCase
+
+    def real_tables(self) -> list[str]:
+        """The real Neuron Explorer's tables this profile holds (``traces.profile_schema``: ``Instruction``,
+        ``Summary``, ``Metadata``, ``SystemProfileEvents``...), in schema ``neuron_explorer``.
+        Example: ``"Instruction" in p.real_tables()``."""
+        return sorted(r[0] for r in self._rows(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", [profile_schema.SCHEMA]))
 
     def metadata(self) -> dict[str, str]:
         """The metadata table as a dict (device rates, versions, trace statistics).
