@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import profile_schema, q_figures, q_replay, q_serving, q_timeline
+from traces import profile_schema, q_figures, q_replay, q_serving, q_system, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
@@ -459,6 +459,24 @@ class Profile:
     def serving_summary(self) -> dict:
         """Requests, output tokens/s, P50/P90/P99 TTFT/TPOT/E2E. Example: ``p.serving_summary()["ttft_p50_ns"]``."""
         return q_serving.summary(self)
+
+    # -- the system profile (traces.q_system) --------------------------------------------------
+    def system_events(self, cores=None, names=None, instances=None, limit: int = q_system.EVENT_CAP):
+        """System events (framework / neuron_rt / neuron_hw) matching the filters, and how many more matched.
+        Example: ``rows, more = p.system_events(names=["nrt_execute"])``."""
+        return q_system.events(self, cores, names, instances, limit)
+
+    def system_facets(self) -> dict:
+        """Cores, event names, instances and sources of the system profile. Example: ``p.system_facets()["names"]``."""
+        return q_system.facets(self)
+
+    def host_series(self) -> dict:
+        """Host CPU %, host memory and HBM in use over time. Example: ``p.host_series()["cpu"]``."""
+        return q_system.host_series(self)
+
+    def execution_window(self, exec_id: int):
+        """An execution's ``(start_ns, end_ns)``. Example: ``p.execution_window(eid)``."""
+        return q_system.execution_window(self, exec_id)
 
     # -- the timeline (traces.q_timeline) ------------------------------------------------------
     def timeline_bounds(self) -> q_timeline.Bounds:
