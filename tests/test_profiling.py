@@ -159,3 +159,53 @@ def test_inspect_config_groups_and_exclusions():
     assert c.wants("nrt_execute") and not c.wants("nrt_tensor_write") and not c.wants("nc_exec_running")
     off = InspectConfig.from_env({"NEURON_RT_INSPECT_SYSTEM_PROFILE": "0"})
     assert not off.wants("nrt_execute") and not off.cpu_util and not off.host_memory
+
+
+def test_real_schema_views_parquet_names_and_schema_fields(captured, tmp_path):
+    import traces
+    from traces.export import export
+    from traces.profile_schema import TABLES as REAL
+
+    _, paths = captured
+    [path] = paths["full"]
+    # one wide row each; every field of the definition is a column of its view
+    for name, table in REAL.items():
+        cols = [r[0] for r in q(path, f'DESCRIBE neuron_explorer."{name}"')]
+        assert cols[:len(table.fields)] == [f.name for f in table.fields], name
+    assert q(path, "SELECT count(*) FROM neuron_explorer.Metadata") == [(1,)]
+    assert q(path, "SELECT count(*), min(total_time) > 0 FROM neuron_explorer.Summary") == [(1, True)]
+    [(n,)] = q(path, "SELECT count(*) FROM SchemaFields WHERE table_name = 'Instruction'")
+    assert n == 55
+    with traces.open(path) as p:
+        out = export(p, "parquet", tmp_path / "pq")
+    for name in ("Instruction", "Summary", "Metadata", "SystemProfileEvents", "SchemaFields", "CpuUsage"):
+        assert (out / f"{name}.parquet").is_file(), name
+    con = duckdb.connect()
+    [(events,)] = con.execute("SELECT count(*) FROM read_parquet(?) WHERE name = 'nc_exec_running'",
+                              [str(out / "SystemProfileEvents.parquet")]).fetchall()
+    assert events == 2
+
+
+def test_perfetto_has_system_tracks_and_host_to_device_flows(captured, tmp_path):
+    import traces
+    from traces.export import perfetto
+
+    _, paths = captured
+    with traces.open(paths["full"][0]) as p:
+        doc = json.loads(perfetto(p, tmp_path / "t.json").read_text())
+    ev = doc["traceEvents"]
+    names = {e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+    assert any(n.endswith("/neuron_rt/NC:0") for n in names) and any("/framework/TID:" in n for n in names)
+    flows = {}
+    for e in ev:
+        if e["ph"] in "stf":
+            flows.setdefault(e["id"], []).append(e["ph"])
+    assert len(flows) == 2 and all(sorted(v) == ["f", "s", "t"] for v in flows.values())
+
+
+def test_show_profile_schema_prints_the_openapi_yaml():
+    exe = os.path.join(os.path.dirname(sys.executable), "neuron-explorer")
+    r = subprocess.run([exe, "--show-profile-schema"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("openapi: 3.0.3")
+    for name in ("Instruction:", "Summary:", "Metadata:", "SystemProfileEvents:", "SchemaFields:"):
+        assert f"    {name}" in r.stdout
