@@ -19,7 +19,7 @@ table in docs/trace_schema.md.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: The real schema version these tables follow (Metadata.profile_schema_version of the real tool).
 REAL_SCHEMA_VERSION = "7.4.0"
@@ -478,11 +478,15 @@ def schema_fields() -> dict[str, list]:
     return rows
 
 
-def view_statements(taken: set[str]) -> list[str]:
+def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
     """Every ``CREATE VIEW`` of the real tables: all in :data:`SCHEMA`, and in ``main`` those whose name
-    is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``)."""
+    is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``).
+    A real Summary field our ``summary`` table has gained since (``summary_columns``) is used too."""
     out = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
     for t in TABLES.values():
+        if t is SUMMARY:
+            t = replace(t, fields=tuple(replace(f, ours=f"s.{f.name}") if f.ours is None and f.name in summary_columns
+                                        else f for f in t.fields))
         out.append(t.view_sql(SCHEMA))
         if t.name.lower() not in taken:
             out.append(t.view_sql())

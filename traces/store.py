@@ -173,7 +173,9 @@ def _real_schema(con) -> None:
     _load(con, "SchemaFields", pa.table(profile_schema.schema_fields()))
     taken = {r[0].lower() for r in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
-    for statement in profile_schema.view_statements(taken):
+    summary = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
+                                         "WHERE table_schema = 'main' AND table_name = 'summary'").fetchall()}
+    for statement in profile_schema.view_statements(taken, summary):
         con.execute(statement)
 
 
