@@ -49,9 +49,8 @@ class Field:
 
     @property
     def sql(self) -> str:
-        """The view's column: our expression, or a typed NULL for a field we do not record."""
-        expr = self.ours if self.ours is not None else f"CAST(NULL AS {_TYPES[self.type][2]})"
-        return f"{expr} AS {self.name}"
+        """The view's column, of the real type: our expression, or NULL for a field we do not record."""
+        return f"CAST({self.ours if self.ours is not None else 'NULL'} AS {_TYPES[self.type][2]}) AS {self.name}"
 
 
 @dataclass(frozen=True)
