@@ -209,3 +209,17 @@ def test_show_profile_schema_prints_the_openapi_yaml():
     assert r.returncode == 0 and r.stdout.startswith("openapi: 3.0.3")
     for name in ("Instruction:", "Summary:", "Metadata:", "SystemProfileEvents:", "SchemaFields:"):
         assert f"    {name}" in r.stdout
+
+
+def test_view_system_trace_flags():
+    import argparse
+
+    from explorer.view import system_trace_settings
+    args = argparse.Namespace(system_trace_filter_neuron_core="0,1", system_trace_filter_event_type="nrt_execute",
+                              system_trace_filter_instance_id=None, ignore_device_profile=True,
+                              ignore_system_profile=False)
+    assert system_trace_settings(args) == {"cores": [0, 1], "names": ["nrt_execute"], "instances": None,
+                                           "ignore_device": True, "ignore_system": False}
+    args.system_trace_filter_neuron_core = "0,x"
+    with pytest.raises(ValueError, match="--system-trace-filter-neuron-core '0,x': expected a comma-separated list"):
+        system_trace_settings(args)
