@@ -71,12 +71,20 @@ def figure(rows: list[dict], series: dict, t0: int, grouping: str) -> go.Figure:
                                         ("hbm", "hbm_bytes", "HBM in use GB", 1e-9, 3)):
         t = series.get(key)
         if t is not None and t.num_rows:
-            fig.add_trace(go.Scatter(name=label, mode="lines", line_shape="hv",
-                                     x=[(v - t0) / 1e3 for v in t.column("ts_ns").to_pylist()],
-                                     y=[v * scale for v in t.column(col).to_pylist()]), row=row, col=1)
+            xs = [(v - t0) / 1e3 for v in t.column("ts_ns").to_pylist()]
+            ys = [v * scale for v in t.column(col).to_pylist()]
+            if rows:   # a level holds until the next sample: draw it to the last event
+                xs.append(max(xs[-1], (max(e["start_ns"] + e["dur_ns"] for e in rows) - t0) / 1e3))
+                ys.append(ys[-1])
+            fig.add_trace(go.Scatter(name=label, mode="lines", line_shape="hv", x=xs, y=ys), row=row, col=1)
     fig.update_layout(barmode="overlay", height=620, margin=dict(l=10, r=10, t=10, b=30), legend_orientation="h",
                       clickmode="event")
     fig.update_yaxes(autorange="reversed", row=1, col=1)
+    if rows:   # open on the events, not on a load or sample long before them
+        lo = min(e["start_ns"] for e in rows) - t0
+        hi = max(e["start_ns"] + e["dur_ns"] for e in rows) - t0
+        pad = max((hi - lo) * 0.02, 1)
+        fig.update_xaxes(range=[(lo - pad) / 1e3, (hi + pad) / 1e3])
     fig.update_xaxes(title_text="µs", row=3, col=1)
     return fig
 
