@@ -101,7 +101,8 @@ def profiling_case(args) -> None:
     import subprocess
 
     out_dir = tempfile.mkdtemp(prefix="bench-inspect-")
-    env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=out_dir)
+    env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1",
+               NEURON_RT_INSPECT_DEVICE_PROFILE="session", NEURON_RT_INSPECT_OUTPUT_DIR=out_dir)
     cmd = [sys.executable, __file__, "--profiling-child", "--layers", str(args.layers), "--hidden",
            str(args.hidden), "--seq", str(args.seq), "--reps", str(args.reps), "--auto-cast", args.auto_cast,
            "--threads", str(args.threads)]

@@ -22,10 +22,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neuron-explorer",
         description="Profile, inspect and explore simulated NeuronCore workloads (is_simulation=true).")
     parser.add_argument("-v", "--version", action="version", version=f"neuron-explorer {_version()}")
+    parser.add_argument("--show-profile-schema", action=_ShowSchema,
+                        help="print the profile schema (the real tables and fields, and what fills them here) "
+                             "as OpenAPI YAML, then exit")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name in VERB_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+class _ShowSchema(argparse.Action):
+    """``--show-profile-schema``: like ``--version``, it answers without a verb or a profile."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from traces.profile_schema import openapi_yaml
+        sys.stdout.write(openapi_yaml())
+        parser.exit()
 
 
 def _version() -> str:

@@ -26,7 +26,10 @@ from traces.safeio import special_kind
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="run a command with profiling on and finalise its profile",
-                       description="Run COMMAND with NEURON_RT_INSPECT_ENABLE=1, then finalise the profile.")
+                       description="Run COMMAND with NEURON_RT_INSPECT_ENABLE=1, then finalise the profile. "
+                                   "Unlike the real runtime's default (NEURON_RT_INSPECT_DEVICE_PROFILE=0: system "
+                                   "profile only), inspect also records the device profile of every execution "
+                                   "(NEURON_RT_INSPECT_DEVICE_PROFILE=session) unless that variable is set.")
     p.add_argument("-o", "--output-dir", default=os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"),
                    help="where session directories are made (default: ./output)")
     p.add_argument("--name", help="session name (default: the script's name)")
@@ -72,7 +75,10 @@ def _script_name(cmd: list[str]) -> str:
 
 
 def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> int:
+    # The real runtime's device profile is off by default; inspect and capture want the device rows, so
+    # they turn it on (every execution) unless the user chose a mode.
     env = {**os.environ, "NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_DEVICE_PROFILE": os.environ.get("NEURON_RT_INSPECT_DEVICE_PROFILE") or "session",
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(session.resolve()), **extra_env}
     try:
         proc = subprocess.Popen(cmd, env=env)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -20,12 +21,21 @@ def register(subparsers) -> None:
     """Add the ``view`` and ``diff`` verbs to the ``neuron-explorer`` parser."""
     p = subparsers.add_parser("view", help="serve the Explorer web app over one or more profiles",
                               description="Serve the Explorer (Summary, Timeline, Hierarchy, Source, Fallbacks, "
-                                          "Recompiles, SQL, Compare). With no profile, lists the profiles in the "
-                                          "inspect output directory ($NEURON_RT_INSPECT_OUTPUT_DIR or ./output).")
+                                          "Recompiles, SQL, Compare, System Trace). With no profile, lists the "
+                                          "profiles in the inspect output directory "
+                                          "($NEURON_RT_INSPECT_OUTPUT_DIR or ./output).")
     p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile.duckdb files or session directories")
     p.add_argument("--port", type=int, default=3001, help="port to serve on (default 3001, as the real tool)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: only this machine; use 0.0.0.0 deliberately)")
+    p.add_argument("--system-trace-filter-neuron-core", metavar="CORES",
+                   help='System Trace: show these NeuronCores only ("0,1")')
+    p.add_argument("--system-trace-filter-event-type", metavar="NAMES",
+                   help='System Trace: show these event types only ("nrt_execute,nrt_load")')
+    p.add_argument("--system-trace-filter-instance-id", metavar="IDS", help="System Trace: these instances only")
+    p.add_argument("--ignore-device-profile", action="store_true",
+                   help="System Trace: no drill-down from an execution into its device timeline")
+    p.add_argument("--ignore-system-profile", action="store_true", help="do not show the system profile")
     p.set_defaults(func=_view)
 
     d = subparsers.add_parser("diff", help="compare two profiles by source line and op path",
@@ -82,6 +92,9 @@ def _view(args) -> int:
     _check_port(args.host, args.port)
     from explorer import data
     from explorer.app import create_app
+    from explorer.pages import system
+
+    system.SETTINGS.update(system_trace_settings(args))
 
     registry = data.Registry(paths)
     for key in registry.keys():   # say what is wrong now, and keep serving the good ones
@@ -103,6 +116,25 @@ def _view(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     app.run(host=args.host, port=args.port, debug=False)
     return 0
+
+
+def system_trace_settings(args) -> dict:
+    """The System Trace page's defaults from the --system-trace-filter-* and --ignore-* flags; a malformed
+    list is one line (ValueError). Example: ``--system-trace-filter-neuron-core 0,1`` → ``{"cores": [0, 1], ...}``."""
+    def words(raw, flag, pattern=r"[A-Za-z0-9_.:-]{1,128}"):
+        if raw is None:
+            return None
+        items = [w.strip() for w in raw.split(",") if w.strip()]
+        bad = [w for w in items if not re.fullmatch(pattern, w)]
+        if bad or not items:
+            raise ValueError(f"{flag} {raw[:60]!r}: expected a comma-separated list such as "
+                             f"{'0,1' if 'core' in flag else 'nrt_execute,nrt_load'}")
+        return items
+    cores = words(args.system_trace_filter_neuron_core, "--system-trace-filter-neuron-core", r"[0-9]{1,4}")
+    return {"cores": [int(c) for c in cores] if cores else None,
+            "names": words(args.system_trace_filter_event_type, "--system-trace-filter-event-type"),
+            "instances": words(args.system_trace_filter_instance_id, "--system-trace-filter-instance-id"),
+            "ignore_device": bool(args.ignore_device_profile), "ignore_system": bool(args.ignore_system_profile)}
 
 
 def _interrupt(signum, frame):

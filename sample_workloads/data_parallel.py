@@ -5,7 +5,8 @@ cores of device 0 (2 on trn1/inf2, 4 on trn2), runs a few batches, checks the ou
 eager PyTorch and prints the projected throughput against one core.
 
     python sample_workloads/data_parallel.py [--small] [--target trn1] [--cores N]
-    NEURON_RT_INSPECT_ENABLE=1 python sample_workloads/data_parallel.py --small   # with a profile
+    NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=session \\
+        python sample_workloads/data_parallel.py --small   # with a profile
 """
 import argparse
 import sys

@@ -9,7 +9,8 @@ With ``--device neuron`` the model lives on the ``neuron`` device instead and tr
 end, rank 0 checks that the weights equal a single-process eager run on the whole batch.
 
     torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N] [--device neuron]
-    NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_OUTPUT_DIR=prof torchrun --nproc-per-node 2 \\
+    NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=session NEURON_RT_INSPECT_OUTPUT_DIR=prof \\
+        torchrun --nproc-per-node 2 \\
         sample_workloads/ddp_train.py --small --straggler-rank 1
 """
 import argparse

@@ -7,7 +7,8 @@ recorded as cc-engine instructions). Two micro-batches let the all-reduce of one
 compute of the other. The output is checked against the eager block.
 
     python sample_workloads/tensor_parallel.py [--small] [--tp 2|8] [--target trn1]
-    NEURON_RT_INSPECT_ENABLE=1 python sample_workloads/tensor_parallel.py --small --tp 8
+    NEURON_RT_INSPECT_ENABLE=1 NEURON_RT_INSPECT_DEVICE_PROFILE=session \\
+        python sample_workloads/tensor_parallel.py --small --tp 8
 """
 import argparse
 import math

@@ -63,7 +63,8 @@ class Recorder:
         procs = {}
         for name in (n for n in names if n not in self.profiles):
             env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES}
-            env.update(NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(self.root / name),
+            env.update(NEURON_RT_INSPECT_ENABLE="1",
+                       NEURON_RT_INSPECT_DEVICE_PROFILE="session", NEURON_RT_INSPECT_OUTPUT_DIR=str(self.root / name),
                        NEURON_STACK_RUNTIME_DIR=str(self.root / f"{name}.cores"),
                        NEURON_STACK_LIVE_DIR=str(self.root / f"{name}.live"),
                        NEURON_COMPILE_CACHE_URL=str(self.root / f"{name}.cache"),

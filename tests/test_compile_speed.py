@@ -76,6 +76,7 @@ def test_saved_neff_keeps_its_weights(cache, tmp_path):
 def test_pass_times_in_log_stats_and_profile(cache, tmp_path, monkeypatch):
     out = tmp_path / "profile"
     monkeypatch.setenv("NEURON_RT_INSPECT_ENABLE", "1")
+    monkeypatch.setenv("NEURON_RT_INSPECT_DEVICE_PROFILE", "session")
     monkeypatch.setenv("NEURON_RT_INSPECT_OUTPUT_DIR", str(out))
     code = textwrap.dedent("""
         import torch, neuron_stack

@@ -20,6 +20,7 @@ WHERE i.engine = 'cc' GROUP BY r.rank, r.node ORDER BY r.rank
 def _env(tmp_path):
     env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"),
            "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"), "NEURON_RT_INSPECT_ENABLE": "1",
+                                           "NEURON_RT_INSPECT_DEVICE_PROFILE": "session",
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "prof"), "OMP_NUM_THREADS": "1"}
     for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
         env.pop(var, None)

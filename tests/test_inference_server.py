@@ -31,7 +31,7 @@ def server(tmp_path_factory, compile_cache):
         os.environ,
         PYTHONPATH=str(ROOT),
         HF_HUB_OFFLINE="1",
-        NEURON_RT_INSPECT_ENABLE="1",
+        NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_DEVICE_PROFILE="session",
         NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"),
     )
     proc = start_server_process(

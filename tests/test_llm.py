@@ -297,7 +297,8 @@ def test_cli_project_json_exit_status_and_bad_input(tmp_path):
 def test_projection_sample_profile_says_numbers_none(tmp_path):
     import traces
 
-    env = {"NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "out")}
+    env = {"NEURON_RT_INSPECT_ENABLE": "1",
+           "NEURON_RT_INSPECT_DEVICE_PROFILE": "session", "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "out")}
     out = run_sample("llama3_projection.py", "--small", env=env)
     assert "fits" in out and "numbers=none" in out and "outputs on meta" in out
     path = traces.finalize(tmp_path / "out")

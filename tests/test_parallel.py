@@ -16,6 +16,7 @@ def _run(tmp_path, script, *args):
     out = tmp_path / "profile"
     env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"),
            "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"), "NEURON_RT_INSPECT_ENABLE": "1",
+                                           "NEURON_RT_INSPECT_DEVICE_PROFILE": "session",
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(out)}
     for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
         env.pop(var, None)

@@ -68,7 +68,8 @@ def test_training_script_warms_the_cache_for_the_next_run(tmp_path):
     # the real run: every graph comes from the cache, and the profile says so
     prof = tmp_path / "prof"
     run = subprocess.run([PY, "train_mlp.py", "--small"], cwd=SAMPLES, capture_output=True, text=True, timeout=600,
-                         env=env_for(cache, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(prof)))
+                         env=env_for(cache, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_DEVICE_PROFILE="session",
+                                     NEURON_RT_INSPECT_OUTPUT_DIR=str(prof)))
     assert run.returncode == 0, run.stderr
     import traces
     with traces.open(traces.finalize(prof)) as p:

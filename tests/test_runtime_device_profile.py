@@ -1,5 +1,5 @@
 """NEURON_RT_INSPECT_DEVICE_PROFILE as the real runtime: 0 = no instruction rows, 1/model = the first
-execution of each NEFF per core, session (default) = every execution."""
+execution of each NEFF per core, session = every execution; unset = 0, the real runtime's default."""
 import os
 import subprocess
 import sys
@@ -32,7 +32,7 @@ def _profile(tmp_path, mode):
     return r, out
 
 
-@pytest.mark.parametrize("mode, profiled", [(None, 3), ("session", 3), ("model", 1), ("1", 1), ("0", 0)])
+@pytest.mark.parametrize("mode, profiled", [(None, 0), ("session", 3), ("model", 1), ("1", 1), ("0", 0)])
 def test_device_profile_modes(tmp_path, mode, profiled):
     r, out = _profile(tmp_path, mode)
     assert r.returncode == 0, r.stderr

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def profile(tmp_path_factory):
     import traces
     tmp = tmp_path_factory.mktemp("rec")
-    env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp / "out"),
+    env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1",
+               NEURON_RT_INSPECT_DEVICE_PROFILE="session", NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp / "out"),
                NEURON_COMPILE_CACHE_URL=str(tmp / "cache"), NEURON_PROCESS_TAG="fallback_test")
     r = subprocess.run([sys.executable, str(ROOT / "sample_workloads" / "fallback.py"), "--small"], env=env,
                        capture_output=True, text=True, timeout=300)

@@ -92,7 +92,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="export a profile to Perfetto JSON, a Parquet dataset or CSV",
         description="Export a profile: perfetto = Chrome/Perfetto trace JSON (ui.perfetto.dev), "
-                    "parquet = hive-partitioned dataset (run_id/core), csv = one file per table.")
+                    "parquet = hive-partitioned dataset (run_id/core) plus the real tool's files "
+                    "(Instruction.parquet, Summary.parquet, SystemProfileEvents.parquet, ...), "
+                    "csv = one file per table.")
     p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
     p.add_argument("--format", required=True, choices=("perfetto", "parquet", "csv"), help="export format")
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",

@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from traces import profile_schema
 from traces.errors import TraceError
 from traces.schema import TABLES
 from traces.vocab import ENGINE_LABELS
@@ -64,6 +65,8 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     ``qSyncIO0(nc0)``), an ``Executions(nc0)`` track with one slice per NEFF run, and a host
     process per run with CPU fallbacks, compiles and recompiles. ``ts``/``dur`` are exact
     decimal microseconds from the first event (``otherData.origin_ns``), so ns precision is kept.
+    The system profile (when recorded) adds a process per run with the real tool's track names and
+    host→device flow arrows (:func:`_system_query`).
     ``t0``/``t1`` (projected-clock ns) restrict the export to a window. Example:
     ``perfetto(p, "trace.json", t0=lo, t1=lo + 1_000_000)``.
     """
@@ -72,10 +75,13 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     lo = t0 if t0 is not None else None
     hi = t1 if t1 is not None else None
     params = {"lo": lo if lo is not None else -(2**62), "hi": hi if hi is not None else 2**62}
-    origin_rows = profile.sql("""
+    system = "system_events" in profile.tables()
+    sys_min = ", (SELECT min(ts_ns) FROM system_events WHERE ts_ns >= $lo AND ts_ns < $hi)" if system else ""
+    origin_rows = profile.sql(f"""
         SELECT least((SELECT min(start_ns) FROM executions WHERE end_ns > $lo AND start_ns < $hi),
                      (SELECT min(ts_ns) FROM events WHERE ts_ns >= $lo AND ts_ns < $hi),
-                     (SELECT min(start_ns) FROM instructions WHERE start_ns >= $lo AND start_ns < $hi)) AS o""",
+                     (SELECT min(start_ns) FROM instructions WHERE start_ns >= $lo AND start_ns < $hi)
+                     {sys_min}) AS o""",
                               params).to_pylist()
     origin = origin_rows[0]["o"] if origin_rows and origin_rows[0]["o"] is not None else (rng or (0, 0))[0]
     if lo is not None:
@@ -164,6 +170,9 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         SELECT '{{"ph":"M","name":"thread_name","pid":' || h.pid || ',"tid":' || k.tid || ',"args":{{"name":'
                || to_json(k.label) || '}}}}'
         FROM hosts h, (VALUES (1, 'CPU fallbacks'), (2, 'Compiles'), (3, 'Events')) AS k(tid, label)"""
+    queries = [meta_query, exec_query, host_query, instr_query]
+    if system:
+        queries.append(_system_query(profile_lanes))
     meta = profile.metadata()
     other = {"origin_ns": str(origin), "clock": "projected", "schema_version": meta.get("schema_version"),
              "target": meta.get("target"), "is_simulation": meta.get("is_simulation", "true"),
@@ -173,7 +182,7 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         with open(tmp, "w", encoding="utf-8") as f:
             f.write('{"displayTimeUnit":"ns","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
             first = True
-            for query in (meta_query, exec_query, host_query, instr_query):
+            for query in queries:
                 used = {k: v for k, v in params.items() if f"${k}" in query}  # DuckDB refuses unused ones
                 for batch in profile.batches(query, used):
                     lines = batch.column(0).to_pylist()
@@ -190,6 +199,48 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def _system_query(profile_lanes: str) -> str:
+    """The system profile as Perfetto tracks named as the real tool's (``<instance>/PID:<pid>/neuron_rt/NC:0``,
+    ``.../framework/TID:<tid>``), one process per run, and flow arrows host → device: each ``nrt_execute``
+    (``s``) through its ``nc_exec_running`` (``t``) to the execution on the device process (``f``)."""
+    track = ("coalesce(r.host, '?') || '/PID:' || coalesce(r.pid::VARCHAR, '?') || '/' || s.source || '/' || "
+             "CASE WHEN s.source <> 'framework' AND s.core IS NOT NULL THEN 'NC:' || s.core "
+             "ELSE 'TID:' || s.thread_id END")
+    return f"""
+        WITH {profile_lanes},
+        sys AS (SELECT s.*, {track} AS track, r.host FROM system_events s LEFT JOIN runs r USING (run_id)
+                WHERE s.ts_ns >= $lo AND s.ts_ns < $hi AND s.ts_ns >= $origin),
+        sprocs AS (SELECT run_id, host, 2000000 + row_number() OVER (ORDER BY run_id) AS pid
+                   FROM (SELECT DISTINCT run_id, host FROM sys)),
+        sthreads AS (SELECT p.pid, x.run_id, x.track, row_number() OVER (PARTITION BY p.pid ORDER BY x.track) AS tid
+                     FROM (SELECT DISTINCT run_id, track FROM sys) x JOIN sprocs p USING (run_id)),
+        ev AS (SELECT sys.*, t.pid, t.tid FROM sys JOIN sthreads t USING (run_id, track))
+        SELECT '{{"ph":"M","name":"process_name","pid":' || pid || ',"args":{{"name":'
+               || to_json('System ' || coalesce(host, run_id)) || '}}}}' FROM sprocs
+        UNION ALL
+        SELECT '{{"ph":"M","name":"thread_name","pid":' || pid || ',"tid":' || tid || ',"args":{{"name":'
+               || to_json(track) || '}}}}' FROM sthreads
+        UNION ALL
+        SELECT '{{"ph":"X","pid":' || pid || ',"tid":' || tid || ',"ts":' || {_us('ts_ns - $origin')}
+               || ',"dur":' || {_us('greatest(dur_ns, 0)')} || ',"name":' || to_json(name)
+               || ',"cat":' || to_json(source) || ',"args":' || to_json({{'nc_idx': core, 'thread_id': thread_id,
+                                                                         'exec_id': exec_id::VARCHAR,
+                                                                         'flow_id': flow_id::VARCHAR,
+                                                                         'detail': detail}}) || '}}'
+        FROM ev
+        UNION ALL
+        SELECT '{{"ph":"' || CASE name WHEN 'nrt_execute' THEN 's' ELSE 't' END || '","id":' || flow_id
+               || ',"pid":' || pid || ',"tid":' || tid || ',"ts":' || {_us('ts_ns - $origin')}
+               || ',"name":"host→device","cat":"flow"}}'
+        FROM ev WHERE flow_id IS NOT NULL AND name IN ('nrt_execute', 'nc_exec_running')
+        UNION ALL
+        SELECT '{{"ph":"f","bp":"e","id":' || ev.flow_id || ',"pid":' || t.pid || ',"tid":' || t.tid
+               || ',"ts":' || {_us('x.start_ns - $origin')} || ',"name":"host→device","cat":"flow"}}'
+        FROM ev JOIN executions x USING (exec_id)
+        JOIN threads t ON t.run_id = x.run_id AND t.core = x.core AND t.track = 'Executions(nc' || x.core || ')'
+        WHERE ev.name = 'nc_exec_running' AND ev.flow_id IS NOT NULL AND x.start_ns >= $origin"""
 
 
 def _quoted(path: Path) -> str:
@@ -219,7 +270,9 @@ def _into_new_dir(out: Path, fill) -> Path:
 
 def parquet(profile, out: str | os.PathLike) -> Path:
     """Write a Parquet dataset: ``instructions/run_id=…/core=…/*.parquet`` (hive-partitioned)
-    and one ``<table>.parquet`` per other table, raw and derived; return the directory.
+    and one ``<table>.parquet`` per other table, raw and derived, plus the real Neuron Explorer's files
+    (``Instruction.parquet``, ``Summary.parquet``, ``Metadata.parquet``, ``SystemProfileEvents.parquet``,
+    ``SchemaFields.parquet``, ...: :mod:`traces.profile_schema`); return the directory.
 
     ``traces.open(out)`` (or DuckDB, Spark, Trino over the same files) answers the same queries
     as the original profile. Example: ``parquet(p, "trace_parquet")``.
@@ -233,6 +286,9 @@ def parquet(profile, out: str | os.PathLike) -> Path:
                             f"TO {_quoted(tmp / 'instructions')} (FORMAT parquet, PARTITION_BY (run_id, core))")
             else:
                 profile.sql(f"COPY {name} TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
+        for name in profile.real_tables():   # the real tool's files: Instruction.parquet, Summary.parquet, ...
+            profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}") '
+                        f"TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
     return _into_new_dir(Path(out), fill)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import q_figures, q_replay, q_serving, q_timeline
+from traces import profile_schema, q_figures, q_replay, q_serving, q_system, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
@@ -125,7 +125,11 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
             file = path / f"{name}.parquet"
             part_dir = path / name
             # DDL cannot take parameters: the path is a quoted literal (quotes doubled)
-            if name == "instructions" and part_dir.is_dir():
+            if name == "instructions" and part_dir.is_dir() and not any(part_dir.rglob("*.parquet")):
+                # a profile without device rows (the device profile is off by default) writes no partition
+                cols = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in TABLES["instructions"])
+                con.execute(f"CREATE VIEW instructions AS SELECT {cols} WHERE FALSE")
+            elif name == "instructions" and part_dir.is_dir():
                 glob = _literal(str(part_dir / "**" / "*.parquet"))
                 cols = ", ".join(f"CAST({c} AS {_sql_type(TABLES['instructions'].field(c).type)}) AS {c}"
                                  for c in TABLES["instructions"].names)
@@ -255,9 +259,18 @@ class Profile:
 
     # -- helpers -------------------------------------------------------------------------------
     def tables(self) -> list[str]:
-        """Names of the tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``."""
+        """Names of our tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``.
+        The real Neuron Explorer's tables (``Instruction``...) are :meth:`real_tables`."""
         return sorted(r[0] for r in self._rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"))
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+            "AND table_name = lower(table_name)"))   # ours are snake_case; the real ones CamelCase
+
+    def real_tables(self) -> list[str]:
+        """The real Neuron Explorer's tables this profile holds (``traces.profile_schema``: ``Instruction``,
+        ``Summary``, ``Metadata``, ``SystemProfileEvents``...), in schema ``neuron_explorer``.
+        Example: ``"Instruction" in p.real_tables()``."""
+        return sorted(r[0] for r in self._rows(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", [profile_schema.SCHEMA]))
 
     def metadata(self) -> dict[str, str]:
         """The metadata table as a dict (device rates, versions, trace statistics).
@@ -446,6 +459,24 @@ class Profile:
     def serving_summary(self) -> dict:
         """Requests, output tokens/s, P50/P90/P99 TTFT/TPOT/E2E. Example: ``p.serving_summary()["ttft_p50_ns"]``."""
         return q_serving.summary(self)
+
+    # -- the system profile (traces.q_system) --------------------------------------------------
+    def system_events(self, cores=None, names=None, instances=None, limit: int = q_system.EVENT_CAP):
+        """System events (framework / neuron_rt / neuron_hw) matching the filters, and how many more matched.
+        Example: ``rows, more = p.system_events(names=["nrt_execute"])``."""
+        return q_system.events(self, cores, names, instances, limit)
+
+    def system_facets(self) -> dict:
+        """Cores, event names, instances and sources of the system profile. Example: ``p.system_facets()["names"]``."""
+        return q_system.facets(self)
+
+    def host_series(self) -> dict:
+        """Host CPU %, host memory and HBM in use over time. Example: ``p.host_series()["cpu"]``."""
+        return q_system.host_series(self)
+
+    def execution_window(self, exec_id: int):
+        """An execution's ``(start_ns, end_ns)``. Example: ``p.execution_window(eid)``."""
+        return q_system.execution_window(self, exec_id)
 
     # -- the timeline (traces.q_timeline) ------------------------------------------------------
     def timeline_bounds(self) -> q_timeline.Bounds:

@@ -18,7 +18,7 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.2.0"   # 1.2.0: serving_requests, serving_steps (1.1.0 is nki_source_location)
+SCHEMA_VERSION = "1.3.0"   # 1.3.0: system_events, cpu_usage, host_memory (1.2.0 serving, 1.1.0 nki_source_location)
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
@@ -92,10 +92,22 @@ SERVING_STEPS = pa.schema([
     ("wall_start_ns", _i64), ("wall_end_ns", _i64),
 ])
 
+# The system profile (NEURON_RT_INSPECT_SYSTEM_PROFILE, ProfileMode.RUNTIME): runtime API spans (neuron_rt),
+# device executions (neuron_hw) and torch.profiler spans (framework); the real SystemProfileEvents over them.
+SYSTEM_EVENTS = pa.schema([
+    ("ts_ns", _i64), ("dur_ns", _i64), ("run_id", _str), ("name", _str), ("source", _str), ("thread_id", _i64),
+    ("core", _i32), ("exec_id", _i64), ("flow_id", _i64), ("detail", _str),
+])
+
+# Host samples (NEURON_RT_INSPECT_CPU_UTIL / _HOST_MEMORY, ProfileMode.CPU_UTIL / HOST_MEMORY).
+CPU_USAGE = pa.schema([("ts_ns", _i64), ("run_id", _str), ("cpu_id", _str), ("util_percent", _f64)])
+HOST_MEMORY = pa.schema([("ts_ns", _i64), ("run_id", _str), ("used_bytes", _i64), ("used_percent", _f64)])
+
 TABLES: dict[str, pa.Schema] = {
     "metadata": METADATA, "runs": RUNS, "sources": SOURCES, "source_files": SOURCE_FILES,
     "graphs": GRAPHS, "ops": OPS, "executions": EXECUTIONS, "instructions": INSTRUCTIONS,
     "events": EVENTS, "memory": MEMORY, "serving_requests": SERVING_REQUESTS, "serving_steps": SERVING_STEPS,
+    "system_events": SYSTEM_EVENTS, "cpu_usage": CPU_USAGE, "host_memory": HOST_MEMORY,
 }
 """Every raw table, in the order a finalised profile lists them."""
 

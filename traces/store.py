@@ -26,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from traces import profile_schema
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, union_active, valid_intervals
 from traces.schema import SCHEMA_VERSION, TABLES
@@ -67,6 +68,7 @@ _LOAD_CLAUSE = {
     "events": "ORDER BY ts_ns",
     "memory": "ORDER BY ts_ns",
     "metadata": "ORDER BY key",
+    "system_events": "ORDER BY ts_ns",
 }
 
 DERIVED_TABLES = ("exec_engine_summary", "opcode_summary", "op_summary", "source_summary", "lod_busy",
@@ -155,12 +157,26 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         con.register("_stats", _kv(stats))
         con.execute("INSERT INTO metadata SELECT * FROM _stats")
         con.unregister("_stats")
+        with _step("real-name views"):
+            _real_schema(con)
         with _step("checkpoint"):
             con.execute("CHECKPOINT")
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         con.close()
+
+
+def _real_schema(con) -> None:
+    """The real Neuron Explorer tables (``Instruction``, ``SystemProfileEvents``, ...) as views over ours,
+    and ``SchemaFields`` describing them, all from :mod:`traces.profile_schema`."""
+    _load(con, "SchemaFields", pa.table(profile_schema.schema_fields()))
+    taken = {r[0].lower() for r in con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+    summary = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
+                                         "WHERE table_schema = 'main' AND table_name = 'summary'").fetchall()}
+    for statement in profile_schema.view_statements(taken, summary):
+        con.execute(statement)
 
 
 def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:

@@ -12,11 +12,15 @@ True
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 
 _offset = 0
 _lock = threading.Lock()
+#: (wall time of each change, offset from then on), so a past wall time maps to its projected time
+_history: list[tuple[int, int]] = []
+_HISTORY_MAX = 100_000
 
 
 def wall_ns() -> int:
@@ -36,6 +40,17 @@ def offset_ns() -> int:
 
 def advance(real_ns: int, simulated_ns: int) -> None:
     """Replace ``real_ns`` of time just spent simulating by ``simulated_ns`` on the projected clock."""
-    global _offset
+    global _offset, _history
     with _lock:
         _offset += int(simulated_ns) - int(real_ns)
+        _history.append((time.time_ns(), _offset))
+        if len(_history) > 2 * _HISTORY_MAX:   # bounded: the oldest changes go
+            _history = _history[-_HISTORY_MAX:]
+
+
+def projected_at(wall: int) -> int:
+    """The projected time of the past wall-clock time ``wall`` (e.g. a torch.profiler event's start):
+    ``wall`` plus the offset that held then. Example: ``projected_at(wall_ns()) == now_ns()`` (about)."""
+    with _lock:
+        i = bisect.bisect_right(_history, (int(wall), float("inf")))
+        return int(wall) + (_history[i - 1][1] if i else 0)

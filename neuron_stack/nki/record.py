@@ -171,7 +171,7 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
 
     session = Session.get(run.trace.p.name)
     rec = session.recorder
-    if rec is None:
+    if rec is None or rec.device_profile == "off":   # NEURON_RT_INSPECT_DEVICE_PROFILE=0: no device rows
         return
     wall1 = clock.wall_ns()
     wall0 = wall1 - real_ns

@@ -76,6 +76,7 @@ class LoadedModel:
     """
 
     def __init__(self, neff: Neff, compile_info: dict | None = None, core: int | None = None):
+        load_t0 = time.perf_counter_ns()
         info = dict(compile_info or {})
         self.neff = neff
         self.program = prog = neff.program
@@ -148,6 +149,8 @@ class LoadedModel:
             if n.is_compute and n.placement == FALLBACK_PLACEMENT:
                 live.count_event("cpu_fallback", reason=n.fallback_reason, source=_where(n.source), op=n.target)
         self.compile_info = info
+        self.load_wall_ns = time.perf_counter_ns() - load_t0   # nrt_load's span in the system profile
+        session.poll_capture()   # a torch.profiler window open now records this load
         with session.record_lock:
             session.models.add(self)
             if session.recorder is not None:

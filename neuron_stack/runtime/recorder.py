@@ -7,11 +7,13 @@ each partition's static schedule, stamped per execution.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
 import os
 import socket
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +24,7 @@ from neuron_stack.compiler.version import stack_version
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
 from neuron_stack.runtime.cores import parse_core_list
+from neuron_stack.runtime.inspect_config import InspectConfig
 from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
 from traces.ids import new_id, stable_id
@@ -32,7 +35,7 @@ from traces.vocab import FALLBACK_PLACEMENT
 class Recorder:
     """Writes the trace tables through :class:`traces.Writer` (profiling on)."""
 
-    def __init__(self, session, out_dir: str):
+    def __init__(self, session, out_dir: str, config: InspectConfig | None = None):
         self.session = session
         self.out_dir = out_dir
         self.sources_seen: set[int] = set()
@@ -44,13 +47,13 @@ class Recorder:
                                                    name="NEURON_RT_INSPECT_EVENT_FILTER_NC"))
         else:
             self.core_filter = None
-        # NEURON_RT_INSPECT_DEVICE_PROFILE as the real runtime: 0 = no device (instruction) rows,
-        # 1/model = the first execution of each NEFF per core, session = every execution (default).
-        mode = os.environ.get("NEURON_RT_INSPECT_DEVICE_PROFILE", "").strip().lower() or "session"
-        if mode not in ("0", "1", "model", "session"):
-            raise ValueError(f"NEURON_RT_INSPECT_DEVICE_PROFILE={mode!r} is not one of 0, 1, model, session")
-        self.device_profile = {"0": "off", "1": "model"}.get(mode, mode)
+        # NEURON_RT_INSPECT_* as the real runtime (inspect_config): device rows off by default (0), 1/model = the
+        # first execution of each NEFF per core, session = every one; a timed capture (neuron-top) records them all
+        self.config = config if config is not None else InspectConfig.from_env(device_default="session")
+        self.device_profile = self.config.device_profile
         self.device_profiled: set[tuple[int, int]] = set()
+        # system events wait in a ring per NeuronCore (the newest max_events_per_nc) until the capture ends
+        self.system: dict[int | None, collections.deque] = {}
         meta = dict(session.profile.metadata())
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
@@ -61,12 +64,13 @@ class Recorder:
             "command": session.live.command, "host": socket.gethostname(), "target": session.target,
             "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
+        self.host_sampler = HostSampler(self) if (self.config.cpu_util or self.config.host_memory) else None
 
     @classmethod
     def from_env(cls, session) -> "Recorder | None":
         if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0").strip().lower() in ("", "0", "false", "no", "off"):
             return None
-        return cls(session, os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR") or "./output")
+        return cls(session, os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR") or "./output", InspectConfig.from_env())
 
     def append(self, table: str, rows) -> None:
         self.writer.append(table, rows)
@@ -99,11 +103,75 @@ class Recorder:
                           kind=event_kind, core=core, graph_id=graph_id, op_id=op_id, source_id=source_id,
                           detail=detail))
 
+    def system_event(self, name: str, ts_ns: int, dur_ns: int, source: str = "neuron_rt", core: int | None = None,
+                     exec_id: int | None = None, flow_id: int | None = None, **detail) -> None:
+        """One system-profile event (``SystemProfileEvents``), unless filtered out
+        (``NEURON_RT_INSPECT_SYSTEM_PROFILE``, ``_EVENT_FILTER_TYPE``); the newest ``max_events_per_nc`` per core
+        are kept."""
+        if not self.config.wants(name):
+            return
+        ring = self.system.get(core)
+        if ring is None:
+            ring = self.system[core] = collections.deque(maxlen=self.config.max_events_per_nc)
+        ring.append((ts_ns, dur_ns, name, source, threading.get_native_id(), core, exec_id, flow_id,
+                     json.dumps(detail) if detail else None))
+
+    def flush_system(self) -> None:
+        """Write the system events held so far and empty the rings."""
+        rows = [r for ring in self.system.values() for r in ring]
+        self.system.clear()
+        if rows:
+            cols = list(zip(*rows))
+            self.append("system_events", {
+                "ts_ns": cols[0], "dur_ns": cols[1], "run_id": self.session.run_id, "name": cols[2],
+                "source": cols[3], "thread_id": cols[4], "core": cols[5], "exec_id": cols[6], "flow_id": cols[7],
+                "detail": cols[8]})
+
     def close(self) -> None:
+        if self.host_sampler is not None:
+            self.host_sampler.stop()
+        self.flush_system()
         try:
             self.writer.close(status="ok")
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             logging.getLogger("traces").warning("%s", exc)
+
+
+class HostSampler:
+    """Host CPU utilisation per CPU and on average, and host memory in use, sampled with psutil
+    (``NEURON_RT_INSPECT_CPU_UTIL`` / ``_HOST_MEMORY``): at the start, every ``period`` s and at the end,
+    each CPU figure the average since the previous sample (the real tool averages over 1 s)."""
+
+    def __init__(self, rec: "Recorder", period: float = 1.0):
+        import psutil
+        self.rec, self.period, self.psutil = rec, period, psutil
+        self._stop = threading.Event()
+        psutil.cpu_percent(percpu=True)   # starts psutil's interval: the next call averages since now
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="neuron-host-sampler", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        ts, cfg, run_id = clock.now_ns(), self.rec.config, self.rec.session.run_id
+        if cfg.cpu_util:
+            per = self.psutil.cpu_percent(percpu=True)
+            ids = [str(i) for i in range(len(per))] + ["average"]
+            vals = list(per) + [sum(per) / max(len(per), 1)]
+            self.rec.append("cpu_usage", {"ts_ns": ts, "run_id": run_id, "cpu_id": ids, "util_percent": vals})
+        if cfg.host_memory:
+            mem = self.psutil.virtual_memory()
+            self.rec.append("host_memory", {"ts_ns": [ts], "run_id": run_id, "used_bytes": [mem.total - mem.available],
+                                            "used_percent": [mem.percent]})
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(timeout=2)
+            self.sample()
 
 
 def source_id(src) -> int | None:
@@ -184,6 +252,9 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
     if history:
         rec.event("load", ts_ns=now, core=model.core, graph_id=model.graph_id, model=model.name,
                   uuid=model.neff.header["uuid"], bytes=model.memory)
+        load_ns = int(getattr(model, "load_wall_ns", 0))
+        rec.system_event("nrt_load", now - load_ns, load_ns, core=model.core, model=model.name,
+                         uuid=model.neff.header["uuid"], neff_hash=model.neff.header["hash"])
     rec.append("memory", {"ts_ns": [now] * len(model.memory), "run_id": [model.session.run_id] * len(model.memory),
                           "core": [model.core] * len(model.memory), "location": ["device"] * len(model.memory),
                           "category": list(model.memory),
@@ -232,8 +303,12 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
         cpu_fallback_ns=cpu_ns, hbm_read_bytes=model.hbm[0], hbm_write_bytes=model.hbm[1]))
     if rec.core_filter is not None and model.core not in rec.core_filter:
         return
+    flow = exec_id & 0x7FFFFFFFFFFF   # links the runtime call to its device execution (a Perfetto flow)
+    rec.system_event("nrt_execute", proj0, device_ns, core=model.core, exec_id=exec_id, flow_id=flow,
+                     model=model.name, iteration=model.executions - 1, warmup=warmup)
     if not rec.wants_instructions(model.graph_id, model.core):
-        timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers]
+        # no instruction rows, but the transfers and device executions stay in the system profile
+        timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers or kind == "device"]
         tables = {}
     else:
         tables = instruction_tables(model)
@@ -244,8 +319,16 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
             rec.event("host_transfer", ts_ns=proj0 + offset, dur_ns=pcie_ns(model.profile, t.bytes), core=model.core,
                       graph_id=model.graph_id, op_id=model.op_ids.get(t.value), value=t.value,
                       direction=t.direction, bytes=t.bytes)
+            ns = pcie_ns(model.profile, t.bytes)
+            api, copy = (("nrt_tensor_write", "dmem_buf_copyin") if t.direction == "to_device"
+                         else ("nrt_tensor_read", "dmem_buf_copyout"))
+            for name in (api, copy):
+                rec.system_event(name, proj0 + offset, ns, core=model.core, exec_id=exec_id, tensor_name=t.value,
+                                 size=t.bytes, bandwidth_bytes_per_sec=round(t.bytes * 1e9 / max(ns, 1), 1))
             offset += pcie_ns(model.profile, t.bytes)
         if kind == "device":
+            rec.system_event("nc_exec_running", proj0 + offset, p.device_ns, source="neuron_hw", core=model.core,
+                             exec_id=exec_id, flow_id=flow, model=model.name, partition=part.index)
             t = tables.get(part.index)
             if t is None or t.num_rows == 0:
                 continue

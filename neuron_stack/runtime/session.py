@@ -24,6 +24,9 @@ class Session:
     """Process-wide runtime state: core lease, device memory per core, live publisher, recorder."""
 
     _instances: dict[str, "Session"] = {}    # one per target (a process may load trn1 and inf2 NEFFs)
+    #: Called with the session on every load and execution: ``neuron_stack.profiling`` starts its
+    #: torch.profiler captures through them (``begin_recording``), so the runtime never imports the API.
+    capture_hooks: list = []
     _lock = threading.Lock()
 
     @classmethod
@@ -72,9 +75,22 @@ class Session:
 
         Cheap enough for every execution: the publisher looks at the disk at most every 0.25 s.
         """
+        for hook in Session.capture_hooks:
+            hook(self)
         req = self.live.poll_capture()
         if req is not None:
             self.start_capture(req["output_dir"], req["seconds"])
+
+    def begin_recording(self, rec: "Recorder") -> bool:
+        """Make ``rec`` this session's recorder until :meth:`stop_capture` (models already loaded are
+        described first); False when a recording is already running."""
+        with self.record_lock:
+            if self.recorder is not None or self.closed:
+                return False
+            for m in list(self.models):
+                record_load(rec, m, history=False)
+            self.recorder = rec
+        return True
 
     def start_capture(self, output_dir: str, seconds: float) -> bool:
         """Record everything into ``output_dir`` for ``seconds``, then stop and flush by itself

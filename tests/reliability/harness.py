@@ -40,7 +40,9 @@ RECOVER_BOUND_S = 5.0
 #: Variables of the caller that would change what the battery's processes do.
 _SCRUB = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE",
           "NEURON_RT_INSPECT_ENABLE", "NEURON_RT_INSPECT_OUTPUT_DIR", "NEURON_PROCESS_TAG",
-          "NEURON_STACK_DEBUG", "NEURON_RT_INSPECT_EVENT_FILTER_NC")
+          "NEURON_STACK_DEBUG", "NEURON_RT_INSPECT_EVENT_FILTER_NC", "NEURON_RT_INSPECT_DEVICE_PROFILE")
+#: Profiling on with device rows for every execution (the real runtime's device profile is off by default).
+PROFILED = {"NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_DEVICE_PROFILE": "session"}
 
 
 @dataclass
@@ -182,7 +184,7 @@ def kill_mid_run(root: Path, rng: random.Random, trials: int, run_s: float = 3.0
     """
     root.mkdir(parents=True, exist_ok=True)
     prof = root / "prof"
-    env = {**base_env(root, cache), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
+    env = {**base_env(root, cache), **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
     results: list[Trial] = []
     for k in range(trials):
         log = root / f"trial{k}.out"
@@ -451,7 +453,7 @@ def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = 
 def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: bool, k: int, cache: Path) -> Trial:
     name = f"disk full #{k} ({'space comes back' if comes_back else 'stays full'})"
     prof = disk / "prof"
-    env = {**base_env(root, cache=cache), "NEURON_RT_INSPECT_ENABLE": "1",
+    env = {**base_env(root, cache=cache), **PROFILED,
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
     # a finished profile from an earlier run in the same directory: it must survive everything
     first = root / f"first{k}.out"
@@ -522,7 +524,7 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
     results = []
     # a finished session to put on read-only media, plus one segment newer than its profile
     prof = root / "prof"
-    p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)},
+    p = start_workload({**env, **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)},
                        root / "setup.out", "--execs", "2")
     p.wait(timeout=300)
     run_cli(["neuron-explorer", "summary", str(prof)], env)
@@ -535,7 +537,7 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
         remount(ro, "ro")
 
         log = root / "ro-output.out"
-        p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(ro / "out")},
+        p = start_workload({**env, **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(ro / "out")},
                            log, "--execs", "2")
         p.wait(timeout=300)
         last = (log.with_suffix(".err").read_text().strip().splitlines() or [""])[-1]
@@ -727,7 +729,7 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
     root.mkdir(parents=True, exist_ok=True)
     env = base_env(root, cache)
     done_dir, live_dir_ = root / "finished", root / "shared"
-    p = start_workload({**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(done_dir)},
+    p = start_workload({**env, **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(done_dir)},
                        root / "finished.out", "--execs", "3")
     p.wait(timeout=600)
     finished = Path(run_cli(["neuron-explorer", "summary", str(done_dir)], env) and done_dir / "profile.duckdb")
@@ -745,7 +747,7 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
                             stdout=view_out, stderr=view_err)
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: _http_ok(base + "/") or view.poll() is not None, 180, step=0.2)   # readers first
-    wenv = {**env, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(live_dir_)}
+    wenv = {**env, **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(live_dir_)}
     # --linger: twenty executions take milliseconds; the monitor's 200 ms period must get to see them
     procs = [start_workload(wenv, root / f"w{i}.out", "--execs", str(execs), "--linger", "1")
              for i in range(workloads)]
@@ -829,7 +831,7 @@ def dying_rank(root: Path, nprocs: int, cache: Path | None = None, timeout_s: in
 
     root.mkdir(parents=True, exist_ok=True)
     prof = root / "prof"
-    env = {**base_env(root, cache), "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof),
+    env = {**base_env(root, cache), **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof),
            "NEURON_STACK_DIST_TIMEOUT": str(timeout_s)}
     victim_rank = nprocs - 1
     job = subprocess.Popen([str(BIN / "torchrun"), "--nproc-per-node", str(nprocs), "--standalone",

@@ -1,0 +1,108 @@
+"""The System Trace page in a real browser (Playwright driving Debian's chromium, as
+test_explorer_browser.py): tracks by source, a grouping mode, an event-type filter, hover, and a click
+on an execution that opens its device timeline window."""
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from test_explorer_browser import ARGS, CHROMIUM, _plot, _shot
+from test_explorer_profiles import build_tables, write_profile
+
+from explorer import data
+from explorer.app import create_app
+from traces.schema import TABLES
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
+                                reason="Debian's chromium is not installed (apt-get install -y chromium)")
+
+
+def system_tables(execs: pa.Table) -> dict[str, pa.Table]:
+    """What the runtime and neuron_stack.profiling record around each execution: a framework step
+    enclosing nrt_execute (neuron_rt) enclosing nc_exec_running (neuron_hw), plus host samples."""
+    rows, cpu, mem = [], [], []
+    for i, e in enumerate(sorted(execs.to_pylist(), key=lambda e: e["start_ns"])):
+        s, t = e["start_ns"], e["end_ns"]
+        rows += [dict(ts_ns=s - 4000, dur_ns=t - s + 8000, name=f"step{i}", source="framework", thread_id=1),
+                 dict(ts_ns=s - 2000, dur_ns=t - s + 4000, name="nrt_execute", source="neuron_rt", thread_id=1234,
+                      core=e["core"], exec_id=e["exec_id"], flow_id=i),
+                 dict(ts_ns=s, dur_ns=t - s, name="nc_exec_running", source="neuron_hw", thread_id=1234,
+                      core=e["core"], exec_id=e["exec_id"], flow_id=i, detail='{"model": "mlp"}')]
+        cpu += [dict(ts_ns=s, cpu_id="average", util_percent=20.0 + i)]
+        mem += [dict(ts_ns=s, used_bytes=(4 + i) << 30, used_percent=25.0)]
+    run = {"run_id": "run-1"}
+    return {"system_events": pa.Table.from_pylist([{**run, **r} for r in rows], schema=TABLES["system_events"]),
+            "cpu_usage": pa.Table.from_pylist([{**run, **r} for r in cpu], schema=TABLES["cpu_usage"]),
+            "host_memory": pa.Table.from_pylist([{**run, **r} for r in mem], schema=TABLES["host_memory"])}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from werkzeug.serving import make_server
+
+    tables = build_tables(seqs=(64,), iterations=3, tiles=2)
+    tables.update(system_tables(tables["executions"]))
+    path = write_profile(tmp_path_factory.mktemp("system") / "20260104-120000_system", tables)
+    app = create_app([path])
+    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    data.registry().close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 950})
+        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        yield pg
+        browser.close()
+    assert errors == [], errors
+
+
+def _tracks(page) -> set[str]:
+    return set(page.evaluate("""() => [].concat(...document.querySelector('#system-graph .js-plotly-plot').data
+                                       .filter(t => t.type === 'bar').map(t => t.y))"""))
+
+
+def test_system_trace_tracks_grouping_filter_hover_and_drill_down(server, page):
+    page.goto(f"{server}/system?profile=20260104-120000_system")
+    page.wait_for_selector("#system-graph .js-plotly-plot")
+    page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
+    names = {t["name"] for t in _plot(page, "system-graph")}
+    assert {"framework", "neuron_rt", "neuron_hw", "host CPU %", "host memory GB"} <= names
+    assert "test/PID:1234/neuron_rt/NC:0" in _tracks(page) and "test/PID:1234/framework/TID:1" in _tracks(page)
+    _shot(page, "system")
+
+    page.get_by_text("NeuronCore", exact=True).click()   # grouping mode
+    page.wait_for_function("() => [].concat(...document.querySelector('#system-graph .js-plotly-plot').data"
+                           ".filter(t => t.type === 'bar').map(t => t.y)).includes('NC:1')")
+    assert _tracks(page) == {"NC:0", "NC:1", "host"}
+
+    page.click("#system-names")                           # event-type filter: executions only
+    page.keyboard.type("nc_exec_running")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('#system-status').innerText.startsWith('6 events')")
+    assert [t["name"] for t in _plot(page, "system-graph") if t["type"] == "bar"] == ["neuron_hw"]
+
+    box = page.locator("#system-graph .barlayer .point path").first.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)                                 # hover names the event and its ids (plotly's drag layer
+    page.wait_for_selector("#system-graph .hovertext")    # sits on top, so the mouse, not the element)
+    assert "nc_exec_running" in page.text_content("#system-graph .hoverlayer")
+    page.mouse.click(x, y)                                # click an execution: its details and device timeline
+    page.wait_for_selector("#system-drill")
+    assert "neuron_hw" in page.inner_text("#system-details")
+    page.click("#system-drill")
+    page.wait_for_selector("#timeline-window")
+    page.wait_for_function("() => new URL(location.href).searchParams.get('start') !== null")
+    assert "/timeline" in page.url and "end=" in page.url

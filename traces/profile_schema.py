@@ -1,0 +1,536 @@
+"""The real Neuron Explorer profile schema (7.4.0), defined once, over our tables.
+
+Scripts written for the real tool query ``Instruction``, ``Summary``, ``Metadata``,
+``SystemProfileEvents``, ``CcOp``, ``HbmUsage``, ``SystemProfileHbmUsage``, ``CpuUsage``,
+``HostMemUsage`` and ``SchemaFields`` (SDK ``tools/neuron-explorer/profile-schema-reference.rst``).
+This module is the one definition of those tables: every field with its real name, type, unit,
+whether the real schema requires it, its description, and the SQL over our raw tables that
+fills it (``None``: we do not record it; ``why`` says why, and the view holds a typed NULL so
+code that reads the column still runs). From it come the views :func:`finalize` creates in every
+profile, the ``SchemaFields`` table, ``neuron-explorer --show-profile-schema`` and the mapping
+table in docs/trace_schema.md.
+
+>>> t = TABLES["Instruction"]
+>>> [f.name for f in t.fields][:4]
+['start_ts', 'end_ts', 'duration_ns', 'engine']
+>>> t.field("evt_wait_time_ns").ours
+'i.sem_wait_ns'
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+#: The real schema version these tables follow (Metadata.profile_schema_version of the real tool).
+REAL_SCHEMA_VERSION = "7.4.0"
+
+#: Our short type names → (OpenAPI type, OpenAPI format, DuckDB type).
+_TYPES = {
+    "int64": ("integer", "int64", "BIGINT"), "int32": ("integer", "int32", "INTEGER"),
+    "float": ("number", "float", "DOUBLE"), "string": ("string", None, "VARCHAR"),
+    "bool": ("boolean", None, "BOOLEAN"), "string[]": ("array", "string", "VARCHAR[]"),
+}
+
+_PCORE = ("Index of the physical NeuronCore within a Logical NeuronCore (LNC). For LNC2 this field can have a "
+          "value of either 0 or 1.")
+_NO_LNC = "we simulate a logical NeuronCore as one core, so every row is physical core 0"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a real table: its schema entry and the SQL expression that fills it here."""
+    name: str
+    type: str
+    unit: str | None
+    required: bool
+    description: str
+    ours: str | None
+    why: str = ""
+
+    @property
+    def sql(self) -> str:
+        """The view's column, of the real type: our expression, or NULL for a field we do not record."""
+        return f"CAST({self.ours if self.ours is not None else 'NULL'} AS {_TYPES[self.type][2]}) AS {self.name}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A real table: name, description, the FROM clause over our tables, and its fields."""
+    name: str
+    description: str
+    source: str
+    fields: tuple[Field, ...]
+    extra: tuple[str, ...] = ()   # our columns kept beside the real ones (``expr AS name``)
+
+    def field(self, name: str) -> Field:
+        """The field called ``name``. Example: ``TABLES["CcOp"].field("operation")``."""
+        return next(f for f in self.fields if f.name == name)
+
+    def view_sql(self, schema: str = "main") -> str:
+        """``CREATE VIEW`` text of this table over our tables."""
+        cols = ",\n    ".join([f.sql for f in self.fields] + list(self.extra))
+        return f'CREATE OR REPLACE VIEW {schema}."{self.name}" AS SELECT\n    {cols}\nFROM {self.source}'
+
+
+def F(name, typ, unit, required, description, ours, why=""):   # noqa: N802 - reads as a table row
+    return Field(name, typ, unit, required, description, ours, why)
+
+
+_NS = "nanoseconds"
+_B = "bytes"
+
+INSTRUCTION = Table(
+    "Instruction", "Instructions executed on NeuronCore compute engines.",
+    "main.instructions AS i LEFT JOIN main.ops AS o USING (op_id)",
+    (
+        F("start_ts", "int64", _NS, True, "Timestamp when instruction started execution.", "i.start_ns"),
+        F("end_ts", "int64", _NS, True, "Timestamp when instruction finished execution.", "i.start_ns + i.dur_ns"),
+        F("duration_ns", "int64", _NS, True, "Duration of instruction execution.", "i.dur_ns"),
+        F("engine", "string", None, True, "Compute engine that executed this instruction. Example: tensor.",
+          "i.engine"),
+        F("timeline_track", "string", None, False, "The timeline track this instruction appears on.", "i.queue",
+          "ours is the engine queue (e.g. qSyncIO0, act0)"),
+        F("pcore_idx", "int64", None, False, _PCORE, "0", _NO_LNC),
+        F("opcode", "string", None, True, "Opcode for the instruction. Example: MATMUL.", "i.opcode"),
+        F("operands", "string", None, True, "Input operands for the instruction.", None,
+          "operands are kept in the NEFF schedule, not per executed row (row size)"),
+        F("compiler_opcode", "string", None, False, "Opcode at compile time.", "i.opcode",
+          "no runtime rewriting here: the runtime opcode is the compiler's"),
+        F("compiler_operands", "string", None, False, "Operands at compile time.", None, "as operands"),
+        F("id", "int64", None, True, "Unique identifier for this instruction execution.",
+          "(hash(i.exec_id, i.engine, i.pc) >> 1)::BIGINT"),
+        F("pc", "int64", None, True, "The runtime program counter on the engine.", "i.pc"),
+        F("compiler_pc", "int64", None, False, "The compiler program counter on the engine.", "i.pc"),
+        F("penguin_id", "string", None, False, "Penguin compiler ID.", None, "no Penguin IR stage here"),
+        F("raw_penguin_id", "int64", None, False, "Raw penguin compiler identifier.", None, "no Penguin IR stage"),
+        F("bir_id", "string", None, True, "BIR instruction identifier.", None, "no BIR stage: ops → ISA directly"),
+        F("raw_bir_id", "int64", None, False, "Raw BIR id.", None, "no BIR stage"),
+        F("bir_instruction_name", "string", None, False, "Name of the BIR instruction.", None, "no BIR stage"),
+        F("kernel_instruction_name", "string", None, False, "Kernel instruction identifier.", None,
+          "NKI lines are in nki_source_location"),
+        F("crc_in", "int64", None, False, "16-bit CRC of the input data.", None, "data is not checksummed"),
+        F("crc_out", "int64", None, False, "16-bit CRC of the output data.", None, "data is not checksummed"),
+        F("evt_wait_time_ns", "int64", _NS, False, "Time spent waiting for events or semaphores.", "i.sem_wait_ns"),
+        F("hlo_attrs", "string", None, False, "Debug info of the HLO instruction.", None, "no HLO: ATen ops"),
+        F("hlo_name", "string", None, False, "HLO operation name.", "o.aten_op", "ours is the ATen op"),
+        F("raw_hlo_id", "int64", None, False, "HLO instruction id.", "i.op_id", "ours is ops.op_id"),
+        F("raw_framework_id", "int64", None, False, "Framework instruction id.", "i.op_id", "ours is ops.op_id"),
+        F("layer", "string", None, False, "Name from the framework debug info.", "o.module_path",
+          "ours is the nn.Module path"),
+        F("stack_frame_ids", "string", None, False, "Stack frame ids.",
+          "CASE WHEN o.source_id IS NULL THEN NULL ELSE '[' || o.source_id || ']' END",
+          "one frame: the user's line, a sources.source_id"),
+        F("nki_source_location", "string", None, False, "NKI source location.", "i.nki_source_location"),
+        F("bir_debug_info_source_location", "string", None, False, "Source location from BIR debug info.", None,
+          "the source line is sources via stack_frame_ids"),
+        F("dma_trigger_start_ts", "int64", None, False, "Start of the DMA this instruction triggered.", None,
+          "a DMA is its own row on its queue"),
+        F("dma_trigger_end_ts", "int64", None, False, "End of the DMA this instruction triggered.", None,
+          "a DMA is its own row on its queue"),
+        F("dma_wait_time_ns", "int64", _NS, False, "Delay from trigger to DMA start.", None,
+          "DMA rows carry their own sem_wait"),
+        F("instruction_chain", "string", None, False, "Instructions executed together.", None, "no chains"),
+        F("hbm_read_bytes", "int64", None, False, "Bytes read from HBM.",
+          "CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END",
+          "ours has one read/write count per row: on DMA queues it is HBM traffic, on engines SBUF/PSUM"),
+        F("hbm_write_bytes", "int64", None, False, "Bytes written to HBM.",
+          "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END", "as hbm_read_bytes"),
+        F("sbuf_read_bytes", "int64", None, False, "Bytes read from SBUF.",
+          "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
+        F("sbuf_write_bytes", "int64", None, False, "Bytes written to SBUF.",
+          "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
+        F("spill_save_bytes", "int64", None, False, "Bytes spilled SBUF→HBM.", None, "spills are not split out"),
+        F("spill_reload_bytes", "int64", None, False, "Bytes reloaded HBM→SBUF.", None, "spills are not split out"),
+        F("psum_read_bytes", "int64", None, False, "Bytes read from PSUM.", None, "counted in sbuf_*"),
+        F("psum_write_bytes", "int64", None, False, "Bytes written to PSUM.", None, "counted in sbuf_*"),
+        F("psum_read_sbuf_write_bytes", "int64", None, False, "Bytes PSUM→SBUF.", None, "counted in sbuf_*"),
+        F("input_queue_bytes", "int64", None, False, "Bytes from an INPUT DMA queue.", None, "queue kinds not kept"),
+        F("output_queue_bytes", "int64", None, False, "Bytes from an OUTPUT DMA queue.", None, "queue kinds not kept"),
+        F("weight_queue_bytes", "int64", None, False, "Bytes from a DATA/WEIGHT queue.", None, "queue kinds not kept"),
+        F("performance_mode", "string", None, False, "2x / 4x Vector and Scalar modes.", None,
+          "the cost model has no 2x/4x modes"),
+        F("tensor_instruction_type", "string", None, False, "REGULAR or TRANSPOSE.", None, "not recorded"),
+        F("tensor_elements", "int64", None, False, "Deprecated element count.", None, "deprecated in the real tool"),
+        F("raw_flops", "int64", None, False, "FLOPs of this instruction (a MAC is 2).", "i.flops"),
+        F("adjusted_flops", "int64", None, False, "BF16-equivalent FLOPs.", None, "dtype is not kept per row"),
+        F("tensor_elements_transpose", "int64", None, False, "Transpose elements.", None, "not recorded"),
+        F("flops_transpose", "int64", None, False, "Transpose FLOPs.", None, "not recorded"),
+        F("adjusted_flops_transpose", "int64", None, False, "BF16-equivalent transpose FLOPs.", None,
+          "not recorded"),
+        F("scalar_activation_fn", "string", None, False, "Activation function. Example: COPY.", None,
+          "the opcode names it (e.g. ACT_GELU)"),
+    ),
+    extra=("i.core AS nc_idx", "i.exec_id AS exec_id"),
+)
+
+SYSTEM_PROFILE_EVENTS = Table(
+    "SystemProfileEvents",
+    "System profile events, generated from the Neuron Runtime, the framework code, or the Python application.",
+    "main.system_events AS s LEFT JOIN main.runs AS r USING (run_id)",
+    (
+        F("id", "int64", None, True, "Unique identifier for this event.",
+          "(hash(s.run_id, s.ts_ns, s.name, s.thread_id, s.core) >> 1)::BIGINT"),
+        F("name", "string", None, True, "Name of the event. Example: nrt_execute.", "s.name"),
+        F("start_ts", "int64", _NS, True, "Timestamp when event started.", "s.ts_ns"),
+        F("end_ts", "int64", _NS, True, "Timestamp when event finished.", "s.ts_ns + s.dur_ns"),
+        F("duration_ns", "int64", _NS, True, "Duration of this event.", "s.dur_ns"),
+        F("trace_event_source", "string", None, True, "neuron_rt, neuron_hw or framework.", "s.source"),
+        F("instance_id", "string", None, True, "The server instance that produced this event.", "r.host",
+          "ours is the host name"),
+        F("process_id", "int64", None, True, "The process id that produced this event.", "r.pid"),
+        F("thread_id", "int64", None, True, "The thread id that produced this event.", "s.thread_id"),
+        F("nc_idx", "int64", None, False, "Logical NeuronCore index (runtime and hardware events).", "s.core"),
+        F("pcore_idx", "int64", None, False, "Physical NeuronCore index within a NeuronDevice.",
+          "CASE WHEN s.core IS NULL THEN NULL ELSE s.core END", "one physical core per logical core here"),
+        F("worker_gid", "int64", None, False, "Global NeuronCore worker id across processes and instances.",
+          "CASE WHEN s.core IS NULL THEN NULL ELSE dense_rank() OVER (ORDER BY r.node, r.host, s.core) - 1 END",
+          "dense rank of (node, host, core)"),
+        F("flow_id", "string[]", None, False, "Flow ids linking framework → runtime → hardware events.",
+          "CASE WHEN s.flow_id IS NULL THEN NULL ELSE [s.flow_id::VARCHAR] END"),
+        F("framework_stream_id", "string", None, False, "Framework stream (the driver thread) id.",
+          "CASE WHEN s.source = 'framework' THEN s.thread_id::VARCHAR END"),
+        F("extra_attributes_json", "string", None, False, "Other attributes as JSON.", "s.detail"),
+    ),
+    extra=("s.exec_id AS exec_id", "r.rank AS rank", "r.node AS node"),
+)
+
+CC_OP = Table(
+    "CcOp", "Collective Communication (CC) operations that are executed by the collective engines.",
+    "main.events AS e WHERE e.kind = 'collective'",
+    (
+        F("start_ts", "int64", _NS, True, "Start of the collective operation.", "e.ts_ns"),
+        F("end_ts", "int64", _NS, True, "End of the collective operation.", "e.ts_ns + e.dur_ns"),
+        F("duration_ns", "int64", _NS, True, "Duration of the collective operation.", "e.dur_ns"),
+        F("operation", "string", None, True, "Example: AllGather.", "e.detail->>'operation'"),
+        F("algorithm", "string", None, True, "Example: Ring.", "e.detail->>'algorithm'"),
+        F("num_elements", "int64", None, True, "Number of elements.", "(e.detail->>'num_elements')::BIGINT"),
+        F("dtype", "string", None, True, "Data type. Example: fp16.", "e.detail->>'dtype'"),
+        F("op_id", "int64", None, True, "ID of the collective operation.", "e.graph_id"),
+        F("stream_id", "int64", None, True, "Stream of the operation in the profile.", "0",
+          "one collective stream per core"),
+        F("stream_index", "int64", None, True, "Stream relative to the execution.", "0", "one stream"),
+        F("trigger_engine", "string", None, True, "Engine that triggered it. Example: Pool.", "'cc'",
+          "collectives are issued by the cc engine here"),
+        F("input_size", "int64", _B, False, "Input size in bytes.", "(e.detail->>'input_size')::BIGINT"),
+        F("output_size", "int64", _B, False, "Output size in bytes.", "(e.detail->>'output_size')::BIGINT"),
+        F("algorithm_bandwidth", "float", "bytes_per_second", False, "max(input, output) / duration.",
+          "(e.detail->>'algorithm_bandwidth')::DOUBLE"),
+        F("bus_bandwidth", "float", "bytes_per_second", False, "Algorithm bandwidth scaled per operation.",
+          "(e.detail->>'bus_bandwidth')::DOUBLE"),
+        F("trigger_start_ts", "int64", _NS, False, "Start of the triggering instruction.", "e.ts_ns"),
+        F("cc_trigger_start_delay", "int64", _NS, False, "Delay from trigger to start.",
+          "coalesce((e.detail->>'wait_ns')::BIGINT, 0)", "ours is the wait for the other ranks"),
+        F("replica_group_id", "int64", None, False, "Replica group id.", None, "groups are named by their ranks"),
+        F("replica_group", "string", None, False, "Participating ranks. Example: [[0, 1, 2, 3]].",
+          "(e.detail->'replica_group')::VARCHAR"),
+    ),
+    extra=("e.core AS nc_idx", "e.run_id AS run_id"),
+)
+
+HBM_USAGE = Table(
+    "HbmUsage", "HBM time-series usage metrics such as throughput over time.",
+    "main.executions AS x",
+    (
+        F("timestamp", "int64", _NS, True, "Timestamp for this measurement.", "x.start_ns",
+          "one sample per execution (its HBM traffic over its device time)"),
+        F("current_throughput", "float", "bytes_per_second", True, "HBM bytes per second at this time.",
+          "(coalesce(x.hbm_read_bytes, 0) + coalesce(x.hbm_write_bytes, 0)) * 1e9 / nullif(x.device_ns, 0)"),
+        F("total_transfer_bytes", "int64", _B, True, "HBM bytes transferred since the start (cumulative).",
+          "(sum(coalesce(x.hbm_read_bytes, 0) + coalesce(x.hbm_write_bytes, 0)) OVER "
+          "(PARTITION BY x.run_id, x.core ORDER BY x.start_ns))::BIGINT"),
+        F("pcore_idx", "int64", None, False, _PCORE, "0", _NO_LNC),
+    ),
+    extra=("x.core AS nc_idx", "x.run_id AS run_id"),
+)
+
+# memory.category (the runtime's neuron-monitor categories) → SystemProfileHbmUsage columns
+_HBM_CATEGORY = {"weights_bytes": ("constants",), "tensors_bytes": ("tensors", "kv_cache"),
+                 "shared_scratchpad_bytes": ("model_shared_scratchpad",), "generic_bytes": ("runtime_memory",),
+                 "unknown_bytes": ("model_code",)}
+_HBM_COLUMNS = ("total_bytes", "generic_bytes", "tensor_instructions_bytes", "scalar_instructions_bytes",
+                "gpsimd_instructions_bytes", "io_bytes", "dram_spill_bytes", "weights_bytes",
+                "profiler_buffers_bytes", "scalar_table_bytes", "vector_instructions_bytes",
+                "sync_instructions_bytes", "shared_scratchpad_bytes", "tensors_bytes", "ucode_lib_bytes",
+                "gpsimd_stdio_bytes", "collectives_bytes", "scratchpad_bytes", "dma_rings_runtime_bytes",
+                "dma_rings_spill_bytes", "dma_rings_io_bytes", "dma_rings_collectives_bytes", "unknown_bytes")
+
+
+def _hbm_field(col: str) -> Field:
+    if col == "total_bytes":
+        return F(col, "int64", _B, True, "Total HBM bytes used across all usage types.", "sum(m.bytes)::BIGINT")
+    cats = _HBM_CATEGORY.get(col)
+    label = col.removesuffix("_bytes").replace("_", " ")
+    if cats is None:
+        return F(col, "int64", _B, True, f"HBM bytes used for {label}.", "0",
+                 "the runtime model has no such allocation")
+    in_list = ", ".join(f"'{c}'" for c in cats)
+    why = "model_code: instruction streams, not split per engine" if col == "unknown_bytes" else \
+        "from memory.category " + "+".join(cats)
+    return F(col, "int64", _B, True, f"HBM bytes used for {label}.",
+             f"coalesce(sum(m.bytes) FILTER (WHERE m.category IN ({in_list})), 0)::BIGINT", why)
+
+
+SYSTEM_PROFILE_HBM_USAGE = Table(
+    "SystemProfileHbmUsage",
+    "Neuron Device HBM memory utilization in bytes by usage type, one row per timestamp.",
+    "main.memory AS m LEFT JOIN main.runs AS r USING (run_id) WHERE m.location = 'device' "
+    "GROUP BY m.ts_ns, m.run_id, m.core, r.host ORDER BY m.ts_ns",
+    tuple(_hbm_field(c) for c in _HBM_COLUMNS) + (
+        F("timestamp", "int64", _NS, True, "Timestamp for this measurement.", "m.ts_ns"),
+        F("device_idx", "int64", None, True, "Neuron device index relative to the instance.", "m.core // 2",
+          "two logical cores per device (trn1/inf2)"),
+        F("hbm_idx", "int64", None, True, "The HBM index relative to the device.", "m.core % 2"),
+        F("instance_id", "string", None, True, "The instance.", "r.host"),
+    ),
+    extra=("m.core AS nc_idx", "m.run_id AS run_id"),
+)
+
+CPU_USAGE = Table(
+    "CpuUsage", "Host CPU utilization samples, per CPU core and the average across cores.",
+    "main.cpu_usage AS c LEFT JOIN main.runs AS r USING (run_id)",
+    (
+        F("timestamp", "int64", _NS, True, "Timestamp for this CPU utilization measurement.", "c.ts_ns"),
+        F("util_percent", "float", "percent", True, "CPU utilization over the previous period.", "c.util_percent"),
+        F("cpu_id", "string", None, True, "CPU core id or 'average'.", "c.cpu_id"),
+        F("instance_id", "string", None, True, "The instance.", "r.host"),
+        F("ultraserver_id", "int64", None, False, "UltraServer id.", None, "no UltraServer here"),
+        F("ultraserver_instance_index", "int64", None, False, "Instance index in the UltraServer.", None,
+          "no UltraServer here"),
+    ),
+)
+
+HOST_MEM_USAGE = Table(
+    "HostMemUsage", "Host memory utilization samples, one per instance and timestamp.",
+    "main.host_memory AS h LEFT JOIN main.runs AS r USING (run_id)",
+    (
+        F("timestamp", "int64", _NS, True, "Timestamp for this memory measurement.", "h.ts_ns"),
+        F("used_bytes", "int64", _B, True, "Host memory in use.", "h.used_bytes"),
+        F("used_percent", "float", "percent", True, "used_bytes / capacity * 100.", "h.used_percent"),
+        F("instance_id", "string", None, True, "The instance.", "r.host"),
+        F("ultraserver_id", "int64", None, False, "UltraServer id.", None, "no UltraServer here"),
+        F("ultraserver_instance_index", "int64", None, False, "Instance index in the UltraServer.", None,
+          "no UltraServer here"),
+    ),
+)
+
+
+def _meta(key: str, typ: str = "string") -> str:
+    expr = f"max(value) FILTER (WHERE key = '{key}')"
+    return expr if typ == "string" else f"try_cast({expr} AS {_TYPES[typ][2]})"
+
+
+_META_FIELDS = (
+    ("profile_schema_version", "string", True, "The schema version of this profile (MAJOR.MINOR.PATCH).",
+     f"'{REAL_SCHEMA_VERSION}'", "the real schema these views follow; ours is schema_version"),
+    ("ntff_version", "int32", True, "Version of the NTFF format.", None, "no NTFF: rows go straight to DuckDB"),
+    ("num_physical_cores", "int32", True, "Physical NeuronCores in the Logical NeuronCore.",
+     _meta("num_physical_cores", "int32"), ""),
+    ("vnc_enabled", "bool", True, "Whether execution was on Logical NeuronCores.", _meta("vnc_enabled", "bool"), ""),
+    ("first_hw_timestamp", "int64", True, "First timestamp in the trace.", _meta("trace_start_ns", "int64"), ""),
+    ("last_hw_timestamp", "int64", True, "Last timestamp in the trace.", _meta("trace_end_ns", "int64"), ""),
+    ("first_ts", "string", True, "First timestamp in Unix time format.",
+     f"strftime(make_timestamp(({_meta('trace_start_ns', 'int64')}) // 1000), '%Y-%m-%d %H:%M:%S+00:00')", ""),
+    ("last_ts", "string", True, "Last timestamp in Unix time format.",
+     f"strftime(make_timestamp(({_meta('trace_end_ns', 'int64')}) // 1000), '%Y-%m-%d %H:%M:%S+00:00')", ""),
+    ("dma_ddr_bandwidth", "float", True, "Max DMA DDR bandwidth of one physical core.",
+     _meta("dma_ddr_bandwidth", "float"), "ours in bytes per ns"),
+    ("num_dma_engines_per_neuroncore", "int32", True, "DMA engines per core.",
+     _meta("num_dma_engines_per_neuroncore", "int32"), ""),
+    ("hbm_ddr_bandwidth", "float", True, "Max HBM bandwidth of one stack.", _meta("hbm_ddr_bandwidth", "float"),
+     "ours in GB/s"),
+    ("tensor_engine_num_rows", "int64", True, "Rows of the systolic array.", _meta("tensor_engine_num_rows", "int64"),
+     ""),
+    ("tensor_engine_num_cols", "int64", True, "Columns of the systolic array.",
+     _meta("tensor_engine_num_cols", "int64"), ""),
+    ("tensor_engine_clock_freq", "float", True, "Tensor Engine clock (GHz).",
+     _meta("tensor_engine_clock_freq", "float"),
+     ""),
+    ("vector_engine_clock_freq", "float", True, "Vector Engine clock (GHz).",
+     _meta("vector_engine_clock_freq", "float"),
+     ""),
+    ("vector_engine_num_channels", "int64", True, "Vector Engine channels.",
+     _meta("vector_engine_num_channels", "int64"), ""),
+    ("scalar_engine_clock_freq", "float", True, "Scalar Engine clock (GHz).",
+     _meta("scalar_engine_clock_freq", "float"),
+     ""),
+    ("scalar_engine_num_channels", "int64", True, "Scalar Engine channels.",
+     _meta("scalar_engine_num_channels", "int64"), ""),
+    ("gpsimd_engine_clock_freq", "float", True, "GpSimd Engine clock (GHz).",
+     _meta("gpsimd_engine_clock_freq", "float"),
+     ""),
+    ("gpsimd_engine_num_channels", "int64", True, "GpSimd Engine channels.", None, "not modelled"),
+    ("neuroncore_clock_freq", "float", True, "NeuronCore clock (GHz).", _meta("neuroncore_clock_freq", "float"), ""),
+    ("ticks_per_nanosec", "int64", True, "Profile ticks per nanosecond.", _meta("ticks_per_nanosec", "int64"), ""),
+    ("instance_type", "string", False, "Instance type. Example: trn1.2xlarge.", _meta("instance_type"), ""),
+    ("runtime_version", "string", False, "Neuron Runtime version.", _meta("stack_version"), "ours: neuron_stack's"),
+    ("collectives_version", "string", False, "Neuron Collectives version.", None, "no separate library"),
+    ("driver_version", "string", False, "Neuron driver version.", None, "no driver: simulated device"),
+    ("explorer_version", "string", False, "Explorer version that processed the profile.", _meta("stack_version"),
+     "ours: neuron_stack's"),
+    ("compiler_version", "string", False, "Compiler version that built the NEFF.", _meta("stack_version"),
+     "ours: neuron_stack's"),
+    ("neuroncore_idx", "int64", False, "The index of this NeuronCore.", None, "a profile here holds every core"),
+    ("neuron_device_idx", "int64", False, "The index of this NeuronDevice.", None, "a profile holds every device"),
+    ("ultraserver_id", "int64", False, "UltraServer id.", None, "no UltraServer here"),
+    ("ultraserver_type", "string", False, "UltraServer connectivity type.", None, "no UltraServer here"),
+    ("ultraserver_size", "int32", False, "Instances in the UltraServer.", None, "no UltraServer here"),
+    ("ultraserver_instance_index", "int32", False, "Instance index in the UltraServer.", None, "no UltraServer here"),
+    ("s3_bucket_path", "string", False, "S3 path of the profile files.", None, "offline: no upload"),
+    ("profile_name", "string", False, "User chosen name for this profile.", None, "the file name names it"),
+    ("explorer_build_time", "string", False, "When neuron-explorer was built.", None, "not recorded"),
+    ("is_simulation", "bool", False, "Whether this profile is a simulation.", _meta("is_simulation", "bool"),
+     "always true here"),
+)
+
+METADATA = Table(
+    "Metadata", "Metadata associated with this profile, including details about the system configuration.",
+    "main.metadata", tuple(F(n, t, None, r, d, o, w) for n, t, r, d, o, w in _META_FIELDS))
+
+_SUMMARY_NAMES = """
+total_time neuroncore_cycle_count model_flops hardware_flops transpose_flops adjusted_hardware_flops
+adjusted_transpose_flops mm_arithmetic_intensity peak_flops_bandwidth_ratio trace_count event_count total_row_count
+dma_active_cycles dma_active_time dma_active_time_percent static_dma_active_time dynamic_dma_active_time_percent
+static_dma_active_time_percent dma_transfer_average_bytes dma_packet_time dma_transfer_time dma_transfer_count
+dma_transfer_total_bytes dma_queue_count inputs_and_weights_size_bytes inputs_outputs_weights_size_bytes
+weight_size_bytes static_dma_packet_count static_dma_size dynamic_dma_packet_percent static_dma_packet_percent
+dynamic_dma_size_percent static_dma_size_percent mbu_estimated_percent mbu_min_read_util_percent hbm_write_bytes
+hbm_read_bytes sbuf_write_bytes sbuf_read_bytes spill_save_bytes spill_reload_bytes psum_write_bytes psum_read_bytes
+psum_read_sbuf_write_count psum_read_sbuf_write_bytes input_queue_bytes output_queue_bytes weight_queue_bytes
+software_dynamic_dma_active_time software_dynamic_dma_active_time_percent software_dynamic_dma_packet_count
+software_dynamic_dma_size software_dynamic_dma_packet_percent software_dynamic_dma_size_percent
+hardware_dynamic_dma_active_time hardware_dynamic_dma_active_time_percent hardware_dynamic_dma_packet_count
+hardware_dynamic_dma_size hardware_dynamic_dma_packet_percent hardware_dynamic_dma_size_percent
+tensor_engine_instruction_time tensor_engine_active_time tensor_engine_active_time_percent
+tensor_engine_instruction_count matmul_instruction_count mfu_estimated_percent mfu_max_achievable_estimated_percent
+mfu_hlo_estimated_percent mfu_hlo_max_achievable_estimated_percent mfu_inst_estimated_percent
+mfu_inst_max_achievable_estimated_percent hfu_estimated_percent vector_engine_instruction_time
+vector_engine_active_time vector_engine_active_time_percent vector_engine_instruction_count
+scalar_engine_instruction_time scalar_engine_active_time scalar_engine_active_time_percent
+scalar_engine_instruction_count activate_instruction_time activate_instruction_count sync_engine_instruction_time
+sync_engine_active_time sync_engine_active_time_percent sync_engine_instruction_count gpsimd_engine_instruction_time
+gpsimd_engine_active_time gpsimd_engine_active_time_percent gpsimd_engine_instruction_count cc_op_time
+cc_op_active_time cc_op_active_time_percent cc_op_count cc_cores_instruction_time cc_cores_instruction_active_time
+cc_cores_instruction_active_time_percent cc_cores_instruction_count total_exec_time total_active_time
+total_active_time_percent""".split()
+
+#: Summary columns our ``summary`` table has today (traces.store.summary_sql), under the real names.
+_SUMMARY_OURS = frozenset("""
+total_time total_exec_time neuroncore_cycle_count model_flops hardware_flops mm_arithmetic_intensity event_count
+dma_active_time dma_active_time_percent dma_transfer_count dma_transfer_total_bytes dma_transfer_average_bytes
+hbm_read_bytes hbm_write_bytes mfu_estimated_percent hfu_estimated_percent cc_op_active_time cc_op_active_time_percent
+cc_op_count""".split()) | {f"{e}_engine_{m}" for e in ("tensor", "vector", "scalar", "gpsimd", "sync")
+                         for m in ("instruction_time", "active_time", "active_time_percent", "instruction_count")}
+
+
+def _summary_field(name: str) -> Field:
+    float_ = name.endswith(("_percent", "_time", "_intensity", "_ratio", "_average_bytes"))
+    unit = ("percent" if name.endswith("_percent") else "seconds" if name.endswith("_time") else
+            "bytes" if name.endswith(("_bytes", "_size")) else "flops" if name.endswith("_flops") else
+            "cycles" if name.endswith("_cycles") or name == "neuroncore_cycle_count" else None)
+    why = ("" if name in _SUMMARY_OURS else
+           "DMA packets are not modelled one by one (one row per transfer), nor static/dynamic queues"
+           if "dma" in name else
+           "bytes are not split by memory (SBUF/PSUM/spill) or queue kind" if name.startswith(
+               ("sbuf", "psum", "spill", "input_queue", "output_queue", "weight_queue")) else
+           "no transposes or dtype multipliers per instruction" if "transpose" in name or "adjusted" in name else
+           "not computed yet (the one formula per figure lives in traces.q_figures)")
+    return F(name, "float" if float_ else "int64", unit, False, f"Summary metric {name} (see the real schema).",
+             f"s.{name}" if name in _SUMMARY_OURS else None, why)
+
+
+SUMMARY = Table("Summary", "Profile performance metrics which summarize execution.", "main.summary AS s",
+                tuple(_summary_field(n) for n in _SUMMARY_NAMES))
+
+SCHEMA_FIELDS_COLUMNS = ("table_name", "table_description", "field_name", "field_description", "field_example",
+                         "field_type", "field_required", "field_format", "field_unit", "field_minimum",
+                         "field_maximum", "field_enum_values")
+
+SCHEMA_FIELDS = Table(
+    "SchemaFields", "The schema of the data in this profile: every field of every table.", 'main."SchemaFields"',
+    tuple(F(c, "bool" if c == "field_required" else "float" if c in ("field_minimum", "field_maximum") else "string",
+            None, c in ("table_name", "table_description", "field_name", "field_description", "field_type",
+                        "field_required"), f"SchemaFields.{c}", c) for c in SCHEMA_FIELDS_COLUMNS))
+
+TABLES: dict[str, Table] = {t.name: t for t in (
+    INSTRUCTION, SUMMARY, METADATA, SYSTEM_PROFILE_EVENTS, CC_OP, HBM_USAGE, SYSTEM_PROFILE_HBM_USAGE, CPU_USAGE,
+    HOST_MEM_USAGE, SCHEMA_FIELDS)}
+"""The real tables defined over ours. ``SchemaFields`` is a table in ``main``, generated by :func:`schema_fields`."""
+
+#: DuckDB names are case-insensitive, so ``Metadata`` and ``Summary`` cannot sit beside our ``metadata`` and
+#: ``summary``: every real table is a view in this schema too (``SELECT * FROM neuron_explorer.Metadata``).
+SCHEMA = "neuron_explorer"
+
+
+def schema_fields() -> dict[str, list]:
+    """The ``SchemaFields`` rows (one per table and field), as columns. Example:
+    >>> cols = schema_fields(); cols["field_name"][:2]
+    ['start_ts', 'end_ts']
+    """
+    rows = {c: [] for c in SCHEMA_FIELDS_COLUMNS}
+    for t in TABLES.values():
+        for f in t.fields:
+            typ, fmt, _ = _TYPES[f.type]
+            values = (t.name, t.description, f.name, f.description, None, typ, f.required, fmt, f.unit,
+                      None, None, None)
+            for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
+                rows[c].append(v)
+    return rows
+
+
+def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
+    """Every ``CREATE VIEW`` of the real tables: all in :data:`SCHEMA`, and in ``main`` those whose name
+    is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``).
+    A real Summary field our ``summary`` table has gained since (``summary_columns``) is used too."""
+    out = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
+    for t in TABLES.values():
+        if t is SUMMARY:
+            t = replace(t, fields=tuple(replace(f, ours=f"s.{f.name}") if f.ours is None and f.name in summary_columns
+                                        else f for f in t.fields))
+        out.append(t.view_sql(SCHEMA))
+        if t.name.lower() not in taken:
+            out.append(t.view_sql())
+    return out
+
+
+def openapi_yaml() -> str:
+    """The schema as OpenAPI YAML, one block per table, as ``neuron-explorer --show-profile-schema`` prints it.
+
+    >>> print(openapi_yaml().splitlines()[0])
+    openapi: 3.0.3
+    """
+    q = json.dumps   # a JSON string is a valid YAML scalar
+    out = ["openapi: 3.0.3", "info:", "  title: neuron_stack profile schema (the real Neuron Explorer's names)",
+           f"  version: {q(REAL_SCHEMA_VERSION)}", "components:", "  schemas:"]
+    for t in TABLES.values():
+        out += [f"    {t.name}:", "      type: object", f"      description: {q(t.description)}"]
+        req = [f.name for f in t.fields if f.required]
+        if req:
+            out.append("      required: [" + ", ".join(req) + "]")
+        out.append("      properties:")
+        for f in t.fields:
+            typ, fmt, _ = _TYPES[f.type]
+            out.append(f"        {f.name}:")
+            if typ == "array":
+                out += ["          type: array", "          items:", f"            type: {fmt}"]
+            else:
+                out.append(f"          type: {typ}")
+                if fmt:
+                    out.append(f"          format: {fmt}")
+            if f.unit:
+                out.append(f"          x-unit: {f.unit}")
+            out.append(f"          description: {q(f.description)}")
+            out.append(f"          x-neuron-stack: {q(f.ours if f.ours is not None else 'not recorded: ' + f.why)}")
+    return "\n".join(out) + "\n"
+
+
+def mapping_markdown() -> str:
+    """docs/trace_schema.md's mapping section: every real field, what fills it here, and why."""
+    out = []
+    for t in TABLES.values():
+        out += [f"### `{t.name}`", "", f"From `{t.source.split(' WHERE ')[0].replace('main.', '')}`.", "",
+                "| real field | ours | note |", "|---|---|---|"]
+        for f in t.fields:
+            ours = ("`" + f.ours.replace("|", "\\|") + "`") if f.ours is not None else "— (NULL)"
+            out.append(f"| `{f.name}` | {ours} | {f.why} |")
+        out.append("")
+    return "\n".join(out)
