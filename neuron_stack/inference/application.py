@@ -239,22 +239,15 @@ def _greedy_on_device(nc: NeuronConfig) -> bool:
 
 def select_tokens(out: torch.Tensor, nc: NeuronConfig, generator: torch.Generator | None = None) -> list[int]:
     """Token ids from a sub-model's output: already tokens (greedy on device), else greedy or sampled on
-    the host with the sampling config (``top_k``, ``top_p``, ``temperature``)."""
+    the host with the sampling config (``top_k``, ``top_p``, ``temperature``; :mod:`.sampling`)."""
+    from .sampling import SamplingParams, sample_rows
+
     if out.dim() == 1:
         return out.tolist()
     s = nc.on_device_sampling_config
     if s is None or not s.do_sample:
         return out.argmax(-1).tolist()
-    logits = out.float() / max(s.temperature, 1e-5)
-    if s.top_k and s.top_k > 0:
-        kth = torch.topk(logits, min(s.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if s.top_p < 1.0:
-        srt, idx = torch.sort(logits, descending=True, dim=-1)
-        cum = srt.softmax(-1).cumsum(-1)
-        drop = cum - srt.softmax(-1) > s.top_p
-        logits = logits.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0].tolist()
+    return sample_rows(out, SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p), generator)
 
 
 class NeuronLlamaForCausalLM(NeuronCausalLM):

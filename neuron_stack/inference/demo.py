@@ -196,7 +196,14 @@ def serve(args) -> int:
             "project a config's TTFT/TPOT with: inference_demo run --model-path CONFIG --tp-degree N"
         )
     model = load_model(args, nc, out=lambda line: print(line, file=sys.stderr))
-    return run_server(model, args.served_model_name or str(args.model_path), args.host, args.port)
+    return run_server(
+        model,
+        args.served_model_name or str(args.model_path),
+        args.host,
+        args.port,
+        log_stats=not args.disable_log_stats,
+        access_log=not args.disable_uvicorn_access_log,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name")
+    s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats line (vLLM's flag)")
+    s.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log (vLLM's flag)")
     s.set_defaults(fn=serve)
     return p
 
