@@ -44,8 +44,10 @@ class NeuronCausalLM:
 
     ``model_path``: a directory with ``config.json`` and weights (``save_pretrained``), or a
     ``transformers`` model with weights. ``config``: an :class:`InferenceConfig` (or a bare
-    :class:`NeuronConfig`). Real numbers run on one NeuronCore (``tp_degree=1``); a larger TP degree is
-    projection mode (:func:`neuron_stack.llm.project`), which shards and costs the collectives.
+    :class:`NeuronConfig`). Real numbers run on one NeuronCore with ``tp_degree=1``, or sharded over
+    ``tp_degree`` NeuronCores as NxDI shards them (:mod:`.tp`: one NEFF per part and rank, collectives
+    executed and costed, each rank's KV cache on its core). Projection without weights:
+    :func:`neuron_stack.llm.project`.
     """
 
     def __init__(self, model_path, config: InferenceConfig | NeuronConfig | None = None):
@@ -66,15 +68,15 @@ class NeuronCausalLM:
                 f"sliding_window {window} < seq_len {nc.seq_len}: compile with seq_len <= {window}"
             )
         if nc.tp_degree != 1:
-            raise InferenceError(
-                f"tp_degree={nc.tp_degree}: real-number execution runs one rank here; project "
-                "tensor parallelism from the config (neuron-inference project --tp-degree N, or "
-                "neuron_stack.llm.project)"
-            )
+            from .tp import check_tp
+
+            check_tp(config.hf_config, nc.tp_degree)
         self.model_path = model_path
         self._hf = model_path if isinstance(model_path, transformers.PreTrainedModel) else None
         self.models: dict[tuple[str, int], object] = {}  # (tag, bucket) -> NeuronModule
-        self.kv_cache: KVCacheManager | None = None
+        self.kv_cache: KVCacheManager | None = None  # rank 0's (the only one at tp_degree=1)
+        self.rank_caches: list[KVCacheManager] = []  # every rank's, tp_degree > 1
+        self.cores: list[int] = []
         self.compile_s = self.load_s = 0.0
         self.hooks: list = []  # hook(tag, bucket, wall_s, projected_ns, device_ns) after each sub-model call
 
@@ -124,7 +126,15 @@ class NeuronCausalLM:
         nc = self.neuron_config
         caches = KVCacheManager(self.config.hf_config, nc, allocate_on=None).tensors
         greedy = _greedy_on_device(nc)
-        for tag, bucket, batch in self._plans():
+        if nc.tp_degree > 1:
+            from .tp import ShardedSubModel
+
+            for tag, bucket, batch in self._plans():
+                self.models[(tag, bucket)] = ShardedSubModel.compile(
+                    hf, KINDS[tag], bucket, nc.tp_degree, self._example(tag, bucket, batch, []),
+                    [caches] * nc.tp_degree, _flags(nc), out, f"{tag}_{bucket}",
+                )
+        for tag, bucket, batch in ([] if nc.tp_degree > 1 else self._plans()):
             graph = DecoderGraph(hf, KINDS[tag], bucket, greedy_on_device=greedy and tag == TKG)
             nm = neuron_stack.trace(
                 graph, self._example(tag, bucket, batch, caches), compiler_args=_flags(nc)
@@ -151,7 +161,9 @@ class NeuronCausalLM:
 
         t0 = time.perf_counter()
         path = Path(compiled_model_path)
-        for tag, bucket, _ in self._plans():
+        if self.neuron_config.tp_degree > 1:
+            self._load_tp(path)
+        for tag, bucket, _ in ([] if self.neuron_config.tp_degree > 1 else self._plans()):
             f = path / f"{tag}_{bucket}.neff"
             if not f.is_file():
                 raise InferenceError(
@@ -163,23 +175,45 @@ class NeuronCausalLM:
                 )
             if (tag, bucket) not in self.models:
                 self.models[(tag, bucket)] = neuron_stack.load(f)
-        core = self.models[self._plans()[0][:2]].model.core
-        self.kv_cache = KVCacheManager(self.config.hf_config, self.neuron_config, allocate_on=core)
+        if self.neuron_config.tp_degree == 1:
+            core = self.models[self._plans()[0][:2]].model.core
+            self.kv_cache = KVCacheManager(self.config.hf_config, self.neuron_config, allocate_on=core)
         if not skip_warmup:
             self._warmup()
         self.load_s = time.perf_counter() - t0
 
+    def _load_tp(self, path: Path) -> None:
+        """Reserve ``tp_degree`` cores, put rank r's NEFFs and KV cache on core r."""
+        from neuron_stack.parallel import _adopt
+        from neuron_stack.runtime import cores as _cores
+        from neuron_stack.runtime.session import Session
+
+        from .tp import ShardedSubModel
+
+        nc = self.neuron_config
+        session = Session.get(nc.target)
+        self._lease = _cores.acquire(session.profile, num_cores=nc.tp_degree)  # the held core first
+        self.cores = list(self._lease.cores)
+        _adopt(session, self.cores)
+        for tag, bucket, _ in self._plans():
+            sub = self.models.get((tag, bucket)) or ShardedSubModel.load(
+                path, f"{tag}_{bucket}", self.config.hf_config.vocab_size, nc.tp_degree
+            )
+            sub.place(self.cores)
+            self.models[(tag, bucket)] = sub
+        self.rank_caches = [KVCacheManager(self.config.hf_config, nc, allocate_on=c) for c in self.cores]
+        self.kv_cache = self.rank_caches[0]
+
     def _warmup(self) -> None:
         # one call per NEFF, as NxDI's load() does, so the first request pays no first-execution cost
-        for (tag, bucket), nm in self.models.items():
-            batch = self.neuron_config.ctx_batch_size if tag == CTE else self.neuron_config.tkg_batch_size
-            nm(*self._example(tag, bucket, batch, self.kv_cache.tensors))
-        self.kv_cache.reset()
+        for tag, bucket, batch in self._plans():
+            self._call(tag, bucket, self._example(tag, bucket, batch, []))
+        self.reset()
 
     def reset(self) -> None:
         """Forget every sequence (the KV cache rows become free)."""
-        if self.kv_cache is not None:
-            self.kv_cache.reset()
+        for kv in self.rank_caches or [self.kv_cache] * (self.kv_cache is not None):
+            kv.reset()
 
     # -- execution --------------------------------------------------------------------------------
     def _call(self, tag: str, bucket: int, args) -> torch.Tensor:
@@ -187,10 +221,15 @@ class NeuronCausalLM:
         if nm is None or self.kv_cache is None:
             raise InferenceError("the model is not loaded: call model.load(compiled_path) first")
         t0, p0 = time.perf_counter(), clock.now_ns()
-        out = nm(*args, *self.kv_cache.tensors)
+        if self.rank_caches:
+            nc = self.neuron_config
+            out, device_ns = nm(self.kv_cache.session, self.cores, nc.torch_dtype, args,
+                                [kv.tensors for kv in self.rank_caches])
+        else:
+            out, device_ns = nm(*args, *self.kv_cache.tensors), nm.model.static_device_ns
         secs, proj_ns = time.perf_counter() - t0, clock.now_ns() - p0
         for hook in self.hooks:
-            hook(tag, bucket, secs, proj_ns, nm.model.static_device_ns)
+            hook(tag, bucket, secs, proj_ns, device_ns)
         return out
 
     def context_encoding(self, prompts: list[list[int]], seq_ids: list[int]) -> tuple[torch.Tensor, int]:

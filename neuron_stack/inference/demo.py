@@ -7,9 +7,11 @@
     inference_demo serve --model-path DIR  # ours: the OpenAI-compatible server (inference.server)
 
 ``run`` compiles (unless ``--skip-compile``), loads, generates for the prompts and, with
-``--benchmark``, writes ``benchmark_report.json``. A model directory without weights, or
-``--tp-degree`` above 1, runs in projection mode: the sub-models are compiled from the config with
-no numbers (:mod:`neuron_stack.llm.project`), and the report holds their projected latencies.
+``--benchmark``, writes ``benchmark_report.json``. With weights, ``--tp-degree N`` shards the model over
+N NeuronCores with real numbers (:mod:`.tp`). A model directory without weights, a preset, or
+``--projection`` runs in projection mode: the sub-models are compiled from the config with no numbers
+(:mod:`neuron_stack.llm.project`), and the report holds their projected latencies. The first line of
+output says which.
 """
 
 from __future__ import annotations
@@ -83,10 +85,17 @@ def neuron_config(args):
     )
 
 
-def _projection_mode(args, nc) -> bool:
+def _projection_mode(args) -> str:
+    """Why this run is a projection ("" when it computes real numbers)."""
     from neuron_stack.llm.configs import PRESETS, has_weights
 
-    return nc.tp_degree > 1 or str(args.model_path).lower() in PRESETS or not has_weights(args.model_path)
+    if getattr(args, "projection", False):
+        return "asked (--projection)"
+    if str(args.model_path).lower() in PRESETS:
+        return f"{args.model_path} is a preset config"
+    if not has_weights(args.model_path):
+        return f"{args.model_path} has no weights"
+    return ""
 
 
 def load_model(args, nc, out=print):
@@ -110,11 +119,17 @@ def run(args) -> int:
 
     from neuron_stack.llm.configs import load_config
 
-    from .benchmark import benchmark_sampling
+    from .benchmark import benchmark_sampling, write_report
     from .tokenizer import ByteTokenizer
 
     nc = neuron_config(args)
-    if _projection_mode(args, nc):
+    why = _projection_mode(args)
+    if why:
+        print(f"mode: projection (numbers=none, tp_degree={nc.tp_degree}): {why}", flush=True)
+    else:
+        cores = "NeuronCores" if nc.tp_degree > 1 else "NeuronCore"
+        print(f"mode: real numbers (tp_degree={nc.tp_degree} over {nc.tp_degree} {cores})", flush=True)
+    if why:
         from .projection import project_serving
 
         load_config(args.model_path)  # a missing or bad config is one line before any compile
@@ -128,7 +143,7 @@ def run(args) -> int:
         )
         print(report["text"])
         if args.benchmark:
-            Path(args.benchmark_report_path).write_text(json.dumps(report["benchmark"], indent=4))
+            write_report(report["benchmark"], args.benchmark_report_path)
             print(f"benchmark report (projection, numbers=none): {args.benchmark_report_path}")
         return 0
     model = load_model(args, nc)
@@ -158,12 +173,8 @@ def run(args) -> int:
         if not same:
             return 1
     if args.benchmark:
-        report = benchmark_sampling(
-            model,
-            ids,
-            num_runs=args.num_runs,
-            max_new_tokens=new,
-            benchmark_report_path=args.benchmark_report_path,
+        report = benchmark_sampling(  # NxDI's inputs (random prompts of max_context_length), not --prompt
+            model, num_runs=args.num_runs, benchmark_report_path=args.benchmark_report_path
         )
         print(
             json.dumps(
@@ -222,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="skip-accuracy-check",
         choices=("skip-accuracy-check", "token-matching"),
     )
+    r.add_argument("--projection", action="store_true", help="ours: project from the config (no numbers)")
     r.add_argument("--benchmark", action="store_true")
     r.add_argument("--benchmark-report-path", default="./benchmark_report.json")
     r.add_argument("--num-runs", type=int, default=20, help="timed runs of the benchmark (NxDI: 20)")
@@ -253,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inference_demo: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a compile or runtime failure: one line naming it
+        from neuron_stack.runtime.cores import CoreAllocationError
         from neuron_stack.runtime.errors import NeuronRuntimeError
 
-        if isinstance(exc, (NeuronRuntimeError, ValueError, OSError)):
+        if isinstance(exc, (NeuronRuntimeError, CoreAllocationError, ValueError, OSError)):
             print(
                 f"inference_demo: error: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}",
