@@ -102,6 +102,33 @@ def test_tensor_parallel_run_has_real_numbers_equal_to_tp1(tmp_path):
     assert r.stdout.splitlines()[0] == "mode: projection (numbers=none, tp_degree=2): asked (--projection)"
 
 
+def test_speculative_decoding_tokens_equal_greedy(tmp_path):
+    """--speculation-length with a draft model: the target checks k draft tokens per call; the tokens are
+    the target's greedy ones whatever the draft proposes; the acceptance rate and TPOT are reported."""
+    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+    assert demo("tiny-model", str(tmp_path / "other"), "--seed", "1", cwd=tmp_path).returncode == 0
+    rates = {}
+    for name in ("tiny", "other"):  # the target itself as draft (all accepted), then an unrelated one
+        r = demo(
+            "run", "--model-path", str(tmp_path / "tiny"), "--compiled-model-path", str(tmp_path / f"c-{name}"),
+            "--draft-model-path", str(tmp_path / name), "--speculation-length", "3",
+            "--batch-size", "1", "--max-context-length", "16", "--seq-len", "32", "--prompt", "Hello",
+            "--check-accuracy-mode", "token-matching", "--benchmark-report-path", str(tmp_path / "report.json"),
+            *(["--benchmark", "--num-runs", "1"] if name == "tiny" else []), cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "token matching against eager Hugging Face generate: passed" in r.stdout
+        rates[name] = float(re.search(r"^speculation: acceptance rate ([\d.]+) ", r.stdout, re.M).group(1))
+    assert rates["tiny"] == 1.0 and rates["other"] < 1.0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["speculation_model"]["latency_ms_p50"] > 0
+    sp = json.loads((tmp_path / "report.extras.json").read_text())["speculation"]
+    assert sp["speculation_length"] == 3 and sp["acceptance_rate"] == 1.0
+    assert sp["tpot_ms"] > 0 and sp["tpot_ms_without_speculation"] > 0
+    r = demo("run", "--model-path", str(tmp_path / "tiny"), "--speculation-length", "3", cwd=tmp_path)
+    assert r.returncode == 2 and "needs both --speculation-length K and --draft-model-path" in r.stderr
+
+
 def test_errors_are_one_line(tmp_path):
     r = demo("run", "--model-path", str(tmp_path / "nothing"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such model config" in r.stderr

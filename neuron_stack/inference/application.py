@@ -25,8 +25,8 @@ from .config import InferenceConfig, InferenceError, NeuronConfig, get_target_bu
 from .kvcache import KVCacheManager
 from .modeling import DecoderGraph, check_supported
 
-CTE, TKG = "context_encoding_model", "token_generation_model"
-KINDS = {CTE: "context_encoding", TKG: "token_generation"}
+CTE, TKG, SPEC = "context_encoding_model", "token_generation_model", "speculation_model"
+KINDS = {CTE: "context_encoding", TKG: "token_generation", SPEC: "speculation"}
 MAX_NEFF_BYTES = 4 << 30  # a compiled artifact bigger than this is not one of ours
 
 
@@ -67,6 +67,8 @@ class NeuronCausalLM:
             raise InferenceError(
                 f"sliding_window {window} < seq_len {nc.seq_len}: compile with seq_len <= {window}"
             )
+        if nc.tp_degree != 1 and nc.speculation_length:
+            raise InferenceError("speculation_length with tp_degree > 1 is not supported here: use tp_degree=1")
         if nc.tp_degree != 1:
             from .tp import check_tp
 
@@ -102,14 +104,15 @@ class NeuronCausalLM:
 
     def _plans(self):
         nc = self.neuron_config
+        spec = [(SPEC, b, nc.tkg_batch_size) for b in nc.token_generation_buckets] if nc.speculation_length else []
         return [(CTE, b, nc.ctx_batch_size) for b in nc.context_encoding_buckets] + [
             (TKG, b, nc.tkg_batch_size) for b in nc.token_generation_buckets
-        ]
+        ] + spec
 
     def _example(self, tag: str, bucket: int, batch: int, caches: list):
-        t = bucket if tag == CTE else 1
+        t = {CTE: bucket, TKG: 1, SPEC: self.neuron_config.speculation_length + 1}[tag]
         ids = torch.zeros((batch, t), dtype=torch.long)
-        pos = torch.arange(t).repeat(batch, 1) if tag == CTE else torch.zeros((batch, 1), dtype=torch.long)
+        pos = torch.arange(t).repeat(batch, 1) if tag != TKG else torch.zeros((batch, 1), dtype=torch.long)
         return (ids, pos, torch.arange(batch), torch.zeros(batch, dtype=torch.long), *caches)
 
     def compile(self, compiled_model_path, debug: bool = False) -> Path:
@@ -270,6 +273,19 @@ class NeuronCausalLM:
         out = self._call(TKG, bucket, (ids, pos, torch.arange(b), torch.zeros(b, dtype=torch.long)))
         return out, bucket
 
+    def speculate(self, tokens: list[list[int]], positions: list[int]) -> tuple[torch.Tensor, int]:
+        """Verification: row r's ``speculation_length + 1`` tokens at ``positions[r]`` onwards, written to the
+        cache; returns (logits of every one ``(rows, k + 1, vocab)``, bucket)."""
+        nc = self.neuron_config
+        k1 = nc.speculation_length + 1
+        bucket = get_target_bucket(
+            nc.token_generation_buckets, max(positions) + k1, nc.bucket_strategy, what="seq_len"
+        )
+        ids = torch.tensor(tokens, dtype=torch.long)
+        pos = torch.tensor(positions, dtype=torch.long)[:, None] + torch.arange(k1)
+        b = ids.shape[0]
+        return self._call(SPEC, bucket, (ids, pos, torch.arange(b), torch.zeros(b, dtype=torch.long))), bucket
+
 
 def _greedy_on_device(nc: NeuronConfig) -> bool:
     s = nc.on_device_sampling_config
@@ -311,8 +327,12 @@ class HuggingFaceGenerationAdapter:
         max_length: int | None = None,
         max_new_tokens: int | None = None,
         eos_token_id: int | None = None,
+        assistant_model: NeuronCausalLM | None = None,
         **_ignored,
     ):
+        """Greedy (or on-device-config sampling) generation; with ``assistant_model`` (a loaded draft model)
+        and the target compiled with ``speculation_length`` k, greedy speculative decoding (:meth:`_assisted`).
+        """
         nc = self.model.neuron_config
         b, n = input_ids.shape
         if b != nc.batch_size:
@@ -335,6 +355,8 @@ class HuggingFaceGenerationAdapter:
                 "compile with a larger seq_len"
             )
         model = self.model
+        if assistant_model is not None:
+            return self._assisted(assistant_model, input_ids, prompts, max_new_tokens, eos_token_id)
         model.reset()
         firsts = []
         for start in range(0, b, nc.ctx_batch_size):
@@ -353,10 +375,68 @@ class HuggingFaceGenerationAdapter:
                     generated[i].append(t)
                     positions[i] += 1
                     done[i] = eos_token_id is not None and t == eos_token_id
-        pad = eos_token_id if eos_token_id is not None else 0
-        width = max(len(g) for g in generated)
-        rows = [
-            prompts[i] + [pad] * (n - lengths[i]) + generated[i] + [pad] * (width - len(generated[i]))
-            for i in range(b)
-        ]
-        return torch.tensor(rows, dtype=input_ids.dtype)
+        return _pad(input_ids, prompts, lengths, generated, eos_token_id)
+
+    def _assisted(self, draft: NeuronCausalLM, input_ids, prompts, max_new_tokens: int, eos) -> torch.Tensor:
+        """Greedy speculative decoding, one sequence: the draft proposes k tokens (k token-generation calls),
+        the target checks them in one speculation call; the agreeing prefix and the target's own next token
+        are kept, so the tokens are the target's greedy tokens. ``self.speculation`` counts proposals."""
+        target, nc = self.model, self.model.neuron_config
+        k = nc.speculation_length
+        if not k:
+            raise InferenceError("assistant_model needs a target compiled with speculation_length > 0")
+        if len(prompts) != 1:
+            raise InferenceError(f"speculative decoding runs one sequence here; got {len(prompts)} (batch_size=1)")
+        target.reset()
+        draft.reset()
+        prompt = prompts[0]
+        first = select_tokens(target.context_encoding([prompt], [0])[0], nc)[0]
+        draft.context_encoding([prompt], [0])
+        gen, pos = [first], len(prompt)  # pos: where gen[-1] goes in the caches
+        stats = {"proposed": 0, "accepted": 0, "target_calls": 1}
+
+        def done():
+            return len(gen) >= max_new_tokens or (eos is not None and eos in gen)
+
+        while not done():
+            if pos + k >= nc.seq_len:  # no room for a speculation window: plain decoding to the end
+                out, _ = target.token_generation([gen[-1]], [pos])
+                gen.append(select_tokens(out, nc)[0])
+                pos += 1
+                stats["target_calls"] += 1
+                continue
+            drafts, x = [], gen[-1]
+            for i in range(k):
+                out, _ = draft.token_generation([x], [pos + i])
+                x = int(out[0].argmax()) if out.dim() == 2 else int(out[0])
+                drafts.append(x)
+            logits, _ = target.speculate([[gen[-1], *drafts]], [pos])
+            want = logits[0].argmax(-1).tolist()
+            n = 0
+            while n < k and drafts[n] == want[n]:
+                n += 1
+            if n == k:  # the draft has not seen its own last proposal: it goes into its cache now
+                draft.token_generation([drafts[-1]], [pos + k])
+            gen += want[: n + 1]
+            pos += n + 1
+            stats["proposed"] += k
+            stats["accepted"] += n
+            stats["target_calls"] += 1
+        gen = gen[:max_new_tokens]
+        if eos is not None and eos in gen:
+            gen = gen[: gen.index(eos) + 1]
+        stats["acceptance_rate"] = stats["accepted"] / stats["proposed"] if stats["proposed"] else 0.0
+        self.speculation = stats
+        return _pad(input_ids, prompts, [len(prompts[0])], [gen], eos)
+
+
+def _pad(input_ids, prompts, lengths, generated, eos_token_id) -> torch.Tensor:
+    """Prompt + generated tokens per row, padded to one width (with EOS, else 0) as ``generate`` returns."""
+    n = input_ids.shape[1]
+    pad = eos_token_id if eos_token_id is not None else 0
+    width = max(len(g) for g in generated)
+    rows = [
+        prompts[i] + [pad] * (n - lengths[i]) + generated[i] + [pad] * (width - len(generated[i]))
+        for i in range(len(prompts))
+    ]
+    return torch.tensor(rows, dtype=input_ids.dtype)

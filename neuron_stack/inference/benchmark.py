@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .application import CTE, TKG, HuggingFaceGenerationAdapter, NeuronCausalLM
+from .application import CTE, SPEC, TKG, HuggingFaceGenerationAdapter, NeuronCausalLM
 
 PERCENTILES = (50, 90, 95, 99, 100)
 #: NxDI's ``benchmark_report.json`` keys (``utils/constants.py``); anything else is ours, in the extras file
@@ -75,15 +75,21 @@ def benchmark_sampling(
     num_runs: int = 20,
     max_new_tokens: int | None = None,
     benchmark_report_path: str | Path = "./benchmark_report.json",
+    draft_model: NeuronCausalLM | None = None,
 ) -> dict:
     """Time ``num_runs`` generates of ``input_ids`` (default: :func:`sample_inputs`) and write the report
-    (:func:`write_report`). Returns the whole report dict, extras included."""
+    (:func:`write_report`). Returns the whole report dict, extras included.
+
+    With ``draft_model`` (speculative decoding): ``speculation_model`` is the target's verification calls,
+    ``token_generation_model`` every token-generation call (the draft's proposals and any plain target
+    steps), e2e every call of both models; the extras add the acceptance rate and the TPOT with and
+    without speculation (the latter from one plain greedy generate after the timed runs)."""
     nc = model.neuron_config
     if input_ids is None:
         input_ids = sample_inputs(model)
     new = max_new_tokens or nc.seq_len - input_ids.shape[1]
-    calls: dict[str, list[float]] = {CTE: [], TKG: []}
-    wall: dict[str, list[float]] = {"e2e_model": [], CTE: [], TKG: []}
+    calls: dict[str, list[float]] = {CTE: [], TKG: [], SPEC: []}
+    wall: dict[str, list[float]] = {"e2e_model": [], CTE: [], TKG: [], SPEC: []}
 
     every: list[float] = []  # device ms of every call, in order (a run's e2e is the sum of its calls)
 
@@ -92,28 +98,60 @@ def benchmark_sampling(
         every.append(device_ns / 1e6)
         wall[tag].append(secs * 1e3)
 
+    def draft_hook(tag, bucket, secs, proj_ns, device_ns):
+        every.append(device_ns / 1e6)  # the draft's prefill counts in e2e only
+        if tag == TKG:
+            calls[TKG].append(device_ns / 1e6)
+
     adapter = HuggingFaceGenerationAdapter(model)
-    adapter.generate(input_ids, max_new_tokens=new)  # warm-up, not measured
+    kw = {"assistant_model": draft_model} if draft_model is not None else {}
+    adapter.generate(input_ids, max_new_tokens=new, **kw)  # warm-up, not measured
     model.hooks.append(hook)
-    e2e = []
+    if draft_model is not None:
+        draft_model.hooks.append(draft_hook)
+    e2e, accepted = [], []
     try:
         for _ in range(num_runs):
             before, w0 = len(every), time.perf_counter()
-            adapter.generate(input_ids, max_new_tokens=new)
+            adapter.generate(input_ids, max_new_tokens=new, **kw)
             e2e.append(sum(every[before:]))
             wall["e2e_model"].append((time.perf_counter() - w0) * 1e3)
+            if draft_model is not None:
+                accepted.append(adapter.speculation["acceptance_rate"])
     finally:
         model.hooks.remove(hook)
+        if draft_model is not None:
+            draft_model.hooks.remove(draft_hook)
     batch = nc.max_batch_size
     tkg_tokens = nc.max_new_tokens or nc.max_length - nc.max_context_length // 2
     report = {
         "e2e_model": _summary(e2e, nc.max_length, num_runs, batch),
         "context_encoding_model": _summary(calls[CTE], nc.max_context_length, num_runs, batch),
         "token_generation_model": _summary(calls[TKG], tkg_tokens, num_runs, batch),
+        **({SPEC: _summary(calls[SPEC], tkg_tokens, num_runs, batch)} if calls[SPEC] else {}),
         "simulator_wall_ms": {k: float(np.mean(v)) if v else 0.0 for k, v in wall.items()},
         "clock": "simulated device time",
         "num_runs": num_runs,
         "generated_tokens_per_run": new,
     }
+    if draft_model is not None:
+        plain: list[float] = []
+
+        def plain_hook(tag, bucket, secs, proj_ns, device_ns):
+            if tag == TKG:
+                plain.append(device_ns / 1e6)
+
+        model.hooks.append(plain_hook)
+        try:
+            adapter.generate(input_ids, max_new_tokens=new)
+        finally:
+            model.hooks.remove(plain_hook)
+        cte_ms = float(np.mean(calls[CTE])) if calls[CTE] else 0.0
+        report["speculation"] = {
+            "speculation_length": nc.speculation_length,
+            "acceptance_rate": float(np.mean(accepted)),
+            "tpot_ms": (float(np.mean(e2e)) - cte_ms) / max(new - 1, 1),
+            "tpot_ms_without_speculation": float(np.mean(plain)) if plain else 0.0,
+        }
     write_report(report, benchmark_report_path)
     return report

@@ -80,6 +80,7 @@ def neuron_config(args):
         token_generation_buckets=args.token_generation_buckets,
         is_continuous_batching=args.is_continuous_batching,
         on_device_sampling_config=sampling,
+        speculation_length=getattr(args, "speculation_length", 0) or 0,
         target=args.target,
         instance_type=args.instance_type,
     )
@@ -114,6 +115,24 @@ def load_model(args, nc, out=print):
     return model
 
 
+def load_draft(args, nc, out=print):
+    """The draft model of speculative decoding (``--draft-model-path``), compiled beside the target's NEFFs."""
+    from dataclasses import replace
+
+    from .application import NeuronLlamaForCausalLM
+
+    if not args.draft_model_path:
+        return None
+    dnc = replace(nc, speculation_length=0, extra=dict(nc.extra))
+    draft = NeuronLlamaForCausalLM(args.draft_model_path, dnc)
+    compiled = Path(args.compiled_model_path or Path(args.model_path) / "neuron-compiled") / "draft"
+    if not args.skip_compile:
+        draft.compile(compiled)
+    draft.load(compiled, skip_warmup=args.skip_warmup)
+    out(f"draft model loaded: {args.draft_model_path} (speculation_length={nc.speculation_length})")
+    return draft
+
+
 def run(args) -> int:
     import torch
 
@@ -146,7 +165,10 @@ def run(args) -> int:
             write_report(report["benchmark"], args.benchmark_report_path)
             print(f"benchmark report (projection, numbers=none): {args.benchmark_report_path}")
         return 0
+    if bool(args.speculation_length) != bool(args.draft_model_path):
+        raise InferenceError("speculative decoding needs both --speculation-length K and --draft-model-path DIR")
     model = load_model(args, nc)
+    draft = load_draft(args, nc)
     if args.compile_only:
         return 0
     tok = ByteTokenizer(model.config.hf_config.vocab_size)
@@ -158,7 +180,14 @@ def run(args) -> int:
     from .application import HuggingFaceGenerationAdapter
 
     new = args.max_new_tokens or nc.seq_len - n
-    outputs = HuggingFaceGenerationAdapter(model).generate(ids, max_new_tokens=new)
+    adapter = HuggingFaceGenerationAdapter(model)
+    outputs = adapter.generate(ids, max_new_tokens=new, assistant_model=draft)
+    if draft is not None:
+        sp = adapter.speculation
+        print(
+            f"speculation: acceptance rate {sp['acceptance_rate']:.3f} ({sp['accepted']}/{sp['proposed']} "
+            f"draft tokens), {sp['target_calls']} target calls for {outputs.shape[1] - n} tokens"
+        )
     print("Generated outputs:")
     for i, row in enumerate(outputs.tolist()):
         print(f"Output {i}: {json.dumps(tok.decode(row))}  ids={row[n:]}")
@@ -173,15 +202,18 @@ def run(args) -> int:
         if not same:
             return 1
     if args.benchmark:
+        from .benchmark import REPORT_KEYS
+
         report = benchmark_sampling(  # NxDI's inputs (random prompts of max_context_length), not --prompt
-            model, num_runs=args.num_runs, benchmark_report_path=args.benchmark_report_path
+            model, num_runs=args.num_runs, benchmark_report_path=args.benchmark_report_path, draft_model=draft
         )
-        print(
-            json.dumps(
-                {k: report[k] for k in ("e2e_model", "context_encoding_model", "token_generation_model")},
-                indent=4,
+        print(json.dumps({k: report[k] for k in REPORT_KEYS if k in report}, indent=4))
+        if draft is not None:
+            sp = report["speculation"]
+            print(
+                f"speculation: acceptance rate {sp['acceptance_rate']:.3f}, TPOT {sp['tpot_ms']:.4f} ms "
+                f"(without speculation {sp['tpot_ms_without_speculation']:.4f} ms, simulated device time)"
             )
-        )
         print(f"benchmark report: {args.benchmark_report_path}")
     return 0
 
@@ -234,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("skip-accuracy-check", "token-matching"),
     )
     r.add_argument("--projection", action="store_true", help="ours: project from the config (no numbers)")
+    r.add_argument("--speculation-length", type=int, default=0, help="draft tokens per target check")
+    r.add_argument("--draft-model-path", help="the draft model of speculative decoding (with weights)")
     r.add_argument("--benchmark", action="store_true")
     r.add_argument("--benchmark-report-path", default="./benchmark_report.json")
     r.add_argument("--num-runs", type=int, default=20, help="timed runs of the benchmark (NxDI: 20)")

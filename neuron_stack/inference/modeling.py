@@ -8,6 +8,9 @@ the KV cache is an input each NEFF updates in place, one row per batch slot, lai
 - token generation (TKG, decode): ``input_ids (tkg_batch, 1)``, one position per row (rows decode at
   different lengths under continuous batching). Writes the new key/value at that position and attends
   over the first ``bucket`` positions of the cache, masked past each row's position.
+- speculation (NxDI's ``speculation_model``, speculative decoding's verification): ``input_ids (tkg_batch,
+  k + 1)`` at consecutive positions per row; writes them all and returns the logits of every one, each
+  attending over the cache up to its own position.
 
 Positions past a row's length hold stale or padding keys; attention never reads them (the mask), and
 decoding overwrites them in order, so a slot needs no clearing between requests.
@@ -68,6 +71,9 @@ def cache_masks(kind: str, bucket: int, position_ids, seq_ids, rows: int, t: int
         idx = torch.arange(t)
         return write, (idx[None, :] > idx[:, None])[None, None]  # causal
     span = torch.arange(bucket)
+    if kind == "speculation":  # (B, t, bucket): which cache position each new token writes; past each one's
+        at = (span[None, None, :] == position_ids[:, :, None]).to(torch.float32)
+        return at, (span[None, None, :] > position_ids[:, :, None])[:, None]
     pos = position_ids[:, :1]  # (B, 1)
     return (span[None, :] == pos)[:, None, :, None], (span[None, :] > pos)[:, None, None, :]
 
@@ -88,6 +94,13 @@ def attend(attn, heads: int, kv_heads: int, head_dim: int, kind: str, bucket: in
         k_cache[:, :, :t].copy_(torch.where(has, k.index_select(0, rows_src), span))
         v_cache[:, :, :t].copy_(torch.where(has, v.index_select(0, rows_src), v_cache[:, :, :t]))
         keys, values = k, v  # the prompt attends to itself
+    elif kind == "speculation":
+        at = write_rows  # (B, t, bucket) one-hot
+        hit = at.sum(1)[:, None, :, None] > 0  # (B, 1, bucket, 1)
+        keys = torch.where(hit, torch.einsum("bts,bhtd->bhsd", at, k), k_cache[:, :, :bucket])
+        values = torch.where(hit, torch.einsum("bts,bhtd->bhsd", at, v), v_cache[:, :, :bucket])
+        k_cache[:, :, :bucket].copy_(keys)
+        v_cache[:, :, :bucket].copy_(values)
     else:
         at = write_rows  # (B, 1, bucket, 1): this step's position per row
         keys = torch.where(at, k, k_cache[:, :, :bucket])
@@ -133,6 +146,8 @@ class DecoderGraph(nn.Module):
                        layer.input_layernorm(h), cos, sin, caches[2 * i], caches[2 * i + 1], write, mask)
             h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if self.kind == "speculation":  # every position's logits (B, k + 1, vocab)
+            return self.model.lm_head(inner.norm(h))
         if self.kind == "context_encoding":
             h = torch.gather(h, 1, last_pos[:, None, None].expand(b, 1, h.shape[-1]))
         h = inner.norm(h[:, -1])
