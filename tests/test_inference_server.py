@@ -200,6 +200,10 @@ def test_bad_requests_are_4xx(server):
     assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
 
 
+def text_of(completion, n: int) -> str:
+    return ByteTokenizer(259).decode(completion.choices[0].model_extra["token_ids"][:n])
+
+
 def test_openai_client_sampling_streams_and_usage(server):
     """The official client, as a vLLM user calls it: seeded sampling reproducible and not greedy, vLLM's 400,
     include_usage's usage chunk, several prompts × n, logprobs, stop strings, content parts."""
@@ -223,6 +227,7 @@ def test_openai_client_sampling_streams_and_usage(server):
     many = complete(prompt=["Hi", [5, 6, 7]], n=2, temperature=1.0, seed=3, max_tokens=4)
     assert [c.index for c in many.choices] == [0, 1, 2, 3] and many.usage.prompt_tokens == 2 + 3
     assert many.usage.completion_tokens == 16 and ids(many, 0) != ids(many, 1)
+    assert complete(temperature=0, echo=True, max_tokens=3).choices[0].text == "Hello" + text_of(greedy, 3)
     # logprobs of the chosen token and the top ones
     lp = complete(temperature=0, logprobs=2, max_tokens=5).choices[0].logprobs
     assert len(lp.token_logprobs) == 5 and all(len(t) >= 2 for t in lp.top_logprobs)
