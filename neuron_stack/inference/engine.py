@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from neuron_stack.device import clock
 
-from .application import CTE, NeuronCausalLM
+from .application import CTE, NeuronCausalLM, _greedy_on_device
 from .config import InferenceError
 from .sampling import SamplingParams, logprobs, sample
 
@@ -124,7 +124,7 @@ class Engine:
             params.verify_vocab(self.model.config.hf_config.vocab_size)
             if params.stop and self.decode is None:
                 raise InferenceError("stop strings need a tokenizer: Engine(..., decode=tokenizer.decode)")
-            if not params.plain_greedy and _greedy_graph(nc):
+            if not params.plain_greedy and _greedy_on_device(nc):
                 raise InferenceError(
                     "this model was compiled with greedy on-device sampling (top_k=1): it returns token "
                     "ids, not logits; send temperature=0, or compile without on_device_sampling_config"
@@ -329,11 +329,6 @@ class Engine:
                 "kv_cache_usage_perc": self.model.kv_cache.usage(running),
                 "kv_cache_bytes": self.model.kv_cache.bytes_per_core,
             }
-
-
-def _greedy_graph(nc) -> bool:
-    s = nc.on_device_sampling_config
-    return s is not None and not s.do_sample and s.top_k == 1
 
 
 __all__ = ["Engine", "Request", "Step", "CTE"]
