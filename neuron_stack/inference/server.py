@@ -17,7 +17,8 @@ sees it); ``max_tokens`` must fit the compiled ``seq_len``, prompts ``max_contex
 waits at most ``REQUEST_TIMEOUT_S``; a client that disconnects aborts its requests. Bad requests get a
 4xx with the error body ``{"error": {"message", "type", "param", "code"}}``.
 
-Prompts are text (the offline byte tokenizer, :mod:`.tokenizer`) or lists of token ids; every choice
+Prompts are text (the model's own tokenizer and chat template when its directory has them, else the
+offline byte tokenizer: :mod:`.tokenizer`) or lists of token ids; every choice
 also carries ``token_ids`` (ours) so a random-weight model's output can be checked by id.
 
     inference_demo serve --model-path ./tiny --batch-size 4 --max-context-length 64 --seq-len 128
@@ -501,7 +502,7 @@ def build(model, model_name: str, log_stats: bool = True):
     """(asgi app, engine) serving a loaded model: the engine with every observer (metrics, trace, live)."""
     from .engine import Engine
     from .observe import LiveObserver, StatLogger, TraceObserver, VllmMetrics
-    from .tokenizer import ByteTokenizer
+    from .tokenizer import load_tokenizer
 
     nc = model.neuron_config
     # vLLM on Neuron: one block of max_model_len per sequence, num_gpu_blocks = max_num_seqs + 1
@@ -510,7 +511,7 @@ def build(model, model_name: str, log_stats: bool = True):
     metrics = VllmMetrics(model_name, nc.seq_len, cache_info)
     trace = TraceObserver(model_name, nc.target)
     stats = None if not log_stats else StatLogger()
-    tokenizer = ByteTokenizer(model.config.hf_config.vocab_size)
+    tokenizer = load_tokenizer(model.model_path, model.config.hf_config.vocab_size)
     observers = [metrics, trace, LiveObserver(nc.target)] + ([stats] if stats else [])
     engine = Engine(model, observers=observers, model_name=model_name, decode=tokenizer.decode)
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, so atexit never runs: close the runtime
