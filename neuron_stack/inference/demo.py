@@ -139,7 +139,7 @@ def run(args) -> int:
     from neuron_stack.llm.configs import load_config
 
     from .benchmark import benchmark_sampling, write_report
-    from .tokenizer import ByteTokenizer
+    from .tokenizer import load_tokenizer
 
     nc = neuron_config(args)
     why = _projection_mode(args)
@@ -171,7 +171,7 @@ def run(args) -> int:
     draft = load_draft(args, nc)
     if args.compile_only:
         return 0
-    tok = ByteTokenizer(model.config.hf_config.vocab_size)
+    tok = load_tokenizer(args.model_path, model.config.hf_config.vocab_size)
     prompts = (args.prompt or ["I believe the meaning of life is"]) * nc.batch_size
     prompts = prompts[: nc.batch_size]
     enc = [tok.encode(p)[: nc.max_context_length] for p in prompts]
