@@ -139,5 +139,5 @@ def test_bad_requests_are_one_line(compiled):
         eng.add_request([5] * 30, max_tokens=40)
     with pytest.raises(InferenceError, match="outside the vocabulary"):
         eng.add_request([999], max_tokens=4)
-    with pytest.raises(InferenceError, match="tp_degree=2"):
-        NeuronLlamaForCausalLM(tiny_llama(), NeuronConfig(tp_degree=2))
+    with pytest.raises(InferenceError, match="tp_degree=3 is not a multiple of the 2 KV heads"):
+        NeuronLlamaForCausalLM(tiny_llama(), NeuronConfig(tp_degree=3))

@@ -56,17 +56,77 @@ def test_run_benchmark_report(tmp_path):
     assert "Compiling and tracing time:" in r.stdout and "Total model loading time:" in r.stdout
     assert "token matching against eager Hugging Face generate: passed" in r.stdout
     report = json.loads((tmp_path / "benchmark_report.json").read_text())
+    # exactly NxDI's keys; ours beside it
+    assert set(report) == {"e2e_model", "context_encoding_model", "token_generation_model"}
+    extras = json.loads((tmp_path / "benchmark_report.extras.json").read_text())
+    assert extras["clock"] == "simulated device time" and extras["num_runs"] == 2
     keys = {f"latency_ms_p{p}" for p in (50, 90, 95, 99, 100)} | {"latency_ms_avg", "throughput"}
-    for sub in ("e2e_model", "context_encoding_model", "token_generation_model"):
-        assert keys <= set(report[sub]) and report[sub]["latency_ms_p50"] > 0
+    for sub in report.values():
+        assert set(sub) == keys and sub["latency_ms_p50"] > 0
     # simulated device time: deterministic per call, and a run is its calls
     tkg = report["token_generation_model"]
     assert tkg["latency_ms_p50"] == tkg["latency_ms_p100"]
     e2e = report["e2e_model"]["latency_ms_avg"]
-    # "Hello" is 5 byte tokens: one context encoding, then 32 - 5 - 1 token-generation calls
-    per_run = report["context_encoding_model"]["latency_ms_avg"] + 26 * tkg["latency_ms_avg"]
+    # NxDI's inputs, not --prompt: random prompts of max_context_length (16), then generating up to seq_len 32:
+    # one context encoding, then 32 - 16 - 1 token-generation calls
+    assert extras["generated_tokens_per_run"] == 16
+    per_run = report["context_encoding_model"]["latency_ms_avg"] + 15 * tkg["latency_ms_avg"]
     assert abs(e2e - per_run) < 1e-6 * e2e
     assert report["e2e_model"]["throughput"] == 2 * 32 * 2 / (2 * e2e / 1e3)
+
+
+def test_tensor_parallel_run_has_real_numbers_equal_to_tp1(tmp_path):
+    """--tp-degree 2 on a model with weights: sharded over two cores as NxDI shards it, the collectives run
+    with numbers and are costed; the text equals TP=1 (and eager). The first line says the mode."""
+    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+    outs = {}
+    for tp in (1, 2):
+        r = demo(
+            "run", "--model-path", str(tmp_path / "tiny"), "--compiled-model-path", str(tmp_path / f"c{tp}"),
+            "--tp-degree", str(tp), "--batch-size", "1", "--max-context-length", "16", "--seq-len", "32",
+            "--prompt", "Hello", "--check-accuracy-mode", "token-matching", "--benchmark", "--num-runs", "1",
+            "--benchmark-report-path", str(tmp_path / f"tp{tp}.json"), cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stderr
+        first = r.stdout.splitlines()[0]
+        assert first == f"mode: real numbers (tp_degree={tp} over {tp} NeuronCore{'s' if tp > 1 else ''})"
+        assert "token matching against eager Hugging Face generate: passed" in r.stdout
+        outs[tp] = [x for x in r.stdout.splitlines() if x.startswith("Output 0:")]
+    assert outs[1] == outs[2] and outs[1]
+    # the TP=2 call includes its collectives' time: more device time per token than the ranks' compute alone
+    report = json.loads((tmp_path / "tp2.json").read_text())
+    assert report["token_generation_model"]["latency_ms_p50"] > 0
+    r = demo("run", "--model-path", str(tmp_path / "tiny"), "--tp-degree", "2", "--projection",
+             "--seq-len", "32", "--max-context-length", "16", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "mode: projection (numbers=none, tp_degree=2): asked (--projection)"
+
+
+def test_speculative_decoding_tokens_equal_greedy(tmp_path):
+    """--speculation-length with a draft model: the target checks k draft tokens per call; the tokens are
+    the target's greedy ones whatever the draft proposes; the acceptance rate and TPOT are reported."""
+    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+    assert demo("tiny-model", str(tmp_path / "other"), "--seed", "1", cwd=tmp_path).returncode == 0
+    rates = {}
+    for name in ("tiny", "other"):  # the target itself as draft (all accepted), then an unrelated one
+        r = demo(
+            "run", "--model-path", str(tmp_path / "tiny"), "--compiled-model-path", str(tmp_path / f"c-{name}"),
+            "--draft-model-path", str(tmp_path / name), "--speculation-length", "3",
+            "--batch-size", "1", "--max-context-length", "16", "--seq-len", "32", "--prompt", "Hello",
+            "--check-accuracy-mode", "token-matching", "--benchmark-report-path", str(tmp_path / "report.json"),
+            *(["--benchmark", "--num-runs", "1"] if name == "tiny" else []), cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "token matching against eager Hugging Face generate: passed" in r.stdout
+        rates[name] = float(re.search(r"^speculation: acceptance rate ([\d.]+) ", r.stdout, re.M).group(1))
+    assert rates["tiny"] == 1.0 and rates["other"] < 1.0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["speculation_model"]["latency_ms_p50"] > 0
+    sp = json.loads((tmp_path / "report.extras.json").read_text())["speculation"]
+    assert sp["speculation_length"] == 3 and sp["acceptance_rate"] == 1.0
+    assert sp["tpot_ms"] > 0 and sp["tpot_ms_without_speculation"] > 0
+    r = demo("run", "--model-path", str(tmp_path / "tiny"), "--speculation-length", "3", cwd=tmp_path)
+    assert r.returncode == 2 and "needs both --speculation-length K and --draft-model-path" in r.stderr
 
 
 def test_errors_are_one_line(tmp_path):

@@ -25,7 +25,7 @@ server_proc: list = []  # the running server (the last test stops it to read its
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, compile_cache):
     root = tmp_path_factory.mktemp("serve")
-    save_tiny_llama(root / "tiny")
+    save_tiny_llama(root / "tiny", with_tokenizer=True)  # its own tokenizer files and chat template
     port = free_port()
     env = dict(
         os.environ,
@@ -33,6 +33,7 @@ def server(tmp_path_factory, compile_cache):
         HF_HUB_OFFLINE="1",
         NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_DEVICE_PROFILE="session",
         NEURON_RT_INSPECT_OUTPUT_DIR=str(root / "output"),
+        VLLM_LOG_STATS_INTERVAL="0.5",
     )
     proc = start_server_process(
         port,
@@ -72,6 +73,12 @@ def post(url, body, raw=None):
         return e.code, e.read().decode()
 
 
+def chat_ids(messages) -> list[int]:
+    """The tiny model's chat template (tiny.CHAT_TEMPLATE) rendered by hand; its tokens are UTF-8 bytes + 3."""
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+    return ByteTokenizer(259).encode(text)
+
+
 def eager(ids, n):
     with torch.no_grad():
         out = tiny_llama().generate(
@@ -84,7 +91,7 @@ def test_completion_equals_eager(server):
     base, _ = server
     status, text = post(
         base + "/v1/completions",
-        {"model": "tiny", "prompt": "Hello Neuron", "max_tokens": 12, "ignore_eos": True},
+        {"model": "tiny", "prompt": "Hello Neuron", "max_tokens": 12, "ignore_eos": True, "temperature": 0},
     )
     assert status == 200, text
     body = json.loads(text)
@@ -108,6 +115,7 @@ def test_chat_streams_tokens_equal_to_eager(server):
                 "max_tokens": 10,
                 "stream": True,
                 "ignore_eos": True,
+                "temperature": 0,
             }
         ).encode(),
         headers={"Content-Type": "application/json"},
@@ -122,10 +130,12 @@ def test_chat_streams_tokens_equal_to_eager(server):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    # vLLM: the role first, alone; then the text
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
     toks = [t for c in chunks for t in c["choices"][0]["token_ids"]]
-    assert toks == eager(ByteTokenizer(259).chat([{"role": "user", "content": "Hi"}]), 10)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and len(chunks) == 10
+    assert toks == eager(chat_ids([{"role": "user", "content": "Hi"}]), 10)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and len(chunks) <= 11
 
 
 def test_concurrent_requests_batch_continuously(server):
@@ -135,7 +145,9 @@ def test_concurrent_requests_batch_continuously(server):
     with ThreadPoolExecutor(5) as pool:
         results = list(
             pool.map(
-                lambda p: post(base + "/v1/completions", {"prompt": p, "max_tokens": 8, "ignore_eos": True}),
+                lambda p: post(
+                    base + "/v1/completions", {"prompt": p, "max_tokens": 8, "ignore_eos": True, "temperature": 0}
+                ),
                 prompts,
             )
         )
@@ -173,8 +185,11 @@ def test_bad_requests_are_4xx(server):
         ({"prompt": "x", "max_tokens": 10_000}, 400, "max_tokens"),
         ({"prompt": "x" * 40}, 400, "max_context_length"),
         ({"prompt": [1, 2, 9999]}, 400, "vocabulary"),
-        ({"prompt": "x", "model": "other"}, 404, "does not exist"),
-        ({"prompt": "x", "n": 2}, 400, "n and"),
+        ({"prompt": "x", "model": "other"}, 404, "The model `other` does not exist."),
+        ({"prompt": "x", "n": 2, "temperature": 0}, 400, "n must be 1 when using greedy sampling, got 2."),
+        ({"prompt": "x", "temperature": -1}, 400, "temperature must be non-negative, got -1."),
+        ({"prompt": "x", "top_p": 1.5}, 400, "top_p must be in (0, 1], got 1.5."),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "only be defined when `stream=True`"),
     ]
     for body, code, words in cases:
         status, text = post(base + "/v1/completions", body)
@@ -189,6 +204,146 @@ def test_bad_requests_are_4xx(server):
     assert conn.getresponse().status == 413
     conn.close()
     assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
+
+
+def text_of(completion, n: int) -> str:
+    return ByteTokenizer(259).decode(completion.choices[0].model_extra["token_ids"][:n])
+
+
+def test_openai_client_sampling_streams_and_usage(server):
+    """The official client, as a vLLM user calls it: seeded sampling reproducible and not greedy, vLLM's 400,
+    include_usage's usage chunk, several prompts × n, logprobs, stop strings, content parts."""
+    import openai
+
+    base, _ = server
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+
+    def complete(**kw):
+        kw = {"model": "tiny", "prompt": "Hello", "max_tokens": 12, "extra_body": {"ignore_eos": True}, **kw}
+        return client.completions.create(**kw)
+
+    a, b = complete(temperature=0.8, seed=7), complete(temperature=0.8, seed=7)
+    greedy = complete(temperature=0)
+    ids = lambda r, i=0: r.choices[i].model_extra["token_ids"]  # noqa: E731
+    assert greedy.choices[0].model_extra["token_ids"] == eager(ByteTokenizer(259).encode("Hello"), 12)
+    assert a.choices[0].text == b.choices[0].text and ids(a) == ids(b) != ids(greedy)
+    with pytest.raises(openai.BadRequestError, match="temperature must be non-negative, got -1.0"):
+        complete(temperature=-1)
+    # several prompts, n choices each (index = prompt × n + choice), usage over all of them
+    many = complete(prompt=["Hi", [5, 6, 7]], n=2, temperature=1.0, seed=3, max_tokens=4)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3] and many.usage.prompt_tokens == 2 + 3
+    assert many.usage.completion_tokens == 16 and ids(many, 0) != ids(many, 1)
+    assert complete(temperature=0, echo=True, max_tokens=3).choices[0].text == "Hello" + text_of(greedy, 3)
+    # logprobs of the chosen token and the top ones
+    lp = complete(temperature=0, logprobs=2, max_tokens=5).choices[0].logprobs
+    assert len(lp.token_logprobs) == 5 and all(len(t) >= 2 for t in lp.top_logprobs)
+    assert all(max(t.values()) == chosen for t, chosen in zip(lp.top_logprobs, lp.token_logprobs))
+    # a stop string ends the text before it
+    text = greedy.choices[0].text
+    needle = text[3:5]
+    stopped = complete(temperature=0, stop=[needle]).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == text[: text.index(needle)]
+    # streaming with include_usage: the last chunk before [DONE] has no choices and the usage
+    chunks = list(complete(temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == text
+    # chat: role first, content parts, vLLM's default max_tokens (the rest of the context)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, stream=True, temperature=0, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    prompt = chat_ids([{"role": "user", "content": "Hi\nthere"}])
+    assert chunks[-1].usage.prompt_tokens == len(prompt)
+    assert chunks[-1].usage.completion_tokens == 64 - len(prompt)
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
+
+
+def test_tokenize_version_ping(server):
+    base, _ = server
+    status, text = post(base + "/tokenize", {"prompt": "Hello é"})
+    tokens = json.loads(text)
+    assert status == 200 and tokens["tokens"] == ByteTokenizer(259).encode("Hello é") and tokens["count"] == 8
+    status, text = post(base + "/detokenize", {"tokens": tokens["tokens"]})
+    assert status == 200 and json.loads(text) == {"prompt": "Hello é"}
+    status, text = post(base + "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert json.loads(text)["tokens"] == chat_ids([{"role": "user", "content": "Hi"}])  # the model's template
+    assert json.loads(urllib.request.urlopen(base + "/version", timeout=10).read())["version"]
+    assert urllib.request.urlopen(base + "/ping", timeout=10).status == 200
+    assert post(base + "/ping", {})[0] == 200
+
+
+def test_bodies_over_the_limit_get_413_plain_or_chunked(server):
+    base, _ = server
+    host = base.removeprefix("http://")
+    big = b'{"prompt": "' + b"x" * (2 << 20) + b'"}'
+
+    def send(chunked: bool) -> int:
+        conn = http.client.HTTPConnection(host, timeout=60)
+        try:
+            if chunked:
+                pieces = (big[i : i + 65536] for i in range(0, len(big), 65536))
+                conn.request("POST", "/v1/completions", body=pieces, encode_chunked=True,
+                             headers={"Content-Type": "application/json"})
+            else:
+                conn.request("POST", "/v1/completions", body=big, headers={"Content-Type": "application/json"})
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before the whole body went out
+        try:
+            r = conn.getresponse()
+            return r.status, json.loads(r.read())["error"]["message"]
+        finally:
+            conn.close()
+
+    for chunked in (False, True):
+        status, message = send(chunked)
+        assert status == 413 and "over 1048576 bytes" in message, chunked
+    assert urllib.request.urlopen(base + "/health", timeout=5).status == 200
+
+
+def test_metric_list_is_vllms(server):
+    """Every vLLM v1 metric, with vLLM's name, type and labels (tests/vllm_metrics.txt, copied from vLLM's
+    loggers.py), and no other; finished reasons pre-created; token buckets 1-2-5 up to max_model_len."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base, _ = server
+    post(base + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "n": 2})
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    ours = {  # prometheus_client's *_created series (a counter's creation time) are not metrics of their own
+        f.name: f
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("vllm:") and not f.name.endswith("_created")
+    }
+    want = {}
+    for line in (ROOT / "tests" / "vllm_metrics.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, kind = line.split()
+            want[name] = kind
+    assert {n: f.type for n, f in ours.items()} == want
+    labels = {s.labels.get("finished_reason") for s in ours["vllm:request_success"].samples}
+    assert {"stop", "length", "abort"} <= labels
+    samples = ours["vllm:prompt_tokens"].samples
+    assert all(s.labels["model_name"] == "tiny" and s.labels["engine"] == "0" for s in samples)
+    les = [s.labels["le"] for s in ours["vllm:request_prompt_tokens"].samples if s.name.endswith("_bucket")]
+    assert les == ["1.0", "2.0", "5.0", "10.0", "20.0", "50.0", "+Inf"]  # max_model_len 64
+    n_count = next(s for s in ours["vllm:request_params_n"].samples if s.name.endswith("_count"))
+    assert n_count.value >= 1
+
+
+def test_access_log_and_stats_line(server):
+    base, root = server
+    post(base + "/v1/completions", {"prompt": [5, 6], "max_tokens": 2})
+    deadline = time.monotonic() + 30
+    while "Avg generation throughput" not in (log := (root / "server.log").read_text()):
+        assert time.monotonic() < deadline, log[-2000:]
+        time.sleep(0.2)
+    assert '"POST /v1/completions HTTP/1.1" 200' in log  # uvicorn's access log, as vLLM's
+    line = next(x for x in log.splitlines() if "Avg generation throughput" in x)
+    assert "Engine 000: Avg prompt throughput:" in line and "GPU KV cache usage:" in line
 
 
 def test_monitor_and_top_show_serving(server):

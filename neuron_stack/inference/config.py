@@ -115,6 +115,7 @@ class NeuronConfig:
     is_continuous_batching: bool = False
     on_device_sampling_config: OnDeviceSamplingConfig | dict | None = None
     allow_input_truncation: bool = False
+    speculation_length: int = 0
     target: str = "trn1"
     instance_type: str | None = None
     extra: dict = field(default_factory=dict)
@@ -153,6 +154,13 @@ class NeuronConfig:
             self.token_generation_buckets, self.seq_len, "token_generation_buckets"
         )
         get_target_bucket([1], 1, self.bucket_strategy)  # refuse an unknown strategy now
+        if isinstance(self.speculation_length, bool) or not isinstance(self.speculation_length, int) or not (
+            0 <= self.speculation_length < self.seq_len
+        ):
+            raise InferenceError(
+                f"NeuronConfig.speculation_length must be an integer from 0 to seq_len - 1, "
+                f"not {self.speculation_length!r}"
+            )
 
     def _buckets(self, given, hi: int, name: str) -> list[int]:
         if given:

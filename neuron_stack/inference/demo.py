@@ -7,9 +7,11 @@
     inference_demo serve --model-path DIR  # ours: the OpenAI-compatible server (inference.server)
 
 ``run`` compiles (unless ``--skip-compile``), loads, generates for the prompts and, with
-``--benchmark``, writes ``benchmark_report.json``. A model directory without weights, or
-``--tp-degree`` above 1, runs in projection mode: the sub-models are compiled from the config with
-no numbers (:mod:`neuron_stack.llm.project`), and the report holds their projected latencies.
+``--benchmark``, writes ``benchmark_report.json``. With weights, ``--tp-degree N`` shards the model over
+N NeuronCores with real numbers (:mod:`.tp`). A model directory without weights, a preset, or
+``--projection`` runs in projection mode: the sub-models are compiled from the config with no numbers
+(:mod:`neuron_stack.llm.project`), and the report holds their projected latencies. The first line of
+output says which.
 """
 
 from __future__ import annotations
@@ -78,15 +80,23 @@ def neuron_config(args):
         token_generation_buckets=args.token_generation_buckets,
         is_continuous_batching=args.is_continuous_batching,
         on_device_sampling_config=sampling,
+        speculation_length=getattr(args, "speculation_length", 0) or 0,
         target=args.target,
         instance_type=args.instance_type,
     )
 
 
-def _projection_mode(args, nc) -> bool:
+def _projection_mode(args) -> str:
+    """Why this run is a projection ("" when it computes real numbers)."""
     from neuron_stack.llm.configs import PRESETS, has_weights
 
-    return nc.tp_degree > 1 or str(args.model_path).lower() in PRESETS or not has_weights(args.model_path)
+    if getattr(args, "projection", False):
+        return "asked (--projection)"
+    if str(args.model_path).lower() in PRESETS:
+        return f"{args.model_path} is a preset config"
+    if not has_weights(args.model_path):
+        return f"{args.model_path} has no weights"
+    return ""
 
 
 def load_model(args, nc, out=print):
@@ -105,16 +115,40 @@ def load_model(args, nc, out=print):
     return model
 
 
+def load_draft(args, nc, out=print):
+    """The draft model of speculative decoding (``--draft-model-path``), compiled beside the target's NEFFs."""
+    from dataclasses import replace
+
+    from .application import NeuronLlamaForCausalLM
+
+    if not args.draft_model_path:
+        return None
+    dnc = replace(nc, speculation_length=0, extra=dict(nc.extra))
+    draft = NeuronLlamaForCausalLM(args.draft_model_path, dnc)
+    compiled = Path(args.compiled_model_path or Path(args.model_path) / "neuron-compiled") / "draft"
+    if not args.skip_compile:
+        draft.compile(compiled)
+    draft.load(compiled, skip_warmup=args.skip_warmup)
+    out(f"draft model loaded: {args.draft_model_path} (speculation_length={nc.speculation_length})")
+    return draft
+
+
 def run(args) -> int:
     import torch
 
     from neuron_stack.llm.configs import load_config
 
-    from .benchmark import benchmark_sampling
-    from .tokenizer import ByteTokenizer
+    from .benchmark import benchmark_sampling, write_report
+    from .tokenizer import load_tokenizer
 
     nc = neuron_config(args)
-    if _projection_mode(args, nc):
+    why = _projection_mode(args)
+    if why:
+        print(f"mode: projection (numbers=none, tp_degree={nc.tp_degree}): {why}", flush=True)
+    else:
+        cores = "NeuronCores" if nc.tp_degree > 1 else "NeuronCore"
+        print(f"mode: real numbers (tp_degree={nc.tp_degree} over {nc.tp_degree} {cores})", flush=True)
+    if why:
         from .projection import project_serving
 
         load_config(args.model_path)  # a missing or bad config is one line before any compile
@@ -128,13 +162,16 @@ def run(args) -> int:
         )
         print(report["text"])
         if args.benchmark:
-            Path(args.benchmark_report_path).write_text(json.dumps(report["benchmark"], indent=4))
+            write_report(report["benchmark"], args.benchmark_report_path)
             print(f"benchmark report (projection, numbers=none): {args.benchmark_report_path}")
         return 0
+    if bool(args.speculation_length) != bool(args.draft_model_path):
+        raise InferenceError("speculative decoding needs both --speculation-length K and --draft-model-path DIR")
     model = load_model(args, nc)
+    draft = load_draft(args, nc)
     if args.compile_only:
         return 0
-    tok = ByteTokenizer(model.config.hf_config.vocab_size)
+    tok = load_tokenizer(args.model_path, model.config.hf_config.vocab_size)
     prompts = (args.prompt or ["I believe the meaning of life is"]) * nc.batch_size
     prompts = prompts[: nc.batch_size]
     enc = [tok.encode(p)[: nc.max_context_length] for p in prompts]
@@ -143,7 +180,14 @@ def run(args) -> int:
     from .application import HuggingFaceGenerationAdapter
 
     new = args.max_new_tokens or nc.seq_len - n
-    outputs = HuggingFaceGenerationAdapter(model).generate(ids, max_new_tokens=new)
+    adapter = HuggingFaceGenerationAdapter(model)
+    outputs = adapter.generate(ids, max_new_tokens=new, assistant_model=draft)
+    if draft is not None:
+        sp = adapter.speculation
+        print(
+            f"speculation: acceptance rate {sp['acceptance_rate']:.3f} ({sp['accepted']}/{sp['proposed']} "
+            f"draft tokens), {sp['target_calls']} target calls for {outputs.shape[1] - n} tokens"
+        )
     print("Generated outputs:")
     for i, row in enumerate(outputs.tolist()):
         print(f"Output {i}: {json.dumps(tok.decode(row))}  ids={row[n:]}")
@@ -158,19 +202,18 @@ def run(args) -> int:
         if not same:
             return 1
     if args.benchmark:
-        report = benchmark_sampling(
-            model,
-            ids,
-            num_runs=args.num_runs,
-            max_new_tokens=new,
-            benchmark_report_path=args.benchmark_report_path,
+        from .benchmark import REPORT_KEYS
+
+        report = benchmark_sampling(  # NxDI's inputs (random prompts of max_context_length), not --prompt
+            model, num_runs=args.num_runs, benchmark_report_path=args.benchmark_report_path, draft_model=draft
         )
-        print(
-            json.dumps(
-                {k: report[k] for k in ("e2e_model", "context_encoding_model", "token_generation_model")},
-                indent=4,
+        print(json.dumps({k: report[k] for k in REPORT_KEYS if k in report}, indent=4))
+        if draft is not None:
+            sp = report["speculation"]
+            print(
+                f"speculation: acceptance rate {sp['acceptance_rate']:.3f}, TPOT {sp['tpot_ms']:.4f} ms "
+                f"(without speculation {sp['tpot_ms_without_speculation']:.4f} ms, simulated device time)"
             )
-        )
         print(f"benchmark report: {args.benchmark_report_path}")
     return 0
 
@@ -196,7 +239,14 @@ def serve(args) -> int:
             "project a config's TTFT/TPOT with: inference_demo run --model-path CONFIG --tp-degree N"
         )
     model = load_model(args, nc, out=lambda line: print(line, file=sys.stderr))
-    return run_server(model, args.served_model_name or str(args.model_path), args.host, args.port)
+    return run_server(
+        model,
+        args.served_model_name or str(args.model_path),
+        args.host,
+        args.port,
+        log_stats=not args.disable_log_stats,
+        access_log=not args.disable_uvicorn_access_log,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="skip-accuracy-check",
         choices=("skip-accuracy-check", "token-matching"),
     )
+    r.add_argument("--projection", action="store_true", help="ours: project from the config (no numbers)")
+    r.add_argument("--speculation-length", type=int, default=0, help="draft tokens per target check")
+    r.add_argument("--draft-model-path", help="the draft model of speculative decoding (with weights)")
     r.add_argument("--benchmark", action="store_true")
     r.add_argument("--benchmark-report-path", default="./benchmark_report.json")
     r.add_argument("--num-runs", type=int, default=20, help="timed runs of the benchmark (NxDI: 20)")
@@ -229,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name")
+    s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats line (vLLM's flag)")
+    s.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log (vLLM's flag)")
     s.set_defaults(fn=serve)
     return p
 
@@ -244,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inference_demo: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a compile or runtime failure: one line naming it
+        from neuron_stack.runtime.cores import CoreAllocationError
         from neuron_stack.runtime.errors import NeuronRuntimeError
 
-        if isinstance(exc, (NeuronRuntimeError, ValueError, OSError)):
+        if isinstance(exc, (NeuronRuntimeError, CoreAllocationError, ValueError, OSError)):
             print(
                 f"inference_demo: error: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}",

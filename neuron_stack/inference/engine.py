@@ -5,8 +5,10 @@ cache row (a block of ``max_model_len``); requests join and leave the running ba
 Each :meth:`Engine.step` is one sub-model call. Prefill first: while a request waits and a slot is
 free, the step is a context encoding of up to ``ctx_batch_size`` waiting requests (written into their
 slots; vLLM's default for NxDI is one prompt per call); otherwise it is one token-generation call for
-every slot (the rows of free slots compute and are ignored). A request leaves when it reaches
-``max_tokens``, its EOS token, or the cache's ``seq_len``; its slot is free for the next step.
+every slot (the rows of free slots compute and are ignored). Each request's token is chosen from its
+row of logits with its own :class:`~.sampling.SamplingParams` (penalties, temperature, top-k/p, min-p,
+its seeded generator). A request leaves at ``max_tokens``, its EOS token, a stop token or stop string,
+or the cache's ``seq_len``; its slot is free for the next step.
 
 Times are on the projected clock (:mod:`neuron_stack.device.clock`: simulated device time plus real host
 time), so TTFT and TPOT are what the request would see on hardware; wall times are kept beside them.
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 
 from neuron_stack.device import clock
 
-from .application import CTE, NeuronCausalLM, select_tokens
+from .application import CTE, NeuronCausalLM, _greedy_on_device
 from .config import InferenceError
+from .sampling import SamplingParams, logprobs, sample
 
 _ids = itertools.count()
 
@@ -41,9 +44,13 @@ class Request:
     eos_token_id: int | None = None
     on_token: Callable | None = None  # on_token(request, token_or_None, finished: bool)
     slot: int | None = None
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     output: list[int] = field(default_factory=list)
+    logprobs: list[tuple[float, list]] = field(default_factory=list)  # per token, when params.logprobs is set
     cte_bucket: int = 0
     finish_reason: str = ""
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
+    generator: object = None  # the request's torch.Generator when seeded
     arrival_ns: int = 0
     scheduled_ns: int = 0
     first_token_ns: int = 0
@@ -84,11 +91,18 @@ class Engine:
     (the trace recorder, the live snapshot, Prometheus metrics: :mod:`.observe`).
     """
 
-    def __init__(self, model: NeuronCausalLM, observers: list | None = None, model_name: str = "model"):
+    def __init__(
+        self,
+        model: NeuronCausalLM,
+        observers: list | None = None,
+        model_name: str = "model",
+        decode: Callable[[list[int]], str] | None = None,
+    ):
         if model.kv_cache is None:
             raise InferenceError("the model is not loaded: call model.load(compiled_path) before serving")
         self.model, self.nc = model, model.neuron_config
         self.model_name = model_name
+        self.decode = decode  # ids -> text, for stop strings
         self.slots: list[Request | None] = [None] * self.nc.kv_cache_batch_size
         self.waiting: deque[Request] = deque()
         self.lock = threading.Lock()
@@ -103,9 +117,18 @@ class Engine:
         self._device_ns += device_ns
 
     # -- requests ---------------------------------------------------------------------------------
-    def validate(self, prompt: list[int], max_tokens: int) -> None:
+    def validate(self, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> None:
         """Refuse a request the compiled shapes cannot hold, in one line naming the limit."""
         nc = self.nc
+        if params is not None:
+            params.verify_vocab(self.model.config.hf_config.vocab_size)
+            if params.stop and self.decode is None:
+                raise InferenceError("stop strings need a tokenizer: Engine(..., decode=tokenizer.decode)")
+            if not params.plain_greedy and _greedy_on_device(nc):
+                raise InferenceError(
+                    "this model was compiled with greedy on-device sampling (top_k=1): it returns token "
+                    "ids, not logits; send temperature=0, or compile without on_device_sampling_config"
+                )
         if not prompt:
             raise InferenceError("the prompt is empty: give at least one token")
         if len(prompt) > nc.max_context_length and not nc.allow_input_truncation:
@@ -131,18 +154,26 @@ class Engine:
         eos_token_id: int | None = None,
         on_token: Callable | None = None,
         request_id: str | None = None,
+        params: SamplingParams | None = None,
     ) -> Request:
-        """Queue a request (thread-safe); it joins the running batch at the next step with a free slot."""
-        self.validate(prompt, max_tokens)
+        """Queue a request (thread-safe); it joins the running batch at the next step with a free slot.
+        ``params`` default: greedy; ``params.ignore_eos`` drops ``eos_token_id``."""
+        self.validate(prompt, max_tokens, params)
+        params = params or SamplingParams(temperature=0.0)
+        if params.ignore_eos:
+            eos_token_id = None
+        params._stops = set(params.stop_token_ids) | ({eos_token_id} - {None})
         req = Request(
             request_id or f"req-{next(_ids)}",
             list(prompt),
             int(max_tokens),
             eos_token_id,
             on_token,
+            params=params,
             arrival_ns=clock.now_ns(),
             wall_arrival_ns=clock.wall_ns(),
         )
+        req.generator = params.generator()
         with self.wakeup:
             self.waiting.append(req)
             self.requests_by_id[req.request_id] = req
@@ -150,7 +181,8 @@ class Engine:
         return req
 
     def abort(self, request_id: str) -> None:
-        """Drop a queued or running request (a client went away); its slot is free for the next step."""
+        """Drop a queued or running request (a client went away); its slot is free for the next step.
+        Observers see it finish with ``finish_reason="abort"``."""
         with self.lock:
             r = self.requests_by_id.pop(request_id, None)
             if r is None or r.finished:
@@ -160,6 +192,8 @@ class Engine:
                 self.waiting.remove(r)
             elif r.slot is not None and self.slots[r.slot] is r:
                 self.slots[r.slot] = None
+        for obs in self.observers:
+            obs.on_finish(self, r)
 
     @property
     def running(self) -> list[Request]:
@@ -204,22 +238,20 @@ class Engine:
                 positions[r.slot] = min(len(r.prompt), self.nc.max_context_length) + len(r.output) - 1
             out, bucket = self.model.token_generation(tokens, positions)
             batch, phase, members = len(self.slots), "decode", running
-        chosen = select_tokens(out, self.nc)
         t1, w1 = clock.now_ns(), clock.wall_ns()
         finished = []
         for i, r in enumerate(members):
             if r.finished:  # aborted while this step ran
                 continue
-            tok = chosen[i] if phase == "prefill" else chosen[r.slot]
+            row = out[i] if phase == "prefill" else out[r.slot]
+            tok = int(row) if row.dim() == 0 else sample(row, r.params, r.prompt, r.output, r.generator)
             r.output.append(tok)
             r.token_ns.append(t1)
+            if r.params.logprobs is not None and row.dim() == 1:
+                r.logprobs.append(logprobs(row, tok, r.params.logprobs))
             if len(r.output) == 1:
                 r.first_token_ns = t1
-            reason = ""
-            if r.eos_token_id is not None and tok == r.eos_token_id:
-                reason = "stop"
-            elif len(r.output) >= r.max_tokens:
-                reason = "length"
+            reason = self._stop(r, tok)
             if reason:
                 r.finish_reason, r.finish_ns, r.wall_finish_ns = reason, t1, w1
                 finished.append(r)
@@ -255,6 +287,22 @@ class Engine:
             for r in finished:
                 self.requests_by_id.pop(r.request_id, None)
         return st
+
+    def _stop(self, r: Request, tok: int) -> str:
+        """The finish reason after ``tok`` ("" to go on), as vLLM's stop checker: stop ids and EOS (after
+        ``min_tokens``), then stop strings in the text, then ``max_tokens``."""
+        p = r.params
+        if len(r.output) >= p.min_tokens:
+            if tok in p._stops:
+                r.stop_reason = None if tok == r.eos_token_id else tok
+                return "stop"
+            if p.stop:
+                text = self.decode(r.output)
+                hit = next((s for s in p.stop if s in text), None)
+                if hit is not None:
+                    r.stop_reason = hit
+                    return "stop"
+        return "length" if len(r.output) >= r.max_tokens else ""
 
     def run_until_done(self, max_steps: int = 1_000_000) -> int:
         """Step until no request waits or runs; returns the number of steps."""

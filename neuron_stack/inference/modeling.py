@@ -8,6 +8,9 @@ the KV cache is an input each NEFF updates in place, one row per batch slot, lai
 - token generation (TKG, decode): ``input_ids (tkg_batch, 1)``, one position per row (rows decode at
   different lengths under continuous batching). Writes the new key/value at that position and attends
   over the first ``bucket`` positions of the cache, masked past each row's position.
+- speculation (NxDI's ``speculation_model``, speculative decoding's verification): ``input_ids (tkg_batch,
+  k + 1)`` at consecutive positions per row; writes them all and returns the logits of every one, each
+  attending over the cache up to its own position.
 
 Positions past a row's length hold stale or padding keys; attention never reads them (the mask), and
 decoding overwrites them in order, so a slot needs no clearing between requests.
@@ -53,6 +56,68 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rope(inv_freq, rope_scale: float, position_ids):
+    """(cos, sin) of the rotary embedding at ``position_ids``, shaped to broadcast over heads."""
+    freqs = position_ids[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rope_scale)[:, None], (emb.sin() * rope_scale)[:, None]
+
+
+def cache_masks(kind: str, bucket: int, position_ids, seq_ids, rows: int, t: int):
+    """(where each row writes the cache, the attention mask) of one sub-model call (see the module doc)."""
+    if kind == "context_encoding":
+        match = torch.arange(rows)[:, None] == seq_ids[None, :]  # (cache rows, prompts)
+        write = (match.to(torch.int64).argmax(dim=1), match.any(dim=1)[:, None, None, None])
+        idx = torch.arange(t)
+        return write, (idx[None, :] > idx[:, None])[None, None]  # causal
+    span = torch.arange(bucket)
+    if kind == "speculation":  # (B, t, bucket): which cache position each new token writes; past each one's
+        at = (span[None, None, :] == position_ids[:, :, None]).to(torch.float32)
+        return at, (span[None, None, :] > position_ids[:, :, None])[:, None]
+    pos = position_ids[:, :1]  # (B, 1)
+    return (span[None, :] == pos)[:, None, :, None], (span[None, :] > pos)[:, None, None, :]
+
+
+def attend(attn, heads: int, kv_heads: int, head_dim: int, kind: str, bucket: int, h, cos, sin, k_cache, v_cache,
+           write_rows, mask):
+    """Self-attention of ``h`` with ``attn``'s q/k/v/o projections (``heads`` query and ``kv_heads`` KV heads:
+    all of them, or one tensor-parallel rank's), reading and updating the cache in place."""
+    b, t, _ = h.shape
+    q = attn.q_proj(h).view(b, t, heads, head_dim).transpose(1, 2)
+    k = attn.k_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    v = attn.v_proj(h).view(b, t, kv_heads, head_dim).transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    if kind == "context_encoding":
+        rows_src, has = write_rows
+        span = k_cache[:, :, :t]
+        k_cache[:, :, :t].copy_(torch.where(has, k.index_select(0, rows_src), span))
+        v_cache[:, :, :t].copy_(torch.where(has, v.index_select(0, rows_src), v_cache[:, :, :t]))
+        keys, values = k, v  # the prompt attends to itself
+    elif kind == "speculation":
+        at = write_rows  # (B, t, bucket) one-hot
+        hit = at.sum(1)[:, None, :, None] > 0  # (B, 1, bucket, 1)
+        keys = torch.where(hit, torch.einsum("bts,bhtd->bhsd", at, k), k_cache[:, :, :bucket])
+        values = torch.where(hit, torch.einsum("bts,bhtd->bhsd", at, v), v_cache[:, :, :bucket])
+        k_cache[:, :, :bucket].copy_(keys)
+        v_cache[:, :, :bucket].copy_(values)
+    else:
+        at = write_rows  # (B, 1, bucket, 1): this step's position per row
+        keys = torch.where(at, k, k_cache[:, :, :bucket])
+        values = torch.where(at, v, v_cache[:, :, :bucket])
+        k_cache[:, :, :bucket].copy_(keys)
+        v_cache[:, :, :bucket].copy_(values)
+    groups = heads // kv_heads
+    if groups > 1:
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, keys.transpose(2, 3)) * head_dim**-0.5
+    scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, -1)
+    return attn.o_proj(out)
+
+
 class DecoderGraph(nn.Module):
     """One sub-model (``kind`` = context_encoding | token_generation) of ``model`` for one ``bucket``.
 
@@ -69,65 +134,20 @@ class DecoderGraph(nn.Module):
         rot = model.model.rotary_emb
         self.register_buffer("inv_freq", rot.inv_freq.detach().clone().float(), persistent=False)
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.scaling = self.head_dim**-0.5
-
-    def _rope(self, position_ids):
-        freqs = position_ids[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.rope_scale)[:, None], (emb.sin() * self.rope_scale)[:, None]
-
-    def _attend(self, layer, h, cos, sin, k_cache, v_cache, write_rows, mask):
-        attn = layer.self_attn
-        b, t, _ = h.shape
-        q = attn.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        if self.kind == "context_encoding":
-            rows_src, has = write_rows
-            span = k_cache[:, :, :t]
-            k_cache[:, :, :t].copy_(torch.where(has, k.index_select(0, rows_src), span))
-            v_cache[:, :, :t].copy_(torch.where(has, v.index_select(0, rows_src), v_cache[:, :, :t]))
-            keys, values = k, v  # the prompt attends to itself
-        else:
-            at = write_rows  # (B, 1, bucket, 1): this step's position per row
-            keys = torch.where(at, k, k_cache[:, :, : self.bucket])
-            values = torch.where(at, v, v_cache[:, :, : self.bucket])
-            k_cache[:, :, : self.bucket].copy_(keys)
-            v_cache[:, :, : self.bucket].copy_(values)
-        groups = self.heads // self.kv_heads
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
-        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-        probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, values).transpose(1, 2).reshape(b, t, -1)
-        return attn.o_proj(out)
 
     def forward(self, input_ids, position_ids, seq_ids, last_pos, *caches):
         inner = self.model.model
         h = inner.embed_tokens(input_ids)
-        cos, sin = self._rope(position_ids)
+        cos, sin = rope(self.inv_freq, self.rope_scale, position_ids)
         b, t = input_ids.shape
-        if self.kind == "context_encoding":
-            rows = caches[0].shape[0]
-            match = torch.arange(rows)[:, None] == seq_ids[None, :]  # (cache rows, prompts)
-            write = (match.to(torch.int64).argmax(dim=1), match.any(dim=1)[:, None, None, None])
-            idx = torch.arange(t)
-            mask = (idx[None, :] > idx[:, None])[None, None]  # causal
-        else:
-            span = torch.arange(self.bucket)
-            pos = position_ids[:, :1]  # (B, 1)
-            write = (span[None, :] == pos)[:, None, :, None]
-            mask = (span[None, :] > pos)[:, None, None, :]  # past this row's position
+        write, mask = cache_masks(self.kind, self.bucket, position_ids, seq_ids, caches[0].shape[0], t)
         for i, layer in enumerate(inner.layers):
-            res = h
-            h = res + self._attend(
-                layer, layer.input_layernorm(h), cos, sin, caches[2 * i], caches[2 * i + 1], write, mask
-            )
+            a = attend(layer.self_attn, self.heads, self.kv_heads, self.head_dim, self.kind, self.bucket,
+                       layer.input_layernorm(h), cos, sin, caches[2 * i], caches[2 * i + 1], write, mask)
+            h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if self.kind == "speculation":  # every position's logits (B, k + 1, vocab)
+            return self.model.lm_head(inner.norm(h))
         if self.kind == "context_encoding":
             h = torch.gather(h, 1, last_pos[:, None, None].expand(b, 1, h.shape[-1]))
         h = inner.norm(h[:, -1])

@@ -32,8 +32,37 @@ def tiny_llama(seed: int = 0, **overrides):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**TINY_LLAMA, **overrides})).eval()
 
 
-def save_tiny_llama(path, seed: int = 0, **overrides) -> Path:
-    """Write the tiny Llama (config.json + safetensors) to ``path``; returns the path."""
+#: a small chat template for the tiny model's tokenizer (Zephyr-style role tags)
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def _byte_level_tokenizer():
+    """A byte-level BPE tokenizer with no merges whose ids are the byte tokenizer's (0/1/2 specials,
+    ``3 + byte``), built offline, with :data:`CHAT_TEMPLATE`."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # GPT-2's printable stand-ins for the 256 bytes (what byte-level BPE vocabularies spell bytes with)
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    char = {b: chr(b if b in keep else next(extra)) for b in range(256)}
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{char[b]: 3 + b for b in range(256)}}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def save_tiny_llama(path, seed: int = 0, with_tokenizer: bool = False, **overrides) -> Path:
+    """Write the tiny Llama (config.json + safetensors; with ``with_tokenizer`` also a byte-level tokenizer
+    and chat template) to ``path``; returns the path."""
     out = Path(path)
     tiny_llama(seed, **overrides).save_pretrained(out)
+    if with_tokenizer:
+        _byte_level_tokenizer().save_pretrained(out)
     return out

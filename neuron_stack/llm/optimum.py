@@ -189,12 +189,31 @@ class NeuronModelForCausalLM:
             )
         return self.graphs[key]
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 16, **_ignored):
-        """Greedy decoding: the prompt through the context-encoding graph of the smallest bucket that
-        holds it (right-padded), then one token-generation call per new token. Returns prompt + tokens.
+    def generate(
+        self,
+        input_ids,
+        attention_mask=None,
+        max_new_tokens: int = 16,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        **_ignored,
+    ):
+        """Greedy decoding, or sampling with ``do_sample`` (``temperature``, ``top_k``, ``top_p``, the
+        Hugging Face defaults; the global torch generator, so ``torch.manual_seed`` reproduces it): the
+        prompt through the context-encoding graph of the smallest bucket that holds it (right-padded),
+        then one token-generation call per new token. Returns prompt + tokens.
         Example: ``m.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8)``.
         """
         import torch
+
+        from neuron_stack.inference.sampling import SamplingParams, sample_rows
+
+        params = SamplingParams(temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p)
+
+        def pick(logits):
+            return torch.tensor(sample_rows(logits, params))
 
         if self.model is None:
             raise ConfigError(
@@ -225,7 +244,7 @@ class NeuronModelForCausalLM:
         out = self._graph("context_encoding", bucket, inputs)(**inputs)
         for layer in cache.layers:  # the padding does not count: decoding continues at position n
             layer.cumulative_length.fill_(n)
-        tokens = [out.logits[:, n - 1].argmax(-1)]
+        tokens = [pick(out.logits[:, n - 1])]
         for pos in range(n, n + max_new_tokens - 1):
             step = {
                 "input_ids": tokens[-1][:, None],
@@ -233,7 +252,7 @@ class NeuronModelForCausalLM:
                 "cache_position": torch.tensor([pos]),
             }
             out = self._graph("token_generation", self.sequence_length, step)(**step)
-            tokens.append(out.logits[:, -1].argmax(-1))
+            tokens.append(pick(out.logits[:, -1]))
         return torch.cat([input_ids, torch.stack(tokens, 1).to(input_ids.dtype)], 1)
 
 
