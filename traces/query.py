@@ -74,6 +74,8 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True, bound
     import duckdb
 
     path = Path(path)
+    if special_kind(path) == "a symbolic link loop":
+        raise TraceError(f"profile {path} is a symbolic link loop: pass the {PROFILE_NAME} it should point to")
     if not path.exists():
         raise TraceError(f"profile {path} does not exist: pass a profile.duckdb or the directory "
                          "`neuron-explorer inspect` wrote")
