@@ -322,10 +322,10 @@ class ConsoleWorker:
         return UserResult(ipc.open_stream(body).read_all(), bool(head["truncated"]))
 
     def _start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")]))}
-        self._proc = subprocess.Popen([sys.executable, "-m", "traces.console", self.path, str(self.memory_bytes)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # importable as in this process
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "traces.console_worker", self.path, str(self.memory_bytes)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env=env, close_fds=True)
         try:
             ready = json.loads(self._read_line(time.monotonic() + START_TIMEOUT_S))
@@ -361,45 +361,3 @@ class ConsoleWorker:
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
-
-def _worker_main(path: str, memory_bytes: int) -> int:
-    """The worker: open the profile bounded, cap the address space, answer one request per line."""
-    import pyarrow.ipc as ipc
-
-    from traces.query import open_profile
-
-    out = sys.stdout.buffer
-
-    def send(head: dict, body: bytes = b"") -> None:
-        out.write(json.dumps(head).encode() + b"\n" + body)
-        out.flush()
-
-    try:
-        profile = open_profile(path, external_access=False, bounded=True)
-    except TraceError as exc:
-        send({"error": str(exc)})
-        return 1
-    cap_address_space(memory_bytes)
-    send({"ready": True})
-    for line in sys.stdin.buffer:
-        req = json.loads(line)
-        try:
-            res = run_user_sql(profile, req["sql"], select_only=True, max_rows=req["max_rows"],
-                               timeout_s=req["timeout_s"], max_bytes=req["max_bytes"])
-            sink = pa.BufferOutputStream()
-            with ipc.new_stream(sink, res.table.schema) as writer:
-                writer.write_table(res.table)
-            body = sink.getvalue().to_pybytes()
-            send({"size": len(body), "truncated": res.truncated}, body)
-        except RefusedQuery as exc:
-            send({"error": str(exc), "refused": True})
-        except TraceError as exc:
-            send({"error": str(exc)})
-        except MemoryError:
-            send({"error": f"query stopped: it needed more than the console's {memory_bytes >> 20} MiB of memory; "
-                           "narrow it (a WHERE on start_ns, fewer or shorter columns)"})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_worker_main(sys.argv[1], int(sys.argv[2])))
