@@ -43,6 +43,8 @@ def test_headline_figures_are_physically_possible(recorded, name, include_warmup
 def test_monitor_replay_percentages_are_physically_possible(recorded, name):
     with Replay(recorded[name], window_s=0.25) as replay:
         for doc in replay:
+            hw = doc["neuron_hardware_info"]   # the devices a live monitor reports, not 0
+            assert hw["neuron_device_count"] > 0 and hw["neuroncore_per_device_count"] > 0, hw
             for rt in doc["neuron_runtime_data"]:
                 report = rt["report"]
                 for core, c in report["neuroncore_counters"]["neuroncores_in_use"].items():
