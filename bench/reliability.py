@@ -5,6 +5,7 @@
                                                      # of each kind, 16 racers, 2- and 4-rank jobs (hours)
     .venv/bin/python bench/reliability.py --only kill,races --seed 7
     .venv/bin/python bench/reliability.py --full --only odd   # issue 15's classes only
+    .venv/bin/python bench/reliability.py --full --only bounds   # issue 31's classes only
 
 Columns: test, trials, failures, worst lost-trace window (s of executions a SIGKILL cost, measured
 against the workload's own log), worst time to recover (s until a killed holder's cores were free,
@@ -32,12 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 import harness  # noqa: E402
 
-QUICK = {"kill": 2, "many": 3, "fuzz": 40, "odd": 40, "browser": 1, "races": 3.0, "rank": (2,), "disk": 2}
-FULL = {"kill": 50, "many": 8, "fuzz": 10_000, "odd": 10_000, "browser": 20, "races": 60.0, "rank": (2, 4),
-        "disk": 10}
+QUICK = {"kill": 2, "many": 3, "fuzz": 40, "odd": 40, "bounds": 40, "browser": 1, "races": 3.0, "rank": (2,),
+         "disk": 2}
+FULL = {"kill": 50, "many": 8, "fuzz": 10_000, "odd": 10_000, "bounds": 1_000, "browser": 20, "races": 60.0,
+        "rank": (2, 4), "disk": 10}
 #: fuzz = damaged files and Explorer requests; odd = issue 15's classes (special files for every path
-#: argument, huge values in every environment variable, byte-heavy console SQL)
-ORDER = ("kill", "many", "fuzz", "odd", "browser", "races", "rank", "disk")
+#: argument, huge values in every environment variable, byte-heavy console SQL); bounds = issue 31's
+#: (console queries past the memory bound, four at once; backtracking regexes; bad periods; huge LLM sizes)
+ORDER = ("kill", "many", "fuzz", "odd", "bounds", "browser", "races", "rank", "disk")
 
 
 def _neff(work: Path, cache: Path) -> Path:
@@ -92,6 +95,17 @@ def run(name: str, n, work: Path, cache: Path, rng: random.Random) -> list[harne
             reg.close()
         with harness.environ(harness.base_env(d, cache)):
             return out + fuzz.fuzz_special_files(d) + fuzz.fuzz_env_values(n)
+    if name == "bounds":
+        from test_explorer_profiles import make_profile
+
+        from explorer import data
+        logging.getLogger("explorer").setLevel(logging.ERROR)
+        prof = make_profile(d / "20260101-000000_mlp", iterations=1, seqs=(57, 64))
+        reg = data.Registry([prof])
+        try:
+            return fuzz.fuzz_bounds(reg.get(reg.default_key()), n)
+        finally:
+            reg.close()
     if name == "browser":
         from test_explorer_profiles import make_profile
         prof = make_profile(d / "20260101-000000_mlp", iterations=1, seqs=(57, 64))

@@ -347,16 +347,17 @@ def recompiles(L: Loaded) -> dict:
 def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
     """Run one checked, read-only user query; ``{"columns", "rows", "truncated"}`` (at most ``limit`` rows).
 
-    The query goes through ``Profile.user_sql`` (the one place user SQL runs): one read-only statement,
-    capped rows, interrupted after ``CONSOLE_TIMEOUT_S``. Raises ``traces.console.RefusedQuery``
-    for anything else and :class:`ExplorerError` when DuckDB rejects the query.
+    The query runs in the profile's console worker (``traces.console.ConsoleWorker``: a child process
+    whose address space is capped, killed and restarted on breach): one read-only statement, capped
+    rows, interrupted after ``CONSOLE_TIMEOUT_S``. Raises ``traces.console.RefusedQuery`` for anything
+    else and :class:`ExplorerError` when DuckDB rejects the query or it breaks a bound.
     """
-    from traces.console import RefusedQuery
+    from traces.console import ConsoleWorker, RefusedQuery
 
     limit = max(1, min(int(limit), CONSOLE_LIMIT))
+    worker = L.cached("console_worker", lambda: ConsoleWorker(L.profile.path))
     try:
-        res = L.profile.user_sql(sql, select_only=True, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S,
-                                 max_bytes=MAX_RESULT_BYTES)
+        res = worker.run(sql, max_rows=limit, timeout_s=CONSOLE_TIMEOUT_S, max_bytes=MAX_RESULT_BYTES)
     except RefusedQuery:
         raise
     except TraceError as exc:

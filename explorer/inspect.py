@@ -132,6 +132,11 @@ def _capture(args: argparse.Namespace) -> int:
         kind = special_kind(neff)   # /dev/zero or a FIFO exists: "not found" would mislead
         raise TraceError(f"NEFF {neff} is {kind}, not a file; pass the compiled model with -n model.neff" if kind
                          else f"NEFF not found: {neff}; pass the compiled model with -n model.neff")
+    with open(neff, "rb") as f:   # cheap checks before the capture child imports torch (seconds)
+        magic = f.read(4)
+    if magic != b"PK\x03\x04":
+        raise TraceError(f"{neff}: {'an empty file (0 bytes)' if not magic else 'not a NEFF archive (no zip header)'}; "
+                         "pass the compiled model with -n model.neff (neuron-cc compile -o, or NeuronModule.save)")
     if len(args.inputs) % 2:
         raise TraceError("inputs come in pairs: NAME file.npy [NAME file.npy ...]")
     if args.num_exec < 1 or not 0 <= args.profile_nth_exec <= args.num_exec:

@@ -53,6 +53,9 @@ class Loaded:
 
     def close(self):
         with self.lock:
+            worker = self._cache.pop("console_worker", None)   # the SQL console's process, if started
+            if worker is not None:
+                worker.close()
             self.profile.close()
 
 

@@ -103,6 +103,10 @@ def _emit(doc: dict) -> None:
     sys.stdout.flush()
 
 
+#: ``--once`` says on stderr how long it will wait when its period is longer than this.
+ONCE_NOTICE_S = 10.0
+
+
 def _debug(level: int, need: int, msg: str) -> None:
     if level >= need:
         print(f"neuron-monitor: {msg}", file=sys.stderr, flush=True)
@@ -126,7 +130,11 @@ def run(argv=None) -> int:
         _debug(v, 1, f"config {config.path or '(default)'}: " + ", ".join(
             f"{'/'.join(map(str, k))}={p:g}s" for k, p in sched.periods.items()))
         if args.once:
-            stop.sleep(min(sched.periods.values()))
+            wait = min(sched.periods.values())
+            if wait > ONCE_NOTICE_S:   # say so rather than look hung
+                print(f"neuron-monitor: --once waits {wait:g} s (the config's shortest period) for its one document; "
+                      "give a shorter \"period\" for a quicker answer", file=sys.stderr, flush=True)
+            stop.sleep(wait)
             _emit(collector.collect())
             return 0
         while True:

@@ -2,7 +2,10 @@
 
 ``period`` may sit at the root, in a ``neuron_runtimes[]`` entry or in a metric-group object; the
 most specific wins, the default is 5 s. Durations are Go-style strings ("1s", "500ms", "2m", "1m30s");
-a plain JSON number is read as seconds. ``tag_filter`` is a regex searched in each process's tag.
+a plain JSON number is read as seconds, at most :data:`MAX_PERIOD`. ``tag_filter`` is a regex searched
+in each process's tag with RE2 (``google-re2``), linear-time like the real tool's Go ``regexp``: a
+pattern such as ``^(a+)+$`` cannot backtrack catastrophically; backreferences and lookaround, which
+RE2 (and Go) do not have, are refused with one line.
 
 >>> cfg = load_config(None)                       # no file: every group, every 5 s
 >>> [g.type for g in cfg.system]
@@ -13,14 +16,18 @@ a plain JSON number is read as seconds. ``tag_filter`` is a regex searched in ea
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+import re2
 
 from traces.safeio import InputFileError, read_small_text
 
 DEFAULT_PERIOD = 5.0
 MIN_PERIOD = 0.05  # below this the monitor would spend its life reporting
+MAX_PERIOD = 86400.0  # one day: a longer period never reports (and NaN, Infinity, 1e308 are not durations)
 
 RUNTIME_GROUPS = ("neuroncore_counters", "execution_stats", "memory_used", "neuron_runtime_vcpu_usage",
                   "neuron_stack")   # the last one is ours (docs/CONTRACTS.md), opt-in in a config file
@@ -47,7 +54,7 @@ class Group:
 class RuntimeSelector:
     """A ``neuron_runtimes[]`` entry: which processes (by tag) and which runtime groups."""
 
-    tag_filter: re.Pattern
+    tag_filter: object   # a compiled RE2 pattern (see tag_regex)
     metrics: tuple[Group, ...]
 
     def matches(self, tag: str) -> bool:
@@ -101,9 +108,35 @@ def parse_duration(value, where: str = "period") -> float:
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
         raise ConfigError(f"{where}: {value!r} is not a duration: write it like \"1s\" or \"500ms\"")
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{where}: {value!r} is not a duration: write it like \"1s\" or \"500ms\"")
     if seconds < MIN_PERIOD:
         raise ConfigError(f"{where}: {value!r} is too short: use at least {int(MIN_PERIOD * 1000)}ms")
+    if seconds > MAX_PERIOD:
+        raise ConfigError(f"{where}: {value!r} is too long: use at most {MAX_PERIOD / 3600:g}h")
     return seconds
+
+
+def tag_regex(pattern: str, where: str = "tag_filter"):
+    """``pattern`` compiled with RE2 (linear-time search), else :class:`ConfigError` naming ``where``.
+
+    ``^(a+)+$`` against 100 000 ``a`` and a ``b`` takes well under a millisecond (Python's ``re``: hangs).
+
+    >>> tag_regex("^train").search("training-7") is not None
+    True
+    >>> tag_regex("(?=a)b")
+    Traceback (most recent call last):
+    ...
+    monitor.config.ConfigError: tag_filter: bad regex '(?=a)b' (invalid perl operator: (?=): RE2 syntax, ...
+    """
+    options = re2.Options()
+    options.log_errors = False   # RE2 would also log the error to stderr: the one line is ours
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ConfigError(f"{where}: bad regex {pattern!r} ({detail}): RE2 syntax, as the real neuron-monitor's "
+                          "Go regexp: no backreferences or lookaround") from None
 
 
 def _group(obj, allowed: tuple[str, ...], inherited: float, where: str) -> Group:
@@ -148,10 +181,7 @@ def parse_config(data, path: str | None = None) -> Config:
         pattern = entry.get("tag_filter", ".*")
         if not isinstance(pattern, str):
             raise ConfigError(f"{where}.tag_filter: expected a regex string like \".*\"")
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(f"{where}.tag_filter: bad regex {pattern!r} ({exc})") from None
+        regex = tag_regex(pattern, f"{where}.tag_filter")
         metrics = entry.get("metrics", [])
         if not isinstance(metrics, list):
             raise ConfigError(f"{where}.metrics: expected a list like [{{\"type\": \"execution_stats\"}}]")
@@ -167,7 +197,7 @@ def parse_config(data, path: str | None = None) -> Config:
 def default_config() -> Config:
     """Every runtime group (ours included) for every process, every system group, every 5 s."""
     every = tuple(Group(t, DEFAULT_PERIOD) for t in RUNTIME_GROUPS)
-    return Config(DEFAULT_PERIOD, (RuntimeSelector(re.compile(".*"), every),),
+    return Config(DEFAULT_PERIOD, (RuntimeSelector(tag_regex(".*"), every),),
                   tuple(Group(t, DEFAULT_PERIOD) for t in DEFAULT_SYSTEM_GROUPS))
 
 
@@ -188,6 +218,9 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"{exc} (the path given to -c)") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r} is nested too deeply: a neuron-monitor config is an object "
+                          "of lists of objects, a few levels deep") from None
     except ValueError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid JSON (line {getattr(exc, 'lineno', '?')}: "
                           f"{getattr(exc, 'msg', exc)})") from None

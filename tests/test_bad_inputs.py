@@ -203,3 +203,22 @@ def test_neuron_cc_refuses_bad_shapes_and_flags_before_importing_torch():
     r = run([sys.executable, "-c", code])
     assert r.stdout.strip() == "[1, 1, 1, 1] False", (r.stdout, r.stderr[-1000:])
     assert len(r.stderr.strip().splitlines()) == 4 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_ls_and_monitor_name_one_instance_after_an_inf2_workload(tmp_path):
+    # issue 31: neuron-ls said trn1.32xlarge while neuron-monitor said inf2.48xlarge on the same machine
+    import json
+    live = tmp_path / "live"
+    env = {"NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_STACK_LIVE_DIR": str(live),
+           "NEURON_STACK_INSTANCE_TYPE": "", "NEURON_STACK_TARGET": ""}
+    code = ("from traces.live import LivePublisher\n"
+            "from neuron_stack.device.profiles import get_profile\n"
+            "p = get_profile('inf2')\n"
+            "LivePublisher(target='inf2', instance_type=p.instance_type, hardware=p.hardware_info()).close()\n")
+    r = run([sys.executable, "-c", code], env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ls = run([str(BIN / "neuron-ls")], env=env)
+    mon = run([str(BIN / "neuron-monitor"), "--once"], env=env)
+    assert ls.returncode == 0 and mon.returncode == 0, ls.stderr + mon.stderr
+    doc = json.loads(mon.stdout.strip().splitlines()[-1])
+    assert "instance-type: inf2.48xlarge" in ls.stdout and doc["instance_info"]["instance_type"] == "inf2.48xlarge"

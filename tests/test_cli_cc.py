@@ -68,3 +68,29 @@ def test_bad_input_is_one_line(args, needle):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("neuron-cc") and needle in lines[0], r.stderr
+
+
+BRANCHY = '''import torch
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.sum() > 0:
+            return y * 2
+        return y - 1
+'''
+
+
+def test_data_dependent_control_flow_is_one_line_naming_the_users_line_and_the_fix(tmp_path):
+    # issue 31: 24 lines of torch's own output came first, and the error named neither the line nor the fix
+    (tmp_path / "branchy.py").write_text(BRANCHY)
+    r = cc("compile", "branchy.py:Branchy", "--input-shapes", "2x16", "-o", "m.neff", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("neuron-cc: error: torch.export could not capture Branchy: branchy.py:11 "
+                               "`if y.sum() > 0:` branches on a tensor's value"), r.stderr
+    assert "torch.where" in r.stderr and "torch.cond" in r.stderr

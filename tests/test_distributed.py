@@ -3,7 +3,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import traces
@@ -52,12 +51,19 @@ def test_ddp_two_ranks_match_eager_and_the_straggler_shows(tmp_path):
 
 
 def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_path):
+    """What the product guarantees, whichever process wins the race after the kill: the job exits
+    non-zero; our ranks print at most one ``ddp_train: error:`` line each and never a traceback of
+    their own (torchrun's agent may tear the surviving rank down before it notices the dead peer, and
+    then prints its own ``ChildFailedError`` report, which is torchrun's, not ours); the surviving
+    rank's flushed traces finalise into one profile."""
     env = {**_env(tmp_path), "NEURON_STACK_DIST_TIMEOUT": "20"}
     job = subprocess.Popen([TORCHRUN, "--nproc-per-node", "2", "--standalone",
                             str(ROOT / "sample_workloads" / "ddp_train.py"), "--small", "--steps", "400"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim = None
+    seen = []
     for line in job.stdout:
+        seen.append(line)
         if line.startswith("rank 1 ") and "step 2 " in line:
             import psutil
             kids = psutil.Process(job.pid).children(recursive=True)
@@ -66,11 +72,16 @@ def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_
             victim.send_signal(signal.SIGKILL)
             break
     assert victim is not None
-    rest = job.stdout.read()
+    out = "".join(seen) + job.stdout.read()
     job.wait(timeout=120)
     assert job.returncode != 0
-    assert "Traceback" not in rest.split("torch.distributed.elastic")[0] or "ddp_train: error:" in rest
-    time.sleep(0.1)
-    db = traces.finalize(tmp_path / "prof")
-    with traces.open(db) as prof:
-        assert prof.sql("SELECT count(DISTINCT rank) AS n FROM runs").column("n")[0].as_py() == 2
+    # no frame of ours in any traceback: the workload's and the runtime's failures are one line each
+    ours = [line for line in out.splitlines() if line.strip().startswith("File ")
+            and ("ddp_train.py" in line or "/neuron_stack/" in line)]
+    assert not ours, out[-3000:]
+    errors = [line for line in out.splitlines() if "ddp_train: error:" in line]
+    assert len(errors) <= 1 and all(line.startswith("ddp_train: error: ") for line in errors), out[-3000:]
+    with traces.open(traces.finalize(tmp_path / "prof")) as prof:
+        ranks = prof.sql("""SELECT DISTINCT r.rank FROM executions e JOIN runs r USING (run_id)
+                            ORDER BY r.rank""").column("rank").to_pylist()
+        assert 0 in ranks   # the surviving rank's executions are there (rank 1's only if it had flushed)

@@ -16,6 +16,7 @@ HOLD = ("import sys; from neuron_stack.runtime.cores import acquire; acquire('tr
 def env(tmp_path):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_RT_", "NEURON_STACK_INSTANCE"))}
     e["NEURON_STACK_RUNTIME_DIR"] = str(tmp_path)
+    e["NEURON_STACK_LIVE_DIR"] = str(tmp_path / "live")   # no other workload's instance (neuron-ls follows it)
     return e
 
 

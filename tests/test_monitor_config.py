@@ -170,3 +170,48 @@ def test_the_schema_accepts_the_real_tools_example_document():
     bad = json.loads(json.dumps(example))
     bad["system_data"]["memory_info"]["memory_free_bytes"] = 1
     assert list(v.iter_errors(bad))
+
+
+# ------------------------------------------------------------------------------ issue 31: bounded
+def test_tag_filter_is_linear_time_and_refuses_what_re2_cannot_do():
+    cfg = parse_config({"neuron_runtimes": [{"tag_filter": "^(a+)+$", "metrics": []}]})
+    # catastrophic for a backtracking engine (Python's re does not finish); RE2 answers at once
+    assert cfg.selector_for("a" * 100_000 + "b") is None and cfg.selector_for("a" * 1000) is not None
+    for bad in ("(a)\\1", "(?=a)b", "(?<!x)y"):
+        with pytest.raises(ConfigError, match=r"tag_filter: bad regex .*RE2 syntax") as err:
+            parse_config({"neuron_runtimes": [{"tag_filter": bad}]})
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ['{"period": NaN}', '{"period": Infinity}', '{"period": -Infinity}',
+                                  '{"period": 1e308}', '{"period": "99999999999h"}', '{"period": 86401}'])
+def test_periods_are_bounded(tmp_path, text):
+    path = tmp_path / "m.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="period: .* (is not a duration|is too short|is too long)"):
+        load_config(path)
+
+
+def test_deep_nesting_is_one_line(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text("[" * 300_000 + "]" * 300_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(path)
+
+
+def test_once_says_when_it_will_wait_long(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.json"
+    path.write_text('{"period": "1h"}')
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "neuron-monitor"), "-c", str(path), "--once"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert line.startswith("neuron-monitor: --once waits 3600 s") and proc.returncode == 0
+    assert json.loads(out)["neuron_hardware_info"]   # the stop still ends with one complete document

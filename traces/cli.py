@@ -19,8 +19,11 @@ import logging
 import sys
 from pathlib import Path
 
-from traces.errors import TraceError
+from traces.errors import OutOfMemory, TraceError
 from traces.vocab import ENGINE_LABELS
+
+#: ``neuron-explorer sql`` stops a query after this long unless ``--timeout`` or ``--unsafe`` says otherwise.
+SQL_TIMEOUT_S = 300.0
 
 PROG = "neuron-explorer"
 
@@ -84,9 +87,12 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--max-rows", type=int, default=100, metavar="N",
                    help="rows shown by --format table (default 100; other formats write all)")
+    p.add_argument("--timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop the query after this long (default {SQL_TIMEOUT_S:g})")
     p.add_argument("--unsafe", action="store_true",
                    help="DuckDB's full power: the query may read and write other files (COPY ... TO, "
-                        "read_csv) and load extensions; only for your own machine")
+                        "read_csv), load extensions and use any memory, threads and time; only for your "
+                        "own machine")
     p.set_defaults(func=sql_cmd)
 
     p = subparsers.add_parser(
@@ -256,9 +262,18 @@ def sql_cmd(args: argparse.Namespace) -> int:
         raise TraceError("--format arrow writes binary Arrow IPC: redirect stdout or pass -o FILE")
     # read-only by default: no file writes (COPY ... TO), no reads outside the profile (read_text),
     # no extension installs; the setting is locked so the query cannot turn it back on
-    with _open(args.profile, external_access=args.unsafe) as p:
+    if not args.unsafe and not 0 < args.timeout <= 86400:
+        raise TraceError(f"--timeout {args.timeout:g}: give seconds between 0 and 86400")
+    with _open(args.profile, external_access=args.unsafe, bounded=not args.unsafe) as p:
+        if not args.unsafe:   # bounded like the web console: memory (address space), threads, time
+            from traces.console import cap_address_space
+
+            cap_address_space()
         try:
-            result = p.user_sql(query, [_param(v) for v in args.param] or None).table
+            result = p.user_sql(query, [_param(v) for v in args.param] or None,
+                                timeout_s=None if args.unsafe else args.timeout).table
+        except OutOfMemory as exc:
+            raise TraceError(f"{exc} (or pass --unsafe to lift the bound)") from None
         except TraceError as exc:
             if args.unsafe or not any(k in str(exc) for k in ("Permission Error", "configuration has been locked")):
                 raise

@@ -20,12 +20,18 @@ traces.console.RefusedQuery: only a single SELECT (or WITH ... SELECT) is allowe
 from __future__ import annotations
 
 import json
+import os
+import resource
+import selectors
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from traces.errors import TraceError
+from traces.errors import OutOfMemory, TraceError
 
 #: Table functions a console query may use: generators only, nothing that reads files or settings.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
@@ -43,6 +49,20 @@ EXAMPLE_QUERIES = {
                   "WHERE recompile_of IS NOT NULL ORDER BY compile_wall_ns DESC",
     "Tables": "SELECT table_name, table_type FROM information_schema.tables ORDER BY table_name",
 }
+
+#: The promise for one user query: at most this much address space above where it started. The web
+#: console's worker process and ``neuron-explorer sql`` (unless ``--unsafe``) are capped with
+#: ``RLIMIT_AS``: DuckDB's allocations past it fail with its own out-of-memory error (measured: a 1 GB
+#: ``repeat`` fails at once instead of running 49 s at 4 GB).
+MEMORY_BOUND_BYTES = 1 << 30
+#: DuckDB's own bounds on a user-SQL connection, inside the address-space cap: its buffer manager
+#: refuses first (with a message naming the limit), and a query cannot take every core.
+DUCKDB_LIMITS = {"memory_limit": "512MB", "threads": 2}
+#: The web console's worker is killed when a query has not answered this long after its time limit
+#: (DuckDB checks the interrupt between chunks; one huge value can take longer).
+KILL_GRACE_S = 5.0
+#: A worker that has not started within this long is a failure (a fresh interpreter and DuckDB).
+START_TIMEOUT_S = 60.0
 
 MAX_SQL_CHARS = 20_000
 DEFAULT_ROW_LIMIT = 1000
@@ -194,10 +214,13 @@ def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, m
         timer.start()
     try:
         table = profile.sql(sql, params)
+    except OutOfMemory:
+        raise OutOfMemory(f"query needed more than its memory bound ({MEMORY_BOUND_BYTES >> 20} MiB): narrow it "
+                          "(a WHERE on start_ns, fewer or shorter columns)") from None
     except TraceError:
         if timer is not None and not timer.is_alive():
             raise TraceError(f"query stopped after {timeout_s:g} s: narrow it (a WHERE on start_ns, a smaller "
-                             "range) or run it with neuron-explorer sql") from None
+                             "range)") from None
         raise
     finally:
         if timer is not None:
@@ -211,3 +234,130 @@ def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, m
         truncated = truncated or keep < table.num_rows
         table = table.slice(0, keep)
     return UserResult(table, truncated)
+
+
+def cap_address_space(extra_bytes: int = MEMORY_BOUND_BYTES) -> int:
+    """Cap this process's address space (``RLIMIT_AS``) at its current size plus ``extra_bytes``; returns the cap.
+
+    For a process that runs user SQL: an allocation past the cap fails (DuckDB raises its
+    out-of-memory error, Python ``MemoryError``) instead of growing the machine's memory.
+    Example: ``cap_address_space(1 << 30)`` (for good: a process cannot raise it back).
+    """
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = size + int(extra_bytes)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
+
+
+class ConsoleWorker:
+    """Runs checked console queries for one profile in a child process whose address space is capped.
+
+    The web console's bound by construction: a query's memory cannot reach the server (the child has
+    :data:`MEMORY_BOUND_BYTES` above its start), a query that outlives its time limit by
+    :data:`KILL_GRACE_S` is killed with its process, and a worker that dies is started again for the
+    next query; each failure is one :class:`TraceError` line. Queries to one profile run one at a
+    time; one that waits longer than its time limit for the worker is refused (the console is busy).
+
+    >>> import tempfile, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=2, instructions=10)
+    >>> w = ConsoleWorker(traces.finalize(d))
+    >>> w.run("SELECT count(*) AS n FROM executions", max_rows=10, timeout_s=30).table.to_pylist()
+    [{'n': 2}]
+    >>> w.close()
+    """
+
+    def __init__(self, path, memory_bytes: int = MEMORY_BOUND_BYTES):
+        self.path, self.memory_bytes = str(path), int(memory_bytes)
+        self._proc: subprocess.Popen | None = None
+        self._buf = b""
+        self._lock = threading.Lock()
+
+    def run(self, sql: str, *, max_rows: int, timeout_s: float, max_bytes: int | None = None) -> UserResult:
+        """Run one checked SELECT in the worker (see :func:`run_user_sql` for the arguments)."""
+        check_select(sql)   # cheap refusals without a round trip
+        if not self._lock.acquire(timeout=timeout_s):
+            raise TraceError(f"the console is busy with another query for more than {timeout_s:g} s: "
+                             "try again when it has finished")
+        try:
+            return self._run(sql, max_rows, timeout_s, max_bytes)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Stop the worker (it also stops by itself when this process exits: its stdin closes)."""
+        proc, self._proc, self._buf = self._proc, None, b""
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                pipe.close()
+
+    def _run(self, sql, max_rows, timeout_s, max_bytes) -> UserResult:
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            self._start()
+        request = {"sql": sql, "max_rows": max_rows, "timeout_s": timeout_s, "max_bytes": max_bytes}
+        try:
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._proc.stdin.flush()
+            head = json.loads(self._read_line(time.monotonic() + timeout_s + KILL_GRACE_S))
+            if "error" in head:
+                raise (RefusedQuery if head.get("refused") else TraceError)(head["error"])
+            body = self._read_exact(head["size"], time.monotonic() + KILL_GRACE_S)
+        except TimeoutError:
+            self.close()
+            raise TraceError(f"query stopped after {timeout_s:g} s: narrow it (a WHERE on start_ns, a smaller "
+                             "range) or run it with neuron-explorer sql") from None
+        except (EOFError, OSError, ValueError):
+            self.close()
+            raise TraceError(f"query stopped: it needed more than the console's {self.memory_bytes >> 20} MiB of "
+                             "memory; narrow it (a WHERE on start_ns, fewer or shorter columns)") from None
+        import pyarrow.ipc as ipc
+
+        return UserResult(ipc.open_stream(body).read_all(), bool(head["truncated"]))
+
+    def _start(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # importable as in this process
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "traces.console_worker", self.path, str(self.memory_bytes)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env=env, close_fds=True)
+        try:
+            ready = json.loads(self._read_line(time.monotonic() + START_TIMEOUT_S))
+        except (TimeoutError, EOFError, OSError, ValueError):
+            self.close()
+            raise TraceError(f"the console's query process did not start within {START_TIMEOUT_S:g} s: "
+                             "try again, or use neuron-explorer sql") from None
+        if "error" in ready:
+            self.close()
+            raise TraceError(ready["error"])
+
+    def _fill(self, deadline: float) -> None:
+        """Read what the worker has sent, waiting at most until ``deadline``."""
+        fd = self._proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            raise EOFError
+        self._buf += chunk
+
+    def _read_line(self, deadline: float) -> bytes:
+        while b"\n" not in self._buf:
+            self._fill(deadline)
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def _read_exact(self, n: int, deadline: float) -> bytes:
+        while len(self._buf) < n:
+            self._fill(deadline)
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+

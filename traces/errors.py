@@ -13,6 +13,10 @@ class TraceError(Exception):
     """Any failure reading or writing traces; its message is one line naming the problem and the fix."""
 
 
+class OutOfMemory(TraceError):
+    """A query that needed more memory than its bound (DuckDB's ``OutOfMemoryException``)."""
+
+
 def run_guarded(prog: str, fn) -> int:
     """Run ``fn() -> int|None``; any exception becomes ``prog: error: <message>`` on stderr, exit 1.
 

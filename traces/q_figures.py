@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from traces.intervals import union_by
-from traces.store import measured_condition
+from traces.store import DEVICE_NS_SQL, measured_condition
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
 
@@ -30,7 +31,10 @@ class Figures:
 
     ``device_ns``: device time of the measured executions summed over cores (host time excluded);
     ``step_ns``: that plus ``fallback_host_ns`` (the executions' time with their host work counted once);
-    ``device_busy_percent``: that over (first start → last end of those executions) × cores;
+    ``device_busy_percent``: the time each core was busy, over (first start → last end of those
+    executions) × cores; a core's busy time is the union of its executions' device intervals, so an
+    all-reduce overlapping the next compute execution on the same core counts once and the figure
+    never exceeds 100 %;
     ``engine_percent``: per device engine, active time over ``device_ns``; ``mfu_percent``: model
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``collective_ns``: time the CC engine
     ran collectives (the union of its queues), part of ``device_ns``; ``fallback_host_ns``: host time of
@@ -89,7 +93,7 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     return Figures(
         executions=int(s.get("execution_count") or 0), warmup_executions=int(ex["warmup"] or 0), cores=cores,
         device_ns=device_ns, step_ns=device_ns + _int((s.get("cpu_fallback_time") or 0) * 1e9), span_ns=span,
-        device_busy_percent=100.0 * device_ns / (span * max(cores, 1)) if span else 0.0,
+        device_busy_percent=100.0 * busy_ns(p, warm) / (span * max(cores, 1)) if span else 0.0,
         engine_percent=engines, mfu_percent=float(s.get("mfu_estimated_percent") or 0.0),
         model_flops=int(s.get("model_flops") or 0), hbm_read_bytes=int(s.get("hbm_read_bytes") or 0),
         hbm_write_bytes=int(s.get("hbm_write_bytes") or 0),
@@ -101,6 +105,18 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
         instructions=int(p.metadata().get("instruction_count") or 0))
+
+
+def busy_ns(p, include_warmup: bool = False) -> int:
+    """Device-busy ns summed over cores: per core, the union of its measured executions' device intervals.
+
+    An execution's device interval is ``[start, start + device time)`` (its host time, wherever it
+    fell, left out); executions that overlap on one core (a collective beside the next compute
+    execution) count their overlap once, so a core is never busier than the time that passed.
+    """
+    rows = p.sql(f"""SELECT core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
+                     WHERE {measured_condition(include_warmup)}""")
+    return int(pc.sum(union_by(rows, ("core",))["active_ns"]).as_py() or 0)
 
 
 def ops(p) -> pa.Table:

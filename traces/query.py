@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from traces import profile_schema, q_figures, q_replay, q_serving, q_system, q_timeline
-from traces.console import UserResult, run_user_sql
-from traces.errors import TraceError
+from traces.console import DUCKDB_LIMITS, UserResult, run_user_sql
+from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import Figures
 from traces.safeio import special_kind
 from traces.schema import SCHEMA_VERSION, TABLES
@@ -61,24 +61,27 @@ def _stale(target: Path, segments: list[Path]) -> bool:
     return row is None or int(row[0]) != len(segments)
 
 
-def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "Profile":
+def open_profile(path: str | os.PathLike, *, external_access: bool = True, bounded: bool = False) -> "Profile":
     """Open ``path`` read-only and return a :class:`Profile`.
 
     ``path`` is a ``profile.duckdb``; a directory holding one or holding segments (finalised
     first if the profile is missing or older than its segments, with a note on the log); or a
     Parquet dataset written by ``neuron-explorer export --format parquet``. With
-    ``external_access=False`` SQL cannot read or write other files (for a shared SQL console).
+    ``external_access=False`` SQL cannot read or write other files (for a shared SQL console); with
+    ``bounded`` DuckDB's memory and threads are capped for user SQL (:data:`traces.console.DUCKDB_LIMITS`).
     Example: ``p = open_profile("output/session")``.
     """
     import duckdb
 
     path = Path(path)
+    if special_kind(path) == "a symbolic link loop":
+        raise TraceError(f"profile {path} is a symbolic link loop: pass the {PROFILE_NAME} it should point to")
     if not path.exists():
         raise TraceError(f"profile {path} does not exist: pass a profile.duckdb or the directory "
                          "`neuron-explorer inspect` wrote")
     if path.is_dir():
         if (path / "metadata.parquet").is_file():
-            return _open_parquet_dataset(path, external_access)
+            return _open_parquet_dataset(path, external_access, bounded)
         segments = list_segments(path)
         target = path / PROFILE_NAME
         if segments and _stale(target, segments):
@@ -92,7 +95,8 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
     if kind is not None:   # DuckDB would block on a FIFO forever
         raise TraceError(f"{path} is {kind}, not a profile: pass the {PROFILE_NAME} that "
                          "`neuron-explorer inspect` wrote")
-    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+              **(DUCKDB_LIMITS if bounded else {})}
     if not external_access:
         # no file access from any query, and no way to turn it back on
         config["enable_external_access"] = False
@@ -101,9 +105,13 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
         con = duckdb.connect(str(path), read_only=True, config=config)
     except duckdb.Error as exc:
         msg = one_line(exc)
-        if "lock" in msg.lower():
+        # told apart by the error's type and the kernel's lock table, not its words ("block" holds "lock")
+        if isinstance(exc, duckdb.IOException) and _write_locked(path):
             raise TraceError(f"profile {path} is open for writing by another process: wait until it is "
                              "finalised, or open a copy") from None
+        if not isinstance(exc, duckdb.IOException):
+            raise TraceError(f"profile {path} is damaged ({msg}): finalise it again from its segments "
+                             "(neuron-explorer summary DIR) or restore a copy") from None
         raise TraceError(f"{path} is not a neuron_stack profile (not a readable DuckDB database: {msg}): "
                          f"pass the {PROFILE_NAME} that `neuron-explorer inspect` wrote") from None
     profile = Profile(con, path)
@@ -115,11 +123,30 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
     return profile
 
 
-def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
+def _write_locked(path: Path) -> bool:
+    """Whether another process holds a write lock on ``path`` (the kernel's ``/proc/locks``).
+
+    >>> _write_locked(Path("/nonexistent"))
+    False
+    """
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read(1 << 20)
+    except OSError:
+        return False
+    # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF": device (hex major:minor) and inode in the 6th field
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(parts) > 5 and parts[3] == "WRITE" and parts[5] == file_id and parts[4] != str(os.getpid())
+               for parts in (line.split() for line in table.splitlines()))
+
+
+def _open_parquet_dataset(path: Path, external_access: bool, bounded: bool = False) -> "Profile":
     import duckdb
 
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
-                                             "autoload_known_extensions": False})
+                                             "autoload_known_extensions": False,
+                                             **(DUCKDB_LIMITS if bounded else {})})
     try:
         for name in (*TABLES, *DERIVED_TABLES):
             file = path / f"{name}.parquet"
@@ -199,6 +226,8 @@ class Profile:
         try:
             rel = self._cursor().sql(query, params=params)
             return pa.table({}) if rel is None else rel.to_arrow_table()
+        except duckdb.OutOfMemoryException as exc:
+            raise OutOfMemory(f"SQL error: {one_line(exc)}") from None
         except duckdb.Error as exc:
             raise TraceError(f"SQL error: {one_line(exc)}") from None
 

@@ -18,6 +18,7 @@ config file '/dev/zero' is a character device, not a regular file: give the path
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -35,8 +36,8 @@ def special_kind(path) -> str | None:
     """
     try:
         mode = os.stat(path).st_mode
-    except OSError:
-        return None   # missing or unreadable: the caller's own open reports it
+    except OSError as exc:   # missing or unreadable: the caller's own open reports it; a loop is named
+        return "a symbolic link loop" if exc.errno == errno.ELOOP else None
     return next((kind for test, kind in _KINDS if test(mode)), None)
 
 

@@ -100,9 +100,22 @@ class DeviceProfile:
         peak = 2 * self.pe_rows * self.pe_cols * self.tensor_clock_ghz * 1e9
         return peak / self.fp32_matmul_factor if dtype == "float32" else peak
 
+    def hardware_info(self) -> dict:
+        """neuron-monitor's ``neuron_hardware_info`` for this profile's default instance (live snapshots,
+        and a profile's metadata, so a replay reports the same devices as the live monitor).
+
+        >>> get_profile("inf2").hardware_info()["neuron_device_count"]
+        12
+        """
+        return {"neuron_device_type": self.neuron_device_type, "neuron_device_version": self.neuron_device_version,
+                "neuroncore_version": self.neuroncore_version, "neuron_device_count": self.chips_per_instance,
+                "neuron_device_memory_size": self.hbm_bytes_per_chip,
+                "neuroncore_per_device_count": self.cores_per_chip,
+                "logical_neuroncore_config": 2 if self.name == "trn2" else 1}
+
     def metadata(self) -> dict[str, str]:
         """Metadata rows under the real profiler's names (reference §3.8), all strings."""
-        rows = {
+        rows = {**self.hardware_info(),
             "instance_type": self.instance_type, "is_simulation": "true",
             "device_profile": self.name, "neuroncore_version": self.neuroncore_version,
             "num_physical_cores": self.cores_per_chip, "vnc_enabled": str(self.name == "trn2").lower(),

@@ -320,7 +320,7 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
     Returns the decomposed ``ExportedProgram``. Raises :class:`CaptureError` with the export
     failure's first line. Example: ``ep = export(model, (x,))``.
     """
-    with _full_stack_traces(), warnings.catch_warnings():
+    with _full_stack_traces(), warnings.catch_warnings(), _quiet_torch_logs():
         warnings.simplefilter("ignore", FutureWarning)
         try:
             register_model_pytrees(model)
@@ -330,7 +330,47 @@ def export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
             raise
         except Exception as exc:  # export errors are long; the first line names the construct
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CaptureError(f"torch.export could not capture {type(model).__name__}: {first}") from exc
+            where = _user_frame(exc)
+            if type(exc).__name__ == "GuardOnDataDependentSymNode":
+                raise CaptureError(
+                    f"torch.export could not capture {type(model).__name__}: {where or 'its forward'} branches "
+                    "on a tensor's value (data-dependent control flow, which one compiled graph cannot hold): "
+                    "compute both sides and pick with torch.where, use torch.cond, or decide outside the "
+                    "model") from exc
+            at = f" (at {where})" if where else ""
+            raise CaptureError(f"torch.export could not capture {type(model).__name__}{at}: {first}") from exc
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """torch's own warnings while exporting (symbolic-shape notes, and the partial graph torch prints to
+    stderr: two dozen lines before a data-dependent failure) stay out of the one-line error;
+    ``NEURON_STACK_DEBUG=1`` keeps them."""
+    import io
+    import logging
+
+    if os.environ.get("NEURON_STACK_DEBUG"):
+        yield
+        return
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.WARNING))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(before)
+
+
+def _user_frame(exc: BaseException) -> str | None:
+    """``file:line `code``` of the innermost frame of the user's own code in ``exc``'s traceback."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)),
+            sysconfig.get_paths()["stdlib"])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)
+              and not f.filename.startswith("<")]
+    if not frames:
+        return None
+    f = frames[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} `{(f.line or '').strip()}`"
 
 
 def capture(model: torch.nn.Module, example_inputs: Any, *, name: str | None = None) -> Program:

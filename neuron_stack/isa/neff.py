@@ -164,11 +164,11 @@ def _fail(path, problem: str, fix: str = "recompile the model to regenerate it")
 def read_header(path: str | os.PathLike) -> dict:
     """Only the header of a NEFF (cheap). Raises :class:`NeffError` like :func:`load`."""
     path = Path(path)
-    if not path.exists():
-        raise NeffError(f"{path}: no such NEFF file; check the path or compile one with `neuron-cc compile`")
     kind = special_kind(path)
     if kind is not None:   # zipfile would block on a FIFO or seek through /dev/zero forever
         raise _fail(path, f"{kind}, not a NEFF file", "pass the path of a .neff file")
+    if not path.exists():
+        raise NeffError(f"{path}: no such NEFF file; check the path or compile one with `neuron-cc compile`")
     try:
         with zipfile.ZipFile(path) as z:
             header = json.loads(z.read("neff.json"))
@@ -190,12 +190,55 @@ def read_header(path: str | os.PathLike) -> dict:
 SCHEDULE_SCALARS = ("device_ns", "hbm_read_bytes", "hbm_write_bytes", "flops")
 
 
+#: Every count, byte total and duration in a NEFF is in [0, this): 2**62 ns is 146 years, and interval
+#: ends must not overflow int64 (the trace store's bound, ``traces.intervals.MAX_NS``).
+MAX_SCALAR = 1 << 62
+
+
+def _in_range(v) -> bool:
+    return type(v) is int and 0 <= v < MAX_SCALAR
+
+
 def _check_scalars(path, partition: str, s) -> None:
+    """A partition's schedule scalars: the schema's types, then signs and ranges (after the checksum,
+    so these catch a NEFF written by a bug or edited by hand, before any figure is computed from it)."""
     ok = (isinstance(s, dict) and all(type(s.get(k)) is int for k in SCHEDULE_SCALARS)
           and isinstance(s.get("busy_ns"), dict)
           and all(isinstance(e, str) and type(v) is int for e, v in s["busy_ns"].items()))
     if not ok:
         raise _fail(path, f"malformed schedule scalars for partition {partition!r} in schedule.json")
+    for key in (*SCHEDULE_SCALARS, *(f"busy_ns.{e}" for e in s["busy_ns"])):
+        v = s["busy_ns"][key[8:]] if key.startswith("busy_ns.") else s[key]
+        if not _in_range(v):
+            raise _fail(path, f"schedule.json partition {partition!r}: {key} = {v} is outside [0, 2**62)")
+
+
+def _check_program(path, program: Program, schedules: dict) -> None:
+    """The program's own consistency: inputs, outputs and partitions name nodes it has, shapes are sizes."""
+    names = {n.name for n in program.nodes}
+    if not program.nodes or not program.output_names:
+        raise _fail(path, "its program is empty (no nodes or no outputs)")
+
+    def leaves(v):
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                yield from leaves(x)
+        elif isinstance(v, str):
+            yield v
+
+    for what, wanted in (("input", program.input_names), ("output", list(leaves(program.output_names))),
+                         *(("partition node", list(part.nodes)) for part in program.partitions)):
+        missing = next((w for w in wanted if w not in names and w not in program.constants), None)
+        if missing is not None:
+            raise _fail(path, f"its program is inconsistent: {what} {missing!r} is not one of its nodes")
+    for n in program.nodes:
+        for spec in n.outputs:
+            if not all(_in_range(d) for d in spec.shape):
+                raise _fail(path, f"its program is inconsistent: node {n.name!r} has shape {spec.shape}")
+    devices = {p.index for p in program.partitions if p.kind != "cpu"}
+    if not set(schedules) <= devices:
+        raise _fail(path, f"schedule.json names device partitions {sorted(set(schedules) - devices)} the "
+                          "program does not have")
 
 
 def load(path: str | os.PathLike, target: str | None = None, constants: dict | None = None) -> Neff:
@@ -250,6 +293,7 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
             table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
             known = {f.name for f in fields(PartitionSchedule)} - {"table"}
             schedules[int(p)] = PartitionSchedule(table=table, **{k: v for k, v in s.items() if k in known})
+        _check_program(path, program, schedules)
         source_files = json.loads(data["source_files.json"])
         log = data["compile.log"].decode()
     except NeffError:

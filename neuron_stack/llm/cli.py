@@ -47,6 +47,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _project(args) -> int:
+    from neuron_stack.device.profiles import get_profile
+    from neuron_stack.llm.configs import validate_projection
+    from neuron_stack.runtime.cores import INSTANCE_TYPES
+
+    # every size checked against its physical range before transformers or any compile runs; a TP degree
+    # is bounded by the largest instance (a larger one than the chosen instance is a "does NOT fit" answer)
+    most_cores = max(chips * get_profile(prof).cores_per_chip for prof, chips, *_ in INSTANCE_TYPES.values())
+    validate_projection(args.model, tp_degree=args.tp, batch_size=args.batch_size,
+                        sequence_length=args.sequence_length, context_length=args.context_length,
+                        token_generation_buckets=args.tkg_buckets, max_cores=most_cores)
     from neuron_stack.llm.project import project
 
     p = project(

@@ -131,13 +131,17 @@ def get_instance(target: str | DeviceProfile | None = None) -> Instance:
     """The simulated instance: ``NEURON_STACK_INSTANCE_TYPE`` if set, else the target's default.
 
     ``target`` is a device profile or its name; without one, the instance type decides, else
-    ``NEURON_STACK_TARGET`` or ``trn1``.
+    ``NEURON_STACK_TARGET``, else the instance the last workload described (what neuron-monitor reports,
+    so ``neuron-ls`` and the monitor name one instance), else ``trn1``.
     Example: ``get_instance("inf2").instance_type == "inf2.48xlarge"``.
     """
     itype = os.environ.get("NEURON_STACK_INSTANCE_TYPE", "").strip()
     if isinstance(target, DeviceProfile):
         profile = target
     elif target is None and itype in INSTANCE_TYPES:  # the machine decides (neuron-ls, monitors)
+        profile = get_profile(INSTANCE_TYPES[itype][0])
+    elif target is None and not itype and not os.environ.get("NEURON_STACK_TARGET") and _last_instance():
+        itype = _last_instance()
         profile = get_profile(INSTANCE_TYPES[itype][0])
     else:
         profile = get_profile(target or os.environ.get("NEURON_STACK_TARGET") or "trn1")
@@ -152,6 +156,14 @@ def get_instance(target: str | DeviceProfile | None = None) -> Instance:
             f"NEURON_STACK_INSTANCE_TYPE={itype} has {family} chips but the model targets "
             f"{profile.name}: unset it or pick a {profile.name} instance type")
     return Instance(itype, profile, chips, vcpus, topology)
+
+
+def _last_instance() -> str | None:
+    """The instance type the last workload described in the live directory (``traces.live``), if any."""
+    from traces.live import read_device_info
+
+    itype = (read_device_info() or {}).get("instance_type")
+    return itype if itype in INSTANCE_TYPES else None
 
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")   # str.isdigit() accepts '٣' and '³'

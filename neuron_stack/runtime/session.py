@@ -51,11 +51,7 @@ class Session:
         self.live = LivePublisher(
             tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
             command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware={"neuron_device_type": p.neuron_device_type, "neuron_device_version": p.neuron_device_version,
-                      "neuroncore_version": p.neuroncore_version, "neuron_device_count": p.chips_per_instance,
-                      "neuron_device_memory_size": p.hbm_bytes_per_chip,
-                      "neuroncore_per_device_count": p.cores_per_chip,
-                      "logical_neuroncore_config": 2 if p.name == "trn2" else 1})
+            hardware=p.hardware_info())
         self.live.cores = list(self.cores)
         self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
         # Guards `recorder`: a capture's timer may close it while an execution is being recorded.

@@ -534,3 +534,98 @@ def fuzz_console_bytes(loaded, examples: int) -> list[Trial]:
 
     case()
     return [tally.trial()]
+
+
+# -- issue 31: bounds on heavy SQL, regexes, periods and sizes -------------------------------------
+
+def fuzz_bounds(loaded, examples: int) -> list[Trial]:
+    """Issue 31's classes: console queries past the memory bound (alone and four at once), backtracking
+    regexes as ``tag_filter`` against long tags, non-finite and huge periods, and huge, negative, zero
+    or missing sizes for ``neuron-llm``. Each ends within the time bound with a result within its caps
+    or one clear line; the serving process's memory stays flat (the console's worker holds the query)."""
+    import threading
+
+    import psutil
+
+    from explorer import data
+    from monitor.config import ConfigError, parse_config
+    from neuron_stack.llm.configs import ConfigError as LlmConfigError
+    from neuron_stack.llm.configs import validate_projection
+    from traces.console import MEMORY_BOUND_BYTES, RefusedQuery
+
+    console, regex, period, sizes = (Tally("console past its bounds"), Tally("backtracking tag_filter"),
+                                     Tally("monitor periods"), Tally("neuron-llm sizes"))
+    heavy = ["SELECT repeat('x', {n}) || 'a' AS s", "SELECT repeat('x', {n}) AS s",
+             "SELECT string_agg(repeat('x', {m}), ',') AS s FROM range({m})",
+             "SELECT count(*) FROM range({n}), range({m})", "SELECT sum(length(repeat('y', {m}))) FROM range({n})"]
+    server = psutil.Process()
+    start_rss = server.memory_info().rss
+
+    def ask(sql: str) -> None:
+        data.run_console(loaded, sql)
+        if server.memory_info().rss - start_rss > MEMORY_BOUND_BYTES:
+            raise AssertionError(f"the server grew by {(server.memory_info().rss - start_rss) >> 20} MiB")
+
+    @_settings(max(1, examples // 10))
+    @given(st.sampled_from(heavy), st.integers(0, 2_000_000_000), st.integers(0, 100_000))
+    def console_case(template, n, m):
+        sql = template.format(n=n, m=m)
+        console.check(lambda: ask(sql), (RefusedQuery, data.ExplorerError), sql)
+
+    def four_at_once() -> None:
+        errors: list[BaseException] = []
+
+        def one():
+            try:
+                ask("SELECT repeat('x', 1000000000) || 'a' AS s")
+            except data.ExplorerError as exc:
+                if not one_line_ok(str(exc)):
+                    errors.append(exc)
+            except BaseException as exc:   # noqa: BLE001 (counted)
+                errors.append(exc)
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise AssertionError(f"{type(errors[0]).__name__}: {errors[0]}")
+
+    patterns = ["^(a+)+$", "(a|a)*b", "(a*)*$", "^(([a-z])+.)+[A-Z]([a-z])+$", "(x+x+)+y", "(\\w+\\s?)+$"]
+    tags = ["a" * 50_000 + "b", "x" * 50_000, "ab " * 20_000 + "!"]
+
+    @_settings(examples)
+    @given(st.one_of(st.sampled_from(patterns), st.text(max_size=40)), st.sampled_from(tags))
+    def regex_case(pattern, tag):
+        def run():
+            cfg = parse_config({"neuron_runtimes": [{"tag_filter": pattern, "metrics": []}]})
+            cfg.selector_for(tag)
+        regex.check(run, (ConfigError,), f"tag_filter {pattern!r}"[:120])
+
+    @_settings(examples)
+    @given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),
+                     st.from_regex(r"\A[0-9]{1,400}(ns|ms|s|m|h)\Z")))
+    def period_case(value):
+        period.check(lambda: parse_config({"period": value}), (ConfigError,), f"period {value!r}"[:120])
+
+    fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+              "num_key_value_heads")
+    values = st.one_of(st.none(), st.integers(-10**18, 10**18), st.floats(allow_nan=True), st.booleans())
+
+    @_settings(examples)
+    @given(st.fixed_dictionaries({f: values for f in fields}), st.integers(-10**18, 10**18))
+    def sizes_case(config, tp):
+        cfg = {"model_type": "llama", **{k: v for k, v in config.items() if v is not None}}
+
+        class Config:   # what validate_projection reads from a transformers config object
+            def to_dict(self):
+                return cfg
+        sizes.check(lambda: validate_projection(Config(), tp_degree=tp, max_cores=64), (LlmConfigError,),
+                    f"{cfg} --tp {tp}"[:120])
+
+    console_case()
+    console.check(four_at_once, (), "four heavy console queries at once")
+    regex_case()
+    period_case()
+    sizes_case()
+    return [console.trial(), regex.trial(), period.trial(), sizes.trial()]

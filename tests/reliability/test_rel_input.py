@@ -120,3 +120,15 @@ def test_rel3_byte_heavy_console_sql(small_profile, count):
         _check(fuzz.fuzz_console_bytes(reg.get(reg.default_key()), count("fuzz")))
     finally:
         reg.close()
+
+
+def test_rel3_issue31_bounds(small_profile, count):
+    """Heavy console SQL (alone and four at once), backtracking regexes, bad periods, huge LLM sizes."""
+    import fuzz
+
+    from explorer import data
+    reg = data.Registry([small_profile])
+    try:
+        _check(fuzz.fuzz_bounds(reg.get(reg.default_key()), count("fuzz")))
+    finally:
+        reg.close()
