@@ -182,6 +182,11 @@ def summary(L: Loaded) -> dict:
             "fallback_calls": f.fallback_calls, "graphs": f.graphs, "recompiles": f.recompiles,
             "compiles": f.compiles, "cache_hits": f.cache_hits, "compile_wall_ns": f.compile_ns,
             "instructions": f.instructions,
+            "mbu_estimated_percent": f.mbu_percent, "total_bandwidth_available": f.total_bandwidth_available,
+            "useful_read_percent": f.useful_read_percent, "spill_save_bytes": f.spill_save_bytes,
+            "spill_reload_bytes": f.spill_reload_bytes, "hardware_flops": f.hardware_flops,
+            "transpose_flops": f.transpose_flops, "flops_breakdown": dict(f.flops_breakdown),
+            "dma_split": dict(f.dma_split), "bandwidth_breakdown": dict(f.bandwidth_breakdown),
         }
     return L.cached("summary", compute)
 

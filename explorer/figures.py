@@ -224,3 +224,15 @@ def engine_bars(engines: dict[str, float]) -> go.Figure:
     fig.update_layout(height=230, margin=dict(l=4, r=4, t=4, b=30), xaxis=dict(range=[0, 100], title="active %"),
                       yaxis=dict(autorange="reversed"))
     return fig
+
+
+def share_bars(shares: dict[str, float]) -> go.Figure:
+    """Horizontal bars of named percentages (a Summary breakdown: FLOPs, memory bandwidth), in the given order."""
+    names = list(shares)
+    fig = go.Figure(go.Bar(x=[shares[k] for k in names], y=names, orientation="h",
+                           text=[f"{shares[k]:.2f}%" for k in names], textposition="auto",
+                           marker=dict(color=["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#bab0ac"][:len(names)]),
+                           hovertemplate="%{y}: %{x:.2f}%<extra></extra>"))
+    fig.update_layout(height=200, margin=dict(l=4, r=4, t=4, b=30), xaxis=dict(range=[0, 100], title="%"),
+                      yaxis=dict(autorange="reversed"))
+    return fig

@@ -15,7 +15,7 @@ True
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
@@ -35,7 +35,12 @@ class Figures:
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``collective_ns``: time the CC engine
     ran collectives (the union of its queues), part of ``device_ns``; ``fallback_host_ns``: host time of
     CPU-fallback ops in those executions; ``compiles``: compiles run (one ``compile`` event each; cache
-    hits and collectives are not compiled).
+    hits and collectives are not compiled). ``mbu_percent`` and ``total_bandwidth_available`` (bytes),
+    ``useful_read_percent``, the spill bytes and FLOPs are the Summary's ``mbu_estimated_percent``,
+    … columns; ``flops_breakdown`` splits the Tensor Engine's peak FLOPs over ``device_ns`` in percent:
+    ``model_flops`` (= MFU), ``transpose_flops``, ``active_flops`` (active but not doing either) and
+    ``idle`` (engine inactive); ``bandwidth_breakdown``: :func:`bandwidth_breakdown`; ``dma_split``: DMA
+    bytes per descriptor source (``static``, ``software_dynamic``).
     """
 
     executions: int
@@ -60,6 +65,17 @@ class Figures:
     cache_hits: int
     compile_ns: int
     instructions: int
+    # memory bandwidth and the Tensor Engine's FLOPs, under the real Summary's names (see ``figures``)
+    mbu_percent: float = 0.0
+    total_bandwidth_available: float = 0.0
+    useful_read_percent: float = 0.0
+    spill_save_bytes: int = 0
+    spill_reload_bytes: int = 0
+    hardware_flops: int = 0
+    transpose_flops: int = 0
+    flops_breakdown: dict = field(default_factory=dict)
+    bandwidth_breakdown: dict = field(default_factory=dict)
+    dma_split: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """Plain JSON-able dict. Example: ``json.dumps(p.figures().as_dict())``."""
@@ -100,7 +116,50 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         graphs=graphs, compiles=int(s.get("compile_count") or 0),
         recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
-        instructions=int(p.metadata().get("instruction_count") or 0))
+        instructions=int(p.metadata().get("instruction_count") or 0),
+        mbu_percent=float(s.get("mbu_estimated_percent") or 0.0),
+        total_bandwidth_available=float(s.get("total_bandwidth_available") or 0.0),
+        useful_read_percent=float(s.get("useful_read_percent") or 0.0),
+        spill_save_bytes=int(s.get("spill_save_bytes") or 0), spill_reload_bytes=int(s.get("spill_reload_bytes") or 0),
+        hardware_flops=int(s.get("hardware_flops") or 0), transpose_flops=int(s.get("transpose_flops") or 0),
+        flops_breakdown=flops_breakdown(s), bandwidth_breakdown=bandwidth_breakdown(s),
+        dma_split={k: int(s.get(f"{k}_dma_size") or 0) for k in ("static", "software_dynamic")})
+
+
+def bandwidth_breakdown(s: dict) -> dict:
+    """The real Summary's memory-bandwidth doughnut in percent of ``total_bandwidth_available``: HBM reads
+    and writes without spill traffic, spill reloads and saves, and the unused rest.
+
+    >>> bandwidth_breakdown({"total_bandwidth_available": 1000, "hbm_read_bytes": 300, "hbm_write_bytes": 100,
+    ...                      "spill_reload_bytes": 100, "spill_save_bytes": 0})["unused"]
+    60.0
+    """
+    avail = float(s.get("total_bandwidth_available") or 0.0)
+    reload, save = int(s.get("spill_reload_bytes") or 0), int(s.get("spill_save_bytes") or 0)
+    parts = {"HBM read": int(s.get("hbm_read_bytes") or 0) - reload,
+             "HBM write": int(s.get("hbm_write_bytes") or 0) - save,
+             "SBUF spill reload": reload, "SBUF spill save": save}
+    out = {k: 100.0 * max(v, 0) / avail if avail else 0.0 for k, v in parts.items()}
+    out["unused"] = max(100.0 - sum(out.values()), 0.0)
+    return out
+
+
+def flops_breakdown(s: dict) -> dict:
+    """The Tensor Engine's peak FLOPs over the device time, in percent, as the real Summary's FLOPs chart:
+    ``model_flops`` (MFU), ``transpose_flops``, ``active_flops`` (the engine active but doing neither:
+    small tiles, pipeline bubbles) and ``idle``; they add up to 100. Throttled FLOPs are not split out
+    (the cost model's trn2 throttling lengthens MATMULs; it is not recorded per instruction).
+
+    >>> flops_breakdown({"mfu_estimated_percent": 20.0, "transpose_flops": 10, "tensor_engine_peak_bf16_flops": 100,
+    ...                  "total_time": 1.0, "tensor_engine_active_time_percent": 50.0})
+    {'model_flops': 20.0, 'transpose_flops': 10.0, 'active_flops': 20.0, 'idle': 50.0}
+    """
+    cap = float(s.get("tensor_engine_peak_bf16_flops") or 0.0) * float(s.get("total_time") or 0.0)
+    model = float(s.get("mfu_estimated_percent") or 0.0)
+    transpose = 100.0 * float(s.get("transpose_flops") or 0) / cap if cap else 0.0
+    active = min(max(float(s.get("tensor_engine_active_time_percent") or 0.0), 0.0), 100.0)
+    return {"model_flops": model, "transpose_flops": transpose,
+            "active_flops": max(active - model - transpose, 0.0), "idle": 100.0 - active}
 
 
 def ops(p) -> pa.Table:
