@@ -13,10 +13,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "serving", "sql", "compare")
+PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "serving", "sql", "compare",
+         "memory", "tensors")
 NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"), ("Source", "/source"),
        ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("Serving", "/serving"), ("SQL", "/sql"),
-       ("Compare", "/compare"))
+       ("Compare", "/compare"), ("Memory", "/memory"), ("Tensors", "/tensors"))
 
 _APP = None
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import q_figures, q_replay, q_serving, q_timeline
+from traces import q_figures, q_records, q_replay, q_serving, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import TraceError
 from traces.q_figures import Figures
@@ -524,3 +524,24 @@ class Profile:
         """
         return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s,
                             max_bytes=max_bytes)
+
+    # -- the compiler's records (traces.q_records) ---------------------------------------------
+    def dependencies(self, core: int, queue: str, pc: int, start_ns: int) -> dict:
+        """An instruction's predecessors and successors (``Flow``) in its execution; ``{}`` if unknown.
+
+        Example: ``p.dependencies(0, "Tensor", 12, t)["predecessors"][0]["dependency_type"]``.
+        """
+        return q_records.dependencies(self, core, queue, pc, start_ns)
+
+    def allocation_executions(self) -> pa.Table:
+        """Executions with SBUF/PSUM allocation rows. Example: ``p.allocation_executions().column("exec_id")``."""
+        return q_records.allocation_executions(self)
+
+    def allocations(self, exec_id: int, memory: str = "SBUF", partition: int | None = None,
+                    limit: int = 20_000) -> pa.Table:
+        """One execution's SBUF or PSUM allocations. Example: ``p.allocations(x, "PSUM").num_rows``."""
+        return q_records.allocations(self, exec_id, memory, partition, limit)
+
+    def tensors(self) -> pa.Table:
+        """Every tensor (``TensorInfo``) with its graph and first load. Example: ``p.tensors().num_rows``."""
+        return q_records.tensors(self)
