@@ -371,6 +371,29 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
             "truncated": res.truncated}
 
 
+def schema(L: Loaded) -> dict[str, list[tuple[str, str]]]:
+    """``{table: [(column, type)]}`` of every table, for the SQL page's schema inspector."""
+    def compute():
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in rows(L.profile.columns()):
+            out.setdefault(r["table_name"], []).append((r["column_name"], r["data_type"]))
+        return out
+    return L.cached("schema", compute)
+
+
+def console_csv(L: Loaded, sql: str) -> str:
+    """The console query's result (the same checks and row cap as :func:`run_console`) as CSV text."""
+    import csv
+    import io
+
+    res = run_console(L, sql)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=res["columns"])
+    w.writeheader()
+    w.writerows(res["rows"])
+    return buf.getvalue()
+
+
 def _jsonable(v):
     if v is None or isinstance(v, (bool, int, float, str)):
         return v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)

@@ -163,3 +163,47 @@ def test_tensor_viewer_lists_tensors_and_links_their_first_load(server, page, en
     page.click("#tensors-table a[href*='/timeline'] >> nth=0")
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
     assert "start=" in page.url
+
+
+def test_timeline_exports_the_visible_window_as_csv(server, page):
+    import csv
+    import io
+    import zipfile
+
+    url, key = server
+    L = data.resolve(key)
+    a, b = data.bounds(L)["fit"]
+    b = a + (b - a) // 3
+    page.goto(f"{url}/timeline?profile={key}&start={a}&end={b}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    with page.expect_download() as got:
+        page.click("#timeline-csv")
+    z = zipfile.ZipFile(got.value.path())
+    assert sorted(z.namelist()) == ["Instruction.csv", "SbufAllocation.csv", "SemaphoreUpdate.csv"]
+    rows = list(csv.DictReader(io.StringIO(z.read("Instruction.csv").decode())))
+    t0 = data.bounds(L)["t0"]
+    n = _profile().sql("SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b",
+                       {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    assert len(rows) == n > 0
+    assert {"timeline_track", "opcode", "start_ns"} <= set(rows[0]) and rows[0]["timeline_track"].endswith("(nc0)")
+
+
+def test_sql_schema_inspector_and_csv_download(server, page):
+    import csv
+    import io
+
+    url, key = server
+    page.goto(f"{url}/sql?profile={key}")
+    page.wait_for_selector("#sql-schema")
+    page.click("#sql-schema summary")
+    assert "dependency_type" in page.inner_text("#sql-schema")
+    page.click("#sql-schema button:text-is('Flow')")
+    page.wait_for_function("() => document.querySelector('#sql-query').value.includes('\"Flow\"')")
+    page.click("#sql-run")
+    _wait_text(page, "#sql-count", "100 rows")
+    _shot(page, "sql-schema")
+    with page.expect_download() as got:
+        page.click("#sql-csv")
+    rows = list(csv.DictReader(io.StringIO(open(got.value.path()).read())))
+    cols = [c for c, _ in data.schema(data.resolve(key))["Flow"]]
+    assert len(rows) == 100 and list(rows[0]) == cols

@@ -259,6 +259,14 @@ class Profile:
         return sorted(r[0] for r in self._rows(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"))
 
+    def columns(self) -> pa.Table:
+        """Every table's columns and types (``table_name, column_name, data_type``), for a schema inspector.
+
+        Example: ``p.columns().filter(pc.field("table_name") == "Flow")``.
+        """
+        return self.sql("""SELECT table_name, column_name, data_type FROM information_schema.columns
+                           WHERE table_schema = 'main' ORDER BY table_name, ordinal_position""")
+
     def metadata(self) -> dict[str, str]:
         """The metadata table as a dict (device rates, versions, trace statistics).
 

@@ -79,6 +79,9 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
             html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
             html.Button("Whole session", id="timeline-whole", className="btn",
                         title="everything recorded: compiles, loads and executions"),
+            html.Button("CSV of this window", id="timeline-csv", className="btn",
+                        title="Instruction.csv (with timeline_track), SemaphoreUpdate.csv, SbufAllocation.csv"),
+            dcc.Download(id="timeline-download"),
             html.Strong(window, id="timeline-window"),
             html.Span(status, id="timeline-status"),
             html.Span([html.Span(sel_text, id="timeline-selection"), " ",
@@ -250,6 +253,20 @@ def _dependencies(key: str, r: dict, state: dict):
                   dcc.Link("Tensors of this op →", id="timeline-open-tensors",
                            href=ui.href("/tensors", profile=key, node=node)) if node else None]),
     ], id="timeline-deps")
+
+
+@callback(Output("timeline-download", "data"), Output("timeline-status", "children", allow_duplicate=True),
+          Input("timeline-csv", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
+def download(_clicks, state):
+    """The visible window's rows per table as a zip of CSV files (``timeline.window_csv_zip``)."""
+    try:
+        blob, cut = timeline.window_csv_zip(data.resolve(state["profile"]), state["start"], state["end"])
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc)
+    note = (f"CSV cut at {timeline.CSV_MAX_ROWS:,} rows in {', '.join(cut)}: zoom in for the rest"
+            if cut else dash.no_update)
+    name = f"{state['profile']}_{state['start']}-{state['end']}.zip"
+    return dcc.send_bytes(blob, name), note
 
 
 ui.register_url_sync("timeline")
