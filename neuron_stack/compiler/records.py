@@ -46,8 +46,6 @@ def _stored(name: str) -> pa.Schema:
 
 ALLOCATION_SCHEMA, FLOW_SCHEMA, SEMAPHORE_SCHEMA, TENSOR_SCHEMA = (
     _stored(n) for n in ("SbufAllocation", "Flow", "SemaphoreUpdate", "TensorInfo"))
-SCHEMAS = {"SbufAllocation": ALLOCATION_SCHEMA, "Flow": FLOW_SCHEMA, "SemaphoreUpdate": SEMAPHORE_SCHEMA,
-           "TensorInfo": TENSOR_SCHEMA}
 """Each record table's stored columns (traces/schema.py; docs/trace_schema.md explains them)."""
 
 #: TensorInfo ``type`` as the real tool spells it, from the lowering's buffer role
@@ -94,6 +92,8 @@ def _allocations(low, instrs, keys, start, end, queue, pc) -> pa.Table:
             if r is None:
                 acc[a] = [start[i], end[i], p0, p0 + n, i, 1, spill]
                 continue
+            if start[i] < r[0]:        # the scheduler may start a later instruction first
+                r[0] = start[i]
             if end[i] > r[1]:
                 r[1] = end[i]
             if p0 < r[2]:
