@@ -67,3 +67,18 @@ def tensors(L: Loaded, node: str | None = None) -> list[dict]:
     t0 = data.bounds(L)["t0"]
     rows = [_rel(r, t0, "first_load_ns") for r in data.rows(L.profile.tensors())]
     return [r for r in rows if node in (None, "", r.get("node"))]
+
+
+def regions(L: Loaded, exec_id: int | None = None) -> dict:
+    """Automatic regions by layer (``Profile.regions``) of one execution (the first by default), times since
+    t0, with the regions' durations over every measured execution: ``{"executions", "exec_id", "rows",
+    "durations"}``."""
+    t0 = data.bounds(L)["t0"]
+    allrows = [_rel(r, t0, "start_ns", "end_ns") for r in data.rows(L.profile.regions())]
+    execs = list(dict.fromkeys(r["exec_id"] for r in allrows))
+    if exec_id is None and execs:
+        exec_id = execs[0]
+    if exec_id is not None and exec_id not in execs:
+        raise data.ExplorerError("that execution has no instruction rows in this profile")
+    return {"executions": execs, "exec_id": exec_id, "rows": [r for r in allrows if r["exec_id"] == exec_id],
+            "durations": data.rows(L.profile.region_durations())}

@@ -207,3 +207,21 @@ def test_sql_schema_inspector_and_csv_download(server, page):
     rows = list(csv.DictReader(io.StringIO(open(got.value.path()).read())))
     cols = [c for c, _ in data.schema(data.resolve(key))["Flow"]]
     assert len(rows) == 100 and list(rows[0]) == cols
+
+
+def test_regions_page_lists_layers_and_links_their_windows(server, page):
+    url, key = server
+    page.goto(f"{url}/regions?profile={key}")
+    page.wait_for_selector("#regions-table")
+    rows = _profile().regions().to_pylist()
+    first = [r for r in rows if r["exec_id"] == rows[0]["exec_id"]]
+    text = page.inner_text("#regions-table")
+    assert "layers.0" in text and "layers.1" in text
+    assert len(page.locator("#regions-table tbody tr").all()) == len(first)
+    assert "layers.1" in page.inner_text("#regions-durations")
+    _shot(page, "regions")
+    page.click("#regions-table a:text-is('layers.1')")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    t0 = data.bounds(data.resolve(key))["t0"]
+    r = next(r for r in first if r["region"] == "layers.1")
+    assert f"start={r['start_ns'] - t0}" in page.url and f"end={r['end_ns'] - t0}" in page.url

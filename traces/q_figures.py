@@ -282,3 +282,67 @@ def spill_traffic(p) -> dict:
     return p.sql("""SELECT CAST(coalesce(sum(bytes_read + bytes_written), 0) AS BIGINT) AS bytes,
                            CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS ns
                     FROM instructions WHERE engine = 'dma' AND queue ILIKE '%spill%'""").to_pylist()[0]
+
+
+#: a layer is the module path up to its first numbered part (``layers.3``, ``encoder.layer.11``), else its
+#: first part (``embeddings``); ops outside any module form ``(top level)``
+_LAYER_SQL = ("coalesce(nullif(regexp_extract(coalesce(o.module_path, ''), '^((?:[^.]+[.])*?[0-9]+)(?:[.]|$)', 1), ''),"
+              " nullif(split_part(coalesce(o.module_path, ''), '.', 1), ''), '(top level)')")
+
+
+def regions(p) -> pa.Table:
+    """Automatic regions by layer (``_LAYER_SQL``) in each measured execution with instruction rows: one
+    row per (execution, layer) with its first start and last end (absolute ns), instructions, busy ns per
+    device engine and its share of the span (``<engine>_busy_percent``: DMA queues run in parallel, so
+    above 100 is possible), Tensor Engine FLOPs and ``hfu_percent`` (those FLOPs over the BF16 peak for
+    the region's span); in time order. A layer's instructions may interleave with its
+    neighbours' (the scheduler overlaps them), so regions can overlap.
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=2, instructions=200)
+    >>> with traces.open(d) as p:
+    ...     r = regions(p)
+    >>> r.num_rows > 0 and all(a < b for a, b in zip(r["start_ns"].to_pylist(), r["end_ns"].to_pylist()))
+    True
+    """
+    warm = p.metadata().get("summary_includes_warmup", "false") == "true"
+    busy = ", ".join(f"sum(i.dur_ns) FILTER (WHERE i.engine = '{e}')::BIGINT AS {e}_ns" for e in DEVICE_ENGINES)
+    return p.sql(f"""
+        WITH r AS (
+            SELECT i.exec_id, i.core, {_LAYER_SQL} AS region, min(i.start_ns) AS start_ns,
+                   max(i.start_ns + i.dur_ns) AS end_ns, count(*) AS instructions, {busy},
+                   coalesce(sum(i.flops) FILTER (WHERE i.engine = 'tensor'), 0)::BIGINT AS tensor_flops
+            FROM instructions i LEFT JOIN ops o USING (op_id)
+            WHERE i.engine <> 'cpu'
+              AND i.exec_id IN (SELECT exec_id FROM executions WHERE {measured_condition(warm)})
+            GROUP BY ALL),
+        md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak
+               FROM metadata)
+        SELECT r.*, 100.0 * tensor_flops / nullif(md.peak * (end_ns - start_ns) / 1e9, 0) AS hfu_percent,
+               {", ".join(f"100.0 * coalesce({e}_ns, 0) / greatest(end_ns - start_ns, 1) AS {e}_busy_percent"
+                          for e in DEVICE_ENGINES)}
+        FROM r CROSS JOIN md ORDER BY start_ns, region""")
+
+
+def region_durations(p) -> pa.Table:
+    """Each region's duration over the measured executions (the Region Highlighter's distribution):
+    ``region, executions, min_ns, median_ns, max_ns`` (the lower median), regions in the order they
+    first start within their execution."""
+    rows = regions(p).to_pylist()
+    exec_start: dict[int, int] = {}
+    for r in rows:                     # time order: an execution's first region starts it
+        exec_start.setdefault(r["exec_id"], r["start_ns"])
+    durations: dict[str, list[int]] = {}
+    offset: dict[str, int] = {}
+    for r in rows:
+        durations.setdefault(r["region"], []).append(r["end_ns"] - r["start_ns"])
+        offset[r["region"]] = min(offset.get(r["region"], 1 << 62), r["start_ns"] - exec_start[r["exec_id"]])
+    out = []
+    for region in sorted(durations, key=lambda k: (offset[k], k)):
+        d = sorted(durations[region])
+        out.append({"region": region, "executions": len(d), "min_ns": d[0], "median_ns": d[(len(d) - 1) // 2],
+                    "max_ns": d[-1]})
+    schema = pa.schema([("region", pa.string()), ("executions", pa.int64()), ("min_ns", pa.int64()),
+                        ("median_ns", pa.int64()), ("max_ns", pa.int64())])
+    return pa.Table.from_pylist(out, schema=schema)

@@ -414,6 +414,18 @@ class Profile:
         Example: ``p.layer_engine_time().column("dma_ns")``."""
         return q_figures.layer_engine_time(self)
 
+    def regions(self) -> pa.Table:
+        """Automatic regions by layer per measured execution (span, busy per engine, HFU).
+
+        Example: ``p.regions().column("region").to_pylist()``."""
+        return q_figures.regions(self)
+
+    def region_durations(self) -> pa.Table:
+        """Each region's duration over the measured executions (min, median, max).
+
+        Example: ``p.region_durations().column("median_ns")``."""
+        return q_figures.region_durations(self)
+
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
         return q_figures.hierarchy(self)
