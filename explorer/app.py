@@ -14,10 +14,11 @@ import importlib
 from pathlib import Path
 
 PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "serving", "sql", "compare",
-         "system")
+         "system", "memory", "tensors", "regions")
 NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"), ("Source", "/source"),
        ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("Serving", "/serving"), ("SQL", "/sql"),
-       ("Compare", "/compare"), ("System", "/system"))
+       ("Compare", "/compare"), ("System", "/system"), ("Memory", "/memory"), ("Tensors", "/tensors"),
+       ("Regions", "/regions"))
 
 _APP = None
 

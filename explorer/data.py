@@ -182,6 +182,11 @@ def summary(L: Loaded) -> dict:
             "fallback_calls": f.fallback_calls, "graphs": f.graphs, "recompiles": f.recompiles,
             "compiles": f.compiles, "cache_hits": f.cache_hits, "compile_wall_ns": f.compile_ns,
             "instructions": f.instructions,
+            "mbu_estimated_percent": f.mbu_percent, "total_bandwidth_available": f.total_bandwidth_available,
+            "useful_read_percent": f.useful_read_percent, "spill_save_bytes": f.spill_save_bytes,
+            "spill_reload_bytes": f.spill_reload_bytes, "hardware_flops": f.hardware_flops,
+            "transpose_flops": f.transpose_flops, "flops_breakdown": dict(f.flops_breakdown),
+            "dma_split": dict(f.dma_split), "bandwidth_breakdown": dict(f.bandwidth_breakdown),
         }
     return L.cached("summary", compute)
 
@@ -365,6 +370,29 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
     return {"columns": res.table.column_names,
             "rows": [{k: _jsonable(v) for k, v in r.items()} for r in res.table.to_pylist()],
             "truncated": res.truncated}
+
+
+def schema(L: Loaded) -> dict[str, list[tuple[str, str]]]:
+    """``{table: [(column, type)]}`` of every table, for the SQL page's schema inspector."""
+    def compute():
+        out: dict[str, list[tuple[str, str]]] = {}
+        for r in rows(L.profile.columns()):
+            out.setdefault(r["table_name"], []).append((r["column_name"], r["data_type"]))
+        return out
+    return L.cached("schema", compute)
+
+
+def console_csv(L: Loaded, sql: str) -> str:
+    """The console query's result (the same checks and row cap as :func:`run_console`) as CSV text."""
+    import csv
+    import io
+
+    res = run_console(L, sql)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=res["columns"])
+    w.writeheader()
+    w.writerows(res["rows"])
+    return buf.getvalue()
 
 
 def _jsonable(v):

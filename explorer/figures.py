@@ -19,7 +19,8 @@ from explorer import data, timeline
 from traces.timefmt import fmt_ns, fmt_window, time_ticks
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
 
-__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "icicle_figure", "engine_bars", "op_color"]
+__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "icicle_figure", "engine_bars", "op_color",
+           "share_bars", "memory_figure"]
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -224,3 +225,67 @@ def engine_bars(engines: dict[str, float]) -> go.Figure:
     fig.update_layout(height=230, margin=dict(l=4, r=4, t=4, b=30), xaxis=dict(range=[0, 100], title="active %"),
                       yaxis=dict(autorange="reversed"))
     return fig
+
+
+def share_bars(shares: dict[str, float]) -> go.Figure:
+    """Horizontal bars of named percentages (a Summary breakdown: FLOPs, memory bandwidth), in the given order."""
+    names = list(shares)
+    fig = go.Figure(go.Bar(x=[shares[k] for k in names], y=names, orientation="h",
+                           text=[f"{shares[k]:.2f}%" for k in names], textposition="auto",
+                           marker=dict(color=["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#bab0ac"][:len(names)]),
+                           hovertemplate="%{y}: %{x:.2f}%<extra></extra>"))
+    fig.update_layout(height=200, margin=dict(l=4, r=4, t=4, b=30), xaxis=dict(range=[0, 100], title="%"),
+                      yaxis=dict(autorange="reversed"))
+    return fig
+
+
+def memory_figure(rows: list[dict], t: int | None = None) -> dict:
+    """The Memory Viewer: each allocation a block (x: its occupancy in µs since t0, y: its address range
+    per partition), filled by its op's colour (``op_color``), outlined red when spill traffic moved it;
+    a marker at each block's centre carries the hover text and ``customdata = [row index]``; ``t``
+    (ns since t0) draws a vertical line (the instant the timeline linked from)."""
+    fig = _Fig()
+    by_op: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_op.setdefault(r["op"], []).append(i)
+    for op, idx in by_op.items():
+        xs, ys = [], []
+        for i in idx:
+            r = rows[i]
+            x0, x1 = r["start_ts"] / 1e3, max(r["end_ts"], r["start_ts"] + 1) / 1e3
+            y0, y1 = r["start_address"], r["end_address"] + 1
+            xs += [x0, x1, x1, x0, x0, None]
+            ys += [y0, y0, y1, y1, y0, None]
+        fig.add_trace(dict(type="scatter", mode="lines", x=xs, y=ys, fill="toself", name=op, hoverinfo="skip",
+                           fillcolor=op_color(op), opacity=0.75, line=dict(color=op_color(op), width=1)))
+    spilled = [r for r in rows if r["spill"]]
+    if spilled:
+        xs, ys = [], []
+        for r in spilled:
+            x0, x1 = r["start_ts"] / 1e3, max(r["end_ts"], r["start_ts"] + 1) / 1e3
+            y0, y1 = r["start_address"], r["end_address"] + 1
+            xs += [x0, x1, x1, x0, x0, None]
+            ys += [y0, y0, y1, y1, y0, None]
+        fig.add_trace(dict(type="scatter", mode="lines", x=xs, y=ys, name="moved by spill traffic",
+                           hoverinfo="skip", line=dict(color=FALLBACK_RED, width=2)))
+    fig.add_trace(dict(
+        type="scatter", mode="markers", name="allocations", showlegend=False,
+        x=[(r["start_ts"] + r["end_ts"]) / 2e3 for r in rows],
+        y=[(r["start_address"] + r["end_address"] + 1) / 2 for r in rows],
+        customdata=[[i] for i in range(len(rows))], marker=dict(size=6, color="rgba(0,0,0,0.35)"),
+        hovertext=[f"<b>{r['tensor_name']}</b> ({r['op']})<br>{fmt_ns(r['start_ts'])} – {fmt_ns(r['end_ts'])} · "
+                   f"{fmt_ns(r['end_ts'] - r['start_ts'])}<br>address {r['start_address']:#x} – {r['end_address']:#x}"
+                   f" · partitions {r['partition']}–{r['partition'] + r['partition_count'] - 1}<br>{r['opcode']}"
+                   + (f" on {r['queue_name']}" if r["queue_name"] else "") + (f" · spill {r['spill']}" if r["spill"]
+                                                                              else "") for r in rows],
+        hovertemplate="%{hovertext}<extra></extra>"))
+    shapes = [dict(type="line", x0=t / 1e3, x1=t / 1e3, yref="paper", y0=0, y1=1,
+                   line=dict(color=SELECT_GOLD, width=2))] if t is not None else []
+    lo = min((r["start_ts"] for r in rows), default=0)
+    hi = max((r["end_ts"] for r in rows), default=1)
+    ticks = time_ticks(lo, max(hi, lo + 1))
+    fig.layout = dict(height=520, margin=dict(l=70, r=10, t=10, b=40), shapes=shapes, hovermode="closest",
+                      xaxis=dict(title=ticks.title, tickmode="array", tickvals=[v / 1e3 for v in ticks.values_ns],
+                                 ticktext=ticks.labels),
+                      legend=dict(orientation="h"), yaxis=dict(title="address (bytes per partition)", tickformat="#x"))
+    return fig.to_dict()

@@ -34,6 +34,7 @@ class Rule:
     title: str
     threshold: float
     check: Callable[[data.Loaded, "Rule"], list[Finding]]
+    real: str = ""          # the real Neuron Explorer's rule and threshold this one follows ("" = ours only)
 
 
 def _ms(ns: float) -> str:
@@ -273,15 +274,49 @@ def collective_bound(L, rule) -> list[Finding]:
 
 
 def spills(L, rule) -> list[Finding]:
-    """Spill/reload traffic (DMA queues named ``*Spill*``) above ``threshold`` of HBM reads."""
+    """Spill reload bytes above ``threshold`` of HBM reads (the real rule), costed by the spill queues' DMA time."""
+    s = data.summary(L)
+    reload, hbm = s["spill_reload_bytes"], s["hbm_read_bytes"]
+    if not reload or not hbm or reload <= rule.threshold * hbm:
+        return []
     row = L.profile.spill_traffic()
-    hbm = data.summary(L)["hbm_read_bytes"]
-    if not row["bytes"] or not hbm or row["bytes"] < rule.threshold * hbm:
+    return [Finding(rule.id, rule.title,
+                    f"Spill reloads read {reload / 1e6:.3g} MB back into SBUF ({100.0 * reload / hbm:.0f}% of HBM "
+                    f"reads; {s['spill_save_bytes'] / 1e6:.3g} MB saved): the working set does not fit in SBUF. "
+                    f"Smaller tiles or a lower batch per core keep it resident (Memory Viewer: spill column).",
+                    row["ns"], "memory", {})]
+
+
+def _tensor_flops(L) -> tuple[dict, float]:
+    s = data.summary(L)
+    return s["flops_breakdown"], s["device_ns"]
+
+
+def model_vs_active_flops(L, rule) -> list[Finding]:
+    """Model FLOPs under ``threshold`` % of the FLOPs the Tensor Engine could do while active (the real rule)."""
+    fb, device_ns = _tensor_flops(L)
+    active = 100.0 - fb.get("idle", 100.0)
+    if active < 1.0 or 100.0 * fb.get("model_flops", 0.0) / active >= rule.threshold:
+        return []
+    share = 100.0 * fb["model_flops"] / active
+    return [Finding(rule.id, rule.title,
+                    f"While the Tensor Engine is active ({active:.1f}% of device time) its model FLOPs reach only "
+                    f"{share:.0f}% of its peak: it is busy but not doing useful matrix work (small or partial "
+                    f"tiles, transposes, pipeline bubbles). Use whole 128×128 tiles and keep matmuls pipelined.",
+                    device_ns * (active - fb["model_flops"]) / 100.0, "hierarchy", {})]
+
+
+def transpose_flops(L, rule) -> list[Finding]:
+    """Transpose FLOPs above ``threshold`` of the Tensor Engine's hardware FLOPs (the real rule)."""
+    s = data.summary(L)
+    hw, tr = s["hardware_flops"], s["transpose_flops"]
+    if not hw or tr <= rule.threshold * hw:
         return []
     return [Finding(rule.id, rule.title,
-                    f"Spills move {row['bytes'] / 1e6:.3g} MB ({100.0 * row['bytes'] / hbm:.0f}% of HBM reads) "
-                    f"between SBUF and HBM, costing {_ms(row['ns'])} of DMA time: the working set does not fit "
-                    f"in SBUF. Smaller tiles or a lower batch per core keep it resident.", row["ns"], "timeline", {})]
+                    f"Transposes are {100.0 * tr / hw:.0f}% of the Tensor Engine's FLOPs ({tr / 1e9:.3g} GFLOP): "
+                    f"data is moved through the PE array to change layout. Lay tensors out as their matmuls "
+                    f"read them (the contraction dim on partitions) to drop the transposes.",
+                    s["device_ns"] * s["flops_breakdown"].get("transpose_flops", 0.0) / 100.0, "hierarchy", {})]
 
 
 def fp32_matmul(L, rule) -> list[Finding]:
@@ -305,8 +340,12 @@ RULES: tuple[Rule, ...] = (
     Rule("cpu_fallback", "CPU fallback", 0, cpu_fallback),   # fires on more than `threshold` ops
     Rule("dma_bound", "DMA-bound layer", 1.0, dma_bound),
     Rule("collective_bound", "Collective-bound", 15.0, collective_bound),   # % of device time
-    Rule("spills", "SBUF spills", 0.25, spills),
+    Rule("spills", "SBUF spills", 0.25, spills, real="Spill reload bytes > 25% of total HBM reads"),
     Rule("fp32_matmul", "FP32 matmuls", 0.10, fp32_matmul),
+    Rule("model_vs_active_flops", "Tensor Engine active but not computing", 50.0, model_vs_active_flops,
+         real="Low Model FLOPS relative to Active FLOPS (< 50%)"),
+    Rule("transpose_flops", "Transposes on the Tensor Engine", 0.10, transpose_flops,
+         real="Transpose FLOPS > 10% of total hardware FLOPS"),
 )
 """Every rule, with the threshold it applies; add a rule by appending here."""
 
@@ -342,7 +381,7 @@ def _recommend_cli(args) -> int:
     finally:
         registry.close()
     pages = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks",
-             "source": "/source", "hierarchy": "/hierarchy"}
+             "source": "/source", "hierarchy": "/hierarchy", "memory": "/memory"}
     rows = [{"rule": f.rule, "title": f.title, "impact_ns": int(f.impact_ns), "words": f.words,
              "evidence": pages.get(f.page, "/") + "?" + urlencode({"profile": key, **f.query})} for f in found]
     if args.json:

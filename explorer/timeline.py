@@ -207,3 +207,31 @@ def range_aggregates(L: Loaded, start=None, end=None, limit: int = 12) -> dict:
     lines = sorted(by_line.values(), key=lambda r: -r["busy_ns"])
     by_op = sorted(paths.values(), key=lambda r: -r["busy_ns"])
     return {"start": a, "end": b, "by_engine": by_engine, "by_op": by_op[:limit], "by_line": lines[:limit]}
+
+
+#: rows per table in a window's CSV export (a bound on what one click writes)
+CSV_MAX_ROWS = 1_000_000
+
+
+def window_csv_zip(L: Loaded, start: int, end: int) -> tuple[bytes, list[str]]:
+    """The window ``[start, end)`` (ns since t0) as the real tool's CSV export: a zip of ``Instruction.csv``
+    (with ``timeline_track``), ``SemaphoreUpdate.csv`` and ``SbufAllocation.csv``; and the names of the
+    tables cut at ``CSV_MAX_ROWS``."""
+    import io
+    import zipfile
+
+    import pyarrow.csv as pacsv
+
+    from traces.export import window_tables
+
+    a, b = clamp_window(L, start, end)
+    t0 = data.bounds(L)["t0"]
+    buf, cut = io.BytesIO(), []
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, (table, truncated) in window_tables(L.profile, t0 + a, t0 + b, CSV_MAX_ROWS).items():
+            out = io.BytesIO()
+            pacsv.write_csv(table, out)
+            z.writestr(f"{name}.csv", out.getvalue())
+            if truncated:
+                cut.append(name)
+    return buf.getvalue(), cut

@@ -43,6 +43,7 @@ WORKLOADS = {
     "tensor_parallel": [str(SAMPLES / "tensor_parallel.py"), "--small"],
     "train_mlp": [str(SAMPLES / "train_mlp.py"), "--small"],
     "two_targets": ["two_targets.py"],
+    "bert_encoder": [str(SAMPLES / "bert_encoder.py"), "--small"],
 }
 
 

@@ -151,3 +151,42 @@ def test_runtime_style_execution_counts_only_its_device_part(tmp_path):
     # the CPU op: its host time from its 'cpu' instructions (its event is zero-length), no device time
     assert ops[11]["device_ns"] == 0 and ops[11]["host_ns"] == HOST_PART
     assert fb[0]["cpu_ns"] == HOST_PART and fb[0]["cpu_calls"] == 1
+
+
+def _find(component, id_):
+    """The Dash component with ``id`` in a layout tree."""
+    if getattr(component, "id", None) == id_:
+        return component
+    children = getattr(component, "children", None)
+    for c in children if isinstance(children, list) else [children] if children is not None else []:
+        found = _find(c, id_)
+        if found is not None:
+            return found
+    return None
+
+
+def test_mbu_is_one_number_in_the_cli_the_summary_page_and_sql(recorded_samples, capsys, calls):
+    """``mbu_estimated_percent`` of the sample encoder: ``neuron-explorer summary --json`` (its Summary row
+    and its figures), the Explorer's Summary page (the number it shows) and plain SQL agree."""
+    from explorer.cli import main
+    from explorer.pages import summary as summary_page
+
+    path = recorded_samples.get("bert_encoder")["bert_encoder"]
+    assert main(["summary", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    with traces.open(path) as p:
+        sql = p.sql("SELECT mbu_estimated_percent, total_bandwidth_available FROM summary").to_pylist()[0]
+    reg = data.Registry([path])
+    data.set_registry(reg)
+    try:
+        page = data.summary(reg.get(reg.default_key()))
+        shown = _find(summary_page.layout(profile=reg.default_key()), "summary-mbu").children[1].children
+    finally:
+        data.set_registry(data.Registry([]))
+    mbu = sql["mbu_estimated_percent"]
+    assert 0 < mbu < 100
+    assert out["summary"][0]["mbu_estimated_percent"] == out["figures"]["mbu_percent"] == page[
+        "mbu_estimated_percent"] == mbu
+    assert shown == f"{mbu:.2f}%"
+    assert out["figures"]["total_bandwidth_available"] == page["total_bandwidth_available"] == \
+        sql["total_bandwidth_available"] > 0

@@ -62,7 +62,13 @@ def _metadata(tables, **changes):
 
 def test_every_rule_is_covered_here():
     assert {r.id for r in recommend.RULES} == {"host_starved", "recompile_storm", "cpu_fallback", "dma_bound",
-                                               "collective_bound", "spills", "fp32_matmul"}
+                                               "collective_bound", "spills", "fp32_matmul",
+                                               "model_vs_active_flops", "transpose_flops"}
+    # the real Summary's insight rules we follow carry their condition and threshold beside ours
+    real = {r.id: r.real for r in recommend.RULES if r.real}
+    assert real == {"spills": "Spill reload bytes > 25% of total HBM reads",
+                    "model_vs_active_flops": "Low Model FLOPS relative to Active FLOPS (< 50%)",
+                    "transpose_flops": "Transpose FLOPS > 10% of total hardware FLOPS"}
 
 
 # --------------------------------------------------------------------------------- host_starved
@@ -181,11 +187,15 @@ def test_dma_bound_quiet_when_transfers_are_short(tmp_path):
 
 # --------------------------------------------------------------------------------------- spills
 def _spill_bytes(factor):
+    """Each execution's spill reloads: its spill-queue DMA bytes × ``factor`` (what the runtime records)."""
     def change(t):
-        i = t["instructions"]
-        spill = pc.equal(i["opcode"], "DMA_SPILL")
-        t["instructions"] = _set_column(i, "bytes_read", pc.if_else(spill, pc.multiply(i["bytes_read"], factor),
-                                                                    i["bytes_read"]).to_pylist())
+        i = t["instructions"].to_pylist()
+        per = {}
+        for r in i:
+            if r["opcode"] == "DMA_SPILL":
+                per[r["exec_id"]] = per.get(r["exec_id"], 0) + r["bytes_read"] * factor
+        e = t["executions"]
+        t["executions"] = _set_column(e, "spill_reload_bytes", [per.get(x, 0) for x in e["exec_id"].to_pylist()])
     return change
 
 
@@ -193,14 +203,54 @@ def test_spills_names_bytes_share_and_the_fix(tmp_path):
     found = rule(findings(tmp_path, "spilly", _spill_bytes(4)), "spills")
     assert len(found) == 1
     w = words(found[0])
-    assert re.search(r"^Spills move [\d.]+ MB \(\d+% of HBM reads\) between SBUF and HBM, costing [\d.]+ (µs|ms) "
-                     r"of DMA time", w), w
-    assert "Smaller tiles or a lower batch per core" in w
+    assert re.search(r"^Spill reloads read [\d.]+ MB back into SBUF \(\d+% of HBM reads; [\d.]+ MB saved\)", w), w
+    assert "Smaller tiles or a lower batch per core" in w and found[0].page == "memory"
 
 
 def test_spills_quiet_below_a_quarter_of_hbm_reads(tmp_path):
-    # as built: one 96 KiB spill per 640 KiB of HBM reads (15%), under the real tool's 25% threshold
-    assert rule(findings(tmp_path, "fits"), "spills") == []
+    # one 96 KiB spill per 640 KiB of HBM reads (15%), under the real tool's 25% threshold
+    assert rule(findings(tmp_path, "fits", _spill_bytes(1)), "spills") == []
+
+
+# ----------------------------------------------------------------------- Tensor Engine FLOPs rules
+def _flops(model_share, transpose_share):
+    """Executions whose model FLOPs and transpose FLOPs are the given shares of the hardware FLOPs."""
+    def change(t):
+        i = t["instructions"].to_pylist()
+        hw = {}
+        for r in i:
+            if r["engine"] == "tensor":
+                hw[r["exec_id"]] = hw.get(r["exec_id"], 0) + (r["flops"] or 0)
+        e = t["executions"]
+        ids = e["exec_id"].to_pylist()
+        t["executions"] = _set_column(_set_column(e, "flops", [int(hw.get(x, 0) * model_share) for x in ids]),
+                                      "transpose_flops", [int(hw.get(x, 0) * transpose_share) for x in ids])
+    return change
+
+
+def test_tensor_flops_rules_fire_on_transposes_and_idle_matmuls(tmp_path):
+    found = findings(tmp_path, "transposy", _flops(0.001, 0.5))
+    (tr,) = rule(found, "transpose_flops")
+    assert re.search(r"^Transposes are 50% of the Tensor Engine's FLOPs", words(tr)), words(tr)
+    (act,) = rule(found, "model_vs_active_flops")
+    assert re.search(r"^While the Tensor Engine is active \([\d.]+% of device time\) its model FLOPs reach only "
+                     r"\d+% of its peak", words(act)), words(act)
+
+
+def _busy_matmuls(t):
+    """Model FLOPs at the Tensor Engine's peak whenever it is active (its instructions do not overlap)."""
+    md = dict(zip(t["metadata"]["key"].to_pylist(), t["metadata"]["value"].to_pylist()))
+    peak = float(md["tensor_engine_peak_bf16_flops"])
+    busy = {}
+    for r in t["instructions"].to_pylist():
+        if r["engine"] == "tensor":
+            busy[r["exec_id"]] = busy.get(r["exec_id"], 0) + r["dur_ns"]
+    e = t["executions"]
+    t["executions"] = _set_column(e, "flops", [int(peak * busy.get(x, 0) / 1e9) for x in e["exec_id"].to_pylist()])
+
+
+def test_tensor_flops_rules_quiet_without_transposes(tmp_path):
+    assert rule(findings(tmp_path, "plain", _flops(1.0, 0.0)), "transpose_flops") == []
 
 
 # ---------------------------------------------------------------------------------- fp32_matmul
@@ -243,7 +293,7 @@ def test_recommend_cli_bad_input_is_one_line(tmp_path):
 def test_recommend_cli_says_when_nothing_is_found(tmp_path):
     """A profile no rule fires on: one shape, back-to-back executions, all ops on the device, short DMAs, bf16."""
     tables = build_tables(seqs=(64,), cores=1)
-    for change in (_no_host_work, _on_device, _fast_dma, lambda t: _metadata(t, auto_cast="matmult")):
+    for change in (_no_host_work, _on_device, _fast_dma, lambda t: _metadata(t, auto_cast="matmult"), _busy_matmuls):
         change(tables)
     path = write_profile(tmp_path / "20260101-000000_clean", tables)
     out = subprocess.run([str(EXE), "recommend", str(path)], capture_output=True, text=True)

@@ -37,6 +37,15 @@ from traces.errors import OutOfMemory, TraceError
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 
 #: Starting points offered by the Explorer's console (each passes the console's checks).
+def table_query(table: str, limit: int = 100) -> str:
+    """The console's first look at a table (the SQL page's schema inspector puts it in the editor).
+
+    >>> table_query("Flow")
+    'SELECT * FROM "Flow" LIMIT 100'
+    """
+    return f'SELECT * FROM "{table.replace(chr(34), chr(34) * 2)}" LIMIT {int(limit)}'
+
+
 EXAMPLE_QUERIES = {
     "Busy time per engine": "SELECT engine, count(*) AS instructions, sum(dur_ns) AS busy_ns\n"
                             "FROM instructions GROUP BY engine ORDER BY busy_ns DESC",

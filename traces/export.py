@@ -302,3 +302,39 @@ def csv(profile, out: str | os.PathLike) -> Path:
             order = " ORDER BY start_ns" if name == "instructions" else ""
             profile.sql(f"COPY (SELECT * FROM {name}{order}) TO {_quoted(tmp / (name + '.csv'))} (HEADER)")
     return _into_new_dir(Path(out), fill)
+
+
+#: the tables a window's CSV export holds, under the real tool's file names
+WINDOW_TABLES = ("Instruction", "SemaphoreUpdate", "SbufAllocation")
+
+
+def window_tables(profile, t0: int, t1: int, max_rows: int = 1_000_000) -> dict:
+    """The rows of the time window ``[t0, t1)`` (absolute ns) per table, as the real Explorer's CSV export
+    of the visible range: ``Instruction`` (instructions starting in it, with their ``timeline_track``),
+    ``SemaphoreUpdate`` (updates in it) and ``SbufAllocation`` (allocations overlapping it); each at most
+    ``max_rows`` rows. Returns ``{name: (pa.Table, truncated)}``; tables a profile lacks are left out.
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=1, instructions=50)
+    >>> with traces.open(d) as p:
+    ...     got = window_tables(p, 0, 2**62)
+    >>> "timeline_track" in got["Instruction"][0].column_names, got["Instruction"][0].num_rows > 0
+    (True, True)
+    """
+    have = {t.lower() for t in profile.tables()}
+    queries = {
+        "Instruction": f"""SELECT *, {_track_sql()} AS timeline_track FROM instructions
+                           WHERE start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns, core, queue""",
+        "SemaphoreUpdate": """SELECT * FROM SemaphoreUpdate WHERE timestamp >= $t0 AND timestamp < $t1
+                              ORDER BY timestamp""",
+        "SbufAllocation": """SELECT * FROM SbufAllocation WHERE start_ts < $t1 AND end_ts >= $t0
+                             ORDER BY start_ts, start_address""",
+    }
+    out = {}
+    for name, query in queries.items():
+        if (name if name != "Instruction" else "instructions").lower() not in have:
+            continue
+        t = profile.sql(f"{query} LIMIT $n", {"t0": int(t0), "t1": int(t1), "n": int(max_rows) + 1})
+        out[name] = (t.slice(0, max_rows), t.num_rows > max_rows)
+    return out

@@ -15,7 +15,7 @@ True
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +39,12 @@ class Figures:
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``collective_ns``: time the CC engine
     ran collectives (the union of its queues), part of ``device_ns``; ``fallback_host_ns``: host time of
     CPU-fallback ops in those executions; ``compiles``: compiles run (one ``compile`` event each; cache
-    hits and collectives are not compiled).
+    hits and collectives are not compiled). ``mbu_percent`` and ``total_bandwidth_available`` (bytes),
+    ``useful_read_percent``, the spill bytes and FLOPs are the Summary's ``mbu_estimated_percent``,
+    … columns; ``flops_breakdown`` splits the Tensor Engine's peak FLOPs over ``device_ns`` in percent:
+    ``model_flops`` (= MFU), ``transpose_flops``, ``active_flops`` (active but not doing either) and
+    ``idle`` (engine inactive); ``bandwidth_breakdown``: :func:`bandwidth_breakdown`; ``dma_split``: DMA
+    bytes per descriptor source (``static``, ``software_dynamic``).
     """
 
     executions: int
@@ -64,6 +69,17 @@ class Figures:
     cache_hits: int
     compile_ns: int
     instructions: int
+    # memory bandwidth and the Tensor Engine's FLOPs, under the real Summary's names (see ``figures``)
+    mbu_percent: float = 0.0
+    total_bandwidth_available: float = 0.0
+    useful_read_percent: float = 0.0
+    spill_save_bytes: int = 0
+    spill_reload_bytes: int = 0
+    hardware_flops: int = 0
+    transpose_flops: int = 0
+    flops_breakdown: dict = field(default_factory=dict)
+    bandwidth_breakdown: dict = field(default_factory=dict)
+    dma_split: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """Plain JSON-able dict. Example: ``json.dumps(p.figures().as_dict())``."""
@@ -104,7 +120,50 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         graphs=graphs, compiles=int(s.get("compile_count") or 0),
         recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
-        instructions=int(p.metadata().get("instruction_count") or 0))
+        instructions=int(p.metadata().get("instruction_count") or 0),
+        mbu_percent=float(s.get("mbu_estimated_percent") or 0.0),
+        total_bandwidth_available=float(s.get("total_bandwidth_available") or 0.0),
+        useful_read_percent=float(s.get("useful_read_percent") or 0.0),
+        spill_save_bytes=int(s.get("spill_save_bytes") or 0), spill_reload_bytes=int(s.get("spill_reload_bytes") or 0),
+        hardware_flops=int(s.get("hardware_flops") or 0), transpose_flops=int(s.get("transpose_flops") or 0),
+        flops_breakdown=flops_breakdown(s), bandwidth_breakdown=bandwidth_breakdown(s),
+        dma_split={k: int(s.get(f"{k}_dma_size") or 0) for k in ("static", "software_dynamic")})
+
+
+def bandwidth_breakdown(s: dict) -> dict:
+    """The real Summary's memory-bandwidth doughnut in percent of ``total_bandwidth_available``: HBM reads
+    and writes without spill traffic, spill reloads and saves, and the unused rest.
+
+    >>> bandwidth_breakdown({"total_bandwidth_available": 1000, "hbm_read_bytes": 300, "hbm_write_bytes": 100,
+    ...                      "spill_reload_bytes": 100, "spill_save_bytes": 0})["unused"]
+    60.0
+    """
+    avail = float(s.get("total_bandwidth_available") or 0.0)
+    reload, save = int(s.get("spill_reload_bytes") or 0), int(s.get("spill_save_bytes") or 0)
+    parts = {"HBM read": int(s.get("hbm_read_bytes") or 0) - reload,
+             "HBM write": int(s.get("hbm_write_bytes") or 0) - save,
+             "SBUF spill reload": reload, "SBUF spill save": save}
+    out = {k: 100.0 * max(v, 0) / avail if avail else 0.0 for k, v in parts.items()}
+    out["unused"] = max(100.0 - sum(out.values()), 0.0)
+    return out
+
+
+def flops_breakdown(s: dict) -> dict:
+    """The Tensor Engine's peak FLOPs over the device time, in percent, as the real Summary's FLOPs chart:
+    ``model_flops`` (MFU), ``transpose_flops``, ``active_flops`` (the engine active but doing neither:
+    small tiles, pipeline bubbles) and ``idle``; they add up to 100. Throttled FLOPs are not split out
+    (the cost model's trn2 throttling lengthens MATMULs; it is not recorded per instruction).
+
+    >>> flops_breakdown({"mfu_estimated_percent": 20.0, "transpose_flops": 10, "tensor_engine_peak_bf16_flops": 100,
+    ...                  "total_time": 1.0, "tensor_engine_active_time_percent": 50.0})
+    {'model_flops': 20.0, 'transpose_flops': 10.0, 'active_flops': 20.0, 'idle': 50.0}
+    """
+    cap = float(s.get("tensor_engine_peak_bf16_flops") or 0.0) * float(s.get("total_time") or 0.0)
+    model = float(s.get("mfu_estimated_percent") or 0.0)
+    transpose = 100.0 * float(s.get("transpose_flops") or 0) / cap if cap else 0.0
+    active = min(max(float(s.get("tensor_engine_active_time_percent") or 0.0), 0.0), 100.0)
+    return {"model_flops": model, "transpose_flops": transpose,
+            "active_flops": max(active - model - transpose, 0.0), "idle": 100.0 - active}
 
 
 def busy_ns(p, include_warmup: bool = False) -> int:
@@ -239,3 +298,67 @@ def spill_traffic(p) -> dict:
     return p.sql("""SELECT CAST(coalesce(sum(bytes_read + bytes_written), 0) AS BIGINT) AS bytes,
                            CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS ns
                     FROM instructions WHERE engine = 'dma' AND queue ILIKE '%spill%'""").to_pylist()[0]
+
+
+#: a layer is the module path up to its first numbered part (``layers.3``, ``encoder.layer.11``), else its
+#: first part (``embeddings``); ops outside any module form ``(top level)``
+_LAYER_SQL = ("coalesce(nullif(regexp_extract(coalesce(o.module_path, ''), '^((?:[^.]+[.])*?[0-9]+)(?:[.]|$)', 1), ''),"
+              " nullif(split_part(coalesce(o.module_path, ''), '.', 1), ''), '(top level)')")
+
+
+def regions(p) -> pa.Table:
+    """Automatic regions by layer (``_LAYER_SQL``) in each measured execution with instruction rows: one
+    row per (execution, layer) with its first start and last end (absolute ns), instructions, busy ns per
+    device engine and its share of the span (``<engine>_busy_percent``: DMA queues run in parallel, so
+    above 100 is possible), Tensor Engine FLOPs and ``hfu_percent`` (those FLOPs over the BF16 peak for
+    the region's span); in time order. A layer's instructions may interleave with its
+    neighbours' (the scheduler overlaps them), so regions can overlap.
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=2, instructions=200)
+    >>> with traces.open(d) as p:
+    ...     r = regions(p)
+    >>> r.num_rows > 0 and all(a < b for a, b in zip(r["start_ns"].to_pylist(), r["end_ns"].to_pylist()))
+    True
+    """
+    warm = p.metadata().get("summary_includes_warmup", "false") == "true"
+    busy = ", ".join(f"sum(i.dur_ns) FILTER (WHERE i.engine = '{e}')::BIGINT AS {e}_ns" for e in DEVICE_ENGINES)
+    return p.sql(f"""
+        WITH r AS (
+            SELECT i.exec_id, i.core, {_LAYER_SQL} AS region, min(i.start_ns) AS start_ns,
+                   max(i.start_ns + i.dur_ns) AS end_ns, count(*) AS instructions, {busy},
+                   coalesce(sum(i.flops) FILTER (WHERE i.engine = 'tensor'), 0)::BIGINT AS tensor_flops
+            FROM instructions i LEFT JOIN ops o USING (op_id)
+            WHERE i.engine <> 'cpu'
+              AND i.exec_id IN (SELECT exec_id FROM executions WHERE {measured_condition(warm)})
+            GROUP BY ALL),
+        md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak
+               FROM metadata)
+        SELECT r.*, 100.0 * tensor_flops / nullif(md.peak * (end_ns - start_ns) / 1e9, 0) AS hfu_percent,
+               {", ".join(f"100.0 * coalesce({e}_ns, 0) / greatest(end_ns - start_ns, 1) AS {e}_busy_percent"
+                          for e in DEVICE_ENGINES)}
+        FROM r CROSS JOIN md ORDER BY start_ns, region""")
+
+
+def region_durations(p) -> pa.Table:
+    """Each region's duration over the measured executions (the Region Highlighter's distribution):
+    ``region, executions, min_ns, median_ns, max_ns`` (the lower median), regions in the order they
+    first start within their execution."""
+    rows = regions(p).to_pylist()
+    exec_start: dict[int, int] = {}
+    for r in rows:                     # time order: an execution's first region starts it
+        exec_start.setdefault(r["exec_id"], r["start_ns"])
+    durations: dict[str, list[int]] = {}
+    offset: dict[str, int] = {}
+    for r in rows:
+        durations.setdefault(r["region"], []).append(r["end_ns"] - r["start_ns"])
+        offset[r["region"]] = min(offset.get(r["region"], 1 << 62), r["start_ns"] - exec_start[r["exec_id"]])
+    out = []
+    for region in sorted(durations, key=lambda k: (offset[k], k)):
+        d = sorted(durations[region])
+        out.append({"region": region, "executions": len(d), "min_ns": d[0], "median_ns": d[(len(d) - 1) // 2],
+                    "max_ns": d[-1]})
+    schema = pa.schema([("region", pa.string()), ("executions", pa.int64()), ("min_ns", pa.int64()),
+                        ("median_ns", pa.int64()), ("max_ns", pa.int64())])
+    return pa.Table.from_pylist(out, schema=schema)

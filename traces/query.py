@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import profile_schema, q_figures, q_replay, q_serving, q_system, q_timeline
+from traces import profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
 from traces.console import DUCKDB_LIMITS, UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import Figures
@@ -290,9 +290,10 @@ class Profile:
     def tables(self) -> list[str]:
         """Names of our tables (raw and derived) in this profile. Example: ``"lod_busy" in p.tables()``.
         The real Neuron Explorer's tables (``Instruction``...) are :meth:`real_tables`."""
-        return sorted(r[0] for r in self._rows(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
-            "AND table_name = lower(table_name)"))   # ours are snake_case; the real ones CamelCase
+        # ours are snake_case, or the compiler's records under their real names (TABLES); the real views CamelCase
+        return sorted(n for (n,) in self._rows(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'")
+            if n == n.lower() or n in TABLES)
 
     def real_tables(self) -> list[str]:
         """The real Neuron Explorer's tables this profile holds (``traces.profile_schema``: ``Instruction``,
@@ -300,6 +301,14 @@ class Profile:
         Example: ``"Instruction" in p.real_tables()``."""
         return sorted(r[0] for r in self._rows(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", [profile_schema.SCHEMA]))
+
+    def columns(self) -> pa.Table:
+        """Every table's columns and types (``table_name, column_name, data_type``), for a schema inspector.
+
+        Example: ``p.columns().filter(pc.field("table_name") == "Flow")``.
+        """
+        return self.sql("""SELECT table_name, column_name, data_type FROM information_schema.columns
+                           WHERE table_schema = 'main' ORDER BY table_name, ordinal_position""")
 
     def metadata(self) -> dict[str, str]:
         """The metadata table as a dict (device rates, versions, trace statistics).
@@ -448,6 +457,18 @@ class Profile:
         Example: ``p.layer_engine_time().column("dma_ns")``."""
         return q_figures.layer_engine_time(self)
 
+    def regions(self) -> pa.Table:
+        """Automatic regions by layer per measured execution (span, busy per engine, HFU).
+
+        Example: ``p.regions().column("region").to_pylist()``."""
+        return q_figures.regions(self)
+
+    def region_durations(self) -> pa.Table:
+        """Each region's duration over the measured executions (min, median, max).
+
+        Example: ``p.region_durations().column("median_ns")``."""
+        return q_figures.region_durations(self)
+
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
         return q_figures.hierarchy(self)
@@ -584,3 +605,24 @@ class Profile:
         """
         return run_user_sql(self, sql, params, select_only=select_only, max_rows=max_rows, timeout_s=timeout_s,
                             max_bytes=max_bytes)
+
+    # -- the compiler's records (traces.q_records) ---------------------------------------------
+    def dependencies(self, core: int, queue: str, pc: int, start_ns: int) -> dict:
+        """An instruction's predecessors and successors (``Flow``) in its execution; ``{}`` if unknown.
+
+        Example: ``p.dependencies(0, "Tensor", 12, t)["predecessors"][0]["dependency_type"]``.
+        """
+        return q_records.dependencies(self, core, queue, pc, start_ns)
+
+    def allocation_executions(self) -> pa.Table:
+        """Executions with SBUF/PSUM allocation rows. Example: ``p.allocation_executions().column("exec_id")``."""
+        return q_records.allocation_executions(self)
+
+    def allocations(self, exec_id: int, memory: str = "SBUF", partition: int | None = None,
+                    limit: int = 20_000) -> pa.Table:
+        """One execution's SBUF or PSUM allocations. Example: ``p.allocations(x, "PSUM").num_rows``."""
+        return q_records.allocations(self, exec_id, memory, partition, limit)
+
+    def tensors(self) -> pa.Table:
+        """Every tensor (``TensorInfo``) with its graph and first load. Example: ``p.tensors().num_rows``."""
+        return q_records.tensors(self)

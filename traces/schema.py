@@ -18,7 +18,9 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.3.0"   # 1.3.0: system_events, cpu_usage, host_memory (1.2.0 serving, 1.1.0 nki_source_location)
+SCHEMA_VERSION = "1.3.0"   # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
+# SemaphoreUpdate, TensorInfo, executions' spill/transpose columns; 1.2.0: serving_requests, serving_steps
+# (1.1.0 is nki_source_location)
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
@@ -58,6 +60,8 @@ EXECUTIONS = pa.schema([
     ("tensor_busy_ns", _i64), ("vector_busy_ns", _i64), ("scalar_busy_ns", _i64),
     ("gpsimd_busy_ns", _i64), ("sync_busy_ns", _i64), ("dma_busy_ns", _i64), ("cc_busy_ns", _i64),
     ("cpu_fallback_ns", _i64), ("hbm_read_bytes", _i64), ("hbm_write_bytes", _i64),
+    # 1.3: the schedule's spill traffic and the Tensor Engine's transpose FLOPs (not in ``flops``)
+    ("spill_save_bytes", _i64), ("spill_reload_bytes", _i64), ("transpose_flops", _i64),
 ])
 
 INSTRUCTIONS = pa.schema([
@@ -103,11 +107,47 @@ SYSTEM_EVENTS = pa.schema([
 CPU_USAGE = pa.schema([("ts_ns", _i64), ("run_id", _str), ("cpu_id", _str), ("util_percent", _f64)])
 HOST_MEMORY = pa.schema([("ts_ns", _i64), ("run_id", _str), ("used_bytes", _i64), ("used_percent", _f64)])
 
+# The compiler's records (neuron_stack/compiler/records.py), under the real Neuron Explorer's table names:
+# the real columns first, then ours. Timeline tables are stamped per execution like instructions
+# (``*_ts``/``timestamp`` on the projected clock); Flow and TensorInfo are per graph and partition.
+SBUF_ALLOCATION = pa.schema([
+    ("exec_id", _i64), ("core", _i32), ("graph_id", _i64), ("op_id", _i64),
+    ("start_ts", _i64), ("end_ts", _i64), ("start_address", _i64), ("end_address", _i64),
+    ("partition", _i32), ("partition_count", _i32), ("memory", _str), ("op_source_type", _str),
+    ("opcode", _str), ("operands", _str), ("queue_name", _str), ("tensor_name", _str), ("node", _str),
+    ("spill", _str), ("first_pc", _i32), ("access_count", _i32),
+])
+
+FLOW = pa.schema([
+    ("graph_id", _i64), ("partition", _i32),
+    ("in_id", _i64), ("out_id", _i64), ("in_table", _str), ("out_table", _str), ("dependency_type", _str),
+    ("gap_time", _i64), ("in_queue", _str), ("in_pc", _i32), ("out_queue", _str), ("out_pc", _i32), ("via", _str),
+])
+
+SEMAPHORE_UPDATE = pa.schema([
+    ("exec_id", _i64), ("core", _i32),
+    ("timestamp", _i64), ("id", _str), ("value", _i32), ("update_source", _str),
+    ("update_operation_type", _str), ("update_trigger_timing", _str), ("queue", _str), ("pc", _i32),
+])
+
+TENSOR_INFO = pa.schema([
+    ("graph_id", _i64), ("partition", _i32),
+    ("variable_name", _str), ("type", _str), ("format", _str), ("shape", _str), ("dtype", _str),
+    ("size", _i64), ("node", _str), ("load_to_sbuf_avg_size_bytes", _i64), ("load_to_sbuf_total_size_bytes", _i64),
+    ("load_to_sbuf_dma_count", _i64), ("load_to_sbuf_repeat_factor", _f64), ("first_load_queue", _str),
+    ("first_load_pc", _i32),
+])
+
+#: the columns the recorder adds to each record table (the NEFF stores the rest)
+RECORD_CONTEXT = {"SbufAllocation": ("exec_id", "core", "graph_id", "op_id"), "Flow": ("graph_id", "partition"),
+                  "SemaphoreUpdate": ("exec_id", "core"), "TensorInfo": ("graph_id", "partition")}
+
 TABLES: dict[str, pa.Schema] = {
     "metadata": METADATA, "runs": RUNS, "sources": SOURCES, "source_files": SOURCE_FILES,
     "graphs": GRAPHS, "ops": OPS, "executions": EXECUTIONS, "instructions": INSTRUCTIONS,
     "events": EVENTS, "memory": MEMORY, "serving_requests": SERVING_REQUESTS, "serving_steps": SERVING_STEPS,
     "system_events": SYSTEM_EVENTS, "cpu_usage": CPU_USAGE, "host_memory": HOST_MEMORY,
+    "SbufAllocation": SBUF_ALLOCATION, "Flow": FLOW, "SemaphoreUpdate": SEMAPHORE_UPDATE, "TensorInfo": TENSOR_INFO,
 }
 """Every raw table, in the order a finalised profile lists them."""
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from traces import profile_schema
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, union_active, valid_intervals
-from traces.schema import SCHEMA_VERSION, TABLES
+from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
 from traces.vocab import (
     CONCURRENT_ENGINES,
@@ -177,6 +177,9 @@ def _real_schema(con) -> None:
                                          "WHERE table_schema = 'main' AND table_name = 'summary'").fetchall()}
     for statement in profile_schema.view_statements(taken, summary):
         con.execute(statement)
+    for name in RECORD_CONTEXT:   # the compiler's records are real tables already: the real schema shows them too
+        if name.lower() in taken:
+            con.execute(f'CREATE OR REPLACE VIEW {profile_schema.SCHEMA}."{name}" AS SELECT * FROM main."{name}"')
 
 
 def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:
@@ -318,7 +321,7 @@ def _op_and_source_summaries(con) -> None:
         CREATE TABLE opcode_summary AS
         WITH total AS (SELECT sum({DEVICE_NS_SQL}) AS device_ns FROM measured)
         SELECT engine, opcode, sum(n)::BIGINT AS instruction_count, sum(busy)::BIGINT AS instruction_time_ns,
-               sum(flops)::BIGINT AS flops,
+               sum(flops)::BIGINT AS flops, sum(transfer_bytes)::BIGINT AS transfer_bytes,
                100.0 * sum(busy) / nullif(any_value(total.device_ns), 0) AS active_time_percent
         FROM exec_op_opcode CROSS JOIN total WHERE exec_id IN (SELECT exec_id FROM measured)
         GROUP BY engine, opcode ORDER BY instruction_time_ns DESC""")
@@ -386,6 +389,17 @@ def lod_levels(lo: int | None, hi: int | None, mean_dur: float | None = None) ->
     return base, top
 
 
+def _dma_split(name: str, where: str) -> str:
+    """``<name>_dma_packet_count``, ``<name>_dma_size`` and their percentages, over ``opcode_summary``."""
+    d = "FROM opcode_summary WHERE engine = 'dma'"
+    return f"""(SELECT coalesce(sum(instruction_count), 0) {d} AND {where})::BIGINT AS {name}_dma_packet_count,
+        (SELECT coalesce(sum(transfer_bytes), 0) {d} AND {where})::BIGINT AS {name}_dma_size,
+        (SELECT 100.0 * sum(instruction_count) FILTER (WHERE {where}) / nullif(sum(instruction_count), 0) {d})
+            AS {name}_dma_packet_percent,
+        (SELECT 100.0 * sum(transfer_bytes) FILTER (WHERE {where}) / nullif(sum(transfer_bytes), 0) {d})
+            AS {name}_dma_size_percent"""
+
+
 def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
@@ -413,6 +427,11 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         (SELECT count(*) FROM events WHERE kind = 'compile') AS compile_count,
         (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
             AS compile_time"""
+    # compiler-generated descriptors are static DMA; an indirect (gather) DMA's descriptors are written
+    # at run time by GpSimd software: software-dynamic (the real Summary's split; no hardware DGE modelled)
+    dma_cols = "" if per_core else f""",
+        {_dma_split("static", "opcode <> 'DMA_INDIRECT'")},
+        {_dma_split("software_dynamic", "opcode = 'DMA_INDIRECT'")}"""
     engine_out = []
     for engine, name in SUMMARY_ENGINE_PREFIX.items():
         engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
@@ -426,6 +445,9 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
                   coalesce(sum(hbm_read_bytes), 0)::BIGINT AS hbm_read_bytes,
                   coalesce(sum(hbm_write_bytes), 0)::BIGINT AS hbm_write_bytes,
                   coalesce(sum(cpu_fallback_ns), 0) AS cpu_fallback_ns,
+                  coalesce(sum(spill_save_bytes), 0)::BIGINT AS spill_save_bytes,
+                  coalesce(sum(spill_reload_bytes), 0)::BIGINT AS spill_reload_bytes,
+                  coalesce(sum(transpose_flops), 0)::BIGINT AS transpose_flops,
                   count(DISTINCT core) AS core_count, count(DISTINCT run_id) AS run_count,
                   bool_or(coalesce(warmup, FALSE)) AS warmup_included
            FROM meas {'GROUP BY ' + keys if keys else ''}),
@@ -444,6 +466,8 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events
            WHERE kind = 'cpu_fallback' {'GROUP BY ' + keys if keys else ''}),
     md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
+                  -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
+                  try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
                   try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
            FROM metadata)
     SELECT {', '.join('ex.' + k.strip() for k in keys.split(',')) + ', ' if keys else ''}
@@ -468,6 +492,11 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
             / nullif(ex.hbm_read_bytes + ex.hbm_write_bytes, 0) AS mm_arithmetic_intensity,
         greatest(ex.cpu_fallback_ns, coalesce(fb.event_ns, 0)) / 1e9 AS cpu_fallback_time,
-        eng.event_count{event_cols}
+        ex.spill_save_bytes, ex.spill_reload_bytes, ex.transpose_flops,
+        md.hbm_bw * ex.device_ns AS total_bandwidth_available,
+        100.0 * (ex.hbm_read_bytes + ex.hbm_write_bytes) / nullif(md.hbm_bw * ex.device_ns, 0)
+            AS mbu_estimated_percent,
+        100.0 * (ex.hbm_read_bytes - ex.spill_reload_bytes) / nullif(ex.hbm_read_bytes, 0) AS useful_read_percent,
+        eng.event_count{event_cols}{dma_cols}
     FROM ex LEFT JOIN eng {join} LEFT JOIN fb {join} CROSS JOIN md
     {'ORDER BY ' + keys if keys else ''}"""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, callback, dcc, html
+from dash import ALL, Input, Output, State, callback, ctx, dcc, html
 
 from explorer import data, ui
-from traces.console import EXAMPLE_QUERIES, RefusedQuery
+from traces.console import EXAMPLE_QUERIES, RefusedQuery, table_query
 
 EXAMPLES = EXAMPLE_QUERIES
 
@@ -25,20 +25,51 @@ def layout(profile=None, q=None, **_):
                                              style={"minWidth": "320px"})], className="toolbar"),
         dcc.Textarea(id="sql-query", value=query, className="sql", spellCheck=False),
         html.Div([html.Button("Run", id="sql-run", className="btn"),
+                  html.Button("Download CSV", id="sql-csv", className="btn"), dcc.Download(id="sql-download"),
                   html.Span(f"One SELECT or WITH … SELECT; at most {data.CONSOLE_LIMIT:,} rows; "
-                            "tables: metadata, runs, "
-                            "sources, source_files, graphs, ops, executions, instructions, events, memory and the "
-                            "derived summaries.", className="hint")], className="toolbar"),
+                            "the tables are listed under Schema below.", className="hint")], className="toolbar"),
         html.Div(id="sql-message"),
+        html.Details([html.Summary("Schema: every table and its columns (click a table to query it)"),
+                      _schema(data.schema(data.resolve(key)))], id="sql-schema", className="card"),
         html.Div([html.Div(id="sql-result", className="card col", style={"maxHeight": "60vh", "overflow": "auto"}),
                   html.Div(dcc.Graph(id="sql-chart", config={"displaylogo": False}), className="card col")],
                  className="row"),
     ])
 
 
-@callback(Output("sql-query", "value"), Input("sql-examples", "value"), prevent_initial_call=True)
-def example(name):
+def _schema(tables: dict) -> html.Div:
+    """The schema inspector: per table, a button that loads its first rows into the editor, and its columns."""
+    return html.Div([html.Div([
+        html.Button(name, id={"type": "sql-schema-table", "table": name}, className="btn"),
+        html.Span(", ".join(f"{c} {t.lower()}" for c, t in cols), className="hint"),
+    ], className="schema-row") for name, cols in tables.items()])
+
+
+@callback(Output("sql-query", "value"), Input("sql-examples", "value"),
+          Input({"type": "sql-schema-table", "table": ALL}, "n_clicks"), State("sql-profile", "data"),
+          prevent_initial_call=True)
+def example(name, _clicks, key):
+    """An example query, or the first rows of a table clicked in the schema (``traces.console.table_query``)."""
+    trig = ctx.triggered_id
+    if isinstance(trig, dict) and ctx.triggered and ctx.triggered[0]["value"]:
+        table = trig.get("table")
+        if table in data.schema(data.resolve(key)):    # a name the profile has, never user text
+            return table_query(table)
+        return dash.no_update
     return EXAMPLES.get(name, dash.no_update)
+
+
+@callback(Output("sql-download", "data"), Output("sql-message", "children", allow_duplicate=True),
+          Input("sql-csv", "n_clicks"), State("sql-query", "value"), State("sql-profile", "data"),
+          prevent_initial_call=True)
+def download(_clicks, query, key):
+    """The query's result as ``query.csv`` (the console's checks and row cap)."""
+    try:
+        text = data.console_csv(data.resolve(key), query or "")
+    except (RefusedQuery, data.ExplorerError) as exc:
+        return dash.no_update, html.Div(f"Refused: {exc}" if isinstance(exc, RefusedQuery) else f"Error: {exc}",
+                                        className="error-box", id="sql-error")
+    return dict(content=text, filename="query.csv", type="text/csv"), dash.no_update
 
 
 def quick_chart(columns, rows) -> go.Figure:

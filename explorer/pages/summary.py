@@ -5,10 +5,10 @@ from __future__ import annotations
 from dash import dcc, html
 
 from explorer import data, recommend, ui
-from explorer.figures import engine_bars, fmt_bytes, fmt_ns
+from explorer.figures import engine_bars, fmt_bytes, fmt_ns, share_bars
 
 PAGE_FOR = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks", "source": "/source",
-            "hierarchy": "/hierarchy"}
+            "hierarchy": "/hierarchy", "memory": "/memory"}
 
 
 def _profiles_list():
@@ -39,6 +39,9 @@ def layout(profile=None, **_):
                 id="summary-mfu"),
         ui.stat("HBM traffic", fmt_bytes(s["hbm_read_bytes"] + s["hbm_write_bytes"]),
                 f"read {fmt_bytes(s['hbm_read_bytes'])} · write {fmt_bytes(s['hbm_write_bytes'])}"),
+        ui.stat("MBU (estimated)", f"{s['mbu_estimated_percent']:.2f}%",
+                f"of {fmt_bytes(s['total_bandwidth_available'])} available · useful reads "
+                f"{s['useful_read_percent']:.0f}%", id="summary-mbu"),
         ui.stat("device busy", f"{s['device_busy_percent']:.1f}%", "of the time between first and last execution"),
         html.A(ui.stat("CPU fallbacks", f"{s['fallback_ops']} ops", f"{s['fallback_calls']} calls · "
                        f"{fmt_ns(s['cpu_fallback_ns'])}", id="summary-fallbacks"),
@@ -77,6 +80,14 @@ def layout(profile=None, **_):
                       dcc.Graph(figure=engine_bars(s["engines"]), config={"displayModeBar": False},
                                 id="summary-engines")],
                      className="card col"),
+        ], className="row"),
+        html.Div([
+            html.Div([html.H3("Tensor Engine FLOPs (% of peak over the device time)"),
+                      dcc.Graph(figure=share_bars(s["flops_breakdown"]), config={"displayModeBar": False},
+                                id="summary-flops")], className="card col"),
+            html.Div([html.H3("Memory bandwidth (of total_bandwidth_available)"),
+                      dcc.Graph(figure=share_bars(s["bandwidth_breakdown"]), config={"displayModeBar": False},
+                                id="summary-bandwidth")], className="card col"),
         ], className="row"),
         html.Div([html.Div([html.H3("Top ops by device time"), top_ops], className="card col"),
                   html.Div([html.H3("Top source lines by device time"), top_lines], className="card col")],

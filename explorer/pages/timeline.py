@@ -16,7 +16,7 @@ import math
 import dash
 from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 
-from explorer import data, timeline, ui
+from explorer import data, records, timeline, ui
 from explorer.figures import fmt_ns, fmt_window, timeline_figure
 from traces.vocab import ENGINES
 
@@ -79,6 +79,9 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
             html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
             html.Button("Whole session", id="timeline-whole", className="btn",
                         title="everything recorded: compiles, loads and executions"),
+            html.Button("CSV of this window", id="timeline-csv", className="btn",
+                        title="Instruction.csv (with timeline_track), SemaphoreUpdate.csv, SbufAllocation.csv"),
+            dcc.Download(id="timeline-download"),
             html.Strong(window, id="timeline-window"),
             html.Span(status, id="timeline-status"),
             html.Span([html.Span(sel_text, id="timeline-selection"), " ",
@@ -214,7 +217,56 @@ def details(click, state):
     link = (dcc.Link(f"Open {r['where']} →", href=ui.href("/source", profile=key, line=r["source_id"]),
                      id="timeline-open-source") if r["source_id"] is not None else html.Span("no source line recorded"))
     return html.Div([ui.table([("field", lambda x: x[0]), ("value", lambda x: str(x[1]))],
-                              [(a, b) for a, b in rows], class_name="data"), html.Div(link)])
+                              [(a, b) for a, b in rows], class_name="data"), html.Div(link),
+                     _dependencies(key, r, state)])
+
+
+def _dependencies(key: str, r: dict, state: dict):
+    """The Dependencies panel: predecessors and successors (Flow) with a link that centres the timeline on
+    each, the panel's data as JSON for the clipboard, and links to the Memory and Tensor Viewers."""
+    L = data.resolve(key)
+    d = records.dependencies(L, r["core"], r["queue"], r["pc"], r["start"])
+    if not d:
+        return html.Div([html.H3("Dependencies"), html.Span("No dependency records (a profile from before schema "
+                                                            "1.3.0, or a CPU op).", className="hint")])
+    half = max((state.get("end", 0) - state.get("start", 0)) // 2, 1_000)
+
+    def jump(x):
+        return dcc.Link(f"{x['opcode']} {x['queue']} pc {x['pc']}",
+                        href=ui.href("/timeline", profile=key, start=max(x["start_ns"] - half, 0),
+                                     end=x["start_ns"] + half))
+
+    cols = [("instruction", jump), ("type", lambda x: x["dependency_type"].replace("_DEPENDENCE", "").lower()),
+            ("gap", lambda x: fmt_ns(x["gap_time"])), ("via", lambda x: x["via"] or "—"), ("op", "op")]
+    node = (data.ops(L).get(r["op_id"]) or {}).get("name")
+    me = d["instruction"]
+    return html.Div([
+        html.H3(["Dependencies ", dcc.Clipboard(target_id="timeline-deps-json", id="timeline-deps-copy",
+                                                title="copy as JSON", className="btn")]),
+        html.Pre(json.dumps(d, default=str), id="timeline-deps-json", hidden=True),
+        html.Div(f"{len(d['predecessors'])} predecessors", className="hint"),
+        ui.table(cols, d["predecessors"], id="timeline-deps-pred", max_rows=50),
+        html.Div(f"{len(d['successors'])} successors", className="hint"),
+        ui.table(cols, d["successors"], id="timeline-deps-succ", max_rows=50),
+        html.Div([dcc.Link("Memory Viewer at this instant →", id="timeline-open-memory",
+                           href=ui.href("/memory", profile=key, exec=me["exec_id"], t=me["start_ns"])), " · ",
+                  dcc.Link("Tensors of this op →", id="timeline-open-tensors",
+                           href=ui.href("/tensors", profile=key, node=node)) if node else None]),
+    ], id="timeline-deps")
+
+
+@callback(Output("timeline-download", "data"), Output("timeline-status", "children", allow_duplicate=True),
+          Input("timeline-csv", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
+def download(_clicks, state):
+    """The visible window's rows per table as a zip of CSV files (``timeline.window_csv_zip``)."""
+    try:
+        blob, cut = timeline.window_csv_zip(data.resolve(state["profile"]), state["start"], state["end"])
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc)
+    note = (f"CSV cut at {timeline.CSV_MAX_ROWS:,} rows in {', '.join(cut)}: zoom in for the rest"
+            if cut else dash.no_update)
+    name = f"{state['profile']}_{state['start']}-{state['end']}.zip"
+    return dcc.send_bytes(blob, name), note
 
 
 ui.register_url_sync("timeline")

@@ -202,7 +202,7 @@ def _compile_program(program: Program, flags: dict, partitioner_config, graph_ha
             table=s.table, busy_ns={k: int(v) for k, v in s.busy_ns.items()}, device_ns=int(s.device_ns),
             hbm_read_bytes=int(s.hbm_read_bytes), hbm_write_bytes=int(s.hbm_write_bytes),
             spill_save_bytes=int(s.spill_save_bytes), spill_reload_bytes=int(s.spill_reload_bytes),
-            flops=int(s.flops))
+            flops=int(s.flops), records=s.records)
         instructions += s.table.num_rows
         program.log.append(f"schedule: partition #{p.index}: {s.table.num_rows} instructions, "
                            f"{s.device_ns / 1e3:.1f} us on the device ({timing} timing)")

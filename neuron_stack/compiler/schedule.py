@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from neuron_stack.compiler import records as records_mod
 from neuron_stack.compiler.lower import lower
 from neuron_stack.compiler.lower.tiles import Instr, Lowered
 from neuron_stack.device.cost import throttle_factor
@@ -76,13 +77,14 @@ class Schedule:
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     target: str = ""
+    records: dict = field(default_factory=dict)   # SbufAllocation, Flow, SemaphoreUpdate, TensorInfo (records.py)
 
     def scalars(self) -> dict:
         """Everything but the table, JSON-able (what a NEFF stores next to the Arrow table).
 
         Example: ``Schedule.from_parts(s.table, json.loads(json.dumps(s.scalars())))``.
         """
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "table"}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("table", "records")}
 
     @classmethod
     def from_parts(cls, table: pa.Table, scalars: dict) -> "Schedule":
@@ -324,7 +326,8 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         dma_transfer_bytes=int(table["bytes_read"].to_numpy()[dma].sum()) if n else 0,
         dma_transfer_count=int(dma.sum()),
         sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
-        inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name)
+        inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name,
+        records=records_mod.build(low, start, dur, queue, pc))
 
 
 def _union_ns(s: np.ndarray, d: np.ndarray) -> int:

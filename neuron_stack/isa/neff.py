@@ -66,10 +66,13 @@ class PartitionSchedule:
     spill_save_bytes: int = 0
     spill_reload_bytes: int = 0
     flops: int = 0
+    # the profiler's record tables (compiler/records.py), members ``schedule/<p>.<name>.arrow``;
+    # empty for a NEFF written before they existed
+    records: dict = field(default_factory=dict, compare=False)
 
     def scalars(self) -> dict:
-        """Everything but the table, JSON-able (``schedule.json``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "table"}
+        """Everything but the tables, JSON-able (``schedule.json``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("table", "records")}
 
 
 @dataclass
@@ -125,6 +128,8 @@ def members(neff: Neff) -> dict[str, bytes]:
     scalars = {}
     for p, s in neff.schedules.items():
         out[f"schedule/{p}.arrow"] = _table_bytes(s.table)
+        for name, t in s.records.items():
+            out[f"schedule/{p}.{name}.arrow"] = _table_bytes(t)
         scalars[str(p)] = s.scalars()
     out["schedule.json"] = json.dumps(scalars).encode()
     return out
@@ -291,8 +296,12 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
         for p, s in scalars.items():
             _check_scalars(path, p, s)
             table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
-            known = {f.name for f in fields(PartitionSchedule)} - {"table"}
-            schedules[int(p)] = PartitionSchedule(table=table, **{k: v for k, v in s.items() if k in known})
+            known = {f.name for f in fields(PartitionSchedule)} - {"table", "records"}
+            prefix = f"schedule/{p}."
+            records = {m[len(prefix):-len(".arrow")]: pa.ipc.open_file(pa.py_buffer(data[m])).read_all()
+                       for m in data if m.startswith(prefix) and m.endswith(".arrow") and m != f"{prefix}arrow"}
+            schedules[int(p)] = PartitionSchedule(table=table, records=records,
+                                                  **{k: v for k, v in s.items() if k in known})
         _check_program(path, program, schedules)
         source_files = json.loads(data["source_files.json"])
         log = data["compile.log"].decode()

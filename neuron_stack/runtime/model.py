@@ -124,6 +124,8 @@ class LoadedModel:
         self.active_ns: dict[str, int] = {}
         self.flops = 0
         self.hbm = [0, 0]
+        self.spill = [0, 0]            # spill save, reload bytes per execution
+        self.transpose_flops = 0
         for p in self.parts:
             if p.sched:
                 for e, ns in p.sched.busy_ns.items():
@@ -132,6 +134,12 @@ class LoadedModel:
                 self.flops += p.sched.flops
                 self.hbm[0] += p.sched.hbm_read_bytes
                 self.hbm[1] += p.sched.hbm_write_bytes
+                self.spill[0] += p.sched.spill_save_bytes
+                self.spill[1] += p.sched.spill_reload_bytes
+                t = p.sched.table
+                if "instruction_type" in t.column_names and t.num_rows:
+                    self.transpose_flops += int(pc.sum(pc.filter(t.column("flops"), pc.equal(
+                        t.column("instruction_type"), "TRANSPOSE"))).as_py() or 0)
         self.static_device_ns = sum(p.device_ns + p.transfer_ns for p in self.parts if p.part.kind == "device")
         self.has_cpu = any(p.part.kind == "cpu" for p in self.parts)
         self._reserve_memory()   # last: a NEFF that cannot be built must not hold device memory

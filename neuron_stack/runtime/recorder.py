@@ -255,6 +255,7 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
         load_ns = int(getattr(model, "load_wall_ns", 0))
         rec.system_event("nrt_load", now - load_ns, load_ns, core=model.core, model=model.name,
                          uuid=model.neff.header["uuid"], neff_hash=model.neff.header["hash"])
+    record_graph_records(rec, model)
     rec.append("memory", {"ts_ns": [now] * len(model.memory), "run_id": [model.session.run_id] * len(model.memory),
                           "core": [model.core] * len(model.memory), "location": ["device"] * len(model.memory),
                           "category": list(model.memory),
@@ -300,7 +301,8 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
         exec_id=exec_id, run_id=model.session.run_id, graph_id=model.graph_id, core=model.core,
         iteration=model.executions - 1, wall_start_ns=wall0, wall_end_ns=wall1, start_ns=proj0,
         end_ns=proj0 + device_ns, device_ns=device_ns, warmup=warmup, flops=model.flops, busy_ns=busy,
-        cpu_fallback_ns=cpu_ns, hbm_read_bytes=model.hbm[0], hbm_write_bytes=model.hbm[1]))
+        cpu_fallback_ns=cpu_ns, hbm_read_bytes=model.hbm[0], hbm_write_bytes=model.hbm[1],
+        spill_save_bytes=model.spill[0], spill_reload_bytes=model.spill[1], transpose_flops=model.transpose_flops))
     if rec.core_filter is not None and model.core not in rec.core_filter:
         return
     flow = exec_id & 0x7FFFFFFFFFFF   # links the runtime call to its device execution (a Perfetto flow)
@@ -357,3 +359,41 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
                 "core": pa.array(np.full(len(times), model.core, dtype=np.int32))}))
     for b in batches:
         rec.append("instructions", b)
+    if tables:
+        _record_timelines(rec, model, exec_id, proj0, timeline)
+
+
+def _record_timelines(rec: Recorder, model, exec_id: int, proj0: int, timeline) -> None:
+    """The schedule's SbufAllocation and SemaphoreUpdate rows (compiler/records.py), stamped at this
+    execution's device partitions' starts as their instruction rows are."""
+    for kind, p, offset, _ in timeline:
+        recs = p.sched.records if kind == "device" and p.sched is not None else {}
+        offset += sum(pcie_ns(model.profile, t.bytes) for t in p.part.transfers)
+        for name, cols in (("SbufAllocation", ("start_ts", "end_ts")), ("SemaphoreUpdate", ("timestamp",))):
+            t = recs.get(name)
+            if t is None or t.num_rows == 0:
+                continue
+            n = t.num_rows
+            for c in cols:
+                t = t.set_column(t.schema.get_field_index(c), c,
+                                 pc.add(t.column(c), pa.scalar(proj0 + offset, pa.int64())))
+            t = (t.append_column("exec_id", pa.array(np.full(n, exec_id, dtype=np.int64)))
+                 .append_column("core", pa.array(np.full(n, model.core, dtype=np.int32))))
+            if name == "SbufAllocation":
+                t = t.append_column("graph_id", pa.array(np.full(n, model.graph_id, dtype=np.int64)))
+                t = t.append_column("op_id", pa.array([model.op_ids.get(x) for x in t.column("node").to_pylist()],
+                                                      pa.int64()))
+            rec.append(name, t)
+
+
+def record_graph_records(rec: Recorder, model) -> None:
+    """Each device partition's Flow and TensorInfo rows (compiler/records.py), once per loaded graph."""
+    for p in model.parts:
+        recs = p.sched.records if p.sched is not None else {}
+        for name in ("Flow", "TensorInfo"):
+            t = recs.get(name)
+            if t is None or t.num_rows == 0:
+                continue
+            n = t.num_rows
+            rec.append(name, t.append_column("graph_id", pa.array(np.full(n, model.graph_id, dtype=np.int64)))
+                       .append_column("partition", pa.array(np.full(n, p.part.index, dtype=np.int32))))

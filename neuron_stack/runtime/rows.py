@@ -69,6 +69,9 @@ class ExecutionRow(_Row):
     hbm_read_bytes: int = 0
     hbm_write_bytes: int = 0
     status: str = "completed"
+    spill_save_bytes: int = 0
+    spill_reload_bytes: int = 0
+    transpose_flops: int = 0
 
     def columns(self) -> dict[str, list]:
         # device time and host time never mix: host CPU time is cpu_fallback_ns, not a busy column

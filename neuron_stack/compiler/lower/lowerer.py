@@ -64,6 +64,8 @@ class Lowerer(Residency):
         self.res_wait: dict[str, set[int]] = {}   # SBUF key -> semaphores its writes wait for (region reuse)
         self.freed: list[tuple[int, int, int]] = []   # heap regions released: (start, end, semaphore)
         self.finished: set[str] = set()
+        # every on-chip allocation: (memory, key, address, bytes per partition, first instruction, partitions or 0)
+        self.allocs: list[tuple] = []
         self.engine_busy: dict[str, float] = {}
         self.psum = Ring(profile.psum_bytes_per_partition, unit=profile.psum_bytes_per_partition // profile.psum_banks)
         self.values: dict[str, View] = {}      # value name ("n" or "n:i") -> HBM view
@@ -118,6 +120,9 @@ class Lowerer(Residency):
             deps.update(self.readers.get(old, {}).values())
             deps.update(self.pending.pop(old, ()))
         self.pending[key] = deps
+        # recorded for the Memory Viewer (SbufAllocation): the region is the ring's last [cursor - size, cursor)
+        size = -(-max(nbytes, 1) // ring.unit) * ring.unit
+        self.allocs.append((mem, key, ring.cursor - size, size, len(self.instrs), 0))
         self.last_writer.pop(key, None)
         self.readers.pop(key, None)
 
@@ -479,8 +484,10 @@ class Lowerer(Residency):
             for key in [n.name] + [f"{n.name}:{i}" for i in range(1, len(n.outputs))]:
                 if key in self.hbm and self.hbm[key]["role"] == "output" and self._escapes(n.name):
                     outputs.append(key)
+        # the resident heap sits above the tile ring in each partition's address range
+        allocs = [a if a[0] != "heap" else ("sbuf", a[1], self.sbuf.cap + a[2], *a[3:]) for a in self.allocs]
         return Lowered(self.instrs, self.hbm, self.inputs, outputs, self.value_table(), self.sbuf.peak + self.heap.peak,
-                       self.log)
+                       self.log, allocs)
 
     def _escapes(self, name: str) -> bool:
         if name in self.out_refs:

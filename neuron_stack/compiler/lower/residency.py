@@ -43,6 +43,7 @@ class Residency:
         self.res_wait[r.key] = {sem for (a, b, sem) in self.freed if a < end and start < b}
         self.res[buf] = r
         self.res_key[r.key] = r
+        self.allocs.append(("heap", r.key, start, end - start, len(self.instrs), T))
 
     def _try_on_chip(self, op: dict) -> dict | None:
         """``op`` over SBUF when it addresses a resident value (None if it cannot), else ``op``."""

@@ -83,6 +83,9 @@ class Lowered:
     values: dict[str, dict] = field(default_factory=dict)   # value name -> strided view of a buffer
     sbuf_peak_bytes: int = 0              # per partition
     log: list[str] = field(default_factory=list)
+    # on-chip allocations in order: (memory "sbuf"|"psum", key, address, bytes per partition,
+    # index of the first instruction after it, partitions (0: as the operands say))
+    allocs: list[tuple] = field(default_factory=list)
 
 
 @dataclass

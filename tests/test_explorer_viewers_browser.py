@@ -1,0 +1,227 @@
+"""The analysis viewers in a real browser (Playwright driving Debian's chromium, launched as
+tests/test_explorer_browser.py does) on the sample encoder's profile: the Summary's MBU, the timeline's
+Dependencies panel (jump to a predecessor, copy as JSON), the Memory Viewer and the Tensor Viewer,
+each linked to the timeline. Screenshots as in test_explorer_browser.py (NEURON_STACK_SCREENSHOT_DIR).
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+
+from explorer import data
+from explorer.app import create_app
+
+
+@pytest.fixture(scope="module")
+def encoder(recorded_samples):
+    return recorded_samples.get("bert_encoder")["bert_encoder"]
+
+
+@pytest.fixture(scope="module")
+def server(encoder):
+    from werkzeug.serving import make_server
+
+    app = create_app([encoder])
+    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
+    srv.shutdown()
+    data.registry().close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        ctx = browser.new_context(viewport={"width": 1400, "height": 950})
+        ctx.grant_permissions(["clipboard-read", "clipboard-write"])
+        pg = ctx.new_page()
+        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        yield pg
+        browser.close()
+    assert errors == [], errors
+
+
+def test_summary_shows_the_mbu_of_the_summary_table(server, page, encoder):
+    url, key = server
+    page.goto(f"{url}/?profile={key}")
+    page.wait_for_selector("#summary-mbu")
+    mbu = _profile().sql("SELECT mbu_estimated_percent FROM summary").column(0)[0].as_py()
+    assert f"{mbu:.2f}%" in page.inner_text("#summary-mbu")
+    page.wait_for_selector("#summary-flops .js-plotly-plot")
+    _shot(page, "summary-mbu")
+
+
+def _wait_text(page, selector: str, text: str) -> None:
+    """Wait until ``selector`` exists and shows ``text`` (a page re-render may replace it meanwhile)."""
+    page.wait_for_function("([s, t]) => (document.querySelector(s) || {innerText: ''}).innerText.includes(t)",
+                           arg=[selector, text])
+
+
+def _profile():
+    """The served profile's own connection (a second one with another configuration is refused)."""
+    return data.resolve(data.registry().default_key()).profile
+
+
+def _a_matmul(encoder):
+    """A MATMUL with both predecessors and successors, in ns since the Explorer's t0."""
+    L = data.resolve(data.registry().default_key())
+    t0 = data.bounds(L)["t0"]
+    p = _profile()
+    for r in p.sql("""SELECT core, queue, pc, start_ns FROM instructions WHERE opcode = 'MATMUL'
+                      ORDER BY start_ns LIMIT 20""").to_pylist():
+        d = p.dependencies(r["core"], r["queue"], r["pc"], r["start_ns"])
+        if d["predecessors"] and d["successors"]:
+            return r, d, t0
+    raise AssertionError("no MATMUL with dependencies")
+
+
+def test_dependencies_panel_jumps_and_copies_json(server, page, encoder):
+    url, key = server
+    r, d, t0 = _a_matmul(encoder)
+    start = r["start_ns"] - t0
+    page.goto(f"{url}/timeline?profile={key}&start={max(start - 3000, 0)}&end={start + 3000}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    _wait_text(page, "#timeline-status", "one by one")
+    # click the MATMUL's bar: Plotly's click event with that bar's point, as a mouse click raises it
+    clicked = page.evaluate("""([start, pc]) => {
+        const el = document.querySelector('#timeline-graph .js-plotly-plot');
+        for (let c = 0; c < el.data.length; c++) {
+            const cd = el.data[c].customdata || [];
+            for (let i = 0; i < cd.length; i++) {
+                if (cd[i] && cd[i][1] === 'tensor' && cd[i][2] === start && cd[i][3] === pc) {
+                    el.emit('plotly_click', {points: [{curveNumber: c, pointNumber: i, customdata: cd[i]}]});
+                    return true;
+                }
+            }
+        }
+        return false;
+    }""", [start, r["pc"]])
+    assert clicked
+    page.wait_for_selector("#timeline-deps-pred")
+    text = page.inner_text("#timeline-deps")
+    assert f"{len(d['predecessors'])} predecessors" in text and f"{len(d['successors'])} successors" in text
+    assert d["predecessors"][0]["dependency_type"].replace("_DEPENDENCE", "").lower() in text
+    _shot(page, "dependencies")
+    # the copy button copies the panel's JSON (the hidden <pre> it targets)
+    page.click("#timeline-deps-copy")
+    copied = json.loads(page.eval_on_selector("#timeline-deps-json", "e => e.textContent"))
+    assert copied["instruction"]["pc"] == r["pc"] and len(copied["predecessors"]) == len(d["predecessors"])
+    page.wait_for_function("() => navigator.clipboard.readText().then(t => t.length > 0)", timeout=5000)
+    assert json.loads(page.evaluate("() => navigator.clipboard.readText()")) == copied
+    # jump to the first predecessor: the timeline centres on it
+    pred = d["predecessors"][0]
+    page.click("#timeline-deps-pred a >> nth=0")
+    page.wait_for_url(lambda u: f"start={max(pred['start_ns'] - t0 - 3000, 0)}" in u)
+    # and on to the Memory Viewer at this instant
+    page.goto(f"{url}/timeline?profile={key}&start={max(start - 3000, 0)}&end={start + 3000}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+
+
+def test_memory_viewer_shows_allocations_and_links_the_timeline(server, page, encoder):
+    url, key = server
+    page.goto(f"{url}/memory?profile={key}")
+    page.wait_for_selector("#memory-graph .js-plotly-plot")
+    _wait_text(page, "#memory-status", "SBUF allocations")
+    x = _profile().allocation_executions().to_pylist()[0]["exec_id"]
+    n = _profile().allocations(x).num_rows
+    assert page.inner_text("#memory-status").startswith(f"{n} SBUF allocations")
+    _shot(page, "memory")
+    # a block's details and its link to the timeline
+    page.evaluate("""() => {
+        const el = document.querySelector('#memory-graph .js-plotly-plot');
+        const c = el.data.findIndex(t => t.name === 'allocations');
+        el.emit('plotly_click', {points: [{curveNumber: c, pointNumber: 0, customdata: el.data[c].customdata[0]}]});
+    }""")
+    page.wait_for_selector("#memory-open-timeline")
+    assert "opcode" in page.inner_text("#memory-details")
+    page.click("#memory-open-timeline")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    assert "/timeline" in page.url and "start=" in page.url
+    # PSUM
+    page.goto(f"{url}/memory?profile={key}&memory=PSUM")
+    _wait_text(page, "#memory-status", "PSUM allocations")
+
+
+def test_tensor_viewer_lists_tensors_and_links_their_first_load(server, page, encoder):
+    url, key = server
+    page.goto(f"{url}/tensors?profile={key}")
+    page.wait_for_selector("#tensors-table")
+    n = _profile().tensors().num_rows
+    assert page.inner_text("#tensors-count").startswith(f"{n} tensors")
+    head = page.inner_text("#tensors-table thead")
+    for col in ("variable_name", "type", "format", "shape", "size", "node", "load_to_sbuf_repeat_factor"):
+        assert col in head
+    _shot(page, "tensors")
+    page.click("#tensors-table a[href*='/timeline'] >> nth=0")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    assert "start=" in page.url
+
+
+def test_timeline_exports_the_visible_window_as_csv(server, page):
+    import csv
+    import io
+    import zipfile
+
+    url, key = server
+    L = data.resolve(key)
+    a, b = data.bounds(L)["fit"]
+    b = a + (b - a) // 3
+    page.goto(f"{url}/timeline?profile={key}&start={a}&end={b}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    with page.expect_download() as got:
+        page.click("#timeline-csv")
+    z = zipfile.ZipFile(got.value.path())
+    assert sorted(z.namelist()) == ["Instruction.csv", "SbufAllocation.csv", "SemaphoreUpdate.csv"]
+    rows = list(csv.DictReader(io.StringIO(z.read("Instruction.csv").decode())))
+    t0 = data.bounds(L)["t0"]
+    n = _profile().sql("SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b",
+                       {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    assert len(rows) == n > 0
+    assert {"timeline_track", "opcode", "start_ns"} <= set(rows[0]) and rows[0]["timeline_track"].endswith("(nc0)")
+
+
+def test_sql_schema_inspector_and_csv_download(server, page):
+    import csv
+    import io
+
+    url, key = server
+    page.goto(f"{url}/sql?profile={key}")
+    page.wait_for_selector("#sql-schema")
+    page.click("#sql-schema summary")
+    assert "dependency_type" in page.inner_text("#sql-schema")
+    page.click("#sql-schema button:text-is('Flow')")
+    page.wait_for_function("() => document.querySelector('#sql-query').value.includes('\"Flow\"')")
+    page.click("#sql-run")
+    _wait_text(page, "#sql-count", "100 rows")
+    _shot(page, "sql-schema")
+    with page.expect_download() as got:
+        page.click("#sql-csv")
+    rows = list(csv.DictReader(io.StringIO(open(got.value.path()).read())))
+    cols = [c for c, _ in data.schema(data.resolve(key))["Flow"]]
+    assert len(rows) == 100 and list(rows[0]) == cols
+
+
+def test_regions_page_lists_layers_and_links_their_windows(server, page):
+    url, key = server
+    page.goto(f"{url}/regions?profile={key}")
+    page.wait_for_selector("#regions-table")
+    rows = _profile().regions().to_pylist()
+    first = [r for r in rows if r["exec_id"] == rows[0]["exec_id"]]
+    text = page.inner_text("#regions-table")
+    assert "layers.0" in text and "layers.1" in text
+    assert len(page.locator("#regions-table tbody tr").all()) == len(first)
+    assert "layers.1" in page.inner_text("#regions-durations")
+    _shot(page, "regions")
+    page.click("#regions-table a:text-is('layers.1')")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    t0 = data.bounds(data.resolve(key))["t0"]
+    r = next(r for r in first if r["region"] == "layers.1")
+    assert f"start={r['start_ns'] - t0}" in page.url and f"end={r['end_ns'] - t0}" in page.url

@@ -1,0 +1,71 @@
+"""The compiler's records in a profile (issue 26): SbufAllocation, Flow, SemaphoreUpdate and TensorInfo,
+recorded by the lowering and scheduler into the NEFF and finalised under the real table names."""
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+import torch
+
+import neuron_stack
+import traces
+from neuron_stack.isa.neff import Neff
+
+
+@pytest.fixture(scope="module")
+def encoder(recorded_samples):
+    return recorded_samples.get("bert_encoder")["bert_encoder"]
+
+
+def test_sample_encoder_profile_holds_every_record_table(encoder):
+    with traces.open(encoder) as p:
+        n = {t: p.sql(f"SELECT count(*) FROM {t}").column(0)[0].as_py()
+             for t in ("SbufAllocation", "Flow", "SemaphoreUpdate", "TensorInfo")}
+        assert all(v > 0 for v in n.values()), n
+        bad = p.sql("""SELECT count(*) FROM SbufAllocation
+                       WHERE start_ts > end_ts OR start_address > end_address OR partition < 0
+                          OR partition + partition_count > 128 OR memory NOT IN ('SBUF', 'PSUM')""")
+        assert bad.column(0)[0].as_py() == 0
+        # every allocation lies inside its execution, and names an op of the graph
+        outside = p.sql("""SELECT count(*) FROM SbufAllocation a JOIN executions e USING (exec_id)
+                           WHERE a.start_ts < e.start_ns OR a.end_ts > e.end_ns OR a.op_id IS NULL""")
+        assert outside.column(0)[0].as_py() == 0
+        kinds = set(p.sql("SELECT DISTINCT dependency_type FROM Flow").column(0).to_pylist())
+        assert {"FLOW_DEPENDENCE", "ANTI_DEPENDENCE"} <= kinds <= {"FLOW_DEPENDENCE", "ANTI_DEPENDENCE",
+                                                                   "OUTPUT_DEPENDENCE"}
+        # an edge's two ends are instruction rows of one execution, gap_time apart
+        unmatched = p.sql("""
+            WITH e AS (SELECT f.*, x.exec_id FROM Flow f JOIN executions x USING (graph_id))
+            SELECT count(*) FROM e WHERE NOT EXISTS (
+                SELECT 1 FROM instructions a JOIN instructions b USING (exec_id)
+                WHERE a.exec_id = e.exec_id AND a.queue = e.in_queue AND a.pc = e.in_pc
+                  AND b.queue = e.out_queue AND b.pc = e.out_pc AND b.start_ns - a.start_ns - a.dur_ns = e.gap_time)
+              AND e.exec_id IN (SELECT exec_id FROM instructions)""")
+        assert unmatched.column(0)[0].as_py() == 0
+        # a semaphore's value counts its increments
+        sem = p.sql("""SELECT count(*) FROM (SELECT exec_id, id, max(value) AS v, count(*) AS n
+                       FROM SemaphoreUpdate GROUP BY ALL) WHERE v <> n""")
+        assert sem.column(0)[0].as_py() == 0
+        loads = p.sql("""SELECT count(*) FROM TensorInfo WHERE type = 'IN' AND load_to_sbuf_dma_count > 0
+                         AND load_to_sbuf_total_size_bytes >= size""")
+        assert loads.column(0)[0].as_py() > 0
+
+
+def test_a_neff_without_records_still_loads_and_runs(tmp_path):
+    """NEFFs written before the records existed (no ``schedule/<p>.<table>.arrow`` members) load."""
+    torch.manual_seed(0)
+    m, x = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU()).eval(), torch.randn(4, 16)
+    path = neuron_stack.trace(m, x).save(tmp_path / "m.neff")
+    assert Neff.load(path).schedules[0].records["Flow"].num_rows > 0
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist() if n.count(".") < 2 or not n.startswith("schedule/")}
+    header = json.loads(members["neff.json"])
+    header["checksums"] = {k: v for k, v in header["checksums"].items() if k in members}
+    members["neff.json"] = json.dumps(header).encode()
+    old = tmp_path / "old.neff"
+    with zipfile.ZipFile(old, "w", compression=zipfile.ZIP_STORED) as z:
+        for k, v in members.items():
+            z.writestr(k, v)
+    assert Neff.load(old).schedules[0].records == {}
+    torch.testing.assert_close(neuron_stack.load(old)(x), m(x), rtol=1e-4, atol=1e-5)
