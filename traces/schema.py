@@ -100,5 +100,5 @@ TABLES: dict[str, pa.Schema] = {
 """Every raw table, in the order a finalised profile lists them."""
 
 EVENT_KINDS = ("compile", "recompile", "cache_hit", "cpu_fallback", "host_transfer", "load",
-               "oom", "error", "collective", "warning")
+               "oom", "error", "collective", "warning", "dispatch")
 """Values of ``events.kind``. ``detail`` is a JSON object whose keys depend on the kind."""
