@@ -108,7 +108,12 @@ class Recorder:
 
 def record_dispatch(model, host_ns: int, mode: str) -> None:
     """A ``dispatch`` event: the host time (``dur_ns``, measured, never device time) the framework spent
-    around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``."""
+    around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``.
+    Nothing is recorded when profiling is off:
+
+    >>> from types import SimpleNamespace as NS
+    >>> record_dispatch(NS(session=NS(recorder=None)), 1200, "eager")
+    """
     s = model.session
     rec = s.recorder
     if rec is None:
