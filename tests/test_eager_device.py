@@ -164,7 +164,8 @@ def test_diff_eager_vs_compiled_names_fusion_dispatch_and_transfers(sample_profi
     assert "Why (A = eager, B = compiled" in text and "fusion: compiled runs" in text
 
 
-def test_ddp_on_neuron_tensors_two_ranks_under_torchrun(tmp_path):
+def test_ddp_on_neuron_tensors_two_ranks_under_torchrun_with_the_neuron_backend(tmp_path):
+    # the sample calls init_process_group("neuron") and DistributedDataParallel(model) with no process_group
     env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_RT_INSPECT_ENABLE": "1",
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "prof"), "OMP_NUM_THREADS": "1"}
     for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
