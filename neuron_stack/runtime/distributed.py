@@ -99,7 +99,11 @@ def init(target: str = "trn1", timeout_s: float | None = None) -> World:
 def join(rank: int, world_size: int, target: str, timeout_s: float, gather) -> World:
     """Bind this rank to one NeuronCore and learn every rank's ``(node, core)`` through ``gather`` (called
     with this rank's pair when ``world_size > 1``, it returns the list of all ranks' pairs). :func:`init`
-    gathers over gloo; the ``neuron`` torch.distributed backend over its own group."""
+    gathers over gloo; the ``neuron`` torch.distributed backend over its own group.
+
+    >>> join(0, 1, "trn1", 60.0, gather=None).ranks     # doctest: +SKIP
+    [(0, 0)]
+    """
     global _world
     local_rank, node = _env_int("LOCAL_RANK", rank), _env_int("GROUP_RANK", 0)
     os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(local_rank))   # one core per rank
