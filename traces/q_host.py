@@ -84,6 +84,8 @@ def _runs(h: HostFigures) -> str:
 
 
 def _dispatch(h: HostFigures) -> str:
+    if not h.dispatches:   # a profile recorded before dispatch events existed, or no execution
+        return "not recorded"
     return f"{h.dispatches} × {fmt_ns(h.dispatch_median_ns)} median ({fmt_ns(h.dispatch_ns)} total)"
 
 
