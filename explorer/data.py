@@ -32,6 +32,7 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
     set_registry,
 )
 from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
+from traces import q_host
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.vocab import DEVICE_ENGINES
@@ -463,6 +464,10 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
     keys = ("total_time", "device_ns", "cpu_fallback_ns", "step_ns", "mfu_estimated_percent", "hbm_read_bytes",
             "hbm_write_bytes",
             "fallback_ops", "recompiles", "executions", "instructions")
+    ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
+    na, nb = q_host.names(ha, hb)
     return {"a": A.key, "b": B.key, "a_path": A.path.name, "b_path": B.path.name,
+            "why": {"a_name": na, "b_name": nb, "a": ha.as_dict(), "b": hb.as_dict(),
+                    "lines": q_host.why(ha, hb, na, nb)},
             "totals": {k: {"a": ma[k], "b": mb[k], "delta": mb[k] - ma[k]} for k in keys},
             "by_line": align(sa.lines, sb.lines, "line"), "by_op": align(sa.ops, sb.ops, "op_path")}

@@ -167,6 +167,11 @@ def _print_diff(c: dict) -> None:
 
     console = Console()
     console.print(f"[bold]A[/] {c['a_path']}\n[bold]B[/] {c['b_path']}")
+    why = c["why"]
+    named = "" if why["a_name"] == "A" else f"A = {why['a_name']}, B = {why['b_name']}; "
+    console.print(f"[bold]Why[/] ({named}every execution, warm-ups included)")
+    for line in why["lines"]:
+        console.print(f"  • {line}", highlight=False)
     t = Table("metric", "A", "B", "B - A", title="Totals")
     for k, v in c["totals"].items():
         f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")

@@ -43,6 +43,7 @@ from neuron_stack.frontend.export import graph_to_program, is_user_file
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Source
 from neuron_stack.runtime.model import LoadedModel
+from neuron_stack.runtime.recorder import record_dispatch
 
 torch._dynamo.config.automatic_dynamic_shapes = False
 torch._dynamo.config.fail_on_recompile_limit_hit = True
@@ -237,7 +238,13 @@ def _compiler(kind: str, ctx: dict):
                              "source": ctx["source"], "model": model, "compile_id": ctx["compile_id"]})
 
         def run(args):
-            return model.run(list(args))
+            # dispatch: this call's host time outside the run (dynamo's guards, before it, are PyTorch's)
+            t0 = time.perf_counter_ns()
+            args = list(args)
+            t1 = time.perf_counter_ns()
+            outs = model.run(args)
+            record_dispatch(model, t1 - t0, "compiled")
+            return outs
 
         run._boxed_call = True   # aot_autograd's calling convention: one list argument
         run.model = model

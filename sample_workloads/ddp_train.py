@@ -4,8 +4,8 @@ Each rank compiles the model with ``torch.compile(backend="neuron")`` on its own
 its shard of a synthetic regression set, and averages gradients with
 ``neuron_stack.runtime.distributed.all_reduce_gradients`` (real gloo data, simulated ring cost).
 With ``--device neuron`` the model lives on the ``neuron`` device instead and trains eagerly under
-``torch.nn.parallel.DistributedDataParallel``, whose all-reduces go through
-``neuron_stack.eager.distributed.process_group()`` (the same gloo data and simulated ring). At the
+``torch.nn.parallel.DistributedDataParallel`` in a job started with ``init_process_group("neuron")``, whose
+all-reduces go through the ``neuron`` backend (the same gloo data and simulated ring). At the
 end, rank 0 checks that the weights equal a single-process eager run on the whole batch.
 
     torchrun --nproc-per-node 2 sample_workloads/ddp_train.py [--small] [--steps N] [--device neuron]
@@ -32,7 +32,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="tiny model, 3 steps (tests)")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--target", default="trn1", choices=["trn1", "inf2", "trn2"])
+    ap.add_argument("--target", default="trn1", choices=["trn1", "inf2", "trn2"],
+                    help="with --device cpu (the neuron device takes NEURON_CC_FLAGS --target)")
     ap.add_argument("--straggler-rank", type=int, default=-1, help="this rank does extra host work each step")
     ap.add_argument("--straggler-ms", type=float, default=200.0)
     ap.add_argument("--device", choices=["cpu", "neuron"], default="cpu",
@@ -41,8 +42,12 @@ def main() -> int:
     width, per_rank, steps = (16, 8, 3) if args.small else (256, 64, 20)
     steps = args.steps or steps
     try:
-        w = nd.init(target=args.target)
-    except nd.DistributedError as exc:
+        if args.device == "neuron":    # the neuron torch.distributed backend binds this rank to its core
+            torch.distributed.init_process_group("neuron")
+            w = nd.world()
+        else:
+            w = nd.init(target=args.target)
+    except (nd.DistributedError, RuntimeError, ValueError) as exc:
         print(f"ddp_train: error: {exc}", file=sys.stderr)
         return 1
     g = torch.Generator().manual_seed(1)
@@ -53,8 +58,7 @@ def main() -> int:
     model = make_model(width)
     reference = copy.deepcopy(model)
     if args.device == "neuron":
-        from neuron_stack.eager.distributed import process_group
-        step = torch.nn.parallel.DistributedDataParallel(model.to("neuron"), process_group=process_group())
+        step = torch.nn.parallel.DistributedDataParallel(model.to("neuron"))   # the default group: neuron
         x, y = X[mine].to("neuron"), Y[mine].to("neuron")
     else:
         step = torch.compile(model, backend="neuron")

@@ -104,14 +104,25 @@ def test_device_memory_is_tracked_and_an_oversized_tensor_is_a_clear_oom():
     assert torch.neuron.memory_allocated() == base
 
 
-def test_eager_sample_profile_has_one_execution_per_op_with_source_lines(tmp_path):
-    env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp_path / "prof"),
-               NEURON_STACK_RUNTIME_DIR=str(tmp_path / "rt"))
-    r = subprocess.run([sys.executable, str(ROOT / "sample_workloads/eager_device.py"), "--small"],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and "weights match CPU PyTorch" in r.stdout, r.stderr[-2000:]
+@pytest.fixture(scope="module")
+def sample_profiles(tmp_path_factory):
+    """The eager sample profiled both ways (``--mode eager``, ``--mode compile``): ``{mode: profile.duckdb}``."""
     import traces
-    p = traces.open(traces.finalize(str(tmp_path / "prof")))
+    out = {}
+    for mode in ("eager", "compile"):
+        d = tmp_path_factory.mktemp(mode)
+        env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(d / "prof"),
+                   NEURON_STACK_RUNTIME_DIR=str(d / "rt"))
+        r = subprocess.run([sys.executable, str(ROOT / "sample_workloads/eager_device.py"), "--small", "--mode", mode],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0 and "weights match CPU PyTorch" in r.stdout, r.stderr[-2000:]
+        out[mode] = traces.finalize(str(d / "prof"))
+    return out
+
+
+def test_eager_sample_profile_has_one_execution_per_op_with_source_lines(sample_profiles):
+    import traces
+    p = traces.open(sample_profiles["eager"])
     rows = p.sql("SELECT g.name, g.kind, s.line FROM executions e JOIN graphs g USING (graph_id) "
                  "LEFT JOIN sources s ON s.source_id = g.source_id").to_pylist()
     assert {r["kind"] for r in rows} == {"eager"}
@@ -121,7 +132,40 @@ def test_eager_sample_profile_has_one_execution_per_op_with_source_lines(tmp_pat
     assert transfers >= 6
 
 
-def test_ddp_on_neuron_tensors_two_ranks_under_torchrun(tmp_path):
+def _cli(*args) -> str:
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_diff_eager_vs_compiled_names_fusion_dispatch_and_transfers(sample_profiles):
+    import json
+    eager, compiled = sample_profiles["eager"], sample_profiles["compile"]
+    he, hc = (json.loads(_cli("summary", "--json", str(p)))["host"] for p in (eager, compiled))
+    why = json.loads(_cli("diff", "--json", str(eager), str(compiled)))["why"]
+    assert (why["a_name"], why["b_name"], why["a"], why["b"]) == ("eager", "compiled", he, hc)
+    # eager: one dispatched execution per op, each a one-op graph; compiled: the forward and backward fused
+    assert he["executions"] == he["eager_executions"] == he["dispatches"] and he["ops_per_execution"] == 1.0
+    assert hc["executions"] == hc["dispatches"] < he["executions"] and hc["graphs"] < he["graphs"]
+    assert hc["ops_per_execution"] > 2 and hc["eager_executions"] < hc["executions"]   # the optimizer stays eager
+    assert he["dispatch_ns"] > 0 and hc["dispatch_ns"] > 0
+    assert he["transfers"] == hc["transfers"] == 9 and he["transfer_bytes"] == hc["transfer_bytes"] > 0
+    runs, device, dispatch, transfers = why["lines"]
+    assert runs.startswith(f"eager ran {he['executions']} executions of {he['graphs']} one-op graphs; "
+                           f"compiled ran {hc['executions']} executions of {hc['graphs']} graphs, "
+                           f"{hc['ops_per_execution']:.1f} ops per execution (fusion: compiled runs ")
+    assert f"{he['executions'] - hc['executions']} fewer executions" in runs
+    assert device.startswith("device time ")
+    assert dispatch.startswith(f"host dispatch {he['dispatches']} × ") and f"→ {hc['dispatches']} × " in dispatch
+    assert transfers.startswith(f"transfers unchanged: {he['transfers']} (")
+    text = _cli("diff", str(eager), str(compiled))
+    text = " ".join(text.split())          # rich wraps at the terminal width
+    assert "Why (A = eager, B = compiled" in text and "fusion: compiled runs" in text
+
+
+def test_ddp_on_neuron_tensors_two_ranks_under_torchrun_with_the_neuron_backend(tmp_path):
+    # the sample calls init_process_group("neuron") and DistributedDataParallel(model) with no process_group
     env = {**os.environ, "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_RT_INSPECT_ENABLE": "1",
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(tmp_path / "prof"), "OMP_NUM_THREADS": "1"}
     for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):

@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from traces import q_host
 from traces.errors import OutOfMemory, TraceError
 from traces.vocab import ENGINE_LABELS
 
@@ -124,13 +125,15 @@ def summary_cmd(args: argparse.Namespace) -> int:
         warm = True if args.include_warmup else None
         rows = p.summary_per_core(warm).to_pylist() if args.per_core else [p.summary(warm)]
         figures = p.figures(warm)
+        host = q_host.host_figures(p)
         meta = p.metadata()
         path = p.path
         ranks = p.ranks().to_pylist()
     if len(ranks) < 2:
         ranks = []
     if args.json:
-        print(json.dumps({"summary": rows, "figures": figures.as_dict(), **({"ranks": ranks} if ranks else {})},
+        print(json.dumps({"summary": rows, "figures": figures.as_dict(), "host": host.as_dict(),
+                          **({"ranks": ranks} if ranks else {})},
                          indent=2, default=str))
         return 0
     from rich.console import Console
@@ -154,13 +157,13 @@ def summary_cmd(args: argparse.Namespace) -> int:
                 table.add_row(section if i == 0 else "", name, _human(name, row[name]),
                               end_section=i == len(shown) - 1)
         console.print(table)
-    _print_figures(console, figures)
+    _print_figures(console, figures, host)
     if ranks:
         _print_ranks(console, ranks)
     return 0
 
 
-def _print_figures(console, f) -> None:
+def _print_figures(console, f, h) -> None:
     """The headline figures (``Profile.figures()``), as the Explorer and neuron-top --replay show them."""
     from rich.table import Table
 
@@ -177,7 +180,11 @@ def _print_figures(console, f) -> None:
                         ("CPU fallbacks", f"{f.fallback_ops} ops · {f.fallback_calls} calls · "
                                           f"{_seconds(f.fallback_host_ns / 1e9)} host time"),
                         ("compiles", f"{f.compiles} ({f.recompiles} recompiles, {f.cache_hits} cache hits) · "
-                                     f"{_seconds(f.compile_ns / 1e9)}")):
+                                     f"{_seconds(f.compile_ns / 1e9)}"),
+                        ("host side (warm-ups included)",
+                         f"{h.executions} executions of {h.graphs} graphs · {h.ops_per_execution:.1f} ops each · "
+                         f"dispatch {_seconds(h.dispatch_ns / 1e9)} (host) · {h.transfers} transfers, "
+                         f"{h.transfer_bytes:,} B, {_seconds(h.transfer_ns / 1e9)} PCIe")):
         table.add_row(name, value)
     console.print(table)
 

@@ -38,6 +38,8 @@ def layout(profile=None, a=None, b=None, **_):
             ("instructions A → B", lambda r: f"{r['a_instructions']:,} → {r['b_instructions']:,}")]
     return html.Div([
         html.H2(f"Compare · A = {a} · B = {b}"), pickers,
+        html.Div([html.H3("Why"), html.Ul([html.Li(line) for line in c["why"]["lines"]], id="compare-why")],
+                 className="card"),
         html.Div(totals, className="card"),
         html.Div([
             html.Div([html.H3("By source line"), ui.table(

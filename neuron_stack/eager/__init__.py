@@ -57,7 +57,22 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
     _install_factories(torch)
     _route_compile(torch)
+    _register_distributed(torch)
     _done = True
+
+
+def _register_distributed(torch) -> None:
+    """``torch.distributed.init_process_group("neuron")``: the group of :mod:`.distributed`, imported
+    only when a job creates it."""
+    dist = torch.distributed
+    if not dist.is_available() or "neuron" in dist.Backend.backend_list:
+        return
+
+    def create(store, rank, size, timeout):
+        from neuron_stack.eager.distributed import create_backend
+        return create_backend(store, rank, size, timeout)
+
+    dist.Backend.register_backend("neuron", create, devices=["neuron", "cpu"])
 
 
 _lib = None

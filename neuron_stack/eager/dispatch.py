@@ -42,6 +42,7 @@ from neuron_stack.eager.memory import MEMORY, _state, core_of, session, where
 from neuron_stack.frontend.export import graph_to_program
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.runtime.model import LoadedModel
+from neuron_stack.runtime.recorder import record_dispatch
 
 aten = torch.ops.aten
 _HOST = object()          # cache marker: this signature runs on the host
@@ -223,10 +224,12 @@ def _execute(func, a: tuple, k: dict, index: int):
     ptrs = {x.untyped_storage().data_ptr() for x in tensors}
     # a device op writes a new buffer: never hand back storage an input owns
     outs = [o.clone() if o.untyped_storage().data_ptr() in ptrs else o for o in outs]
+    host_ns = (time.perf_counter_ns() - t0) - (r1 - r0)
     with _lock:
         _stats["executions"] += 1
         _stats["device_ns"] += model.static_device_ns
-        _stats["dispatch_ns"] += (time.perf_counter_ns() - t0) - (r1 - r0)
+        _stats["dispatch_ns"] += host_ns
+    record_dispatch(model, host_ns, "eager")
     return tree_unflatten(outs, model.out_spec)
 
 

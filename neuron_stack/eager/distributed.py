@@ -1,12 +1,15 @@
 """DDP on ``neuron`` tensors: a process group whose collectives take device tensors.
 
-``process_group()`` wraps the gloo group ``neuron_stack.runtime.distributed.init()`` joined (under
-``torchrun``). Each all-reduce moves the real data with gloo over the tensors' values and records what the
-same ring all-reduce costs on the simulated cores (NeuronLink within a node, EFA between nodes), starting
-when the slowest rank arrives, exactly as ``all_reduce_gradients`` does for compiled training.
+``import neuron_stack`` (or ``import torch``) registers it as the ``neuron`` torch.distributed backend, so
+under ``torchrun``::
 
-    world = neuron_stack.runtime.distributed.init()
-    ddp = DistributedDataParallel(model.to("neuron"), process_group=process_group())
+    torch.distributed.init_process_group("neuron")    # binds this rank to one NeuronCore, as runtime init()
+    ddp = DistributedDataParallel(model.to("neuron"))  # no process_group: the default group is this one
+
+(or, after ``neuron_stack.runtime.distributed.init()``, pass ``process_group=process_group()``). Each
+all-reduce moves the real data with gloo over the tensors' values and records what the same ring all-reduce
+costs on the simulated cores (NeuronLink within a node, EFA between nodes), starting when the slowest rank
+arrives, exactly as ``all_reduce_gradients`` does for compiled training.
 
 >>> NeuronProcessGroup.__mro__[1].__name__
 'ProcessGroup'
@@ -52,8 +55,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for t in tensors:
             arrival = clock.now_ns()
             clocks = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world.world_size)]
-            dist.all_gather(clocks, torch.tensor([arrival], dtype=torch.int64), group=self.cpu)
-            dist.all_reduce(_value(t), op=op, group=self.cpu)
+            self.cpu.allgather([clocks], [torch.tensor([arrival], dtype=torch.int64)]).wait()
+            reduce = dist.AllreduceOptions()
+            reduce.reduceOp = op
+            self.cpu.allreduce([_value(t)], reduce).wait()
             self._record(t, arrival, max(int(c) for c in clocks))
         return _finished(tensors)
 
@@ -65,18 +70,35 @@ class NeuronProcessGroup(dist.ProcessGroup):
         clock.advance(real_ns=clock.now_ns() - (start + p.dur_ns), simulated_ns=0)   # all ranks leave together
 
     def broadcast(self, tensors, opts):
-        for t in tensors:
-            dist.broadcast(_value(t), src=opts.rootRank, group=self.cpu)
+        self.cpu.broadcast([_value(t) for t in tensors], opts).wait()
         return _finished(tensors)
 
     def allgather(self, outputs, inputs, opts=None):
-        for outs, t in zip(outputs, inputs):
-            dist.all_gather([_value(o) for o in outs], _value(t), group=self.cpu)
+        self.cpu.allgather([[_value(o) for o in outs] for outs in outputs], [_value(t) for t in inputs],
+                           opts or dist.AllgatherOptions()).wait()
         return _finished(outputs)
 
     def barrier(self, opts=None):
-        dist.barrier(group=self.cpu)
+        self.cpu.barrier(opts or dist.BarrierOptions()).wait()
         return _finished(None)
+
+
+def create_backend(store, rank: int, size: int, timeout) -> NeuronProcessGroup:
+    """The ``neuron`` backend's creator (``torch.distributed.Backend.register_backend``): a gloo group over
+    ``store`` moves the values; this rank is bound to one NeuronCore (``runtime.distributed.join``) with
+    the target ``NEURON_CC_FLAGS`` names. Example: ``torch.distributed.init_process_group("neuron")``."""
+    from neuron_stack.frontend.flags import parse_flags
+    from neuron_stack.runtime.distributed import join
+
+    gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def gather(pair):
+        outs = [torch.zeros(2, dtype=torch.int64) for _ in range(size)]
+        gloo.allgather([outs], [torch.tensor(pair, dtype=torch.int64)]).wait()
+        return [tuple(int(v) for v in o) for o in outs]
+
+    w = join(rank, size, parse_flags()["target"], timeout.total_seconds(), gather)
+    return NeuronProcessGroup(w, gloo)
 
 
 def process_group() -> NeuronProcessGroup:

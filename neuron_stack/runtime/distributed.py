@@ -79,26 +79,38 @@ def init(target: str = "trn1", timeout_s: float | None = None) -> World:
     >>> world.rank, world.core   # doctest: +SKIP
     (0, 0)
     """
-    global _world
-
     rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    local_rank, node = _env_int("LOCAL_RANK", rank), _env_int("GROUP_RANK", 0)
     timeout_s = timeout_s or _env_timeout()
+
+    def gather(pair):
+        if not dist.is_initialized():
+            try:
+                dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+            except Exception as exc:   # bad MASTER_ADDR/port, or peers that never came
+                raise DistributedError(f"rank {rank} could not join the gloo group ({_short(exc)}): launch with "
+                                       f"torchrun --nproc-per-node N and check MASTER_ADDR/MASTER_PORT") from None
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, pair)
+        return gathered
+
+    return join(rank, world_size, target, timeout_s, gather)
+
+
+def join(rank: int, world_size: int, target: str, timeout_s: float, gather) -> World:
+    """Bind this rank to one NeuronCore and learn every rank's ``(node, core)`` through ``gather`` (called
+    with this rank's pair when ``world_size > 1``, it returns the list of all ranks' pairs). :func:`init`
+    gathers over gloo; the ``neuron`` torch.distributed backend over its own group.
+
+    >>> join(0, 1, "trn1", 60.0, gather=None).ranks     # doctest: +SKIP
+    [(0, 0)]
+    """
+    global _world
+    local_rank, node = _env_int("LOCAL_RANK", rank), _env_int("GROUP_RANK", 0)
     os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(local_rank))   # one core per rank
     os.environ.setdefault("NEURON_PROCESS_TAG", f"rank{rank}")
     session = Session.get(target)
     core = session.cores[0]
-    if world_size > 1 and not dist.is_initialized():
-        try:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-        except Exception as exc:   # bad MASTER_ADDR/port, or peers that never came
-            raise DistributedError(f"rank {rank} could not join the gloo group ({_short(exc)}): launch with "
-                                   f"torchrun --nproc-per-node N and check MASTER_ADDR/MASTER_PORT") from None
-    ranks = [(node, core)]
-    if world_size > 1:
-        gathered: list = [None] * world_size
-        dist.all_gather_object(gathered, (node, core))
-        ranks = [tuple(r) for r in gathered]
+    ranks = [tuple(r) for r in gather((node, core))] if world_size > 1 else [(node, core)]
     _world = World(rank, world_size, local_rank, node, core, ranks, target, timeout_s)
     return _world
 

@@ -174,6 +174,23 @@ class HostSampler:
             self.sample()
 
 
+def record_dispatch(model, host_ns: int, mode: str) -> None:
+    """A ``dispatch`` event: the host time (``dur_ns``, measured, never device time) the framework spent
+    around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``.
+    Nothing is recorded when profiling is off:
+
+    >>> from types import SimpleNamespace as NS
+    >>> record_dispatch(NS(session=NS(recorder=None)), 1200, "eager")
+    """
+    s = model.session
+    rec = s.recorder
+    if rec is None:
+        return
+    with s.record_lock:
+        if s.recorder is rec:
+            rec.event("dispatch", dur_ns=int(host_ns), core=model.core, graph_id=model.graph_id, mode=mode)
+
+
 def source_id(src) -> int | None:
     """The trace store's id of a source line (``stable_id(file, line)``)."""
     return stable_id(src.file, src.line) if src is not None else None
