@@ -19,8 +19,8 @@ from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engin
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
 SCHEMA_VERSION = "1.3.0"   # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
-# SemaphoreUpdate, TensorInfo, executions' spill/transpose columns, events.kind 'dispatch'; 1.2.0: serving_requests, serving_steps
-# (1.1.0 is nki_source_location)
+# SemaphoreUpdate, TensorInfo, executions' spill/transpose columns, events.kind 'dispatch';
+# 1.2.0: serving_requests, serving_steps (1.1.0 is nki_source_location)
 
 _i64, _i32, _str, _bool, _f64 = pa.int64(), pa.int32(), pa.string(), pa.bool_(), pa.float64()
 
