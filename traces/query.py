@@ -66,12 +66,16 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
 
     ``path`` is a ``profile.duckdb``; a directory holding one or holding segments (finalised
     first if the profile is missing or older than its segments, with a note on the log); or a
-    Parquet dataset written by ``neuron-explorer export --format parquet``. With
+    Parquet dataset written by ``neuron-explorer export --format parquet``; or the ``s3://`` URL of a
+    multi-host trace dataset (:mod:`traces.dataset`, queried in place). With
     ``external_access=False`` SQL cannot read or write other files (for a shared SQL console).
     Example: ``p = open_profile("output/session")``.
     """
     import duckdb
 
+    if str(path).startswith("s3://"):
+        from traces.dataset import open_dataset
+        return open_dataset(str(path), external_access=external_access)
     path = Path(path)
     if not path.exists():
         raise TraceError(f"profile {path} does not exist: pass a profile.duckdb or the directory "

@@ -11,7 +11,8 @@ import hashlib
 import json
 import logging
 import os
-import socket
+import shutil
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +25,9 @@ from neuron_stack.device.cost import pcie_ns
 from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
-from traces.ids import new_id, stable_id
+from traces.dataset import SegmentUploader, publish_rank
+from traces.ids import host_name, instance_id, new_id, stable_id
+from traces.objstore import is_url
 from traces.schema import SCHEMA_VERSION
 from traces.vocab import FALLBACK_PLACEMENT
 
@@ -56,9 +59,15 @@ class Recorder:
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
         now = clock.wall_ns()
-        self.writer = traces.Writer(out_dir, run={
+        self.publish_to = None
+        on_segment = None
+        if is_url(out_dir):   # object storage: stage locally, upload each segment as it is published
+            self.publish_to = (out_dir, instance_id(), env_int("RANK", 0))
+            on_segment = SegmentUploader(*self.publish_to)
+            out_dir = tempfile.mkdtemp(prefix="neuron-inspect-")
+        self.writer = traces.Writer(out_dir, on_segment=on_segment, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
-            "command": session.live.command, "host": socket.gethostname(), "target": session.target,
+            "command": session.live.command, "host": host_name(), "target": session.target,
             "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
 
@@ -102,6 +111,9 @@ class Recorder:
     def close(self) -> None:
         try:
             self.writer.close(status="ok")
+            if self.publish_to is not None:   # this rank's partition of the job's dataset
+                publish_rank(self.writer.out_dir, *self.publish_to)
+                shutil.rmtree(self.writer.out_dir, ignore_errors=True)
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             logging.getLogger("traces").warning("%s", exc)
 
