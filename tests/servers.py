@@ -143,3 +143,12 @@ def subprocess_env(extra: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "NEURON_RT_", "NEURON_COMPILE"))}
     env.update(extra)
     return env
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin():
+    """Debian's prometheus and promtool (``apt-get install prometheus``; .ci/run installs them)."""
+    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
+    if prom is None or tool is None:
+        pytest.skip("Debian's prometheus package is not installed (apt-get install prometheus; .ci/run does)")
+    return prom, tool

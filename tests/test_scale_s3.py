@@ -4,12 +4,12 @@ ranks of a multi-host job into one hive-partitioned dataset that ``neuron-explor
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
-
-from servers import s3_env, s3_server, subprocess_env  # noqa: F401 - fixtures
+from servers import free_ports, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -86,3 +86,86 @@ def test_bad_credentials_are_one_line_without_the_secret(s3_env, tmp_path):
     assert "SignatureDoesNotMatch" in r.stderr or "InvalidAccessKeyId" in r.stderr or "AccessDenied" in r.stderr, \
         r.stderr
     assert "wrong-secret-value-xyz" not in r.stderr + r.stdout
+
+
+TORCHRUN = str(BIN / "torchrun")
+EXPLORER = str(BIN / "neuron-explorer")
+HOSTS = ("trn1-node-a", "trn1-node-b", "trn1-node-c")
+
+
+@pytest.fixture(scope="module")
+def three_host_job(s3_server, tmp_path_factory):
+    """``torchrun --nnodes 3`` as three hosts would run it: one torchrun per simulated host (its own host
+    name, instance id, runtime dir and temp dir), profiles to one S3 URL, the compile cache on S3 too."""
+    tmp = tmp_path_factory.mktemp("job")
+    url = s3_server.url("jobs/ddp")
+    port = free_ports(1)[0]
+    procs = []
+    for node, host in enumerate(HOSTS):
+        local = tmp / host
+        local.mkdir()
+        env = subprocess_env({**s3_server.env, "NEURON_STACK_HOSTNAME": host, "TMPDIR": str(local),
+                              "NEURON_STACK_RUNTIME_DIR": str(local / "rt"), "OMP_NUM_THREADS": "1",
+                              "NEURON_COMPILE_CACHE_URL": s3_server.url("jobs/cache"),
+                              "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": url})
+        for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen(
+            [TORCHRUN, "--nnodes", "3", "--node-rank", str(node), "--nproc-per-node", "1",
+             "--master-addr", "127.0.0.1", "--master-port", str(port),
+             str(ROOT / "sample_workloads" / "ddp_train.py"), "--small"],
+            env=env, cwd=local, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    return url, tmp
+
+
+def test_three_host_job_finalises_into_one_partitioned_dataset(three_host_job, s3_server, s3_env):
+    url, _ = three_host_job
+    keys = s3_server.keys("jobs/ddp/")
+    parts = {tuple(k.split("/")[3:5]) for k in keys if k.startswith("jobs/ddp/executions/")}
+    import traces.ids
+    assert parts == {(f"instance={traces.ids.instance_id(h)}", f"rank={r}") for r, h in enumerate(HOSTS)}
+    assert all(k.endswith("/part-0.parquet") for k in keys if not k.startswith("jobs/ddp/segments/"))
+    assert any(k.startswith("jobs/ddp/segments/instance=") and k.endswith(".arrow") for k in keys)
+
+    import traces
+    with traces.open(url) as p:
+        runs = p.sql("SELECT rank, node, host, instance, status FROM runs ORDER BY rank").to_pylist()
+        assert [(r["rank"], r["node"], r["host"], r["status"]) for r in runs] == \
+            [(0, 0, HOSTS[0], "ok"), (1, 1, HOSTS[1], "ok"), (2, 2, HOSTS[2], "ok")]
+        dataset_summary = p.summary()
+        ranks = p.ranks().to_pylist()
+    assert [(r["node"], r["rank"]) for r in ranks] == [(0, 0), (1, 1), (2, 2)]
+    assert dataset_summary["run_count"] == 3 and dataset_summary["execution_count"] > 0
+
+    # the same rows finalised the one-machine way (all segments in one directory) give the same Summary
+    with tempfile.TemporaryDirectory() as d:
+        for k in keys:
+            if k.startswith("jobs/ddp/segments/"):
+                s3_server.client().download_file(s3_server.bucket, k, str(Path(d) / k.rsplit("/", 1)[1]))
+        with traces.open(traces.finalize(d)) as local:
+            assert local.summary() == pytest.approx(dataset_summary, rel=1e-9)
+
+
+def test_explorer_summary_and_sql_query_the_dataset_url(three_host_job, s3_server):
+    url, _ = three_host_job
+    env = subprocess_env(s3_server.env)
+    out = subprocess.run([EXPLORER, "summary", url, "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["summary"][0]["run_count"] == 3 and len(doc["ranks"]) == 3
+    q = "SELECT instance, rank, count(*) AS n FROM instructions WHERE rank = ? GROUP BY ALL"
+    out = subprocess.run([EXPLORER, "sql", url, q, "-p", "1", "--format", "json"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [row] = json.loads(out.stdout)
+    assert row["rank"] == 1 and row["n"] > 0 and row["instance"].startswith("i-")
+    # read-only as for a local profile: the query cannot write files
+    out = subprocess.run([EXPLORER, "sql", url, "COPY runs TO '/tmp/x.csv'"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "read-only" in out.stderr
+    # bad URLs are one line
+    out = subprocess.run([EXPLORER, "summary", s3_server.url("jobs/none")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "holds no trace dataset" in out.stderr and len(out.stderr.splitlines()) == 1

@@ -108,6 +108,14 @@ def publish_segments(url: str) -> list[str]:
     return published
 
 
+def metadata_sql(parts: str) -> str:
+    """SQL (DuckDB and Spark alike) merging the ranks' ``metadata`` rows in table ``parts``: one value per
+    key, counts summed and the trace's extent widened. Example: ``metadata_sql("metadata_parts")``."""
+    combine = " ".join(f"WHEN '{k}' THEN CAST({f}(try_cast(value AS BIGINT)) AS STRING)"
+                       for k, f in _METADATA_COMBINE.items())
+    return f"SELECT key, CASE key {combine} ELSE max(value) END AS value FROM {parts} GROUP BY key"
+
+
 def open_dataset(url: str, *, external_access: bool = True):
     """Open the dataset at ``url`` as a read-only :class:`traces.query.Profile`, queried in place.
 
@@ -126,7 +134,7 @@ def open_dataset(url: str, *, external_access: bool = True):
     present = {k.split("/", 1)[0] for k in bucket.list("")}
     if not present & set(DATASET_TABLES.values()):
         hint = (": its ranks have not finished; publish their uploaded segments with "
-                "`neuron-explorer publish URL`" if SEGMENTS_DIR in present else "")
+                "`python -m traces.dataset publish-segments URL`" if SEGMENTS_DIR in present else "")
         raise TraceError(f"{url} holds no trace dataset{hint} (write one with "
                          "NEURON_RT_INSPECT_OUTPUT_DIR=s3://... and NEURON_RT_INSPECT_ENABLE=1)")
     parts = ds.partitioning(pa.schema(list(PARTITIONS)), flavor="hive")
@@ -143,11 +151,10 @@ def open_dataset(url: str, *, external_access: bool = True):
                 data = ds.dataset(base, filesystem=fs, format="parquet", partitioning=parts, schema=schema)
             else:
                 data = TABLES[name].empty_table() if name in TABLES else pa.table({"exec_id": pa.array([], pa.int64())})
-            con.register(f"{name}_parts" if name == "metadata" else name, data)
-        combine = " ".join(f"WHEN '{k}' THEN CAST({f}(try_cast(value AS BIGINT)) AS VARCHAR)"
-                           for k, f in _METADATA_COMBINE.items())
-        con.execute(f"CREATE VIEW metadata AS SELECT key, CASE key {combine} ELSE max(value) END AS value "
-                    "FROM metadata_parts GROUP BY key")
+            con.register(f"_ds_{name}", data)
+            if name != "metadata":
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM _ds_{name}")
+        con.execute(f"CREATE VIEW metadata AS {metadata_sql('_ds_metadata')}")
         warm = dict(con.execute("SELECT key, value FROM metadata").fetchall()).get("summary_includes_warmup") == "true"
         con.execute(f"CREATE VIEW summary AS {summary_sql(warm)}")
         con.execute(f"CREATE VIEW summary_per_core AS {summary_sql(warm, per_core=True)}")
@@ -157,7 +164,66 @@ def open_dataset(url: str, *, external_access: bool = True):
     except (duckdb.Error, OSError, pa.ArrowException) as exc:
         con.close()
         raise TraceError(f"{url} is not a readable trace dataset: {one_line(exc)}") from None
-    profile = Profile(con, Path(url))
+    profile = Profile(_OneConnection(con), Path(url))
     profile.path = url
     profile._check_version()
     return profile
+
+
+def main(argv=None) -> int:
+    """``python -m traces.dataset publish-rank DIR URL INSTANCE RANK`` (what a rank runs at its end: a
+    child process, since an exiting interpreter starts no threads) or ``publish-segments URL``."""
+    import argparse
+    import sys
+
+    from traces.errors import run_guarded
+
+    ap = argparse.ArgumentParser(prog="python -m traces.dataset", description=main.__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("publish-rank", help="finalise DIR's segments into RANK's partition of URL")
+    r.add_argument("dir")
+    r.add_argument("url")
+    r.add_argument("instance")
+    r.add_argument("rank", type=int)
+    s = sub.add_parser("publish-segments", help="publish every rank that uploaded segments but no tables")
+    s.add_argument("url")
+    args = ap.parse_args(argv)
+
+    def run() -> int:
+        if args.cmd == "publish-rank":
+            publish_rank(args.dir, args.url, args.instance, args.rank)
+        else:
+            for part in publish_segments(args.url):
+                print(f"published {args.url}/*/{part}", file=sys.stderr)
+        return 0
+    return run_guarded("traces.dataset", run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+class _OneConnection:
+    """The dataset's connection for :class:`~traces.query.Profile`: a registered Arrow dataset is visible
+    to its own connection only, not to cursors, so every "cursor" borrows this connection (one thread
+    at a time: the CLI verbs; the web Explorer wants a local ``profile.duckdb``)."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def cursor(self) -> "_Borrowed":
+        return _Borrowed(self._con)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+class _Borrowed:
+    def __init__(self, con):
+        self._con = con
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+    def close(self) -> None:   # the lender closes the connection
+        pass

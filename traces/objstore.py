@@ -128,8 +128,10 @@ class Bucket:
         return True
 
     def put_file(self, rel: str, path: Path) -> None:
-        """Upload one local file (multipart for large ones; published whole when complete)."""
-        self._call(rel, _client()[1].upload_file, str(path), self.bucket, self.key(rel))
+        """Upload one local file in one PUT (whole or not at all; up to S3's 5 GiB per PUT). No
+        transfer threads: this runs at interpreter exit too, when no new thread may start."""
+        with open(path, "rb") as body:
+            self._call(rel, _client()[1].put_object, Bucket=self.bucket, Key=self.key(rel), Body=body)
 
     def get_bytes(self, rel: str, max_bytes: int = MAX_SMALL_OBJECT) -> bytes | None:
         """The object's bytes, or None if it does not exist; TraceError if larger than ``max_bytes``."""
@@ -150,8 +152,11 @@ class Bucket:
         return obj["Body"].read(max_bytes + 1)[:max_bytes + 1]
 
     def get_file(self, rel: str, path: Path) -> None:
-        """Download one object to ``path``."""
-        self._call(rel, _client()[1].download_file, self.bucket, self.key(rel), str(path))
+        """Download one object to ``path`` (streamed, no transfer threads)."""
+        obj = self._call(rel, _client()[1].get_object, Bucket=self.bucket, Key=self.key(rel))
+        with open(path, "wb") as out:
+            for chunk in self._call(rel, obj["Body"].iter_chunks, 1 << 20):
+                out.write(chunk)
 
     def list(self, rel: str = "") -> list[str]:
         """Keys (relative to the prefix) under ``rel``, sorted."""

@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -25,11 +27,14 @@ from neuron_stack.device.cost import pcie_ns
 from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
-from traces.dataset import SegmentUploader, publish_rank
+from traces.dataset import SegmentUploader
 from traces.ids import host_name, instance_id, new_id, stable_id
 from traces.objstore import is_url
 from traces.schema import SCHEMA_VERSION
 from traces.vocab import FALLBACK_PLACEMENT
+
+#: Bound on a rank's end-of-job publish (finalise its segments, upload its Parquet tables).
+PUBLISH_TIMEOUT_S = 900
 
 
 class Recorder:
@@ -111,11 +116,29 @@ class Recorder:
     def close(self) -> None:
         try:
             self.writer.close(status="ok")
-            if self.publish_to is not None:   # this rank's partition of the job's dataset
-                publish_rank(self.writer.out_dir, *self.publish_to)
-                shutil.rmtree(self.writer.out_dir, ignore_errors=True)
+            if self.publish_to is not None:
+                self._publish()
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             logging.getLogger("traces").warning("%s", exc)
+
+
+    def _publish(self) -> None:
+        """This rank's partition of the job's dataset, built by a child process: this one may be exiting,
+        when no thread starts. Its segments are on the object store already, whatever happens here."""
+        url, instance, rank = self.publish_to
+        cmd = [sys.executable, "-m", "traces.dataset", "publish-rank", str(self.writer.out_dir), url, instance,
+               str(rank)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PUBLISH_TIMEOUT_S)
+            ok, why = done.returncode == 0, (done.stderr.strip().splitlines() or ["?"])[-1]
+        except subprocess.TimeoutExpired:
+            ok, why = False, f"took more than {PUBLISH_TIMEOUT_S} s"
+        if ok:
+            shutil.rmtree(self.writer.out_dir, ignore_errors=True)
+        else:
+            logging.getLogger("traces").warning(
+                "could not publish rank %s's tables to %s (%s); its segments are there: publish them with "
+                "`python -m traces.dataset publish-segments %s`", rank, url, why, url)
 
 
 def source_id(src) -> int | None:
