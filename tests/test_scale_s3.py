@@ -169,3 +169,44 @@ def test_explorer_summary_and_sql_query_the_dataset_url(three_host_job, s3_serve
     out = subprocess.run([EXPLORER, "summary", s3_server.url("jobs/none")], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0 and "holds no trace dataset" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_spark_reads_the_dataset_and_its_summary_equals_duckdb(three_host_job, s3_server, s3_env, tmp_path):
+    import shutil
+
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime for Spark: apt-get install openjdk-17-jre-headless (.ci/run does)")
+    from pyspark.sql import SparkSession
+
+    import traces
+    from traces.spark_summary import summary
+
+    url, _ = three_host_job
+    # Spark reads S3 through hadoop-aws (s3a://), a jar this offline machine cannot fetch: it reads a
+    # copy of the dataset's files, laid out as on the bucket
+    for key in s3_server.keys("jobs/ddp/"):
+        if not key.startswith("jobs/ddp/segments/"):
+            dest = tmp_path / key.removeprefix("jobs/ddp/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            s3_server.client().download_file(s3_server.bucket, key, str(dest))
+    with traces.open(url) as p:
+        duck, duck_cores = p.summary(), p.summary_per_core().to_pylist()
+    spark = (SparkSession.builder.master("local[1]").appName("neuron-summary-test")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "1g").getOrCreate())
+    try:
+        [row] = summary(spark, str(tmp_path))
+        cores = summary(spark, str(tmp_path), per_core=True)
+    finally:
+        spark.stop()
+    assert set(row) == set(duck)
+    number = (int, float)
+    for name, value in duck.items():
+        if isinstance(value, number) and not isinstance(value, bool):
+            assert float(row[name]) == pytest.approx(value, rel=1e-12, abs=1e-12), name
+        else:
+            assert row[name] == value, name
+    key = lambda r: (r["run_id"], r["core"])  # noqa: E731
+    assert [key(r) for r in sorted(cores, key=key)] == [key(r) for r in sorted(duck_cores, key=key)]
+    for mine, theirs in zip(sorted(cores, key=key), sorted(duck_cores, key=key)):
+        assert float(mine["total_time"]) == pytest.approx(theirs["total_time"], rel=1e-12)
