@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from servers import free_ports, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
