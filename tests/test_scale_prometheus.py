@@ -3,6 +3,7 @@ scraped by Debian's prometheus with our recording and alert rules; PromQL answer
 recompile storms and CPU fallbacks. The rules pass promtool, and every dashboard and rule expression
 uses only metrics the exporter serves."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def fleet(prometheus_bin, tmp_path_factory):
     try:
         for host, port in zip(HOSTS, ports):
             live = tmp / host
-            env = {**__import__("os").environ, "NEURON_STACK_HOSTNAME": host, "NEURON_STACK_LIVE_DIR": str(live)}
+            env = {**os.environ, "NEURON_STACK_HOSTNAME": host, "NEURON_STACK_LIVE_DIR": str(live)}
             pubs.append(LivePublisher(tag=f"train-{host}", target="trn1", instance_type="trn1.32xlarge",
                                       directory=live))
             pubs[-1].cores = [0, 1]
@@ -133,7 +134,8 @@ def fleet(prometheus_bin, tmp_path_factory):
         log = tmp / "prometheus.log"
         with open(log, "wb") as out:
             prom = subprocess.Popen([prometheus_bin[0], f"--config.file={tmp / 'prometheus.yml'}",
-                                     f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{ports[-1]}"],
+                                     f"--storage.tsdb.path={tmp / 'tsdb'}",
+                                     f"--web.listen-address=127.0.0.1:{ports[-1]}"],
                                     stdout=out, stderr=subprocess.STDOUT)
         procs.append(prom)
         wait_http(f"{base}/-/ready", 60, prom, log, ok=lambda status: status == 200)
