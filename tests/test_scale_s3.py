@@ -210,3 +210,26 @@ def test_spark_reads_the_dataset_and_its_summary_equals_duckdb(three_host_job, s
     assert [key(r) for r in sorted(cores, key=key)] == [key(r) for r in sorted(duck_cores, key=key)]
     for mine, theirs in zip(sorted(cores, key=key), sorted(duck_cores, key=key)):
         assert float(mine["total_time"]) == pytest.approx(theirs["total_time"], rel=1e-12)
+
+
+def test_a_rank_that_died_before_publishing_is_published_from_its_segments(s3_env, tmp_path):
+    """Segments reach the bucket as they are published; a rank killed before its end has no tables,
+    and `python -m traces.dataset publish-segments URL` builds them from what it uploaded."""
+    import traces
+    import traces.synthetic
+    from traces.dataset import SegmentUploader
+
+    url = s3_env.url("jobs/crashed")
+    w = traces.Writer(tmp_path / "rank0", run={"run_id": "r0", "rank": 0},
+                      metadata=traces.synthetic.TRN1_METADATA, on_segment=SegmentUploader(url, "i-0dead", 0))
+    traces.synthetic.write_run(tmp_path / "rank0", executions=3, instructions=300, writer=w, close=False)
+    w.flush()   # the process dies here: no close, no publish
+    env = subprocess_env(s3_env.env)
+    r = subprocess.run([EXPLORER, "summary", url], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "publish-segments" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "traces.dataset", "publish-segments", url], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "instance=i-0dead/rank=0" in r.stderr, r.stderr
+    with traces.open(url) as p:
+        assert p.summary()["execution_count"] == 2   # three executions, the first a warm-up
+        assert p.runs().column("status").to_pylist() == ["incomplete"]
