@@ -8,7 +8,7 @@ local staging directory as usual, and lays out under the URL::
 
 A crash loses what the local bound loses (the last flush interval): the uploaded segments stay, and
 :func:`publish_segments` turns them into the rank's Parquet files later. No rank waits for another:
-the dataset is the union of the partitions. :func:`open_dataset` queries it in place (DuckDB scanning
+the dataset is the union of the partitions. ``traces.open(URL)`` queries it in place (:func:`connect`) (DuckDB scanning
 Arrow datasets over ``pyarrow``'s S3 filesystem, no DuckDB extension), with the Summary computed by
 the same SQL as a local profile's. Any engine that reads hive-partitioned Parquet reads it too
 (``traces/spark_summary.py`` for Spark; docs/scale.md).
@@ -111,13 +111,16 @@ def publish_segments(url: str) -> list[str]:
 def metadata_sql(parts: str) -> str:
     """SQL (DuckDB and Spark alike) merging the ranks' ``metadata`` rows in table ``parts``: one value per
     key, counts summed and the trace's extent widened. Example: ``metadata_sql("metadata_parts")``."""
-    combine = " ".join(f"WHEN '{k}' THEN CAST({f}(try_cast(value AS BIGINT)) AS STRING)"
+    # each aggregate over its own key only: CASE evaluates every branch, and a sum of all ranks'
+    # trace_start_ns overflows BIGINT on Spark (DuckDB sums into HUGEINT)
+    combine = " ".join(f"WHEN '{k}' THEN CAST({f}(try_cast(value AS BIGINT)) FILTER (WHERE key = '{k}') AS STRING)"
                        for k, f in _METADATA_COMBINE.items())
     return f"SELECT key, CASE key {combine} ELSE max(value) END AS value FROM {parts} GROUP BY key"
 
 
-def open_dataset(url: str, *, external_access: bool = True):
-    """Open the dataset at ``url`` as a read-only :class:`traces.query.Profile`, queried in place.
+def connect(url: str, *, external_access: bool = True) -> "_OneConnection":
+    """A DuckDB connection over the dataset at ``url``, queried in place; ``traces.open(url)`` wraps it
+    in a read-only :class:`traces.query.Profile`.
 
     Each table is a view over an Arrow dataset (``instance`` and ``rank`` columns from the
     partitions); ``summary`` and ``summary_per_core`` are views of the same Summary SQL a local
@@ -126,7 +129,6 @@ def open_dataset(url: str, *, external_access: bool = True):
     import duckdb
     import pyarrow.dataset as ds
 
-    from traces.query import Profile, one_line
     from traces.store import summary_sql
 
     bucket = Bucket(url)
@@ -163,11 +165,9 @@ def open_dataset(url: str, *, external_access: bool = True):
             con.execute("SET lock_configuration = true")
     except (duckdb.Error, OSError, pa.ArrowException) as exc:
         con.close()
-        raise TraceError(f"{url} is not a readable trace dataset: {one_line(exc)}") from None
-    profile = Profile(_OneConnection(con), Path(url))
-    profile.path = url
-    profile._check_version()
-    return profile
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(f"{url} is not a readable trace dataset: {first}") from None
+    return _OneConnection(con)
 
 
 def main(argv=None) -> int:

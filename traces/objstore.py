@@ -35,8 +35,8 @@ def is_url(location) -> bool:
 def split_url(url: str) -> tuple[str, str]:
     """``(bucket, prefix)`` of an ``s3://bucket/prefix`` URL (no trailing slash); TraceError if malformed.
 
-    >>> split_url("s3://b")
-    ('b', '')
+    >>> split_url("s3://bkt")
+    ('bkt', '')
     """
     m = _URL.match(str(url))
     if m is None:

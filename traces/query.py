@@ -74,8 +74,7 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True) -> "P
     import duckdb
 
     if str(path).startswith("s3://"):
-        from traces.dataset import open_dataset
-        return open_dataset(str(path), external_access=external_access)
+        return _open_dataset_url(str(path), external_access)
     path = Path(path)
     if not path.exists():
         raise TraceError(f"profile {path} does not exist: pass a profile.duckdb or the directory "
@@ -151,6 +150,19 @@ def _open_parquet_dataset(path: Path, external_access: bool) -> "Profile":
         raise TraceError(f"{path} is not a readable Parquet export of a profile: {one_line(exc)}") from None
     profile = Profile(con, path)
     profile._check_version()
+    return profile
+
+
+def _open_dataset_url(url: str, external_access: bool) -> "Profile":
+    from traces.dataset import connect
+
+    profile = Profile(connect(url, external_access=external_access), Path(url))
+    profile.path = url   # a URL, which Path would fold to s3:/...
+    try:
+        profile._check_version()
+    except BaseException:
+        profile.close()
+        raise
     return profile
 
 
