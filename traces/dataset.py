@@ -133,7 +133,7 @@ def connect(url: str, *, external_access: bool = True) -> "_OneConnection":
 
     bucket = Bucket(url)
     fs = arrow_filesystem()
-    present = {k.split("/", 1)[0] for k in bucket.list("")}
+    present = bucket.dirs()
     if not present & set(DATASET_TABLES.values()):
         hint = (": its ranks have not finished; publish their uploaded segments with "
                 "`python -m traces.dataset publish-segments URL`" if SEGMENTS_DIR in present else "")

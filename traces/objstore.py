@@ -167,6 +167,15 @@ class Bucket:
         return sorted(k[cut:] for k in keys)
 
 
+    def dirs(self) -> set[str]:
+        """The first-level "directories" under the prefix (one delimiter listing, not every key)."""
+        start = self.prefix + "/" if self.prefix else ""
+        pages = _client()[1].get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start,
+                                                                        Delimiter="/")
+        found = self._call("", lambda: [c["Prefix"] for page in pages for c in page.get("CommonPrefixes", [])])
+        return {c[len(start):].rstrip("/") for c in found}
+
+
 def arrow_filesystem():
     """A ``pyarrow.fs.S3FileSystem`` with the same configuration (credentials resolved by boto3, so
     profiles and roles work too). Example: ``pyarrow.dataset.dataset("b/p/runs", filesystem=arrow_filesystem())``."""
