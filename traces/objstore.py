@@ -149,7 +149,7 @@ class Bucket:
             obj["Body"].close()
             raise TraceError(f"{self.url_of(rel)} is {obj['ContentLength']} bytes, more than the {max_bytes} "
                              "expected: it is not what neuron_stack wrote there")
-        return obj["Body"].read(max_bytes + 1)[:max_bytes + 1]
+        return obj["Body"].read(max_bytes)
 
     def get_file(self, rel: str, path: Path) -> None:
         """Download one object to ``path`` (streamed, no transfer threads)."""
