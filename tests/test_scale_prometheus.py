@@ -81,7 +81,7 @@ def by_host(results: list[dict]) -> dict[str, float]:
     return {names[r["metric"]["instance_id"]]: float(r["value"][1]) for r in results}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fleet(prometheus_bin, tmp_path_factory):
     """Three hosts' monitor pipelines and one Prometheus scraping them every second, with the fleet rules."""
     from traces.live import LivePublisher
@@ -158,7 +158,13 @@ def eventually(base: str, promql: str, done, timeout_s: float = 90) -> list[dict
         time.sleep(0.5)
 
 
-def test_prometheus_answers_fleet_utilisation(fleet):
+def test_prometheus_answers_the_fleet_queries(fleet):
+    """One test over the fleet (pytest -n 2 would start a module fixture once per worker)."""
+    check_fleet_utilisation(fleet)
+    check_recompile_storm_and_fallbacks(fleet)
+
+
+def check_fleet_utilisation(fleet):
     assert len(eventually(fleet, "count by (instance_id) (instance_info)", lambda r: len(r) == 3)) == 3
     util = by_host(eventually(fleet, "neuron:neuroncore_utilization:avg_by_instance",
                               lambda r: len(r) == 3 and all(float(x["value"][1]) > 0 for x in r)))
@@ -170,7 +176,7 @@ def test_prometheus_answers_fleet_utilisation(fleet):
     assert float(busy["value"][1]) == 6   # two cores on each of three hosts
 
 
-def test_prometheus_finds_the_recompile_storm_and_the_fallbacks(fleet):
+def check_recompile_storm_and_fallbacks(fleet):
     storm = eventually(fleet, 'ALERTS{alertname="NeuronRecompileStorm", alertstate="firing"}', lambda r: len(r) >= 1)
     assert by_host(storm).keys() == {"trn1-b"}
     rates = by_host(eventually(fleet, "neuron:recompiles:rate5m", lambda r: len(r) == 3))

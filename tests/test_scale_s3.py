@@ -106,7 +106,7 @@ EXPLORER = str(BIN / "neuron-explorer")
 HOSTS = ("trn1-node-a", "trn1-node-b", "trn1-node-c")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def three_host_job(s3_server, tmp_path_factory):
     """``torchrun --nnodes 3`` as three hosts would run it: one torchrun per simulated host (its own host
     name, instance id, runtime dir and temp dir), profiles to one S3 URL, the compile cache on S3 too."""
@@ -133,7 +133,7 @@ def three_host_job(s3_server, tmp_path_factory):
     return url, tmp
 
 
-def test_three_host_job_finalises_into_one_partitioned_dataset(three_host_job, s3_server, s3_env):
+def check_one_partitioned_dataset(three_host_job, s3_server):
     url, _ = three_host_job
     keys = s3_server.keys("jobs/ddp/")
     parts = {tuple(k.split("/")[3:5]) for k in keys if k.startswith("jobs/ddp/executions/")}
@@ -161,7 +161,7 @@ def test_three_host_job_finalises_into_one_partitioned_dataset(three_host_job, s
             assert local.summary() == pytest.approx(dataset_summary, rel=1e-9)
 
 
-def test_explorer_summary_and_sql_query_the_dataset_url(three_host_job, s3_server):
+def check_explorer_queries_the_url(three_host_job, s3_server):
     url, _ = three_host_job
     env = subprocess_env(s3_server.env)
     out = subprocess.run([EXPLORER, "summary", url, "--json"], env=env, capture_output=True, text=True, timeout=120)
@@ -184,7 +184,7 @@ def test_explorer_summary_and_sql_query_the_dataset_url(three_host_job, s3_serve
     assert out.returncode != 0 and "holds no trace dataset" in out.stderr and len(out.stderr.splitlines()) == 1
 
 
-def test_spark_reads_the_dataset_and_its_summary_equals_duckdb(three_host_job, s3_server, s3_env, tmp_path):
+def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
     import shutil
 
     if shutil.which("java") is None:
@@ -223,6 +223,14 @@ def test_spark_reads_the_dataset_and_its_summary_equals_duckdb(three_host_job, s
     assert [key(r) for r in sorted(cores, key=key)] == [key(r) for r in sorted(duck_cores, key=key)]
     for mine, theirs in zip(sorted(cores, key=key), sorted(duck_cores, key=key)):
         assert float(mine["total_time"]) == pytest.approx(theirs["total_time"], rel=1e-12)
+
+
+def test_a_three_host_job_on_s3_is_one_dataset_for_duckdb_and_spark(three_host_job, s3_server, s3_env, tmp_path):
+    """One test over the job (pytest -n 2 would run a module fixture once per worker): the partitioned
+    dataset, the CLI on its URL, then Spark."""
+    check_one_partitioned_dataset(three_host_job, s3_server)
+    check_explorer_queries_the_url(three_host_job, s3_server)
+    check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path)
 
 
 def test_a_rank_that_died_before_publishing_is_published_from_its_segments(s3_env, tmp_path):
