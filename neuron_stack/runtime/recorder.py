@@ -121,7 +121,6 @@ class Recorder:
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             logging.getLogger("traces").warning("%s", exc)
 
-
     def _publish(self) -> None:
         """This rank's partition of the job's dataset, built by a child process: this one may be exiting,
         when no thread starts. Its segments are on the object store already, whatever happens here."""
