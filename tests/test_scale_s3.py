@@ -92,6 +92,18 @@ def test_a_damaged_s3_entry_is_a_miss_never_a_bad_neff(s3_env, monkeypatch, capf
     assert "does not match its model.done" in capfd.readouterr().err
 
 
+def test_neuron_parallel_compile_warms_an_s3_cache(s3_env, tmp_path):
+    url = s3_env.url("cache/warmed")
+    env = subprocess_env({**s3_env.env, "NEURON_COMPILE_CACHE_URL": url,
+                          "NEURON_PARALLEL_COMPILE_WORKDIR": str(tmp_path / "graphs")})
+    r = subprocess.run([str(BIN / "neuron_parallel_compile"), "--num-parallel", "2", sys.executable, "train_mlp.py",
+                        "--small"], cwd=ROOT / "sample_workloads", env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"Compile cache path: {url}" in r.stdout
+    done = [k for k in s3_env.keys("cache/warmed/") if k.endswith("/model.done")]
+    assert len(done) == 2   # forward + backward, on the bucket
+
+
 def test_bad_credentials_are_one_line_without_the_secret(s3_env, tmp_path):
     r = run_host(s3_env, "a", tmp_path, CACHE_SCRIPT, NEURON_COMPILE_CACHE_URL=s3_env.url("cache/denied"),
                  AWS_SECRET_ACCESS_KEY="wrong-secret-value-xyz")
