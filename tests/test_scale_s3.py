@@ -266,3 +266,10 @@ def test_a_rank_that_died_before_publishing_is_published_from_its_segments(s3_en
     with traces.open(url) as p:
         assert p.summary()["execution_count"] == 2   # three executions, the first a warm-up
         assert p.runs().column("status").to_pylist() == ["incomplete"]
+        in_place = p.summary()
+    # the same job as one local profile.duckdb (what the web Explorer opens)
+    r = subprocess.run([sys.executable, "-m", "traces.dataset", "fetch", url, str(tmp_path / "local")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("profile.duckdb"), r.stderr
+    with traces.open(r.stdout.strip()) as local:
+        assert local.summary() == pytest.approx(in_place, rel=1e-9)

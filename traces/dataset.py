@@ -108,6 +108,19 @@ def publish_segments(url: str) -> list[str]:
     return published
 
 
+def fetch(url: str, out_dir: str | os.PathLike) -> Path:
+    """Copy every rank's segments from ``url`` into ``out_dir`` and finalise them into one local
+    ``profile.duckdb`` (for the web Explorer, or offline), when the job fits one machine. Example:
+    ``fetch("s3://b/job", "run-42")``."""
+    from traces.store import finalize
+
+    bucket, out = Bucket(url), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for key in bucket.list(SEGMENTS_DIR + "/"):   # segment names are unique across ranks (run, pid, seq)
+        bucket.get_file(key, out / key.rsplit("/", 1)[1])
+    return finalize(out)
+
+
 def metadata_sql(parts: str) -> str:
     """SQL (DuckDB and Spark alike) merging the ranks' ``metadata`` rows in table ``parts``: one value per
     key, counts summed and the trace's extent widened. Example: ``metadata_sql("metadata_parts")``."""
@@ -172,7 +185,8 @@ def connect(url: str, *, external_access: bool = True) -> "_OneConnection":
 
 def main(argv=None) -> int:
     """``python -m traces.dataset publish-rank DIR URL INSTANCE RANK`` (what a rank runs at its end: a
-    child process, since an exiting interpreter starts no threads) or ``publish-segments URL``."""
+    child process, since an exiting interpreter starts no threads), ``publish-segments URL`` or
+    ``fetch URL DIR`` (one local ``profile.duckdb``)."""
     import argparse
     import sys
 
@@ -187,11 +201,16 @@ def main(argv=None) -> int:
     r.add_argument("rank", type=int)
     s = sub.add_parser("publish-segments", help="publish every rank that uploaded segments but no tables")
     s.add_argument("url")
+    f = sub.add_parser("fetch", help="copy URL's segments into DIR and finalise them into DIR/profile.duckdb")
+    f.add_argument("url")
+    f.add_argument("dir")
     args = ap.parse_args(argv)
 
     def run() -> int:
         if args.cmd == "publish-rank":
             publish_rank(args.dir, args.url, args.instance, args.rank)
+        elif args.cmd == "fetch":
+            print(fetch(args.url, args.dir))
         else:
             for part in publish_segments(args.url):
                 print(f"published {args.url}/*/{part}", file=sys.stderr)
