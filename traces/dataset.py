@@ -18,7 +18,6 @@ the same SQL as a local profile's. Any engine that reads hive-partitioned Parque
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -28,8 +27,6 @@ import pyarrow as pa
 from traces.errors import TraceError
 from traces.objstore import Bucket, arrow_filesystem
 from traces.schema import TABLES
-
-log = logging.getLogger("traces")
 
 #: Partition keys, outermost first (directory names ``instance=…/rank=…``).
 PARTITIONS = (("instance", pa.string()), ("rank", pa.int32()))
