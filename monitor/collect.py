@@ -12,7 +12,6 @@ utilization, and adds the host figures from psutil.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ import psutil
 from monitor.config import Config, default_config
 from monitor.merge import merge_runtimes
 from traces import live
-from traces.ids import instance_id
+from traces.ids import host_name, instance_id
 from traces.vocab import MONITOR_ENGINES
 
 PERCENTILES = (("p0", 0), ("p1", 1), ("p25", 25), ("p50", 50), ("p75", 75), ("p99", 99), ("p100", 100))
@@ -351,7 +350,7 @@ class Collector:
         return self._device or {}
 
     def _instance_info(self, device: dict) -> dict:
-        return {"instance_name": socket.gethostname(), "instance_id": self._host_id,
+        return {"instance_name": host_name(), "instance_id": self._host_id,
                 "instance_type": device.get("instance_type", ""),
                 # A simulated instance has no AZ, region, AMI or subnet; the fields stay, empty.
                 "instance_availability_zone": "", "instance_availability_zone_id": "", "instance_region": "",

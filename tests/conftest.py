@@ -2,6 +2,7 @@
 import os
 
 import pytest
+from servers import prometheus_bin, s3_env, s3_server  # noqa: F401 - real servers as fixtures (tests/servers.py)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -46,10 +46,17 @@ def test_cache_dir_flag_and_no_cache(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("NEURON_CC_FLAGS", f"--cache_dir={tmp_path / 'other'}")
     neuron_stack.trace(m, x)
     assert len(entries(tmp_path / "other")) == 1
-    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "s3://bucket/cache")
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "s3://bucket/cache")   # S3 is tests/test_scale_s3.py's
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")             # nothing listens on the discard port
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "never-printed-secret")
     monkeypatch.delenv("NEURON_CC_FLAGS")
-    with pytest.raises(RuntimeError, match="S3 caches need network access"):
+    from traces import objstore
+    objstore._session_client.cache_clear()
+    with pytest.raises(RuntimeError, match="cannot reach the S3 endpoint http://127.0.0.1:9") as err:
         neuron_stack.trace(m, x)
+    assert "never-printed-secret" not in str(err.value) and len(str(err.value).splitlines()) == 1
+    objstore._session_client.cache_clear()
 
 
 SCRIPT = textwrap.dedent("""

@@ -43,16 +43,30 @@ def stable_id(*parts: object) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+#: Names the (simulated) host: several "hosts" on one machine, each its own instance id.
+HOST_ENV = "NEURON_STACK_HOSTNAME"
+
+
+def host_name() -> str:
+    """This host's name: ``$NEURON_STACK_HOSTNAME`` (a simulated host), else the machine's.
+
+    >>> host_name() == (os.environ.get(HOST_ENV) or socket.gethostname())
+    True
+    """
+    return os.environ.get(HOST_ENV, "").strip()[:255] or socket.gethostname()
+
+
 def instance_id(host: str | None = None) -> str:
     """This machine's stable EC2-style id ("i-" + 17 hex digits): the one rule neuron-ls, neuron-monitor
     and neuron-top share, so every tool names the same instance.
 
-    The seed is ``/etc/machine-id`` (stable across renames), else the host name; ``host`` overrides it.
+    The seed is ``host``, else ``$NEURON_STACK_HOSTNAME`` (a simulated host), else ``/etc/machine-id``
+    (stable across renames), else the host name.
 
     >>> instance_id("build-box") == instance_id("build-box"), len(instance_id("build-box"))
     (True, 19)
     """
-    seed = host
+    seed = host or os.environ.get(HOST_ENV, "").strip()[:255] or None
     if seed is None:
         try:
             with open("/etc/machine-id", "rb") as f:   # 33 bytes; bounded read all the same

@@ -66,13 +66,16 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True, bound
 
     ``path`` is a ``profile.duckdb``; a directory holding one or holding segments (finalised
     first if the profile is missing or older than its segments, with a note on the log); or a
-    Parquet dataset written by ``neuron-explorer export --format parquet``. With
+    Parquet dataset written by ``neuron-explorer export --format parquet``; or the ``s3://`` URL of a
+    multi-host trace dataset (:mod:`traces.dataset`, queried in place). With
     ``external_access=False`` SQL cannot read or write other files (for a shared SQL console); with
     ``bounded`` DuckDB's memory and threads are capped for user SQL (:data:`traces.console.DUCKDB_LIMITS`).
     Example: ``p = open_profile("output/session")``.
     """
     import duckdb
 
+    if str(path).startswith("s3://"):
+        return _open_dataset_url(str(path), external_access, bounded)
     path = Path(path)
     if special_kind(path) == "a symbolic link loop":
         raise TraceError(f"profile {path} is a symbolic link loop: pass the {PROFILE_NAME} it should point to")
@@ -178,6 +181,20 @@ def _open_parquet_dataset(path: Path, external_access: bool, bounded: bool = Fal
         raise TraceError(f"{path} is not a readable Parquet export of a profile: {one_line(exc)}") from None
     profile = Profile(con, path)
     profile._check_version()
+    return profile
+
+
+def _open_dataset_url(url: str, external_access: bool, bounded: bool = False) -> "Profile":
+    from traces.dataset import connect
+
+    profile = Profile(connect(url, external_access=external_access, limits=DUCKDB_LIMITS if bounded else None),
+                      Path(url))
+    profile.path = url   # a URL, which Path would fold to s3:/...
+    try:
+        profile._check_version()
+    except BaseException:
+        profile.close()
+        raise
     return profile
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,8 @@ class Writer:
 
     ``run`` describes this process (``runs`` table; missing fields get defaults: a fresh
     ``run_id``, this pid, host, command line, clocks now). ``metadata`` (str -> str) is merged
-    into the ``metadata`` table. Example::
+    into the ``metadata`` table. ``on_segment(path)`` runs after each segment is published; an error
+    there is a write error like the disk's (the rows stay buffered and the next flush retries). Example::
 
         w = Writer("output/session", run={"run_id": rid, "tag": "bert"}, metadata=profile.metadata())
         w.append("instructions", schedule_table, exec_id=eid, core=0, start_ns=t0 + rel_start)
@@ -56,8 +57,10 @@ class Writer:
     """
 
     def __init__(self, out_dir: str | os.PathLike, run: Mapping | None = None,
-                 metadata: Mapping[str, object] | None = None, flush_interval: float = 0.5):
+                 metadata: Mapping[str, object] | None = None, flush_interval: float = 0.5,
+                 on_segment: Callable[[Path], None] | None = None):
         self.out_dir = Path(out_dir)
+        self.on_segment = on_segment   # called with each published segment (an upload to object storage)
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -121,7 +124,13 @@ class Writer:
             for i, (table, parts) in enumerate(items):
                 name = segment_name(table, self.run_id, self._pid, next(_seq))
                 try:
-                    write_segment(self.out_dir, name, table, parts)
+                    path = write_segment(self.out_dir, name, table, parts)
+                    if self.on_segment is not None:
+                        try:
+                            self.on_segment(path)
+                        except TraceError as exc:
+                            path.unlink(missing_ok=True)   # retried whole by the next flush, never twice
+                            raise OSError(str(exc)) from None
                 except OSError as exc:
                     with self._lock:  # keep this table's rows and every later table's, in order, for the next attempt
                         unwritten = dict(items[i:])

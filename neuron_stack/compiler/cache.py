@@ -11,6 +11,10 @@ nothing. Two processes compiling the same graph serialise on ``MODULE_...lock`` 
 the kernel drops the lock of a dead holder); the second finds the first's entry and uses it.
 A corrupt entry is reported in one line on stderr and rebuilt.
 
+``NEURON_COMPILE_CACHE_URL=s3://bucket/prefix`` keeps the same layout under the prefix
+(:class:`S3CompileCache`): hosts share it with no lock, and an entry is published by its
+``model.done`` object, written last and conditionally, holding the SHA-256 of every member.
+
 >>> import tempfile
 >>> c = CompileCache(tempfile.mkdtemp())
 >>> c.entry_dir("123", "abcd1234").name
@@ -42,11 +46,17 @@ class CacheError(RuntimeError):
 
 def cache_url(flags: dict | None = None) -> str:
     """Where the cache lives: ``--cache_dir`` > ``$NEURON_COMPILE_CACHE_URL`` > the default."""
-    url = (flags or {}).get("cache_dir") or os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_URL
-    if url.startswith("s3://"):
-        raise CacheError(f"compile cache {url}: S3 caches need network access, which neuron_stack does not use; "
-                         "set NEURON_COMPILE_CACHE_URL to a local directory")
-    return url
+    return (flags or {}).get("cache_dir") or os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_URL
+
+
+def open_cache(url: str) -> "CompileCache | S3CompileCache":
+    """The cache at ``url``: a local directory or ``s3://bucket/prefix``.
+
+    >>> url = open_cache("s3://ml-team/neuron-cache").entry_dir("1", "ab")
+    >>> url.startswith("s3://ml-team/neuron-cache/neuronxcc-"), url.endswith("/MODULE_1+ab")
+    (True, True)
+    """
+    return S3CompileCache(url) if str(url).startswith("s3://") else CompileCache(url)
 
 
 class CompileCache:
@@ -134,5 +144,87 @@ def compile_cached(graph_hash: str, flags: dict, compile_fn: Callable[[], Neff],
     # placeholders: they never enter the cache
     if flags.get("no_cache") or recording():
         return compile_fn(), False, None
-    return CompileCache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn,
+    return open_cache(cache_url(flags)).get_or_compile(graph_hash, flags_hash(flags), flags, compile_fn,
                                                         constants=constants)
+
+
+class S3CompileCache:
+    """The same layout under ``s3://bucket/prefix``, shared by any number of hosts without a lock.
+
+    Each PUT is atomic, so an object is whole or absent. A miss compiles, uploads ``model.neff``,
+    ``compile_flags.json`` and ``model.log``, then publishes ``model.done`` last with a conditional
+    write (the first writer wins where the server supports it). ``model.done`` holds each member's
+    SHA-256: a reader uses an entry only when the NEFF it downloaded matches, so an entry caught
+    mid-upload, overwritten by a racing writer or damaged is a miss (one warning line), never a bad
+    NEFF. Example: ``S3CompileCache("s3://ml/cache").get_or_compile(ghash, fhash, flags, fn, constants={})``.
+    """
+
+    MEMBERS = ("model.neff", "compile_flags.json", "model.log")
+
+    def __init__(self, url: str):
+        from traces.objstore import Bucket
+
+        self.bucket = Bucket(url)
+        self.version = f"neuronxcc-{compiler_version()}"
+
+    def entry_dir(self, graph_hash: str, flags_hash: str) -> str:
+        return self.bucket.url_of(self._rel(graph_hash, flags_hash))
+
+    def _rel(self, graph_hash: str, flags_hash: str) -> str:
+        return f"{self.version}/MODULE_{graph_hash}+{flags_hash}"
+
+    def _lookup(self, rel: str, target: str, constants: dict) -> Neff | None:
+        import tempfile
+
+        from traces.objstore import sha256_file
+
+        done = self.bucket.get_bytes(f"{rel}/model.done", max_bytes=1 << 16)
+        if done is None:
+            return None
+        try:
+            want = json.loads(done)["sha256"]["model.neff"]
+        except (ValueError, KeyError, TypeError):
+            want = None
+        with tempfile.TemporaryDirectory(prefix="neuron-cache-") as tmp:
+            path = Path(tmp) / "model.neff"
+            self.bucket.get_file(f"{rel}/model.neff", path)
+            if want is None or sha256_file(path) != want:
+                print(f"neuron_stack: warning: compile cache entry {self.bucket.url_of(rel)} does not match its "
+                      "model.done (being rewritten, or damaged); compiling instead", file=sys.stderr)
+                return None
+            try:
+                return load(path, target=target, constants=constants)
+            except NeffError as exc:
+                print(f"neuron_stack: warning: corrupt compile cache entry {self.bucket.url_of(rel)} ({exc}); "
+                      "compiling instead", file=sys.stderr)
+                return None
+
+    def get_or_compile(self, graph_hash: str, flags_hash: str, flags: dict,
+                       compile_fn: Callable[[], Neff], *, constants: dict) -> tuple[Neff, bool, str]:
+        """As :meth:`CompileCache.get_or_compile`; the entry is returned as its ``s3://`` URL."""
+        import tempfile
+
+        from traces.errors import TraceError
+        from traces.objstore import sha256_file
+
+        rel = self._rel(graph_hash, flags_hash)
+        try:
+            neff = self._lookup(rel, flags["target"], constants)
+            if neff is not None:
+                return neff, True, self.bucket.url_of(rel)
+            neff = compile_fn()
+            if self.bucket.get_bytes(f"{rel}/model.done", max_bytes=1 << 16) is not None:
+                return neff, False, self.bucket.url_of(rel)   # another host published it meanwhile: keep theirs
+            with tempfile.TemporaryDirectory(prefix="neuron-cache-") as tmp:
+                tmp = Path(tmp)
+                neff.save(tmp / "model.neff", weights=False)   # a hit runs the traced model's own weights
+                (tmp / "compile_flags.json").write_text(json.dumps(command_line(flags).split()))
+                (tmp / "model.log").write_text(neff.log)
+                for name in self.MEMBERS:
+                    self.bucket.put_file(f"{rel}/{name}", tmp / name)
+                manifest = {"sha256": {name: sha256_file(tmp / name) for name in self.MEMBERS}}
+            self.bucket.put_bytes(f"{rel}/model.done", json.dumps(manifest).encode(), if_absent=True)
+            return neff, False, self.bucket.url_of(rel)
+        except TraceError as exc:
+            raise CacheError(f"compile cache {exc}; or set NEURON_COMPILE_CACHE_URL to a local directory, "
+                             "or pass --no_cache") from None

@@ -12,7 +12,10 @@ import hashlib
 import json
 import logging
 import os
-import socket
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -27,9 +30,14 @@ from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.inspect_config import InspectConfig
 from neuron_stack.runtime.launch_env import env_int
 from neuron_stack.runtime.rows import EventRow, ExecutionRow, GraphRow
-from traces.ids import new_id, stable_id
+from traces.dataset import SegmentUploader
+from traces.ids import host_name, instance_id, new_id, stable_id
+from traces.objstore import is_url
 from traces.schema import SCHEMA_VERSION
 from traces.vocab import FALLBACK_PLACEMENT
+
+#: Bound on a rank's end-of-job publish (finalise its segments, upload its Parquet tables).
+PUBLISH_TIMEOUT_S = 900
 
 
 class Recorder:
@@ -59,9 +67,15 @@ class Recorder:
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
         now = clock.wall_ns()
-        self.writer = traces.Writer(out_dir, run={
+        self.publish_to = None
+        on_segment = None
+        if is_url(out_dir):   # object storage: stage locally, upload each segment as it is published
+            self.publish_to = (out_dir, instance_id(), env_int("RANK", 0))
+            on_segment = SegmentUploader(*self.publish_to)
+            out_dir = tempfile.mkdtemp(prefix="neuron-inspect-")
+        self.writer = traces.Writer(out_dir, on_segment=on_segment, run={
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
-            "command": session.live.command, "host": socket.gethostname(), "target": session.target,
+            "command": session.live.command, "host": host_name(), "target": session.target,
             "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
             "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
         self.host_sampler = HostSampler(self) if (self.config.cpu_util or self.config.host_memory) else None
@@ -133,8 +147,28 @@ class Recorder:
         self.flush_system()
         try:
             self.writer.close(status="ok")
+            if self.publish_to is not None:
+                self._publish()
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
             logging.getLogger("traces").warning("%s", exc)
+
+    def _publish(self) -> None:
+        """This rank's partition of the job's dataset, built by a child process: this one may be exiting,
+        when no thread starts. Its segments are on the object store already, whatever happens here."""
+        url, instance, rank = self.publish_to
+        cmd = [sys.executable, "-m", "traces.dataset", "publish-rank", str(self.writer.out_dir), url, instance,
+               str(rank)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PUBLISH_TIMEOUT_S)
+            ok, why = done.returncode == 0, (done.stderr.strip().splitlines() or ["?"])[-1]
+        except subprocess.TimeoutExpired:
+            ok, why = False, f"took more than {PUBLISH_TIMEOUT_S} s"
+        if ok:
+            shutil.rmtree(self.writer.out_dir, ignore_errors=True)
+        else:
+            logging.getLogger("traces").warning(
+                "could not publish rank %s's tables to %s (%s); its segments are there: publish them with "
+                "`python -m traces.dataset publish-segments %s`", rank, url, why, url)
 
 
 class HostSampler:

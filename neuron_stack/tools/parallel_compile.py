@@ -84,13 +84,15 @@ def log(tag: str, msg: str, level: str = "INFO", stream=None) -> None:
 
 def graphs_dir() -> Path:
     """Where collected graphs live: ``$NEURON_PARALLEL_COMPILE_WORKDIR``, else
-    ``<compile cache>/neuron_parallel_compile`` (beside the cache the graphs are compiled into)."""
+    ``<compile cache>/neuron_parallel_compile`` (beside the cache the graphs are compiled into; under
+    the default local cache directory when the cache is on S3)."""
     env = os.environ.get(WORKDIR_ENV, "").strip()
     if env:
         return Path(env)
-    from neuron_stack.compiler.cache import cache_url
+    from neuron_stack.compiler.cache import DEFAULT_URL, cache_url
     from neuron_stack.frontend.flags import parse_flags
-    return Path(cache_url(parse_flags())) / "neuron_parallel_compile"
+    url = cache_url(parse_flags())
+    return Path(DEFAULT_URL if url.startswith("s3://") else url) / "neuron_parallel_compile"
 
 
 def collected(gdir: Path) -> list[Path]:
@@ -210,9 +212,9 @@ def compile_graph(gdir: str) -> dict:
 def _entry_path(meta_dir: Path) -> str:
     """The cache entry a graph compiles into (for the report, also when it failed)."""
     try:
-        from neuron_stack.compiler.cache import CompileCache
+        from neuron_stack.compiler.cache import open_cache
         meta = json.loads((meta_dir / "graph.json").read_text())
-        return str(CompileCache(meta["cache_url"]).entry_dir(meta["graph_hash"], meta["flags_hash"]))
+        return str(open_cache(meta["cache_url"]).entry_dir(meta["graph_hash"], meta["flags_hash"]))
     except (OSError, ValueError, KeyError):
         return str(meta_dir)
 

@@ -1,0 +1,275 @@
+"""Object storage as the real stack uses it, against a real S3 server (SeaweedFS on 127.0.0.1):
+the compile cache shared by processes on different simulated hosts, and profiles written by the
+ranks of a multi-host job into one hive-partitioned dataset that ``neuron-explorer`` queries in place."""
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from servers import free_ports, subprocess_env
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+CACHE_SCRIPT = textwrap.dedent("""
+    import torch, neuron_stack
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).eval()
+    x = torch.randn(4, 16)
+    nm = neuron_stack.trace(m, x)
+    torch.testing.assert_close(nm(x), m(x), rtol=1e-4, atol=1e-5)
+    print("hit" if nm.cache_hit else "compiled", nm.model.compile_info["cache_path"])
+""")
+
+
+def run_host(server, host: str, tmp_path: Path, script: str, **env) -> subprocess.CompletedProcess:
+    """One process on its own simulated host: its own host name, instance id and local temp dir."""
+    local = tmp_path / host
+    local.mkdir(exist_ok=True)
+    full = subprocess_env({**server.env, "NEURON_STACK_HOSTNAME": host, "TMPDIR": str(local), **env})
+    return subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=300,
+                          cwd=local)
+
+
+def test_two_hosts_share_an_s3_compile_cache(s3_env, tmp_path):
+    url = s3_env.url("cache/shared")
+    first = run_host(s3_env, "host-a", tmp_path, CACHE_SCRIPT, NEURON_COMPILE_CACHE_URL=url)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("compiled")
+    keys = s3_env.keys("cache/shared/")
+    entry = {k.rsplit("/", 1)[1] for k in keys}
+    assert entry == {"model.neff", "compile_flags.json", "model.log", "model.done"}, keys
+    assert all(k.split("/")[2].startswith("neuronxcc-") and k.split("/")[3].startswith("MODULE_") for k in keys)
+    second = run_host(s3_env, "host-b", tmp_path, CACHE_SCRIPT, NEURON_COMPILE_CACHE_URL=url)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.startswith("hit"), second.stdout + second.stderr
+    assert s3_env.keys("cache/shared/") == keys           # a hit writes nothing
+    assert AWS_SECRET not in first.stderr + second.stderr
+
+
+AWS_SECRET = "neuronstack-test-secret-0123456789"
+
+
+def trace_here(monkeypatch, url: str):
+    """CACHE_SCRIPT's model traced in this process (torch already loaded), with the cache at ``url``."""
+    import torch
+
+    import neuron_stack
+
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", url)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU()).eval()
+    x = torch.randn(4, 16)
+    nm = neuron_stack.trace(m, x)
+    torch.testing.assert_close(nm(x), m(x), rtol=1e-4, atol=1e-5)
+    return nm
+
+
+def test_concurrent_writers_never_half_publish(s3_env, tmp_path, monkeypatch):
+    url = s3_env.url("cache/race")
+    env = subprocess_env({**s3_env.env, "NEURON_COMPILE_CACHE_URL": url})
+    procs = [subprocess.Popen([sys.executable, "-c", CACHE_SCRIPT], env={**env, "NEURON_STACK_HOSTNAME": f"h{i}"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    # whoever won, the published entry is whole: its model.done names the NEFF that is there
+    [done] = [k for k in s3_env.keys("cache/race/") if k.endswith("model.done")]
+    manifest = json.loads(s3_env.client().get_object(Bucket=s3_env.bucket, Key=done)["Body"].read())
+    assert set(manifest["sha256"]) == {"model.neff", "compile_flags.json", "model.log"}
+    assert trace_here(monkeypatch, url).cache_hit
+
+
+def test_a_damaged_s3_entry_is_a_miss_never_a_bad_neff(s3_env, monkeypatch, capfd):
+    url = s3_env.url("cache/damaged")
+    assert not trace_here(monkeypatch, url).cache_hit
+    [neff] = [k for k in s3_env.keys("cache/damaged/") if k.endswith("model.neff")]
+    s3_env.client().put_object(Bucket=s3_env.bucket, Key=neff, Body=b"half a neff")
+    assert not trace_here(monkeypatch, url).cache_hit
+    assert "does not match its model.done" in capfd.readouterr().err
+
+
+def test_neuron_parallel_compile_warms_an_s3_cache(s3_env, tmp_path):
+    url = s3_env.url("cache/warmed")
+    env = subprocess_env({**s3_env.env, "NEURON_COMPILE_CACHE_URL": url,
+                          "NEURON_PARALLEL_COMPILE_WORKDIR": str(tmp_path / "graphs")})
+    r = subprocess.run([str(BIN / "neuron_parallel_compile"), "--num-parallel", "2", sys.executable, "train_mlp.py",
+                        "--small"], cwd=ROOT / "sample_workloads", env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"Compile cache path: {url}" in r.stdout
+    done = [k for k in s3_env.keys("cache/warmed/") if k.endswith("/model.done")]
+    assert len(done) == 2   # forward + backward, on the bucket
+
+
+def test_bad_credentials_are_one_line_without_the_secret(s3_env, tmp_path):
+    r = run_host(s3_env, "a", tmp_path, CACHE_SCRIPT, NEURON_COMPILE_CACHE_URL=s3_env.url("cache/denied"),
+                 AWS_SECRET_ACCESS_KEY="wrong-secret-value-xyz")
+    assert r.returncode != 0
+    assert "SignatureDoesNotMatch" in r.stderr or "InvalidAccessKeyId" in r.stderr or "AccessDenied" in r.stderr, \
+        r.stderr
+    assert "wrong-secret-value-xyz" not in r.stderr + r.stdout
+
+
+TORCHRUN = str(BIN / "torchrun")
+EXPLORER = str(BIN / "neuron-explorer")
+HOSTS = ("trn1-node-a", "trn1-node-b", "trn1-node-c")
+
+
+@pytest.fixture
+def three_host_job(s3_server, tmp_path_factory):
+    """``torchrun --nnodes 3`` as three hosts would run it: one torchrun per simulated host (its own host
+    name, instance id, runtime dir and temp dir), profiles to one S3 URL, the compile cache on S3 too."""
+    tmp = tmp_path_factory.mktemp("job")
+    url = s3_server.url("jobs/ddp")
+    port = free_ports(1)[0]
+    procs = []
+    for node, host in enumerate(HOSTS):
+        local = tmp / host
+        local.mkdir()
+        env = subprocess_env({**s3_server.env, "NEURON_STACK_HOSTNAME": host, "TMPDIR": str(local),
+                              "NEURON_STACK_RUNTIME_DIR": str(local / "rt"), "OMP_NUM_THREADS": "1",
+                              "NEURON_COMPILE_CACHE_URL": s3_server.url("jobs/cache"),
+                              "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": url})
+        for var in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STACK_INSTANCE_TYPE"):
+            env.pop(var, None)
+        procs.append(subprocess.Popen(
+            [TORCHRUN, "--nnodes", "3", "--node-rank", str(node), "--nproc-per-node", "1",
+             "--master-addr", "127.0.0.1", "--master-port", str(port),
+             str(ROOT / "sample_workloads" / "ddp_train.py"), "--small"],
+            env=env, cwd=local, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    return url, tmp
+
+
+def check_one_partitioned_dataset(three_host_job, s3_server):
+    url, _ = three_host_job
+    keys = s3_server.keys("jobs/ddp/")
+    parts = {tuple(k.split("/")[3:5]) for k in keys if k.startswith("jobs/ddp/executions/")}
+    import traces.ids
+    assert parts == {(f"instance={traces.ids.instance_id(h)}", f"rank={r}") for r, h in enumerate(HOSTS)}
+    assert all(k.endswith("/part-0.parquet") for k in keys if not k.startswith("jobs/ddp/segments/"))
+    assert any(k.startswith("jobs/ddp/segments/instance=") and k.endswith(".arrow") for k in keys)
+
+    import traces
+    with traces.open(url) as p:
+        runs = p.sql("SELECT rank, node, host, instance, status FROM runs ORDER BY rank").to_pylist()
+        assert [(r["rank"], r["node"], r["host"], r["status"]) for r in runs] == \
+            [(0, 0, HOSTS[0], "ok"), (1, 1, HOSTS[1], "ok"), (2, 2, HOSTS[2], "ok")]
+        dataset_summary = p.summary()
+        ranks = p.ranks().to_pylist()
+    assert [(r["node"], r["rank"]) for r in ranks] == [(0, 0), (1, 1), (2, 2)]
+    assert dataset_summary["run_count"] == 3 and dataset_summary["execution_count"] > 0
+
+    # the same rows finalised the one-machine way (all segments in one directory) give the same Summary
+    with tempfile.TemporaryDirectory() as d:
+        for k in keys:
+            if k.startswith("jobs/ddp/segments/"):
+                s3_server.client().download_file(s3_server.bucket, k, str(Path(d) / k.rsplit("/", 1)[1]))
+        with traces.open(traces.finalize(d)) as local:
+            assert local.summary() == pytest.approx(dataset_summary, rel=1e-9)
+
+
+def check_explorer_queries_the_url(three_host_job, s3_server):
+    url, _ = three_host_job
+    env = subprocess_env(s3_server.env)
+    out = subprocess.run([EXPLORER, "summary", url, "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["summary"][0]["run_count"] == 3 and len(doc["ranks"]) == 3
+    q = "SELECT instance, rank, count(*) AS n FROM instructions WHERE rank = ? GROUP BY ALL"
+    out = subprocess.run([EXPLORER, "sql", url, q, "-p", "1", "--format", "json"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [row] = json.loads(out.stdout)
+    assert row["rank"] == 1 and row["n"] > 0 and row["instance"].startswith("i-")
+    # read-only as for a local profile: the query cannot write files
+    out = subprocess.run([EXPLORER, "sql", url, "COPY runs TO '/tmp/x.csv'"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "read-only" in out.stderr
+    # bad URLs are one line
+    out = subprocess.run([EXPLORER, "summary", s3_server.url("jobs/none")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "holds no trace dataset" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
+    import shutil
+
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime for Spark: apt-get install openjdk-17-jre-headless (.ci/run does)")
+    from pyspark.sql import SparkSession
+
+    import traces
+    from traces.spark_summary import summary
+
+    url, _ = three_host_job
+    # Spark reads S3 through hadoop-aws (s3a://), a jar this offline machine cannot fetch: it reads a
+    # copy of the dataset's files, laid out as on the bucket
+    for key in s3_server.keys("jobs/ddp/"):
+        if not key.startswith("jobs/ddp/segments/"):
+            dest = tmp_path / key.removeprefix("jobs/ddp/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            s3_server.client().download_file(s3_server.bucket, key, str(dest))
+    with traces.open(url) as p:
+        duck, duck_cores = p.summary(), p.summary_per_core().to_pylist()
+    spark = (SparkSession.builder.master("local[1]").appName("neuron-summary-test")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "1g").getOrCreate())
+    try:
+        [row] = summary(spark, str(tmp_path))
+        cores = summary(spark, str(tmp_path), per_core=True)
+    finally:
+        spark.stop()
+    assert set(row) == set(duck)
+    number = (int, float)
+    for name, value in duck.items():
+        if isinstance(value, number) and not isinstance(value, bool):
+            assert float(row[name]) == pytest.approx(value, rel=1e-12, abs=1e-12), name
+        else:
+            assert row[name] == value, name
+    key = lambda r: (r["run_id"], r["core"])  # noqa: E731
+    assert [key(r) for r in sorted(cores, key=key)] == [key(r) for r in sorted(duck_cores, key=key)]
+    for mine, theirs in zip(sorted(cores, key=key), sorted(duck_cores, key=key)):
+        assert float(mine["total_time"]) == pytest.approx(theirs["total_time"], rel=1e-12)
+
+
+def test_a_three_host_job_on_s3_is_one_dataset_for_duckdb_and_spark(three_host_job, s3_server, s3_env, tmp_path):
+    """One test over the job (pytest -n 2 would run a module fixture once per worker): the partitioned
+    dataset, the CLI on its URL, then Spark."""
+    check_one_partitioned_dataset(three_host_job, s3_server)
+    check_explorer_queries_the_url(three_host_job, s3_server)
+    check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path)
+
+
+def test_a_rank_that_died_before_publishing_is_published_from_its_segments(s3_env, tmp_path):
+    """Segments reach the bucket as they are published; a rank killed before its end has no tables,
+    and `python -m traces.dataset publish-segments URL` builds them from what it uploaded."""
+    import traces
+    import traces.synthetic
+    from traces.dataset import SegmentUploader
+
+    url = s3_env.url("jobs/crashed")
+    w = traces.Writer(tmp_path / "rank0", run={"run_id": "r0", "rank": 0},
+                      metadata=traces.synthetic.TRN1_METADATA, on_segment=SegmentUploader(url, "i-0dead", 0))
+    traces.synthetic.write_run(tmp_path / "rank0", executions=3, instructions=300, writer=w, close=False)
+    w.flush()   # the process dies here: no close, no publish
+    env = subprocess_env(s3_env.env)
+    r = subprocess.run([EXPLORER, "summary", url], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "publish-segments" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "traces.dataset", "publish-segments", url], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "instance=i-0dead/rank=0" in r.stderr, r.stderr
+    with traces.open(url) as p:
+        assert p.summary()["execution_count"] == 2   # three executions, the first a warm-up
+        assert p.runs().column("status").to_pylist() == ["incomplete"]
+        in_place = p.summary()
+    # the same job as one local profile.duckdb (what the web Explorer opens)
+    r = subprocess.run([sys.executable, "-m", "traces.dataset", "fetch", url, str(tmp_path / "local")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("profile.duckdb"), r.stderr
+    with traces.open(r.stdout.strip()) as local:
+        assert local.summary() == pytest.approx(in_place, rel=1e-9)
