@@ -1,4 +1,4 @@
-"""Calibration report: every public figure in the references against the projection (issue 18).
+"""Calibration report: every public figure in the references against the projection (issues 18, 24).
 
 ``bench/fidelity.py --published`` prints it. Three groups of figures:
 
@@ -6,11 +6,11 @@
    ``about-neuron/benchmarks/{inf2,trn1}/latency_data_decoder.csv`` (TNx, Neuron 2.18) and the NxDI
    ``llama70b/405b_perf_comparison.csv``): TTFT and TPOT per row, the projection, their ratio, the
    roofline bound of the row, and over all modelled values the geometric-mean ratio and Spearman's rank
-   correlation. Full-size decoder projection is not on main yet (engineer D's ``llm`` branch), so a row
-   is built from its per-core layer shard compiled by the real pipeline (frontend -> lower -> schedule)
-   and scaled by the layer count: ``L x (layer + 2 all-reduces over TP) + LM-head shard``. A prefill
-   longer than ``MAX_PREFILL`` tokens is projected from two compiled lengths as ``a*S + b*S^2``
-   (projections and attention); decode attends over the mean context ``In + Out/2``.
+   correlation. Every row is projected by the one projection function the CLI, ``inference_demo`` and
+   ``NeuronModelForCausalLM`` use (:func:`neuron_stack.inference.projection.project_serving` over
+   :func:`neuron_stack.llm.project`), with the row's settings as a user would give them: sequence =
+   input + output, one context-encoding bucket of the input length, token-generation buckets at the
+   middle and the end of the sequence (the mean decode step attends over about ``In + Out/2``).
 2. The NKI guide's Tensor Engine curve (arch guide: II = max(N_moving, 64) cycles, peak at moving 512)
    and DMA statements (DMA guide: < 256 B per partition overhead-bound, >= 2 KiB near peak, >= 4 KiB
    saturated) against the lowered, scheduled instructions.
@@ -24,36 +24,28 @@ that disagrees is explained, not tuned.
 from __future__ import annotations
 
 import math
-import time
-
-import torch
-import torch.nn as nn
 
 import neuron_stack.compiler.lower  # noqa: F401  (registers the op lowerings)
-from neuron_stack.compiler.fuse import fuse
-from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.tiles import Lowered, Pool
-from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule, schedule_lowered
+from neuron_stack.compiler.schedule import schedule_lowered
 from neuron_stack.device.cost import matmul_ns
 from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.export import capture
+from neuron_stack.inference.config import NeuronConfig
+from neuron_stack.inference.projection import project_serving
 from neuron_stack.ir import Program
-from neuron_stack.runtime.collectives import Group, plan
+from neuron_stack.llm.configs import load_config
+from neuron_stack.llm.project import rank_config
 
-#: longest prefill compiled directly; longer ones are projected from two compiled lengths
-MAX_PREFILL = 2048
-
-# Llama-3 configs (Hugging Face config.json of meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B):
-# hidden, layers, attention heads, KV heads, FFN, vocab; head dim 128
-MODELS = {
-    "Llama-3-8B": (4096, 32, 32, 8, 14336, 128256),
-    "Llama-3-70B": (8192, 80, 64, 8, 28672, 128256),
-    "Llama-3.3-70B": (8192, 80, 64, 8, 28672, 128256),
-    "Llama-3.1-405B": (16384, 126, 128, 8, 53248, 128256),
+#: the published model names -> the neuron-llm presets (their config.json architecture fields)
+PRESET = {
+    "Llama-3-8B": "llama-3-8b",
+    "Llama-3-70B": "llama-3-70b",
+    "Llama-3.3-70B": "llama-3.3-70b",
+    "Llama-3.1-405B": "llama-3.1-405b",
 }
-HEAD_DIM = 128
+#: the instance each row ran on (reference §2.12)
+INSTANCE = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "trn2": "trn2.48xlarge"}
 
 # §2.12 rows: model, target, TP, batch, input, output, TTFT ms, TPOT ms, note
 ROWS = [
@@ -73,164 +65,55 @@ ROWS = [
 ]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(d))
-        self.eps = eps
+def row_settings(row) -> tuple[str, NeuronConfig, int, int]:
+    """(preset, NeuronConfig, input length, output length) of a §2.12 row, as a user would give them to
+    ``inference_demo`` or ``neuron-llm project``: sequence = input + output, one context-encoding bucket
+    of the input, token-generation buckets at the middle and the end of the sequence.
 
-    def forward(self, x):
-        return self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-class LayerShard(nn.Module):
-    """One Llama layer as one tensor-parallel rank holds it: ``hq`` query heads, ``hkv`` KV heads, an
-    FFN slice (Megatron column/row split: the all-reduces are costed outside). With ``kc``/``vc``
-    it is a decode step attending over a KV cache (graph inputs in HBM)."""
-
-    def __init__(self, d, hq, hkv, ffn):
-        super().__init__()
-        self.hq, self.hkv = hq, hkv
-        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
-        self.q = nn.Linear(d, hq * HEAD_DIM, bias=False)
-        self.k = nn.Linear(d, hkv * HEAD_DIM, bias=False)
-        self.v = nn.Linear(d, hkv * HEAD_DIM, bias=False)
-        self.o = nn.Linear(hq * HEAD_DIM, d, bias=False)
-        self.gate, self.up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
-        self.down = nn.Linear(ffn, d, bias=False)
-
-    def forward(self, x, kc=None, vc=None):
-        b, s, d = x.shape
-        y = self.n1(x)
-        q = self.q(y).view(b, s, self.hq, HEAD_DIM).transpose(1, 2)
-        k = self.k(y).view(b, s, self.hkv, HEAD_DIM).transpose(1, 2)
-        v = self.v(y).view(b, s, self.hkv, HEAD_DIM).transpose(1, 2)
-        if kc is not None:  # the bf16 KV cache, read as it is stored
-            k, v = kc.float(), vc.float()
-        # grouped-query attention as GQA kernels do it: the r query heads of a KV head are r x s rows
-        # against that head's K and V (no replicated K/V copy)
-        r = self.hq // self.hkv
-        qg = q.reshape(b, self.hkv, r * s, HEAD_DIM)
-        att = (qg @ k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
-        if kc is None:
-            att = att + torch.triu(torch.full((s, s), float("-inf")), 1).repeat(r, 1)
-        a = (torch.softmax(att, dim=-1) @ v).reshape(b, self.hq, s, HEAD_DIM)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, self.hq * HEAD_DIM))
-        y = self.n2(x)
-        return x + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
-
-
-def _device_ns(model, args, target: str) -> int:
-    """Projected device time of ``model(*args)`` compiled by the real pipeline (auto-cast matmult)."""
-    prog = fuse(partition(legalize(capture(model.eval(), args))))
-    return int(
-        build_schedule(prog, 0, get_profile(target), {"target": target, "auto_cast": "matmult"}).device_ns
+    >>> preset, nc, n_in, n_out = row_settings(ROWS[0])
+    >>> preset, nc.context_encoding_buckets, nc.token_generation_buckets, nc.instance_type
+    ('llama-3-8b', [128], [4160, 8192], 'inf2.48xlarge')
+    """
+    model, target, tp, batch, n_in, n_out = row[:6]
+    seq = n_in + n_out
+    nc = NeuronConfig(
+        tp_degree=tp,
+        batch_size=batch,
+        seq_len=seq,
+        max_context_length=n_in,
+        context_encoding_buckets=[n_in],
+        token_generation_buckets=sorted({n_in + n_out // 2, seq}),
+        torch_dtype="bfloat16",
+        target=target,
+        instance_type=INSTANCE[target],
     )
-
-
-def shard_dims(model: str, tp: int) -> dict:
-    """Per-rank sizes: heads padded up to a multiple of TP (as TNx pads 32 heads over 24 ranks), KV
-    heads replicated when fewer than ranks, FFN and vocab split evenly (rounded up)."""
-    d, layers, heads, kv, ffn, vocab = MODELS[model]
-    return {
-        "d": d,
-        "layers": layers,
-        "hq": -(-heads // tp),
-        "hkv": max(1, -(-kv // tp)),
-        "ffn": -(-ffn // tp),
-        "vocab": -(-vocab // tp),
-    }
-
-
-class Projector:
-    """Layer-shard projections, cached per shape (several rows share a shard)."""
-
-    def __init__(self, log=print):
-        self.cache: dict[tuple, int] = {}
-        self.log = log
-
-    def _layer(self, key: tuple, build) -> int:
-        if key not in self.cache:
-            t0 = time.perf_counter()
-            torch.manual_seed(0)
-            model, args, target = build()
-            self.cache[key] = _device_ns(model, args, target)
-            self.log(
-                f"   compiled {key[0]} {key[1:]} in {time.perf_counter() - t0:.0f} s: "
-                f"{self.cache[key] / 1e3:.0f} us"
-            )
-        return self.cache[key]
-
-    def prefill_layer(self, sd: dict, target: str, batch: int, seq: int) -> int:
-        if seq > MAX_PREFILL:
-            s1, s2 = MAX_PREFILL // 2, MAX_PREFILL
-            t1, t2 = self.prefill_layer(sd, target, batch, s1), self.prefill_layer(sd, target, batch, s2)
-            b = max(0.0, (t2 - 2 * t1) / (s2 * s2 - 2 * s1 * s1))  # t = a S + b S^2 through both points
-            a = (t1 - b * s1 * s1) / s1
-            return int(a * seq + b * seq * seq)
-        key = ("prefill", sd["d"], sd["hq"], sd["hkv"], sd["ffn"], target, batch, seq)
-        return self._layer(
-            key,
-            lambda: (
-                LayerShard(sd["d"], sd["hq"], sd["hkv"], sd["ffn"]),
-                (torch.randn(batch, seq, sd["d"]),),
-                target,
-            ),
-        )
-
-    def decode_layer(self, sd: dict, target: str, batch: int, ctx: int) -> int:
-        key = ("decode", sd["d"], sd["hq"], sd["hkv"], sd["ffn"], target, batch, ctx)
-        cache = (batch, sd["hkv"], ctx, HEAD_DIM)
-        return self._layer(
-            key,
-            lambda: (
-                LayerShard(sd["d"], sd["hq"], sd["hkv"], sd["ffn"]),
-                (
-                    torch.randn(batch, 1, sd["d"]),
-                    torch.randn(cache, dtype=torch.bfloat16),
-                    torch.randn(cache, dtype=torch.bfloat16),
-                ),
-                target,
-            ),
-        )
-
-    def head(self, sd: dict, target: str, batch: int) -> int:
-        key = ("lm_head", sd["d"], sd["vocab"], target, batch)
-        return self._layer(
-            key, lambda: (nn.Linear(sd["d"], sd["vocab"], bias=False), (torch.randn(batch, sd["d"]),), target)
-        )
-
-
-def _all_reduce_ns(target: str, tp: int, elements: int) -> int:
-    return plan("all_reduce", elements, "bfloat16", Group.on_cores(range(tp)), get_profile(target)).dur_ns
+    return PRESET.get(model, model), nc, n_in, n_out
 
 
 def roofline_ms(model: str, target: str, tp: int, batch: int, tokens: int, ctx: int) -> float:
-    """max(TensorE time at peak, HBM time at the chip's bandwidth share) per rank for ``tokens`` new
+    """max(TensorE time at peak, HBM time at the core's bandwidth share) per rank for ``tokens`` new
     tokens per sequence over a context of ``ctx``: weights (bf16) read once, KV read for attention."""
     p = get_profile(target)
-    sd = shard_dims(model, tp)
-    d, L = sd["d"], sd["layers"]
-    params = d * HEAD_DIM * (2 * sd["hq"] + 2 * sd["hkv"]) + 3 * d * sd["ffn"]
-    flops = (
-        L * (2 * params * batch * tokens + 4 * batch * sd["hq"] * HEAD_DIM * tokens * ctx)
-        + 2 * d * sd["vocab"] * batch
-    )
-    kv_bytes = 2 * L * batch * sd["hkv"] * HEAD_DIM * ctx * 2 if tokens == 1 else 0
-    nbytes = 2 * (L * params + d * sd["vocab"]) + kv_bytes
+    c = rank_config(load_config(PRESET.get(model, model)), tp)
+    d, L, hd = c.hidden_size, c.num_hidden_layers, c.head_dim
+    hq, hkv = c.num_attention_heads, c.num_key_value_heads
+    params = d * hd * (2 * hq + 2 * hkv) + 3 * d * c.intermediate_size
+    flops = L * (2 * params * batch * tokens + 4 * batch * hq * hd * tokens * ctx) + 2 * d * c.vocab_size * batch
+    kv_bytes = 2 * L * batch * hkv * hd * ctx * 2 if tokens == 1 else 0
+    nbytes = 2 * (L * params + d * c.vocab_size) + kv_bytes
     t = max(flops / p.tensor_peak_flops("bfloat16"), nbytes / (p.hbm_bytes_per_ns_per_core * 1e9))
     return t * 1e3
 
 
-def project_row(pr: Projector, row) -> dict:
+def project_row(row, cache: dict | None = None) -> dict:
+    """One §2.12 row: published and projected TTFT/TPOT (ms), their roofline bounds and why they differ."""
     model, target, tp, batch, n_in, n_out, ttft, tpot, note = row
-    sd = shard_dims(model, tp)
-    L, d = sd["layers"], sd["d"]
-    head = pr.head(sd, target, batch)
-    pre = pr.prefill_layer(sd, target, batch, n_in) + 2 * _all_reduce_ns(target, tp, batch * n_in * d)
-    ctx = n_in + n_out // 2
-    cc_dec = 2 * _all_reduce_ns(target, tp, batch * d)
-    dec = pr.decode_layer(sd, target, batch, ctx) + cc_dec
+    preset, nc, _, _ = row_settings(row)
+    key = (preset, target, tp, batch, n_in, n_out)
+    cache = {} if cache is None else cache
+    if key not in cache:
+        cache[key] = project_serving(preset, nc, n_in, n_out)
+    s = cache[key]
     out = {
         "model": model,
         "target": target,
@@ -241,13 +124,16 @@ def project_row(pr: Projector, row) -> dict:
         "note": note,
         "ttft_pub": ttft,
         "tpot_pub": tpot,
-        "ttft_proj": (L * pre + head) / 1e6,
-        "tpot_proj": (L * dec + head) / 1e6,
+        "ttft_proj": s["ttft_ms"],
+        "tpot_proj": s["tpot_ms"],
+        "ttft_ns": s["ttft_ns"],
+        "tpot_ns": s["tpot_ns"],
         "ttft_roof": roofline_ms(model, target, tp, batch, n_in, n_in),
-        "tpot_roof": roofline_ms(model, target, tp, batch, 1, ctx),
+        "tpot_roof": roofline_ms(model, target, tp, batch, 1, n_in + n_out // 2),
+        "compile_s": s["compile_s"],
     }
     out["tpot_modelled"] = "speculation" not in note
-    out["tpot_cc_share"] = L * cc_dec / 1e6 / out["tpot_proj"]
+    out["tpot_cc_share"] = s["tpot_collective_ns"] / max(1, s["tpot_ns"])
     out["why"] = _why(out)
     return out
 
@@ -259,24 +145,28 @@ def _why(r: dict) -> str:
         ratio = r[f"{key}_proj"] / r[f"{key}_pub"]
         if key == "tpot" and not r["tpot_modelled"] or 1 / 1.5 <= ratio <= 1.5:
             continue
-        if ratio > 1 and "int8" in r["note"] and key == "tpot":
-            why.append(
-                "published weights are int8, projected bf16 (2x the weight bytes a decode step streams)"
-            )
+        if ratio > 1 and "int8" in r["note"]:
+            why.append("published weights are int8, projected bf16 (2x the weight bytes every call streams)")
         if ratio > 1 and key == "tpot" and r["tpot_cc_share"] > 0.25:
             why.append(
                 f"{100 * r['tpot_cc_share']:.0f}% of the projected TPOT is ring all-reduce steps "
                 f"(2 per layer over {r['tp']} ranks at an assumed, unpublished per-step latency)"
             )
+        if ratio > 1 and r["target"] == "trn2":
+            why.append(
+                "a trn2 LNC=2 logical core has two physical cores' engines (two PE arrays, 32 DMA rings); "
+                "the profile schedules one core's engines"
+            )
+        if ratio > 1 and r[f"{key}_proj"] > 3 * r[f"{key}_roof"]:
+            why.append(
+                f"{key.upper()} is {r[f'{key}_proj'] / r[f'{key}_roof']:.1f}x its roofline: small weight tiles "
+                "(256 B per partition at this TP) make DMAs descriptor-bound, and a decode layer is a chain "
+                "of small dependent instructions"
+            )
         if ratio < 1 and key == "ttft":
             why.append(
                 "projected TTFT under published: the published figure includes host/framework time per "
-                "request (TNx sampling, first-token overheads) that a device projection does not"
-            )
-        if ratio > 1 and key == "ttft" and r["in"] > MAX_PREFILL:
-            why.append(
-                f"prefill of {r['in']} tokens projected from compiled {MAX_PREFILL // 2} and {MAX_PREFILL} "
-                "(whole-layer activations spill to HBM; the real compiler tiles the sequence)"
+                "request (sampling, first-token overheads) that a device projection does not"
             )
     return "; ".join(dict.fromkeys(why))
 
@@ -325,8 +215,12 @@ def summary(rows: list[dict]) -> dict:
 
 
 def llama_report(rows_to_run=None, log=print) -> tuple[list[dict], dict]:
-    pr = Projector(log)
-    rows = [project_row(pr, r) for r in (rows_to_run or ROWS)]
+    """Project every row (rows with the same settings are projected once) and summarise."""
+    cache: dict = {}
+    rows = []
+    for r in rows_to_run or ROWS:
+        rows.append(project_row(r, cache))
+        log(f"   projected {r[0]} {r[1]} TP{r[2]} B{r[3]} {r[4]}/{r[5]} in {rows[-1]['compile_s']:.0f} s")
     return rows, summary(rows)
 
 
