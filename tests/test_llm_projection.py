@@ -40,26 +40,27 @@ def test_cli_demo_optimum_and_bench_agree_to_the_nanosecond(cfgdir, tmp_path, ca
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import published
 
-    # 16 tokens in, 48 out: a 64-token cache, token-generation buckets at the middle and the end
+    # 16 tokens in, 48 out: a 64-token cache, token-generation buckets 32 and 64
     assert cli.main(["project", str(cfgdir), "--tp", "2", "--instance", "trn1.32xlarge", "--sequence-length",
-                     "64", "--context-length", "16", "--tkg-buckets", "40", "64", "--json"]) == 0
+                     "64", "--context-length", "16", "--tkg-buckets", "32", "64", "--json"]) == 0
     graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in json.loads(capsys.readouterr().out)["graphs"]}
     cte = graphs[("context_encoding", 16)]
-    steps = [40 if pos + 1 <= 40 else 64 for pos in range(16, 63)]
+    steps = [32 if pos + 1 <= 32 else 64 for pos in range(16, 63)]
     tpot = sum(graphs[("token_generation", b)] for b in steps) / len(steps)
 
     nc = NeuronConfig(tp_degree=2, seq_len=64, max_context_length=16, context_encoding_buckets=[16],
-                      token_generation_buckets=[40, 64], torch_dtype="bfloat16", instance_type="trn1.32xlarge")
+                      token_generation_buckets=[32, 64], torch_dtype="bfloat16", instance_type="trn1.32xlarge")
     serving = project_serving(str(cfgdir), nc, 16, 48)
     assert serving["ttft_ns"] == cte and serving["tpot_ns"] == tpot
 
+    monkeypatch.setattr(published, "generate_buckets", lambda lo, hi: [32, 64])  # NxDI's from 128 up
     row = published.project_row((str(cfgdir), "trn1", 2, 1, 16, 48, 1.0, 1.0, ""))
     assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_proj"] == cte / 1e6
 
     report = tmp_path / "benchmark_report.json"
     assert demo.main(["run", "--model-path", str(cfgdir), "--tp-degree", "2", "--seq-len", "64",
                       "--max-context-length", "16", "--context-encoding-buckets", "16",
-                      "--token-generation-buckets", "40", "64", "--torch-dtype", "bfloat16",
+                      "--token-generation-buckets", "32", "64", "--torch-dtype", "bfloat16",
                       "--instance-type", "trn1.32xlarge", "--benchmark", "--benchmark-report-path",
                       str(report)]) == 0
     bench = json.loads(report.read_text())
@@ -116,3 +117,34 @@ def test_decode_and_prefill_never_get_faster_as_work_grows():
             # never a negative term in t1 + (L - 1) * layer; an engine's layer time within the layer's
             assert g.base_ns >= 0 and g.layer_ns >= 0
             assert all(0 <= v <= g.layer_ns for v in g.layer_busy_ns.values()), g.layer_busy_ns
+
+
+def test_int8_weights_match_the_fake_quantised_eager_model_and_halve_the_bytes():
+    import torch
+
+    import neuron_stack
+    from neuron_stack.llm import project
+    from neuron_stack.llm.quantize import quantize_decoder
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(tiny_config(layers=1)).eval()
+    fake = quantize_decoder(model, "int8")  # per-channel symmetric int8, dequantised in the forward
+    assert isinstance(fake.model.layers[0].mlp.up_proj.weight, torch.Tensor)
+    assert fake.model.layers[0].mlp.up_proj.weight.dtype == torch.int8
+    ids = torch.randint(0, 512, (1, 8))
+    ref = fake(input_ids=ids).logits
+    got = neuron_stack.trace(lambda input_ids: fake(input_ids=input_ids).logits, (ids,))(ids)
+    assert (got - ref).norm() / ref.norm() < 1e-4
+
+    bf16, int8 = (project(tiny_config(), sequence_length=64, context_length=16, quantization_dtype=q)
+                  for q in (None, "int8"))
+    layer_params = sum(p.numel() for p in T.LlamaForCausalLM(tiny_config(layers=1)).model.layers.parameters()
+                       if p.dim() == 2)
+    scales = 64 + 32 + 32 + 64 + 128 + 128 + 64  # one per output channel: q k v o gate up down
+    # two layers' matmul weights go from 2 bytes to 1, plus a bf16 scale per output channel
+    assert bf16.memory["weights"] - int8.memory["weights"] == 2 * (layer_params - 2 * scales)
+    assert "int8 decoder weights" in int8.report()
+    for a, b in zip(bf16.graphs, int8.graphs):
+        assert (a.name, a.bucket) == (b.name, b.bucket)
+    with pytest.raises(Exception, match="fp8 weights need a trn2"):
+        project(tiny_config(), sequence_length=64, quantization_dtype="fp8")

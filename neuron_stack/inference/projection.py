@@ -26,8 +26,10 @@ def project_serving(
     *,
     instance_type: str | None = None,
     dtype: str | None = None,
+    quantization_dtype: str | None = None,
 ) -> dict:
-    """Projected TTFT / TPOT / E2E / tok/s of ``model`` (preset, config directory or config) under ``nc``."""
+    """Projected TTFT / TPOT / E2E / tok/s of ``model`` (preset, config directory or config) under ``nc``
+    (``quantization_dtype``: int8 or fp8 weight-only quantization, as :func:`neuron_stack.llm.project`)."""
     from neuron_stack.llm import project
 
     from .config import InferenceError
@@ -54,6 +56,7 @@ def project_serving(
         instance_type=instance_type or nc.instance_type,
         target=nc.target,
         token_generation_buckets=used,
+        quantization_dtype=quantization_dtype,
     )
     cte_ns = next(g.device_ns for g in p.graphs if g.name == "context_encoding")
     tkg = {g.bucket: g for g in p.graphs if g.name == "token_generation"}

@@ -11,6 +11,8 @@ from neuron_stack.compiler.lower.tiles import PMAX, is_ref, nbytes_of, view_oper
 from neuron_stack.device.cost import ceil_div, gpsimd_ns
 from neuron_stack.ir import Node
 
+#: ops that only assert a tensor's metadata (``.to()`` emits one): no device work
+COMPILE_TIME_CHECKS = ("aten._assert_tensor_metadata.default",)
 #: scatters that write a few rows of their first input and return it (the KV-cache update)
 IN_PLACE_SCATTERS = ("aten.index_put.default", "aten.index_put_.default", "aten.index_copy.default",
                      "aten.index_copy_.default")
@@ -20,6 +22,8 @@ IN_PLACE_SCATTERS = ("aten.index_put.default", "aten.index_put_.default", "aten.
 def lower_custom(low: Lowerer, n: Node) -> None:
     """Ops without a dedicated lowering run as one GpSimd ``CUSTOM_OP`` over whole HBM tensors
     (GpSimd cores reach memory through their own DMA): ``150 + N`` cycles per 128-lane pass."""
+    if n.target in COMPILE_TIME_CHECKS:
+        return          # checked when the graph was traced; no output, nothing runs on the device
     srcs, template = [], []
     for a in n.args:
         template.append(_tmpl(low, a, srcs))
