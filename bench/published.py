@@ -227,7 +227,10 @@ def llama_report(rows_to_run=None, log=print) -> tuple[list[dict], dict]:
     rows = []
     for r in rows_to_run or ROWS:
         rows.append(project_row(r, cache))
-        log(f"   projected {r[0]} {r[1]} TP{r[2]} B{r[3]} {r[4]}/{r[5]} in {rows[-1]['compile_s']:.0f} s")
+        x = rows[-1]
+        log(f"   projected {r[0]} {r[1]} TP{r[2]} B{r[3]} {r[4]}/{r[5]} in {x['compile_s']:.0f} s: TTFT "
+            f"{x['ttft_proj']:.2f} ms ({x['ttft_proj'] / x['ttft_pub']:.2f}x), TPOT {x['tpot_proj']:.2f} ms "
+            f"({x['tpot_proj'] / x['tpot_pub']:.2f}x)")
     return rows, summary(rows)
 
 

