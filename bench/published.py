@@ -270,6 +270,47 @@ def print_llama(rows: list[dict], s: dict) -> None:
     )
 
 
+#: the block of a docs page that :func:`write_docs` owns
+DOCS_BEGIN = "<!-- begin: written by bench/fidelity.py --published --docs; do not edit by hand -->"
+DOCS_END = "<!-- end: written by bench/fidelity.py --published --docs -->"
+
+
+def markdown(rows: list[dict], s: dict, load: float) -> str:
+    """The report's rows and summary as a markdown table (what ``--docs`` writes into a page)."""
+    out = [
+        f"Projected / published (P50), device time only; measured at load average {load:.1f}.",
+        "",
+        "| model | target | TP | B | in/out | TTFT pub | proj | ratio | roof | TPOT pub | proj | ratio | roof | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tp_ratio = f"{r['tpot_proj'] / r['tpot_pub']:.2f}" if r["tpot_modelled"] else "not modelled"
+        out.append(
+            f"| {r['model']} | {r['target']} | {r['tp']} | {r['batch']} | {r['in']}/{r['out']} | "
+            f"{r['ttft_pub']:.2f} | {r['ttft_proj']:.2f} | {r['ttft_proj'] / r['ttft_pub']:.2f} | "
+            f"{r['ttft_roof']:.2f} | {r['tpot_pub']:.2f} | {r['tpot_proj']:.2f} | {tp_ratio} | "
+            f"{r['tpot_roof']:.2f} | {r['note'] + ('; ' if r['note'] and r['why'] else '') + r['why']} |"
+        )
+    out += [
+        "",
+        f"{s['values']} modelled values: geometric-mean ratio {s['geomean_ratio']:.2f}, Spearman "
+        f"{s['spearman']:.2f}, within 2x: {s['within_2x']}/{s['values']}.",
+    ]
+    return "\n".join(out)
+
+
+def write_docs(path: str, text: str) -> None:
+    """Replace the block between DOCS_BEGIN and DOCS_END of ``path`` with ``text``."""
+    with open(path) as f:
+        page = f.read()
+    head, sep, rest = page.partition(DOCS_BEGIN)
+    _, sep2, tail = rest.partition(DOCS_END)
+    if not sep or not sep2:
+        raise SystemExit(f"{path} has no {DOCS_BEGIN!r} ... {DOCS_END!r} block to write the table into")
+    with open(path, "w") as f:
+        f.write(f"{head}{DOCS_BEGIN}\n{text}\n{DOCS_END}{tail}")
+
+
 # ----------------------------------------------------------------------------------------------
 # The NKI guide's curves
 
