@@ -166,7 +166,7 @@ def _why(r: dict) -> str:
             why.append(
                 f"TPOT is {ratio:.1f}x published ({r['tpot_proj'] / r['tpot_roof']:.0f}x its roofline): "
                 f"{100 * r['tpot_cc_share']:.0f}% is ring all-reduce steps (2 per layer over {r['tp']} ranks, "
-                "1.3 us DMA latency a step, an assumed figure); weight tiles of "
+                "each paying the profile's assumed NeuronLink step latency, 2 us); weight tiles of "
                 f"{128 if 'int8' in r['note'] else 256} B per partition are descriptor-bound; each layer is a "
                 "chain of small dependent instructions"
             )
