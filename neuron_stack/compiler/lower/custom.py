@@ -36,9 +36,10 @@ def lower_custom(low: Lowerer, n: Node) -> None:
     elems = sum(math.prod(s.shape) for s in n.inputs) + sum(math.prod(s.shape) for s in n.outputs)
     nread = sum(math.prod(_shape(o)) * nbytes_of(o["dt"]) for o in srcs)
     nwrite = sum(spec.numel * nbytes_of(spec.dtype) for spec in n.outputs)
-    if n.target in IN_PLACE_SCATTERS and len(n.inputs) >= 2:
-        # a KV-cache update: the cache is an input/output alias (NxDI's KV cache manager writes it
-        # in place), so only the new rows and their indices move, not the whole cache
+    if n.target in IN_PLACE_SCATTERS and len(n.inputs) >= 2 and is_ref(n.args[0]) and \
+            low.by_name[n.args[0]["node"]].target == "placeholder":
+        # a KV-cache update: the cache is a graph input updated in place (an input/output alias, as
+        # NxDI's KV cache manager writes it), so only the new rows and their indices move
         moved = n.inputs[1:]
         elems = 2 * sum(math.prod(s.shape) for s in moved)
         nread = sum(s.numel * nbytes_of(s.dtype) for s in moved)
