@@ -129,24 +129,28 @@ def decoder_rows(targets, seq):
     print("   (per engine: active time = union of its busy intervals, and its share of the device time)")
 
 
-def published_report(targets, quick: bool, json_path: str | None) -> int:
-    """``--published``: the NKI guide's curves, then the §2.12 Llama rows (``--quick``: the three
-    Llama-3-8B rows with 128 input tokens), each with its ratio and roofline, and the summary."""
+def published_report(targets, quick: bool, json_path: str | None, docs: str | None = None) -> int:
+    """``--published``: the NKI guide's curves, then the §2.12 Llama rows (``--quick``: the Llama-3-8B
+    rows with 128 input tokens on ``targets``), each with its ratio and roofline, and the summary."""
     import json
+    import os
 
     import published
+    load = os.getloadavg()[0]
     print("Calibration report (issue 18): projected / published. Device constants and their sources:")
     for name in targets:
         p = get_profile(name)
         print(f"   {name}: " + "; ".join(f"{k}: {v}" for k, v in sorted(p.sources.items())))
     disagree = published.print_nki(targets)
-    rows = [r for r in published.ROWS if not quick or r[0] == "Llama-3-8B" and r[4] == 128]
+    rows = [r for r in published.ROWS if not quick or r[0] == "Llama-3-8B" and r[4] == 128 and r[1] in targets]
     out, s = published.llama_report(rows, log=lambda m: print(m, file=sys.stderr))
     published.print_llama(out, s)
     print(f"   NKI guide statements that disagree with the schedule: {disagree}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"rows": out, "summary": s, "nki_disagreements": disagree}, f, indent=1)
+            json.dump({"rows": out, "summary": s, "nki_disagreements": disagree, "load_average": load}, f, indent=1)
+    if docs:
+        published.write_docs(docs, published.markdown(out, s, load))
     return 0
 
 
@@ -158,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--published", action="store_true",
                     help="the calibration report: every public figure in the references vs the projection")
     ap.add_argument("--json", metavar="FILE", help="with --published: also write the rows and summary as JSON")
+    ap.add_argument("--docs", metavar="PAGE", help="with --published: write the table into PAGE's generated block")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="with --docs: write the table of a saved --json run (load average as it was) instead")
     a = ap.parse_args(argv)
     targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     for t in targets:
@@ -165,8 +172,15 @@ def main(argv=None) -> int:
             get_profile(t)
         except ValueError as e:
             ap.exit(2, f"fidelity: error: {e}\n")
+    if a.from_json and a.docs:
+        import json
+
+        import published
+        run = json.loads(Path(a.from_json).read_text())
+        published.write_docs(a.docs, published.markdown(run["rows"], run["summary"], run["load_average"]))
+        return 0
     if a.published:
-        return published_report(targets, a.quick, a.json)
+        return published_report(targets, a.quick, a.json, a.docs)
     sizes = [n for n in (128, 256, 512, 1024, 2048, 4096) if n <= (512 if a.quick else a.max_n)]
     matmul_rows(targets, sizes)
     dma_rows(targets, [64, 128, 256, 512, 1024, 2048, 4096, 8192] if not a.quick else [64, 4096])

@@ -1,4 +1,4 @@
-"""Calibration report: every public figure in the references against the projection (issue 18).
+"""Calibration report: every public figure in the references against the projection (issues 18, 24).
 
 ``bench/fidelity.py --published`` prints it. Three groups of figures:
 
@@ -6,11 +6,12 @@
    ``about-neuron/benchmarks/{inf2,trn1}/latency_data_decoder.csv`` (TNx, Neuron 2.18) and the NxDI
    ``llama70b/405b_perf_comparison.csv``): TTFT and TPOT per row, the projection, their ratio, the
    roofline bound of the row, and over all modelled values the geometric-mean ratio and Spearman's rank
-   correlation. Full-size decoder projection is not on main yet (engineer D's ``llm`` branch), so a row
-   is built from its per-core layer shard compiled by the real pipeline (frontend -> lower -> schedule)
-   and scaled by the layer count: ``L x (layer + 2 all-reduces over TP) + LM-head shard``. A prefill
-   longer than ``MAX_PREFILL`` tokens is projected from two compiled lengths as ``a*S + b*S^2``
-   (projections and attention); decode attends over the mean context ``In + Out/2``.
+   correlation. Every row is projected by the one projection function the CLI, ``inference_demo`` and
+   ``NeuronModelForCausalLM`` use (:func:`neuron_stack.inference.projection.project_serving` over
+   :func:`neuron_stack.llm.project`), with the row's settings as NxDI runs them: sequence = input +
+   output, one context-encoding bucket of the input length, NxDI's token-generation buckets
+   (``generate_buckets(128, seq)``: powers of two, then the sequence), each decode step at its
+   first-fit bucket (TPOT = their mean).
 2. The NKI guide's Tensor Engine curve (arch guide: II = max(N_moving, 64) cycles, peak at moving 512)
    and DMA statements (DMA guide: < 256 B per partition overhead-bound, >= 2 KiB near peak, >= 4 KiB
    saturated) against the lowered, scheduled instructions.
@@ -24,36 +25,28 @@ that disagrees is explained, not tuned.
 from __future__ import annotations
 
 import math
-import time
-
-import torch
-import torch.nn as nn
 
 import neuron_stack.compiler.lower  # noqa: F401  (registers the op lowerings)
-from neuron_stack.compiler.fuse import fuse
-from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.tiles import Lowered, Pool
-from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule, schedule_lowered
+from neuron_stack.compiler.schedule import schedule_lowered
 from neuron_stack.device.cost import matmul_ns
 from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.export import capture
+from neuron_stack.inference.config import NeuronConfig, generate_buckets
+from neuron_stack.inference.projection import project_serving
 from neuron_stack.ir import Program
-from neuron_stack.runtime.collectives import Group, plan
+from neuron_stack.llm.configs import load_config
+from neuron_stack.llm.project import rank_config
 
-#: longest prefill compiled directly; longer ones are projected from two compiled lengths
-MAX_PREFILL = 2048
-
-# Llama-3 configs (Hugging Face config.json of meta-llama/Meta-Llama-3-8B, -70B, Llama-3.1-405B):
-# hidden, layers, attention heads, KV heads, FFN, vocab; head dim 128
-MODELS = {
-    "Llama-3-8B": (4096, 32, 32, 8, 14336, 128256),
-    "Llama-3-70B": (8192, 80, 64, 8, 28672, 128256),
-    "Llama-3.3-70B": (8192, 80, 64, 8, 28672, 128256),
-    "Llama-3.1-405B": (16384, 126, 128, 8, 53248, 128256),
+#: the published model names -> the neuron-llm presets (their config.json architecture fields)
+PRESET = {
+    "Llama-3-8B": "llama-3-8b",
+    "Llama-3-70B": "llama-3-70b",
+    "Llama-3.3-70B": "llama-3.3-70b",
+    "Llama-3.1-405B": "llama-3.1-405b",
 }
-HEAD_DIM = 128
+#: the instance each row ran on (reference §2.12)
+INSTANCE = {"inf2": "inf2.48xlarge", "trn1": "trn1.32xlarge", "trn2": "trn2.48xlarge"}
 
 # §2.12 rows: model, target, TP, batch, input, output, TTFT ms, TPOT ms, note
 ROWS = [
@@ -73,164 +66,58 @@ ROWS = [
 ]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d, eps=1e-5):
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(d))
-        self.eps = eps
+def row_settings(row) -> tuple[str, NeuronConfig, int, int]:
+    """(preset, NeuronConfig, input length, output length) of a §2.12 row, as a user would give them to
+    ``inference_demo`` or ``neuron-llm project``: sequence = input + output, one context-encoding bucket
+    of the input, NxDI's token-generation buckets (reference §2.4).
 
-    def forward(self, x):
-        return self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-class LayerShard(nn.Module):
-    """One Llama layer as one tensor-parallel rank holds it: ``hq`` query heads, ``hkv`` KV heads, an
-    FFN slice (Megatron column/row split: the all-reduces are costed outside). With ``kc``/``vc``
-    it is a decode step attending over a KV cache (graph inputs in HBM)."""
-
-    def __init__(self, d, hq, hkv, ffn):
-        super().__init__()
-        self.hq, self.hkv = hq, hkv
-        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
-        self.q = nn.Linear(d, hq * HEAD_DIM, bias=False)
-        self.k = nn.Linear(d, hkv * HEAD_DIM, bias=False)
-        self.v = nn.Linear(d, hkv * HEAD_DIM, bias=False)
-        self.o = nn.Linear(hq * HEAD_DIM, d, bias=False)
-        self.gate, self.up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
-        self.down = nn.Linear(ffn, d, bias=False)
-
-    def forward(self, x, kc=None, vc=None):
-        b, s, d = x.shape
-        y = self.n1(x)
-        q = self.q(y).view(b, s, self.hq, HEAD_DIM).transpose(1, 2)
-        k = self.k(y).view(b, s, self.hkv, HEAD_DIM).transpose(1, 2)
-        v = self.v(y).view(b, s, self.hkv, HEAD_DIM).transpose(1, 2)
-        if kc is not None:  # the bf16 KV cache, read as it is stored
-            k, v = kc.float(), vc.float()
-        # grouped-query attention as GQA kernels do it: the r query heads of a KV head are r x s rows
-        # against that head's K and V (no replicated K/V copy)
-        r = self.hq // self.hkv
-        qg = q.reshape(b, self.hkv, r * s, HEAD_DIM)
-        att = (qg @ k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
-        if kc is None:
-            att = att + torch.triu(torch.full((s, s), float("-inf")), 1).repeat(r, 1)
-        a = (torch.softmax(att, dim=-1) @ v).reshape(b, self.hq, s, HEAD_DIM)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, self.hq * HEAD_DIM))
-        y = self.n2(x)
-        return x + self.down(nn.functional.silu(self.gate(y)) * self.up(y))
-
-
-def _device_ns(model, args, target: str) -> int:
-    """Projected device time of ``model(*args)`` compiled by the real pipeline (auto-cast matmult)."""
-    prog = fuse(partition(legalize(capture(model.eval(), args))))
-    return int(
-        build_schedule(prog, 0, get_profile(target), {"target": target, "auto_cast": "matmult"}).device_ns
+    >>> preset, nc, n_in, n_out = row_settings(ROWS[0])
+    >>> preset, nc.context_encoding_buckets, nc.token_generation_buckets, nc.instance_type
+    ('llama-3-8b', [128], [128, 256, 512, 1024, 2048, 4096, 8192], 'inf2.48xlarge')
+    """
+    model, target, tp, batch, n_in, n_out = row[:6]
+    seq = n_in + n_out
+    nc = NeuronConfig(
+        tp_degree=tp,
+        batch_size=batch,
+        seq_len=seq,
+        max_context_length=n_in,
+        context_encoding_buckets=[n_in],
+        token_generation_buckets=generate_buckets(128, seq),
+        torch_dtype="bfloat16",
+        target=target,
+        instance_type=INSTANCE[target],
     )
+    return PRESET.get(model, model), nc, n_in, n_out
 
 
-def shard_dims(model: str, tp: int) -> dict:
-    """Per-rank sizes: heads padded up to a multiple of TP (as TNx pads 32 heads over 24 ranks), KV
-    heads replicated when fewer than ranks, FFN and vocab split evenly (rounded up)."""
-    d, layers, heads, kv, ffn, vocab = MODELS[model]
-    return {
-        "d": d,
-        "layers": layers,
-        "hq": -(-heads // tp),
-        "hkv": max(1, -(-kv // tp)),
-        "ffn": -(-ffn // tp),
-        "vocab": -(-vocab // tp),
-    }
-
-
-class Projector:
-    """Layer-shard projections, cached per shape (several rows share a shard)."""
-
-    def __init__(self, log=print):
-        self.cache: dict[tuple, int] = {}
-        self.log = log
-
-    def _layer(self, key: tuple, build) -> int:
-        if key not in self.cache:
-            t0 = time.perf_counter()
-            torch.manual_seed(0)
-            model, args, target = build()
-            self.cache[key] = _device_ns(model, args, target)
-            self.log(
-                f"   compiled {key[0]} {key[1:]} in {time.perf_counter() - t0:.0f} s: "
-                f"{self.cache[key] / 1e3:.0f} us"
-            )
-        return self.cache[key]
-
-    def prefill_layer(self, sd: dict, target: str, batch: int, seq: int) -> int:
-        if seq > MAX_PREFILL:
-            s1, s2 = MAX_PREFILL // 2, MAX_PREFILL
-            t1, t2 = self.prefill_layer(sd, target, batch, s1), self.prefill_layer(sd, target, batch, s2)
-            b = max(0.0, (t2 - 2 * t1) / (s2 * s2 - 2 * s1 * s1))  # t = a S + b S^2 through both points
-            a = (t1 - b * s1 * s1) / s1
-            return int(a * seq + b * seq * seq)
-        key = ("prefill", sd["d"], sd["hq"], sd["hkv"], sd["ffn"], target, batch, seq)
-        return self._layer(
-            key,
-            lambda: (
-                LayerShard(sd["d"], sd["hq"], sd["hkv"], sd["ffn"]),
-                (torch.randn(batch, seq, sd["d"]),),
-                target,
-            ),
-        )
-
-    def decode_layer(self, sd: dict, target: str, batch: int, ctx: int) -> int:
-        key = ("decode", sd["d"], sd["hq"], sd["hkv"], sd["ffn"], target, batch, ctx)
-        cache = (batch, sd["hkv"], ctx, HEAD_DIM)
-        return self._layer(
-            key,
-            lambda: (
-                LayerShard(sd["d"], sd["hq"], sd["hkv"], sd["ffn"]),
-                (
-                    torch.randn(batch, 1, sd["d"]),
-                    torch.randn(cache, dtype=torch.bfloat16),
-                    torch.randn(cache, dtype=torch.bfloat16),
-                ),
-                target,
-            ),
-        )
-
-    def head(self, sd: dict, target: str, batch: int) -> int:
-        key = ("lm_head", sd["d"], sd["vocab"], target, batch)
-        return self._layer(
-            key, lambda: (nn.Linear(sd["d"], sd["vocab"], bias=False), (torch.randn(batch, sd["d"]),), target)
-        )
-
-
-def _all_reduce_ns(target: str, tp: int, elements: int) -> int:
-    return plan("all_reduce", elements, "bfloat16", Group.on_cores(range(tp)), get_profile(target)).dur_ns
-
-
-def roofline_ms(model: str, target: str, tp: int, batch: int, tokens: int, ctx: int) -> float:
-    """max(TensorE time at peak, HBM time at the chip's bandwidth share) per rank for ``tokens`` new
-    tokens per sequence over a context of ``ctx``: weights (bf16) read once, KV read for attention."""
+def roofline_ms(model: str, target: str, tp: int, batch: int, tokens: int, ctx: int, layer_weight_bytes=2) -> float:
+    """max(TensorE time at peak, HBM time at the core's bandwidth share) per rank for ``tokens`` new
+    tokens per sequence over a context of ``ctx``: weights read once (decoder layers at
+    ``layer_weight_bytes`` per parameter: 1 for int8, the LM head bf16), KV read for attention."""
     p = get_profile(target)
-    sd = shard_dims(model, tp)
-    d, L = sd["d"], sd["layers"]
-    params = d * HEAD_DIM * (2 * sd["hq"] + 2 * sd["hkv"]) + 3 * d * sd["ffn"]
-    flops = (
-        L * (2 * params * batch * tokens + 4 * batch * sd["hq"] * HEAD_DIM * tokens * ctx)
-        + 2 * d * sd["vocab"] * batch
-    )
-    kv_bytes = 2 * L * batch * sd["hkv"] * HEAD_DIM * ctx * 2 if tokens == 1 else 0
-    nbytes = 2 * (L * params + d * sd["vocab"]) + kv_bytes
+    c = rank_config(load_config(PRESET.get(model, model)), tp)
+    d, L, hd = c.hidden_size, c.num_hidden_layers, c.head_dim
+    hq, hkv = c.num_attention_heads, c.num_key_value_heads
+    params = d * hd * (2 * hq + 2 * hkv) + 3 * d * c.intermediate_size
+    flops = L * (2 * params * batch * tokens + 4 * batch * hq * hd * tokens * ctx) + 2 * d * c.vocab_size * batch
+    kv_bytes = 2 * L * batch * hkv * hd * ctx * 2 if tokens == 1 else 0
+    nbytes = layer_weight_bytes * L * params + 2 * d * c.vocab_size + kv_bytes
     t = max(flops / p.tensor_peak_flops("bfloat16"), nbytes / (p.hbm_bytes_per_ns_per_core * 1e9))
     return t * 1e3
 
 
-def project_row(pr: Projector, row) -> dict:
+def project_row(row, cache: dict | None = None) -> dict:
+    """One §2.12 row: published and projected TTFT/TPOT (ms), their roofline bounds and why they differ."""
     model, target, tp, batch, n_in, n_out, ttft, tpot, note = row
-    sd = shard_dims(model, tp)
-    L, d = sd["layers"], sd["d"]
-    head = pr.head(sd, target, batch)
-    pre = pr.prefill_layer(sd, target, batch, n_in) + 2 * _all_reduce_ns(target, tp, batch * n_in * d)
-    ctx = n_in + n_out // 2
-    cc_dec = 2 * _all_reduce_ns(target, tp, batch * d)
-    dec = pr.decode_layer(sd, target, batch, ctx) + cc_dec
+    preset, nc, _, _ = row_settings(row)
+    key = (preset, target, tp, batch, n_in, n_out, "int8" in note)
+    cache = {} if cache is None else cache
+    if key not in cache:
+        # the rows AWS ran with int8 weights are projected with int8 weight-only quantization
+        cache[key] = project_serving(preset, nc, n_in, n_out, quantization_dtype="int8" if "int8" in note else None)
+    s = cache[key]
+    wb = 1 if "int8" in note else 2
     out = {
         "model": model,
         "target": target,
@@ -241,42 +128,51 @@ def project_row(pr: Projector, row) -> dict:
         "note": note,
         "ttft_pub": ttft,
         "tpot_pub": tpot,
-        "ttft_proj": (L * pre + head) / 1e6,
-        "tpot_proj": (L * dec + head) / 1e6,
-        "ttft_roof": roofline_ms(model, target, tp, batch, n_in, n_in),
-        "tpot_roof": roofline_ms(model, target, tp, batch, 1, ctx),
+        "ttft_proj": s["ttft_ms"],
+        "tpot_proj": s["tpot_ms"],
+        "ttft_ns": s["ttft_ns"],
+        "tpot_ns": s["tpot_ns"],
+        "ttft_roof": roofline_ms(model, target, tp, batch, n_in, n_in, wb),
+        "tpot_roof": roofline_ms(model, target, tp, batch, 1, n_in + n_out // 2, wb),
+        "compile_s": s["compile_s"],
     }
     out["tpot_modelled"] = "speculation" not in note
-    out["tpot_cc_share"] = L * cc_dec / 1e6 / out["tpot_proj"]
+    out["tpot_cc_share"] = s["tpot_collective_ns"] / max(1, s["tpot_ns"])
     out["why"] = _why(out)
     return out
 
 
 def _why(r: dict) -> str:
-    """What the projection leaves out or adds, for a row more than 1.5x off (the report's "why")."""
+    """What the projection leaves out or adds, for a value more than 1.5x off (the report's "why")."""
     why = []
     for key in ("ttft", "tpot"):
         ratio = r[f"{key}_proj"] / r[f"{key}_pub"]
         if key == "tpot" and not r["tpot_modelled"] or 1 / 1.5 <= ratio <= 1.5:
             continue
-        if ratio > 1 and "int8" in r["note"] and key == "tpot":
+        if ratio < 1:
             why.append(
-                "published weights are int8, projected bf16 (2x the weight bytes a decode step streams)"
+                f"{key.upper()} under published: the published figure includes host/framework time per request "
+                "(sampling, first-token overheads) that a device projection does not"
             )
-        if ratio > 1 and key == "tpot" and r["tpot_cc_share"] > 0.25:
+            continue
+        if key == "ttft" and r["in"] >= 2048:
             why.append(
-                f"{100 * r['tpot_cc_share']:.0f}% of the projected TPOT is ring all-reduce steps "
-                f"(2 per layer over {r['tp']} ranks at an assumed, unpublished per-step latency)"
+                f"TTFT: a {r['in']}-token prefill is lowered without sequence tiling (no flash-style attention): "
+                "scores and layer activations spill to HBM"
             )
-        if ratio < 1 and key == "ttft":
+        elif key == "ttft":
+            why.append("TTFT: weight DMAs of 256 B per partition at this TP are descriptor-bound (DMA guide)")
+        else:
             why.append(
-                "projected TTFT under published: the published figure includes host/framework time per "
-                "request (TNx sampling, first-token overheads) that a device projection does not"
+                f"TPOT is {ratio:.1f}x published ({r['tpot_proj'] / r['tpot_roof']:.0f}x its roofline): "
+                f"{100 * r['tpot_cc_share']:.0f}% is ring all-reduce steps (2 per layer over {r['tp']} ranks, "
+                "each paying the profile's assumed NeuronLink step latency, 2 us); weight tiles of "
+                f"{128 if 'int8' in r['note'] else 256} B per partition are descriptor-bound; each layer is a "
+                "chain of small dependent instructions"
             )
-        if ratio > 1 and key == "ttft" and r["in"] > MAX_PREFILL:
+        if r["target"] == "trn2":
             why.append(
-                f"prefill of {r['in']} tokens projected from compiled {MAX_PREFILL // 2} and {MAX_PREFILL} "
-                "(whole-layer activations spill to HBM; the real compiler tiles the sequence)"
+                "a trn2 LNC=2 logical core has two physical cores' engines; the profile schedules one core's"
             )
     return "; ".join(dict.fromkeys(why))
 
@@ -325,8 +221,15 @@ def summary(rows: list[dict]) -> dict:
 
 
 def llama_report(rows_to_run=None, log=print) -> tuple[list[dict], dict]:
-    pr = Projector(log)
-    rows = [project_row(pr, r) for r in (rows_to_run or ROWS)]
+    """Project every row (rows with the same settings are projected once) and summarise."""
+    cache: dict = {}
+    rows = []
+    for r in rows_to_run or ROWS:
+        rows.append(project_row(r, cache))
+        x = rows[-1]
+        log(f"   projected {r[0]} {r[1]} TP{r[2]} B{r[3]} {r[4]}/{r[5]} in {x['compile_s']:.0f} s: TTFT "
+            f"{x['ttft_proj']:.2f} ms ({x['ttft_proj'] / x['ttft_pub']:.2f}x), TPOT {x['tpot_proj']:.2f} ms "
+            f"({x['tpot_proj'] / x['tpot_pub']:.2f}x)")
     return rows, summary(rows)
 
 
@@ -360,10 +263,51 @@ def print_llama(rows: list[dict], s: dict) -> None:
         f"{s['spearman']:.2f}, within 2x: {s['within_2x']}/{s['values']}"
     )
     print(
-        "   roof = max(FLOPs at TensorE bf16 peak, bf16 weights + KV at the core's HBM share): "
+        "   roof = max(FLOPs at TensorE bf16 peak, weights (int8 rows: int8 layers) + KV at the core's HBM share): "
         "a floor no real "
         "run beats; collectives excluded"
     )
+
+
+#: the block of a docs page that :func:`write_docs` owns
+DOCS_BEGIN = "<!-- begin: written by bench/fidelity.py --published --docs; do not edit by hand -->"
+DOCS_END = "<!-- end: written by bench/fidelity.py --published --docs -->"
+
+
+def markdown(rows: list[dict], s: dict, load: float) -> str:
+    """The report's rows and summary as a markdown table (what ``--docs`` writes into a page)."""
+    out = [
+        f"Projected / published (P50), device time only; measured at load average {load:.1f}.",
+        "",
+        "| model | target | TP | B | in/out | TTFT pub | proj | ratio | roof | TPOT pub | proj | ratio | roof | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tp_ratio = f"{r['tpot_proj'] / r['tpot_pub']:.2f}" if r["tpot_modelled"] else "not modelled"
+        out.append(
+            f"| {r['model']} | {r['target']} | {r['tp']} | {r['batch']} | {r['in']}/{r['out']} | "
+            f"{r['ttft_pub']:.2f} | {r['ttft_proj']:.2f} | {r['ttft_proj'] / r['ttft_pub']:.2f} | "
+            f"{r['ttft_roof']:.2f} | {r['tpot_pub']:.2f} | {r['tpot_proj']:.2f} | {tp_ratio} | "
+            f"{r['tpot_roof']:.2f} | {'; '.join(x for x in (r['note'], _why(r)) if x)} |"
+        )
+    out += [
+        "",
+        f"{s['values']} modelled values: geometric-mean ratio {s['geomean_ratio']:.2f}, Spearman "
+        f"{s['spearman']:.2f}, within 2x: {s['within_2x']}/{s['values']}.",
+    ]
+    return "\n".join(out)
+
+
+def write_docs(path: str, text: str) -> None:
+    """Replace the block between DOCS_BEGIN and DOCS_END of ``path`` with ``text``."""
+    with open(path) as f:
+        page = f.read()
+    head, sep, rest = page.partition(DOCS_BEGIN)
+    _, sep2, tail = rest.partition(DOCS_END)
+    if not sep or not sep2:
+        raise SystemExit(f"{path} has no {DOCS_BEGIN!r} ... {DOCS_END!r} block to write the table into")
+    with open(path, "w") as f:
+        f.write(f"{head}{DOCS_BEGIN}\n{text}\n{DOCS_END}{tail}")
 
 
 # ----------------------------------------------------------------------------------------------

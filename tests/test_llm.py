@@ -203,7 +203,7 @@ def test_projection_repeats_one_layer_like_the_whole_model():
     cfg = tiny_config(layers=4)
     p = project(cfg, sequence_length=64, context_length=16)
     assert [(g.name, g.bucket, g.active_tokens) for g in p.graphs] == [
-        ("context_encoding", 64, 16),
+        ("context_encoding", 16, 16),
         ("token_generation", 64, 1),
     ]
     for g in p.graphs:

@@ -307,7 +307,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
     for e in ENGINES:
         m = eng == e
         busy[e] = int(dur[m].sum()) if n else 0
-        active[e] = _union_ns(start[m], dur[m])
+        active[e] = union_ns(start[m], dur[m])
     end = start + dur
     device_ns = int(end.max()) if n else 0
     is_t = np.array([t == "TRANSPOSE" for t in itype], dtype=bool) if n else np.zeros(0, bool)
@@ -330,8 +330,12 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         records=records_mod.build(low, start, dur, queue, pc))
 
 
-def _union_ns(s: np.ndarray, d: np.ndarray) -> int:
-    """Total length of the union of intervals [s, s+d) (engines with several queues overlap)."""
+def union_ns(s: np.ndarray, d: np.ndarray) -> int:
+    """Total length of the union of intervals [s, s+d) (engines with several queues overlap).
+
+    >>> union_ns(np.array([0, 5, 20]), np.array([10, 10, 1]))
+    16
+    """
     if len(s) == 0:
         return 0
     o = np.argsort(s, kind="stable")

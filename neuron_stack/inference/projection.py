@@ -26,8 +26,10 @@ def project_serving(
     *,
     instance_type: str | None = None,
     dtype: str | None = None,
+    quantization_dtype: str | None = None,
 ) -> dict:
-    """Projected TTFT / TPOT / E2E / tok/s of ``model`` (preset, config directory or config) under ``nc``."""
+    """Projected TTFT / TPOT / E2E / tok/s of ``model`` (preset, config directory or config) under ``nc``
+    (``quantization_dtype``: int8 or fp8 weight-only quantization, as :func:`neuron_stack.llm.project`)."""
     from neuron_stack.llm import project
 
     from .config import InferenceError
@@ -54,10 +56,11 @@ def project_serving(
         instance_type=instance_type or nc.instance_type,
         target=nc.target,
         token_generation_buckets=used,
+        quantization_dtype=quantization_dtype,
     )
     cte_ns = next(g.device_ns for g in p.graphs if g.name == "context_encoding")
-    tkg_ns = {g.bucket: g.device_ns for g in p.graphs if g.name == "token_generation"}
-    tpot_ns = sum(tkg_ns[b] for b in steps) / len(steps)
+    tkg = {g.bucket: g for g in p.graphs if g.name == "token_generation"}
+    tpot_ns = sum(tkg[b].device_ns for b in steps) / len(steps)
     e2e_ns = cte_ns + tpot_ns * (output_len - 1)
     out = {
         "model": p.model,
@@ -68,6 +71,9 @@ def project_serving(
         "output_len": output_len,
         "ttft_ms": cte_ns / 1e6,
         "tpot_ms": tpot_ns / 1e6,
+        "ttft_ns": cte_ns,  # the context-encoding graph's device_ns, exactly as neuron-llm prints it
+        "tpot_ns": tpot_ns,
+        "tpot_collective_ns": sum(tkg[b].collective_ns for b in steps) / len(steps),
         "e2e_ms": e2e_ns / 1e6,
         "output_tokens_per_s": nc.batch_size * output_len / (e2e_ns / 1e9) if e2e_ns else 0.0,
         "fits": p.fits,

@@ -41,6 +41,11 @@ def parser() -> argparse.ArgumentParser:
         help="KV lengths of the token-generation graphs (default: the sequence length)",
     )
     pr.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
+    pr.add_argument(
+        "--quantization-dtype",
+        default=None,
+        help="weight-only quantization of the decoder layers: int8, or fp8 on trn2 (NxDI quantization_dtype)",
+    )
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.add_argument("--neff-dir", default=None, help="write the compiled 1- and 2-layer NEFFs here")
     return p
@@ -69,6 +74,7 @@ def _project(args) -> int:
         instance_type=args.instance,
         target=args.target,
         token_generation_buckets=args.tkg_buckets,
+        quantization_dtype=args.quantization_dtype,
     )
     if args.neff_dir:
         out = Path(args.neff_dir)

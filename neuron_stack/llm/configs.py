@@ -2,7 +2,8 @@
 a ``transformers`` config object. Nothing downloads.
 
 The presets copy the architecture fields of the models' published ``config.json`` files (Hugging Face
-``meta-llama/Meta-Llama-3-8B``, ``meta-llama/Meta-Llama-3-70B``, ``meta-llama/Llama-2-7b-hf``); only the
+``meta-llama/Meta-Llama-3-8B``, ``meta-llama/Meta-Llama-3-70B``, ``meta-llama/Llama-2-7b-hf``,
+``meta-llama/Llama-3.3-70B-Instruct``, ``meta-llama/Llama-3.1-405B``); only the
 shapes matter here, there are no weights.
 
 >>> load_config("llama-3-8b").num_hidden_layers
@@ -25,6 +26,8 @@ _PRESET_ROWS = {
     "llama-3-8b":  (128256, 4096, 14336, 32,    32,   8,  8192,   500000.0),
     "llama-3-70b": (128256, 8192, 28672, 80,    64,   8,  8192,   500000.0),
     "llama-2-7b":  (32000,  4096, 11008, 32,    32,   32, 4096,   None),
+    "llama-3.3-70b": (128256, 8192, 28672, 80,  64,   8,  131072, 500000.0),
+    "llama-3.1-405b": (128256, 16384, 53248, 126, 128, 8, 131072, 500000.0),
 }
 PRESETS: dict[str, dict] = {
     name: {"model_type": "llama", **{f: v for f, v in zip(_PRESET_FIELDS, row) if v is not None},

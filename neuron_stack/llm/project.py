@@ -29,9 +29,11 @@ with an all-gather of the last token's logits.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import resource
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES, compile_program
@@ -39,6 +41,7 @@ from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive
+from neuron_stack.llm.quantize import FP8_TARGETS, QUANT_DTYPES, quantize_decoder
 from neuron_stack.runtime.collectives import Group, plan
 from neuron_stack.runtime.cores import INSTANCE_TYPES
 
@@ -83,6 +86,7 @@ class Projection:
     instance_cores: int
     compile_s: float = 0.0
     peak_rss_bytes: int = 0
+    quantization: str | None = None  # decoder weights' dtype when quantized (int8, float8_e4m3fn)
 
     @property
     def hbm_used(self) -> int:
@@ -119,7 +123,9 @@ class Projection:
             "",
             f"shapes: batch {self.batch_size}, context {self.context_length}, "
             f"sequence {self.sequence_length}, "
-            f"{self.num_layers} layers, {self.dtype}, target {self.target} (numbers=none: no weights, "
+            f"{self.num_layers} layers, {self.dtype}"
+            + (f", {self.quantization} decoder weights" if self.quantization else "")
+            + f", target {self.target} (numbers=none: no weights, "
             "nothing executed)",
             "",
             "HBM per core:",
@@ -192,12 +198,14 @@ def rank_config(config, tp_degree: int, num_layers: int | None = None):
     return c
 
 
-def _meta_model(config, dtype: str):
+def _meta_model(config, dtype: str, quantization: str | None = None):
     import torch
     import transformers
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    if quantization:
+        quantize_decoder(model, quantization)
     return model.eval()
 
 
@@ -207,13 +215,34 @@ def _kv_geometry(config) -> tuple[int, int]:
     return kv, getattr(config, "head_dim", None) or config.hidden_size // heads
 
 
-def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dtype: str, flags: dict):
-    """Capture and compile one sub-model with ``layers`` decoder layers on the meta device."""
+#: compiled sub-models of this process by everything that shapes them (config, layers, batch, tokens,
+#: bucket, dtype, flags): the CLI, inference_demo, NeuronModelForCausalLM and the benches asking for
+#: the same graph get the same NEFF, once. Small: a full-size graph's NEFF is tens of MB.
+_GRAPHS: OrderedDict = OrderedDict()
+_GRAPHS_MAX = 6
+
+
+def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dtype: str, flags: dict,
+                   quantization: str | None = None):
+    """Capture and compile one sub-model with ``layers`` decoder layers on the meta device (cached)."""
+    key = (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
+           json.dumps(flags, sort_keys=True, default=str), quantization)
+    if key in _GRAPHS:
+        _GRAPHS.move_to_end(key)
+        return _GRAPHS[key]
+    neff = _GRAPHS[key] = _compile_graph_uncached(config, layers, batch, tokens, bucket, dtype, flags,
+                                                  quantization)
+    while len(_GRAPHS) > _GRAPHS_MAX:
+        _GRAPHS.popitem(last=False)
+    return neff
+
+
+def _compile_graph_uncached(config, layers, batch, tokens, bucket, dtype, flags, quantization):
     import torch
     import transformers
 
     cfg = rank_config(config, 1, layers)
-    model = _meta_model(cfg, dtype)
+    model = _meta_model(cfg, dtype, quantization)
     cache = transformers.StaticCache(config=cfg, max_cache_len=bucket)
     kv, head_dim = _kv_geometry(cfg)
     meta = torch.device("meta")
@@ -228,6 +257,23 @@ def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dt
         name=f"{type(model).__name__}_{layers}layer",
     )
     return compile_program(program, flags)
+
+
+def _engine_active_ns(neff) -> dict[str, int]:
+    """Per engine, the union of its instructions' [start, end) over the NEFF's partitions (a DMA
+    engine's 16 queues overlap one another: their sum would exceed the elapsed time)."""
+    import numpy as np
+
+    from neuron_stack.compiler.schedule import union_ns
+
+    out: dict[str, int] = {}
+    for sc in neff.schedules.values():
+        eng = np.array(sc.table.column("engine").to_pylist(), dtype=object)
+        start, dur = sc.table.column("rel_start_ns").to_numpy(), sc.table.column("dur_ns").to_numpy()
+        for e in set(eng.tolist()):
+            m = eng == e
+            out[e] = out.get(e, 0) + union_ns(start[m], dur[m])
+    return out
 
 
 def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile) -> int:
@@ -262,13 +308,16 @@ def project(
     target: str = "trn1",
     token_generation_buckets: list[int] | None = None,
     compiler_args=None,
+    quantization_dtype: str | None = None,
 ) -> Projection:
     """Project a decoder LLM (a preset name, a config directory or a transformers config) with no weights.
 
     ``sequence_length``: the KV cache length (prompt + generated tokens); ``context_length``: the
     prompt bucket of the context-encoding graph (default ``min(128, sequence_length)``);
     ``token_generation_buckets``: KV lengths of the decode graphs (default ``[sequence_length]``);
-    ``instance_type`` (e.g. ``inf2.xlarge``) picks the device profile, else ``target``'s default instance.
+    ``instance_type`` (e.g. ``inf2.xlarge``) picks the device profile, else ``target``'s default instance;
+    ``quantization_dtype`` (``int8``, or ``fp8`` on trn2): weight-only quantization of the decoder layers
+    (:mod:`neuron_stack.llm.quantize`).
     Example: ``print(project("llama-3-8b", tp_degree=8, instance_type="trn1.32xlarge").report())``.
     """
     t0 = time.perf_counter()
@@ -277,6 +326,11 @@ def project(
     if str(dtype).lower() not in DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
     dtype = DTYPES[str(dtype).lower()]
+    quantization = None
+    if quantization_dtype:
+        quantization = QUANT_DTYPES.get(str(quantization_dtype).lower())
+        if quantization is None:
+            raise ConfigError(f"quantization dtype {quantization_dtype!r} is not one of int8, fp8")
     require_positive(batch_size=batch_size, sequence_length=sequence_length, tp_degree=tp_degree)
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
@@ -286,12 +340,16 @@ def project(
             f"exceed sequence_length {sequence_length}"
         )
     instance_type, profile, cores = _instance(instance_type, target)
+    if quantization and quantization != "int8" and profile.name not in FP8_TARGETS:
+        raise ConfigError(f"fp8 weights need a trn2 Tensor Engine; {profile.name} takes int8 (or no quantization)")
     flags = parse_flags(compiler_args, target=profile.name)
     layers = int(config.num_hidden_layers)
     rank = rank_config(config, tp_degree)
 
     graphs = []
-    plans = [("context_encoding", context_length, sequence_length)] + [
+    # the prefill graph of a context bucket attends over that bucket and writes the KV cache at its
+    # positions (NxDI's context-encoding model): its work does not depend on the cache length
+    plans = [("context_encoding", context_length, context_length)] + [
         ("token_generation", 1, b) for b in buckets
     ]
     code_bytes, act_bytes, scratch = 0, 0, 0
@@ -299,18 +357,19 @@ def project(
     elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
     for kind, tokens, bucket in plans:
         g0 = time.perf_counter()
-        one = _compile_graph(rank, 1, batch_size, tokens, bucket, dtype, flags)
-        two = _compile_graph(rank, 2, batch_size, tokens, bucket, dtype, flags)
+        one = _compile_graph(rank, 1, batch_size, tokens, bucket, dtype, flags, quantization)
+        two = _compile_graph(rank, 2, batch_size, tokens, bucket, dtype, flags, quantization)
         t1, t2 = (sum(sc.device_ns for sc in n.schedules.values()) for n in (one, two))
         i1, i2 = one.program.stats["num_instructions"], two.program.stats["num_instructions"]
-        layer_ns, layer_instr = max(0, t2 - t1), max(0, i2 - i1)
+        # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
+        # one-layer graph (the rest of it, embedding and LM head, is then the base)
+        layer_ns, layer_instr = min(max(0, t2 - t1), t1), max(0, i2 - i1)
         coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
         instructions = i1 + (layers - 1) * layer_instr
-        busy = {
-            e: sum(sc.busy_ns.get(e, 0) for sc in two.schedules.values())
-            - sum(sc.busy_ns.get(e, 0) for sc in one.schedules.values())
-            for e in {e for n in (one, two) for sc in n.schedules.values() for e in sc.busy_ns}
-        }
+        a1, a2 = _engine_active_ns(one), _engine_active_ns(two)
+        # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
+        # a layer's extra latency bounds
+        busy = {e: min(layer_ns, max(0, a2.get(e, 0) - a1.get(e, 0))) for e in a1.keys() | a2.keys()}
         graphs.append(
             GraphProjection(
                 kind,
@@ -333,7 +392,10 @@ def project(
         act_bytes = max(act_bytes, mem["tensors"] - cache_1layer)
         scratch = max(scratch, mem["model_shared_scratchpad"])
 
-    weights = sum(p.numel() * p.element_size() for p in _meta_model(rank, dtype).parameters())
+    meta = _meta_model(rank, dtype, quantization)
+    stored = set(meta.state_dict())  # parameters and persistent buffers (quantized weights, scales)
+    weights = sum(t.numel() * t.element_size() for k, t in [*meta.named_parameters(), *meta.named_buffers()]
+                  if k in stored)
     memory = {
         "weights": weights,
         "kv_cache": 2 * layers * batch_size * kv * sequence_length * head_dim * elt,
@@ -358,4 +420,5 @@ def project(
         instance_cores=cores,
         compile_s=time.perf_counter() - t0,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        quantization=quantization,
     )

@@ -40,6 +40,10 @@ from neuron_stack.isa.instructions import ENGINE_OF
 RESIDENT_FRACTION = 0.6
 
 
+#: weight dtypes a matmul dequantizes on the fly (NxDI ``quantization_dtype``: int8; fp8 on trn2)
+QUANTIZED_DTYPES = ("int8", "float8_e4m3fn", "float8_e5m2")
+
+
 class Lowerer(Residency):
     """Lowers one partition. Use :func:`lower`."""
 
@@ -353,6 +357,10 @@ class Lowerer(Residency):
         if name in self.values:
             return self.values[name]
         n = self.by_name[name]
+        quantized = self.folded_dequant(n)
+        if quantized is not None:
+            self.values[name] = self.value(quantized)
+            return self.values[name]
         if name in self.in_part and name not in self.done and n.op_class != "view" and not self.preparing:
             # produced in this partition but not lowered yet (an epilogue operand): lower it now
             host = n.fused_into if n.fused_into in self.in_part else name
@@ -504,10 +512,29 @@ class Lowerer(Residency):
                 return True
         return False
 
+    def folded_dequant(self, n: Node) -> str | None:
+        """The quantized weight (an int8/fp8 constant) that ``n`` converts, when only matmuls read the
+        conversion: they load the weight as stored (half the bytes of bf16) and cast each tile on
+        ScalarE on its way to the Tensor Engine (weight-only quantization, NxDI's ``quantized``)."""
+        if n.target != "aten._to_copy.default" or not n.args or not isinstance(n.args[0], dict):
+            return None
+        src = n.args[0].get("node")
+        if src not in self.const_names or self.by_name[src].outputs[0].dtype not in QUANTIZED_DTYPES:
+            return None
+        return src if self._only_matmuls_read(n.name) else None
+
+    def _only_matmuls_read(self, name: str) -> bool:
+        users = self.users.get(name, [])
+        return bool(users) and all(
+            self.by_name[u].op_class == "matmul"
+            or self.by_name[u].op_class == "view" and self._only_matmuls_read(u) for u in users)
+
     def lower_node(self, n: Node) -> None:
         if n.name in self.done:
             return
         self.done.add(n.name)
+        if self.folded_dequant(n) is not None:
+            return              # its matmuls read the quantized weight themselves
         members = self.fused.get(n.name, [])
         self.done.update(f.name for f in members)
         registry.lookup(n.target, n.op_class).fn(self, n)

@@ -7,7 +7,7 @@ from neuron_stack.compiler.lower.attention import SoftmaxEpilogue, fusable_softm
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
-from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.tiles import (
     FLOATS,
@@ -155,7 +155,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if not (a_direct and b_direct) else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
-        ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype, bufs=2)
+        # a quantized weight streams through its staging tiles: as many in flight as the panel's
+        ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype,
+                       bufs=streamed if B.dtype in QUANTIZED_DTYPES else 2)
     # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
     epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
 
