@@ -31,7 +31,7 @@ from traces.schema import TABLES
 #: Partition keys, outermost first (directory names ``instance=…/rank=…``).
 PARTITIONS = (("instance", pa.string()), ("rank", pa.int32()))
 #: Table name in the profile -> directory in the dataset. The one place to rename them.
-DATASET_TABLES = {name: name for name in (*TABLES, "exec_engine_summary")}
+DATASET_TABLES = {name: name for name in (*TABLES, "exec_engine_summary", "opcode_summary")}
 SEGMENTS_DIR = "segments"
 PART_NAME = "part-0.parquet"
 

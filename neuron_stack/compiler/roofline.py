@@ -19,7 +19,7 @@ Ops run back to back (no overlap) and fused ops add their engine time beside the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -45,6 +45,9 @@ class Schedule:
     spill_save_bytes: int = 0
     spill_reload_bytes: int = 0
     flops: int = 0
+    tensor_flops: int = 0
+    transpose_flops: int = 0
+    records: dict = field(default_factory=dict)   # the roofline knows no allocations or dependencies
 
 
 def _compute_ns(n, profile, flags) -> float:
