@@ -121,12 +121,14 @@ def top_ops(L: Loaded, n: int = 10) -> list[dict]:
         key = op_path_key(o)
         g = groups.setdefault(key, {"op": op_label(o), "module": o.get("module_path", ""), "where": where(o),
                                     "source_id": o.get("source_id"), "sel": f"path:{key}", "device_ns": 0,
-                                    "instructions": 0, "engines": {}, "graphs": 0})
+                                    "instructions": 0, "engines": {}, "graph_ids": set()})
         g["device_ns"] += t["device_ns"]
         g["instructions"] += t["instructions"]
-        g["graphs"] += 1
+        g["graph_ids"].add(o.get("graph_id"))   # one op path can occur several times in one graph
         for e, ns in t["engines"].items():
             g["engines"][e] = g["engines"].get(e, 0) + ns
+    for g in groups.values():
+        g["graphs"] = len(g.pop("graph_ids"))
     result = sorted(groups.values(), key=lambda r: -r["device_ns"])
     return result[:n]
 

@@ -42,6 +42,12 @@ def test_exp003_top_ops_and_lines_rank_by_device_time(loaded):
     ops = data.top_ops(loaded, 5)
     assert [o["device_ns"] for o in ops] == sorted((o["device_ns"] for o in ops), reverse=True)
     assert ops[0]["module"] == "fc2" and ops[0]["where"] == "model.py:15" and ops[0]["graphs"] == 4
+    # "graphs" counts the distinct graphs an op path ran in, never its op rows (issue 31)
+    info, totals = data.ops(loaded), data.op_totals(loaded)
+    for row in ops:
+        ids = {o["graph_id"] for i, o in info.items() if data.op_path_key(o) == row["sel"][len("path:"):]
+               and totals.get(i, {}).get("device_ns")}
+        assert row["graphs"] == len(ids)
     lines = data.top_lines(loaded, 3)
     assert [ln["line"] for ln in lines] == [15, 13, 14]
     # the per-line sums equal the per-op sums: nothing counted twice or lost
