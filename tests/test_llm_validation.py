@@ -48,3 +48,17 @@ def test_config_fields_are_checked(tmp_path, capsys, change, needle):
 def test_flags_are_checked(capsys, argv, needle):
     code, err = llm(capsys, "llama-3-8b", *argv)
     assert code == 1 and err.count("\n") == 1 and needle in err, err
+
+
+def test_a_refusal_loads_neither_torch_nor_the_compiler(tmp_path):
+    """The checks run before `neuron_stack.llm.project` (and torch) load: a bad size costs a second, not 250 MB."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(BASE | {"hidden_size": -1}))
+    code = ("import sys; from neuron_stack.llm.cli import main; rc = main(['project', sys.argv[1]]); "
+            "print(rc, 'torch' in sys.modules, 'neuron_stack.compiler' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", "False", "False"], out.stderr
+    assert "config hidden_size = -1" in out.stderr

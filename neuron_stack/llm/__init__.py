@@ -10,8 +10,11 @@ are not Optimum Neuron. See docs/llm.md.
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
+
 from neuron_stack.llm.configs import PRESETS, ConfigError, load_config
-from neuron_stack.llm.project import GraphProjection, Projection, project, rank_config
 
 __all__ = [
     "project",
@@ -26,9 +29,27 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in ("NeuronModelForCausalLM", "NeuronModelForSequenceClassification"):
-        from neuron_stack.llm import optimum
+_LAZY = {"project": "project", "Projection": "project", "GraphProjection": "project", "rank_config": "project",
+         "NeuronModelForCausalLM": "optimum", "NeuronModelForSequenceClassification": "optimum"}
 
-        return getattr(optimum, name)
+
+def __getattr__(name: str):
+    # lazy, so `neuron-llm` checks its inputs (llm.configs) before torch and the compiler load
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'neuron_stack.llm' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps ``neuron_stack.llm.project`` the function: importing the submodule of the same name would
+    otherwise rebind the package attribute to the module."""
+
+    def __setattr__(self, name, value):
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
