@@ -21,6 +21,17 @@ _FUSABLE = ("elementwise", "activation")
 _HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")
 
 
+def _host_arg(n, by_name) -> str | None:
+    """The argument whose tiles ``n``'s epilogue rides on: the first, unless it is broadcast (smaller
+    than the output, as a mask in ``where(mask, -inf, scores)``) and a later one is full-size."""
+    args = list(refs(n.args))
+    if not args or not n.outputs:
+        return args[0] if args else None
+    full = [a for a in args if by_name.get(a) is not None and by_name[a].outputs
+            and by_name[a].outputs[0].numel == n.outputs[0].numel]
+    return args[0] if not full or args[0] in full else full[0]
+
+
 def fuse(program: Program) -> Program:
     """Set ``Node.fused_into`` in place and log every fusion. Example: ``fuse(partition(legalize(p)))``."""
     by_name = {n.name: n for n in program.nodes}
@@ -31,7 +42,7 @@ def fuse(program: Program) -> Program:
     for n in program.nodes:
         if n.op_class not in _FUSABLE or n.placement != "device":
             continue
-        first = next(refs(n.args), None)
+        first = _host_arg(n, by_name)
         prod = by_name.get(first) if first else None
         # Look through metadata-only views with a single consumer (addmm -> view -> gelu), and the
         # first element of a tuple op (batch norm -> getitem 0 -> relu).
