@@ -36,10 +36,11 @@ def test_flash_attention_matches_eager_with_masks_and_partial_blocks():
 
 
 def test_long_scores_never_reach_hbm():
-    q, k, v, mask = _inputs()
-    L, S = q.shape[2], k.shape[2]
+    # 2 heads of 2048 x 2048 fp32 scores: 32 MiB, more than trn2's SBUF, so without the flash path
+    # they are written to HBM and read back (at least once each)
+    q = k = v = torch.randn(1, 2, 2048, 64)
     prog = fuse(partition(legalize(capture(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v)))))
     s = build_schedule(prog, 0, get_profile("trn2"), {"auto_cast": "none"})
     assert {"REDUCE", "ACTIVATE", "MATMUL"} <= set(s.table["opcode"].to_pylist())
-    # only the [1, 2, L, d] output is written: not one [L, S] score matrix (before: 3 fp32 copies per head)
-    assert s.hbm_write_bytes == q.numel() * 4 < L * S * 4
+    assert s.hbm_write_bytes == q.numel() * 4          # only the output
+    assert s.hbm_read_bytes < 4 * q.numel() * 4 * 2048 // 128   # Q once, K and V once per 128-query block

@@ -119,11 +119,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     sm = fusable_softmax(low, last, N) if M and N else None
     out_views = chain_outputs(low, n, members, oshape)
     fl = flash_attention(low, last, N) if batched and sm is None and C is None and not alone and K <= PMAX else None
-    pv = matmul_operands(low, fl.pv) if fl is not None else None
-    if (pv is not None and set(out_views) <= {last} and B.meta.dim() == pv[1].meta.dim() == 3
-            and pv[1].shape[-1] <= MOVING_FMAX):
+    V = low.value(fl.pv.args[1]) if fl is not None else None     # not args[0]: that would lower the softmax
+    if V is not None and set(out_views) <= {last} and B.meta.dim() == V.meta.dim() == 3 and V.shape[-1] <= MOVING_FMAX:
         low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
-        V = pv[1]
         pv_dt = low.cast_type if low.auto_cast in ("matmult", "all") and V.dtype == "float32" else V.dtype
         FlashAttention(low, n, fl, A, B, V, alpha, members, hshape, mm_dt, pv_dt if pv_dt in FLOATS else "float32",
                        "float32" if members else out_dt).run()
