@@ -17,7 +17,7 @@ from __future__ import annotations
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone
-from neuron_stack.compiler.lower.tiles import MOVING_FMAX, PMAX, Pool, Tile, View, packet_name
+from neuron_stack.compiler.lower.tiles import MOVING_FMAX, PMAX, Pool, Tile, View, meta_tensor, packet_name
 from neuron_stack.ir import Node
 
 #: the row must fit one PSUM bank of the evacuation (fp32)
@@ -83,10 +83,11 @@ _RESHAPES = ("view", "_unsafe_view", "reshape", "expand", "alias", "unsqueeze", 
 class FlashMatch:
     """The nodes of ``softmax(scores) @ V`` after a scores matmul: ``skip`` are the ones the flash
     loop computes without materialising (softmax, the fully-masked-row guard, casts), ``pv`` the
-    second matmul, ``zero_masked`` whether a row of only ``-inf`` scores must give 0."""
+    second matmul, ``zero_masked`` whether a row of only ``-inf`` scores must give 0, ``pre`` the
+    elementwise steps between the first matmul's epilogue and the softmax (casts, the mask)."""
 
-    def __init__(self, softmax: Node, pv: Node, skip: list[Node], zero_masked: bool):
-        self.softmax, self.pv, self.skip, self.zero_masked = softmax, pv, skip, zero_masked
+    def __init__(self, softmax: Node, pv: Node, skip: list[Node], zero_masked: bool, pre: list[Node]):
+        self.softmax, self.pv, self.skip, self.zero_masked, self.pre = softmax, pv, skip, zero_masked, pre
 
 
 def _only_user(low: Lowerer, name: str) -> Node | None:
@@ -134,9 +135,18 @@ def _row_guard(low: Lowerer, last: str, cond) -> list[Node] | None:
 def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
     """``softmax(scores, -1) @ V`` fed by matmul chain value ``last`` (scores rows of N > one bank),
     as the SDPA decomposition writes it, or None."""
-    if N <= FLASH_MIN_KEYS or last in low.out_refs or low._escapes(last):
-        return None
-    users = low._consumers(last)
+    pre = []
+    while True:     # elementwise steps and casts between the matmul and the softmax (the mask)
+        if N <= FLASH_MIN_KEYS or last in low.out_refs or low._escapes(last):
+            return None
+        users = low._consumers(last)
+        if any(packet_name(low.by_name[u].target) == "_softmax" for u in users):
+            break
+        u = _only_user(low, last)
+        if u is None or u.op_class not in ("elementwise", "activation") and packet_name(u.target) not in _CASTS:
+            return None
+        pre.append(u)
+        last = u.name
     sms = [low.by_name[u] for u in users if packet_name(low.by_name[u].target) == "_softmax"]
     if len(sms) != 1:
         return None
@@ -145,7 +155,7 @@ def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
     if (s.name not in low.in_part or s.name in low.done or s.fused_into or low.fused.get(s.name) or len(s.args) < 3
             or not _reads(low, s, s.args[0], last, ("view",)) or s.args[1] % nd != nd - 1 or s.args[2]):
         return None
-    skip, cur, zero_masked = [s], s, False
+    skip, cur, zero_masked = [*pre, s], s, False
     while True:
         u = _only_user(low, cur.name)
         if u is None:
@@ -174,7 +184,7 @@ def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
     if any(x.fused_into and x.fused_into not in names or any(f.name not in names for f in low.fused.get(x.name, []))
            for x in skip):
         return None     # fused with a node outside the attention: that host would still need the values
-    return FlashMatch(s, u, skip, zero_masked)
+    return FlashMatch(s, u, skip, zero_masked, pre)
 
 
 class FlashAttention:
@@ -225,7 +235,7 @@ class FlashAttention:
         return self._transposed(v2.with_meta(v2.meta.t()), r0, rn, K, pool)
 
     def run(self) -> None:
-        from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
+        from neuron_stack.compiler.lower.chain import TileCtx, _member, chain_outputs, epilogue_chain, run_chain
         from neuron_stack.device.cost import ldweights_ns, matmul_ns
 
         low, name, fl = self.low, self.n.name, self.fl
@@ -234,6 +244,15 @@ class FlashAttention:
         pv = fl.pv
         low.done.add(pv.name)
         low.done.update(x.name for x in fl.skip)
+        prev, layout = (self.members[-1].node.name, self.members[-1].layout) if self.members \
+            else (self.n.name, meta_tensor(self.hshape))
+        pre = []
+        for f in fl.pre:
+            m = _member(low, f, prev, layout, self.hshape)
+            if m is None:
+                raise AssertionError(f"flash attention: {f.name} is not tile-wise on the scores")
+            pre.append(m)
+            prev, layout = f.name, m.layout
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)
@@ -277,7 +296,7 @@ class FlashAttention:
                     ctx = TileCtx(low, self.hshape, box, 2, epi)
                     s = ctx.out_tile(name, "evac", self.evac_dt)
                     low.act(name, s, ps.op(), "copy", scale=self.alpha)
-                    s = run_chain(ctx, name, s, self.members, {})
+                    s = run_chain(ctx, name, s, self.members + pre, {})
                     mb, negm, corr, rs = (small.tile(mp, 1) for _ in range(4))
                     low.vec("REDUCE", fl.softmax.name, mb, [s.op()], op="max", cost_n=nw)
                     mn = mpool.tile(mp, 1)

@@ -118,7 +118,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     last = members[-1].node.name if members else n.name
     sm = fusable_softmax(low, last, N) if M and N else None
     out_views = chain_outputs(low, n, members, oshape)
-    fl = flash_attention(low, last, N) if batched and sm is None and C is None and not alone and K <= PMAX else None
+    # flash for prefill-sized blocks (several 128-query blocks); token generation's few query rows per
+    # head keep the batched score tiles, which spill nothing there
+    fl = flash_attention(low, last, N) if batched and sm is None and C is None and not alone and K <= PMAX < M \
+        else None
     V = low.value(fl.pv.args[1]) if fl is not None else None     # not args[0]: that would lower the softmax
     if V is not None and set(out_views) <= {last} and B.meta.dim() == V.meta.dim() == 3 and V.shape[-1] <= MOVING_FMAX:
         low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
