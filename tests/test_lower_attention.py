@@ -35,6 +35,19 @@ def test_flash_attention_matches_eager_with_masks_and_partial_blocks():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_bf16_grouped_query_attention_is_within_bf16_error():
+    # Llama's graph: bf16 scores cast to fp32, the mask, the fully-masked-row guard, GQA-repeated K/V
+    q, k, v, mask = (a.to(torch.bfloat16) if a.is_floating_point() else a for a in _inputs())
+    k, v = k[:, :1], v[:, :1]
+
+    def gqa(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    nm = neuron_stack.trace(gqa, (q, k, v, mask))
+    got, want = nm(q, k, v, mask).float(), gqa(q, k, v, mask).float()
+    assert (got - want).norm() / want.norm() < 1e-2
+
+
 def test_long_scores_never_reach_hbm():
     # 2 heads of 2048 x 2048 fp32 scores: 32 MiB, more than trn2's SBUF, so without the flash path
     # they are written to HBM and read back (at least once each)
