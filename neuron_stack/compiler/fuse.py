@@ -23,12 +23,15 @@ _HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")
 
 def _host_arg(n, by_name) -> str | None:
     """The argument whose tiles ``n``'s epilogue rides on: the first, unless it is broadcast (smaller
-    than the output, as a mask in ``where(mask, -inf, scores)``) and a later one is full-size."""
+    than the output) and a later one is full-size; for ``where(mask, -inf, scores)`` the values before
+    the mask (the mask may be full-size too: one head per rank)."""
     args = list(refs(n.args))
     if not args or not n.outputs:
         return args[0] if args else None
     full = [a for a in args if by_name.get(a) is not None and by_name[a].outputs
             and by_name[a].outputs[0].numel == n.outputs[0].numel]
+    if n.target == "aten.where.self" and [a for a in full if a != args[0]]:
+        return next(a for a in full if a != args[0])
     return args[0] if not full or args[0] in full else full[0]
 
 
