@@ -14,10 +14,12 @@ came back for a separate softmax pass.
 """
 from __future__ import annotations
 
+from neuron_stack.compiler.lower.chain import TileCtx, _member, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone
 from neuron_stack.compiler.lower.tiles import MOVING_FMAX, PMAX, Pool, Tile, View, meta_tensor, packet_name
+from neuron_stack.device.cost import ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 #: the row must fit one PSUM bank of the evacuation (fp32)
@@ -197,8 +199,9 @@ class FlashAttention:
     per block however long the sequence: no [S, S] score matrix in HBM."""
 
     def __init__(self, low: Lowerer, n: Node, fl: FlashMatch, q: View, kt: View, v: View, alpha, members,
-                 hshape, qk_dt: str, pv_dt: str, evac_dt: str):
+                 hshape, qk_dt: str, pv_dt: str, evac_dt: str, transpose):
         self.low, self.n, self.fl, self.q, self.kt, self.v, self.alpha = low, n, fl, q, kt, v, alpha
+        self.transpose = transpose      # matmul.transpose_to (PE-array transpose through PSUM)
         self.members, self.hshape, self.qk_dt, self.pv_dt, self.evac_dt = members, hshape, qk_dt, pv_dt, evac_dt
 
     def _load(self, v: View, box, pool: Pool) -> Tile:
@@ -218,13 +221,11 @@ class FlashAttention:
 
     def _transposed(self, v2: View, r0: int, rn: int, cn: int, pool: Pool) -> Tile:
         """Tile [cn, rn] = v2[r0:r0+rn, :cn].T: natural loads, PE transposes (cast on evacuation)."""
-        from neuron_stack.compiler.lower.matmul import transpose_to
-
         t = pool.tile(cn, rn)
         for rr in range(0, rn, PMAX):
             rl = min(PMAX, rn - rr)
             src = self.low.load(self.n.name, v2, [(r0 + rr, rl), (0, cn)], self.stage(v2.dtype), 1)
-            transpose_to(self.low, self.n.name, src, t.cols(rr, rl), self.tp)
+            self.transpose(self.low, self.n.name, src, t.cols(rr, rl), self.tp)
         return t
 
     def _operand(self, v2: View, r0: int, rn: int, pool: Pool) -> Tile:
@@ -235,9 +236,6 @@ class FlashAttention:
         return self._transposed(v2.with_meta(v2.meta.t()), r0, rn, K, pool)
 
     def run(self) -> None:
-        from neuron_stack.compiler.lower.chain import TileCtx, _member, chain_outputs, epilogue_chain, run_chain
-        from neuron_stack.device.cost import ldweights_ns, matmul_ns
-
         low, name, fl = self.low, self.n.name, self.fl
         nb, M, N = self.hshape
         K, D = self.q.shape[-1], self.v.shape[-1]
@@ -339,6 +337,4 @@ class FlashAttention:
         low._release_finished(pv.name)
 
     def _transpose(self, src: Tile, dst: Tile) -> None:
-        from neuron_stack.compiler.lower.matmul import transpose_to
-
-        transpose_to(self.low, self.fl.pv.name, src, dst, self.tp)
+        self.transpose(self.low, self.fl.pv.name, src, dst, self.tp)

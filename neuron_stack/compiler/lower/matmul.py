@@ -127,7 +127,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
         pv_dt = low.cast_type if low.auto_cast in ("matmult", "all") and V.dtype == "float32" else V.dtype
         FlashAttention(low, n, fl, A, B, V, alpha, members, hshape, mm_dt, pv_dt if pv_dt in FLOATS else "float32",
-                       "float32" if members else out_dt).run()
+                       "float32" if members else out_dt, transpose_to).run()
         return
     if sm is not None:
         out_views.pop(last, None)         # the scores stay in PSUM/SBUF: only probabilities are stored
