@@ -8,13 +8,24 @@ kernels do (NKI's ``flash_fwd``; the arch guide's softmax example keeps the row 
 the full [B, H, S, S] fp32 scores went to SBUF (or, at BERT-base batch 8, 6.3 MB of HBM spill) and
 came back for a separate softmax pass.
 
->>> from neuron_stack.compiler.lower.attention import SOFTMAX_MAX_ROW
->>> SOFTMAX_MAX_ROW
-512
+Longer rows (prefill of thousands of tokens) take the flash path (:class:`FlashAttention`): the whole
+``softmax(Q K^T) @ V`` runs per 128-query block with a running max and sum, so no [S, S] score
+matrix is ever stored, however long the prompt.
+
+>>> from neuron_stack.compiler.lower.attention import FLASH_MIN_KEYS, SOFTMAX_MAX_ROW
+>>> SOFTMAX_MAX_ROW, FLASH_MIN_KEYS
+(512, 512)
 """
 from __future__ import annotations
 
-from neuron_stack.compiler.lower.chain import TileCtx, _member, chain_outputs, epilogue_chain, run_chain
+from neuron_stack.compiler.lower.chain import (
+    _NOT_TILEWISE,
+    TileCtx,
+    _member,
+    chain_outputs,
+    epilogue_chain,
+    run_chain,
+)
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone
@@ -145,7 +156,8 @@ def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
         if any(packet_name(low.by_name[u].target) == "_softmax" for u in users):
             break
         u = _only_user(low, last)
-        if u is None or u.op_class not in ("elementwise", "activation") and packet_name(u.target) not in _CASTS:
+        if u is None or packet_name(u.target) in _NOT_TILEWISE \
+                or u.op_class not in ("elementwise", "activation") and packet_name(u.target) not in _CASTS:
             return None
         pre.append(u)
         last = u.name
