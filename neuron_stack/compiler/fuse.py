@@ -23,21 +23,18 @@ _QUERY_BLOCK = 128       # SBUF partitions: the flash lowering's query block (lo
 
 
 def _host_arg(n, by_name) -> str | None:
-    """The argument whose tiles ``n``'s epilogue rides on: the first, unless it is broadcast (smaller
-    than the output) and a later one is full-size. A ``where(mask, -inf, scores)`` over more rows than
-    one 128-query block rides on the scores, not the mask (which may be full-size too: one head per
-    rank), so that the flash-attention lowering can apply it on the score tiles; with fewer rows
-    (token generation) the mask's pass carries it, as before."""
+    """The argument whose tiles ``n``'s epilogue rides on: the first, except that a
+    ``where(mask, -inf, scores)`` over more rows than one 128-query block rides on the scores, not the
+    mask, so that the flash-attention lowering applies it on the score tiles; with fewer rows (token
+    generation) the mask's pass carries it, as before."""
     args = list(refs(n.args))
-    if not args or not n.outputs:
-        return args[0] if args else None
-    full = [a for a in args if by_name.get(a) is not None and by_name[a].outputs
-            and by_name[a].outputs[0].numel == n.outputs[0].numel]
-    shape = n.outputs[0].shape
-    if n.target == "aten.where.self" and len(shape) >= 2 and shape[-2] > _QUERY_BLOCK \
-            and [a for a in full if a != args[0]]:
-        return next(a for a in full if a != args[0])
-    return args[0] if not full or args[0] in full else full[0]
+    shape = n.outputs[0].shape if n.outputs else ()
+    if n.target == "aten.where.self" and len(shape) >= 2 and shape[-2] > _QUERY_BLOCK:
+        full = [a for a in args[1:] if by_name.get(a) is not None and by_name[a].outputs
+                and by_name[a].outputs[0].numel == n.outputs[0].numel]
+        if full:
+            return full[0]
+    return args[0] if args else None
 
 
 def fuse(program: Program) -> Program:
