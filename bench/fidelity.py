@@ -142,7 +142,7 @@ def published_report(targets, quick: bool, json_path: str | None, docs: str | No
         p = get_profile(name)
         print(f"   {name}: " + "; ".join(f"{k}: {v}" for k, v in sorted(p.sources.items())))
     disagree = published.print_nki(targets)
-    rows = [r for r in published.ROWS if not quick or r[0] == "Llama-3-8B" and r[4] == 128 and r[1] in targets]
+    rows = [r for r in published.ROWS if r[1] in targets and (not quick or r[0] == "Llama-3-8B" and r[4] == 128)]
     out, s = published.llama_report(rows, log=lambda m: print(m, file=sys.stderr))
     published.print_llama(out, s)
     print(f"   NKI guide statements that disagree with the schedule: {disagree}")

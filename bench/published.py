@@ -157,8 +157,9 @@ def _why(r: dict) -> str:
             continue
         if key == "ttft" and r["in"] >= 2048:
             why.append(
-                f"TTFT: a {r['in']}-token prefill is lowered without sequence tiling (no flash-style attention): "
-                "scores and layer activations spill to HBM"
+                f"TTFT: the {r['in']}-token prefill's attention is flash-tiled (scores stay on chip) but computes "
+                "the causal key blocks above the diagonal too (the mask is data at compile time); the rest of "
+                "the gap is not attributed yet"
             )
         elif key == "ttft":
             why.append("TTFT: weight DMAs of 256 B per partition at this TP are descriptor-bound (DMA guide)")

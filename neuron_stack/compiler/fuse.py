@@ -19,6 +19,22 @@ from neuron_stack.ir import Program
 
 _FUSABLE = ("elementwise", "activation")
 _HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")
+_QUERY_BLOCK = 128       # SBUF partitions: the flash lowering's query block (lower/attention.py)
+
+
+def _host_arg(n, by_name) -> str | None:
+    """The argument whose tiles ``n``'s epilogue rides on: the first, except that a
+    ``where(mask, -inf, scores)`` over more rows than one 128-query block rides on the scores, not the
+    mask, so that the flash-attention lowering applies it on the score tiles; with fewer rows (token
+    generation) the mask's pass carries it, as before."""
+    args = list(refs(n.args))
+    shape = n.outputs[0].shape if n.outputs else ()
+    if n.target == "aten.where.self" and len(shape) >= 2 and shape[-2] > _QUERY_BLOCK:
+        full = [a for a in args[1:] if by_name.get(a) is not None and by_name[a].outputs
+                and by_name[a].outputs[0].numel == n.outputs[0].numel]
+        if full:
+            return full[0]
+    return args[0] if args else None
 
 
 def fuse(program: Program) -> Program:
@@ -31,7 +47,7 @@ def fuse(program: Program) -> Program:
     for n in program.nodes:
         if n.op_class not in _FUSABLE or n.placement != "device":
             continue
-        first = next(refs(n.args), None)
+        first = _host_arg(n, by_name)
         prod = by_name.get(first) if first else None
         # Look through metadata-only views with a single consumer (addmm -> view -> gelu), and the
         # first element of a tuple op (batch norm -> getitem 0 -> relu).

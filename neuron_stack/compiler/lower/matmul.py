@@ -3,7 +3,7 @@ accumulating in one PSUM bank, transposes through the PE array, the fused epilog
 """
 from __future__ import annotations
 
-from neuron_stack.compiler.lower.attention import SoftmaxEpilogue, fusable_softmax
+from neuron_stack.compiler.lower.attention import FlashAttention, SoftmaxEpilogue, flash_attention, fusable_softmax
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
@@ -118,6 +118,17 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     last = members[-1].node.name if members else n.name
     sm = fusable_softmax(low, last, N) if M and N else None
     out_views = chain_outputs(low, n, members, oshape)
+    # flash for prefill-sized blocks (several 128-query blocks); token generation's few query rows per
+    # head keep the batched score tiles, which spill nothing there
+    fl = flash_attention(low, last, N) if batched and sm is None and C is None and not alone and K <= PMAX < M \
+        else None
+    V = low.value(fl.pv.args[1]) if fl is not None else None     # not args[0]: that would lower the softmax
+    if V is not None and set(out_views) <= {last} and B.meta.dim() == V.meta.dim() == 3 and V.shape[-1] <= MOVING_FMAX:
+        low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
+        pv_dt = low.cast_type if low.auto_cast in ("matmult", "all") and V.dtype == "float32" else V.dtype
+        FlashAttention(low, n, fl, A, B, V, alpha, members, hshape, mm_dt, pv_dt if pv_dt in FLOATS else "float32",
+                       "float32" if members else out_dt, transpose_to).run()
+        return
     if sm is not None:
         out_views.pop(last, None)         # the scores stay in PSUM/SBUF: only probabilities are stored
         low.hbm.pop(last, None), low.cand.pop(last, None)
