@@ -37,6 +37,13 @@ OPCODES: dict[str, tuple[str, str]] = {
     "MAX8": ("vector", "dst[p, :8] = the 8 largest values of src[p, :], descending"),
     "FIND_INDEX8": ("vector", "dst[p, j] = first free index of src[p, :] equal to vals[p, j]"),
     "TENSOR_SCAN": ("vector", "dst = inclusive scan (add or mult) of src along the free axis"),
+    "TENSOR_TENSOR_SCAN": ("vector", "dst[:, i] = op1(op0(src0[:, i], dst[:, i-1] (initial at i=0)), src1[:, i])"),
+    "SCALAR_TENSOR_TENSOR": ("vector", "dst = op1(op0(src0, scalar0), src1): a tensor_scalar then a tensor_tensor"),
+    "SELECT_REDUCE": ("vector", "dst = where(pred != 0, on_true, on_false); optional running max (accumulators)"),
+    "RANGE_SELECT": ("vector", "dst = where(cmp0(i, bound0) & cmp1(i, bound1), src, fill) over free index i; "
+                               "running max"),
+    "DROPOUT": ("vector", "dst = src where the engine PRNG's uniform draw >= prob, else 0"),
+    "RNG_SEED": ("vector", "seed the Vector Engine PRNG (nl.random_seed)"),
     "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
     # Scalar Engine
     "ACTIVATE": ("scalar", "dst = func(src * scale + bias); optional accumulate of dst along free into acc"),
@@ -44,7 +51,9 @@ OPCODES: dict[str, tuple[str, str]] = {
     "IOTA": ("gpsimd", "dst[p, f] = base + p * channel_multiplier + f * step"),
     "GATHER": ("gpsimd", "indirect load: dst[p, :] = table[index[p], :] (DMA descriptors generated on GpSimd)"),
     "AFFINE_SELECT": ("gpsimd", "dst = where(affine(p, f) cmp 0, src, fill)"),
-    "PARTITION_REDUCE": ("gpsimd", "reduce across partitions"),
+    "PARTITION_REDUCE": ("gpsimd", "dst[0, :] = reduce_op over the partitions of src"),
+    "LOCAL_GATHER": ("gpsimd", "per 16-partition core: dst[p, j, :] = src[p, idx_j : idx_j + k] over the core's "
+                               "indices"),
     "CUSTOM_OP": ("gpsimd", "a GpSimd library kernel for an ATen op without a dedicated lowering"),
     # DMA and sync
     "DMA_DIRECT2D": ("dma", "copy src access pattern -> dst access pattern (element order), with descriptors"),

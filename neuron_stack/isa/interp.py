@@ -201,6 +201,8 @@ class Machine:
 
     def __init__(self):
         self.mem = Memory()
+        self.vacc = None                                        # Vector Engine accumulator registers, one per lane
+        self.rng = np.random.Generator(np.random.PCG64(0))      # Vector Engine PRNG (reseeded by RNG_SEED)
 
     def step(self, opcode: str, ops: dict) -> None:
         fn = getattr(self, "op_" + opcode, None)
@@ -272,6 +274,8 @@ class Machine:
             r = x.amin(dim=1, keepdim=True)
         elif op == "multiply":
             r = x.prod(dim=1, keepdim=True)
+        elif op in ("logical_and", "logical_or"):
+            r = (x != 0).all(dim=1, keepdim=True) if op == "logical_and" else (x != 0).any(dim=1, keepdim=True)
         else:
             raise InterpError(f"unknown reduce op {op!r}")
         self.mem.write(o["dst"][0], r.numpy())
@@ -313,6 +317,63 @@ class Machine:
     def op_TENSOR_SCAN(self, o):
         x = _p2(self.mem.read(o["src"][0]))
         self.mem.write(o["dst"][0], np.cumsum(x, axis=1) if o.get("op", "add") == "add" else np.cumprod(x, axis=1))
+
+    def op_TENSOR_TENSOR_SCAN(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        a, b = (_t(_p2(s).astype(np.float32)) for s in srcs[:2])
+        prev = _scalar(o, "initial", srcs)
+        prev = prev if isinstance(prev, torch.Tensor) else torch.full((a.shape[0], 1), float(prev))
+        out = torch.empty_like(a)
+        for i in range(a.shape[1]):         # a true scan: each column needs the previous result
+            prev = _alu(o["op1"], _alu(o["op0"], a[:, i:i + 1], prev), b[:, i:i + 1])
+            out[:, i:i + 1] = prev
+        self.mem.write(o["dst"][0], out.numpy())
+
+    def op_SCALAR_TENSOR_TENSOR(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "scalar0", srcs))
+        self.mem.write(o["dst"][0], _alu(o["op1"], x, _t(_p2(srcs[1]).astype(np.float32))).numpy())
+
+    def _vector_acc(self, o, res: np.ndarray) -> None:
+        """The running max of the Vector Engine accumulators (``reduce_cmd``) and its read-out into dst[1]."""
+        cmd = o.get("reduce_cmd", "idle")
+        if cmd in ("reset", "reset_reduce") or self.vacc is None or len(self.vacc) != len(res):
+            self.vacc = np.full(len(res), -np.inf, np.float32)
+        if cmd in ("reduce", "reset_reduce"):
+            self.vacc = np.maximum(self.vacc, res.max(axis=1))
+        if len(o["dst"]) > 1:
+            self.mem.write(o["dst"][1], self.vacc[:, None])
+
+    def op_SELECT_REDUCE(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        pred = (_p2(srcs[0]) != 0) != bool(o.get("reverse_pred"))
+        fill = _scalar(o, "on_false", srcs)
+        res = np.where(pred, _p2(srcs[1]).astype(np.float32), fill.numpy() if isinstance(fill, torch.Tensor) else fill)
+        self.mem.write(o["dst"][0], res)
+        self._vector_acc(o, res)
+
+    def op_RANGE_SELECT(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _p2(srcs[0]).astype(np.float32)
+        i = np.float32(o["range_start"]) + np.arange(x.shape[1], dtype=np.float32)[None, :]
+        cmp = {"equal": np.equal, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+               "greater_equal": np.greater_equal}
+        b0, b1 = (_scalar(o, k, srcs).numpy() for k in ("bound0", "bound1"))
+        res = np.where(cmp[o["cmp0"]](i, b0) & cmp[o["cmp1"]](i, b1), x, np.float32(o["on_false"]))
+        self.mem.write(o["dst"][0], res)
+        self._vector_acc(o, res)
+
+    def op_RNG_SEED(self, o):
+        seed = o["seed"] if o.get("seed") is not None else int(_p2(self.mem.read(o["src"][0]))[0, 0])
+        self.rng = np.random.Generator(np.random.PCG64(seed & 0xFFFFFFFF))
+
+    def op_DROPOUT(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _p2(srcs[0])
+        prob = _scalar(o, "prob", srcs)
+        prob = prob.numpy() if isinstance(prob, torch.Tensor) else prob
+        keep = self.rng.random(x.shape, dtype=np.float32) >= prob
+        self.mem.write(o["dst"][0], np.where(keep, x, 0))
 
     def op_MAX8(self, o):
         x = _p2(self.mem.read(o["src"][0]))
@@ -364,6 +425,21 @@ class Machine:
         cmp = {"equal": np.equal, "greater_equal": np.greater_equal, "less": np.less}[o["cmp"]]
         on_true = _p2(self.mem.read(o["src"][0])).reshape(P, F) if o["src"] else o["on_true"]   # NKI: a tile
         self.mem.write(o["dst"][0], np.where(cmp(expr, 0), on_true, o["on_false"]))
+
+    def op_PARTITION_REDUCE(self, o):
+        x = _p2(self.mem.read(o["src"][0]))
+        red = {"add": np.add, "max": np.maximum, "bitwise_or": np.bitwise_or, "bitwise_and": np.bitwise_and}[o["op"]]
+        x = x.astype(np.int64) if o["op"].startswith("bitwise") else x.astype(np.float32)
+        self.mem.write(o["dst"][0], red.reduce(x, axis=0, keepdims=True))
+
+    def op_LOCAL_GATHER(self, o):
+        src, idx = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).astype(np.int64)
+        k, nv = o["num_elem_per_idx"], o["num_valid_indices"]
+        out = np.empty((src.shape[0], nv, k), src.dtype)
+        for c in range(0, src.shape[0], 16):        # each GpSimd core: its 16 partitions, its own indices
+            cols = idx[c:c + 16].flatten(order="F")[:nv, None] + np.arange(k)[None, :]
+            out[c:c + 16] = src[c:c + 16][:, cols]
+        self.mem.write(o["dst"][0], out)
 
     def op_CUSTOM_OP(self, o):
         tensors = []

@@ -6,7 +6,10 @@ first tensor is followed by the instruction's own tensors (or that names ``dst=`
 The instructions map onto ISA opcodes (docs/isa.md): ``nc_matmul`` -> LDWEIGHTS + MATMUL,
 ``nc_transpose`` -> a TRANSPOSE matmul, ``activation`` -> ACTIVATE, ``tensor_tensor`` ->
 TENSOR_TENSOR, ``tensor_scalar`` -> TENSOR_SCALAR, ``tensor_reduce`` -> REDUCE, ``tensor_copy`` ->
-TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D.
+TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D, ``tensor_tensor_scan`` ->
+TENSOR_TENSOR_SCAN, ``scalar_tensor_tensor`` -> SCALAR_TENSOR_TENSOR, ``select_reduce`` / ``range_select`` ->
+SELECT_REDUCE / RANGE_SELECT, ``dropout`` -> DROPOUT, ``set_rng_seed`` -> RNG_SEED, ``tensor_partition_reduce`` ->
+PARTITION_REDUCE, ``local_gather`` -> LOCAL_GATHER.
 
 >>> import numpy as np
 >>> import neuron_stack.nki as nki
@@ -324,6 +327,129 @@ def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=Non
         raise NKIError(f"{where()}: dma_copy dst_rmw_op is not simulated; load, add with nisa.tensor_tensor "
                        f"and store instead")
     ops.dma_copy(dst, src, mask)
+
+
+def _is_op(x) -> bool:
+    return callable(x) or isinstance(x, str)
+
+
+def _out_dtype(dtype, *tiles) -> str:
+    """The legacy default result dtype: ``dtype``, else the first non-PSUM input's (PSUM values are fp32)."""
+    return dtype or next((v.dtype for v in tiles if isinstance(v, _T) and v.buf.mem != "psum"), "float32")
+
+
+def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op0=None, op1=None, reverse0=False,
+                       reverse1=False, dtype=None, mask=None, **_):
+    """``dst[:, i] = op1(op0(data0[:, i], dst[:, i-1]), data1[:, i])`` starting from ``initial`` (Vector Engine);
+    both call forms."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]) and (len(a) == 3
+                                                                                         or not _is_op(a[3])))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data0 = data0 if data0 is not None else a.pop(0)
+    data1 = data1 if data1 is not None else a.pop(0)
+    initial = initial if initial is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    op1 = op1 if op1 is not None else a.pop(0)
+    out = dst if new else _new(_out_dtype(dtype, data0, data1), data0.shape)
+    ops.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask)
+    return None if new else out
+
+
+def scalar_tensor_tensor(*args, dst=None, data=None, op0=None, operand0=None, op1=None, operand1=None, reverse0=False,
+                         reverse1=False, dtype=None, mask=None, **_):
+    """``dst = op1(op0(data, operand0), operand1)`` in one Vector instruction; both call forms."""
+    a = list(args)
+    new = dst is not None or bool(a and isinstance(a[0], _T))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    operand0 = operand0 if operand0 is not None else a.pop(0)
+    op1 = op1 if op1 is not None else a.pop(0)
+    operand1 = operand1 if operand1 is not None else a.pop(0)
+    out = dst if new else _new(_out_dtype(dtype, data), data.shape)
+    ops.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask)
+    return None if new else out
+
+
+def tensor_partition_reduce(*args, dst=None, op=None, data=None, dtype=None, mask=None, **_):
+    """``dst[0, ...] = op`` over the partitions of ``data`` (GpSimd); legacy form returns a [1, ...] tile."""
+    a = list(args)
+    new = dst is not None or bool(a and isinstance(a[0], _T))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    op = op if op is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, (1,) + tuple(data.shape[1:]))
+    ops.partition_reduce(out, op, data)
+    return None if new else out
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
+                  reverse_pred=False, name=None):
+    """``dst = where(predicate, on_true, on_false)`` with an optional running max into ``reduce_res`` (Vector)."""
+    ops.select_reduce(dst, predicate, on_true, on_false, reduce_res, reduce_cmd, reduce_op, reverse_pred)
+
+
+def range_select(*args, dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
+                 reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=None, range_start=0,
+                 on_false_value=ops.FP32_MIN, dtype=None, **_):
+    """Keep ``on_true_tile`` where ``bound0 cmp0 range_start + i cmp1 bound1`` along free, else FP32_MIN, with a
+    running max (Vector, NeuronCore-v3+); both call forms."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 2 and all(isinstance(x, _T) for x in a[:2]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
+    comp_op0 = comp_op0 if comp_op0 is not None else a.pop(0)
+    comp_op1 = comp_op1 if comp_op1 is not None else a.pop(0)
+    bound0 = bound0 if bound0 is not None else a.pop(0)
+    bound1 = bound1 if bound1 is not None else a.pop(0)
+    out = dst if new else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
+    ops.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd, reduce_res, reduce_op,
+                     range_start, on_false_value)
+    return None if new else out
+
+
+def dropout(*args, dst=None, data=None, prob=None, dtype=None, mask=None, **_):
+    """Zero each element of ``data`` with probability ``prob`` (Vector Engine PRNG); both call forms."""
+    a = list(args)
+    new = dst is not None or len(a) == 3 or (len(a) == 2 and prob is not None)
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    prob = prob if prob is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, data.shape)
+    ops.dropout(out, data, prob, mask)
+    return None if new else out
+
+
+def set_rng_seed(src_seeds, name=None):
+    """Seed the Vector Engine PRNG from a [1, 1] tile (the same seed, the same dropout masks)."""
+    ops.rng_seed(src_seeds)
+
+
+def local_gather(*args, dst=None, src_buffer=None, index=None, num_elem_per_idx=1, num_valid_indices=None, mask=None,
+                 **_):
+    """Gather ``num_elem_per_idx`` elements at each index within each 16-partition GpSimd core; both call forms
+    (the legacy one returns a [P, num_valid_indices, num_elem_per_idx] tile)."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    src_buffer = src_buffer if src_buffer is not None else a.pop(0)
+    index = index if index is not None else a.pop(0)
+    if a:
+        num_elem_per_idx = a.pop(0)
+    if a:
+        num_valid_indices = a.pop(0)
+    if not new:
+        nv = index.free_size * 16 if num_valid_indices is None else int(num_valid_indices)
+        dst = _new(src_buffer.dtype, (src_buffer.partitions, nv, int(num_elem_per_idx)))
+    ops.local_gather(dst, src_buffer, index, num_elem_per_idx, num_valid_indices)
+    return None if new else dst
 
 
 def __getattr__(name):

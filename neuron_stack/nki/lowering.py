@@ -39,6 +39,9 @@ def lower_nki(low, n) -> None:
     specs = tuple(Spec(tuple(s.shape), s.dtype) for s in n.inputs)
     run = run_kernel(k, specs, execute=False, target=low.p.name)
     tr = run.trace
+    if getattr(tr, "constants", 0):
+        raise LoweringError(f"{n.name}: NKI kernel {k.__name__} uses nl.shared_constant, which a captured model "
+                            f"cannot carry yet; call the kernel outside the model or pass the constant as an input")
     rename: dict[str, tuple[str, int]] = {}
     params = [name for name, m in tr.hbm.items() if m["role"] == "input"]
     for name, arg in zip(params, n.args):

@@ -15,6 +15,7 @@ import math
 from neuron_stack.device.cost import (
     gpsimd_ns,
     ldweights_ns,
+    local_gather_ns,
     matmul_ns,
     scalar_ns,
     vector_ns,
@@ -38,7 +39,7 @@ from .core import (
 from .indexing import Idx, box_of, restrict
 
 _REDUCE = {"add": "add", "sum": "add", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
-           "multiply": "multiply", "prod": "multiply"}
+           "multiply": "multiply", "prod": "multiply", "logical_and": "logical_and", "logical_or": "logical_or"}
 _ALU_ALIAS = {"sub": "subtract", "mul": "multiply", "div": "divide", "true_divide": "divide", "max": "maximum",
               "min": "minimum", "pow": "power"}
 _ACT_ALIAS = {"negative": "neg", "gelu_apprx_tanh": "gelu_tanh", "copy": "copy", "sqrt": "sqrt"}
@@ -493,3 +494,256 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None) -> int | None:
 
 def new_tile(shape, dtype, buffer: str = "sbuf") -> ndarray:
     return current().alloc(buffer, shape, dtype_name(dtype))
+
+
+# -- the rest of the ISA: scans, selects, random numbers, GpSimd gathers and partition reductions ------------
+_BITVEC = ("bitwise_and", "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor")
+_INTS = ("int32", "int16", "int8", "uint32", "uint16", "uint8", "bool")
+_CMP = ("equal", "less", "less_equal", "greater", "greater_equal")
+
+
+def _arith(op, what: str) -> str:
+    alu = resolve_alu(op)
+    if alu in _BITVEC:
+        raise NKIError(f"{where()}: {what} takes arithmetic operators (nl.add, nl.multiply, ...), not the bitvec "
+                       f"operator {alu}")
+    return alu
+
+
+def _not_both_psum(a: ndarray, b: ndarray, name: str) -> None:
+    if a.buf.mem == b.buf.mem == "psum":
+        raise NKIError(f"{where()}: {name} inputs cannot both reside in PSUM; copy one to SBUF (nisa.tensor_copy)")
+
+
+def _same_size(dst: ndarray, srcs: list, name: str) -> None:
+    for s in srcs:
+        if s.partitions != dst.partitions or s.free_size != dst.free_size:
+            raise NKIError(f"{where()}: {name} operand {s.shape} must have the partitions and elements per partition "
+                           f"of {dst.shape}")
+
+
+def _reduce_res(reduce_res, dst: ndarray, attrs: dict, dsts: list) -> None:
+    if reduce_res is not None:
+        on_chip(reduce_res, "reduce_res")
+        if reduce_res.free_size != 1 or reduce_res.partitions != dst.partitions:
+            raise NKIError(f"{where()}: reduce_res {reduce_res.shape} must be a [{dst.partitions}, 1] column")
+        dsts.append(reduce_res)
+        if attrs["reduce_cmd"] == "idle":       # asking for the result means reducing this instruction's output
+            attrs["reduce_cmd"] = "reset_reduce"
+
+
+def tensor_tensor_scan(dst: ndarray, data0: ndarray, data1: ndarray, initial, op0, op1, reverse0=False,
+                       reverse1=False, mask=None) -> int | None:
+    """TENSOR_TENSOR_SCAN on the Vector Engine: ``dst[:, i] = op1(op0(data0[:, i], dst[:, i-1]), data1[:, i])``,
+    ``initial`` standing in for ``dst[:, -1]`` (a number or a [P, 1] column); ``max(MIN_II, 2N)`` cycles."""
+    t = current()
+    for v, what in ((dst, "dst"), (data0, "data0"), (data1, "data1")):
+        on_chip(v, f"tensor_tensor_scan {what}")
+    _not_both_psum(data0, data1, "tensor_tensor_scan")
+    _same_size(dst, [data0, data1], "tensor_tensor_scan")
+    r = masked(dst, [data0, data1, initial], mask)
+    if r is None:
+        return None
+    dst, (data0, data1, initial) = r
+    srcs = [data0, data1]
+    attrs = {"op0": _rev(_arith(op0, "tensor_tensor_scan"), reverse0),
+             "op1": _rev(_arith(op1, "tensor_tensor_scan"), reverse1),
+             "initial": _scalar_arg(initial, srcs, dst, "initial")}
+    return t.emit("TENSOR_TENSOR_SCAN", [dst], srcs, attrs,
+                  dur=vector_ns(t.p, "TENSOR_TENSOR_SCAN", dst.free_size, 2, dst.dtype))
+
+
+def scalar_tensor_tensor(dst: ndarray, data: ndarray, op0, operand0, op1, operand1: ndarray, reverse0=False,
+                         reverse1=False, mask=None) -> int | None:
+    """SCALAR_TENSOR_TENSOR on the Vector Engine: ``dst = op1(op0(data, operand0), operand1)``; ``operand0`` a
+    number or a [P, 1] column, ``operand1`` a tile of ``data``'s size. ``N`` cycles for bf16 subtract-then-multiply
+    of an even N, else ``2N`` (legacy docstring)."""
+    t = current()
+    for v, what in ((dst, "dst"), (data, "data"), (operand1, "operand1")):
+        on_chip(v, f"scalar_tensor_tensor {what}")
+    _not_both_psum(data, operand1, "scalar_tensor_tensor data and operand1")
+    _same_size(dst, [data, operand1], "scalar_tensor_tensor")
+    r = masked(dst, [data, operand0, operand1], mask)
+    if r is None:
+        return None
+    dst, (data, operand0, operand1) = r
+    a0, a1 = _arith(op0, "scalar_tensor_tensor"), _arith(op1, "scalar_tensor_tensor")
+    srcs = [data, operand1]
+    attrs = {"op0": _rev(a0, reverse0), "scalar0": _scalar_arg(operand0, srcs, dst, "operand0"),
+             "op1": _rev(a1, reverse1)}
+    fast = (data.dtype == operand1.dtype == "bfloat16" and (a0, a1) == ("subtract", "multiply")
+            and dst.free_size % 2 == 0)
+    return t.emit("SCALAR_TENSOR_TENSOR", [dst], srcs, attrs,
+                  dur=vector_ns(t.p, "SCALAR_TENSOR_TENSOR", dst.free_size, 2, dst.dtype, fast))
+
+
+def _reduce_cmd(cmd) -> str:
+    name = getattr(cmd, "name", cmd) or "idle"
+    if name not in ("idle", "reset", "reduce", "reset_reduce", "load_reduce"):
+        raise NKIError(f"{where()}: reduce_cmd {cmd!r} is not one of nisa.reduce_cmd.idle/reset/reduce/reset_reduce")
+    if name == "load_reduce":
+        raise NKIError(f"{where()}: reduce_cmd.load_reduce is not simulated for selects; use reset_reduce or reduce")
+    return name
+
+
+def _max_only(reduce_op, name: str) -> None:
+    if reduce_op is not None and resolve_reduce(reduce_op) != "max":
+        raise NKIError(f"{where()}: {name} reduces with nl.maximum only, got {_name(reduce_op)}")
+
+
+def select_reduce(dst: ndarray, predicate: ndarray, on_true: ndarray, on_false, reduce_res=None, reduce_cmd="idle",
+                  reduce_op=None, reverse_pred=False) -> int:
+    """SELECT_REDUCE on the Vector Engine: ``dst = where(predicate, on_true, on_false)`` (``reverse_pred`` flips
+    the predicate), the running max of the result kept in the accumulators per ``reduce_cmd`` and read into
+    ``reduce_res``. Two tiles read: ``max(MIN_II, 2N)`` cycles (+MIN_II for the read-out)."""
+    t = current()
+    for v, what in ((dst, "dst"), (predicate, "predicate"), (on_true, "on_true")):
+        on_chip(v, f"select_reduce {what}")
+    _not_both_psum(on_true, predicate, "select_reduce on_true and predicate")
+    _same_size(dst, [predicate, on_true], "select_reduce")
+    if predicate.dtype not in ("int8", "uint8", "int16", "uint16"):
+        raise NKIError(f"{where()}: select_reduce predicate is {predicate.dtype}; it must be int8, uint8, int16 or "
+                       f"uint16 (compute it with dtype=nl.uint8)")
+    if on_true.dtype in ("tfloat32", "int32", "uint32"):
+        raise NKIError(f"{where()}: select_reduce on_true cannot be {on_true.dtype}")
+    _max_only(reduce_op, "select_reduce")
+    srcs = [predicate, on_true]
+    attrs = {"on_false": _scalar_arg(on_false, srcs, dst, "on_false"), "reduce_cmd": _reduce_cmd(reduce_cmd),
+             "reverse_pred": bool(reverse_pred)}
+    dsts = [dst]
+    _reduce_res(reduce_res, dst, attrs, dsts)
+    return t.emit("SELECT_REDUCE", dsts, srcs, attrs,
+                  dur=vector_ns(t.p, "SELECT_REDUCE", dst.free_size, 2, dst.dtype, accumulate=len(dsts) > 1))
+
+
+FP32_MIN = -3.4028234663852886e38
+
+
+def range_select(dst: ndarray, on_true: ndarray, comp_op0, comp_op1, bound0: ndarray, bound1: ndarray,
+                 reduce_cmd="reset_reduce", reduce_res=None, reduce_op=None, range_start=0,
+                 on_false_value=FP32_MIN) -> int:
+    """RANGE_SELECT on the Vector Engine (NeuronCore-v3+): keep ``on_true[p, i]`` where ``comp_op0(range_start + i,
+    bound0[p])`` and ``comp_op1(range_start + i, bound1[p])``, else ``on_false_value`` (FP32_MIN); the running max
+    goes to the accumulators and ``reduce_res``. ``max(MIN_II, N)`` cycles (+MIN_II for the read-out)."""
+    t = current()
+    if t.p.name not in ("trn2",):
+        raise NKIError(f"{where()}: nisa.range_select needs NeuronCore-v3 (trn2) but the target is {t.p.name}: set "
+                       f"NEURON_PLATFORM_TARGET_OVERRIDE=trn2 or @nki.jit(platform_target='trn2')")
+    for v, what in ((dst, "dst"), (on_true, "on_true_tile"), (bound0, "bound0"), (bound1, "bound1")):
+        on_chip(v, f"range_select {what}")
+    _same_size(dst, [on_true], "range_select")
+    if on_true.dtype not in FLOATS:
+        raise NKIError(f"{where()}: range_select on_true_tile must be a float tile, got {on_true.dtype}")
+    for b, what in ((bound0, "bound0"), (bound1, "bound1")):
+        if b.dtype != "float32":
+            raise NKIError(f"{where()}: range_select {what} must be float32, got {b.dtype}")
+    cmps = [_name(c) for c in (comp_op0, comp_op1)]
+    for c in cmps:
+        if c not in _CMP:
+            raise NKIError(f"{where()}: range_select comparison {c!r} is not one of nl.equal, nl.less, nl.less_equal, "
+                           f"nl.greater, nl.greater_equal")
+    if float(on_false_value) != FP32_MIN:
+        raise NKIError(f"{where()}: range_select on_false_value must be nl.fp32.min (-3.4028235e+38), a hardware "
+                       f"constraint; got {on_false_value}")
+    if not isinstance(range_start, int):
+        raise NKIError(f"{where()}: range_select range_start must be a compile-time integer")
+    _max_only(reduce_op, "range_select")
+    srcs = [on_true]
+    attrs = {"cmp0": cmps[0], "cmp1": cmps[1], "bound0": _scalar_arg(bound0, srcs, dst, "bound0"),
+             "bound1": _scalar_arg(bound1, srcs, dst, "bound1"), "range_start": range_start,
+             "on_false": FP32_MIN, "reduce_cmd": _reduce_cmd(reduce_cmd)}
+    dsts = [dst]
+    _reduce_res(reduce_res, dst, attrs, dsts)
+    return t.emit("RANGE_SELECT", dsts, srcs, attrs,
+                  dur=vector_ns(t.p, "RANGE_SELECT", dst.free_size, 1, dst.dtype, accumulate=len(dsts) > 1))
+
+
+def rng_seed(seed) -> int:
+    """RNG_SEED: seed the Vector Engine's PRNG with a 32-bit number or the value of a [1, 1] tile; the same seed
+    gives the same sequence of dropout masks."""
+    t = current()
+    if isinstance(seed, ndarray):
+        on_chip(seed, "seed")
+        if seed.partitions != 1 or seed.free_size != 1:
+            raise NKIError(f"{where()}: the seed must be a [1, 1] tile, got {seed.shape}")
+        return t.emit("RNG_SEED", [], [seed], {"seed": None}, dur=vector_ns(t.p, "RNG_SEED", 1))
+    if not isinstance(seed, int):
+        raise NKIError(f"{where()}: the seed must be an integer or a [1, 1] tile, got {type(seed).__name__}")
+    return t.emit("RNG_SEED", [], [], {"seed": int(seed) & 0xFFFFFFFF}, dur=vector_ns(t.p, "RNG_SEED", 1))
+
+
+def dropout(dst: ndarray, data: ndarray, prob, mask=None) -> int | None:
+    """DROPOUT on the Vector Engine: each element of ``data`` is replaced by 0 with probability ``prob`` (a number or
+    a [P, 1] column), drawn from the engine's PRNG (``nl.random_seed``); kept elements are unchanged (the docs
+    specify no rescaling). ``max(MIN_II, N)`` cycles."""
+    t = current()
+    on_chip(dst, "dropout dst"), on_chip(data, "dropout data")
+    _same_size(dst, [data], "dropout")
+    if data.dtype in _INTS and dst.dtype != data.dtype:
+        raise NKIError(f"{where()}: dropout of an integer tile keeps its dtype ({data.dtype}), dst is {dst.dtype}")
+    if isinstance(prob, ndarray):
+        if data.dtype in _INTS and prob.dtype != "float32":
+            raise NKIError(f"{where()}: dropout of an integer tile needs a float32 prob, got {prob.dtype}")
+    elif not 0.0 <= float(prob) <= 1.0:
+        raise NKIError(f"{where()}: dropout probability {prob} is outside [0, 1]")
+    r = masked(dst, [data, prob], mask)
+    if r is None:
+        return None
+    dst, (data, prob) = r
+    srcs = [data]
+    attrs = {"prob": _scalar_arg(prob, srcs, dst, "prob")}
+    return t.emit("DROPOUT", [dst], srcs, attrs, dur=vector_ns(t.p, "DROPOUT", dst.free_size, 1, dst.dtype))
+
+
+def _gpsimd_sbuf(v: ndarray, what: str) -> None:
+    on_chip(v, what)
+    if v.buf.mem != "sbuf":
+        raise NKIError(f"{where()}: {what} is in PSUM; the GpSimd Engine reads and writes SBUF only (copy it first)")
+
+
+def partition_reduce(dst: ndarray, op, data: ndarray) -> int:
+    """PARTITION_REDUCE on GpSimd: ``dst[0, ...] = op`` over the partitions of ``data`` (add, max, bitwise_or,
+    bitwise_and). The docs give no cycle formula; GpSimd's ``150 + N`` (N = elements per partition) is used."""
+    t = current()
+    _gpsimd_sbuf(dst, "tensor_partition_reduce dst"), _gpsimd_sbuf(data, "tensor_partition_reduce data")
+    name = {"add": "add", "sum": "add", "maximum": "max", "max": "max", "amax": "max",
+            "bitwise_or": "bitwise_or", "bitwise_and": "bitwise_and"}.get(_name(op))
+    if name is None:
+        raise NKIError(f"{where()}: tensor_partition_reduce op must be nl.add, nl.maximum, nl.bitwise_or or "
+                       f"nl.bitwise_and, got {_name(op)}")
+    if name.startswith("bitwise") and data.dtype not in _INTS:
+        raise NKIError(f"{where()}: tensor_partition_reduce {name} needs an integer tile, got {data.dtype}")
+    if dst.partitions != 1 or dst.free_size != data.free_size:
+        raise NKIError(f"{where()}: tensor_partition_reduce dst {dst.shape} must have 1 partition and "
+                       f"{data.free_size} elements")
+    return t.emit("PARTITION_REDUCE", [dst], [data], {"op": name}, dur=gpsimd_ns(t.p, data.free_size))
+
+
+def local_gather(dst: ndarray, src: ndarray, index: ndarray, num_elem_per_idx: int = 1,
+                 num_valid_indices: int | None = None) -> int:
+    """LOCAL_GATHER on GpSimd: each of the 8 cores gathers, for its 16 partitions, ``num_elem_per_idx`` contiguous
+    elements at each of its indices (its ``index`` slice flattened partition-first); cost from the legacy docstring
+    (:func:`neuron_stack.device.cost.local_gather_ns`)."""
+    t = current()
+    for v, what in ((dst, "dst"), (src, "src_buffer"), (index, "index")):
+        _gpsimd_sbuf(v, f"local_gather {what}")
+    P = src.partitions
+    if index.partitions != P or P % 16:
+        raise NKIError(f"{where()}: local_gather src_buffer and index need the same partitions, a multiple of 16; got "
+                       f"{P} and {index.partitions}")
+    if index.dtype != "uint16":
+        raise NKIError(f"{where()}: local_gather indices must be uint16, got {index.dtype}")
+    k = int(num_elem_per_idx)
+    if k not in (1, 2, 4, 8, 16, 32):
+        raise NKIError(f"{where()}: local_gather num_elem_per_idx must be one of 1, 2, 4, 8, 16, 32; got {k}")
+    per_core = index.free_size * 16
+    nv = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < nv <= min(per_core, 4096):
+        raise NKIError(f"{where()}: local_gather num_valid_indices {nv} must be in 1..{min(per_core, 4096)} (the "
+                       f"indices of one 16-partition slice, at most 4096)")
+    if dst.dtype != src.dtype:
+        raise NKIError(f"{where()}: local_gather keeps the dtype: dst is {dst.dtype}, src_buffer {src.dtype}")
+    if dst.partitions != P or dst.free_size != nv * k:
+        raise NKIError(f"{where()}: local_gather dst {dst.shape} must be [{P}, {nv} x {k}] elements")
+    return t.emit("LOCAL_GATHER", [dst], [src, index], {"num_elem_per_idx": k, "num_valid_indices": nv},
+                  dur=local_gather_ns(t.p, nv, k, DTYPE_BYTES[src.dtype]))
