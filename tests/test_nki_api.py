@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
@@ -336,8 +337,8 @@ def test_shared_identity_matrix_and_shared_constant():
 
 def test_every_current_sdk_name_exists_or_says_it_is_not_supported():
     """No SDK name is a bare AttributeError: either it works or the error says what is simulated."""
-    for mod, names in ((nl, ("rand", "gather_flattened", "atomic_rmw", "dynamic_range")),
-                       (nisa, ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "nc_stream_shuffle", "rng"))):
+    for mod, names in ((nl, ("gather_flattened", "atomic_rmw", "dynamic_range", "all_reduce")),
+                       (nisa, ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "nc_stream_shuffle", "rand2"))):
         for name in names:
             with pytest.raises(AttributeError, match="is not supported by the simulator yet"):
                 getattr(mod, name)
@@ -347,3 +348,54 @@ def test_every_current_sdk_name_exists_or_says_it_is_not_supported():
     for name in ("random_seed", "dropout", "all", "invert", "shared_constant", "shared_identity_matrix",
                  "loop_reduce"):
         assert callable(getattr(nl, name))
+
+
+def test_elementwise_extras_rand_rng_and_predicated_copy():
+    @nki.jit
+    def k(x_t, i_t, p_t, seed_t):
+        outs = tuple(nl.ndarray(shape, dt, buffer=nl.shared_hbm) for shape, dt in
+                     (((9,) + x_t.shape, nl.float32), ((2,) + i_t.shape, nl.int32), ((2, 128, 64), nl.float32),
+                      ((128, 64), nl.uint8), (x_t.shape, nl.float32)))
+        x, i = nl.load(x_t), nl.load(i_t)
+        for j, f in enumerate((nl.trunc, nl.tan, nl.arctan, nl.mish, nl.gelu_apprx_sigmoid, nl.silu_dx, nl.erf_dx)):
+            nl.store(outs[0][j], f(x))
+        nl.store(outs[0][7], nl.fmod(x, 0.75))
+        nl.store(outs[0][8], nl.mod(x, 0.75))
+        nl.store(outs[1][0], nl.left_shift(i, 3))
+        nl.store(outs[1][1], nl.right_shift(i, 2))
+        for j in nl.static_range(2):
+            nl.random_seed(nl.load(seed_t))
+            nl.store(outs[2][j], nl.rand((128, 64), dtype=nl.float32))
+        bits = nl.ndarray((128, 64), nl.uint8)
+        nisa.rng(bits)
+        nl.store(outs[3], bits)
+        y = nl.zeros(x.shape, nl.float32)
+        nisa.tensor_copy_predicated(dst=y, src=x, predicate=nl.load(p_t), reverse_pred=True)
+        nl.store(outs[4], y)
+        return outs
+
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1.2, 1.2, (128, 64)).astype(np.float32)
+    i = rng.integers(0, 1 << 20, (128, 64), dtype=np.int32)
+    p = (rng.random((128, 64)) < 0.5).astype(np.uint8)
+    f, sh, r, bits, y = k(x, i, p, np.array([[3]], np.int32))
+    xt = torch.from_numpy(x)
+    s = torch.sigmoid(xt)
+    refs = [np.trunc(x), np.tan(x), np.arctan(x), torch.nn.functional.mish(xt).numpy(),
+            (xt * torch.sigmoid(1.702 * xt)).numpy(), (s * (1 + xt * (1 - s))).numpy(),
+            2 / np.sqrt(np.pi) * np.exp(-x * x), np.fmod(x, 0.75), np.mod(x, 0.75)]
+    for got, want in zip(f, refs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(sh[0], i << 3)
+    np.testing.assert_array_equal(sh[1], i >> 2)
+    np.testing.assert_array_equal(r[0], r[1])                              # reseeded: the same draws
+    assert 0.0 <= r.min() and r.max() < 1.0 and abs(r.mean() - 0.5) < 0.02
+    assert bits.dtype == np.uint8 and len(np.unique(bits)) > 200
+    np.testing.assert_array_equal(y, np.where(p == 0, x, 0.0))
+
+    @nki.jit
+    def bad(x_t):
+        nisa.rng(nl.load(x_t))  # MARK-RNG
+        return x_t
+
+    _raises_at(bad, (x,), "nisa.rng writes an integer tile", "MARK-RNG")

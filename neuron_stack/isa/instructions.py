@@ -43,6 +43,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "RANGE_SELECT": ("vector", "dst = where(cmp0(i, bound0) & cmp1(i, bound1), src, fill) over free index i; "
                                "running max"),
     "DROPOUT": ("vector", "dst = src where the engine PRNG's uniform draw >= prob, else 0"),
+    "RAND": ("vector", "dst = uniform [0, 1) draws of the engine PRNG (nl.rand), or 32 random bits (nisa.rng)"),
     "RNG_SEED": ("vector", "seed the Vector Engine PRNG (nl.random_seed)"),
     "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
     # Scalar Engine
@@ -72,12 +73,13 @@ ENGINE_OF: dict[str, str] = {op: eng for op, (eng, _) in OPCODES.items()}
 ALU_OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "mod", "fmod",
            "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
            "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass")
+           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass", "left_shift", "right_shift")
 
 #: Scalar-engine activation functions (lookup tables). Semantics in interp.ACT_FUNCS.
 ACT_FUNCS = ("copy", "identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log",
              "sqrt", "rsqrt", "square", "erf", "sin", "cos", "abs", "sign", "softplus", "reciprocal",
-             "neg", "exp2", "log2", "log1p", "expm1", "floor", "ceil", "round", "trunc")
+             "neg", "exp2", "log2", "log1p", "expm1", "floor", "ceil", "round", "trunc", "tan", "arctan", "mish",
+             "gelu_apprx_sigmoid", "gelu_dx", "gelu_apprx_sigmoid_dx", "silu_dx", "erf_dx")
 
 #: Reduction operators of REDUCE / ACTIVATE accumulate.
 REDUCE_OPS = ("add", "max", "min", "multiply", "logical_or", "logical_and")

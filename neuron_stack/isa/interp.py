@@ -134,6 +134,7 @@ def _alu(op: str, a, b):
         "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "atan2": torch.atan2,
         "hypot": torch.hypot, "copysign": torch.copysign, "floor_divide": torch.floor_divide,
         "rsub": lambda x, y: torch.sub(y, x), "rdivide": lambda x, y: torch.div(y, x), "bypass": lambda x, y: x,
+        "left_shift": torch.bitwise_left_shift, "right_shift": torch.bitwise_right_shift,
     }
     if op not in fns:
         raise InterpError(f"unknown ALU op {op!r}")
@@ -155,6 +156,12 @@ def _act(func: str, x):
         "sign": torch.sign, "softplus": F.softplus, "reciprocal": torch.reciprocal, "neg": torch.neg,
         "exp2": torch.exp2, "log2": torch.log2, "log1p": torch.log1p, "expm1": torch.expm1,
         "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+        "tan": torch.tan, "arctan": torch.atan, "mish": F.mish,
+        "gelu_apprx_sigmoid": lambda t: t * torch.sigmoid(1.702 * t),
+        "gelu_dx": lambda t: 0.5 * (1 + torch.erf(t / 2 ** 0.5)) + t * torch.exp(-0.5 * t * t) / (2 * torch.pi) ** 0.5,
+        "gelu_apprx_sigmoid_dx": lambda t: (lambda s: s + 1.702 * t * s * (1 - s))(torch.sigmoid(1.702 * t)),
+        "silu_dx": lambda t: (lambda s: s * (1 + t * (1 - s)))(torch.sigmoid(t)),
+        "erf_dx": lambda t: 2 / torch.pi ** 0.5 * torch.exp(-t * t),
     }
     if func not in fns:
         raise InterpError(f"unknown activation function {func!r}")
@@ -312,7 +319,7 @@ class Machine:
     def op_COPY_PREDICATED(self, o):
         a, mask, old = (self.mem.read(s) for s in o["src"])
         a = np.broadcast_to(a.reshape(old.shape) if a.size == old.size else a, old.shape)
-        self.mem.write(o["dst"][0], np.where(mask.reshape(old.shape) != 0, a, old))
+        self.mem.write(o["dst"][0], np.where((mask.reshape(old.shape) != 0) != bool(o.get("reverse")), a, old))
 
     def op_TENSOR_SCAN(self, o):
         x = _p2(self.mem.read(o["src"][0]))
@@ -374,6 +381,15 @@ class Machine:
         prob = prob.numpy() if isinstance(prob, torch.Tensor) else prob
         keep = self.rng.random(x.shape, dtype=np.float32) >= prob
         self.mem.write(o["dst"][0], np.where(keep, x, 0))
+
+    def op_RAND(self, o):
+        d = self.mem.view(o["dst"][0])
+        if o.get("bits"):       # nisa.rng: 32 random bits, the low bits kept by the dtype's width
+            b = o["bits"]
+            v = self.rng.integers(0, 1 << 32, d.shape, dtype=np.int64) % (1 << b)
+            self.mem.write(o["dst"][0], v - (1 << b) * (v >= 1 << (b - 1)) if o.get("signed") else v)
+        else:
+            self.mem.write(o["dst"][0], self.rng.random(d.shape, dtype=np.float32))
 
     def op_MAX8(self, o):
         x = _p2(self.mem.read(o["src"][0]))

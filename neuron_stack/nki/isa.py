@@ -40,6 +40,18 @@ class engine:
 
 
 tensor_engine, scalar_engine, gpsimd_engine, vector_engine = "tensor", "scalar", "gpsimd", "vector"   # legacy names
+unknown_engine = "unknown"
+NkiValidationError = NKIError       # the SDK's error for a hardware constraint violated
+
+
+class matmul_perf_mode:
+    """``nisa.matmul_perf_mode``: ``double_row`` (FP8, NeuronCore-v3+) is accepted and timed as the normal mode."""
+    none, double_row = "none", "double_row"
+
+
+class dma_engine:
+    """``nisa.dma_engine``: which DMA moves a ``sendrecv`` (multi-core, not simulated)."""
+    dma, gpsimd_dma = "dma", "gpsimd_dma"
 
 
 class reduce_cmd:
@@ -450,6 +462,30 @@ def local_gather(*args, dst=None, src_buffer=None, index=None, num_elem_per_idx=
         dst = _new(src_buffer.dtype, (src_buffer.partitions, nv, int(num_elem_per_idx)))
     ops.local_gather(dst, src_buffer, index, num_elem_per_idx, num_valid_indices)
     return None if new else dst
+
+
+def rng(dst, engine=None, name=None):
+    """32 random bits per element of the integer tile ``dst``, its low bits kept (Vector Engine PRNG)."""
+    if dst.dtype not in ("int8", "int16", "int32", "uint8", "uint16", "uint32"):
+        raise NKIError(f"{where()}: nisa.rng writes an integer tile (int8/16/32, uint8/16/32), got {dst.dtype}")
+    ops.rand(dst, bits=8 * ops.DTYPE_BYTES[dst.dtype])
+
+
+def tensor_copy_predicated(*args, dst=None, src=None, predicate=None, reverse_pred=False, mask=None, **_):
+    """``dst = src`` where ``predicate`` is non-zero (``reverse_pred``: where it is zero), ``dst`` kept elsewhere
+    (Vector COPY_PREDICATED); ``src`` a tile of ``dst``'s size."""
+    a = list(args)
+    dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    predicate = predicate if predicate is not None else a.pop(0)
+    if not isinstance(src, _T):
+        raise NKIError(f"{where()}: tensor_copy_predicated with a number as src is not simulated; memset a tile first")
+    if predicate.dtype not in ("uint8", "uint16", "uint32"):
+        raise NKIError(f"{where()}: tensor_copy_predicated predicate must be uint8, uint16 or uint32, got "
+                       f"{predicate.dtype}")
+    if src.buf.mem == predicate.buf.mem == "psum":
+        raise NKIError(f"{where()}: tensor_copy_predicated src and predicate cannot both reside in PSUM")
+    ops.copy_predicated(dst, src, predicate, reverse=bool(reverse_pred))
 
 
 def __getattr__(name):

@@ -262,6 +262,9 @@ exp, log, tanh, sigmoid, relu, silu, gelu, softplus, erf, rsqrt, sqrt, square, a
     _unary(n) for n in ("exp", "log", "tanh", "sigmoid", "relu", "silu", "gelu", "softplus", "erf", "rsqrt",
                         "sqrt", "square", "abs", "sin", "cos", "sign", "reciprocal"))
 gelu_apprx_tanh = _unary("gelu_tanh")
+trunc, tan, arctan, mish, gelu_apprx_sigmoid, gelu_dx, gelu_apprx_sigmoid_dx, silu_dx, erf_dx = (
+    _unary(n) for n in ("trunc", "tan", "arctan", "mish", "gelu_apprx_sigmoid", "gelu_dx", "gelu_apprx_sigmoid_dx",
+                        "silu_dx", "erf_dx"))
 negative = _unary("neg")
 identity = _unary("identity")
 floor, ceil = _unary("floor"), _unary("ceil")
@@ -284,7 +287,8 @@ def _binary(x, y, op: str, dtype=None, mask=None):
         return out
     tile, scalar = (x, y) if xt else (y, x)
     out = _result(tile, dtype)
-    ops.tensor_scalar(out, tile, op, float(scalar), reverse0=not xt, mask=mask)
+    exact = isinstance(scalar, int) and op in ("left_shift", "right_shift", "bitwise_and", "bitwise_or", "bitwise_xor")
+    ops.tensor_scalar(out, tile, op, scalar if exact else float(scalar), reverse0=not xt, mask=mask)
     return out
 
 
@@ -301,6 +305,22 @@ def _binop(op: str):
     _binop(n) for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal",
                         "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
                         "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"))
+fmod, mod, left_shift, right_shift, bypass = (_binop(n) for n in ("fmod", "mod", "left_shift", "right_shift",
+                                                                   "bypass"))
+NkiTensor = tensor
+
+
+class MemoryRegion:
+    """``nl.MemoryRegion``: the buffers as an enum (``nl.MemoryRegion.sbuf`` is ``nl.sbuf``)."""
+    sbuf, psum, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "shared_hbm"
+
+
+def logical_not(x, dtype=None, mask=None, **_):
+    """``1 - x`` for boolean-like (0/1) tiles, as the SDK's XOR with 1: one TENSOR_SCALAR on the Vector Engine
+    (for other values use ``nl.equal(x, 0)``)."""
+    out = _result(x, dtype)
+    ops.tensor_scalar(out, x, "subtract", 1, reverse0=True, mask=mask)
+    return out
 
 
 def _accumulate(acc, o):
@@ -519,3 +539,10 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
                        f"{target.dtype}")
     ops.tensor_tensor(target, target, x, op, mask=mask)
     return target
+
+
+def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
+    """A new tile of uniform [0, 1) draws from the Vector Engine PRNG (``nl.random_seed`` seeds it)."""
+    out = ndarray(shape, dtype, buffer, name)
+    ops.rand(out)
+    return out

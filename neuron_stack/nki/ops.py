@@ -149,6 +149,8 @@ def _scalar_arg(v, srcs: list, dst: ndarray, what: str):
         return {"src": len(srcs) - 1}
     if v is None:
         return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v                    # integer immediates stay exact (int tiles, bit shifts)
     return float(v)
 
 
@@ -359,13 +361,14 @@ def iota(dst: ndarray, expr, offset: int = 0, channel_multiplier: int = 0) -> in
                   dur=gpsimd_ns(t.p, dst.free_size))
 
 
-def copy_predicated(dst: ndarray, src: ndarray, predicate: ndarray) -> int:
-    """COPY_PREDICATED: ``dst = src`` where ``predicate`` is non-zero, ``dst`` kept elsewhere (Vector)."""
+def copy_predicated(dst: ndarray, src: ndarray, predicate: ndarray, reverse: bool = False) -> int:
+    """COPY_PREDICATED: ``dst = src`` where ``predicate`` is non-zero (``reverse``: zero), ``dst`` kept elsewhere
+    (Vector)."""
     t = current()
     on_chip(dst, "copy_predicated dst"), on_chip(src, "copy_predicated data"), on_chip(predicate, "predicate")
     _same_partitions(dst, [src, predicate], "copy_predicated")
     srcs = [_fit(src, dst), _fit(predicate, dst), dst]
-    return t.emit("COPY_PREDICATED", [dst], srcs, {},
+    return t.emit("COPY_PREDICATED", [dst], srcs, {"reverse": True} if reverse else {},
                   dur=vector_ns(t.p, "COPY_PREDICATED", dst.free_size, 2, dst.dtype))
 
 
@@ -747,3 +750,13 @@ def local_gather(dst: ndarray, src: ndarray, index: ndarray, num_elem_per_idx: i
         raise NKIError(f"{where()}: local_gather dst {dst.shape} must be [{P}, {nv} x {k}] elements")
     return t.emit("LOCAL_GATHER", [dst], [src, index], {"num_elem_per_idx": k, "num_valid_indices": nv},
                   dur=local_gather_ns(t.p, nv, k, DTYPE_BYTES[src.dtype]))
+
+
+def rand(dst: ndarray, bits: int = 0) -> int:
+    """RAND on the Vector Engine: ``dst`` filled from the engine PRNG, uniform in [0, 1) (``nl.rand``) or, with
+    ``bits``, the low ``bits`` of 32 random bits (``nisa.rng``). The docs give no cost; one-input ``max(MIN_II, N)``."""
+    t = current()
+    on_chip(dst, "rand dst")
+    signed = dst.dtype in ("int8", "int16", "int32")
+    return t.emit("RAND", [dst], [], {"bits": bits, "signed": signed},
+                  dur=vector_ns(t.p, "RAND", dst.free_size, 1, dst.dtype))
