@@ -337,8 +337,8 @@ def test_shared_identity_matrix_and_shared_constant():
 
 def test_every_current_sdk_name_exists_or_says_it_is_not_supported():
     """No SDK name is a bare AttributeError: either it works or the error says what is simulated."""
-    for mod, names in ((nl, ("gather_flattened", "atomic_rmw", "dynamic_range", "all_reduce")),
-                       (nisa, ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "nc_stream_shuffle", "rand2"))):
+    for mod, names in ((nl, ("atomic_rmw", "dynamic_range", "all_reduce")),
+                       (nisa, ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "rand2", "register_alloc"))):
         for name in names:
             with pytest.raises(AttributeError, match="is not supported by the simulator yet"):
                 getattr(mod, name)
@@ -399,3 +399,96 @@ def test_elementwise_extras_rand_rng_and_predicated_copy():
         return x_t
 
     _raises_at(bad, (x,), "nisa.rng writes an integer tile", "MARK-RNG")
+
+
+def test_match_replace8_stream_shuffle_and_gathers():
+    @nki.jit(mode="simulation", kernel_return=True)
+    def match_replace():
+        data_tile = nl.rand((4, 16))
+        max_vals = nisa.max8(src=data_tile)
+        result = nisa.nc_match_replace8(data=data_tile[:, :], vals=max_vals, imm=float("-inf"))
+        result_tensor = nl.ndarray([4, 16], dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(result_tensor, value=result)
+        return result_tensor
+
+    res = match_replace()
+    kept = res[~np.isneginf(res)]
+    assert np.all(np.isneginf(res).sum(1) == 8) and np.all((kept >= 0) & (kept < 1))
+
+    @nki.jit
+    def shuffle(in_tensor):
+        out_tensor = nl.ndarray(in_tensor.shape, in_tensor.dtype, buffer=nl.shared_hbm)
+        a = nl.load(in_tensor)
+        a_mgrid = nl.mgrid[0:32, 0:128]
+        shuffle_mask = [(i - 1) % 32 for i in range(32)]
+        nisa.nc_stream_shuffle(src=a[a_mgrid.p, a_mgrid.x], dst=a[a_mgrid.p, a_mgrid.x], shuffle_mask=shuffle_mask)
+        nl.store(out_tensor, value=a)
+        return out_tensor
+
+    x = np.random.default_rng(10).random((32, 128), dtype=np.float32)
+    np.testing.assert_array_equal(shuffle(x), x[[(i - 1) % 32 for i in range(32)]])
+
+    @nki.jit
+    def gathers(d_t, i_t, seg_t):
+        outs = (nl.ndarray(i_t.shape, d_t.dtype, buffer=nl.shared_hbm), nl.ndarray((1, 2, 32), nl.float32,
+                                                                                   buffer=nl.shared_hbm))
+        nl.store(outs[0], nl.gather_flattened(nl.load(d_t), nl.load(i_t)))
+        nl.store(outs[1], nisa.sequence_bounds(segment_ids=nl.load(seg_t)))
+        return outs
+
+    rng = np.random.default_rng(11)
+    d = rng.random((128, 512), dtype=np.float32)
+    idx = rng.integers(0, 512, (128, 64)).astype(np.uint32)
+    seg = np.array([[0, 1, 1, 2, 2, 2, 0, 3, 3] + [4] * 20 + [0, 0, 5]], np.float32)
+    g, bounds = gathers(d, idx, seg)
+    np.testing.assert_array_equal(g, np.take_along_axis(d, idx.astype(np.int64), 1))
+    np.testing.assert_array_equal(bounds[0, :, :9], [[32, 1, 1, 3, 3, 3, 32, 7, 7], [-1, 3, 3, 6, 6, 6, -1, 9, 9]])
+    np.testing.assert_array_equal(bounds[0, :, 29:], [[32, 32, 31], [-1, -1, 32]])
+
+    @nki.jit
+    def bad(in_tensor):
+        a = nl.load(in_tensor)
+        nisa.nc_stream_shuffle(src=a[0:16, :], dst=a[16:32, :], shuffle_mask=list(range(32)))  # MARK-SHUF
+        return in_tensor
+
+    _raises_at(bad, (x,), "dst starts at partition 16", "MARK-SHUF")
+
+
+def test_tensor_scalar_cumulative_and_nonzero_with_count():
+    @nki.jit(platform_target="trn2")
+    def k(x_t):
+        outs = (nl.ndarray(x_t.shape, nl.float32, buffer=nl.shared_hbm),
+                nl.ndarray(x_t.shape, nl.float32, buffer=nl.shared_hbm),
+                nl.ndarray((x_t.shape[0], x_t.shape[1] + 1), nl.int32, buffer=nl.shared_hbm))
+        x = nl.load(x_t)
+        c = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_scalar_cumulative(c, x, nl.multiply, nl.add, imm0=2.0)
+        nl.store(outs[0], c)
+        m = nl.ndarray(x.shape, nl.float32)
+        nisa.tensor_scalar_cumulative(m, x, nl.add, nl.maximum, imm0=0.0, imm1=0.5,
+                                      reduce_cmd=nisa.reduce_cmd.load_reduce)
+        nl.store(outs[1], m)
+        nz = nl.full((x.shape[0], x.shape[1] + 1), 7, nl.int32)
+        nisa.nonzero_with_count(nz, x, index_offset=16, padding_val=-1)
+        nl.store(outs[2], nz)
+        return outs
+
+    rng = np.random.default_rng(12)
+    x = np.where(rng.random((32, 8)) < 0.4, rng.standard_normal((32, 8)), 0).astype(np.float32)
+    c, m, nz = k(x)
+    np.testing.assert_allclose(c, np.cumsum(2 * x, axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(m, np.maximum.accumulate(np.concatenate([np.full((32, 1), 0.5), x], 1), 1)[:, 1:])
+    for p in range(32):
+        if p % 16:
+            assert (nz[p] == 7).all()                                    # other partitions untouched
+        else:
+            idx = np.flatnonzero(x[p])
+            assert nz[p, -1] == len(idx) and (nz[p, :len(idx)] == idx + 16).all() and (nz[p, len(idx):-1] == -1).all()
+
+    @nki.jit
+    def on_trn1(x_t):
+        x = nl.load(x_t)
+        nisa.nonzero_with_count(nl.ndarray((32, 9), nl.int32), x)  # MARK-NZ
+        return x_t
+
+    _raises_at(on_trn1, (x,), "nonzero_with_count needs NeuronCore-v3 (trn2)", "MARK-NZ")

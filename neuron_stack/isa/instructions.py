@@ -43,6 +43,11 @@ OPCODES: dict[str, tuple[str, str]] = {
     "RANGE_SELECT": ("vector", "dst = where(cmp0(i, bound0) & cmp1(i, bound1), src, fill) over free index i; "
                                "running max"),
     "DROPOUT": ("vector", "dst = src where the engine PRNG's uniform draw >= prob, else 0"),
+    "MATCH_REPLACE8": ("vector", "dst = src0 with the first occurrence of each of src1's 8 values per partition "
+                                 "replaced by imm; dst[1] = their indices"),
+    "SHUFFLE": ("vector", "dst[q*32 + i] = src0[q*32 + mask[i]] within each 32-partition quadrant (255: unchanged)"),
+    "TENSOR_SCALAR_CUMULATIVE": ("vector", "reg = op1(op0(src0[:, i], imm0), reg); dst[:, i] = reg (accumulator "
+                                           "registers per reduce_cmd)"),
     "RAND": ("vector", "dst = uniform [0, 1) draws of the engine PRNG (nl.rand), or 32 random bits (nisa.rng)"),
     "RNG_SEED": ("vector", "seed the Vector Engine PRNG (nl.random_seed)"),
     "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
@@ -50,6 +55,10 @@ OPCODES: dict[str, tuple[str, str]] = {
     "ACTIVATE": ("scalar", "dst = func(src * scale + bias); optional accumulate of dst along free into acc"),
     # GpSimd Engine
     "IOTA": ("gpsimd", "dst[p, f] = base + p * channel_multiplier + f * step"),
+    "N_GATHER": ("gpsimd", "dst[p, j] = src0[p, src1[p, j]] over src0's flattened free elements"),
+    "SEQUENCE_BOUNDS": ("gpsimd", "dst[0, 0/1, i] = start / end index of the segment holding element i (id 0: n, -1)"),
+    "NONZERO_WITH_COUNT": ("gpsimd", "in partitions 0, 16, ..., 112: indices of the non-zero elements + offset, "
+                                     "padding, then their count"),
     "GATHER": ("gpsimd", "indirect load: dst[p, :] = table[index[p], :] (DMA descriptors generated on GpSimd)"),
     "AFFINE_SELECT": ("gpsimd", "dst = where(affine(p, f) cmp 0, src, fill)"),
     "PARTITION_REDUCE": ("gpsimd", "dst[0, :] = reduce_op over the partitions of src"),

@@ -391,6 +391,48 @@ class Machine:
         else:
             self.mem.write(o["dst"][0], self.rng.random(d.shape, dtype=np.float32))
 
+    def op_MATCH_REPLACE8(self, o):
+        x, vals = _p2(self.mem.read(o["src"][0])).copy(), _p2(self.mem.read(o["src"][1]))
+        rows = np.arange(x.shape[0])
+        idx = np.zeros(vals.shape, np.int64)
+        for j in range(vals.shape[1]):      # in order: a repeated value matches its next occurrence
+            hit = x == vals[:, j:j + 1]
+            first = np.argmax(hit, axis=1)
+            found = hit[rows, first]
+            idx[:, j] = first
+            x[rows[found], first[found]] = o["imm"]
+        self.mem.write(o["dst"][0], x)
+        if len(o["dst"]) > 1:
+            self.mem.write(o["dst"][1], idx)
+
+    def op_SHUFFLE(self, o):
+        src, out = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).copy()
+        for i in range(out.shape[0]):
+            m = o["mask"][i % 32]
+            if m != 255:
+                out[i] = src[i // 32 * 32 + m]
+        self.mem.write(o["dst"][0], out)
+
+    def op_TENSOR_SCALAR_CUMULATIVE(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "imm0", srcs))
+        P = x.shape[0]
+        cmd = o["reduce_cmd"]
+        if cmd == "load_reduce":
+            imm1 = _scalar(o, "imm1", srcs)
+            reg = imm1 if isinstance(imm1, torch.Tensor) else torch.full((P, 1), float(imm1))
+        elif cmd == "reduce" and self.vacc is not None and len(self.vacc) == P:
+            reg = torch.from_numpy(self.vacc.astype(np.float32)).reshape(P, 1)
+        else:
+            init = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}[o["op1"]]
+            reg = torch.full((P, 1), init)
+        out = torch.empty_like(x)
+        for i in range(x.shape[1]):
+            reg = _alu(o["op1"], x[:, i:i + 1], reg)
+            out[:, i:i + 1] = reg
+        self.vacc = reg[:, 0].numpy().copy()
+        self.mem.write(o["dst"][0], out.numpy())
+
     def op_MAX8(self, o):
         x = _p2(self.mem.read(o["src"][0]))
         self.mem.write(o["dst"][0], -np.sort(-x, axis=1)[:, :8])
@@ -455,6 +497,30 @@ class Machine:
         for c in range(0, src.shape[0], 16):        # each GpSimd core: its 16 partitions, its own indices
             cols = idx[c:c + 16].flatten(order="F")[:nv, None] + np.arange(k)[None, :]
             out[c:c + 16] = src[c:c + 16][:, cols]
+        self.mem.write(o["dst"][0], out)
+
+    def op_N_GATHER(self, o):
+        data, idx = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).astype(np.int64)
+        self.mem.write(o["dst"][0], np.take_along_axis(data, idx, axis=1))
+
+    def op_SEQUENCE_BOUNDS(self, o):
+        seq = _p2(self.mem.read(o["src"][0]))[0]
+        n = len(seq)
+        lo, hi = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for i in range(n):
+            lo[i] = n if seq[i] == 0 else lo[i - 1] if i and seq[i] == seq[i - 1] else i
+        for i in range(n - 1, -1, -1):
+            hi[i] = -1 if seq[i] == 0 else hi[i + 1] if i < n - 1 and seq[i] == seq[i + 1] else i + 1
+        self.mem.write(o["dst"][0], np.stack([lo, hi])[None])
+
+    def op_NONZERO_WITH_COUNT(self, o):
+        src, out = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).copy()
+        T = src.shape[1]
+        for p in range(0, src.shape[0], 16):    # each GpSimd core reads and writes its first partition only
+            nz = np.flatnonzero(src[p] != 0)
+            out[p, :T] = o["padding_val"]
+            out[p, :len(nz)] = nz + o["index_offset"]
+            out[p, T] = len(nz)
         self.mem.write(o["dst"][0], out)
 
     def op_CUSTOM_OP(self, o):

@@ -488,5 +488,58 @@ def tensor_copy_predicated(*args, dst=None, src=None, predicate=None, reverse_pr
     ops.copy_predicated(dst, src, predicate, reverse=bool(reverse_pred))
 
 
+def nc_match_replace8(*args, dst=None, data=None, vals=None, imm=None, dst_idx=None, dtype=None, mask=None, **_):
+    """Replace the first occurrence of each of ``vals``' 8 values per partition of ``data`` with ``imm`` (Vector);
+    both call forms (the legacy one returns the replaced tile)."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    vals = vals if vals is not None else a.pop(0)
+    imm = imm if imm is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, data.shape)
+    ops.match_replace8(out, data, vals, imm, dst_idx)
+    return None if new else out
+
+
+def nc_stream_shuffle(*args, src=None, dst=None, shuffle_mask=None, mask=None, **_):
+    """Move partitions within each 32-partition quadrant: ``dst[i] = src[shuffle_mask[i]]`` (Vector)."""
+    a = list(args)
+    if dst is None and src is None and len(a) >= 2:     # the current form is (dst, src, mask)
+        dst, src = a.pop(0), a.pop(0)
+    src = src if src is not None else a.pop(0)
+    dst = dst if dst is not None else a.pop(0)
+    shuffle_mask = shuffle_mask if shuffle_mask is not None else a.pop(0)
+    ops.stream_shuffle(dst, src, shuffle_mask)
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
+    """``reg = op1(op0(src[:, i], imm0), reg)``, ``dst[:, i] = reg`` on the Vector Engine."""
+    ops.tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1, reduce_cmd)
+
+
+def nc_n_gather(dst, data, indices, name=None):
+    """``dst[p, j] = data[p, indices[p, j]]`` within each partition (GpSimd)."""
+    ops.n_gather(dst, data, indices)
+
+
+def sequence_bounds(*args, dst=None, segment_ids=None, dtype=None, **_):
+    """The [start, end) of each element's segment (GpSimd); legacy form returns a [1, 2, n] tile."""
+    a = list(args)
+    new = dst is not None or len(a) == 2
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    segment_ids = segment_ids if segment_ids is not None else a.pop(0)
+    out = dst if new else _new(dtype or segment_ids.dtype, (1, 2, segment_ids.free_size))
+    ops.sequence_bounds(out, segment_ids)
+    return None if new else out
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Indices of the non-zero elements and their count, in partitions 0, 16, ..., 112 (GpSimd, NeuronCore-v3+)."""
+    ops.nonzero_with_count(dst, src, index_offset, padding_val)
+
+
 def __getattr__(name):
     raise unsupported("nisa", name)

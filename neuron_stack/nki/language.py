@@ -546,3 +546,13 @@ def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
     out = ndarray(shape, dtype, buffer, name)
     ops.rand(out)
     return out
+
+
+def gather_flattened(data, indices, axis=0, dtype=None, **_):
+    """Per partition, the elements of ``data``'s flattened free part at ``indices`` (uint32): a new tile of
+    ``indices``' shape (N_GATHER on GpSimd)."""
+    if axis not in (0, -1, 1):
+        raise NKIError(f"{_where()}: nl.gather_flattened gathers along the flattened free part (axis=0)")
+    out = ndarray(indices.shape, dtype or data.dtype)
+    ops.n_gather(out, data, indices)
+    return out

@@ -760,3 +760,124 @@ def rand(dst: ndarray, bits: int = 0) -> int:
     signed = dst.dtype in ("int8", "int16", "int32")
     return t.emit("RAND", [dst], [], {"bits": bits, "signed": signed},
                   dur=vector_ns(t.p, "RAND", dst.free_size, 1, dst.dtype))
+
+
+def match_replace8(dst: ndarray, data: ndarray, vals: ndarray, imm: float, dst_idx: ndarray | None = None) -> int:
+    """MATCH_REPLACE8 on the Vector Engine: the first occurrence of each of ``vals``' 8 values per partition of
+    ``data`` becomes ``imm`` in ``dst``; ``dst_idx`` (optional, [P, 8]) gets their indices. ``max(MIN_II, N)``."""
+    t = current()
+    for v, what in ((dst, "dst"), (data, "data"), (vals, "vals")):
+        on_chip(v, f"nc_match_replace8 {what}")
+    _same_size(dst, [data], "nc_match_replace8")
+    if vals.free_size != 8 or vals.partitions != data.partitions:
+        raise NKIError(f"{where()}: nc_match_replace8 vals {vals.shape} must hold 8 values per partition "
+                       f"([{data.partitions}, 8])")
+    if not 8 <= data.free_size <= 16384:
+        raise NKIError(f"{where()}: nc_match_replace8 data has {data.free_size} elements per partition; 8..16384")
+    dsts = [dst]
+    if dst_idx is not None:
+        on_chip(dst_idx, "nc_match_replace8 dst_idx")
+        if dst_idx.free_size != 8 or dst_idx.dtype not in ("uint16", "uint32"):
+            raise NKIError(f"{where()}: nc_match_replace8 dst_idx must be [P, 8] uint16 or uint32, got "
+                           f"{dst_idx.shape} {dst_idx.dtype}")
+        dsts.append(dst_idx)
+    return t.emit("MATCH_REPLACE8", dsts, [data, vals], {"imm": float(imm)},
+                  dur=vector_ns(t.p, "MATCH_REPLACE8", data.free_size, 1, data.dtype))
+
+
+def stream_shuffle(dst: ndarray, src: ndarray, mask) -> int:
+    """SHUFFLE on the Vector Engine: within every 32-partition quadrant, partition ``i`` of ``dst`` gets partition
+    ``mask[i]`` of ``src`` (255 leaves it); in place allowed. ``max(MIN_II, N)`` cycles (one input)."""
+    t = current()
+    on_chip(dst, "nc_stream_shuffle dst"), on_chip(src, "nc_stream_shuffle src")
+    mask = [int(m) for m in mask]
+    if len(mask) != 32 or any(not (0 <= m < 32 or m == 255) for m in mask):
+        raise NKIError(f"{where()}: nc_stream_shuffle shuffle_mask must be 32 partition numbers in 0..31 (or 255 to "
+                       f"keep one), got {len(mask)} values")
+    if dst.dtype != src.dtype or dst.free_size != src.free_size:
+        raise NKIError(f"{where()}: nc_stream_shuffle dst and src need the same dtype and elements per partition")
+    active = -(-max(dst.partitions, src.partitions) // 32) * 32
+    allowed = {32: (0, 32, 64, 96), 64: (0, 64)}.get(active, (0,))
+    for v, what in ((src, "src"), (dst, "dst")):
+        start = v.region()[0]
+        if start not in allowed:
+            raise NKIError(f"{where()}: nc_stream_shuffle {what} starts at partition {start}; with {active} active "
+                           f"partitions it must start at {' or '.join(map(str, allowed))}")
+    return t.emit("SHUFFLE", [dst], [src, dst], {"mask": mask},
+                  dur=vector_ns(t.p, "SHUFFLE", src.free_size, 1, src.dtype))
+
+
+def tensor_scalar_cumulative(dst: ndarray, src: ndarray, op0, op1, imm0, imm1=None, reduce_cmd="reset_reduce") -> int:
+    """TENSOR_SCALAR_CUMULATIVE on the Vector Engine: ``reg = op1(op0(src[:, i], imm0), reg)``, ``dst[:, i] = reg``,
+    the register starting per ``reduce_cmd`` (op1's identity, ``imm1``, or where the last accumulation left it).
+    The docs give no cost; one input ``max(MIN_II, N)``."""
+    t = current()
+    on_chip(dst, "tensor_scalar_cumulative dst"), on_chip(src, "tensor_scalar_cumulative src")
+    _same_size(dst, [src], "tensor_scalar_cumulative")
+    for v in (dst, src):
+        if v.dtype in ("int32", "uint32"):
+            raise NKIError(f"{where()}: tensor_scalar_cumulative does not take {v.dtype} tiles (an ISA limitation)")
+    a1 = _arith(op1, "tensor_scalar_cumulative")
+    if a1 not in ("add", "subtract", "multiply", "maximum", "minimum"):
+        raise NKIError(f"{where()}: tensor_scalar_cumulative op1 must be add, subtract, multiply, maximum or minimum")
+    cmd = getattr(reduce_cmd, "name", reduce_cmd)
+    if cmd not in ("reset_reduce", "reduce", "load_reduce"):
+        raise NKIError(f"{where()}: tensor_scalar_cumulative reduce_cmd must be reset_reduce, reduce or load_reduce")
+    if cmd == "load_reduce" and imm1 is None:
+        raise NKIError(f"{where()}: reduce_cmd=load_reduce needs imm1, the accumulator's starting value")
+    srcs = [src]
+    attrs = {"op0": _arith(op0, "tensor_scalar_cumulative"), "op1": a1, "reduce_cmd": cmd,
+             "imm0": _scalar_arg(imm0, srcs, dst, "imm0"), "imm1": _scalar_arg(imm1, srcs, dst, "imm1")}
+    return t.emit("TENSOR_SCALAR_CUMULATIVE", [dst], srcs, attrs,
+                  dur=vector_ns(t.p, "TENSOR_SCALAR_CUMULATIVE", dst.free_size, 1, dst.dtype))
+
+
+def n_gather(dst: ndarray, data: ndarray, indices: ndarray) -> int:
+    """N_GATHER on GpSimd: ``dst[p, j] = data[p, indices[p, j]]`` over each partition's flattened free elements.
+    It is ``ceil(N / 512)`` ISA instructions (the docstring): that many GpSimd starts plus N cycles."""
+    t = current()
+    for v, what in ((dst, "dst"), (data, "data"), (indices, "indices")):
+        _gpsimd_sbuf(v, f"nc_n_gather {what}")
+    if indices.dtype != "uint32":
+        raise NKIError(f"{where()}: nc_n_gather indices must be uint32, got {indices.dtype}")
+    if dst.dtype != data.dtype:
+        raise NKIError(f"{where()}: nc_n_gather keeps the dtype: dst is {dst.dtype}, data {data.dtype}")
+    if len({dst.partitions, data.partitions, indices.partitions}) != 1 or dst.free_size != indices.free_size:
+        raise NKIError(f"{where()}: nc_n_gather dst {dst.shape} must have the partitions of data and the elements of "
+                       f"indices {indices.shape}")
+    n = dst.free_size
+    groups = -(-n // 512)
+    return t.emit("N_GATHER", [dst], [data, indices], {},
+                  dur=(groups * t.p.gpsimd_start_cycles + n) / t.p.gpsimd_clock_ghz)
+
+
+def sequence_bounds(dst: ndarray, segment_ids: ndarray) -> int:
+    """SEQUENCE_BOUNDS on GpSimd: per element, the [start, end) of its segment (padding id 0: n and -1) into
+    ``dst`` [1, 2, n]; ``150 + N`` cycles."""
+    t = current()
+    _gpsimd_sbuf(dst, "sequence_bounds dst"), _gpsimd_sbuf(segment_ids, "sequence_bounds segment_ids")
+    if segment_ids.partitions != 1:
+        raise NKIError(f"{where()}: sequence_bounds takes segment ids in one partition, got {segment_ids.shape}")
+    for v in (dst, segment_ids):
+        if v.dtype not in ("float32", "int32"):
+            raise NKIError(f"{where()}: sequence_bounds tiles must be float32 or int32, got {v.dtype}")
+    if dst.partitions != 1 or dst.free_size != 2 * segment_ids.free_size:
+        raise NKIError(f"{where()}: sequence_bounds dst {dst.shape} must be [1, 2, {segment_ids.free_size}]")
+    return t.emit("SEQUENCE_BOUNDS", [dst], [segment_ids], {}, dur=gpsimd_ns(t.p, segment_ids.free_size))
+
+
+def nonzero_with_count(dst: ndarray, src: ndarray, index_offset: int = 0, padding_val: int = -1) -> int:
+    """NONZERO_WITH_COUNT on GpSimd (NeuronCore-v3+): in partitions 0, 16, ..., 112 the indices of ``src``'s
+    non-zero elements (+ ``index_offset``), ``padding_val`` after them, their count last; ``150 + N`` cycles."""
+    t = current()
+    if t.p.name != "trn2":
+        raise NKIError(f"{where()}: nisa.nonzero_with_count needs NeuronCore-v3 (trn2) but the target is {t.p.name}")
+    _gpsimd_sbuf(dst, "nonzero_with_count dst"), _gpsimd_sbuf(src, "nonzero_with_count src")
+    if src.dtype not in ("float32", "int32") or dst.dtype != "int32":
+        raise NKIError(f"{where()}: nonzero_with_count takes a float32/int32 src and an int32 dst")
+    if dst.partitions != src.partitions or dst.free_size != src.free_size + 1:
+        raise NKIError(f"{where()}: nonzero_with_count dst {dst.shape} needs one more element per partition than "
+                       f"src {src.shape}")
+    return t.emit("NONZERO_WITH_COUNT", [dst], [src, dst], {"index_offset": int(index_offset),
+                                                            "padding_val": int(padding_val)},
+                  dur=gpsimd_ns(t.p, src.free_size))
