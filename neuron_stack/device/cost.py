@@ -49,7 +49,8 @@ def vector_ns(p: DeviceProfile, opcode: str, n: int, n_inputs: int = 1, dtype: s
     One input ``max(MIN_II, N)``; two inputs ``max(MIN_II, 2N)`` unless ``fast`` (one input in PSUM,
     or both bf16 in SBUF with add/mul/sub) which costs N; SCALAR_TENSOR_TENSOR likewise (N when ``fast``:
     bf16 subtract-then-multiply, even N); REDUCE ``N`` (N/2 for bf16 add/max); RECIPROCAL ``8N``; BN_AGGR
-    ``13N/3``; TENSOR_SCAN / TENSOR_TENSOR_SCAN ``2N``; SELECT_REDUCE reads two tiles (``2N``);
+    ``13N/3``; TENSOR_SCAN / TENSOR_TENSOR_SCAN ``2N``; TENSOR_COPY_DYNAMIC ``max(600, N)``; SELECT_REDUCE reads
+    two tiles (``2N``);
     ``accumulate`` (a reduce result read out of the accumulators, as tensor_scalar_reduce) adds MIN_II.
     On NC-v3 bf16 runs in performance mode (2x, 4x for copies).
     Example: ``vector_ns(get_profile("trn1"), "REDUCE", 512)`` = 512 cycles at 1.12 GHz.
@@ -63,6 +64,8 @@ def vector_ns(p: DeviceProfile, opcode: str, n: int, n_inputs: int = 1, dtype: s
         cycles = p.reciprocal_cycles_per_elem * n
     elif opcode == "BN_AGGR":
         cycles = p.bn_aggr_cycles_num * n / p.bn_aggr_cycles_den
+    elif opcode == "TENSOR_COPY_DYNAMIC":       # MIN_II_DYNAMIC ~ 600 cycles (tensor_copy_dynamic_src/dst docstrings)
+        cycles = max(600, n)
     elif opcode in ("TENSOR_SCAN", "TENSOR_TENSOR_SCAN"):
         cycles = 2 * n
     else:  # TENSOR_SCALAR, TENSOR_COPY, BN_STATS, MEMSET, COPY_PREDICATED, MAX8, FIND_INDEX8, RANGE_SELECT, DROPOUT

@@ -28,6 +28,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "TENSOR_TENSOR": ("vector", "dst = op(src0, src1) elementwise"),
     "TENSOR_SCALAR": ("vector", "dst = op1(op0(src, scalar0), scalar1); scalars immediate or per-partition"),
     "TENSOR_COPY": ("vector", "dst = src (with dtype conversion), e.g. PSUM evacuation"),
+    "TENSOR_COPY_DYNAMIC": ("vector", "dst = src with the src (or dst) offset moved by stride x the value of src1"),
     "REDUCE": ("vector", "dst[p, 0] = reduce_op over the free axis of src[p, :]"),
     "BN_STATS": ("vector", "per-partition (count, mean, M2) of src (free size <= 512); 6-wide dst: even, odd elements"),
     "BN_AGGR": ("vector", "combine BN_STATS records into per-partition (mean, var)"),

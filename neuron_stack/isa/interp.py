@@ -269,6 +269,18 @@ class Machine:
     def op_TENSOR_COPY(self, o):
         self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
 
+    def op_TENSOR_COPY_DYNAMIC(self, o):
+        v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
+        if not 0 <= v <= o["limit"]:
+            raise InterpError(f"dynamic offset {v} read from SBUF is outside 0..{o['limit']} of the tile")
+        src, dst = o["src"][0], o["dst"][0]
+        moved = dict(src if o["side"] == "src" else dst)
+        moved["o"] += v * o["stride"]
+        if o["side"] == "src":
+            self.mem.write(dst, self.mem.read(moved))
+        else:
+            self.mem.write(moved, self.mem.read(src))
+
     def op_REDUCE(self, o):
         x = _t(_p2(self.mem.read(o["src"][0])))
         op = o["op"]

@@ -541,5 +541,26 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     ops.nonzero_with_count(dst, src, index_offset, padding_val)
 
 
+def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
+    """``dst = src`` with ``src`` at an offset read from SBUF at run time (``t[ix, idx[0, j] + iy]``); both forms
+    (legacy returns a new tile)."""
+    a = list(args)
+    new = dst is not None or len(a) == 2
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    out = dst if new else _new(dtype or src.dtype, src.shape)
+    ops.tensor_copy_dynamic(out, src, "src")
+    return None if new else out
+
+
+def tensor_copy_dynamic_dst(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
+    """``dst = src`` with ``dst`` at an offset read from SBUF at run time (``t[ix, idx[0, j] + iy]``)."""
+    a = list(args)
+    dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    ops.tensor_copy_dynamic(dst, src, "dst")
+
+
 def __getattr__(name):
     raise unsupported("nisa", name)

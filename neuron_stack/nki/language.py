@@ -271,6 +271,9 @@ floor, ceil = _unary("floor"), _unary("ceil")
 
 
 def _binary(x, y, op: str, dtype=None, mask=None):
+    from .indexing import DynIdx, Idx
+    if op == "add" and isinstance(x, tensor) and isinstance(y, Idx):
+        return DynIdx(x, y)             # `idx_tile[0, j] + iy`: an offset read at run time (tensor_copy_dynamic_*)
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
     if not xt and not yt:
         raise NKIError(f"{_where()}: nl.{op} needs at least one tile operand")

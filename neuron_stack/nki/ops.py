@@ -881,3 +881,26 @@ def nonzero_with_count(dst: ndarray, src: ndarray, index_offset: int = 0, paddin
     return t.emit("NONZERO_WITH_COUNT", [dst], [src, dst], {"index_offset": int(index_offset),
                                                             "padding_val": int(padding_val)},
                   dur=gpsimd_ns(t.p, src.free_size))
+
+
+def tensor_copy_dynamic(dst: ndarray, src: ndarray, side: str) -> int:
+    """TENSOR_COPY_DYNAMIC: ``dst = src`` where the ``side`` view (made by indexing with an SBUF value,
+    ``t[ix, idx[0, j] + iy]``) moves by that value at run time; ``max(600, N)`` cycles (MIN_II_DYNAMIC, docstring).
+    The whole tile it can reach counts as accessed, so the schedule waits as the hardware must."""
+    t = current()
+    name = f"tensor_copy_dynamic_{side}"
+    on_chip(dst, f"{name} dst"), on_chip(src, f"{name} src")
+    dyn_view = src if side == "src" else dst
+    dyn = getattr(dyn_view, "_dyn", None)
+    if dyn is None:
+        raise NKIError(f"{where()}: {name} needs a {side} indexed by an SBUF value, e.g. t[ix, idx_tile[0, j] + iy]")
+    idx, stride, limit, root = dyn
+    if idx.buf.mem != "sbuf" or idx.dtype not in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
+        raise NKIError(f"{where()}: {name} reads its offset from an integer SBUF tile, got {idx.dtype} in {idx.buffer}")
+    if src.partitions != dst.partitions or src.free_size != dst.free_size:
+        raise NKIError(f"{where()}: {name} src {src.shape} and dst {dst.shape} need the same partitions and elements")
+    attrs = {"side": side, "stride": int(stride), "limit": int(limit)}
+    dur = vector_ns(t.p, "TENSOR_COPY_DYNAMIC", src.free_size, 1, dst.dtype)
+    if side == "src":
+        return t.emit("TENSOR_COPY_DYNAMIC", [dst], [src, idx, root], attrs, dur=dur)
+    return t.emit("TENSOR_COPY_DYNAMIC", [dst, root], [src, idx], attrs, dur=dur)
