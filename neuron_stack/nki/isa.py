@@ -6,10 +6,8 @@ first tensor is followed by the instruction's own tensors (or that names ``dst=`
 The instructions map onto ISA opcodes (docs/isa.md): ``nc_matmul`` -> LDWEIGHTS + MATMUL,
 ``nc_transpose`` -> a TRANSPOSE matmul, ``activation`` -> ACTIVATE, ``tensor_tensor`` ->
 TENSOR_TENSOR, ``tensor_scalar`` -> TENSOR_SCALAR, ``tensor_reduce`` -> REDUCE, ``tensor_copy`` ->
-TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D, ``tensor_tensor_scan`` ->
-TENSOR_TENSOR_SCAN, ``scalar_tensor_tensor`` -> SCALAR_TENSOR_TENSOR, ``select_reduce`` / ``range_select`` ->
-SELECT_REDUCE / RANGE_SELECT, ``dropout`` -> DROPOUT, ``set_rng_seed`` -> RNG_SEED, ``tensor_partition_reduce`` ->
-PARTITION_REDUCE, ``local_gather`` -> LOCAL_GATHER.
+TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D, and most others onto an
+opcode of their own name (``tensor_tensor_scan`` -> TENSOR_TENSOR_SCAN, ``local_gather`` -> LOCAL_GATHER, ...).
 
 >>> import numpy as np
 >>> import neuron_stack.nki as nki

@@ -24,7 +24,7 @@ from . import ops
 from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
-from .indexing import arange, ds, mgrid  # noqa: F401
+from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -271,7 +271,6 @@ floor, ceil = _unary("floor"), _unary("ceil")
 
 
 def _binary(x, y, op: str, dtype=None, mask=None):
-    from .indexing import DynIdx, Idx
     if op == "add" and isinstance(x, tensor) and isinstance(y, Idx):
         return DynIdx(x, y)             # `idx_tile[0, j] + iy`: an offset read at run time (tensor_copy_dynamic_*)
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
@@ -457,8 +456,7 @@ def dropout(x, rate, dtype=None, mask=None, **_):
     if isinstance(rate, tensor):
         if math.prod(rate.shape) != 1:
             raise NKIError(f"{_where()}: nl.dropout rate must be a number or a tile with one element, got {rate.shape}")
-        rate = rate.broadcast_to((1,) * (rate.ndim - 1) + (1,)).reshape((1, 1)) if rate.ndim != 2 else rate
-        rate = rate.broadcast_to((x.partitions, 1))
+        rate = rate.reshape((1, 1)).broadcast_to((x.partitions, 1))
     out = ndarray(x.shape, dtype or (x.dtype if x.buf.mem != "psum" else float32))
     ops.dropout(out, x, rate, mask)
     return out
@@ -476,8 +474,8 @@ def invert(x, dtype=None, mask=None, **_):
     """Bitwise NOT of an integer (or bool) tile, as ``numpy.invert``: ``C - x`` with C = -1 (signed), 2**bits - 1
     (unsigned) or 1 (bool), one TENSOR_SCALAR on the Vector Engine."""
     if x.dtype not in ("int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"):
-        raise NKIError(f"{_where()}: nl.invert takes an integer or bool tile, got {x.dtype} (use nl.logical_not "
-                       f"semantics via nl.equal(x, 0) for floats)")
+        raise NKIError(f"{_where()}: nl.invert takes an integer or bool tile, got {x.dtype} (for floats use "
+                       f"nl.logical_not or nl.equal(x, 0))")
     c = 1 if x.dtype == "bool" else (1 << 8 * ops.DTYPE_BYTES[x.dtype]) - 1 if x.dtype.startswith("u") else -1
     out = ndarray(x.shape, dtype or x.dtype)
     ops.tensor_scalar(out, x, "subtract", c, reverse0=True, mask=mask)
