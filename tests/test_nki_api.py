@@ -337,7 +337,7 @@ def test_shared_identity_matrix_and_shared_constant():
 
 def test_every_current_sdk_name_exists_or_says_it_is_not_supported():
     """No SDK name is a bare AttributeError: either it works or the error says what is simulated."""
-    for mod, names in ((nl, ("atomic_rmw", "dynamic_range", "all_reduce")),
+    for mod, names in ((nl, ("dynamic_range", "all_reduce", "prelu")),
                        (nisa, ("rand2", "register_alloc", "core_barrier", "nc_matmul_mx"))):
         for name in names:
             with pytest.raises(AttributeError, match="is not supported by the simulator yet"):
@@ -532,3 +532,52 @@ def test_tensor_copy_dynamic_src_and_dst_read_offsets_from_sbuf():
     np.testing.assert_array_equal(scatter(src, pos), want)
     pos[0, 3] = 600                                                  # outside the 512 columns: caught at run time
     _raises_at(scatter, (src, pos), "dynamic offset 600 read from SBUF is outside 0..511", "MARK-DYN")
+
+
+def test_atomic_rmw_and_dma_copy_read_modify_write():
+    @nki.jit
+    def rmw(in_tensor, value_tensor):
+        rmw_tensor = nl.ndarray(in_tensor.shape, dtype=in_tensor.dtype, buffer=nl.shared_hbm)
+        nl.store(rmw_tensor, nl.load(in_tensor))
+        value = nl.load(value_tensor)
+        nl.atomic_rmw(rmw_tensor, value=value, op=np.add)
+        nisa.dma_copy(dst=rmw_tensor[0:64, :], src=value[0:64, :], dst_rmw_op=nl.maximum)
+        return rmw_tensor
+
+    rng = np.random.default_rng(14)
+    a, v = rng.random((128, 512), dtype=np.float32), rng.random((128, 512), dtype=np.float32)
+    want = a + v
+    want[:64] = np.maximum(want[:64], v[:64])
+    np.testing.assert_allclose(rmw(a, v), want, rtol=1e-6)
+    assert [i.opcode for i in rmw.last.trace.instrs].count("DMA_DIRECT2D") == 5
+
+    @nki.jit
+    def indirect(in_tensor, indices_tensor):
+        out = nl.ndarray(in_tensor.shape, in_tensor.dtype, buffer=nl.shared_hbm)
+        idx = nl.load(indices_tensor)
+        nl.atomic_rmw(out[idx, nl.arange(512)[None, :]], value=nl.load(in_tensor), op=np.add)  # MARK-RMW
+        return out
+
+    _raises_at(indirect, (a, np.arange(128, dtype=np.int32)[:, None]), "indexing with a tile of indices is not "
+               "simulated", "MARK-RMW")
+
+
+def test_dma_compute_sums_sources_in_one_dma():
+    @nki.jit
+    def k(a_t, b_t, c_t):
+        out = nl.ndarray(a_t.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_compute(out, [a_t, b_t, nl.load(c_t)], reduce_op=nl.add)
+        return out
+
+    rng = np.random.default_rng(15)
+    a, b, c = (rng.random((128, 256), dtype=np.float32) for _ in range(3))
+    np.testing.assert_allclose(k(a, b, c), a + b + c, rtol=1e-6)
+    assert [i.opcode for i in k.last.trace.instrs] == ["DMA_DIRECT2D", "DMA_COMPUTE"]
+
+    @nki.jit
+    def bad(a_t):
+        out = nl.ndarray(a_t.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_compute(out, [a_t, a_t], reduce_op=nl.multiply)  # MARK-DMAC
+        return out
+
+    _raises_at(bad, (a,), "reduce_op=nl.add with scales of 1.0 only", "MARK-DMAC")

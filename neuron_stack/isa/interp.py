@@ -219,7 +219,14 @@ class Machine:
 
     # DMA
     def op_DMA_DIRECT2D(self, o):
-        self.mem.write(o["dst"][0], self.mem.read(o["src"][0]).reshape(-1))
+        val = self.mem.read(o["src"][0]).reshape(-1)
+        if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
+            old = self.mem.read(o["dst"][0]).reshape(-1)
+            val = _alu(o["rmw"], _t(old.astype(np.float32)), _t(val.astype(np.float32))).numpy()
+        self.mem.write(o["dst"][0], val)
+
+    def op_DMA_COMPUTE(self, o):
+        self.mem.write(o["dst"][0], sum(self.mem.read(s).reshape(-1).astype(np.float32) for s in o["src"]))
 
     def op_DMA_INDIRECT(self, o):
         table, idx = self.mem.read(o["src"][0]), self.mem.read(o["src"][1]).reshape(-1).astype(np.int64)

@@ -260,7 +260,8 @@ def _dynamic_view(t: ndarray, key) -> ndarray:
     k = key[d] if isinstance(key[d], DynIdx) else DynIdx(key[d])
     if sum(isinstance(x, (DynIdx, ndarray)) for x in key) > 1 or math.prod(k.tile.shape) != 1 \
             or k.tile.buf.mem == "hbm":
-        raise NKIError(f"{where()}: a dynamic index is one element of an SBUF tile (idx[0, j]), in one dimension")
+        raise NKIError(f"{where()}: indexing with a tile of indices is not simulated; a dynamic index is one element "
+                       f"of an SBUF tile (idx[0, j]) in one dimension, for nisa.tensor_copy_dynamic_src/dst")
     static = k.static
     if static is None:
         nd = max([len(x.shape) for x in key if isinstance(x, Idx)] or [1])

@@ -333,10 +333,7 @@ def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=Non
     a = list(args)
     dst = dst if dst is not None else a.pop(0)
     src = src if src is not None else a.pop(0)
-    if dst_rmw_op is not None:
-        raise NKIError(f"{where()}: dma_copy dst_rmw_op is not simulated; load, add with nisa.tensor_tensor "
-                       f"and store instead")
-    ops.dma_copy(dst, src, mask)
+    ops.dma_copy(dst, src, mask, dst_rmw_op)
 
 
 def _is_op(x) -> bool:
@@ -558,6 +555,11 @@ def tensor_copy_dynamic_dst(*args, dst=None, src=None, dtype=None, engine=None, 
     dst = dst if dst is not None else a.pop(0)
     src = src if src is not None else a.pop(0)
     ops.tensor_copy_dynamic(dst, src, "dst")
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None):
+    """``dst = sum(srcs)`` computed by a DMA engine (fp32), HBM or SBUF on either side."""
+    ops.dma_compute(dst, srcs, reduce_op, scales)
 
 
 def __getattr__(name):

@@ -557,3 +557,12 @@ def gather_flattened(data, indices, axis=0, dtype=None, **_):
     out = ndarray(indices.shape, dtype or data.dtype)
     ops.n_gather(out, data, indices)
     return out
+
+
+def atomic_rmw(dst, value, op, mask=None, **_):
+    """``dst = op(dst, value)`` on an HBM tensor, read-modified-written by one DMA (the DMA engines compute in
+    fp32). Indices read from SBUF (``dst[indices_tile, ix]``) are not simulated: the indexing says so."""
+    if not isinstance(dst, tensor) or dst.buf.mem != "hbm":
+        raise NKIError(f"{_where()}: nl.atomic_rmw updates an HBM tensor in place; dst is "
+                       f"{getattr(dst, 'buffer', type(dst).__name__)}")
+    ops.dma_copy(dst, value, mask, rmw_op=op)

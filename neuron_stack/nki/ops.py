@@ -480,8 +480,10 @@ def memset(dst: ndarray, value, engine: str = "vector") -> int:
                   dur=vector_ns(t.p, "MEMSET", dst.free_size, 1, dst.dtype))
 
 
-def dma_copy(dst: ndarray, src: ndarray, mask=None) -> int | None:
-    """DMA_DIRECT2D: copy ``src`` into ``dst`` (HBM <-> SBUF, SBUF <-> SBUF, HBM <-> HBM)."""
+def dma_copy(dst: ndarray, src: ndarray, mask=None, rmw_op=None) -> int | None:
+    """DMA_DIRECT2D: copy ``src`` into ``dst`` (HBM <-> SBUF, SBUF <-> SBUF, HBM <-> HBM); with ``rmw_op``
+    the DMA engine writes ``rmw_op(dst, src)`` instead (``dma_copy(dst_rmw_op=)``, ``nl.atomic_rmw``), ordered
+    after earlier writes of dst (write-after-write)."""
     t = current()
     for v, what in ((dst, "dst"), (src, "src")):
         if not isinstance(v, ndarray):
@@ -492,7 +494,9 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None) -> int | None:
     if r is None:
         return None
     dst, (src,) = r
-    return t.dma(dst, src)
+    if rmw_op is None:
+        return t.dma(dst, src)
+    return t.dma(dst, src, {"rmw": _arith(rmw_op, "a DMA read-modify-write")})
 
 
 def new_tile(shape, dtype, buffer: str = "sbuf") -> ndarray:
@@ -904,3 +908,24 @@ def tensor_copy_dynamic(dst: ndarray, src: ndarray, side: str) -> int:
     if side == "src":
         return t.emit("TENSOR_COPY_DYNAMIC", [dst], [src, idx, root], attrs, dur=dur)
     return t.emit("TENSOR_COPY_DYNAMIC", [dst, root], [src, idx], attrs, dur=dur)
+
+
+def dma_compute(dst: ndarray, srcs: list, reduce_op, scales=None) -> int:
+    """DMA_COMPUTE: ``dst = srcs[0] + srcs[1] + ...`` computed by a DMA engine in fp32 (only ``nl.add`` and scales of
+    1.0, as the docs allow), timed as one DMA moving every source and the destination."""
+    from neuron_stack.device.cost import dma_ns
+    t = current()
+    srcs = list(srcs)
+    if not 1 <= len(srcs) <= 16 or not all(isinstance(v, ndarray) for v in [dst, *srcs]):
+        raise NKIError(f"{where()}: dma_compute takes 1 to 16 source tensors and a dst tensor")
+    if resolve_alu(reduce_op) != "add" or any(float(s) != 1.0 for s in (scales or [])):
+        raise NKIError(f"{where()}: dma_compute supports reduce_op=nl.add with scales of 1.0 only (the SDK's limit)")
+    for v in (dst, *srcs):
+        if v.buf.mem == "psum":
+            raise NKIError(f"{where()}: DMA does not read or write PSUM; copy the tile to SBUF first")
+        if math.prod(v.shape) != math.prod(dst.shape):
+            raise NKIError(f"{where()}: dma_compute operands need the element count of dst {dst.shape}, got {v.shape}")
+    nbytes = sum(math.prod(v.shape) * DTYPE_BYTES[v.dtype] for v in (dst, *srcs))
+    desc = max(v.partitions if v.buf.mem != "hbm" else 1 for v in (dst, *srcs)) * (len(srcs) + 1)
+    return t.emit("DMA_COMPUTE", [dst], srcs, {"desc": desc}, dur=dma_ns(t.p, nbytes, desc) - t.p.dma_fixed_ns,
+                  latency=t.p.dma_fixed_ns)
