@@ -581,3 +581,17 @@ def test_dma_compute_sums_sources_in_one_dma():
         return out
 
     _raises_at(bad, (a,), "reduce_op=nl.add with scales of 1.0 only", "MARK-DMAC")
+
+
+def test_reduce_results_follow_their_reduce_op():
+    """tensor_scalar_reduce's reduce_op=nl.multiply multiplies (the accumulators knew only add/max/min)."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+        r = nl.ndarray((128, 1), nl.float32)
+        nisa.tensor_scalar_reduce(data=nl.load(a), op0=nl.multiply, operand0=2.0, reduce_op=nl.multiply, reduce_res=r)
+        nl.store(out, r)
+        return out
+
+    x = np.random.default_rng(16).uniform(0.5, 1.5, (128, 8)).astype(np.float32)
+    np.testing.assert_allclose(k(x)[:, 0], (2 * x).prod(1), rtol=1e-5)

@@ -483,8 +483,10 @@ class Machine:
         """The free-axis reduction ``acc_op`` of ``y`` into the second destination (a [P, 1] column)."""
         y2 = y.reshape(y.shape[0], -1)
         op = o.get("acc_op", "add")
-        r = (y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max"
-             else y2.amin(1, keepdim=True))
+        r = {"add": lambda: y2.sum(1, keepdim=True), "max": lambda: y2.amax(1, keepdim=True),
+             "min": lambda: y2.amin(1, keepdim=True), "multiply": lambda: y2.prod(1, keepdim=True),
+             "logical_and": lambda: (y2 != 0).all(1, keepdim=True),
+             "logical_or": lambda: (y2 != 0).any(1, keepdim=True)}[op]()
         self.mem.write(o["dst"][1], r.numpy())
 
     # GpSimd
