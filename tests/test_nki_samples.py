@@ -216,7 +216,7 @@ def test_misuse_is_one_line_naming_the_kernel_line(monkeypatch):
 
     @nki.jit
     def unsupported(a):
-        nl.random_seed(0)  # MARK-UNSUPPORTED
+        nl.all_reduce(a, op=nl.add)  # MARK-UNSUPPORTED
         return a
 
     @nki.jit
@@ -231,7 +231,7 @@ def test_misuse_is_one_line_naming_the_kernel_line(monkeypatch):
     _raises_at(one_d_arange, (x,), "1-D nl.arange", "MARK-ARANGE")
     monkeypatch.setattr(core, "MAX_INSTRUCTIONS", 200)
     _raises_at(unbounded, (x,), "unrolls to more than 200 instructions", "MARK-UNROLL")
-    _raises_at(unsupported, (x,), "nl.random_seed is not supported", "MARK-UNSUPPORTED")
+    _raises_at(unsupported, (x,), "nl.all_reduce is not supported", "MARK-UNSUPPORTED")
     _raises_at(crosses_bank, (x,), "crosses a 2 KiB PSUM bank", "MARK-BANK")
     assert not hasattr(nisa, "no_such_instruction") and hasattr(nisa, "bn_stats")
 

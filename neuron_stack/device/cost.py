@@ -43,16 +43,20 @@ def ldweights_ns(p: DeviceProfile, n_stationary: int, dtype: str) -> float:
 
 
 def vector_ns(p: DeviceProfile, opcode: str, n: int, n_inputs: int = 1, dtype: str = "float32",
-              fast: bool = False, alu: str = "") -> float:
+              fast: bool = False, alu: str = "", accumulate: bool = False) -> float:
     """A Vector Engine instruction over ``n`` elements per partition (all 128 lanes cost the same).
 
     One input ``max(MIN_II, N)``; two inputs ``max(MIN_II, 2N)`` unless ``fast`` (one input in PSUM,
-    or both bf16 in SBUF with add/mul/sub) which costs N; REDUCE ``N`` (N/2 for bf16 add/max);
-    RECIPROCAL ``8N``; BN_AGGR ``13N/3``. On NC-v3 bf16 runs in performance mode (2x, 4x for copies).
+    or both bf16 in SBUF with add/mul/sub) which costs N; SCALAR_TENSOR_TENSOR likewise (N when ``fast``:
+    bf16 subtract-then-multiply, even N); REDUCE ``N`` (N/2 for bf16 add/max); RECIPROCAL ``8N``; BN_AGGR
+    ``13N/3``; TENSOR_SCAN / TENSOR_TENSOR_SCAN ``2N``; TENSOR_COPY_DYNAMIC ``max(600, N)``; SELECT_REDUCE reads
+    two tiles (``2N``);
+    ``accumulate`` (a reduce result read out of the accumulators, as tensor_scalar_reduce) adds MIN_II.
+    On NC-v3 bf16 runs in performance mode (2x, 4x for copies).
     Example: ``vector_ns(get_profile("trn1"), "REDUCE", 512)`` = 512 cycles at 1.12 GHz.
     """
     lp = dtype in _LOW_PRECISION
-    if opcode == "TENSOR_TENSOR":
+    if opcode in ("TENSOR_TENSOR", "SCALAR_TENSOR_TENSOR"):
         cycles = n if fast else 2 * n
     elif opcode == "REDUCE":
         cycles = n / 2 if lp and alu in ("add", "max") else n
@@ -60,11 +64,13 @@ def vector_ns(p: DeviceProfile, opcode: str, n: int, n_inputs: int = 1, dtype: s
         cycles = p.reciprocal_cycles_per_elem * n
     elif opcode == "BN_AGGR":
         cycles = p.bn_aggr_cycles_num * n / p.bn_aggr_cycles_den
-    elif opcode == "TENSOR_SCAN":
+    elif opcode == "TENSOR_COPY_DYNAMIC":       # MIN_II_DYNAMIC ~ 600 cycles (tensor_copy_dynamic_src/dst docstrings)
+        cycles = max(600, n)
+    elif opcode in ("TENSOR_SCAN", "TENSOR_TENSOR_SCAN"):
         cycles = 2 * n
-    else:  # TENSOR_SCALAR, TENSOR_COPY, BN_STATS, MEMSET, COPY_PREDICATED, MAX8, FIND_INDEX8
-        cycles = n * max(1, n_inputs) if opcode == "COPY_PREDICATED" else n
-    cycles = max(p.min_ii_cycles, cycles)
+    else:  # TENSOR_SCALAR, TENSOR_COPY, BN_STATS, MEMSET, COPY_PREDICATED, MAX8, FIND_INDEX8, RANGE_SELECT, DROPOUT
+        cycles = n * max(1, n_inputs) if opcode in ("COPY_PREDICATED", "SELECT_REDUCE") else n
+    cycles = max(p.min_ii_cycles, cycles) + (p.min_ii_cycles if accumulate else 0)
     if lp:
         cycles /= p.vector_perf_copy if opcode in ("TENSOR_COPY", "TENSOR_SCALAR", "MEMSET") else p.vector_perf_other
     return cycles / p.vector_clock_ghz
@@ -85,6 +91,17 @@ def gpsimd_ns(p: DeviceProfile, n: int) -> float:
     Example: ``gpsimd_ns(get_profile("trn1"), 50)`` = 200 cycles at 1.4 GHz.
     """
     return (p.gpsimd_start_cycles + n) / p.gpsimd_clock_ghz
+
+
+def local_gather_ns(p: DeviceProfile, num_valid_indices: int, num_elem_per_idx: int, dtype_bytes: int) -> float:
+    """``nisa.local_gather``: ``150 + (num_valid_indices * num_elem_per_idx) / C`` GpSimd cycles with
+    ``C = ((28 + t*k) / (t*k)) / min(4 / dtype_size, k)``, ``t = 4`` (legacy local_gather docstring, §5.4).
+
+    Example: ``local_gather_ns(get_profile("trn1"), 64, 4, 4)`` = 150 + 256 / (44/16) cycles at 1.4 GHz.
+    """
+    k, t = num_elem_per_idx, 4
+    c = ((28 + t * k) / (t * k)) / min(4 / dtype_bytes, k)
+    return (p.gpsimd_start_cycles + num_valid_indices * k / c) / p.gpsimd_clock_ghz
 
 
 def dependent_overhead_ns(p: DeviceProfile, engine: str) -> float:

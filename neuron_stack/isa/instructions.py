@@ -28,6 +28,7 @@ OPCODES: dict[str, tuple[str, str]] = {
     "TENSOR_TENSOR": ("vector", "dst = op(src0, src1) elementwise"),
     "TENSOR_SCALAR": ("vector", "dst = op1(op0(src, scalar0), scalar1); scalars immediate or per-partition"),
     "TENSOR_COPY": ("vector", "dst = src (with dtype conversion), e.g. PSUM evacuation"),
+    "TENSOR_COPY_DYNAMIC": ("vector", "dst = src with the src (or dst) offset moved by stride x the value of src1"),
     "REDUCE": ("vector", "dst[p, 0] = reduce_op over the free axis of src[p, :]"),
     "BN_STATS": ("vector", "per-partition (count, mean, M2) of src (free size <= 512); 6-wide dst: even, odd elements"),
     "BN_AGGR": ("vector", "combine BN_STATS records into per-partition (mean, var)"),
@@ -37,17 +38,37 @@ OPCODES: dict[str, tuple[str, str]] = {
     "MAX8": ("vector", "dst[p, :8] = the 8 largest values of src[p, :], descending"),
     "FIND_INDEX8": ("vector", "dst[p, j] = first free index of src[p, :] equal to vals[p, j]"),
     "TENSOR_SCAN": ("vector", "dst = inclusive scan (add or mult) of src along the free axis"),
+    "TENSOR_TENSOR_SCAN": ("vector", "dst[:, i] = op1(op0(src0[:, i], dst[:, i-1] (initial at i=0)), src1[:, i])"),
+    "SCALAR_TENSOR_TENSOR": ("vector", "dst = op1(op0(src0, scalar0), src1): a tensor_scalar then a tensor_tensor"),
+    "SELECT_REDUCE": ("vector", "dst = where(pred != 0, on_true, on_false); optional running max (accumulators)"),
+    "RANGE_SELECT": ("vector", "dst = where(cmp0(i, bound0) & cmp1(i, bound1), src, fill) over free index i; "
+                               "running max"),
+    "DROPOUT": ("vector", "dst = src where the engine PRNG's uniform draw >= prob, else 0"),
+    "MATCH_REPLACE8": ("vector", "dst = src0 with the first occurrence of each of src1's 8 values per partition "
+                                 "replaced by imm; dst[1] = their indices"),
+    "SHUFFLE": ("vector", "dst[q*32 + i] = src0[q*32 + mask[i]] within each 32-partition quadrant (255: unchanged)"),
+    "TENSOR_SCALAR_CUMULATIVE": ("vector", "reg = op1(op0(src0[:, i], imm0), reg); dst[:, i] = reg (accumulator "
+                                           "registers per reduce_cmd)"),
+    "RAND": ("vector", "dst = uniform [0, 1) draws of the engine PRNG (nl.rand), or 32 random bits (nisa.rng)"),
+    "RNG_SEED": ("vector", "seed the Vector Engine PRNG (nl.random_seed)"),
     "TRANSPOSE": ("vector", "dst = src.T for a tile of at most 32 x 32 (NKI nc_transpose on the Vector Engine)"),
     # Scalar Engine
     "ACTIVATE": ("scalar", "dst = func(src * scale + bias); optional accumulate of dst along free into acc"),
     # GpSimd Engine
     "IOTA": ("gpsimd", "dst[p, f] = base + p * channel_multiplier + f * step"),
+    "N_GATHER": ("gpsimd", "dst[p, j] = src0[p, src1[p, j]] over src0's flattened free elements"),
+    "SEQUENCE_BOUNDS": ("gpsimd", "dst[0, 0/1, i] = start / end index of the segment holding element i (id 0: n, -1)"),
+    "NONZERO_WITH_COUNT": ("gpsimd", "in partitions 0, 16, ..., 112: indices of the non-zero elements + offset, "
+                                     "padding, then their count"),
     "GATHER": ("gpsimd", "indirect load: dst[p, :] = table[index[p], :] (DMA descriptors generated on GpSimd)"),
     "AFFINE_SELECT": ("gpsimd", "dst = where(affine(p, f) cmp 0, src, fill)"),
-    "PARTITION_REDUCE": ("gpsimd", "reduce across partitions"),
+    "PARTITION_REDUCE": ("gpsimd", "dst[0, :] = reduce_op over the partitions of src"),
+    "LOCAL_GATHER": ("gpsimd", "per 16-partition core: dst[p, j, :] = src[p, idx_j : idx_j + k] over the core's "
+                               "indices"),
     "CUSTOM_OP": ("gpsimd", "a GpSimd library kernel for an ATen op without a dedicated lowering"),
     # DMA and sync
     "DMA_DIRECT2D": ("dma", "copy src access pattern -> dst access pattern (element order), with descriptors"),
+    "DMA_COMPUTE": ("dma", "dst = src0 + src1 + ... (the DMA engine's fp32 adder, nisa.dma_compute)"),
     "DMA_INDIRECT": ("dma", "row gather: dst[i, :] = src[index[i], :]"),
     "EVENT_SEMAPHORE": ("sync", "wait on / signal a semaphore"),
     # Collectives
@@ -63,12 +84,13 @@ ENGINE_OF: dict[str, str] = {op: eng for op, (eng, _) in OPCODES.items()}
 ALU_OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "mod", "fmod",
            "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
            "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass")
+           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass", "left_shift", "right_shift")
 
 #: Scalar-engine activation functions (lookup tables). Semantics in interp.ACT_FUNCS.
 ACT_FUNCS = ("copy", "identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log",
              "sqrt", "rsqrt", "square", "erf", "sin", "cos", "abs", "sign", "softplus", "reciprocal",
-             "neg", "exp2", "log2", "log1p", "expm1", "floor", "ceil", "round", "trunc")
+             "neg", "exp2", "log2", "log1p", "expm1", "floor", "ceil", "round", "trunc", "tan", "arctan", "mish",
+             "gelu_apprx_sigmoid", "gelu_dx", "gelu_apprx_sigmoid_dx", "silu_dx", "erf_dx")
 
 #: Reduction operators of REDUCE / ACTIVATE accumulate.
 REDUCE_OPS = ("add", "max", "min", "multiply", "logical_or", "logical_and")

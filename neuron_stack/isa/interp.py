@@ -134,6 +134,7 @@ def _alu(op: str, a, b):
         "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "atan2": torch.atan2,
         "hypot": torch.hypot, "copysign": torch.copysign, "floor_divide": torch.floor_divide,
         "rsub": lambda x, y: torch.sub(y, x), "rdivide": lambda x, y: torch.div(y, x), "bypass": lambda x, y: x,
+        "left_shift": torch.bitwise_left_shift, "right_shift": torch.bitwise_right_shift,
     }
     if op not in fns:
         raise InterpError(f"unknown ALU op {op!r}")
@@ -155,6 +156,12 @@ def _act(func: str, x):
         "sign": torch.sign, "softplus": F.softplus, "reciprocal": torch.reciprocal, "neg": torch.neg,
         "exp2": torch.exp2, "log2": torch.log2, "log1p": torch.log1p, "expm1": torch.expm1,
         "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+        "tan": torch.tan, "arctan": torch.atan, "mish": F.mish,
+        "gelu_apprx_sigmoid": lambda t: t * torch.sigmoid(1.702 * t),
+        "gelu_dx": lambda t: 0.5 * (1 + torch.erf(t / 2 ** 0.5)) + t * torch.exp(-0.5 * t * t) / (2 * torch.pi) ** 0.5,
+        "gelu_apprx_sigmoid_dx": lambda t: (lambda s: s + 1.702 * t * s * (1 - s))(torch.sigmoid(1.702 * t)),
+        "silu_dx": lambda t: (lambda s: s * (1 + t * (1 - s)))(torch.sigmoid(t)),
+        "erf_dx": lambda t: 2 / torch.pi ** 0.5 * torch.exp(-t * t),
     }
     if func not in fns:
         raise InterpError(f"unknown activation function {func!r}")
@@ -201,6 +208,8 @@ class Machine:
 
     def __init__(self):
         self.mem = Memory()
+        self.vacc = None                                        # Vector Engine accumulator registers, one per lane
+        self.rng = np.random.Generator(np.random.PCG64(0))      # Vector Engine PRNG (reseeded by RNG_SEED)
 
     def step(self, opcode: str, ops: dict) -> None:
         fn = getattr(self, "op_" + opcode, None)
@@ -210,7 +219,14 @@ class Machine:
 
     # DMA
     def op_DMA_DIRECT2D(self, o):
-        self.mem.write(o["dst"][0], self.mem.read(o["src"][0]).reshape(-1))
+        val = self.mem.read(o["src"][0]).reshape(-1)
+        if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
+            old = self.mem.read(o["dst"][0]).reshape(-1)
+            val = _alu(o["rmw"], _t(old.astype(np.float32)), _t(val.astype(np.float32))).numpy()
+        self.mem.write(o["dst"][0], val)
+
+    def op_DMA_COMPUTE(self, o):
+        self.mem.write(o["dst"][0], sum(self.mem.read(s).reshape(-1).astype(np.float32) for s in o["src"]))
 
     def op_DMA_INDIRECT(self, o):
         table, idx = self.mem.read(o["src"][0]), self.mem.read(o["src"][1]).reshape(-1).astype(np.int64)
@@ -260,6 +276,18 @@ class Machine:
     def op_TENSOR_COPY(self, o):
         self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
 
+    def op_TENSOR_COPY_DYNAMIC(self, o):
+        v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
+        if not 0 <= v <= o["limit"]:
+            raise InterpError(f"dynamic offset {v} read from SBUF is outside 0..{o['limit']} of the tile")
+        src, dst = o["src"][0], o["dst"][0]
+        moved = dict(src if o["side"] == "src" else dst)
+        moved["o"] += v * o["stride"]
+        if o["side"] == "src":
+            self.mem.write(dst, self.mem.read(moved))
+        else:
+            self.mem.write(moved, self.mem.read(src))
+
     def op_REDUCE(self, o):
         x = _t(_p2(self.mem.read(o["src"][0])))
         op = o["op"]
@@ -272,6 +300,8 @@ class Machine:
             r = x.amin(dim=1, keepdim=True)
         elif op == "multiply":
             r = x.prod(dim=1, keepdim=True)
+        elif op in ("logical_and", "logical_or"):
+            r = (x != 0).all(dim=1, keepdim=True) if op == "logical_and" else (x != 0).any(dim=1, keepdim=True)
         else:
             raise InterpError(f"unknown reduce op {op!r}")
         self.mem.write(o["dst"][0], r.numpy())
@@ -308,11 +338,119 @@ class Machine:
     def op_COPY_PREDICATED(self, o):
         a, mask, old = (self.mem.read(s) for s in o["src"])
         a = np.broadcast_to(a.reshape(old.shape) if a.size == old.size else a, old.shape)
-        self.mem.write(o["dst"][0], np.where(mask.reshape(old.shape) != 0, a, old))
+        self.mem.write(o["dst"][0], np.where((mask.reshape(old.shape) != 0) != bool(o.get("reverse")), a, old))
 
     def op_TENSOR_SCAN(self, o):
         x = _p2(self.mem.read(o["src"][0]))
         self.mem.write(o["dst"][0], np.cumsum(x, axis=1) if o.get("op", "add") == "add" else np.cumprod(x, axis=1))
+
+    def op_TENSOR_TENSOR_SCAN(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        a, b = (_t(_p2(s).astype(np.float32)) for s in srcs[:2])
+        prev = _scalar(o, "initial", srcs)
+        prev = prev if isinstance(prev, torch.Tensor) else torch.full((a.shape[0], 1), float(prev))
+        out = torch.empty_like(a)
+        for i in range(a.shape[1]):         # a true scan: each column needs the previous result
+            prev = _alu(o["op1"], _alu(o["op0"], a[:, i:i + 1], prev), b[:, i:i + 1])
+            out[:, i:i + 1] = prev
+        self.mem.write(o["dst"][0], out.numpy())
+
+    def op_SCALAR_TENSOR_TENSOR(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "scalar0", srcs))
+        self.mem.write(o["dst"][0], _alu(o["op1"], x, _t(_p2(srcs[1]).astype(np.float32))).numpy())
+
+    def _vector_acc(self, o, res: np.ndarray) -> None:
+        """The running max of the Vector Engine accumulators (``reduce_cmd``) and its read-out into dst[1]."""
+        cmd = o.get("reduce_cmd", "idle")
+        if cmd in ("reset", "reset_reduce") or self.vacc is None or len(self.vacc) != len(res):
+            self.vacc = np.full(len(res), -np.inf, np.float32)
+        if cmd in ("reduce", "reset_reduce"):
+            self.vacc = np.maximum(self.vacc, res.max(axis=1))
+        if len(o["dst"]) > 1:
+            self.mem.write(o["dst"][1], self.vacc[:, None])
+
+    def op_SELECT_REDUCE(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        pred = (_p2(srcs[0]) != 0) != bool(o.get("reverse_pred"))
+        fill = _scalar(o, "on_false", srcs)
+        res = np.where(pred, _p2(srcs[1]).astype(np.float32), fill.numpy() if isinstance(fill, torch.Tensor) else fill)
+        self.mem.write(o["dst"][0], res)
+        self._vector_acc(o, res)
+
+    def op_RANGE_SELECT(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _p2(srcs[0]).astype(np.float32)
+        i = np.float32(o["range_start"]) + np.arange(x.shape[1], dtype=np.float32)[None, :]
+        cmp = {"equal": np.equal, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+               "greater_equal": np.greater_equal}
+        b0, b1 = (_scalar(o, k, srcs).numpy() for k in ("bound0", "bound1"))
+        res = np.where(cmp[o["cmp0"]](i, b0) & cmp[o["cmp1"]](i, b1), x, np.float32(o["on_false"]))
+        self.mem.write(o["dst"][0], res)
+        self._vector_acc(o, res)
+
+    def op_RNG_SEED(self, o):
+        seed = o["seed"] if o.get("seed") is not None else int(_p2(self.mem.read(o["src"][0]))[0, 0])
+        self.rng = np.random.Generator(np.random.PCG64(seed & 0xFFFFFFFF))
+
+    def op_DROPOUT(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _p2(srcs[0])
+        prob = _scalar(o, "prob", srcs)
+        prob = prob.numpy() if isinstance(prob, torch.Tensor) else prob
+        keep = self.rng.random(x.shape, dtype=np.float32) >= prob
+        self.mem.write(o["dst"][0], np.where(keep, x, 0))
+
+    def op_RAND(self, o):
+        d = self.mem.view(o["dst"][0])
+        if o.get("bits"):       # nisa.rng: 32 random bits, the low bits kept by the dtype's width
+            b = o["bits"]
+            v = self.rng.integers(0, 1 << 32, d.shape, dtype=np.int64) % (1 << b)
+            self.mem.write(o["dst"][0], v - (1 << b) * (v >= 1 << (b - 1)) if o.get("signed") else v)
+        else:
+            self.mem.write(o["dst"][0], self.rng.random(d.shape, dtype=np.float32))
+
+    def op_MATCH_REPLACE8(self, o):
+        x, vals = _p2(self.mem.read(o["src"][0])).copy(), _p2(self.mem.read(o["src"][1]))
+        rows = np.arange(x.shape[0])
+        idx = np.zeros(vals.shape, np.int64)
+        for j in range(vals.shape[1]):      # in order: a repeated value matches its next occurrence
+            hit = x == vals[:, j:j + 1]
+            first = np.argmax(hit, axis=1)
+            found = hit[rows, first]
+            idx[:, j] = first
+            x[rows[found], first[found]] = o["imm"]
+        self.mem.write(o["dst"][0], x)
+        if len(o["dst"]) > 1:
+            self.mem.write(o["dst"][1], idx)
+
+    def op_SHUFFLE(self, o):
+        src, out = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).copy()
+        for i in range(out.shape[0]):
+            m = o["mask"][i % 32]
+            if m != 255:
+                out[i] = src[i // 32 * 32 + m]
+        self.mem.write(o["dst"][0], out)
+
+    def op_TENSOR_SCALAR_CUMULATIVE(self, o):
+        srcs = [self.mem.read(s) for s in o["src"]]
+        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "imm0", srcs))
+        P = x.shape[0]
+        cmd = o["reduce_cmd"]
+        if cmd == "load_reduce":
+            imm1 = _scalar(o, "imm1", srcs)
+            reg = imm1 if isinstance(imm1, torch.Tensor) else torch.full((P, 1), float(imm1))
+        elif cmd == "reduce" and self.vacc is not None and len(self.vacc) == P:
+            reg = torch.from_numpy(self.vacc.astype(np.float32)).reshape(P, 1)
+        else:
+            init = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}[o["op1"]]
+            reg = torch.full((P, 1), init)
+        out = torch.empty_like(x)
+        for i in range(x.shape[1]):
+            reg = _alu(o["op1"], x[:, i:i + 1], reg)
+            out[:, i:i + 1] = reg
+        self.vacc = reg[:, 0].numpy().copy()
+        self.mem.write(o["dst"][0], out.numpy())
 
     def op_MAX8(self, o):
         x = _p2(self.mem.read(o["src"][0]))
@@ -345,8 +483,10 @@ class Machine:
         """The free-axis reduction ``acc_op`` of ``y`` into the second destination (a [P, 1] column)."""
         y2 = y.reshape(y.shape[0], -1)
         op = o.get("acc_op", "add")
-        r = (y2.sum(1, keepdim=True) if op == "add" else y2.amax(1, keepdim=True) if op == "max"
-             else y2.amin(1, keepdim=True))
+        r = {"add": lambda: y2.sum(1, keepdim=True), "max": lambda: y2.amax(1, keepdim=True),
+             "min": lambda: y2.amin(1, keepdim=True), "multiply": lambda: y2.prod(1, keepdim=True),
+             "logical_and": lambda: (y2 != 0).all(1, keepdim=True),
+             "logical_or": lambda: (y2 != 0).any(1, keepdim=True)}[op]()
         self.mem.write(o["dst"][1], r.numpy())
 
     # GpSimd
@@ -364,6 +504,45 @@ class Machine:
         cmp = {"equal": np.equal, "greater_equal": np.greater_equal, "less": np.less}[o["cmp"]]
         on_true = _p2(self.mem.read(o["src"][0])).reshape(P, F) if o["src"] else o["on_true"]   # NKI: a tile
         self.mem.write(o["dst"][0], np.where(cmp(expr, 0), on_true, o["on_false"]))
+
+    def op_PARTITION_REDUCE(self, o):
+        x = _p2(self.mem.read(o["src"][0]))
+        red = {"add": np.add, "max": np.maximum, "bitwise_or": np.bitwise_or, "bitwise_and": np.bitwise_and}[o["op"]]
+        x = x.astype(np.int64) if o["op"].startswith("bitwise") else x.astype(np.float32)
+        self.mem.write(o["dst"][0], red.reduce(x, axis=0, keepdims=True))
+
+    def op_LOCAL_GATHER(self, o):
+        src, idx = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).astype(np.int64)
+        k, nv = o["num_elem_per_idx"], o["num_valid_indices"]
+        out = np.empty((src.shape[0], nv, k), src.dtype)
+        for c in range(0, src.shape[0], 16):        # each GpSimd core: its 16 partitions, its own indices
+            cols = idx[c:c + 16].flatten(order="F")[:nv, None] + np.arange(k)[None, :]
+            out[c:c + 16] = src[c:c + 16][:, cols]
+        self.mem.write(o["dst"][0], out)
+
+    def op_N_GATHER(self, o):
+        data, idx = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).astype(np.int64)
+        self.mem.write(o["dst"][0], np.take_along_axis(data, idx, axis=1))
+
+    def op_SEQUENCE_BOUNDS(self, o):
+        seq = _p2(self.mem.read(o["src"][0]))[0]
+        n = len(seq)
+        lo, hi = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        for i in range(n):
+            lo[i] = n if seq[i] == 0 else lo[i - 1] if i and seq[i] == seq[i - 1] else i
+        for i in range(n - 1, -1, -1):
+            hi[i] = -1 if seq[i] == 0 else hi[i + 1] if i < n - 1 and seq[i] == seq[i + 1] else i + 1
+        self.mem.write(o["dst"][0], np.stack([lo, hi])[None])
+
+    def op_NONZERO_WITH_COUNT(self, o):
+        src, out = _p2(self.mem.read(o["src"][0])), _p2(self.mem.read(o["src"][1])).copy()
+        T = src.shape[1]
+        for p in range(0, src.shape[0], 16):    # each GpSimd core reads and writes its first partition only
+            nz = np.flatnonzero(src[p] != 0)
+            out[p, :T] = o["padding_val"]
+            out[p, :len(nz)] = nz + o["index_offset"]
+            out[p, T] = len(nz)
+        self.mem.write(o["dst"][0], out)
 
     def op_CUSTOM_OP(self, o):
         tensors = []

@@ -15,6 +15,8 @@ access patterns are.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .core import TENSOR_OPS, NKIError, ndarray, where
@@ -168,9 +170,21 @@ class _MGrid:
 mgrid = _MGrid()
 
 
+class DynIdx:
+    """An index read from SBUF at run time (``t[ix, idx_tile[0, j] + iy]``): ``tile`` holds the offset, ``static``
+    is the compile-time part of the index. Only ``nisa.tensor_copy_dynamic_src/dst`` accept the view it makes."""
+
+    def __init__(self, tile: ndarray, static=None):
+        self.tile, self.static = tile, static
+
+
 def index_view(t: ndarray, key) -> ndarray:
     """``t[key]`` as a strided view (see the module docstring for the accepted index forms)."""
     key = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, (DynIdx, ndarray)) for k in key):
+        return _dynamic_view(t, key)
+    if len(key) == t.ndim and t.ndim > 1 and t.buf.mem != "hbm" and all(isinstance(k, (int, np.integer)) for k in key):
+        key = tuple(slice(int(k), int(k) + 1) for k in key)    # one element of a tile: a [1, 1] view
     if any(k is Ellipsis for k in key):
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (t.ndim - len(key) + 1) + key[i + 1:]
@@ -237,6 +251,25 @@ def index_view(t: ndarray, key) -> ndarray:
     if on_chip and len(shape) == 1:         # t[:, j]: the partitions of one free column, a [P, 1] tile
         shape, strides = shape + [1], strides + [1]
     return ndarray(t.buf, shape, offset, strides, t.dtype, pdim if on_chip else 0)
+
+
+def _dynamic_view(t: ndarray, key) -> ndarray:
+    """The view at the static part of a dynamic index, carrying ``_dyn = (index tile, stride, largest offset,
+    the tensor indexed)``."""
+    d = next(i for i, k in enumerate(key) if isinstance(k, (DynIdx, ndarray)))
+    k = key[d] if isinstance(key[d], DynIdx) else DynIdx(key[d])
+    if sum(isinstance(x, (DynIdx, ndarray)) for x in key) > 1 or math.prod(k.tile.shape) != 1 \
+            or k.tile.buf.mem == "hbm":
+        raise NKIError(f"{where()}: indexing with a tile of indices is not simulated; a dynamic index is one element "
+                       f"of an SBUF tile (idx[0, j]) in one dimension, for nisa.tensor_copy_dynamic_src/dst")
+    static = k.static
+    if static is None:
+        nd = max([len(x.shape) for x in key if isinstance(x, Idx)] or [1])
+        static = Idx(0, (0,) * nd, (1,) * nd) if any(isinstance(x, Idx) for x in key) else 0
+    v = index_view(t, key[:d] + (static,) + key[d + 1:])
+    top = int(static.values().max()) if isinstance(static, Idx) else int(static)
+    v._dyn = (k.tile, t.strides[d], t.shape[d] - 1 - top, t)
+    return v
 
 
 def _checked(parent: ndarray, v: ndarray) -> ndarray:

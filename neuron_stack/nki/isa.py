@@ -6,7 +6,8 @@ first tensor is followed by the instruction's own tensors (or that names ``dst=`
 The instructions map onto ISA opcodes (docs/isa.md): ``nc_matmul`` -> LDWEIGHTS + MATMUL,
 ``nc_transpose`` -> a TRANSPOSE matmul, ``activation`` -> ACTIVATE, ``tensor_tensor`` ->
 TENSOR_TENSOR, ``tensor_scalar`` -> TENSOR_SCALAR, ``tensor_reduce`` -> REDUCE, ``tensor_copy`` ->
-TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D.
+TENSOR_COPY, ``iota`` -> IOTA, ``memset`` -> MEMSET, ``dma_copy`` -> DMA_DIRECT2D, and most others onto an
+opcode of their own name (``tensor_tensor_scan`` -> TENSOR_TENSOR_SCAN, ``local_gather`` -> LOCAL_GATHER, ...).
 
 >>> import numpy as np
 >>> import neuron_stack.nki as nki
@@ -37,6 +38,18 @@ class engine:
 
 
 tensor_engine, scalar_engine, gpsimd_engine, vector_engine = "tensor", "scalar", "gpsimd", "vector"   # legacy names
+unknown_engine = "unknown"
+NkiValidationError = NKIError       # the SDK's error for a hardware constraint violated
+
+
+class matmul_perf_mode:
+    """``nisa.matmul_perf_mode``: ``double_row`` (FP8, NeuronCore-v3+) is accepted and timed as the normal mode."""
+    none, double_row = "none", "double_row"
+
+
+class dma_engine:
+    """``nisa.dma_engine``: which DMA moves a ``sendrecv`` (multi-core, not simulated)."""
+    dma, gpsimd_dma = "dma", "gpsimd_dma"
 
 
 class reduce_cmd:
@@ -320,10 +333,233 @@ def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=Non
     a = list(args)
     dst = dst if dst is not None else a.pop(0)
     src = src if src is not None else a.pop(0)
-    if dst_rmw_op is not None:
-        raise NKIError(f"{where()}: dma_copy dst_rmw_op is not simulated; load, add with nisa.tensor_tensor "
-                       f"and store instead")
-    ops.dma_copy(dst, src, mask)
+    ops.dma_copy(dst, src, mask, dst_rmw_op)
+
+
+def _is_op(x) -> bool:
+    return callable(x) or isinstance(x, str)
+
+
+def _out_dtype(dtype, *tiles) -> str:
+    """The legacy default result dtype: ``dtype``, else the first non-PSUM input's (PSUM values are fp32)."""
+    return dtype or next((v.dtype for v in tiles if isinstance(v, _T) and v.buf.mem != "psum"), "float32")
+
+
+def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op0=None, op1=None, reverse0=False,
+                       reverse1=False, dtype=None, mask=None, **_):
+    """``dst[:, i] = op1(op0(data0[:, i], dst[:, i-1]), data1[:, i])`` starting from ``initial`` (Vector Engine);
+    both call forms."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]) and (len(a) == 3
+                                                                                         or not _is_op(a[3])))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data0 = data0 if data0 is not None else a.pop(0)
+    data1 = data1 if data1 is not None else a.pop(0)
+    initial = initial if initial is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    op1 = op1 if op1 is not None else a.pop(0)
+    out = dst if new else _new(_out_dtype(dtype, data0, data1), data0.shape)
+    ops.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask)
+    return None if new else out
+
+
+def scalar_tensor_tensor(*args, dst=None, data=None, op0=None, operand0=None, op1=None, operand1=None, reverse0=False,
+                         reverse1=False, dtype=None, mask=None, **_):
+    """``dst = op1(op0(data, operand0), operand1)`` in one Vector instruction; both call forms."""
+    a = list(args)
+    new = dst is not None or bool(a and isinstance(a[0], _T))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    op0 = op0 if op0 is not None else a.pop(0)
+    operand0 = operand0 if operand0 is not None else a.pop(0)
+    op1 = op1 if op1 is not None else a.pop(0)
+    operand1 = operand1 if operand1 is not None else a.pop(0)
+    out = dst if new else _new(_out_dtype(dtype, data), data.shape)
+    ops.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask)
+    return None if new else out
+
+
+def tensor_partition_reduce(*args, dst=None, op=None, data=None, dtype=None, mask=None, **_):
+    """``dst[0, ...] = op`` over the partitions of ``data`` (GpSimd); legacy form returns a [1, ...] tile."""
+    a = list(args)
+    new = dst is not None or bool(a and isinstance(a[0], _T))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    op = op if op is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, (1,) + tuple(data.shape[1:]))
+    ops.partition_reduce(out, op, data)
+    return None if new else out
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
+                  reverse_pred=False, name=None):
+    """``dst = where(predicate, on_true, on_false)`` with an optional running max into ``reduce_res`` (Vector)."""
+    ops.select_reduce(dst, predicate, on_true, on_false, reduce_res, reduce_cmd, reduce_op, reverse_pred)
+
+
+def range_select(*args, dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
+                 reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=None, range_start=0,
+                 on_false_value=ops.FP32_MIN, dtype=None, **_):
+    """Keep ``on_true_tile`` where ``bound0 cmp0 range_start + i cmp1 bound1`` along free, else FP32_MIN, with a
+    running max (Vector, NeuronCore-v3+); both call forms."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 2 and all(isinstance(x, _T) for x in a[:2]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
+    comp_op0 = comp_op0 if comp_op0 is not None else a.pop(0)
+    comp_op1 = comp_op1 if comp_op1 is not None else a.pop(0)
+    bound0 = bound0 if bound0 is not None else a.pop(0)
+    bound1 = bound1 if bound1 is not None else a.pop(0)
+    out = dst if new else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
+    ops.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd, reduce_res, reduce_op,
+                     range_start, on_false_value)
+    return None if new else out
+
+
+def dropout(*args, dst=None, data=None, prob=None, dtype=None, mask=None, **_):
+    """Zero each element of ``data`` with probability ``prob`` (Vector Engine PRNG); both call forms."""
+    a = list(args)
+    new = dst is not None or len(a) == 3 or (len(a) == 2 and prob is not None)
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    prob = prob if prob is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, data.shape)
+    ops.dropout(out, data, prob, mask)
+    return None if new else out
+
+
+def set_rng_seed(src_seeds, name=None):
+    """Seed the Vector Engine PRNG from a [1, 1] tile (the same seed, the same dropout masks)."""
+    ops.rng_seed(src_seeds)
+
+
+def local_gather(*args, dst=None, src_buffer=None, index=None, num_elem_per_idx=1, num_valid_indices=None, mask=None,
+                 **_):
+    """Gather ``num_elem_per_idx`` elements at each index within each 16-partition GpSimd core; both call forms
+    (the legacy one returns a [P, num_valid_indices, num_elem_per_idx] tile)."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    src_buffer = src_buffer if src_buffer is not None else a.pop(0)
+    index = index if index is not None else a.pop(0)
+    if a:
+        num_elem_per_idx = a.pop(0)
+    if a:
+        num_valid_indices = a.pop(0)
+    if not new:
+        nv = index.free_size * 16 if num_valid_indices is None else int(num_valid_indices)
+        dst = _new(src_buffer.dtype, (src_buffer.partitions, nv, int(num_elem_per_idx)))
+    ops.local_gather(dst, src_buffer, index, num_elem_per_idx, num_valid_indices)
+    return None if new else dst
+
+
+def rng(dst, engine=None, name=None):
+    """32 random bits per element of the integer tile ``dst``, its low bits kept (Vector Engine PRNG)."""
+    if dst.dtype not in ("int8", "int16", "int32", "uint8", "uint16", "uint32"):
+        raise NKIError(f"{where()}: nisa.rng writes an integer tile (int8/16/32, uint8/16/32), got {dst.dtype}")
+    ops.rand(dst, bits=8 * ops.DTYPE_BYTES[dst.dtype])
+
+
+def tensor_copy_predicated(*args, dst=None, src=None, predicate=None, reverse_pred=False, mask=None, **_):
+    """``dst = src`` where ``predicate`` is non-zero (``reverse_pred``: where it is zero), ``dst`` kept elsewhere
+    (Vector COPY_PREDICATED); ``src`` a tile of ``dst``'s size."""
+    a = list(args)
+    dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    predicate = predicate if predicate is not None else a.pop(0)
+    if not isinstance(src, _T):
+        raise NKIError(f"{where()}: tensor_copy_predicated with a number as src is not simulated; memset a tile first")
+    if predicate.dtype not in ("uint8", "uint16", "uint32"):
+        raise NKIError(f"{where()}: tensor_copy_predicated predicate must be uint8, uint16 or uint32, got "
+                       f"{predicate.dtype}")
+    if src.buf.mem == predicate.buf.mem == "psum":
+        raise NKIError(f"{where()}: tensor_copy_predicated src and predicate cannot both reside in PSUM")
+    ops.copy_predicated(dst, src, predicate, reverse=bool(reverse_pred))
+
+
+def nc_match_replace8(*args, dst=None, data=None, vals=None, imm=None, dst_idx=None, dtype=None, mask=None, **_):
+    """Replace the first occurrence of each of ``vals``' 8 values per partition of ``data`` with ``imm`` (Vector);
+    both call forms (the legacy one returns the replaced tile)."""
+    a = list(args)
+    new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]))
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    data = data if data is not None else a.pop(0)
+    vals = vals if vals is not None else a.pop(0)
+    imm = imm if imm is not None else a.pop(0)
+    out = dst if new else _new(dtype or data.dtype, data.shape)
+    ops.match_replace8(out, data, vals, imm, dst_idx)
+    return None if new else out
+
+
+def nc_stream_shuffle(*args, src=None, dst=None, shuffle_mask=None, mask=None, **_):
+    """Move partitions within each 32-partition quadrant: ``dst[i] = src[shuffle_mask[i]]`` (Vector)."""
+    a = list(args)
+    if dst is None and src is None and len(a) >= 2:     # the current form is (dst, src, mask)
+        dst, src = a.pop(0), a.pop(0)
+    src = src if src is not None else a.pop(0)
+    dst = dst if dst is not None else a.pop(0)
+    shuffle_mask = shuffle_mask if shuffle_mask is not None else a.pop(0)
+    ops.stream_shuffle(dst, src, shuffle_mask)
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
+    """``reg = op1(op0(src[:, i], imm0), reg)``, ``dst[:, i] = reg`` on the Vector Engine."""
+    ops.tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1, reduce_cmd)
+
+
+def nc_n_gather(dst, data, indices, name=None):
+    """``dst[p, j] = data[p, indices[p, j]]`` within each partition (GpSimd)."""
+    ops.n_gather(dst, data, indices)
+
+
+def sequence_bounds(*args, dst=None, segment_ids=None, dtype=None, **_):
+    """The [start, end) of each element's segment (GpSimd); legacy form returns a [1, 2, n] tile."""
+    a = list(args)
+    new = dst is not None or len(a) == 2
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    segment_ids = segment_ids if segment_ids is not None else a.pop(0)
+    out = dst if new else _new(dtype or segment_ids.dtype, (1, 2, segment_ids.free_size))
+    ops.sequence_bounds(out, segment_ids)
+    return None if new else out
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Indices of the non-zero elements and their count, in partitions 0, 16, ..., 112 (GpSimd, NeuronCore-v3+)."""
+    ops.nonzero_with_count(dst, src, index_offset, padding_val)
+
+
+def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
+    """``dst = src`` with ``src`` at an offset read from SBUF at run time (``t[ix, idx[0, j] + iy]``); both forms
+    (legacy returns a new tile)."""
+    a = list(args)
+    new = dst is not None or len(a) == 2
+    if new:
+        dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    out = dst if new else _new(dtype or src.dtype, src.shape)
+    ops.tensor_copy_dynamic(out, src, "src")
+    return None if new else out
+
+
+def tensor_copy_dynamic_dst(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
+    """``dst = src`` with ``dst`` at an offset read from SBUF at run time (``t[ix, idx[0, j] + iy]``)."""
+    a = list(args)
+    dst = dst if dst is not None else a.pop(0)
+    src = src if src is not None else a.pop(0)
+    ops.tensor_copy_dynamic(dst, src, "dst")
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None):
+    """``dst = sum(srcs)`` computed by a DMA engine (fp32), HBM or SBUF on either side."""
+    ops.dma_compute(dst, srcs, reduce_op, scales)
 
 
 def __getattr__(name):

@@ -76,7 +76,7 @@ class Kernel:
         self.fn = fn
         self.mode = mode
         self.grid: tuple = (1,)
-        self.target = target
+        self.target = target or options.get("platform_target")    # the SDK's @nki.jit(platform_target="trn2")
         self.options = options
         self.last: KernelRun | None = None
         self._parent: Kernel | None = None      # kernel[grid] reports its run on the kernel too

@@ -24,7 +24,7 @@ from . import ops
 from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
-from .indexing import arange, ds, mgrid  # noqa: F401
+from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -262,12 +262,17 @@ exp, log, tanh, sigmoid, relu, silu, gelu, softplus, erf, rsqrt, sqrt, square, a
     _unary(n) for n in ("exp", "log", "tanh", "sigmoid", "relu", "silu", "gelu", "softplus", "erf", "rsqrt",
                         "sqrt", "square", "abs", "sin", "cos", "sign", "reciprocal"))
 gelu_apprx_tanh = _unary("gelu_tanh")
+trunc, tan, arctan, mish, gelu_apprx_sigmoid, gelu_dx, gelu_apprx_sigmoid_dx, silu_dx, erf_dx = (
+    _unary(n) for n in ("trunc", "tan", "arctan", "mish", "gelu_apprx_sigmoid", "gelu_dx", "gelu_apprx_sigmoid_dx",
+                        "silu_dx", "erf_dx"))
 negative = _unary("neg")
 identity = _unary("identity")
 floor, ceil = _unary("floor"), _unary("ceil")
 
 
 def _binary(x, y, op: str, dtype=None, mask=None):
+    if op == "add" and isinstance(x, tensor) and isinstance(y, Idx):
+        return DynIdx(x, y)             # `idx_tile[0, j] + iy`: an offset read at run time (tensor_copy_dynamic_*)
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
     if not xt and not yt:
         raise NKIError(f"{_where()}: nl.{op} needs at least one tile operand")
@@ -284,7 +289,8 @@ def _binary(x, y, op: str, dtype=None, mask=None):
         return out
     tile, scalar = (x, y) if xt else (y, x)
     out = _result(tile, dtype)
-    ops.tensor_scalar(out, tile, op, float(scalar), reverse0=not xt, mask=mask)
+    exact = isinstance(scalar, int) and op in ("left_shift", "right_shift", "bitwise_and", "bitwise_or", "bitwise_xor")
+    ops.tensor_scalar(out, tile, op, scalar if exact else float(scalar), reverse0=not xt, mask=mask)
     return out
 
 
@@ -301,6 +307,22 @@ def _binop(op: str):
     _binop(n) for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal",
                         "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
                         "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"))
+fmod, mod, left_shift, right_shift, bypass = (_binop(n) for n in ("fmod", "mod", "left_shift", "right_shift",
+                                                                   "bypass"))
+NkiTensor = tensor
+
+
+class MemoryRegion:
+    """``nl.MemoryRegion``: the buffers as an enum (``nl.MemoryRegion.sbuf`` is ``nl.sbuf``)."""
+    sbuf, psum, private_hbm, shared_hbm = "sbuf", "psum", "private_hbm", "shared_hbm"
+
+
+def logical_not(x, dtype=None, mask=None, **_):
+    """``1 - x`` for boolean-like (0/1) tiles, as the SDK's XOR with 1: one TENSOR_SCALAR on the Vector Engine
+    (for other values use ``nl.equal(x, 0)``)."""
+    out = _result(x, dtype)
+    ops.tensor_scalar(out, x, "subtract", 1, reverse0=True, mask=mask)
+    return out
 
 
 def _accumulate(acc, o):
@@ -419,3 +441,128 @@ def matmul(x, y, transpose_x: bool = False, mask=None, **_):
 
 
 TENSOR_OPS.update(assign=_assign, binary=_binary, accumulate=_accumulate)
+
+
+# -- random numbers, logical reductions, constants, loop reductions ------------------------------
+def random_seed(seed, mask=None, **_):
+    """Seed the Vector Engine's random number generator (a 32-bit number, or a [1, 1] tile as the current SDK
+    takes it); the same seed gives the same ``nl.dropout`` masks. Unseeded runs use seed 0."""
+    ops.rng_seed(seed)
+
+
+def dropout(x, rate, dtype=None, mask=None, **_):
+    """``x`` with each element zeroed with probability ``rate`` (a number or a one-element tile), in a new SBUF
+    tile: DROPOUT on the Vector Engine. Kept elements are unchanged (the SDK docs specify no rescaling)."""
+    if isinstance(rate, tensor):
+        if math.prod(rate.shape) != 1:
+            raise NKIError(f"{_where()}: nl.dropout rate must be a number or a tile with one element, got {rate.shape}")
+        rate = rate.reshape((1, 1)).broadcast_to((x.partitions, 1))
+    out = ndarray(x.shape, dtype or (x.dtype if x.buf.mem != "psum" else float32))
+    ops.dropout(out, x, rate, mask)
+    return out
+
+
+def all(x, axis, dtype=bool_, mask=None, **_):
+    """Whether every element along the free axes is non-zero: a [P, 1] column (REDUCE with logical AND on the
+    Vector Engine, ``max(MIN_II, N)`` cycles)."""
+    out = ndarray((x.partitions, 1), dtype)
+    ops.tensor_reduce(out, "logical_and", x, axis, mask=mask)
+    return out
+
+
+def invert(x, dtype=None, mask=None, **_):
+    """Bitwise NOT of an integer (or bool) tile, as ``numpy.invert``: ``C - x`` with C = -1 (signed), 2**bits - 1
+    (unsigned) or 1 (bool), one TENSOR_SCALAR on the Vector Engine."""
+    if x.dtype not in ("int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"):
+        raise NKIError(f"{_where()}: nl.invert takes an integer or bool tile, got {x.dtype} (for floats use "
+                       f"nl.logical_not or nl.equal(x, 0))")
+    c = 1 if x.dtype == "bool" else (1 << 8 * ops.DTYPE_BYTES[x.dtype]) - 1 if x.dtype.startswith("u") else -1
+    out = ndarray(x.shape, dtype or x.dtype)
+    ops.tensor_scalar(out, x, "subtract", c, reverse0=True, mask=mask)
+    return out
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None, **_):
+    """An [n, n] identity tile in SBUF (the current SDK's form; a legacy ``nl.load`` of it is an SBUF copy).
+    Identities of one dtype are built once per kernel: one AFFINE_SELECT on GpSimd."""
+    n = int(n)
+    if not 0 < n <= PMAX:
+        raise NKIError(f"{_where()}: nl.shared_identity_matrix({n}) exceeds the {PMAX} partitions of SBUF")
+    ident = ops.identity(dtype_name(dtype))[0:n, 0:n]
+    if dst is not None:
+        ops.tensor_copy(dst, ident)
+        return dst
+    return ident
+
+
+def shared_constant(constant, dtype=None, **_):
+    """A shared-HBM tensor holding ``constant`` (a numpy array, or a path to a ``.npy`` file), as the compiler
+    embeds it in the NEFF; read it with ``nl.load``."""
+    import numpy as np
+    arr = np.load(constant) if isinstance(constant, (str, bytes)) or hasattr(constant, "__fspath__") else constant
+    arr = np.asarray(arr)
+    if arr.dtype == object or arr.size == 0:
+        raise NKIError(f"{_where()}: nl.shared_constant takes a non-empty numeric array, got {arr.dtype} {arr.shape}")
+    dt = dtype_name(dtype if dtype is not None else arr.dtype)
+    from neuron_stack.isa.interp import _round
+    t = current()
+    out = t.alloc("shared_hbm", arr.shape if arr.ndim else (1,), dt, name=f"constant{len(t.hbm)}")
+    value = arr.reshape(out.shape)
+    value = _round(dt, value.astype(np.float32)) if dt in ops.FLOATS else value.astype(np.int64)
+    t.inits.append((len(t.instrs), out.operand(), value))     # after its NaN fill: the data is there from the start
+    t.constants = getattr(t, "constants", 0) + 1               # a captured model cannot carry it yet (lowering.py)
+    return out
+
+
+def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
+    """``b = nl.loop_reduce(a, op, loop_indices=[i])`` is ``b = op(b, a)`` in place (the destination is also
+    op's other input, as the SDK documents): one TENSOR_TENSOR on the Vector Engine into the tile ``b`` already
+    holds. ``b`` must be declared before the loop (e.g. ``b = nl.zeros(...)``)."""
+    import ast
+    import inspect
+    frame = inspect.currentframe().f_back
+    try:
+        target = None
+        line = inspect.getframeinfo(frame).code_context
+        try:
+            node = ast.parse((line or [""])[0].strip()).body[0]
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target = frame.f_locals.get(node.targets[0].id)
+        except (SyntaxError, IndexError):
+            pass
+    finally:
+        del frame
+    if not isinstance(target, tensor) or target.buf.mem == "hbm":
+        raise NKIError(f"{_where()}: nl.loop_reduce writes into its destination, which must be a tile declared "
+                       f"before the loop and assigned on this line: b = nl.zeros(...), then b = nl.loop_reduce(a, ...)")
+    if dtype is not None and dtype_name(dtype) != target.dtype:
+        raise NKIError(f"{_where()}: nl.loop_reduce dtype {dtype_name(dtype)} differs from its destination's "
+                       f"{target.dtype}")
+    ops.tensor_tensor(target, target, x, op, mask=mask)
+    return target
+
+
+def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
+    """A new tile of uniform [0, 1) draws from the Vector Engine PRNG (``nl.random_seed`` seeds it)."""
+    out = ndarray(shape, dtype, buffer, name)
+    ops.rand(out)
+    return out
+
+
+def gather_flattened(data, indices, axis=0, dtype=None, **_):
+    """Per partition, the elements of ``data``'s flattened free part at ``indices`` (uint32): a new tile of
+    ``indices``' shape (N_GATHER on GpSimd)."""
+    if axis not in (0, -1, 1):
+        raise NKIError(f"{_where()}: nl.gather_flattened gathers along the flattened free part (axis=0)")
+    out = ndarray(indices.shape, dtype or data.dtype)
+    ops.n_gather(out, data, indices)
+    return out
+
+
+def atomic_rmw(dst, value, op, mask=None, **_):
+    """``dst = op(dst, value)`` on an HBM tensor, read-modified-written by one DMA (the DMA engines compute in
+    fp32). Indices read from SBUF (``dst[indices_tile, ix]``) are not simulated: the indexing says so."""
+    if not isinstance(dst, tensor) or dst.buf.mem != "hbm":
+        raise NKIError(f"{_where()}: nl.atomic_rmw updates an HBM tensor in place; dst is "
+                       f"{getattr(dst, 'buffer', type(dst).__name__)}")
+    ops.dma_copy(dst, value, mask, rmw_op=op)

@@ -39,6 +39,9 @@ def lower_nki(low, n) -> None:
     specs = tuple(Spec(tuple(s.shape), s.dtype) for s in n.inputs)
     run = run_kernel(k, specs, execute=False, target=low.p.name)
     tr = run.trace
+    if getattr(tr, "constants", 0):
+        raise LoweringError(f"{n.name}: NKI kernel {k.__name__} uses nl.shared_constant, which a captured model "
+                            f"cannot carry yet; call the kernel outside the model or pass the constant as an input")
     rename: dict[str, tuple[str, int]] = {}
     params = [name for name, m in tr.hbm.items() if m["role"] == "input"]
     for name, arg in zip(params, n.args):
@@ -69,6 +72,9 @@ def lower_nki(low, n) -> None:
         dst, src = [operand(o) for o in ops["dst"]], [operand(o) for o in ops["src"]]
         attrs = {k: v for k, v in ops.items() if k not in ("dst", "src")}
         attrs["nki_loc"] = ins.node       # the kernel line, kept with the instruction
+        if ins.opcode == "DMA_DIRECT2D" and "rmw" in attrs:
+            raise LoweringError(f"{ins.node}: a read-modify-write DMA (nl.atomic_rmw, dma_copy(dst_rmw_op=)) cannot be "
+                                f"carried in a captured model yet; call the kernel outside the model")
         if ins.opcode == "DMA_DIRECT2D":
             first = len(low.instrs)
             low.dma(n.name, dst[0], src[0])
