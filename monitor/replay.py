@@ -32,9 +32,8 @@ from collections.abc import Iterator
 import traces
 from monitor.merge import merge_runtimes
 from traces.errors import TraceError
-from traces.live import CORE_ONLY_MEMORY
-from traces.q_replay import PERCENTILES
-from traces.vocab import MONITOR_ENGINES
+from traces.live import CORE_ONLY_MEMORY, engine_shares, percent
+from traces.q_replay import PERCENTILES, REPLAY_ENGINES
 
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
                       "incorrect_input", "failed_to_queue")
@@ -149,7 +148,7 @@ class Replay:
     @staticmethod
     def _counters(rows: list[dict], period: float) -> dict:
         span_ns = period * 1e9
-        cores = {str(int(r["core"])): {"neuroncore_utilization": round(min(100.0, 100.0 * r["busy_ns"] / span_ns), 2),
+        cores = {str(int(r["core"])): {"neuroncore_utilization": percent(r["busy_ns"], span_ns),
                                        "flops": int(r["flops"] / period)} for r in rows if r["core"] is not None}
         return {"period": period, "neuroncores_in_use": cores, "error": ""}
 
@@ -202,8 +201,8 @@ class Replay:
 
     @staticmethod
     def _extra(run: dict, busy: list[dict], events: list[dict], period: float, span_ns: int) -> dict:
-        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2)
-                                          for e in MONITOR_ENGINES}
+        # the live monitor's engines block, the CC engine's share (collectives) with them
+        engines = {str(int(r["core"])): engine_shares({e: r[e] for e in REPLAY_ENGINES}, span_ns)
                    for r in busy if r["core"] is not None}
         by_kind = {r["kind"]: r for r in events}
 

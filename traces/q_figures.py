@@ -96,8 +96,10 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     warm = bool(include_warmup) if include_warmup is not None else \
         p.metadata().get("summary_includes_warmup", "false") == "true"
     ex = p.sql(f"""SELECT count(*) FILTER (WHERE coalesce(warmup, FALSE)) AS warmup,
-                          coalesce(max(end_ns) - min(start_ns), 0) AS span, count(DISTINCT core) AS cores
-                   FROM executions WHERE {measured_condition(warm)}""").to_pylist()[0]
+                          coalesce(max(end_ns) - min(start_ns), 0) AS span,
+                          count(DISTINCT (coalesce(target, ''), core)) AS cores
+                   FROM executions LEFT JOIN (SELECT run_id, target FROM runs) USING (run_id)
+                   WHERE {measured_condition(warm)}""").to_pylist()[0]
     device_ns = _int((s.get("total_time") or 0) * 1e9)
     cores = int(ex["cores"] or 0)
     span = int(ex["span"] or 0)
@@ -167,15 +169,25 @@ def flops_breakdown(s: dict) -> dict:
 
 
 def busy_ns(p, include_warmup: bool = False) -> int:
-    """Device-busy ns summed over cores: per core, the union of its measured executions' device intervals.
+    """Device-busy ns summed over cores: :func:`core_busy`'s total."""
+    return int(pc.sum(core_busy(p, include_warmup)["active_ns"]).as_py() or 0)
+
+
+def core_busy(p, include_warmup: bool = False) -> pa.Table:
+    """Per (``target``, ``core``): the union of the measured executions' device intervals (``active_ns``).
 
     An execution's device interval is ``[start, start + device time)`` (its host time, wherever it
     fell, left out); executions that overlap on one core (a collective beside the next compute
-    execution) count their overlap once, so a core is never busier than the time that passed.
+    execution) count their overlap once, so a core is never busier than the time that passed. A core
+    is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores.
     """
-    rows = p.sql(f"""SELECT core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
-                     WHERE {measured_condition(include_warmup)}""")
-    return int(pc.sum(union_by(rows, ("core",))["active_ns"]).as_py() or 0)
+    return union_by(_device_intervals(p, measured_condition(include_warmup)), ("target", "core"))
+
+
+def _device_intervals(p, condition: str) -> pa.Table:
+    return p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
+                     FROM (SELECT run_id, core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
+                           WHERE {condition}) e LEFT JOIN runs r USING (run_id)""")
 
 
 def ops(p) -> pa.Table:
