@@ -29,6 +29,8 @@ from explorer import data, recommend, timeline
 from monitor.prometheus import Exporter
 from monitor.replay import Replay
 from top.snapshot import Totals, build_snapshot
+from traces.live import engine_shares, percent
+from traces.q_replay import REPLAY_ENGINES
 from traces.vocab import COMPUTE_ENGINES, MONITOR_ENGINES
 
 #: Replay window (profile seconds per monitor document): a few dozen documents per profile.
@@ -81,7 +83,9 @@ class Views:
                 self.op_summary = p.top_ops(10**9).to_pylist()   # every op row, the unattributed one too
                 lo = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
             # one document over exactly the executions' span: its percentages are the whole run's
+            self.exec_span = (lo["a"], lo["b"])
             self.exec_doc = replay.document(lo["a"], lo["b"])
+            self.wide_doc = replay.document(lo["a"], 2 * lo["b"] - lo["a"])   # twice the span: idle half
         totals = Totals()                                                        # neuron-top --replay
         self.snaps = [build_snapshot(doc, totals=totals) for doc in self.docs]
         self.prom = prometheus(self.docs)                                        # the exporter's text
@@ -110,8 +114,10 @@ def prom_value(prom, metric: str, **labels) -> float:
 
 
 @pytest.fixture(scope="module", params=list(WORKLOADS))
-def views(request, recorded) -> Views:
-    return Views(recorded[request.param])
+def views(request, recorded, recorded_samples) -> Views:
+    v = Views(recorded[request.param])
+    v.live = json.loads(recorded_samples.live_file(request.param).read_text())   # what neuron-monitor read
+    return v
 
 
 def reports(doc: dict) -> list[dict]:
@@ -200,6 +206,41 @@ def test_busy_and_engines_per_core_agree_with_the_summary(views):
                 assert engines[(core, e)] == pytest.approx(pct / 100)
             seen.add(int(core))
     assert seen == set(views.per_core)
+
+
+def test_busy_is_the_union_live_in_the_replay_and_in_the_summary(views):
+    """Issue 31: a core's busy time is the union of its executions' device intervals, the same ns in the
+    live publisher (what neuron-monitor reads), a replay window and the Summary; tensor_parallel is the
+    case where it matters (an all-reduce overlaps the next compute execution on the same core). The
+    replay's CC engine share is the live monitor's: the collectives' busy time, over the same span."""
+    with traces.open(views.path) as p:
+        union = {(r["target"], r["core"]): r["active_ns"] for r in p.core_busy(include_warmup=True).to_pylist()}
+        lo, hi = views.exec_span
+        w = p.replay_window(lo, hi)
+        target = {r["run_id"]: r["target"] for r in p.replay_runs()}
+        figures = p.figures(include_warmup=True)
+    assert figures.device_busy_percent == pytest.approx(100 * sum(union.values()) / ((hi - lo) * len(union)))
+    replay = {(target[r["run_id"]], r["core"]): r for r in w.busy}
+    live = {(s["target"], int(c)): st for s in views.live for c, st in s["core_stats"].items()}
+    assert set(live) == set(replay) == set(union)
+    for key, st in live.items():
+        assert st["active_ns"] == replay[key]["busy_ns"] == union[key], key
+        assert st["busy_ns"]["cc"] == pytest.approx(replay[key]["cc"], abs=1), key
+    if "tensor_parallel" in str(views.path):   # the overlap is there, and counted once
+        assert all(st["device_ns"] > st["active_ns"] for st in live.values())
+        assert all(st["busy_ns"]["cc"] > 0 for st in live.values())
+    # a document over twice the executions' span: busy and engine shares are the live monitor's formulas
+    doc, period = views.wide_doc, 2 * (hi - lo)
+    by_core: dict[int, list] = {}
+    for (_, core), st in live.items():
+        by_core.setdefault(core, []).append(st)
+    (report,) = reports(doc)
+    for core, sts in by_core.items():
+        c = report["neuroncore_counters"]["neuroncores_in_use"][str(core)]
+        assert c["neuroncore_utilization"] == percent(sum(st["active_ns"] for st in sts), period) <= 100.0
+        if len(sts) == 1:   # one target on this core index
+            shares = engine_shares(sts[0]["busy_ns"], period)
+            assert report["neuron_stack"]["engines"][str(core)] == {e: shares[e] for e in REPLAY_ENGINES}
 
 
 def test_timeline_totals_agree_with_the_summary(views):
