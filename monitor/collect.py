@@ -277,6 +277,14 @@ class Collector:
             return int(ev.get(kind, {}).get("count", 0) - pev.get(kind, {}).get("count", 0))
 
         rec, fb = ev.get("recompile", {}), ev.get("cpu_fallback", {})
+        stats, was = snap["core_stats"].values(), prev["core_stats"]
+        # this session's target: its own instance, cores, runtime reservation per core and peak
+        targets = {snap["target"]: live.target_block(
+            snap.get("instance_type", ""), [*snap.get("cores", []), *map(int, snap["core_stats"])],
+            {c: m.get("runtime_memory", 0) for c, m in snap["device_memory"].items()}, snap.get("peak_flops", 0.0),
+            sum(st["flops"] for st in stats) - sum(w.get("flops", 0) for w in was.values()),
+            sum(st["device_ns"] for st in stats) - sum(w.get("device_ns", 0) for w in was.values()))
+        } if snap.get("target") else {}
         return {"period": period, "error": "", "engines": engines,
                 "recompiles": {"count": delta("recompile"), "last_reason": rec.get("last_reason", ""),
                                "last_source": rec.get("last_source", "")},
@@ -284,7 +292,7 @@ class Collector:
                                   "last_reason": fb.get("last_reason", ""), "last_source": fb.get("last_source", "")},
                 "compiles": delta("compile"), "cache_hits": delta("cache_hit"),
                 "cores": list(snap.get("cores", [])), "command": snap.get("command", ""),
-                "target": snap.get("target", ""),
+                "target": snap.get("target", ""), "targets": targets,
                 # an LLM serving engine's figures (neuron_stack.inference), else null
                 "serving": snap.get("serving")}
 

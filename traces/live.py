@@ -98,6 +98,28 @@ def engine_shares(active_ns: dict, span_ns: float) -> dict:
     return {e: percent(active_ns.get(e, 0), span_ns) for e in names}
 
 
+def mfu_percent(model_flops: float, peak_flops: float, device_ns: float) -> float:
+    """Model FLOPs over the Tensor Engine's BF16 peak for ``device_ns``, in percent (the Summary's
+    ``mfu_estimated_percent`` formula). Example: ``mfu_percent(9.175e10, 9.175e13, 1e6)`` is 100.0."""
+    return 100.0 * model_flops / (peak_flops * device_ns / 1e9) if peak_flops > 0 and device_ns > 0 else 0.0
+
+
+def target_block(instance_type: str, cores, runtime_memory: dict, peak_flops: float, model_flops: float,
+                 device_ns: float) -> dict:
+    """One target's figures, as ``neuron_stack.targets[<target>]`` of a monitor document (live or replay)
+    and :meth:`traces.query.Profile.targets` give them: a process with trn1 and inf2 sessions runs on
+    two simulated instances, each with its own cores, runtime reservation per core and peak.
+
+    >>> b = target_block("inf2.48xlarge", [0], {0: 64 * 2**20}, 9.175e13, 9.175e7, 1e6)
+    >>> b["runtime_memory_bytes"], round(b["mfu_percent"], 3)
+    ({'0': 67108864}, 0.1)
+    """
+    return {"instance_type": str(instance_type or ""), "cores": sorted({int(c) for c in cores}),
+            "runtime_memory_bytes": {str(c): b for c, b in sorted((int(c), int(b)) for c, b in runtime_memory.items())},
+            "peak_flops": float(peak_flops or 0.0), "model_flops": int(model_flops), "device_ns": int(device_ns),
+            "mfu_percent": mfu_percent(model_flops, peak_flops or 0.0, device_ns)}
+
+
 def _forget_parent_publishers() -> None:
     # A forked child (a DataLoader worker, say) must not write into its parent's shared ring.
     for pub in list(_publishers):
@@ -170,12 +192,13 @@ class LivePublisher:
 
     def __init__(self, tag: str | None = None, target: str = "", instance_type: str = "",
                  command: str | None = None, *, hardware: dict | None = None,
-                 directory: str | os.PathLike | None = None):
+                 directory: str | os.PathLike | None = None, peak_flops: float = 0.0):
         self.pid = os.getpid()
         self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
         self.tag = self.tag[:255]  # the real tag limit
         self.target = target
         self.instance_type = instance_type
+        self.peak_flops = float(peak_flops)   # the target's Tensor Engine BF16 peak, for its MFU
         self.command = command if command is not None else " ".join(sys.argv)
         self.hardware = dict(hardware or {})
         self.directory = Path(directory) if directory is not None else live_dir()
@@ -418,6 +441,7 @@ class LivePublisher:
             snap = {
                 "version": SNAPSHOT_VERSION, "pid": self.pid, "tag": self.tag, "command": self.command,
                 "target": self.target, "instance_type": self.instance_type, "hardware": dict(self.hardware),
+                "peak_flops": self.peak_flops,
                 "start_time": self.start_time, "process_start_time": self.process_start_time,
                 # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
                 # both clocks. The reader extrapolates idle time itself (monitor/collect.py).

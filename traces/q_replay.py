@@ -41,8 +41,8 @@ class ReplayWindow:
     """Rows of one window ``[t0, t1)``; each list holds dicts (small: one per run × core or kind).
 
     ``busy``: per (run_id, core) device-busy ns (the union of the executions' device intervals, as
-    :func:`traces.q_figures.core_busy`), FLOPs and per-engine active ns (:data:`REPLAY_ENGINES`; DMA: the
-    union of its queues) inside the window;
+    :func:`traces.q_figures.core_busy`), their device time (``device_ns``, overlaps counted twice),
+    FLOPs and per-engine active ns (:data:`REPLAY_ENGINES`; DMA: the union of its queues) inside the window;
     ``finished``: executions ending in it per (run_id, status); ``latency``: per run_id the total and
     device latency percentiles (s); ``events``: per (run_id, kind) events in it (``recent``) with the
     last detail and source line so far; ``memory``: the last sample per (run_id, core, location,
@@ -148,9 +148,10 @@ def window(p, t0: int, t1: int) -> ReplayWindow:
         if dev <= 0 or s1 <= s0:
             continue
         key = (r["run_id"], -1 if r["core"] is None else r["core"])
-        row = busy.setdefault(key, {"run_id": r["run_id"], "core": r["core"], "busy_ns": 0.0, "flops": 0.0,
-                                    **dict.fromkeys(REPLAY_ENGINES, 0.0)})
+        row = busy.setdefault(key, {"run_id": r["run_id"], "core": r["core"], "busy_ns": 0.0, "device_ns": 0.0,
+                                    "flops": 0.0, **dict.fromkeys(REPLAY_ENGINES, 0.0)})
         share = (s1 - s0) / dev
+        row["device_ns"] += s1 - s0
         row["flops"] += r["flops"] * share
         for e in REPLAY_ENGINES:
             row[e] += r[e] * share
