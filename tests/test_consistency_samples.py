@@ -376,3 +376,51 @@ def test_compiles_and_loads_precede_the_executions_they_serve(views):
             if r["compiled"] is not None:
                 assert r["compiled"] <= r["loaded"], r
     assert checked, "no compiled graph ran"
+
+
+def test_a_multi_target_process_is_reported_per_target(recorded, recorded_samples):
+    """Issue 31: a process with a trn1 and an inf2 session runs on two simulated instances. Each target has
+    its own cores, its own 64 MiB runtime reservation per core, its own peak for its MFU and its instance
+    type named, the same in the live monitor, a replay document, neuron-top and the Explorer Summary."""
+    from explorer import app as explorer_app
+    from explorer.pages import summary as summary_page
+    from monitor.collect import Collector
+    from neuron_stack.device.profiles import get_profile
+
+    path = recorded["two_targets"]
+    with traces.open(path) as p:
+        whole = {t["target"]: t for t in p.targets(include_warmup=True)}
+        measured = p.targets()
+    live = {}   # the live monitor's block of each session, over everything since it started
+    for snap in json.loads(recorded_samples.live_file("two_targets").read_text()):
+        live.update(Collector._neuron_stack(snap, {"core_stats": {}, "events": {}}, 1.0, 1)["targets"])
+    with Replay(path) as replay:
+        doc = replay.document(replay.start_ns, replay.end_ns + 1)
+    (entry,) = doc["neuron_runtime_data"]
+    replayed = entry["report"]["neuron_stack"]["targets"]
+    (process,) = build_snapshot(doc).apps[1].processes
+    top = {t.target: t for t in process.targets}
+    assert list(whole) == list(live) == list(replayed) == list(top) == ["trn1", "inf2"]
+    for name, t in whole.items():
+        profile = get_profile(name)
+        assert t["instance_type"] == profile.instance_type
+        assert t["peak_flops"] == profile.tensor_peak_flops("bfloat16")
+        assert t["cores"] == [0] and t["runtime_memory_bytes"] == {"0": 64 * 2**20}
+        assert t["mfu_percent"] == pytest.approx(100 * t["model_flops"] / (t["peak_flops"] * t["device_ns"] / 1e9))
+        for other in (live[name], replayed[name]):
+            exact = ("instance_type", "cores", "runtime_memory_bytes", "peak_flops", "model_flops")
+            assert {k: other[k] for k in exact} == {k: t[k] for k in exact}, name
+            assert other["device_ns"] == pytest.approx(t["device_ns"], abs=2)
+            assert other["mfu_percent"] == pytest.approx(t["mfu_percent"], rel=1e-3)
+        shown = top[name]
+        assert (shown.instance_type, shown.cores, shown.runtime_memory) == (t["instance_type"], (0,), 64 * 2**20)
+        assert shown.mfu_percent == replayed[name]["mfu_percent"]
+
+    explorer_app.create_app([path])
+    try:
+        key = data.registry().default_key()
+        assert data.summary(data.resolve(key))["targets"] == measured
+        page = str(summary_page.layout(profile=key))
+        assert "summary-targets" in page and "trn1.32xlarge" in page and "inf2.48xlarge" in page
+    finally:
+        data.registry().close()
