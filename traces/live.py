@@ -289,7 +289,7 @@ class LivePublisher:
             busy = st["busy_ns"]
             for engine, ns in (busy_ns or {}).items():
                 busy[engine] = busy.get(engine, 0) + int(ns)
-            dev = int(device_latency_s * 1e9)
+            dev = round(device_latency_s * 1e9)   # the ns the runtime had (int() could cut one off)
             start = int(start_ns) if start_ns is not None else int(proj_end_ns) - int(round(total_latency_s * 1e9))
             st["active_ns"] += max(0, start + dev - max(start, st["until"]))
             st["until"] = max(st["until"], start + dev)
