@@ -201,8 +201,8 @@ def targets(p, include_warmup: bool | None = None) -> list[dict]:
     >>> d = tempfile.mkdtemp()
     >>> _ = traces.synthetic.write_run(d, executions=2, instructions=100)
     >>> with traces.open(d) as p:
-    ...     (t,) = targets(p)
-    >>> t["target"], t["instance_type"], t["mfu_percent"] == p.figures().mfu_percent
+    ...     (t,), mfu = targets(p), p.figures().mfu_percent
+    >>> t["target"], t["instance_type"], t["mfu_percent"] == mfu
     ('trn1', 'trn1.32xlarge', True)
     """
     warm = bool(include_warmup) if include_warmup is not None else \
