@@ -277,13 +277,13 @@ class Collector:
             return int(ev.get(kind, {}).get("count", 0) - pev.get(kind, {}).get("count", 0))
 
         rec, fb = ev.get("recompile", {}), ev.get("cpu_fallback", {})
-        stats, was = snap["core_stats"].values(), prev["core_stats"]
+        now_stats, prev_stats = snap["core_stats"].values(), prev["core_stats"].values()
         # this session's target: its own instance, cores, runtime reservation per core and peak
         targets = {snap["target"]: live.target_block(
             snap.get("instance_type", ""), [*snap.get("cores", []), *map(int, snap["core_stats"])],
             {c: m.get("runtime_memory", 0) for c, m in snap["device_memory"].items()}, snap.get("peak_flops", 0.0),
-            sum(st["flops"] for st in stats) - sum(w.get("flops", 0) for w in was.values()),
-            sum(st["device_ns"] for st in stats) - sum(w.get("device_ns", 0) for w in was.values()))
+            sum(st["flops"] for st in now_stats) - sum(st.get("flops", 0) for st in prev_stats),
+            sum(st["device_ns"] for st in now_stats) - sum(st.get("device_ns", 0) for st in prev_stats))
         } if snap.get("target") else {}
         return {"period": period, "error": "", "engines": engines,
                 "recompiles": {"count": delta("recompile"), "last_reason": rec.get("last_reason", ""),

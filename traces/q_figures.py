@@ -182,13 +182,10 @@ def core_busy(p, include_warmup: bool = False) -> pa.Table:
     execution) count their overlap once, so a core is never busier than the time that passed. A core
     is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores.
     """
-    return union_by(_device_intervals(p, measured_condition(include_warmup)), ("target", "core"))
-
-
-def _device_intervals(p, condition: str) -> pa.Table:
-    return p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
+    rows = p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
                      FROM (SELECT run_id, core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
-                           WHERE {condition}) e LEFT JOIN runs r USING (run_id)""")
+                           WHERE {measured_condition(include_warmup)}) e LEFT JOIN runs r USING (run_id)""")
+    return union_by(rows, ("target", "core"))
 
 
 def targets(p, include_warmup: bool | None = None) -> list[dict]:
