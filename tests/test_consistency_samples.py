@@ -80,6 +80,9 @@ class Views:
                     for k, v in r.items():
                         if k.endswith("_time"):
                             acc[k] = acc.get(k, 0) + (v or 0)
+                self.busy: dict[int, int] = {}   # per core index: its busy ns (the union), summed over targets
+                for r in p.core_busy(include_warmup=True).to_pylist():
+                    self.busy[r["core"]] = self.busy.get(r["core"], 0) + r["active_ns"]
                 self.op_summary = p.top_ops(10**9).to_pylist()   # every op row, the unattributed one too
                 lo = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
             # one document over exactly the executions' span: its percentages are the whole run's
@@ -181,9 +184,10 @@ def _close(pct: float, ns: float, period_ns: float, what: str) -> None:
 
 
 def test_busy_and_engines_per_core_agree_with_the_summary(views):
-    """One document over the executions' span: per core, utilization and engine percentages are the
-    per-core Summary's device time and engine active time (warm-ups included, as a monitor counts),
-    DMA as the union of its queues; neuron-top and Prometheus show the document's values."""
+    """One document over the executions' span: per core, utilization is its busy time (the union of its
+    executions' device intervals) and engine percentages the per-core Summary's engine active time
+    (warm-ups included, as a monitor counts), DMA as the union of its queues; neuron-top and Prometheus
+    show the document's values."""
     doc = views.exec_doc
     period = doc["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["period"] * 1e9
     snap = build_snapshot(doc)
@@ -195,7 +199,7 @@ def test_busy_and_engines_per_core_agree_with_the_summary(views):
     for report in reports(doc):
         for core, c in report["neuroncore_counters"]["neuroncores_in_use"].items():
             s = views.per_core[int(core)]
-            _close(c["neuroncore_utilization"], s["total_time"] * 1e9, period, f"core {core} busy")
+            _close(c["neuroncore_utilization"], views.busy[int(core)], period, f"core {core} busy")
             assert snap.apps[0].utilization[int(core)] == c["neuroncore_utilization"]
             assert util[core] == pytest.approx(c["neuroncore_utilization"] / 100)
             for e in MONITOR_ENGINES:
