@@ -190,6 +190,8 @@ def summary(L: Loaded) -> dict:
             "spill_reload_bytes": f.spill_reload_bytes, "hardware_flops": f.hardware_flops,
             "transpose_flops": f.transpose_flops, "flops_breakdown": dict(f.flops_breakdown),
             "dma_split": dict(f.dma_split), "bandwidth_breakdown": dict(f.bandwidth_breakdown),
+            # per target (a process's trn1 and inf2 sessions are two instances): Profile.targets
+            "targets": L.profile.targets(),
         }
     return L.cached("summary", compute)
 

@@ -212,9 +212,10 @@ class Collector:
         for c in cores:
             now_s = snap["core_stats"].get(str(c), {})
             was = prev["core_stats"].get(str(c), {})
-            busy = now_s.get("device_ns", 0) - was.get("device_ns", 0)
+            # the union of the core's execution intervals (older snapshots: their summed device time)
+            busy = now_s.get("active_ns", now_s.get("device_ns", 0)) - was.get("active_ns", was.get("device_ns", 0))
             span = max(proj_span, busy)
-            util = _r(min(100.0, 100.0 * busy / span))
+            util = live.percent(busy, span)
             flops = (now_s.get("flops", 0) - was.get("flops", 0)) / (span / 1e9)
             entry = {"neuroncore_utilization": util, "flops": int(flops)}
             if v3d:
@@ -267,9 +268,7 @@ class Collector:
         engines = {}
         for c, st in snap["core_stats"].items():
             was = prev["core_stats"].get(c, {}).get("busy_ns", {})
-            names = list(ENGINES) + [e for e in st["busy_ns"] if e not in ENGINES]
-            engines[c] = {e: _r(min(100.0, 100.0 * (st["busy_ns"].get(e, 0) - was.get(e, 0)) / proj_span))
-                          for e in names}
+            engines[c] = live.engine_shares({e: ns - was.get(e, 0) for e, ns in st["busy_ns"].items()}, proj_span)
         for c in snap.get("cores", []):
             engines.setdefault(str(c), dict.fromkeys(ENGINES, 0.0))
         ev, pev = snap["events"], prev["events"]
@@ -278,6 +277,14 @@ class Collector:
             return int(ev.get(kind, {}).get("count", 0) - pev.get(kind, {}).get("count", 0))
 
         rec, fb = ev.get("recompile", {}), ev.get("cpu_fallback", {})
+        now_stats, prev_stats = snap["core_stats"].values(), prev["core_stats"].values()
+        # this session's target: its own instance, cores, runtime reservation per core and peak
+        targets = {snap["target"]: live.target_block(
+            snap.get("instance_type", ""), [*snap.get("cores", []), *map(int, snap["core_stats"])],
+            {c: m.get("runtime_memory", 0) for c, m in snap["device_memory"].items()}, snap.get("peak_flops", 0.0),
+            sum(st["flops"] for st in now_stats) - sum(st.get("flops", 0) for st in prev_stats),
+            sum(st["device_ns"] for st in now_stats) - sum(st.get("device_ns", 0) for st in prev_stats))
+        } if snap.get("target") else {}
         return {"period": period, "error": "", "engines": engines,
                 "recompiles": {"count": delta("recompile"), "last_reason": rec.get("last_reason", ""),
                                "last_source": rec.get("last_source", "")},
@@ -285,7 +292,7 @@ class Collector:
                                   "last_reason": fb.get("last_reason", ""), "last_source": fb.get("last_source", "")},
                 "compiles": delta("compile"), "cache_hits": delta("cache_hit"),
                 "cores": list(snap.get("cores", [])), "command": snap.get("command", ""),
-                "target": snap.get("target", ""),
+                "target": snap.get("target", ""), "targets": targets,
                 # an LLM serving engine's figures (neuron_stack.inference), else null
                 "serving": snap.get("serving")}
 

@@ -32,9 +32,8 @@ from collections.abc import Iterator
 import traces
 from monitor.merge import merge_runtimes
 from traces.errors import TraceError
-from traces.live import CORE_ONLY_MEMORY
-from traces.q_replay import PERCENTILES
-from traces.vocab import MONITOR_ENGINES
+from traces.live import CORE_ONLY_MEMORY, engine_shares, percent, target_block
+from traces.q_replay import PERCENTILES, REPLAY_ENGINES
 
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
                       "incorrect_input", "failed_to_queue")
@@ -87,6 +86,7 @@ class Replay:
         self._runs = self._profile.replay_runs()
         self.start_ns, self.end_ns = self._profile.replay_span()
         self.figures = self._profile.figures().as_dict()
+        self.targets = {t["target"]: t for t in self._profile.targets()}   # instance type and peak per target
         self.position_ns = self.start_ns
         self.cores_per_device = self._hardware_info()["neuroncore_per_device_count"] or 1
 
@@ -137,7 +137,8 @@ class Replay:
                                             [r for r in loads if r["run_id"] == rid], period,
                                             self.cores_per_device),
                 "neuron_stack": dict(self._extra(run, run_busy, [r for r in events if r["run_id"] == rid],
-                                                 period, t1 - t0), profile=self.figures),
+                                                 period, t1 - t0), profile=self.figures,
+                                     targets=self._target(run, run_busy, [r for r in memory if r["run_id"] == rid])),
             }
             runtimes.append({"pid": int(run["pid"] or 0), "address": "",
                              "neuron_runtime_tag": str(run["tag"] or run["pid"] or rid),
@@ -149,9 +150,22 @@ class Replay:
     @staticmethod
     def _counters(rows: list[dict], period: float) -> dict:
         span_ns = period * 1e9
-        cores = {str(int(r["core"])): {"neuroncore_utilization": round(min(100.0, 100.0 * r["busy_ns"] / span_ns), 2),
+        cores = {str(int(r["core"])): {"neuroncore_utilization": percent(r["busy_ns"], span_ns),
                                        "flops": int(r["flops"] / period)} for r in rows if r["core"] is not None}
         return {"period": period, "neuroncores_in_use": cores, "error": ""}
+
+    def _target(self, run: dict, busy: list[dict], memory: list[dict]) -> dict:
+        """The run's target as the live monitor reports it (``traces.live.target_block``), over the window."""
+        target = str(run["target"] or "")
+        if not target:
+            return {}
+        whole = self.targets.get(target) or {}
+        reserved = {r["core"]: r["bytes"] for r in memory
+                    if r["category"] == "runtime_memory" and r["location"] == "device" and r["core"] is not None}
+        return {target: target_block(whole.get("instance_type", ""),
+                                     [r["core"] for r in busy if r["core"] is not None] + list(reserved), reserved,
+                                     whole.get("peak_flops", 0.0), sum(r["flops"] for r in busy),
+                                     sum(r["device_ns"] for r in busy))}
 
     @staticmethod
     def _stats(rows: list[dict], latency: dict | None, period: float) -> dict:
@@ -202,8 +216,8 @@ class Replay:
 
     @staticmethod
     def _extra(run: dict, busy: list[dict], events: list[dict], period: float, span_ns: int) -> dict:
-        engines = {str(int(r["core"])): {e: round(min(100.0, 100.0 * r[e] / span_ns), 2)
-                                          for e in MONITOR_ENGINES}
+        # the live monitor's engines block, the CC engine's share (collectives) with them
+        engines = {str(int(r["core"])): engine_shares({e: r[e] for e in REPLAY_ENGINES}, span_ns)
                    for r in busy if r["core"] is not None}
         by_kind = {r["kind"]: r for r in events}
 

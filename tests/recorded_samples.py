@@ -36,6 +36,31 @@ TWO_TARGETS = textwrap.dedent('''
     sys.exit(0 if ok else 1)
 ''')
 
+#: Runs a workload (``live_dump.py OUT script args...``), then, before its sessions close at exit, writes
+#: what its live publishers hold (``traces.live.read_all``: what neuron-monitor reads) to OUT as JSON.
+LIVE_DUMP = textwrap.dedent('''
+    import json
+    import os
+    import runpy
+    import sys
+
+    from traces import live
+
+    out, sys.argv = sys.argv[1], sys.argv[2:]
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))   # as `python script.py` would
+    code = 0
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+    for pub in list(live._publishers):
+        pub.flush()
+    snaps = [{k: v for k, v in s.items() if k != "ring"} for s in live.read_all()]
+    with open(out, "w") as f:
+        json.dump(snaps, f)
+    sys.exit(code)
+''')
+
 #: name -> command line after the interpreter (two_targets.py is written into the recording directory).
 WORKLOADS = {
     "fallback": [str(SAMPLES / "fallback.py"), "--small"],
@@ -58,6 +83,11 @@ class Recorder:
         self.root = Path(root)
         self.profiles: dict[str, Path] = {}
         (self.root / "two_targets.py").write_text(TWO_TARGETS)
+        (self.root / "live_dump.py").write_text(LIVE_DUMP)
+
+    def live_file(self, name: str) -> Path:
+        """The live snapshots ``name`` published, as it ended (JSON list, ring buffers left out)."""
+        return self.root / f"{name}.live.json"
 
     def get(self, *names: str) -> dict[str, Path]:
         """``{name: profile.duckdb}`` for ``names``, recording the missing ones side by side."""
@@ -70,7 +100,8 @@ class Recorder:
                        NEURON_STACK_LIVE_DIR=str(self.root / f"{name}.live"),
                        NEURON_COMPILE_CACHE_URL=str(self.root / f"{name}.cache"),
                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-            procs[name] = subprocess.Popen([sys.executable, *WORKLOADS[name]], cwd=self.root, env=env,
+            procs[name] = subprocess.Popen([sys.executable, "live_dump.py", str(self.live_file(name)),
+                                            *WORKLOADS[name]], cwd=self.root, env=env,
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for name, proc in procs.items():
             text, _ = proc.communicate(timeout=600)

@@ -29,6 +29,8 @@ from explorer import data, recommend, timeline
 from monitor.prometheus import Exporter
 from monitor.replay import Replay
 from top.snapshot import Totals, build_snapshot
+from traces.live import engine_shares, percent
+from traces.q_replay import REPLAY_ENGINES
 from traces.vocab import COMPUTE_ENGINES, MONITOR_ENGINES
 
 #: Replay window (profile seconds per monitor document): a few dozen documents per profile.
@@ -78,10 +80,15 @@ class Views:
                     for k, v in r.items():
                         if k.endswith("_time"):
                             acc[k] = acc.get(k, 0) + (v or 0)
+                self.busy: dict[int, int] = {}   # per core index: its busy ns (the union), summed over targets
+                for r in p.core_busy(include_warmup=True).to_pylist():
+                    self.busy[r["core"]] = self.busy.get(r["core"], 0) + r["active_ns"]
                 self.op_summary = p.top_ops(10**9).to_pylist()   # every op row, the unattributed one too
                 lo = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
             # one document over exactly the executions' span: its percentages are the whole run's
+            self.exec_span = (lo["a"], lo["b"])
             self.exec_doc = replay.document(lo["a"], lo["b"])
+            self.wide_doc = replay.document(lo["a"], 2 * lo["b"] - lo["a"])   # twice the span: idle half
         totals = Totals()                                                        # neuron-top --replay
         self.snaps = [build_snapshot(doc, totals=totals) for doc in self.docs]
         self.prom = prometheus(self.docs)                                        # the exporter's text
@@ -110,8 +117,10 @@ def prom_value(prom, metric: str, **labels) -> float:
 
 
 @pytest.fixture(scope="module", params=list(WORKLOADS))
-def views(request, recorded) -> Views:
-    return Views(recorded[request.param])
+def views(request, recorded, recorded_samples) -> Views:
+    v = Views(recorded[request.param])
+    v.live = json.loads(recorded_samples.live_file(request.param).read_text())   # what neuron-monitor read
+    return v
 
 
 def reports(doc: dict) -> list[dict]:
@@ -175,9 +184,10 @@ def _close(pct: float, ns: float, period_ns: float, what: str) -> None:
 
 
 def test_busy_and_engines_per_core_agree_with_the_summary(views):
-    """One document over the executions' span: per core, utilization and engine percentages are the
-    per-core Summary's device time and engine active time (warm-ups included, as a monitor counts),
-    DMA as the union of its queues; neuron-top and Prometheus show the document's values."""
+    """One document over the executions' span: per core, utilization is its busy time (the union of its
+    executions' device intervals) and engine percentages the per-core Summary's engine active time
+    (warm-ups included, as a monitor counts), DMA as the union of its queues; neuron-top and Prometheus
+    show the document's values."""
     doc = views.exec_doc
     period = doc["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["period"] * 1e9
     snap = build_snapshot(doc)
@@ -189,7 +199,7 @@ def test_busy_and_engines_per_core_agree_with_the_summary(views):
     for report in reports(doc):
         for core, c in report["neuroncore_counters"]["neuroncores_in_use"].items():
             s = views.per_core[int(core)]
-            _close(c["neuroncore_utilization"], s["total_time"] * 1e9, period, f"core {core} busy")
+            _close(c["neuroncore_utilization"], views.busy[int(core)], period, f"core {core} busy")
             assert snap.apps[0].utilization[int(core)] == c["neuroncore_utilization"]
             assert util[core] == pytest.approx(c["neuroncore_utilization"] / 100)
             for e in MONITOR_ENGINES:
@@ -200,6 +210,41 @@ def test_busy_and_engines_per_core_agree_with_the_summary(views):
                 assert engines[(core, e)] == pytest.approx(pct / 100)
             seen.add(int(core))
     assert seen == set(views.per_core)
+
+
+def test_busy_is_the_union_live_in_the_replay_and_in_the_summary(views):
+    """Issue 31: a core's busy time is the union of its executions' device intervals, the same ns in the
+    live publisher (what neuron-monitor reads), a replay window and the Summary; tensor_parallel is the
+    case where it matters (an all-reduce overlaps the next compute execution on the same core). The
+    replay's CC engine share is the live monitor's: the collectives' busy time, over the same span."""
+    with traces.open(views.path) as p:
+        union = {(r["target"], r["core"]): r["active_ns"] for r in p.core_busy(include_warmup=True).to_pylist()}
+        lo, hi = views.exec_span
+        w = p.replay_window(lo, hi)
+        target = {r["run_id"]: r["target"] for r in p.replay_runs()}
+        figures = p.figures(include_warmup=True)
+    assert figures.device_busy_percent == pytest.approx(100 * sum(union.values()) / ((hi - lo) * len(union)))
+    replay = {(target[r["run_id"]], r["core"]): r for r in w.busy}
+    live = {(s["target"], int(c)): st for s in views.live for c, st in s["core_stats"].items()}
+    assert set(live) == set(replay) == set(union)
+    for key, st in live.items():
+        assert st["active_ns"] == replay[key]["busy_ns"] == union[key], key
+        assert st["busy_ns"]["cc"] == pytest.approx(replay[key]["cc"], abs=1), key
+    if "tensor_parallel" in str(views.path):   # the overlap is there, and counted once
+        assert all(st["device_ns"] > st["active_ns"] for st in live.values())
+        assert all(st["busy_ns"]["cc"] > 0 for st in live.values())
+    # a document over twice the executions' span: busy and engine shares are the live monitor's formulas
+    doc, period = views.wide_doc, 2 * (hi - lo)
+    by_core: dict[int, list] = {}
+    for (_, core), st in live.items():
+        by_core.setdefault(core, []).append(st)
+    (report,) = reports(doc)
+    for core, sts in by_core.items():
+        c = report["neuroncore_counters"]["neuroncores_in_use"][str(core)]
+        assert c["neuroncore_utilization"] == percent(sum(st["active_ns"] for st in sts), period) <= 100.0
+        if len(sts) == 1:   # one target on this core index
+            shares = engine_shares(sts[0]["busy_ns"], period)
+            assert report["neuron_stack"]["engines"][str(core)] == {e: shares[e] for e in REPLAY_ENGINES}
 
 
 def test_timeline_totals_agree_with_the_summary(views):
@@ -335,3 +380,51 @@ def test_compiles_and_loads_precede_the_executions_they_serve(views):
             if r["compiled"] is not None:
                 assert r["compiled"] <= r["loaded"], r
     assert checked, "no compiled graph ran"
+
+
+def test_a_multi_target_process_is_reported_per_target(recorded, recorded_samples):
+    """Issue 31: a process with a trn1 and an inf2 session runs on two simulated instances. Each target has
+    its own cores, its own 64 MiB runtime reservation per core, its own peak for its MFU and its instance
+    type named, the same in the live monitor, a replay document, neuron-top and the Explorer Summary."""
+    from explorer import app as explorer_app
+    from explorer.pages import summary as summary_page
+    from monitor.collect import Collector
+    from neuron_stack.device.profiles import get_profile
+
+    path = recorded["two_targets"]
+    with traces.open(path) as p:
+        whole = {t["target"]: t for t in p.targets(include_warmup=True)}
+        measured = p.targets()
+    live = {}   # the live monitor's block of each session, over everything since it started
+    for snap in json.loads(recorded_samples.live_file("two_targets").read_text()):
+        live.update(Collector._neuron_stack(snap, {"core_stats": {}, "events": {}}, 1.0, 1)["targets"])
+    with Replay(path) as replay:
+        doc = replay.document(replay.start_ns, replay.end_ns + 1)
+    (entry,) = doc["neuron_runtime_data"]
+    replayed = entry["report"]["neuron_stack"]["targets"]
+    (process,) = build_snapshot(doc).apps[1].processes
+    top = {t.target: t for t in process.targets}
+    assert list(whole) == list(live) == list(replayed) == list(top) == ["trn1", "inf2"]
+    for name, t in whole.items():
+        profile = get_profile(name)
+        assert t["instance_type"] == profile.instance_type
+        assert t["peak_flops"] == profile.tensor_peak_flops("bfloat16")
+        assert t["cores"] == [0] and t["runtime_memory_bytes"] == {"0": 64 * 2**20}
+        assert t["mfu_percent"] == pytest.approx(100 * t["model_flops"] / (t["peak_flops"] * t["device_ns"] / 1e9))
+        for other in (live[name], replayed[name]):
+            exact = ("instance_type", "cores", "runtime_memory_bytes", "peak_flops", "model_flops")
+            assert {k: other[k] for k in exact} == {k: t[k] for k in exact}, name
+            assert other["device_ns"] == pytest.approx(t["device_ns"], abs=2)
+            assert other["mfu_percent"] == pytest.approx(t["mfu_percent"], rel=1e-3)
+        shown = top[name]
+        assert (shown.instance_type, shown.cores, shown.runtime_memory) == (t["instance_type"], (0,), 64 * 2**20)
+        assert shown.mfu_percent == replayed[name]["mfu_percent"]
+
+    explorer_app.create_app([path])
+    try:
+        key = data.registry().default_key()
+        assert data.summary(data.resolve(key))["targets"] == measured
+        page = str(summary_page.layout(profile=key))
+        assert "summary-targets" in page and "trn1.32xlarge" in page and "inf2.48xlarge" in page
+    finally:
+        data.registry().close()

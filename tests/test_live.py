@@ -50,8 +50,9 @@ def test_counters_memory_models_events_round_trip(d):
     assert s["executions"]["completed"] == 3 and s["executions"]["timed_out"] == 2
     assert set(s["executions"]) == set(live.EXECUTION_STATUSES)
     assert s["errors"] == dict.fromkeys(live.ERROR_TYPES, 0) | {"numerical": 1}
+    # the three executions all start at 10**12 - 10**6 (end minus total latency): busy is their union
     assert s["core_stats"]["0"] == {"busy_ns": {"tensor": 900, "dma": 300}, "device_ns": 3_000_000,
-                                    "flops": 3000, "executions": 3}
+                                    "active_ns": 1_500_000, "flops": 3000, "executions": 3}
     assert s["device_memory"]["0"]["constants"] == 1024 and s["device_memory"]["0"]["tensors"] == 0
     assert s["host_memory"]["dma_buffers"] == 4096
     (m,) = s["models"]

@@ -405,6 +405,11 @@ def _process_lines(out: Text, p: ProcessView) -> None:
     out.append(f"\n  compiles {p.compiles}  cache hits {p.cache_hits}")
     if p.command:
         out.append(f"  $ {p.command}", style="dim")
+    if len(p.targets) > 1:   # one line per simulated instance the process uses
+        for t in p.targets:
+            out.append(f"\n  {t.target} on {t.instance_type or 'unknown'}: cores "
+                       f"{','.join(map(str, t.cores)) or '-'}  runtime {human_bytes(t.runtime_memory)}"
+                       f"  MFU {t.mfu_percent:.2f}%")
     if p.profile is not None:
         _profile_line(out, p.profile)
     if p.serving is not None:

@@ -122,6 +122,29 @@ class ServingFigures:
 
 
 @dataclass(frozen=True)
+class TargetView:
+    """One target of a process (``neuron_stack.targets``: ``traces.live.target_block``): a process with
+    trn1 and inf2 sessions runs on two simulated instances, each with its own cores, runtime reservation
+    and peak; ``mfu_percent`` is over the period (a replay: the window)."""
+
+    target: str
+    instance_type: str
+    cores: tuple[int, ...]
+    runtime_memory: int          # bytes reserved by the runtime, over the target's cores
+    mfu_percent: float
+
+    @classmethod
+    def from_document(cls, raw) -> "tuple[TargetView, ...]":
+        """The targets of a ``neuron_stack`` group, in the document's order (none when absent)."""
+        if not isinstance(raw, dict):
+            return ()
+        return tuple(cls(str(t), str(b.get("instance_type") or ""), tuple(int(_num(c)) for c in b.get("cores") or ()),
+                         int(sum(_num(v) for v in (b.get("runtime_memory_bytes") or {}).values())),
+                         _num(b.get("mfu_percent")))
+                     for t, b in raw.items() if isinstance(b, dict))
+
+
+@dataclass(frozen=True)
 class ProcessView:
     """The per-process extras (beyond the real tool) shown in the counters panel."""
 
@@ -141,6 +164,7 @@ class ProcessView:
     counted: bool = True        # False when the monitor's neuron_stack group is not reported
     profile: ProfileFigures | None = None   # a replay's whole-profile figures
     serving: ServingFigures | None = None   # an LLM serving engine's figures (neuron_stack.inference)
+    targets: tuple[TargetView, ...] = ()    # per target (instance), from neuron_stack.targets
 
 
 @dataclass(frozen=True)
@@ -392,6 +416,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
         counted=_group(report, "neuron_stack") is not None,
         profile=ProfileFigures.from_document(extra.get("profile")),
         serving=ServingFigures.from_document(extra.get("serving")),
+        targets=TargetView.from_document(extra.get("targets")),
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.vocab import MONITOR_ENGINES
+
 __all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
 
@@ -73,6 +75,49 @@ _TMP_RE = re.compile(r"^\..+\.(\d+)\.\d+\.tmp$")  # _write_atomic's temp names: 
 _CAPTURE_SUFFIX = ".capture.json"
 _DEVICE_FILE = "device.json"
 _counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
+
+
+def percent(ns: float, span_ns: float) -> float:
+    """A monitor percentage: ``ns`` of ``span_ns``, capped at 100, two decimals (live and replay alike).
+
+    >>> percent(1_500, 2_000), percent(3_000, 2_000)
+    (75.0, 100.0)
+    """
+    return round(min(100.0, 100.0 * max(float(ns), 0.0) / span_ns), 2) if span_ns > 0 else 0.0
+
+
+def engine_shares(active_ns: dict, span_ns: float) -> dict:
+    """Each engine's active share of ``span_ns`` in percent (:func:`percent`): the monitor's engines,
+    then any other engine ``active_ns`` names (the CC engine's collectives). neuron-monitor's live
+    documents and its replays of a profile both compute the ``engines`` block with it.
+
+    >>> engine_shares({"tensor": 500, "cc": 250}, 1_000)["cc"]
+    25.0
+    """
+    names = list(MONITOR_ENGINES) + [e for e in active_ns if e not in MONITOR_ENGINES]
+    return {e: percent(active_ns.get(e, 0), span_ns) for e in names}
+
+
+def mfu_percent(model_flops: float, peak_flops: float, device_ns: float) -> float:
+    """Model FLOPs over the Tensor Engine's BF16 peak for ``device_ns``, in percent (the Summary's
+    ``mfu_estimated_percent`` formula). Example: ``mfu_percent(9.175e10, 9.175e13, 1e6)`` is 100.0."""
+    return 100.0 * model_flops / (peak_flops * device_ns / 1e9) if peak_flops > 0 and device_ns > 0 else 0.0
+
+
+def target_block(instance_type: str, cores, runtime_memory: dict, peak_flops: float, model_flops: float,
+                 device_ns: float) -> dict:
+    """One target's figures, as ``neuron_stack.targets[<target>]`` of a monitor document (live or replay)
+    and :meth:`traces.query.Profile.targets` give them: a process with trn1 and inf2 sessions runs on
+    two simulated instances, each with its own cores, runtime reservation per core and peak.
+
+    >>> b = target_block("inf2.48xlarge", [0], {0: 64 * 2**20}, 9.175e13, 9.175e7, 1e6)
+    >>> b["runtime_memory_bytes"], round(b["mfu_percent"], 3)
+    ({'0': 67108864}, 0.1)
+    """
+    return {"instance_type": str(instance_type or ""), "cores": sorted({int(c) for c in cores}),
+            "runtime_memory_bytes": {str(c): b for c, b in sorted((int(c), int(b)) for c, b in runtime_memory.items())},
+            "peak_flops": float(peak_flops or 0.0), "model_flops": int(model_flops), "device_ns": int(device_ns),
+            "mfu_percent": mfu_percent(model_flops, peak_flops or 0.0, device_ns)}
 
 
 def _forget_parent_publishers() -> None:
@@ -147,12 +192,13 @@ class LivePublisher:
 
     def __init__(self, tag: str | None = None, target: str = "", instance_type: str = "",
                  command: str | None = None, *, hardware: dict | None = None,
-                 directory: str | os.PathLike | None = None):
+                 directory: str | os.PathLike | None = None, peak_flops: float = 0.0):
         self.pid = os.getpid()
         self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
         self.tag = self.tag[:255]  # the real tag limit
         self.target = target
         self.instance_type = instance_type
+        self.peak_flops = float(peak_flops)   # the target's Tensor Engine BF16 peak, for its MFU
         self.command = command if command is not None else " ".join(sys.argv)
         self.hardware = dict(hardware or {})
         self.directory = Path(directory) if directory is not None else live_dir()
@@ -217,8 +263,14 @@ class LivePublisher:
     # -- recording (hot path) ------------------------------------------------------------------
     def record_execution(self, core: int, wall_end: float, proj_end_ns: int, total_latency_s: float,
                          device_latency_s: float, busy_ns: dict | None = None, flops: float = 0,
-                         status: str = "completed") -> None:
+                         status: str = "completed", start_ns: int | None = None) -> None:
         """Count one NEFF execution on ``core`` (busy time per engine in ns on the projected clock).
+
+        Its device interval is ``[start_ns, start_ns + device latency)`` (``start_ns`` defaults to
+        ``proj_end_ns`` minus the total latency); the core's ``active_ns`` grows by the part of it past
+        the core's earlier intervals, so executions that overlap on one core (a collective beside the
+        next compute execution, recorded in start order) count once, as the profile's
+        :func:`traces.q_figures.core_busy` counts them.
 
         >>> import tempfile, time
         >>> pub = LivePublisher(tag="x", directory=tempfile.mkdtemp())
@@ -232,11 +284,16 @@ class LivePublisher:
             self._executions[status] += 1
             st = self._core_stats.get(core)
             if st is None:
-                st = self._core_stats[core] = {"busy_ns": {}, "device_ns": 0, "flops": 0, "executions": 0}
+                st = self._core_stats[core] = {"busy_ns": {}, "device_ns": 0, "active_ns": 0, "until": 0,
+                                               "flops": 0, "executions": 0}
             busy = st["busy_ns"]
             for engine, ns in (busy_ns or {}).items():
                 busy[engine] = busy.get(engine, 0) + int(ns)
-            st["device_ns"] += int(device_latency_s * 1e9)
+            dev = round(device_latency_s * 1e9)   # the ns the runtime had (int() could cut one off)
+            start = int(start_ns) if start_ns is not None else int(proj_end_ns) - int(round(total_latency_s * 1e9))
+            st["active_ns"] += max(0, start + dev - max(start, st["until"]))
+            st["until"] = max(st["until"], start + dev)
+            st["device_ns"] += dev
             st["flops"] += int(flops)
             st["executions"] += 1
             if self._ring is not None:
@@ -384,6 +441,7 @@ class LivePublisher:
             snap = {
                 "version": SNAPSHOT_VERSION, "pid": self.pid, "tag": self.tag, "command": self.command,
                 "target": self.target, "instance_type": self.instance_type, "hardware": dict(self.hardware),
+                "peak_flops": self.peak_flops,
                 "start_time": self.start_time, "process_start_time": self.process_start_time,
                 # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
                 # both clocks. The reader extrapolates idle time itself (monitor/collect.py).
@@ -391,7 +449,8 @@ class LivePublisher:
                 "cores": list(self._cores),
                 "executions": dict(self._executions), "errors": dict(self._errors),
                 "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],
-                                        "flops": s["flops"], "executions": s["executions"]}
+                                        "active_ns": s["active_ns"], "flops": s["flops"],
+                                        "executions": s["executions"]}
                                for c, s in self._core_stats.items()},
                 "device_memory": {str(c): dict(m) for c, m in self._device_memory.items()},
                 "host_memory": dict(self._host_memory),

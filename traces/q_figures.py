@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces.intervals import union_by
+from traces.live import target_block
 from traces.store import DEVICE_NS_SQL, measured_condition
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
@@ -96,8 +97,10 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     warm = bool(include_warmup) if include_warmup is not None else \
         p.metadata().get("summary_includes_warmup", "false") == "true"
     ex = p.sql(f"""SELECT count(*) FILTER (WHERE coalesce(warmup, FALSE)) AS warmup,
-                          coalesce(max(end_ns) - min(start_ns), 0) AS span, count(DISTINCT core) AS cores
-                   FROM executions WHERE {measured_condition(warm)}""").to_pylist()[0]
+                          coalesce(max(end_ns) - min(start_ns), 0) AS span,
+                          count(DISTINCT (coalesce(target, ''), core)) AS cores
+                   FROM executions LEFT JOIN (SELECT run_id, target FROM runs) USING (run_id)
+                   WHERE {measured_condition(warm)}""").to_pylist()[0]
     device_ns = _int((s.get("total_time") or 0) * 1e9)
     cores = int(ex["cores"] or 0)
     span = int(ex["span"] or 0)
@@ -167,15 +170,64 @@ def flops_breakdown(s: dict) -> dict:
 
 
 def busy_ns(p, include_warmup: bool = False) -> int:
-    """Device-busy ns summed over cores: per core, the union of its measured executions' device intervals.
+    """Device-busy ns summed over cores: :func:`core_busy`'s total."""
+    return int(pc.sum(core_busy(p, include_warmup)["active_ns"]).as_py() or 0)
+
+
+def core_busy(p, include_warmup: bool = False) -> pa.Table:
+    """Per (``target``, ``core``): the union of the measured executions' device intervals (``active_ns``).
 
     An execution's device interval is ``[start, start + device time)`` (its host time, wherever it
     fell, left out); executions that overlap on one core (a collective beside the next compute
-    execution) count their overlap once, so a core is never busier than the time that passed.
+    execution) count their overlap once, so a core is never busier than the time that passed. A core
+    is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores.
     """
-    rows = p.sql(f"""SELECT core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
-                     WHERE {measured_condition(include_warmup)}""")
-    return int(pc.sum(union_by(rows, ("core",))["active_ns"]).as_py() or 0)
+    rows = p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
+                     FROM (SELECT run_id, core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
+                           WHERE {measured_condition(include_warmup)}) e LEFT JOIN runs r USING (run_id)""")
+    return union_by(rows, ("target", "core"))
+
+
+def targets(p, include_warmup: bool | None = None) -> list[dict]:
+    """Per target (a process's trn1 and inf2 sessions run on two simulated instances): ``target`` and
+    :func:`traces.live.target_block` over the measured executions: its instance type, cores, runtime
+    reservation per core (the last sample), its own Tensor Engine peak, model FLOPs, device time and MFU.
+    Every tool shows a multi-target process's targets from this (live documents from the same block).
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=2, instructions=100)
+    >>> with traces.open(d) as p:
+    ...     (t,), mfu = targets(p), p.figures().mfu_percent
+    >>> t["target"], t["instance_type"], t["mfu_percent"] == mfu
+    ('trn1', 'trn1.32xlarge', True)
+    """
+    warm = bool(include_warmup) if include_warmup is not None else \
+        p.metadata().get("summary_includes_warmup", "false") == "true"
+    meta = p.metadata()
+    ex = {r["target"]: r for r in p.sql(f"""
+        SELECT coalesce(r.target, '') AS target, coalesce(sum(e.flops), 0)::DOUBLE AS flops,
+               coalesce(sum(e.dev), 0)::BIGINT AS device_ns, list(DISTINCT e.core) AS cores
+        FROM (SELECT run_id, core, flops, ({DEVICE_NS_SQL}) AS dev FROM executions
+              WHERE {measured_condition(warm)}) e LEFT JOIN runs r USING (run_id) GROUP BY ALL""").to_pylist()}
+    memory: dict[str, dict] = {}
+    for r in p.sql("""SELECT coalesce(r.target, '') AS target, m.core, arg_max(m.bytes, m.ts_ns) AS bytes
+                      FROM memory m LEFT JOIN runs r USING (run_id)
+                      WHERE m.category = 'runtime_memory' AND m.location = 'device' AND m.core IS NOT NULL
+                      GROUP BY ALL""").to_pylist():
+        memory.setdefault(r["target"], {})[r["core"]] = r["bytes"] or 0
+    names = dict.fromkeys([r["target"] or "" for r in p.sql("SELECT target FROM runs ORDER BY start_ns").to_pylist()])
+    out = []
+    for t in [*names, *(t for t in {**ex, **memory} if t not in names)]:
+        own = t == meta.get("target")   # the unprefixed metadata is this target's (older profiles: only them)
+        e = ex.get(t, {})
+        peak = meta.get(f"target.{t}.tensor_engine_peak_bf16_flops") or \
+            (meta.get("tensor_engine_peak_bf16_flops") if own else None)
+        out.append({"target": t, **target_block(
+            meta.get(f"target.{t}.instance_type") or (meta.get("instance_type", "") if own else ""),
+            [c for c in e.get("cores") or [] if c is not None] + list(memory.get(t, {})), memory.get(t, {}),
+            float(peak or 0.0), e.get("flops", 0), e.get("device_ns", 0))})
+    return out
 
 
 def ops(p) -> pa.Table:

@@ -18,10 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from traces.errors import TraceError
+from traces.intervals import union_by
 from traces.store import DEVICE_NS_SQL
 from traces.vocab import MONITOR_ENGINES
+
+#: Engines a replay window reports: the monitor's, and the CC engine's collectives (the live monitor
+#: reports them from each collective's busy time).
+REPLAY_ENGINES = (*MONITOR_ENGINES, "cc")
 
 #: Latency percentiles of neuron-monitor's ``latency_stats``: (name, quantile).
 PERCENTILES = (("p0", 0.0), ("p1", 0.01), ("p25", 0.25), ("p50", 0.5), ("p75", 0.75), ("p99", 0.99),
@@ -34,8 +40,9 @@ COUNTED_EVENTS = ("recompile", "cpu_fallback", "compile", "cache_hit", "error")
 class ReplayWindow:
     """Rows of one window ``[t0, t1)``; each list holds dicts (small: one per run × core or kind).
 
-    ``busy``: per (run_id, core) device-busy ns, FLOPs and per-engine active ns (DMA: the union of its
-    queues) inside the window;
+    ``busy``: per (run_id, core) device-busy ns (the union of the executions' device intervals, as
+    :func:`traces.q_figures.core_busy`), their device time (``device_ns``, overlaps counted twice),
+    FLOPs and per-engine active ns (:data:`REPLAY_ENGINES`; DMA: the union of its queues) inside the window;
     ``finished``: executions ending in it per (run_id, status); ``latency``: per run_id the total and
     device latency percentiles (s); ``events``: per (run_id, kind) events in it (``recent``) with the
     last detail and source line so far; ``memory``: the last sample per (run_id, core, location,
@@ -88,11 +95,11 @@ class _Recorded:
         # an engine's active time as the Summary counts it (exec_engine_summary: the union of a DMA
         # engine's overlapping queues, not the sum of their durations, which can pass 100 %)
         engines = ", ".join(f"coalesce(sum(s.active_ns) FILTER (WHERE s.engine = '{e}'), 0)::DOUBLE AS {e}"
-                            for e in MONITOR_ENGINES)
+                            for e in REPLAY_ENGINES)
         ex = p.sql(f"""WITH act AS (SELECT exec_id, {engines} FROM exec_engine_summary s GROUP BY exec_id)
                        SELECT run_id, core, start_ns, end_ns, {DEVICE_NS_SQL} AS dev,
                               coalesce(flops, 0)::DOUBLE AS flops, coalesce(status, 'completed') AS status,
-                              {", ".join(f"coalesce(act.{e}, 0) AS {e}" for e in MONITOR_ENGINES)}
+                              {", ".join(f"coalesce(act.{e}, 0) AS {e}" for e in REPLAY_ENGINES)}
                        FROM executions LEFT JOIN act USING (exec_id)
                        ORDER BY start_ns, exec_id""").to_pylist()
         self.execs = ex
@@ -123,25 +130,35 @@ def _recorded(p) -> _Recorded:
     return cached
 
 
+_PARTS = pa.schema([("run_id", pa.string()), ("core", pa.int64()), ("start_ns", pa.int64()), ("dur_ns", pa.int64())])
+
+
 def window(p, t0: int, t1: int) -> ReplayWindow:
     """See :meth:`traces.query.Profile.replay_window`."""
     d, t0, t1 = _recorded(p), int(t0), int(t1)
     # executions overlapping [t0, t1): the device-busy part [start, start + device time] inside the
-    # window, and the FLOPs and each engine's active time scaled by the same share
+    # window, and the FLOPs and each engine's active time scaled by the same share; a core's busy time
+    # is the union of those parts (a collective beside the next compute execution counts once)
     busy: dict[tuple, dict] = {}
+    parts = {"run_id": [], "core": [], "start_ns": [], "dur_ns": []}
     lo, hi = np.searchsorted(d.start, t0 - d.max_dev, "left"), np.searchsorted(d.start, t1, "left")
     for r in d.execs[lo:hi]:
         dev = r["dev"] or 0
-        ov = float(max(0, min(r["start_ns"] + dev, t1) - max(r["start_ns"], t0)))
-        if dev <= 0 or r["start_ns"] + dev <= t0:
+        s0, s1 = max(r["start_ns"], t0), min(r["start_ns"] + dev, t1)
+        if dev <= 0 or s1 <= s0:
             continue
-        row = busy.setdefault((r["run_id"], r["core"]), {"run_id": r["run_id"], "core": r["core"], "busy_ns": 0.0,
-                                                         "flops": 0.0, **dict.fromkeys(MONITOR_ENGINES, 0.0)})
-        share = ov / dev
-        row["busy_ns"] += ov
+        key = (r["run_id"], -1 if r["core"] is None else r["core"])
+        row = busy.setdefault(key, {"run_id": r["run_id"], "core": r["core"], "busy_ns": 0.0, "device_ns": 0.0,
+                                    "flops": 0.0, **dict.fromkeys(REPLAY_ENGINES, 0.0)})
+        share = (s1 - s0) / dev
+        row["device_ns"] += s1 - s0
         row["flops"] += r["flops"] * share
-        for e in MONITOR_ENGINES:
+        for e in REPLAY_ENGINES:
             row[e] += r[e] * share
+        for k, v in zip(parts, (*key, s0, s1 - s0)):
+            parts[k].append(v)
+    for u in union_by(pa.table(parts, schema=_PARTS), ("run_id", "core")).to_pylist():
+        busy[(u["run_id"], u["core"])]["busy_ns"] = float(u["active_ns"])
     ended = d.by_end[np.searchsorted(d.end, t0, "left"):np.searchsorted(d.end, t1, "left")]
     finished: dict[tuple, int] = {}
     per_run: dict[str, list] = {}

@@ -606,6 +606,16 @@ class Profile:
         """``(first, last)`` recorded moment; :class:`TraceError` when nothing was recorded."""
         return q_replay.span(self)
 
+    def targets(self, include_warmup: bool | None = None) -> list[dict]:
+        """Per target: instance type, cores, runtime reservation per core, peak, MFU
+        (:func:`traces.q_figures.targets`). Example: ``[t["target"] for t in p.targets()]``."""
+        return q_figures.targets(self, include_warmup)
+
+    def core_busy(self, include_warmup: bool = False) -> pa.Table:
+        """Per (``target``, ``core``): busy ns, the union of its executions' device intervals
+        (:func:`traces.q_figures.core_busy`). Example: ``p.core_busy(include_warmup=True).to_pylist()``."""
+        return q_figures.core_busy(self, include_warmup)
+
     def replay_window(self, t0: int, t1: int) -> q_replay.ReplayWindow:
         """What the profile recorded in ``[t0, t1)`` (busy, finished executions, events, memory).
 

@@ -438,9 +438,20 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
                        f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
                        f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
     return f"""
-    WITH meas AS (SELECT * FROM executions WHERE {measured_condition(include_warmup)}),
+    WITH md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
+                  -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
+                  try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
+                  try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
+           FROM metadata),
+    -- each run's own target's peak (a process's trn2 and trn1 sessions differ), recorded per target
+    tp AS (SELECT r.run_id, try_cast(max(m.value) AS DOUBLE) AS peak FROM runs r JOIN metadata m
+           ON m.key = 'target.' || r.target || '.tensor_engine_peak_bf16_flops' GROUP BY r.run_id),
+    meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak
+             FROM executions LEFT JOIN tp USING (run_id) WHERE {measured_condition(include_warmup)}),
     ex AS (SELECT {sel_keys}count(*) AS execution_count,
                   sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
+                  sum(({DEVICE_NS_SQL}) * target_peak) AS peak_device_ns,
+                  min(target_peak) AS peak_lo, max(target_peak) AS peak_hi,
                   sum(end_ns - start_ns)::BIGINT AS exec_ns, coalesce(sum(flops), 0)::BIGINT AS model_flops,
                   coalesce(sum(hbm_read_bytes), 0)::BIGINT AS hbm_read_bytes,
                   coalesce(sum(hbm_write_bytes), 0)::BIGINT AS hbm_write_bytes,
@@ -465,11 +476,9 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     -- same time twice), so the figure is the larger of the two, never their sum
     fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events
            WHERE kind = 'cpu_fallback' {'GROUP BY ' + keys if keys else ''}),
-    md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
-                  -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
-                  try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
-                  try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
-           FROM metadata)
+    pk AS (SELECT {sel_keys}coalesce(CASE WHEN peak_lo = peak_hi THEN peak_lo
+                                          ELSE peak_device_ns / nullif(device_ns, 0) END,
+                                     (SELECT peak FROM md)) AS peak FROM ex)
     SELECT {', '.join('ex.' + k.strip() for k in keys.split(',')) + ', ' if keys else ''}
         ex.device_ns / 1e9 AS total_time,
         ex.exec_ns / 1e9 AS total_exec_time,
@@ -484,10 +493,10 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
         100.0 * eng.cc_active_ns / nullif(ex.device_ns, 0) AS cc_op_active_time_percent, eng.cc_op_count,
         ex.model_flops,
         CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END AS hardware_flops,
-        md.peak AS tensor_engine_peak_bf16_flops,
-        100.0 * ex.model_flops / nullif(md.peak * ex.device_ns / 1e9, 0) AS mfu_estimated_percent,
+        pk.peak AS tensor_engine_peak_bf16_flops,
+        100.0 * ex.model_flops / nullif(pk.peak * ex.device_ns / 1e9, 0) AS mfu_estimated_percent,
         100.0 * (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
-            / nullif(md.peak * ex.device_ns / 1e9, 0) AS hfu_estimated_percent,
+            / nullif(pk.peak * ex.device_ns / 1e9, 0) AS hfu_estimated_percent,
         ex.hbm_read_bytes, ex.hbm_write_bytes,
         (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
             / nullif(ex.hbm_read_bytes + ex.hbm_write_bytes, 0) AS mm_arithmetic_intensity,
@@ -498,5 +507,5 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
             AS mbu_estimated_percent,
         100.0 * (ex.hbm_read_bytes - ex.spill_reload_bytes) / nullif(ex.hbm_read_bytes, 0) AS useful_read_percent,
         eng.event_count{event_cols}{dma_cols}
-    FROM ex LEFT JOIN eng {join} LEFT JOIN fb {join} CROSS JOIN md
+    FROM ex LEFT JOIN eng {join} LEFT JOIN fb {join} LEFT JOIN pk {join} CROSS JOIN md
     {'ORDER BY ' + keys if keys else ''}"""

@@ -31,8 +31,12 @@ def layout(profile=None, **_):
     L = data.resolve(key)
     s = data.summary(L)
     recos = recommend.recommendations(L)
+    targets = s["targets"]
+    several = len(targets) > 1   # a process with several targets: each is its own instance
     stats = html.Div([
-        ui.stat("device profile", s["device_profile"], f"{s['instance_type']} · simulated", id="summary-target"),
+        ui.stat("device profile", " + ".join(t["target"] for t in targets) if several else s["device_profile"],
+                f"{' + '.join(t['instance_type'] for t in targets) if several else s['instance_type']} · simulated",
+                id="summary-target"),
         ui.stat("total time", fmt_ns(s["device_ns"]), f"on-device, {s['executions']} executions "
                                                       f"({s['warmup_executions']} warm-up)", id="summary-total"),
         ui.stat("MFU (estimated)", f"{s['mfu_estimated_percent']:.1f}%", f"{s['model_flops'] / 1e9:.3g} GFLOP",
@@ -70,9 +74,17 @@ def layout(profile=None, **_):
         ("line", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))),
         ("code", lambda r: html.Code(r["code"].strip()[:70])), ("device time", lambda r: fmt_ns(r["device_ns"])),
         ("instructions", "instructions")], data.top_lines(L, 10), id="summary-top-lines")
+    per_target = html.Div([html.H3("Per target (one simulated instance each)"), ui.table([
+        ("target", "target"), ("instance", "instance_type"), ("cores", lambda t: ", ".join(map(str, t["cores"]))),
+        ("runtime reservation", lambda t: " · ".join(f"core {c}: {fmt_bytes(b)}"
+                                                     for c, b in t["runtime_memory_bytes"].items())),
+        ("peak BF16", lambda t: f"{t['peak_flops'] / 1e12:.1f} TFLOP/s"),
+        ("device time", lambda t: fmt_ns(t["device_ns"])),
+        ("MFU (estimated)", lambda t: f"{t['mfu_percent']:.1f}%")], targets, id="summary-targets")],
+        className="card")
     return html.Div([
         html.H2(["Summary · ", key, html.Span("is_simulation = true", className="sim-badge")]),
-        stats,
+        stats, *([per_target] if several else []),
         html.Div([
             html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],
                      className="card col"),

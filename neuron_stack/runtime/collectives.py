@@ -223,10 +223,11 @@ def record_collective(session, p: Plan, cores: list[int], arrivals_ns: list[int]
     event with the CcOp fields. ``arrivals_ns`` are when each core was ready.
     """
     dur = p.dur_ns
-    for c in cores:
+    for c, arrival in zip(cores, arrivals_ns):   # from its arrival, as its executions row
         session.live.record_execution(core=c, wall_end=time.time(), proj_end_ns=start_ns + dur,
-                                      total_latency_s=dur / 1e9, device_latency_s=dur / 1e9,
-                                      busy_ns={"cc": dur}, flops=0)
+                                      total_latency_s=(start_ns + dur - arrival) / 1e9,
+                                      device_latency_s=(start_ns + dur - arrival) / 1e9,
+                                      busy_ns={"cc": dur}, flops=0, start_ns=arrival)
     rec = session.recorder
     if rec is None:
         return

@@ -260,7 +260,7 @@ class LoadedModel:
         self.executions += 1
         session.live.record_execution(
             core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
-            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops)
+            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops, start_ns=proj0)
         if rec is not None:
             with session.record_lock:
                 if session.recorder is rec:   # not ended by its timer meanwhile

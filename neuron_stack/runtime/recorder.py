@@ -66,6 +66,9 @@ class Recorder:
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})
+        # the unprefixed keys are one target's; a process's other targets keep their own (q_figures.targets)
+        meta.update({f"target.{session.target}.{k}": meta[k]
+                     for k in ("instance_type", "tensor_engine_peak_bf16_flops")})
         now = clock.wall_ns()
         self.publish_to = None
         on_segment = None

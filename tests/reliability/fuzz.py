@@ -542,7 +542,8 @@ def fuzz_bounds(loaded, examples: int) -> list[Trial]:
     """Issue 31's classes: console queries past the memory bound (alone and four at once), backtracking
     regexes as ``tag_filter`` against long tags, non-finite and huge periods, and huge, negative, zero
     or missing sizes for ``neuron-llm``. Each ends within the time bound with a result within its caps
-    or one clear line; the serving process's memory stays flat (the console's worker holds the query)."""
+    or one clear line; the serving process's memory stays flat (the console's worker holds the query).
+    And executions overlapping at random on a core: busy is their union everywhere, never over 100 %."""
     import threading
 
     import psutil
@@ -623,9 +624,87 @@ def fuzz_bounds(loaded, examples: int) -> list[Trial]:
         sizes.check(lambda: validate_projection(Config(), tp_degree=tp, max_cores=64), (LlmConfigError,),
                     f"{cfg} --tp {tp}"[:120])
 
+    busy = Tally("overlapping executions")
+    execs = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1,
+                     max_size=40)
+    windows = st.lists(st.tuples(st.integers(-10**5, 2 * 10**6), st.integers(1, 2 * 10**6)), min_size=1, max_size=6)
+
+    @_settings(max(1, examples // 20))
+    @given(execs, windows)
+    def busy_case(execs, windows):
+        busy.check(lambda: check_overlapping_executions(execs, windows), (), f"{len(execs)} executions {execs[:3]}")
+
     console_case()
     console.check(four_at_once, (), "four heavy console queries at once")
     regex_case()
     period_case()
     sizes_case()
-    return [console.trial(), regex.trial(), period.trial(), sizes.trial()]
+    busy_case()
+    return [console.trial(), regex.trial(), period.trial(), sizes.trial(), busy.trial()]
+
+
+def _union(intervals) -> int:
+    """Length of the union of ``(start, end)`` intervals: the reference the product's unions must equal."""
+    total, reach = 0, None
+    for a, b in sorted(intervals):
+        if reach is None or a > reach:
+            total, reach = total + b - a, b
+        elif b > reach:
+            total, reach = total + b - reach, b
+    return total
+
+
+def check_overlapping_executions(execs, windows) -> None:
+    """Executions ``(core, start, device ns)`` overlapping at random on up to three cores: each core's busy
+    time is the union of its intervals in the Summary (``Profile.core_busy``), the live publisher and every
+    replay window, and no monitor document shows a core over 100 %."""
+    import tempfile
+
+    import traces
+    from monitor.replay import Replay
+    from traces.live import LivePublisher, read_all
+    from traces.writer import Writer
+
+    base = 1_750_000_000_000_000_000
+    by_core: dict[int, list] = {}
+    for core, start, dur in execs:
+        by_core.setdefault(core, []).append((start, start + dur))
+    with tempfile.TemporaryDirectory() as d:
+        w = Writer(d, run={"run_id": "r", "pid": 1, "tag": "t", "target": "trn1", "start_ns": base},
+                   metadata={"target": "trn1"})
+        w.append("executions", {"exec_id": list(range(1, len(execs) + 1)), "run_id": "r",
+                                "core": [c for c, _, _ in execs], "start_ns": [base + s for _, s, _ in execs],
+                                "end_ns": [base + s + n for _, s, n in execs], "device_ns": [n for _, _, n in execs],
+                                "warmup": False, "status": "completed", "flops": 0})
+        w.close(end_ns=base + 3 * 10**6)
+        path = traces.finalize(d)
+        with traces.open(path) as p:
+            summary = {r["core"]: r["active_ns"] for r in p.core_busy(include_warmup=True).to_pylist()}
+            for t0, length in windows:
+                got = {r["core"]: r["busy_ns"] for r in p.replay_window(base + t0, base + t0 + length).busy}
+                for core, spans in by_core.items():
+                    clipped = [(max(a, t0), min(b, t0 + length)) for a, b in spans if min(b, t0 + length) > max(a, t0)]
+                    want = _union(clipped)
+                    if got.get(core, 0) != want or want > length:
+                        raise AssertionError(f"window {t0}+{length} core {core}: busy {got.get(core)} != union {want}")
+        for core, spans in by_core.items():
+            if summary.get(core, 0) != _union(spans):
+                raise AssertionError(f"core {core}: Summary busy {summary.get(core)} != union {_union(spans)}")
+        with Replay(path, window_s=2e-4) as replay:
+            for doc in replay:
+                for rt in doc["neuron_runtime_data"]:
+                    for core, c in rt["report"]["neuroncore_counters"]["neuroncores_in_use"].items():
+                        if not 0.0 <= c["neuroncore_utilization"] <= 100.0:
+                            raise AssertionError(f"replay core {core}: {c['neuroncore_utilization']} %")
+        live = LivePublisher(tag="fuzz", target="trn1", directory=Path(d) / "live")
+        try:   # the runtime records one core's executions in start order
+            for core, start, dur in sorted(execs, key=lambda e: e[1]):
+                live.record_execution(core, 0.0, base + start + dur, dur / 1e9, dur / 1e9, start_ns=base + start)
+            live.flush()
+            (snap,) = read_all(live.directory)
+            for core, spans in by_core.items():
+                if snap["core_stats"][str(core)]["active_ns"] != _union(spans):
+                    raise AssertionError(f"live core {core}: {snap['core_stats'][str(core)]['active_ns']} "
+                                         f"!= union {_union(spans)}")
+        finally:
+            live.close()
