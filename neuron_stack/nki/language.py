@@ -71,8 +71,9 @@ def is_on_chip(t) -> bool: return t.buf.mem != "hbm"
 
 # -- creation -----------------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
-    """A new tensor in ``buffer``; its contents are undefined (NaN in the simulator) until written."""
-    return current().alloc(buffer, shape, dtype, name)
+    """A new tensor in ``buffer``; its contents are undefined (NaN in the simulator) until written.
+    ``address=(0, byte)`` places an on-chip tile there instead of the allocator (manual allocation)."""
+    return current().alloc(buffer, shape, dtype, name, address)
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
