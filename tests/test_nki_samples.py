@@ -69,6 +69,30 @@ def test_trace_mode_helper_is_inlined_with_its_own_lines():
     assert f"attention_tutorial.py:{line_of(path, 'nisa.tensor_copy(dst=qk_sb, src=qk)')}" in locs
 
 
+def test_pipelined_attention_places_its_buffers_by_hand(tmp_path):
+    """The attention tutorial's last version: the kernel's own addresses are where its tiles live (the
+    allocator adds none), the stages keep program order, and the profile names the stage helpers' lines."""
+    import traces
+    at = sample("attention_tutorial")
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((128, 1024), dtype=np.float32) * 0.3 for _ in range(3))
+    prof = nki.profile(working_directory=tmp_path)(at.attn_pipelined)
+    got = prof(q, k, v)
+    want = at.reference(q, k, v)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+    allocs = prof.last.trace.allocs
+    assert {a for m, _, a, *_ in allocs if m == "psum"} == {0, 6 * 2048, 7 * 2048}
+    sbuf = sorted({a for m, _, a, *_ in allocs if m == "sbuf"})
+    assert sbuf[0] == 0 and len(sbuf) == 14 and all(a % 32 == 0 for a in sbuf)
+    path = SAMPLES / "attention_tutorial.py"
+    with traces.open(prof.profile_path) as p:
+        locs = set(p.sql("SELECT DISTINCT nki_source_location FROM instructions").column(0).to_pylist())
+        placed = p.sql("SELECT count(*) AS n FROM SbufAllocation").to_pylist()[0]["n"]
+    assert placed == len(allocs)
+    assert f"attention_tutorial.py:{line_of(path, 'nisa.dma_transpose(dst=b.e_t')}" in locs
+    assert f"attention_tutorial.py:{line_of(path, 'accumulate=j != 0')}" in locs
+
+
 def test_load_into_a_view_issues_no_copy():
     @nki.jit
     def k(a):
