@@ -428,7 +428,7 @@ def test_saved_kernel_neff_runs_in_a_fresh_process(tmp_path):
     x = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
     np.save(tmp_path / "x.npy", x)
     explorer = str(Path(sys.executable).parent / "neuron-explorer")
-    r = subprocess.run([explorer, "capture", "-n", "file.neff", "-s", "prof", "xs_0", "x.npy", "--save-output-npy",
+    r = subprocess.run([explorer, "capture", "-n", "file.neff", "-s", "prof", "a", "x.npy", "--save-output-npy",
                         "outs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "outs" / "output0.npy"), -x)

@@ -19,6 +19,8 @@ True
 """
 from __future__ import annotations
 
+import inspect
+
 import os
 import time
 from pathlib import Path
@@ -152,10 +154,12 @@ def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
         tensors.append(t.to(torch.bfloat16) if dt == "bfloat16" else t)
     jit = _Jit(kernel.fn)
     jit.grid = kernel.grid
-
-    class KernelModel(torch.nn.Module):
-        def forward(self, *xs):
-            return jit(*xs)
+    # forward takes the kernel's own parameter names: they name the NEFF's inputs (capture a x.npy ...)
+    names = [n if n.isidentifier() and n not in ("self", "_kernel") else f"x{i}"
+             for i, n in enumerate(list(inspect.signature(kernel.fn).parameters)[:len(tensors)])]
+    ns: dict = {}
+    exec(f"def forward(self, {', '.join(names)}):\n    return _kernel({', '.join(names)})", {"_kernel": jit}, ns)
+    KernelModel = type("KernelModel", (torch.nn.Module,), {"forward": ns["forward"]})
 
     with torch.no_grad():
         program = capture(KernelModel(), tuple(tensors))
