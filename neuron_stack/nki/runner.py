@@ -20,7 +20,6 @@ True
 from __future__ import annotations
 
 import inspect
-
 import os
 import time
 from pathlib import Path
