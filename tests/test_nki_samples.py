@@ -200,6 +200,11 @@ def test_benchmark_writes_its_neff_and_trace(tmp_path, monkeypatch):
     with traces.open(tmp_path / "out" / "profile.ntff") as p:
         n = p.sql("SELECT count(*) AS n FROM executions").to_pylist()[0]["n"]
     assert n == 4                                        # warmup + iters
+    # nki.profile(save_neff_name=) puts the NEFF beside the profile; it carries the kernel's instructions
+    prof = nki.profile(working_directory=tmp_path / "prof", save_neff_name="file.neff")(k.fn)
+    prof(np.ones((128, 64), np.float32))
+    node = next(n for n in load(tmp_path / "prof" / "file.neff").program.nodes if n.op_class == "nki")
+    assert [op for op, _ in node.kernel["instrs"]] == ["DMA_DIRECT2D", "ACTIVATE", "DMA_DIRECT2D"]
 
 
 def _raises_at(kernel, args, fragment: str, marker: str):
