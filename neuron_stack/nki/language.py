@@ -137,7 +137,17 @@ class no_reorder:
 
 
 def static_cast(x, dtype):
-    """``x`` converted to ``dtype`` in a new SBUF tile (TENSOR_COPY on the Vector Engine)."""
+    """``x`` converted to ``dtype`` in a new SBUF tile (TENSOR_COPY on the Vector Engine); outside a
+    kernel, a host array converted (bf16/fp8 as ``ml_dtypes`` arrays), as the SDK's tests use it.
+
+    >>> static_cast([1.5, 2.25], bfloat16).dtype.name
+    'bfloat16'
+    """
+    if not isinstance(x, tensor):
+        import ml_dtypes  # numpy has no bf16/fp8
+        import numpy as np
+        name = dtype_name(dtype)
+        return np.asarray(x).astype(getattr(ml_dtypes, name, None) or np.dtype(name))
     return copy(x, dtype=dtype)
 
 
