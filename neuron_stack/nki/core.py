@@ -552,10 +552,11 @@ class Trace:
             for o in (*ins.operands["dst"], *ins.operands["src"]):
                 if o["b"] in self.tiles:
                     uses.setdefault(o["b"], []).append(i)
-        for i, _, op, _ in self.prints:
+        last = {n: u[-1] for n, u in uses.items()}
+        for i, _, op, _ in self.prints:          # nl.device_print reads the tile before instruction i
             if op["b"] in self.tiles:
-                uses.setdefault(op["b"], []).append(i)
-        span = {n: (t["at"], max(t["at"], uses[n][-1] if n in uses else t["at"]))
+                last[op["b"]] = max(last.get(op["b"], i), i)
+        span = {n: (t["at"], max(t["at"], last.get(n, t["at"])))
                 for n, t in self.tiles.items() if not t.get("retargeted")}
         order = sorted(span, key=lambda n: span[n][0])          # stable: allocation order within a position
         ends = sorted(span, key=lambda n: span[n][1])
