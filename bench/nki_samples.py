@@ -17,7 +17,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sample_workloads" / "nki"))
-from attention_tutorial import attn_fused  # noqa: E402
+from attention_tutorial import attn_fused, attn_pipelined  # noqa: E402
 from layernorm import layernorm_bn, layernorm_nl  # noqa: E402
 from matmul_optimized import matmul_blocked, matmul_blocked_legacy  # noqa: E402
 from sd_attention import fused_self_attention  # noqa: E402
@@ -32,9 +32,8 @@ BEGIN, END = "<!-- nki-samples:begin -->", "<!-- nki-samples:end -->"
 
 def cases():
     """(sample file, kernel, shape text, inputs, kwargs, matmul FLOPs)."""
-    # the tutorial's meta-parameters at 2048^3: at 4096 the previous N block's partials (64 KiB per partition)
-    # are still live when the next are allocated (Python lifetimes: until the loop variable is rebound)
-    n = 2048
+    # the tutorial's own size and meta-parameters
+    n = 4096
     mm = dict(TILES_IN_BLOCK_M=16, TILES_IN_BLOCK_N=2, TILES_IN_BLOCK_K=8)
     bf = "bfloat16"
     yield ("matmul_optimized.py", matmul_blocked_legacy, f"bf16 {n}^3, blocks 16/2/8",
@@ -49,8 +48,9 @@ def cases():
     yield ("sd_attention.py", fused_self_attention, f"bf16 seq {S}, d {d}", tuple(Spec((S, d), bf) for _ in range(3)),
            {}, 4 * S * S * d)
     S = 4096
-    yield ("attention_tutorial.py", attn_fused, f"bf16 seq {S}, d 128", tuple(Spec((128, S), bf) for _ in range(3)),
-           {}, 4 * S * S * 128)
+    for kernel in (attn_fused, attn_pipelined):
+        yield ("attention_tutorial.py", kernel, f"bf16 seq {S}, d 128", tuple(Spec((128, S), bf) for _ in range(3)),
+               {}, 4 * S * S * 128)
 
 
 def main() -> None:

@@ -68,6 +68,9 @@ class Node:
     bytes: int = 0                             # bytes read + written by the op, unfused
     partition: int = -1                        # index of the device subgraph / CPU island (set by partition)
     decomposed_from: str = ""                  # the ATen op run_decompositions produced this node from
+    # an NKI kernel op (op_class "nki"): the kernel traced into ISA instructions, so a process that never
+    # imported the kernel's module computes its numbers from the NEFF (runtime.graph.recorded_kernel)
+    kernel: dict | None = None
 
     @property
     def is_compute(self) -> bool:

@@ -337,3 +337,102 @@ def test_fp8_rounding_psum_capacity_and_device_print(capsys):
         return keep
 
     _raises_at(nine_banks, (x,), "PSUM is full", "MARK-BANKS")
+
+
+def test_tiles_live_from_allocation_to_last_use(tmp_path):
+    """A loop body's tile is dead after its last use, so the next iteration's tile takes its bytes (the
+    compiler's liveness; Python still holds the old one when the new one is allocated) and waits for its
+    reader; tiles genuinely live together must fit, else the line allocating the one that overflows is named."""
+    @nki.jit
+    def big_per_iteration(a):
+        out = nl.ndarray((4, 128, 30000), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            t = nl.ndarray((128, 30000), nl.float32)      # 117 KiB of the 192 KiB per partition: two never fit
+            nisa.memset(t, float(i))                        # MARK-LIVE
+            nisa.dma_copy(dst=out[i], src=t)
+        return out
+
+    prof = nki.profile(working_directory=tmp_path)(big_per_iteration)
+    got = prof(np.zeros(1, np.float32))
+    assert all((got[i] == i).all() for i in range(4))
+    run = prof.last
+    assert {a[2] for a in run.trace.allocs} == {0} and len(run.trace.allocs) == 4
+    instrs = run.trace.instrs
+    assert [i.opcode for i in instrs] == ["MEMSET", "DMA_DIRECT2D"] * 4
+    assert all(2 * k - 1 in instrs[2 * k].deps for k in range(1, 4))   # write-after-read on the reused bytes
+    import traces
+    with traces.open(prof.profile_path) as p:
+        rows = p.sql("SELECT start_address, end_address, memory, node FROM SbufAllocation "
+                     "ORDER BY start_ts").to_pylist()
+    assert len(rows) == 4 and {(r["start_address"], r["end_address"], r["memory"]) for r in rows} == {
+        (0, 119999, "SBUF")}
+    assert rows[0]["node"] == f"test_nki.py:{line_of(big_per_iteration.fn, 'MARK-LIVE')}"
+
+    @nki.jit
+    def both_live(a):
+        out = nl.ndarray((2, 128, 30000), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 30000), nl.float32)
+        nisa.memset(t, 1.0)
+        u = nl.ndarray((128, 30000), nl.float32)          # MARK-BOTH
+        nisa.memset(u, 2.0)
+        nisa.dma_copy(dst=out[0], src=t)
+        nisa.dma_copy(dst=out[1], src=u)
+        return out
+
+    _raises_at(both_live, (np.zeros(1, np.float32),), "SBUF is full", "MARK-BOTH")
+
+
+def test_address_places_a_tile_and_the_allocator_keeps_off_it():
+    @nki.jit
+    def placed(a):
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf, address=(0, 4096))
+        nisa.dma_copy(dst=x, src=a)
+        y = nl.ndarray((128, 512), nl.float32)
+        nisa.activation(dst=y, op=nl.exp, data=x)
+        acc = nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 2048 * 7))
+        nisa.tensor_copy(dst=acc, src=y)
+        nisa.tensor_copy(dst=y, src=acc)
+        nisa.dma_copy(dst=out, src=y)
+        return out
+
+    a = np.random.default_rng(0).standard_normal((128, 512)).astype(np.float32)
+    np.testing.assert_allclose(placed(a), np.exp(a), rtol=1e-5)
+    allocs = {(m, addr) for m, _, addr, *_ in placed.last.trace.allocs}
+    assert ("sbuf", 4096) in allocs and ("psum", 2048 * 7) in allocs
+    y_addr = next(addr for m, _, addr, *_ in placed.last.trace.allocs if m == "sbuf" and addr != 4096)
+    assert y_addr + 2048 <= 4096 or y_addr >= 4096 + 2048
+
+    @nki.jit
+    def outside(a):
+        return nl.ndarray((128, 512), nl.float32, buffer=nl.psum, address=(0, 15000))  # MARK-ADDR
+
+    _raises_at(outside, (a,), "does not place this (128, 512) float32 tile inside PSUM", "MARK-ADDR")
+
+
+def test_saved_kernel_neff_runs_in_a_fresh_process(tmp_path):
+    """``nki.benchmark(save_neff_name=...)`` then ``neuron-explorer capture -n file.neff`` in another process
+    that never imports the kernel's module: the NEFF carries the kernel's instructions."""
+    (tmp_path / "negate.py").write_text(
+        "import numpy as np\n"
+        "import neuron_stack.nki as nki\n"
+        "import neuron_stack.nki.language as nl\n\n\n"
+        "@nki.jit\n"
+        "def negate(a):\n"
+        "    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, value=nl.negative(nl.load(a)))\n"
+        "    return out\n\n\n"
+        "nki.benchmark(warmup=1, iters=2, save_neff_name='file.neff')(negate)(np.ones((128, 64), np.float32))\n")
+    env = {**os.environ, "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "negate.py"], cwd=tmp_path, env=env, check=True, timeout=300, capture_output=True)
+    x = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
+    np.save(tmp_path / "x.npy", x)
+    explorer = str(Path(sys.executable).parent / "neuron-explorer")
+    r = subprocess.run([explorer, "capture", "-n", "file.neff", "-s", "prof", "a", "x.npy", "--save-output-npy",
+                        "outs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "outs" / "output0.npy"), -x)
+    import traces
+    with traces.open(tmp_path / "prof" / "profile.duckdb") as p:
+        lines = p.sql("SELECT DISTINCT nki_source_location FROM instructions").column(0).to_pylist()
+    assert lines == ["negate.py:9"]

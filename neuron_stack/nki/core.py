@@ -8,10 +8,11 @@ scheduler (:func:`neuron_stack.compiler.schedule.schedule_lowered`) times it.
 
 Dependencies are found the way the hardware's semaphores need them: per buffer, an instruction waits
 for earlier writes it reads (RAW) and earlier accesses it overwrites (WAR/WAW), by overlapping
-partition x free ranges. On-chip tiles are placed by a ring allocator over SBUF / PSUM (bytes per
-partition of the device profile); a tile freed by Python (its last reference gone) leaves its last
-accesses behind, and the next tile placed over that range waits for them: a tile allocated inside a
-loop body is double-buffered as long as SBUF has room.
+partition x free ranges. On-chip tiles are placed after tracing, by liveness as the compiler does: a
+tile occupies SBUF / PSUM (bytes per partition of the device profile) from its ``nl.ndarray`` to the
+last instruction that touches it, and a ring allocator places it; the next tile placed over those
+bytes waits for the dead tile's last accesses, so a tile allocated inside a loop body is
+double-buffered as long as SBUF has room.
 
 >>> from neuron_stack.device.profiles import get_profile
 >>> t = Trace(get_profile("trn1"))
@@ -161,7 +162,6 @@ class Buffer:
         "kind_name",
         "mem",
         "name",
-        "pending",
         "pitch",
         "reads",
         "shape",
@@ -175,7 +175,6 @@ class Buffer:
         self.pitch, self.addr, self.size = pitch, addr, size
         self.reads: list = []        # (instr, region)
         self.writes: list = []
-        self.pending: set = set()    # accesses of earlier tiles at the same addresses (WAR on reuse)
         self.written: list = []      # regions written so far (PSUM accumulation groups)
         self.kind_name = mem
 
@@ -335,21 +334,23 @@ class Allocator:
 
     def __init__(self, mem: str, capacity: int, align: int):
         self.mem, self.capacity, self.align = mem, capacity, align
-        self.live: dict[int, tuple[int, int]] = {}     # id -> (addr, size)
+        self.live: dict = {}                           # key -> (addr, size)
         self.ghosts: list[tuple[int, int, set]] = []   # freed (addr, size, instrs that touched it)
         self.cursor = 0
         self.peak = 0
 
-    def _fits(self, a: int, size: int) -> bool:
-        return a + size <= self.capacity and all(a + size <= b or b + n <= a for b, n in self.live.values())
+    def _fits(self, a: int, size: int, avoid) -> bool:
+        return a + size <= self.capacity and all(a + size <= b or b + n <= a for b, n in avoid)
 
-    def place(self, size: int) -> int:
+    def place(self, size: int, reserved=()) -> int:
+        """A free address for ``size`` bytes (-1: none), avoiding the live tiles and ``reserved`` ranges."""
         size = -(-size // self.align) * self.align
         if size > self.capacity:
             return -1
-        starts = sorted({self.cursor, 0} | {b + n for b, n in self.live.values()})
+        avoid = [*self.live.values(), *reserved]
+        starts = sorted({self.cursor, 0} | {b + n for b, n in avoid})
         for a in [s for s in starts if s >= self.cursor] + [s for s in starts if s < self.cursor]:
-            if self._fits(a, size):
+            if self._fits(a, size, avoid):
                 self.cursor = a + size if a + size < self.capacity else 0
                 return a
         return -1
@@ -357,7 +358,7 @@ class Allocator:
     def used(self) -> int:
         return sum(n for _, n in self.live.values())
 
-    def take(self, key: int, addr: int, size: int) -> set:
+    def take(self, key, addr: int, size: int) -> set:
         size = -(-size // self.align) * self.align
         self.live[key] = (addr, size)
         self.peak = max(self.peak, self.used())
@@ -377,17 +378,16 @@ class Allocator:
         self.ghosts = keep
         return inherited
 
-    def free(self, key: int, touched: set) -> None:
+    def free(self, key, touched: set) -> None:
         addr, size = self.live.pop(key, (0, 0))
         if size and touched:
             self.ghosts.append((addr, size, touched))
 
 
-def _free_tile(alloc: Allocator, key: int, reads: list, writes: list, pending: set) -> None:
-    """A tile's last reference is gone: its bytes keep the instructions that touched it (or, never
-    touched, the constraints it inherited) for the next tile placed there."""
-    touched = {i for i, _ in reads} | {i for i, _ in writes}
-    alloc.free(key, touched or pending)
+def _last_accesses(tile: dict, reads: list, writes: list) -> None:
+    """A tile's Python object is gone: keep the instructions that last touched it (its reads and
+    writes not covered by a later write) for the tile placed over its bytes next."""
+    tile["touched"] = {i for i, _ in reads} | {i for i, _ in writes}
 
 
 def _overlap(a: tuple, b: tuple) -> bool:
@@ -445,6 +445,8 @@ class Trace:
         self.sources: dict[str, tuple] = {}     # "file.py:line" -> (abs file, line, function, code)
         self._n = 0
         self._keep: list[Buffer] = []           # HBM buffers stay alive for the whole trace
+        self.tiles: dict[str, dict] = {}        # on-chip tile name -> what placing it needs (``allocate``)
+        self.allocs: list[tuple] = []           # placed tiles, as compiler Lowered.allocs (SbufAllocation rows)
         self.precise = os.environ.get("NKI_PRECISE_FP", "1") != "0"
 
     def __enter__(self):
@@ -478,9 +480,10 @@ class Trace:
         self._keep.append(b)
         return ndarray(b, shape)
 
-    def alloc(self, mem: str, shape, dtype, name: str = "") -> ndarray:
+    def alloc(self, mem: str, shape, dtype, name: str = "", address=None) -> ndarray:
         """A new tensor in ``mem`` (sbuf, psum, hbm, shared_hbm, private_hbm), NaN-filled as the
-        simulator does (ints: 4) so reading it before writing shows."""
+        simulator does (ints: 4) so reading it before writing shows. An on-chip tile gets its address
+        in :meth:`allocate`, unless ``address`` places it (``(partition, byte)`` or a byte offset)."""
         dtype = dtype_name(dtype)
         raw = tuple(shape if isinstance(shape, (tuple, list)) else (shape,))
         shape = tuple(int(s) for s in raw)
@@ -516,22 +519,87 @@ class Trace:
             raise self.error(f"PSUM tile {shape} {dtype} needs {free_bytes} bytes per partition ({block_bytes} per "
                              f"block): PSUM holds {alloc.capacity // 1024} KiB per partition in 2 KiB banks "
                              f"({PSUM_FMAX} fp32, nl.tile_size.psum_fmax); split the free dimension")
-        addr = alloc.place(max(free_bytes, 1))
-        if addr < 0:
-            raise self.error(f"{mem.upper()} is full: {alloc.used() // 1024} KiB per partition are live and this "
-                             f"{shape} {dtype} tile needs {free_bytes / 1024:.1f} KiB more (capacity "
-                             f"{alloc.capacity // 1024} KiB on {self.p.name}); free tiles earlier or use smaller ones")
+        if free_bytes > alloc.capacity:
+            raise self.error(f"{mem.upper()} is full: this {shape} {dtype} tile needs {free_bytes / 1024:.1f} KiB per "
+                             f"partition (capacity {alloc.capacity // 1024} KiB on {self.p.name}); use smaller tiles")
+        if address is not None:
+            part, address = address if isinstance(address, (tuple, list)) else (0, address)
+            if int(part) != 0 or not 0 <= int(address) <= alloc.capacity - free_bytes:
+                raise self.error(f"address ({part}, {address}) does not place this {shape} {dtype} tile inside "
+                                 f"{mem.upper()} (partition 0, bytes 0..{alloc.capacity - free_bytes})")
+            address = int(address)
         self._n += 1
-        # interpreter buffers are named by placement, so a loop's tiles reuse a bounded set of arrays
-        b = Buffer(mem, f"{mem}@{addr}+{free_bytes}:{dtype}", dtype, shape, max(1, free_bytes // DTYPE_BYTES[dtype]),
-                   addr, free_bytes)
-        key = self._n
-        b.pending = alloc.take(key, addr, max(free_bytes, 1))
+        b = Buffer(mem, f"{mem}#{self._n}:{dtype}", dtype, shape, max(1, free_bytes // DTYPE_BYTES[dtype]),
+                   -1 if address is None else address, free_bytes)
+        tile = {"mem": mem, "size": max(free_bytes, 1), "dtype": dtype, "shape": shape, "at": len(self.instrs),
+                "loc": self.loc(), "address": address, "touched": None, "ref": weakref.ref(b)}
+        self.tiles[b.name] = tile
         # the access lists are updated in place, so the finalizer sees their last state
-        weakref.finalize(b, _free_tile, alloc, key, b.reads, b.writes, b.pending)
+        weakref.finalize(b, _last_accesses, tile, b.reads, b.writes)
         t = ndarray(b, shape, pdim=pdim)
         self.inits.append((len(self.instrs), t.operand(), _sentinel(dtype)))
         return t
+
+    def allocate(self) -> None:
+        """Place the traced on-chip tiles by liveness, as the compiler's allocator does after tracing: a
+        tile lives from its allocation to the last instruction that touches it, so a loop body's tile
+        is dead before the next iteration allocates its own. Placed tiles are renamed by address (the
+        interpreter reuses one array per placement), inherit the last accesses of the dead tile whose
+        bytes they take (write-after-read), and become ``allocs`` (the profile's SbufAllocation rows).
+        A kernel whose live tiles do not fit is refused at the line allocating the tile that overflows."""
+        uses: dict[str, list[int]] = {}
+        for i, ins in enumerate(self.instrs):
+            for o in (*ins.operands["dst"], *ins.operands["src"]):
+                if o["b"] in self.tiles:
+                    uses.setdefault(o["b"], []).append(i)
+        last = {n: u[-1] for n, u in uses.items()}
+        for i, _, op, _ in self.prints:          # nl.device_print reads the tile before instruction i
+            if op["b"] in self.tiles:
+                last[op["b"]] = max(last.get(op["b"], i), i)
+        span = {n: (t["at"], max(t["at"], last.get(n, t["at"])))
+                for n, t in self.tiles.items() if not t.get("retargeted")}
+        order = sorted(span, key=lambda n: span[n][0])          # stable: allocation order within a position
+        ends = sorted(span, key=lambda n: span[n][1])
+        fixed = [n for n in order if self.tiles[n]["address"] is not None]
+        rename, extra_deps, j = {}, {}, 0
+        for n in order:
+            t = self.tiles[n]
+            start, end = span[n]
+            while j < len(ends) and span[ends[j]][1] < start:
+                d = self.tiles[ends[j]]
+                b = d["ref"]()
+                touched = d["touched"] if b is None else {i for i, _ in b.reads} | {i for i, _ in b.writes}
+                (self.sbuf if d["mem"] == "sbuf" else self.psum).free(ends[j], touched or d.get("inherited", set()))
+                j += 1
+            alloc = self.sbuf if t["mem"] == "sbuf" else self.psum
+            addr = t["address"]
+            if addr is None:
+                # tiles the kernel placed itself and that will be live meanwhile are not ours to take
+                reserved = [(self.tiles[f]["address"], self.tiles[f]["size"]) for f in fixed
+                            if start < span[f][0] <= end]
+                addr = alloc.place(t["size"], reserved)
+            if addr < 0:
+                raise NKIError(f"{t['loc']}: {t['mem'].upper()} is full: {alloc.used() / 1024:.1f} KiB per partition "
+                               f"are live and this {t['shape']} {t['dtype']} tile needs {t['size'] / 1024:.1f} KiB "
+                               f"more (capacity {alloc.capacity // 1024} KiB on {self.p.name}); tiles live from "
+                               f"nl.ndarray to their last use: finish with tiles earlier or use smaller ones")
+            t["inherited"] = alloc.take(n, addr, t["size"])
+            if t["inherited"]:
+                extra_deps[n] = t["inherited"]
+            rename[n] = f"{t['mem']}@{addr}+{t['size']}:{t['dtype']}"
+            self.allocs.append((t["mem"], rename[n], addr, t["size"], start, 0))
+        for n, deps in extra_deps.items():
+            for i in uses.get(n, ()):
+                self.instrs[i].deps = sorted(set(self.instrs[i].deps) | {d for d in deps if d < i})
+        for ins in self.instrs:
+            for o in (*ins.operands["dst"], *ins.operands["src"]):
+                o["b"] = rename.get(o["b"], o["b"])
+        # a tile nothing touched (a retargeted temporary) needs no array in the interpreter
+        self.inits = [x for x in self.inits if x[1]["b"] not in self.tiles or x[1]["b"] in rename]
+        for _, op, _ in self.inits:
+            op["b"] = rename.get(op["b"], op["b"])
+        for _, _, op, _ in self.prints:
+            op["b"] = rename.get(op["b"], op["b"])
 
     # -- instructions ----------------------------------------------------------------------------
     def emit(self, opcode: str, dsts: list[ndarray], srcs: list[ndarray], attrs: dict | None = None,
@@ -551,11 +619,9 @@ class Trace:
         dregs = [(v, v.region()) for v in dsts]
         for v, r in sregs:
             deps.update(i for i, w in v.buf.writes if _overlap(r, w))
-            deps |= v.buf.pending
         for v, r in dregs:
             deps.update(i for i, w in v.buf.writes if _overlap(r, w))
             deps.update(i for i, w in v.buf.reads if _overlap(r, w))
-            deps |= v.buf.pending
         idx = len(self.instrs)
         prev = self.engine_last.get(engine)
         if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
@@ -606,6 +672,8 @@ class Trace:
             return False
         idx = len(self.instrs) - 1
         self.instrs.pop()
+        if b.name in self.tiles:
+            self.tiles[b.name]["retargeted"] = True     # never touched: it takes no space
         b.writes.clear()
         b.written.clear()
         for v in srcs:              # the popped instruction's reads (the new one re-records them)

@@ -174,6 +174,7 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
         for pid in itertools.product(*(range(g) for g in k.grid)):
             trace.program_id, trace.shared_next = pid, 0
             ret = k.fn(*hbm_args, **hbm_kwargs)
+    trace.allocate()
     outs = [] if ret is None else list(ret) if isinstance(ret, (tuple, list)) else [ret]
     trace.tuple_out = isinstance(ret, (tuple, list))
     for o in outs:
@@ -181,7 +182,8 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
             raise NKIError(f"kernel {k.__name__} must return HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)), "
                            f"got {o!r}")
     low = Lowered(trace.instrs, {n: dict(m, numel=int(np.prod(m["shape"]))) for n, m in trace.hbm.items()},
-                  [n for n, m in trace.hbm.items() if m["role"] == "input"], [o.buf.name for o in outs])
+                  [n for n, m in trace.hbm.items() if m["role"] == "input"], [o.buf.name for o in outs],
+                  sbuf_peak_bytes=trace.sbuf.peak, allocs=trace.allocs)
     sched = schedule_lowered(low, profile)
     t1 = time.perf_counter_ns()
     run = KernelRun(k.__name__, trace, sched, [], t1 - t0, 0, os.path.abspath(inspect.getsourcefile(k.fn) or ""))

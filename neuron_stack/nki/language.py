@@ -71,8 +71,9 @@ def is_on_chip(t) -> bool: return t.buf.mem != "hbm"
 
 # -- creation -----------------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
-    """A new tensor in ``buffer``; its contents are undefined (NaN in the simulator) until written."""
-    return current().alloc(buffer, shape, dtype, name)
+    """A new tensor in ``buffer``; its contents are undefined (NaN in the simulator) until written.
+    ``address=(0, byte)`` places an on-chip tile there instead of the allocator (manual allocation)."""
+    return current().alloc(buffer, shape, dtype, name, address)
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
@@ -136,7 +137,17 @@ class no_reorder:
 
 
 def static_cast(x, dtype):
-    """``x`` converted to ``dtype`` in a new SBUF tile (TENSOR_COPY on the Vector Engine)."""
+    """``x`` converted to ``dtype`` in a new SBUF tile (TENSOR_COPY on the Vector Engine); outside a
+    kernel, a host array converted (bf16/fp8 as ``ml_dtypes`` arrays), as the SDK's tests use it.
+
+    >>> static_cast([1.5, 2.25], bfloat16).dtype.name
+    'bfloat16'
+    """
+    if not isinstance(x, tensor):
+        import ml_dtypes  # numpy has no bf16/fp8
+        import numpy as np
+        name = dtype_name(dtype)
+        return np.asarray(x).astype(getattr(ml_dtypes, name, None) or np.dtype(name))
     return copy(x, dtype=dtype)
 
 

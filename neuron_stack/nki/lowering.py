@@ -67,6 +67,11 @@ def lower_nki(low, n) -> None:
             o["b"] = f"{n.name}/{o['b']}"
         return o
 
+    # what the runtime needs to compute the op's numbers without this process's kernel registry
+    n.kernel = {"inputs": params, "outputs": list(outs), "hbm": {k: {"shape": m["shape"], "dtype": m["dtype"]}
+                                                                for k, m in tr.hbm.items()},
+                "inits": [[i, op, fill] for i, op, fill in tr.inits],
+                "instrs": [[ins.opcode, ins.operands] for ins in tr.instrs]}
     for ins in tr.instrs:
         ops = ins.operands
         dst, src = [operand(o) for o in ops["dst"]], [operand(o) for o in ops["src"]]

@@ -291,7 +291,8 @@ def nc_matmul(dst: ndarray, stationary: ndarray, moving: ndarray, accumulate=Non
     for v in (stationary, moving):
         if v.dtype in ("int32", "int16", "int8", "uint8", "bool"):
             raise NKIError(f"{where()}: nc_matmul takes floating tiles, not {v.dtype}")
-    first, last = (dst.buf.addr + f * DTYPE_BYTES[dst.buf.dtype] for f in dst.region()[2:])
+    # the allocator places PSUM tiles on bank boundaries (addr -1: not placed yet); address= places them anywhere
+    first, last = (max(dst.buf.addr, 0) + f * DTYPE_BYTES[dst.buf.dtype] for f in dst.region()[2:])
     if first // PSUM_BANK_BYTES != last // PSUM_BANK_BYTES:
         raise NKIError(f"{where()}: nc_matmul dst {dst.shape} crosses a 2 KiB PSUM bank boundary; one matmul writes "
                        f"one bank ({GEMM_MOVING_FMAX} fp32)")

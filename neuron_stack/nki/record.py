@@ -138,7 +138,22 @@ def execution(append, run_id: str, run: KernelRun, graph_id: int, op_ids: dict, 
         cols["core"] = pa.array(np.full(n, core, dtype=np.int32))
         cols["nki_source_location"] = t.column("node")
         append("instructions", pa.table(cols))
+        _allocations(append, s.records.get("SbufAllocation"), exec_id, graph_id, op_ids, core, proj0)
     return exec_id
+
+
+def _allocations(append, t, exec_id: int, graph_id: int, op_ids: dict, core: int, proj0: int) -> None:
+    """The kernel's SBUF/PSUM tiles (where the allocator placed them, first to last use) as the
+    execution's SbufAllocation rows, stamped on its clock as a model's are (runtime/recorder.py)."""
+    if t is None or t.num_rows == 0:
+        return
+    n = t.num_rows
+    for c in ("start_ts", "end_ts"):
+        t = t.set_column(t.schema.get_field_index(c), c, pc.add(t.column(c), pa.scalar(proj0, pa.int64())))
+    append("SbufAllocation", t.append_column("exec_id", pa.array(np.full(n, exec_id, dtype=np.int64)))
+           .append_column("core", pa.array(np.full(n, core, dtype=np.int32)))
+           .append_column("graph_id", pa.array(np.full(n, graph_id, dtype=np.int64)))
+           .append_column("op_id", pa.array([op_ids.get(x) for x in t.column("node").to_pylist()], pa.int64())))
 
 
 def record(append, run_id: str, run: KernelRun, core: int = 0, executions: int = 1, proj0: int | None = None,

@@ -19,6 +19,7 @@ True
 """
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from pathlib import Path
@@ -152,10 +153,12 @@ def save_neff(kernel: Kernel, args: tuple, path: Path, target: str) -> Path:
         tensors.append(t.to(torch.bfloat16) if dt == "bfloat16" else t)
     jit = _Jit(kernel.fn)
     jit.grid = kernel.grid
-
-    class KernelModel(torch.nn.Module):
-        def forward(self, *xs):
-            return jit(*xs)
+    # forward takes the kernel's own parameter names: they name the NEFF's inputs (capture a x.npy ...)
+    names = [n if n.isidentifier() and n not in ("self", "_kernel") else f"x{i}"
+             for i, n in enumerate(list(inspect.signature(kernel.fn).parameters)[:len(tensors)])]
+    ns: dict = {}
+    exec(f"def forward(self, {', '.join(names)}):\n    return _kernel({', '.join(names)})", {"_kernel": jit}, ns)
+    KernelModel = type("KernelModel", (torch.nn.Module,), {"forward": ns["forward"]})
 
     with torch.no_grad():
         program = capture(KernelModel(), tuple(tensors))
@@ -211,24 +214,30 @@ def write_profile(run, name: str, target: Path, executions: int = 1, overwrite: 
 
 
 class _Profile(Kernel):
-    def __init__(self, fn, working_directory, save_trace_name: str, overwrite: bool, profile_nth: int):
+    def __init__(self, fn, working_directory, save_trace_name: str, overwrite: bool, profile_nth: int,
+                 save_neff_name=None):
         super().__init__(fn, "profile")
         if not working_directory:
             raise NKIError("nki.profile needs working_directory=<directory for the profile>")
         self.dir = Path(working_directory)
         self.trace_name = save_trace_name or "profile.ntff"
         self.overwrite, self.profile_nth = overwrite, max(1, int(profile_nth))
+        self.save_neff_name = save_neff_name
         self.profile_path: Path | None = None
 
     def __call__(self, *args, **kwargs):
         out = super().__call__(*args, **kwargs)
         self.profile_path = write_profile(self.last, self.__name__, self.dir / "profile.duckdb", self.profile_nth,
                                           self.overwrite)
+        if self.save_neff_name:
+            save_neff(self, args, self.dir / self.save_neff_name, self.last.trace.p.name)
         return out
 
 
-def profile(func=None, *, working_directory=None, save_neff_name="file.neff", save_trace_name="profile.ntff",
+def profile(func=None, *, working_directory=None, save_neff_name=None, save_trace_name="profile.ntff",
             additional_compile_opt=None, overwrite: bool = False, profile_nth: int = 1, **_):
     """Legacy ``@nki.profile(working_directory=...)``: run the kernel and write
-    ``working_directory/profile.duckdb`` with one row per instruction and its kernel line."""
-    return _deco(func, lambda f: _Profile(f, working_directory, save_trace_name, overwrite, profile_nth))
+    ``working_directory/profile.duckdb`` with one row per instruction and its kernel line; with
+    ``save_neff_name`` also the kernel's NEFF there (``neuron-explorer capture -n`` runs it anywhere)."""
+    return _deco(func, lambda f: _Profile(f, working_directory, save_trace_name, overwrite, profile_nth,
+                                          save_neff_name))

@@ -56,6 +56,52 @@ def resolve_target(name: str):
     raise NeuronRuntimeError(f"unknown op {name!r} in the NEFF: recompile it with this neuron_stack")
 
 
+def node_callable(n):
+    """The callable computing node ``n``: its target's, or for an NKI kernel op whose kernel this process
+    never registered (a saved NEFF run in a fresh process) the kernel's recorded instructions."""
+    try:
+        return resolve_target(n.target)
+    except (AttributeError, RuntimeError):
+        if n.kernel is None:
+            raise
+        return functools.partial(recorded_kernel, n.kernel)
+
+
+def recorded_kernel(kernel: dict, *tensors: torch.Tensor):
+    """Run an NKI kernel's recorded instructions (``Node.kernel``: HBM tensor metas, input and output
+    names, NaN fills, instructions) in the ISA interpreter on ``tensors``; its outputs as tensors.
+
+    >>> k = {"inputs": ["a"], "outputs": ["o"], "inits": [], "hbm": {"a": {"shape": [2], "dtype": "float32"},
+    ...      "o": {"shape": [2], "dtype": "float32"}},
+    ...      "instrs": [["DMA_DIRECT2D", {"dst": [{"m": "hbm", "b": "o", "dt": "float32", "o": 0, "ap": [[1, 2]]}],
+    ...                                   "src": [{"m": "hbm", "b": "a", "dt": "float32", "o": 0, "ap": [[1, 2]]}]}]]}
+    >>> recorded_kernel(k, torch.tensor([1.0, 2.0]))
+    tensor([1., 2.])
+    """
+    import numpy as np
+
+    from neuron_stack.isa.interp import Machine, contiguous_strides
+    m = Machine()
+    for name, t in zip(kernel["inputs"], tensors):
+        t = t.detach().cpu()
+        m.mem.fill_buffer(name, kernel["hbm"][name], (t.float() if t.is_floating_point() else t).numpy())
+    inits = kernel["inits"]
+    j = 0
+    for i, (opcode, operands) in enumerate(kernel["instrs"]):
+        while j < len(inits) and inits[j][0] <= i:
+            m.mem.view(inits[j][1])[...] = inits[j][2]
+            j += 1
+        m.step(opcode, operands)
+    outs = []
+    for name in kernel["outputs"]:
+        meta = kernel["hbm"][name]
+        op = {"m": "hbm", "b": name, "dt": meta["dtype"], "o": 0,
+              "ap": [[s, n] for s, n in zip(contiguous_strides(meta["shape"]), meta["shape"])]}
+        value = np.ascontiguousarray(m.mem.read(op).reshape(meta["shape"]))
+        outs.append(torch.from_numpy(value).to(getattr(torch, meta["dtype"])))
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
 def from_json(a: Any, env: dict) -> Any:
     """A node argument (JSON form, see :class:`neuron_stack.ir.Node`) with references looked up in ``env``.
 
@@ -287,7 +333,7 @@ def build_graph_module(program: Program, part: Partition, auto_cast: str = "none
             which = MATMUL_OPERANDS.get(n.target.rsplit(".", 1)[0]) if auto_cast == "matmult" else None
             args = [rounded_value(a) if a in cg.values and (which is None or i in which) else a
                     for i, a in enumerate(args)]
-        expr = cg.call(cg.global_("f", resolve_target(n.target)), args, kwargs)
+        expr = cg.call(cg.global_("f", node_callable(n)), args, kwargs)
         stmts.append((cg.bind(name, f"v{len(stmts)}"), expr, name))
     result = cg.expr(output) if output is not None else "(" + "".join(f"{cg.ref(o)}, " for o in part.outputs) + ")"
     return PartitionFn(*_sources(params, stmts, result, cg), cg.ns)
