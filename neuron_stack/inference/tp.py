@@ -7,8 +7,8 @@ over the vocabulary (padded to a multiple of the degree, as NxDI pads it) then a
 
 Each (part, rank) is its own NEFF on its own NeuronCore; each rank's KV cache lives on its core. A call
 runs every rank's part at the projected time its core and inputs are ready, then the collective (the
-runtime's algorithm for its size) once the last rank arrives, with numbers (sum or concatenation on the host) and costed and recorded by
-:mod:`neuron_stack.runtime.collectives`. The call's device time is its makespan.
+runtime's algorithm for its size) once the last rank arrives, with numbers (sum or concatenation on the
+host) and costed and recorded by :mod:`neuron_stack.runtime.collectives`. The call's device time is its makespan.
 
 >>> sub = ShardedSubModel.build(hf, "token_generation", 64, tp=2)     # doctest: +SKIP
 """
