@@ -153,11 +153,12 @@ def _intra(algo: str, op: str, B: int, t: Topology, p: DeviceProfile) -> Stage:
         chip_steps = 1 if algo == "Mesh" or k == 1 else int(math.log2(k))
         steps = _phases(op) * (chip_steps + on_chip)
         return _stage(algo, op, link, steps, t_bw, _phases(op) * (n - 1) * C, lat)
+    # a ring step runs at its slowest hop: one core's DMA rate on chip, the chip's NeuronLink between chips
     if algo == "KangaRing":  # primaries (one per pair of a chip's ranks) in a cycle, 2 chunks per step
-        hop = min(dma, p.neuronlink_gbps_per_chip) if r > 2 else p.neuronlink_gbps_per_chip
+        hop = min([dma] * (r > 2) + [p.neuronlink_gbps_per_chip] * (k > 1))
         steps = _phases(op) * (n // 2 - 1)
         return _stage(algo, op, link, steps, steps * 2 * C / hop, steps * 2 * C, lat)
-    hop = min(dma, p.neuronlink_gbps_per_chip) if r > 1 and k > 1 else (dma if k == 1 else p.neuronlink_gbps_per_chip)
+    hop = min([dma] * (r > 1) + [p.neuronlink_gbps_per_chip] * (k > 1))
     steps = _phases(op) * (n - 1)  # Ring
     return _stage("Ring", op, link, steps, steps * C / hop, steps * C, lat)
 
