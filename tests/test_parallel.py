@@ -60,6 +60,8 @@ def test_tensor_parallel_records_all_reduces_that_overlap(tmp_path, tp):
                          FROM events WHERE kind = 'collective'""").to_pylist()
         assert len(ev) == 4 * tp
         assert {(e["op"], e["algo"]) for e in ev} == {("AllReduce", p.algorithm)}
+        # the real profiler's CcOp table carries the algorithm the runtime chose
+        assert prof.sql('SELECT DISTINCT algorithm FROM neuron_explorer."CcOp"').column(0).to_pylist() == [p.algorithm]
         assert all(e["busbw"] == pytest.approx(e["algbw"] * 2 * (tp - 1) / tp, rel=1e-2) for e in ev)
         assert {e["size"] for e in ev} == {1 * 16 * 64 * 4}   # one micro-batch of the (2, 16, 64) fp32 block
         # overlap: some collective runs while a compute instruction runs on the same core
