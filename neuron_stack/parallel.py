@@ -241,7 +241,7 @@ class TensorParallel:
     Each shard is compiled with ``neuron_stack.trace`` on the first call's shapes and loaded
     on its core. Per micro-batch and stage: each core's shard starts when its compute engines
     are free and the stage input is there; the collective starts when the last core has
-    finished (ring over the cores, on the CC engine, which runs beside the compute engines)
+    finished (over the cores, on the CC engine, which runs beside the compute engines)
     and its result feeds the next stage. With ``micro_batches=2`` the collective of the first
     half overlaps the compute of the second.
 
@@ -309,7 +309,7 @@ class TensorParallel:
         self._prepare(mbs[0])
         t0 = clock.now_ns()   # after the loads: the schedule is the call's device work only
         compute_free = [t0] * n       # each core's compute engines
-        cc_free = t0                  # the ring (all cores' CC engines together)
+        cc_free = t0                  # the collective (all cores' CC engines together)
         ready = [t0] * len(mbs)       # when each micro-batch's current inputs are on every core
         report = TensorParallelReport(start_ns=t0, compute_ns={c: 0 for c in self.cores})
         group = Group.on_cores(self.cores)

@@ -178,6 +178,6 @@ def test_ddp_on_neuron_tensors_two_ranks_under_torchrun_with_the_neuron_backend(
     p = traces.open(traces.finalize(str(tmp_path / "prof")))
     cc = p.sql("SELECT r.rank, count(*) AS n FROM instructions i JOIN executions e USING (exec_id) "
                "JOIN runs r USING (run_id) WHERE i.engine = 'cc' GROUP BY r.rank ORDER BY r.rank").to_pylist()
-    assert [c["rank"] for c in cc] == [0, 1] and all(c["n"] > 0 for c in cc)     # costed ring all-reduces
+    assert [c["rank"] for c in cc] == [0, 1] and all(c["n"] > 0 for c in cc)     # costed all-reduces
     kinds = {r["kind"] for r in p.sql("SELECT DISTINCT g.kind FROM graphs g").to_pylist()}
     assert {"eager", "collective"} <= kinds

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import traces
+from neuron_stack.device.profiles import get_profile
+from neuron_stack.runtime.collectives import Group, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,14 +43,15 @@ def test_data_parallel_runs_cores_side_by_side(tmp_path):
 
 
 @pytest.mark.parametrize("tp", [2, 8])
-def test_tensor_parallel_records_ring_all_reduces_that_overlap(tmp_path, tp):
+def test_tensor_parallel_records_all_reduces_that_overlap(tmp_path, tp):
     out, db = _run(tmp_path, "tensor_parallel.py", "--tp", str(tp))
     with traces.open(db) as prof:
         cc = prof.sql("""SELECT core, count(*) AS n, sum(dur_ns) AS busy FROM instructions
                          WHERE engine = 'cc' GROUP BY core ORDER BY core""").to_pylist()
         assert [r["core"] for r in cc] == list(range(tp))
-        # 2 stages x 2 micro-batches, each a ring all-reduce of 2(tp-1) steps
-        assert all(r["n"] == 4 * 2 * (tp - 1) for r in cc)
+        # 2 stages x 2 micro-batches, each a small all-reduce: the runtime's Mesh, a constant number of steps
+        p = plan("all_reduce", 16 * 64, "float32", Group.on_cores(range(tp)), get_profile("trn1"))
+        assert all(r["n"] == 4 * p.steps for r in cc) and p.steps <= 4
         ev = prof.sql("""SELECT json_extract_string(detail, '$.operation') AS op,
                                 json_extract_string(detail, '$.algorithm') AS algo,
                                 json_extract(detail, '$.bus_bandwidth')::DOUBLE AS busbw,
@@ -56,7 +59,9 @@ def test_tensor_parallel_records_ring_all_reduces_that_overlap(tmp_path, tp):
                                 json_extract(detail, '$.input_size')::BIGINT AS size
                          FROM events WHERE kind = 'collective'""").to_pylist()
         assert len(ev) == 4 * tp
-        assert {(e["op"], e["algo"]) for e in ev} == {("AllReduce", "ring")}
+        assert {(e["op"], e["algo"]) for e in ev} == {("AllReduce", p.algorithm)}
+        # the real profiler's CcOp table carries the algorithm the runtime chose
+        assert prof.sql('SELECT DISTINCT algorithm FROM neuron_explorer."CcOp"').column(0).to_pylist() == [p.algorithm]
         assert all(e["busbw"] == pytest.approx(e["algbw"] * 2 * (tp - 1) / tp, rel=1e-2) for e in ev)
         assert {e["size"] for e in ev} == {1 * 16 * 64 * 4}   # one micro-batch of the (2, 16, 64) fp32 block
         # overlap: some collective runs while a compute instruction runs on the same core

@@ -85,9 +85,9 @@ _VIEW = [
     "alias_copy", "split_copy", "chunk", "movedim", "flatten", "unflatten",
 ]
 _COLLECTIVE = {
-    "_c10d_functional.all_reduce": "CC all-reduce ring over NeuronLink",
-    "_c10d_functional.all_gather_into_tensor": "CC all-gather ring over NeuronLink",
-    "_c10d_functional.reduce_scatter_tensor": "CC reduce-scatter ring over NeuronLink",
+    "_c10d_functional.all_reduce": "CC all-reduce: the runtime's algorithm for its size over NeuronLink",
+    "_c10d_functional.all_gather_into_tensor": "CC all-gather: the runtime's algorithm for its size over NeuronLink",
+    "_c10d_functional.reduce_scatter_tensor": "CC reduce-scatter: the runtime's algorithm for its size over NeuronLink",
     "_c10d_functional.wait_tensor": "CC semaphore wait",
 }
 _CPU = {

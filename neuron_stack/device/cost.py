@@ -140,20 +140,6 @@ def pcie_ns(p: DeviceProfile, nbytes: int) -> int:
     return int(p.dma_fixed_ns + nbytes / p.pcie_gbps)
 
 
-def ring_collective_ns(p: DeviceProfile, kind: str, nbytes: int, world: int) -> float:
-    """A ring collective over NeuronLink when :mod:`neuron_stack.runtime.collectives` does not supply one.
-
-    all-reduce moves ``2(n-1)/n`` of the buffer per rank, all-gather / reduce-scatter ``(n-1)/n``;
-    each of the ``2(n-1)`` or ``(n-1)`` steps pays one DMA fixed cost.
-    Example: ``ring_collective_ns(get_profile("trn1"), "all_reduce", 1 << 20, 2) > 0``.
-    """
-    if world <= 1:
-        return 0.0
-    steps = 2 * (world - 1) if kind == "all_reduce" else world - 1
-    link = p.neuronlink_gbps_per_chip / p.cores_per_chip          # bytes per ns per core
-    return steps * p.dma_fixed_ns + steps * (nbytes / world) / link
-
-
 def throttle_factor(p: DeviceProfile, ns_since_ramp_start: float) -> float:
     """TensorE throughput fraction under throttling: 50% rising linearly to 100% over the ramp (trn2).
 

@@ -17,6 +17,7 @@ _ARCH = "SDK nki/guides/architecture/trainium_inferentia2_arch.rst"
 _ARCH3 = "SDK nki/guides/architecture/trainium2_arch.rst"
 _DMA = "SDK nki/deep-dives/nki-dma-bandwidth-guide.rst"
 _HW = "SDK about-neuron/arch/neuron-hardware/{trn1,trn2,inferentia2}-arch.rst"
+_CC = "SDK neuron-runtime/explore/{intranode,internode}-collective-comm.rst"
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,12 @@ class DeviceProfile:
     neuronlink_gbps_per_chip: float = 384.0     # NeuronLink-v2, 4 links x 96 GB/s
     efa_gbps_per_instance: float = 100.0        # 800 Gbps EFA on trn1.32xlarge
     pcie_gbps: float = 32.0                     # host <-> device (PCIe Gen4 x16 ~ 32 GB/s)
-    # Per ring step of a collective (assumed; no public figure): NeuronLink hop, EFA hop.
-    # A hop between two cores of one chip costs dma_fixed_ns (a DMA descriptor round).
-    neuronlink_step_latency_ns: float = 2000.0
-    efa_step_latency_ns: float = 15000.0
+    neuronlink_topology: str = "torus"          # chips of the instance: 4x4 2D torus (trn1, trn2) or ring (inf2)
+    # Latency of one collective step (device/collective_cost.py): within an instance, the middle of the
+    # intra-node collectives page's "per-hop latency of Ring/KangaRing is about 1-2 us (HBM load dependent)";
+    # between instances, the inter-node page's "per-hop or point-to-point latency is ~15us" (EFA).
+    intranode_step_latency_ns: float = 1500.0
+    internode_step_latency_ns: float = 15000.0
     throttle: bool = False                      # TensorE ramps from 50% over ~3 us (trn2)
     throttle_ramp_ns: float = 3000.0
     sources: dict = field(default_factory=dict, compare=False)
@@ -135,7 +138,7 @@ class DeviceProfile:
         return asdict(self)
 
 
-_COMMON_SOURCES = {"tensor": _ARCH, "vector": _ARCH, "dma": _DMA, "hbm": _HW,
+_COMMON_SOURCES = {"tensor": _ARCH, "vector": _ARCH, "dma": _DMA, "hbm": _HW, "collectives": _CC,
                    "cost_formulas": "SDK nki isa docstrings (reference §5.4)"}
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -146,7 +149,7 @@ PROFILES: dict[str, DeviceProfile] = {
     "inf2": DeviceProfile(
         name="inf2", instance_type="inf2.48xlarge", neuroncore_version="v2",
         neuron_device_type="inferentia2", neuron_device_version="v2",
-        chips_per_instance=12, cores_per_chip=2, neuronlink_gbps_per_chip=192.0,
+        chips_per_instance=12, cores_per_chip=2, neuronlink_gbps_per_chip=192.0, neuronlink_topology="ring",
         efa_gbps_per_instance=12.5, sources=_COMMON_SOURCES),
     "trn2": DeviceProfile(
         name="trn2", instance_type="trn2.48xlarge", neuroncore_version="v3d",

@@ -7,7 +7,7 @@ under ``torchrun``::
     ddp = DistributedDataParallel(model.to("neuron"))  # no process_group: the default group is this one
 
 (or, after ``neuron_stack.runtime.distributed.init()``, pass ``process_group=process_group()``). Each
-all-reduce moves the real data with gloo over the tensors' values and records what the same ring all-reduce
+all-reduce moves the real data with gloo over the tensors' values and records what the same all-reduce
 costs on the simulated cores (NeuronLink within a node, EFA between nodes), starting when the slowest rank
 arrives, exactly as ``all_reduce_gradients`` does for compiled training.
 

@@ -73,6 +73,7 @@ def project_serving(
         "tpot_ms": tpot_ns / 1e6,
         "ttft_ns": cte_ns,  # the context-encoding graph's device_ns, exactly as neuron-llm prints it
         "tpot_ns": tpot_ns,
+        "ttft_collective_ns": next(g.collective_ns for g in p.graphs if g.name == "context_encoding"),
         "tpot_collective_ns": sum(tkg[b].collective_ns for b in steps) / len(steps),
         "e2e_ms": e2e_ns / 1e6,
         "output_tokens_per_s": nc.batch_size * output_len / (e2e_ns / 1e9) if e2e_ns else 0.0,

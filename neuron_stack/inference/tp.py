@@ -6,9 +6,9 @@ column-parallel gate/up and row-parallel down, then an all-reduce; the norms rep
 over the vocabulary (padded to a multiple of the degree, as NxDI pads it) then an all-gather.
 
 Each (part, rank) is its own NEFF on its own NeuronCore; each rank's KV cache lives on its core. A call
-runs every rank's part at the projected time its core and inputs are ready, then the collective over the
-ring once the last rank arrives, with numbers (sum or concatenation on the host) and costed and recorded by
-:mod:`neuron_stack.runtime.collectives`. The call's device time is its makespan.
+runs every rank's part at the projected time its core and inputs are ready, then the collective (the
+runtime's algorithm for its size) once the last rank arrives, with numbers (sum or concatenation on the
+host) and costed and recorded by :mod:`neuron_stack.runtime.collectives`. The call's device time is its makespan.
 
 >>> sub = ShardedSubModel.build(hf, "token_generation", 64, tp=2)     # doctest: +SKIP
 """

@@ -72,9 +72,9 @@ OPCODES: dict[str, tuple[str, str]] = {
     "DMA_INDIRECT": ("dma", "row gather: dst[i, :] = src[index[i], :]"),
     "EVENT_SEMAPHORE": ("sync", "wait on / signal a semaphore"),
     # Collectives
-    "CC_ALL_REDUCE": ("cc", "ring all-reduce over NeuronLink"),
-    "CC_ALL_GATHER": ("cc", "ring all-gather over NeuronLink"),
-    "CC_REDUCE_SCATTER": ("cc", "ring reduce-scatter over NeuronLink"),
+    "CC_ALL_REDUCE": ("cc", "all-reduce (Mesh/RDH/KangaRing/Ring by size, collective_cost)"),
+    "CC_ALL_GATHER": ("cc", "all-gather (Mesh/RDH/KangaRing/Ring by size, collective_cost)"),
+    "CC_REDUCE_SCATTER": ("cc", "reduce-scatter (Mesh/RDH/KangaRing/Ring by size, collective_cost)"),
     "CC_WAIT": ("cc", "wait for a collective to complete"),
 }
 

@@ -18,7 +18,7 @@ Tensor parallelism (``tp_degree``) shards each rank as NxDI does (reference §2.
 the MLP intermediate split over ranks (query heads padded up to a multiple of the KV heads per rank),
 KV heads split when there are at least ``tp_degree`` of them, else replicated (one per rank), the
 embedding and LM head split on the vocabulary. Each layer adds two all-reduces of the hidden state
-(after attention and after the MLP), the ring cost of :mod:`neuron_stack.runtime.collectives`; the step ends
+(after attention and after the MLP), costed by :mod:`neuron_stack.runtime.collectives`; the step ends
 with an all-gather of the last token's logits.
 
 >>> p = project("llama-2-7b", tp_degree=8, sequence_length=256, context_length=128)   # doctest: +SKIP

@@ -1,27 +1,27 @@
-"""Collectives as ring algorithms: their cost, and the ``cc``-engine instructions that record them.
+"""Collectives as the Neuron runtime runs them: their algorithm and cost, and the ``cc``-engine instructions
+that record them.
 
-A ring over N ranks moves the data in equal chunks, one hop per step (reference §5.1 for the
-link rates, the nccl-tests conventions for the bandwidth figures):
+The algorithm (Mesh, single-step Mesh, RDH, KangaRing, Ring; Hierarchical across instances) is chosen per
+message size and group topology and costed by :mod:`neuron_stack.device.collective_cost`, after the AWS Neuron
+collectives pages (``neuron-runtime/explore/{intranode,internode}-collective-comm.rst``). Bandwidth figures
+follow the nccl-tests conventions:
 
-=============== ========= ============ ======================= ==================
-operation        steps     chunk         size (algbw = size/t)   busbw / algbw
-=============== ========= ============ ======================= ==================
-all_reduce       2(N-1)    size / N      per-rank tensor          2(N-1)/N
-all_gather       N-1       size / N      gathered (output) size   (N-1)/N
-reduce_scatter   N-1       size / N      per-rank input size      (N-1)/N
-=============== ========= ============ ======================= ==================
+=============== ======================= ==================
+operation        size (algbw = size/t)   busbw / algbw
+=============== ======================= ==================
+all_reduce       per-rank tensor          2(N-1)/N
+all_gather       gathered (output) size   (N-1)/N
+reduce_scatter   per-rank input size      (N-1)/N
+=============== ======================= ==================
 
-Each step costs ``chunk / B + latency`` where ``B`` is the slowest hop of the ring: a hop
-between two cores of one chip runs at the core's DMA rate, a hop between chips of one instance
-at the chip's NeuronLink rate, a hop between instances at the instance's EFA rate (all device
-profile fields, GB/s == bytes/ns). Rows carry the real profiler's CcOp fields (§3.8):
-``operation``, ``algorithm``, ``num_elements``, ``dtype``, ``input_size``, ``output_size``,
-``algorithm_bandwidth``, ``bus_bandwidth``, ``replica_group``.
+Rows carry the real profiler's CcOp fields (§3.8): ``operation``, ``algorithm``, ``num_elements``, ``dtype``,
+``input_size``, ``output_size``, ``algorithm_bandwidth``, ``bus_bandwidth``, ``replica_group``; one ``cc``
+instruction per algorithm step.
 
 >>> from neuron_stack.device.profiles import get_profile
 >>> p = plan("all_reduce", 1024 * 1024, "float32", Group.on_cores([0, 2]), get_profile("trn1"))
->>> p.steps, p.step_bytes, p.link
-(2, 2097152, 'neuronlink')
+>>> p.algorithm, p.steps, p.link
+('RDH', 2, 'neuronlink')
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from neuron_stack.device.collective_cost import Stage, stages
 from neuron_stack.device.profiles import DeviceProfile
 from neuron_stack.runtime.rows import ExecutionRow, GraphRow
 from traces.ids import new_id
@@ -39,19 +40,17 @@ from traces.ids import new_id
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
                "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
-# operation -> (CcOp operation name, steps(N), bus bandwidth factor(N))
+# operation -> (CcOp operation name, bus bandwidth factor(N))
 OPERATIONS = {
-    "all_reduce": ("AllReduce", lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
-    "all_gather": ("AllGather", lambda n: n - 1, lambda n: (n - 1) / n),
-    "reduce_scatter": ("ReduceScatter", lambda n: n - 1, lambda n: (n - 1) / n),
+    "all_reduce": ("AllReduce", lambda n: 2 * (n - 1) / n),
+    "all_gather": ("AllGather", lambda n: (n - 1) / n),
+    "reduce_scatter": ("ReduceScatter", lambda n: (n - 1) / n),
 }
-
-LINK_ORDER = ("dma", "neuronlink", "efa")  # slowest-hop search goes by kind, then by rate
 
 
 @dataclass(frozen=True)
 class Group:
-    """The ranks of a collective, as (node, core) in ring order (node = instance index).
+    """The ranks of a collective, as (node, core) (node = instance index).
 
     >>> Group.on_cores([0, 1, 2, 3]).size
     4
@@ -67,32 +66,10 @@ class Group:
     def size(self) -> int:
         return len(self.ranks)
 
-    def hops(self, cores_per_chip: int) -> list[str]:
-        """The link kind of each ring hop rank i -> rank i+1 (wrapping)."""
-        out = []
-        for i, (node, core) in enumerate(self.ranks):
-            nnode, ncore = self.ranks[(i + 1) % self.size]
-            if nnode != node:
-                out.append("efa")
-            elif ncore // cores_per_chip != core // cores_per_chip:
-                out.append("neuronlink")
-            else:
-                out.append("dma")
-        return out
-
-
-def link_rate(kind: str, profile: DeviceProfile) -> tuple[float, float]:
-    """(bytes per ns, fixed latency ns) of one ring hop of ``kind`` on ``profile``."""
-    if kind == "efa":
-        return profile.efa_gbps_per_instance, profile.efa_step_latency_ns
-    if kind == "neuronlink":
-        return profile.neuronlink_gbps_per_chip, profile.neuronlink_step_latency_ns
-    return profile.dma_bytes_per_ns, profile.dma_fixed_ns
-
 
 @dataclass
 class Plan:
-    """One collective's ring schedule and its CcOp fields (bandwidths in GB/s)."""
+    """One collective's algorithm stages and its CcOp fields (bandwidths in GB/s)."""
 
     operation: str
     num_elements: int
@@ -100,16 +77,35 @@ class Plan:
     group: Group
     input_size: int
     output_size: int
-    steps: int
-    step_bytes: int
-    step_ns: int
-    link: str
-    algorithm: str = "ring"
+    stages: list[Stage]
     extra: dict = field(default_factory=dict)
 
     @property
+    def steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    @property
     def dur_ns(self) -> int:
-        return self.steps * self.step_ns
+        return sum(s.dur_ns for s in self.stages)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes one rank sends over all steps."""
+        return sum(s.steps * s.step_bytes for s in self.stages)
+
+    @property
+    def algorithm(self) -> str:
+        """The CcOp algorithm name: the stage's, or ``Hierarchical(intra/inter/intra)`` across instances."""
+        names = [s.algorithm for s in self.stages]
+        if any(s.link == "efa" for s in self.stages) and len(names) > 1:
+            return f"Hierarchical({'/'.join(names)})"
+        return names[0] if names else "none"
+
+    @property
+    def link(self) -> str:
+        """The widest link the collective crosses: efa, neuronlink, dma (one chip) or none (one rank)."""
+        links = {s.link for s in self.stages}
+        return next((k for k in ("efa", "neuronlink", "dma") if k in links), "none")
 
     @property
     def size(self) -> int:
@@ -122,7 +118,7 @@ class Plan:
 
     @property
     def bus_bandwidth(self) -> float:
-        return self.algorithm_bandwidth * OPERATIONS[self.operation][2](self.group.size)
+        return self.algorithm_bandwidth * OPERATIONS[self.operation][1](self.group.size)
 
     def ccop(self) -> dict:
         """The real profiler's CcOp record for this collective (JSON-able)."""
@@ -136,16 +132,18 @@ class Plan:
 
     def instruction_rows(self, rel_start_ns: int = 0, node: str = "", pc0: int = 0,
                          queue: str = "cc0", sem_wait_ns: int = 0) -> dict[str, np.ndarray]:
-        """The ``cc``-engine rows of one rank, one per ring step, as Schedule table columns.
+        """The ``cc``-engine rows of one rank, one per algorithm step, as Schedule table columns.
 
         ``sem_wait_ns`` is the time this rank waited for the others before the first step.
         """
-        n = self.steps
-        starts = rel_start_ns + np.arange(n, dtype=np.int64) * self.step_ns
-        reduce = np.zeros(n, dtype=np.int64)
-        if self.operation in ("all_reduce", "reduce_scatter"):  # reduction steps add one chunk
-            k = self.group.size - 1
-            reduce[:k] = self.step_bytes // DTYPE_BYTES.get(self.dtype, 4)
+        elt = DTYPE_BYTES.get(self.dtype, 4)
+        dur = np.array([s.step_ns for s in self.stages for _ in range(s.steps)], dtype=np.int64)
+        nbytes = np.array([s.step_bytes for s in self.stages for _ in range(s.steps)], dtype=np.int64)
+        # the reducing steps add what they received to the rank's own data
+        reduce = np.array([s.step_bytes // elt * (i < s.reduce_steps) for s in self.stages for i in range(s.steps)],
+                          dtype=np.int64)
+        n = len(dur)
+        starts = rel_start_ns + np.concatenate([[0], np.cumsum(dur)[:-1]]).astype(np.int64) if n else dur
         wait = np.zeros(n, dtype=np.int64)
         if n:
             wait[0] = sem_wait_ns
@@ -153,9 +151,8 @@ class Plan:
             "engine": np.full(n, "cc", dtype=object), "queue": np.full(n, queue, dtype=object),
             "opcode": np.full(n, OPERATIONS[self.operation][0], dtype=object),
             "node": np.full(n, node, dtype=object), "pc": np.arange(pc0, pc0 + n, dtype=np.int32),
-            "rel_start_ns": starts, "dur_ns": np.full(n, self.step_ns, dtype=np.int64), "flops": reduce,
-            "bytes_read": np.full(n, self.step_bytes, dtype=np.int64),
-            "bytes_written": np.full(n, self.step_bytes, dtype=np.int64), "sem_wait_ns": wait,
+            "rel_start_ns": starts, "dur_ns": dur, "flops": reduce,
+            "bytes_read": nbytes, "bytes_written": nbytes.copy(), "sem_wait_ns": wait,
         }
 
     def event(self, ts_ns: int, run_id: str = "", core: int = 0, wall_ns: int = 0, **extra) -> dict:
@@ -165,33 +162,22 @@ class Plan:
 
 
 def plan(operation: str, num_elements: int, dtype: str, group: Group, profile: DeviceProfile) -> Plan:
-    """The ring schedule of ``operation`` over ``group`` for a per-rank input of ``num_elements``.
+    """The runtime's schedule of ``operation`` over ``group`` for a per-rank input of ``num_elements``.
 
     >>> from neuron_stack.device.profiles import get_profile
     >>> p = plan("all_gather", 256, "bfloat16", Group.on_cores([0, 1]), get_profile("trn1"))
-    >>> p.input_size, p.output_size, p.link
-    (512, 1024, 'dma')
+    >>> p.input_size, p.output_size, p.link, p.algorithm
+    (512, 1024, 'dma', 'Mesh')
     """
     if operation not in OPERATIONS:
         raise ValueError(f"unknown collective {operation!r}: use one of {', '.join(OPERATIONS)}")
     if group.size < 1:
         raise ValueError("a collective needs at least one rank")
     n = group.size
-    elt = DTYPE_BYTES.get(dtype, 4)
-    in_size = int(num_elements) * elt
+    in_size = int(num_elements) * DTYPE_BYTES.get(dtype, 4)
     out_size = {"all_reduce": in_size, "all_gather": in_size * n, "reduce_scatter": in_size // n}[operation]
-    size = out_size if operation == "all_gather" else in_size
-    steps = OPERATIONS[operation][1](n)
-    if steps == 0:
-        return Plan(operation, int(num_elements), dtype, group, in_size, out_size, 0, 0, 0, "none")
-    hops = group.hops(profile.cores_per_chip)
-    rates = [link_rate(h, profile) for h in hops]
-    bw = min(r for r, _ in rates)
-    latency = max(lat for _, lat in rates)
-    link = min(set(hops), key=lambda h: (link_rate(h, profile)[0], -LINK_ORDER.index(h)))
-    chunk = -(-size // n)  # ceil: the last chunk carries the remainder
-    step_ns = int(round(chunk / bw + latency))
-    return Plan(operation, int(num_elements), dtype, group, in_size, out_size, steps, chunk, step_ns, link)
+    return Plan(operation, int(num_elements), dtype, group, in_size, out_size,
+                stages(operation, in_size, group.ranks, profile))
 
 
 def synchronise(arrivals_ns: list[int]) -> tuple[int, list[int]]:
@@ -218,7 +204,7 @@ _cc_graphs: dict[tuple, _CollectiveGraph] = {}
 def record_collective(session, p: Plan, cores: list[int], arrivals_ns: list[int], start_ns: int,
                       tag: str = "") -> None:
     """Record one collective on every participating core: live busy time, and with profiling
-    on, an ``executions`` row per core (its own ``graphs`` row, kind ``collective``), the ring's
+    on, an ``executions`` row per core (its own ``graphs`` row, kind ``collective``), the algorithm's
     ``cc`` instructions (first one carrying the wait for the slowest rank) and a ``collective``
     event with the CcOp fields. ``arrivals_ns`` are when each core was ready.
     """
@@ -247,8 +233,8 @@ def record_collective(session, p: Plan, cores: list[int], arrivals_ns: list[int]
         rec.add(ExecutionRow(
             exec_id=exec_id, run_id=session.run_id, graph_id=g.graph_id, core=c, iteration=0,
             wall_start_ns=wall, wall_end_ns=wall, start_ns=arrival, end_ns=start_ns + dur, device_ns=dur + wait,
-            warmup=False, flops=0, busy_ns={"cc": dur}, hbm_read_bytes=p.steps * p.step_bytes,
-            hbm_write_bytes=p.steps * p.step_bytes))
+            warmup=False, flops=0, busy_ns={"cc": dur}, hbm_read_bytes=p.wire_bytes,
+            hbm_write_bytes=p.wire_bytes))
         rows = p.instruction_rows(rel_start_ns=start_ns, node=name, sem_wait_ns=wait)
         n = len(rows["pc"])
         if n:

@@ -3,9 +3,9 @@
 ``init()`` binds the rank to a core (``NEURON_RT_VISIBLE_CORES`` = ``LOCAL_RANK`` unless set),
 starts ``torch.distributed`` with the gloo backend and a bounded timeout, and learns every
 rank's (node, core). ``all_reduce_gradients(model)`` averages the gradients over the ranks with a
-real gloo all-reduce and records what the same all-reduce costs on the simulated hardware: a
-ring over the ranks' cores (NeuronLink within a node, EFA between nodes, see
-:mod:`neuron_stack.runtime.collectives`). Ranks exchange their projected clocks, so the collective
+real gloo all-reduce and records what the same all-reduce costs on the simulated hardware: the
+runtime's algorithm for its size over the ranks' cores (NeuronLink within a node, EFA between nodes,
+see :mod:`neuron_stack.runtime.collectives`). Ranks exchange their projected clocks, so the collective
 starts when the slowest rank arrives: the others' waits show up as ``sem_wait_ns`` on their
 ``cc`` instructions, which is how a straggler is found (docs/multicore.md).
 
@@ -129,7 +129,7 @@ def _short(exc: BaseException) -> str:
 
 def all_reduce_gradients(model: torch.nn.Module, average: bool = True) -> int:
     """Average ``model``'s gradients over all ranks (real gloo all-reduce, one flat bucket) and
-    record the simulated ring all-reduce on this rank's core. Returns the bucket's bytes.
+    record the simulated all-reduce on this rank's core. Returns the bucket's bytes.
 
     A peer that died or hangs past the timeout raises :class:`DistributedError` (one line).
     Example: ``loss.backward(); all_reduce_gradients(model); opt.step()``.
@@ -143,7 +143,7 @@ def all_reduce_gradients(model: torch.nn.Module, average: bool = True) -> int:
     arrival = clock.now_ns()
     if w.world_size > 1:
         try:
-            # projected clocks: the ring starts when the slowest rank arrives
+            # projected clocks: the collective starts when the slowest rank arrives
             clocks = [torch.zeros(1, dtype=torch.int64) for _ in range(w.world_size)]
             dist.all_gather(clocks, torch.tensor([arrival], dtype=torch.int64))
             dist.all_reduce(flat)

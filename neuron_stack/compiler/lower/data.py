@@ -21,7 +21,8 @@ from neuron_stack.compiler.lower.tiles import (
     packet_name,
     view_operand,
 )
-from neuron_stack.device.cost import ceil_div, dma_ns, gpsimd_ns, ring_collective_ns
+from neuron_stack.device.collective_cost import collective_ns
+from neuron_stack.device.cost import ceil_div, dma_ns, gpsimd_ns
 from neuron_stack.ir import Node
 
 COPY_OPS = ("clone", "_to_copy", "copy", "lift_fresh_copy", "alias", "cat", "stack", "constant_pad_nd",
@@ -202,8 +203,8 @@ def lower_iota(low: Lowerer, n: Node) -> None:
 
 @lowering("collective", op_classes=("collective",))
 def lower_collective(low: Lowerer, n: Node) -> None:
-    """A collective: one ``cc`` row timed as a ring over NeuronLink
-    (:func:`neuron_stack.device.cost.ring_collective_ns`)."""
+    """A collective: one ``cc`` row timed as the runtime's algorithm for its size over the first ``world_size``
+    cores (:func:`neuron_stack.device.collective_cost.collective_ns`)."""
     name = packet_name(n.target)
     kind = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
             "reduce_scatter_tensor": "reduce_scatter"}.get(n.target.split(".")[1] if "." in n.target else name, "wait")
@@ -211,7 +212,8 @@ def lower_collective(low: Lowerer, n: Node) -> None:
     srcs = [view_operand(low.value(a)) for a in n.args if is_ref(a)]
     nb = sum(s.numel * nbytes_of(s.dtype) for s in n.inputs)
     dsts = [view_operand(low.out_view(n.name, n.outputs[0]))] if n.outputs else []
-    dur = ring_collective_ns(low.p, kind, nb, world)
+    # a wait synchronises the ranks: one step's latency
+    dur = collective_ns(low.p, kind, nb, world) if kind != "wait" else low.p.intranode_step_latency_ns * (world > 1)
     opcode = {"all_reduce": "CC_ALL_REDUCE", "all_gather": "CC_ALL_GATHER",
               "reduce_scatter": "CC_REDUCE_SCATTER"}.get(kind, "CC_WAIT")
     low.emit(opcode, n.name, dsts, srcs, {"aten": n.target, "args": [], "world": world}, dur=dur, small=False)
