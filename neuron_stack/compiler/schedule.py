@@ -92,14 +92,17 @@ class Schedule:
         return cls(table=table, **scalars)
 
 
-def build_schedule(program: Program, partition: int, profile: DeviceProfile, flags: dict | None) -> Schedule:
+def build_schedule(program: Program, partition: int, profile: DeviceProfile, flags: dict | None,
+                   records: bool = True) -> Schedule:
     """Lower and schedule the device nodes of ``partition`` (fused nodes in their host's epilogue).
 
-    ``flags``: the parsed compiler flags (``auto_cast``, ``auto_cast_type``, ``optlevel``, ``target``).
+    ``flags``: the parsed compiler flags (``auto_cast``, ``auto_cast_type``, ``optlevel``, ``target``);
+    ``records=False``: no record tables (:mod:`neuron_stack.compiler.records`), for a caller that
+    reads only the timings.
     Example: ``build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).device_ns``.
     """
     low = lower(program, partition, profile, flags or {})
-    return schedule_lowered(low, profile)
+    return schedule_lowered(low, profile, records)
 
 
 def build_schedules(program: Program, flags: dict | None = None, profile: DeviceProfile | None = None
@@ -115,8 +118,8 @@ def build_schedules(program: Program, flags: dict | None = None, profile: Device
     return {i: build_schedule(program, i, profile, flags) for i in parts}
 
 
-def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
-    """List-schedule a lowered instruction list.
+def schedule_lowered(low: Lowered, profile: DeviceProfile, records: bool = True) -> Schedule:
+    """List-schedule a lowered instruction list (``records=False``: without the record tables).
 
     Event-driven list scheduling: among the instructions whose dependencies are done, the one that
     can start earliest goes first (ties: program order), each engine running one instruction at a
@@ -281,10 +284,10 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
         idx = np.flatnonzero(qarr == q)
         order = idx[np.lexsort((idx, start[idx]))]
         pc[order] = np.arange(len(order), dtype=np.int32)
-    return _assemble(low, instrs, start, dur, wait, queue, pc, profile)
+    return _assemble(low, instrs, start, dur, wait, queue, pc, profile, records)
 
 
-def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile) -> Schedule:
+def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile, records=True) -> Schedule:
     n = len(instrs)
     col = lambda f: [getattr(x, f) for x in instrs]  # noqa: E731
     engines = col("engine")
@@ -327,7 +330,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         dma_transfer_count=int(dma.sum()),
         sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
         inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name,
-        records=records_mod.build(low, start, dur, queue, pc))
+        records=records_mod.build(low, start, dur, queue, pc) if records else {})
 
 
 def union_ns(s: np.ndarray, d: np.ndarray) -> int:
