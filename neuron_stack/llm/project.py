@@ -281,7 +281,7 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     neff = _GRAPHS.get(key)
     if neff is None:
         neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family), flags,
-                               records=False)
+                               detail=False)
     fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in neff.schedules.values()),
                                    neff.program.stats["num_instructions"], neff.program.stats["memory"],
                                    _engine_active_ns(neff))
@@ -298,26 +298,26 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
     and in the integer arguments that size them (``arange``, ``expand``, ``view``). So the family's
     smallest and largest lengths are captured, and when substituting the length in the smallest's
     program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
-    lengths between are derived the same way; otherwise (the length decides some structure) each is
-    captured."""
+    lengths between are derived the same way; otherwise (the length decides some structure, or it
+    equals another dimension, e.g. the K/V width) each is captured."""
     family = tuple(sorted(set(family) | {bucket}))
     if len(family) < 3:
         return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
     key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family)
     if key not in _TEMPLATES:
-        lo, hi = family[0], family[-1]
-        small = _capture(config, layers, batch, tokens, lo, dtype, quantization)
-        large = _capture(config, layers, batch, tokens, hi, dtype, quantization)
-        _TEMPLATES[key] = (small, lo) if _same(rebucket(small, lo, hi), large) else None
+        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization)
+                        for b in (family[0], family[-1]))
+        _TEMPLATES[key] = small, large, _same(rebucket(small, family[0], family[-1]), large)
         while len(_TEMPLATES) > _TEMPLATES_MAX:
             _TEMPLATES.popitem(last=False)
-        if bucket in (lo, hi):
-            return rebucket(small, lo, lo) if bucket == lo else large
     _TEMPLATES.move_to_end(key)
-    template = _TEMPLATES[key]
-    if template is None:
-        return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
-    return rebucket(template[0], template[1], bucket)
+    small, large, shared = _TEMPLATES[key]
+    # copies: the compiler annotates the program it compiles
+    if bucket == family[-1]:
+        return rebucket(large, bucket, bucket)
+    if bucket == family[0] or shared:
+        return rebucket(small, family[0], bucket)
+    return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
 
 
 def rebucket(program: Program, old: int, new: int) -> Program:
