@@ -272,8 +272,8 @@ class _Figures:
 
 
 def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=()) -> _Figures:
-    """The figures of the sub-model :func:`_compile_graph` would compile, from a compile without record
-    tables whose NEFF is dropped at once (cached: the figures are a few numbers)."""
+    """The figures of the sub-model :func:`_compile_graph` would compile, from a timings-only compile
+    (``detail=False``) whose NEFF is dropped at once (cached: the figures are a few numbers)."""
     key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization)
     if key in _FIGURES:
         _FIGURES.move_to_end(key)
