@@ -216,3 +216,34 @@ def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
         assert not s.records and s.device_ns == full.device_ns
         cols = ["engine", "queue", "opcode", "rel_start_ns", "dur_ns"]
         assert s.table.select(cols).equals(full.table.select(cols))
+
+
+def test_bench_projects_what_serving_the_published_rows_projects(monkeypatch):
+    import neuron_stack.llm
+    from neuron_stack.inference.projection import project_serving
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import llm as bench_llm
+    import published
+
+    class Asked(Exception):
+        pass
+
+    def asked(model, **kw):
+        raise Asked(model, kw)
+
+    monkeypatch.setattr(neuron_stack.llm, "project", asked)
+    for model, target, tp, n_in, n_out, _budget in bench_llm.CASES:
+        row = next(r for r in published.ROWS if r[:3] == (model, target, tp) and r[4:6] == (n_in, n_out))
+        preset, nc, _, _ = published.row_settings(row)
+        with pytest.raises(Asked) as e:
+            project_serving(preset, nc, n_in, n_out, quantization_dtype="int8" if "int8" in row[8] else None)
+        kw = e.value.args[1]
+        cmd = bench_llm.command(model, target, tp, n_in, n_out)
+        value = lambda flag: cmd[cmd.index(flag) + 1]  # noqa: E731
+        assert cmd[4] == preset and value("--instance") == kw["instance_type"] and int(value("--tp")) == tp
+        assert int(value("--sequence-length")) == kw["sequence_length"]
+        assert int(value("--context-length")) == kw["context_length"]
+        buckets = cmd[cmd.index("--tkg-buckets") + 1:cmd.index("--json")]
+        assert [int(b) for b in buckets] == kw["token_generation_buckets"]
+        assert ("--quantization-dtype" in cmd) == (kw["quantization_dtype"] == "int8")
