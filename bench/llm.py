@@ -102,7 +102,7 @@ def markdown(rows: list[tuple], load: tuple[float, float]) -> str:
     """The projection rows as the table ``--write`` puts into docs/llm.md."""
     out = [
         f"On this 2-CPU machine at load average {load[0]:.1f} (start) / {load[1]:.1f} (end); wall time grows "
-        "with the load, CPU time much less. Budget (issue 24): 8B 30 s, 405B 90 s wall, peak RSS < 1 GB.",
+        "with the load,\nCPU time much less. Budget (issue 24): 8B 30 s, 405B 90 s wall, peak RSS < 1 GB.",
         "",
         "| model | TP | instance | in/out | wall s | / budget | CPU s | peak RSS | / 1 GB | prefill ms | decode ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
