@@ -1,14 +1,19 @@
-"""LLM benchmark: full-size Llama projections (compile time, peak RSS, decode latency per bucket) and the
-simulator's wall time per simulated decode step.
+"""LLM benchmark: how long a full-size projection takes (issue 24 item 8) and the simulator's wall time
+per simulated decode step.
 
-1. ``neuron-llm project`` of Llama-3-8B and Llama-3-70B, each in its own process (peak RSS is that
-   process's), with token-generation buckets 512/1024/2048: wall time, peak RSS, HBM per core and the
-   fit verdict, and the decode-step device latency of every bucket.
+1. ``neuron-llm project`` on the §2.12 settings (bench/published.py ``ROWS``) of Llama-3-8B (TP=32,
+   trn1.32xlarge, int8 weights, 128 in / 3,968 out) and Llama-3.1-405B (TP=64, trn2.48xlarge, 10,000
+   in / 1,500 out), each in its own process (peak RSS is that process's): wall and CPU seconds and
+   peak RSS, each as a ratio to the issue's budget (8B 30 s, 405B 90 s, 1 GB), and the projected
+   prefill and decode device times. The buckets are the ones serving those requests uses
+   (``inference.projection.project_serving``): the context bucket of the prompt, and every decode
+   bucket the generated positions fall in.
 2. A tiny Llama generating through ``NeuronModelForCausalLM`` (real numbers): host wall time per
-   decode step against the simulated device time of that step; and the two-layer 8B decode NEFF run
-   on meta tensors (numbers=none): wall time per stamped step.
+   decode step against the simulated device time of that step; and the two-layer decode NEFF of
+   Llama-3-8B TP=32 run on meta tensors (numbers=none): wall time per stamped step.
 
-Usage: ``.venv/bin/python bench/llm.py [--quick]`` (``--quick``: 8B at TP=8 only).
+Usage: ``.venv/bin/python bench/llm.py [--quick] [--write]`` (``--quick``: 8B only; ``--write``: also
+write the projection table into docs/llm.md's generated block).
 """
 
 import argparse
@@ -19,38 +24,37 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from published import INSTANCE, PRESET, ROWS, write_docs  # noqa: E402
+
+from neuron_stack.inference.config import generate_buckets, get_target_bucket  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-CASES = [
-    ("llama-3-8b", 1, "trn1.32xlarge"),
-    ("llama-3-8b", 8, "trn1.32xlarge"),
-    ("llama-3-8b", 2, "inf2.xlarge"),
-    ("llama-3-70b", 8, "trn1.32xlarge"),
-    ("llama-3-70b", 32, "trn1.32xlarge"),
-]
-BUCKETS = ["512", "1024", "2048"]
+#: (published model, target, TP, input, output, wall budget s): issue 24 item 8
+CASES = [("Llama-3-8B", "trn1", 32, 128, 3968, 30.0), ("Llama-3.1-405B", "trn2", 64, 10000, 1500, 90.0)]
+RSS_BUDGET = 2**30
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "llm.md"
+DOCS_BEGIN = "<!-- begin: written by bench/llm.py --write; do not edit by hand -->"
+DOCS_END = "<!-- end: written by bench/llm.py --write -->"
 
 
-def projection(model: str, tp: int, instance: str) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "neuron_stack.llm",
-        "project",
-        model,
-        "--tp",
-        str(tp),
-        "--instance",
-        instance,
-        "--sequence-length",
-        "2048",
-        "--tkg-buckets",
-        *BUCKETS,
-        "--json",
-    ]
+def command(model: str, target: str, tp: int, n_in: int, n_out: int) -> list[str]:
+    """The ``neuron-llm project`` command of a §2.12 row, as ``project_serving`` projects it."""
+    row = next(r for r in ROWS if r[:3] == (model, target, tp) and r[4:6] == (n_in, n_out))
+    seq = n_in + n_out
+    tkg = sorted({get_target_bucket(generate_buckets(128, seq), p + 1, what="seq_len") for p in range(n_in, seq - 1)})
+    cmd = [sys.executable, "-m", "neuron_stack.llm", "project", PRESET[model], "--tp", str(tp),
+           "--instance", INSTANCE[target], "--sequence-length", str(seq), "--context-length", str(n_in),
+           "--tkg-buckets", *map(str, tkg), "--json"]
+    return cmd + (["--quantization-dtype", "int8"] if "int8" in row[8] else [])
+
+
+def projection(cmd: list[str]) -> dict:
     t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -82,7 +86,7 @@ def simulator_step_wall() -> tuple[float, float, float]:
     real_ms = (time.perf_counter() - t0) * 1e3 / (steps + 1)
     device_us = nm.graphs[("token_generation", 128)].model.static_device_ns / 1e3
 
-    p = project("llama-3-8b", tp_degree=8, sequence_length=2048, instance_type="trn1.32xlarge")
+    p = project("llama-3-8b", tp_degree=32, sequence_length=2048, instance_type="trn1.32xlarge")
     tkg = next(g for g in p.graphs if g.name == "token_generation")
     loaded = LoadedModel(tkg.neffs[1], {"kind": "trace"})
     inputs = [torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="meta") for s in loaded.input_specs]
@@ -94,39 +98,66 @@ def simulator_step_wall() -> tuple[float, float, float]:
     return real_ms, device_us, meta_ms
 
 
+def markdown(rows: list[tuple], load: tuple[float, float]) -> str:
+    """The projection rows as the table ``--write`` puts into docs/llm.md."""
+    out = [
+        f"On this 2-CPU machine at load average {load[0]:.1f} (start) / {load[1]:.1f} (end); wall time grows "
+        "with the load,\nCPU time much less. Budget (issue 24): 8B 30 s, 405B 90 s wall, peak RSS < 1 GB.",
+        "",
+        "| model | TP | instance | in/out | wall s | / budget | CPU s | peak RSS | / 1 GB | prefill ms | decode ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, target, tp, n_in, n_out, budget), d in rows:
+        out.append(
+            f"| {model} | {tp} | {INSTANCE[target]} | {n_in}/{n_out} | {d['wall_s']:.0f} | "
+            f"{d['wall_s'] / budget:.2f} | {d['cpu_s']:.0f} | {d['peak_rss_bytes'] / 2**30:.2f} GB | "
+            f"{d['peak_rss_bytes'] / RSS_BUDGET:.2f} | {_prefill_ms(d):.2f} | {_decode(d)} |"
+        )
+    return "\n".join(out)
+
+
+def _prefill_ms(d: dict) -> float:
+    return next(g["device_ns"] / 1e6 for g in d["graphs"] if g["name"] == "context_encoding")
+
+
+def _decode(d: dict) -> str:
+    return " / ".join(f"{g['device_ns'] / 1e6:.2f}" for g in d["graphs"] if g["name"] == "token_generation")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="Llama-3-8B at TP=8 only")
+    p.add_argument("--quick", action="store_true", help="Llama-3-8B only")
+    p.add_argument("--write", action="store_true", help=f"write the projection table into {DOCS.name}")
     args = p.parse_args()
-    cases = [c for c in CASES if c[:2] == ("llama-3-8b", 8)] if args.quick else CASES
+    cases = CASES[:1] if args.quick else CASES
+    load0 = os.getloadavg()[0]
+    print(f"load average {load0:.1f} on {os.cpu_count()} CPUs (wall time grows with it; CPU time much less)")
     print(
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
-        "(wall time grows with it; CPU time does not)"
+        f"{'model':<15} {'TP':>3} {'instance':<14} {'wall s':>7} {'/budget':>7} {'CPU s':>6} {'peak RSS':>9} "
+        f"{'/1GB':>5}  prefill ms, decode ms per bucket"
     )
-    print(
-        f"{'model':<12} {'TP':>3} {'instance':<14} {'wall s':>7} {'CPU s':>6} {'peak RSS':>9} "
-        f"{'HBM/core':>9} {'fits':>5}  "
-        f"decode step device ms per bucket (" + "/".join(BUCKETS) + "), context encoding ms"
-    )
-    for model, tp, instance in cases:
-        d = projection(model, tp, instance)
-        tkg = {g["bucket"]: g["device_ns"] / 1e6 for g in d["graphs"] if g["name"] == "token_generation"}
-        cte = next(g["device_ns"] / 1e6 for g in d["graphs"] if g["name"] == "context_encoding")
+    rows = []
+    for case in cases:
+        model, target, tp, n_in, n_out, budget = case
+        d = projection(command(model, target, tp, n_in, n_out))
+        rows.append((case, d))
         print(
-            f"{model:<12} {tp:>3} {instance:<14} {d['wall_s']:>7.1f} {d['cpu_s']:>6.1f} "
-            f"{d['peak_rss_bytes'] / 2**30:>7.2f}GB "
-            f"{d['hbm_used'] / 2**30:>7.2f}GB {str(d['fits']):>5}  "
-            + " / ".join(f"{tkg[int(b)]:.2f}" for b in BUCKETS)
-            + f", {cte:.2f}"
+            f"{model:<15} {tp:>3} {INSTANCE[target]:<14} {d['wall_s']:>7.1f} {d['wall_s'] / budget:>7.2f} "
+            f"{d['cpu_s']:>6.1f} {d['peak_rss_bytes'] / 2**30:>7.2f}GB {d['peak_rss_bytes'] / RSS_BUDGET:>5.2f}  "
+            f"{_prefill_ms(d):.2f}, {_decode(d)}"
         )
+    load1 = os.getloadavg()[0]
+    print(f"load average at the end {load1:.1f}")
+    if args.write:
+        write_docs(str(DOCS), markdown(rows, (load0, load1)), DOCS_BEGIN, DOCS_END)
+        print(f"wrote the table into {DOCS}")
     real_ms, device_us, meta_ms = simulator_step_wall()
     print(
         f"\nsimulator, tiny Llama (4 layers, hidden 256), real numbers: {real_ms:.1f} ms wall per "
-        "decode step "
-        f"for {device_us:.1f} us of simulated device time"
+        f"decode step for {device_us:.1f} us of simulated device time"
     )
     print(
-        f"simulator, Llama-3-8B TP=8 two-layer decode NEFF, numbers=none: {meta_ms:.1f} ms wall per "
+        f"simulator, Llama-3-8B TP=32 two-layer decode NEFF, numbers=none: {meta_ms:.1f} ms wall per "
         "stamped step"
     )
 

@@ -316,16 +316,16 @@ def markdown(rows: list[dict], s: dict, load: float) -> str:
     return "\n".join(out)
 
 
-def write_docs(path: str, text: str) -> None:
-    """Replace the block between DOCS_BEGIN and DOCS_END of ``path`` with ``text``."""
+def write_docs(path: str, text: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> None:
+    """Replace the block between ``begin`` and ``end`` (DOCS_BEGIN and DOCS_END) of ``path`` with ``text``."""
     with open(path) as f:
         page = f.read()
-    head, sep, rest = page.partition(DOCS_BEGIN)
-    _, sep2, tail = rest.partition(DOCS_END)
+    head, sep, rest = page.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise SystemExit(f"{path} has no {DOCS_BEGIN!r} ... {DOCS_END!r} block to write the table into")
+        raise SystemExit(f"{path} has no {begin!r} ... {end!r} block to write the table into")
     with open(path, "w") as f:
-        f.write(f"{head}{DOCS_BEGIN}\n{text}\n{DOCS_END}{tail}")
+        f.write(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ def test_lowering_failure_is_loud_and_marks_the_graph_roofline(monkeypatch, capf
 
     real = schedule.build_schedule
 
-    def fails_on_first_partition(program, part, profile, flags):
+    def fails_on_first_partition(program, part, profile, flags, **kw):
         if part == 0:
             raise NotImplementedError("no lowering for this tile shape\nsecond line")
-        return real(program, part, profile, flags)
+        return real(program, part, profile, flags, **kw)
 
     monkeypatch.setattr(schedule, "build_schedule", fails_on_first_partition)
     torch.manual_seed(0)

@@ -160,3 +160,90 @@ def test_int8_weights_match_the_fake_quantised_eager_model_and_halve_the_bytes()
         assert (a.name, a.bucket) == (b.name, b.bucket)
     with pytest.raises(Exception, match="fp8 weights need a trn2"):
         project(tiny_config(), sequence_length=64, quantization_dtype="fp8")
+
+
+def test_decode_buckets_share_one_capture_and_project_as_if_each_were_captured(monkeypatch):
+    import importlib
+
+    from neuron_stack.llm import project
+
+    P = importlib.import_module("neuron_stack.llm.project")
+    for cache in (P._FIGURES, P._GRAPHS, P._TEMPLATES):
+        cache.clear()
+    captured, real = [], P._capture
+    monkeypatch.setattr(P, "_capture", lambda *a: captured.append((a[1], a[4])) or real(*a))
+    cfg = tiny_config()
+    p = project(cfg, sequence_length=144, context_length=16, token_generation_buckets=[48, 80, 112, 144])
+    # context encoding and the smallest and largest decode buckets, with one and two layers: no more
+    assert sorted(captured) == [(1, 16), (1, 48), (1, 144), (2, 16), (2, 48), (2, 144)]
+    small, mid = (real(cfg, 1, 1, 1, b, "bfloat16", None) for b in (48, 80))
+    assert P._same(P.rebucket(small, 48, 80), mid) and not P._same(small, mid)
+    # 32 is also the K/V projection's width: substituting it would change that too, so each is captured
+    captured.clear()
+    P._FIGURES.clear()
+    q = project(cfg, sequence_length=144, context_length=16, token_generation_buckets=[32, 80, 144])
+    assert sorted(b for _, b in captured if b != 16) == [32, 32, 80, 80, 144, 144]
+    # a derived bucket projects exactly as its own capture
+    for cache in (P._FIGURES, P._TEMPLATES):
+        cache.clear()
+    alone = project(cfg, sequence_length=144, context_length=16, token_generation_buckets=[80])
+    for proj in (p, q):
+        assert next(g for g in proj.graphs if g.bucket == 80).to_json() | {"compile_s": 0} == \
+            next(g for g in alone.graphs if g.bucket == 80).to_json() | {"compile_s": 0}
+
+
+def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
+    import importlib
+
+    from neuron_stack.frontend.flags import parse_flags
+    from neuron_stack.llm import project
+
+    P = importlib.import_module("neuron_stack.llm.project")
+    for cache in (P._FIGURES, P._GRAPHS):
+        cache.clear()
+    p = project(tiny_config(layers=4), sequence_length=64, context_length=16)
+    assert not P._GRAPHS  # no NEFF (a full-size prefill one takes gigabytes) outlives the projection
+    g = p.graphs[1]
+    one, two = g.neffs  # compiled now, complete: record tables, operands, meta weights (numbers=none)
+    assert all(s.records and s.table.column("operands")[0].as_py() for n in (one, two) for s in n.schedules.values())
+    assert all(t.is_meta for t in two.program.constants.values()) and two.program.stats["numbers"] == "none"
+    t1, t2 = (sum(s.device_ns for s in n.schedules.values()) for n in (one, two))
+    assert (g.base_ns + g.layer_ns, g.layer_ns) == (t1, t2 - t1)
+    # the timings-only compile the projection ran schedules every instruction the same
+    lean = P.compile_program(P._capture(tiny_config(layers=4), 2, 1, 1, 64, "bfloat16", None), parse_flags(None),
+                             detail=False)
+    for full, s in zip(two.schedules.values(), lean.schedules.values()):
+        assert not s.records and s.device_ns == full.device_ns
+        cols = ["engine", "queue", "opcode", "rel_start_ns", "dur_ns"]
+        assert s.table.select(cols).equals(full.table.select(cols))
+
+
+def test_bench_projects_what_serving_the_published_rows_projects(monkeypatch):
+    import neuron_stack.llm
+    from neuron_stack.inference.projection import project_serving
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import llm as bench_llm
+    import published
+
+    class Asked(Exception):
+        pass
+
+    def asked(model, **kw):
+        raise Asked(model, kw)
+
+    monkeypatch.setattr(neuron_stack.llm, "project", asked)
+    for model, target, tp, n_in, n_out, _budget in bench_llm.CASES:
+        row = next(r for r in published.ROWS if r[:3] == (model, target, tp) and r[4:6] == (n_in, n_out))
+        preset, nc, _, _ = published.row_settings(row)
+        with pytest.raises(Asked) as e:
+            project_serving(preset, nc, n_in, n_out, quantization_dtype="int8" if "int8" in row[8] else None)
+        kw = e.value.args[1]
+        cmd = bench_llm.command(model, target, tp, n_in, n_out)
+        value = lambda flag: cmd[cmd.index(flag) + 1]  # noqa: E731
+        assert cmd[4] == preset and value("--instance") == kw["instance_type"] and int(value("--tp")) == tp
+        assert int(value("--sequence-length")) == kw["sequence_length"]
+        assert int(value("--context-length")) == kw["context_length"]
+        buckets = cmd[cmd.index("--tkg-buckets") + 1:cmd.index("--json")]
+        assert [int(b) for b in buckets] == kw["token_generation_buckets"]
+        assert ("--quantization-dtype" in cmd) == (kw["quantization_dtype"] == "int8")

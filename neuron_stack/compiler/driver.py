@@ -96,13 +96,13 @@ def tensor_digest(t: torch.Tensor) -> bytes:
     return digest
 
 
-def _schedule(program: Program, part: int, profile, flags: dict) -> tuple[object, str]:
+def _schedule(program: Program, part: int, profile, flags: dict, detail: bool = True) -> tuple[object, str]:
     """Partition ``part``'s instruction schedule, or the roofline estimate if lowering fails.
 
     The fallback is a safety net, never a normal path: it is loud (compile log and stderr)."""
     try:
         # looked up on the module at call time: a test replaces it to exercise the fallback
-        return schedule.build_schedule(program, part, profile, flags), "instruction"
+        return schedule.build_schedule(program, part, profile, flags, detail=detail), "instruction"
     except Exception as exc:  # numbers do not depend on timing: a lowering gap must not fail the compile
         msg = (f"warning: instruction-level lowering failed on partition #{part} "
                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
@@ -152,16 +152,19 @@ def _timed(passes: dict[str, float], name: str):
 
 
 def compile_program(program: Program, flags: dict, *, partitioner_config=None,
-                    graph_hash_value: str | None = None) -> Neff:
+                    graph_hash_value: str | None = None, detail: bool = True) -> Neff:
     """Run every pass on ``program`` (annotated in place) and return the in-memory :class:`Neff`.
 
-    ``flags`` comes from :func:`neuron_stack.frontend.flags.parse_flags`. Example in the module docstring.
+    ``flags`` comes from :func:`neuron_stack.frontend.flags.parse_flags`. ``detail=False``: the timings
+    only, for a caller that reads nothing else (a projection): no record tables, no operand text (nearly
+    half of a 10,000-token prefill's compile), so the NEFF cannot run. Example in the module docstring.
     """
     with paused_gc():
-        return _compile_program(program, flags, partitioner_config, graph_hash_value)
+        return _compile_program(program, flags, partitioner_config, graph_hash_value, detail)
 
 
-def _compile_program(program: Program, flags: dict, partitioner_config, graph_hash_value: str | None) -> Neff:
+def _compile_program(program: Program, flags: dict, partitioner_config, graph_hash_value: str | None,
+                     detail: bool = True) -> Neff:
     t0 = time.perf_counter()
     profile = get_profile(flags["target"])
     program.flags = compiler_flags(flags)
@@ -198,7 +201,7 @@ def _compile_program(program: Program, flags: dict, partitioner_config, graph_ha
             if extract:
                 s, timing = build_roofline(program, p.index, profile, flags), "roofline"
             else:
-                s, timing = _schedule(program, p.index, profile, flags)
+                s, timing = _schedule(program, p.index, profile, flags, detail)
         timings.add(timing)
         schedules[p.index] = PartitionSchedule(
             table=s.table, busy_ns={k: int(v) for k, v in s.busy_ns.items()}, device_ns=int(s.device_ns),

@@ -92,14 +92,17 @@ class Schedule:
         return cls(table=table, **scalars)
 
 
-def build_schedule(program: Program, partition: int, profile: DeviceProfile, flags: dict | None) -> Schedule:
+def build_schedule(program: Program, partition: int, profile: DeviceProfile, flags: dict | None,
+                   detail: bool = True) -> Schedule:
     """Lower and schedule the device nodes of ``partition`` (fused nodes in their host's epilogue).
 
-    ``flags``: the parsed compiler flags (``auto_cast``, ``auto_cast_type``, ``optlevel``, ``target``).
+    ``flags``: the parsed compiler flags (``auto_cast``, ``auto_cast_type``, ``optlevel``, ``target``);
+    ``detail=False``: the timings only, for a caller that reads nothing else: no record tables
+    (:mod:`neuron_stack.compiler.records`) and empty ``operands`` (the interpreter cannot run it).
     Example: ``build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).device_ns``.
     """
     low = lower(program, partition, profile, flags or {})
-    return schedule_lowered(low, profile)
+    return schedule_lowered(low, profile, detail)
 
 
 def build_schedules(program: Program, flags: dict | None = None, profile: DeviceProfile | None = None
@@ -115,8 +118,8 @@ def build_schedules(program: Program, flags: dict | None = None, profile: Device
     return {i: build_schedule(program, i, profile, flags) for i in parts}
 
 
-def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
-    """List-schedule a lowered instruction list.
+def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) -> Schedule:
+    """List-schedule a lowered instruction list (``detail=False``: timings only, see :func:`build_schedule`).
 
     Event-driven list scheduling: among the instructions whose dependencies are done, the one that
     can start earliest goes first (ties: program order), each engine running one instruction at a
@@ -281,10 +284,10 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
         idx = np.flatnonzero(qarr == q)
         order = idx[np.lexsort((idx, start[idx]))]
         pc[order] = np.arange(len(order), dtype=np.int32)
-    return _assemble(low, instrs, start, dur, wait, queue, pc, profile)
+    return _assemble(low, instrs, start, dur, wait, queue, pc, profile, detail)
 
 
-def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile) -> Schedule:
+def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile, detail=True) -> Schedule:
     n = len(instrs)
     col = lambda f: [getattr(x, f) for x in instrs]  # noqa: E731
     engines = col("engine")
@@ -300,7 +303,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         "hbm_write_bytes": np.array(col("hbm_write"), dtype=np.int64),
         "spill_save_bytes": np.array(col("spill_save"), dtype=np.int64),
         "spill_reload_bytes": np.array(col("spill_reload"), dtype=np.int64),
-        "operands": [json.dumps(x.operands, separators=(",", ":")) for x in instrs],
+        "operands": [json.dumps(x.operands, separators=(",", ":")) for x in instrs] if detail else [""] * n,
     }, schema=TABLE_SCHEMA)
     eng = np.array(engines, dtype=object)
     busy, active = {}, {}
@@ -327,7 +330,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         dma_transfer_count=int(dma.sum()),
         sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
         inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name,
-        records=records_mod.build(low, start, dur, queue, pc))
+        records=records_mod.build(low, start, dur, queue, pc) if detail else {})
 
 
 def union_ns(s: np.ndarray, d: np.ndarray) -> int:

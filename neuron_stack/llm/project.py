@@ -34,12 +34,15 @@ import math
 import resource
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES, compile_program
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import parse_flags
+from neuron_stack.ir import Program, TensorSpec
 from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive
 from neuron_stack.llm.quantize import FP8_TARGETS, QUANT_DTYPES, quantize_decoder
 from neuron_stack.runtime.collectives import Group, plan
@@ -61,10 +64,16 @@ class GraphProjection:
     instructions: int  # whole model
     compile_s: float
     layer_busy_ns: dict = field(default_factory=dict)  # engine -> busy ns of one layer
-    neffs: list = field(default_factory=list, repr=False)  # the 1- and 2-layer NEFFs (numbers=none)
+    compile_layers: Callable | None = field(default=None, repr=False, compare=False)  # layers -> its NEFF
+
+    @property
+    def neffs(self) -> list:
+        """The 1- and 2-layer NEFFs (numbers=none), compiled on first use: the projection keeps only
+        their figures (a full-size prefill NEFF with its record tables takes gigabytes)."""
+        return [self.compile_layers(1), self.compile_layers(2)]
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "neffs"}
+        return {k: v for k, v in self.__dict__.items() if k != "compile_layers"}
 
 
 @dataclass
@@ -216,28 +225,157 @@ def _kv_geometry(config) -> tuple[int, int]:
 
 
 #: compiled sub-models of this process by everything that shapes them (config, layers, batch, tokens,
-#: bucket, dtype, flags): the CLI, inference_demo, NeuronModelForCausalLM and the benches asking for
-#: the same graph get the same NEFF, once. Small: a full-size graph's NEFF is tens of MB.
+#: bucket, dtype, flags): whoever asks for a graph's NEFF again gets the same one. Few: a full-size
+#: prefill NEFF takes gigabytes.
 _GRAPHS: OrderedDict = OrderedDict()
-_GRAPHS_MAX = 6
+_GRAPHS_MAX = 2
+#: the figures a projection reads from each of those graphs (:func:`_figures`), by the same key: the
+#: CLI, inference_demo, NeuronModelForCausalLM and the benches projecting the same settings compile once
+_FIGURES: OrderedDict = OrderedDict()
+_FIGURES_MAX = 256
+#: captured token-generation graphs shared by a set of buckets (see :func:`_program`): a few hundred
+#: nodes each, weights on the meta device
+_TEMPLATES: OrderedDict = OrderedDict()
+_TEMPLATES_MAX = 4
 
 
 def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dtype: str, flags: dict,
-                   quantization: str | None = None):
-    """Capture and compile one sub-model with ``layers`` decoder layers on the meta device (cached)."""
-    key = (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
-           json.dumps(flags, sort_keys=True, default=str), quantization)
+                   quantization: str | None = None, family: tuple[int, ...] = ()):
+    """Capture and compile one sub-model with ``layers`` decoder layers on the meta device (cached).
+
+    ``family``: the KV lengths of the sibling graphs of a decode step (``bucket`` among them), which
+    share one capture (:func:`_program`); the NEFF is the same with or without it."""
+    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization)
     if key in _GRAPHS:
         _GRAPHS.move_to_end(key)
         return _GRAPHS[key]
-    neff = _GRAPHS[key] = _compile_graph_uncached(config, layers, batch, tokens, bucket, dtype, flags,
-                                                  quantization)
+    neff = _GRAPHS[key] = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization,
+                                                   family), flags)
     while len(_GRAPHS) > _GRAPHS_MAX:
         _GRAPHS.popitem(last=False)
     return neff
 
 
-def _compile_graph_uncached(config, layers, batch, tokens, bucket, dtype, flags, quantization):
+def _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization) -> tuple:
+    return (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
+            json.dumps(flags, sort_keys=True, default=str), quantization)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """What a projection reads from one compiled sub-model."""
+
+    device_ns: int
+    instructions: int
+    memory: dict  # the program's memory plan (driver.memory_plan)
+    active_ns: dict  # engine -> union of its busy intervals (_engine_active_ns)
+
+
+def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=()) -> _Figures:
+    """The figures of the sub-model :func:`_compile_graph` would compile, from a timings-only compile
+    (``detail=False``) whose NEFF is dropped at once (cached: the figures are a few numbers)."""
+    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization)
+    if key in _FIGURES:
+        _FIGURES.move_to_end(key)
+        return _FIGURES[key]
+    neff = _GRAPHS.get(key)
+    if neff is None:
+        neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family), flags,
+                               detail=False)
+    fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in neff.schedules.values()),
+                                   neff.program.stats["num_instructions"], neff.program.stats["memory"],
+                                   _engine_active_ns(neff))
+    while len(_FIGURES) > _FIGURES_MAX:
+        _FIGURES.popitem(last=False)
+    return fig
+
+
+def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=()):
+    """The captured sub-model at KV length ``bucket``, captured once for a whole ``family`` of lengths.
+
+    Capturing (``torch.export`` and its decompositions) is most of a projection's time, and the
+    graphs of one decode step at different KV lengths differ only in that length: in tensor shapes
+    and in the integer arguments that size them (``arange``, ``expand``, ``view``). So the family's
+    smallest and largest lengths are captured, and when substituting the length in the smallest's
+    program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
+    lengths between are derived the same way; otherwise (the length decides some structure, or it
+    equals another dimension, e.g. the K/V width) each is captured."""
+    family = tuple(sorted(set(family) | {bucket}))
+    if len(family) < 3:
+        return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
+    key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family)
+    if key not in _TEMPLATES:
+        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization)
+                        for b in (family[0], family[-1]))
+        _TEMPLATES[key] = small, large, _same(rebucket(small, family[0], family[-1]), large)
+        while len(_TEMPLATES) > _TEMPLATES_MAX:
+            _TEMPLATES.popitem(last=False)
+    _TEMPLATES.move_to_end(key)
+    small, large, shared = _TEMPLATES[key]
+    # copies: the compiler annotates the program it compiles
+    if bucket == family[-1]:
+        return rebucket(large, bucket, bucket)
+    if bucket == family[0] or shared:
+        return rebucket(small, family[0], bucket)
+    return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
+
+
+def rebucket(program: Program, old: int, new: int) -> Program:
+    """A fresh copy of a captured (not yet compiled) ``program`` with the KV length ``old`` replaced by
+    ``new`` in every tensor shape and integer argument (constants are shared: they do not change).
+
+    >>> from neuron_stack.ir import Node, TensorSpec
+    >>> p = Program("g", [Node("a", "aten.arange.start_step", [0, 256], outputs=[TensorSpec((256,), "int64")])],
+    ...             [], [{"node": "a"}])
+    >>> q = rebucket(p, 256, 512)
+    >>> q.nodes[0].args, q.nodes[0].outputs[0].shape, p.nodes[0].args
+    ([0, 512], (512,), [0, 256])
+    """
+    from torch.utils import _pytree as pytree
+
+    def sub(a):
+        if type(a) is int:  # not bool, not float: a length is an int
+            return new if a == old else a
+        if isinstance(a, list):
+            return [sub(x) for x in a]
+        if isinstance(a, tuple):
+            return tuple(sub(x) for x in a)
+        if isinstance(a, dict):
+            return {k: sub(v) for k, v in a.items()}
+        return a
+
+    def specs(ss):
+        return [TensorSpec(sub(s.shape), s.dtype) for s in ss]
+
+    def tree(x):  # a dumped pytree spec: each "context" is a JSON text of its own (the cache's lengths)
+        if isinstance(x, dict):
+            return {k: json.dumps(sub(json.loads(v))) if k == "context" and isinstance(v, str) else tree(v)
+                    for k, v in x.items()}
+        return [tree(v) for v in x] if isinstance(x, list) else x
+
+    nodes = [replace(n, args=sub(n.args), kwargs=sub(n.kwargs), inputs=specs(n.inputs), outputs=specs(n.outputs))
+             for n in program.nodes]
+    io = {k: json.dumps(tree(json.loads(v))) if k in ("in", "out") else v for k, v in program.io_specs.items()}
+    out = Program(program.name, nodes, list(program.input_names), sub(program.output_names),
+                  dict(program.constants), dict(program.flags), list(program.log), io)
+    # the pytree specs capture attaches (frontend.export.from_exported), rebuilt from the new text
+    for attr, k in (("in_spec", "in"), ("out_spec", "out")):
+        if k in io:
+            setattr(out, attr, pytree.treespec_loads(io[k]))
+        elif hasattr(program, attr):
+            setattr(out, attr, getattr(program, attr))
+    return out
+
+
+def _same(a: Program, b: Program) -> bool:
+    """Two captured programs are the same graph: nodes, I/O, sources, constants' shapes, pytree specs."""
+    shapes = [{k: (tuple(t.shape), t.dtype) for k, t in p.constants.items()} for p in (a, b)]
+    specs = [(str(getattr(p, "in_spec", None)), str(getattr(p, "out_spec", None))) for p in (a, b)]
+    return a.to_json() == b.to_json() and shapes[0] == shapes[1] and specs[0] == specs[1]
+
+
+def _capture(config, layers, batch, tokens, bucket, dtype, quantization) -> Program:
+    """Build the sub-model on the meta device and capture it (``torch.export``): no weights, no numbers."""
     import torch
     import transformers
 
@@ -251,12 +389,11 @@ def _compile_graph_uncached(config, layers, batch, tokens, bucket, dtype, flags,
     )
     ids = torch.zeros((batch, tokens), dtype=torch.long, device=meta)
     pos = torch.arange(tokens, device=meta) if tokens > 1 else torch.full((1,), bucket - 1, device=meta)
-    program = capture(
+    return capture(
         model,
         {"input_ids": ids, "past_key_values": cache, "cache_position": pos},
         name=f"{type(model).__name__}_{layers}layer",
     )
-    return compile_program(program, flags)
 
 
 def _engine_active_ns(neff) -> dict[str, int]:
@@ -357,16 +494,17 @@ def project(
     elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
     for kind, tokens, bucket in plans:
         g0 = time.perf_counter()
-        one = _compile_graph(rank, 1, batch_size, tokens, bucket, dtype, flags, quantization)
-        two = _compile_graph(rank, 2, batch_size, tokens, bucket, dtype, flags, quantization)
-        t1, t2 = (sum(sc.device_ns for sc in n.schedules.values()) for n in (one, two))
-        i1, i2 = one.program.stats["num_instructions"], two.program.stats["num_instructions"]
+        family = tuple(buckets) if kind == "token_generation" else ()
+        one, two = (_figures(rank, n, batch_size, tokens, bucket, dtype, flags, quantization, family)
+                    for n in (1, 2))
+        t1, t2 = one.device_ns, two.device_ns
+        i1, i2 = one.instructions, two.instructions
         # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
         # one-layer graph (the rest of it, embedding and LM head, is then the base)
         layer_ns, layer_instr = min(max(0, t2 - t1), t1), max(0, i2 - i1)
         coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
         instructions = i1 + (layers - 1) * layer_instr
-        a1, a2 = _engine_active_ns(one), _engine_active_ns(two)
+        a1, a2 = one.active_ns, two.active_ns
         # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
         # a layer's extra latency bounds
         busy = {e: min(layer_ns, max(0, a2.get(e, 0) - a1.get(e, 0))) for e in a1.keys() | a2.keys()}
@@ -383,11 +521,12 @@ def project(
                 instructions,
                 time.perf_counter() - g0,
                 {e: v for e, v in sorted(busy.items()) if v > 0},
-                [one, two],
+                partial(_compile_graph, rank, batch=batch_size, tokens=tokens, bucket=bucket, dtype=dtype,
+                        flags=flags, quantization=quantization, family=family),
             )
         )
         code_bytes += instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
-        mem = one.program.stats["memory"]
+        mem = one.memory
         cache_1layer = 2 * batch_size * kv * bucket * head_dim * elt
         act_bytes = max(act_bytes, mem["tensors"] - cache_1layer)
         scratch = max(scratch, mem["model_shared_scratchpad"])
