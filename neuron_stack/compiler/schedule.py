@@ -119,7 +119,7 @@ def build_schedules(program: Program, flags: dict | None = None, profile: Device
     Example: ``run_program(prog, inputs, build_schedules(prog, {"auto_cast": "matmult"}))``.
     """
     flags = flags or {}
-    profile = profile or get_profile(flags.get("target", "trn1"))
+    profile = profile or get_profile(flags.get("target", "trn1"), flags.get("lnc"))
     parts = [p.index for p in program.partitions if p.kind == "device"] if program.partitions else [0]
     return {i: build_schedule(program, i, profile, flags) for i in parts}
 
