@@ -205,11 +205,13 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     tcand: list[int] = []                   # Tensor candidates with several PE arrays (a handful)
     unit_q = [-1] * (len(unit_last) or 1)   # the PE array a unit runs on
     owner = [-1] * lnc                      # the unit a PE array is running
+    tstale = [True]                         # the Tensor pick changes only when tcand or an array does
 
     def add(j: int) -> None:
         c = cls[j]
         if c == tcls:
             tcand.append(j)
+            tstale[0] = True
             return
         r = ready[j] + lat[j] if kind[j] else ready[j]
         if r <= cfree[c]:
@@ -238,11 +240,13 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
             add(i)
     done = 0
     ncls = range(len(cls_names))
+    tp = None
     while True:
         bc, best = -1, None
         for c in ncls:
             if c == tcls:
-                tp = tensor_pick()
+                if tstale[0]:
+                    tp, tstale[0] = tensor_pick(), False
                 cand = tp[:2] if tp else None
             elif avail[c]:
                 cand = (cfree[c], avail[c][0])
@@ -257,6 +261,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
         i = best[1]
         if bc == tcls:
             tcand.remove(i)
+            tstale[0] = True
         elif avail[bc]:
             pop(avail[bc])
         else:
