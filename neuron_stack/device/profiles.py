@@ -144,7 +144,8 @@ class DeviceProfile:
             "scalar_engine_clock_freq": self.scalar_clock_ghz, "gpsimd_engine_clock_freq": self.gpsimd_clock_ghz,
             "vector_engine_num_channels": self.vector_lanes, "scalar_engine_num_channels": self.scalar_lanes,
             "neuroncore_clock_freq": self.neuroncore_clock_ghz, "ticks_per_nanosec": 1,
-            "tensor_engine_peak_bf16_flops": self.tensor_peak_flops("bfloat16"),
+            # MFU's denominator: the logical core's PE arrays (LNC=2: two), so MFU stays <= 100%
+            "tensor_engine_peak_bf16_flops": self.lnc * self.tensor_peak_flops("bfloat16"),
             "hbm_bytes_per_core": self.hbm_bytes_per_core,
         }
         return {k: str(v) for k, v in rows.items()}
