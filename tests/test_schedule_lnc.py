@@ -2,6 +2,7 @@
 DMA queues (logical-neuroncore-config.rst); trn1/inf2 (LNC=1) schedule exactly as before; the degree
 comes from ``-lnc``/``--logical-nc-config`` or ``NEURON_LOGICAL_NC_CONFIG``, a bad one is one line."""
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from test_schedule_invariants import Block
 
 import traces
 from neuron_stack.compiler.fuse import fuse
@@ -19,7 +21,7 @@ from neuron_stack.compiler.schedule import build_schedule
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import FlagError, command_line, parse_flags
-from test_schedule_invariants import Block
+from traces.export import export
 
 
 class Chain(torch.nn.Module):
@@ -140,6 +142,11 @@ def test_profile_shows_the_physical_core_and_numbers_do_not_change(tmp_path):
             "SELECT pcore_idx, count(*) AS n FROM Instruction GROUP BY 1").to_pylist()}
         [md] = p.sql("SELECT value FROM metadata WHERE key = 'logical_neuroncore_config'").column(0).to_pylist()
     assert set(per) == {0, 1} and md == "2"
+    # the Perfetto export gives physical core 1's engines their own tracks (slices never overlap in one)
+    with traces.open(path2) as p:
+        doc = json.loads(export(p, "perfetto", tmp_path / "t.json").read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"Tensor(nc0)", "Tensor.pc1(nc0)", "TensorMatrix(nc0)", "TensorMatrix.pc1(nc0)"} <= names
     with traces.open(path1) as p:
         assert p.sql("SELECT DISTINCT pcore_idx FROM Instruction").column(0).to_pylist() == [0]
     assert np.isfinite(err1)
