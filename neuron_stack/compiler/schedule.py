@@ -144,7 +144,8 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     bar_ready: list[int] = []
     writer_bars: list[list[int]] = [[] for _ in range(n)]
     lnc = profile.lnc
-    unit, unit_last, start_succ = _tensor_units(instrs, lnc)
+    unit, unit_last, next_unit = _tensor_units(instrs, lnc)
+    later_units = set(next_unit.values())     # each waits for the previous unit's start
     prev_tensor = -1
     for i, ins in enumerate(instrs):
         deps = set(ins.deps)
@@ -154,7 +155,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
             prev_tensor = i
         for d in deps:
             succ[d].append(i)
-        preds_left[i] = len(deps) + (i in start_succ.get("targets", ()))
+        preds_left[i] = len(deps) + (i in later_units)
         for t in ins.tdeps:
             b = tensors.get(t)
             if b is None:
@@ -303,9 +304,9 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
         while w and w[0][0] <= cfree[bc]:
             push(avail[bc], pop(w)[1])
         start[i], dur[i] = s, d_ns
-        for j in start_succ.get(i, ()):   # the next Tensor unit may start once this one has
-            if s > ready[j]:
-                ready[j] = s
+        j = next_unit.get(i, -1)          # the next Tensor unit may start once this one has
+        if j >= 0:
+            ready[j] = max(ready[j], s)
             preds_left[j] -= 1
             if preds_left[j] == 0:
                 add(j)
@@ -342,10 +343,10 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile) -> Schedule:
     return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile)
 
 
-def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], dict]:
+def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
     """With several PE arrays (LNC > 1): each Tensor instruction's unit, each unit's last instruction,
-    and ``{first of unit k: [first of unit k+1]}`` (units start in program order; ``"targets"``: those
-    firsts). A unit is an LDWEIGHTS and what follows it until one with no PSUM accumulation open.
+    and ``{first of unit k: first of unit k+1}`` (units start in program order). A unit is an
+    LDWEIGHTS and what follows it up to the next LDWEIGHTS issued with no PSUM accumulation open.
 
     >>> from neuron_stack.compiler.lower.tiles import Instr
     >>> mm = lambda b, a, z: Instr("tensor", "MATMUL", "n", 1, [], [], {"dst": [{"b": b}], "start": a, "stop": z})
@@ -355,7 +356,7 @@ def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], 
     """
     unit = [-1] * len(instrs)
     last: list[int] = []
-    links: dict = {"targets": set()}
+    links: dict[int, int] = {}
     if lnc == 1:
         return unit, last, links
     open_acc: set = set()
@@ -363,10 +364,9 @@ def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], 
     for i, ins in enumerate(instrs):
         if ins.engine != "tensor":
             continue
-        if not last or ins.opcode == "LDWEIGHTS" and not open_acc:
+        if not last or (ins.opcode == "LDWEIGHTS" and not open_acc):
             if first >= 0:
-                links.setdefault(first, []).append(i)
-                links["targets"].add(i)
+                links[first] = i
             first = i
             last.append(i)
         last[-1] = i
@@ -375,7 +375,7 @@ def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], 
             b = ins.operands["dst"][0].get("b")
             if ins.operands.get("stop", True):
                 open_acc.discard(b)
-            elif ins.operands.get("start", True) or b not in open_acc:
+            else:
                 open_acc.add(b)
     return unit, last, links
 
