@@ -11,6 +11,7 @@ under the real profiler's Metadata field names (reference §3.8) with ``is_simul
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field, replace
 
@@ -200,8 +201,15 @@ def get_profile(name: str, lnc: int | None = None) -> DeviceProfile:
     if n not in p.lnc_choices:
         raise ValueError(f"logical NeuronCore config {n} is not supported on {name}: use "
                          f"{' or '.join(map(str, p.lnc_choices))} (logical-neuroncore-config.rst)")
-    return replace(p, lnc=n, cores_per_chip=p.physical_cores_per_chip // n,
-                   neuroncore_version=p.neuroncore_version.removesuffix("d") if n == 1 else p.neuroncore_version)
+    return _regrouped(name, n)
+
+
+@functools.cache
+def _regrouped(name: str, lnc: int) -> DeviceProfile:
+    """``name``'s chip with its physical cores grouped ``lnc`` per logical core (one object per degree)."""
+    p = PROFILES[name]
+    return replace(p, lnc=lnc, cores_per_chip=p.physical_cores_per_chip // lnc,
+                   neuroncore_version=p.neuroncore_version.removesuffix("d") if lnc == 1 else p.neuroncore_version)
 
 
 def lnc_from_env(p: DeviceProfile) -> int:
