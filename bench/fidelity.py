@@ -85,7 +85,7 @@ def matmul_rows(targets, sizes):
         for t in targets:
             p = get_profile(t)
             s = build_schedule(prog, 0, p, {"target": t})
-            frac = 2 * n ** 3 / (s.device_ns * 1e-9) / p.tensor_peak_flops("bfloat16")
+            frac = 2 * n ** 3 / (s.device_ns * 1e-9) / (p.lnc * p.tensor_peak_flops("bfloat16"))  # logical core
             cells.append(f"{frac:6.3f} ({2 * n ** 3 / s.device_ns / 1e3:5.1f} TF)")
         print(f"{n:>6} " + " ".join(f"{c:>16}" for c in cells))
 
@@ -123,7 +123,7 @@ def decoder_rows(targets, seq):
         for e in engines:
             busy = s.active_ns.get(e, 0)
             cells.append(f"{busy / 1e3:8.1f}us {100 * busy / max(s.device_ns, 1):3.0f}%")
-        mfu = s.tensor_flops / (s.device_ns * 1e-9) / p.tensor_peak_flops("bfloat16")
+        mfu = s.tensor_flops / (s.device_ns * 1e-9) / (p.lnc * p.tensor_peak_flops("bfloat16"))
         print(f"{t:>7} {s.device_ns / 1e3:10.1f} {s.table.num_rows:7d} {el:8.2f} " + " ".join(f"{c:>14}" for c in cells)
               + f" {100 * mfu:5.1f}%")
     print("   (per engine: active time = union of its busy intervals, and its share of the device time)")

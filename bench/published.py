@@ -104,7 +104,8 @@ def roofline_ms(model: str, target: str, tp: int, batch: int, tokens: int, ctx: 
     flops = L * (2 * params * batch * tokens + 4 * batch * hq * hd * tokens * ctx) + 2 * d * c.vocab_size * batch
     kv_bytes = 2 * L * batch * hkv * hd * ctx * 2 if tokens == 1 else 0
     nbytes = layer_weight_bytes * L * params + 2 * d * c.vocab_size + kv_bytes
-    t = max(flops / p.tensor_peak_flops("bfloat16"), nbytes / (p.hbm_bytes_per_ns_per_core * 1e9))
+    # a logical core: LNC physical cores' Tensor Engines (trn2: 2), its share of the chip's HBM
+    t = max(flops / (p.lnc * p.tensor_peak_flops("bfloat16")), nbytes / (p.hbm_bytes_per_ns_per_core * 1e9))
     return t * 1e3
 
 
@@ -190,7 +191,9 @@ def _why(r: dict) -> str:
             )
         if r["target"] == "trn2":
             why.append(
-                "a trn2 LNC=2 logical core has two physical cores' engines; the profile schedules one core's"
+                "trn2 LNC=2 is scheduled on both physical cores' engines and 32 DMA queues, but over one "
+                "shared SBUF of one core's size (the real compiler shards over two SBUFs, so it spills less; "
+                "cross-core exchange is not costed)"
             )
     return "; ".join(dict.fromkeys(why))
 
@@ -345,8 +348,9 @@ DMA_CLAIMS = [
 
 def scheduled_dma_efficiency(target: str, nbytes: int, transfers: int = 64) -> float:
     """Achieved / peak bandwidth of ``transfers`` HBM->SBUF loads of [128 partitions x nbytes], lowered
-    and scheduled over the core's queues into IN_FLIGHT rotating slots (the guide's 16 x 8 shape)."""
-    p = get_profile(target)
+    and scheduled over the core's queues into IN_FLIGHT rotating slots (the guide's 16 x 8 shape).
+    The guide's figures are one NeuronCore's: LNC=1."""
+    p = get_profile(target, lnc=1)
     low = Lowerer(Program("dma", [], [], []), 0, p, {})
     F = max(1, nbytes // 4)
     pool = Pool(low, "t", "sbuf", 128, F, "float32", bufs=IN_FLIGHT)
@@ -364,8 +368,8 @@ def matmul_curve(target: str) -> list[tuple[int, float, float]]:
     """(moving N, guide efficiency N / max(N, 64), scheduled steady-state efficiency) of back-to-back
     MATMULs with a 128 x 128 stationary (arch guide: II = max(N_moving, MM_INIT_LATENCY=64) cycles).
     Steady state: the marginal rate between 256 and 512 instructions, past trn2's throttle ramp
-    (TensorE starts at 50% and ramps to 100% over ~3 us: overview-summary-page.rst)."""
-    p = get_profile(target)
+    (TensorE starts at 50% and ramps to 100% over ~3 us: overview-summary-page.rst). One NeuronCore: LNC=1."""
+    p = get_profile(target, lnc=1)
 
     def span(n: int, count: int) -> int:
         low = Lowerer(Program("mm", [], [], []), 0, p, {})

@@ -34,3 +34,20 @@ def test_metadata_uses_profiler_names(name):
 def test_unknown_profile_is_one_clear_error():
     with pytest.raises(ValueError, match="choose one of trn1, inf2, trn2"):
         get_profile("trn9")
+
+
+def test_trn2_logical_cores_group_its_eight_physical_cores(monkeypatch):
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    two, one = get_profile("trn2"), get_profile("trn2", lnc=1)
+    assert (two.lnc, two.cores_per_chip, two.dma_queues) == (2, 4, 32)
+    assert (one.lnc, one.cores_per_chip, one.dma_queues) == (1, 8, 16)
+    assert two.physical_cores_per_chip == one.physical_cores_per_chip == 8
+    assert two.hbm_bytes_per_core == 2 * one.hbm_bytes_per_core
+    assert two.tensor_peak_flops() == one.tensor_peak_flops()          # per physical core
+    md2, md1 = two.metadata(), one.metadata()
+    assert (md2["vnc_enabled"], md2["num_physical_cores"], md2["neuroncore_version"]) == ("true", "2", "v3d")
+    assert (md1["vnc_enabled"], md1["num_physical_cores"], md1["neuroncore_version"]) == ("false", "1", "v3")
+    assert float(md2["tensor_engine_peak_bf16_flops"]) == 2 * float(md1["tensor_engine_peak_bf16_flops"])
+    assert get_profile("trn1").metadata()["vnc_enabled"] == "false"
+    with pytest.raises(ValueError, match="config 2 is not supported on inf2: use 1"):
+        get_profile("inf2", lnc=2)

@@ -57,9 +57,10 @@ def test_invariants(program, target):
         idx = idx[np.argsort(pc[idx])]                      # the queue's executed order
         assert list(pc[idx]) == list(range(len(idx)))
         assert (start[idx][1:] >= end[idx][:-1]).all(), q
-    # the Tensor Engine keeps program order (LDWEIGHTS/MATMUL pairs share the PE array)
-    tidx = np.flatnonzero(engine == "tensor")
-    assert list(pc[tidx]) == list(range(len(tidx)))
+    # each PE array keeps program order (LDWEIGHTS/MATMUL pairs share it); trn2 LNC=2 has two
+    for q in {q for q, e in zip(queue, engine) if e == "tensor"}:
+        tidx = np.flatnonzero(queue == q)
+        assert list(pc[tidx]) == list(range(len(tidx)))
     # dependencies respected (instruction deps and "all writers done" on HBM tensors)
     writers_end = {}
     for i, ins in enumerate(low.instrs):

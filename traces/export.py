@@ -49,7 +49,10 @@ def _track_sql(t: str = "") -> str:
     matrix = ", ".join(f"'{o}'" for o in TENSOR_MATRIX_OPCODES)
     return (f"(CASE WHEN {t}engine = 'dma' THEN coalesce({t}queue, 'DMA') "
             f"WHEN {t}engine = 'tensor' AND {t}opcode IN ({matrix}) THEN 'TensorMatrix' "
-            f"ELSE coalesce(CASE {t}engine {names} END, {t}engine) END) || '(nc' || {t}core || ')'")
+            f"ELSE coalesce(CASE {t}engine {names} END, {t}engine) END) "
+            # physical core p > 0 of an LNC=2 logical core has its own engines (DMA queues carry it already)
+            f"|| CASE WHEN {t}engine <> 'dma' AND {t}pcore > 0 THEN '.pc' || {t}pcore ELSE '' END "
+            f"|| '(nc' || {t}core || ')'")
 
 
 def _us(expr: str) -> str:

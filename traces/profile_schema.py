@@ -33,7 +33,7 @@ _TYPES = {
 
 _PCORE = ("Index of the physical NeuronCore within a Logical NeuronCore (LNC). For LNC2 this field can have a "
           "value of either 0 or 1.")
-_NO_LNC = "we simulate a logical NeuronCore as one core, so every row is physical core 0"
+_NO_LNC = "per-execution rows are the logical core's; physical core 0 stands for it"
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ INSTRUCTION = Table(
           "i.engine"),
         F("timeline_track", "string", None, False, "The timeline track this instruction appears on.", "i.queue",
           "ours is the engine queue (e.g. qSyncIO0, act0)"),
-        F("pcore_idx", "int64", None, False, _PCORE, "0", _NO_LNC),
+        F("pcore_idx", "int64", None, False, _PCORE, "coalesce(i.pcore, 0)",
+          "the schedule's physical core (trn2 LNC=2: two cores' engines and DMA queues)"),
         F("opcode", "string", None, True, "Opcode for the instruction. Example: MATMUL.", "i.opcode"),
         F("operands", "string", None, True, "Input operands for the instruction.", None,
           "operands are kept in the NEFF schedule, not per executed row (row size)"),

@@ -18,7 +18,8 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.3.0"   # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
+SCHEMA_VERSION = "1.4.0"   # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
+# 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
 # SemaphoreUpdate, TensorInfo, executions' spill/transpose columns, events.kind 'dispatch';
 # 1.2.0: serving_requests, serving_steps (1.1.0 is nki_source_location)
 
@@ -69,6 +70,7 @@ INSTRUCTIONS = pa.schema([
     ("op_id", _i64), ("pc", _i32), ("start_ns", _i64), ("dur_ns", _i64), ("flops", _i64),
     ("bytes_read", _i64), ("bytes_written", _i64), ("sem_wait_ns", _i64),
     ("nki_source_location", _str),   # 1.1: the NKI kernel line (file.py:line) of a kernel's instruction
+    ("pcore", _i32),                 # 1.4: physical core within the logical core (0/1 under LNC=2; null: 0)
 ])
 
 EVENTS = pa.schema([

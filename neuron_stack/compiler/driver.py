@@ -166,7 +166,7 @@ def compile_program(program: Program, flags: dict, *, partitioner_config=None,
 def _compile_program(program: Program, flags: dict, partitioner_config, graph_hash_value: str | None,
                      detail: bool = True) -> Neff:
     t0 = time.perf_counter()
-    profile = get_profile(flags["target"])
+    profile = get_profile(flags["target"], flags.get("lnc"))
     program.flags = compiler_flags(flags)
     ghash = graph_hash_value or graph_hash(program)
     recorder = hooks.active_recorder()

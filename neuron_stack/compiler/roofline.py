@@ -56,7 +56,7 @@ def _compute_ns(n, profile, flags) -> float:
     if cls in ("matmul", "conv"):
         cast = flags.get("auto_cast", "none") != "none"
         dtype = "bfloat16" if cast or (n.inputs and n.inputs[-1].dtype in ("bfloat16", "float16")) else "float32"
-        return n.flops / profile.tensor_peak_flops(dtype) * 1e9
+        return n.flops / (profile.lnc * profile.tensor_peak_flops(dtype)) * 1e9   # every PE array of the core
     if cls == "activation":
         return max(profile.min_ii_cycles, math.ceil(out / profile.scalar_lanes)) / profile.scalar_clock_ghz
     if cls in ("elementwise", "reduction", "softmax", "normalization"):
@@ -66,7 +66,7 @@ def _compute_ns(n, profile, flags) -> float:
     if cls == "gather":
         return (profile.gpsimd_start_cycles + math.ceil(out / 8)) / profile.gpsimd_clock_ghz
     if cls == "data_movement":
-        return profile.dma_fixed_ns + n.bytes / profile.dma_bytes_per_ns
+        return profile.dma_fixed_ns + n.bytes / (profile.lnc * profile.dma_bytes_per_ns)
     return 0.0
 
 

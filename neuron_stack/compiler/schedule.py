@@ -9,6 +9,14 @@ semaphore waits (``sem_wait_ns``: how long the engine sat idle waiting). Double 
 out of the pools: the next tile's DMA only waits for the slot it reuses. On trn2 the Tensor Engine
 throttles (50% ramping to 100% over ~3 us after idling).
 
+A logical core of LNC=n (trn2: 2) has n physical cores' engines and DMA queues: each instruction runs
+on one instance of its engine (column ``pcore``; tracks of physical core p > 0 are suffixed ``.pc<p>``),
+the earliest free one, lowest index on ties. A Tensor Engine *unit* (an LDWEIGHTS with its MATMULs,
+widened until every PSUM accumulation it opened is stopped) stays on one PE array, units start in
+program order, and a PE array runs one unit at a time. Assumed, not modelled: each physical core has its
+own SBUF and PSUM, here the logical core's engines share one (optimistic: no cross-core exchange is
+costed), of one physical core's size (pessimistic: twice the spills a two-SBUF plan could avoid).
+
 >>> from neuron_stack.ir import Node, Program, TensorSpec
 >>> from neuron_stack.device.profiles import get_profile
 >>> t = TensorSpec((128, 512), "float32")
@@ -49,10 +57,11 @@ TABLE_SCHEMA = pa.schema([
     ("seq", pa.int32()), ("instruction_type", pa.string()),
     ("hbm_read_bytes", pa.int64()), ("hbm_write_bytes", pa.int64()),
     ("spill_save_bytes", pa.int64()), ("spill_reload_bytes", pa.int64()),
-    ("operands", pa.string()),
+    ("operands", pa.string()), ("pcore", pa.int32()),
 ])
 """Columns of ``Schedule.table``: the contract columns first, then the interpreter's ``operands``
-(one JSON object per instruction, see :mod:`neuron_stack.isa.instructions`) and per-instruction traffic."""
+(one JSON object per instruction, see :mod:`neuron_stack.isa.instructions`), per-instruction traffic
+and the physical core of the logical core that ran it (0 unless LNC > 1)."""
 
 
 @dataclass
@@ -113,7 +122,7 @@ def build_schedules(program: Program, flags: dict | None = None, profile: Device
     Example: ``run_program(prog, inputs, build_schedules(prog, {"auto_cast": "matmult"}))``.
     """
     flags = flags or {}
-    profile = profile or get_profile(flags.get("target", "trn1"))
+    profile = profile or get_profile(flags.get("target", "trn1"), flags.get("lnc"))
     parts = [p.index for p in program.partitions if p.kind == "device"] if program.partitions else [0]
     return {i: build_schedule(program, i, profile, flags) for i in parts}
 
@@ -137,16 +146,19 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     bar_left: list[int] = []
     bar_ready: list[int] = []
     writer_bars: list[list[int]] = [[] for _ in range(n)]
+    lnc = profile.lnc
+    unit, unit_last, next_unit = _tensor_units(instrs, lnc)
+    later_units = set(next_unit.values())     # each waits for the previous unit's start
     prev_tensor = -1
     for i, ins in enumerate(instrs):
         deps = set(ins.deps)
         if ins.engine == "tensor":
-            if prev_tensor >= 0:
-                deps.add(prev_tensor)
+            if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
+                deps.add(prev_tensor)       # program order within a unit (with one PE array: always)
             prev_tensor = i
         for d in deps:
             succ[d].append(i)
-        preds_left[i] = len(deps)
+        preds_left[i] = len(deps) + (i in later_units)
         for t in ins.tdeps:
             b = tensors.get(t)
             if b is None:
@@ -167,10 +179,8 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     wait = np.zeros(n, dtype=np.int64)
     ready = [0] * n
     queue = [""] * n
-    free: dict[str, int] = {}
-    io_free = [0] * profile.dma_engines_per_core
-    spill_free = [0] * SPILL_QUEUES
-    ramp_start, last_tensor_end = 0, -10**18
+    pcore = np.zeros(n, dtype=np.int32)
+    ramp_start, last_tensor_end = [0] * lnc, [-10**18] * lnc     # per PE array
 
     # per-instruction fields as flat lists: the loop below runs once per instruction (and again on
     # every re-queue), so it reads lists, never Instr attributes or per-call closures
@@ -192,68 +202,117 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     avail: list[list[int]] = [[] for _ in cls_names]
     waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
     push, pop = heapq.heappush, heapq.heappop
+    # each class's instances (free times), lnc physical cores' worth: an engine, 16 IO or 2 spill queues
+    per = {"dma1": profile.dma_engines_per_core, "dma2": SPILL_QUEUES}
+    inst = [[0] * (lnc * per.get(name, 1)) for name in cls_names]
+    tcls = cls_names.get("tensor", -1) if lnc > 1 else -1
+    tcand: list[int] = []                   # Tensor candidates with several PE arrays (a handful)
+    unit_q = [-1] * (len(unit_last) or 1)   # the PE array a unit runs on
+    owner = [-1] * lnc                      # the unit a PE array is running
+    tstale = [True]                         # the Tensor pick changes only when tcand or an array does
 
     def add(j: int) -> None:
         c = cls[j]
+        if c == tcls:
+            tcand.append(j)
+            tstale[0] = True
+            return
         r = ready[j] + lat[j] if kind[j] else ready[j]
         if r <= cfree[c]:
             push(avail[c], j)
         else:
             push(waiting[c], (r, j))
 
+    def tensor_pick() -> tuple[int, int, int] | None:
+        """(start, instruction, PE array) of the Tensor candidate that can start first: a unit's next
+        instruction on its array, or a unit's first on the earliest free array no unit holds."""
+        best = None
+        for j in tcand:
+            q = unit_q[unit[j]]
+            if q < 0:
+                free_qs = [x for x in range(lnc) if owner[x] < 0]
+                if not free_qs:
+                    continue
+                q = min(free_qs, key=lambda x: (max(inst[tcls][x], ready[j]), x))
+            cand = (max(inst[tcls][q], ready[j]), j, q)
+            if best is None or cand < best:
+                best = cand
+        return best
+
     for i in range(n):
         if preds_left[i] == 0:
             add(i)
     done = 0
     ncls = range(len(cls_names))
+    tp = None
     while True:
         bc, best = -1, None
         for c in ncls:
-            if avail[c]:
+            if c == tcls:
+                if tstale[0]:
+                    tp, tstale[0] = tensor_pick(), False
+                cand = tp[:2] if tp else None
+            elif avail[c]:
                 cand = (cfree[c], avail[c][0])
             elif waiting[c]:
                 cand = waiting[c][0]
             else:
                 continue
-            if best is None or cand < best:
+            if cand is not None and (best is None or cand < best):
                 bc, best = c, cand
         if best is None:
             break
         i = best[1]
-        if avail[bc]:
+        if bc == tcls:
+            tcand.remove(i)
+            tstale[0] = True
+        elif avail[bc]:
             pop(avail[bc])
         else:
             pop(waiting[bc])
         d_ns = base_dur[i]
         r = ready[i] + lat[i]
-        k = kind[i]
-        if k:
-            qs = spill_free if k == 2 else io_free
+        qs = inst[bc]
+        if bc == tcls:
+            best_q = tp[2]
+        else:
             m = min(qs)
-            # the earliest-starting queue, lowest index on ties: every queue free by r starts at r
+            # the earliest-starting instance, lowest index on ties: every instance free by r starts at r
             best_q = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
-            qfree = qs[best_q]
-            s = qfree if qfree > r else r
-            qs[best_q] = s + d_ns
-            queue[i] = dma_queue_name(best_q, instrs[i].queue_kind or "IO")
-            cfree[bc] = min(qs)
+        qfree = qs[best_q]
+        s = qfree if qfree > r else r
+        k = kind[i]
+        nq = len(qs) // lnc
+        p_i = pcore[i] = best_q // nq
+        if k:
+            queue[i] = dma_queue_name(best_q % nq, instrs[i].queue_kind or "IO")
         else:
             eng = engine[i]
-            qfree = free.get(eng, 0)
-            s = qfree if qfree > r else r
             if eng == "tensor":
                 if throttle:
-                    if s - last_tensor_end > profile.throttle_ramp_ns:
-                        ramp_start = s      # idle for a ramp window: the limiter re-engages at 50%
+                    if s - last_tensor_end[p_i] > profile.throttle_ramp_ns:
+                        ramp_start[p_i] = s      # idle for a ramp window: the limiter re-engages at 50%
                     if instrs[i].opcode == "MATMUL":
-                        d_ns = max(1, int(math.ceil(instrs[i].dur / throttle_factor(profile, s - ramp_start))))
-                last_tensor_end = s + d_ns
-            free[eng] = cfree[bc] = s + d_ns
+                        d_ns = max(1, int(math.ceil(instrs[i].dur / throttle_factor(profile, s - ramp_start[p_i]))))
+                last_tensor_end[p_i] = s + d_ns
+                if bc == tcls:
+                    u = unit[i]
+                    unit_q[u], owner[best_q] = best_q, (-1 if unit_last[u] == i else u)
             queue[i] = ENGINE_LABELS[eng]     # an in-order engine's queue is its track
+        if p_i:
+            queue[i] += f".pc{p_i}"
+        qs[best_q] = s + d_ns
+        cfree[bc] = min(qs)
         w = waiting[bc]
         while w and w[0][0] <= cfree[bc]:
             push(avail[bc], pop(w)[1])
         start[i], dur[i] = s, d_ns
+        j = next_unit.get(i, -1)          # the next Tensor unit may start once this one has
+        if j >= 0:
+            ready[j] = max(ready[j], s)
+            preds_left[j] -= 1
+            if preds_left[j] == 0:
+                add(j)
         wait[i] = r - qfree if r > qfree else 0
         done += 1
         end = s + d_ns
@@ -284,10 +343,48 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
         idx = np.flatnonzero(qarr == q)
         order = idx[np.lexsort((idx, start[idx]))]
         pc[order] = np.arange(len(order), dtype=np.int32)
-    return _assemble(low, instrs, start, dur, wait, queue, pc, profile, detail)
+    return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
 
 
-def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, profile, detail=True) -> Schedule:
+def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
+    """With several PE arrays (LNC > 1): each Tensor instruction's unit, each unit's last instruction,
+    and ``{first of unit k: first of unit k+1}`` (units start in program order). A unit is an
+    LDWEIGHTS and what follows it up to the next LDWEIGHTS issued with no PSUM accumulation open.
+
+    >>> from neuron_stack.compiler.lower.tiles import Instr
+    >>> mm = lambda b, a, z: Instr("tensor", "MATMUL", "n", 1, [], [], {"dst": [{"b": b}], "start": a, "stop": z})
+    >>> lw = Instr("tensor", "LDWEIGHTS", "n", 1, [], [], {})
+    >>> _tensor_units([lw, mm(1, True, False), lw, mm(1, False, True), lw, mm(2, True, True)], 2)[:2]
+    ([0, 0, 0, 0, 1, 1], [3, 5])
+    """
+    unit = [-1] * len(instrs)
+    last: list[int] = []
+    links: dict[int, int] = {}
+    if lnc == 1:
+        return unit, last, links
+    open_acc: set = set()
+    first = -1
+    for i, ins in enumerate(instrs):
+        if ins.engine != "tensor":
+            continue
+        if not last or (ins.opcode == "LDWEIGHTS" and not open_acc):
+            if first >= 0:
+                links[first] = i
+            first = i
+            last.append(i)
+        last[-1] = i
+        unit[i] = len(last) - 1
+        if ins.opcode == "MATMUL" and ins.operands.get("dst"):
+            b = ins.operands["dst"][0].get("b")
+            if ins.operands.get("stop", True):
+                open_acc.discard(b)
+            else:
+                open_acc.add(b)
+    return unit, last, links
+
+
+def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pcore, profile,
+              detail=True) -> Schedule:
     n = len(instrs)
     col = lambda f: [getattr(x, f) for x in instrs]  # noqa: E731
     engines = col("engine")
@@ -304,6 +401,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pr
         "spill_save_bytes": np.array(col("spill_save"), dtype=np.int64),
         "spill_reload_bytes": np.array(col("spill_reload"), dtype=np.int64),
         "operands": [json.dumps(x.operands, separators=(",", ":")) for x in instrs] if detail else [""] * n,
+        "pcore": pcore,
     }, schema=TABLE_SCHEMA)
     eng = np.array(engines, dtype=object)
     busy, active = {}, {}

@@ -6,18 +6,21 @@ under the real profiler's Metadata field names (reference §3.8) with ``is_simul
 >>> p = get_profile("trn1")
 >>> round(p.tensor_peak_flops("bfloat16") / 1e12, 1)
 91.8
->>> get_profile("trn2").cores_per_chip
-4
+>>> get_profile("trn2").cores_per_chip, get_profile("trn2", lnc=1).cores_per_chip
+(4, 8)
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import functools
+import os
+from dataclasses import asdict, dataclass, field, replace
 
 _ARCH = "SDK nki/guides/architecture/trainium_inferentia2_arch.rst"
 _ARCH3 = "SDK nki/guides/architecture/trainium2_arch.rst"
 _DMA = "SDK nki/deep-dives/nki-dma-bandwidth-guide.rst"
 _HW = "SDK about-neuron/arch/neuron-hardware/{trn1,trn2,inferentia2}-arch.rst"
 _CC = "SDK neuron-runtime/explore/{intranode,internode}-collective-comm.rst"
+_LNC = "SDK about-neuron/arch/neuron-features/logical-neuroncore-config.rst"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class DeviceProfile:
     neuron_device_version: str
     chips_per_instance: int
     cores_per_chip: int            # logical NeuronCores per chip
+    # Logical NeuronCore configuration: physical cores per logical core, and the degrees the chip
+    # supports (LNC=2 default on trn2, 1 elsewhere; _LNC). Every per-engine and per-queue figure below
+    # is one physical core's; a logical core has ``lnc`` of each engine and ``lnc`` x 16 DMA queues.
+    lnc: int = 1
+    lnc_choices: tuple = (1,)
     # Tensor Engine
     pe_rows: int = 128
     pe_cols: int = 128
@@ -83,6 +91,15 @@ class DeviceProfile:
     sources: dict = field(default_factory=dict, compare=False)
 
     @property
+    def physical_cores_per_chip(self) -> int:
+        return self.cores_per_chip * self.lnc
+
+    @property
+    def dma_queues(self) -> int:
+        """DMA queues of one logical core: every physical core's 16."""
+        return self.lnc * self.dma_engines_per_core
+
+    @property
     def cores_per_instance(self) -> int:
         return self.chips_per_instance * self.cores_per_chip
 
@@ -96,10 +113,12 @@ class DeviceProfile:
 
     @property
     def dma_bytes_per_ns(self) -> float:
+        """DMA bandwidth of one physical core (its 16 engines)."""
         return self.dma_engines_per_core * self.dma_bytes_per_ns_per_engine
 
     def tensor_peak_flops(self, dtype: str = "bfloat16") -> float:
-        """Peak Tensor Engine FLOP/s of one core for ``dtype`` (FP32 runs at 1/4)."""
+        """Peak Tensor Engine FLOP/s of one physical core for ``dtype`` (FP32 runs at 1/4); a logical
+        core has ``lnc`` times this."""
         peak = 2 * self.pe_rows * self.pe_cols * self.tensor_clock_ghz * 1e9
         return peak / self.fp32_matmul_factor if dtype == "float32" else peak
 
@@ -114,14 +133,14 @@ class DeviceProfile:
                 "neuroncore_version": self.neuroncore_version, "neuron_device_count": self.chips_per_instance,
                 "neuron_device_memory_size": self.hbm_bytes_per_chip,
                 "neuroncore_per_device_count": self.cores_per_chip,
-                "logical_neuroncore_config": 2 if self.name == "trn2" else 1}
+                "logical_neuroncore_config": self.lnc}
 
     def metadata(self) -> dict[str, str]:
         """Metadata rows under the real profiler's names (reference §3.8), all strings."""
         rows = {**self.hardware_info(),
             "instance_type": self.instance_type, "is_simulation": "true",
             "device_profile": self.name, "neuroncore_version": self.neuroncore_version,
-            "num_physical_cores": self.cores_per_chip, "vnc_enabled": str(self.name == "trn2").lower(),
+            "num_physical_cores": self.lnc, "vnc_enabled": str(self.lnc > 1).lower(),
             "dma_ddr_bandwidth": self.dma_bytes_per_ns, "num_dma_engines_per_neuroncore": self.dma_engines_per_core,
             "hbm_ddr_bandwidth": self.hbm_gbps_per_chip / self.hbm_stacks_per_chip,
             "tensor_engine_num_rows": self.pe_rows, "tensor_engine_num_cols": self.pe_cols,
@@ -129,7 +148,8 @@ class DeviceProfile:
             "scalar_engine_clock_freq": self.scalar_clock_ghz, "gpsimd_engine_clock_freq": self.gpsimd_clock_ghz,
             "vector_engine_num_channels": self.vector_lanes, "scalar_engine_num_channels": self.scalar_lanes,
             "neuroncore_clock_freq": self.neuroncore_clock_ghz, "ticks_per_nanosec": 1,
-            "tensor_engine_peak_bf16_flops": self.tensor_peak_flops("bfloat16"),
+            # MFU's denominator: the logical core's PE arrays (LNC=2: two), so MFU stays <= 100%
+            "tensor_engine_peak_bf16_flops": self.lnc * self.tensor_peak_flops("bfloat16"),
             "hbm_bytes_per_core": self.hbm_bytes_per_core,
         }
         return {k: str(v) for k, v in rows.items()}
@@ -154,20 +174,54 @@ PROFILES: dict[str, DeviceProfile] = {
     "trn2": DeviceProfile(
         name="trn2", instance_type="trn2.48xlarge", neuroncore_version="v3d",
         neuron_device_type="trainium2", neuron_device_version="v4",
-        # LNC=2: 8 physical NC-v3 per chip exposed as 4 logical cores (reference §4.4)
-        chips_per_instance=16, cores_per_chip=4,
+        # LNC=2 (default): 8 physical NC-v3 per chip exposed as 4 logical cores (reference §4.4, _LNC)
+        chips_per_instance=16, cores_per_chip=4, lnc=2, lnc_choices=(1, 2),
         tensor_clock_ghz=2.4, vector_clock_ghz=0.96, scalar_clock_ghz=1.2, gpsimd_clock_ghz=1.2,
         neuroncore_clock_ghz=1.2, sbuf_bytes_per_partition=224 * 1024,
         dma_bytes_per_ns_per_engine=23.0, hbm_bytes_per_chip=96 * 2**30, hbm_gbps_per_chip=2900.0,
         hbm_stacks_per_chip=4, neuronlink_gbps_per_chip=1280.0, efa_gbps_per_instance=400.0,
         vector_perf_copy=4, vector_perf_other=2,
-        throttle=True, sources={**_COMMON_SOURCES, "tensor": _ARCH3}),
+        throttle=True, sources={**_COMMON_SOURCES, "tensor": _ARCH3, "lnc": _LNC}),
 }
 
 
-def get_profile(name: str) -> DeviceProfile:
-    """The profile named ``name`` (trn1, inf2, trn2). Raises ``ValueError`` naming the choices."""
+def get_profile(name: str, lnc: int | None = None) -> DeviceProfile:
+    """The profile named ``name`` (trn1, inf2, trn2) at Logical NeuronCore degree ``lnc`` (default:
+    ``NEURON_LOGICAL_NC_CONFIG`` where the chip supports LNC, else the profile's own). Raises
+    ``ValueError`` naming the choices.
+
+    >>> p = get_profile("trn2", lnc=1)
+    >>> p.lnc, p.cores_per_instance, p.neuroncore_version, p.hbm_bytes_per_core // 2**30
+    (1, 128, 'v3', 12)
+    """
     try:
-        return PROFILES[name]
+        p = PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown target {name!r}: choose one of {', '.join(PROFILES)}") from None
+    n = lnc if lnc is not None else lnc_from_env(p)
+    if n == p.lnc:
+        return p
+    if n not in p.lnc_choices:
+        raise ValueError(f"logical NeuronCore config {n} is not supported on {name}: use "
+                         f"{' or '.join(map(str, p.lnc_choices))} (logical-neuroncore-config.rst)")
+    return _regrouped(name, n)
+
+
+@functools.cache
+def _regrouped(name: str, lnc: int) -> DeviceProfile:
+    """``name``'s chip with its physical cores grouped ``lnc`` per logical core (one object per degree)."""
+    p = PROFILES[name]
+    return replace(p, lnc=lnc, cores_per_chip=p.physical_cores_per_chip // lnc,
+                   neuroncore_version=p.neuroncore_version.removesuffix("d") if lnc == 1 else p.neuroncore_version)
+
+
+def lnc_from_env(p: DeviceProfile) -> int:
+    """``NEURON_LOGICAL_NC_CONFIG`` (1 or 2) for a chip that supports LNC, else ``p.lnc``; a bad value
+    is a one-line ``ValueError``. Example: ``lnc_from_env(get_profile("trn1")) == 1``."""
+    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "")[:16].strip()
+    if not raw or len(p.lnc_choices) == 1:
+        return p.lnc            # LNC applies to trn2 only; trn1/inf2 ignore it as the runtime does
+    if raw not in ("1", "2"):
+        raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={raw!r} is not a logical NeuronCore config: set 1 or 2, "
+                         "or unset it for the default (2 on trn2)")
+    return int(raw)

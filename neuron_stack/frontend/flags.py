@@ -22,6 +22,8 @@ import os
 import shlex
 from collections.abc import Iterable
 
+from neuron_stack.device.profiles import PROFILES, get_profile
+
 #: Flags that change the compiled artifact, hence the cache key (defaults as neuronx-cc documents them).
 DEFAULTS = {"target": "trn1", "optlevel": 2, "auto_cast": "none", "auto_cast_type": "bf16",
             "model_type": "generic", "verbose": "warning"}
@@ -30,6 +32,7 @@ AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16")
 MODEL_TYPES = ("generic", "transformer", "unet-inference")
 VERBOSE = ("debug", "info", "warning", "error", "critical")
+LNC_TARGETS = tuple(t for t in TARGETS if len(PROFILES[t].lnc_choices) > 1)
 
 
 class FlagError(ValueError):
@@ -51,6 +54,8 @@ def add_compiler_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auto-cast-type", dest="auto_cast_type", choices=AUTO_CAST_TYPES, default=None)
     p.add_argument("--model-type", dest="model_type", choices=MODEL_TYPES, default=None)
     p.add_argument("--verbose", choices=VERBOSE, default=None, help="compile log level (info shows every decision)")
+    p.add_argument("-lnc", "--logical-nc-config", "--lnc", dest="lnc", type=int, choices=(1, 2), default=None,
+                   help="physical NeuronCores per logical core (trn2 only; default $NEURON_LOGICAL_NC_CONFIG or 2)")
 
 
 def _split(args: str | Iterable[str] | None, where: str = "compiler_args") -> list[str]:
@@ -96,6 +101,10 @@ def parse_flags(compiler_args: str | Iterable[str] | None = None, *, target: str
         if ns.target is not None and ns.target != target:
             raise FlagError(f"conflicting targets: --target {ns.target} in the flags but target={target!r}; pass one")
         flags["target"] = target
+    try:   # the LNC degree the artifact is built for: the flag, else the runtime's env var (EVRF066)
+        flags["lnc"] = get_profile(flags["target"], ns.lnc).lnc
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
     flags["cache_dir"] = ns.cache_dir
     flags["no_cache"] = bool(ns.no_cache)
     flags["retry_failed_compilation"] = bool(ns.retry_failed_compilation)
@@ -103,8 +112,12 @@ def parse_flags(compiler_args: str | Iterable[str] | None = None, *, target: str
 
 
 def compiler_flags(flags: dict) -> dict:
-    """Only the flags that change the compiled artifact (no cache or logging switches)."""
-    return {k: flags[k] for k in DEFAULTS if k != "verbose"}
+    """Only the flags that change the compiled artifact (no cache or logging switches); the LNC degree
+    only on a target that has a choice of it (trn1/inf2 keys stay as they were)."""
+    out = {k: flags[k] for k in DEFAULTS if k != "verbose"}
+    if flags["target"] in LNC_TARGETS:
+        out["lnc"] = flags.get("lnc") or get_profile(flags["target"]).lnc
+    return out
 
 
 def flags_hash(flags: dict) -> str:
@@ -117,4 +130,5 @@ def command_line(flags: dict) -> str:
     """The flags as a neuronx-cc command line, e.g. ``--target=trn1 -O2 --auto-cast=none ...``."""
     f = compiler_flags(flags)
     return (f"--target={f['target']} -O{f['optlevel']} --auto-cast={f['auto_cast']} "
-            f"--auto-cast-type={f['auto_cast_type']} --model-type={f['model_type']}")
+            f"--auto-cast-type={f['auto_cast_type']} --model-type={f['model_type']}"
+            + (f" --logical-nc-config={f['lnc']}" if "lnc" in f else ""))

@@ -141,7 +141,8 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
     Example: ``run_kernel(matmul_kernel, (lhsT, rhs), execute=False).device_ns``.
     """
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
-    profile = get_profile(target_from_env(target or k.target))
+    # a kernel runs on one physical core: LNC=1 is a kernel's default (nki/get-started/about/lnc.rst)
+    profile = get_profile(target_from_env(target or k.target), lnc=1)
     kwargs = dict(kwargs or {})
     try:
         params = list(inspect.signature(k.fn).parameters)

@@ -329,8 +329,8 @@ def instruction_tables(model) -> dict[int, pa.Table]:
             idx = pc.index_in(t.column("node"), value_set=pa.array(names, pa.string()))
             op_id = pc.take(ids, idx)
             keep = ["engine", "queue", "opcode", "pc", "dur_ns", "flops", "bytes_read", "bytes_written",
-                    "sem_wait_ns"]
-            cols = {k: t.column(k) for k in keep}
+                    "sem_wait_ns", "pcore"]
+            cols = {k: t.column(k) for k in keep if k in t.column_names}   # roofline tables have no pcore
             cols["op_id"] = op_id
             cols["rel_start_ns"] = t.column("rel_start_ns")
             # an NKI kernel op's instructions carry their kernel line (neuron_stack.nki.lowering)

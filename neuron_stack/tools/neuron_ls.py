@@ -65,7 +65,7 @@ def device_report(instance: _cores.Instance, show_all_procs: bool = False) -> li
     """
     holders = _cores.core_holders(instance)
     tools = _tool_processes() if show_all_procs else []
-    lnc = 2 if instance.profile.name == "trn2" else 1
+    lnc = instance.profile.lnc
     report = []
     for chip in range(instance.chips):
         ids = instance.cores_of(chip)

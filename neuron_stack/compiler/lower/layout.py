@@ -102,7 +102,7 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
     inner = math.prod(shape[split:]) if shape[split:] else 1
     total = math.prod(shape) * nbytes_of(dst.dtype)
     min_piece = 4 * low.p.dma_fixed_ns * low.p.dma_bytes_per_ns_per_engine
-    piece = max(total / low.p.dma_engines_per_core, min_piece)
+    piece = max(total / low.p.dma_queues, min_piece)
     rows = max(1, min(PMAX * 64, int(piece // max(1, inner * nbytes_of(dst.dtype)))))
     plan = [br + bc for br in boxes(shape[:split], rows) for bc in boxes(shape[split:], 1 << 16)]
     if not all(_on_chip_ok(low, view_operand(v, box)) for box in plan for v in (dst, src)):

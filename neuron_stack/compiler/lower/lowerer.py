@@ -203,7 +203,7 @@ class Lowerer(Residency):
         tile over the core's DMA engines."""
         # a piece is worth its fixed cost only when its transfer is several times longer
         min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
-        pieces = split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
+        pieces = split_dma(dst, src, self.p.dma_queues, min_piece)   # every physical core's queues (LNC)
         # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
             first = piece_of
