@@ -42,3 +42,35 @@ def test_lone_transfer_pays_the_fixed_latency_by_hand():
     row = s.table.to_pylist()[0]
     assert row["rel_start_ns"] == pytest.approx(p.dma_fixed_ns, abs=1)      # the latency before data moves
     assert row["queue"] == "qSyncIO0"
+
+
+def test_big_nki_load_spreads_over_the_dma_queues(tmp_path):
+    """A 2 MiB ``nl.load`` is one transfer spread over the core's 16 DMA engines, 8 partitions each (SDK
+    nki/about/nki-dma-overview.rst): the profile's rows name 16 queues and the load runs near 16 engines' rate,
+    not one queue's (it ran 125 us on qSyncIO0 at 17 GB/s)."""
+    import numpy as np
+
+    import neuron_stack.nki as nki
+    import neuron_stack.nki.language as nl
+    import traces
+
+    def load_store(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, t)
+        return out
+
+    line = load_store.__code__.co_firstlineno + 2
+
+    prof = nki.profile(working_directory=tmp_path)(load_store)
+    x = np.arange(128 * 4096, dtype=np.float32).reshape(128, 4096)
+    np.testing.assert_array_equal(prof(x), x)
+    with traces.open(prof.profile_path) as pr:
+        rows = pr.sql("""SELECT queue, count(*) AS n, sum(bytes_read) AS bytes, min(start_ns) AS t0,
+                                max(start_ns + dur_ns) AS t1
+                         FROM instructions WHERE opcode = 'DMA_DIRECT2D' AND nki_source_location = ?
+                         GROUP BY queue""", [f"test_schedule_dma.py:{line}"]).to_pylist()
+    assert len(rows) == 16 and sum(r["bytes"] for r in rows) == x.nbytes
+    p = get_profile("trn1")
+    span = max(r["t1"] for r in rows) - min(r["t0"] for r in rows)
+    assert span < 1.2 * x.nbytes / p.dma_bytes_per_ns          # the core's 16 engines, not one

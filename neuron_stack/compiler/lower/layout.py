@@ -24,7 +24,7 @@ from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.matmul import transpose_to
 from neuron_stack.compiler.lower.resident import translate
 from neuron_stack.compiler.lower.tiles import PMAX, Pool, View, boxes, nbytes_of, view_operand
-from neuron_stack.device.cost import ceil_div, scalar_ns, vector_ns
+from neuron_stack.device.cost import ceil_div, dma_min_piece_bytes, scalar_ns, vector_ns
 
 #: a DMA whose contiguous runs are shorter than this is element-bound (DMA guide: < 256 B per
 #: partition is overhead-bound; a run of a few elements pays a descriptor each)
@@ -101,7 +101,7 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
     shape = dst.shape
     inner = math.prod(shape[split:]) if shape[split:] else 1
     total = math.prod(shape) * nbytes_of(dst.dtype)
-    min_piece = 4 * low.p.dma_fixed_ns * low.p.dma_bytes_per_ns_per_engine
+    min_piece = dma_min_piece_bytes(low.p)
     piece = max(total / low.p.dma_engines_per_core, min_piece)
     rows = max(1, min(PMAX * 64, int(piece // max(1, inner * nbytes_of(dst.dtype)))))
     plan = [br + bc for br in boxes(shape[:split], rows) for bc in boxes(shape[split:], 1 << 16)]

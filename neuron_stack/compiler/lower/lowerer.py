@@ -31,7 +31,7 @@ from neuron_stack.compiler.lower.tiles import (
     view_operand,
 )
 from neuron_stack.compiler.partition import refs
-from neuron_stack.device.cost import dependent_overhead_ns, dma_ns, scalar_ns, vector_ns
+from neuron_stack.device.cost import dependent_overhead_ns, dma_min_piece_bytes, dma_ns, scalar_ns, vector_ns
 from neuron_stack.device.profiles import DeviceProfile
 from neuron_stack.ir import Node, Program, TensorSpec
 from neuron_stack.isa.instructions import ENGINE_OF
@@ -201,9 +201,7 @@ class Lowerer(Residency):
         """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). Transfers of
         64 KiB or more are split by partition ranges over several queues, as the compiler spreads a
         tile over the core's DMA engines."""
-        # a piece is worth its fixed cost only when its transfer is several times longer
-        min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
-        pieces = split_dma(dst, src, self.p.dma_engines_per_core, min_piece)
+        pieces = split_dma(dst, src, self.p.dma_engines_per_core, dma_min_piece_bytes(self.p))
         # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
             first = piece_of
