@@ -109,10 +109,26 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
         # a pattern crossing a resident value's row blocks would evict it to HBM: copy one
         # [rows, columns] matrix (the last two dims) per DMA instead, each inside a row block
         last = math.prod(shape[-2:]) if len(shape) >= 2 else math.prod(shape)
-        plan = boxes(shape, max(1, last))
+        plan = [b for box in boxes(shape, max(1, last)) for b in _inside_blocks(low, dst, src, box)]
     for box in plan:
         if not _lane_copy(low, node, dst, src, box):
             low.dma(node, view_operand(dst, box), view_operand(src, box))
+
+
+def _inside_blocks(low: Lowerer, dst: View, src: View, box) -> list:
+    """``box`` cut in halves along its outermost dim of more than one element until each piece stays
+    inside the row blocks of the resident values it touches (a batch's 160 rows of a value tiled in
+    128-row blocks straddle two blocks: two pieces, not an eviction); a single element is left as is."""
+    if all(_on_chip_ok(low, view_operand(v, box)) for v in (dst, src)):
+        return [box]
+    d = next((k for k, (_, n) in enumerate(box) if n > 1), None)
+    if d is None:
+        return [box]
+    s0, n = box[d]
+    h = n // 2
+    lo, hi = list(box), list(box)
+    lo[d], hi[d] = (s0, h), (s0 + h, n - h)
+    return _inside_blocks(low, dst, src, lo) + _inside_blocks(low, dst, src, hi)
 
 
 def _sbuf_pattern(low: Lowerer, v: View, box) -> tuple[dict, list] | None:
