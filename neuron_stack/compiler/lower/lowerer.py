@@ -44,6 +44,19 @@ RESIDENT_FRACTION = 0.6
 QUANTIZED_DTYPES = ("int8", "float8_e4m3fn", "float8_e5m2")
 
 
+def ktiled_fill_ap(shape, dk: int, nk: int) -> list[list[int]]:
+    """Where the elements of a K-tiled weight go, in its logical order: a 2-D weight whose dim ``dk`` (K,
+    ``nk`` x 128) is the matmul's contraction is stored [128 partitions, nk K-tiles, N], so the K-tiles one
+    partition holds are contiguous (``constants.prepare_constants``).
+
+    >>> ktiled_fill_ap((4, 256), 1, 2)      # W [N=4, K=256]: W[n, k] at (k % 128) * 2 * 4 + (k // 128) * 4 + n
+    [[1, 4], [4, 2], [8, 128]]
+    """
+    N = shape[1 - dk]
+    k_dims, n_dim = [[N, nk], [nk * N, 128]], [[1, N]]
+    return k_dims + n_dim if dk == 0 else n_dim + k_dims
+
+
 class Lowerer(Residency):
     """Lowers one partition. Use :func:`lower`."""
 
@@ -105,6 +118,7 @@ class Lowerer(Residency):
         self.pool_cache: dict = {}
         self.const_strides: dict[str, tuple] = {}
         self.const_dtype: dict[str, str] = {}
+        self.const_ktiled: dict[str, tuple[int, int]] = {}    # weight -> (its contraction dim, K / 128)
 
     # ---- buffers and dependency tracking -------------------------------------------------
     def claim(self, mem: str, nbytes: int, key: str) -> None:
@@ -395,6 +409,9 @@ class Lowerer(Residency):
             meta = torch.empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": dtype, "numel": spec.numel, "role": role, "shape": list(spec.shape),
                           "strides": list(meta.stride())}
+        kt = getattr(self, "const_ktiled", {}).get(name)
+        if kt is not None:
+            self.hbm[name]["fill_ap"] = ktiled_fill_ap(spec.shape, *kt)
         if name not in self.inputs:
             self.inputs.append(name)
         v = View(name, dtype, meta)

@@ -225,6 +225,30 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     for v in out_views.values():
         C, _, D = row_layout(low.hbm.get(v.buf, {}).get("shape", ()))
         out_group = out_group or (D if nb == 1 and C == N else 0)
+    # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
+    # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
+    kgroup = 0
+    if B.buf in low.const_ktiled and b_direct and N <= NG and not B.meta.storage_offset():
+        kgroup = min(nk, ceil_div(4096, N * nbytes_of(B.dtype)))
+    if kgroup > 1:
+        gbufs = 2 * ceil_div(nk, kgroup) if panel_resident else 2      # a resident panel keeps every group
+        gpool = Pool(low, f"{n.name}.Bk", "sbuf", PMAX, kgroup * N, B.dtype, bufs=gbufs)
+        cpool = Pool(low, f"{n.name}.Bkc", "sbuf", PMAX, kgroup * N, mm_dt, bufs=gbufs) if B.dtype != mm_dt else None
+        kmemo: dict = {}
+
+        def ktiled_moving(kb: int) -> Tile:
+            j0 = kb - kb % kgroup
+            if kmemo.get("j0") != j0:
+                gl = min(kgroup, nk - j0)
+                t = gpool.tile(PMAX, gl * N)
+                low.dma(n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N,
+                                         "ap": [[nk * N, PMAX], [1, gl * N]]})
+                if cpool is not None:      # quantized / uncast weight: one cast for the group
+                    c = cpool.tile(PMAX, gl * N)
+                    low.act(n.name, c, t.op(), "copy")
+                    t = c
+                kmemo.update(j0=j0, t=t)
+            return kmemo["t"].cols((kb - j0) * N, N)
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
@@ -235,6 +259,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
 
             def moving(kb):
                 k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if kgroup > 1:
+                    return ktiled_moving(kb)
                 if b_direct:
                     return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
                 # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
