@@ -114,7 +114,7 @@ def dma_min_piece_bytes(p: DeviceProfile) -> int:
     8 SBUF partitions each; :func:`neuron_stack.compiler.lower.tiles.split_dma` cuts on those groups.
     Example: ``dma_min_piece_bytes(get_profile("trn1"))`` = 4 x 1300 ns x 17 B/ns = 88400.
     """
-    return int(4 * p.dma_fixed_ns * p.dma_bytes_per_ns_per_engine)
+    return int(p.dma_fixed_ns * p.dma_bytes_per_ns_per_engine)
 
 
 def dma_efficiency(p: DeviceProfile, bytes_per_partition: int, partitions: int = 128,
