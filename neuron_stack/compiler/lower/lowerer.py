@@ -212,9 +212,9 @@ class Lowerer(Residency):
 
     # ---- DMA ------------------------------------------------------------------------------
     def dma(self, node: str, dst: dict, src: dict, spill: str = "", piece_of: int | None = None) -> int:
-        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). Transfers of
-        64 KiB or more are split by partition ranges over several queues, as the compiler spreads a
-        tile over the core's DMA engines."""
+        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). A big SBUF <-> HBM
+        transfer is cut into 8-partition groups over several queues, as the hardware spreads one transfer
+        over the core's DMA engines (``cost.dma_min_piece_bytes``)."""
         pieces = split_dma(dst, src, self.p.dma_engines_per_core, dma_min_piece_bytes(self.p))
         # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
