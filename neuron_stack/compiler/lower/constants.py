@@ -4,6 +4,7 @@ matmul operand whose contraction dim is contiguous is stored transposed, a convo
 """
 from __future__ import annotations
 
+from neuron_stack.compiler.lower.custom import COMPILE_TIME_CHECKS
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.matmul import matmul_operands
 from neuron_stack.compiler.lower.registry import lowering_name, prepare_pass
@@ -76,9 +77,9 @@ def _ktiles(low: Lowerer, b) -> tuple[int, int] | None:
 def _only_matmul_users(low: Lowerer, name: str) -> bool:
     for u in low.users.get(name, []):
         un = low.by_name[u]
-        if un.op_class == "view":
+        if un.op_class == "view" or low.folded_dequant(un) is not None:     # a quantized weight's cast: folded
             if not _only_matmul_users(low, u):
                 return False
-        elif un.op_class not in ("matmul", "conv"):
+        elif un.op_class not in ("matmul", "conv") and un.target not in COMPILE_TIME_CHECKS:
             return False
     return True
