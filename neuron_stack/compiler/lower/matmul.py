@@ -278,7 +278,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
                     else:
                         ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
-                for ms, mp in group_chunks(m0, mw, out_group):
+                for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
                     acc = acc_pool.tile(mp, nw)
                     for kb in range(nk):
                         kl = min(PMAX, K - kb * PMAX)

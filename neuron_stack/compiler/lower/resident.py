@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuron_stack.device.cost import ceil_div
+
 PMAX = 128
 
 
@@ -88,9 +90,6 @@ def row_blocks(rows: int, T: int, D: int = 0) -> int:
     """
     return rows // D * ceil_div(D, T) if D else ceil_div(rows, T)
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Heap:
