@@ -233,7 +233,6 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     if kgroup > 1:
         gbufs = 2 * ceil_div(nk, kgroup) if panel_resident else 2      # a resident panel keeps every group
         gpool = Pool(low, f"{n.name}.Bk", "sbuf", PMAX, kgroup * N, B.dtype, bufs=gbufs)
-        cpool = Pool(low, f"{n.name}.Bkc", "sbuf", PMAX, kgroup * N, mm_dt, bufs=gbufs) if B.dtype != mm_dt else None
         kmemo: dict = {}
 
         def ktiled_moving(kb: int) -> Tile:
@@ -243,12 +242,13 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                 t = gpool.tile(PMAX, gl * N)
                 low.dma(n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N,
                                          "ap": [[nk * N, PMAX], [1, gl * N]]})
-                if cpool is not None:      # quantized / uncast weight: one cast for the group
-                    c = cpool.tile(PMAX, gl * N)
-                    low.act(n.name, c, t.op(), "copy")
-                    t = c
                 kmemo.update(j0=j0, t=t)
-            return kmemo["t"].cols((kb - j0) * N, N)
+            t = kmemo["t"].cols((kb - j0) * N, N)
+            if B.dtype == mm_dt:
+                return t
+            c = bpool.tile(PMAX, N)     # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
+            low.act(n.name, c, t.op(), "copy")
+            return c
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
