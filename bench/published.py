@@ -181,13 +181,15 @@ def _why(r: dict) -> str:
                 "the gap is not attributed yet"
             )
         elif key == "ttft":
-            why.append("TTFT: weight DMAs of 256 B per partition at this TP are descriptor-bound (DMA guide)")
+            why.append("TTFT: not attributed yet (the weight DMAs are no longer descriptor-bound: weights are "
+                       "K-tiled, >= 4 KiB per partition per DMA)")
         else:
             why.append(
                 f"TPOT is {ratio:.1f}x published ({r['tpot_proj'] / r['tpot_roof']:.0f}x its roofline): "
-                f"{100 * r['tpot_cc_share']:.0f}% is collectives ({collectives(r)}); weight tiles of "
-                f"{128 if 'int8' in r['note'] else 256} B per partition are descriptor-bound; each layer is a "
-                "chain of small dependent instructions"
+                f"{100 * r['tpot_cc_share']:.0f}% is collectives ({collectives(r)}); a decode step's "
+                "[batch, hidden] activations sit on batch partitions, so each norm, residual add, mask and cast "
+                "runs hidden elements on one lane and the matmuls' x^T loads move one element per descriptor "
+                "(weights are K-tiled: >= 4 KiB per partition per DMA)"
             )
         if r["target"] == "trn2":
             why.append(

@@ -61,3 +61,27 @@ def test_bert_base_width_grows_sublinearly_in_batch():
     for b in (2, 4, 8):
         assert t[b] < b * t[1], t  # weights are streamed once per inference, not once per sample
     assert t[8] < 0.9 * 8 * t[1], t
+
+
+#: sequences between two tile boundaries: a ragged last tile (197 tokens = 128 + 69) costs its rows, not a cliff
+PARTIAL_SEQS = (128, 129, 160, 197, 224, 255, 256)
+
+
+@pytest.fixture(scope="module")
+def partial_grid():
+    torch.manual_seed(0)
+    model = BertEncoder(vocab=100, hidden=128, layers=1, heads=2, seq=256).eval()
+    return {(b, s): _project(model, b, s, 100)[0] for b in (1, 2, 3) for s in PARTIAL_SEQS}
+
+
+def test_partial_tiles_cost_between_their_neighbours(partial_grid):
+    """Issue 24: BERT-base at sequence 197 cost more than at 256 (heads of 197 rows straddled SBUF row blocks, so
+    per-head tiles went through SBUF->SBUF DMAs or evicted the value). A ragged last tile costs more than none and
+    197 tokens at batch 1 no more than 256; latency never falls as the batch grows. Not yet: sequences just under
+    256 at batch >= 2 (docs/cost_model.md, "Partial tiles")."""
+    for b in (1, 2, 3):
+        assert all(partial_grid[(b, 128)] < partial_grid[(b, s)] for s in PARTIAL_SEQS[1:]), b
+    assert partial_grid[(1, 197)] <= partial_grid[(1, 256)]
+    for s in PARTIAL_SEQS:
+        t = [partial_grid[(b, s)] for b in (1, 2, 3)]
+        assert t == sorted(t), (s, t)

@@ -122,6 +122,18 @@ def dma_ns(p: DeviceProfile, nbytes: int, n_desc: int) -> float:
     return p.dma_fixed_ns + (nbytes + n_desc * p.dma_desc_overhead_bytes) / rate
 
 
+def dma_min_piece_bytes(p: DeviceProfile) -> int:
+    """The smallest piece a transfer is cut into when it is spread over the core's DMA queues: a piece
+    whose bytes take several times the fixed cost on one engine (a finer cut changes the transfer's
+    latency by less than the fixed cost it already pays once, and only multiplies instructions).
+
+    The DMA overview (SDK nki/about/nki-dma-overview.rst) spreads each transfer over up to 16 engines,
+    8 SBUF partitions each; :func:`neuron_stack.compiler.lower.tiles.split_dma` cuts on those groups.
+    Example: ``dma_min_piece_bytes(get_profile("trn1"))`` = 4 x 1300 ns x 17 B/ns = 88400.
+    """
+    return int(p.dma_fixed_ns * p.dma_bytes_per_ns_per_engine)
+
+
 def dma_efficiency(p: DeviceProfile, bytes_per_partition: int, partitions: int = 128,
                    transfers_in_flight: int | None = None) -> float:
     """Achieved / peak DMA bandwidth for back-to-back transfers of ``partitions x bytes_per_partition``

@@ -94,7 +94,9 @@ class Memory:
         """Place a logical tensor into HBM buffer ``name`` with the buffer's storage strides."""
         shape, strides = meta["shape"], meta.get("strides") or contiguous_strides(meta["shape"])
         op = {"m": "hbm", "b": name, "dt": meta["dtype"], "o": 0,
-              "ap": [[s, n] for s, n in zip(strides, shape)] or [[1, 1]]}
+              "ap": meta.get("fill_ap") or [[s, n] for s, n in zip(strides, shape)] or [[1, 1]]}
+        if meta.get("fill_ap"):       # a weight laid out in tiles at compile time: its logical order, re-cut
+            shape = [n for _, n in meta["fill_ap"]]
         self.write(op, np.asarray(value).reshape(shape) if shape else np.asarray(value).reshape(1))
 
     def read_value(self, val: dict) -> np.ndarray:

@@ -23,6 +23,7 @@ double-buffered as long as SBUF has room.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import linecache
 import math
@@ -682,6 +683,41 @@ class Trace:
         self.emit(ins.opcode, [dst], srcs, attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype, small=False,
                   latency=getattr(ins, "latency", 0.0), loc=ins.node)
         return True
+
+    def spread_dmas(self) -> None:
+        """Once the kernel is traced: cut each large SBUF <-> HBM DMA into pieces of 8-partition groups, one per
+        DMA queue, as the hardware spreads one transfer over the core's 16 DMA engines (SDK
+        nki/about/nki-dma-overview.rst); the compiler's DMAs are cut the same way (``Lowerer.dma``). Indices
+        into the instruction list (dependencies, allocation fills, prints) follow."""
+        from neuron_stack.compiler.lower.tiles import numel_ap, split_dma
+        from neuron_stack.device.cost import dma_min_piece_bytes, dma_ns
+        out: list[Instr] = []
+        first: list[int] = []        # old index -> its first new index
+        last: list[int] = []         # old index -> one past its last new index
+        min_piece = dma_min_piece_bytes(self.p)
+        for ins in self.instrs:
+            deps = sorted({j for d in ins.deps for j in range(first[d], last[d])})
+            first.append(len(out))
+            pieces = split_dma(ins.operands["dst"][0], ins.operands["src"][0], self.p.dma_engines_per_core,
+                               min_piece) if ins.opcode == "DMA_DIRECT2D" else []
+            if len(pieces) < 2:
+                out.append(dataclasses.replace(ins, deps=deps))
+            else:
+                for d, s_ in pieces:
+                    frac = numel_ap(d["ap"]) / numel_ap(ins.operands["dst"][0]["ap"])
+                    desc = max(1, round(ins.operands.get("desc", 1) * frac))
+                    nb = round(max(ins.bytes_read, ins.bytes_written) * frac)
+                    piece = dataclasses.replace(
+                        ins, deps=deps, operands={**ins.operands, "dst": [d], "src": [s_], "desc": desc},
+                        dur=dma_ns(self.p, nb, desc) - self.p.dma_fixed_ns, bytes_read=round(ins.bytes_read * frac),
+                        bytes_written=round(ins.bytes_written * frac), hbm_read=round(ins.hbm_read * frac),
+                        hbm_write=round(ins.hbm_write * frac))
+                    out.append(piece)
+            last.append(len(out))
+        first.append(len(out))
+        self.inits = [(first[i], o, f) for i, o, f in self.inits]
+        self.prints = [(first[i], *rest) for i, *rest in self.prints]
+        self.instrs = out
 
     def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
         """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""

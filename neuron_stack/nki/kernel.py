@@ -182,6 +182,7 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
         if not isinstance(o, ndarray) or o.buf.mem != "hbm":
             raise NKIError(f"kernel {k.__name__} must return HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)), "
                            f"got {o!r}")
+    trace.spread_dmas()
     low = Lowered(trace.instrs, {n: dict(m, numel=int(np.prod(m["shape"]))) for n, m in trace.hbm.items()},
                   [n for n, m in trace.hbm.items() if m["role"] == "input"], [o.buf.name for o in outs],
                   sbuf_peak_bytes=trace.sbuf.peak, allocs=trace.allocs)

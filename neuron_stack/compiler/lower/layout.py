@@ -24,7 +24,7 @@ from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.matmul import transpose_to
 from neuron_stack.compiler.lower.resident import translate
 from neuron_stack.compiler.lower.tiles import PMAX, Pool, View, boxes, nbytes_of, view_operand
-from neuron_stack.device.cost import ceil_div, scalar_ns, vector_ns
+from neuron_stack.device.cost import ceil_div, dma_min_piece_bytes, scalar_ns, vector_ns
 
 #: a DMA whose contiguous runs are shorter than this is element-bound (DMA guide: < 256 B per
 #: partition is overhead-bound; a run of a few elements pays a descriptor each)
@@ -101,7 +101,7 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
     shape = dst.shape
     inner = math.prod(shape[split:]) if shape[split:] else 1
     total = math.prod(shape) * nbytes_of(dst.dtype)
-    min_piece = 4 * low.p.dma_fixed_ns * low.p.dma_bytes_per_ns_per_engine
+    min_piece = dma_min_piece_bytes(low.p)
     piece = max(total / low.p.dma_queues, min_piece)
     rows = max(1, min(PMAX * 64, int(piece // max(1, inner * nbytes_of(dst.dtype)))))
     plan = [br + bc for br in boxes(shape[:split], rows) for bc in boxes(shape[split:], 1 << 16)]
@@ -109,10 +109,26 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
         # a pattern crossing a resident value's row blocks would evict it to HBM: copy one
         # [rows, columns] matrix (the last two dims) per DMA instead, each inside a row block
         last = math.prod(shape[-2:]) if len(shape) >= 2 else math.prod(shape)
-        plan = boxes(shape, max(1, last))
+        plan = [b for box in boxes(shape, max(1, last)) for b in _inside_blocks(low, dst, src, box)]
     for box in plan:
         if not _lane_copy(low, node, dst, src, box):
             low.dma(node, view_operand(dst, box), view_operand(src, box))
+
+
+def _inside_blocks(low: Lowerer, dst: View, src: View, box) -> list:
+    """``box`` cut in halves along its outermost dim of more than one element until each piece stays
+    inside the row blocks of the resident values it touches (a batch's 160 rows of a value tiled in
+    128-row blocks straddle two blocks: two pieces, not an eviction); a single element is left as is."""
+    if all(_on_chip_ok(low, view_operand(v, box)) for v in (dst, src)):
+        return [box]
+    d = next((k for k, (_, n) in enumerate(box) if n > 1), None)
+    if d is None:
+        return [box]
+    s0, n = box[d]
+    h = n // 2
+    lo, hi = list(box), list(box)
+    lo[d], hi[d] = (s0, h), (s0 + h, n - h)
+    return _inside_blocks(low, dst, src, lo) + _inside_blocks(low, dst, src, hi)
 
 
 def _sbuf_pattern(low: Lowerer, v: View, box) -> tuple[dict, list] | None:

@@ -31,7 +31,7 @@ from neuron_stack.compiler.lower.tiles import (
     view_operand,
 )
 from neuron_stack.compiler.partition import refs
-from neuron_stack.device.cost import dependent_overhead_ns, dma_ns, scalar_ns, vector_ns
+from neuron_stack.device.cost import dependent_overhead_ns, dma_min_piece_bytes, dma_ns, scalar_ns, vector_ns
 from neuron_stack.device.profiles import DeviceProfile
 from neuron_stack.ir import Node, Program, TensorSpec
 from neuron_stack.isa.instructions import ENGINE_OF
@@ -42,6 +42,19 @@ RESIDENT_FRACTION = 0.6
 
 #: weight dtypes a matmul dequantizes on the fly (NxDI ``quantization_dtype``: int8; fp8 on trn2)
 QUANTIZED_DTYPES = ("int8", "float8_e4m3fn", "float8_e5m2")
+
+
+def ktiled_fill_ap(shape, dk: int, nk: int) -> list[list[int]]:
+    """Where the elements of a K-tiled weight go, in its logical order: a 2-D weight whose dim ``dk`` (K,
+    ``nk`` x 128) is the matmul's contraction is stored [128 partitions, nk K-tiles, N], so the K-tiles one
+    partition holds are contiguous (``constants.prepare_constants``).
+
+    >>> ktiled_fill_ap((4, 256), 1, 2)      # W [N=4, K=256]: W[n, k] at (k % 128) * 2 * 4 + (k // 128) * 4 + n
+    [[1, 4], [4, 2], [8, 128]]
+    """
+    N = shape[1 - dk]
+    k_dims, n_dim = [[N, nk], [nk * N, 128]], [[1, N]]
+    return k_dims + n_dim if dk == 0 else n_dim + k_dims
 
 
 class Lowerer(Residency):
@@ -105,6 +118,7 @@ class Lowerer(Residency):
         self.pool_cache: dict = {}
         self.const_strides: dict[str, tuple] = {}
         self.const_dtype: dict[str, str] = {}
+        self.const_ktiled: dict[str, tuple[int, int]] = {}    # weight -> (its contraction dim, K / 128)
 
     # ---- buffers and dependency tracking -------------------------------------------------
     def claim(self, mem: str, nbytes: int, key: str) -> None:
@@ -198,12 +212,10 @@ class Lowerer(Residency):
 
     # ---- DMA ------------------------------------------------------------------------------
     def dma(self, node: str, dst: dict, src: dict, spill: str = "", piece_of: int | None = None) -> int:
-        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). Transfers of
-        64 KiB or more are split by partition ranges over several queues, as the compiler spreads a
-        tile over the core's DMA engines."""
-        # a piece is worth its fixed cost only when its transfer is several times longer
-        min_piece = int(4 * self.p.dma_fixed_ns * self.p.dma_bytes_per_ns_per_engine)
-        pieces = split_dma(dst, src, self.p.dma_queues, min_piece)   # every physical core's queues (LNC)
+        """DMA_DIRECT2D ``src`` -> ``dst`` (access patterns with equal element counts). A big SBUF <-> HBM
+        transfer is cut into 8-partition groups over several queues, as the hardware spreads one transfer
+        over the core's DMA engines (``cost.dma_min_piece_bytes``), every physical core's at LNC > 1."""
+        pieces = split_dma(dst, src, self.p.dma_queues, dma_min_piece_bytes(self.p))
         # ``piece_of``: the instruction whose disjoint sibling writes this is (no WAW chain between them)
         if len(pieces) > 1:
             first = piece_of
@@ -397,6 +409,9 @@ class Lowerer(Residency):
             meta = torch.empty_strided(tuple(spec.shape), strides, dtype=meta.dtype, device="meta")
         self.hbm[name] = {"dtype": dtype, "numel": spec.numel, "role": role, "shape": list(spec.shape),
                           "strides": list(meta.stride())}
+        kt = getattr(self, "const_ktiled", {}).get(name)
+        if kt is not None:
+            self.hbm[name]["fill_ap"] = ktiled_fill_ap(spec.shape, *kt)
         if name not in self.inputs:
             self.inputs.append(name)
         v = View(name, dtype, meta)

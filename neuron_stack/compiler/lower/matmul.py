@@ -9,6 +9,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
+from neuron_stack.compiler.lower.resident import row_layout
 from neuron_stack.compiler.lower.tiles import (
     FLOATS,
     MOVING_FMAX,
@@ -87,6 +88,35 @@ def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool,
         low.act(node, dst, pt.op(), "copy")
     else:
         low.vec("TENSOR_COPY", node, dst, [pt.op()])
+
+
+def group_chunks(r0: int, rn: int, D: int = 0, step: int = PMAX) -> list[tuple[int, int]]:
+    """``(offset from r0, rows)`` chunks of rows ``r0 .. r0+rn``: at most ``step`` rows, cut where a group of ``D``
+    rows ends (``D`` = 0: no groups).
+
+    >>> group_chunks(0, 258, 129)
+    [(0, 128), (128, 1), (129, 128), (257, 1)]
+    """
+    out, rr = [], 0
+    while rr < rn:
+        n = min(step, rn - rr)
+        if D:
+            n = min(n, D - (r0 + rr) % D)
+        out.append((rr, n))
+        rr += n
+    return out
+
+
+def row_chunks(low: Lowerer, v2: View, r0: int, rn: int) -> list[tuple[int, int]]:
+    """Rows ``r0 .. r0+rn`` of the 2-D ``v2`` in chunks of at most 128, also cut where a group of the resident
+    value it reads ends (a flattened [batch x 197, C] operand whose batches start new row blocks): each chunk is
+    read in place from one block, where a 128-row chunk straddling two would be two SBUF->SBUF DMAs.
+
+    ``(offset from r0, rows)`` pairs, as :func:`group_chunks`."""
+    r = low.res.get(v2.buf)
+    st = v2.meta.stride()
+    D = r.D if r is not None and not r.evicted and st[-1] == 1 and st[0] == r.C else 0
+    return group_chunks(v2.meta.storage_offset() // r.C + r0 if D else r0, rn, D)
 
 
 @lowering("matmul", ops=("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"), op_classes=("matmul",))
@@ -184,12 +214,41 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     def transposed(v2: View, r0, rn, c0, cn, pool: Pool) -> Tile:
         """Tile [cn, rn] = v2[r0:r0+rn, c0:c0+cn].T through natural loads + TensorE transposes."""
         t = pool.tile(cn, rn)
-        for rr in range(0, rn, PMAX):
-            rlen = min(PMAX, rn - rr)
+        for rr, rlen in row_chunks(low, v2, r0, rn):
             src = low.load(n.name, v2, [(r0 + rr, rlen), (c0, cn)], nat_pool, 1)
             transpose_to(low, n.name, src, t.cols(rr, rlen).as_dtype(mm_dt), tp_pool)
         return t
 
+    # the output's rows come in groups (a flattened [batch x 197, N]): chunks of output rows stop at a group's end,
+    # so each evacuated tile is one block of the resident output (resident.row_layout)
+    out_group = 0
+    for v in out_views.values():
+        C, _, D = row_layout(low.hbm.get(v.buf, {}).get("shape", ()))
+        out_group = out_group or (D if nb == 1 and C == N else 0)
+    # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
+    # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
+    kgroup = 0
+    if B.buf in low.const_ktiled and b_direct and N <= NG and not B.meta.storage_offset():
+        kgroup = min(nk, ceil_div(4096, N * nbytes_of(B.dtype)))
+    if kgroup > 1:
+        gbufs = 2 * ceil_div(nk, kgroup) if panel_resident else 2      # a resident panel keeps every group
+        gpool = Pool(low, f"{n.name}.Bk", "sbuf", PMAX, kgroup * N, B.dtype, bufs=gbufs)
+        kmemo: dict = {}
+
+        def ktiled_moving(kb: int) -> Tile:
+            j0 = kb - kb % kgroup
+            if kmemo.get("j0") != j0:
+                gl = min(kgroup, nk - j0)
+                t = gpool.tile(PMAX, gl * N)
+                low.dma(n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N,
+                                         "ap": [[nk * N, PMAX], [1, gl * N]]})
+                kmemo.update(j0=j0, t=t)
+            t = kmemo["t"].cols((kb - j0) * N, N)
+            if B.dtype == mm_dt:
+                return t
+            c = bpool.tile(PMAX, N)     # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
+            low.act(n.name, c, t.op(), "copy")
+            return c
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
@@ -200,6 +259,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
 
             def moving(kb):
                 k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if kgroup > 1:
+                    return ktiled_moving(kb)
                 if b_direct:
                     return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
                 # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
@@ -217,8 +278,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
                     else:
                         ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
-                for ms in range(0, mw, STAT_FMAX):
-                    mp = min(STAT_FMAX, mw - ms)
+                for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
                     acc = acc_pool.tile(mp, nw)
                     for kb in range(nk):
                         kl = min(PMAX, K - kb * PMAX)

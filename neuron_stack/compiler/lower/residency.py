@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from neuron_stack.compiler.lower.placement import stored_dtype
-from neuron_stack.compiler.lower.resident import Resident, row_tiling, tile_ap, translate
+from neuron_stack.compiler.lower.resident import Resident, row_blocks, row_layout, tile_ap, translate
 from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
 
@@ -28,16 +28,16 @@ class Residency:
         if self.cand.get(buf) != "undecided":
             return
         meta = self.hbm[buf]
-        C, T = row_tiling(meta["shape"])
+        C, T, D = row_layout(meta["shape"])
         rows = meta["numel"] // C
-        psize = ceil_div(rows, T) * C
+        psize = row_blocks(rows, T, D) * C
         start = self.heap.alloc(psize * nbytes_of(meta["dtype"]))
         if start is None:
             self.cand[buf] = "hbm"
             self.log.append(f"lower: {buf} does not fit in the SBUF heap; it goes through HBM (spill)")
             return
         self.cand[buf] = "resident"
-        r = Resident(buf, f"__res.{buf}", meta["dtype"], rows, C, T, psize, start)
+        r = Resident(buf, f"__res.{buf}", meta["dtype"], rows, C, T, psize, start, D=D)
         end = start + ceil_div(psize * nbytes_of(meta["dtype"]), self.heap.unit) * self.heap.unit
         # writes into a reused region wait for the semaphores of the values that lived there
         self.res_wait[r.key] = {sem for (a, b, sem) in self.freed if a < end and start < b}
@@ -122,13 +122,10 @@ class Residency:
         """Save a resident value's rows to its HBM buffer (spill) and release its heap region."""
         r.evicted = True
         self.log.append(f"lower: {r.buf} leaves SBUF for HBM ({why}); spilled")
-        es = nbytes_of(r.dtype)
-        for j in range(ceil_div(r.rows, r.T)):
-            rows = min(r.T, r.rows - j * r.T)
-            self.dma(node, {"m": "hbm", "b": r.buf, "dt": r.dtype, "o": j * r.T * r.C, "ap": [[r.C, rows], [1, r.C]]},
+        for row0, rows, j in r.blocks():
+            self.dma(node, {"m": "hbm", "b": r.buf, "dt": r.dtype, "o": row0 * r.C, "ap": [[r.C, rows], [1, r.C]]},
                      {"m": "sbuf", "b": r.key, "dt": r.dtype, "o": j * r.C, "ap": [[r.psize, rows], [1, r.C]]},
                      spill="save")
-        del es
         self._release(r, node)
 
     def _release(self, r: Resident, node: str) -> None:
@@ -159,8 +156,8 @@ class Residency:
             if not cons:
                 continue
             spec = n.outputs[0]
-            C, T = row_tiling(spec.shape)
-            size = ceil_div(ceil_div(spec.numel, C), T) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
+            C, T, D = row_layout(spec.shape)
+            size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
             size = ceil_div(size, 64) * 64
             delta[pos[n.name]] += size
             delta[max(cons) + 1] -= size

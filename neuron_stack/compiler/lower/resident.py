@@ -34,15 +34,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuron_stack.device.cost import ceil_div
+
 PMAX = 128
 
 
 def row_tiling(shape) -> tuple[int, int]:
-    """``(C, T)`` of a value's row-tiled layout: the row length C is the longest run of trailing
+    """``(C, T)`` of a value's row-tiled layout (:func:`row_layout` without the group)."""
+    return row_layout(shape)[:2]
+
+
+def row_layout(shape) -> tuple[int, int, int]:
+    """``(C, T, D)`` of a value's row-tiled layout: the row length C is the longest run of trailing
     dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the
     last dims, e.g. heads x head_dim -> hidden, still reads whole rows); the block height T is the product of
     the trailing row dims while it fits in 128 partitions, times the chunk of the next dim that still fits
-    (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles."""
+    (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles. ``D``: when that innermost row
+    dim is longer than 128 and not a multiple of it (197 tokens), rows come in groups of D, each group starting a
+    new block (its last block partial), so a tile of a group's rows lines up with a block as ``lower.boxes``
+    cuts it (a ragged 69-row tile is 69 partitions of one block); 0 otherwise.
+
+    >>> row_layout([12, 197, 64]), row_layout([12, 256, 64])
+    ((64, 128, 197), (64, 128, 0))
+    """
     shape = list(shape) or [1]
     k = len(shape) - 1
     C = max(1, shape[k])
@@ -55,15 +69,27 @@ def row_tiling(shape) -> tuple[int, int]:
         k -= 1
         C *= shape[k]
         rows //= max(1, shape[k])
-    T = 1
+    T, D = 1, 0
     for d in reversed(shape[:k]):
         if T * d > PMAX:
             # lower.boxes chunks this dim in steps of PMAX // T: a tile is that many blocks
             # (sequences of 32 tokens at batch 8 are 128-row tiles, not 32-row ones)
+            if T == 1 and d % PMAX and d < rows:
+                D = d
             T = PMAX if T == 1 else T * max(1, min(d, PMAX // T))
             break
         T *= d
-    return C, max(1, T)
+    return C, max(1, T), D
+
+
+def row_blocks(rows: int, T: int, D: int = 0) -> int:
+    """Blocks of T partitions a row-tiled value of ``rows`` rows takes (each group of D rows padded to whole blocks).
+
+    >>> row_blocks(12 * 197, 128, 197), row_blocks(12 * 197, 128)
+    (24, 19)
+    """
+    return rows // D * ceil_div(D, T) if D else ceil_div(rows, T)
+
 
 
 class Heap:
@@ -94,8 +120,9 @@ class Heap:
 
 @dataclass
 class Resident:
-    """A value living in the SBUF heap, row-tiled: element (r, c) at partition r % T, free
-    ``(r // T) * C + c`` of a buffer whose partition pitch is ``psize`` elements."""
+    """A value living in the SBUF heap, row-tiled: element (r, c) at partition r' % T, free
+    ``(r' // T) * C + c`` of a buffer whose partition pitch is ``psize`` elements, where r' is r with each
+    group of D rows padded to whole blocks (r' = r when D is 0)."""
     buf: str          # the HBM buffer it stands for
     key: str          # its SBUF buffer name
     dtype: str
@@ -106,6 +133,21 @@ class Resident:
     off: int          # heap start in bytes per partition
     readers: list[int] = field(default_factory=list)
     evicted: bool = False
+    D: int = 0        # rows per group padded to whole blocks (0: none)
+
+    def prow(self, r: int) -> int:
+        """Row ``r``'s row in the padded layout."""
+        if not self.D:
+            return r
+        return r // self.D * ceil_div(self.D, self.T) * self.T + r % self.D
+
+    def blocks(self):
+        """``(first row, rows, block)`` of each block, in order (a group's last block may be partial)."""
+        if not self.D:
+            return [(j * self.T, min(self.T, self.rows - j * self.T), j) for j in range(ceil_div(self.rows, self.T))]
+        nb = ceil_div(self.D, self.T)
+        return [(g * self.D + b * self.T, min(self.T, self.D - b * self.T), g * nb + b)
+                for g in range(self.rows // self.D) for b in range(nb)]
 
 
 def translate(r: Resident, o: int, dims: list[tuple[int, int]]):
@@ -116,7 +158,6 @@ def translate(r: Resident, o: int, dims: list[tuple[int, int]]):
     r0, c0 = divmod(o, C)
     ap, kinds = [], []
     col_extent = c0
-    part_extent = r0 % T
     expanded = []
     for s, n in dims:
         # a contiguous run of whole rows is a rows dim times a columns dim
@@ -124,6 +165,12 @@ def translate(r: Resident, o: int, dims: list[tuple[int, int]]):
             expanded += [(C, n // C), (1, C)]
         else:
             expanded.append((s, n))
+    if r.D:
+        expanded = _pad_rows(r, r0, expanded)
+        if expanded is None:
+            return None
+        r0 = r.prow(r0)
+    part_extent = r0 % T
     for s, n in expanded:
         if n == 1:
             continue
@@ -150,6 +197,23 @@ def translate(r: Resident, o: int, dims: list[tuple[int, int]]):
         else:
             return None
     return (r0 % T) * P + (r0 // T) * C + c0, ap or [[1, 1]], kinds or ["f"]
+
+
+def _pad_rows(r: Resident, r0: int, dims):
+    """``dims`` over the padded rows: a step of whole groups becomes a step of whole padded groups; the
+    other row steps must keep the pattern inside row ``r0``'s group (None when they leave it)."""
+    C, D = r.C, r.D
+    Dp = ceil_div(D, r.T) * r.T
+    out, within = [], r0 % D
+    for s, n in dims:
+        if s and s % C == 0 and n > 1:
+            m = s // C
+            if m % D == 0:
+                out.append(((m // D) * Dp * C, n))
+                continue
+            within += (n - 1) * m
+        out.append((s, n))
+    return out if within < D else None
 
 
 def tile_ap(r: Resident, o: int, pdims, fdims):
