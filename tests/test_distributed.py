@@ -85,3 +85,22 @@ def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_
         ranks = prof.sql("""SELECT DISTINCT r.rank FROM executions e JOIN runs r USING (run_id)
                             ORDER BY r.rank""").column("rank").to_pylist()
         assert 0 in ranks   # the surviving rank's executions are there (rank 1's only if it had flushed)
+
+
+def test_sigterm_flushes_what_was_recorded(tmp_path):
+    """torchrun tears surviving ranks down with SIGTERM: the process still dies of the signal, and the
+    executions it ran before are in the profile (Python's default SIGTERM skips ``atexit``)."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys, torch, neuron_stack\n"
+        "m = neuron_stack.trace(torch.nn.Linear(8, 8).eval(), (torch.randn(2, 8),))\n"
+        "for i in range(10**6):\n"
+        "    m(torch.randn(2, 8))\n"
+        "    if i == 3:\n"
+        "        print('ready', flush=True)\n")
+    job = subprocess.Popen([sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE, text=True)
+    assert job.stdout.readline().strip() == "ready"
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(timeout=120) == -signal.SIGTERM
+    with traces.open(traces.finalize(tmp_path / "prof")) as prof:
+        assert prof.sql("SELECT count(*) AS n FROM executions").column("n")[0].as_py() >= 4

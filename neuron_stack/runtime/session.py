@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import uuid as uuidlib
@@ -59,6 +60,7 @@ class Session:
         self._capture_timer: threading.Timer | None = None
         self.recorder = Recorder.from_env(self)
         atexit.register(self.close)
+        _flush_on_sigterm()
 
     def next_core(self) -> int:
         """Round-robin placement of loaded models over this process's cores, as the real runtime does."""
@@ -120,8 +122,12 @@ class Session:
             self.recorder = None
             rec.close()
 
-    def close(self) -> None:
-        with self.record_lock:
+    def close(self, wait: float = -1) -> None:
+        """Flush and close the recorder, stop publishing, release the cores. ``wait``: seconds to wait
+        for an execution being recorded (-1: as long as it takes); past it nothing is flushed."""
+        if not self.record_lock.acquire(timeout=wait):
+            return
+        try:
             if self.closed:
                 return
             self.closed = True
@@ -130,5 +136,25 @@ class Session:
             if self.recorder is not None:
                 self.recorder.close()
                 self.recorder = None
+        finally:
+            self.record_lock.release()
         self.live.close()
         self.lease.release()
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (torchrun tearing a job down after a rank died, ``kill``): flush what was recorded, as
+    ``atexit`` would on a normal exit, then die of the signal as before. An execution being recorded
+    in the interrupted frame holds its session's lock; that session is left as it is after a second."""
+    for s in list(Session._instances.values()):
+        s.close(wait=1.0)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _flush_on_sigterm() -> None:
+    """Install :func:`_on_sigterm` once, from the main thread, and only over the default action: a
+    handler of the user's (or the framework's) is never replaced."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
