@@ -1,5 +1,6 @@
 """The rest of the SDK's nki.isa / nki.language surface, each API run as the docs' example runs it, checked against
 numpy, timed with its documented cost, and misused once (one line naming the kernel line)."""
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,7 @@ def test_tensor_partition_reduce_docs_examples():
     rng = np.random.default_rng(2)
     a = rng.random((128, 32, 4), dtype=np.float32)
     np.testing.assert_allclose(par_reduce(a), a.sum(0, keepdims=True), rtol=1e-5)
-    assert par_reduce.last.trace.instrs[1].engine == "gpsimd"
+    assert {i.engine for i in par_reduce.last.trace.instrs if not i.opcode.startswith("DMA")} == {"gpsimd"}
     a4 = rng.random((4, 128, 32, 8), dtype=np.float32)
     np.testing.assert_array_equal(par_reduce_nd_b(a4), a4.max(1, keepdims=True))
 
@@ -549,7 +550,8 @@ def test_atomic_rmw_and_dma_copy_read_modify_write():
     want = a + v
     want[:64] = np.maximum(want[:64], v[:64])
     np.testing.assert_allclose(rmw(a, v), want, rtol=1e-6)
-    assert [i.opcode for i in rmw.last.trace.instrs].count("DMA_DIRECT2D") == 5
+    # load+store, the value load, the atomic RMW and the RMW copy: four lines of DMAs, each spread over queues
+    assert len({i.node for i in rmw.last.trace.instrs if i.opcode == "DMA_DIRECT2D"}) == 4
 
     @nki.jit
     def indirect(in_tensor, indices_tensor):
@@ -572,7 +574,7 @@ def test_dma_compute_sums_sources_in_one_dma():
     rng = np.random.default_rng(15)
     a, b, c = (rng.random((128, 256), dtype=np.float32) for _ in range(3))
     np.testing.assert_allclose(k(a, b, c), a + b + c, rtol=1e-6)
-    assert [i.opcode for i in k.last.trace.instrs] == ["DMA_DIRECT2D", "DMA_COMPUTE"]
+    assert [op for op, _ in itertools.groupby(i.opcode for i in k.last.trace.instrs)] == ["DMA_DIRECT2D", "DMA_COMPUTE"]
 
     @nki.jit
     def bad(a_t):

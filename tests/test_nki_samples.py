@@ -77,7 +77,8 @@ def test_optimized_matmul_at_the_tutorials_size_fits_sbuf():
     n = 4096
     run = run_kernel(mm.matmul_blocked, (Spec((n, n), "bfloat16"), Spec((n, n), "bfloat16")),
                      dict(TILES_IN_BLOCK_M=16, TILES_IN_BLOCK_N=2, TILES_IN_BLOCK_K=8), execute=False)
-    assert run.trace.sbuf.peak <= 192 * 1024 and run.num_instructions == 18432
+    # each DMA counts once per queue it is spread over (18,432 before DMAs were spread)
+    assert run.trace.sbuf.peak <= 192 * 1024 and run.num_instructions == 24832
     flops = 2 * n ** 3 / (run.device_ns * 1e-9)
     assert flops / run.trace.p.tensor_peak_flops("bfloat16") > 0.5
 
