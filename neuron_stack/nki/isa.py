@@ -26,7 +26,7 @@ array([[1., 1., 1.],
 """
 from __future__ import annotations
 
-from . import ops
+from . import ops, ops_more
 from .core import NKIError, current, dtype_name, unsupported, where
 from .core import ndarray as _T
 
@@ -360,7 +360,7 @@ def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op
     op0 = op0 if op0 is not None else a.pop(0)
     op1 = op1 if op1 is not None else a.pop(0)
     out = dst if new else _new(_out_dtype(dtype, data0, data1), data0.shape)
-    ops.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask)
+    ops_more.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask)
     return None if new else out
 
 
@@ -377,7 +377,7 @@ def scalar_tensor_tensor(*args, dst=None, data=None, op0=None, operand0=None, op
     op1 = op1 if op1 is not None else a.pop(0)
     operand1 = operand1 if operand1 is not None else a.pop(0)
     out = dst if new else _new(_out_dtype(dtype, data), data.shape)
-    ops.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask)
+    ops_more.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask)
     return None if new else out
 
 
@@ -390,19 +390,19 @@ def tensor_partition_reduce(*args, dst=None, op=None, data=None, dtype=None, mas
     op = op if op is not None else a.pop(0)
     data = data if data is not None else a.pop(0)
     out = dst if new else _new(dtype or data.dtype, (1,) + tuple(data.shape[1:]))
-    ops.partition_reduce(out, op, data)
+    ops_more.partition_reduce(out, op, data)
     return None if new else out
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_op=None,
                   reverse_pred=False, name=None):
     """``dst = where(predicate, on_true, on_false)`` with an optional running max into ``reduce_res`` (Vector)."""
-    ops.select_reduce(dst, predicate, on_true, on_false, reduce_res, reduce_cmd, reduce_op, reverse_pred)
+    ops_more.select_reduce(dst, predicate, on_true, on_false, reduce_res, reduce_cmd, reduce_op, reverse_pred)
 
 
 def range_select(*args, dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
                  reduce_cmd=reduce_cmd.reset_reduce, reduce_res=None, reduce_op=None, range_start=0,
-                 on_false_value=ops.FP32_MIN, dtype=None, **_):
+                 on_false_value=ops_more.FP32_MIN, dtype=None, **_):
     """Keep ``on_true_tile`` where ``bound0 cmp0 range_start + i cmp1 bound1`` along free, else FP32_MIN, with a
     running max (Vector, NeuronCore-v3+); both call forms."""
     a = list(args)
@@ -415,7 +415,7 @@ def range_select(*args, dst=None, on_true_tile=None, comp_op0=None, comp_op1=Non
     bound0 = bound0 if bound0 is not None else a.pop(0)
     bound1 = bound1 if bound1 is not None else a.pop(0)
     out = dst if new else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
-    ops.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd, reduce_res, reduce_op,
+    ops_more.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd, reduce_res, reduce_op,
                      range_start, on_false_value)
     return None if new else out
 
@@ -429,13 +429,13 @@ def dropout(*args, dst=None, data=None, prob=None, dtype=None, mask=None, **_):
     data = data if data is not None else a.pop(0)
     prob = prob if prob is not None else a.pop(0)
     out = dst if new else _new(dtype or data.dtype, data.shape)
-    ops.dropout(out, data, prob, mask)
+    ops_more.dropout(out, data, prob, mask)
     return None if new else out
 
 
 def set_rng_seed(src_seeds, name=None):
     """Seed the Vector Engine PRNG from a [1, 1] tile (the same seed, the same dropout masks)."""
-    ops.rng_seed(src_seeds)
+    ops_more.rng_seed(src_seeds)
 
 
 def local_gather(*args, dst=None, src_buffer=None, index=None, num_elem_per_idx=1, num_valid_indices=None, mask=None,
@@ -455,7 +455,7 @@ def local_gather(*args, dst=None, src_buffer=None, index=None, num_elem_per_idx=
     if not new:
         nv = index.free_size * 16 if num_valid_indices is None else int(num_valid_indices)
         dst = _new(src_buffer.dtype, (src_buffer.partitions, nv, int(num_elem_per_idx)))
-    ops.local_gather(dst, src_buffer, index, num_elem_per_idx, num_valid_indices)
+    ops_more.local_gather(dst, src_buffer, index, num_elem_per_idx, num_valid_indices)
     return None if new else dst
 
 
@@ -463,7 +463,7 @@ def rng(dst, engine=None, name=None):
     """32 random bits per element of the integer tile ``dst``, its low bits kept (Vector Engine PRNG)."""
     if dst.dtype not in ("int8", "int16", "int32", "uint8", "uint16", "uint32"):
         raise NKIError(f"{where()}: nisa.rng writes an integer tile (int8/16/32, uint8/16/32), got {dst.dtype}")
-    ops.rand(dst, bits=8 * ops.DTYPE_BYTES[dst.dtype])
+    ops_more.rand(dst, bits=8 * ops.DTYPE_BYTES[dst.dtype])
 
 
 def tensor_copy_predicated(*args, dst=None, src=None, predicate=None, reverse_pred=False, mask=None, **_):
@@ -494,7 +494,7 @@ def nc_match_replace8(*args, dst=None, data=None, vals=None, imm=None, dst_idx=N
     vals = vals if vals is not None else a.pop(0)
     imm = imm if imm is not None else a.pop(0)
     out = dst if new else _new(dtype or data.dtype, data.shape)
-    ops.match_replace8(out, data, vals, imm, dst_idx)
+    ops_more.match_replace8(out, data, vals, imm, dst_idx)
     return None if new else out
 
 
@@ -506,17 +506,17 @@ def nc_stream_shuffle(*args, src=None, dst=None, shuffle_mask=None, mask=None, *
     src = src if src is not None else a.pop(0)
     dst = dst if dst is not None else a.pop(0)
     shuffle_mask = shuffle_mask if shuffle_mask is not None else a.pop(0)
-    ops.stream_shuffle(dst, src, shuffle_mask)
+    ops_more.stream_shuffle(dst, src, shuffle_mask)
 
 
 def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce, name=None):
     """``reg = op1(op0(src[:, i], imm0), reg)``, ``dst[:, i] = reg`` on the Vector Engine."""
-    ops.tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1, reduce_cmd)
+    ops_more.tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1, reduce_cmd)
 
 
 def nc_n_gather(dst, data, indices, name=None):
     """``dst[p, j] = data[p, indices[p, j]]`` within each partition (GpSimd)."""
-    ops.n_gather(dst, data, indices)
+    ops_more.n_gather(dst, data, indices)
 
 
 def sequence_bounds(*args, dst=None, segment_ids=None, dtype=None, **_):
@@ -527,13 +527,13 @@ def sequence_bounds(*args, dst=None, segment_ids=None, dtype=None, **_):
         dst = dst if dst is not None else a.pop(0)
     segment_ids = segment_ids if segment_ids is not None else a.pop(0)
     out = dst if new else _new(dtype or segment_ids.dtype, (1, 2, segment_ids.free_size))
-    ops.sequence_bounds(out, segment_ids)
+    ops_more.sequence_bounds(out, segment_ids)
     return None if new else out
 
 
 def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     """Indices of the non-zero elements and their count, in partitions 0, 16, ..., 112 (GpSimd, NeuronCore-v3+)."""
-    ops.nonzero_with_count(dst, src, index_offset, padding_val)
+    ops_more.nonzero_with_count(dst, src, index_offset, padding_val)
 
 
 def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
@@ -545,7 +545,7 @@ def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, 
         dst = dst if dst is not None else a.pop(0)
     src = src if src is not None else a.pop(0)
     out = dst if new else _new(dtype or src.dtype, src.shape)
-    ops.tensor_copy_dynamic(out, src, "src")
+    ops_more.tensor_copy_dynamic(out, src, "src")
     return None if new else out
 
 
@@ -554,12 +554,12 @@ def tensor_copy_dynamic_dst(*args, dst=None, src=None, dtype=None, engine=None, 
     a = list(args)
     dst = dst if dst is not None else a.pop(0)
     src = src if src is not None else a.pop(0)
-    ops.tensor_copy_dynamic(dst, src, "dst")
+    ops_more.tensor_copy_dynamic(dst, src, "dst")
 
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=None, name=None):
     """``dst = sum(srcs)`` computed by a DMA engine (fp32), HBM or SBUF on either side."""
-    ops.dma_compute(dst, srcs, reduce_op, scales)
+    ops_more.dma_compute(dst, srcs, reduce_op, scales)
 
 
 def __getattr__(name):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from . import ops
+from . import ops, ops_more
 from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
@@ -458,7 +458,7 @@ TENSOR_OPS.update(assign=_assign, binary=_binary, accumulate=_accumulate)
 def random_seed(seed, mask=None, **_):
     """Seed the Vector Engine's random number generator (a 32-bit number, or a [1, 1] tile as the current SDK
     takes it); the same seed gives the same ``nl.dropout`` masks. Unseeded runs use seed 0."""
-    ops.rng_seed(seed)
+    ops_more.rng_seed(seed)
 
 
 def dropout(x, rate, dtype=None, mask=None, **_):
@@ -469,7 +469,7 @@ def dropout(x, rate, dtype=None, mask=None, **_):
             raise NKIError(f"{_where()}: nl.dropout rate must be a number or a tile with one element, got {rate.shape}")
         rate = rate.reshape((1, 1)).broadcast_to((x.partitions, 1))
     out = ndarray(x.shape, dtype or (x.dtype if x.buf.mem != "psum" else float32))
-    ops.dropout(out, x, rate, mask)
+    ops_more.dropout(out, x, rate, mask)
     return out
 
 
@@ -556,7 +556,7 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
 def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
     """A new tile of uniform [0, 1) draws from the Vector Engine PRNG (``nl.random_seed`` seeds it)."""
     out = ndarray(shape, dtype, buffer, name)
-    ops.rand(out)
+    ops_more.rand(out)
     return out
 
 
@@ -566,7 +566,7 @@ def gather_flattened(data, indices, axis=0, dtype=None, **_):
     if axis not in (0, -1, 1):
         raise NKIError(f"{_where()}: nl.gather_flattened gathers along the flattened free part (axis=0)")
     out = ndarray(indices.shape, dtype or data.dtype)
-    ops.n_gather(out, data, indices)
+    ops_more.n_gather(out, data, indices)
     return out
 
 
