@@ -32,6 +32,15 @@ def _same_size(dst: ndarray, srcs: list, name: str) -> None:
                            f"of {dst.shape}")
 
 
+def _two_tiles(name: str, dst: ndarray, a: tuple, b: tuple, psum_what: str) -> None:
+    """The rules of a Vector instruction reading two full tiles ``a`` and ``b`` (each ``(tile, its name)``):
+    all on chip, not both in PSUM, the size of ``dst``."""
+    for v, what in ((dst, "dst"), a, b):
+        on_chip(v, f"{name} {what}")
+    _not_both_psum(a[0], b[0], psum_what)
+    _same_size(dst, [a[0], b[0]], name)
+
+
 def _reduce_res(reduce_res, dst: ndarray, attrs: dict, dsts: list) -> None:
     if reduce_res is not None:
         on_chip(reduce_res, "reduce_res")
@@ -47,10 +56,7 @@ def tensor_tensor_scan(dst: ndarray, data0: ndarray, data1: ndarray, initial, op
     """TENSOR_TENSOR_SCAN on the Vector Engine: ``dst[:, i] = op1(op0(data0[:, i], dst[:, i-1]), data1[:, i])``,
     ``initial`` standing in for ``dst[:, -1]`` (a number or a [P, 1] column); ``max(MIN_II, 2N)`` cycles."""
     t = current()
-    for v, what in ((dst, "dst"), (data0, "data0"), (data1, "data1")):
-        on_chip(v, f"tensor_tensor_scan {what}")
-    _not_both_psum(data0, data1, "tensor_tensor_scan")
-    _same_size(dst, [data0, data1], "tensor_tensor_scan")
+    _two_tiles("tensor_tensor_scan", dst, (data0, "data0"), (data1, "data1"), "tensor_tensor_scan")
     r = masked(dst, [data0, data1, initial], mask)
     if r is None:
         return None
@@ -69,10 +75,8 @@ def scalar_tensor_tensor(dst: ndarray, data: ndarray, op0, operand0, op1, operan
     number or a [P, 1] column, ``operand1`` a tile of ``data``'s size. ``N`` cycles for bf16 subtract-then-multiply
     of an even N, else ``2N`` (legacy docstring)."""
     t = current()
-    for v, what in ((dst, "dst"), (data, "data"), (operand1, "operand1")):
-        on_chip(v, f"scalar_tensor_tensor {what}")
-    _not_both_psum(data, operand1, "scalar_tensor_tensor data and operand1")
-    _same_size(dst, [data, operand1], "scalar_tensor_tensor")
+    _two_tiles("scalar_tensor_tensor", dst, (data, "data"), (operand1, "operand1"),
+               "scalar_tensor_tensor data and operand1")
     r = masked(dst, [data, operand0, operand1], mask)
     if r is None:
         return None
@@ -107,10 +111,8 @@ def select_reduce(dst: ndarray, predicate: ndarray, on_true: ndarray, on_false, 
     the predicate), the running max of the result kept in the accumulators per ``reduce_cmd`` and read into
     ``reduce_res``. Two tiles read: ``max(MIN_II, 2N)`` cycles (+MIN_II for the read-out)."""
     t = current()
-    for v, what in ((dst, "dst"), (predicate, "predicate"), (on_true, "on_true")):
-        on_chip(v, f"select_reduce {what}")
-    _not_both_psum(on_true, predicate, "select_reduce on_true and predicate")
-    _same_size(dst, [predicate, on_true], "select_reduce")
+    _two_tiles("select_reduce", dst, (predicate, "predicate"), (on_true, "on_true"),
+               "select_reduce on_true and predicate")
     if predicate.dtype not in ("int8", "uint8", "int16", "uint16"):
         raise NKIError(f"{where()}: select_reduce predicate is {predicate.dtype}; it must be int8, uint8, int16 or "
                        f"uint16 (compute it with dtype=nl.uint8)")
