@@ -31,14 +31,11 @@ import numpy as np
 import torch
 
 from neuron_stack.ir import Partition, Program
+from neuron_stack.isa.functions import InterpError, activation, alu, as_tensor, aten_call
 
 _NP = {"float32": np.float32, "float64": np.float64, "bfloat16": np.float32, "float16": np.float32,
        "int64": np.int64, "int32": np.int64, "int16": np.int64, "int8": np.int64, "uint8": np.int64,
        "bool": np.bool_}
-
-
-class InterpError(RuntimeError):
-    """An instruction the interpreter cannot execute (names the instruction)."""
 
 
 def _round(dt: str, a: np.ndarray) -> np.ndarray:
@@ -123,83 +120,10 @@ def _p2(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# ALU and activation semantics (the Vector/Scalar function tables)
-
-def _alu(op: str, a, b):
-    fns = {
-        "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
-        "maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow, "mod": torch.remainder,
-        "fmod": torch.fmod, "equal": torch.eq, "not_equal": torch.ne, "less": torch.lt, "less_equal": torch.le,
-        "greater": torch.gt, "greater_equal": torch.ge, "logical_and": torch.logical_and,
-        "logical_or": torch.logical_or, "logical_xor": torch.logical_xor, "bitwise_and": torch.bitwise_and,
-        "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor, "atan2": torch.atan2,
-        "hypot": torch.hypot, "copysign": torch.copysign, "floor_divide": torch.floor_divide,
-        "rsub": lambda x, y: torch.sub(y, x), "rdivide": lambda x, y: torch.div(y, x), "bypass": lambda x, y: x,
-        "left_shift": torch.bitwise_left_shift, "right_shift": torch.bitwise_right_shift,
-    }
-    if op not in fns:
-        raise InterpError(f"unknown ALU op {op!r}")
-    if not isinstance(b, torch.Tensor):
-        b = torch.tensor(b, dtype=a.dtype if a.is_floating_point() or isinstance(b, int) else torch.float32)
-    if op in ("maximum", "minimum", "atan2", "hypot", "copysign") and b.dtype != a.dtype:
-        dt = torch.promote_types(a.dtype, b.dtype)
-        a, b = a.to(dt), b.to(dt)
-    return fns[op](a, b)
-
-
-def _act(func: str, x):
-    F = torch.nn.functional
-    fns = {
-        "copy": lambda t: t, "identity": lambda t: t, "relu": torch.relu, "gelu": F.gelu,
-        "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu, "sigmoid": torch.sigmoid,
-        "tanh": torch.tanh, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-        "square": torch.square, "erf": torch.erf, "sin": torch.sin, "cos": torch.cos, "abs": torch.abs,
-        "sign": torch.sign, "softplus": F.softplus, "reciprocal": torch.reciprocal, "neg": torch.neg,
-        "exp2": torch.exp2, "log2": torch.log2, "log1p": torch.log1p, "expm1": torch.expm1,
-        "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
-        "tan": torch.tan, "arctan": torch.atan, "mish": F.mish,
-        "gelu_apprx_sigmoid": lambda t: t * torch.sigmoid(1.702 * t),
-        "gelu_dx": lambda t: 0.5 * (1 + torch.erf(t / 2 ** 0.5)) + t * torch.exp(-0.5 * t * t) / (2 * torch.pi) ** 0.5,
-        "gelu_apprx_sigmoid_dx": lambda t: (lambda s: s + 1.702 * t * s * (1 - s))(torch.sigmoid(1.702 * t)),
-        "silu_dx": lambda t: (lambda s: s * (1 + t * (1 - s)))(torch.sigmoid(t)),
-        "erf_dx": lambda t: 2 / torch.pi ** 0.5 * torch.exp(-t * t),
-    }
-    if func not in fns:
-        raise InterpError(f"unknown activation function {func!r}")
-    return fns[func](x)
-
-
-def _t(a: np.ndarray):
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _aten_call(target: str, template, kwargs, tensors: list):
-    parts = target.split(".")
-    op = getattr(getattr(torch.ops.aten, parts[1]), parts[2] if len(parts) > 2 else "default")
-
-    def sub(a):
-        if isinstance(a, dict) and set(a) == {"src"}:
-            return tensors[a["src"]]
-        if isinstance(a, dict) and "dtype" in a:
-            return getattr(torch, a["dtype"])
-        if isinstance(a, dict) and "device" in a:
-            return torch.device("cpu")
-        if isinstance(a, dict) and "layout" in a:
-            return getattr(torch, a["layout"])
-        if isinstance(a, dict) and "memory_format" in a:
-            return getattr(torch, a["memory_format"])
-        if isinstance(a, list):
-            return [sub(x) for x in a]
-        return a
-
-    return op(*sub(template), **{k: sub(v) for k, v in (kwargs or {}).items()})
-
-
 def _scalar(ops: dict, key: str, srcs: list[np.ndarray]):
     v = ops.get(key)
     if isinstance(v, dict) and "src" in v:
-        return _t(_p2(srcs[v["src"]])[:, :1].astype(np.float32))
+        return as_tensor(_p2(srcs[v["src"]])[:, :1].astype(np.float32))
     return v
 
 
@@ -224,7 +148,7 @@ class Machine:
         val = self.mem.read(o["src"][0]).reshape(-1)
         if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
             old = self.mem.read(o["dst"][0]).reshape(-1)
-            val = _alu(o["rmw"], _t(old.astype(np.float32)), _t(val.astype(np.float32))).numpy()
+            val = alu(o["rmw"], as_tensor(old.astype(np.float32)), as_tensor(val.astype(np.float32))).numpy()
         self.mem.write(o["dst"][0], val)
 
     def op_DMA_COMPUTE(self, o):
@@ -248,7 +172,7 @@ class Machine:
         stat = _p2(self.mem.read(o["src"][0])).astype(np.float32)
         mov = _p2(self.mem.read(o["src"][1])).astype(np.float32)
         # torch, not numpy: one BLAS thread pool (numpy's OpenBLAS and torch's pool spin against each other)
-        res = (_t(stat).T @ _t(mov)).numpy()
+        res = (as_tensor(stat).T @ as_tensor(mov)).numpy()
         dst = o["dst"][0]
         if not o.get("start", True):
             res = res + _p2(self.mem.read(dst))
@@ -259,18 +183,18 @@ class Machine:
         srcs = [self.mem.read(s) for s in o["src"]]
         if "aten" in o:
             shape = _p2(srcs[0]).shape
-            res = _aten_call(o["aten"], o["args"], o.get("kwargs"), [_t(_p2(s)) for s in srcs])
+            res = aten_call(o["aten"], o["args"], o.get("kwargs"), [as_tensor(_p2(s)) for s in srcs])
             self.mem.write(o["dst"][0], res.numpy().reshape(shape) if hasattr(res, "numpy") else res)
             return
-        a, b = _t(_p2(srcs[0])), _t(_p2(srcs[1]))
-        self.mem.write(o["dst"][0], _alu(o["op"], a, b).numpy())
+        a, b = as_tensor(_p2(srcs[0])), as_tensor(_p2(srcs[1]))
+        self.mem.write(o["dst"][0], alu(o["op"], a, b).numpy())
 
     def op_TENSOR_SCALAR(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
-        x = _t(_p2(srcs[0]))
-        x = _alu(o["op0"], x, _scalar(o, "scalar0", srcs))
+        x = as_tensor(_p2(srcs[0]))
+        x = alu(o["op0"], x, _scalar(o, "scalar0", srcs))
         if o.get("op1"):
-            x = _alu(o["op1"], x, _scalar(o, "scalar1", srcs))
+            x = alu(o["op1"], x, _scalar(o, "scalar1", srcs))
         self.mem.write(o["dst"][0], x.numpy())
         if len(o["dst"]) > 1:       # tensor_scalar_reduce: the result also reduced along free
             self._accumulate(o, x)
@@ -291,7 +215,7 @@ class Machine:
             self.mem.write(moved, self.mem.read(src))
 
     def op_REDUCE(self, o):
-        x = _t(_p2(self.mem.read(o["src"][0])))
+        x = as_tensor(_p2(self.mem.read(o["src"][0])))
         op = o["op"]
         if op == "add":
             r = x.sum(dim=1, keepdim=True,
@@ -348,19 +272,19 @@ class Machine:
 
     def op_TENSOR_TENSOR_SCAN(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
-        a, b = (_t(_p2(s).astype(np.float32)) for s in srcs[:2])
+        a, b = (as_tensor(_p2(s).astype(np.float32)) for s in srcs[:2])
         prev = _scalar(o, "initial", srcs)
         prev = prev if isinstance(prev, torch.Tensor) else torch.full((a.shape[0], 1), float(prev))
         out = torch.empty_like(a)
         for i in range(a.shape[1]):         # a true scan: each column needs the previous result
-            prev = _alu(o["op1"], _alu(o["op0"], a[:, i:i + 1], prev), b[:, i:i + 1])
+            prev = alu(o["op1"], alu(o["op0"], a[:, i:i + 1], prev), b[:, i:i + 1])
             out[:, i:i + 1] = prev
         self.mem.write(o["dst"][0], out.numpy())
 
     def op_SCALAR_TENSOR_TENSOR(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
-        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "scalar0", srcs))
-        self.mem.write(o["dst"][0], _alu(o["op1"], x, _t(_p2(srcs[1]).astype(np.float32))).numpy())
+        x = alu(o["op0"], as_tensor(_p2(srcs[0]).astype(np.float32)), _scalar(o, "scalar0", srcs))
+        self.mem.write(o["dst"][0], alu(o["op1"], x, as_tensor(_p2(srcs[1]).astype(np.float32))).numpy())
 
     def _vector_acc(self, o, res: np.ndarray) -> None:
         """The running max of the Vector Engine accumulators (``reduce_cmd``) and its read-out into dst[1]."""
@@ -436,7 +360,7 @@ class Machine:
 
     def op_TENSOR_SCALAR_CUMULATIVE(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
-        x = _alu(o["op0"], _t(_p2(srcs[0]).astype(np.float32)), _scalar(o, "imm0", srcs))
+        x = alu(o["op0"], as_tensor(_p2(srcs[0]).astype(np.float32)), _scalar(o, "imm0", srcs))
         P = x.shape[0]
         cmd = o["reduce_cmd"]
         if cmd == "load_reduce":
@@ -449,7 +373,7 @@ class Machine:
             reg = torch.full((P, 1), init)
         out = torch.empty_like(x)
         for i in range(x.shape[1]):
-            reg = _alu(o["op1"], x[:, i:i + 1], reg)
+            reg = alu(o["op1"], x[:, i:i + 1], reg)
             out[:, i:i + 1] = reg
         self.vacc = reg[:, 0].numpy().copy()
         self.mem.write(o["dst"][0], out.numpy())
@@ -467,16 +391,16 @@ class Machine:
     def op_ACTIVATE(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
         if o.get("func") == "aten":
-            res = _aten_call(o["aten"], o["args"], o.get("kwargs"), [_t(_p2(s)) for s in srcs])
+            res = aten_call(o["aten"], o["args"], o.get("kwargs"), [as_tensor(_p2(s)) for s in srcs])
             y = res
         else:
-            x = _t(_p2(srcs[0])).to(torch.float32)
+            x = as_tensor(_p2(srcs[0])).to(torch.float32)
             scale, bias = _scalar(o, "scale", srcs), _scalar(o, "bias", srcs)
             if not (isinstance(scale, (int, float)) and scale == 1):
                 x = x * scale
             if not (isinstance(bias, (int, float)) and bias == 0):
                 x = x + bias
-            y = _act(o["func"], x)
+            y = activation(o["func"], x)
         self.mem.write(o["dst"][0], y.numpy())
         if len(o["dst"]) > 1:
             self._accumulate(o, y)
@@ -556,7 +480,7 @@ class Machine:
             if s["dt"] in ("bfloat16", "float16"):
                 t = t.to(getattr(torch, s["dt"]))
             tensors.append(t)
-        res = _aten_call(o["aten"], o["args"], o.get("kwargs"), tensors)
+        res = aten_call(o["aten"], o["args"], o.get("kwargs"), tensors)
         outs = res if isinstance(res, (list, tuple)) else [res]
         for d, r in zip(o["dst"], outs):
             r = r.detach()
@@ -668,5 +592,5 @@ def _eager(n, env, program):
 
     if n.target == "getitem":
         return sub(n.args[0])[n.args[1]]
-    r = _aten_call(n.target, [sub(a) for a in n.args], {k: sub(v) for k, v in n.kwargs.items()}, [])
+    r = aten_call(n.target, [sub(a) for a in n.args], {k: sub(v) for k, v in n.kwargs.items()}, [])
     return r.numpy() if hasattr(r, "numpy") else r
