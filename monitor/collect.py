@@ -19,7 +19,7 @@ import psutil
 
 from monitor.config import Config, default_config
 from monitor.merge import merge_runtimes
-from traces import live
+from traces import live, monitor_figures
 from traces.ids import host_name, instance_id
 from traces.vocab import MONITOR_ENGINES
 
@@ -215,7 +215,7 @@ class Collector:
             # the union of the core's execution intervals (older snapshots: their summed device time)
             busy = now_s.get("active_ns", now_s.get("device_ns", 0)) - was.get("active_ns", was.get("device_ns", 0))
             span = max(proj_span, busy)
-            util = live.percent(busy, span)
+            util = monitor_figures.percent(busy, span)
             flops = (now_s.get("flops", 0) - was.get("flops", 0)) / (span / 1e9)
             entry = {"neuroncore_utilization": util, "flops": int(flops)}
             if v3d:
@@ -268,7 +268,8 @@ class Collector:
         engines = {}
         for c, st in snap["core_stats"].items():
             was = prev["core_stats"].get(c, {}).get("busy_ns", {})
-            engines[c] = live.engine_shares({e: ns - was.get(e, 0) for e, ns in st["busy_ns"].items()}, proj_span)
+            delta = {e: ns - was.get(e, 0) for e, ns in st["busy_ns"].items()}
+            engines[c] = monitor_figures.engine_shares(delta, proj_span)
         for c in snap.get("cores", []):
             engines.setdefault(str(c), dict.fromkeys(ENGINES, 0.0))
         ev, pev = snap["events"], prev["events"]
@@ -279,7 +280,7 @@ class Collector:
         rec, fb = ev.get("recompile", {}), ev.get("cpu_fallback", {})
         now_stats, prev_stats = snap["core_stats"].values(), prev["core_stats"].values()
         # this session's target: its own instance, cores, runtime reservation per core and peak
-        targets = {snap["target"]: live.target_block(
+        targets = {snap["target"]: monitor_figures.target_block(
             snap.get("instance_type", ""), [*snap.get("cores", []), *map(int, snap["core_stats"])],
             {c: m.get("runtime_memory", 0) for c, m in snap["device_memory"].items()}, snap.get("peak_flops", 0.0),
             sum(st["flops"] for st in now_stats) - sum(st.get("flops", 0) for st in prev_stats),

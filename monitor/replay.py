@@ -32,7 +32,8 @@ from collections.abc import Iterator
 import traces
 from monitor.merge import merge_runtimes
 from traces.errors import TraceError
-from traces.live import CORE_ONLY_MEMORY, engine_shares, percent, target_block
+from traces.live import CORE_ONLY_MEMORY
+from traces.monitor_figures import engine_shares, percent, target_block
 from traces.q_replay import PERCENTILES, REPLAY_ENGINES
 
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
@@ -155,7 +156,7 @@ class Replay:
         return {"period": period, "neuroncores_in_use": cores, "error": ""}
 
     def _target(self, run: dict, busy: list[dict], memory: list[dict]) -> dict:
-        """The run's target as the live monitor reports it (``traces.live.target_block``), over the window."""
+        """The run's target as the live monitor reports it (``monitor_figures.target_block``), over the window."""
         target = str(run["target"] or "")
         if not target:
             return {}

@@ -29,7 +29,7 @@ from explorer import data, recommend, timeline
 from monitor.prometheus import Exporter
 from monitor.replay import Replay
 from top.snapshot import Totals, build_snapshot
-from traces.live import engine_shares, percent
+from traces.monitor_figures import engine_shares, percent
 from traces.q_replay import REPLAY_ENGINES
 from traces.vocab import COMPUTE_ENGINES, MONITOR_ENGINES
 

@@ -123,7 +123,7 @@ class ServingFigures:
 
 @dataclass(frozen=True)
 class TargetView:
-    """One target of a process (``neuron_stack.targets``: ``traces.live.target_block``): a process with
+    """One target of a process (``neuron_stack.targets``: ``traces.monitor_figures.target_block``): a process with
     trn1 and inf2 sessions runs on two simulated instances, each with its own cores, runtime reservation
     and peak; ``mfu_percent`` is over the period (a replay: the window)."""
 

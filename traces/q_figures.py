@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces.intervals import union_by
-from traces.live import target_block
+from traces.monitor_figures import target_block
 from traces.store import DEVICE_NS_SQL, measured_condition
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
@@ -190,7 +190,7 @@ def core_busy(p, include_warmup: bool = False) -> pa.Table:
 
 def targets(p, include_warmup: bool | None = None) -> list[dict]:
     """Per target (a process's trn1 and inf2 sessions run on two simulated instances): ``target`` and
-    :func:`traces.live.target_block` over the measured executions: its instance type, cores, runtime
+    :func:`traces.monitor_figures.target_block` over the measured executions: its instance type, cores, runtime
     reservation per core (the last sample), its own Tensor Engine peak, model FLOPs, device time and MFU.
     Every tool shows a multi-target process's targets from this (live documents from the same block).
 
