@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,17 +89,28 @@ def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_
         assert 0 in ranks   # the surviving rank's executions are there (rank 1's only if it had flushed)
 
 
-def test_sigterm_flushes_what_was_recorded(tmp_path):
+@pytest.mark.parametrize("held", [False, True], ids=["running", "publisher-lock-held"])
+def test_sigterm_flushes_what_was_recorded(tmp_path, held):
     """torchrun tears surviving ranks down with SIGTERM: the process still dies of the signal, and the
-    executions it ran before are in the profile (Python's default SIGTERM skips ``atexit``)."""
+    executions it ran before are in the profile (Python's default SIGTERM skips ``atexit``). The signal
+    may land while the interrupted frame holds a runtime lock (the live publisher's, taken on every
+    execution): the flush must neither wait for it forever nor lose the recorded executions."""
     script = tmp_path / "loop.py"
     script.write_text(
-        "import sys, torch, neuron_stack\n"
+        "import signal, time, torch, neuron_stack\n"
+        # The harness running this suite may ignore SIGTERM, and children inherit that.
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "from neuron_stack.runtime.session import Session\n"
         "m = neuron_stack.trace(torch.nn.Linear(8, 8).eval(), (torch.randn(2, 8),))\n"
         "for i in range(10**6):\n"
         "    m(torch.randn(2, 8))\n"
         "    if i == 3:\n"
-        "        print('ready', flush=True)\n")
+        f"        if {held}:\n"
+        "            lock = next(iter(Session._instances.values())).live._lock\n"
+        "            lock.acquire()\n"
+        "        print('ready', flush=True)\n"
+        f"        if {held}:\n"
+        "            time.sleep(600)\n")
     job = subprocess.Popen([sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE, text=True)
     assert job.stdout.readline().strip() == "ready"
     job.send_signal(signal.SIGTERM)

@@ -21,6 +21,10 @@ from traces.live import LivePublisher
 MEMORY_CATEGORIES = ("constants", "model_code", "tensors", "runtime_memory", "model_shared_scratchpad", "kv_cache")
 
 
+#: Seconds a SIGTERM waits for the recorders to flush before the process dies of the signal.
+SIGTERM_FLUSH_S = 5.0
+
+
 class Session:
     """Process-wide runtime state: core lease, device memory per core, live publisher, recorder."""
 
@@ -138,18 +142,27 @@ class Session:
                 self.recorder = None
         finally:
             self.record_lock.release()
+        self.lease.release()   # before the publisher, whose lock a SIGTERM may have interrupted
         self.live.close()
-        self.lease.release()
 
 
 def _on_sigterm(signum, frame) -> None:
     """SIGTERM (torchrun tearing a job down after a rank died, ``kill``): flush what was recorded, as
-    ``atexit`` would on a normal exit, then die of the signal as before. An execution being recorded
-    in the interrupted frame holds its session's lock; that session is left as it is after a second."""
-    for s in list(Session._instances.values()):
-        s.close(wait=1.0)
+    ``atexit`` would on a normal exit, then die of the signal as before.
+
+    The flush runs on a thread, bounded: the interrupted frame may hold any of the runtime's locks (an
+    execution being recorded, the live publisher's counters), and waiting for one from the handler
+    would wait forever. Whatever is not done in a few seconds is left, and the process dies anyway."""
+    flush = threading.Thread(target=_close_sessions, name="neuron_stack-sigterm", daemon=True)
+    flush.start()
+    flush.join(timeout=SIGTERM_FLUSH_S)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _close_sessions() -> None:
+    for s in list(Session._instances.values()):
+        s.close(wait=1.0)
 
 
 def _flush_on_sigterm() -> None:
