@@ -18,6 +18,9 @@ matrix is ever stored, however long the prompt.
 """
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
 from neuron_stack.compiler.lower.chain import (
     _NOT_TILEWISE,
     TileCtx,
@@ -29,8 +32,18 @@ from neuron_stack.compiler.lower.chain import (
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone
-from neuron_stack.compiler.lower.tiles import MOVING_FMAX, PMAX, Pool, Tile, View, meta_tensor, packet_name
-from neuron_stack.device.cost import ldweights_ns, matmul_ns
+from neuron_stack.compiler.lower.tiles import (
+    MOVING_FMAX,
+    PMAX,
+    Pool,
+    Tile,
+    View,
+    aten_op,
+    is_ref,
+    meta_tensor,
+    packet_name,
+)
+from neuron_stack.device.cost import gpsimd_ns, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 #: the row must fit one PSUM bank of the evacuation (fp32)
@@ -201,6 +214,124 @@ def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
     return FlashMatch(s, u, skip, zero_masked, pre)
 
 
+#: ops a mask may be computed with for the compiler to evaluate it (pure, cheap, no data but their literals)
+_CONST_OPS = frozenset((
+    "arange", "full", "ones", "zeros", "scalar_tensor", "tril", "triu", "add", "sub", "mul", "neg",
+    "le", "lt", "ge", "gt", "eq", "ne", "logical_not", "logical_and", "logical_or", "bitwise_not", "bitwise_and",
+    "bitwise_or", "where", *_RESHAPES, "view", "permute", "slice", "select", "_to_copy", "clone", "lift_fresh_copy"))
+#: the largest tensor the compiler evaluates (a 16k x 16k boolean mask)
+_CONST_MAX_NUMEL = 1 << 28
+MASKED, CLEAN, MIXED = 0, 1, 2
+
+
+class _NotConstant(Exception):
+    pass
+
+
+def _arg(low: Lowerer, a, seen: dict):
+    if isinstance(a, list):
+        return [_arg(low, x, seen) for x in a]
+    if isinstance(a, dict):
+        if set(a) == {"node"}:
+            return const_value(low, a["node"], seen)
+        if set(a) == {"dtype"}:
+            return getattr(torch, a["dtype"])
+        if set(a) == {"device"}:
+            return torch.device("cpu")      # evaluated here, whatever device the capture ran on
+        raise _NotConstant
+    return a
+
+
+def const_value(low: Lowerer, name: str, seen: dict | None = None) -> torch.Tensor:
+    """The value of node ``name`` when the graph fixes it: computed only from literals (``arange``,
+    ``full``, comparisons, reshapes), no input, no weight. Raises ``_NotConstant`` otherwise."""
+    seen = {} if seen is None else seen
+    if name not in seen:
+        n = low.by_name[name]
+        if (not n.target.startswith("aten.") or packet_name(n.target) not in _CONST_OPS or len(n.outputs) != 1
+                or n.outputs[0].numel > _CONST_MAX_NUMEL):
+            raise _NotConstant
+        args = [_arg(low, a, seen) for a in n.args]
+        kwargs = {k: _arg(low, v, seen) for k, v in n.kwargs.items() if k not in ("pin_memory", "layout")}
+        seen[name] = aten_op(n.target)(*args, **kwargs)
+    return seen[name]
+
+
+class ConstMask:
+    """A flash attention's ``where(cond, -inf, scores)`` step whose ``cond`` the graph fixes (the causal
+    mask of a prompt whose positions start at 0, or sdpa's ``is_causal``), known per (128-query, 512-key)
+    block: MASKED blocks are skipped (their ``exp(-inf)`` adds nothing to a row's max, sum or output),
+    CLEAN blocks drop the step, MIXED blocks mask on GpSimd with one AFFINE_SELECT when the mask is
+    causal with a constant offset (``key > query + offset``: NKI's causal ``flash_fwd`` masks its diagonal
+    blocks so), else apply the step with the mask loaded. ``states[b or 0, m0 // 128, n0 // 512]``."""
+
+    def __init__(self, node: Node, states: torch.Tensor, offset: int | None):
+        self.node, self.states, self.offset = node, states, offset
+
+    def state(self, b: int, mi: int, ni: int) -> int:
+        return int(self.states[b if self.states.shape[0] > 1 else 0, mi, ni])
+
+
+def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask | None:
+    """The :class:`ConstMask` of the ``where(cond, -inf, x)`` in ``pre`` (the steps from the scores matmul
+    ``scores`` to the softmax: its epilogue and the flash match's own), or None when there is none, its
+    ``cond`` is data, or a step after it is not a cast (a cast keeps ``-inf``; an add might not)."""
+    prev = scores
+    for i, f in enumerate(pre):
+        if packet_name(f.target) == "where" and len(f.args) == 3 and _reads(low, f, f.args[2], prev):
+            break
+        prev = f.name
+    else:
+        return None
+    if any(packet_name(g.target) not in _CASTS for g in pre[i + 1:]) or not is_ref(f.args[0]):
+        return None
+    fill = f.args[1]
+    if is_ref(fill):
+        z = low.by_name[fill["node"]]
+        fill = z.args[0] if packet_name(z.target) == "scalar_tensor" and z.args else None
+    shape = tuple(f.outputs[0].shape)
+    if fill != float("-inf") or tuple(f.inputs[-1].shape) != shape:
+        return None
+    try:
+        cond = const_value(low, f.args[0]["node"]).to(torch.bool)
+    except (_NotConstant, RuntimeError, TypeError, ValueError):
+        return None
+    nb, M, N = hshape
+    cond = cond.expand(shape)
+    lead = cond.stride()[:-2]
+    cond = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
+    pm, pn = -M % PMAX, -N % MOVING_FMAX
+
+    def blocks(v, pad):
+        x = F.pad(v, (0, pn, 0, pm), value=pad)
+        return x.view(x.shape[0], (M + pm) // PMAX, PMAX, (N + pn) // MOVING_FMAX, MOVING_FMAX)
+
+    masked, clean = blocks(cond, True).all(4).all(2), ~blocks(cond, False).any(4).any(2)
+    states = torch.full(masked.shape, MIXED)
+    states[masked], states[clean] = MASKED, CLEAN
+    offset = int((~cond[0, 0]).sum()) - 1
+    causal = torch.arange(N)[None, :] > torch.arange(M)[:, None] + offset
+    return ConstMask(f, states, offset if bool((cond == causal).all()) else None)
+
+
+def _drop_dead(low: Lowerer, name: str, gone: set[str]) -> None:
+    """Mark ``name`` (and what only it reads) lowered when nothing but ``gone`` reads it: a mask the flash
+    loop folded in is never computed."""
+    n = low.by_name[name]
+    host = low.by_name.get(n.fused_into) if n.fused_into else n
+    group = [host, *low.fused.get(host.name, [])] if host is not None else []
+    names = {g.name for g in group}
+    if (name not in names or host.name in low.done or host.name not in low.in_part
+            or any(low._escapes(g) or not low._consumers(g) <= gone | names for g in names)):
+        return          # lowered already, or another value needs it (or its fusion group)
+    low.done.update(names)
+    low.finished.update(names)
+    for g in group:
+        for a in g.args:
+            if is_ref(a) and a["node"] not in names:
+                _drop_dead(low, a["node"], gone | names)
+
+
 class FlashAttention:
     """``softmax(alpha * Q K^T + mask) @ V`` one 128-query block at a time, the scores never leaving
     the chip (NKI's ``flash_fwd``, sample_workloads/nki/flash_attention.py): per key block of one PSUM
@@ -256,13 +387,24 @@ class FlashAttention:
         low.done.update(x.name for x in fl.skip)
         prev, layout = (self.members[-1].node.name, self.members[-1].layout) if self.members \
             else (self.n.name, meta_tensor(self.hshape))
-        pre = []
+        mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape)
+        folded = mask is not None and mask.offset is not None
+        # the steps on a block the mask touches, on a block it does not
+        pre = [m for m in self.members if not (folded and m.node is mask.node)]
+        clean = [m for m in self.members if mask is None or m.node is not mask.node]
         for f in fl.pre:
+            if folded and f is mask.node:
+                prev = f.name   # an AFFINE_SELECT instead; it read the previous value as is: same layout
+                continue
             m = _member(low, f, prev, layout, self.hshape)
             if m is None:
                 raise AssertionError(f"flash attention: {f.name} is not tile-wise on the scores")
             pre.append(m)
+            if mask is None or f is not mask.node:
+                clean.append(m)
             prev, layout = f.name, m.layout
+        if folded:
+            _drop_dead(low, mask.node.args[0]["node"], {x.name for x in fl.skip})
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)
@@ -296,6 +438,9 @@ class FlashAttention:
                 low.vec("MEMSET", name, o, [], value=0.0)
                 for n0 in range(0, N, MOVING_FMAX):
                     nw = min(MOVING_FMAX, N - n0)
+                    state = MIXED if mask is None else mask.state(b, m0 // PMAX, n0 // MOVING_FMAX)
+                    if state == MASKED:
+                        continue
                     kt = self._operand(kT, n0, nw, kpool)
                     ps = spool.tile(mp, nw)
                     low.emit("LDWEIGHTS", name, [], [qt.op()], {}, dur=ldweights_ns(low.p, mp, self.qk_dt))
@@ -306,7 +451,13 @@ class FlashAttention:
                     ctx = TileCtx(low, self.hshape, box, 2, epi)
                     s = ctx.out_tile(name, "evac", self.evac_dt)
                     low.act(name, s, ps.op(), "copy", scale=self.alpha)
-                    s = run_chain(ctx, name, s, self.members + pre, {})
+                    s = run_chain(ctx, name, s, clean if state == CLEAN else pre, {})
+                    if state == MIXED and folded:
+                        # keep key n0 + f for query m0 + p where m0 + p + offset - (n0 + f) >= 0
+                        low.emit("AFFINE_SELECT", mask.node.name, [s.op()], [s.op()],
+                                 {"cmp": "greater_equal", "channel_multiplier": 1, "step": -1,
+                                  "base": m0 + mask.offset - n0, "on_true": 1.0, "on_false": float("-inf")},
+                                 dur=gpsimd_ns(low.p, nw))
                     mb, negm, corr, rs = (small.tile(mp, 1) for _ in range(4))
                     low.vec("REDUCE", fl.softmax.name, mb, [s.op()], op="max", cost_n=nw)
                     mn = mpool.tile(mp, 1)
