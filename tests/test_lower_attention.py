@@ -57,3 +57,43 @@ def test_long_scores_never_reach_hbm():
     assert {"REDUCE", "ACTIVATE", "MATMUL"} <= set(s.table["opcode"].to_pylist())
     assert s.hbm_write_bytes == q.numel() * 4          # only the output
     assert s.hbm_read_bytes < 4 * q.numel() * 4 * 2048 // 128   # Q once, K and V once per 128-query block
+
+
+def _prefill_counts(model, inputs):
+    nm = neuron_stack.trace(model, inputs, compiler_args="--auto-cast none --no_cache")
+    got = nm(*inputs)
+    (sc,) = nm.neff.schedules.values()
+    return got, sc.table["opcode"].to_pylist().count("MATMUL")
+
+
+def test_causal_prefill_skips_the_key_blocks_above_the_diagonal_and_matches_eager():
+    # a tiny Llama's prompt of 640 tokens into a fresh cache (the context-encoding graph): its positions and
+    # causal mask are graph constants, so the compiler skips the 4 (of 10) key blocks per head wholly above
+    # the diagonal; a padding mask given as an input is data: every block is computed
+    import transformers as T
+
+    from neuron_stack.llm.prefill import context_encoding_cache
+
+    cfg = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2)
+
+    class Prefill(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, pad=None):
+            cache = context_encoding_cache(T.StaticCache(config=self.model.config, max_cache_len=ids.shape[1]))
+            return self.model(input_ids=ids, attention_mask=pad, past_key_values=cache).logits
+
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 640))
+    want = model(input_ids=ids).logits
+    causal, skipped = _prefill_counts(Prefill(model), (ids,))
+    padded, full = _prefill_counts(Prefill(model), (ids, torch.ones_like(ids)))
+    for got in (causal, padded):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # per head and masked block of 128 keys, four Tensor Engine instructions fewer: the K block's and
+    # the probabilities' transposes, Q K^T and P V
+    assert full - skipped == 4 * 4 * 4

@@ -389,6 +389,10 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization) -> Prog
     )
     ids = torch.zeros((batch, tokens), dtype=torch.long, device=meta)
     pos = torch.arange(tokens, device=meta) if tokens > 1 else torch.full((1,), bucket - 1, device=meta)
+    if tokens > 1:
+        from neuron_stack.llm.prefill import context_encoding_cache
+
+        context_encoding_cache(cache)
     return capture(
         model,
         {"input_ids": ids, "past_key_values": cache, "cache_position": pos},
