@@ -175,10 +175,13 @@ def _why(r: dict) -> str:
             continue
         if key == "ttft" and r["in"] >= 2048:
             why.append(
-                f"TTFT: the {r['in']}-token prefill's attention is flash-tiled (scores stay on chip) but computes "
-                "the causal key blocks above the diagonal too (the mask is data at compile time); "
-                f"{100 * r['ttft_cc_share']:.0f}% is collectives ({collectives(r, r['in'])}); the rest of "
-                "the gap is not attributed yet"
+                f"TTFT: the {r['in']}-token prefill's attention is causal flash attention (scores stay on chip, "
+                "key blocks above the diagonal skipped); "
+                f"{100 * r['ttft_cc_share']:.0f}% is collectives ({collectives(r, r['in'])}); most of the rest "
+                "is DMA: the [tokens, hidden] activations do not fit SBUF, so each RMSNorm step (fp32 cast, "
+                "square, mean, scale), residual add and cast passes through HBM as spills, and the projections "
+                "reload their activation operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP "
+                "matmuls' token tiles"
             )
         elif key == "ttft":
             why.append("TTFT: not attributed yet (the weight DMAs are no longer descriptor-bound: weights are "
