@@ -4,11 +4,6 @@ computes positions and the causal mask as sums with the cache's length, a graph 
 could not know the mask; here they are the graph's constants, and the compiler skips the key blocks
 above the diagonal (``compiler/lower/attention.py``, ``ConstMask``). The cache's inputs and outputs are
 unchanged: a graph captured with it runs on a fresh ``StaticCache``.
-
->>> import transformers
->>> cfg = transformers.LlamaConfig(num_hidden_layers=1)
->>> context_encoding_cache(transformers.StaticCache(config=cfg, max_cache_len=8)).get_seq_length()
-0
 """
 
 from __future__ import annotations
@@ -33,7 +28,13 @@ class ContextEncodingLayer(StaticLayer):
 
 
 def context_encoding_cache(cache):
-    """Make a fresh ``transformers.StaticCache`` a context-encoding cache (see the module doc); returns it."""
+    """Make a fresh ``transformers.StaticCache`` a context-encoding cache (see the module doc); returns it.
+
+    >>> import transformers
+    >>> cfg = transformers.LlamaConfig(num_hidden_layers=1)
+    >>> context_encoding_cache(transformers.StaticCache(config=cfg, max_cache_len=8)).get_seq_length()
+    0
+    """
     for layer in cache.layers:
         if type(layer) is not StaticLayer:
             raise TypeError(f"a context-encoding cache has StaticLayer layers, not {type(layer).__name__}")

@@ -233,7 +233,7 @@ def _arg(low: Lowerer, a, seen: dict):
         return [_arg(low, x, seen) for x in a]
     if isinstance(a, dict):
         if set(a) == {"node"}:
-            return const_value(low, a["node"], seen)
+            return _const_value(low, a["node"], seen)
         if set(a) == {"dtype"}:
             return getattr(torch, a["dtype"])
         if set(a) == {"device"}:
@@ -242,7 +242,7 @@ def _arg(low: Lowerer, a, seen: dict):
     return a
 
 
-def const_value(low: Lowerer, name: str, seen: dict | None = None) -> torch.Tensor:
+def _const_value(low: Lowerer, name: str, seen: dict | None = None) -> torch.Tensor:
     """The value of node ``name`` when the graph fixes it: computed only from literals (``arange``,
     ``full``, comparisons, reshapes), no input, no weight. Raises ``_NotConstant`` otherwise."""
     seen = {} if seen is None else seen
@@ -293,7 +293,7 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     if fill != float("-inf") or tuple(f.inputs[-1].shape) != shape:
         return None
     try:
-        cond = const_value(low, f.args[0]["node"]).to(torch.bool)
+        cond = _const_value(low, f.args[0]["node"]).to(torch.bool)
     except (_NotConstant, RuntimeError, TypeError, ValueError):
         return None
     nb, M, N = hshape
