@@ -140,6 +140,7 @@ def project_row(row, cache: dict | None = None) -> dict:
     }
     out["tpot_modelled"] = "speculation" not in note
     out["ttft_cc_share"] = s["ttft_collective_ns"] / max(1, s["ttft_ns"])
+    out["ttft_layer_dma_share"] = s["ttft_layer_dma_share"]
     out["tpot_cc_share"] = s["tpot_collective_ns"] / max(1, s["tpot_ns"])
     out["why"] = _why(out)
     return out
@@ -174,14 +175,18 @@ def _why(r: dict) -> str:
             )
             continue
         if key == "ttft" and r["in"] >= 2048:
+            dma = r["ttft_layer_dma_share"]
+            rest = (
+                f"the rest is DMA-bound (a DMA queue is busy {100 * dma:.0f}% of a layer): the [tokens, hidden] "
+                "activations do not fit SBUF, so each RMSNorm step (fp32 cast, square, mean, scale), residual "
+                "add and cast passes through HBM as spills, and the projections reload their activation "
+                "operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP matmuls' token tiles"
+                if dma >= 0.5 else "the rest is not attributed yet"
+            )
             why.append(
                 f"TTFT: the {r['in']}-token prefill's attention is causal flash attention (scores stay on chip, "
-                "key blocks above the diagonal skipped); "
-                f"{100 * r['ttft_cc_share']:.0f}% is collectives ({collectives(r, r['in'])}); most of the rest "
-                "is DMA: the [tokens, hidden] activations do not fit SBUF, so each RMSNorm step (fp32 cast, "
-                "square, mean, scale), residual add and cast passes through HBM as spills, and the projections "
-                "reload their activation operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP "
-                "matmuls' token tiles"
+                f"key blocks above the diagonal skipped); {100 * r['ttft_cc_share']:.0f}% is collectives "
+                f"({collectives(r, r['in'])}); {rest}"
             )
         elif key == "ttft":
             why.append("TTFT: not attributed yet (the weight DMAs are no longer descriptor-bound: weights are "

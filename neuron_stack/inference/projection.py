@@ -58,7 +58,8 @@ def project_serving(
         token_generation_buckets=used,
         quantization_dtype=quantization_dtype,
     )
-    cte_ns = next(g.device_ns for g in p.graphs if g.name == "context_encoding")
+    cte_graph = next(g for g in p.graphs if g.name == "context_encoding")
+    cte_ns = cte_graph.device_ns
     tkg = {g.bucket: g for g in p.graphs if g.name == "token_generation"}
     tpot_ns = sum(tkg[b].device_ns for b in steps) / len(steps)
     e2e_ns = cte_ns + tpot_ns * (output_len - 1)
@@ -73,7 +74,9 @@ def project_serving(
         "tpot_ms": tpot_ns / 1e6,
         "ttft_ns": cte_ns,  # the context-encoding graph's device_ns, exactly as neuron-llm prints it
         "tpot_ns": tpot_ns,
-        "ttft_collective_ns": next(g.collective_ns for g in p.graphs if g.name == "context_encoding"),
+        "ttft_collective_ns": cte_graph.collective_ns,
+        # how much of a context-encoding layer's time some DMA queue is busy (the calibration's "why")
+        "ttft_layer_dma_share": cte_graph.layer_busy_ns.get("dma", 0) / max(1, cte_graph.layer_ns),
         "tpot_collective_ns": sum(tkg[b].collective_ns for b in steps) / len(steps),
         "e2e_ms": e2e_ns / 1e6,
         "output_tokens_per_s": nc.batch_size * output_len / (e2e_ns / 1e9) if e2e_ns else 0.0,
