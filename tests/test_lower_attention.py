@@ -97,3 +97,22 @@ def test_causal_prefill_skips_the_key_blocks_above_the_diagonal_and_matches_eage
     # per head and masked block of 128 keys, four Tensor Engine instructions fewer: the K block's and
     # the probabilities' transposes, Q K^T and P V
     assert full - skipped == 4 * 4 * 4
+
+
+def test_causal_flash_instructions_compute_eager_attention_in_the_isa_interpreter():
+    # the skipped blocks and the diagonal blocks' AFFINE_SELECT, run instruction by instruction; a causal mask
+    # anchored top-left when there are more keys than queries (sdpa's is_causal)
+    from neuron_stack.compiler.schedule import build_schedules
+    from neuron_stack.isa.interp import run_program
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 200, 16), torch.randn(1, 2, 652, 16), torch.randn(1, 2, 652, 16)
+    prog = fuse(partition(legalize(capture(fn, (q, k, v)))))
+    schedules = build_schedules(prog, {"auto_cast": "none", "target": "trn2"})
+    assert "AFFINE_SELECT" in schedules[0].table["opcode"].to_pylist()
+    names = [n.name for n in prog.nodes if n.target == "placeholder"]
+    (out,) = run_program(prog, dict(zip(names, (q.numpy(), k.numpy(), v.numpy()))), schedules)
+    torch.testing.assert_close(torch.from_numpy(out), fn(q, k, v), rtol=1e-4, atol=1e-5)

@@ -222,6 +222,8 @@ _CONST_OPS = frozenset((
 #: the largest tensor the compiler evaluates (a 16k x 16k boolean mask)
 _CONST_MAX_NUMEL = 1 << 28
 MASKED, CLEAN, MIXED = 0, 1, 2
+#: the running row max starts here; a masked score on the diagonal is the float32 minimum, below it
+_MAX_START, _MASKED_SCORE = -3.0e38, float(torch.finfo(torch.float32).min)
 
 
 class _NotConstant(Exception):
@@ -293,12 +295,13 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     if fill != float("-inf") or tuple(f.inputs[-1].shape) != shape:
         return None
     try:
-        cond = _const_value(low, f.args[0]["node"]).to(torch.bool)
-    except (_NotConstant, RuntimeError, TypeError, ValueError):
+        cond = _const_value(low, f.args[0]["node"]).to(torch.bool).expand(shape)
+    except Exception:       # anything the compiler cannot evaluate is data
         return None
     nb, M, N = hshape
-    cond = cond.expand(shape)
     lead = cond.stride()[:-2]
+    if any(lead) and cond.numel() > _CONST_MAX_NUMEL:
+        return None
     cond = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
     pm, pn = -M % PMAX, -N % MOVING_FMAX
 
@@ -433,7 +436,8 @@ class FlashAttention:
                 mp = min(PMAX, M - m0)
                 qt = self._operand(qT, m0, mp, qpool)
                 m, l, o = mpool.tile(mp, 1), lpool.tile(mp, 1), acc.tile(mp, D)
-                low.vec("MEMSET", name, m, [], value=-3.0e38)   # finite: exp(m_old - m) of a masked row is 1, not NaN
+                # finite: exp(m_old - m) of a masked row is 1, not NaN
+                low.vec("MEMSET", name, m, [], value=_MAX_START)
                 low.vec("MEMSET", name, l, [], value=0.0)
                 low.vec("MEMSET", name, o, [], value=0.0)
                 for n0 in range(0, N, MOVING_FMAX):
@@ -453,10 +457,11 @@ class FlashAttention:
                     low.act(name, s, ps.op(), "copy", scale=self.alpha)
                     s = run_chain(ctx, name, s, clean if state == CLEAN else pre, {})
                     if state == MIXED and folded:
-                        # keep key n0 + f for query m0 + p where m0 + p + offset - (n0 + f) >= 0
+                        # keep key n0 + f for query m0 + p where m0 + p + offset - (n0 + f) >= 0; the fill is
+                        # below the running max's start, so its exp is 0 as -inf's (and the operands stay JSON)
                         low.emit("AFFINE_SELECT", mask.node.name, [s.op()], [s.op()],
                                  {"cmp": "greater_equal", "channel_multiplier": 1, "step": -1,
-                                  "base": m0 + mask.offset - n0, "on_true": 1.0, "on_false": float("-inf")},
+                                  "base": m0 + mask.offset - n0, "on_true": 1.0, "on_false": _MASKED_SCORE},
                                  dur=gpsimd_ns(low.p, nw))
                     mb, negm, corr, rs = (small.tile(mp, 1) for _ in range(4))
                     low.vec("REDUCE", fl.softmax.name, mb, [s.op()], op="max", cost_n=nw)
