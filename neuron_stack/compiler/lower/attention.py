@@ -407,7 +407,7 @@ class FlashAttention:
                 clean.append(m)
             prev, layout = f.name, m.layout
         if folded:
-            _drop_dead(low, mask.node.args[0]["node"], {x.name for x in fl.skip})
+            _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)
