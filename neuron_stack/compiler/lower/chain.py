@@ -13,6 +13,8 @@ from neuron_stack.compiler.lower.common import broadcast_view, choose_split, fla
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
+from neuron_stack.compiler.lower.residency import NOT_TILEWISE as _NOT_TILEWISE
+from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
     BINARY,
     CLAMPS,
@@ -104,7 +106,6 @@ class TileCtx:
         return pool.tile(P, F)
 
 
-_NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
 
 
 class Member:
@@ -115,14 +116,40 @@ class Member:
     def __init__(self, node: Node, idx: int, extras: dict, layout):
         self.node, self.idx, self.extras, self.layout = node, idx, extras, layout
 
-    def reshaped(self, shape) -> "Member | None":
+    def reshaped(self, shape, lanes: bool = False) -> "Member | None":
         ex = {}
         for i, v in self.extras.items():
-            r = reshape_view(v, tuple(shape))
+            r = lane_view(v, tuple(shape)) if lanes else reshape_view(v, tuple(shape))
             if r is None:
                 return None
             ex[i] = r
         return Member(self.node, self.idx, ex, self.layout)
+
+
+def lane_view(v: View, shape: tuple[int, ...]) -> View | None:
+    """``v`` (of ``shape`` [..., H]) in lane-tile coordinates ``[128, ..., H / 128]``: element ``h`` of a row
+    on partition ``h // (H / 128)`` (:func:`.resident.lane_layout`); None when its strides forbid the view.
+
+    >>> lane_view(View("x", "float32", meta_tensor((2, 1024))), (2, 1024)).meta.stride()
+    (8, 1024, 1)
+    """
+    nk = shape[-1] // PMAX
+    r = reshape_view(v, tuple(shape[:-1]) + (PMAX, nk))
+    if r is None:
+        return None
+    nd = len(shape) + 1
+    return r.with_meta(r.meta.permute([nd - 2, *range(nd - 2), nd - 1]))
+
+
+def lane_tiled(low: Lowerer, shape, views: dict, members: list, outs: dict) -> bool:
+    """Tile an elementwise pass in the lane layout: its rows are few and long, and it writes a value that
+    stays in SBUF (the layout it is kept in, ``Residency.lanes_for``) or reads one kept that way."""
+    lanes = lane_layout(shape)
+    if lanes is None or lanes[0] * PMAX != shape[-1]:
+        return False
+    ins = list(views.values()) + [v for m in members for v in m.extras.values()]
+    return any(v.buf in low.cand for v in outs.values()) or any(
+        (r := low.res.get(v.buf)) is not None and not r.evicted and (r.C, r.T) == lanes for v in ins)
 
 
 def epilogue_chain(low: Lowerer, host: Node) -> tuple[list[Member], list[Node]]:
@@ -345,14 +372,25 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     # every operand contiguous and unbroadcast: use all 128 partitions, [128, numel/128]
     tshape = shape
     every = list(views.values()) + [v for m in members for v in m.extras.values()] + list(outs.values())
+    lanes = None
+    if lane_tiled(low, shape, views, members, outs):
+        # a decode step's [batch, hidden]: hidden across the partitions, not batch rows on a few lanes
+        lanes = ({i: lane_view(v, shape) for i, v in views.items()}, [m.reshaped(shape, True) for m in members],
+                 {k: lane_view(v, shape) for k, v in outs.items()})
+        if any(v is None for v in lanes[0].values()) or any(m is None for m in lanes[1]) \
+                or any(v is None for v in lanes[2].values()):
+            lanes = None
     # values that may stay resident in SBUF are row-tiled (resident.py): tiles must follow their rows
-    flat = None if any(v.buf in low.cand for v in every) else flat128(every, shape)
-    if flat is not None:
+    flat = None if lanes or any(v.buf in low.cand for v in every) else flat128(every, shape)
+    if lanes:
+        views, members, outs = lanes
+        tshape = (PMAX, *shape[:-1], shape[-1] // PMAX)
+    elif flat is not None:
         tshape = flat[0]
         views = {i: reshape_view(v, tshape) for i, v in views.items()}
         members = [m.reshaped(tshape) for m in members]
         outs = {k: reshape_view(v, tshape) for k, v in outs.items()}
-    split = choose_split(tshape)
+    split = 1 if lanes else choose_split(tshape)
     F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
     pools = pools_for(low, n.name, F)
     for box_r in boxes(tshape[:split], PMAX):

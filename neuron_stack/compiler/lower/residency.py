@@ -10,12 +10,33 @@ from __future__ import annotations
 import math
 
 from neuron_stack.compiler.lower.placement import stored_dtype
-from neuron_stack.compiler.lower.resident import Resident, row_blocks, row_layout, tile_ap, translate
-from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap
+from neuron_stack.compiler.lower.resident import Resident, lane_layout, row_blocks, row_layout, tile_ap, translate
+from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap, packet_name
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
+
+#: elementwise ops lowered as one custom kernel over whole tensors, not tile by tile (chain._NOT_TILEWISE)
+NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
 
 
 class Residency:
+    def layout_of(self, buf: str, shape) -> tuple[int, int, int]:
+        """``(C, T, D)`` of ``buf``'s resident layout: the lane layout (:func:`.resident.lane_layout`) for a
+        value of few long rows an elementwise pass writes (its tiles are then the layout's), else row-tiled."""
+        if self.lanes_for(buf, shape):
+            return (*lane_layout(shape), 0)
+        return row_layout(shape)
+
+    def lanes_for(self, buf: str, shape) -> bool:
+        """True when the value ``buf`` of ``shape`` lives in the lane layout: an elementwise pass or a cast (not an
+        op's epilogue: a matmul evacuates rows on partitions) writes it and its rows are few and long."""
+        n = self.by_name.get(buf.split(":")[0])
+        if n is None or ":" in buf:
+            return False
+        host = self.by_name.get(n.fused_into, n) if n.fused_into else n
+        cast = packet_name(host.target) == "_to_copy" and host.inputs and host.inputs[0].dtype != host.outputs[0].dtype
+        return (host.op_class in ("elementwise", "activation") and packet_name(host.target) not in NOT_TILEWISE
+                or cast) and lane_layout(shape) is not None
+
     def _resident_tile(self, r: Resident, v: View, box, split: int):
         strides = v.meta.stride()
         o = v.meta.storage_offset() + sum(s0 * st for (s0, _), st in zip(box, strides))
@@ -28,7 +49,7 @@ class Residency:
         if self.cand.get(buf) != "undecided":
             return
         meta = self.hbm[buf]
-        C, T, D = row_layout(meta["shape"])
+        C, T, D = self.layout_of(buf, meta["shape"])
         rows = meta["numel"] // C
         psize = row_blocks(rows, T, D) * C
         start = self.heap.alloc(psize * nbytes_of(meta["dtype"]))
@@ -156,7 +177,7 @@ class Residency:
             if not cons:
                 continue
             spec = n.outputs[0]
-            C, T, D = row_layout(spec.shape)
+            C, T, D = self.layout_of(n.name, spec.shape)
             size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
             size = ceil_div(size, 64) * 64
             delta[pos[n.name]] += size
