@@ -9,7 +9,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
-from neuron_stack.compiler.lower.resident import row_layout
+from neuron_stack.compiler.lower.resident import lane_layout, row_layout
 from neuron_stack.compiler.lower.tiles import (
     FLOATS,
     MOVING_FMAX,
@@ -117,6 +117,28 @@ def row_chunks(low: Lowerer, v2: View, r0: int, rn: int) -> list[tuple[int, int]
     st = v2.meta.stride()
     D = r.D if r is not None and not r.evicted and st[-1] == 1 and st[0] == r.C else 0
     return group_chunks(v2.meta.storage_offset() // r.C + r0 if D else r0, rn, D)
+
+
+def lane_operand(low: Lowerer, A: View, B: View) -> bool:
+    """True when a matmul's stationary operand ``A`` [M, K] is a value SBUF keeps in the lane layout (a decode
+    step's normalised hidden state: element ``k`` of a row on partition ``k // (K / 128)``) and the weight ``B``
+    [K, N] is stored K-major (not K-tiled): then the contraction runs in that order, K-tile ``j`` being
+    column ``j`` of every partition: A^T is read in place (no transpose, no one-element descriptors) and the
+    weight's K-tile ``j`` is rows ``p * K / 128 + j``, ``N`` contiguous elements per partition."""
+    r = low.res.get(A.buf)
+    if r is None or r.evicted or A.meta.dim() != 2 or not A.meta.is_contiguous() or A.meta.storage_offset():
+        return False
+    lanes = lane_layout(A.shape)
+    return lanes is not None and (r.C, r.T) == lanes and lanes[0] * PMAX == A.shape[1] \
+        and B.buf not in low.const_ktiled and B.meta.dim() == 2 and B.meta.stride()[1] == 1 \
+        and B.meta.stride()[0] == B.shape[1] and not B.meta.storage_offset()
+
+
+def lane_predicted(low: Lowerer, A: View) -> bool:
+    """Before lowering (weight layouts, ``constants.prepare_constants``): ``A`` will be kept in the lane layout."""
+    n = low.by_name.get(A.buf)
+    return n is not None and bool(n.outputs) and A.meta.dim() == 2 and A.meta.is_contiguous() \
+        and not low._escapes(A.buf) and low.lanes_for(A.buf, n.outputs[0].shape)
 
 
 @lowering("matmul", ops=("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"), op_classes=("matmul",))
@@ -249,6 +271,29 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             c = bpool.tile(PMAX, N)     # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
             low.act(n.name, c, t.op(), "copy")
             return c
+    lanes = not batched and lane_operand(low, A, B)
+    if lanes:
+        # a decode step's x^T read in place, K-tile j = column j of the lane layout; the weight's K-tile j is
+        # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
+        Al = A.with_meta(A.meta.view(M, PMAX, nk).permute(1, 2, 0))        # [128, nk, M]
+        Bl = B.with_meta(B.meta.view(PMAX, nk, N))                         # [128, nk, N]
+        lgroup = min(nk, max(1, 4096 // (N * nbytes_of(B.dtype)))) if N <= NG else 1
+        lpool = Pool(low, f"{n.name}.Bl", "sbuf", PMAX, lgroup * NG, B.dtype,
+                     bufs=2 * ceil_div(nk, lgroup) if panel_resident else 2)
+        lmemo: dict = {}
+
+        def lane_moving(kb: int, n0: int, nw: int) -> Tile:
+            g = lgroup if nw == N else 1
+            j0 = kb - kb % g
+            if lmemo.get("key") != (j0, n0):
+                gl = min(g, nk - j0)
+                lmemo.update(key=(j0, n0), t=low.load(n.name, Bl, [(0, PMAX), (j0, gl), (n0, nw)], lpool, 1))
+            t = lmemo["t"].cols((kb - j0) * nw, nw)
+            if B.dtype == mm_dt:
+                return t
+            c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way
+            low.act(n.name, c, t.op(), "copy")
+            return c
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
@@ -259,6 +304,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
 
             def moving(kb):
                 k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if lanes:
+                    return lane_moving(kb, n0, nw)
                 if kgroup > 1:
                     return ktiled_moving(kb)
                 if b_direct:
@@ -274,7 +321,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                 ats = []
                 for kb in range(nk):
                     k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
-                    if a_direct:
+                    if lanes:
+                        ats.append(load_cast(Al, [(0, PMAX), (kb, 1), (m0, mw)], atpool, 1))
+                    elif a_direct:
                         ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
                     else:
                         ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
@@ -282,7 +331,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                     acc = acc_pool.tile(mp, nw)
                     for kb in range(nk):
                         kl = min(PMAX, K - kb * PMAX)
-                        stat = ats[kb].cols(ms, mp)
+                        # (a whole tile as it is: an in-place lane tile's columns are strided)
+                        stat = ats[kb] if mp == ats[kb].F else ats[kb].cols(ms, mp)
                         mov_t = panel[kb] if panel_resident else moving(kb)
                         low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
                         for c0 in range(0, nw, MOVING_FMAX):
