@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from neuron_stack.compiler.lower.common import broadcast_view, choose_split, flat128, pools_for, reshape_view
+from neuron_stack.compiler.lower.common import _identity, broadcast_view, choose_split, flat128, pools_for, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
@@ -31,7 +31,7 @@ from neuron_stack.compiler.lower.tiles import (
     packet_name,
 )
 from neuron_stack.compiler.partition import refs
-from neuron_stack.device.cost import scalar_ns
+from neuron_stack.device.cost import ldweights_ns, matmul_ns, scalar_ns
 from neuron_stack.ir import Node
 
 
@@ -82,8 +82,9 @@ def _replay(low: Lowerer, path: list[Node], meta):
 class TileCtx:
     """One tile of an elementwise pass: its box in the tile-coordinate shape, and its pools."""
 
-    def __init__(self, low: Lowerer, host_shape, box, split, pools):
+    def __init__(self, low: Lowerer, host_shape, box, split, pools, lanes: bool = False):
         self.low, self.host_shape, self.box, self.split, self.pools = low, host_shape, box, split, pools
+        self.lanes = lanes     # lane-layout tiles ([128, rows x H / 128]: lane_view coordinates)
 
     def load_extra(self, node: str, v: View, key: str) -> Tile:
         key = f"{key}:{v.dtype}"
@@ -92,6 +93,10 @@ class TileCtx:
             pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], v.dtype,
                         bufs=self.pools.get("__bufs", 2))
             self.pools[key] = pool
+        if self.lanes:
+            t = lanes_from_rows(self.low, node, v, self.box, pool, self.pools)
+            if t is not None:
+                return t
         return self.low.load(node, v, self.box, pool, self.split)
 
     def out_tile(self, node: str, key: str, dtype: str) -> Tile:
@@ -141,15 +146,61 @@ def lane_view(v: View, shape: tuple[int, ...]) -> View | None:
     return r.with_meta(r.meta.permute([nd - 2, *range(nd - 2), nd - 1]))
 
 
+def lanes_from_rows(low: Lowerer, node: str, lv: View, box, pool: Pool, pools: dict) -> Tile | None:
+    """A whole lane tile of ``lv`` (a lane view, :func:`lane_view`) whose value is not kept in the lane layout
+    (a matmul's output rows, a graph input), converted on the Tensor Engine: its rows load as they lie (one
+    descriptor per row), and each column ``c`` of the lane layout (elements ``p * H / 128 + c``, a strided
+    read) is transposed into PSUM against the identity, as ``layout.copy_transposed`` moves data between
+    layouts instead of DMAing it one short run per descriptor. None when it does not apply."""
+    rows, nk = lv.shape[1:-1], lv.shape[-1]
+    R, nd = math.prod(rows), lv.meta.dim()
+    r = low.res.get(lv.buf)
+    if r is not None and not r.evicted and (r.C, r.T) == (nk, PMAX) or 0 in lv.meta.stride() \
+            or box != [(0, PMAX)] + [(0, d) for d in rows] + [(0, nk)] or R * nk > 512 or R * nk * 4 > 8192:
+        return None     # in place already, a broadcast, a partial tile, or more than one PSUM bank
+    inv = [0] * nd
+    for i, d in enumerate([nd - 2, *range(nd - 2), nd - 1]):
+        inv[d] = i
+    nat = reshape_view(lv.with_meta(lv.meta.permute(inv)), (R, PMAX * nk))
+    if nat is None:
+        return None
+    key = f"__lanes:{lv.dtype}"
+    if key not in pools:
+        pools[key] = (Pool(low, f"{node}.rows:{lv.dtype}", "sbuf", PMAX, PMAX * nk, lv.dtype, bufs=2),
+                      Pool(low, f"{node}.lanes", "psum", PMAX, R * nk, "float32", bufs=1))
+    rpool, ppool = pools[key]
+    t = low.load(node, nat, [(0, R), (0, PMAX * nk)], rpool, 1)
+    if t.free_ap is not None:
+        return None
+    ident = _identity(low, lv.dtype, node)
+    ps = ppool.tile(PMAX, R * nk)
+    for c in range(nk):
+        col = Tile(t.key, t.mem, t.dtype, R, PMAX, t.pitch, t.off + c, ((nk, PMAX),))     # rows' elements c, c + nk...
+        low.emit("LDWEIGHTS", node, [], [col.op()], {"row": 0}, dur=ldweights_ns(low.p, PMAX, lv.dtype),
+                 itype="TRANSPOSE")
+        low.emit("MATMUL", node, [ps.cols(c * R, R).op()], [col.op(), ident.rows(0, R).cols(0, R).op()],
+                 {"start": True, "stop": True}, dur=matmul_ns(low.p, R, PMAX, lv.dtype),
+                 flops=2 * R * R * PMAX, itype="TRANSPOSE")
+    out = pool.tile(PMAX, R * nk)
+    # PSUM column c * R + row -> lane column row * nk + c: the evacuation reads with that pattern
+    src = {"m": "psum", "b": ps.key, "dt": "float32", "o": ps.off, "ap": [[ps.pitch, PMAX], [1, R], [R, nk]]}
+    low.emit("ACTIVATE", node, [out.op()], [src], {"func": "copy", "scale": 1.0, "bias": 0.0},
+             dur=scalar_ns(low.p, R * nk))
+    return out
+
+
 def lane_tiled(low: Lowerer, shape, views: dict, members: list, outs: dict) -> bool:
-    """Tile an elementwise pass in the lane layout: its rows are few and long, and it writes a value that
-    stays in SBUF (the layout it is kept in, ``Residency.lanes_for``) or reads one kept that way."""
+    """Tile an elementwise pass in the lane layout: its rows are few and long, and one of its whole-size
+    operands or outputs is kept that way (``Residency.lanes_for``); the operands that are not convert on the
+    Tensor Engine (:func:`lanes_from_rows`)."""
     lanes = lane_layout(shape)
     if lanes is None or lanes[0] * PMAX != shape[-1]:
         return False
-    ins = list(views.values()) + [v for m in members for v in m.extras.values()]
-    return any(v.buf in low.cand for v in outs.values()) or any(
-        (r := low.res.get(v.buf)) is not None and not r.evicted and (r.C, r.T) == lanes for v in ins)
+    ins = [v for v in list(views.values()) + [v for m in members for v in m.extras.values()]
+           if 0 not in [st for st, d in zip(v.meta.stride(), v.shape) if d > 1]]
+    kept = sum((r := low.res.get(v.buf)) is not None and not r.evicted and (r.C, r.T) == lanes for v in ins)
+    stay = sum(v.buf in low.cand and low.lanes_for(v.buf, low.hbm[v.buf]["shape"]) for v in outs.values())
+    return kept + stay > 0
 
 
 def epilogue_chain(low: Lowerer, host: Node) -> tuple[list[Member], list[Node]]:
@@ -395,7 +446,7 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     pools = pools_for(low, n.name, F)
     for box_r in boxes(tshape[:split], PMAX):
         for box_c in boxes(tshape[split:], FREE_TILE):
-            ctx = TileCtx(low, tshape, box_r + box_c, split, pools)
+            ctx = TileCtx(low, tshape, box_r + box_c, split, pools, lanes=bool(lanes))
             cur = ew_step(ctx, n, None, None, views)
             run_chain(ctx, n.name, cur, members, outs)
     lower_alone(low, alone)

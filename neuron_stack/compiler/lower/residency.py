@@ -18,6 +18,16 @@ from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
 NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
 
 
+def _lane_op(n) -> bool:
+    """``n`` works on values in the lane layout (chain.lane_tiled, data._dma_view, rowwise._lane_sum, matmul)."""
+    name = packet_name(n.target)
+    if n.op_class in ("elementwise", "activation"):
+        return name not in NOT_TILEWISE
+    if name == "_to_copy":
+        return bool(n.inputs) and n.inputs[0].dtype != n.outputs[0].dtype
+    return n.op_class == "matmul" or name in ("sum", "mean")
+
+
 class Residency:
     def layout_of(self, buf: str, shape) -> tuple[int, int, int]:
         """``(C, T, D)`` of ``buf``'s resident layout: the lane layout (:func:`.resident.lane_layout`) for a
@@ -27,15 +37,17 @@ class Residency:
         return row_layout(shape)
 
     def lanes_for(self, buf: str, shape) -> bool:
-        """True when the value ``buf`` of ``shape`` lives in the lane layout: an elementwise pass or a cast (not an
-        op's epilogue: a matmul evacuates rows on partitions) writes it and its rows are few and long."""
+        """True when the value ``buf`` of ``shape`` lives in the lane layout: its rows are few and long, an
+        elementwise pass or a cast writes it (not an op's epilogue: a matmul evacuates rows on partitions) and
+        most of its consumers work in that layout (elementwise passes, casts, last-dim sums, a matmul's x^T)."""
         n = self.by_name.get(buf.split(":")[0])
-        if n is None or ":" in buf:
+        if n is None or ":" in buf or lane_layout(shape) is None:
             return False
         host = self.by_name.get(n.fused_into, n) if n.fused_into else n
-        cast = packet_name(host.target) == "_to_copy" and host.inputs and host.inputs[0].dtype != host.outputs[0].dtype
-        return (host.op_class in ("elementwise", "activation") and packet_name(host.target) not in NOT_TILEWISE
-                or cast) and lane_layout(shape) is not None
+        if not (_lane_op(host) and host.op_class != "reduction"):
+            return False
+        cons = [self.by_name[c] for c in self._consumers(buf)]
+        return 2 * sum(_lane_op(c) for c in cons) >= len(cons)
 
     def _resident_tile(self, r: Resident, v: View, box, split: int):
         strides = v.meta.stride()
