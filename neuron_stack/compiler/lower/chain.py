@@ -9,7 +9,14 @@ from typing import Any
 
 import torch
 
-from neuron_stack.compiler.lower.common import _identity, broadcast_view, choose_split, flat128, pools_for, reshape_view
+from neuron_stack.compiler.lower.common import (
+    broadcast_view,
+    choose_split,
+    flat128,
+    identity_tile,
+    pools_for,
+    reshape_view,
+)
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
@@ -28,6 +35,7 @@ from neuron_stack.compiler.lower.tiles import (
     boxes,
     is_ref,
     meta_tensor,
+    nbytes_of,
     packet_name,
 )
 from neuron_stack.compiler.partition import refs
@@ -156,8 +164,9 @@ def lanes_from_rows(low: Lowerer, node: str, lv: View, box, pool: Pool, pools: d
     R, nd = math.prod(rows), lv.meta.dim()
     r = low.res.get(lv.buf)
     if r is not None and not r.evicted and (r.C, r.T) == (nk, PMAX) or 0 in lv.meta.stride() \
-            or box != [(0, PMAX)] + [(0, d) for d in rows] + [(0, nk)] or R * nk > 512 or R * nk * 4 > 8192:
-        return None     # in place already, a broadcast, a partial tile, or more than one PSUM bank
+            or box != [(0, PMAX)] + [(0, d) for d in rows] + [(0, nk)] or R * nk > 512 \
+            or PMAX * nk * nbytes_of(lv.dtype) > 32768:
+        return None     # in place already, a broadcast, a partial tile, over one PSUM bank, or rows over 32 KiB
     inv = [0] * nd
     for i, d in enumerate([nd - 2, *range(nd - 2), nd - 1]):
         inv[d] = i
@@ -166,13 +175,13 @@ def lanes_from_rows(low: Lowerer, node: str, lv: View, box, pool: Pool, pools: d
         return None
     key = f"__lanes:{lv.dtype}"
     if key not in pools:
-        pools[key] = (Pool(low, f"{node}.rows:{lv.dtype}", "sbuf", PMAX, PMAX * nk, lv.dtype, bufs=2),
+        pools[key] = (Pool(low, f"{node}.rows:{lv.dtype}", "sbuf", PMAX, PMAX * nk, lv.dtype, bufs=1),
                       Pool(low, f"{node}.lanes", "psum", PMAX, R * nk, "float32", bufs=1))
     rpool, ppool = pools[key]
     t = low.load(node, nat, [(0, R), (0, PMAX * nk)], rpool, 1)
     if t.free_ap is not None:
         return None
-    ident = _identity(low, lv.dtype, node)
+    ident = identity_tile(low, lv.dtype, node)
     ps = ppool.tile(PMAX, R * nk)
     for c in range(nk):
         col = Tile(t.key, t.mem, t.dtype, R, PMAX, t.pitch, t.off + c, ((nk, PMAX),))     # rows' elements c, c + nk...

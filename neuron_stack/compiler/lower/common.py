@@ -104,7 +104,8 @@ class _Identity:
                   "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
 
 
-def _identity(low: Lowerer, dtype: str, node: str) -> Tile:
+def identity_tile(low: Lowerer, dtype: str, node: str) -> Tile:
+    """The [128, 128] identity of ``dtype`` in SBUF (built by ``node`` when missing)."""
     ids = low.identity_tiles
     if dtype not in ids:
         ids[dtype] = _Identity(low, dtype, node)
@@ -113,7 +114,7 @@ def _identity(low: Lowerer, dtype: str, node: str) -> Tile:
 
 def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
     """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
-    ident = _identity(low, src.dtype, node)
+    ident = identity_tile(low, src.dtype, node)
     pt = psum_pool.tile(src.F, src.P)
     low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
              itype="TRANSPOSE")

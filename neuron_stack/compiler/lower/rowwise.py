@@ -279,7 +279,7 @@ def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
         ones = low.identity_tiles["ones"] = _Ones(low, n.name)
     xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
     part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
-    for r, idx in enumerate(_ndindex(rows)):
+    for r, idx in enumerate(itertools.product(*(range(d) for d in rows))):
         t = low.load(n.name, xv, [(0, PMAX)] + [(i, 1) for i in idx] + [(0, nk)], xin, 1)
         low.vec("REDUCE", n.name, part.cols(r, 1), [t.op()], op="add", cost_n=nk, flops=PMAX * nk)
     acc = Pool(low, f"{n.name}.acc", "psum", PMAX, 1, "float32", bufs=1).tile(R, 1)
@@ -292,10 +292,6 @@ def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
             scalar0=1.0 / x.shape[-1] if kind == "mean" else 1.0)
     ov = reshape_view(low.out_view(n.name, out_spec), (*rows, 1))
     low.store(n.name, res, ov, [(0, d) for d in rows] + [(0, 1)])
-
-
-def _ndindex(shape):
-    return itertools.product(*(range(d) for d in shape))
 
 
 def _ln_param(wv: View, x: View, dims: list[int], split: int) -> View:
