@@ -192,12 +192,16 @@ def _why(r: dict) -> str:
             why.append("TTFT: not attributed yet (the weight DMAs are no longer descriptor-bound: weights are "
                        "K-tiled, >= 4 KiB per partition per DMA)")
         else:
+            c = rank_config(load_config(PRESET.get(r["model"], r["model"])), r["tp"])
+            rep = c.num_attention_heads // c.num_key_value_heads
+            kv = (f"repeat_kv copies the cache for the {rep} query heads of each KV head, " if rep > 1 else "")
             why.append(
                 f"TPOT is {ratio:.1f}x published ({r['tpot_proj'] / r['tpot_roof']:.0f}x its roofline): "
-                f"{100 * r['tpot_cc_share']:.0f}% is collectives ({collectives(r)}); a decode step's "
-                "[batch, hidden] activations sit on batch partitions, so each norm, residual add, mask and cast "
-                "runs hidden elements on one lane and the matmuls' x^T loads move one element per descriptor "
-                "(weights are K-tiled: >= 4 KiB per partition per DMA)"
+                f"{100 * r['tpot_cc_share']:.0f}% is collectives ({collectives(r)}); the [batch, hidden] "
+                "activations run on all 128 partitions (the lane layout: norms, residual adds and casts; x^T read "
+                f"in place by the projections), so what remains is attention over the KV cache: {kv}q @ K^T "
+                "loads K in natural tiles and transposes them on the Tensor Engine, and the softmax over the "
+                "scores runs on batch x heads partitions"
             )
         if r["target"] == "trn2":
             why.append(

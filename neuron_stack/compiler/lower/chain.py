@@ -9,10 +9,19 @@ from typing import Any
 
 import torch
 
-from neuron_stack.compiler.lower.common import broadcast_view, choose_split, flat128, pools_for, reshape_view
+from neuron_stack.compiler.lower.common import (
+    broadcast_view,
+    choose_split,
+    flat128,
+    identity_tile,
+    pools_for,
+    reshape_view,
+)
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
+from neuron_stack.compiler.lower.residency import NOT_TILEWISE as _NOT_TILEWISE
+from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
     BINARY,
     CLAMPS,
@@ -26,10 +35,11 @@ from neuron_stack.compiler.lower.tiles import (
     boxes,
     is_ref,
     meta_tensor,
+    nbytes_of,
     packet_name,
 )
 from neuron_stack.compiler.partition import refs
-from neuron_stack.device.cost import scalar_ns
+from neuron_stack.device.cost import ldweights_ns, matmul_ns, scalar_ns
 from neuron_stack.ir import Node
 
 
@@ -80,8 +90,9 @@ def _replay(low: Lowerer, path: list[Node], meta):
 class TileCtx:
     """One tile of an elementwise pass: its box in the tile-coordinate shape, and its pools."""
 
-    def __init__(self, low: Lowerer, host_shape, box, split, pools):
+    def __init__(self, low: Lowerer, host_shape, box, split, pools, lanes: bool = False):
         self.low, self.host_shape, self.box, self.split, self.pools = low, host_shape, box, split, pools
+        self.lanes = lanes     # lane-layout tiles ([128, rows x H / 128]: lane_view coordinates)
 
     def load_extra(self, node: str, v: View, key: str) -> Tile:
         key = f"{key}:{v.dtype}"
@@ -90,6 +101,10 @@ class TileCtx:
             pool = Pool(self.low, f"{node}.{key}", "sbuf", PMAX, self.pools["__F"], v.dtype,
                         bufs=self.pools.get("__bufs", 2))
             self.pools[key] = pool
+        if self.lanes:
+            t = lanes_from_rows(self.low, node, v, self.box, pool, self.pools)
+            if t is not None:
+                return t
         return self.low.load(node, v, self.box, pool, self.split)
 
     def out_tile(self, node: str, key: str, dtype: str) -> Tile:
@@ -104,7 +119,6 @@ class TileCtx:
         return pool.tile(P, F)
 
 
-_NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
 
 
 class Member:
@@ -115,14 +129,87 @@ class Member:
     def __init__(self, node: Node, idx: int, extras: dict, layout):
         self.node, self.idx, self.extras, self.layout = node, idx, extras, layout
 
-    def reshaped(self, shape) -> "Member | None":
+    def reshaped(self, shape, lanes: bool = False) -> "Member | None":
         ex = {}
         for i, v in self.extras.items():
-            r = reshape_view(v, tuple(shape))
+            r = lane_view(v, tuple(shape)) if lanes else reshape_view(v, tuple(shape))
             if r is None:
                 return None
             ex[i] = r
         return Member(self.node, self.idx, ex, self.layout)
+
+
+def lane_view(v: View, shape: tuple[int, ...]) -> View | None:
+    """``v`` (of ``shape`` [..., H]) in lane-tile coordinates ``[128, ..., H / 128]``: element ``h`` of a row
+    on partition ``h // (H / 128)`` (:func:`.resident.lane_layout`); None when its strides forbid the view.
+
+    >>> lane_view(View("x", "float32", meta_tensor((2, 1024))), (2, 1024)).meta.stride()
+    (8, 1024, 1)
+    """
+    nk = shape[-1] // PMAX
+    r = reshape_view(v, tuple(shape[:-1]) + (PMAX, nk))
+    if r is None:
+        return None
+    nd = len(shape) + 1
+    return r.with_meta(r.meta.permute([nd - 2, *range(nd - 2), nd - 1]))
+
+
+def lanes_from_rows(low: Lowerer, node: str, lv: View, box, pool: Pool, pools: dict) -> Tile | None:
+    """A whole lane tile of ``lv`` (a lane view, :func:`lane_view`) whose value is not kept in the lane layout
+    (a matmul's output rows, a graph input), converted on the Tensor Engine: its rows load as they lie (one
+    descriptor per row), and each column ``c`` of the lane layout (elements ``p * H / 128 + c``, a strided
+    read) is transposed into PSUM against the identity, as ``layout.copy_transposed`` moves data between
+    layouts instead of DMAing it one short run per descriptor. None when it does not apply."""
+    rows, nk = lv.shape[1:-1], lv.shape[-1]
+    R, nd = math.prod(rows), lv.meta.dim()
+    r = low.res.get(lv.buf)
+    if r is not None and not r.evicted and (r.C, r.T) == (nk, PMAX) or 0 in lv.meta.stride() \
+            or box != [(0, PMAX)] + [(0, d) for d in rows] + [(0, nk)] or R * nk > 512 \
+            or PMAX * nk * nbytes_of(lv.dtype) > 32768:
+        return None     # in place already, a broadcast, a partial tile, over one PSUM bank, or rows over 32 KiB
+    inv = [0] * nd
+    for i, d in enumerate([nd - 2, *range(nd - 2), nd - 1]):
+        inv[d] = i
+    nat = reshape_view(lv.with_meta(lv.meta.permute(inv)), (R, PMAX * nk))
+    if nat is None:
+        return None
+    key = f"__lanes:{lv.dtype}"
+    if key not in pools:
+        pools[key] = (Pool(low, f"{node}.rows:{lv.dtype}", "sbuf", PMAX, PMAX * nk, lv.dtype, bufs=1),
+                      Pool(low, f"{node}.lanes", "psum", PMAX, R * nk, "float32", bufs=1))
+    rpool, ppool = pools[key]
+    t = low.load(node, nat, [(0, R), (0, PMAX * nk)], rpool, 1)
+    if t.free_ap is not None:
+        return None
+    ident = identity_tile(low, lv.dtype, node)
+    ps = ppool.tile(PMAX, R * nk)
+    for c in range(nk):
+        col = Tile(t.key, t.mem, t.dtype, R, PMAX, t.pitch, t.off + c, ((nk, PMAX),))     # rows' elements c, c + nk...
+        low.emit("LDWEIGHTS", node, [], [col.op()], {"row": 0}, dur=ldweights_ns(low.p, PMAX, lv.dtype),
+                 itype="TRANSPOSE")
+        low.emit("MATMUL", node, [ps.cols(c * R, R).op()], [col.op(), ident.rows(0, R).cols(0, R).op()],
+                 {"start": True, "stop": True}, dur=matmul_ns(low.p, R, PMAX, lv.dtype),
+                 flops=2 * R * R * PMAX, itype="TRANSPOSE")
+    out = pool.tile(PMAX, R * nk)
+    # PSUM column c * R + row -> lane column row * nk + c: the evacuation reads with that pattern
+    src = {"m": "psum", "b": ps.key, "dt": "float32", "o": ps.off, "ap": [[ps.pitch, PMAX], [1, R], [R, nk]]}
+    low.emit("ACTIVATE", node, [out.op()], [src], {"func": "copy", "scale": 1.0, "bias": 0.0},
+             dur=scalar_ns(low.p, R * nk))
+    return out
+
+
+def lane_tiled(low: Lowerer, shape, views: dict, members: list, outs: dict) -> bool:
+    """Tile an elementwise pass in the lane layout: its rows are few and long, and one of its whole-size
+    operands or outputs is kept that way (``Residency.lanes_for``); the operands that are not convert on the
+    Tensor Engine (:func:`lanes_from_rows`)."""
+    lanes = lane_layout(shape)
+    if lanes is None or lanes[0] * PMAX != shape[-1]:
+        return False
+    ins = [v for v in list(views.values()) + [v for m in members for v in m.extras.values()]
+           if 0 not in [st for st, d in zip(v.meta.stride(), v.shape) if d > 1]]
+    kept = sum((r := low.res.get(v.buf)) is not None and not r.evicted and (r.C, r.T) == lanes for v in ins)
+    stay = sum(v.buf in low.cand and low.lanes_for(v.buf, low.hbm[v.buf]["shape"]) for v in outs.values())
+    return kept + stay > 0
 
 
 def epilogue_chain(low: Lowerer, host: Node) -> tuple[list[Member], list[Node]]:
@@ -345,19 +432,30 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     # every operand contiguous and unbroadcast: use all 128 partitions, [128, numel/128]
     tshape = shape
     every = list(views.values()) + [v for m in members for v in m.extras.values()] + list(outs.values())
+    lanes = None
+    if lane_tiled(low, shape, views, members, outs):
+        # a decode step's [batch, hidden]: hidden across the partitions, not batch rows on a few lanes
+        lanes = ({i: lane_view(v, shape) for i, v in views.items()}, [m.reshaped(shape, True) for m in members],
+                 {k: lane_view(v, shape) for k, v in outs.items()})
+        if any(v is None for v in lanes[0].values()) or any(m is None for m in lanes[1]) \
+                or any(v is None for v in lanes[2].values()):
+            lanes = None
     # values that may stay resident in SBUF are row-tiled (resident.py): tiles must follow their rows
-    flat = None if any(v.buf in low.cand for v in every) else flat128(every, shape)
-    if flat is not None:
+    flat = None if lanes or any(v.buf in low.cand for v in every) else flat128(every, shape)
+    if lanes:
+        views, members, outs = lanes
+        tshape = (PMAX, *shape[:-1], shape[-1] // PMAX)
+    elif flat is not None:
         tshape = flat[0]
         views = {i: reshape_view(v, tshape) for i, v in views.items()}
         members = [m.reshaped(tshape) for m in members]
         outs = {k: reshape_view(v, tshape) for k, v in outs.items()}
-    split = choose_split(tshape)
+    split = 1 if lanes else choose_split(tshape)
     F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
     pools = pools_for(low, n.name, F)
     for box_r in boxes(tshape[:split], PMAX):
         for box_c in boxes(tshape[split:], FREE_TILE):
-            ctx = TileCtx(low, tshape, box_r + box_c, split, pools)
+            ctx = TileCtx(low, tshape, box_r + box_c, split, pools, lanes=bool(lanes))
             cur = ew_step(ctx, n, None, None, views)
             run_chain(ctx, n.name, cur, members, outs)
     lower_alone(low, alone)

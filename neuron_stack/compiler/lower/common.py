@@ -1,5 +1,5 @@
 """Small helpers every op lowering uses: broadcast and reshape views, where to cut a shape into
-partition and free dims, the flat [128, n] layout, per-node pool caches.
+partition and free dims, the flat [128, n] layout, per-node pool caches, Tensor Engine transposes.
 
 >>> choose_split((256, 64))
 1
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from neuron_stack.compiler.lower.lowerer import Lowerer
-from neuron_stack.compiler.lower.tiles import FREE_TILE, PMAX, View
-from neuron_stack.device.cost import ceil_div
+from neuron_stack.compiler.lower.tiles import FREE_TILE, PMAX, Pool, Tile, View
+from neuron_stack.device.cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 
@@ -90,3 +90,38 @@ def output_used(low: Lowerer, n: Node, i: int) -> bool:
         if un.target == "getitem" and un.args[1] == i:
             return True
     return False
+
+
+class _Identity:
+    """The [128, 128] identity in SBUF used by Tensor Engine transposes, built on GpSimd by the
+    first op that needs it (its instruction belongs to that op, so it has a source line) and
+    rebuilt when the tile-pool ring has reused its slot (``Lowerer.claim`` forgets it)."""
+
+    def __init__(self, low: Lowerer, dtype: str, node: str):
+        self.tile = Pool(low, f"__identity_{dtype}", "sbuf", PMAX, PMAX, dtype, bufs=1).tile()
+        low.emit("AFFINE_SELECT", node, [self.tile.op()], [],
+                 {"cmp": "equal", "channel_multiplier": 1, "step": -1, "base": 0, "on_true": 1.0,
+                  "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
+
+
+def identity_tile(low: Lowerer, dtype: str, node: str) -> Tile:
+    """The [128, 128] identity of ``dtype`` in SBUF (built by ``node`` when missing)."""
+    ids = low.identity_tiles
+    if dtype not in ids:
+        ids[dtype] = _Identity(low, dtype, node)
+    return ids[dtype].tile
+
+
+def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
+    """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
+    ident = identity_tile(low, src.dtype, node)
+    pt = psum_pool.tile(src.F, src.P)
+    low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
+             itype="TRANSPOSE")
+    low.emit("MATMUL", node, [pt.op()], [src.op(), ident.rows(0, src.P).cols(0, src.P).op()],
+             {"start": True, "stop": True}, dur=matmul_ns(low.p, src.P, src.F, src.dtype),
+             flops=2 * src.P * src.P * src.F, itype="TRANSPOSE")
+    if engine == "scalar":
+        low.act(node, dst, pt.op(), "copy")
+    else:
+        low.vec("TENSOR_COPY", node, dst, [pt.op()])

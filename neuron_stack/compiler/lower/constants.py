@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from neuron_stack.compiler.lower.custom import COMPILE_TIME_CHECKS
 from neuron_stack.compiler.lower.lowerer import Lowerer
-from neuron_stack.compiler.lower.matmul import matmul_operands
+from neuron_stack.compiler.lower.matmul import lane_predicted, matmul_operands
 from neuron_stack.compiler.lower.registry import lowering_name, prepare_pass
 from neuron_stack.compiler.lower.tiles import MOVING_FMAX, PMAX, conv_weight_strides, is_ref
 
@@ -39,7 +39,8 @@ def prepare_constants(low: Lowerer) -> None:
         if a.buf in low.const_names:
             ktiled[a.buf] = None
         if b.buf in low.const_names:
-            kt = _ktiles(low, b)
+            # a decode step's activations kept in the lane layout contract in its order: the weight stays K-major
+            kt = None if lane_predicted(low, a) else _ktiles(low, b)
             ktiled[b.buf] = kt if ktiled.get(b.buf, kt) == kt else None
         for v, want_contig_dim in ((a, -2), (b, -1)):
             if v.buf not in low.const_names or len(low.hbm.get(v.buf, {}).get("shape", [])) != 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from neuron_stack.compiler.lower.chain import lane_tiled, lane_view
 from neuron_stack.compiler.lower.common import broadcast_view, choose_split, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.layout import copy_dma, copy_transposed
@@ -112,6 +113,12 @@ def _dma_view(low: Lowerer, node: str, dst: View, src: View) -> None:
         return
     shape = dst.shape
     split = choose_split(shape)
+    kept = dst.buf not in low.cand or low.lanes_for(dst.buf, low.hbm[dst.buf]["shape"])
+    if kept and lane_tiled(low, shape, {0: src}, [], {node: dst}) \
+            and None not in (lanes := (lane_view(dst, shape), lane_view(src, shape))):
+        # a cast of a decode step's [batch, hidden] in the lane layout (Residency.lanes_for): all 128 lanes
+        dst, src = lanes
+        shape, split = dst.shape, 1
     Fm = max(1, min(FREE_TILE, math.prod(shape[split:]) if shape[split:] else 1))
     pin = Pool(low, f"{node}.cin", "sbuf", PMAX, Fm, src.dtype, bufs=2)
     pout = Pool(low, f"{node}.cout", "sbuf", PMAX, Fm, dst.dtype, bufs=2)

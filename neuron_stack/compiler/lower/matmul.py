@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from neuron_stack.compiler.lower.attention import FlashAttention, SoftmaxEpilogue, flash_attention, fusable_softmax
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
-from neuron_stack.compiler.lower.common import broadcast_view, reshape_view
+from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, transpose_to
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
-from neuron_stack.compiler.lower.resident import row_layout
+from neuron_stack.compiler.lower.resident import lane_layout, row_layout
 from neuron_stack.compiler.lower.tiles import (
     FLOATS,
     MOVING_FMAX,
@@ -21,7 +21,7 @@ from neuron_stack.compiler.lower.tiles import (
     nbytes_of,
     packet_name,
 )
-from neuron_stack.device.cost import ceil_div, gpsimd_ns, ldweights_ns, matmul_ns
+from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 
@@ -56,40 +56,6 @@ def matmul_operands(low: Lowerer, n: Node):
     return A, B, C, alpha, beta
 
 
-class _Identity:
-    """The [128, 128] identity in SBUF used by Tensor Engine transposes, built on GpSimd by the
-    first op that needs it (its instruction belongs to that op, so it has a source line) and
-    rebuilt when the tile-pool ring has reused its slot (``Lowerer.claim`` forgets it)."""
-
-    def __init__(self, low: Lowerer, dtype: str, node: str):
-        self.tile = Pool(low, f"__identity_{dtype}", "sbuf", PMAX, PMAX, dtype, bufs=1).tile()
-        low.emit("AFFINE_SELECT", node, [self.tile.op()], [],
-                 {"cmp": "equal", "channel_multiplier": 1, "step": -1, "base": 0, "on_true": 1.0,
-                  "on_false": 0.0}, dur=gpsimd_ns(low.p, PMAX))
-
-
-def _identity(low: Lowerer, dtype: str, node: str) -> Tile:
-    ids = low.identity_tiles
-    if dtype not in ids:
-        ids[dtype] = _Identity(low, dtype, node)
-    return ids[dtype].tile
-
-
-def transpose_to(low: Lowerer, node: str, src: Tile, dst: Tile, psum_pool: Pool, engine: str = "vector") -> None:
-    """dst[F, P] = src[P, F].T on the Tensor Engine (matmul against the identity), via PSUM."""
-    ident = _identity(low, src.dtype, node)
-    pt = psum_pool.tile(src.F, src.P)
-    low.emit("LDWEIGHTS", node, [], [src.op()], {"row": 0}, dur=ldweights_ns(low.p, src.F, src.dtype),
-             itype="TRANSPOSE")
-    low.emit("MATMUL", node, [pt.op()], [src.op(), ident.rows(0, src.P).cols(0, src.P).op()],
-             {"start": True, "stop": True}, dur=matmul_ns(low.p, src.P, src.F, src.dtype),
-             flops=2 * src.P * src.P * src.F, itype="TRANSPOSE")
-    if engine == "scalar":
-        low.act(node, dst, pt.op(), "copy")
-    else:
-        low.vec("TENSOR_COPY", node, dst, [pt.op()])
-
-
 def group_chunks(r0: int, rn: int, D: int = 0, step: int = PMAX) -> list[tuple[int, int]]:
     """``(offset from r0, rows)`` chunks of rows ``r0 .. r0+rn``: at most ``step`` rows, cut where a group of ``D``
     rows ends (``D`` = 0: no groups).
@@ -117,6 +83,28 @@ def row_chunks(low: Lowerer, v2: View, r0: int, rn: int) -> list[tuple[int, int]
     st = v2.meta.stride()
     D = r.D if r is not None and not r.evicted and st[-1] == 1 and st[0] == r.C else 0
     return group_chunks(v2.meta.storage_offset() // r.C + r0 if D else r0, rn, D)
+
+
+def lane_operand(low: Lowerer, A: View, B: View) -> bool:
+    """True when a matmul's stationary operand ``A`` [M, K] is a value SBUF keeps in the lane layout (a decode
+    step's normalised hidden state: element ``k`` of a row on partition ``k // (K / 128)``) and the weight ``B``
+    [K, N] is stored K-major (not K-tiled): then the contraction runs in that order, K-tile ``j`` being
+    column ``j`` of every partition: A^T is read in place (no transpose, no one-element descriptors) and the
+    weight's K-tile ``j`` is rows ``p * K / 128 + j``, ``N`` contiguous elements per partition."""
+    r = low.res.get(A.buf)
+    if r is None or r.evicted or A.meta.dim() != 2 or not A.meta.is_contiguous() or A.meta.storage_offset():
+        return False
+    lanes = lane_layout(A.shape)
+    return lanes is not None and (r.C, r.T) == lanes and lanes[0] * PMAX == A.shape[1] \
+        and B.buf not in low.const_ktiled and B.meta.dim() == 2 and B.meta.stride()[1] == 1 \
+        and B.meta.stride()[0] == B.shape[1] and not B.meta.storage_offset()
+
+
+def lane_predicted(low: Lowerer, A: View) -> bool:
+    """Before lowering (weight layouts, ``constants.prepare_constants``): ``A`` will be kept in the lane layout."""
+    n = low.by_name.get(A.buf)
+    return n is not None and bool(n.outputs) and A.meta.dim() == 2 and A.meta.is_contiguous() \
+        and not low._escapes(A.buf) and low.lanes_for(A.buf, n.outputs[0].shape)
 
 
 @lowering("matmul", ops=("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"), op_classes=("matmul",))
@@ -189,11 +177,25 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # one per DMA queue, as the DMA guide's "16 transfers x 8 buffers" (3 left 13 queues idle)
     streamed = max(3, min(16, nk, (budget // 2) // max(1, NG * es)))
     panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else streamed
-    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs)
+    lanes = not batched and lane_operand(low, A, B)
+    if lanes:
+        # a decode step's x^T read in place, K-tile j = column j of the lane layout; the weight's K-tile j is
+        # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
+        Al = A.with_meta(A.meta.view(M, PMAX, nk).permute(1, 2, 0))        # [128, nk, M]
+        Bl = B.with_meta(B.meta.view(PMAX, nk, N))                         # [128, nk, N]
+        lgroup = min(nk, max(1, 4096 // (N * nbytes_of(B.dtype)))) if N <= NG else 1
+        groups = ceil_div(nk, lgroup)
+        # the moving panel's pool (in its place): a resident panel keeps every group (two panels when they
+        # fit), a streamed one keeps as many transfers in flight; casts of a quantized weight go to bpool
+        lbufs = (2 * groups if 2 * b_bytes <= budget // 2 else groups) if panel_resident else max(2, streamed // lgroup)
+        lpool = Pool(low, f"{n.name}.Bl", "sbuf", PMAX, lgroup * NG, B.dtype, bufs=lbufs)
+    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs) if not lanes or B.dtype != mm_dt \
+        else None
     atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
-    tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if not (a_direct and b_direct) else None
-    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if not (a_direct and b_direct) else None
+    transposes = not (a_direct and b_direct or lanes)
+    tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if transposes else None
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if transposes else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         # a quantized weight streams through its staging tiles: as many in flight as the panel's
@@ -249,6 +251,21 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             c = bpool.tile(PMAX, N)     # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
             low.act(n.name, c, t.op(), "copy")
             return c
+    if lanes:
+        lmemo: dict = {}
+
+        def lane_moving(kb: int, n0: int, nw: int) -> Tile:
+            g = lgroup if nw == N else 1
+            j0 = kb - kb % g
+            if lmemo.get("key") != (j0, n0):
+                gl = min(g, nk - j0)
+                lmemo.update(key=(j0, n0), t=low.load(n.name, Bl, [(0, PMAX), (j0, gl), (n0, nw)], lpool, 1))
+            t = lmemo["t"].cols((kb - j0) * nw, nw)
+            if B.dtype == mm_dt:
+                return t
+            c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way
+            low.act(n.name, c, t.op(), "copy")
+            return c
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
@@ -259,6 +276,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
 
             def moving(kb):
                 k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+                if lanes:
+                    return lane_moving(kb, n0, nw)
                 if kgroup > 1:
                     return ktiled_moving(kb)
                 if b_direct:
@@ -274,7 +293,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                 ats = []
                 for kb in range(nk):
                     k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
-                    if a_direct:
+                    if lanes:
+                        ats.append(load_cast(Al, [(0, PMAX), (kb, 1), (m0, mw)], atpool, 1))
+                    elif a_direct:
                         ats.append(load_cast(ATv, [(k0, kl), (m0, mw)], atpool, 1))
                     else:
                         ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
@@ -282,7 +303,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                     acc = acc_pool.tile(mp, nw)
                     for kb in range(nk):
                         kl = min(PMAX, K - kb * PMAX)
-                        stat = ats[kb].cols(ms, mp)
+                        # (a whole tile as it is: an in-place lane tile's columns are strided)
+                        stat = ats[kb] if mp == ats[kb].F else ats[kb].cols(ms, mp)
                         mov_t = panel[kb] if panel_resident else moving(kb)
                         low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
                         for c0 in range(0, nw, MOVING_FMAX):

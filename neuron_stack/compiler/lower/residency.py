@@ -10,12 +10,53 @@ from __future__ import annotations
 import math
 
 from neuron_stack.compiler.lower.placement import stored_dtype
-from neuron_stack.compiler.lower.resident import Resident, row_blocks, row_layout, tile_ap, translate
-from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap
+from neuron_stack.compiler.lower.resident import Resident, lane_layout, row_blocks, row_layout, tile_ap, translate
+from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap, packet_name
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
+
+#: elementwise ops lowered as one custom kernel over whole tensors, not tile by tile (chain._NOT_TILEWISE)
+NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
+
+
+def _lane_writer(n) -> bool:
+    """``n`` writes its output in the lane layout: an elementwise pass (chain.lane_tiled), a cast
+    (data._dma_view), or a 2-D matmul, whose PSUM evacuation stores each bank of rows to the layout with
+    one DMA of ``H / 128``-element runs (a batched matmul's outputs, attention scores, stay row-tiled)."""
+    name = packet_name(n.target)
+    if n.op_class in ("elementwise", "activation"):
+        return name not in NOT_TILEWISE
+    if n.op_class == "matmul":
+        return name in ("mm", "addmm")
+    return name == "_to_copy" and bool(n.inputs) and n.inputs[0].dtype != n.outputs[0].dtype
+
+
+def _lane_reader(n) -> bool:
+    """``n`` reads a value kept in the lane layout in place: a lane writer, a last-dim sum or mean
+    (rowwise._lane_sum) or a matmul's stationary operand (matmul.lane_operand)."""
+    return _lane_writer(n) or n.op_class == "matmul" or packet_name(n.target) in ("sum", "mean")
 
 
 class Residency:
+    def layout_of(self, buf: str, shape) -> tuple[int, int, int]:
+        """``(C, T, D)`` of ``buf``'s resident layout: the lane layout (:func:`.resident.lane_layout`) when
+        :meth:`lanes_for` says so, else row-tiled."""
+        if self.lanes_for(buf, shape):
+            return (*lane_layout(shape), 0)
+        return row_layout(shape)
+
+    def lanes_for(self, buf: str, shape) -> bool:
+        """True when the value ``buf`` of ``shape`` lives in the lane layout: its rows are few and long, a lane
+        writer produces it (:func:`_lane_writer`) and most of its consumers work in that layout (elementwise
+        passes, casts, last-dim sums, a matmul's x^T)."""
+        n = self.by_name.get(buf.split(":")[0])
+        if n is None or ":" in buf or lane_layout(shape) is None:
+            return False
+        host = self.by_name.get(n.fused_into, n) if n.fused_into else n
+        if not _lane_writer(host):
+            return False
+        cons = [self.by_name[c] for c in self._consumers(buf)]
+        return 2 * sum(_lane_reader(c) for c in cons) >= len(cons)
+
     def _resident_tile(self, r: Resident, v: View, box, split: int):
         strides = v.meta.stride()
         o = v.meta.storage_offset() + sum(s0 * st for (s0, _), st in zip(box, strides))
@@ -28,7 +69,7 @@ class Residency:
         if self.cand.get(buf) != "undecided":
             return
         meta = self.hbm[buf]
-        C, T, D = row_layout(meta["shape"])
+        C, T, D = self.layout_of(buf, meta["shape"])
         rows = meta["numel"] // C
         psize = row_blocks(rows, T, D) * C
         start = self.heap.alloc(psize * nbytes_of(meta["dtype"]))
@@ -156,7 +197,7 @@ class Residency:
             if not cons:
                 continue
             spec = n.outputs[0]
-            C, T, D = row_layout(spec.shape)
+            C, T, D = self.layout_of(n.name, spec.shape)
             size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
             size = ceil_div(size, 64) * 64
             delta[pos[n.name]] += size

@@ -82,6 +82,32 @@ def row_layout(shape) -> tuple[int, int, int]:
     return C, max(1, T), D
 
 
+#: a value of at most this many rows (a decode step's batch) whose rows are long is laid out across the
+#: partitions instead (:func:`lane_layout`): with one row per partition, an op over it would run on a
+#: handful of the 128 lanes
+LANE_ROWS = 32
+#: ... provided each partition's piece of a row is at least this many elements: a DMA between this layout
+#: and rows on partitions then moves runs of >= 8 elements, not one element per descriptor
+LANE_MIN_RUN = 8
+
+
+def lane_layout(shape) -> tuple[int, int] | None:
+    """``(C, T)`` of the *lane layout* of a value with few, long rows (``[batch, hidden]`` in a decode step),
+    or None: each row of H elements spread over the 128 partitions, partition ``p`` holding the ``H / 128``
+    elements ``p * H / 128 ...`` of every row, rows side by side along the free axis (NKI's decode kernels
+    keep the hidden dimension on partitions, the batch on the free axis). It is the row-tiled layout of the
+    value viewed as ``[rows x 128, H / 128]``.
+
+    >>> lane_layout([1, 1, 4096]), lane_layout([8, 4096]), lane_layout([128, 4096]), lane_layout([1, 600])
+    ((32, 128), (32, 128), None, None)
+    """
+    C, _, _ = row_layout(shape)
+    rows = math.prod(shape) // C if shape else 1
+    if rows > LANE_ROWS or C % PMAX or C // PMAX < LANE_MIN_RUN:
+        return None
+    return C // PMAX, PMAX
+
+
 def row_blocks(rows: int, T: int, D: int = 0) -> int:
     """Blocks of T partitions a row-tiled value of ``rows`` rows takes (each group of D rows padded to whole blocks).
 

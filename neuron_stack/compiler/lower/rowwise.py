@@ -4,15 +4,17 @@ they fit, else chunked passes.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
-from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
+from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, lane_view, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, output_used, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
-from neuron_stack.compiler.lower.tiles import BN_FMAX, FREE_TILE, PMAX, Pool, View, boxes, is_ref, packet_name
-from neuron_stack.device.cost import ceil_div
+from neuron_stack.compiler.lower.resident import lane_layout
+from neuron_stack.compiler.lower.tiles import BN_FMAX, FLOATS, FREE_TILE, PMAX, Pool, View, boxes, is_ref, packet_name
+from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 ROWWISE_KINDS = {"_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
@@ -54,6 +56,10 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind in ("var", "std") and packet_name(n.target) and "correction" not in n.kwargs and len(args) > 2 \
             and isinstance(args[2], bool):
         pass
+    if kind in ("sum", "mean") and nd and dims in ([nd - 1], [-1]) and n.outputs[0].dtype in FLOATS \
+            and _lane_resident(low, x):
+        _lane_sum(low, n, x, kind)
+        return
     xv, split = _rows_free(x, dims)
     rows, free = xv.shape[:split], xv.shape[split:]
     D = math.prod(free) if free else 1
@@ -238,6 +244,54 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                 low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
         low.store(n.name, res.as_dtype(res.dtype), ov, br + [(0, 1)])
     lower_alone(low, alone)
+
+
+def _lane_resident(low: Lowerer, x: View) -> bool:
+    """``x`` is kept in SBUF in the lane layout (its rows spread over the partitions): few long rows."""
+    r = low.res.get(x.buf)
+    lanes = lane_layout(x.shape) if x.meta.is_contiguous() and not x.meta.storage_offset() \
+        and x.dtype in FLOATS else None
+    return lanes is not None and lanes[0] * PMAX == x.shape[-1] and r is not None and not r.evicted \
+        and (r.C, r.T) == lanes
+
+
+class _Ones:
+    """A [128, 1] column of ones in SBUF (a Vector memset), the moving operand that makes a matmul sum
+    over partitions; rebuilt when the ring reuses its slot, as the transposes' identity."""
+
+    def __init__(self, low: Lowerer, node: str):
+        self.tile = Pool(low, "__identity_ones", "sbuf", PMAX, 1, "float32", bufs=1).tile()
+        low.vec("MEMSET", node, self.tile, [], value=1.0)
+
+
+def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
+    """Sum (or mean) over the last dim of a value kept in the lane layout, e.g. RMSNorm's mean of squares in a
+    decode step: each row's ``H / 128`` elements per partition are reduced on the Vector Engine over all
+    128 lanes, then the 128 partial sums of every row are added on the Tensor Engine, a matmul with the
+    partials stationary and a column of ones moving (``nc_matmul`` contracts over the partition dim: the
+    NKI ISA's way to reduce across partitions besides GpSimd's ``tensor_partition_reduce``), into PSUM
+    with one row per partition as the output keeps them."""
+    rows = x.shape[:-1]
+    R, nk = math.prod(rows), x.shape[-1] // PMAX
+    xv = lane_view(x, x.shape)                      # [128, *rows, nk]
+    ones = low.identity_tiles.get("ones")
+    if ones is None:
+        ones = low.identity_tiles["ones"] = _Ones(low, n.name)
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
+    part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
+    for r, idx in enumerate(itertools.product(*(range(d) for d in rows))):
+        t = low.load(n.name, xv, [(0, PMAX)] + [(i, 1) for i in idx] + [(0, nk)], xin, 1)
+        low.vec("REDUCE", n.name, part.cols(r, 1), [t.op()], op="add", cost_n=nk, flops=PMAX * nk)
+    acc = Pool(low, f"{n.name}.acc", "psum", PMAX, 1, "float32", bufs=1).tile(R, 1)
+    low.emit("LDWEIGHTS", n.name, [], [part.op()], {}, dur=ldweights_ns(low.p, R, "float32"))
+    low.emit("MATMUL", n.name, [acc.op()], [part.op(), ones.tile.op()], {"start": True, "stop": True},
+             dur=matmul_ns(low.p, 1, R, "float32"), flops=2 * PMAX * R, itype="REGULAR")
+    out_spec = n.outputs[0]
+    res = Pool(low, f"{n.name}.s", "sbuf", PMAX, 1, "float32", bufs=1).tile(R, 1)
+    low.vec("TENSOR_SCALAR", n.name, res, [acc.op()], op0="multiply",
+            scalar0=1.0 / x.shape[-1] if kind == "mean" else 1.0)
+    ov = reshape_view(low.out_view(n.name, out_spec), (*rows, 1))
+    low.store(n.name, res, ov, [(0, d) for d in rows] + [(0, 1)])
 
 
 def _ln_param(wv: View, x: View, dims: list[int], split: int) -> View:
