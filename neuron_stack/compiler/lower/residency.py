@@ -11,8 +11,15 @@ import math
 
 from neuron_stack.compiler.lower.placement import stored_dtype
 from neuron_stack.compiler.lower.resident import Resident, row_blocks, row_layout, tile_ap, translate
-from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap
+from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap, packet_name
+from neuron_stack.compiler.partition import refs
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
+
+#: ops that read or write NCHW values as channel rows of H x W (conv.py, convbn.py, rowwise.py's pooling means)
+CHANNEL_MAJOR = ("convolution", "max_pool2d_with_indices", "avg_pool2d", "_native_batch_norm_legit_no_training",
+                 "_adaptive_avg_pool2d", "adaptive_avg_pool2d")
+#: ops that tile a value as their neighbours do: a feature map stays one through them (ReLU, residual add)
+_FOLLOWERS = ("elementwise", "activation", "data_movement", "view")
 
 
 class Residency:
@@ -28,7 +35,7 @@ class Residency:
         if self.cand.get(buf) != "undecided":
             return
         meta = self.hbm[buf]
-        C, T, D = row_layout(meta["shape"])
+        C, T, D = self.row_layout(buf, meta["shape"])
         rows = meta["numel"] // C
         psize = row_blocks(rows, T, D) * C
         start = self.heap.alloc(psize * nbytes_of(meta["dtype"]))
@@ -156,7 +163,7 @@ class Residency:
             if not cons:
                 continue
             spec = n.outputs[0]
-            C, T, D = row_layout(spec.shape)
+            C, T, D = self.row_layout(n.name, spec.shape)
             size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
             size = ceil_div(size, 64) * 64
             delta[pos[n.name]] += size
@@ -166,6 +173,38 @@ class Residency:
             live += d
             peak = max(peak, live)
         return peak
+
+    def row_layout(self, buf: str, shape) -> tuple[int, int, int]:
+        """:func:`.resident.row_layout` of value ``buf`` (channel rows when it is a feature map)."""
+        return row_layout(shape, feature_map=buf.split(":")[0] in self._feature_maps())
+
+    def _feature_maps(self) -> set[str]:
+        """The 4-d values the convolutional ops read or write as channel rows, and those joined to them
+        through element-wise ops and copies (a ReLU between two convolutions, a residual add): their
+        row layout follows these consumers. A transformer's [batch, heads, S, D] values are not among them."""
+        if "_fmaps" in self.__dict__:
+            return self._fmaps
+
+        def fmap(name):
+            n = self.by_name.get(name)
+            return n is not None and bool(n.outputs) and len(n.outputs[0].shape) == 4
+
+        todo = []
+        for n in self.by_name.values():
+            if packet_name(n.target) in CHANNEL_MAJOR:
+                todo += [n.name] + list(refs([n.args, n.kwargs]))
+        seen: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in seen or not fmap(name):
+                continue
+            seen.add(name)
+            n = self.by_name[name]
+            if n.op_class in _FOLLOWERS:
+                todo += refs([n.args, n.kwargs])
+            todo += [u for u in self.users.get(name, []) if self.by_name[u].op_class in _FOLLOWERS]
+        self._fmaps = seen
+        return seen
 
     def _consumers(self, name: str) -> set[str]:
         out = set()
