@@ -164,8 +164,20 @@ class Residency:
         return total
 
     def row_layout(self, buf: str, shape) -> tuple[int, int, int]:
-        """:func:`.resident.row_layout` of value ``buf`` (channel rows when it is a feature map)."""
-        return row_layout(shape, feature_map=buf.split(":")[0] in self._feature_maps())
+        """:func:`.resident.row_layout` of value ``buf`` as its consumers read it: channel rows when it is a
+        feature map; a flattened [batch x 197, hidden] value (a Linear's output) that they view as [batch, 197,
+        hidden] (the residual add after it) is grouped in 197-row groups, so their 197-row tiles line up with
+        its blocks instead of straddling them (SBUF->SBUF DMAs at every batch boundary)."""
+        name = buf.split(":")[0]
+        C, T, D = row_layout(shape, feature_map=name in self._feature_maps())
+        if not D and len(shape) == 2 and name == buf:
+            for u in self.users.get(name, []):
+                n = self.by_name[u]
+                if n.op_class == "view" and n.outputs:
+                    grouped = row_layout(n.outputs[0].shape)
+                    if grouped[2] and grouped[0] == C:
+                        return grouped
+        return C, T, D
 
     def _feature_maps(self) -> set[str]:
         """The 4-d values the convolutional ops read or write as channel rows, and those joined to them
