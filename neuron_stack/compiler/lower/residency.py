@@ -147,21 +147,35 @@ class Residency:
         self.heap.free(r.off)
         r.off = -1
 
-    def _heap_bound(self) -> int:
-        """Bytes per partition of every intermediate value, row-tiled as it would be resident: a first-fit
-        heap this size never turns one away (its top grows only by the size of a value placed there). A
-        peak-of-live-values estimate in node order fell short of the lowering's real peak (its order,
-        first-fit holes) by up to 1.6x: a one-layer decoder then spilled with SBUF nearly empty."""
-        total = 0
+    def _heap_size(self, cap: int) -> int:
+        """Bytes per partition for the heap, at most ``cap``: room for every intermediate when they all fit (a
+        first-fit heap that size never turns one away: its top grows only by a value placed there; sized by
+        the peak of values live at once in node order, it fell short of the lowering's real peak by up to
+        1.6x, and a one-layer decoder spilled with SBUF nearly empty); else that peak, the rest of SBUF
+        left to the tile ring that streams weights (a decode step at a 4096-token cache slows by 6% when
+        the ring gives way to a heap of ``cap``)."""
+        sizes, order = {}, {n.name: i for i, n in enumerate(self.nodes)}
+        pos = {k: order.get(self.by_name[k].fused_into, v) if self.by_name[k].fused_into in order else v
+               for k, v in order.items()}
+        delta = [0] * (len(self.nodes) + 1)
         for n in self.nodes:
-            if n.op_class == "view" or not n.outputs or self._escapes(n.name) or not self._consumers(n.name):
+            cons = [pos[c] for c in self._consumers(n.name) if c in pos]
+            if n.op_class == "view" or not n.outputs or self._escapes(n.name) or not cons:
                 continue
             for i, spec in enumerate(n.outputs):
                 name = n.name if i == 0 else f"{n.name}:{i}"
                 C, T, D = self.row_layout(name, spec.shape)
                 size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, name, spec.dtype))
-                total += ceil_div(size, 64) * 64
-        return total
+                sizes[name] = size = ceil_div(size, 64) * 64
+                delta[pos[n.name]] += size
+                delta[max(cons) + 1] -= size
+        if sum(sizes.values()) <= cap:
+            return sum(sizes.values())
+        live = peak = 0
+        for d in delta:
+            live += d
+            peak = max(peak, live)
+        return min(peak, cap)
 
     def row_layout(self, buf: str, shape) -> tuple[int, int, int]:
         """:func:`.resident.row_layout` of value ``buf`` as its consumers read it: channel rows when it is a
