@@ -139,42 +139,6 @@ def boxes(shape: tuple[int, ...], limit: int) -> list[list[tuple[int, int]]]:
     return out
 
 
-def n_boxes(shape, limit) -> int:
-    inner, j = 1, len(shape)
-    while j > 0 and inner * shape[j - 1] <= limit:
-        inner *= shape[j - 1]
-        j -= 1
-    if j == 0:
-        return 1
-    d = j - 1
-    step = max(1, limit // inner)
-    return math.prod(shape[:d]) * ceil_div(shape[d], step)
-
-
-def choose_split(shape: tuple[int, ...], free_limit: int = FREE_TILE) -> int:
-    """Where to cut ``shape`` into partition dims and free dims: the cut with the cheapest tiles.
-
-    >>> choose_split((256, 64)), choose_split((1, 4, 64, 64)), choose_split((1, 64, 56, 56))
-    (1, 3, 2)
-    """
-    if len(shape) <= 1:
-        return 0
-    best, best_k = None, len(shape) - 1
-    for k in range(len(shape) + 1):
-        rows, cols = shape[:k], shape[k:]
-        nr = n_boxes(rows, PMAX)
-        nc = n_boxes(cols, free_limit)
-        f = min(math.prod(cols), free_limit) if cols else 1
-        # engine cycles plus the tile's DMA descriptors (one per partition row, ~256 B of transfer
-        # time each spread over 16 queues ~ 1 cycle): a [1 x 8192] decode row is 4 tiles of
-        # [1, 2048], not 64 tiles of one element per partition
-        p_rows = min(math.prod(rows), PMAX) if rows else 1
-        cost = nr * nc * (max(64, f) + p_rows)
-        if best is None or cost < best:
-            best, best_k = cost, k
-    return best_k
-
-
 def _ndindex(shape):
     if not shape:
         yield ()
