@@ -98,37 +98,61 @@ def test_kv_cache_update_writes_only_the_new_rows():
     assert writes[0] == writes[1] == [2 * 16 * 2] * 2
 
 
+def _monotone(config, graphs):
+    """Along ``graphs`` ((projection, graph) pairs of growing work): the graph's latency and per-layer
+    latency never fall; the latency grows no faster than the FLOPs or the HBM bytes of its two-layer graph do;
+    the layer extrapolation t1 + (L - 1) * (t2 - t1) has no negative term before project() bounds it."""
+    import importlib
+
+    from neuron_stack.frontend.flags import parse_flags
+
+    P = importlib.import_module("neuron_stack.llm.project")
+    flags = parse_flags(None, target="trn1")
+    prev = None
+    for p, g in graphs:
+        # the figures project() read (cached, nothing compiled again)
+        one, two = (P._figures(P.rank_config(config, 1), n, p.batch_size, g.active_tokens, g.bucket, p.dtype,
+                               flags, None) for n in (1, 2))
+        assert one.device_ns <= two.device_ns <= 2 * one.device_ns, (g.name, g.bucket, one, two)
+        cur = (g.device_ns, g.layer_ns, two.flops, two.hbm_bytes)
+        if prev:
+            assert cur[0] >= prev[0] and cur[1] >= prev[1], (g.name, g.bucket, prev, cur)
+            # within a tile or so on the critical path (test_cost_scaling.SLACK): batch 2 -> 4 costs 2.07x today
+            assert cur[0] / prev[0] <= 1.1 * max(cur[2] / prev[2], cur[3] / prev[3]), (g.name, g.bucket, prev, cur)
+        prev = cur
+
+
 def test_decode_never_gets_faster_as_the_cache_grows_and_no_term_is_negative():
     from neuron_stack.llm import project
 
-    p = project(tiny_config(), sequence_length=512, context_length=16, token_generation_buckets=[32, 128, 512])
-    times = [g.device_ns for g in p.graphs if g.name == "token_generation"]
-    assert times == sorted(times)
+    config = tiny_config(layers=32)  # the extrapolation to 32 layers magnifies any per-layer cliff
+    p = project(config, sequence_length=512, context_length=16, token_generation_buckets=[32, 128, 512])
+    _monotone(config, [(p, g) for g in p.graphs if g.name == "token_generation"])
     for g in p.graphs:
-        # never a negative term in t1 + (L - 1) * layer; an engine's layer time within the layer's
+        # an engine's layer time within the layer's
         assert g.base_ns >= 0 and g.layer_ns >= 0
         assert all(0 <= v <= g.layer_ns for v in g.layer_busy_ns.values()), g.layer_busy_ns
 
 
-@pytest.mark.xfail(strict=True, reason="issue 24, open: prefill tiling cliffs in the lowering (a 64-token "
-                   "prompt projects ~5% above a 128-token one; batch 2 ~20% above batch 4); strict, so a fix "
-                   "flips this test")
 def test_prefill_never_gets_faster_as_the_prompt_or_batch_grows():
     from neuron_stack.llm import project
 
-    cte = [next(g for g in project(tiny_config(), sequence_length=128, context_length=c).graphs).device_ns
-           for c in (16, 32, 64, 128)]
-    by_batch = [project(tiny_config(), batch_size=b, sequence_length=64, context_length=16).graphs[0].device_ns
-                for b in (1, 2, 4)]
-    assert cte == sorted(cte) and by_batch == sorted(by_batch)
+    config = tiny_config(layers=32)
+    # a 64-token prompt used to cost more than a 128-token one, batch 2 more than batch 4: the NCHW row
+    # layout of [b, h, 64, 64] scores (4 partitions) against softmax's 128-row tiles, and a heap too
+    # small for the one-layer graph's values (resident.py, residency.py)
+    prompts = [project(config, sequence_length=128, context_length=c) for c in (16, 32, 64, 128)]
+    batches = [project(config, batch_size=b, sequence_length=64, context_length=16) for b in (1, 2, 4)]
+    _monotone(config, [(p, p.graphs[0]) for p in prompts])
+    _monotone(config, [(p, p.graphs[0]) for p in batches])
 
 
 def test_decode_never_gets_faster_as_the_batch_grows():
     from neuron_stack.llm import project
 
-    times = [project(tiny_config(), batch_size=b, sequence_length=64, context_length=16).graphs[1].device_ns
-             for b in (1, 2, 4)]
-    assert times == sorted(times)
+    config = tiny_config(layers=32)
+    batches = [project(config, batch_size=b, sequence_length=64, context_length=16) for b in (1, 2, 4)]
+    _monotone(config, [(p, p.graphs[1]) for p in batches])
 
 
 def test_int8_weights_match_the_fake_quantised_eager_model_and_halve_the_bytes():

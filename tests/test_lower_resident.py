@@ -83,10 +83,15 @@ def test_gpsimd_kernel_evicts_a_resident_value():
 
 
 @pytest.mark.parametrize("shape,expect", [([2, 96, 64], (64, 96)), ([1, 256, 1024], (1024, 128)),
-                                          ([4, 8, 16, 16], (256, 32)), ([2, 100], (100, 2)),
-                                          ([1, 256, 16, 64], (1024, 128)), ([300], (300, 1))])
+                                          ([2, 100], (100, 2)), ([1, 256, 16, 64], (1024, 128)), ([300], (300, 1)),
+                                          ([1, 4, 64, 64], (64, 128))])   # attention scores: softmax's rows
 def test_row_tiling(shape, expect):
     assert row_tiling(shape) == expect
+
+
+def test_feature_maps_are_channel_rows():
+    # a conv's [N, C, H, W] output: rows of H x W, one per channel
+    assert row_tiling([4, 8, 16, 16], feature_map=True) == (256, 32)
 
 
 def test_translate_row_blocks_by_hand():

@@ -269,6 +269,8 @@ class _Figures:
     instructions: int
     memory: dict  # the program's memory plan (driver.memory_plan)
     active_ns: dict  # engine -> union of its busy intervals (_engine_active_ns)
+    flops: int = 0  # the work the device time is for: what the monotone property tests bound it by
+    hbm_bytes: int = 0  # read + written
 
 
 def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=()) -> _Figures:
@@ -282,9 +284,10 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     if neff is None:
         neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family), flags,
                                detail=False)
-    fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in neff.schedules.values()),
-                                   neff.program.stats["num_instructions"], neff.program.stats["memory"],
-                                   _engine_active_ns(neff))
+    scs = neff.schedules.values()
+    fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in scs), neff.program.stats["num_instructions"],
+                                   neff.program.stats["memory"], _engine_active_ns(neff), sum(sc.flops for sc in scs),
+                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs))
     while len(_FIGURES) > _FIGURES_MAX:
         _FIGURES.popitem(last=False)
     return fig

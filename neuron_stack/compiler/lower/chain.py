@@ -410,6 +410,23 @@ def run_chain(ctx: TileCtx, host_name: str, cur: Tile, members: list[Member], ou
     return cur
 
 
+def _row_split(low: Lowerer, views: list[View], shape: tuple[int, ...]) -> int | None:
+    """The cut that puts the rows of a resident operand (or output) on partitions, so its tiles are read or
+    written in place: element-wise ops can tile either way, the value's other consumers (softmax's rows, a
+    matmul) cannot. None when no operand is a contiguous row-tiled value of ``shape``."""
+    for v in views:
+        if v.buf not in low.cand or tuple(v.shape) != tuple(shape) or not v.meta.is_contiguous():
+            continue
+        r = low.res.get(v.buf)
+        if r is not None and r.evicted:
+            continue        # in HBM now: every cut reads it alike
+        C = r.C if r is not None else low.row_layout(v.buf, low.hbm.get(v.buf, {}).get("shape", v.shape))[0]
+        k = next((k for k in range(1, len(shape)) if math.prod(shape[k:]) == C), None)
+        if k:
+            return k
+    return None
+
+
 def _elementwise_alone(low: Lowerer, n: Node) -> None:
     lower_elementwise(low, n, standalone=True)
 
@@ -450,7 +467,7 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
         views = {i: reshape_view(v, tshape) for i, v in views.items()}
         members = [m.reshaped(tshape) for m in members]
         outs = {k: reshape_view(v, tshape) for k, v in outs.items()}
-    split = 1 if lanes else choose_split(tshape)
+    split = 1 if lanes else (flat is None and _row_split(low, every, tshape)) or choose_split(tshape)
     F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
     pools = pools_for(low, n.name, F)
     for box_r in boxes(tshape[:split], PMAX):

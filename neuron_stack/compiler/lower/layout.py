@@ -111,8 +111,25 @@ def copy_dma(low: Lowerer, node: str, dst: View, src: View, split: int) -> None:
         last = math.prod(shape[-2:]) if len(shape) >= 2 else math.prod(shape)
         plan = [b for box in boxes(shape, max(1, last)) for b in _inside_blocks(low, dst, src, box)]
     for box in plan:
-        if not _lane_copy(low, node, dst, src, box):
-            low.dma(node, view_operand(dst, box), view_operand(src, box))
+        _copy_box(low, node, dst, src, box)
+
+
+def _copy_box(low: Lowerer, node: str, dst: View, src: View, box) -> None:
+    """``box`` copied by one engine copy when every element keeps its partition, else halved along its outer
+    dims (batch, heads: never the last two, a matrix) so that the parts that keep theirs are engine copies
+    and only those that move across partitions are DMAs (at 64 tokens and batch 2, half a head split lands
+    on its own partitions: two sequences share a 128-row block)."""
+    if _lane_copy(low, node, dst, src, box):
+        return
+    d = next((k for k, (_, n) in enumerate(box[:-2]) if n > 1), None)
+    if d is None or _sbuf_pattern(low, dst, box) is None or _sbuf_pattern(low, src, box) is None:
+        low.dma(node, view_operand(dst, box), view_operand(src, box))
+        return
+    s0, n = box[d]
+    lo, hi = list(box), list(box)
+    lo[d], hi[d] = (s0, n // 2), (s0 + n // 2, n - n // 2)
+    _copy_box(low, node, dst, src, lo)
+    _copy_box(low, node, dst, src, hi)
 
 
 def _inside_blocks(low: Lowerer, dst: View, src: View, box) -> list:

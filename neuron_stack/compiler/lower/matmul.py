@@ -9,7 +9,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, tra
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
-from neuron_stack.compiler.lower.resident import lane_layout, row_layout
+from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
     FLOATS,
     MOVING_FMAX,
@@ -225,7 +225,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # so each evacuated tile is one block of the resident output (resident.row_layout)
     out_group = 0
     for v in out_views.values():
-        C, _, D = row_layout(low.hbm.get(v.buf, {}).get("shape", ()))
+        C, _, D = low.row_layout(v.buf, low.hbm.get(v.buf, {}).get("shape", ()))
         out_group = out_group or (D if nb == 1 and C == N else 0)
     # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
     # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B

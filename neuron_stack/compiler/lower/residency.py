@@ -12,7 +12,14 @@ import math
 from neuron_stack.compiler.lower.placement import stored_dtype
 from neuron_stack.compiler.lower.resident import Resident, lane_layout, row_blocks, row_layout, tile_ap, translate
 from neuron_stack.compiler.lower.tiles import View, nbytes_of, numel_ap, packet_name
+from neuron_stack.compiler.partition import refs
 from neuron_stack.device.cost import ceil_div, dependent_overhead_ns
+
+#: ops that read or write NCHW values as channel rows of H x W (conv.py, convbn.py, rowwise.py's pooling means)
+CHANNEL_MAJOR = ("convolution", "max_pool2d_with_indices", "avg_pool2d", "_native_batch_norm_legit_no_training",
+                 "_adaptive_avg_pool2d", "adaptive_avg_pool2d")
+#: ops that tile a value as their neighbours do: a feature map stays one through them (ReLU, residual add)
+_FOLLOWERS = ("elementwise", "activation", "data_movement", "view")
 
 #: elementwise ops lowered as one custom kernel over whole tensors, not tile by tile (chain._NOT_TILEWISE)
 NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", "logit")
@@ -42,7 +49,7 @@ class Residency:
         :meth:`lanes_for` says so, else row-tiled."""
         if self.lanes_for(buf, shape):
             return (*lane_layout(shape), 0)
-        return row_layout(shape)
+        return self.row_layout(buf, shape)
 
     def lanes_for(self, buf: str, shape) -> bool:
         """True when the value ``buf`` of ``shape`` lives in the lane layout: its rows are few and long, a lane
@@ -181,32 +188,79 @@ class Residency:
         self.heap.free(r.off)
         r.off = -1
 
-    def _heap_need(self) -> int:
-        """Peak bytes per partition of the intermediate values live at once (in node order), as
-        row-tiled resident values: what the heap needs so that none of them has to spill."""
-        order = {}
-        for i, n in enumerate(self.nodes):
-            order[n.name] = i
+    def _heap_size(self, cap: int) -> int:
+        """Bytes per partition for the heap, at most ``cap``: room for every intermediate when they all fit (a
+        first-fit heap that size never turns one away: its top grows only by a value placed there; sized by
+        the peak of values live at once in node order, it fell short of the lowering's real peak by up to
+        1.6x, and a one-layer decoder spilled with SBUF nearly empty); else that peak, the rest of SBUF
+        left to the tile ring that streams weights (a decode step at a 4096-token cache slows by 6% when
+        the ring gives way to a heap of ``cap``)."""
+        sizes, order = {}, {n.name: i for i, n in enumerate(self.nodes)}
         pos = {k: order.get(self.by_name[k].fused_into, v) if self.by_name[k].fused_into in order else v
                for k, v in order.items()}
         delta = [0] * (len(self.nodes) + 1)
         for n in self.nodes:
-            if n.op_class == "view" or not n.outputs or self._escapes(n.name):
-                continue
             cons = [pos[c] for c in self._consumers(n.name) if c in pos]
-            if not cons:
+            if n.op_class == "view" or not n.outputs or self._escapes(n.name) or not cons:
                 continue
-            spec = n.outputs[0]
-            C, T, D = self.layout_of(n.name, spec.shape)
-            size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, n.name, spec.dtype))
-            size = ceil_div(size, 64) * 64
-            delta[pos[n.name]] += size
-            delta[max(cons) + 1] -= size
+            for i, spec in enumerate(n.outputs):
+                name = n.name if i == 0 else f"{n.name}:{i}"
+                C, T, D = self.layout_of(name, spec.shape)
+                size = row_blocks(ceil_div(spec.numel, C), T, D) * C * nbytes_of(stored_dtype(self, name, spec.dtype))
+                sizes[name] = size = ceil_div(size, 64) * 64
+                delta[pos[n.name]] += size
+                delta[max(cons) + 1] -= size
+        if sum(sizes.values()) <= cap:
+            return sum(sizes.values())
         live = peak = 0
         for d in delta:
             live += d
             peak = max(peak, live)
-        return peak
+        return min(peak, cap)
+
+    def row_layout(self, buf: str, shape) -> tuple[int, int, int]:
+        """:func:`.resident.row_layout` of value ``buf`` as its consumers read it: channel rows when it is a
+        feature map; a flattened [batch x 197, hidden] value (a Linear's output) that they view as [batch, 197,
+        hidden] (the residual add after it) is grouped in 197-row groups, so their 197-row tiles line up with
+        its blocks instead of straddling them (SBUF->SBUF DMAs at every batch boundary)."""
+        name = buf.split(":")[0]
+        C, T, D = row_layout(shape, feature_map=name in self._feature_maps())
+        if not D and len(shape) == 2 and name == buf:
+            for u in self.users.get(name, []):
+                n = self.by_name[u]
+                if n.op_class == "view" and n.outputs:
+                    grouped = row_layout(n.outputs[0].shape)
+                    if grouped[2] and grouped[0] == C:
+                        return grouped
+        return C, T, D
+
+    def _feature_maps(self) -> set[str]:
+        """The 4-d values the convolutional ops read or write as channel rows, and those joined to them
+        through element-wise ops and copies (a ReLU between two convolutions, a residual add): their
+        row layout follows these consumers. A transformer's [batch, heads, S, D] values are not among them."""
+        if "_fmaps" in self.__dict__:
+            return self._fmaps
+
+        def fmap(name):
+            n = self.by_name.get(name)
+            return n is not None and bool(n.outputs) and len(n.outputs[0].shape) == 4
+
+        todo = []
+        for n in self.by_name.values():
+            if packet_name(n.target) in CHANNEL_MAJOR:
+                todo += [n.name] + list(refs([n.args, n.kwargs]))
+        seen: set[str] = set()
+        while todo:
+            name = todo.pop()
+            if name in seen or not fmap(name):
+                continue
+            seen.add(name)
+            n = self.by_name[name]
+            if n.op_class in _FOLLOWERS:
+                todo += refs([n.args, n.kwargs])
+            todo += [u for u in self.users.get(name, []) if self.by_name[u].op_class in _FOLLOWERS]
+        self._fmaps = seen
+        return seen
 
     def _consumers(self, name: str) -> set[str]:
         out = set()

@@ -39,33 +39,37 @@ from neuron_stack.device.cost import ceil_div
 PMAX = 128
 
 
-def row_tiling(shape) -> tuple[int, int]:
+def row_tiling(shape, feature_map: bool = False) -> tuple[int, int]:
     """``(C, T)`` of a value's row-tiled layout (:func:`row_layout` without the group)."""
-    return row_layout(shape)[:2]
+    return row_layout(shape, feature_map)[:2]
 
 
-def row_layout(shape) -> tuple[int, int, int]:
-    """``(C, T, D)`` of a value's row-tiled layout: the row length C is the longest run of trailing
-    dims up to 4096 elements that leaves at least 128 rows, or the H x W of an NCHW value (a reshape of the
-    last dims, e.g. heads x head_dim -> hidden, still reads whole rows); the block height T is the product of
-    the trailing row dims while it fits in 128 partitions, times the chunk of the next dim that still fits
-    (128 when the innermost one alone does not), as ``lower.boxes`` cuts tiles. ``D``: when that innermost row
-    dim is longer than 128 and not a multiple of it (197 tokens), rows come in groups of D, each group starting a
-    new block (its last block partial), so a tile of a group's rows lines up with a block as ``lower.boxes``
-    cuts it (a ragged 69-row tile is 69 partitions of one block); 0 otherwise.
+def row_layout(shape, feature_map: bool = False) -> tuple[int, int, int]:
+    """``(C, T, D)`` of a value's row-tiled layout, the cut its consumers make: the row length C is the
+    longest run of trailing dims up to 4096 elements that leaves at least 128 rows (a reshape of the last
+    dims, e.g. heads x head_dim -> hidden, still reads whole rows), or the H x W of a ``feature_map``
+    (convolution, pooling and batch norm read channel rows of H x W; a [batch, heads, 64, 64] attention
+    score is not one: softmax reads it in 128-row tiles of 64 columns, and element-wise ops follow); the
+    block height T is the product of the trailing row dims while it fits in 128 partitions, times the chunk
+    of the next dim that still fits (128 when the innermost one alone does not), as ``lower.boxes`` cuts
+    tiles. ``D``: when that innermost row dim is longer than 128 and not a multiple of it (197 tokens), rows
+    come in groups of D, each group starting a new block (its last block partial), so a tile of a group's
+    rows lines up with a block as ``lower.boxes`` cuts it (a ragged 69-row tile is 69 partitions of one
+    block); 0 otherwise.
 
     >>> row_layout([12, 197, 64]), row_layout([12, 256, 64])
     ((64, 128, 197), (64, 128, 0))
+    >>> row_layout([1, 4, 64, 64]), row_layout([1, 4, 64, 64], feature_map=True)
+    ((64, 128, 0), (4096, 4, 0))
     """
     shape = list(shape) or [1]
     k = len(shape) - 1
     C = max(1, shape[k])
     rows = max(1, int(math.prod(shape[:k])))
     # longer rows only while they stay short and still leave 128 rows to spread over partitions;
-    # the spatial dims of an NCHW value are one row (convolution, pooling and batch norm read
-    # channel rows of H x W)
+    # the spatial dims of a channel-rows value are one row
     while k > 0 and C * shape[k - 1] <= 4096 and (rows // max(1, shape[k - 1]) >= PMAX
-                                                  or len(shape) == 4 and k == 3):
+                                                  or feature_map and len(shape) == 4 and k == 3):
         k -= 1
         C *= shape[k]
         rows //= max(1, shape[k])
