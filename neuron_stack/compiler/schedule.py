@@ -139,6 +139,23 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     """
     instrs = low.instrs
     n = len(instrs)
+    # the placement's per-instruction state is gone (peak memory) before the table is built
+    start, dur, wait, queue, qlist, pcore = _place(instrs, profile)
+    # program counter = position in the queue's executed order
+    pc = np.zeros(n, dtype=np.int32)
+    qarr = np.frombuffer(queue, dtype=np.int16)
+    for q in range(len(qlist)):
+        idx = np.flatnonzero(qarr == q)
+        order = idx[np.lexsort((idx, start[idx]))]
+        pc[order] = np.arange(len(order), dtype=np.int32)
+    queue = pa.DictionaryArray.from_arrays(pa.array(qarr), pa.array(qlist, pa.string())).cast(pa.string())
+    return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
+
+
+def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
+    """The list scheduling of :func:`schedule_lowered`: (start, dur, sem_wait, queue index per
+    instruction, queue names, physical core)."""
+    n = len(instrs)
     lnc = profile.lnc
     strs = instrs.strs
     tensor_code = instrs.names.get("tensor", -1)
@@ -200,23 +217,23 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     dur = np.zeros(n, dtype=np.int64)
     wait = np.zeros(n, dtype=np.int64)
     ready = array("q", bytes(8 * n))
-    queue: list[str] = [""] * n
+    queue = array("h", bytes(2 * n))      # each instruction's queue track, an index into qlist
     pcore = np.zeros(n, dtype=np.int32)
     ramp_start, last_tensor_end = [0] * lnc, [-10**18] * lnc     # per PE array
 
     # per-instruction fields as flat arrays: the loop below runs once per instruction (and again on
     # every re-queue), so it reads arrays, never Instr attributes or per-call closures
-    engine = instrs.column("engine")
     qkind = instrs.queue_kind
-    spill_code = instrs.names.get("SpillReload", -1)
-    kind = array("b", [(2 if qkind[i] == spill_code else 1) if engine[i] == "dma" else 0 for i in range(n)])
+    spill_code, dma_code = instrs.names.get("SpillReload", -1), instrs.names.get("dma", -1)
+    kind = array("b", [(2 if qkind[i] == spill_code else 1) if eng_code[i] == dma_code else 0 for i in range(n)])
     raw_dur = instrs.dur
     base_dur = array("q", np.maximum(1, np.ceil(np.frombuffer(raw_dur, dtype=np.float64))).astype(np.int64).tobytes())
     lat = array("q", np.ceil(np.frombuffer(instrs.latency, dtype=np.float64)).astype(np.int64).tobytes())
     matmul_code = instrs.names.get("MATMUL", -1)
     opcode = instrs.opcode
     throttle = profile.throttle
-    qnames: dict[tuple, str] = {}           # one string per queue track, shared by its instructions
+    qnames: dict[tuple, int] = {}           # queue track -> its index in qlist
+    qlist: list[str] = []
 
     # Candidates (dependencies done) are kept per issue class: each compute engine, the IO DMA
     # queues, the spill queues. A class is free from ``cfree[c]`` (an engine's free time, the
@@ -225,7 +242,8 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     # by ready time, so the next instruction, the one that can start earliest (ties: program order),
     # is the best head of a handful of heaps: no per-candidate re-evaluation.
     cls_names: dict[str, int] = {}
-    cls = [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else engine[i], len(cls_names)) for i in range(n)]
+    cls = array("b", [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else strs[eng_code[i]], len(cls_names))
+                      for i in range(n)])
     cfree = [0] * len(cls_names)
     avail: list[list[int]] = [[] for _ in cls_names]
     waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
@@ -315,7 +333,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
         if k:
             qkey = (best_q, qkind[i])
         else:
-            eng = engine[i]
+            eng = strs[eng_code[i]]
             if eng == "tensor":
                 if throttle:
                     if s - last_tensor_end[p_i] > profile.throttle_ramp_ns:
@@ -327,12 +345,13 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
                     u = unit[i]
                     unit_q[u], owner[best_q] = best_q, (-1 if unit_last[u] == i else u)
             qkey = (best_q, eng)
-        q_name = qnames.get(qkey)
-        if q_name is None:
+        qc = qnames.get(qkey)
+        if qc is None:
             # DMA queues by index and purpose; an in-order engine's queue is its track
             q_name = dma_queue_name(best_q % nq, strs[qkind[i]] or "IO") if k else ENGINE_LABELS[eng]
-            q_name = qnames[qkey] = q_name + (f".pc{p_i}" if p_i else "")
-        queue[i] = q_name
+            qc = qnames[qkey] = len(qlist)
+            qlist.append(q_name + (f".pc{p_i}" if p_i else ""))
+        queue[i] = qc
         qs[best_q] = s + d_ns
         cfree[bc] = min(qs)
         w = waiting[bc]
@@ -368,14 +387,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
                 add(j)
     if done != n:
         raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
-    # program counter = position in the queue's executed order
-    pc = np.zeros(n, dtype=np.int32)
-    qarr = np.array(queue, dtype=object)
-    for q in set(queue):
-        idx = np.flatnonzero(qarr == q)
-        order = idx[np.lexsort((idx, start[idx]))]
-        pc[order] = np.arange(len(order), dtype=np.int32)
-    return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
+    return start, dur, wait, queue, qlist, pcore
 
 
 def _tensor_units(instrs: Instrs, lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
@@ -421,31 +433,33 @@ def _assemble(low: Lowered, instrs: Instrs, start, dur, wait, queue, pc, pcore, 
               detail=True) -> Schedule:
     n = len(instrs)
     num = lambda f: np.frombuffer(getattr(instrs, f), dtype=np.int64)  # noqa: E731
-    engines = instrs.column("engine")
+    codes = lambda f: np.frombuffer(getattr(instrs, f), dtype=np.int32)  # noqa: E731
+    names = pa.array(instrs.strs, pa.string())
+    # name columns from their string-table codes (no per-row Python string list)
+    text = lambda f: pa.DictionaryArray.from_arrays(pa.array(codes(f)), names).cast(pa.string())  # noqa: E731
     flops = num("flops")
-    itype = instrs.column("itype")
-    opcodes = instrs.column("opcode")
     table = pa.Table.from_pydict({
-        "engine": engines, "queue": queue, "opcode": opcodes, "node": instrs.column("node"),
+        "engine": text("engine"), "queue": queue, "opcode": text("opcode"), "node": text("node"),
         "pc": pc, "rel_start_ns": start, "dur_ns": dur, "flops": flops,
         "bytes_read": num("bytes_read"), "bytes_written": num("bytes_written"),
-        "sem_wait_ns": wait, "seq": np.arange(n, dtype=np.int32), "instruction_type": itype,
+        "sem_wait_ns": wait, "seq": np.arange(n, dtype=np.int32), "instruction_type": text("itype"),
         "hbm_read_bytes": num("hbm_read"), "hbm_write_bytes": num("hbm_write"),
         "spill_save_bytes": num("spill_save"), "spill_reload_bytes": num("spill_reload"),
-        "operands": [json.dumps(x, separators=(",", ":")) for x in instrs.operands] if detail else [""] * n,
+        "operands": [json.dumps(x, separators=(",", ":")) for x in instrs.operands] if detail else pa.repeat("", n),
         "pcore": pcore,
     }, schema=TABLE_SCHEMA)
-    eng = np.array(engines, dtype=object)
+    eng = codes("engine")
+    code = lambda name: instrs.names.get(name, -1)  # noqa: E731
     busy, active = {}, {}
     for e in ENGINES:
-        m = eng == e
+        m = eng == code(e)
         busy[e] = int(dur[m].sum()) if n else 0
         active[e] = union_ns(start[m], dur[m])
     end = start + dur
     device_ns = int(end.max()) if n else 0
-    is_t = np.array([t == "TRANSPOSE" for t in itype], dtype=bool) if n else np.zeros(0, bool)
-    is_mm = np.array([o == "MATMUL" for o in opcodes], dtype=bool) if n else np.zeros(0, bool)
-    dma = eng == "dma"
+    is_t = codes("itype") == code("TRANSPOSE")
+    is_mm = codes("opcode") == code("MATMUL")
+    dma = eng == code("dma")
     return Schedule(
         table=table, busy_ns=busy, device_ns=device_ns,
         hbm_read_bytes=int(table["hbm_read_bytes"].to_numpy().sum()) if n else 0,
@@ -460,7 +474,7 @@ def _assemble(low: Lowered, instrs: Instrs, start, dur, wait, queue, pc, pcore, 
         dma_transfer_count=int(dma.sum()),
         sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
         inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name,
-        records=records_mod.build(low, start, dur, queue, pc) if detail else {})
+        records=records_mod.build(low, start, dur, queue.to_pylist(), pc) if detail else {})
 
 
 def union_ns(s: np.ndarray, d: np.ndarray) -> int:
