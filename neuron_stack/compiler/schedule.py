@@ -166,23 +166,23 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
     dep_off = np.frombuffer(instrs.deps_off, dtype=np.int64)
     e_dst = np.repeat(np.arange(n, dtype=np.int32), np.diff(dep_off).astype(np.int64))
     e_src = np.frombuffer(instrs.deps, dtype=np.int32)
-    t_src, t_dst = [], []
+    t_src, t_dst = array("i"), array("i")
     prev_tensor = -1
     deps, eng_code = instrs.deps, instrs.engine
-    for i in np.flatnonzero(np.frombuffer(eng_code, dtype=np.int32) == tensor_code).tolist():
+    for i in memoryview(np.flatnonzero(np.frombuffer(eng_code, dtype=np.int32) == tensor_code).astype(np.int32)):
         if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
             d0, d1 = dep_off[i], dep_off[i + 1]
             if prev_tensor not in deps[d0:d1]:
                 t_src.append(prev_tensor)
                 t_dst.append(i)
         prev_tensor = i
-    e_src = np.concatenate([e_src, np.array(t_src, dtype=np.int32)])
-    e_dst = np.concatenate([e_dst, np.array(t_dst, dtype=np.int32)])
-    order = np.lexsort((e_dst, e_src))       # successors of each instruction in program order
-    succ = array("i", e_dst[order].tobytes())
-    succ_off = array("q", np.concatenate([[0], np.cumsum(np.bincount(e_src, minlength=n))]).astype(np.int64).tobytes())
+    if t_src:
+        e_src = np.concatenate([e_src, np.frombuffer(t_src, dtype=np.int32)])
+        e_dst = np.concatenate([e_dst, np.frombuffer(t_dst, dtype=np.int32)])
+    del t_src, t_dst
     preds = np.bincount(e_dst, minlength=n).astype(np.int32)
-    del e_src, e_dst, order, t_src, t_dst
+    succ, succ_off = _successors(e_src, e_dst, n)
+    del e_src, e_dst
     if later_units:
         preds[list(later_units)] += 1
     # one zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier
@@ -390,6 +390,29 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
     return start, dur, wait, queue, qlist, pcore
 
 
+def _successors(src: np.ndarray, dst: np.ndarray, n: int, chunk: int = 1 << 20) -> tuple[memoryview, array]:
+    """The edges ``src -> dst`` grouped by source: (successors, offsets), the successors of ``i``
+    being ``succ[off[i]:off[i + 1]]``. Sorted a chunk of edges at a time, so a few-million-edge graph
+    needs no edge-sized sort buffers at once.
+
+    >>> succ, off = _successors(np.array([2, 0, 0], np.int32), np.array([3, 1, 2], np.int32), 4)
+    >>> [list(succ[off[i]:off[i + 1]]) for i in range(4)]
+    [[1, 2], [], [3], []]
+    """
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=off[1:])
+    fill = off[:-1].copy()
+    out = np.empty(len(src), dtype=np.int32)
+    for a in range(0, len(src), chunk):
+        o = np.argsort(src[a:a + chunk], kind="stable")
+        s, d = src[a:a + chunk][o], dst[a:a + chunk][o]
+        first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+        sizes = np.diff(np.append(first, len(s)))
+        out[fill[s] + np.arange(len(s)) - np.repeat(first, sizes)] = d
+        fill[s[first]] += sizes
+    return memoryview(out), array("q", off.tobytes())
+
+
 def _tensor_units(instrs: Instrs, lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
     """With several PE arrays (LNC > 1): each Tensor instruction's unit, each unit's last instruction,
     and ``{first of unit k: first of unit k+1}`` (units start in program order). A unit is an
@@ -412,7 +435,7 @@ def _tensor_units(instrs: Instrs, lnc: int) -> tuple[list[int], list[int], dict[
     names = instrs.names
     tensor, ldweights = names.get("tensor", -1), names.get("LDWEIGHTS", -1)
     opcode, acc, acc_stop = instrs.opcode, instrs.acc, instrs.acc_stop
-    for i in np.flatnonzero(np.frombuffer(instrs.engine, dtype=np.int32) == tensor).tolist():
+    for i in memoryview(np.flatnonzero(np.frombuffer(instrs.engine, dtype=np.int32) == tensor).astype(np.int32)):
         if not last or (opcode[i] == ldweights and not open_acc):
             if first >= 0:
                 links[first] = i
