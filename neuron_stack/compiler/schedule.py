@@ -164,8 +164,6 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
     # dependency edges (predecessor -> successor) as flat arrays: the lowering's deps, plus program
     # order on the Tensor Engine within a unit (with one PE array: always)
     dep_off = np.frombuffer(instrs.deps_off, dtype=np.int64)
-    e_dst = np.repeat(np.arange(n, dtype=np.int32), np.diff(dep_off).astype(np.int64))
-    e_src = np.frombuffer(instrs.deps, dtype=np.int32)
     t_src, t_dst = array("i"), array("i")
     prev_tensor = -1
     deps, eng_code = instrs.deps, instrs.engine
@@ -176,13 +174,20 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
                 t_src.append(prev_tensor)
                 t_dst.append(i)
         prev_tensor = i
-    if t_src:
-        e_src = np.concatenate([e_src, np.frombuffer(t_src, dtype=np.int32)])
-        e_dst = np.concatenate([e_dst, np.frombuffer(t_dst, dtype=np.int32)])
-    del t_src, t_dst
-    preds = np.bincount(e_dst, minlength=n).astype(np.int32)
-    succ, succ_off = _successors(e_src, e_dst, n)
-    del e_src, e_dst
+    t_src, t_dst = np.frombuffer(t_src, dtype=np.int32), np.frombuffer(t_dst, dtype=np.int32)
+    deps_np = np.frombuffer(deps, dtype=np.int32)
+
+    def edges():
+        """(sources, destinations) a slice of instructions at a time: no edge-sized array of each."""
+        step = 1 << 16
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            yield (deps_np[dep_off[a]:dep_off[b]],
+                   np.repeat(np.arange(a, b, dtype=np.int32), np.diff(dep_off[a:b + 1])))
+        yield t_src, t_dst
+
+    preds = (np.diff(dep_off) + np.bincount(t_dst, minlength=n)).astype(np.int32)
+    succ, succ_off = _successors(edges, n, len(deps_np) + len(t_src))
     if later_units:
         preds[list(later_units)] += 1
     # one zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier
@@ -390,23 +395,25 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
     return start, dur, wait, queue, qlist, pcore
 
 
-def _successors(src: np.ndarray, dst: np.ndarray, n: int, chunk: int = 1 << 20) -> tuple[memoryview, array]:
-    """The edges ``src -> dst`` grouped by source: (successors, offsets), the successors of ``i``
-    being ``succ[off[i]:off[i + 1]]``. Sorted a chunk of edges at a time, so a few-million-edge graph
-    needs no edge-sized sort buffers at once.
+def _successors(edges, n: int, count: int) -> tuple[memoryview, array]:
+    """The ``count`` edges ``src -> dst`` that ``edges()`` yields in chunks of (sources, destinations),
+    grouped by source: (successors, offsets), the successors of ``i`` being ``succ[off[i]:off[i + 1]]``
+    (in no particular order). Two passes over the chunks, so no edge-sized sort buffers.
 
-    >>> succ, off = _successors(np.array([2, 0, 0], np.int32), np.array([3, 1, 2], np.int32), 4)
-    >>> [list(succ[off[i]:off[i + 1]]) for i in range(4)]
+    >>> succ, off = _successors(lambda: iter([(np.array([2, 0, 0]), np.array([3, 1, 2]))]), 4, 3)
+    >>> [sorted(succ[off[i]:off[i + 1]]) for i in range(4)]
     [[1, 2], [], [3], []]
     """
     off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=off[1:])
+    for src, _ in edges():
+        off[1:] += np.bincount(src, minlength=n)
+    np.cumsum(off, out=off)
     fill = off[:-1].copy()
-    out = np.empty(len(src), dtype=np.int32)
-    for a in range(0, len(src), chunk):
-        o = np.argsort(src[a:a + chunk], kind="stable")
-        s, d = src[a:a + chunk][o], dst[a:a + chunk][o]
-        first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]]))
+    out = np.empty(count, dtype=np.int32)
+    for src, dst in edges():
+        o = np.argsort(src, kind="stable")
+        s, d = src[o], dst[o]
+        first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]])) if len(s) else np.zeros(0, np.int64)
         sizes = np.diff(np.append(first, len(s)))
         out[fill[s] + np.arange(len(s)) - np.repeat(first, sizes)] = d
         fill[s[first]] += sizes
