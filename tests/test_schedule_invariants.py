@@ -139,3 +139,24 @@ def test_trn2_throttles_the_tensor_engine():
 class _MM(torch.nn.Module):
     def forward(self, a, b):
         return a @ b
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_timings_only_and_unpacked_instructions_schedule_the_same(program, target):
+    """A timings-only compile (no operands kept) and a list of ``Instr`` (as an NKI trace gives) place
+    every instruction exactly where the full-detail packed lowering does."""
+    from neuron_stack.compiler.lower.tiles import Instrs, Lowered
+
+    prof = get_profile(target)
+    full = build_schedule(program, 0, prof, {})
+    fast = build_schedule(program, 0, prof, {}, detail=False)
+    low = lower(program, 0, prof, {})
+    assert isinstance(low.instrs, Instrs) and low.instrs.operands is not None
+    assert lower(program, 0, prof, {}, detail=False).instrs.operands is None
+    listed = schedule_lowered(Lowered(list(low.instrs), low.hbm_buffers, low.inputs, low.outputs), prof)
+    cols = [c for c in full.table.column_names if c != "operands"]
+    assert fast.table.select(cols).equals(full.table.select(cols))
+    assert listed.table.equals(full.table)
+    assert (fast.device_ns, fast.busy_ns, fast.active_ns) == (full.device_ns, full.busy_ns, full.active_ns)
+    assert set(fast.table["operands"].to_pylist()) == {""} and not fast.records
+    assert json.loads(full.table["operands"][0].as_py())

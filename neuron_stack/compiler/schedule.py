@@ -34,6 +34,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ import pyarrow as pa
 
 from neuron_stack.compiler import records as records_mod
 from neuron_stack.compiler.lower import lower
-from neuron_stack.compiler.lower.tiles import Instr, Lowered
+from neuron_stack.compiler.lower.tiles import Instrs, Lowered
 from neuron_stack.device.cost import throttle_factor
 from neuron_stack.device.profiles import DeviceProfile, get_profile
 from neuron_stack.ir import Program
@@ -110,7 +111,7 @@ def build_schedule(program: Program, partition: int, profile: DeviceProfile, fla
     (:mod:`neuron_stack.compiler.records`) and empty ``operands`` (the interpreter cannot run it).
     Example: ``build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).device_ns``.
     """
-    low = lower(program, partition, profile, flags or {})
+    low = lower(program, partition, profile, flags or {}, detail)
     return schedule_lowered(low, profile, detail)
 
 
@@ -138,34 +139,75 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     """
     instrs = low.instrs
     n = len(instrs)
-    # dependency graph; one zero-time barrier node per HBM tensor ("every writer done")
-    tensors: dict[str, int] = {}
-    preds_left = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
+    # the placement's per-instruction state is gone (peak memory) before the table is built
+    start, dur, wait, queue, qlist, pcore = _place(instrs, profile)
+    # program counter = position in the queue's executed order
+    pc = np.zeros(n, dtype=np.int32)
+    qarr = np.frombuffer(queue, dtype=np.int16)
+    for q in range(len(qlist)):
+        idx = np.flatnonzero(qarr == q)
+        order = idx[np.lexsort((idx, start[idx]))]
+        pc[order] = np.arange(len(order), dtype=np.int32)
+    queue = pa.DictionaryArray.from_arrays(pa.array(qarr), pa.array(qlist, pa.string())).cast(pa.string())
+    return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
+
+
+def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
+    """The list scheduling of :func:`schedule_lowered`: (start, dur, sem_wait, queue index per
+    instruction, queue names, physical core)."""
+    n = len(instrs)
+    lnc = profile.lnc
+    strs = instrs.strs
+    tensor_code = instrs.names.get("tensor", -1)
+    unit, unit_last, next_unit = _tensor_units(instrs, lnc)
+    later_units = set(next_unit.values())     # each waits for the previous unit's start
+    # dependency edges (predecessor -> successor) as flat arrays: the lowering's deps, plus program
+    # order on the Tensor Engine within a unit (with one PE array: always)
+    dep_off = np.frombuffer(instrs.deps_off, dtype=np.int64)
+    t_src, t_dst = array("i"), array("i")
+    prev_tensor = -1
+    deps, eng_code = instrs.deps, instrs.engine
+    for i in memoryview(np.flatnonzero(np.frombuffer(eng_code, dtype=np.int32) == tensor_code).astype(np.int32)):
+        if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
+            d0, d1 = dep_off[i], dep_off[i + 1]
+            if prev_tensor not in deps[d0:d1]:
+                t_src.append(prev_tensor)
+                t_dst.append(i)
+        prev_tensor = i
+    t_src, t_dst = np.frombuffer(t_src, dtype=np.int32), np.frombuffer(t_dst, dtype=np.int32)
+    deps_np = np.frombuffer(deps, dtype=np.int32)
+
+    def edges():
+        """(sources, destinations) a slice of instructions at a time: no edge-sized array of each."""
+        step = 1 << 16
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            yield (deps_np[dep_off[a]:dep_off[b]],
+                   np.repeat(np.arange(a, b, dtype=np.int32), np.diff(dep_off[a:b + 1])))
+        yield t_src, t_dst
+
+    preds = (np.diff(dep_off) + np.bincount(t_dst, minlength=n)).astype(np.int32)
+    succ, succ_off = _successors(edges, n, len(deps_np) + len(t_src))
+    if later_units:
+        preds[list(later_units)] += 1
+    # one zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier
+    tensors: dict[int, int] = {}
     bar_succ: list[list[int]] = []
     bar_left: list[int] = []
     bar_ready: list[int] = []
-    writer_bars: list[list[int]] = [[] for _ in range(n)]
-    lnc = profile.lnc
-    unit, unit_last, next_unit = _tensor_units(instrs, lnc)
-    later_units = set(next_unit.values())     # each waits for the previous unit's start
-    prev_tensor = -1
-    for i, ins in enumerate(instrs):
-        deps = set(ins.deps)
-        if ins.engine == "tensor":
-            if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
-                deps.add(prev_tensor)       # program order within a unit (with one PE array: always)
-            prev_tensor = i
-        for d in deps:
-            succ[d].append(i)
-        preds_left[i] = len(deps) + (i in later_units)
-        for t in ins.tdeps:
-            b = tensors.get(t)
-            if b is None:
-                continue                     # an input: ready at time 0
-            bar_succ[b].append(i)
-            preds_left[i] += 1
-        for w in ins.writes:
+    tdeps, tdeps_off, writes, writes_off = instrs.tdeps, instrs.tdeps_off, instrs.writes, instrs.writes_off
+    write_bar = array("i", bytes(4 * len(writes)))
+    for i in range(n):
+        t0, t1 = tdeps_off[i], tdeps_off[i + 1]
+        if t0 != t1:
+            for t in tdeps[t0:t1]:
+                b = tensors.get(t)
+                if b is None:
+                    continue                     # an input: ready at time 0
+                bar_succ[b].append(i)
+                preds[i] += 1
+        for k in range(writes_off[i], writes_off[i + 1]):
+            w = writes[k]
             b = tensors.get(w)
             if b is None or bar_succ[b]:     # first writer, or written again after being read
                 b = tensors[w] = len(bar_succ)
@@ -173,22 +215,30 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
                 bar_left.append(0)
                 bar_ready.append(0)
             bar_left[b] += 1
-            writer_bars[i].append(b)
+            write_bar[k] = b
+    preds_left = array("i", preds.tobytes())
+    del preds
     start = np.zeros(n, dtype=np.int64)
     dur = np.zeros(n, dtype=np.int64)
     wait = np.zeros(n, dtype=np.int64)
-    ready = [0] * n
-    queue = [""] * n
+    ready = array("q", bytes(8 * n))
+    queue = array("h", bytes(2 * n))      # each instruction's queue track, an index into qlist
     pcore = np.zeros(n, dtype=np.int32)
     ramp_start, last_tensor_end = [0] * lnc, [-10**18] * lnc     # per PE array
 
-    # per-instruction fields as flat lists: the loop below runs once per instruction (and again on
-    # every re-queue), so it reads lists, never Instr attributes or per-call closures
-    engine = [ins.engine for ins in instrs]
-    kind = [(2 if ins.queue_kind == "SpillReload" else 1) if ins.engine == "dma" else 0 for ins in instrs]
-    base_dur = [max(1, int(math.ceil(ins.dur))) for ins in instrs]
-    lat = [int(math.ceil(ins.latency)) for ins in instrs]     # DMA trigger-to-start latency
+    # per-instruction fields as flat arrays: the loop below runs once per instruction (and again on
+    # every re-queue), so it reads arrays, never Instr attributes or per-call closures
+    qkind = instrs.queue_kind
+    spill_code, dma_code = instrs.names.get("SpillReload", -1), instrs.names.get("dma", -1)
+    kind = array("b", [(2 if qkind[i] == spill_code else 1) if eng_code[i] == dma_code else 0 for i in range(n)])
+    raw_dur = instrs.dur
+    base_dur = array("q", np.maximum(1, np.ceil(np.frombuffer(raw_dur, dtype=np.float64))).astype(np.int64).tobytes())
+    lat = array("q", np.ceil(np.frombuffer(instrs.latency, dtype=np.float64)).astype(np.int64).tobytes())
+    matmul_code = instrs.names.get("MATMUL", -1)
+    opcode = instrs.opcode
     throttle = profile.throttle
+    qnames: dict[tuple, int] = {}           # queue track -> its index in qlist
+    qlist: list[str] = []
 
     # Candidates (dependencies done) are kept per issue class: each compute engine, the IO DMA
     # queues, the spill queues. A class is free from ``cfree[c]`` (an engine's free time, the
@@ -197,7 +247,8 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     # by ready time, so the next instruction, the one that can start earliest (ties: program order),
     # is the best head of a handful of heaps: no per-candidate re-evaluation.
     cls_names: dict[str, int] = {}
-    cls = [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else engine[i], len(cls_names)) for i in range(n)]
+    cls = array("b", [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else strs[eng_code[i]], len(cls_names))
+                      for i in range(n)])
     cfree = [0] * len(cls_names)
     avail: list[list[int]] = [[] for _ in cls_names]
     waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
@@ -285,22 +336,27 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
         nq = len(qs) // lnc
         p_i = pcore[i] = best_q // nq
         if k:
-            queue[i] = dma_queue_name(best_q % nq, instrs[i].queue_kind or "IO")
+            qkey = (best_q, qkind[i])
         else:
-            eng = engine[i]
+            eng = strs[eng_code[i]]
             if eng == "tensor":
                 if throttle:
                     if s - last_tensor_end[p_i] > profile.throttle_ramp_ns:
                         ramp_start[p_i] = s      # idle for a ramp window: the limiter re-engages at 50%
-                    if instrs[i].opcode == "MATMUL":
-                        d_ns = max(1, int(math.ceil(instrs[i].dur / throttle_factor(profile, s - ramp_start[p_i]))))
+                    if opcode[i] == matmul_code:
+                        d_ns = max(1, int(math.ceil(raw_dur[i] / throttle_factor(profile, s - ramp_start[p_i]))))
                 last_tensor_end[p_i] = s + d_ns
                 if bc == tcls:
                     u = unit[i]
                     unit_q[u], owner[best_q] = best_q, (-1 if unit_last[u] == i else u)
-            queue[i] = ENGINE_LABELS[eng]     # an in-order engine's queue is its track
-        if p_i:
-            queue[i] += f".pc{p_i}"
+            qkey = (best_q, eng)
+        qc = qnames.get(qkey)
+        if qc is None:
+            # DMA queues by index and purpose; an in-order engine's queue is its track
+            q_name = dma_queue_name(best_q % nq, strs[qkind[i]] or "IO") if k else ENGINE_LABELS[eng]
+            qc = qnames[qkey] = len(qlist)
+            qlist.append(q_name + (f".pc{p_i}" if p_i else ""))
+        queue[i] = qc
         qs[best_q] = s + d_ns
         cfree[bc] = min(qs)
         w = waiting[bc]
@@ -316,7 +372,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
         wait[i] = r - qfree if r > qfree else 0
         done += 1
         end = s + d_ns
-        for b in writer_bars[i]:
+        for b in write_bar[writes_off[i]:writes_off[i + 1]]:
             if end > bar_ready[b]:
                 bar_ready[b] = end
             bar_left[b] -= 1
@@ -328,7 +384,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
                     preds_left[j] -= 1
                     if preds_left[j] == 0:
                         add(j)
-        for j in succ[i]:
+        for j in succ[succ_off[i]:succ_off[i + 1]]:
             if end > ready[j]:
                 ready[j] = end
             preds_left[j] -= 1
@@ -336,17 +392,35 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
                 add(j)
     if done != n:
         raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
-    # program counter = position in the queue's executed order
-    pc = np.zeros(n, dtype=np.int32)
-    qarr = np.array(queue, dtype=object)
-    for q in set(queue):
-        idx = np.flatnonzero(qarr == q)
-        order = idx[np.lexsort((idx, start[idx]))]
-        pc[order] = np.arange(len(order), dtype=np.int32)
-    return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
+    return start, dur, wait, queue, qlist, pcore
 
 
-def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
+def _successors(edges, n: int, count: int) -> tuple[memoryview, array]:
+    """The ``count`` edges ``src -> dst`` that ``edges()`` yields in chunks of (sources, destinations),
+    grouped by source: (successors, offsets), the successors of ``i`` being ``succ[off[i]:off[i + 1]]``
+    (in no particular order). Two passes over the chunks, so no edge-sized sort buffers.
+
+    >>> succ, off = _successors(lambda: iter([(np.array([2, 0, 0]), np.array([3, 1, 2]))]), 4, 3)
+    >>> [sorted(succ[off[i]:off[i + 1]]) for i in range(4)]
+    [[1, 2], [], [3], []]
+    """
+    off = np.zeros(n + 1, dtype=np.int64)
+    for src, _ in edges():
+        off[1:] += np.bincount(src, minlength=n)
+    np.cumsum(off, out=off)
+    fill = off[:-1].copy()
+    out = np.empty(count, dtype=np.int32)
+    for src, dst in edges():
+        o = np.argsort(src, kind="stable")
+        s, d = src[o], dst[o]
+        first = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1]])) if len(s) else np.zeros(0, np.int64)
+        sizes = np.diff(np.append(first, len(s)))
+        out[fill[s] + np.arange(len(s)) - np.repeat(first, sizes)] = d
+        fill[s[first]] += sizes
+    return memoryview(out), array("q", off.tobytes())
+
+
+def _tensor_units(instrs: Instrs, lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
     """With several PE arrays (LNC > 1): each Tensor instruction's unit, each unit's last instruction,
     and ``{first of unit k: first of unit k+1}`` (units start in program order). A unit is an
     LDWEIGHTS and what follows it up to the next LDWEIGHTS issued with no PSUM accumulation open.
@@ -354,66 +428,68 @@ def _tensor_units(instrs: list[Instr], lnc: int) -> tuple[list[int], list[int], 
     >>> from neuron_stack.compiler.lower.tiles import Instr
     >>> mm = lambda b, a, z: Instr("tensor", "MATMUL", "n", 1, [], [], {"dst": [{"b": b}], "start": a, "stop": z})
     >>> lw = Instr("tensor", "LDWEIGHTS", "n", 1, [], [], {})
-    >>> _tensor_units([lw, mm(1, True, False), lw, mm(1, False, True), lw, mm(2, True, True)], 2)[:2]
+    >>> _tensor_units(Instrs.of([lw, mm(1, True, False), lw, mm(1, False, True), lw, mm(2, True, True)]), 2)[:2]
     ([0, 0, 0, 0, 1, 1], [3, 5])
     """
-    unit = [-1] * len(instrs)
+    n = len(instrs)
+    unit = [-1] * n
     last: list[int] = []
     links: dict[int, int] = {}
     if lnc == 1:
         return unit, last, links
     open_acc: set = set()
     first = -1
-    for i, ins in enumerate(instrs):
-        if ins.engine != "tensor":
-            continue
-        if not last or (ins.opcode == "LDWEIGHTS" and not open_acc):
+    names = instrs.names
+    tensor, ldweights = names.get("tensor", -1), names.get("LDWEIGHTS", -1)
+    opcode, acc, acc_stop = instrs.opcode, instrs.acc, instrs.acc_stop
+    for i in memoryview(np.flatnonzero(np.frombuffer(instrs.engine, dtype=np.int32) == tensor).astype(np.int32)):
+        if not last or (opcode[i] == ldweights and not open_acc):
             if first >= 0:
                 links[first] = i
             first = i
             last.append(i)
         last[-1] = i
         unit[i] = len(last) - 1
-        if ins.opcode == "MATMUL" and ins.operands.get("dst"):
-            b = ins.operands["dst"][0].get("b")
-            if ins.operands.get("stop", True):
+        b = acc[i]                   # a MATMUL's PSUM bank: open until the one with stop
+        if b >= 0:
+            if acc_stop[i]:
                 open_acc.discard(b)
             else:
                 open_acc.add(b)
     return unit, last, links
 
 
-def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pcore, profile,
+def _assemble(low: Lowered, instrs: Instrs, start, dur, wait, queue, pc, pcore, profile,
               detail=True) -> Schedule:
     n = len(instrs)
-    col = lambda f: [getattr(x, f) for x in instrs]  # noqa: E731
-    engines = col("engine")
-    flops = np.array(col("flops"), dtype=np.int64)
-    itype = col("itype")
+    num = lambda f: np.frombuffer(getattr(instrs, f), dtype=np.int64)  # noqa: E731
+    codes = lambda f: np.frombuffer(getattr(instrs, f), dtype=np.int32)  # noqa: E731
+    names = pa.array(instrs.strs, pa.string())
+    # name columns from their string-table codes (no per-row Python string list)
+    text = lambda f: pa.DictionaryArray.from_arrays(pa.array(codes(f)), names).cast(pa.string())  # noqa: E731
+    flops = num("flops")
     table = pa.Table.from_pydict({
-        "engine": engines, "queue": queue, "opcode": col("opcode"), "node": col("node"),
+        "engine": text("engine"), "queue": queue, "opcode": text("opcode"), "node": text("node"),
         "pc": pc, "rel_start_ns": start, "dur_ns": dur, "flops": flops,
-        "bytes_read": np.array(col("bytes_read"), dtype=np.int64),
-        "bytes_written": np.array(col("bytes_written"), dtype=np.int64),
-        "sem_wait_ns": wait, "seq": np.arange(n, dtype=np.int32), "instruction_type": itype,
-        "hbm_read_bytes": np.array(col("hbm_read"), dtype=np.int64),
-        "hbm_write_bytes": np.array(col("hbm_write"), dtype=np.int64),
-        "spill_save_bytes": np.array(col("spill_save"), dtype=np.int64),
-        "spill_reload_bytes": np.array(col("spill_reload"), dtype=np.int64),
-        "operands": [json.dumps(x.operands, separators=(",", ":")) for x in instrs] if detail else [""] * n,
+        "bytes_read": num("bytes_read"), "bytes_written": num("bytes_written"),
+        "sem_wait_ns": wait, "seq": np.arange(n, dtype=np.int32), "instruction_type": text("itype"),
+        "hbm_read_bytes": num("hbm_read"), "hbm_write_bytes": num("hbm_write"),
+        "spill_save_bytes": num("spill_save"), "spill_reload_bytes": num("spill_reload"),
+        "operands": [json.dumps(x, separators=(",", ":")) for x in instrs.operands] if detail else pa.repeat("", n),
         "pcore": pcore,
     }, schema=TABLE_SCHEMA)
-    eng = np.array(engines, dtype=object)
+    eng = codes("engine")
+    code = lambda name: instrs.names.get(name, -1)  # noqa: E731
     busy, active = {}, {}
     for e in ENGINES:
-        m = eng == e
+        m = eng == code(e)
         busy[e] = int(dur[m].sum()) if n else 0
         active[e] = union_ns(start[m], dur[m])
     end = start + dur
     device_ns = int(end.max()) if n else 0
-    is_t = np.array([t == "TRANSPOSE" for t in itype], dtype=bool) if n else np.zeros(0, bool)
-    is_mm = np.array([o == "MATMUL" for o in col("opcode")], dtype=bool) if n else np.zeros(0, bool)
-    dma = eng == "dma"
+    is_t = codes("itype") == code("TRANSPOSE")
+    is_mm = codes("opcode") == code("MATMUL")
+    dma = eng == code("dma")
     return Schedule(
         table=table, busy_ns=busy, device_ns=device_ns,
         hbm_read_bytes=int(table["hbm_read_bytes"].to_numpy().sum()) if n else 0,
@@ -428,7 +504,7 @@ def _assemble(low: Lowered, instrs: list[Instr], start, dur, wait, queue, pc, pc
         dma_transfer_count=int(dma.sum()),
         sbuf_peak_bytes=int(low.sbuf_peak_bytes), buffers=low.hbm_buffers, values=low.values,
         inputs=list(low.inputs), outputs=list(low.outputs), target=profile.name,
-        records=records_mod.build(low, start, dur, queue, pc) if detail else {})
+        records=records_mod.build(low, start, dur, queue.to_pylist(), pc) if detail else {})
 
 
 def union_ns(s: np.ndarray, d: np.ndarray) -> int:

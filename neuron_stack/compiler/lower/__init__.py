@@ -43,9 +43,11 @@ from neuron_stack.device.profiles import DeviceProfile
 from neuron_stack.ir import Program
 
 
-def lower(program: Program, partition: int, profile: DeviceProfile, flags: dict | None = None) -> Lowered:
-    """Lower the device nodes of ``partition`` to instructions (unscheduled).
+def lower(program: Program, partition: int, profile: DeviceProfile, flags: dict | None = None,
+          detail: bool = True) -> Lowered:
+    """Lower the device nodes of ``partition`` to instructions (unscheduled; ``detail=False``: without
+    their operands, for a timings-only schedule).
 
     Example: ``lower(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).instrs[0].opcode``.
     """
-    return Lowerer(program, partition, profile, flags or {}).run()
+    return Lowerer(program, partition, profile, flags or {}, detail).run()

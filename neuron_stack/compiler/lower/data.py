@@ -175,9 +175,10 @@ def lower_embedding(low: Lowerer, n: Node) -> None:
         dst = view_operand(out2, [(r0, P), (0, D)])
         tab = view_operand(table)
         tab["ap"] = [[table.meta.stride()[0], table.shape[0]], [table.meta.stride()[1], D]]
-        i = low.emit("DMA_INDIRECT", n.name, [dst], [tab, it.op()], {"desc": desc},
-                     dur=dma_ns(low.p, nb, desc) - low.p.dma_fixed_ns, hbm_read=nb, hbm_write=nb)
-        low.instrs[i].latency = low.p.dma_fixed_ns       # trigger-to-start, off the queue (see Lowerer._dma1)
+        # latency: trigger-to-start, off the queue (see Lowerer._dma1)
+        low.emit("DMA_INDIRECT", n.name, [dst], [tab, it.op()], {"desc": desc},
+                 dur=dma_ns(low.p, nb, desc) - low.p.dma_fixed_ns, hbm_read=nb, hbm_write=nb,
+                 latency=low.p.dma_fixed_ns)
 
 
 @lowering("iota", ops=("arange",), op_classes=("gather",))

@@ -16,7 +16,7 @@ from neuron_stack.compiler.lower.placement import cast_for_store, const_broadcas
 from neuron_stack.compiler.lower.residency import Residency
 from neuron_stack.compiler.lower.resident import Heap, Resident
 from neuron_stack.compiler.lower.tiles import (
-    Instr,
+    Instrs,
     Lowered,
     Pool,
     Ring,
@@ -60,13 +60,13 @@ def ktiled_fill_ap(shape, dk: int, nk: int) -> list[list[int]]:
 class Lowerer(Residency):
     """Lowers one partition. Use :func:`lower`."""
 
-    def __init__(self, program: Program, partition: int, profile: DeviceProfile, flags: dict):
+    def __init__(self, program: Program, partition: int, profile: DeviceProfile, flags: dict, detail: bool = True):
         self.prog, self.part, self.p, self.flags = program, partition, profile, flags or {}
         self.auto_cast = self.flags.get("auto_cast", "none") or "none"
         self.cast_type = {"bf16": "bfloat16", "fp16": "float16"}.get(self.flags.get("auto_cast_type", "bf16"),
                                                                      "bfloat16")
         self.by_name = {n.name: n for n in program.nodes}
-        self.instrs: list[Instr] = []
+        self.instrs = Instrs(detail)         # detail=False: no operands kept (timings only)
         self.last_writer: dict[str, int] = {}
         self.readers: dict[str, dict] = {}
         self.pending: dict[str, set[int]] = {}
@@ -147,9 +147,12 @@ class Lowerer(Residency):
     def emit(self, opcode: str, node: str, dst: list[dict], src: list[dict], attrs: dict | None = None,
              dur: float = 0.0, flops: int = 0, queue_kind: str = "IO", itype: str = "",
              hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
-             small: bool = True, piece_of: int | None = None) -> int:
+             small: bool = True, piece_of: int | None = None, latency: float = 0.0, after=()) -> int:
+        """Append one instruction reading ``src`` and writing ``dst`` (operand dicts), with its
+        dependencies from the buffers it touches, plus ``after`` (instructions it also waits for);
+        ``latency``: a DMA's trigger-to-start time (see :meth:`_dma1`). Returns its index."""
         engine = ENGINE_OF[opcode]
-        deps: set[int] = set()
+        deps: set[int] = set(after)
         tdeps: list[str] = []
         writes = []
         br = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
@@ -187,9 +190,9 @@ class Lowerer(Residency):
         ops = {"dst": dst, "src": src}
         if attrs:
             ops.update(attrs)
-        self.instrs.append(Instr(engine, opcode, node, dur, sorted(deps), tdeps, ops, flops, br, bw,
-                                 tuple(writes), queue_kind if engine == "dma" else "", itype,
-                                 hbm_read, hbm_write, spill_save, spill_reload))
+        self.instrs.add(engine, opcode, node, dur, sorted(deps), tdeps, ops, flops, br, bw, writes,
+                        queue_kind if engine == "dma" else "", itype, hbm_read, hbm_write, spill_save, spill_reload,
+                        latency)
         self.engine_last[engine] = idx
         self.engine_busy[engine] = self.engine_busy.get(engine, 0.0) + dur
         rk = idx
@@ -258,12 +261,10 @@ class Lowerer(Residency):
         idx = len(self.instrs)
         # the fixed ~1.3 us (descriptors, sync, semaphore-to-start) is latency before the data moves;
         # the queue's engine moves other transfers meanwhile, so only the transfer occupies it
-        i = self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc},
-                      dur=dma_ns(self.p, max(nb, wbytes), desc) - self.p.dma_fixed_ns,
-                      queue_kind="SpillReload" if spill else "IO", piece_of=idx if piece_of is None else piece_of,
-                      **kw)
-        self.instrs[i].latency = self.p.dma_fixed_ns
-        return i
+        return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc},
+                         dur=dma_ns(self.p, max(nb, wbytes), desc) - self.p.dma_fixed_ns,
+                         queue_kind="SpillReload" if spill else "IO", piece_of=idx if piece_of is None else piece_of,
+                         latency=self.p.dma_fixed_ns, **kw)
 
     def load(self, node: str, v: View, box: list[tuple[int, int]], pool: Pool, split: int) -> Tile:
         """DMA the ``box`` of ``v`` into a tile of ``pool``: dims before ``split`` go to partitions."""

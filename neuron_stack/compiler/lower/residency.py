@@ -181,8 +181,7 @@ class Residency:
         if r.off < 0:
             return
         sem = self.emit("EVENT_SEMAPHORE", node, [], [], {"wait": r.key}, dur=dependent_overhead_ns(self.p, "sync"),
-                        small=False)
-        self.instrs[sem].deps = sorted(set(self.instrs[sem].deps) | set(r.readers))
+                        small=False, after=r.readers)
         size = ceil_div(r.psize * nbytes_of(r.dtype), self.heap.unit) * self.heap.unit
         self.freed.append((r.off, r.off + size, sem))
         self.heap.free(r.off)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +74,131 @@ class Instr:
     latency: float = 0.0          # DMA: trigger-to-start time; the queue stays free for other transfers
 
 
+class Instrs:
+    """A partition's instructions, packed: one typed array per :class:`Instr` field, names (engines,
+    opcodes, nodes, buffers) as indices into one string table, dependency lists as offsets into one
+    flat array. A million-instruction prefill then holds ~150 bytes per instruction instead of an
+    object with its lists and operand dicts (kilobytes); ``detail=False`` keeps no operands at all
+    (what the scheduler needs of a MATMUL's, its PSUM bank and ``stop``, is a column of its own).
+
+    Append-only; ``instrs[i]`` and iteration give :class:`Instr` values rebuilt from the columns (the
+    same operand dict, so a lowering may still annotate it).
+
+    >>> t = Instrs()
+    >>> t.add("dma", "DMA_DIRECT2D", "x", 2.5, [], ["in"], {"dst": [], "src": []}, bytes_read=64, latency=1.0)
+    0
+    >>> t.add("scalar", "ACTIVATE", "x", 1.0, [0], [], {})
+    1
+    >>> len(t), t[1].deps, t[0].tdeps, t[0].bytes_read, t[-1].opcode
+    (2, [0], ['in'], 64, 'ACTIVATE')
+    """
+
+    _INTS = ("flops", "bytes_read", "bytes_written", "hbm_read", "hbm_write", "spill_save", "spill_reload")
+
+    def __init__(self, detail: bool = True):
+        self.detail = detail
+        self.names: dict[str, int] = {}
+        self.strs: list[str] = []
+        for f in ("engine", "opcode", "node", "queue_kind", "itype", "acc"):
+            setattr(self, f, array("i"))       # string-table indices (acc: a MATMUL's PSUM bank, or -1)
+        self.acc_stop = array("b")
+        self.dur, self.latency = array("d"), array("d")
+        for f in self._INTS:
+            setattr(self, f, array("q"))
+        # CSR lists: the items of instruction i are flat[off[i]:off[i + 1]]
+        self.deps, self.deps_off = array("i"), array("q", [0])
+        self.tdeps, self.tdeps_off = array("i"), array("q", [0])
+        self.writes, self.writes_off = array("i"), array("q", [0])
+        self.operands: list[dict] | None = [] if detail else None
+
+    @classmethod
+    def of(cls, instrs) -> "Instrs":
+        """Pack a list of :class:`Instr` (an NKI trace's, a test's)."""
+        t = cls()
+        for x in instrs:
+            t.add(x.engine, x.opcode, x.node, x.dur, x.deps, x.tdeps, x.operands, x.flops, x.bytes_read,
+                  x.bytes_written, x.writes, x.queue_kind, x.itype, x.hbm_read, x.hbm_write, x.spill_save,
+                  x.spill_reload, x.latency)
+        return t
+
+    def code(self, name: str) -> int:
+        c = self.names.get(name)
+        if c is None:
+            c = self.names[name] = len(self.strs)
+            self.strs.append(name)
+        return c
+
+    def add(self, engine: str, opcode: str, node: str, dur: float, deps, tdeps, operands: dict, flops: int = 0,
+            bytes_read: int = 0, bytes_written: int = 0, writes=(), queue_kind: str = "", itype: str = "",
+            hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
+            latency: float = 0.0) -> int:
+        """Append one instruction (the fields of :class:`Instr`; ``deps`` sorted); returns its index."""
+        code = self.code
+        i = len(self.dur)
+        self.engine.append(code(engine))
+        self.opcode.append(code(opcode))
+        self.node.append(code(node))
+        self.queue_kind.append(code(queue_kind))
+        self.itype.append(code(itype))
+        dst = operands.get("dst") if opcode == "MATMUL" else None
+        self.acc.append(code(dst[0].get("b")) if dst else -1)
+        self.acc_stop.append(1 if operands.get("stop", True) else 0)
+        self.dur.append(dur)
+        self.latency.append(latency)
+        self.flops.append(flops)
+        self.bytes_read.append(bytes_read)
+        self.bytes_written.append(bytes_written)
+        self.hbm_read.append(hbm_read)
+        self.hbm_write.append(hbm_write)
+        self.spill_save.append(spill_save)
+        self.spill_reload.append(spill_reload)
+        self.deps.extend(deps)
+        self.deps_off.append(len(self.deps))
+        self.tdeps.extend(code(t) for t in tdeps)
+        self.tdeps_off.append(len(self.tdeps))
+        self.writes.extend(code(w) for w in writes)
+        self.writes_off.append(len(self.writes))
+        if self.operands is not None:
+            self.operands.append(operands)
+        return i
+
+    def append(self, ins: Instr) -> None:
+        self.add(ins.engine, ins.opcode, ins.node, ins.dur, ins.deps, ins.tdeps, ins.operands, ins.flops,
+                 ins.bytes_read, ins.bytes_written, ins.writes, ins.queue_kind, ins.itype, ins.hbm_read,
+                 ins.hbm_write, ins.spill_save, ins.spill_reload, ins.latency)
+
+    def __len__(self) -> int:
+        return len(self.dur)
+
+    def column(self, field: str) -> list[str]:
+        """A name column (``engine``, ``opcode``, ``node``, ``queue_kind``, ``itype``) as strings."""
+        strs = self.strs
+        return [strs[c] for c in getattr(self, field)]
+
+    def __getitem__(self, i: int) -> Instr:
+        n = len(self.dur)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        s = self.strs
+        return Instr(s[self.engine[i]], s[self.opcode[i]], s[self.node[i]], self.dur[i],
+                     self.deps[self.deps_off[i]:self.deps_off[i + 1]].tolist(),
+                     [s[c] for c in self.tdeps[self.tdeps_off[i]:self.tdeps_off[i + 1]]],
+                     self.operands[i] if self.operands is not None else {},
+                     self.flops[i], self.bytes_read[i], self.bytes_written[i],
+                     tuple(s[c] for c in self.writes[self.writes_off[i]:self.writes_off[i + 1]]),
+                     s[self.queue_kind[i]], s[self.itype[i]], self.hbm_read[i], self.hbm_write[i],
+                     self.spill_save[i], self.spill_reload[i], self.latency[i])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass
 class Lowered:
     """The instruction list of one partition plus what the interpreter and summary need."""
-    instrs: list[Instr]
+    instrs: Instrs                        # a list of Instr is packed on construction
     hbm_buffers: dict[str, dict]          # name -> {"dtype", "numel", "role": input|output|const|scratch, "shape"}
     inputs: list[str]                     # HBM buffers the partition reads from outside
     outputs: list[str]                    # HBM buffers other partitions / the program read
@@ -86,6 +208,10 @@ class Lowered:
     # on-chip allocations in order: (memory "sbuf"|"psum", key, address, bytes per partition,
     # index of the first instruction after it, partitions (0: as the operands say))
     allocs: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not isinstance(self.instrs, Instrs):
+            self.instrs = Instrs.of(self.instrs)
 
 
 @dataclass
