@@ -177,7 +177,8 @@ def main(argv=None) -> int:
 
         import published
         run = json.loads(Path(a.from_json).read_text())
-        published.write_docs(a.docs, published.markdown(run["rows"], run["summary"], run["load_average"]))
+        rows = run["rows"]
+        published.write_docs(a.docs, published.markdown(rows, published.summary(rows), run["load_average"]))
         return 0
     if a.published:
         return published_report(targets, a.quick, a.json, a.docs)

@@ -51,6 +51,7 @@ def test_published_report(tmp_path):
             assert "% is collectives (2 all-reduces per layer of " in row["why"] and "Mesh of " in row["why"], row
     s = data["summary"]
     assert s["values"] == 4 and 0 < s["geomean_ratio"] < 10 and -1 <= s["spearman"] <= 1
+    assert s["geomean_error"] >= max(s["geomean_ratio"], 1 / s["geomean_ratio"])
 
 
 def test_published_report_refuses_an_unknown_target():
