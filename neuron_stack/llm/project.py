@@ -406,16 +406,16 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization) -> Prog
 def _engine_active_ns(neff) -> dict[str, int]:
     """Per engine, the union of its instructions' [start, end) over the NEFF's partitions (a DMA
     engine's 16 queues overlap one another: their sum would exceed the elapsed time)."""
-    import numpy as np
-
     from neuron_stack.compiler.schedule import union_ns
 
     out: dict[str, int] = {}
     for sc in neff.schedules.values():
-        eng = np.array(sc.table.column("engine").to_pylist(), dtype=object)
+        # the engine column as codes into its few names: no Python string per instruction
+        eng = sc.table.column("engine").combine_chunks().dictionary_encode()
+        codes = eng.indices.to_numpy(zero_copy_only=False)
         start, dur = sc.table.column("rel_start_ns").to_numpy(), sc.table.column("dur_ns").to_numpy()
-        for e in set(eng.tolist()):
-            m = eng == e
+        for c, e in enumerate(eng.dictionary.to_pylist()):
+            m = codes == c
             out[e] = out.get(e, 0) + union_ns(start[m], dur[m])
     return out
 

@@ -147,17 +147,22 @@ class Lowerer(Residency):
     def emit(self, opcode: str, node: str, dst: list[dict], src: list[dict], attrs: dict | None = None,
              dur: float = 0.0, flops: int = 0, queue_kind: str = "IO", itype: str = "",
              hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
-             small: bool = True, piece_of: int | None = None, latency: float = 0.0, after=()) -> int:
+             small: bool = True, piece_of: int | None = None, latency: float = 0.0, after=(),
+             rw: tuple[int, int] | None = None) -> int:
         """Append one instruction reading ``src`` and writing ``dst`` (operand dicts), with its
         dependencies from the buffers it touches, plus ``after`` (instructions it also waits for);
-        ``latency``: a DMA's trigger-to-start time (see :meth:`_dma1`). Returns its index."""
+        ``latency``: a DMA's trigger-to-start time (see :meth:`_dma1`); ``rw``: the bytes read and
+        written, if the caller knows them. Returns its index."""
         engine = ENGINE_OF[opcode]
         deps: set[int] = set(after)
         tdeps: list[str] = []
         writes = []
-        br = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
-        bw = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
-        if engine not in ("dma",) or opcode != "DMA_DIRECT2D":
+        if rw is None:
+            br = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in src)
+            bw = sum(numel_ap(o["ap"]) * nbytes_of(o["dt"]) for o in dst)
+        else:
+            br, bw = rw
+        if opcode != "DMA_DIRECT2D":
             self._raw_hbm_access(src, dst, node)
         for o in src:
             if o["m"] == "hbm" or o["b"] in self.res_key:
@@ -187,12 +192,16 @@ class Lowerer(Residency):
         prev = self.engine_last.get(engine)
         if small and engine in ("vector", "scalar", "gpsimd") and prev is not None and prev in deps:
             dur += dependent_overhead_ns(self.p, engine)
-        ops = {"dst": dst, "src": src}
-        if attrs:
-            ops.update(attrs)
+        if self.instrs.detail:
+            ops = {"dst": dst, "src": src}
+            if attrs:
+                ops.update(attrs)
+        else:       # timings only: of the operands the scheduler needs only a MATMUL's PSUM bank and stop
+            ops = None
         self.instrs.add(engine, opcode, node, dur, sorted(deps), tdeps, ops, flops, br, bw, writes,
                         queue_kind if engine == "dma" else "", itype, hbm_read, hbm_write, spill_save, spill_reload,
-                        latency)
+                        latency, acc=dst[0]["b"] if opcode == "MATMUL" and dst else None,
+                        stop=attrs.get("stop", True) if attrs else True)
         self.engine_last[engine] = idx
         self.engine_busy[engine] = self.engine_busy.get(engine, 0.0) + dur
         rk = idx
@@ -264,7 +273,7 @@ class Lowerer(Residency):
         return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc},
                          dur=dma_ns(self.p, max(nb, wbytes), desc) - self.p.dma_fixed_ns,
                          queue_kind="SpillReload" if spill else "IO", piece_of=idx if piece_of is None else piece_of,
-                         latency=self.p.dma_fixed_ns, **kw)
+                         latency=self.p.dma_fixed_ns, rw=(nb, wbytes), **kw)
 
     def load(self, node: str, v: View, box: list[tuple[int, int]], pool: Pool, split: int) -> Tile:
         """DMA the ``box`` of ``v`` into a tile of ``pool``: dims before ``split`` go to partitions."""

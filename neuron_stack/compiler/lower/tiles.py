@@ -128,21 +128,27 @@ class Instrs:
             self.strs.append(name)
         return c
 
-    def add(self, engine: str, opcode: str, node: str, dur: float, deps, tdeps, operands: dict, flops: int = 0,
+    def add(self, engine: str, opcode: str, node: str, dur: float, deps, tdeps, operands: dict | None, flops: int = 0,
             bytes_read: int = 0, bytes_written: int = 0, writes=(), queue_kind: str = "", itype: str = "",
             hbm_read: int = 0, hbm_write: int = 0, spill_save: int = 0, spill_reload: int = 0,
-            latency: float = 0.0) -> int:
-        """Append one instruction (the fields of :class:`Instr`; ``deps`` sorted); returns its index."""
-        code = self.code
+            latency: float = 0.0, acc: str | None = "", stop: bool = True) -> int:
+        """Append one instruction (the fields of :class:`Instr`; ``deps`` sorted); returns its index.
+        ``acc``, ``stop``: a MATMUL's PSUM bank and ``stop`` flag, if not taken from ``operands``
+        (which a timings-only lowering does not build: ``None``)."""
+        code, names = self.code, self.names
         i = len(self.dur)
-        self.engine.append(code(engine))
-        self.opcode.append(code(opcode))
-        self.node.append(code(node))
-        self.queue_kind.append(code(queue_kind))
-        self.itype.append(code(itype))
-        dst = operands.get("dst") if opcode == "MATMUL" else None
-        self.acc.append(code(dst[0].get("b")) if dst else -1)
-        self.acc_stop.append(1 if operands.get("stop", True) else 0)
+        # a table lookup first: a name is almost always in the table already (no call)
+        self.engine.append(names[engine] if engine in names else code(engine))
+        self.opcode.append(names[opcode] if opcode in names else code(opcode))
+        self.node.append(names[node] if node in names else code(node))
+        self.queue_kind.append(names[queue_kind] if queue_kind in names else code(queue_kind))
+        self.itype.append(names[itype] if itype in names else code(itype))
+        if operands is not None and acc == "":
+            dst = operands.get("dst") if opcode == "MATMUL" else None
+            acc = dst[0].get("b") if dst else None
+            stop = operands.get("stop", True)
+        self.acc.append(-1 if acc is None else code(acc))
+        self.acc_stop.append(1 if stop else 0)
         self.dur.append(dur)
         self.latency.append(latency)
         self.flops.append(flops)
@@ -159,7 +165,7 @@ class Instrs:
         self.writes.extend(code(w) for w in writes)
         self.writes_off.append(len(self.writes))
         if self.operands is not None:
-            self.operands.append(operands)
+            self.operands.append({} if operands is None else operands)
         return i
 
     def append(self, ins: Instr) -> None:
@@ -332,7 +338,10 @@ def split_dma(dst: dict, src: dict, engines: int, min_bytes: int = 64 * 1024, mi
 
 
 def numel_ap(ap) -> int:
-    return math.prod(n for _, n in ap)
+    n = 1
+    for _, k in ap:       # a loop: no generator for the two or three dims of a pattern
+        n *= k
+    return n
 
 
 @dataclass
