@@ -112,7 +112,7 @@ def build_schedule(program: Program, partition: int, profile: DeviceProfile, fla
     Example: ``build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"}).device_ns``.
     """
     low = lower(program, partition, profile, flags or {}, detail)
-    return schedule_lowered(low, profile, detail)
+    return schedule_lowered(low, profile, detail, consume=not detail)
 
 
 def build_schedules(program: Program, flags: dict | None = None, profile: DeviceProfile | None = None
@@ -128,8 +128,10 @@ def build_schedules(program: Program, flags: dict | None = None, profile: Device
     return {i: build_schedule(program, i, profile, flags) for i in parts}
 
 
-def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) -> Schedule:
-    """List-schedule a lowered instruction list (``detail=False``: timings only, see :func:`build_schedule`).
+def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True, consume: bool = False) -> Schedule:
+    """List-schedule a lowered instruction list (``detail=False``: timings only, see :func:`build_schedule`;
+    ``consume``: free the lowering's dependency lists as soon as they are read, for a caller that
+    drops ``low`` afterwards).
 
     Event-driven list scheduling: among the instructions whose dependencies are done, the one that
     can start earliest goes first (ties: program order), each engine running one instruction at a
@@ -140,7 +142,7 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     instrs = low.instrs
     n = len(instrs)
     # the placement's per-instruction state is gone (peak memory) before the table is built
-    start, dur, wait, queue, qlist, pcore = _place(instrs, profile)
+    start, dur, wait, queue, qlist, pcore = _place(instrs, profile, consume)
     # program counter = position in the queue's executed order
     pc = np.zeros(n, dtype=np.int32)
     qarr = np.frombuffer(queue, dtype=np.int16)
@@ -152,42 +154,19 @@ def schedule_lowered(low: Lowered, profile: DeviceProfile, detail: bool = True) 
     return _assemble(low, instrs, start, dur, wait, queue, pc, pcore, profile, detail)
 
 
-def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
+def _place(instrs: Instrs, profile: DeviceProfile, consume: bool = False) -> tuple:
     """The list scheduling of :func:`schedule_lowered`: (start, dur, sem_wait, queue index per
-    instruction, queue names, physical core)."""
+    instruction, queue names, physical core). ``consume``: free the dependency columns of ``instrs``
+    once read (peak memory; ``instrs`` is then fit only for the timings-only table)."""
     n = len(instrs)
     lnc = profile.lnc
     strs = instrs.strs
-    tensor_code = instrs.names.get("tensor", -1)
+    eng_code = instrs.engine
     unit, unit_last, next_unit = _tensor_units(instrs, lnc)
     later_units = set(next_unit.values())     # each waits for the previous unit's start
-    # dependency edges (predecessor -> successor) as flat arrays: the lowering's deps, plus program
-    # order on the Tensor Engine within a unit (with one PE array: always)
-    dep_off = np.frombuffer(instrs.deps_off, dtype=np.int64)
-    t_src, t_dst = array("i"), array("i")
-    prev_tensor = -1
-    deps, eng_code = instrs.deps, instrs.engine
-    for i in memoryview(np.flatnonzero(np.frombuffer(eng_code, dtype=np.int32) == tensor_code).astype(np.int32)):
-        if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
-            d0, d1 = dep_off[i], dep_off[i + 1]
-            if prev_tensor not in deps[d0:d1]:
-                t_src.append(prev_tensor)
-                t_dst.append(i)
-        prev_tensor = i
-    t_src, t_dst = np.frombuffer(t_src, dtype=np.int32), np.frombuffer(t_dst, dtype=np.int32)
-    deps_np = np.frombuffer(deps, dtype=np.int32)
-
-    def edges():
-        """(sources, destinations) a slice of instructions at a time: no edge-sized array of each."""
-        step = 1 << 16
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            yield (deps_np[dep_off[a]:dep_off[b]],
-                   np.repeat(np.arange(a, b, dtype=np.int32), np.diff(dep_off[a:b + 1])))
-        yield t_src, t_dst
-
-    preds = (np.diff(dep_off) + np.bincount(t_dst, minlength=n)).astype(np.int32)
-    succ, succ_off = _successors(edges, n, len(deps_np) + len(t_src))
+    preds, succ, succ_off = _edges(instrs, unit, lnc)
+    if consume:
+        instrs.deps = instrs.deps_off = None
     if later_units:
         preds[list(later_units)] += 1
     # one zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier
@@ -216,6 +195,9 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
                 bar_ready.append(0)
             bar_left[b] += 1
             write_bar[k] = b
+    if consume:
+        del tdeps, tdeps_off, writes
+        instrs.tdeps = instrs.tdeps_off = instrs.writes = None
     preds_left = array("i", preds.tobytes())
     del preds
     start = np.zeros(n, dtype=np.int64)
@@ -393,6 +375,41 @@ def _place(instrs: Instrs, profile: DeviceProfile) -> tuple:
     if done != n:
         raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
     return start, dur, wait, queue, qlist, pcore
+
+
+def _edges(instrs: Instrs, unit: list[int], lnc: int) -> tuple[np.ndarray, memoryview, array]:
+    """(predecessor count, successors, successor offsets) of each instruction (see :func:`_successors`)."""
+    n = len(instrs)
+    tensor_code = instrs.names.get("tensor", -1)
+    # dependency edges (predecessor -> successor) as flat arrays: the lowering's deps, plus program
+    # order on the Tensor Engine within a unit (with one PE array: always)
+    dep_off = np.frombuffer(instrs.deps_off, dtype=np.int64)
+    t_src, t_dst = array("i"), array("i")
+    prev_tensor = -1
+    deps, eng_code = instrs.deps, instrs.engine
+    for i in memoryview(np.flatnonzero(np.frombuffer(eng_code, dtype=np.int32) == tensor_code).astype(np.int32)):
+        if prev_tensor >= 0 and (lnc == 1 or unit[prev_tensor] == unit[i]):
+            d0, d1 = dep_off[i], dep_off[i + 1]
+            if prev_tensor not in deps[d0:d1]:
+                t_src.append(prev_tensor)
+                t_dst.append(i)
+        prev_tensor = i
+    t_src, t_dst = np.frombuffer(t_src, dtype=np.int32), np.frombuffer(t_dst, dtype=np.int32)
+    deps_np = np.frombuffer(deps, dtype=np.int32)
+
+    def edges():
+        """(sources, destinations) a slice of instructions at a time: no edge-sized array of each (and
+        small slices: :func:`_successors`' sort buffers are this size, above everything else held)."""
+        step = 1 << 12
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            yield (deps_np[dep_off[a]:dep_off[b]],
+                   np.repeat(np.arange(a, b, dtype=np.int32), np.diff(dep_off[a:b + 1])))
+        yield t_src, t_dst
+
+    preds = (np.diff(dep_off) + np.bincount(t_dst, minlength=n)).astype(np.int32)
+    succ, succ_off = _successors(edges, n, len(deps_np) + len(t_src))
+    return preds, succ, succ_off
 
 
 def _successors(edges, n: int, count: int) -> tuple[memoryview, array]:

@@ -29,6 +29,7 @@ with an all-gather of the last token's logits.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import resource
@@ -37,6 +38,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+
+import pyarrow as pa
 
 from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES, compile_program
 from neuron_stack.device.profiles import get_profile
@@ -290,6 +293,11 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
                                    sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs))
     while len(_FIGURES) > _FIGURES_MAX:
         _FIGURES.popitem(last=False)
+    # the NEFF's tables (hundreds of MB on a long prefill): back to the OS before the next graph is
+    # lowered (peak RSS), not when the collector and Arrow's allocator next happen to let them go
+    del neff, scs
+    gc.collect()
+    pa.default_memory_pool().release_unused()
     return fig
 
 
