@@ -434,7 +434,10 @@ def _successors(edges, n: int, count: int) -> tuple[memoryview, array]:
         sizes = np.diff(np.append(first, len(s)))
         out[fill[s] + np.arange(len(s)) - np.repeat(first, sizes)] = d
         fill[s[first]] += sizes
-    return memoryview(out), array("q", off.tobytes())
+    del fill
+    offsets = array("q")
+    offsets.frombytes(memoryview(off).cast("B"))    # no intermediate bytes copy (peak memory)
+    return memoryview(out), offsets
 
 
 def _tensor_units(instrs: Instrs, lnc: int) -> tuple[list[int], list[int], dict[int, int]]:
