@@ -1,6 +1,7 @@
 """Object storage as the real stack uses it, against a real S3 server (SeaweedFS on 127.0.0.1):
 the compile cache shared by processes on different simulated hosts, and profiles written by the
 ranks of a multi-host job into one hive-partitioned dataset that ``neuron-explorer`` queries in place."""
+import hashlib
 import json
 import subprocess
 import sys
@@ -80,6 +81,24 @@ def test_concurrent_writers_never_half_publish(s3_env, tmp_path, monkeypatch):
     [done] = [k for k in s3_env.keys("cache/race/") if k.endswith("model.done")]
     manifest = json.loads(s3_env.client().get_object(Bucket=s3_env.bucket, Key=done)["Body"].read())
     assert set(manifest["sha256"]) == {"model.neff", "compile_flags.json", "model.log"}
+    assert trace_here(monkeypatch, url).cache_hit
+
+
+def test_a_writer_never_replaces_a_member_another_wrote(s3_env, monkeypatch):
+    """The race CI once lost: a writer that loses to another must not overwrite the members the winner's
+    model.done describes. Staged deterministically: a writer that uploaded its members and died before
+    model.done; the next writer hashes the members that are there instead of replacing them."""
+    url, s3 = s3_env.url("cache/crashed"), s3_env.client()
+    assert not trace_here(monkeypatch, url).cache_hit
+    keys = s3_env.keys("cache/crashed/")
+    [done] = [k for k in keys if k.endswith("model.done")]
+    [log] = [k for k in keys if k.endswith("model.log")]
+    s3.delete_object(Bucket=s3_env.bucket, Key=done)
+    s3.put_object(Bucket=s3_env.bucket, Key=log, Body=b"the other writer's log")
+    assert not trace_here(monkeypatch, url).cache_hit          # no model.done: a miss, compiled and published
+    manifest = json.loads(s3.get_object(Bucket=s3_env.bucket, Key=done)["Body"].read())
+    assert manifest["sha256"]["model.log"] == hashlib.sha256(b"the other writer's log").hexdigest()
+    assert s3.get_object(Bucket=s3_env.bucket, Key=log)["Body"].read() == b"the other writer's log"
     assert trace_here(monkeypatch, url).cache_hit
 
 

@@ -152,8 +152,9 @@ class S3CompileCache:
     """The same layout under ``s3://bucket/prefix``, shared by any number of hosts without a lock.
 
     Each PUT is atomic, so an object is whole or absent. A miss compiles, uploads ``model.neff``,
-    ``compile_flags.json`` and ``model.log``, then publishes ``model.done`` last with a conditional
-    write (the first writer wins where the server supports it). ``model.done`` holds each member's
+    ``compile_flags.json`` and ``model.log``, then publishes ``model.done`` last. Every PUT is a
+    conditional write (the first writer wins where the server supports it), so a member, once there, never
+    changes: a writer that finds one already there hashes that one. ``model.done`` holds each member's
     SHA-256: a reader uses an entry only when the NEFF it downloaded matches, so an entry caught
     mid-upload, overwritten by a racing writer or damaged is a miss (one warning line), never a bad
     NEFF. Example: ``S3CompileCache("s3://ml/cache").get_or_compile(ghash, fhash, flags, fn, constants={})``.
@@ -220,9 +221,13 @@ class S3CompileCache:
                 neff.save(tmp / "model.neff", weights=False)   # a hit runs the traced model's own weights
                 (tmp / "compile_flags.json").write_text(json.dumps(command_line(flags).split()))
                 (tmp / "model.log").write_text(neff.log)
+                manifest = {"sha256": {}}
                 for name in self.MEMBERS:
-                    self.bucket.put_file(f"{rel}/{name}", tmp / name)
-                manifest = {"sha256": {name: sha256_file(tmp / name) for name in self.MEMBERS}}
+                    if not self.bucket.put_bytes(f"{rel}/{name}", (tmp / name).read_bytes(), if_absent=True):
+                        # a racing (or crashed) writer's member is there, whole: describe it, never replace it
+                        # (a member overwritten after the winner's model.done would spoil the entry for good)
+                        self.bucket.get_file(f"{rel}/{name}", tmp / name)
+                    manifest["sha256"][name] = sha256_file(tmp / name)
             self.bucket.put_bytes(f"{rel}/model.done", json.dumps(manifest).encode(), if_absent=True)
             return neff, False, self.bucket.url_of(rel)
         except TraceError as exc:
