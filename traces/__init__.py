@@ -32,11 +32,11 @@ def finalize(out_dir, include_warmup: bool = False):
 
 def open(path, **options):  # noqa: A001 - the documented name, like io.open / tarfile.open
     """Open a profile read-only: a ``profile.duckdb``, a directory of segments (finalised first),
-    or an exported Parquet dataset; see :func:`traces.query.open_profile`.
+    or an exported Parquet dataset; see :func:`traces.opening.open_profile`.
 
     Example: ``with traces.open("output/session/profile.duckdb") as p: p.summary()``.
     """
-    from traces.query import open_profile
+    from traces.opening import open_profile
     return open_profile(path, **options)
 
 

@@ -19,7 +19,7 @@ def main(path: str, memory_bytes: int) -> int:
     """Open the profile bounded, cap the address space, answer one request per line (until stdin closes)."""
     import pyarrow.ipc as ipc
 
-    from traces.query import open_profile
+    from traces.opening import open_profile
 
     out = sys.stdout.buffer
 
