@@ -116,6 +116,7 @@ class NeuronConfig:
     on_device_sampling_config: OnDeviceSamplingConfig | dict | None = None
     allow_input_truncation: bool = False
     speculation_length: int = 0
+    sequence_parallel_enabled: bool = False  # context encoding only (projection: neuron_stack.llm.parallel)
     target: str = "trn1"
     instance_type: str | None = None
     extra: dict = field(default_factory=dict)

@@ -52,6 +52,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--target", default="trn1", help="trn1 | inf2 | trn2 (ours: the simulated device)")
     p.add_argument("--instance-type", help="projection mode: e.g. trn1.32xlarge, inf2.48xlarge")
+    p.add_argument("--sequence-parallel-enabled", action="store_true",
+                   help="context encoding sequence-parallel over the TP ranks (projection mode)")
 
 
 def neuron_config(args):
@@ -81,6 +83,7 @@ def neuron_config(args):
         is_continuous_batching=args.is_continuous_batching,
         on_device_sampling_config=sampling,
         speculation_length=getattr(args, "speculation_length", 0) or 0,
+        sequence_parallel_enabled=args.sequence_parallel_enabled,
         target=args.target,
         instance_type=args.instance_type,
     )

@@ -57,6 +57,7 @@ def project_serving(
         target=nc.target,
         token_generation_buckets=used,
         quantization_dtype=quantization_dtype,
+        sequence_parallel=nc.sequence_parallel_enabled,
     )
     cte_graph = next(g for g in p.graphs if g.name == "context_encoding")
     cte_ns = cte_graph.device_ns

@@ -46,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="weight-only quantization of the decoder layers: int8, or fp8 on trn2 (NxDI quantization_dtype)",
     )
+    pr.add_argument(
+        "--sequence-parallel-enabled",
+        action="store_true",
+        help="context encoding sequence-parallel over the TP ranks (NxDI sequence_parallel_enabled)",
+    )
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.add_argument("--neff-dir", default=None, help="write the compiled 1- and 2-layer NEFFs here")
     return p
@@ -75,6 +80,7 @@ def _project(args) -> int:
         target=args.target,
         token_generation_buckets=args.tkg_buckets,
         quantization_dtype=args.quantization_dtype,
+        sequence_parallel=args.sequence_parallel_enabled,
     )
     if args.neff_dir:
         out = Path(args.neff_dir)

@@ -99,6 +99,7 @@ class Projection:
     compile_s: float = 0.0
     peak_rss_bytes: int = 0
     quantization: str | None = None  # decoder weights' dtype when quantized (int8, float8_e4m3fn)
+    sequence_parallel: bool = False  # the context-encoding graph's (NxDI's sequence_parallel_enabled)
 
     @property
     def hbm_used(self) -> int:
@@ -137,6 +138,7 @@ class Projection:
             f"sequence {self.sequence_length}, "
             f"{self.num_layers} layers, {self.dtype}"
             + (f", {self.quantization} decoder weights" if self.quantization else "")
+            + (", sequence-parallel context encoding" if self.sequence_parallel else "")
             + f", target {self.target} (numbers=none: no weights, "
             "nothing executed)",
             "",
@@ -243,25 +245,26 @@ _TEMPLATES_MAX = 4
 
 
 def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dtype: str, flags: dict,
-                   quantization: str | None = None, family: tuple[int, ...] = ()):
+                   quantization: str | None = None, family: tuple[int, ...] = (), sp: int = 1):
     """Capture and compile one sub-model with ``layers`` decoder layers on the meta device (cached).
 
     ``family``: the KV lengths of the sibling graphs of a decode step (``bucket`` among them), which
-    share one capture (:func:`_program`); the NEFF is the same with or without it."""
-    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization)
+    share one capture (:func:`_program`); the NEFF is the same with or without it. ``sp``: the
+    sequence-parallel degree of a context-encoding graph (1: off; :mod:`neuron_stack.llm.parallel`)."""
+    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp)
     if key in _GRAPHS:
         _GRAPHS.move_to_end(key)
         return _GRAPHS[key]
     neff = _GRAPHS[key] = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization,
-                                                   family), flags)
+                                                   family, sp), flags)
     while len(_GRAPHS) > _GRAPHS_MAX:
         _GRAPHS.popitem(last=False)
     return neff
 
 
-def _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization) -> tuple:
+def _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp=1) -> tuple:
     return (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
-            json.dumps(flags, sort_keys=True, default=str), quantization)
+            json.dumps(flags, sort_keys=True, default=str), quantization, sp)
 
 
 @dataclass(frozen=True)
@@ -276,17 +279,17 @@ class _Figures:
     hbm_bytes: int = 0  # read + written
 
 
-def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=()) -> _Figures:
+def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=(), sp=1) -> _Figures:
     """The figures of the sub-model :func:`_compile_graph` would compile, from a timings-only compile
     (``detail=False``) whose NEFF is dropped at once (cached: the figures are a few numbers)."""
-    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization)
+    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp)
     if key in _FIGURES:
         _FIGURES.move_to_end(key)
         return _FIGURES[key]
     neff = _GRAPHS.get(key)
     if neff is None:
-        neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family), flags,
-                               detail=False)
+        neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family, sp),
+                               flags, detail=False)
     scs = neff.schedules.values()
     fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in scs), neff.program.stats["num_instructions"],
                                    neff.program.stats["memory"], _engine_active_ns(neff), sum(sc.flops for sc in scs),
@@ -301,7 +304,7 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     return fig
 
 
-def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=()):
+def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=(), sp=1):
     """The captured sub-model at KV length ``bucket``, captured once for a whole ``family`` of lengths.
 
     Capturing (``torch.export`` and its decompositions) is most of a projection's time, and the
@@ -313,10 +316,10 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
     equals another dimension, e.g. the K/V width) each is captured."""
     family = tuple(sorted(set(family) | {bucket}))
     if len(family) < 3:
-        return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
-    key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family)
+        return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
+    key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family, sp)
     if key not in _TEMPLATES:
-        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization)
+        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization, sp)
                         for b in (family[0], family[-1]))
         _TEMPLATES[key] = small, large, _same(rebucket(small, family[0], family[-1]), large)
         while len(_TEMPLATES) > _TEMPLATES_MAX:
@@ -328,7 +331,7 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
         return rebucket(large, bucket, bucket)
     if bucket == family[0] or shared:
         return rebucket(small, family[0], bucket)
-    return _capture(config, layers, batch, tokens, bucket, dtype, quantization)
+    return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
 
 
 def rebucket(program: Program, old: int, new: int) -> Program:
@@ -385,13 +388,18 @@ def _same(a: Program, b: Program) -> bool:
     return a.to_json() == b.to_json() and shapes[0] == shapes[1] and specs[0] == specs[1]
 
 
-def _capture(config, layers, batch, tokens, bucket, dtype, quantization) -> Program:
-    """Build the sub-model on the meta device and capture it (``torch.export``): no weights, no numbers."""
+def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -> Program:
+    """Build the sub-model on the meta device and capture it (``torch.export``): no weights, no numbers.
+    ``sp`` > 1: a context-encoding graph sequence-parallel over ``sp`` ranks, its collectives in the graph."""
     import torch
     import transformers
 
     cfg = rank_config(config, 1, layers)
     model = _meta_model(cfg, dtype, quantization)
+    if sp > 1:
+        from neuron_stack.llm.parallel import sequence_parallel
+
+        sequence_parallel(model, sp)
     cache = transformers.StaticCache(config=cfg, max_cache_len=bucket)
     kv, head_dim = _kv_geometry(cfg)
     meta = torch.device("meta")
@@ -428,12 +436,15 @@ def _engine_active_ns(neff) -> dict[str, int]:
     return out
 
 
-def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile) -> int:
-    """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits."""
+def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile,
+                    sequence_parallel: bool = False) -> int:
+    """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits. A
+    sequence-parallel graph holds its layers' collectives (the schedule times them): only the logits'."""
     if tp == 1:
         return 0
     group = Group.on_cores(range(tp))
-    per_layer = 2 * plan("all_reduce", batch * tokens * config.hidden_size, dtype, group, profile).dur_ns
+    per_layer = 0 if sequence_parallel else \
+        2 * plan("all_reduce", batch * tokens * config.hidden_size, dtype, group, profile).dur_ns
     logits = plan("all_gather", batch * math.ceil(config.vocab_size / tp), dtype, group, profile).dur_ns
     return config.num_hidden_layers * per_layer + logits
 
@@ -461,6 +472,7 @@ def project(
     token_generation_buckets: list[int] | None = None,
     compiler_args=None,
     quantization_dtype: str | None = None,
+    sequence_parallel: bool = False,
 ) -> Projection:
     """Project a decoder LLM (a preset name, a config directory or a transformers config) with no weights.
 
@@ -469,7 +481,9 @@ def project(
     ``token_generation_buckets``: KV lengths of the decode graphs (default ``[sequence_length]``);
     ``instance_type`` (e.g. ``inf2.xlarge``) picks the device profile, else ``target``'s default instance;
     ``quantization_dtype`` (``int8``, or ``fp8`` on trn2): weight-only quantization of the decoder layers
-    (:mod:`neuron_stack.llm.quantize`).
+    (:mod:`neuron_stack.llm.quantize`); ``sequence_parallel``: NxDI's ``sequence_parallel_enabled``, the
+    context-encoding graph's hidden state sharded on the sequence over the TP ranks, its collectives
+    in the graph (:mod:`neuron_stack.llm.parallel`; the prompt bucket padded up to a multiple of ``tp_degree``).
     Example: ``print(project("llama-3-8b", tp_degree=8, instance_type="trn1.32xlarge").report())``.
     """
     t0 = time.perf_counter()
@@ -497,11 +511,21 @@ def project(
     flags = parse_flags(compiler_args, target=profile.name)
     layers = int(config.num_hidden_layers)
     rank = rank_config(config, tp_degree)
+    sp = tp_degree if sequence_parallel else 1
+    cte_tokens = math.ceil(context_length / sp) * sp
+    if cte_tokens > sequence_length:
+        raise ConfigError(
+            f"sequence parallelism pads the context bucket {context_length} to {cte_tokens} (a multiple of "
+            f"tp_degree {tp_degree}), more than sequence_length {sequence_length}: use a context length that "
+            f"is a multiple of {tp_degree}, a longer sequence, or no sequence parallelism"
+        )
 
     graphs = []
     # the prefill graph of a context bucket attends over that bucket and writes the KV cache at its
     # positions (NxDI's context-encoding model): its work does not depend on the cache length
-    plans = [("context_encoding", context_length, context_length)] + [
+    # sequence parallel: NxDI's context-encoding graph needs its bucket a multiple of tp
+    # (model_base.validate_sequence_parallel); the prompt is padded up to it as to any bucket
+    plans = [("context_encoding", cte_tokens, cte_tokens)] + [
         ("token_generation", 1, b) for b in buckets
     ]
     code_bytes, act_bytes, scratch = 0, 0, 0
@@ -510,14 +534,17 @@ def project(
     for kind, tokens, bucket in plans:
         g0 = time.perf_counter()
         family = tuple(buckets) if kind == "token_generation" else ()
-        one, two = (_figures(rank, n, batch_size, tokens, bucket, dtype, flags, quantization, family)
+        g_sp = sp if kind == "context_encoding" else 1  # token generation never runs sequence parallel
+        # the in-graph collectives are timed over the TP group (compiler/lower/data.py lower_collective)
+        g_flags = {**flags, "world_size": tp_degree} if g_sp > 1 else flags
+        one, two = (_figures(rank, n, batch_size, tokens, bucket, dtype, g_flags, quantization, family, g_sp)
                     for n in (1, 2))
         t1, t2 = one.device_ns, two.device_ns
         i1, i2 = one.instructions, two.instructions
         # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
         # one-layer graph (the rest of it, embedding and LM head, is then the base)
         layer_ns, layer_instr = min(max(0, t2 - t1), t1), max(0, i2 - i1)
-        coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile)
+        coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile, g_sp > 1)
         instructions = i1 + (layers - 1) * layer_instr
         a1, a2 = one.active_ns, two.active_ns
         # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
@@ -537,7 +564,7 @@ def project(
                 time.perf_counter() - g0,
                 {e: v for e, v in sorted(busy.items()) if v > 0},
                 partial(_compile_graph, rank, batch=batch_size, tokens=tokens, bucket=bucket, dtype=dtype,
-                        flags=flags, quantization=quantization, family=family),
+                        flags=g_flags, quantization=quantization, family=family, sp=g_sp),
             )
         )
         code_bytes += instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
@@ -575,4 +602,5 @@ def project(
         compile_s=time.perf_counter() - t0,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         quantization=quantization,
+        sequence_parallel=sp > 1,
     )
