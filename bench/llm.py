@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from published import INSTANCE, PRESET, ROWS, write_docs  # noqa: E402
+from published import INSTANCE, PRESET, ROWS, row_settings, write_docs  # noqa: E402
 
 from neuron_stack.inference.config import generate_buckets, get_target_bucket  # noqa: E402
 
@@ -51,7 +51,8 @@ def command(model: str, target: str, tp: int, n_in: int, n_out: int) -> list[str
     cmd = [sys.executable, "-m", "neuron_stack.llm", "project", PRESET[model], "--tp", str(tp),
            "--instance", INSTANCE[target], "--sequence-length", str(seq), "--context-length", str(n_in),
            "--tkg-buckets", *map(str, tkg), "--json"]
-    return cmd + (["--quantization-dtype", "int8"] if "int8" in row[8] else [])
+    sp = ["--sequence-parallel-enabled"] if row_settings(row)[1].sequence_parallel_enabled else []
+    return cmd + (["--quantization-dtype", "int8"] if "int8" in row[8] else []) + sp
 
 
 def projection(cmd: list[str]) -> dict:

@@ -70,11 +70,16 @@ ROWS = [
 def row_settings(row) -> tuple[str, NeuronConfig, int, int]:
     """(preset, NeuronConfig, input length, output length) of a §2.12 row, as a user would give them to
     ``inference_demo`` or ``neuron-llm project``: sequence = input + output, one context-encoding bucket
-    of the input, NxDI's token-generation buckets (reference §2.4).
+    of the input, NxDI's token-generation buckets (reference §2.4). The trn2 rows run sequence-parallel
+    context encoding: the NxDI model card of the 70B trn2 configuration lists it (reference §2.12, the
+    paragraph after the table: ``card_llama33_70b.yml``, "fused QKV, sequence parallel, kernels on"); the
+    405B rows ran the same NxDI recipe on the same instance; the inf2/trn1 rows are TNx (no such option).
 
     >>> preset, nc, n_in, n_out = row_settings(ROWS[0])
     >>> preset, nc.context_encoding_buckets, nc.token_generation_buckets, nc.instance_type
     ('llama-3-8b', [128], [128, 256, 512, 1024, 2048, 4096, 8192], 'inf2.48xlarge')
+    >>> nc.sequence_parallel_enabled, row_settings(ROWS[9])[1].sequence_parallel_enabled
+    (False, True)
     """
     model, target, tp, batch, n_in, n_out = row[:6]
     seq = n_in + n_out
@@ -88,6 +93,7 @@ def row_settings(row) -> tuple[str, NeuronConfig, int, int]:
         torch_dtype="bfloat16",
         target=target,
         instance_type=INSTANCE[target],
+        sequence_parallel_enabled=target == "trn2",
     )
     return PRESET.get(model, model), nc, n_in, n_out
 
@@ -141,6 +147,8 @@ def project_row(row, cache: dict | None = None) -> dict:
     out["tpot_modelled"] = "speculation" not in note
     out["ttft_cc_share"] = s["ttft_collective_ns"] / max(1, s["ttft_ns"])
     out["ttft_layer_dma_share"] = s["ttft_layer_dma_share"]
+    out["ttft_layer_cc_share"] = s["ttft_layer_cc_share"]
+    out["sequence_parallel"] = nc.sequence_parallel_enabled
     out["tpot_cc_share"] = s["tpot_collective_ns"] / max(1, s["tpot_ns"])
     out["why"] = _why(out)
     return out
@@ -183,10 +191,13 @@ def _why(r: dict) -> str:
                 "operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP matmuls' token tiles"
                 if dma >= 0.5 else "the rest is not attributed yet"
             )
+            cc = (f"sequence parallel: per layer 2 all-gathers and 2 reduce-scatters of the hidden state in the "
+                  f"graph, the cc engine busy {100 * r['ttft_layer_cc_share']:.0f}% of a layer"
+                  if r.get("sequence_parallel") else
+                  f"{100 * r['ttft_cc_share']:.0f}% is collectives ({collectives(r, r['in'])})")
             why.append(
                 f"TTFT: the {r['in']}-token prefill's attention is causal flash attention (scores stay on chip, "
-                f"key blocks above the diagonal skipped); {100 * r['ttft_cc_share']:.0f}% is collectives "
-                f"({collectives(r, r['in'])}); {rest}"
+                f"key blocks above the diagonal skipped); {cc}; {rest}"
             )
         elif key == "ttft":
             why.append("TTFT: not attributed yet (the weight DMAs are no longer descriptor-bound: weights are "

@@ -271,3 +271,4 @@ def test_bench_projects_what_serving_the_published_rows_projects(monkeypatch):
         buckets = cmd[cmd.index("--tkg-buckets") + 1:cmd.index("--json")]
         assert [int(b) for b in buckets] == kw["token_generation_buckets"]
         assert ("--quantization-dtype" in cmd) == (kw["quantization_dtype"] == "int8")
+        assert ("--sequence-parallel-enabled" in cmd) == kw["sequence_parallel"] == (target == "trn2")

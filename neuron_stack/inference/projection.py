@@ -78,6 +78,8 @@ def project_serving(
         "ttft_collective_ns": cte_graph.collective_ns,
         # how much of a context-encoding layer's time some DMA queue is busy (the calibration's "why")
         "ttft_layer_dma_share": cte_graph.layer_busy_ns.get("dma", 0) / max(1, cte_graph.layer_ns),
+        # sequence parallel: the layer's collectives are in its graph, on the cc engine
+        "ttft_layer_cc_share": cte_graph.layer_busy_ns.get("cc", 0) / max(1, cte_graph.layer_ns),
         "tpot_collective_ns": sum(tkg[b].collective_ns for b in steps) / len(steps),
         "e2e_ms": e2e_ns / 1e6,
         "output_tokens_per_s": nc.batch_size * output_len / (e2e_ns / 1e9) if e2e_ns else 0.0,
