@@ -19,7 +19,9 @@ the MLP intermediate split over ranks (query heads padded up to a multiple of th
 KV heads split when there are at least ``tp_degree`` of them, else replicated (one per rank), the
 embedding and LM head split on the vocabulary. Each layer adds two all-reduces of the hidden state
 (after attention and after the MLP), costed by :mod:`neuron_stack.runtime.collectives`; the step ends
-with an all-gather of the last token's logits.
+with an all-gather of the last token's logits. With ``sequence_parallel`` the context-encoding graph
+holds its layers' all-gathers and reduce-scatters itself (:mod:`neuron_stack.llm.parallel`), timed by
+the schedule.
 
 >>> p = project("llama-2-7b", tp_degree=8, sequence_length=256, context_length=128)   # doctest: +SKIP
 >>> p.fits, p.graphs[1].device_ns > 0                                                   # doctest: +SKIP
