@@ -8,7 +8,8 @@ projections end in a reduce-scatter back to the shard instead of an all-reduce. 
 sequence_dimension=1)`` before gate/up, ``RowParallelLinear(..., sequence_parallel_enabled=True)`` for
 down; ``NeuronLlamaAttention`` the same around QKV and O), ``models/model_base.py``
 (``process_sequence_parallel_hidden_states``: the embeddings enter the sequence-parallel region by a
-``_reduce_scatter_along_dim(..., REDUCE_MAX)``, the final norm runs on the shard; ``validate_sequence_parallel``:
+``_reduce_scatter_along_dim(..., REDUCE_MAX)``, the final norm runs on the shard, and only the last
+position's hidden state reaches the LM head; ``validate_sequence_parallel``:
 the context length must be a multiple of the TP degree) and neuronx_distributed
 ``parallel_layers/mappings.py`` (``gather_from_sequence_parallel_region``,
 ``reduce_scatter_to_sequence_parallel_region``). Token generation never uses it (one token per sequence).
@@ -24,8 +25,8 @@ for capture (projection, numbers=none): it needs a process group to run with rea
 ...                                num_attention_heads=4, num_key_value_heads=4, vocab_size=100)
 >>> with torch.device("meta"):
 ...     model = sequence_parallel(transformers.LlamaForCausalLM(cfg), 4)
->>> model(torch.zeros((1, 16), dtype=torch.long, device="meta")).logits.shape
-torch.Size([1, 16, 100])
+>>> model(torch.zeros((1, 16), dtype=torch.long, device="meta"), logits_to_keep=1).logits.shape
+torch.Size([1, 1, 100])
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ def sequence_parallel(model: torch.nn.Module, tp: int) -> torch.nn.Module:
 
     The embeddings enter the sharded region before the first layer (NxDI's reduce-scatter with
     ``REDUCE_MAX`` of the replicated embeddings); each attention and MLP gathers its input and
-    reduce-scatters its output; the final norm runs on the shard and its output is gathered for the LM
-    head. The sequence length must be a multiple of ``tp``."""
+    reduce-scatters its output; the final norm runs on the shard, and each rank's last position is
+    gathered: ``[b, tp, H]``, whose last row is the prompt's last token, the one a context-encoding call
+    computes logits for (call the model with ``logits_to_keep=1``, as :mod:`neuron_stack.llm.project`
+    does). The sequence length must be a multiple of ``tp``."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "norm", None) is None or not all(
@@ -119,5 +122,5 @@ def sequence_parallel(model: torch.nn.Module, tp: int) -> torch.nn.Module:
         for sub in (layer.self_attn, layer.mlp):
             sub.register_forward_pre_hook(_gather_input(tp), with_kwargs=True)
             sub.register_forward_hook(_scatter_output(tp))
-    inner.norm.register_forward_hook(lambda module, args, out: gather(out, tp))
+    inner.norm.register_forward_hook(lambda module, args, out: gather(out[:, -1:], tp))
     return model

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import inspect
 import json
 import math
 import resource
@@ -414,9 +415,13 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -
         from neuron_stack.llm.prefill import context_encoding_cache
 
         context_encoding_cache(cache)
+    # a context-encoding call computes the logits of the prompt's last position only (NxDI
+    # ``model_base.py``: ``torch.gather`` of the hidden state at ``max(position_ids)`` before ``lm_head``)
+    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+    last = {"logits_to_keep": 1} if tokens > 1 and keeps else {}
     return capture(
         model,
-        {"input_ids": ids, "past_key_values": cache, "cache_position": pos},
+        {"input_ids": ids, "past_key_values": cache, "cache_position": pos, **last},
         name=f"{type(model).__name__}_{layers}layer",
     )
 
