@@ -56,7 +56,7 @@ _SOFTMAX = ["_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_
 _NORMALIZATION = [
     "native_layer_norm", "native_layer_norm_backward", "_native_batch_norm_legit_no_training",
     "_native_batch_norm_legit_functional", "_native_batch_norm_legit", "native_batch_norm_backward",
-    "native_group_norm", "native_group_norm_backward", "_fused_rms_norm",
+    "native_group_norm", "native_group_norm_backward", "_fused_rms_norm", "rms_norm",
 ]
 _DATA_MOVEMENT = [
     "cat", "stack", "constant_pad_nd", "clone", "copy", "_to_copy", "repeat", "flip", "roll",

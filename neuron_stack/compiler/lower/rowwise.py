@@ -1,4 +1,4 @@
-"""Row-wise ops on the Vector and Scalar engines: softmax, log-softmax, layer norm, reductions
+"""Row-wise ops on the Vector and Scalar engines: softmax, log-softmax, layer norm, RMS norm, reductions
 (sum, mean, max, min, var, std, any, all, prod, logsumexp) and cumsum; whole rows stay in SBUF when
 they fit, else chunked passes.
 """
@@ -18,8 +18,12 @@ from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 ROWWISE_KINDS = {"_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
+            "rms_norm": "rms_norm",
             "sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "logsumexp": "logsumexp",
             "var": "var", "std": "std", "any": "any", "all": "all", "prod": "prod", "cumsum": "cumsum"}
+#: ``aten.rms_norm``'s eps when it is None: the machine epsilon of its fp32 computation,
+#: ``torch.finfo(torch.float32).eps`` (torch/_decomp/decompositions.py, ``_fused_rms_norm``)
+_F32_EPS = 2.0 ** -23
 
 
 def _rows_free(v: View, dims: list[int]) -> tuple[View, int]:
@@ -41,8 +45,8 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     args = n.args
     if kind in ("softmax", "log_softmax"):
         dims = [args[1]]
-    elif kind == "layer_norm":
-        dims = list(range(nd - len(args[1]), nd))
+    elif kind in ("layer_norm", "rms_norm"):
+        dims = list(range(nd - len(args[1]), nd))   # normalized_shape: the trailing dims
     elif kind == "cumsum":
         dims = [args[1]]
     else:
@@ -66,7 +70,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind == "cumsum" and (D > FREE_TILE or len(free) > 1):
         lower_custom(low, n)
         return
-    members, alone = epilogue_chain(low, n) if kind in ("layer_norm",) else ([], [])
+    members, alone = epilogue_chain(low, n) if kind in ("layer_norm", "rms_norm") else ([], [])
     es = 4
     fits = D * es * 3 <= low.sbuf.cap // 2
     Fc = D if fits else FREE_TILE
@@ -83,7 +87,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind in ("softmax", "log_softmax", "cumsum"):
         out = low.out_view(n.name, out_spec)
         ov, _ = _rows_free(out, dims)
-    elif kind == "layer_norm":
+    elif kind in ("layer_norm", "rms_norm"):
         ov_map = chain_outputs(low, n, members, tuple(out_spec.shape))
     else:
         out = low.out_view(n.name, out_spec)
@@ -204,6 +208,9 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                     low.store(n.name, val.as_dtype(n.outputs[i].dtype) if n.outputs[i].dtype == "float32" else val, vv,
                               br + [(0, 1)])
             continue
+        if kind == "rms_norm":
+            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, (xin, work, small), members, ov_map)
+            continue
         if kind == "cumsum":
             xt = low.load(n.name, xv, br + chunks[0], xin, split)
             o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
@@ -244,6 +251,54 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                 low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
         low.store(n.name, res.as_dtype(res.dtype), ov, br + [(0, 1)])
     lower_alone(low, alone)
+
+
+def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], split: int, br, chunks, fits: bool,
+                   pools, members, ov_map) -> None:
+    """One block of up to 128 rows of ``aten.rms_norm(x, normalized_shape, weight, eps)`` in one pass, as
+    the NKI RMSNorm tutorial computes it (aws-neuron/aws-neuron-sdk general/nki/examples/rmsnorm/
+    rmsnorm_nki_kernels.py: square, sum along the free axis, rsqrt, multiply by it and by the weight) and
+    neuronx-cc runs NxDI's fused ``RmsNorm`` custom call: load x in its own dtype; the sum of squares on the
+    Scalar engine as a by-product of ``activation(np.square)`` (its accumulate output, ``activation_reduce``
+    in the NKI ISA), 1/D folded into the activation's scale; rstd = (mean + eps)^-0.5 on the Vector engine;
+    y = (x * rstd) * w in fp32, one ``scalar_tensor_tensor``; the fused epilogue; written in the output
+    dtype. A row longer than SBUF holds is loaded twice (sum, then scale), as layer norm."""
+    xin, work, small = pools
+    args, kw = n.args, n.kwargs
+    P = math.prod(x for _, x in br) if br else 1
+    D = math.prod(xv.shape[split:]) if xv.shape[split:] else 1
+    wa = args[2] if len(args) > 2 else kw.get("weight")
+    w = low.value(wa) if is_ref(wa) else None
+    eps = args[3] if len(args) > 3 else kw.get("eps")
+    eps = _F32_EPS if eps is None else eps
+    sums = small.tile(P, len(chunks))
+    xts = []
+    for ci, cb in enumerate(chunks):
+        xt = low.load(n.name, xv, br + cb, xin, split)
+        sq = work.tile(P, xt.F)        # the squares themselves are not needed: only their sum
+        low.act(n.name, sq, xt.op(), "square", scale=1.0 / math.sqrt(D), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
+        xts.append(xt)
+    ms = sums
+    if len(chunks) > 1:
+        ms = small.tile(P, 1)
+        low.vec("REDUCE", n.name, ms, [sums.op()], op="add")
+    rstd = small.tile(P, 1)
+    low.vec("TENSOR_SCALAR", n.name, rstd, [ms.op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
+    out_dtype = n.outputs[0].dtype
+    for ci, cb in enumerate(chunks):
+        xt = xts[ci] if fits else low.load(n.name, xv, br + cb, xin, split)
+        ctx = TileCtx(low, xv.shape, br + cb, split, low.pool_cache.setdefault(("rms_norm", n.name),
+                                                                                {"__F": xin.F}))
+        # the engine writes its output dtype: no separate cast unless an epilogue follows (kept in fp32)
+        y = work.tile(P, xt.F) if members or out_dtype == "float32" else ctx.out_tile(n.name, "cast", out_dtype)
+        if w is None:
+            low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), rstd.op()], op0="multiply", scalar0={"src": 1},
+                    flops=P * xt.F)
+        else:
+            wt = ctx.load_extra(n.name, _ln_param(w, x, dims, split), "pmultiply")
+            low.vec("SCALAR_TENSOR_TENSOR", n.name, y, [xt.op(), wt.op(), rstd.op()], n_inputs=2, op0="multiply",
+                    scalar0={"src": 2}, op1="multiply", flops=2 * P * xt.F)
+        run_chain(ctx, n.name, y, members, ov_map)
 
 
 def _lane_resident(low: Lowerer, x: View) -> bool:
