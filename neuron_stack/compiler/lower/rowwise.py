@@ -13,7 +13,8 @@ from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
-from neuron_stack.compiler.lower.tiles import BN_FMAX, FLOATS, FREE_TILE, PMAX, Pool, View, boxes, is_ref, packet_name
+from neuron_stack.compiler.lower.tiles import (BN_FMAX, FLOATS, FREE_TILE, PMAX, Pool, View, boxes, is_ref, nbytes_of,
+                                              packet_name)
 from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
@@ -73,6 +74,8 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     members, alone = epilogue_chain(low, n) if kind in ("layer_norm", "rms_norm") else ([], [])
     es = 4
     fits = D * es * 3 <= low.sbuf.cap // 2
+    if kind == "rms_norm":     # x kept in its own dtype between the passes, y in its own: two row blocks in flight
+        fits = D * (nbytes_of(x.dtype) + nbytes_of(_rms_y_dtype(n, members))) * 2 <= low.sbuf.cap
     Fc = D if fits else FREE_TILE
     chunks = boxes(free, Fc) if free else [[]]
     nch = len(chunks)
@@ -209,7 +212,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                               br + [(0, 1)])
             continue
         if kind == "rms_norm":
-            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, (xin, work, small), members, ov_map)
+            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, xin, small, members, ov_map)
             continue
         if kind == "cumsum":
             xt = low.load(n.name, xv, br + chunks[0], xin, split)
@@ -253,8 +256,13 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     lower_alone(low, alone)
 
 
+def _rms_y_dtype(n: Node, members) -> str:
+    """The dtype RMSNorm's y is computed into: its output's, or fp32 when a fused epilogue follows."""
+    return "float32" if members else n.outputs[0].dtype
+
+
 def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], split: int, br, chunks, fits: bool,
-                   pools, members, ov_map) -> None:
+                   xin: Pool, small: Pool, members, ov_map) -> None:
     """One block of up to 128 rows of ``aten.rms_norm(x, normalized_shape, weight, eps)`` in one pass, as
     the NKI RMSNorm tutorial computes it (aws-neuron/aws-neuron-sdk general/nki/examples/rmsnorm/
     rmsnorm_nki_kernels.py: square, sum along the free axis, rsqrt, multiply by it and by the weight) and
@@ -262,8 +270,8 @@ def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], sp
     Scalar engine as a by-product of ``activation(np.square)`` (its accumulate output, ``activation_reduce``
     in the NKI ISA), 1/D folded into the activation's scale; rstd = (mean + eps)^-0.5 on the Vector engine;
     y = (x * rstd) * w in fp32, one ``scalar_tensor_tensor``; the fused epilogue; written in the output
-    dtype. A row longer than SBUF holds is loaded twice (sum, then scale), as layer norm."""
-    xin, work, small = pools
+    dtype (the engines write any dtype: no separate cast). A row longer than SBUF holds is loaded twice (sum,
+    then scale), as layer norm."""
     args, kw = n.args, n.kwargs
     P = math.prod(x for _, x in br) if br else 1
     D = math.prod(xv.shape[split:]) if xv.shape[split:] else 1
@@ -271,26 +279,25 @@ def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], sp
     w = low.value(wa) if is_ref(wa) else None
     eps = args[3] if len(args) > 3 else kw.get("eps")
     eps = _F32_EPS if eps is None else eps
+    pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": xin.F})
+    ydt = _rms_y_dtype(n, members)
     sums = small.tile(P, len(chunks))
     xts = []
     for ci, cb in enumerate(chunks):
         xt = low.load(n.name, xv, br + cb, xin, split)
-        sq = work.tile(P, xt.F)        # the squares themselves are not needed: only their sum
+        # the squares themselves are not needed, only their sum: written to the tile y overwrites next
+        sq = TileCtx(low, xv.shape, br + cb, split, pools).out_tile(n.name, "y", ydt)
         low.act(n.name, sq, xt.op(), "square", scale=1.0 / math.sqrt(D), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
-        xts.append(xt)
+        xts.append((xt, sq))
     ms = sums
     if len(chunks) > 1:
         ms = small.tile(P, 1)
         low.vec("REDUCE", n.name, ms, [sums.op()], op="add")
     rstd = small.tile(P, 1)
     low.vec("TENSOR_SCALAR", n.name, rstd, [ms.op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
-    out_dtype = n.outputs[0].dtype
     for ci, cb in enumerate(chunks):
-        xt = xts[ci] if fits else low.load(n.name, xv, br + cb, xin, split)
-        ctx = TileCtx(low, xv.shape, br + cb, split, low.pool_cache.setdefault(("rms_norm", n.name),
-                                                                                {"__F": xin.F}))
-        # the engine writes its output dtype: no separate cast unless an epilogue follows (kept in fp32)
-        y = work.tile(P, xt.F) if members or out_dtype == "float32" else ctx.out_tile(n.name, "cast", out_dtype)
+        ctx = TileCtx(low, xv.shape, br + cb, split, pools)
+        xt, y = xts[ci] if fits else (low.load(n.name, xv, br + cb, xin, split), ctx.out_tile(n.name, "y", ydt))
         if w is None:
             low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), rstd.op()], op0="multiply", scalar0={"src": 1},
                     flops=P * xt.F)
