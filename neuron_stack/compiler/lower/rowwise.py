@@ -13,8 +13,18 @@ from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
-from neuron_stack.compiler.lower.tiles import (BN_FMAX, FLOATS, FREE_TILE, PMAX, Pool, View, boxes, is_ref, nbytes_of,
-                                              packet_name)
+from neuron_stack.compiler.lower.tiles import (
+    BN_FMAX,
+    FLOATS,
+    FREE_TILE,
+    PMAX,
+    Pool,
+    View,
+    boxes,
+    is_ref,
+    nbytes_of,
+    packet_name,
+)
 from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
