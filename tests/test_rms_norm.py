@@ -4,6 +4,7 @@ and ``neuron_stack.llm.kernels.fuse_rms_norms`` puts it in a Hugging Face decode
 Compiled models match eager PyTorch (fp32: rtol 1e-4; bf16: relative norm error < 1e-2)."""
 import importlib
 import json
+import math
 
 import pytest
 import torch
@@ -75,7 +76,11 @@ def test_traced_rms_norm_matches_eager_bf16():
 
 
 def _schedule(model, x):
-    prog = fuse(partition(legalize(capture(model, (x,)))))
+    return _schedule_args(model, (x,))
+
+
+def _schedule_args(model, args):
+    prog = fuse(partition(legalize(capture(model, args))))
     return build_schedule(prog, 0, get_profile("trn2"), {})
 
 
@@ -103,6 +108,35 @@ def test_long_rows_are_chunked_and_read_twice():
     s = _schedule(rms(60_000, affine=False), x)
     assert sum(_column(s, "hbm_read_bytes")) == 2 * x.numel() * 4   # the sum pass, then the scale pass
     assert sum(_column(s, "hbm_write_bytes")) == x.numel() * 4
+
+
+class _DecodeBlock(torch.nn.Module):
+    """A decode step's residual add, norm and projection: [batch, hidden] kept in the lane layout."""
+
+    def __init__(self, hidden, affine):
+        super().__init__()
+        self.norm, self.proj = rms(hidden, affine=affine, eps=1e-6), torch.nn.Linear(hidden, 256)
+
+    def forward(self, x, res):
+        h = x + res         # kept on chip: read by the norm and by the next residual add
+        return self.proj(self.norm(h)), h * 2
+
+
+@pytest.mark.parametrize("hidden, rows, affine", [(1024, (4,), True), (2048, (2, 1), False)])
+def test_decode_rows_normalise_on_all_128_lanes(hidden, rows, affine):
+    model, args = _DecodeBlock(hidden, affine).eval(), (r(*rows, hidden), r(*rows, hidden))
+    nm = neuron_stack.trace(model, args)
+    with torch.no_grad():
+        for got, want in zip(nm(*args), model(*args)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    s = _schedule_args(model, args)
+    ops = [(op, json.loads(o).get("func")) for op, o, node in zip(_column(s, "opcode"), _column(s, "operands"),
+                                                                  _column(s, "node")) if node == "rms_norm"]
+    # one square-and-sum per row over 128 lanes, one matmul adding the partials of every row
+    assert ops.count(("ACTIVATE", "square")) == math.prod(rows) and ops.count(("MATMUL", None)) == 1
+    assert all(json.loads(o)["dst"][0]["ap"][0][1] == 128 for op, o, node in
+               zip(_column(s, "opcode"), _column(s, "operands"), _column(s, "node"))
+               if node == "rms_norm" and op in ("ACTIVATE", "SCALAR_TENSOR_TENSOR", "TENSOR_SCALAR"))
 
 
 def test_export_keeps_rms_norm_whole_as_normalization():

@@ -82,6 +82,9 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
         lower_custom(low, n)
         return
     members, alone = epilogue_chain(low, n) if kind in ("layer_norm", "rms_norm") else ([], [])
+    if kind == "rms_norm" and dims == [nd - 1] and _lane_resident(low, x) and _lane_rms_norm(low, n, x, members):
+        lower_alone(low, alone)
+        return
     es = 4
     fits = D * es * 3 <= low.sbuf.cap // 2
     if kind == "rms_norm":     # x kept in its own dtype between the passes, y in its own: two row blocks in flight
@@ -316,6 +319,58 @@ def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], sp
             low.vec("SCALAR_TENSOR_TENSOR", n.name, y, [xt.op(), wt.op(), rstd.op()], n_inputs=2, op0="multiply",
                     scalar0={"src": 2}, op1="multiply", flops=2 * P * xt.F)
         run_chain(ctx, n.name, y, members, ov_map)
+
+
+def _lane_rms_norm(low: Lowerer, n: Node, x: View, members) -> bool:
+    """RMSNorm over the last dim of a value kept in the lane layout (a decode step's [batch, hidden]), on all 128
+    lanes: per row, the squares of each partition's ``H / 128`` elements summed by the Scalar engine's accumulate;
+    one matmul with a 128 x 128 block of ones stationary adds the 128 partials of every row and hands the sum to
+    every partition (``nc_matmul`` contracts over partitions, as :func:`_lane_sum`); rstd on the Vector engine
+    and ``(x * rstd) * w`` per row with the weight in the same layout. False when a view does not apply."""
+    shape = tuple(x.shape)
+    rows, H = shape[:-1], shape[-1]
+    R, nk = math.prod(rows), H // PMAX
+    args, kw = n.args, n.kwargs
+    wa = args[2] if len(args) > 2 else kw.get("weight")
+    w = low.value(wa) if is_ref(wa) else None
+    eps = args[3] if len(args) > 3 else kw.get("eps")
+    eps = _F32_EPS if eps is None else eps
+    outs = {k: lane_view(v, shape) for k, v in chain_outputs(low, n, members, shape).items()}
+    lmembers = [m.reshaped(shape, True) for m in members]
+    wl = reshape_view(w, (PMAX, nk)) if w is not None else None
+    if any(v is None for v in outs.values()) or any(m is None for m in lmembers) or (w is not None and wl is None):
+        return False
+    xl, ydt = lane_view(x, shape), _rms_y_dtype(n, members)
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
+    pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": nk})
+    part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
+    boxes_r = [[(0, PMAX)] + [(i, 1) for i in idx] + [(0, nk)] for idx in itertools.product(*(range(d) for d in rows))]
+    for r, box in enumerate(boxes_r):
+        t = low.load(n.name, xl, box, xin, 1)
+        sq = TileCtx(low, xl.shape, box, 1, pools, lanes=True).out_tile(n.name, "y", ydt)
+        low.act(n.name, sq, t.op(), "square", scale=1.0 / math.sqrt(H), acc=part.cols(r, 1), flops=2 * PMAX * nk)
+    ones = Pool(low, f"{n.name}.ones", "sbuf", PMAX, PMAX, "float32", bufs=1).tile()
+    low.vec("MEMSET", n.name, ones, [], value=1.0)
+    ms = Pool(low, f"{n.name}.acc", "psum", PMAX, R, "float32", bufs=1).tile()
+    low.emit("LDWEIGHTS", n.name, [], [ones.op()], {}, dur=ldweights_ns(low.p, PMAX, "float32"))
+    low.emit("MATMUL", n.name, [ms.op()], [ones.op(), part.op()], {"start": True, "stop": True},
+             dur=matmul_ns(low.p, R, PMAX, "float32"), flops=2 * PMAX * PMAX * R, itype="REGULAR")
+    rstd = Pool(low, f"{n.name}.s", "sbuf", PMAX, R, "float32", bufs=1).tile()
+    low.vec("TENSOR_SCALAR", n.name, rstd, [ms.op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
+    wt = low.load(n.name, wl, [(0, PMAX), (0, nk)], Pool(low, f"{n.name}.w", "sbuf", PMAX, nk, w.dtype, bufs=1), 1) \
+        if w is not None else None
+    for r, box in enumerate(boxes_r):
+        t = low.load(n.name, xl, box, xin, 1)
+        ctx = TileCtx(low, xl.shape, box, 1, pools, lanes=True)
+        y = ctx.out_tile(n.name, "y", ydt)
+        if wt is None:
+            low.vec("TENSOR_SCALAR", n.name, y, [t.op(), rstd.cols(r, 1).op()], op0="multiply", scalar0={"src": 1},
+                    flops=PMAX * nk)
+        else:
+            low.vec("SCALAR_TENSOR_TENSOR", n.name, y, [t.op(), wt.op(), rstd.cols(r, 1).op()], n_inputs=2,
+                    op0="multiply", scalar0={"src": 2}, op1="multiply", flops=2 * PMAX * nk)
+        run_chain(ctx, n.name, y, lmembers, outs)
+    return True
 
 
 def _lane_resident(low: Lowerer, x: View) -> bool:
