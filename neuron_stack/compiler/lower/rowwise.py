@@ -11,6 +11,7 @@ from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_c
 from neuron_stack.compiler.lower.common import broadcast_view, output_used, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.placement import stored_dtype
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
@@ -88,7 +89,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     es = 4
     fits = D * es * 3 <= low.sbuf.cap // 2
     if kind == "rms_norm":     # x kept in its own dtype between the passes, y in its own: two row blocks in flight
-        fits = D * (nbytes_of(x.dtype) + nbytes_of(_rms_y_dtype(n, members))) * 2 <= low.sbuf.cap
+        fits = D * (nbytes_of(x.dtype) + nbytes_of(_rms_y_dtype(low, n, members))) * 2 <= low.sbuf.cap
     Fc = D if fits else FREE_TILE
     chunks = boxes(free, Fc) if free else [[]]
     nch = len(chunks)
@@ -269,9 +270,10 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     lower_alone(low, alone)
 
 
-def _rms_y_dtype(n: Node, members) -> str:
-    """The dtype RMSNorm's y is computed into: its output's, or fp32 when a fused epilogue follows."""
-    return "float32" if members else n.outputs[0].dtype
+def _rms_y_dtype(low: Lowerer, n: Node, members) -> str:
+    """The dtype RMSNorm's y is computed into: the one its output is stored in (the cast type of an fp32
+    output only matmuls read, with ``--auto-cast``), or fp32 when a fused epilogue follows."""
+    return "float32" if members else stored_dtype(low, n.name, n.outputs[0].dtype)
 
 
 def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], split: int, br, chunks, fits: bool,
@@ -293,7 +295,7 @@ def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], sp
     eps = args[3] if len(args) > 3 else kw.get("eps")
     eps = _F32_EPS if eps is None else eps
     pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": xin.F})
-    ydt = _rms_y_dtype(n, members)
+    ydt = _rms_y_dtype(low, n, members)
     sums = small.tile(P, len(chunks))
     xts = []
     for ci, cb in enumerate(chunks):
@@ -340,7 +342,7 @@ def _lane_rms_norm(low: Lowerer, n: Node, x: View, members) -> bool:
     wl = reshape_view(w, (PMAX, nk)) if w is not None else None
     if any(v is None for v in outs.values()) or any(m is None for m in lmembers) or (w is not None and wl is None):
         return False
-    xl, ydt = lane_view(x, shape), _rms_y_dtype(n, members)
+    xl, ydt = lane_view(x, shape), _rms_y_dtype(low, n, members)
     xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
     pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": nk})
     part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
