@@ -186,8 +186,8 @@ def _why(r: dict) -> str:
             dma = r["ttft_layer_dma_share"]
             rest = (
                 f"the rest is DMA-bound (a DMA queue is busy {100 * dma:.0f}% of a layer): the [tokens, hidden] "
-                "activations do not fit SBUF, so each RMSNorm step (fp32 cast, square, mean, scale), residual "
-                "add and cast passes through HBM as spills, and the projections reload their activation "
+                "activations do not fit SBUF, so each residual add and cast passes through HBM as spills (an "
+                "RMSNorm is one fused pass: x in, y out), and the projections reload their activation "
                 "operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP matmuls' token tiles"
                 if dma >= 0.5 else "the rest is not attributed yet"
             )

@@ -10,6 +10,8 @@ Ops missing from the table fall back to the CPU ("no NeuronCore lowering").
 ('matmul', 'TensorE MATMUL with bias epilogue')
 >>> lookup("aten.nonzero.default")[0]
 'cpu'
+>>> lookup("aten.rms_norm.default")[0]
+'normalization'
 >>> lookup("aten.fft_fft.default")[1]
 'no NeuronCore lowering for aten.fft_fft: runs on the host CPU'
 """
@@ -117,6 +119,7 @@ TABLE.update({f"aten.{k}": ("activation", "ScalarE ACTIVATE (lookup-table functi
 TABLE.update({f"aten.{k}": ("reduction", "VectorE REDUCE along the free axis") for k in _REDUCTION})
 TABLE.update({f"aten.{k}": ("softmax", "VectorE max/sum REDUCE + ScalarE exp") for k in _SOFTMAX})
 TABLE.update({f"aten.{k}": ("normalization", "VectorE BN_STATS/BN_AGGR + ScalarE") for k in _NORMALIZATION})
+TABLE["aten.rms_norm"] = ("normalization", "ScalarE square with accumulate + VectorE rstd and scale, one pass")
 TABLE.update({f"aten.{k}": ("data_movement", "DMA copy / VectorE tensor_copy") for k in _DATA_MOVEMENT})
 TABLE.update({k: ("gather", v) for k, v in _GATHER.items()})
 TABLE.update({f"aten.{k}": ("view", "metadata only: no device work") for k in _VIEW})

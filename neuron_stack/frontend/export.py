@@ -289,8 +289,16 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
 
 def decompositions(table=None) -> dict:
     """The decomposition table to core ATen (``torch.export.default_decompositions()`` unless given)
-    with attention decomposed by :func:`_sdpa_cpu`. Example: ``ep.run_decompositions(decompositions())``."""
+    with attention decomposed by :func:`_sdpa_cpu` and ``aten.rms_norm`` kept whole: one row-wise
+    lowering (``compiler/lower/rowwise.py``), as neuronx-cc runs NxDI's fused RmsNorm custom call, instead
+    of a pass over HBM per op of its decomposition. Example: ``ep.run_decompositions(decompositions())``.
+
+    >>> torch.ops.aten.rms_norm.default in decompositions()
+    False
+    """
     table = torch.export.default_decompositions() if table is None else table
+    # CompositeImplicit: export keeps it pre-dispatch; run_decompositions splits it only if it is listed
+    table.pop(torch.ops.aten.rms_norm.default, None)
     table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default] = _sdpa_cpu
     table[torch.ops.aten.scaled_dot_product_attention.default] = _sdpa
     return table

@@ -219,10 +219,13 @@ def _meta_model(config, dtype: str, quantization: str | None = None):
     import torch
     import transformers
 
+    from neuron_stack.llm.kernels import fuse_rms_norms
+
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     if quantization:
         quantize_decoder(model, quantization)
+    fuse_rms_norms(model)      # NxDI's CustomRMSNorm: one fused op per norm (llm/kernels.py)
     return model.eval()
 
 

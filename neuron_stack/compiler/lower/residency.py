@@ -27,9 +27,12 @@ NOT_TILEWISE = ("triu", "tril", "glu", "mse_loss", "mse_loss_backward", "fill", 
 
 def _lane_writer(n) -> bool:
     """``n`` writes its output in the lane layout: an elementwise pass (chain.lane_tiled), a cast
-    (data._dma_view), or a 2-D matmul, whose PSUM evacuation stores each bank of rows to the layout with
-    one DMA of ``H / 128``-element runs (a batched matmul's outputs, attention scores, stay row-tiled)."""
+    (data._dma_view), a 2-D matmul, whose PSUM evacuation stores each bank of rows to the layout with
+    one DMA of ``H / 128``-element runs (a batched matmul's outputs, attention scores, stay row-tiled), or an
+    RMSNorm over the last dim (rowwise._lane_rms_norm)."""
     name = packet_name(n.target)
+    if name == "rms_norm":
+        return len(n.args[1]) == 1
     if n.op_class in ("elementwise", "activation"):
         return name not in NOT_TILEWISE
     if n.op_class == "matmul":
@@ -38,8 +41,8 @@ def _lane_writer(n) -> bool:
 
 
 def _lane_reader(n) -> bool:
-    """``n`` reads a value kept in the lane layout in place: a lane writer, a last-dim sum or mean
-    (rowwise._lane_sum) or a matmul's stationary operand (matmul.lane_operand)."""
+    """``n`` reads a value kept in the lane layout in place: a lane writer (an RMSNorm among them), a last-dim
+    sum or mean (rowwise._lane_sum) or a matmul's stationary operand (matmul.lane_operand)."""
     return _lane_writer(n) or n.op_class == "matmul" or packet_name(n.target) in ("sum", "mean")
 
 

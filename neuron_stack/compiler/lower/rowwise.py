@@ -1,4 +1,4 @@
-"""Row-wise ops on the Vector and Scalar engines: softmax, log-softmax, layer norm, reductions
+"""Row-wise ops on the Vector and Scalar engines: softmax, log-softmax, layer norm, RMS norm, reductions
 (sum, mean, max, min, var, std, any, all, prod, logsumexp) and cumsum; whole rows stay in SBUF when
 they fit, else chunked passes.
 """
@@ -11,15 +11,31 @@ from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_c
 from neuron_stack.compiler.lower.common import broadcast_view, output_used, reshape_view
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
+from neuron_stack.compiler.lower.placement import stored_dtype
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
-from neuron_stack.compiler.lower.tiles import BN_FMAX, FLOATS, FREE_TILE, PMAX, Pool, View, boxes, is_ref, packet_name
+from neuron_stack.compiler.lower.tiles import (
+    BN_FMAX,
+    FLOATS,
+    FREE_TILE,
+    PMAX,
+    Pool,
+    View,
+    boxes,
+    is_ref,
+    nbytes_of,
+    packet_name,
+)
 from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 ROWWISE_KINDS = {"_softmax": "softmax", "_log_softmax": "log_softmax", "native_layer_norm": "layer_norm",
+            "rms_norm": "rms_norm",
             "sum": "sum", "mean": "mean", "amax": "max", "amin": "min", "logsumexp": "logsumexp",
             "var": "var", "std": "std", "any": "any", "all": "all", "prod": "prod", "cumsum": "cumsum"}
+#: ``aten.rms_norm``'s eps when it is None: the machine epsilon of its fp32 computation,
+#: ``torch.finfo(torch.float32).eps`` (torch/_decomp/decompositions.py, ``_fused_rms_norm``)
+_F32_EPS = 2.0 ** -23
 
 
 def _rows_free(v: View, dims: list[int]) -> tuple[View, int]:
@@ -41,8 +57,8 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     args = n.args
     if kind in ("softmax", "log_softmax"):
         dims = [args[1]]
-    elif kind == "layer_norm":
-        dims = list(range(nd - len(args[1]), nd))
+    elif kind in ("layer_norm", "rms_norm"):
+        dims = list(range(nd - len(args[1]), nd))   # normalized_shape: the trailing dims
     elif kind == "cumsum":
         dims = [args[1]]
     else:
@@ -66,9 +82,14 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind == "cumsum" and (D > FREE_TILE or len(free) > 1):
         lower_custom(low, n)
         return
-    members, alone = epilogue_chain(low, n) if kind in ("layer_norm",) else ([], [])
+    members, alone = epilogue_chain(low, n) if kind in ("layer_norm", "rms_norm") else ([], [])
+    if kind == "rms_norm" and dims == [nd - 1] and _lane_resident(low, x) and _lane_rms_norm(low, n, x, members):
+        lower_alone(low, alone)
+        return
     es = 4
     fits = D * es * 3 <= low.sbuf.cap // 2
+    if kind == "rms_norm":     # x kept in its own dtype between the passes, y in its own: two row blocks in flight
+        fits = D * (nbytes_of(x.dtype) + nbytes_of(_rms_y_dtype(low, n, members))) * 2 <= low.sbuf.cap
     Fc = D if fits else FREE_TILE
     chunks = boxes(free, Fc) if free else [[]]
     nch = len(chunks)
@@ -83,7 +104,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind in ("softmax", "log_softmax", "cumsum"):
         out = low.out_view(n.name, out_spec)
         ov, _ = _rows_free(out, dims)
-    elif kind == "layer_norm":
+    elif kind in ("layer_norm", "rms_norm"):
         ov_map = chain_outputs(low, n, members, tuple(out_spec.shape))
     else:
         out = low.out_view(n.name, out_spec)
@@ -204,6 +225,9 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                     low.store(n.name, val.as_dtype(n.outputs[i].dtype) if n.outputs[i].dtype == "float32" else val, vv,
                               br + [(0, 1)])
             continue
+        if kind == "rms_norm":
+            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, xin, small, members, ov_map)
+            continue
         if kind == "cumsum":
             xt = low.load(n.name, xv, br + chunks[0], xin, split)
             o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
@@ -244,6 +268,111 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
                 low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
         low.store(n.name, res.as_dtype(res.dtype), ov, br + [(0, 1)])
     lower_alone(low, alone)
+
+
+def _rms_y_dtype(low: Lowerer, n: Node, members) -> str:
+    """The dtype RMSNorm's y is computed into: the one its output is stored in (the cast type of an fp32
+    output only matmuls read, with ``--auto-cast``), or fp32 when a fused epilogue follows."""
+    return "float32" if members else stored_dtype(low, n.name, n.outputs[0].dtype)
+
+
+def _rms_norm_rows(low: Lowerer, n: Node, x: View, xv: View, dims: list[int], split: int, br, chunks, fits: bool,
+                   xin: Pool, small: Pool, members, ov_map) -> None:
+    """One block of up to 128 rows of ``aten.rms_norm(x, normalized_shape, weight, eps)`` in one pass, as
+    the NKI RMSNorm tutorial computes it (aws-neuron/aws-neuron-sdk general/nki/examples/rmsnorm/
+    rmsnorm_nki_kernels.py: square, sum along the free axis, rsqrt, multiply by it and by the weight) and
+    neuronx-cc runs NxDI's fused ``RmsNorm`` custom call: load x in its own dtype; the sum of squares on the
+    Scalar engine as a by-product of ``activation(np.square)`` (its accumulate output, ``activation_reduce``
+    in the NKI ISA), 1/D folded into the activation's scale; rstd = (mean + eps)^-0.5 on the Vector engine;
+    y = (x * rstd) * w in fp32, one ``scalar_tensor_tensor``; the fused epilogue; written in the output
+    dtype (the engines write any dtype: no separate cast). A row longer than SBUF holds is loaded twice (sum,
+    then scale), as layer norm."""
+    args, kw = n.args, n.kwargs
+    P = math.prod(x for _, x in br) if br else 1
+    D = math.prod(xv.shape[split:]) if xv.shape[split:] else 1
+    wa = args[2] if len(args) > 2 else kw.get("weight")
+    w = low.value(wa) if is_ref(wa) else None
+    eps = args[3] if len(args) > 3 else kw.get("eps")
+    eps = _F32_EPS if eps is None else eps
+    pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": xin.F})
+    ydt = _rms_y_dtype(low, n, members)
+    sums = small.tile(P, len(chunks))
+    xts = []
+    for ci, cb in enumerate(chunks):
+        xt = low.load(n.name, xv, br + cb, xin, split)
+        # the squares themselves are not needed, only their sum: written to the tile y overwrites next
+        sq = TileCtx(low, xv.shape, br + cb, split, pools).out_tile(n.name, "y", ydt)
+        low.act(n.name, sq, xt.op(), "square", scale=1.0 / math.sqrt(D), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
+        xts.append((xt, sq))
+    ms = sums
+    if len(chunks) > 1:
+        ms = small.tile(P, 1)
+        low.vec("REDUCE", n.name, ms, [sums.op()], op="add")
+    rstd = small.tile(P, 1)
+    low.vec("TENSOR_SCALAR", n.name, rstd, [ms.op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
+    for ci, cb in enumerate(chunks):
+        ctx = TileCtx(low, xv.shape, br + cb, split, pools)
+        xt, y = xts[ci] if fits else (low.load(n.name, xv, br + cb, xin, split), ctx.out_tile(n.name, "y", ydt))
+        if w is None:
+            low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), rstd.op()], op0="multiply", scalar0={"src": 1},
+                    flops=P * xt.F)
+        else:
+            wt = ctx.load_extra(n.name, _ln_param(w, x, dims, split), "pmultiply")
+            low.vec("SCALAR_TENSOR_TENSOR", n.name, y, [xt.op(), wt.op(), rstd.op()], n_inputs=2, op0="multiply",
+                    scalar0={"src": 2}, op1="multiply", flops=2 * P * xt.F)
+        run_chain(ctx, n.name, y, members, ov_map)
+
+
+def _lane_rms_norm(low: Lowerer, n: Node, x: View, members) -> bool:
+    """RMSNorm over the last dim of a value kept in the lane layout (a decode step's [batch, hidden]), on all 128
+    lanes: per row, the squares of each partition's ``H / 128`` elements summed by the Scalar engine's accumulate;
+    one matmul with a 128 x 128 block of ones stationary adds the 128 partials of every row and hands the sum to
+    every partition (``nc_matmul`` contracts over partitions, as :func:`_lane_sum`); rstd on the Vector engine
+    and ``(x * rstd) * w`` per row with the weight in the same layout. False when a view does not apply."""
+    shape = tuple(x.shape)
+    rows, H = shape[:-1], shape[-1]
+    R, nk = math.prod(rows), H // PMAX
+    args, kw = n.args, n.kwargs
+    wa = args[2] if len(args) > 2 else kw.get("weight")
+    w = low.value(wa) if is_ref(wa) else None
+    eps = args[3] if len(args) > 3 else kw.get("eps")
+    eps = _F32_EPS if eps is None else eps
+    outs = {k: lane_view(v, shape) for k, v in chain_outputs(low, n, members, shape).items()}
+    lmembers = [m.reshaped(shape, True) for m in members]
+    wl = reshape_view(w, (PMAX, nk)) if w is not None else None
+    if any(v is None for v in outs.values()) or any(m is None for m in lmembers) or (w is not None and wl is None):
+        return False
+    xl, ydt = lane_view(x, shape), _rms_y_dtype(low, n, members)
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
+    pools = low.pool_cache.setdefault(("rms_norm", n.name), {"__F": nk})
+    part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
+    boxes_r = [[(0, PMAX)] + [(i, 1) for i in idx] + [(0, nk)] for idx in itertools.product(*(range(d) for d in rows))]
+    for r, box in enumerate(boxes_r):
+        t = low.load(n.name, xl, box, xin, 1)
+        sq = TileCtx(low, xl.shape, box, 1, pools, lanes=True).out_tile(n.name, "y", ydt)
+        low.act(n.name, sq, t.op(), "square", scale=1.0 / math.sqrt(H), acc=part.cols(r, 1), flops=2 * PMAX * nk)
+    ones = Pool(low, f"{n.name}.ones", "sbuf", PMAX, PMAX, "float32", bufs=1).tile()
+    low.vec("MEMSET", n.name, ones, [], value=1.0)
+    ms = Pool(low, f"{n.name}.acc", "psum", PMAX, R, "float32", bufs=1).tile()
+    low.emit("LDWEIGHTS", n.name, [], [ones.op()], {}, dur=ldweights_ns(low.p, PMAX, "float32"))
+    low.emit("MATMUL", n.name, [ms.op()], [ones.op(), part.op()], {"start": True, "stop": True},
+             dur=matmul_ns(low.p, R, PMAX, "float32"), flops=2 * PMAX * PMAX * R, itype="REGULAR")
+    rstd = Pool(low, f"{n.name}.s", "sbuf", PMAX, R, "float32", bufs=1).tile()
+    low.vec("TENSOR_SCALAR", n.name, rstd, [ms.op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
+    wt = low.load(n.name, wl, [(0, PMAX), (0, nk)], Pool(low, f"{n.name}.w", "sbuf", PMAX, nk, w.dtype, bufs=1), 1) \
+        if w is not None else None
+    for r, box in enumerate(boxes_r):
+        t = low.load(n.name, xl, box, xin, 1)
+        ctx = TileCtx(low, xl.shape, box, 1, pools, lanes=True)
+        y = ctx.out_tile(n.name, "y", ydt)
+        if wt is None:
+            low.vec("TENSOR_SCALAR", n.name, y, [t.op(), rstd.cols(r, 1).op()], op0="multiply", scalar0={"src": 1},
+                    flops=PMAX * nk)
+        else:
+            low.vec("SCALAR_TENSOR_TENSOR", n.name, y, [t.op(), wt.op(), rstd.cols(r, 1).op()], n_inputs=2,
+                    op0="multiply", scalar0={"src": 2}, op1="multiply", flops=2 * PMAX * nk)
+        run_chain(ctx, n.name, y, lmembers, outs)
+    return True
 
 
 def _lane_resident(low: Lowerer, x: View) -> bool:
