@@ -31,7 +31,7 @@ from neuron_stack.compiler.lower.chain import (
 )
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
-from neuron_stack.compiler.lower.registry import lower_alone
+from neuron_stack.compiler.lower.registry import lower_alone, named, prepare_pass
 from neuron_stack.compiler.lower.tiles import (
     MOVING_FMAX,
     PMAX,
@@ -506,3 +506,132 @@ class FlashAttention:
 
     def _transpose(self, src: Tile, dst: Tile) -> None:
         self.transpose(self.low, self.fl.pv.name, src, dst, self.tp)
+
+
+# --- token generation: the grouped-query heads read the one KV cache in place ---------------------------------------
+
+#: ops a bmm operand may reach its repeat_kv copy through (metadata only)
+_KV_VIEWS = ("view", "_unsafe_view", "expand", "permute", "transpose", "unsqueeze", "squeeze", "alias", "t")
+
+
+def _kv_chain(low: Lowerer, arg) -> tuple[Node, list[Node]] | None:
+    """The ``clone`` a bmm operand reads through view ops only (each read by the next alone) and those views
+    (clone first), or None."""
+    chain: list[Node] = []
+    while is_ref(arg):
+        v = low.by_name[arg["node"]]
+        if v.name not in low.in_part or v.fused_into or low.fused.get(v.name) or low._escapes(v.name) \
+                or len(set(low.users.get(v.name, []))) != 1:
+            return None
+        if v.target == "aten.clone.default" and v.outputs:
+            return v, chain[::-1]
+        if v.op_class != "view" or packet_name(v.target) not in _KV_VIEWS:
+            return None
+        chain.append(v)
+        arg = v.args[0] if v.args else None
+    return None
+
+
+@prepare_pass
+def prepare_kv_reads(low: Lowerer) -> None:
+    """Find the decode step's copies of the KV cache that only a bmm reads: HF's ``repeat_kv`` (``expand`` +
+    ``reshape``) and ``matmul``'s batch flattening materialise K and V once per query head of a group. Neither
+    NxDI nor the hardware copies them: the NKI library's ``attention_tkg`` kernel (nki-library
+    ``src/nkilib_src/nkilib/core/attention/attention_tkg.py``: "k_prior [B, 1, s_prior, d]", one KV head per
+    rank) loads each K/V tile once and multiplies it with every query head of its group, and NxDI's token
+    generation (``modules/attention/attention_base.py``, ``attn_tkg_nki_kernel_enabled``) hands it the cache
+    as stored. Such a copy is not lowered (:func:`repeat_kv_operands` reads its source); decode only (the
+    bmm has at most 128 query rows): a prefill's keys go through the flash path."""
+    low.kv_reads = {}
+    for n in low.nodes:
+        if n.target != "aten.bmm.default" or n.name not in low.in_part or len(n.args) < 2 or not n.outputs \
+                or n.outputs[0].shape[-2] > PMAX:
+            continue
+        found = {}
+        for i in (0, 1):
+            hit = _kv_chain(low, n.args[i])
+            if hit is not None and hit[0].name not in low.done:
+                found[i] = hit
+        if found:
+            low.kv_reads[n.name] = found
+            low.done.update(c.name for c, _ in found.values())
+
+
+def _slice_in_source(off: int, strides, sizes, shape, xs, x_off: int):
+    """Element (offset ``off`` + sum(i * strides)) of a contiguous array of ``shape``, as offset and strides
+    into ``xs``-strided storage holding the same array; None when a stride spans dims."""
+    cs, idx, rest = [1] * len(shape), [], off
+    for d in range(len(shape) - 2, -1, -1):
+        cs[d] = cs[d + 1] * shape[d + 1]
+    for d in range(len(shape)):
+        idx.append(rest // cs[d])
+        rest %= cs[d]
+    out = []
+    for st, size in zip(strides, sizes):
+        if size == 1:
+            out.append(0)
+            continue
+        dims = [d for d in range(len(shape)) if cs[d] == st and shape[d] > 1 and idx[d] + size <= shape[d]]
+        if not dims:
+            return None
+        out.append(xs[dims[0]])
+    return x_off + sum(i * s for i, s in zip(idx, xs)), out
+
+
+def _kv_operand(low: Lowerer, clone: Node, chain: list[Node]) -> View | None:
+    """The bmm operand ``chain(clone(x))`` [nb, R, C] as per-batch slices of ``x``'s storage: ``nb`` (offset,
+    strides) pairs, or None when a slice is not one strided view of ``x``."""
+    x = low.value(clone.args[0])
+    shape = tuple(clone.outputs[0].shape)
+    meta = meta_tensor(shape, x.dtype)
+    for v in chain:
+        meta = aten_op(v.target)(meta, *v.args[1:])
+    if meta.dim() != 3:
+        return None
+    xs, x_off = x.meta.stride(), x.meta.storage_offset()
+    slices = [_slice_in_source(meta[b].storage_offset(), meta.stride()[1:], meta.shape[1:], shape, xs, x_off)
+              for b in range(meta.shape[0])]
+    return None if None in slices else (x, slices, tuple(meta.shape))
+
+
+def repeat_kv_operands(low: Lowerer, n: Node):
+    """``(A, B, None, 1, 1)`` for a bmm whose operands :func:`prepare_kv_reads` found reading a copy of the KV
+    cache, the copy read in place; or None (the bmm's operands as usual).
+
+    The query heads sharing a KV head (GQA, the copy's stride-0 repeat) become rows of one matmul: the
+    [R x M, d] queries of a group against its one [d, S] K^T (and its [R x M, S] probabilities against its one
+    V), so each K/V tile is loaded once per KV head, as ``attention_tkg`` flattens its ``q_head`` x
+    ``s_active`` into the moving free dim (``s_active_qh``) against one stationary K/V tile. Should a copy not
+    be a view of the cache after all, it is lowered here, before the bmm reads it."""
+    found = getattr(low, "kv_reads", {}).get(n.name)
+    if not found:
+        return None
+    ops = {i: _kv_operand(low, c, chain) for i, (c, chain) in found.items()}
+    if any(o is None for o in ops.values()) or set(ops) != {1}:
+        for c, _ in found.values():     # not a strided view of the cache (or the query side): copy it
+            registry_copy(low, c)
+        return None
+    x, slices, (nb, K, N) = ops[1]
+    offs = [o for o, _ in slices]
+    R = 1
+    while R < nb and offs[R] == offs[0]:
+        R += 1
+    A = low.value(n.args[0])
+    M = A.shape[-2]
+    G = nb // R
+    A2 = reshape_view(A, (G, R * M, A.shape[-1])) if nb % R == 0 else None
+    step = offs[R] - offs[0] if G > 1 else 0
+    uniform = A2 is not None and all(offs[g * R + r] == offs[0] + g * step and slices[g * R + r][1] == slices[0][1]
+                                     for g in range(G) for r in range(R))
+    if not uniform:
+        registry_copy(low, found[1][0])
+        return None
+    B = x.with_meta(x.meta.as_strided((G, K, N), (step, *slices[0][1]), offs[0]))
+    low.finished.add(found[1][0].name)
+    return A2, B, None, 1, 1
+
+
+def registry_copy(low: Lowerer, clone: Node) -> None:
+    """Lower a copy :func:`prepare_kv_reads` held back, as the copy lowering would have."""
+    named("copy").fn(low, clone)
+    low.finished.add(clone.name)

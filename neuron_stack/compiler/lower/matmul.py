@@ -3,7 +3,13 @@ accumulating in one PSUM bank, transposes through the PE array, the fused epilog
 """
 from __future__ import annotations
 
-from neuron_stack.compiler.lower.attention import FlashAttention, SoftmaxEpilogue, flash_attention, fusable_softmax
+from neuron_stack.compiler.lower.attention import (
+    FlashAttention,
+    SoftmaxEpilogue,
+    flash_attention,
+    fusable_softmax,
+    repeat_kv_operands,
+)
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, transpose_to
 from neuron_stack.compiler.lower.custom import lower_custom
@@ -112,7 +118,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     """out[M,N] = A[M,K] @ B[K,N] (batched for bmm): stationary A^T tiles [K<=128, M<=128],
     moving B tiles [K<=128, N<=512] accumulating over K in PSUM banks, evacuated through the
     epilogue (alpha, bias, fused activations) to SBUF and stored."""
-    ops = matmul_operands(low, n)
+    ops = repeat_kv_operands(low, n) or matmul_operands(low, n)
     if ops is None:
         lower_custom(low, n)
         return
