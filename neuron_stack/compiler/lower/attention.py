@@ -595,40 +595,48 @@ def _kv_operand(low: Lowerer, clone: Node, chain: list[Node]) -> View | None:
 
 
 def repeat_kv_operands(low: Lowerer, n: Node):
-    """``(A, B, None, 1, 1)`` for a bmm whose operands :func:`prepare_kv_reads` found reading a copy of the KV
-    cache, the copy read in place; or None (the bmm's operands as usual).
+    """``(A, B, None, 1, 1)`` for a decode bmm whose K/V operand repeats one KV head's cache for several query
+    heads (GQA): the copy :func:`prepare_kv_reads` found is read in place, or a stride-0 broadcast as it is;
+    None otherwise (the bmm's operands as usual).
 
-    The query heads sharing a KV head (GQA, the copy's stride-0 repeat) become rows of one matmul: the
-    [R x M, d] queries of a group against its one [d, S] K^T (and its [R x M, S] probabilities against its one
-    V), so each K/V tile is loaded once per KV head, as ``attention_tkg`` flattens its ``q_head`` x
-    ``s_active`` into the moving free dim (``s_active_qh``) against one stationary K/V tile. Should a copy not
-    be a view of the cache after all, it is lowered here, before the bmm reads it."""
+    The query heads sharing a KV head become rows of one matmul: the [R x M, d] queries of a group against its
+    one [d, S] K^T (and its [R x M, S] probabilities against its one V), so each K/V tile is loaded once per
+    KV head, as ``attention_tkg`` flattens its ``q_head`` x ``s_active`` into the moving free dim
+    (``s_active_qh``) against one stationary K/V tile. Should a copy not be a view of the cache after all,
+    it is lowered here, before the bmm reads it."""
     found = getattr(low, "kv_reads", {}).get(n.name)
     if not found:
-        return None
-    ops = {i: _kv_operand(low, c, chain) for i, (c, chain) in found.items()}
-    if any(o is None for o in ops.values()) or set(ops) != {1}:
-        for c, _ in found.values():     # not a strided view of the cache (or the query side): copy it
-            registry_copy(low, c)
-        return None
-    x, slices, (nb, K, N) = ops[1]
+        if n.target != "aten.bmm.default" or not n.outputs or n.outputs[0].shape[-2] > PMAX:
+            return None
+        B = low.value(n.args[1])
+        if B.meta.dim() != 3 or B.meta.stride()[0] or B.shape[0] == 1:
+            return None         # not one K/V shared by every batch (batch-1 GQA: the heads are the batch)
+        x, slices = B, [(B.meta.storage_offset(), B.meta.stride()[1:])] * B.shape[0]
+        shape = B.shape
+    else:
+        ops = {i: _kv_operand(low, c, chain) for i, (c, chain) in found.items()}
+        if any(o is None for o in ops.values()) or set(ops) != {1}:
+            for c, _ in found.values():     # not a strided view of the cache (or the query side): copy it
+                registry_copy(low, c)
+            return None
+        x, slices, shape = ops[1]
+    nb, K, N = shape
     offs = [o for o, _ in slices]
     R = 1
-    while R < nb and offs[R] == offs[0]:
+    while R < nb and offs[R] == offs[0] and slices[R][1] == slices[0][1]:
         R += 1
     A = low.value(n.args[0])
-    M = A.shape[-2]
     G = nb // R
-    A2 = reshape_view(A, (G, R * M, A.shape[-1])) if nb % R == 0 else None
+    A2 = reshape_view(A, (G, R * A.shape[-2], A.shape[-1])) if nb % R == 0 and A.meta.dim() == 3 else None
     step = offs[R] - offs[0] if G > 1 else 0
-    uniform = A2 is not None and all(offs[g * R + r] == offs[0] + g * step and slices[g * R + r][1] == slices[0][1]
-                                     for g in range(G) for r in range(R))
-    if not uniform:
-        registry_copy(low, found[1][0])
+    if A2 is None or any(offs[g * R + r] != offs[0] + g * step or slices[g * R + r][1] != slices[0][1]
+                         for g in range(G) for r in range(R)):
+        if found:
+            registry_copy(low, found[1][0])
         return None
-    B = x.with_meta(x.meta.as_strided((G, K, N), (step, *slices[0][1]), offs[0]))
-    low.finished.add(found[1][0].name)
-    return A2, B, None, 1, 1
+    if found:
+        low.finished.add(found[1][0].name)
+    return A2, x.with_meta(x.meta.as_strided((G, K, N), (step, *slices[0][1]), offs[0])), None, 1, 1
 
 
 def registry_copy(low: Lowerer, clone: Node) -> None:
