@@ -536,12 +536,13 @@ def _kv_chain(low: Lowerer, arg) -> tuple[Node, list[Node]] | None:
 def prepare_kv_reads(low: Lowerer) -> None:
     """Find the decode step's copies of the KV cache that only a bmm reads: HF's ``repeat_kv`` (``expand`` +
     ``reshape``) and ``matmul``'s batch flattening materialise K and V once per query head of a group. Neither
-    NxDI nor the hardware copies them: the NKI library's ``attention_tkg`` kernel (nki-library
-    ``src/nkilib_src/nkilib/core/attention/attention_tkg.py``: "k_prior [B, 1, s_prior, d]", one KV head per
-    rank) loads each K/V tile once and multiplies it with every query head of its group, and NxDI's token
-    generation (``modules/attention/attention_base.py``, ``attn_tkg_nki_kernel_enabled``) hands it the cache
-    as stored. Such a copy is not lowered (:func:`repeat_kv_operands` reads its source); decode only (the
-    bmm has at most 128 query rows): a prefill's keys go through the flash path."""
+    NxDI nor the hardware copies them: NxDI's token generation (``modules/attention/attention_base.py``
+    ``compute_for_token_gen``) writes the same ``repeat_kv`` + ``matmul``, traced to an HLO broadcast feeding
+    a dot (an access pattern, not a copy), and its kernel (``attn_tkg_nki_kernel_enabled``: nki-library
+    ``src/nkilib_src/nkilib/core/attention/attention_tkg.py``, "k_prior [B, 1, s_prior, d]", one KV head per
+    rank) loads each K/V tile once for every query head of its group. Such a copy is not lowered
+    (:func:`repeat_kv_operands` reads its source); decode only (the bmm has at most 128 query rows): a
+    prefill's keys go through the flash path."""
     low.kv_reads = {}
     for n in low.nodes:
         if n.target != "aten.bmm.default" or n.name not in low.in_part or len(n.args) < 2 or not n.outputs \
