@@ -541,8 +541,8 @@ def prepare_kv_reads(low: Lowerer) -> None:
     a dot (an access pattern, not a copy), and its kernel (``attn_tkg_nki_kernel_enabled``: nki-library
     ``src/nkilib_src/nkilib/core/attention/attention_tkg.py``, "k_prior [B, 1, s_prior, d]", one KV head per
     rank) loads each K/V tile once for every query head of its group. Such a copy is not lowered
-    (:func:`repeat_kv_operands` reads its source); decode only (the bmm has at most 128 query rows): a
-    prefill's keys go through the flash path."""
+    (:func:`repeat_kv_operands` reads its source) when the bmm has at most 128 query rows per head (decode,
+    or a prompt of at most 128 tokens): longer prefills take the flash path."""
     low.kv_reads = {}
     for n in low.nodes:
         if n.target != "aten.bmm.default" or n.name not in low.in_part or len(n.args) < 2 or not n.outputs \
@@ -596,9 +596,9 @@ def _kv_operand(low: Lowerer, clone: Node, chain: list[Node]) -> View | None:
 
 
 def repeat_kv_operands(low: Lowerer, n: Node):
-    """``(A, B, None, 1, 1)`` for a decode bmm whose K/V operand repeats one KV head's cache for several query
-    heads (GQA): the copy :func:`prepare_kv_reads` found is read in place, or a stride-0 broadcast as it is;
-    None otherwise (the bmm's operands as usual).
+    """``(A, B, None, 1, 1)`` for a bmm of few query rows whose K/V operand repeats one KV head's cache for
+    several query heads (GQA): the copy :func:`prepare_kv_reads` found is read in place, or a stride-0
+    broadcast as it is; None otherwise (the bmm's operands as usual).
 
     The query heads sharing a KV head become rows of one matmul: the [R x M, d] queries of a group against its
     one [d, S] K^T (and its [R x M, S] probabilities against its one V), so each K/V tile is loaded once per
