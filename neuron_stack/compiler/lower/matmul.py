@@ -171,7 +171,11 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     nk = ceil_div(K, PMAX)
     NG = min(N, 2 * MOVING_FMAX)
     MG = min(M, 4 * STAT_FMAX)
-    a_direct = A3.meta.stride()[-2] == 1 or M == 1      # A^T rows are contiguous along M
+    # A^T rows are contiguous along M; a one-row A kept in SBUF is transposed on the PE array, read in place, not
+    # DMA'd one element per partition (a copy of single elements is not a DMA: docs/cost_model.md)
+    ra = low.res.get(A.buf)
+    a_inplace = M == 1 and ra is not None and not ra.evicted
+    a_direct = A3.meta.stride()[-2] == 1 or M == 1 and not a_inplace
     b_direct = B3.meta.stride()[-1] == 1 or N == 1
     # pools (SBUF bytes per partition; PSUM banks)
     es = nbytes_of(mm_dt)
@@ -201,7 +205,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     transposes = not (a_direct and b_direct or lanes)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if transposes else None
-    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if transposes else None
+    # (a resident one-row A is read in place: its natural tiles take no DMA slots)
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=1 if a_inplace and b_direct else 16) \
+        if transposes else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         # a quantized weight streams through its staging tiles: as many in flight as the panel's
