@@ -524,12 +524,26 @@ def _kv_chain(low: Lowerer, arg) -> tuple[Node, list[Node]] | None:
                 or len(set(low.users.get(v.name, []))) != 1:
             return None
         if v.target == "aten.clone.default" and v.outputs:
-            return v, chain[::-1]
+            return (v, chain[::-1]) if _repeats(low, v.args[0] if v.args else None) else None
         if v.op_class != "view" or packet_name(v.target) not in _KV_VIEWS:
             return None
         chain.append(v)
         arg = v.args[0] if v.args else None
     return None
+
+
+def _repeats(low: Lowerer, arg) -> bool:
+    """True when view ops (from ``arg`` back to a computed value) broadcast a size-1 dim: ``repeat_kv``'s
+    ``expand``. (A plain layout copy, e.g. a key transpose made contiguous, stays a copy: see layout.py.)"""
+    while is_ref(arg):
+        v = low.by_name[arg["node"]]
+        if v.op_class != "view" or not v.args:
+            return False
+        if packet_name(v.target) == "expand" and v.inputs and v.outputs \
+                and tuple(v.inputs[0].shape) != tuple(v.outputs[0].shape):
+            return True
+        arg = v.args[0]
+    return False
 
 
 @prepare_pass
