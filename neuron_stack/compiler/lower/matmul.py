@@ -171,10 +171,11 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     nk = ceil_div(K, PMAX)
     NG = min(N, 2 * MOVING_FMAX)
     MG = min(M, 4 * STAT_FMAX)
-    # A^T rows are contiguous along M; a one-row A kept in SBUF is transposed on the PE array, read in place, not
-    # DMA'd one element per partition (a copy of single elements is not a DMA: docs/cost_model.md)
+    # A^T rows are contiguous along M; a one-row A that SBUF holds where the PE array can read it is transposed
+    # there, not DMA'd one element per partition (a copy of single elements is not a DMA: docs/cost_model.md)
     ra = low.res.get(A.buf)
-    a_inplace = M == 1 and ra is not None and not ra.evicted
+    a_inplace = M == 1 and ra is not None and not ra.evicted and low._resident_tile(
+        ra, A3.with_meta(A3.meta[0]), [(0, 1), (0, min(K, PMAX))], 1) is not None
     a_direct = A3.meta.stride()[-2] == 1 or M == 1 and not a_inplace
     b_direct = B3.meta.stride()[-1] == 1 or N == 1
     # pools (SBUF bytes per partition; PSUM banks)
