@@ -618,7 +618,20 @@ def repeat_kv_operands(low: Lowerer, n: Node):
     one [d, S] K^T (and its [R x M, S] probabilities against its one V), so each K/V tile is loaded once per
     KV head, as ``attention_tkg`` flattens its ``q_head`` x ``s_active`` into the moving free dim
     (``s_active_qh``) against one stationary K/V tile. Should a copy not be a view of the cache after all,
-    it is lowered here, before the bmm reads it."""
+    it is lowered here, before the bmm reads it.
+
+    >>> from neuron_stack.frontend.export import capture
+    >>> from neuron_stack.compiler import fuse, legalize, partition, schedule
+    >>> from neuron_stack.device.profiles import get_profile
+    >>> def decode(q, k, v):                      # one KV head for four query heads
+    ...     k, v = k.expand(1, 4, 512, 16), v.expand(1, 4, 512, 16)
+    ...     return (q @ k.transpose(-1, -2)).softmax(-1) @ v
+    >>> q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 1, 512, 16), torch.randn(1, 1, 512, 16)
+    >>> prog = fuse.fuse(partition.partition(legalize.legalize(capture(decode, (q, k, v)))))
+    >>> s = schedule.build_schedule(prog, 0, get_profile("inf2"), {"auto_cast": "none"})
+    >>> s.hbm_read_bytes < 1.5 * (k.numel() + v.numel()) * 4      # K and V once, not once per query head
+    True
+    """
     found = getattr(low, "kv_reads", {}).get(n.name)
     if not found:
         if n.target != "aten.bmm.default" or not n.outputs or n.outputs[0].shape[-2] > PMAX:
@@ -632,7 +645,7 @@ def repeat_kv_operands(low: Lowerer, n: Node):
         ops = {i: _kv_operand(low, c, chain) for i, (c, chain) in found.items()}
         if any(o is None for o in ops.values()) or set(ops) != {1}:
             for c, _ in found.values():     # not a strided view of the cache (or the query side): copy it
-                registry_copy(low, c)
+                _copy_now(low, c)
             return None
         x, slices, shape = ops[1]
     nb, K, N = shape
@@ -647,14 +660,14 @@ def repeat_kv_operands(low: Lowerer, n: Node):
     if A2 is None or any(offs[g * R + r] != offs[0] + g * step or slices[g * R + r][1] != slices[0][1]
                          for g in range(G) for r in range(R)):
         if found:
-            registry_copy(low, found[1][0])
+            _copy_now(low, found[1][0])
         return None
     if found:
         low.finished.add(found[1][0].name)
     return A2, x.with_meta(x.meta.as_strided((G, K, N), (step, *slices[0][1]), offs[0])), None, 1, 1
 
 
-def registry_copy(low: Lowerer, clone: Node) -> None:
+def _copy_now(low: Lowerer, clone: Node) -> None:
     """Lower a copy :func:`prepare_kv_reads` held back, as the copy lowering would have."""
     named("copy").fn(low, clone)
     low.finished.add(clone.name)
