@@ -593,9 +593,9 @@ def _slice_in_source(off: int, strides, sizes, shape, xs, x_off: int):
     return x_off + sum(i * s for i, s in zip(idx, xs)), out
 
 
-def _kv_operand(low: Lowerer, clone: Node, chain: list[Node]) -> View | None:
-    """The bmm operand ``chain(clone(x))`` [nb, R, C] as per-batch slices of ``x``'s storage: ``nb`` (offset,
-    strides) pairs, or None when a slice is not one strided view of ``x``."""
+def _kv_operand(low: Lowerer, clone: Node, chain: list[Node]) -> tuple[View, list, tuple] | None:
+    """The bmm operand ``chain(clone(x))`` [nb, K, N] read from ``x``'s storage: (``x``, ``nb`` (offset,
+    strides) slices, its shape), or None when a slice is not one strided view of ``x``."""
     x = low.value(clone.args[0])
     shape = tuple(clone.outputs[0].shape)
     meta = meta_tensor(shape, x.dtype)
