@@ -657,8 +657,11 @@ def repeat_kv_operands(low: Lowerer, n: Node):
     G = nb // R
     A2 = reshape_view(A, (G, R * A.shape[-2], A.shape[-1])) if nb % R == 0 and A.meta.dim() == 3 else None
     step = offs[R] - offs[0] if G > 1 else 0
-    if A2 is None or any(offs[g * R + r] != offs[0] + g * step or slices[g * R + r][1] != slices[0][1]
-                         for g in range(G) for r in range(R)):
+    # the fused epilogue's operands (a mask, a scale) must read the output as [G, R x M, N] too
+    folded = (G, R * A.shape[-2], N)
+    uniform = all(offs[g * R + r] == offs[0] + g * step and slices[g * R + r][1] == slices[0][1]
+                  for g in range(G) for r in range(R))
+    if A2 is None or not uniform or any(m.reshaped(folded) is None for m in epilogue_chain(low, n)[0]):
         if found:
             _copy_now(low, found[1][0])
         return None
