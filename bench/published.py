@@ -205,14 +205,14 @@ def _why(r: dict) -> str:
         else:
             c = rank_config(load_config(PRESET.get(r["model"], r["model"])), r["tp"])
             rep = c.num_attention_heads // c.num_key_value_heads
-            kv = (f"repeat_kv copies the cache for the {rep} query heads of each KV head, " if rep > 1 else "")
+            kv = (f"the {rep} query heads of a KV head read its cache once, as rows of one matmul; " if rep > 1 else "")
             why.append(
                 f"TPOT is {ratio:.1f}x published ({r['tpot_proj'] / r['tpot_roof']:.0f}x its roofline): "
                 f"{100 * r['tpot_cc_share']:.0f}% is collectives ({collectives(r)}); the [batch, hidden] "
                 "activations run on all 128 partitions (the lane layout: norms, residual adds and casts; x^T read "
                 f"in place by the projections), so what remains is attention over the KV cache: {kv}q @ K^T "
-                "loads K in natural tiles and transposes them on the Tensor Engine, and the softmax over the "
-                "scores runs on batch x heads partitions"
+                "loads K in natural 128-row tiles (one DMA each) and transposes them on the Tensor Engine, and the "
+                "softmax over the scores runs on batch x heads partitions, its steps through HBM"
             )
         if r["target"] == "trn2":
             why.append(

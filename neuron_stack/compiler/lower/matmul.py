@@ -3,7 +3,13 @@ accumulating in one PSUM bank, transposes through the PE array, the fused epilog
 """
 from __future__ import annotations
 
-from neuron_stack.compiler.lower.attention import FlashAttention, SoftmaxEpilogue, flash_attention, fusable_softmax
+from neuron_stack.compiler.lower.attention import (
+    FlashAttention,
+    SoftmaxEpilogue,
+    flash_attention,
+    fusable_softmax,
+    repeat_kv_operands,
+)
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, transpose_to
 from neuron_stack.compiler.lower.custom import lower_custom
@@ -112,7 +118,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     """out[M,N] = A[M,K] @ B[K,N] (batched for bmm): stationary A^T tiles [K<=128, M<=128],
     moving B tiles [K<=128, N<=512] accumulating over K in PSUM banks, evacuated through the
     epilogue (alpha, bias, fused activations) to SBUF and stored."""
-    ops = matmul_operands(low, n)
+    ops = repeat_kv_operands(low, n) or matmul_operands(low, n)
     if ops is None:
         lower_custom(low, n)
         return
@@ -165,7 +171,12 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     nk = ceil_div(K, PMAX)
     NG = min(N, 2 * MOVING_FMAX)
     MG = min(M, 4 * STAT_FMAX)
-    a_direct = A3.meta.stride()[-2] == 1 or M == 1      # A^T rows are contiguous along M
+    # A^T rows are contiguous along M; a one-row A that SBUF holds where the PE array can read it is transposed
+    # there, not DMA'd one element per partition (a copy of single elements is not a DMA: docs/cost_model.md)
+    ra = low.res.get(A.buf)
+    a_inplace = M == 1 and ra is not None and not ra.evicted and low._resident_tile(
+        ra, A3.with_meta(A3.meta[0]), [(0, 1), (0, min(K, PMAX))], 1) is not None
+    a_direct = A3.meta.stride()[-2] == 1 or M == 1 and not a_inplace
     b_direct = B3.meta.stride()[-1] == 1 or N == 1
     # pools (SBUF bytes per partition; PSUM banks)
     es = nbytes_of(mm_dt)
@@ -195,7 +206,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     transposes = not (a_direct and b_direct or lanes)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if transposes else None
-    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=16) if transposes else None
+    # (a resident one-row A is read in place: its natural tiles take no DMA slots)
+    nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=1 if a_inplace and b_direct else 16) \
+        if transposes else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         # a quantized weight streams through its staging tiles: as many in flight as the panel's
