@@ -215,7 +215,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         NB = resident_columns(nk, N, es, room)
         sweep = NB > 0
     if sweep:
-        MG = STAT_FMAX          # the panel is resident: several row chunks per x^T block would reuse nothing
+        MG = STAT_FMAX          # the panel is resident: x^T blocks of several row chunks would reuse nothing
     # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
     # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
     kgroup = 0
@@ -397,21 +397,19 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             for c0 in range(0, N, NB):
                 subs = [(n0, min(NG, min(N, c0 + NB) - n0)) for n0 in range(c0, min(N, c0 + NB), NG)]
                 panel: dict = {}
-                for m0 in range(0, M, MG):
-                    mw = min(MG, M - m0)
+                # row blocks of <= 128 that stop where a group of output rows ends (one block of the resident output)
+                for m0, mw in group_chunks(0, M, out_group, STAT_FMAX):
                     ats = x_tiles(Ab, m0, mw)
-                    for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
-                        for n0, nw in subs:
-                            acc = acc_pool.tile(mp, nw)
+                    for n0, nw in subs:
+                        acc = acc_pool.tile(mw, nw)
 
-                            def held(kb, n0=n0, nw=nw):
-                                if (n0, kb) not in panel:
-                                    panel[(n0, kb)] = moving(kb, n0, nw)
-                                return panel[(n0, kb)]
+                        def held(kb, n0=n0, nw=nw):
+                            if (n0, kb) not in panel:
+                                panel[(n0, kb)] = moving(kb, n0, nw)
+                            return panel[(n0, kb)]
 
-                            accumulate(acc, lambda kb, ms=ms, mp=mp: ats[kb] if mp == ats[kb].F else
-                                       ats[kb].cols(ms, mp), held, mp, nw)
-                            evacuate(acc, b, m0 + ms, mp, n0, nw)
+                        accumulate(acc, ats.__getitem__, held, mw, nw)
+                        evacuate(acc, b, m0, mw, n0, nw)
             continue
         for n0 in range(0, N, NG):
             nw = min(NG, N - n0)
