@@ -201,8 +201,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     NB, xg = N, 1
     sweep = not lanes and M > STAT_FMAX
     if sweep:
-        # x^T tiles of one 128-row block (all K, rolling: block i+1's tile kb loads once block i's matmuls have
-        # read tile kb); natural x loads of xg K-tiles, 4 KiB a partition (the DMA guide's saturating size)
+        # x^T tiles of one row block (all K, rolling: block i+1's tile kb loads once block i's matmuls have read
+        # tile kb): 128 rows from natural x loads of xg K-tiles, 4 KiB a partition (the DMA guide's saturating
+        # size); x^T as stored keeps blocks of 512 rows (1 KiB a partition, its rows' longest runs)
         xg = 1 if a_direct else min(nk, max(1, 4096 // (PMAX * nbytes_of(A.dtype))))
         epi_dts = [out_dt if not members else "float32"] + ([Cv.dtype] * 2 if Cv is not None else []) \
             + [d for m in members for d in ["float32", *(v.dtype for v in m.extras.values())]]
@@ -210,11 +211,11 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             + (0 if b_direct else 16 * PMAX * nbytes_of(A.dtype))
         if A.dtype != mm_dt or B.dtype != mm_dt:
             staging += (streamed if B.dtype in QUANTIZED_DTYPES else 2) * max(NG, MG) * nbytes_of(A.dtype)
-        room = budget - nk * STAT_FMAX * es - staging \
+        room = budget - nk * (MG if a_direct else STAT_FMAX) * es - staging \
             - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
         NB = resident_columns(nk, N, es, room)
         sweep = NB > 0
-    if sweep:
+    if sweep and not a_direct:
         MG = STAT_FMAX          # the panel is resident: x^T blocks of several row chunks would reuse nothing
     # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
     # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
@@ -356,7 +357,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                 sm(cur, box)
 
     def x_tiles(Ab: View, m0: int, mw: int) -> list[Tile]:
-        """A sweep's x^T tiles of rows ``m0 .. m0+mw`` (<= 128), every K-tile: natural loads of ``xg`` K-tiles
+        """A sweep's x^T tiles of rows ``m0 .. m0+mw``, every K-tile: as stored, or natural loads of ``xg`` K-tiles
         each (4 KiB a partition where one 128 x 128 tile was 256 B), transposed on TensorE."""
         if a_direct:
             ATv = Ab.with_meta(Ab.meta.t())
@@ -397,19 +398,23 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             for c0 in range(0, N, NB):
                 subs = [(n0, min(NG, min(N, c0 + NB) - n0)) for n0 in range(c0, min(N, c0 + NB), NG)]
                 panel: dict = {}
-                # row blocks of <= 128 that stop where a group of output rows ends (one block of the resident output)
-                for m0, mw in group_chunks(0, M, out_group, STAT_FMAX):
+                # row blocks stop where a group of output rows ends (each chunk one block of the resident output)
+                blocks = [(m0, min(MG, M - m0)) for m0 in range(0, M, MG)] if a_direct else \
+                    group_chunks(0, M, out_group, STAT_FMAX)
+                for m0, mw in blocks:
                     ats = x_tiles(Ab, m0, mw)
-                    for n0, nw in subs:
-                        acc = acc_pool.tile(mw, nw)
+                    for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
+                        for n0, nw in subs:
+                            acc = acc_pool.tile(mp, nw)
 
-                        def held(kb, n0=n0, nw=nw):
-                            if (n0, kb) not in panel:
-                                panel[(n0, kb)] = moving(kb, n0, nw)
-                            return panel[(n0, kb)]
+                            def held(kb, n0=n0, nw=nw):
+                                if (n0, kb) not in panel:
+                                    panel[(n0, kb)] = moving(kb, n0, nw)
+                                return panel[(n0, kb)]
 
-                        accumulate(acc, ats.__getitem__, held, mw, nw)
-                        evacuate(acc, b, m0, mw, n0, nw)
+                            accumulate(acc, lambda kb, ms=ms, mp=mp: ats[kb] if mp == ats[kb].F else
+                                       ats[kb].cols(ms, mp), held, mp, nw)
+                            evacuate(acc, b, m0 + ms, mp, n0, nw)
             continue
         for n0 in range(0, N, NG):
             nw = min(NG, N - n0)
