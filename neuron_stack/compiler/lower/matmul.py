@@ -198,8 +198,15 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # reuses it) the weight, or the widest block of its columns that fits beside the x^T tiles, staging and the
     # epilogue's pools, is loaded once for the whole sweep of M; each block of columns costs one more read of x,
     # where streaming re-read the whole weight for each 128-row block (79 times for 10,000 tokens).
-    NB, xg = N, 1
-    sweep = not lanes and M > STAT_FMAX
+    NB, xg, xbufs = N, 1, 1
+    # only where streaming would be DMA-bound: its HBM bytes (x once per NG columns, the weight once per 128-row
+    # block unless resident) give an arithmetic intensity under the roofline's ridge (the tutorial's "memory
+    # bound region"); a compute-bound matmul keeps the N-outer order, whose next panel loads while this one
+    # multiplies (a resident sweep waits for each block's whole panel on its first row block)
+    x_bytes, w_bytes = M * K * nbytes_of(A.dtype), K * N * nbytes_of(B.dtype)
+    streamed_bytes = x_bytes * ceil_div(N, NG) + w_bytes * (1 if panel_resident else ceil_div(M, STAT_FMAX))
+    ridge = low.p.tensor_peak_flops(mm_dt) / (low.p.dma_bytes_per_ns * 1e9)      # FLOPs per byte
+    sweep = not lanes and M > STAT_FMAX and 2 * M * K * N < ridge * streamed_bytes
     if sweep:
         # x^T tiles of one row block (all K, rolling: block i+1's tile kb loads once block i's matmuls have read
         # tile kb): 128 rows from natural x loads of xg K-tiles, 4 KiB a partition (the DMA guide's saturating
@@ -211,10 +218,13 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             + (0 if b_direct else 16 * PMAX * nbytes_of(A.dtype))
         if A.dtype != mm_dt or B.dtype != mm_dt:
             staging += (streamed if B.dtype in QUANTIZED_DTYPES else 2) * max(NG, MG) * nbytes_of(A.dtype)
-        room = budget - nk * (MG if a_direct else STAT_FMAX) * es - staging \
-            - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
+        xt = nk * (MG if a_direct else STAT_FMAX) * es
+        room = budget - xt - staging - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
         NB = resident_columns(nk, N, es, room)
         sweep = NB > 0
+        # double-buffer x^T (the next block loads while this one multiplies) when that costs no column block
+        if sweep and ceil_div(N, max(1, resident_columns(nk, N, es, room - xt))) == ceil_div(N, NB):
+            xbufs, NB = 2, resident_columns(nk, N, es, room - xt)
     if sweep and not a_direct:
         MG = STAT_FMAX          # the panel is resident: x^T blocks of several row chunks would reuse nothing
     # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
@@ -237,7 +247,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         # the panel: every K-tile of every NG-column group of a block (K-tiled groups hold it in gpool)
         bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=nk * ceil_div(NB, NG)) \
             if kgroup <= 1 or B.dtype != mm_dt else None
-        atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=nk)
+        atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=xbufs * nk)
     else:
         bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs) if not lanes or B.dtype != mm_dt \
             else None
