@@ -31,6 +31,20 @@ def test_weight_read_once_for_every_row_block():
         torch.testing.assert_close(nm(x), proj(x), rtol=1e-4, atol=1e-4)
 
 
+def test_dma_bound_projection_keeps_a_weight_over_half_the_ring_resident():
+    # W [8192, 448] fp32 is 112 KiB a partition, over half the tile ring: streamed, it was read once per 128-row
+    # block (4 x 14.7 MB here, a DMA-bound order); resident, once
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(8192, 448, bias=False).eval()
+    x = torch.randn(512, 8192)
+    nm = neuron_stack.trace(proj, x)
+    (s,) = nm.model.neff.schedules.values()
+    x_bytes, w_bytes = x.numel() * 4, proj.weight.numel() * 4
+    assert x_bytes + w_bytes <= s.hbm_read_bytes < x_bytes + w_bytes * 1.05, s.hbm_read_bytes
+    with torch.no_grad():
+        torch.testing.assert_close(nm(x), proj(x), rtol=1e-4, atol=1e-4)
+
+
 def test_weight_too_wide_for_sbuf_is_read_once_in_column_blocks():
     # W [8192, 1024] fp32 is 256 KiB a partition, more than SBUF: blocks of its columns each stay for the sweep of
     # M, so W is read once and x once per block, not W once per 128-row block
