@@ -21,7 +21,7 @@ from neuron_stack.compiler.lower.tiles import (
     nbytes_of,
     packet_name,
 )
-from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
+from neuron_stack.device.cost import ceil_div, dma_efficiency, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 
@@ -105,6 +105,16 @@ def lane_predicted(low: Lowerer, A: View) -> bool:
     n = low.by_name.get(A.buf)
     return n is not None and bool(n.outputs) and A.meta.dim() == 2 and A.meta.is_contiguous() \
         and not low._escapes(A.buf) and low.lanes_for(A.buf, n.outputs[0].shape)
+
+
+def kgroup_of(nk: int, N: int, dtype: str) -> int:
+    """K-tiles of a K-tiled weight [128, nk, N] one DMA brings: >= 4 KiB a partition (the DMA guide's saturating
+    size), at most all of them.
+
+    >>> kgroup_of(64, 448, "bfloat16"), kgroup_of(2, 128, "bfloat16")
+    (5, 2)
+    """
+    return min(nk, ceil_div(4096, N * nbytes_of(dtype)))
 
 
 def resident_columns(nk: int, N: int, es: int, room: int) -> int:
@@ -200,11 +210,15 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # where streaming re-read the whole weight for each 128-row block (79 times for 10,000 tokens).
     NB, xg, xbufs = N, 1, 1
     # only where streaming would be DMA-bound: its HBM bytes (x once per NG columns, the weight once per 128-row
-    # block unless resident) give an arithmetic intensity under the roofline's ridge (the tutorial's "memory
-    # bound region"); a compute-bound matmul keeps the N-outer order, whose next panel loads while this one
-    # multiplies (a resident sweep waits for each block's whole panel on its first row block)
-    x_bytes, w_bytes = M * K * nbytes_of(A.dtype), K * N * nbytes_of(B.dtype)
-    streamed_bytes = x_bytes * ceil_div(N, NG) + w_bytes * (1 if panel_resident else ceil_div(M, STAT_FMAX))
+    # block unless resident; each over its DMAs' efficiency at their bytes a partition) give an arithmetic
+    # intensity under the roofline's ridge (the tutorial's "memory bound region"); a compute-bound matmul keeps
+    # the N-outer order, whose next panel loads while this one multiplies (a resident sweep waits for each
+    # block's whole panel on its first row block)
+    x_run = MG * es if a_direct else min(K, PMAX) * nbytes_of(A.dtype)
+    w_run = (kgroup_of(nk, N, B.dtype) * N if B.buf in low.const_ktiled else NG if b_direct else PMAX) \
+        * nbytes_of(B.dtype)
+    streamed_bytes = M * K * nbytes_of(A.dtype) * ceil_div(N, NG) / dma_efficiency(low.p, x_run) \
+        + K * N * nbytes_of(B.dtype) * (1 if panel_resident else ceil_div(M, STAT_FMAX)) / dma_efficiency(low.p, w_run)
     ridge = low.p.tensor_peak_flops(mm_dt) / (low.p.dma_bytes_per_ns * 1e9)      # FLOPs per byte
     sweep = not lanes and M > STAT_FMAX and 2 * M * K * N < ridge * streamed_bytes
     if sweep:
@@ -231,7 +245,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
     kgroup = 0
     if B.buf in low.const_ktiled and b_direct and N <= NG and not B.meta.storage_offset():
-        kgroup = min(nk, ceil_div(4096, min(N, NB) * nbytes_of(B.dtype)))
+        kgroup = kgroup_of(nk, min(N, NB), B.dtype)
     if lanes:
         # a decode step's x^T read in place, K-tile j = column j of the lane layout; the weight's K-tile j is
         # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
