@@ -235,7 +235,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         xt = nk * (MG if a_direct else STAT_FMAX) * es
         room = budget - xt - staging - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
         NB = resident_columns(nk, N, es, room)
-        sweep = NB > 0
+        # and only when it moves fewer (efficiency-weighted) bytes: x once per column block, the weight once
+        x_run = (MG * es if a_direct else xg * PMAX * nbytes_of(A.dtype))
+        sweep = NB > 0 and M * K * nbytes_of(A.dtype) * ceil_div(N, NB) / dma_efficiency(low.p, x_run) \
+            + K * N * nbytes_of(B.dtype) / dma_efficiency(low.p, w_run) < streamed_bytes
         # double-buffer x^T (the next block loads while this one multiplies) when that costs no column block
         if sweep and ceil_div(N, max(1, resident_columns(nk, N, es, room - xt))) == ceil_div(N, NB):
             xbufs, NB = 2, resident_columns(nk, N, es, room - xt)
