@@ -27,7 +27,7 @@ from neuron_stack.compiler.lower.tiles import (
     nbytes_of,
     packet_name,
 )
-from neuron_stack.device.cost import ceil_div, ldweights_ns, matmul_ns
+from neuron_stack.device.cost import ceil_div, dma_efficiency, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
 
 
@@ -113,6 +113,28 @@ def lane_predicted(low: Lowerer, A: View) -> bool:
         and not low._escapes(A.buf) and low.lanes_for(A.buf, n.outputs[0].shape)
 
 
+def kgroup_of(nk: int, N: int, dtype: str) -> int:
+    """K-tiles of a K-tiled weight [128, nk, N] one DMA brings: >= 4 KiB a partition (the DMA guide's saturating
+    size), at most all of them.
+
+    >>> kgroup_of(64, 448, "bfloat16"), kgroup_of(2, 128, "bfloat16")
+    (5, 2)
+    """
+    return min(nk, ceil_div(4096, N * nbytes_of(dtype)))
+
+
+def resident_columns(nk: int, N: int, es: int, room: int) -> int:
+    """Columns of a weight [K, N] (``nk`` K-tiles, ``es`` bytes an element) that stay resident in ``room`` bytes per
+    partition: all ``N`` when they fit, else the widest multiple of 128 that does (0: none, the weight streams).
+
+    >>> resident_columns(64, 448, 2, 60_000), resident_columns(64, 2004, 2, 60_000), resident_columns(512, 128, 2, 9)
+    (448, 384, 0)
+    """
+    if nk * N * es <= room:
+        return N
+    return room // (nk * es) // PMAX * PMAX
+
+
 @lowering("matmul", ops=("mm", "addmm", "bmm", "baddbmm", "mv", "dot", "addmv"), op_classes=("matmul",))
 def lower_matmul(low: Lowerer, n: Node) -> None:
     """out[M,N] = A[M,K] @ B[K,N] (batched for bmm): stationary A^T tiles [K<=128, M<=128],
@@ -189,6 +211,55 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     streamed = max(3, min(16, nk, (budget // 2) // max(1, NG * es)))
     panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if panel_resident else streamed
     lanes = not batched and lane_operand(low, A, B)
+    # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
+    epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
+    # Several 128-row blocks (a prefill's projections, x [tokens, K] @ W [K, N]): as the NKI matmul tutorial's
+    # optimisations (aws-neuron-sdk nki/guides/tutorials/matrix_multiplication.rst: hoist the loads out of the
+    # inner loop, block the free dimensions so a block of the moving operand stays in SBUF and every row block
+    # reuses it) the weight, or the widest block of its columns that fits beside the x^T tiles, staging and the
+    # epilogue's pools, is loaded once for the whole sweep of M; each block of columns costs one more read of x,
+    # where streaming re-read the whole weight for each 128-row block (79 times for 10,000 tokens).
+    NB, xg, xbufs = N, 1, 1
+    # only where streaming would be DMA-bound: its HBM bytes (x once per NG columns, the weight once per 128-row
+    # block unless resident; each over its DMAs' efficiency at their bytes a partition) give an arithmetic
+    # intensity under the roofline's ridge (the tutorial's "memory bound region"); a compute-bound matmul keeps
+    # the N-outer order, whose next panel loads while this one multiplies (a resident sweep waits for each
+    # block's whole panel on its first row block)
+    x_run = MG * es if a_direct else min(K, PMAX) * nbytes_of(A.dtype)
+    w_run = (kgroup_of(nk, N, B.dtype) * N if B.buf in low.const_ktiled else NG if b_direct else PMAX) \
+        * nbytes_of(B.dtype)
+    streamed_bytes = M * K * nbytes_of(A.dtype) * ceil_div(N, NG) / dma_efficiency(low.p, x_run) \
+        + K * N * nbytes_of(B.dtype) * (1 if panel_resident else ceil_div(M, STAT_FMAX)) / dma_efficiency(low.p, w_run)
+    ridge = low.p.tensor_peak_flops(mm_dt) / (low.p.dma_bytes_per_ns * 1e9)      # FLOPs per byte
+    sweep = not lanes and M > STAT_FMAX and 2 * M * K * N < ridge * streamed_bytes
+    if sweep:
+        # x^T tiles of one row block (all K, rolling: block i+1's tile kb loads once block i's matmuls have read
+        # tile kb): 128 rows from natural x loads of xg K-tiles, 4 KiB a partition (the DMA guide's saturating
+        # size); x^T as stored keeps blocks of 512 rows (1 KiB a partition, its rows' longest runs)
+        xg = 1 if a_direct else min(nk, max(1, 4096 // (PMAX * nbytes_of(A.dtype))))
+        epi_dts = [out_dt if not members else "float32"] + ([Cv.dtype] * 2 if Cv is not None else []) \
+            + [d for m in members for d in ["float32", *(v.dtype for v in m.extras.values())]]
+        staging = (0 if a_direct else 2 * xg * PMAX * nbytes_of(A.dtype)) \
+            + (0 if b_direct else 16 * PMAX * nbytes_of(A.dtype))
+        if A.dtype != mm_dt or B.dtype != mm_dt:
+            staging += (streamed if B.dtype in QUANTIZED_DTYPES else 2) * max(NG, MG) * nbytes_of(A.dtype)
+        xt = nk * (MG if a_direct else STAT_FMAX) * es
+        room = budget - xt - staging - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
+        NB = resident_columns(nk, N, es, room)
+        # and only when it moves fewer (efficiency-weighted) bytes: x once per column block, the weight once
+        x_run = (MG * es if a_direct else xg * PMAX * nbytes_of(A.dtype))
+        sweep = NB > 0 and M * K * nbytes_of(A.dtype) * ceil_div(N, NB) / dma_efficiency(low.p, x_run) \
+            + K * N * nbytes_of(B.dtype) / dma_efficiency(low.p, w_run) < streamed_bytes
+        # double-buffer x^T (the next block loads while this one multiplies) when that costs no column block
+        if sweep and ceil_div(N, max(1, resident_columns(nk, N, es, room - xt))) == ceil_div(N, NB):
+            xbufs, NB = 2, resident_columns(nk, N, es, room - xt)
+    if sweep and not a_direct:
+        MG = STAT_FMAX          # the panel is resident: x^T blocks of several row chunks would reuse nothing
+    # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
+    # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
+    kgroup = 0
+    if B.buf in low.const_ktiled and b_direct and N <= NG and not B.meta.storage_offset():
+        kgroup = kgroup_of(nk, min(N, NB), B.dtype)
     if lanes:
         # a decode step's x^T read in place, K-tile j = column j of the lane layout; the weight's K-tile j is
         # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
@@ -200,22 +271,28 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         # fit), a streamed one keeps as many transfers in flight; casts of a quantized weight go to bpool
         lbufs = (2 * groups if 2 * b_bytes <= budget // 2 else groups) if panel_resident else max(2, streamed // lgroup)
         lpool = Pool(low, f"{n.name}.Bl", "sbuf", PMAX, lgroup * NG, B.dtype, bufs=lbufs)
-    bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs) if not lanes or B.dtype != mm_dt \
-        else None
-    atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
+    if sweep:
+        # the panel: every K-tile of every NG-column group of a block (K-tiled groups hold it in gpool)
+        bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=nk * ceil_div(NB, NG)) \
+            if kgroup <= 1 or B.dtype != mm_dt else None
+        atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=xbufs * nk)
+    else:
+        bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs) if not lanes or B.dtype != mm_dt \
+            else None
+        atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt,
+                      bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
     acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, NG, "float32", bufs=2)
     transposes = not (a_direct and b_direct or lanes)
     tp_pool = Pool(low, f"{n.name}.tp", "psum", PMAX, PMAX, "float32", bufs=2) if transposes else None
     # (a resident one-row A is read in place: its natural tiles take no DMA slots)
     nat_pool = Pool(low, f"{n.name}.nat", "sbuf", PMAX, PMAX, A.dtype, bufs=1 if a_inplace and b_direct else 16) \
-        if transposes else None
+        if transposes and not (sweep and b_direct) else None
+    xnat_pool = Pool(low, f"{n.name}.xn", "sbuf", PMAX, xg * PMAX, A.dtype, bufs=2) if sweep and not a_direct else None
     ld_pool = None
     if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
         # a quantized weight streams through its staging tiles: as many in flight as the panel's
         ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype,
                        bufs=streamed if B.dtype in QUANTIZED_DTYPES else 2)
-    # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
-    epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
 
     def load_cast(v: View, box, pool: Pool, split: int) -> Tile:
         """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
@@ -240,28 +317,27 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     for v in out_views.values():
         C, _, D = low.row_layout(v.buf, low.hbm.get(v.buf, {}).get("shape", ()))
         out_group = out_group or (D if nb == 1 and C == N else 0)
-    # a K-tiled weight (constants.prepare_constants): g K-tiles per DMA, each partition's g x N elements
-    # contiguous, so the DMA guide's >= 4 KiB per partition is reached where one [128, N] tile had N x 2 B
-    kgroup = 0
-    if B.buf in low.const_ktiled and b_direct and N <= NG and not B.meta.storage_offset():
-        kgroup = min(nk, ceil_div(4096, N * nbytes_of(B.dtype)))
     if kgroup > 1:
-        gbufs = 2 * ceil_div(nk, kgroup) if panel_resident else 2      # a resident panel keeps every group
-        gpool = Pool(low, f"{n.name}.Bk", "sbuf", PMAX, kgroup * N, B.dtype, bufs=gbufs)
+        if sweep:       # a held panel keeps every group; a quantized one keeps its cast K-tiles in bpool
+            gbufs = ceil_div(nk, kgroup) if B.dtype == mm_dt else 2
+        else:
+            gbufs = 2 * ceil_div(nk, kgroup) if panel_resident else 2      # a resident panel keeps every group
+        gpool = Pool(low, f"{n.name}.Bk", "sbuf", PMAX, kgroup * min(N, NB), B.dtype, bufs=gbufs)
         kmemo: dict = {}
 
-        def ktiled_moving(kb: int) -> Tile:
+        def ktiled_moving(kb: int, n0: int = 0, nw: int = N) -> Tile:
+            """K-tile ``kb`` of columns ``n0 .. n0+nw``: one DMA brings ``kgroup`` K-tiles of them."""
             j0 = kb - kb % kgroup
-            if kmemo.get("j0") != j0:
+            if kmemo.get("key") != (j0, n0):
                 gl = min(kgroup, nk - j0)
-                t = gpool.tile(PMAX, gl * N)
-                low.dma(n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N,
-                                         "ap": [[nk * N, PMAX], [1, gl * N]]})
-                kmemo.update(j0=j0, t=t)
-            t = kmemo["t"].cols((kb - j0) * N, N)
+                t = gpool.tile(PMAX, gl * nw)
+                ap = [[nk * N, PMAX], [1, gl * N]] if nw == N else [[nk * N, PMAX], [N, gl], [1, nw]]
+                low.dma(n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N + n0, "ap": ap})
+                kmemo.update(key=(j0, n0), t=t)
+            t = kmemo["t"].cols((kb - j0) * nw, nw)
             if B.dtype == mm_dt:
                 return t
-            c = bpool.tile(PMAX, N)     # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
+            c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
             low.act(n.name, c, t.op(), "copy")
             return c
     if lanes:
@@ -279,28 +355,109 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way
             low.act(n.name, c, t.op(), "copy")
             return c
+    def accumulate(acc: Tile, stat_of, mov_of, mp: int, nw: int) -> None:
+        """acc[mp, nw] = sum over K-tiles of stat_of(kb)^T @ mov_of(kb), one PSUM bank of columns per MATMUL."""
+        for kb in range(nk):
+            kl = min(PMAX, K - kb * PMAX)
+            stat, mov_t = stat_of(kb), mov_of(kb)
+            low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
+            for c0 in range(0, nw, MOVING_FMAX):
+                cw = min(MOVING_FMAX, nw - c0)
+                low.emit("MATMUL", n.name, [acc.cols(c0, cw).op()], [stat.op(), mov_t.cols(c0, cw).op()],
+                         {"start": kb == 0, "stop": kb == nk - 1},
+                         dur=matmul_ns(low.p, cw, mp, mm_dt), flops=2 * kl * mp * cw, itype="REGULAR", small=False)
+
+    def evacuate(acc: Tile, b: int, r0: int, mp: int, n0: int, nw: int) -> None:
+        """PSUM rows ``r0 .. r0+mp``, columns ``n0 .. n0+nw`` through the epilogue, one bank at a time."""
+        for c0 in range(0, nw, MOVING_FMAX):
+            cw = min(MOVING_FMAX, nw - c0)
+            box = [(b, 1), (r0, mp), (n0 + c0, cw)]
+            ctx = TileCtx(low, hshape, box, 2, epi_pools)
+            src = acc.cols(c0, cw)
+            out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
+            if Cv is not None:
+                ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N))
+                                       if Cv.meta.shape[0] != nb else Cv, "bias")
+                if beta != 1:     # into a fresh tile: ctile may be a resident value read in place
+                    scaled = ctx.out_tile(n.name, "beta", ctile.dtype)
+                    low.vec("TENSOR_SCALAR", n.name, scaled, [ctile.op()], op0="multiply", scalar0=beta)
+                    ctile = scaled
+                if alpha != 1:
+                    low.vec("TENSOR_SCALAR", n.name, out_t, [src.op()], op0="multiply", scalar0=alpha)
+                    low.vec("TENSOR_TENSOR", n.name, out_t, [out_t.op(), ctile.op()], n_inputs=2, op="add",
+                            flops=mp * cw)
+                else:
+                    low.vec("TENSOR_TENSOR", n.name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
+                            flops=mp * cw)
+            else:
+                low.act(n.name, out_t, src.op(), "copy", scale=alpha)
+            cur = run_chain(ctx, n.name, out_t, members, out3)
+            if sm is not None:
+                sm(cur, box)
+
+    def x_tiles(Ab: View, m0: int, mw: int) -> list[Tile]:
+        """A sweep's x^T tiles of rows ``m0 .. m0+mw``, every K-tile: as stored, or natural loads of ``xg`` K-tiles
+        each (4 KiB a partition where one 128 x 128 tile was 256 B), transposed on TensorE."""
+        if a_direct:
+            ATv = Ab.with_meta(Ab.meta.t())
+            return [load_cast(ATv, [(kb * PMAX, min(PMAX, K - kb * PMAX)), (m0, mw)], atpool, 1) for kb in range(nk)]
+        ats = [atpool.tile(min(PMAX, K - kb * PMAX), mw) for kb in range(nk)]
+        for rr, rlen in row_chunks(low, Ab, m0, mw):
+            for j0 in range(0, nk, xg):
+                cols = min(xg * PMAX, K - j0 * PMAX)
+                src = low.load(n.name, Ab, [(m0 + rr, rlen), (j0 * PMAX, cols)], xnat_pool, 1)
+                for kb in range(j0, min(nk, j0 + xg)):
+                    kl = min(PMAX, K - kb * PMAX)
+                    # (an in-place resident tile with a strided free pattern: one K-tile at a time)
+                    piece = src.cols((kb - j0) * PMAX, kl) if src.free_ap is None else \
+                        low.load(n.name, Ab, [(m0 + rr, rlen), (kb * PMAX, kl)], xnat_pool, 1)
+                    transpose_to(low, n.name, piece, ats[kb].cols(rr, rlen).as_dtype(mm_dt), tp_pool)
+        return ats
+
     for b in range(nb):
         Ab = A3.with_meta(A3.meta[b])
         Bb = B3.with_meta(B3.meta[b])
         ATv = Ab.with_meta(Ab.meta.t())          # [K, M]
+
+        def moving(kb, n0, nw):
+            k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
+            if lanes:
+                return lane_moving(kb, n0, nw)
+            if kgroup > 1:
+                return ktiled_moving(kb, n0, nw)
+            if b_direct:
+                return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
+            # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
+            Wv = Bb.with_meta(Bb.meta.t())   # [N, K]
+            return transposed(Wv, n0, nw, k0, kl, bpool)
+
+        if sweep:
+            # column blocks of NB (all N when the weight fits): each block's panel is loaded on the first row
+            # block and read from SBUF by every later one
+            for c0 in range(0, N, NB):
+                subs = [(n0, min(NG, min(N, c0 + NB) - n0)) for n0 in range(c0, min(N, c0 + NB), NG)]
+                panel: dict = {}
+                # row blocks stop where a group of output rows ends (each chunk one block of the resident output)
+                blocks = [(m0, min(MG, M - m0)) for m0 in range(0, M, MG)] if a_direct else \
+                    group_chunks(0, M, out_group, STAT_FMAX)
+                for m0, mw in blocks:
+                    ats = x_tiles(Ab, m0, mw)
+                    for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
+                        for n0, nw in subs:
+                            acc = acc_pool.tile(mp, nw)
+
+                            def held(kb, n0=n0, nw=nw):
+                                if (n0, kb) not in panel:
+                                    panel[(n0, kb)] = moving(kb, n0, nw)
+                                return panel[(n0, kb)]
+
+                            accumulate(acc, lambda kb, ms=ms, mp=mp: ats[kb] if mp == ats[kb].F else
+                                       ats[kb].cols(ms, mp), held, mp, nw)
+                            evacuate(acc, b, m0 + ms, mp, n0, nw)
+            continue
         for n0 in range(0, N, NG):
             nw = min(NG, N - n0)
-            panel = []
-
-            def moving(kb):
-                k0, kl = kb * PMAX, min(PMAX, K - kb * PMAX)
-                if lanes:
-                    return lane_moving(kb, n0, nw)
-                if kgroup > 1:
-                    return ktiled_moving(kb)
-                if b_direct:
-                    return load_cast(Bb, [(k0, kl), (n0, nw)], bpool, 1)
-                # B = W.T with K contiguous: natural tiles of W [n, k] transposed on TensorE
-                Wv = Bb.with_meta(Bb.meta.t())   # [N, K]
-                return transposed(Wv, n0, nw, k0, kl, bpool)
-
-            if panel_resident:
-                panel = [moving(kb) for kb in range(nk)]
+            panel = [moving(kb, n0, nw) for kb in range(nk)] if panel_resident else []
             for m0 in range(0, M, MG):
                 mw = min(MG, M - m0)
                 ats = []
@@ -314,44 +471,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
                         ats.append(transposed(Ab, m0, mw, k0, kl, atpool))
                 for ms, mp in group_chunks(m0, mw, out_group, STAT_FMAX):
                     acc = acc_pool.tile(mp, nw)
-                    for kb in range(nk):
-                        kl = min(PMAX, K - kb * PMAX)
-                        # (a whole tile as it is: an in-place lane tile's columns are strided)
-                        stat = ats[kb] if mp == ats[kb].F else ats[kb].cols(ms, mp)
-                        mov_t = panel[kb] if panel_resident else moving(kb)
-                        low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, mp, mm_dt))
-                        for c0 in range(0, nw, MOVING_FMAX):
-                            cw = min(MOVING_FMAX, nw - c0)
-                            low.emit("MATMUL", n.name, [acc.cols(c0, cw).op()], [stat.op(), mov_t.cols(c0, cw).op()],
-                                     {"start": kb == 0, "stop": kb == nk - 1},
-                                     dur=matmul_ns(low.p, cw, mp, mm_dt), flops=2 * kl * mp * cw, itype="REGULAR",
-                                     small=False)
-                    # evacuate PSUM through the epilogue, one bank (<=512 columns) at a time
-                    for c0 in range(0, nw, MOVING_FMAX):
-                        cw = min(MOVING_FMAX, nw - c0)
-                        box = [(b, 1), (m0 + ms, mp), (n0 + c0, cw)]
-                        ctx = TileCtx(low, hshape, box, 2, epi_pools)
-                        src = acc.cols(c0, cw)
-                        out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
-                        if Cv is not None:
-                            ctile = ctx.load_extra(n.name, Cv.with_meta(Cv.meta.expand(nb, M, N))
-                                                   if Cv.meta.shape[0] != nb else Cv, "bias")
-                            if beta != 1:     # into a fresh tile: ctile may be a resident value read in place
-                                scaled = ctx.out_tile(n.name, "beta", ctile.dtype)
-                                low.vec("TENSOR_SCALAR", n.name, scaled, [ctile.op()], op0="multiply", scalar0=beta)
-                                ctile = scaled
-                            if alpha != 1:
-                                low.vec("TENSOR_SCALAR", n.name, out_t, [src.op()], op0="multiply", scalar0=alpha)
-                                low.vec("TENSOR_TENSOR", n.name, out_t, [out_t.op(), ctile.op()], n_inputs=2, op="add",
-                                        flops=mp * cw)
-                            else:
-                                low.vec("TENSOR_TENSOR", n.name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
-                                        flops=mp * cw)
-                        else:
-                            low.act(n.name, out_t, src.op(), "copy", scale=alpha)
-                        cur = run_chain(ctx, n.name, out_t, members, out3)
-                        if sm is not None:
-                            sm(cur, box)
+                    # (a whole tile as it is: an in-place lane tile's columns are strided)
+                    accumulate(acc, lambda kb, ms=ms, mp=mp: ats[kb] if mp == ats[kb].F else ats[kb].cols(ms, mp),
+                               lambda kb, n0=n0, nw=nw: panel[kb] if panel_resident else moving(kb, n0, nw), mp, nw)
+                    evacuate(acc, b, m0 + ms, mp, n0, nw)
     if sm is not None:
         sm.finish()
     lower_alone(low, alone)
