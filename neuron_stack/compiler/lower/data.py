@@ -112,7 +112,7 @@ def _dma_view(low: Lowerer, node: str, dst: View, src: View) -> None:
             copy_dma(low, node, dst, src, choose_split(dst.shape, 1 << 16))
         return
     shape = dst.shape
-    split = choose_split(shape)
+    split = _resident_split(low, src, shape) or _resident_split(low, dst, shape) or choose_split(shape)
     kept = dst.buf not in low.cand or low.lanes_for(dst.buf, low.hbm[dst.buf]["shape"])
     if kept and lane_tiled(low, shape, {0: src}, [], {node: dst}) \
             and None not in (lanes := (lane_view(dst, shape), lane_view(src, shape))):
@@ -128,6 +128,18 @@ def _dma_view(low: Lowerer, node: str, dst: View, src: View) -> None:
             o = pout.tile(t.P, t.F)
             low.act(node, o, t.op(), "copy")
             low.store(node, o, dst, br + bc)
+
+
+def _resident_split(low: Lowerer, v: View, shape) -> int | None:
+    """The cut of a cast whose operand ``v`` is kept in SBUF (or may be): after its row length, so each tile
+    is a block of the resident value. A cut of its own (``choose_split``: [4, 4, 16, 16] scores as 16 rows of
+    256) would read the value back through HBM (batch 4 cost 2.2x batch 2)."""
+    meta = low.hbm.get(v.buf)
+    if meta is None or low.cand.get(v.buf) not in ("undecided", "resident") or list(meta["shape"]) != list(shape) \
+            or low.lanes_for(v.buf, meta["shape"]):
+        return None
+    C = low.layout_of(v.buf, meta["shape"])[0]
+    return next((k for k in range(1, len(shape)) if math.prod(shape[k:]) == C), None)
 
 
 def _memset_view(low: Lowerer, node: str, dst: View, value) -> None:
