@@ -49,15 +49,16 @@ def _digest(s) -> str:
 @pytest.mark.parametrize("target", ["trn1", "inf2"])
 def test_lnc1_targets_schedule_as_before(block, target):
     s = build_schedule(block, 0, get_profile(target), {"auto_cast": "matmult"})
-    # pinned from the scheduler before LNC was modelled (with the DMA spread of branch `dma`, 5799680):
-    # one physical core per logical core, identical schedule
-    assert (_digest(s), s.device_ns) == ("09391853db8c353a", 43659)
+    # pinned from the scheduler before LNC was modelled (with the DMA spread of branch `dma`, 5799680), re-pinned
+    # for the lowering changes since (wave 3: KV read in place, large-M weight sweep): one physical core per
+    # logical core, identical schedule
+    assert (_digest(s), s.device_ns) == ("835ac33d6c381e50", 43197)
     assert set(s.table["pcore"].to_pylist()) == {0}
 
 
 def test_trn2_lnc1_is_one_physical_core(block):
     s = build_schedule(block, 0, get_profile("trn2", lnc=1), {"auto_cast": "matmult"})
-    assert s.device_ns == 40069 and set(s.table["pcore"].to_pylist()) == {0}   # trn2's schedule before LNC
+    assert s.device_ns == 39871 and set(s.table["pcore"].to_pylist()) == {0}   # trn2's schedule before LNC
 
 
 def test_trn2_schedules_on_two_physical_cores(block):

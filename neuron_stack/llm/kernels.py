@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 #: Hugging Face RMSNorm classes -> whether the weight is an offset from 1 (Gemma's ``x * (1 + w)``).
-#: Each computes ``x * rsqrt(mean(x^2) + eps) * w`` over the last dim in fp32 (tests/test_llm_kernels.py
+#: Each computes ``x * rsqrt(mean(x^2) + eps) * w`` over the last dim in fp32 (tests/test_rms_norm.py
 #: checks every one transformers has against its original module).
 RMS_NORMS = {
     "LlamaRMSNorm": False, "MistralRMSNorm": False, "MixtralRMSNorm": False, "Qwen2RMSNorm": False,
