@@ -246,10 +246,17 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         xt = nk * (MG if a_direct else STAT_FMAX) * es
         room = budget - xt - staging - sum(nbytes_of(d) for d in epi_dts) * epi_pools["__bufs"] * epi_pools["__F"]
         NB = resident_columns(nk, N, es, room)
-        # and only when it moves fewer (efficiency-weighted) bytes: x once per column block, the weight once
+        # and only when it is quicker: x read once per column block and the weight once (efficiency-weighted
+        # bytes at the DMA rate), plus the Tensor Engine transposing x again for each column block beyond the
+        # streamed order's NG-column passes (a 405B gate, N = 832 in 128-column blocks: seven passes of
+        # 10,112 transposes, more time than the weight re-reads they save, and 3x the instructions)
         x_run = (MG * es if a_direct else xg * PMAX * nbytes_of(A.dtype))
-        sweep = NB > 0 and M * K * nbytes_of(A.dtype) * ceil_div(N, NB) / dma_efficiency(low.p, x_run) \
-            + K * N * nbytes_of(B.dtype) / dma_efficiency(low.p, w_run) < streamed_bytes
+        passes = ceil_div(N, NB) if NB else 0
+        retranspose_ns = 0 if a_direct else max(0, passes - ceil_div(N, NG)) * ceil_div(M, PMAX) * nk * (
+            ldweights_ns(low.p, PMAX, mm_dt) + matmul_ns(low.p, PMAX, PMAX, mm_dt))
+        sweep = NB > 0 and (M * K * nbytes_of(A.dtype) * passes / dma_efficiency(low.p, x_run)
+                            + K * N * nbytes_of(B.dtype) / dma_efficiency(low.p, w_run)) / low.p.dma_bytes_per_ns \
+            + retranspose_ns < streamed_bytes / low.p.dma_bytes_per_ns
         # double-buffer x^T (the next block loads while this one multiplies) when that costs no column block
         if sweep and ceil_div(N, max(1, resident_columns(nk, N, es, room - xt))) == ceil_div(N, NB):
             xbufs, NB = 2, resident_columns(nk, N, es, room - xt)
