@@ -31,6 +31,7 @@ the schedule.
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import inspect
 import json
@@ -307,7 +308,17 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     del neff, scs
     gc.collect()
     pa.default_memory_pool().release_unused()
+    _malloc_trim()
     return fig
+
+
+def _malloc_trim() -> None:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``): the next, larger graph's
+    lowering then grows from what is live, not on top of the last one's freed but still mapped pages."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc: nothing to trim
+        pass
 
 
 def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=(), sp=1):
