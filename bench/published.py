@@ -184,11 +184,13 @@ def _why(r: dict) -> str:
             continue
         if key == "ttft" and r["in"] >= 2048:
             dma = r["ttft_layer_dma_share"]
+            spills = "" if r.get("sequence_parallel") else \
+                "each residual add and cast passes through HBM as spills (an RMSNorm is one fused pass), and "
             rest = (
                 f"the rest is DMA-bound (a DMA queue is busy {100 * dma:.0f}% of a layer): the [tokens, hidden] "
-                "activations do not fit SBUF, so each residual add and cast passes through HBM as spills (an "
-                "RMSNorm is one fused pass: x in, y out), and the projections reload their activation "
-                "operand, where NxDI's CTE kernels fuse the norm into the QKV and MLP matmuls' token tiles"
+                f"activations do not fit SBUF, so {spills}the projections reload an operand (x once per column "
+                "pass; a weight too large to stay in SBUF beside x^T, as a 405B rank's 27 MB gate, once per "
+                "128-row block), where NxDI's CTE kernels fuse the norm into the QKV and MLP matmuls' token tiles"
                 if dma >= 0.5 else "the rest is not attributed yet"
             )
             cc = (f"sequence parallel: per layer 2 all-gathers and 2 reduce-scatters of the hidden state in the "
