@@ -168,6 +168,22 @@ def test_gqa_decode_step_instructions_compute_eager_logits(kv_heads):
             assert (got - want).norm() / want.norm() < 1e-2
 
 
+def test_batch_one_decode_step_reads_the_attention_output_right():
+    # batch 1: o_proj's x^T is the attention output's 64 elements, kept in SBUF as 4 head rows of 16; it is not a
+    # run of 64 partitions, so it cannot be read in place (tile_ap once took its 4 partitions x 16 for one)
+    from neuron_stack.compiler.schedule import build_schedules
+    from neuron_stack.isa.interp import run_program
+
+    step, args = _decode_step(2, B=1)
+    with torch.no_grad():
+        want = step(*args)
+    prog = fuse(partition(legalize(capture(step, args))))
+    names = [n.name for n in prog.nodes if n.target == "placeholder"]
+    got = run_program(prog, dict(zip(names, (a.numpy() for a in args))),
+                      build_schedules(prog, {"auto_cast": "none", "target": "inf2"}))[0]
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=1e-4, atol=1e-5)
+
+
 def test_gqa_decode_layer_never_copies_the_kv_cache():
     # a decode step of a GQA layer (8 query heads over 2 KV heads, batch 4, 4096-token cache): K and V are
     # read once per KV head, and nothing cache-sized is written (a repeat_kv copy wrote 4x the cache)

@@ -263,6 +263,10 @@ def tile_ap(r: Resident, o: int, pdims, fdims):
     if len(merged) > 1 or (merged and merged[0][0] != r.psize):
         return None
     P = merged[0][1] if merged else 1
+    if P != math.prod(n for _, n in pdims):
+        # a partition dim that translate split into rows x columns (64 elements of 16-element rows: 4
+        # partitions x 16) is not a run of partitions: the tile cannot be read in place
+        return None
     return off, P, [a for a, _ in fk] or [[1, 1]]
 
 
