@@ -102,13 +102,7 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True, bound
                              "(neuron-explorer summary DIR) or restore a copy") from None
         raise TraceError(f"{path} is not a neuron_stack profile (not a readable DuckDB database: {msg}): "
                          f"pass the {PROFILE_NAME} that `neuron-explorer inspect` wrote") from None
-    profile = Profile(con, path)
-    try:
-        profile._check_version()
-    except BaseException:
-        profile.close()
-        raise
-    return profile
+    return _checked(Profile(con, path))
 
 
 def _write_locked(path: Path) -> bool:
@@ -175,6 +169,11 @@ def _open_dataset_url(url: str, external_access: bool, bounded: bool = False) ->
     profile = Profile(connect(url, external_access=external_access, limits=DUCKDB_LIMITS if bounded else None),
                       Path(url))
     profile.path = url   # a URL, which Path would fold to s3:/...
+    return _checked(profile)
+
+
+def _checked(profile: "Profile") -> "Profile":
+    """``profile`` once its schema version is one we read; closed if not."""
     try:
         profile._check_version()
     except BaseException:

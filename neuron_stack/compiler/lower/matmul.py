@@ -8,11 +8,11 @@ from neuron_stack.compiler.lower.attention import (
     SoftmaxEpilogue,
     flash_attention,
     fusable_softmax,
-    repeat_kv_operands,
 )
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, transpose_to
 from neuron_stack.compiler.lower.custom import lower_custom
+from neuron_stack.compiler.lower.kvread import repeat_kv_operands
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
