@@ -1,13 +1,20 @@
-"""Explorer speed on a generated ten-million-instruction profile.
+"""Explorer speed on a generated ten-million-instruction profile and a one-million-event system profile.
 
-Prints: time to the first timeline figure (profile opened cold), server time per zoom/pan request
-(data query + figure build, the work of one timeline callback) at several zoom levels, and what each
-request sends to the browser (cells or instruction bars, and JSON bytes). Target: ≤ 0.3 s per
-zoom/pan request. Baseline in the same run: one full scan of the instructions table
-(``SELECT engine, sum(dur_ns) … GROUP BY engine``), the cheapest query that touches every row.
+Prints, for the device timeline: time to the first timeline figure (profile opened cold), server
+time per zoom/pan request (data query + figure build, the work of one timeline callback) at several
+zoom levels, and what each request sends to the browser (cells or instruction bars, and JSON bytes).
+Target: ≤ 0.3 s per zoom/pan request. Baseline in the same run: one full scan of the instructions
+table (``SELECT engine, sum(dur_ns) … GROUP BY engine``), the cheapest query that touches every row.
 
-    .venv/bin/python bench/explorer.py                      # 10 M instructions
+Then the same for the System Trace on a synthetic eager ``with_stack`` profile
+(``traces.synthetic.write_system``: a framework thread full of Python frames, the runtime and the
+device on core 0): time to its first figure (cold open, whole trace), server time per zoom/pan
+request, what each sends, and events drawn one by one vs summarised. Targets: first draw ≤ 2 s,
+zoom/pan ≤ 0.3 s. Baseline: one full scan of ``system_events``.
+
+    .venv/bin/python bench/explorer.py                      # 10 M instructions, 1 M system events
     .venv/bin/python bench/explorer.py --instructions 1e6   # quicker
+    .venv/bin/python bench/explorer.py --instructions 0     # the System Trace alone
 """
 from __future__ import annotations
 
@@ -30,10 +37,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instructions", type=float, default=10e6, help="total instructions (default 1e7)")
     ap.add_argument("--requests", type=int, default=40, help="zoom/pan requests to time (default 40)")
-    ap.add_argument("--dir", help="keep the generated profile here (default: a temporary directory)")
+    ap.add_argument("--system-events", type=float, default=1e6, help="system events (default 1e6; 0: skip)")
+    ap.add_argument("--dir", help="keep the generated profiles under here (default: a temporary directory)")
     args = ap.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="explorer-bench-"))
+    if args.instructions > 0:
+        timeline(args, root / "timeline" if args.dir else root)
+    if args.system_events > 0:
+        system(args, root / "system")
+    return 0
 
-    out = Path(args.dir or tempfile.mkdtemp(prefix="explorer-bench-"))
+
+def timeline(args, out: Path) -> None:
+
+    out.mkdir(parents=True, exist_ok=True)
     per_exec, cores = 10_000, (0, 1)
     executions = max(1, int(args.instructions) // (per_exec * len(cores)))
     t = time.perf_counter()
@@ -58,7 +75,7 @@ def main() -> int:
     span = data.bounds(L)["span"]
 
     t = time.perf_counter()
-    L.rows("SELECT engine, sum(dur_ns) AS busy FROM instructions GROUP BY engine")
+    L.profile.sql("SELECT engine, sum(dur_ns) AS busy FROM instructions GROUP BY engine")
     scan_s = time.perf_counter() - t
 
     rng = random.Random(0)
@@ -91,7 +108,68 @@ def main() -> int:
           f"max {worst * 1e3:.0f} ms (target <= 300 ms: {'met' if worst <= 0.3 else 'NOT met'}); "
           f"max rows sent per request {max(r[3] for r in rows):,}")
     reg.close()
-    return 0
+
+
+def system(args, out: Path) -> None:
+    from plotly.utils import PlotlyJSONEncoder
+
+    from explorer import data
+    from explorer.pages import system as page
+    from traces.synthetic import write_system
+
+    out.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    if not (out / "profile.duckdb").exists():
+        write_system(out, int(args.system_events))
+        traces.finalize(out)
+    build_s = time.perf_counter() - t
+
+    t = time.perf_counter()
+    reg = data.Registry([out / "profile.duckdb"])
+    data.set_registry(reg)
+    key = reg.default_key()
+    page.layout(profile=key)                   # the page's filters (a scan for the event types) ...
+    fig, status, state, _ = page.render(key)   # ... then its first figure: the whole trace
+    first_bytes = len(json.dumps(fig, cls=PlotlyJSONEncoder))
+    first_s = time.perf_counter() - t
+    L = reg.get(key)
+    n = L.profile.sql("SELECT count(*) AS n FROM system_events")["n"][0].as_py()
+
+    t = time.perf_counter()
+    L.profile.sql("SELECT source, count(*) AS n, sum(dur_ns) AS busy FROM system_events GROUP BY source")
+    scan_s = time.perf_counter() - t
+
+    lo, hi = state["start"], state["end"]
+    rng = random.Random(0)
+    rows = []
+    for i in range(args.requests):
+        frac = [1.0, 0.3, 0.1, 0.01, 1e-3, 1e-4][i % 6]   # from the whole trace to a few executions
+        width = max(int((hi - lo) * frac), 1000)
+        start = lo + rng.randrange(0, max(hi - lo - width, 1))
+        t = time.perf_counter()
+        view = page.system.view(L, start, start + width)
+        fig = page.figure(view, page._series(L))
+        payload = len(json.dumps(fig, cls=PlotlyJSONEncoder))
+        dt = time.perf_counter() - t
+        rows.append((frac, dt, view["drawn"], len(view["cells"]), view["summarised"], payload))
+
+    print(f"system profile: {n:,} events over {(hi - lo) / 1e6:.1f} ms (generate + finalise {build_s:.1f} s)")
+    print(f"baseline full scan of system_events: {scan_s * 1e3:.0f} ms")
+    print(f"time to first System Trace page and figure (cold open, whole trace): {first_s * 1e3:.0f} ms "
+          f"({first_s / scan_s:.1f}x one full scan; target <= 2000 ms: {'met' if first_s <= 2 else 'NOT met'}), "
+          f"JSON {first_bytes / 1e3:.0f} kB")
+    print(f"{'window':>10} {'median ms':>10} {'max ms':>8} {'events':>8} {'cells':>7} {'summarised':>11} "
+          f"{'JSON kB':>8}")
+    for frac in sorted({r[0] for r in rows}, reverse=True):
+        mine = [r for r in rows if r[0] == frac]
+        times = [r[1] * 1e3 for r in mine]
+        print(f"{frac:>10.0e} {statistics.median(times):>10.0f} {max(times):>8.0f} {max(r[2] for r in mine):>8,} "
+              f"{max(r[3] for r in mine):>7,} {max(r[4] for r in mine):>11,} {max(r[5] for r in mine) / 1e3:>8.0f}")
+    worst = max(r[1] for r in rows)
+    print(f"System Trace zoom/pan server time: median {statistics.median(r[1] for r in rows) * 1e3:.0f} ms, "
+          f"max {worst * 1e3:.0f} ms ({worst / scan_s:.1f}x one full scan; target <= 300 ms: "
+          f"{'met' if worst <= 0.3 else 'NOT met'})")
+    reg.close()
 
 
 if __name__ == "__main__":

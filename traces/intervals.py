@@ -254,3 +254,77 @@ def union_by(rows: pa.Table, by: tuple[str, ...]) -> pa.Table:
         out[k] = pa.array([vals[c] for c in (firsts % radix).tolist()], rows.schema.field(k).type)
         firsts = firsts // radix
     return pa.table({**{k: out[k] for k in by}, "active_ns": pa.array(np.rint(totals).astype(np.int64))})
+
+
+SYSTEM_LOD_SCHEMA = pa.schema([("level", pa.int16()), ("track", pa.int32()), ("bucket", pa.int64()),
+                               ("busy_ns", pa.int64()), ("events", pa.int64())])
+
+
+def merge_intervals(track: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """Per track, the union of the intervals ``[start, end)`` as disjoint intervals sorted by
+    (track, start): ``(track, start, end)`` arrays. Nested or overlapping spans (a framework
+    thread's call stack) cover their time once.
+
+    >>> t, s, e = merge_intervals(np.array([0, 0, 0, 1]), np.array([0, 2, 10, 0]), np.array([8, 5, 12, 3]))
+    >>> t.tolist(), s.tolist(), e.tolist()
+    ([0, 0, 1], [0, 10, 0], [8, 12, 3])
+    """
+    track, start, end = (np.asarray(a, dtype=np.int64) for a in (track, start, end))
+    if track.size == 0:
+        return track, start, end
+    order = np.lexsort((start, track))
+    t, s = track[order], start[order]
+    e = np.maximum(end[order], s)
+    lo = int(s.min())
+    span = int(e.max()) - lo + 1
+    if (int(t.max()) + 1) * span < 2**62:
+        # running max of the end within each track: lift each track above the ones before it
+        lift = (t - int(t.min())) * span
+        reach = np.maximum.accumulate(lift + (e - lo)) - lift + lo   # furthest end so far (this track)
+        head = np.r_[True, (t[1:] != t[:-1]) | (s[1:] > reach[:-1])]
+    else:  # keys would overflow int64: one accumulate per track
+        cuts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+        head = np.concatenate([np.r_[True, ss[1:] > np.maximum.accumulate(ee)[:-1]]
+                               for ss, ee in zip(np.split(s, cuts[1:]), np.split(e, cuts[1:]))])
+    heads = np.flatnonzero(head)
+    return t[heads], s[heads], np.maximum.reduceat(e, heads)
+
+
+def track_pyramid(track: np.ndarray, start: np.ndarray, end: np.ndarray, base: int, top: int) -> pa.Table:
+    """The System Trace's level-of-detail pyramid: per track and bucket of ``2**level`` ns (levels
+    ``base``..``top``), ``busy_ns``, the time the track's events cover (their union, split exactly
+    at bucket edges, so nesting counts once), and ``events``, how many start in the bucket.
+    Rows come in (level, bucket) order. Example: ``track_pyramid(track, ts, ts + dur, 12, 20)``.
+
+    >>> p = track_pyramid(np.array([0, 0]), np.array([0, 10]), np.array([100, 20]), base=6, top=7)
+    >>> [(r["level"], r["bucket"], r["busy_ns"], r["events"]) for r in p.to_pylist()]
+    [(6, 0, 64, 2), (6, 1, 36, 0), (7, 0, 100, 2)]
+    """
+    track, start, end = (np.asarray(a, dtype=np.int64) for a in (track, start, end))
+    if track.size == 0:
+        return SYSTEM_LOD_SCHEMA.empty_table()
+    mt, ms, me = merge_intervals(track, start, end)
+    b0 = ms >> base
+    b1 = (np.maximum(me, ms + 1) - 1) >> base
+    reps = b1 - b0 + 1                             # each merged interval, cut into the buckets it covers
+    piece_t = np.repeat(mt, reps)
+    piece_b = np.repeat(b0, reps) + (np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps))
+    piece_busy = (np.minimum(np.repeat(me, reps), (piece_b + 1) << base)
+                  - np.maximum(np.repeat(ms, reps), piece_b << base))
+    bt = np.concatenate([piece_t, track])          # busy pieces, then one zero-busy count per event start
+    bb = np.concatenate([piece_b, start >> base])
+    busy = np.concatenate([np.maximum(piece_busy, 0), np.zeros(track.size, np.int64)])
+    count = np.concatenate([np.zeros(piece_t.size, np.int64), np.ones(track.size, np.int64)])
+    parts = []
+    for level in range(base, top + 1):
+        if level > base:
+            bb = bb >> 1
+        first, n_tracks = int(bb.min()), int(bt.max()) + 1
+        keys, inverse = np.unique((bb - first) * n_tracks + bt, return_inverse=True)   # bucket-major order
+        busy, count = (np.bincount(inverse, weights=a, minlength=keys.size).astype(np.int64)
+                       for a in (busy, count))
+        bb, bt = keys // n_tracks + first, keys % n_tracks
+        parts.append(pa.table({"level": pa.array(np.full(keys.size, level, np.int16)),
+                               "track": pa.array(bt.astype(np.int32)), "bucket": pa.array(bb),
+                               "busy_ns": pa.array(busy), "events": pa.array(count)}, schema=SYSTEM_LOD_SCHEMA))
+    return pa.concat_tables(parts)

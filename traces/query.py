@@ -367,6 +367,21 @@ class Profile:
         Example: ``rows, more = p.system_events(names=["nrt_execute"])``."""
         return q_system.events(self, cores, names, instances, limit)
 
+    def system_window(self, t0: int, t1: int, buckets: int, cores=None, names=None, instances=None,
+                      per_track: int = q_system.PER_TRACK) -> q_system.SystemWindow:
+        """The System Trace's level of detail over ``[t0, t1)``: per track, its events one by one when few,
+        else busy and count cells (``traces.q_system.window``). Example: ``p.system_window(a, b, 600).events``."""
+        return q_system.window(self, t0, t1, buckets, cores, names, instances, per_track)
+
+    def system_extent(self):
+        """First start and last end of the system events (absolute ns), or None. Example: ``p.system_extent()``."""
+        return q_system.extent(self)
+
+    def system_event(self, track: int, start_ns: int, name: str) -> dict | None:
+        """One system event by track, start and name, with its detail.
+        Example: ``p.system_event(0, ts, "nrt_execute")``."""
+        return q_system.event_at(self, track, start_ns, name)
+
     def system_facets(self) -> dict:
         """Cores, event names, instances and sources of the system profile. Example: ``p.system_facets()["names"]``."""
         return q_system.facets(self)

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from traces import profile_schema
 from traces.errors import TraceError
-from traces.intervals import lod_pyramid, union_active, valid_intervals
+from traces.intervals import lod_pyramid, track_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
 from traces.vocab import (
@@ -72,8 +72,19 @@ _LOAD_CLAUSE = {
 }
 
 DERIVED_TABLES = ("exec_engine_summary", "opcode_summary", "op_summary", "source_summary", "lod_busy",
-                  "summary", "summary_per_core")
+                  "summary", "summary_per_core", "system_tracks", "system_lod")
 """Tables finalise derives from the raw ones (columns in docs/trace_schema.md)."""
+
+
+#: The System Trace's tracks: one per (run, source, NeuronCore, thread), the finest key every grouping
+#: of the page is a function of; ``h`` is the key's hash, which a query matches events by. Also run
+#: on the fly over a profile without the derived table (a Parquet export).
+SYSTEM_TRACKS_SQL = """
+    SELECT (row_number() OVER (ORDER BY source, run_id, core, thread_id) - 1)::INTEGER AS track,
+           hash(run_id, source, core, thread_id) AS h, run_id, source, core, thread_id,
+           count(*) AS events, coalesce(max(greatest(dur_ns, 0)), 0) AS max_dur_ns,
+           min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns
+    FROM system_events WHERE ts_ns IS NOT NULL GROUP BY run_id, source, core, thread_id"""
 
 
 def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
@@ -154,6 +165,8 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         _close_open_runs(con)
         _load(con, "metadata", _kv(metadata))
         stats = _derive(con, intervals.result(), include_warmup)
+        with _step("system_tracks and system_lod"):
+            stats.update(_system_lod(con))
         con.register("_stats", _kv(stats))
         con.execute("INSERT INTO metadata SELECT * FROM _stats")
         con.unregister("_stats")
@@ -248,6 +261,22 @@ def _interval_work(instructions: pa.Table) -> dict:
         base, top = lod_levels(lo, hi, mean)
         return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top),
                 "union": union_active(valid, CONCURRENT_ENGINES)}
+
+
+def _system_lod(con) -> dict[str, str]:
+    """The System Trace's tracks and their level-of-detail pyramid (``traces.intervals.track_pyramid``),
+    levels as the device timeline's (:func:`lod_levels`); returns the levels for the metadata."""
+    con.execute(f"CREATE TABLE system_tracks AS {SYSTEM_TRACKS_SQL} ORDER BY track")
+    rows = con.sql("""
+        SELECT t.track, s.ts_ns, s.ts_ns + greatest(coalesce(s.dur_ns, 0), 0) AS end_ns
+        FROM system_events AS s JOIN system_tracks AS t ON hash(s.run_id, s.source, s.core, s.thread_id) = t.h
+        WHERE s.ts_ns IS NOT NULL""").to_arrow_table()
+    lo = pc.min(rows["ts_ns"]).as_py() if rows.num_rows else None
+    hi = pc.max(rows["end_ns"]).as_py() if rows.num_rows else None
+    base, top = lod_levels(lo, hi)
+    lod = track_pyramid(*(rows[c].to_numpy() for c in ("track", "ts_ns", "end_ns")), base, top)
+    _load(con, "system_lod", lod)   # in (level, bucket) order: zone maps skip by bucket
+    return {"system_lod_base_level": str(base), "system_lod_top_level": str(top)}
 
 
 def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:

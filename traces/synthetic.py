@@ -178,3 +178,51 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
         w.close(status="ok", end_ns=t)
     return {"run_id": run_id, "graph_ids": [graph_id, recompiled_id], "op_ids": op_ids + [fallback_op],
             "exec_ids": exec_ids, "source_ids": source_ids}
+
+
+#: What one synthetic execution's system events are, as an eager torch.profiler(with_stack=True)
+#: window records them: (source, name, start offset ns, duration ns, on a core). The ATen op encloses
+#: its Python frames and the runtime's calls, which enclose the device execution.
+SYSTEM_STEP = (
+    ("framework", "aten::linear", 0, 15_000, False),
+    *(("framework", f"model.py({20 + k}): forward", 200 + k * 900, 800, False) for k in range(12)),
+    *(("framework", "torch/nn/modules/module.py(1751): _call_impl", 250 + k * 900, 300, False) for k in range(4)),
+    ("neuron_rt", "nrt_tensor_write", 1_000, 700, True),
+    ("neuron_rt", "nrt_execute", 2_000, 11_000, True),
+    ("neuron_hw", "nc_exec_running", 3_000, 9_000, True),
+)
+#: Time between synthetic executions, and executions per ProfilerStep span.
+SYSTEM_PERIOD_NS, SYSTEM_STEP_EXECUTIONS = 20_000, 100
+
+
+def write_system(out_dir: str | os.PathLike, events: int = 1_000_000, *, host: str = "i-synthetic", pid: int = 4242,
+                 start_ns: int = 1_750_000_000_000_000_000, chunk: int = 200_000) -> int:
+    """Record a synthetic system profile of about ``events`` events into ``out_dir`` with the Writer and
+    return how many it wrote: per execution (every ``SYSTEM_PERIOD_NS``) the framework, runtime and
+    device events of :data:`SYSTEM_STEP` on core 0, plus a ``ProfilerStep#i`` span per
+    ``SYSTEM_STEP_EXECUTIONS`` executions. Example: ``write_system("out", events=10_000)``.
+    """
+    per = len(SYSTEM_STEP)
+    executions = max(1, events // per)
+    source, name, offset, dur, on_core = (np.array(c) for c in zip(*SYSTEM_STEP))
+    tid = np.where(source == "framework", pid, pid + 1)
+    written = 0
+    with Writer(out_dir, run={"run_id": f"system-{pid}", "host": host, "pid": pid, "start_ns": start_ns}) as w:
+        for lo in range(0, executions, chunk // per):
+            ex = np.arange(lo, min(executions, lo + chunk // per))
+            t = start_ns + ex * SYSTEM_PERIOD_NS
+            w.append("system_events", {
+                "ts_ns": (t[:, None] + offset).ravel(), "dur_ns": np.tile(dur, len(ex)),
+                "name": np.tile(name, len(ex)), "source": np.tile(source, len(ex)),
+                "thread_id": np.tile(tid, len(ex)),
+                "core": pa.array(np.zeros(len(ex) * per, np.int32), mask=np.tile(~on_core, len(ex))),
+                "exec_id": pa.array(np.repeat(ex, per), pa.int64(), mask=np.tile(~on_core, len(ex)))},
+                run_id=w.run_id)
+            steps = ex[ex % SYSTEM_STEP_EXECUTIONS == 0]
+            w.append("system_events", {"ts_ns": start_ns + steps * SYSTEM_PERIOD_NS - 100,
+                                       "dur_ns": SYSTEM_STEP_EXECUTIONS * SYSTEM_PERIOD_NS - 100,
+                                       "name": [f"ProfilerStep#{s // SYSTEM_STEP_EXECUTIONS}" for s in steps],
+                                       "source": "framework", "thread_id": pid}, run_id=w.run_id)
+            written += len(ex) * per + len(steps)
+            w.flush()
+    return written

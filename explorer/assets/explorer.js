@@ -21,6 +21,13 @@ window.dash_clientside = Object.assign({}, window.dash_clientside, {
       const x = relayout["xaxis.autorange"] || relayout["xaxis.range"] ||
                 relayout["xaxis.range[0]"] !== undefined;
       return x ? Object.assign({n: Date.now()}, relayout) : window.dash_clientside.no_update;
+    },
+    // The same for the System Trace, whose events, CPU and memory subplots share one x range: a drag or
+    // scroll on any of them (xaxis, xaxis2, xaxis3) asks for a new window.
+    systemRangeRequest: function (relayout) {
+      if (!relayout) { return window.dash_clientside.no_update; }
+      const x = Object.keys(relayout).some(function (k) { return /^xaxis\d*\.(auto)?range/.test(k); });
+      return x ? Object.assign({n: Date.now()}, relayout) : window.dash_clientside.no_update;
     }
   }
 });

@@ -5,93 +5,143 @@ Tracks of framework (torch.profiler regions and ops), runtime (``neuron_rt``: ``
 ``nc_exec_running``) events, named as the real tool names them (``<instance>/PID:<pid>/neuron_rt/NC:0``),
 grouped by one of :data:`GROUPINGS`, filtered by NeuronCore, event type and instance (defaults from
 ``neuron-explorer view --system-trace-filter-*``), with the host CPU utilisation, host memory and HBM
-in use below. Hover an event for its ids and attributes; click one: its details, and for an execution
-a link that opens its device timeline window. Figures come from ``Profile.system_events`` /
-``host_series`` (``traces.q_system``).
+in use below. Zoom and pan (drag, scroll, double-click or **Whole trace**) re-query the window at the
+right level of detail (``explorer.system.view`` over ``Profile.system_window``): a track whose
+window holds few events draws them one by one, a busier one draws cells shaded by how busy it is,
+and the status line says how many events are summarised and that zooming shows them. Hover an event
+for its ids and attributes; click one: its details, and for an execution a link that opens its
+device timeline window.
 """
 from __future__ import annotations
 
+import copy
 import json
+import math
 
-import plotly.graph_objects as go
-from dash import Input, Output, State, callback, dcc, html
+import dash
+import pyarrow.compute as pc
+from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 from plotly.subplots import make_subplots
 
-from explorer import data, ui
-from explorer.figures import fmt_ns
+from explorer import data, system, ui
+from explorer.figures import fmt_ns, fmt_window
+from explorer.system import GROUPINGS
+from traces.q_system import PER_TRACK
 
-#: Grouping modes: (value, label, the track an event goes on). As the real viewer's Default,
-#: CPU vs Device, NeuronCore, Thread, Process and Instance groupings.
-GROUPINGS = (
-    ("default", "Default", lambda e: f"{e['instance_id']}/PID:{e['process_id']}/{e['source']}/" + (
-        f"NC:{e['nc_idx']}" if e["source"] != "framework" and e["nc_idx"] is not None else f"TID:{e['thread_id']}")),
-    ("cpu_device", "CPU vs Device", lambda e: ("Device/NC:" + str(e["nc_idx"])) if e["source"] == "neuron_hw"
-     else "CPU"),
-    ("core", "NeuronCore", lambda e: f"NC:{e['nc_idx']}" if e["nc_idx"] is not None else "host"),
-    ("thread", "Thread", lambda e: f"TID:{e['thread_id']}"),
-    ("process", "Process", lambda e: f"{e['instance_id']}/PID:{e['process_id']}"),
-    ("instance", "Instance", lambda e: str(e["instance_id"])),
-)
 COLORS = {"framework": "#7e57c2", "neuron_rt": "#1e88e5", "neuron_hw": "#43a047"}
 
 #: Set by ``neuron-explorer view``: the --system-trace-filter-* defaults and the --ignore-* flags.
 SETTINGS = {"cores": None, "names": None, "instances": None, "ignore_device": False, "ignore_system": False}
 
-
-def tracks(rows: list[dict], grouping: str) -> list[str]:
-    """Each event's track under ``grouping``.
-
-    >>> e = {"instance_id": "i-1", "process_id": 7, "source": "neuron_rt", "nc_idx": 0, "thread_id": 9}
-    >>> tracks([e], "default"), tracks([e], "cpu_device"), tracks([e], "thread")
-    (['i-1/PID:7/neuron_rt/NC:0'], ['CPU'], ['TID:9'])
-    """
-    fn = next(f for v, _, f in GROUPINGS if v == grouping)
-    return [fn(e) for e in rows]
+_HOVER = ("<b>%{customdata[0]}</b> ({source})<br>%{customdata[1]}<br>instance %{customdata[5]}"
+          " · PID %{customdata[2]} · TID %{customdata[3]} · NC %{customdata[4]}<extra></extra>")
+_CELL_HOVER = "<b>%{customdata[0]}</b> ({source})<br>%{customdata[1]}<br>zoom in to see each<extra></extra>"
 
 
-def figure(rows: list[dict], series: dict, t0: int, grouping: str) -> go.Figure:
-    """Event bars (µs since ``t0``) on their tracks, one trace per source; CPU %, host memory and HBM below."""
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, row_heights=[0.64, 0.18, 0.18], vertical_spacing=0.04)
-    names = tracks(rows, grouping)
+def _bars(view: dict, source: str, color: str) -> list[dict]:
+    """One source's events (one by one) and cells (shaded by busy fraction), as plain trace dicts:
+    plotly's validating objects would cost more than the query."""
+    out = []
+    mine = [e for e in view["events"] if e["source"] == source]
+    if mine:
+        out.append(dict(
+            type="bar", name=source, legendgroup=source, orientation="h", marker=dict(color=color),
+            xaxis="x", yaxis="y", y=[e["track_name"] for e in mine], base=[round(e["start"] / 1e3, 3) for e in mine],
+            x=[round(max(e["dur_ns"] or 0, 1) / 1e3, 3) for e in mine],
+            customdata=[[e["name"], fmt_ns(e["dur_ns"] or 0), e["process_id"], e["thread_id"],
+                         "" if e["nc_idx"] is None else e["nc_idx"], e["instance_id"], "event", e["track"],
+                         e["start"]] for e in mine],
+            hovertemplate=_HOVER.replace("{source}", source)))
+    cells = [c for c in view["cells"] if c[1] == source]
+    if cells:
+        w = view["cell_ns"]
+        out.append(dict(
+            type="bar", name=source, legendgroup=source, showlegend=not mine, orientation="h", xaxis="x", yaxis="y",
+            marker=dict(color=color, opacity=[round(0.25 + 0.75 * c[3], 2) for c in cells]),
+            y=[c[0] for c in cells], base=[round((view["start"] + c[2] * w) / 1e3, 3) for c in cells],
+            x=[round(w / 1e3, 3)] * len(cells),
+            customdata=[[f"{c[4]:,} events", f"busy {100 * c[3]:.0f}% of {fmt_ns(w)}", "", "", "", "", "cell"]
+                        for c in cells],
+            hovertemplate=_CELL_HOVER.replace("{source}", source)))
+    return out
+
+
+def _in_window(t, a: int, b: int):
+    """A host series' samples in ``[a, b]`` (absolute ns), with the last one before ``a`` (its level holds)."""
+    if t is None or not t.num_rows:
+        return t
+    ts = t["ts_ns"]
+    before = pc.filter(ts, pc.less(ts, a))
+    lo = pc.max(before).as_py() if len(before) else a
+    return t.filter(pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, b)))
+
+
+_LAYOUT: dict = {}
+
+
+def _layout() -> dict:
+    """Three rows sharing one x axis (events; host CPU; host memory and HBM), built by plotly once."""
+    if not _LAYOUT:
+        fig = make_subplots(rows=3, cols=1, shared_xaxes=True, row_heights=[0.64, 0.18, 0.18], vertical_spacing=0.04)
+        fig.update_layout(barmode="overlay", height=620, margin=dict(l=10, r=10, t=10, b=30),
+                          legend_orientation="h", clickmode="event")
+        fig.update_xaxes(title_text="µs", row=3, col=1)
+        _LAYOUT.update(fig.to_plotly_json()["layout"])
+    return copy.deepcopy(_LAYOUT)
+
+
+def figure(view: dict, series: dict) -> dict:
+    """Events and cells (µs since ``t0``) on their tracks, one colour per source; CPU %, host memory and
+    HBM below; the x axis exactly the window. A Plotly figure dict."""
+    lo, hi = view["start"] / 1e3, view["end"] / 1e3
+    data_ = []
+    if view["tracks"]:   # every track keeps its row, even where the window holds none of its events
+        data_.append(dict(type="scatter", x=[lo] * len(view["tracks"]), y=view["tracks"], mode="markers",
+                          opacity=0, showlegend=False, hoverinfo="skip", name="tracks", xaxis="x", yaxis="y"))
     for source, color in COLORS.items():
-        idx = [i for i, e in enumerate(rows) if e["source"] == source]
-        if not idx:
-            continue
-        fig.add_trace(go.Bar(
-            name=source, orientation="h", marker_color=color, y=[names[i] for i in idx],
-            base=[(rows[i]["start_ns"] - t0) / 1e3 for i in idx], x=[max(rows[i]["dur_ns"], 1) / 1e3 for i in idx],
-            customdata=[[rows[i]["name"], fmt_ns(rows[i]["dur_ns"]), rows[i]["process_id"], rows[i]["thread_id"],
-                         "" if rows[i]["nc_idx"] is None else rows[i]["nc_idx"], rows[i]["instance_id"],
-                         "" if rows[i]["exec_id"] is None else str(rows[i]["exec_id"]), i] for i in idx],
-            hovertemplate="<b>%{customdata[0]}</b> (" + source + ")<br>%{customdata[1]}<br>instance %{customdata[5]}"
-                          " · PID %{customdata[2]} · TID %{customdata[3]} · NC %{customdata[4]}<extra></extra>"),
-            row=1, col=1)
+        data_ += _bars(view, source, color)
+    t0 = view["t0"]
     for key, col, label, scale, row in (("cpu", "util_percent", "host CPU %", 1, 2),
                                         ("memory", "used_bytes", "host memory GB", 1e-9, 3),
                                         ("hbm", "hbm_bytes", "HBM in use GB", 1e-9, 3)):
-        t = series.get(key)
+        t = _in_window(series.get(key), t0 + view["start"], t0 + view["end"])
         if t is not None and t.num_rows:
             xs = [(v - t0) / 1e3 for v in t.column("ts_ns").to_pylist()]
             ys = [v * scale for v in t.column(col).to_pylist()]
-            if rows:   # a level holds until the next sample: draw it to the last event
-                xs.append(max(xs[-1], (max(e["start_ns"] + e["dur_ns"] for e in rows) - t0) / 1e3))
-                ys.append(ys[-1])
-            fig.add_trace(go.Scatter(name=label, mode="lines", line_shape="hv", x=xs, y=ys), row=row, col=1)
-    fig.update_layout(barmode="overlay", height=620, margin=dict(l=10, r=10, t=10, b=30), legend_orientation="h",
-                      clickmode="event")
-    fig.update_yaxes(autorange="reversed", row=1, col=1)
-    if rows:   # open on the events, not on a load or sample long before them
-        lo = min(e["start_ns"] for e in rows) - t0
-        hi = max(e["start_ns"] + e["dur_ns"] for e in rows) - t0
-        pad = max((hi - lo) * 0.02, 1)
-        fig.update_xaxes(range=[(lo - pad) / 1e3, (hi + pad) / 1e3])
-    fig.update_xaxes(title_text="µs", row=3, col=1)
-    return fig
+            xs.append(max(xs[-1], hi))   # a level holds until the next sample: draw it to the window's end
+            ys.append(ys[-1])
+            data_.append(dict(type="scatter", name=label, mode="lines", line=dict(shape="hv"), x=xs, y=ys,
+                              xaxis=f"x{row}", yaxis=f"y{row}"))
+    layout = _layout()
+    layout["yaxis"].update(autorange="reversed", categoryorder="array", categoryarray=view["tracks"])
+    for axis in ("xaxis", "xaxis2", "xaxis3"):
+        layout[axis]["range"] = [lo, hi]
+    return {"data": data_, "layout": layout}
 
 
-def _rows(L, cores, names, instances):
-    table, more = L.profile.system_events(cores=cores, names=names, instances=instances)
-    return table.to_pylist(), more
+def status(view: dict) -> str:
+    """The status line: events in the window, how many are drawn one by one, and how many are summarised."""
+    text = (f"{view['count']:,} events in {fmt_ns(view['end'] - view['start'])}: "
+            f"{view['drawn']:,} drawn one by one")
+    if view["summarised"]:
+        names = view["summarised_tracks"]
+        where = ", ".join(names[:3]) + (f" and {len(names) - 3} more tracks" if len(names) > 3 else "")
+        text += (f" · {view['summarised']:,} summarised in {fmt_ns(view['cell_ns'])} cells on {where}: "
+                 f"zoom in to see each (a track's events are drawn "
+                 f"one by one when the window holds at most {PER_TRACK:,})")
+    return text
+
+
+def _series(L) -> dict:
+    return L.cached("host_series", L.profile.host_series)
+
+
+def render(key, start=None, end=None, group="default", cores=None, names=None, instances=None):
+    """Figure, status and state for a window (no ``start``/``end``: the whole trace)."""
+    L = data.resolve(key)
+    view = system.view(L, start, end, group or "default", cores, names, instances)
+    state = {"profile": key, "start": view["start"], "end": view["end"]}
+    return figure(view, _series(L)), status(view), state, fmt_window(view["start"], view["end"])
 
 
 def _options(values) -> list[dict]:
@@ -123,41 +173,83 @@ def layout(profile=None, group="default", **_):
                          options=_options(facets["names"])),
             dcc.Dropdown(id="system-instances", multi=True, placeholder="all instances",
                          value=SETTINGS["instances"], options=_options(facets["instances"])),
+            html.Button("Whole trace", id="system-whole", className="btn", title="every system event"),
+            html.Strong(id="system-window"),
         ], className="toolbar", id="system-controls"),
         dcc.Store(id="system-state", data={"profile": key}),
+        # the x range a drag, scroll or double-click asks for (assets/explorer.js: systemRangeRequest)
+        dcc.Store(id="system-request"),
         html.Div(id="system-status", className="hint"),
-        html.Div(dcc.Graph(id="system-graph", config={"displaylogo": False, "scrollZoom": True}), className="card"),
+        html.Div("Drag or scroll to zoom · double-click or Whole trace for everything · busy tracks are drawn as "
+                 "cells shaded by how busy they are, and as events one by one once zoomed in", className="hint"),
+        html.Div(dcc.Loading(dcc.Graph(id="system-graph", config={"displaylogo": False, "scrollZoom": True}),
+                             delay_show=400), className="card"),
         html.Div([html.H3("Event"), html.Div("Click an event: its details, and for an execution its device "
                                              "timeline.", id="system-details", className="hint")], className="card"),
     ])
 
 
-@callback(Output("system-graph", "figure"), Output("system-status", "children"),
+def _x_range(relayout: dict):
+    """The x range (µs) a relayout event asks for, ``"all"`` for autorange, or None. A zoom on any of
+    the shared x axes (events, CPU, memory) counts."""
+    for axis in ("xaxis", "xaxis2", "xaxis3"):
+        if relayout.get(f"{axis}.autorange"):
+            return "all"
+        pair = relayout.get(f"{axis}.range") or [relayout.get(f"{axis}.range[0]"), relayout.get(f"{axis}.range[1]")]
+        if pair[0] is not None and pair[1] is not None:
+            try:
+                lo, hi = float(pair[0]), float(pair[1])
+            except (TypeError, ValueError):
+                lo = hi = math.nan
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise data.ExplorerError("the x range must be two finite numbers of µs")
+            return lo, hi
+    return None
+
+
+@callback(Output("system-graph", "figure"), Output("system-status", "children"), Output("system-state", "data"),
+          Output("system-window", "children"),
           Input("system-group", "value"), Input("system-cores", "value"), Input("system-names", "value"),
-          Input("system-instances", "value"), State("system-state", "data"))
-def _update(group, cores, names, instances, state):
-    L = data.resolve(state["profile"])
-    rows, more = _rows(L, cores, names, instances)
-    t0 = data.bounds(L)["t0"]
-    status = f"{len(rows):,} events" + (f" · {more:,} more not drawn: filter by core or event type" if more else "")
-    return figure(rows, L.profile.host_series(), t0, group or "default"), status
+          Input("system-instances", "value"), Input("system-request", "data"), Input("system-whole", "n_clicks"),
+          State("system-state", "data"))
+def _update(group, cores, names, instances, request, _whole, state):
+    """Draw the window at the right level of detail: on a filter or grouping change the same window, on a
+    zoom or pan (drag, scroll) the new one, on Whole trace or a double-click every event."""
+    start, end = state.get("start"), state.get("end")
+    if ctx.triggered_id == "system-whole":
+        start = end = None
+    elif ctx.triggered_id == "system-request":
+        try:
+            rng = _x_range(request if isinstance(request, dict) else {})
+        except data.ExplorerError as exc:
+            return dash.no_update, str(exc), dash.no_update, dash.no_update
+        if rng is None:
+            return (dash.no_update,) * 4
+        start, end = (None, None) if rng == "all" else (round(rng[0] * 1e3), round(rng[1] * 1e3))
+    try:
+        return render(state["profile"], start, end, group, cores, names, instances)
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc), dash.no_update, dash.no_update
 
 
 @callback(Output("system-details", "children"), Input("system-graph", "clickData"),
-          State("system-cores", "value"), State("system-names", "value"), State("system-instances", "value"),
           State("system-state", "data"), prevent_initial_call=True)
-def _details(click, cores, names, instances, state):
+def _details(click, state):
     points = (click or {}).get("points") or []
-    if not points or "customdata" not in points[0]:
+    custom = points[0].get("customdata") if points else None
+    if not isinstance(custom, list) or len(custom) < 7:
         return "Click an event bar."
+    if custom[6] != "event":
+        return f"{custom[0]} in this cell ({custom[1]}): zoom in (drag over it) to see each."
     L = data.resolve(state["profile"])
-    rows, _ = _rows(L, cores, names, instances)
-    i = int(points[0]["customdata"][-1])
-    if not 0 <= i < len(rows):
-        return "The event list changed: click again."
-    e = rows[i]
+    try:
+        e = system.event(L, custom[7], custom[8], custom[0])
+    except data.ExplorerError as exc:
+        return ui.error_box(str(exc))
+    if e is None:
+        return "That event is not in the profile."
     detail = json.loads(e["detail"]) if e["detail"] else {}
-    parts = [html.Div([html.Strong(e["name"]), f" · {e['source']} · {fmt_ns(e['dur_ns'])}"]),
+    parts = [html.Div([html.Strong(e["name"]), f" · {e['source']} · {fmt_ns(e['dur_ns'] or 0)}"]),
              html.Div(f"instance {e['instance_id']} · PID {e['process_id']} · TID {e['thread_id']} · "
                       f"NC {e['nc_idx'] if e['nc_idx'] is not None else '—'}"
                       + (f" · flow {e['flow_id']}" if e["flow_id"] is not None else "")),
@@ -169,6 +261,10 @@ def _details(click, cores, names, instances, state):
                               href=ui.href("/timeline", profile=state["profile"], start=window[0] - t0,
                                            end=window[1] - t0)))
     return parts
+
+
+clientside_callback(ClientsideFunction("explorer", "systemRangeRequest"), Output("system-request", "data"),
+                    Input("system-graph", "relayoutData"), prevent_initial_call=True)
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
