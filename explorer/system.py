@@ -3,7 +3,7 @@
 Shapes ``Profile.system_window`` (``traces.q_system``: per track, events one by one when the window
 holds few, else busy and count cells from the ``system_lod`` pyramid) for
 ``explorer/pages/system.py``; nothing here writes SQL or decides a level of detail. Windows are ns
-since the profile's ``t0`` (``data.bounds``), as on the timeline.
+since the profile's ``t0`` (``data.bounds``), as on the timeline (:func:`origin`).
 
 >>> e = {"instance_id": "i-1", "process_id": 7, "source": "neuron_rt", "nc_idx": 0, "thread_id": 9}
 >>> track_name(e, "default"), track_name(e, "cpu_device"), track_name(e, "thread")
@@ -37,11 +37,21 @@ def track_name(e: dict, grouping: str) -> str:
     return fn(e)
 
 
+def origin(L: Loaded) -> int:
+    """The absolute ns the page's times count from: the profile's ``t0`` (as on the timeline), or the
+    first system event's start in a profile that recorded nothing else."""
+    def compute():
+        b = data.bounds(L)
+        found = L.profile.system_extent()
+        return found[0] if found is not None and b["t0"] == 0 and b["instructions"] == 0 else b["t0"]
+    return L.cached("system_origin", compute)
+
+
 def extent(L: Loaded) -> tuple[int, int] | None:
-    """The system events' first start and last end, ns since ``t0`` (None without events)."""
+    """The system events' first start and last end, ns since :func:`origin` (None without events)."""
     def compute():
         found = L.profile.system_extent()
-        t0 = data.bounds(L)["t0"]
+        t0 = origin(L)
         return None if found is None else (found[0] - t0, found[1] - t0)
     return L.cached("system_extent", compute)
 
@@ -70,7 +80,7 @@ def view(L: Loaded, start=None, end=None, grouping: str = "default", cores=None,
     framework thread of a million frames never hides the runtime and device tracks.
     """
     a, b = clamp(L, start, end)
-    t0 = data.bounds(L)["t0"]
+    t0 = origin(L)
     w = L.profile.system_window(t0 + a, t0 + b, buckets, cores=cores or None, names=names or None,
                                 instances=instances or None)
     fine = data.rows(w.tracks)
@@ -98,8 +108,8 @@ def view(L: Loaded, start=None, end=None, grouping: str = "default", cores=None,
 
 
 def event(L: Loaded, track, start, name) -> dict | None:
-    """One event by its ``traces`` track, start (ns since ``t0``) and name, with its detail."""
-    t0 = data.bounds(L)["t0"]
+    """One event by its ``traces`` track, start (ns since :func:`origin`) and name, with its detail."""
+    t0 = origin(L)
     found = L.profile.system_event(parse_int(track, "track", 0, 2**31), t0 + parse_int(start, "start"),
                                    str(name)[:500])
     if found is None:

@@ -1,6 +1,7 @@
 """The System Trace page in a real browser (Playwright driving Debian's chromium, as
 test_explorer_browser.py): tracks by source, a grouping mode, an event-type filter, hover, and a click
-on an execution that opens its device timeline window."""
+on an execution that opens its device timeline window; on an eager with_stack profile whose framework
+frames outnumber everything else, the runtime and device tracks drawn, and zoom and pan."""
 from __future__ import annotations
 
 import shutil
@@ -14,7 +15,9 @@ from test_explorer_profiles import build_tables, write_profile
 
 from explorer import data
 from explorer.app import create_app
+from traces import finalize
 from traces.schema import TABLES
+from traces.synthetic import write_system
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
                                 reason="Debian's chromium is not installed (apt-get install -y chromium)")
@@ -46,7 +49,10 @@ def server(tmp_path_factory):
     tables = build_tables(seqs=(64,), iterations=3, tiles=2)
     tables.update(system_tables(tables["executions"]))
     path = write_profile(tmp_path_factory.mktemp("system") / "20260104-120000_system", tables)
-    app = create_app([path])
+    eager = tmp_path_factory.mktemp("eager") / "20260104-130000_eager"
+    eager.mkdir()
+    write_system(eager, 60_000)        # 60,000 events over 63 ms, 85 % of them framework frames
+    app = create_app([path, finalize(eager)])
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_port}"
@@ -106,3 +112,69 @@ def test_system_trace_tracks_grouping_filter_hover_and_drill_down(server, page):
     page.wait_for_selector("#timeline-window")
     page.wait_for_function("() => new URL(location.href).searchParams.get('start') !== null")
     assert "/timeline" in page.url and "end=" in page.url
+
+
+def _bars(page) -> list[dict]:
+    """The top subplot's bar traces: source, tracks, and whether they are events or cells."""
+    return page.evaluate("""() => document.querySelector('#system-graph .js-plotly-plot').data
+        .filter(t => t.type === 'bar')
+        .map(t => ({name: t.name, tracks: [...new Set(t.y)], kind: t.customdata[0][6], n: t.y.length}))""")
+
+
+def _window(page) -> list[float]:
+    return page.evaluate("() => document.querySelector('#system-graph .js-plotly-plot')._fullLayout.xaxis.range")
+
+
+def _status_changed(page, before: str) -> str:
+    page.wait_for_function("(b) => { const s = document.querySelector('#system-status').innerText; "
+                           "return s && s !== b; }", arg=before)
+    return page.inner_text("#system-status")
+
+
+def test_system_trace_at_size_keeps_runtime_and_device_tracks_and_zooms_and_pans(server, page):
+    page.goto(f"{server}/system?profile=20260104-130000_eager")
+    page.wait_for_selector("#system-graph .js-plotly-plot")
+    page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
+    status = page.inner_text("#system-status")
+    assert status.startswith("60,0") and "summarised" in status and "zoom in to see each" in status
+    bars = _bars(page)
+    drawn = {b["name"] for b in bars}
+    assert drawn == {"framework", "neuron_rt", "neuron_hw"}    # the frames never crowd out the other tracks
+    assert {"i-synthetic/PID:4242/neuron_rt/NC:0", "i-synthetic/PID:4242/neuron_hw/NC:0"} <= \
+        {t for b in bars for t in b["tracks"]}
+    assert all(b["kind"] == "cell" for b in bars)
+    _shot(page, "system-lod")
+
+    gd = page.evaluate("""() => { const l = document.querySelector('#system-graph .js-plotly-plot')._fullLayout;
+        return {x: l.xaxis._offset, w: l.xaxis._length, y: l.yaxis._offset, h: l.yaxis._length}; }""")
+    box = page.locator("#system-graph .js-plotly-plot").bounding_box()
+    lo, hi = _window(page)
+    x0 = box["x"] + gd["x"] + gd["w"] * 0.50
+    y = box["y"] + gd["y"] + gd["h"] * 0.5
+    page.mouse.move(x0, y)                                   # drag a box over 1 % of the trace: zoom in
+    page.mouse.down()
+    page.mouse.move(x0 + gd["w"] * 0.005, y, steps=4)
+    page.mouse.move(x0 + gd["w"] * 0.01, y, steps=4)
+    page.mouse.up()
+    status = _status_changed(page, status)
+    a, b = _window(page)
+    assert lo < a < b < hi and (b - a) < 0.05 * (hi - lo)
+    assert "summarised" not in status and "drawn one by one" in status
+    bars = _bars(page)
+    assert {b["name"] for b in bars if b["kind"] == "event"} == {"framework", "neuron_rt", "neuron_hw"}
+    _shot(page, "system-zoomed")
+
+    page.evaluate("""([a, b]) => Plotly.relayout(document.querySelector('#system-graph .js-plotly-plot'),
+                                                  {'xaxis.range': [a + (b - a) / 2, b + (b - a) / 2]})""", [a, b])
+    status = _status_changed(page, status)                   # pan right by half a window
+    a2, b2 = _window(page)
+    assert abs((a2 - a) - (b - a) / 2) < 1e-3 * (b - a) and "drawn one by one" in status
+    assert {b["name"] for b in _bars(page) if b["kind"] == "event"} == {"framework", "neuron_rt", "neuron_hw"}
+
+    bar = page.locator("#system-graph .barlayer .trace").last.locator(".point path").first.bounding_box()
+    page.mouse.click(bar["x"] + bar["width"] / 2, bar["y"] + bar["height"] / 2)   # an event's details
+    page.wait_for_function("() => document.querySelector('#system-details').innerText.includes('PID 4242')")
+
+    page.click("#system-whole")                              # back to every event: summarised again
+    status = _status_changed(page, status)
+    assert status.startswith("60,0") and "summarised" in status

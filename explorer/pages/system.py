@@ -116,6 +116,8 @@ def figure(view: dict, series: dict) -> dict:
     layout["yaxis"].update(autorange="reversed", categoryorder="array", categoryarray=view["tracks"])
     for axis in ("xaxis", "xaxis2", "xaxis3"):
         layout[axis]["range"] = [lo, hi]
+    if not any(t.get("xaxis") in ("x2", "x3") for t in data_):   # no host samples: the time axis on the events
+        layout["xaxis"].update(showticklabels=True, title=dict(text="µs"))
     return {"data": data_, "layout": layout}
 
 
