@@ -76,7 +76,8 @@ def view(L: Loaded, start=None, end=None, grouping: str = "default", cores=None,
     Returns ``{"start", "end", "t0", "tracks": [every track's name, in order, even when empty],
     "events": [{..., "track_name"}] (tracks with few events, one by one), "cells": [(track_name,
     source, cell, busy_fraction, count)] (the other tracks), "cell_ns", "count", "drawn", "summarised",
-    "summarised_tracks", "source"}``. A track's budget is its own (``traces.q_system.PER_TRACK``), so a
+    "summarised_tracks", "source", "dropped": {"framework": n, "system": n}}`` (events the capture's
+    bounds left out, ``Profile.dropped_events``). A track's budget is its own (``traces.q_system.PER_TRACK``), so a
     framework thread of a million frames never hides the runtime and device tracks.
     """
     a, b = clamp(L, start, end)
@@ -101,7 +102,8 @@ def view(L: Loaded, start=None, end=None, grouping: str = "default", cores=None,
             cell[0] += float(busy[k]) / w.width
             cell[1] += int(count[k])
     summarised = sorted({names_of[i] for i, r in enumerate(fine) if not r["exact"] and r["events"]})
-    return {"start": a, "end": b, "t0": t0, "tracks": order, "events": events,
+    dropped = L.cached("dropped_events", L.profile.dropped_events)
+    return {"start": a, "end": b, "t0": t0, "tracks": order, "events": events, "dropped": dropped,
             "cells": [(n, s, k, min(v[0], 1.0), v[1]) for (n, s, k), v in sorted(cells.items())],
             "cell_ns": w.width, "count": sum(r["events"] for r in fine), "drawn": len(events),
             "summarised": w.summarised, "summarised_tracks": summarised, "source": w.source}

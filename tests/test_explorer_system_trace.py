@@ -15,7 +15,7 @@ from test_explorer_profiles import build_tables, write_profile
 
 from explorer import data
 from explorer.app import create_app
-from traces import finalize
+from traces import Writer, finalize
 from traces.schema import TABLES
 from traces.synthetic import write_system
 
@@ -52,6 +52,9 @@ def server(tmp_path_factory):
     eager = tmp_path_factory.mktemp("eager") / "20260104-130000_eager"
     eager.mkdir()
     write_system(eager, 60_000)        # 60,000 events over 63 ms, 85 % of them framework frames
+    with Writer(eager, run={"run_id": "capture", "host": "i-synthetic", "pid": 4242},
+                metadata={"framework_events_dropped": "1234"}):    # what a window over its bound records
+        pass
     app = create_app([path, finalize(eager)])
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -137,6 +140,7 @@ def test_system_trace_at_size_keeps_runtime_and_device_tracks_and_zooms_and_pans
     page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
     status = page.inner_text("#system-status")
     assert status.startswith("60,0") and "summarised" in status and "zoom in to see each" in status
+    assert "1,234 framework events not recorded" in status
     bars = _bars(page)
     drawn = {b["name"] for b in bars}
     assert drawn == {"framework", "neuron_rt", "neuron_hw"}    # the frames never crowd out the other tracks

@@ -131,6 +131,12 @@ def status(view: dict) -> str:
         text += (f" · {view['summarised']:,} summarised in {fmt_ns(view['cell_ns'])} cells on {where}: "
                  f"zoom in to see each (a track's events are drawn "
                  f"one by one when the window holds at most {PER_TRACK:,})")
+    dropped = view.get("dropped") or {}
+    if dropped.get("framework"):
+        text += (f" · {dropped['framework']:,} framework events not recorded: over the torch.profiler window's "
+                 "bound")
+    if dropped.get("system"):
+        text += f" · {dropped['system']:,} runtime and device events not recorded: over max_events_per_nc"
     return text
 
 
