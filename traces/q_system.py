@@ -1,8 +1,15 @@
 """The system profile, as the Explorer's System Trace page and the Perfetto export read it: framework,
 runtime (``neuron_rt``) and hardware (``neuron_hw``) events with their instance / process / thread /
 core ids, filtered by core, event type and instance (``view --system-trace-filter-*``), and the host
-CPU, host memory and HBM series over time. Reads our raw tables (``system_events``, ``runs``,
-``cpu_usage``, ``host_memory``, ``memory``), so a Parquet export answers too.
+CPU, host memory and HBM series over time.
+
+The System Trace's level of detail (:func:`window`): events lie on tracks, one per run, source,
+NeuronCore and thread (``system_tracks``); per track, a window's events are sent one by one when
+there are at most :data:`PER_TRACK` of them, else the track's busy time and event count per cell,
+read from the ``system_lod`` pyramid that finalise derives (``traces.intervals.track_pyramid``) by
+the device timeline's rule (``q_timeline.lod_level``). Without the derived tables (a Parquet export)
+the same answers come from the raw tables (``system_events``, ``runs``, ``cpu_usage``,
+``host_memory``, ``memory``).
 
 >>> import tempfile, traces
 >>> d = tempfile.mkdtemp()
@@ -10,9 +17,9 @@ CPU, host memory and HBM series over time. Reads our raw tables (``system_events
 ...     w.append("system_events", {"ts_ns": [10], "dur_ns": [5], "name": ["nrt_execute"], "source": ["neuron_rt"],
 ...                                 "thread_id": [7], "core": [0]}, run_id="r")
 >>> with traces.open(traces.finalize(d)) as p:
-...     ev, more = events(p)
-...     ev.column("instance_id").to_pylist(), more, facets(p)["names"]
-(['i-1'], 0, ['nrt_execute'])
+...     w = window(p, 0, 100, buckets=10)
+...     w.events.column("instance_id").to_pylist(), w.summarised, w.count.tolist(), facets(p)["names"]
+(['i-1'], 0, [[0, 1, 0, 0, 0, 0, 0, 0, 0, 0]], ['nrt_execute'])
 """
 from __future__ import annotations
 
@@ -25,21 +32,9 @@ from traces.intervals import bucket_busy, merge_intervals
 from traces.q_timeline import lod_level
 from traces.store import SYSTEM_TRACKS_SQL
 
-#: At most this many events go to a page at once (the rest are counted, and a filter narrows them).
-EVENT_CAP = 20_000
 #: A track's events in a window are sent one by one only when it holds at most this many; else
 #: the track is drawn as cells. Each track has its own budget: no track starves another.
 PER_TRACK = 1000
-
-_EVENTS = """
-SELECT s.name, s.ts_ns AS start_ns, s.dur_ns, s.source, r.host AS instance_id, r.pid AS process_id, s.thread_id,
-       s.core AS nc_idx, s.exec_id, s.flow_id, s.detail, r.rank, r.node
-FROM system_events AS s LEFT JOIN runs AS r USING (run_id)
-WHERE ($cores IS NULL OR list_contains($cores, s.core))
-  AND ($names IS NULL OR list_contains($names, s.name))
-  AND ($instances IS NULL OR list_contains($instances, r.host))
-"""
-
 
 def _has(p) -> bool:
     return "system_events" in _tables(p)
@@ -50,18 +45,6 @@ def _tables(p) -> set[str]:
     if getattr(p, "_system_tables", None) is None:
         p._system_tables = set(p.tables())
     return p._system_tables
-
-
-def events(p, cores: list[int] | None = None, names: list[str] | None = None,
-           instances: list[str] | None = None, limit: int = EVENT_CAP) -> tuple[pa.Table, int]:
-    """System events in time order (projected-clock ns) matching the filters (``None``: all), at most
-    ``limit`` of them, and how many more matched."""
-    if not _has(p):
-        return pa.table({}), 0
-    params = {"cores": cores or None, "names": names or None, "instances": instances or None}
-    total = p.sql(f"SELECT count(*) AS n FROM ({_EVENTS})", params).column("n")[0].as_py()
-    rows = p.sql(f"{_EVENTS} ORDER BY s.ts_ns LIMIT {int(limit)}", params)
-    return rows, max(total - rows.num_rows, 0)
 
 
 def facets(p) -> dict:

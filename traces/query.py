@@ -362,11 +362,6 @@ class Profile:
         return q_serving.summary(self)
 
     # -- the system profile (traces.q_system) --------------------------------------------------
-    def system_events(self, cores=None, names=None, instances=None, limit: int = q_system.EVENT_CAP):
-        """System events (framework / neuron_rt / neuron_hw) matching the filters, and how many more matched.
-        Example: ``rows, more = p.system_events(names=["nrt_execute"])``."""
-        return q_system.events(self, cores, names, instances, limit)
-
     def system_window(self, t0: int, t1: int, buckets: int, cores=None, names=None, instances=None,
                       per_track: int = q_system.PER_TRACK) -> q_system.SystemWindow:
         """The System Trace's level of detail over ``[t0, t1)``: per track, its events one by one when few,
