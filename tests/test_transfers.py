@@ -125,6 +125,23 @@ def test_every_copy_is_a_runtime_tensor_read_or_write_with_bytes_and_bandwidth(r
                 assert os.path.basename(x["source_location"]).startswith("train.py:")   # the user's line
 
 
+@pytest.mark.parametrize("name", ["eager", "compiled"])
+def test_under_torch_profiler_each_copy_sits_in_the_torch_op_that_made_it(runs, name):
+    path, copies = runs[name]
+    with traces.open(path) as p:
+        rows = p.sql("""SELECT w.name, (SELECT list(f.name) FROM SystemProfileEvents f
+                                        WHERE f.trace_event_source = 'framework' AND f.start_ts <= w.start_ts
+                                          AND f.end_ts >= w.end_ts) AS around
+                        FROM SystemProfileEvents w WHERE w.name IN ('nrt_tensor_write', 'nrt_tensor_read')""").to_pylist()
+    made_by = collections.Counter(next((op for op in ("aten::copy_", "aten::_local_scalar_dense", "aten::_to_copy")
+                                        if op in r["around"]), "print") for r in rows)
+    # writes: .to("neuron") and load_state_dict's copies; reads: .item(), .cpu(); print(loss) is no ATen op
+    writes = sum(d == "to_device" for d, _ in copies)
+    assert made_by == {"aten::copy_": writes, "aten::_local_scalar_dense": 2, "print": 2,
+                       "aten::_to_copy": len(copies) - writes - 4}
+    assert all(any(n.startswith("ProfilerStep#") for n in r["around"]) for r in rows)
+
+
 @pytest.mark.parametrize("name", ["eager", "compiled", "inspect"])
 def test_every_copy_is_on_its_cores_dma_lane_of_the_device_timeline(runs, name):
     from explorer import timeline
