@@ -132,7 +132,8 @@ def test_under_torch_profiler_each_copy_sits_in_the_torch_op_that_made_it(runs, 
         rows = p.sql("""SELECT w.name, (SELECT list(f.name) FROM SystemProfileEvents f
                                         WHERE f.trace_event_source = 'framework' AND f.start_ts <= w.start_ts
                                           AND f.end_ts >= w.end_ts) AS around
-                        FROM SystemProfileEvents w WHERE w.name IN ('nrt_tensor_write', 'nrt_tensor_read')""").to_pylist()
+                        FROM SystemProfileEvents w
+                        WHERE w.name IN ('nrt_tensor_write', 'nrt_tensor_read')""").to_pylist()
     made_by = collections.Counter(next((op for op in ("aten::copy_", "aten::_local_scalar_dense", "aten::_to_copy")
                                         if op in r["around"]), "print") for r in rows)
     # writes: .to("neuron") and load_state_dict's copies; reads: .item(), .cpu(); print(loss) is no ATen op
