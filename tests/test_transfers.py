@@ -179,9 +179,13 @@ def test_diff_counts_the_same_copies_eager_and_compiled(runs):
     why = json.loads(r.stdout)["why"]
     assert (why["a_name"], why["b_name"]) == ("eager", "compiled")
     n, total = len(copies_e), sum(b for _, b in copies_e)
+    writes = [b for d, b in copies_e if d == "to_device"]
     for side in (why["a"], why["b"]):
         assert (side["transfers"], side["transfer_bytes"]) == (n, total)
-    assert why["lines"][3].startswith(f"transfers unchanged: {n} (")
+        assert (side["writes"], side["write_bytes"]) == (len(writes), sum(writes))
+    line = why["lines"][3]
+    assert line.startswith(f"transfers unchanged: {n} (") and f"PCIe; {len(writes)} writes " in line
+    assert f", {n - len(writes)} reads " in line
     with traces.open(eager) as p:   # the diff's count is the system profile's
         api = p.sql("SELECT count(*) AS n FROM SystemProfileEvents "
                     "WHERE name IN ('nrt_tensor_write', 'nrt_tensor_read')").column("n")[0].as_py()
