@@ -138,7 +138,7 @@ def dispatch(func, args: tuple, kwargs: dict):
     if func.is_view or func in _METADATA or torch.Tag.nondeterministic_seeded in func.tags \
             or not any(isinstance(x, torch.Tensor) for x in inner):
         return _rewrap(func(*a, **k), inner, flat, index)
-    if func in _TO_HOST:        # .item(), .tolist(): the value crosses to the host
+    if func in _TO_HOST:        # .item(), bool(): the value crosses to the host
         _transfer(inner[0], "to_host", index)
         return func(*a, **k)
     if func._schema.is_mutable:

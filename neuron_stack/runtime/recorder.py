@@ -225,8 +225,7 @@ def record_transfer(rec: Recorder, profile, ts_ns: int, core: int, direction: st
     (``dmem_buf_copyin`` / ``dmem_buf_copyout``), each with ``size`` and ``bandwidth_bytes_per_sec``. Returns the
     PCIe ns (``device/cost.py: pcie_ns``). The one recording of a transfer: compiled graphs' CPU-island seams and
     eager copies both call it. ``source`` (``file:line``) goes on every row (``source_location`` in the system
-    profile); ``detail`` on the event only. A core
-    outside ``NEURON_RT_INSPECT_EVENT_FILTER_NC`` records nothing.
+    profile), ``detail`` on the event only. A core outside ``NEURON_RT_INSPECT_EVENT_FILTER_NC`` records nothing.
 
     >>> from types import SimpleNamespace as NS
     >>> from neuron_stack.device.profiles import get_profile
