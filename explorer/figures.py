@@ -11,6 +11,8 @@ fraction per time bucket, so the browser never receives more cells than the scre
 """
 from __future__ import annotations
 
+import json
+import os
 import zlib
 
 import plotly.graph_objects as go
@@ -189,7 +191,8 @@ def _span_bars(fig, tl, index):
         name, color = style[kind]
         text = []
         for s in spans:
-            extra = f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec" else (s.get("detail") or "")
+            extra = (f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec"
+                     else _transfer_text(s.get("detail")) if kind == "host_transfer" else (s.get("detail") or ""))
             text.append(f"<b>{name}</b> {fmt_ns(s['dur'])}<br>{str(extra)[:160]}")
         fig.add_trace(dict(type="bar", name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
                            base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
@@ -201,6 +204,17 @@ def _span_bars(fig, tl, index):
                                hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
                                marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
                                            line=dict(color="#7a3e00", width=1))))
+
+
+def _transfer_text(detail) -> str:
+    """A copy's hover line: direction, size and the user's line (``host_transfer`` detail)."""
+    try:
+        d = json.loads(detail or "{}")
+    except ValueError:
+        return str(detail)
+    arrow = {"to_device": "host → device (nrt_tensor_write)", "to_host": "device → host (nrt_tensor_read)"}
+    where = os.path.basename(d.get("source") or "") or d.get("value") or ""
+    return f"{arrow.get(d.get('direction'), d.get('direction'))} · {fmt_bytes(d.get('bytes'))} · {where}"
 
 
 def icicle_figure(nodes: list[dict]) -> go.Figure:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from explorer import data
 from explorer.data import Loaded, parse_int
-from traces.vocab import ENGINE_LABELS, LANE_ORDER
+from traces.vocab import ENGINE_LABELS, HOST_TRANSFER_QUEUE, LANE_ORDER
 
 #: Instructions drawn one by one only when the visible window holds at most this many.
 RAW_CAP = 4000
@@ -58,14 +58,17 @@ class Lane:
 
 
 def lanes(L: Loaded) -> list[Lane]:
-    """Timeline lanes top to bottom: compile, host, then per core its executions, DMA queues and engines."""
+    """Timeline lanes top to bottom: compile, host, then per core its executions, DMA lanes (its host<->device
+    copies, then its instruction queues) and engines."""
     def compute():
         out = [Lane("compile", "Compile", "compile"), Lane("host", "Host (CPU)", "host")]
         found = data.rows(L.profile.lanes())
         for core in sorted({r["core"] for r in found if r["core"] is not None}):
             out.append(Lane(f"exec:{core}", f"Executions(nc{core})", "exec", core))
             mine = [r for r in found if r["core"] == core and r["engine"] is not None]
-            dma = sorted({r["queue"] or "qDMA" for r in mine if r["engine"] == "dma"}, key=_natural)
+            # the core's host<->device copies first, then its instruction queues
+            dma = sorted({r["queue"] or "qDMA" for r in mine if r["engine"] == "dma"},
+                         key=lambda q: (q != HOST_TRANSFER_QUEUE, _natural(q)))
             out += [Lane(f"dma:{core}:{q}", f"{q}(nc{core})", "dma", core, "dma", q) for q in dma]
             engines = {r["engine"] for r in mine if r["engine"] != "dma"}
             for eng in [e for e in LANE_ORDER if e in engines] + sorted(engines - set(LANE_ORDER)):
@@ -151,7 +154,8 @@ def _lod(L, A, B, buckets, chosen) -> dict:
 
 
 def _spans(L, A, B, t0) -> list[dict]:
-    """Executions, CPU-fallback/host and compile spans in the window (capped; biggest kept)."""
+    """Executions, CPU-fallback/host and compile spans in the window (capped; biggest kept); a host<->device
+    copy goes on its core's ``host_to_device_transfers`` DMA lane."""
     ex, ev = L.profile.spans(A, B, SPAN_CAP)
     out = []
     for r in data.rows(ex):
@@ -159,9 +163,11 @@ def _spans(L, A, B, t0) -> list[dict]:
         r.update(lane=f"exec:{core}", start=r.pop("start_ns") - t0, kind="exec")
         out.append(r)
     for r in data.rows(ev):
-        kind = r["kind"]
-        r.update(lane="compile" if kind in ("compile", "recompile", "cache_hit") else "host",
-                 start=r.pop("start_ns") - t0, name=kind)
+        kind, core = r["kind"], r.pop("core", None)
+        lane = ("compile" if kind in ("compile", "recompile", "cache_hit")
+                else f"dma:{core}:{HOST_TRANSFER_QUEUE}" if kind == "host_transfer" and core is not None
+                else "host")
+        r.update(lane=lane, start=r.pop("start_ns") - t0, name=kind)
         out.append(r)
     return out
 

@@ -78,3 +78,13 @@ def test_memory_and_metadata(profile):
     meta = dict(q(profile, "SELECT key, value FROM metadata"))
     assert (meta["is_simulation"] == "true" and meta["target"] == "trn1"
             and meta["timing_model"] in ("roofline", "instruction"))
+
+
+def test_seam_transfers_are_runtime_tensor_reads_and_writes(profile):
+    # a CPU island's seams are recorded as eager copies are (runtime/recorder.py: record_transfer)
+    events = q(profile, "SELECT ts_ns, dur_ns, detail::JSON->>'direction', CAST(detail::JSON->>'bytes' AS BIGINT) "
+                        "FROM events WHERE kind = 'host_transfer' ORDER BY ALL")
+    api = {"to_device": "nrt_tensor_write", "to_host": "nrt_tensor_read"}
+    system = q(profile, "SELECT start_ts, duration_ns, name, CAST(extra_attributes_json::JSON->>'size' AS BIGINT) "
+                        "FROM SystemProfileEvents WHERE name IN ('nrt_tensor_write', 'nrt_tensor_read') ORDER BY ALL")
+    assert len(events) >= 2 and sorted((t, d, api[k], b) for t, d, k, b in events) == system

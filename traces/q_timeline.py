@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from traces.errors import TraceError
 from traces.intervals import bucket_busy
+from traces.vocab import HOST_TRANSFER_QUEUE
 
 #: A zoomed-out query reads the pyramid level whose buckets are at most 1/16 of its own bucket.
 LOD_OVERSAMPLE = 16
@@ -275,16 +276,20 @@ def selected_counts(p, t0: int, t1: int, buckets: int, op_ids) -> pa.Table:
 
 
 def lanes(p) -> pa.Table:
-    """Every (core, engine, DMA queue) lane with instructions, plus each executing core (engine NULL)."""
+    """Every (core, engine, DMA queue) lane with instructions, each executing core (engine NULL), and each
+    core's host<->device copies (engine ``dma``, queue :data:`~traces.vocab.HOST_TRANSFER_QUEUE`)."""
     top = int(p.metadata().get("lod_top_level", 0) or 0)
     return p.sql("""SELECT DISTINCT core, engine, CASE WHEN engine = 'dma' THEN queue END AS queue
                     FROM lod_busy WHERE level = $top
                     UNION SELECT DISTINCT core, NULL, NULL FROM executions WHERE core IS NOT NULL
-                    ORDER BY ALL""", {"top": top})
+                    UNION SELECT DISTINCT core, 'dma', $hq FROM events
+                          WHERE kind = 'host_transfer' AND core IS NOT NULL
+                    ORDER BY ALL""", {"top": top, "hq": HOST_TRANSFER_QUEUE})
 
 
 def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
-    """Executions and host/compile events overlapping ``[t0, t1)``: at most ``cap`` of each, longest kept."""
+    """Executions and host/compile events overlapping ``[t0, t1)``: at most ``cap`` of each, longest kept.
+    An event's ``core`` places a ``host_transfer`` on that core's :data:`~traces.vocab.HOST_TRANSFER_QUEUE` lane."""
     params = {"t0": int(t0), "t1": int(t1), "cap": int(cap)}
     ex = p.sql("""
         SELECT e.core, e.start_ns, e.end_ns - e.start_ns AS dur, coalesce(g.name, 'graph') AS name,
@@ -293,7 +298,7 @@ def spans(p, t0: int, t1: int, cap: int) -> tuple[pa.Table, pa.Table]:
         WHERE e.start_ns < $t1 AND e.end_ns > $t0 ORDER BY e.end_ns - e.start_ns DESC LIMIT $cap""", params)
     ev = p.sql("""
         SELECT kind, ts_ns AS start_ns, greatest(coalesce(dur_ns, 0), 0) AS dur, op_id, graph_id, source_id,
-               detail
+               detail, core
         FROM events
         WHERE kind IN ('compile', 'recompile', 'cache_hit', 'cpu_fallback', 'host_transfer')
           AND ts_ns < $t1 AND ts_ns + greatest(coalesce(dur_ns, 0), 0) >= $t0

@@ -405,7 +405,8 @@ class Profile:
         return self._bounds
 
     def lanes(self) -> pa.Table:
-        """Lanes with instructions (core, engine, DMA queue) and executing cores (engine NULL)."""
+        """Lanes with instructions (core, engine, DMA queue), executing cores (engine NULL) and each core's
+        host<->device copies (``dma``, ``traces.vocab.HOST_TRANSFER_QUEUE``). Example: ``p.lanes().to_pylist()``."""
         return q_timeline.lanes(self)
 
     def lane_cells(self, t0: int, t1: int, buckets: int, core=None, engine=None) -> q_timeline.LaneCells:

@@ -23,6 +23,12 @@ CONCURRENT_ENGINES = ("dma", "cc", "cpu")
 #: Engines that live on the device: everything but the host CPU (device time never includes ``cpu``).
 DEVICE_ENGINES = tuple(e for e in ENGINES if e != "cpu")
 
+#: The DMA lane (``queue``) of a core's host<->device copies on the device timeline: the runtime's
+#: ``nrt_tensor_write`` / ``nrt_tensor_read`` (``host_transfer`` events), named as the real system profile
+#: names its per-core track (``<iid>/NC:0/host_to_device_transfers``, reference §3.8). Not an instruction
+#: queue: a copy runs between executions, so it never counts in device busy or DMA active time.
+HOST_TRANSFER_QUEUE = "host_to_device_transfers"
+
 #: Display labels, as the real profiler names its tracks (reference §3.5).
 ENGINE_LABELS = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd",
                  "sync": "Sync", "dma": "DMA", "cc": "CC-core", "cpu": "CPU"}

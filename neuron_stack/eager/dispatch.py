@@ -3,8 +3,9 @@
 An ATen op on ``neuron`` tensors is, by kind:
 
 - a view or metadata op (``view``, ``t``, ``detach``, ``expand``...): done on the value itself, no device work;
-- a transfer (``.to("neuron")``, ``.cpu()``, ``copy_`` across host and device): the copy, charged
-  PCIe time on the projected clock and recorded as a ``host_transfer`` event;
+- a transfer (``.to("neuron")``, ``.cpu()``, ``.item()``, printing, ``copy_`` across host and device): the
+  copy, charged PCIe time on the projected clock and recorded as every runtime transfer is (a ``host_transfer``
+  event; ``nrt_tensor_write`` / ``nrt_tensor_read`` in the system profile);
 - a random op (``normal_``, ``uniform_``...): drawn from the CPU generator, so ``torch.manual_seed`` gives
   the same numbers as on the CPU;
 - anything else: a one-op FX graph, compiled by the same compiler (persistent cache, source line) into a
@@ -42,10 +43,11 @@ from neuron_stack.eager.memory import MEMORY, _state, core_of, session, where
 from neuron_stack.frontend.export import graph_to_program
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.runtime.model import LoadedModel
-from neuron_stack.runtime.recorder import record_dispatch
+from neuron_stack.runtime.recorder import record_dispatch, record_transfer
 
 aten = torch.ops.aten
 _HOST = object()          # cache marker: this signature runs on the host
+_REAL = (torch.Tensor, torch.nn.Parameter)
 _lock = threading.RLock()
 _models: dict[tuple, object] = {}
 _stats = {"compiled_ops": 0, "executions": 0, "host_ops": 0, "transfers": 0, "transfer_bytes": 0,
@@ -68,6 +70,8 @@ class NeuronTensor(torch.Tensor):
         MEMORY.track(self, index)
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        if type(self.elem) is torch.Tensor:     # printing reads the values to the host (not while tracing)
+            _transfer(self, "to_host", self.device.index or 0)
         body = repr(self.elem).removeprefix("tensor(").rstrip(")")
         return f"tensor({body}, device='{self.device}')"
 
@@ -115,15 +119,16 @@ def dispatch(func, args: tuple, kwargs: dict):
     flat, spec = tree_flatten((args, kwargs))
     index = _index(flat)
     inner = [a.elem if isinstance(a, NeuronTensor) else a for a in flat]
-    if any(isinstance(x, torch.Tensor) and type(x) is not torch.Tensor for x in inner):
-        a, k = tree_unflatten(inner, spec)           # tracing: fake or functional values
+    # tracing: fake or functional values (a CPU Parameter, as Module.to copies it, is a real value)
+    if any(isinstance(x, torch.Tensor) and type(x) not in _REAL for x in inner):
+        a, k = tree_unflatten(inner, spec)
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
     if func is aten._to_copy.default and torch.device(kwargs.get("device") or "neuron").type == "cpu":
-        return _transfer(func(inner[0], **kwargs), "device_to_host", index)
+        return _transfer(func(inner[0], **kwargs), "to_host", index)
     if func is aten.copy_.default:
         dst, src = args[0], args[1]
         if isinstance(dst, NeuronTensor) != isinstance(src, NeuronTensor):
-            direction = "host_to_device" if isinstance(dst, NeuronTensor) else "device_to_host"
+            direction = "to_device" if isinstance(dst, NeuronTensor) else "to_host"
             (dst.elem if isinstance(dst, NeuronTensor) else dst).copy_(
                 src.elem if isinstance(src, NeuronTensor) else src, *args[2:])
             _transfer(src, direction, index)
@@ -133,8 +138,8 @@ def dispatch(func, args: tuple, kwargs: dict):
     if func.is_view or func in _METADATA or torch.Tag.nondeterministic_seeded in func.tags \
             or not any(isinstance(x, torch.Tensor) for x in inner):
         return _rewrap(func(*a, **k), inner, flat, index)
-    if func in _TO_HOST:        # .item(), .tolist(): the value crosses to the host
-        _transfer(inner[0], "device_to_host", index)
+    if func in _TO_HOST:        # .item(), bool(): the value crosses to the host
+        _transfer(inner[0], "to_host", index)
         return func(*a, **k)
     if func._schema.is_mutable:
         return _mutate(func, args, a, k, inner, flat, index)
@@ -172,8 +177,10 @@ def _rewrap(out, inner, flat, index):
 
 
 def _transfer(t: torch.Tensor, direction: str, index: int):
-    """Charge one host<->device copy of ``t``: PCIe time on the projected clock and a ``host_transfer`` event."""
+    """Charge one host<->device copy of ``t`` (``direction`` ``to_device`` or ``to_host``): PCIe time on the
+    projected clock, recorded as the runtime records every transfer (``record_transfer``)."""
     s, core = core_of(index)
+    s.poll_capture()        # a torch.profiler window whose first step starts with a copy records it
     nbytes = t.numel() * t.element_size()
     ns = pcie_ns(s.profile, nbytes)
     start = clock.now_ns()
@@ -187,8 +194,9 @@ def _transfer(t: torch.Tensor, direction: str, index: int):
         with s.record_lock:
             if s.recorder is rec:
                 src = where()
-                rec.event("host_transfer", ts_ns=start, dur_ns=ns, core=core, direction=direction, bytes=nbytes,
-                          shape=list(t.shape), source=f"{src.file}:{src.line}" if src else "", mode="eager")
+                # an eager copy names no NEFF tensor: "_unknown_", as the real runtime writes it
+                record_transfer(rec, s.profile, start, core, direction, nbytes, "_unknown_",
+                                source=f"{src.file}:{src.line}" if src else None, shape=list(t.shape), mode="eager")
     return t.elem if isinstance(t, NeuronTensor) else t
 
 
@@ -308,11 +316,11 @@ def _host_op(func, a, k, index, reason, src=None):
         _count_fallback(str(func), reason, src)
     tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
     for t in tensors:
-        _transfer(t, "device_to_host", index)
+        _transfer(t, "to_host", index)
     out = func(*a, **k)
     for t in tree_flatten(out)[0]:
         if isinstance(t, torch.Tensor):
-            _transfer(t, "host_to_device", index)
+            _transfer(t, "to_device", index)
     with _lock:
         _stats["host_ops"] += 1
     return out

@@ -211,6 +211,42 @@ class HostSampler:
             self.sample()
 
 
+#: A copy's runtime API call and the driver's copy beneath it, per direction (reference §3.8, glossary.rst).
+TRANSFER_EVENTS = {"to_device": ("nrt_tensor_write", "dmem_buf_copyin"),
+                   "to_host": ("nrt_tensor_read", "dmem_buf_copyout")}
+
+
+def record_transfer(rec: Recorder, profile, ts_ns: int, core: int, direction: str, nbytes: int, tensor_name: str,
+                    exec_id: int | None = None, graph_id: int | None = None, op_id: int | None = None,
+                    source: str | None = None, **detail) -> int:
+    """One host<->device copy of ``nbytes`` (``direction`` ``to_device`` or ``to_host``) starting at ``ts_ns`` on
+    the projected clock: its ``host_transfer`` event (``dur_ns`` PCIe time, never device time) and, in the system
+    profile, the runtime call (``nrt_tensor_write`` / ``nrt_tensor_read``) with the driver's copy beneath it
+    (``dmem_buf_copyin`` / ``dmem_buf_copyout``), each with ``size`` and ``bandwidth_bytes_per_sec``. Returns the
+    PCIe ns (``device/cost.py: pcie_ns``). The one recording of a transfer: compiled graphs' CPU-island seams and
+    eager copies both call it. ``source`` (``file:line``) goes on every row (``source_location`` in the system
+    profile), ``detail`` on the event only. A core outside ``NEURON_RT_INSPECT_EVENT_FILTER_NC`` records nothing.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from neuron_stack.device.profiles import get_profile
+    >>> rec = NS(core_filter={1}, event=None, system_event=None)
+    >>> record_transfer(rec, get_profile("trn1"), 0, 0, "to_device", 32_000, "x")   # filtered out: PCIe ns only
+    2300
+    """
+    ns = pcie_ns(profile, nbytes)
+    if rec.core_filter is not None and core not in rec.core_filter:
+        return ns
+    where = {"source": source} if source else {}
+    rec.event("host_transfer", ts_ns=ts_ns, dur_ns=ns, core=core, graph_id=graph_id, op_id=op_id, value=tensor_name,
+              direction=direction, bytes=nbytes, **where, **detail)
+    # system_event's own ``source`` is the event's origin (neuron_rt): the line goes as ``source_location``
+    where = {"source_location": source} if source else {}
+    for name in TRANSFER_EVENTS[direction]:
+        rec.system_event(name, ts_ns, ns, core=core, exec_id=exec_id, tensor_name=tensor_name, size=nbytes,
+                         direction=direction, bandwidth_bytes_per_sec=round(nbytes * 1e9 / max(ns, 1), 1), **where)
+    return ns
+
+
 def record_dispatch(model, host_ns: int, mode: str) -> None:
     """A ``dispatch`` event: the host time (``dur_ns``, measured, never device time) the framework spent
     around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``.
@@ -372,16 +408,9 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
     for kind, p, offset, times in timeline:
         part = p.part
         for t in part.transfers:
-            rec.event("host_transfer", ts_ns=proj0 + offset, dur_ns=pcie_ns(model.profile, t.bytes), core=model.core,
-                      graph_id=model.graph_id, op_id=model.op_ids.get(t.value), value=t.value,
-                      direction=t.direction, bytes=t.bytes)
-            ns = pcie_ns(model.profile, t.bytes)
-            api, copy = (("nrt_tensor_write", "dmem_buf_copyin") if t.direction == "to_device"
-                         else ("nrt_tensor_read", "dmem_buf_copyout"))
-            for name in (api, copy):
-                rec.system_event(name, proj0 + offset, ns, core=model.core, exec_id=exec_id, tensor_name=t.value,
-                                 size=t.bytes, bandwidth_bytes_per_sec=round(t.bytes * 1e9 / max(ns, 1), 1))
-            offset += pcie_ns(model.profile, t.bytes)
+            offset += record_transfer(rec, model.profile, proj0 + offset, model.core, t.direction, t.bytes,
+                                      t.value, exec_id=exec_id, graph_id=model.graph_id,
+                                      op_id=model.op_ids.get(t.value))
         if kind == "device":
             rec.system_event("nc_exec_running", proj0 + offset, p.device_ns, source="neuron_hw", core=model.core,
                              exec_id=exec_id, flow_id=flow, model=model.name, partition=part.index)
