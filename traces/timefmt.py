@@ -37,9 +37,16 @@ def unit_for(ns: float) -> tuple[str, int]:
 
 
 def fmt_ns(ns) -> str:
-    """A duration in its own unit to three significant digits: ``fmt_ns(2_500_000) == '2.5 ms'``."""
+    """A duration in its own unit to three significant digits; a value that rounds up to 1,000 of its unit
+    moves to the next (never ``1e+03 ms``).
+
+    >>> fmt_ns(2_500_000), fmt_ns(999_999_900), fmt_ns(999.7)
+    ('2.5 ms', '1 s', '1 µs')
+    """
     ns = float(ns or 0)
     name, scale = unit_for(ns)
+    if abs(float(f"{ns / scale:.3g}")) >= 1000:
+        name, scale = unit_for(float(f"{ns:.3g}"))
     return f"{ns / scale:.3g} {name}"
 
 
