@@ -235,8 +235,10 @@ def ops(p) -> pa.Table:
     return p.sql("""
         SELECT o.op_id, o.graph_id, o.name, o.aten_op, o.op_class, o.placement, o.fallback_reason,
                o.fused_into, coalesce(o.module_path, '') AS module_path, o.source_id, o.shape, o.dtype,
-               o.flops, o.bytes, s.file, s.line, s.function, s.code, g.name AS graph
+               o.flops, o.bytes, s.file, s.line, s.function, s.code, g.name AS graph,
+               o.fwd_source_id, f.file AS fwd_file, f.line AS fwd_line
         FROM ops o LEFT JOIN sources s USING (source_id) LEFT JOIN graphs g USING (graph_id)
+             LEFT JOIN sources f ON f.source_id = o.fwd_source_id
         ORDER BY o.op_id""")
 
 

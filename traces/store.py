@@ -343,7 +343,7 @@ def _op_and_source_summaries(con) -> None:
         SELECT coalesce(o.op_id, p.op_id) AS op_id, o.graph_id, g.name AS graph_name,
                coalesce(o.name, CASE WHEN p.op_id IS NULL THEN '(unattributed)' ELSE '(unknown op)' END) AS name,
                o.aten_op, o.op_class, o.placement, o.fallback_reason, o.fused_into, o.module_path,
-               o.source_id, s.file, s.line, o.shape, o.dtype, o.flops AS model_flops, o.bytes AS model_bytes,
+               o.source_id, s.file, s.line, o.fwd_source_id, o.shape, o.dtype, o.flops AS model_flops, o.bytes AS model_bytes,
                coalesce(p.calls, 0) AS calls, coalesce(p.instruction_count, 0) AS instruction_count,
                coalesce(p.device_ns, 0) AS device_ns,
                {', '.join(f'coalesce(p.{e}_ns, 0) AS {e}_ns' for e in DEVICE_ENGINES)},
