@@ -49,8 +49,11 @@ def test_training_forward_and_backward_graphs():
     kinds = {e["kind"] for e in _events_for("MLP.forward")}
     assert {"forward", "backward"} <= kinds
     bw = next(e for e in _events_for("MLP.forward") if e["kind"] == "backward")
-    srcs = {os.path.basename(n.source.file) for n in bw["model"].program.nodes if n.source}
-    assert "models.py" in srcs        # backward ops point at the forward's user lines
+    ops = [n for n in bw["model"].program.nodes if n.is_compute]
+    # backward ops are on the backward() line; autograd's record gives the forward line each came from
+    assert {(os.path.basename(n.source.file), n.source.code) for n in ops} == \
+        {("test_frontend_dynamo.py", "cm(x).sum().backward()")}
+    assert "models.py" in {os.path.basename(n.fwd_source.file) for n in ops if n.fwd_source}
 
 
 def test_recompile_limit_is_not_silent_eager():
