@@ -37,6 +37,7 @@ _KEEP = 1 << 18             # forward nodes remembered; a backward past that man
 _forward: dict[int, "Site"] = {}
 _paths: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 _local = threading.local()
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,10 @@ def enter() -> None:
     if seq != getattr(_local, "seq", 0):
         _local.seq = seq
         s = site()
-        _forward[seq - 1] = s
-        if len(_forward) > _KEEP:
-            del _forward[next(iter(_forward))]
+        with _lock:
+            _forward[seq - 1] = s
+            if len(_forward) > _KEEP:
+                del _forward[next(iter(_forward))]
 
 
 def site() -> Site:
