@@ -221,7 +221,7 @@ def _compiler(kind: str, ctx: dict):
             # aot_autograd compiles a static backward lazily, on its first run: the backward() call is live
             bw_line = backward_source() if kind == "backward" else None
             program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names,
-                                       backward_source=bw_line)
+                                       backward_source=bw_line, call_site=ctx["source"])
             ghash = graph_hash(program)
             neff, hit, entry = compile_cached(ghash, flags,
                                               lambda: compile_program(program, flags, graph_hash_value=ghash),

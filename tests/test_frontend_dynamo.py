@@ -56,6 +56,21 @@ def test_training_forward_and_backward_graphs():
     assert "models.py" in {os.path.basename(n.fwd_source.file) for n in ops if n.fwd_source}
 
 
+def test_a_compiled_model_of_torch_code_only_takes_the_call_line_as_eager_does():
+    # nn.Sequential's forward is torch's: no node's stack_trace has a user frame, so every op gets the
+    # user's call of the compiled model (what eager gives it), and its backward ops that as forward line
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+    cm = torch.compile(m, backend="neuron")
+    loss = cm(torch.randn(2, 8)).sum()
+    loss.backward()
+    from neuron_stack.dynamo import compile_events
+    fw, bw = ([n for n in e["model"].program.nodes if n.is_compute] for e in compile_events()[-2:])
+    assert {n.source.code for n in fw} == {"loss = cm(torch.randn(2, 8)).sum()"}
+    assert {n.module_path for n in fw if n.target == "aten.addmm.default"} == {"0"}
+    assert {n.source.code for n in bw} == {"loss.backward()"}
+    assert {n.fwd_source.code for n in bw} == {"loss = cm(torch.randn(2, 8)).sum()"}
+
+
 def test_recompile_limit_is_not_silent_eager():
     import torch._dynamo
     f = torch.compile(lambda x: x * 3, backend="neuron")

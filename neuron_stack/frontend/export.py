@@ -194,13 +194,16 @@ def jsonify(a: Any) -> Any:
 
 def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str, torch.Tensor],
                      input_names: list[str], placeholder_constants: dict[str, str] | None = None,
-                     output_names: list[Any] | None = None, backward_source: Source | None = None) -> Program:
+                     output_names: list[Any] | None = None, backward_source: Source | None = None,
+                     call_site: Source | None = None) -> Program:
     """Convert a core-ATen FX graph to a :class:`Program`.
 
     ``placeholder_constants`` maps placeholder names that are really weights (export's lifted
     parameters) to keys of ``constants``; those become ``get_attr`` nodes. A backward graph passes
     ``backward_source``, the ``backward()`` line that runs it: that becomes every op's source, and the
-    forward line autograd recorded for the op (its ``stack_trace``) its ``fwd_source``.
+    forward line autograd recorded for the op (its ``stack_trace``) its ``fwd_source``. ``call_site`` is
+    the line of an op whose stack holds no user frame (a compiled ``nn.Sequential`` runs only torch's
+    code): the user's call of the compiled function, the line eager execution gives the same op.
     Example: ``graph_to_program(gm, name="g", constants={}, input_names=["x"])``.
     """
     placeholder_constants = placeholder_constants or {}
@@ -240,7 +243,7 @@ def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str
             src = vals.get(n.args[0].name, [])
             inputs = src[n.args[1]:n.args[1] + 1] if isinstance(n.args[1], int) else []
         path, cls = _module_path(n.meta)
-        src = user_frame(n.meta.get("stack_trace"))
+        src = user_frame(n.meta.get("stack_trace")) or call_site
         nodes.append(Node(decomposed_from=_decomposed_from(n),
             name=n.name, target=target_name(n.target), args=args, kwargs=jsonify(dict(n.kwargs))["dict"],
             inputs=inputs, outputs=outs, module_path=path, module_type=cls,
