@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -35,13 +35,12 @@ from neuron_stack.ir import Source
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 _KEEP = 1 << 18             # forward nodes remembered; a backward past that many loses its forward lines
 _forward: dict[int, "Site"] = {}
-_paths: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_paths: dict[int, tuple] = {}      # id(root module) -> (weakref to it, {id(module): name})
 _local = threading.local()
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):        # a tuple: made for every op, where a dataclass costs microseconds
     """An op's user line (a backward op: the ``backward()`` line), module path and class, and for a
     backward op the forward line it came from."""
 
@@ -96,8 +95,7 @@ def _forward_site() -> Site:
     while f is not None:
         code = f.f_code
         if code is _CALL_IMPL:
-            m = f.f_locals.get("self")
-            inner, outer = inner or m, m
+            inner, outer = inner or f, f
         elif src is None and is_user_file(code.co_filename):
             src = frame_source(f)
         f = f.f_back
@@ -107,13 +105,15 @@ def _forward_site() -> Site:
         src = where()
     if inner is None:
         return Site(src)
-    return Site(src, *_path(outer, inner))
+    # only two frames' locals: reading f_locals costs microseconds a frame
+    return Site(src, *_path(outer.f_locals["self"], inner.f_locals["self"]))
 
 
 def _path(root: torch.nn.Module, m: torch.nn.Module) -> tuple[str, str]:
     """``m``'s name in ``root`` and its class, as ``nn_module_stack`` spells them."""
-    names = _paths.get(root)
-    if names is None or id(m) not in names:     # first call, or the model changed shape since
-        names = _paths[root] = {id(x): n for n, x in root.named_modules()}
+    ref, names = _paths.get(id(root), (None, None))
+    if ref is None or ref() is not root or id(m) not in names:   # first call, or the model changed since
+        names = {id(x): n for n, x in root.named_modules()}
+        _paths[id(root)] = (weakref.ref(root, lambda _, k=id(root): _paths.pop(k, None)), names)
     cls = type(m)
     return names.get(id(m), ""), f"{cls.__module__}.{cls.__qualname__}"

@@ -76,8 +76,14 @@ def user_frame(stack_trace: str | None) -> Source | None:
 
 def frame_source(f) -> Source:
     """The :class:`Source` of a live frame ``f``. Example: ``frame_source(sys._getframe())``."""
-    path = os.path.abspath(f.f_code.co_filename)
-    return Source(path, f.f_lineno, f.f_code.co_name, linecache.getline(path, f.f_lineno).strip())
+    return _source(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(file: str, line: int, function: str) -> Source:
+    # cached: an eager op asks for its line on every call, and a training loop repeats a few lines
+    path = os.path.abspath(file)
+    return Source(path, line, function, linecache.getline(path, line).strip())
 
 
 def backward_source() -> Source | None:
