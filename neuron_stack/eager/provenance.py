@@ -64,6 +64,8 @@ def enter() -> None:
     if seq != getattr(_local, "seq", 0):
         _local.seq = seq
         s = site()
+        if s.backward:     # a node made during backward (create_graph): numbered on the worker's own counter
+            return
         with _lock:
             _forward[seq - 1] = s
             if len(_forward) > _KEEP:
