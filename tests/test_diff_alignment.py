@@ -115,3 +115,17 @@ def test_diff_aligns_eager_and_compiled_by_line_and_op_path(profiles):
                            str(profiles["compiled"])], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, COLUMNS="200")).stdout
     assert "Backward ops by the forward line they came from" in text and "fc1 / aten.mm.default (backward)" in text
+
+
+def test_compare_page_shows_the_backward_ops_by_forward_line(profiles):
+    from explorer import data
+    from explorer.app import create_app
+    from explorer.pages import compare
+    create_app([str(profiles["eager"]), str(profiles["compiled"])])
+    try:
+        a, b = data.registry().keys()
+        out = str(compare.layout(a=a, b=b))
+        assert "error-box" not in out and "compare-backward" in out and f"train.py:{FC1}" in out
+        assert "fc1 / aten.mm.default (backward)" in out
+    finally:
+        data.registry().close()
