@@ -412,6 +412,7 @@ class Side:
     key: str
     lines: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)
+    backward: dict = field(default_factory=dict)     # backward ops' time per forward line
 
 
 def _line_key(t: dict) -> str:
@@ -420,15 +421,19 @@ def _line_key(t: dict) -> str:
 
 
 def _op_path(o: dict) -> str:
-    return f"{o.get('module_path') or '(top)'} / {op_label(o)}"
+    # a backward op is marked: `fc1 / aten.mm` forward (a 3-D linear) and backward are different work
+    return f"{o.get('module_path') or '(top)'} / {op_label(o)}{' (backward)' if o.get('fwd_source_id') else ''}"
 
 
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
-    """Two profiles aligned by source line (``file.py:line``) and op path (``module / aten op``).
+    """Two profiles aligned by source line (``file.py:line``), op path (``module / aten op``, backward
+    ops marked ``(backward)``) and, for backward ops, the forward line they differentiate.
 
-    Each line's and op's time is its device time plus its CPU-fallback host time (so moving an op
-    from the host to the device shows as the saving it is). Deltas are B − A in ns, biggest
-    absolute change first.
+    A backward op's line is the ``backward()`` call in both modes, eager and compiled, so no forward
+    line carries backward time; ``by_fwd_line`` splits the backward time by the forward line autograd
+    recorded for each op. Each line's and op's time is its device time plus its CPU-fallback host
+    time (so moving an op from the host to the device shows as the saving it is). Deltas are B − A in
+    ns, biggest absolute change first.
     """
     def side(L):
         s = Side(L.key)
@@ -440,9 +445,11 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
         totals = op_totals(L)
         for op_id, o in ops(L).items():
             t = totals.get(op_id, {})
-            d = s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})
-            d["device_ns"] += t.get("device_ns", 0) + t.get("host_ns", 0)
-            d["instructions"] += t.get("instructions", 0)
+            for d in [s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})] + (
+                    [s.backward.setdefault(_line_key({"file": o["fwd_file"], "line": o["fwd_line"]}),
+                                           {"device_ns": 0, "instructions": 0})] if o.get("fwd_file") else []):
+                d["device_ns"] += t.get("device_ns", 0) + t.get("host_ns", 0)
+                d["instructions"] += t.get("instructions", 0)
         return s
 
     sa, sb = side(A), side(B)
@@ -474,4 +481,5 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
             "why": {"a_name": na, "b_name": nb, "a": ha.as_dict(), "b": hb.as_dict(),
                     "lines": q_host.why(ha, hb, na, nb)},
             "totals": {k: {"a": ma[k], "b": mb[k], "delta": mb[k] - ma[k]} for k in keys},
-            "by_line": align(sa.lines, sb.lines, "line"), "by_op": align(sa.ops, sb.ops, "op_path")}
+            "by_line": align(sa.lines, sb.lines, "line"), "by_op": align(sa.ops, sb.ops, "op_path"),
+            "by_fwd_line": align(sa.backward, sb.backward, "line")}

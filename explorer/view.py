@@ -177,9 +177,12 @@ def _print_diff(c: dict) -> None:
         f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
         t.add_row(k, f(v["a"]), f(v["b"]), f(v["delta"]))
     console.print(t)
-    for title, key in (("By source line", "line"), ("By op path", "op_path")):
+    for title, key, rows in (("By source line", "line", c["by_line"]), ("By op path", "op_path", c["by_op"]),
+                             ("Backward ops by the forward line they came from", "line", c["by_fwd_line"])):
+        if not rows:
+            continue
         t = Table(key, "A", "B", "delta", "delta %", title=title)
-        for r in c["by_line" if key == "line" else "by_op"]:
+        for r in rows:
             pct = "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"
             t.add_row(r[key], fmt_ns(r["a_ns"]), fmt_ns(r["b_ns"]),
                       ("+" if r["delta_ns"] > 0 else "") + fmt_ns(r["delta_ns"]),

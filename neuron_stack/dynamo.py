@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from neuron_stack.api import caller_source
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
-from neuron_stack.frontend.export import graph_to_program, is_user_file
+from neuron_stack.frontend.export import backward_source, graph_to_program, is_user_file
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Source
 from neuron_stack.runtime.model import LoadedModel
@@ -218,7 +218,10 @@ def _compiler(kind: str, ctx: dict):
         # real tensors (hashing the graph's real constants under the fake mode fails, and torch.load of a
         # cached NEFF inside the tracing context makes every constant a meta tensor)
         with unset_fake_temporarily(), torch._guards.tracing(None):
-            program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names)
+            # aot_autograd compiles a static backward lazily, on its first run: the backward() call is live
+            bw_line = backward_source() if kind == "backward" else None
+            program = graph_to_program(gm, name=f"{ctx['name']}_{kind}", constants={}, input_names=names,
+                                       backward_source=bw_line, call_site=ctx["source"])
             ghash = graph_hash(program)
             neff, hit, entry = compile_cached(ghash, flags,
                                               lambda: compile_program(program, flags, graph_hash_value=ghash),

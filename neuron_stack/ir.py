@@ -63,7 +63,8 @@ class Node:
     fused_into: str | None = None              # name of the node this one is fused into (set by fuse)
     module_path: str = ""                      # innermost nn.Module path, e.g. "encoder.layer.0.attention"
     module_type: str = ""                      # its class, e.g. "torch.nn.modules.linear.Linear"
-    source: Source | None = None               # innermost frame in user code
+    source: Source | None = None               # innermost frame in user code (a backward op: the backward() call)
+    fwd_source: Source | None = None           # a backward op: the forward line it differentiates (autograd's record)
     flops: int = 0
     bytes: int = 0                             # bytes read + written by the op, unfused
     partition: int = -1                        # index of the device subgraph / CPU island (set by partition)
@@ -175,6 +176,7 @@ class Program:
             n["inputs"] = [spec(s) for s in n.get("inputs", [])]
             n["outputs"] = [spec(s) for s in n.get("outputs", [])]
             n["source"] = Source(**n["source"]) if n.get("source") else None
+            n["fwd_source"] = Source(**n["fwd_source"]) if n.get("fwd_source") else None
             nodes.append(Node(**n))
         fields = {k: d[k] for k in ("name", "input_names", "output_names", "flags", "log", "io_specs",
                                     "stats") if k in d}

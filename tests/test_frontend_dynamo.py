@@ -49,8 +49,26 @@ def test_training_forward_and_backward_graphs():
     kinds = {e["kind"] for e in _events_for("MLP.forward")}
     assert {"forward", "backward"} <= kinds
     bw = next(e for e in _events_for("MLP.forward") if e["kind"] == "backward")
-    srcs = {os.path.basename(n.source.file) for n in bw["model"].program.nodes if n.source}
-    assert "models.py" in srcs        # backward ops point at the forward's user lines
+    ops = [n for n in bw["model"].program.nodes if n.is_compute]
+    # backward ops are on the backward() line; autograd's record gives the forward line each came from
+    assert {(os.path.basename(n.source.file), n.source.code) for n in ops} == \
+        {("test_frontend_dynamo.py", "cm(x).sum().backward()")}
+    assert "models.py" in {os.path.basename(n.fwd_source.file) for n in ops if n.fwd_source}
+
+
+def test_a_compiled_model_of_torch_code_only_takes_the_call_line_as_eager_does():
+    # nn.Sequential's forward is torch's: no node's stack_trace has a user frame, so every op gets the
+    # user's call of the compiled model (what eager gives it), and its backward ops that as forward line
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())
+    cm = torch.compile(m, backend="neuron")
+    loss = cm(torch.randn(2, 8)).sum()
+    loss.backward()
+    from neuron_stack.dynamo import compile_events
+    fw, bw = ([n for n in e["model"].program.nodes if n.is_compute] for e in compile_events()[-2:])
+    assert {n.source.code for n in fw} == {"loss = cm(torch.randn(2, 8)).sum()"}
+    assert {n.module_path for n in fw if n.target == "aten.addmm.default"} == {"0"}
+    assert {n.source.code for n in bw} == {"loss.backward()"}
+    assert {n.fwd_source.code for n in bw} == {"loss = cm(torch.randn(2, 8)).sum()"}
 
 
 def test_recompile_limit_is_not_silent_eager():

@@ -231,12 +231,19 @@ def targets(p, include_warmup: bool | None = None) -> list[dict]:
 
 
 def ops(p) -> pa.Table:
-    """Every op with its source line and graph name (one row per graph node)."""
-    return p.sql("""
+    """Every op with its source line and graph name (one row per graph node), and a backward op's
+    forward line (``fwd_source_id``, ``fwd_file``, ``fwd_line``; NULL for forward ops)."""
+    # schema 1.5: a backward op's forward line (absent in older profiles)
+    fwd = p.sql("""SELECT count(*) AS n FROM information_schema.columns
+                   WHERE table_name = 'ops' AND column_name = 'fwd_source_id'""").column("n")[0].as_py()
+    return p.sql(f"""
         SELECT o.op_id, o.graph_id, o.name, o.aten_op, o.op_class, o.placement, o.fallback_reason,
                o.fused_into, coalesce(o.module_path, '') AS module_path, o.source_id, o.shape, o.dtype,
-               o.flops, o.bytes, s.file, s.line, s.function, s.code, g.name AS graph
+               o.flops, o.bytes, s.file, s.line, s.function, s.code, g.name AS graph,
+               {"o.fwd_source_id" if fwd else "CAST(NULL AS BIGINT)"} AS fwd_source_id, f.file AS fwd_file,
+               f.line AS fwd_line
         FROM ops o LEFT JOIN sources s USING (source_id) LEFT JOIN graphs g USING (graph_id)
+             LEFT JOIN sources f ON {"f.source_id = o.fwd_source_id" if fwd else "false"}
         ORDER BY o.op_id""")
 
 

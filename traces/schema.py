@@ -18,7 +18,8 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.4.0"   # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
+SCHEMA_VERSION = "1.5.0"   # 1.5.0: ops.fwd_source_id (a backward op's forward line);
+# 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
 # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
 # SemaphoreUpdate, TensorInfo, executions' spill/transpose columns, events.kind 'dispatch';
 # 1.2.0: serving_requests, serving_steps (1.1.0 is nki_source_location)
@@ -52,6 +53,7 @@ OPS = pa.schema([
     ("op_id", _i64), ("graph_id", _i64), ("name", _str), ("aten_op", _str), ("op_class", _str),
     ("placement", _str), ("fallback_reason", _str), ("fused_into", _str), ("module_path", _str),
     ("source_id", _i64), ("shape", _str), ("dtype", _str), ("flops", _i64), ("bytes", _i64),
+    ("fwd_source_id", _i64),   # 1.5: a backward op's forward line (source_id is the backward() call)
 ])
 
 EXECUTIONS = pa.schema([

@@ -48,6 +48,11 @@ def layout(profile=None, a=None, b=None, **_):
             html.Div([html.H3("By op path"), ui.table([("op path", "op_path")] + cols, c["by_op"], id="compare-ops")],
                      className="card col"),
         ], className="row"),
+        html.Div([html.H3("Backward ops by the forward line they came from"),
+                  html.P("A backward op's line is the backward() call that ran it; autograd records the forward "
+                         "line it differentiates."),
+                  ui.table([("forward line", "line")] + cols, c["by_fwd_line"], id="compare-backward")],
+                 className="card"),
     ])
 
 

@@ -39,6 +39,7 @@ from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
+from neuron_stack.eager import provenance
 from neuron_stack.eager.memory import MEMORY, _state, core_of, session, where
 from neuron_stack.frontend.export import graph_to_program
 from neuron_stack.frontend.flags import parse_flags
@@ -123,6 +124,7 @@ def dispatch(func, args: tuple, kwargs: dict):
     if any(isinstance(x, torch.Tensor) and type(x) not in _REAL for x in inner):
         a, k = tree_unflatten(inner, spec)
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
+    provenance.enter()
     if func is aten._to_copy.default and torch.device(kwargs.get("device") or "neuron").type == "cpu":
         return _transfer(func(inner[0], **kwargs), "to_host", index)
     if func is aten.copy_.default:
@@ -206,25 +208,25 @@ def _meta(x):
     return x
 
 
-def _signature(func, a, k, src, core) -> tuple:
+def _signature(func, a, k, site, core) -> tuple:
     flat, spec = tree_flatten((a, k))
     leaves = tuple((tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
-    return (func, leaves, str(spec), (src.file, src.line) if src else None, core)
+    return (func, leaves, str(spec), site.key(), core)
 
 
 def _execute(func, a: tuple, k: dict, index: int):
     """Run ``func`` through its cached one-op NEFF (compiling it on first use) and return its results."""
     t0 = time.perf_counter_ns()
     s, core = core_of(index)
-    src = where()
-    key = _signature(func, a, k, src, core)
+    site = provenance.site()
+    key = _signature(func, a, k, site, core)
     with _lock:
         model = _models.get(key)
     if model is None:
-        model = _compile(func, a, k, src, core, key)
+        model = _compile(func, a, k, site, core, key)
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
     if model is _HOST:
-        return _host_op(func, a, k, index, None, src)
+        return _host_op(func, a, k, index, None, site.source)
     tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
     r0 = time.perf_counter_ns()
     outs = model.run(tensors)
@@ -241,9 +243,10 @@ def _execute(func, a: tuple, k: dict, index: int):
     return tree_unflatten(outs, model.out_spec)
 
 
-def _compile(func, a, k, src, core, key):
+def _compile(func, a, k, site, core, key):
     """Compile ``func`` on these argument signatures into a NEFF and load it on ``core`` (or mark it host)."""
     t0 = time.perf_counter_ns()
+    src = site.source
     flat, spec = tree_flatten((a, k))
     try:
         g = torch.fx.Graph()
@@ -261,8 +264,12 @@ def _compile(func, a, k, src, core, key):
         val = func(*ma, **mk)
         node = g.call_function(func, tuple(na), dict(nk))
         node.meta["val"] = val
-        if src is not None:
-            node.meta["stack_trace"] = f'File "{src.file}", line {src.line}, in {src.function}\n'
+        # as a compiled graph's node: the (forward) line autograd records and the module stack
+        line = site.fwd_source if site.backward else src
+        if line is not None:
+            node.meta["stack_trace"] = f'File "{line.file}", line {line.line}, in {line.function}\n'
+        if site.module_path:
+            node.meta["nn_module_stack"] = {"m": (site.module_path, site.module_type)}
         vals, out_spec = tree_flatten(val)
         if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
             raise TypeError("results that are not tensors")
@@ -277,7 +284,8 @@ def _compile(func, a, k, src, core, key):
         g.output(tuple(outs))
         gm = torch.fx.GraphModule(torch.nn.Module(), g)
         name = "eager_" + str(func).removeprefix("aten.").replace(".", "_")
-        program = graph_to_program(gm, name=name, constants={}, input_names=phs)
+        program = graph_to_program(gm, name=name, constants={}, input_names=phs,
+                                   backward_source=src if site.backward else None)
         flags = parse_flags(target=session().target)
         ghash = graph_hash(program)
         neff, hit, entry = compile_cached(ghash, flags, lambda: compile_program(program, flags,

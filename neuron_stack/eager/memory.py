@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from neuron_stack.frontend.export import is_user_file
+from neuron_stack.frontend.export import backward_source, is_user_file
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Source
 from neuron_stack.runtime.errors import OutOfDeviceMemory
@@ -44,8 +44,8 @@ def core_of(index: int) -> tuple[Session, int]:
 def where() -> Source | None:
     """The innermost frame of the current stack in user code: the line an eager op comes from.
 
-    Backward ops run on autograd's device thread, whose stack holds no user code: they get the last
-    user line seen, the ``loss.backward()`` that started them.
+    Backward ops run on autograd's device thread, whose stack holds no user code: they get the
+    ``loss.backward()`` that started them (found on the thread waiting in autograd's engine).
     """
     f = sys._getframe(1)
     while f is not None:
@@ -56,7 +56,7 @@ def where() -> Source | None:
             _state["source"] = src
             return src
         f = f.f_back
-    return _state.get("source")
+    return backward_source() or _state.get("source")
 
 
 def where_text() -> str:

@@ -23,7 +23,9 @@ import math
 import operator
 import os
 import re
+import sys
 import sysconfig
+import threading
 import traceback
 import warnings
 import weakref
@@ -69,6 +71,37 @@ def user_frame(stack_trace: str | None) -> Source | None:
         if is_user_file(f):
             path = os.path.abspath(f)
             return Source(path, int(line), fn, linecache.getline(path, int(line)).strip())
+    return None
+
+
+def frame_source(f) -> Source:
+    """The :class:`Source` of a live frame ``f``. Example: ``frame_source(sys._getframe())``."""
+    return _source(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(file: str, line: int, function: str) -> Source:
+    # cached: an eager op asks for its line on every call, and a training loop repeats a few lines
+    path = os.path.abspath(file)
+    return Source(path, line, function, linecache.getline(path, line).strip())
+
+
+def backward_source() -> Source | None:
+    """The user's line that called ``backward()`` (or ``torch.autograd.grad``) now running, or None.
+
+    Autograd runs a device's backward on its own worker thread, whose stack holds no user code: the
+    call is found on the thread waiting in autograd's engine (this thread first). With two threads in
+    ``backward()`` at once the first found is taken. Example: ``backward_source()`` -> None outside backward.
+    """
+    frames = sys._current_frames()
+    mine = frames.pop(threading.get_ident(), None)
+    for f in ([mine] if mine is not None else []) + list(frames.values()):
+        while f is not None and f.f_code.co_name != "_engine_run_backward":
+            f = f.f_back
+        while f is not None and not is_user_file(f.f_code.co_filename):
+            f = f.f_back
+        if f is not None:
+            return frame_source(f)
     return None
 
 
@@ -167,11 +200,16 @@ def jsonify(a: Any) -> Any:
 
 def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str, torch.Tensor],
                      input_names: list[str], placeholder_constants: dict[str, str] | None = None,
-                     output_names: list[Any] | None = None) -> Program:
+                     output_names: list[Any] | None = None, backward_source: Source | None = None,
+                     call_site: Source | None = None) -> Program:
     """Convert a core-ATen FX graph to a :class:`Program`.
 
     ``placeholder_constants`` maps placeholder names that are really weights (export's lifted
-    parameters) to keys of ``constants``; those become ``get_attr`` nodes.
+    parameters) to keys of ``constants``; those become ``get_attr`` nodes. A backward graph passes
+    ``backward_source``, the ``backward()`` line that runs it: that becomes every op's source, and the
+    forward line autograd recorded for the op (its ``stack_trace``) its ``fwd_source``. ``call_site`` is
+    the line of an op whose stack holds no user frame (a compiled ``nn.Sequential`` runs only torch's
+    code): the user's call of the compiled function, the line eager execution gives the same op.
     Example: ``graph_to_program(gm, name="g", constants={}, input_names=["x"])``.
     """
     placeholder_constants = placeholder_constants or {}
@@ -211,10 +249,11 @@ def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str
             src = vals.get(n.args[0].name, [])
             inputs = src[n.args[1]:n.args[1] + 1] if isinstance(n.args[1], int) else []
         path, cls = _module_path(n.meta)
+        src = user_frame(n.meta.get("stack_trace")) or call_site
         nodes.append(Node(decomposed_from=_decomposed_from(n),
             name=n.name, target=target_name(n.target), args=args, kwargs=jsonify(dict(n.kwargs))["dict"],
             inputs=inputs, outputs=outs, module_path=path, module_type=cls,
-            source=user_frame(n.meta.get("stack_trace"))))
+            source=backward_source or src, fwd_source=src if backward_source else None))
     return Program(name=name, nodes=nodes, input_names=input_names,
                    output_names=output_names if output_names is not None else out_struct,
                    constants=constants)
