@@ -202,7 +202,8 @@ def _capture_hook(session: Session) -> None:
     """On every load and execution: join the recording torch.profiler window, if any."""
     prof = _current() if _current is not None else None
     if prof is not None and torch._C._autograd._profiler_enabled():
-        prof.attach(session)
+        with clock.excluded():   # opening the window's recording is not the user's time
+            prof.attach(session)
 
 
 Session.capture_hooks.append(_capture_hook)

@@ -371,6 +371,13 @@ class Profile:
         """Cores, event names, instances and sources of the system profile. Example: ``p.system_facets()["names"]``."""
         return q_system.facets(self)
 
+    def dropped_events(self) -> dict[str, int]:
+        """System events the capture's bounds dropped, by what dropped them: ``framework`` (a torch.profiler
+        window's host-event bound), ``system`` (the ``max_events_per_nc`` rings). Example:
+        ``p.dropped_events()["framework"]``."""
+        meta = self.metadata()
+        return {k: int(meta.get(f"{k}_events_dropped") or 0) for k in ("framework", "system")}
+
     def host_series(self) -> dict:
         """Host CPU %, host memory and HBM in use over time. Example: ``p.host_series()["cpu"]``."""
         return q_system.host_series(self)
