@@ -26,9 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 #: At most this many host events per window (trace.json and ``framework`` events alike). A with_stack
-#: training step of a small model is about 1,500 user events, so this holds some 130 steps; a longer window
+#: training step of a small model is about 1,500 user events, so this holds some 70 steps; a longer window
 #: keeps every ATen op and region and the longest Python frames, and says how many it dropped.
-MAX_EVENTS = 200_000
+MAX_EVENTS = 100_000
 #: Kept first when a window is over :data:`MAX_EVENTS`: regions and ops before Python frames.
 _RANK = {"user_annotation": 0, "gpu_user_annotation": 0, "cpu_op": 1}
 _PACKAGES = ("neuron_stack", "traces", "explorer", "monitor", "top")

@@ -211,6 +211,7 @@ class HostSampler:
     @clock.background
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
+            sys.setprofile(None)   # a profiler tracing Python (torch.profiler with_stack) leaves this thread alone
             self.sample()
 
     def stop(self) -> None:
