@@ -18,7 +18,8 @@ Each active window of the schedule becomes one profile,
 device instructions (``ProfileMode.DEVICE``), the system profile (``RUNTIME``: ``nrt_load``, ``nrt_execute``,
 tensor reads and writes, ``nc_exec_running``), host CPU and memory samples (``CPU_UTIL``, ``HOST_MEMORY``)
 and torch.profiler's own events (``record_function`` regions, ATen ops and, with ``with_stack``, Python
-frames) as ``framework`` events of ``SystemProfileEvents``.
+frames: the user's and torch's, never this project's, :mod:`neuron_stack.host_frames`) as ``framework``
+events of ``SystemProfileEvents``.
 
 How it hooks in: torch 2.13 accepts ``ProfilerActivity.PrivateUse1`` without a C++ profiler backend (it
 warns, which this module silences) and keeps ``experimental_config`` as given, so ``NeuronConfig`` is an
