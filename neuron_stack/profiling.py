@@ -18,7 +18,8 @@ Each active window of the schedule becomes one profile,
 device instructions (``ProfileMode.DEVICE``), the system profile (``RUNTIME``: ``nrt_load``, ``nrt_execute``,
 tensor reads and writes, ``nc_exec_running``), host CPU and memory samples (``CPU_UTIL``, ``HOST_MEMORY``)
 and torch.profiler's own events (``record_function`` regions, ATen ops and, with ``with_stack``, Python
-frames) as ``framework`` events of ``SystemProfileEvents``.
+frames: the user's and torch's, never this project's, :mod:`neuron_stack.host_frames`) as ``framework``
+events of ``SystemProfileEvents``.
 
 How it hooks in: torch 2.13 accepts ``ProfilerActivity.PrivateUse1`` without a C++ profiler backend (it
 warns, which this module silences) and keeps ``experimental_config`` as given, so ``NeuronConfig`` is an
@@ -45,6 +46,7 @@ from pathlib import Path
 import torch
 
 import traces
+from neuron_stack import host_frames
 from neuron_stack.device import clock
 from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.inspect_config import MAX_EVENTS_PER_NC, InspectConfig, InspectConfigError, max_events
@@ -162,38 +164,47 @@ class NeuronProfiler:
         run = dict(recs[0][1].writer.run) if recs else {}
         for k in ("status", "wall_end_ns", "end_ns"):
             run.pop(k, None)
-        self._framework_events(prof, out, run)
-        prof.export_chrome_trace(str(out / "trace.json"))
+        results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+        acts, dropped = host_frames.user_events(results.trace_activities()) if results is not None else ([], 0)
+        self._framework_events(acts, out, run, dropped)
+        if results is not None:
+            host_frames.write_chrome_trace(results, acts, out / "trace.json",
+                                           {"neuron_framework_events_dropped": str(dropped)})
         path = traces.finalize(out)
         self.traces.append(path)
         return path
 
-    def _framework_events(self, prof, out: Path, run: dict) -> None:
-        """torch.profiler's host events of this window as ``framework`` system events, on the projected clock."""
-        results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    def _framework_events(self, acts, out: Path, run: dict, dropped: int) -> None:
+        """The window's host events (``acts``: the user's and torch's, :mod:`neuron_stack.host_frames`) as
+        ``framework`` system events on the projected clock, thread ids the OS's; ``dropped`` of the user's
+        went over the window's bound (metadata ``framework_events_dropped``)."""
+        pid = os.getpid()
         rows = {k: [] for k in ("ts_ns", "dur_ns", "name", "thread_id", "detail")}
-        for e in results.events() if results is not None else ():
-            if e.device_type() != torch.autograd.DeviceType.CPU or e.name().startswith("<built-in"):
-                continue   # Python builtins (with_stack) would outnumber everything else
-            start = clock.projected_at(e.start_ns())
-            end = clock.projected_at(e.start_ns() + e.duration_ns())
-            kind = ("python_function" if e.is_python_function() else
-                    "user_annotation" if e.is_user_annotation() else "cpu_op")
+        for a in acts:
+            name, ts, dur, kind, tid = host_frames.activity_fields(a)
+            if a.device_id() != pid or kind not in _KINDS or name.startswith("<built-in"):
+                continue   # device activities; Python builtins (with_stack) would outnumber everything else
+            start = clock.projected_at(ts)
+            end = clock.projected_at(ts + dur)
             rows["ts_ns"].append(start)
             rows["dur_ns"].append(max(end - start, 0))
-            rows["name"].append(e.name())
-            rows["thread_id"].append(e.start_thread_id() & 0x7FFFFFFFFFFFFFFF)   # a uint64 pthread id
+            rows["name"].append(name)
+            rows["thread_id"].append(tid)
             rows["detail"].append(f'{{"category": "{kind}"}}')
-        with traces.Writer(out, run=run or None) as w:
+        with traces.Writer(out, run=run or None, metadata={"framework_events_dropped": dropped}) as w:
             if rows["ts_ns"]:
                 w.append("system_events", rows, run_id=w.run_id, source="framework")
+
+
+_KINDS = ("python_function", "user_annotation", "cpu_op")
 
 
 def _capture_hook(session: Session) -> None:
     """On every load and execution: join the recording torch.profiler window, if any."""
     prof = _current() if _current is not None else None
     if prof is not None and torch._C._autograd._profiler_enabled():
-        prof.attach(session)
+        with clock.excluded():   # opening the window's recording is not the user's time
+            prof.attach(session)
 
 
 Session.capture_hooks.append(_capture_hook)

@@ -103,8 +103,9 @@ def live_dir() -> Path:
 def _write_atomic(path: Path, data: dict) -> None:
     # The temp name carries pid and thread so concurrent writers never share a temp file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    text = json.dumps(data, separators=(",", ":"))   # one C call; json.dump is a Python loop of writes
     with open(tmp, "w") as f:
-        json.dump(data, f, separators=(",", ":"))
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -383,6 +384,7 @@ class LivePublisher:
 
     def _flusher(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
+            sys.setprofile(None)   # a profiler tracing Python (torch.profiler with_stack) leaves this thread alone
             if self._dirty and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
                 try:
                     self.flush()

@@ -153,6 +153,7 @@ class Writer:
             deadline = max(deadline + self.flush_interval, time.monotonic())
             if self._wake.wait(deadline - time.monotonic()):
                 break
+            sys.setprofile(None)   # a profiler tracing Python (torch.profiler with_stack) leaves this thread alone
             try:
                 self.flush()
                 warned = False

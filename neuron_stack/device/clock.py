@@ -3,7 +3,9 @@
 The wall clock is real (``time.time_ns``). The *projected* clock is what the program would see on
 real hardware: real host time outside the runtime, plus simulated device time in place of the time
 the simulation itself took. It is the wall clock plus an offset that each execution moves by
-``simulated - real``; it starts equal to the wall clock and never runs backwards.
+``simulated - real``; it starts equal to the wall clock. The simulator's own bookkeeping (recording the
+trace: building rows, encoding, writing segments) runs :func:`excluded`: its real time is taken off the
+projected clock too, so a user's host span around it (``model(x)`` in torch.profiler) does not claim it.
 
 >>> t0 = now_ns()
 >>> advance(real_ns=5_000_000, simulated_ns=1_000)     # a 5 ms simulation of a 1 us device run
@@ -13,6 +15,8 @@ True
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import threading
 import time
 
@@ -21,6 +25,7 @@ _lock = threading.Lock()
 #: (wall time of each change, offset from then on), so a past wall time maps to its projected time
 _history: list[tuple[int, int]] = []
 _HISTORY_MAX = 100_000
+_local = threading.local()     # .since: wall time this thread entered excluded(), else None
 
 
 def wall_ns() -> int:
@@ -29,8 +34,10 @@ def wall_ns() -> int:
 
 
 def now_ns() -> int:
-    """The projected clock (ns since the epoch as the program would see it on hardware)."""
-    return time.time_ns() + _offset
+    """The projected clock (ns since the epoch as the program would see it on hardware); inside
+    :func:`excluded` it stands at the moment this thread entered."""
+    since = getattr(_local, "since", None)
+    return (time.time_ns() if since is None else since) + _offset
 
 
 def offset_ns() -> int:
@@ -54,3 +61,49 @@ def projected_at(wall: int) -> int:
     with _lock:
         i = bisect.bisect_right(_history, (int(wall), float("inf")))
         return int(wall) + (_history[i - 1][1] if i else 0)
+
+
+@contextlib.contextmanager
+def excluded():
+    """Run the simulator's own work (recording the trace) off the projected clock: its real time is
+    removed when the outermost ``excluded`` on this thread ends, and :func:`now_ns` stands still inside.
+    Nothing inside may :func:`advance`. Example::
+
+        with clock.excluded():
+            writer.append("events", rows)
+    """
+    if getattr(_local, "since", None) is not None or getattr(_local, "background", False):
+        yield      # nested (the outermost one takes the time off), or off the program's path (background)
+        return
+    _local.since = time.time_ns()
+    try:
+        yield
+    finally:
+        since, _local.since = _local.since, None
+        advance(real_ns=time.time_ns() - since, simulated_ns=0)
+
+
+def excluding(fn):
+    """Decorator: ``fn`` runs :func:`excluded`.
+
+    >>> @excluding
+    ... def record(): return now_ns() == now_ns()
+    >>> record()
+    True
+    """
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with excluded():
+            return fn(*args, **kwargs)
+    return run
+
+
+def background(fn):
+    """Decorator for a thread of this project's own (a sampler, a capture timer): its work runs beside the
+    program, not inside it, so :func:`excluded` takes nothing off the projected clock there. Example:
+    ``threading.Thread(target=clock.background(loop))``."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        _local.background = True
+        return fn(*args, **kwargs)
+    return run

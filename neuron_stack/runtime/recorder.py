@@ -62,6 +62,7 @@ class Recorder:
         self.device_profiled: set[tuple[int, int]] = set()
         # system events wait in a ring per NeuronCore (the newest max_events_per_nc) until the capture ends
         self.system: dict[int | None, collections.deque] = {}
+        self.system_dropped = 0     # system events the rings dropped (metadata system_events_dropped)
         meta = dict(session.profile.metadata())
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
@@ -89,6 +90,7 @@ class Recorder:
             return None
         return cls(session, os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR") or "./output", InspectConfig.from_env())
 
+    @clock.excluding
     def append(self, table: str, rows) -> None:
         self.writer.append(table, rows)
 
@@ -112,6 +114,7 @@ class Recorder:
         keys = sorted(self.graph_settings)
         self.append("metadata", {"key": keys, "value": ["+".join(sorted(self.graph_settings[k])) for k in keys]})
 
+    @clock.excluding
     def event(self, event_kind: str, *, ts_ns: int | None = None, dur_ns: int = 0, core: int | None = None,
               graph_id: int | None = None, op_id: int | None = None, source_id: int | None = None,
               **detail) -> None:
@@ -120,6 +123,7 @@ class Recorder:
                           kind=event_kind, core=core, graph_id=graph_id, op_id=op_id, source_id=source_id,
                           detail=detail))
 
+    @clock.excluding
     def system_event(self, name: str, ts_ns: int, dur_ns: int, source: str = "neuron_rt", core: int | None = None,
                      exec_id: int | None = None, flow_id: int | None = None, **detail) -> None:
         """One system-profile event (``SystemProfileEvents``), unless filtered out
@@ -130,6 +134,8 @@ class Recorder:
         ring = self.system.get(core)
         if ring is None:
             ring = self.system[core] = collections.deque(maxlen=self.config.max_events_per_nc)
+        if len(ring) == ring.maxlen:   # the oldest goes: counted, so the profile can say so
+            self.system_dropped += 1
         ring.append((ts_ns, dur_ns, name, source, threading.get_native_id(), core, exec_id, flow_id,
                      json.dumps(detail) if detail else None))
 
@@ -137,6 +143,8 @@ class Recorder:
         """Write the system events held so far and empty the rings."""
         rows = [r for ring in self.system.values() for r in ring]
         self.system.clear()
+        if self.system_dropped:
+            self.append("metadata", {"key": ["system_events_dropped"], "value": [str(self.system_dropped)]})
         if rows:
             cols = list(zip(*rows))
             self.append("system_events", {
@@ -200,8 +208,10 @@ class HostSampler:
             self.rec.append("host_memory", {"ts_ns": [ts], "run_id": run_id, "used_bytes": [mem.total - mem.available],
                                             "used_percent": [mem.percent]})
 
+    @clock.background
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
+            sys.setprofile(None)   # a profiler tracing Python (torch.profiler with_stack) leaves this thread alone
             self.sample()
 
     def stop(self) -> None:
@@ -247,9 +257,12 @@ def record_transfer(rec: Recorder, profile, ts_ns: int, core: int, direction: st
     return ns
 
 
+@clock.excluding
 def record_dispatch(model, host_ns: int, mode: str) -> None:
     """A ``dispatch`` event: the host time (``dur_ns``, measured, never device time) the framework spent
-    around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``.
+    around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``;
+    ``host_time`` says so (``measured``: the simulator's own dispatch path stands for torch-neuronx's; the
+    compile, load, simulated run and recording are not in it).
     Nothing is recorded when profiling is off:
 
     >>> from types import SimpleNamespace as NS
@@ -261,7 +274,8 @@ def record_dispatch(model, host_ns: int, mode: str) -> None:
         return
     with s.record_lock:
         if s.recorder is rec:
-            rec.event("dispatch", dur_ns=int(host_ns), core=model.core, graph_id=model.graph_id, mode=mode)
+            rec.event("dispatch", dur_ns=int(host_ns), core=model.core, graph_id=model.graph_id, mode=mode,
+                      host_time="measured")
 
 
 def source_id(src) -> int | None:
@@ -269,6 +283,7 @@ def source_id(src) -> int | None:
     return stable_id(src.file, src.line) if src is not None else None
 
 
+@clock.excluding
 def record_load(rec: Recorder, model, history: bool = True) -> None:
     """Describe a loaded ``model`` (:class:`~neuron_stack.runtime.model.LoadedModel`) to ``rec``: sources,
     graph, ops, fallbacks, memory; with ``history``
@@ -377,6 +392,7 @@ def instruction_tables(model) -> dict[int, pa.Table]:
     return model.instruction_cache
 
 
+@clock.excluding
 def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline) -> None:
     """Record one execution of ``model``: its ``executions`` row; unless filtered out
     (``NEURON_RT_INSPECT_EVENT_FILTER_NC``, ``NEURON_RT_INSPECT_DEVICE_PROFILE``) one instruction row per
@@ -466,6 +482,7 @@ def _record_timelines(rec: Recorder, model, exec_id: int, proj0: int, timeline) 
             rec.append(name, t)
 
 
+@clock.excluding
 def record_graph_records(rec: Recorder, model) -> None:
     """Each device partition's Flow and TensorInfo rows (compiler/records.py), once per loaded graph."""
     for p in model.parts:

@@ -12,6 +12,7 @@ import threading
 import uuid as uuidlib
 import weakref
 
+from neuron_stack.device import clock
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.runtime.cores import acquire
 from neuron_stack.runtime.recorder import Recorder, record_load
@@ -113,7 +114,7 @@ class Session:
                       "continues without recording", file=sys.stderr)
                 return False
             self.recorder = rec
-            self._capture_timer = threading.Timer(float(seconds), self.stop_capture, args=(rec,))
+            self._capture_timer = threading.Timer(float(seconds), clock.background(self.stop_capture), args=(rec,))
             self._capture_timer.daemon = True
             self._capture_timer.start()
         return True
