@@ -219,7 +219,10 @@ def _layers(L) -> list[dict]:
 
 
 def dma_bound(L, rule) -> list[Finding]:
-    """Layers (module paths) whose DMA time exceeds ``threshold`` × their compute-engine time.
+    """Layers (module paths) whose bandwidth-bound DMA time exceeds ``threshold`` × their compute-engine
+    time, ranked by that excess (what fewer bytes could save). Latency-bound transfers, whose fixed
+    trigger and descriptor costs outweigh their bytes (``Profile.layer_engine_time``'s
+    ``dma_bandwidth_ns``), never make a layer DMA-bound: moving fewer bytes would not shorten them.
 
     Collectives are neither DMA nor compute here: they have their own rule (``collective_bound``).
     """
@@ -228,24 +231,28 @@ def dma_bound(L, rule) -> list[Finding]:
         layer = r["module_path"] or "(top level)"
         where = f"{r['file'].rsplit('/', 1)[-1]}:{r['line']}" if r.get("file") else ""
         compute = sum(r[f"{e}_ns"] or 0 for e in DEVICE_ENGINES if e not in ("dma", "cc"))
-        per_layer[layer] = {"dma": r["dma_ns"] or 0, "compute": compute, "where": where}
+        per_layer[layer] = {"dma": r["dma_ns"] or 0, "bw": r["dma_bandwidth_ns"] or 0, "compute": compute,
+                            "where": where, "n": r["dma_transfers"], "lat": r["dma_latency_bound_transfers"],
+                            "bytes": r["dma_bytes"]}
     out = []
     total = sum(d["dma"] + d["compute"] for d in per_layer.values()) or 1
     # the few costliest layers only: a list of every layer is noise, not a recommendation
-    per_layer = dict(sorted(per_layer.items(), key=lambda kv: -(kv[1]["dma"] - kv[1]["compute"]))[:MAX_LAYERS])
+    per_layer = dict(sorted(per_layer.items(), key=lambda kv: -(kv[1]["bw"] - kv[1]["compute"]))[:MAX_LAYERS])
     for layer, d in per_layer.items():
-        if d["dma"] > rule.threshold * d["compute"] and (d["dma"] + d["compute"]) > 0.05 * total:
-            share = 100.0 * d["dma"] / (d["dma"] + d["compute"])
+        if d["bw"] > rule.threshold * d["compute"] and (d["bw"] + d["compute"]) > 0.05 * total:
+            share = 100.0 * d["bw"] / (d["dma"] + d["compute"])
             sel = {"sel": f"module:{layer}"} if layer != "(top level)" else {}
             top = layer == "(top level)"
             who = "The model's top-level ops" if top else f"Layer {layer}"
             at = f" ({d['where']})" if d["where"] else ""
+            lat = f"; {d['lat']} of its {d['n']} transfers are latency-bound and not counted" if d["lat"] else ""
             out.append(Finding(rule.id, rule.title,
                                f"{who}{at} {'are' if top else 'is'} DMA-bound: {share:.0f}% of "
-                               f"{'their' if top else 'its'} instruction time is "
-                               f"data movement ({_ms(d['dma'])} of DMA against {_ms(d['compute'])} of compute). "
-                               f"Keep weights resident, fuse neighbouring ops or enlarge tiles so each transfer "
-                               f"feeds more compute.", d["dma"] - d["compute"], "timeline", sel))
+                               f"{'their' if top else 'its'} instruction time is bandwidth-bound "
+                               f"data movement ({_ms(d['bw'])} of DMA moving {d['bytes'] / 1e6:.3g} MB against "
+                               f"{_ms(d['compute'])} of compute{lat}). Keep weights resident, fuse neighbouring "
+                               f"ops or enlarge tiles so each transfer feeds more compute.",
+                               d["bw"] - d["compute"], "timeline", sel))
     return out
 
 

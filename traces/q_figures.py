@@ -257,9 +257,33 @@ def op_totals(p) -> pa.Table:
                      FROM op_summary WHERE op_id IS NOT NULL""")
 
 
+def dma_bandwidth_bound(p) -> tuple[str, dict]:
+    """The SQL condition (over ``instructions i``) and its parameters that a DMA transfer is
+    bandwidth-bound: its bytes at one DMA engine's peak rate take at least as long as its fixed costs,
+    the trigger-to-start latency plus the per-descriptor time inside its duration
+    (``dur_ns - bytes / rate``); else it is latency-bound, and moving fewer bytes would not shorten it.
+    The rate is the profile's ``dma_ddr_bandwidth`` over ``num_dma_engines_per_neuroncore``, the latency
+    its ``dma_fixed_latency_ns``; a profile without the rate counts every transfer bandwidth-bound.
+
+    Example: on trn1 (17 B/ns, 1300 ns) a 32 KiB load of 128 rows (3856 ns: 1928 of bytes, 1928 of
+    descriptors) is latency-bound; a 512 KiB load of 4 KiB rows (32768 ns of bytes) is not.
+    """
+    md = p.metadata()
+    try:
+        rate = float(md["dma_ddr_bandwidth"]) / float(md["num_dma_engines_per_neuroncore"])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return "TRUE", {}
+    latency = float(md.get("dma_fixed_latency_ns") or 0.0)
+    return ("2.0 * greatest(i.bytes_read, i.bytes_written) / $dma_rate >= i.dur_ns + $dma_latency",
+            {"dma_rate": rate, "dma_latency": latency})
+
+
 def layer_engine_time(p) -> pa.Table:
     """Per layer (``module_path``, '' for top-level ops) over the measured executions: each device
-    engine's active ns (``<engine>_ns``) and their first source line (``file``, ``line``).
+    engine's active ns (``<engine>_ns``) and their first source line (``file``, ``line``); of the DMA
+    time, the union of its bandwidth-bound transfers' intervals (``dma_bandwidth_ns``,
+    :func:`dma_bandwidth_bound`), and the layer's DMA transfers, latency-bound ones and bytes
+    (``dma_transfers``, ``dma_latency_bound_transfers``, ``dma_bytes``).
 
     An in-order engine's time is the sum of its instructions; a concurrent engine's (DMA queues,
     collectives) the union of the layer's intervals in each execution, as the Summary counts the
@@ -274,22 +298,38 @@ def layer_engine_time(p) -> pa.Table:
                {", ".join(f"sum({e}_ns)::BIGINT AS {e}_ns" for e in summed)},
                arg_min(file, source_id) AS file, arg_min(line, source_id) AS line
         FROM op_summary WHERE device_ns > 0 GROUP BY ALL""").to_pylist()
+    bound, params = dma_bandwidth_bound(p)
+    # a bandwidth-bound DMA also counts under the pseudo-engine 'dma_bandwidth'
     rows = p.sql(f"""
-        SELECT i.exec_id, coalesce(o.module_path, '') AS module_path, i.engine, i.start_ns, i.dur_ns
+        SELECT i.exec_id, coalesce(o.module_path, '') AS module_path,
+               unnest(CASE WHEN i.engine = 'dma' AND ({bound}) THEN ['dma', 'dma_bandwidth']
+                           ELSE [i.engine] END) AS engine,
+               i.start_ns, i.dur_ns
         FROM instructions i LEFT JOIN ops o USING (op_id)
         WHERE list_contains($engines, i.engine)
           AND i.exec_id IN (SELECT exec_id FROM executions WHERE {measured_condition(warm)})""",
-                 {"engines": concurrent})
+                 {"engines": concurrent, **params})
     active: dict[tuple, int] = {}
     for r in union_by(rows, ("exec_id", "module_path", "engine")).to_pylist():
         key = (r["module_path"], r["engine"])
         active[key] = active.get(key, 0) + r["active_ns"]
+    counts = {r["module_path"]: r for r in p.sql(f"""
+        SELECT coalesce(o.module_path, '') AS module_path, count(*) AS dma_transfers,
+               count(*) FILTER (WHERE NOT ({bound})) AS dma_latency_bound_transfers,
+               sum(greatest(i.bytes_read, i.bytes_written))::BIGINT AS dma_bytes
+        FROM instructions i LEFT JOIN ops o USING (op_id)
+        WHERE i.engine = 'dma'
+          AND i.exec_id IN (SELECT exec_id FROM executions WHERE {measured_condition(warm)})
+        GROUP BY ALL""", params).to_pylist()}
     layers = {r["module_path"]: r for r in base}
     for (module, _engine) in active:
         layers.setdefault(module, {"module_path": module, **{f"{e}_ns": 0 for e in summed}, "file": None,
                                    "line": None})
-    out = [{**r, **{f"{e}_ns": active.get((m, e), 0) for e in concurrent}} for m, r in sorted(layers.items())]
-    cols = ["module_path", *(f"{e}_ns" for e in DEVICE_ENGINES), "file", "line"]
+    dma_cols = ("dma_transfers", "dma_latency_bound_transfers", "dma_bytes")
+    out = [{**r, **{f"{e}_ns": active.get((m, e), 0) for e in concurrent},
+            "dma_bandwidth_ns": active.get((m, "dma_bandwidth"), 0),
+            **{c: (counts.get(m) or {}).get(c) or 0 for c in dma_cols}} for m, r in sorted(layers.items())]
+    cols = ["module_path", *(f"{e}_ns" for e in DEVICE_ENGINES), "dma_bandwidth_ns", *dma_cols, "file", "line"]
     return pa.table({c: [r[c] for r in out] for c in cols})
 
 

@@ -304,8 +304,9 @@ class Profile:
 
     def layer_engine_time(self) -> pa.Table:
         """Per layer (module path): each device engine's active ns, a concurrent engine's (DMA, CC) as
-        the union of the layer's intervals, so never above the profile's total; its first source line.
-        Example: ``p.layer_engine_time().column("dma_ns")``."""
+        the union of the layer's intervals, so never above the profile's total; its first source line; its
+        bandwidth-bound DMA time and transfer counts (:func:`traces.q_figures.dma_bandwidth_bound`).
+        Example: ``p.layer_engine_time().column("dma_bandwidth_ns")``."""
         return q_figures.layer_engine_time(self)
 
     def regions(self) -> pa.Table:

@@ -129,7 +129,7 @@ def dma_min_piece_bytes(p: DeviceProfile) -> int:
 
     The DMA overview (SDK nki/about/nki-dma-overview.rst) spreads each transfer over up to 16 engines,
     8 SBUF partitions each; :func:`neuron_stack.compiler.lower.tiles.split_dma` cuts on those groups.
-    Example: ``dma_min_piece_bytes(get_profile("trn1"))`` = 4 x 1300 ns x 17 B/ns = 88400.
+    Example: ``dma_min_piece_bytes(get_profile("trn1"))`` = 1300 ns x 17 B/ns = 22100.
     """
     return int(p.dma_fixed_ns * p.dma_bytes_per_ns_per_engine)
 

@@ -142,6 +142,8 @@ class DeviceProfile:
             "device_profile": self.name, "neuroncore_version": self.neuroncore_version,
             "num_physical_cores": self.lnc, "vnc_enabled": str(self.lnc > 1).lower(),
             "dma_ddr_bandwidth": self.dma_bytes_per_ns, "num_dma_engines_per_neuroncore": self.dma_engines_per_core,
+            # ours: a DMA's trigger-to-start latency, not in its duration (tells latency- from bandwidth-bound)
+            "dma_fixed_latency_ns": self.dma_fixed_ns,
             "hbm_ddr_bandwidth": self.hbm_gbps_per_chip / self.hbm_stacks_per_chip,
             "tensor_engine_num_rows": self.pe_rows, "tensor_engine_num_cols": self.pe_cols,
             "tensor_engine_clock_freq": self.tensor_clock_ghz, "vector_engine_clock_freq": self.vector_clock_ghz,

@@ -18,8 +18,10 @@ from neuron_stack.compiler.lower.tiles import (
     BN_FMAX,
     FLOATS,
     FREE_TILE,
+    MOVING_FMAX,
     PMAX,
     Pool,
+    Tile,
     View,
     boxes,
     is_ref,
@@ -75,6 +77,8 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     if kind in ("sum", "mean") and nd and dims in ([nd - 1], [-1]) and n.outputs[0].dtype in FLOATS \
             and _lane_resident(low, x):
         _lane_sum(low, n, x, kind)
+        return
+    if kind in ("sum", "mean") and _partition_sum(low, n, x, dims, kind):
         return
     xv, split = _rows_free(x, dims)
     rows, free = xv.shape[:split], xv.shape[split:]
@@ -385,12 +389,80 @@ def _lane_resident(low: Lowerer, x: View) -> bool:
 
 
 class _Ones:
-    """A [128, 1] column of ones in SBUF (a Vector memset), the moving operand that makes a matmul sum
-    over partitions; rebuilt when the ring reuses its slot, as the transposes' identity."""
+    """A [128, 1] column of ones in SBUF (a Vector memset), the operand that makes a matmul sum over
+    partitions; rebuilt when the ring reuses its slot, as the transposes' identity."""
 
-    def __init__(self, low: Lowerer, node: str):
-        self.tile = Pool(low, "__identity_ones", "sbuf", PMAX, 1, "float32", bufs=1).tile()
+    def __init__(self, low: Lowerer, node: str, dtype: str = "float32"):
+        name = "__identity_ones" if dtype == "float32" else f"__identity_ones_{dtype}"
+        self.tile = Pool(low, name, "sbuf", PMAX, 1, dtype, bufs=1).tile()
         low.vec("MEMSET", node, self.tile, [], value=1.0)
+
+
+def _ones(low: Lowerer, node: str, dtype: str = "float32") -> Tile:
+    """The column of ones of ``dtype`` in SBUF (built by ``node`` when missing)."""
+    key = "ones" if dtype == "float32" else ("ones", dtype)
+    if key not in low.identity_tiles:
+        low.identity_tiles[key] = _Ones(low, node, dtype)
+    return low.identity_tiles[key].tile
+
+
+def _unit_run(v: View, split: int) -> bool:
+    """The dims of ``v`` from ``split`` on are read in runs of more than one element: their innermost
+    non-unit dim has stride 1 (else every element is its own DMA descriptor)."""
+    dims = [(st, d) for st, d in zip(v.meta.stride()[split:], v.shape[split:]) if d > 1]
+    return not dims or dims[-1][0] == 1
+
+
+def _partition_sum(low: Lowerer, n: Node, x: View, dims: list[int], kind: str) -> bool:
+    """Sum (or mean) over dims whose elements are strided in memory while a kept dim is contiguous, e.g.
+    a Linear's bias gradient ``grad.sum(0)`` of a [tokens, features] gradient. Reducing along the free
+    axis would load the tile transposed, one 4-byte DMA descriptor per element (a [32, 128] fp32 sum took
+    4096 descriptors, 62.6 us); instead the reduced dims go to the partitions, loaded in rows of the
+    kept dims (one descriptor per row), and the Tensor Engine sums over partitions: a matmul with a
+    column of ones stationary and the tile moving accumulates ``ones.T @ x`` = the column sums into one
+    PSUM row, 128 rows a matmul (the NKI architecture guide's partition-dim summation on TensorE, as
+    the RMSNorm discussion of the NKI performance guide uses it). Returns False (nothing emitted) when
+    the free-axis layout already reads contiguous runs."""
+    out_spec = n.outputs[0]
+    nd = x.meta.dim()
+    dims = sorted(d % nd for d in dims) if nd else []
+    keep = [d for d in range(nd) if d not in dims]
+    if not dims or not keep or x.dtype not in FLOATS or out_spec.dtype not in FLOATS:
+        return False
+    xv, split = _rows_free(x, dims)
+    xk = x.with_meta(x.meta.permute(dims + keep))
+    if _unit_run(xv, split) or not _unit_run(xk, len(dims)):
+        return False
+    red, kept = xk.shape[:len(dims)], xk.shape[len(dims):]
+    ov = reshape_view(low.out_view(n.name, out_spec), tuple(kept))
+    if ov is None:
+        return False
+    R = math.prod(red)
+    mm_dt = x.dtype if x.dtype in ("bfloat16", "float16") else "float32"
+    ones = _ones(low, n.name, mm_dt)
+    col = min(math.prod(kept), MOVING_FMAX)
+    xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, col, x.dtype, bufs=4)
+    acc = Pool(low, f"{n.name}.acc", "psum", 1, col, "float32", bufs=2)
+    res = Pool(low, f"{n.name}.s", "sbuf", 1, col, "float32", bufs=2)
+    blocks = boxes(tuple(red), PMAX)
+    for cb in boxes(tuple(kept), MOVING_FMAX):
+        F = math.prod(c for _, c in cb)
+        a = acc.tile(1, F)
+        loaded = None
+        for k, rb in enumerate(blocks):
+            P = math.prod(c for _, c in rb)
+            t = low.load(n.name, xk, rb + cb, xin, len(dims))
+            stat = ones.rows(0, P).as_dtype(mm_dt)
+            if loaded != P:     # the stationary column stays in the PE array while its height holds
+                low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, 1, mm_dt))
+                loaded = P
+            low.emit("MATMUL", n.name, [a.op()], [stat.op(), t.op()],
+                     {"start": k == 0, "stop": k == len(blocks) - 1},
+                     dur=matmul_ns(low.p, F, 1, mm_dt), flops=2 * P * F, itype="REGULAR")
+        r = res.tile(1, F)
+        low.vec("TENSOR_SCALAR", n.name, r, [a.op()], op0="multiply", scalar0=1.0 / R if kind == "mean" else 1.0)
+        low.store(n.name, r, ov, cb)
+    return True
 
 
 def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
@@ -403,9 +475,7 @@ def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
     rows = x.shape[:-1]
     R, nk = math.prod(rows), x.shape[-1] // PMAX
     xv = lane_view(x, x.shape)                      # [128, *rows, nk]
-    ones = low.identity_tiles.get("ones")
-    if ones is None:
-        ones = low.identity_tiles["ones"] = _Ones(low, n.name)
+    ones = _ones(low, n.name)
     xin = Pool(low, f"{n.name}.x", "sbuf", PMAX, nk, x.dtype, bufs=2)
     part = Pool(low, f"{n.name}.p", "sbuf", PMAX, R, "float32", bufs=1).tile()
     for r, idx in enumerate(itertools.product(*(range(d) for d in rows))):
@@ -413,7 +483,7 @@ def _lane_sum(low: Lowerer, n: Node, x: View, kind: str) -> None:
         low.vec("REDUCE", n.name, part.cols(r, 1), [t.op()], op="add", cost_n=nk, flops=PMAX * nk)
     acc = Pool(low, f"{n.name}.acc", "psum", PMAX, 1, "float32", bufs=1).tile(R, 1)
     low.emit("LDWEIGHTS", n.name, [], [part.op()], {}, dur=ldweights_ns(low.p, R, "float32"))
-    low.emit("MATMUL", n.name, [acc.op()], [part.op(), ones.tile.op()], {"start": True, "stop": True},
+    low.emit("MATMUL", n.name, [acc.op()], [part.op(), ones.op()], {"start": True, "stop": True},
              dur=matmul_ns(low.p, 1, R, "float32"), flops=2 * PMAX * R, itype="REGULAR")
     out_spec = n.outputs[0]
     res = Pool(low, f"{n.name}.s", "sbuf", PMAX, 1, "float32", bufs=1).tile(R, 1)
