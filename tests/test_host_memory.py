@@ -55,3 +55,30 @@ def test_host_used_memory_is_the_process_rss_in_monitor_and_top(workload):
     total = text.splitlines()[1][:35]   # the Host column's Total row (Device Used Memory is beside it)
     assert total.startswith("Total") and total.rstrip().endswith(human_bytes(used["host"]))
     assert "App. Memory" in text and human_bytes(host["application_memory"]) in text
+
+
+def test_a_capture_records_the_process_host_memory_for_the_replay(tmp_path):
+    """A profile keeps the process's RSS (HostSampler, HOST_MEMORY mode), so neuron-top --replay's Host Used
+    Memory is the process's too, not 0.0B."""
+    import traces
+    from monitor.replay import Replay
+
+    script = "import torch\nkeep = torch.ones(16 << 20)\nx = torch.ones(8, device='neuron')\n" \
+             "for _ in range(3): (x * 2).cpu()\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_")}
+    env.update(NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_STACK_LIVE_DIR=str(tmp_path / "live"),
+               NEURON_STACK_RUNTIME_DIR=str(tmp_path / "cores"), NEURON_RT_INSPECT_ENABLE="1",
+               NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp_path / "out"))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = traces.finalize(tmp_path / "out")
+    with traces.open(path) as p:
+        rows = p.sql("SELECT category, arg_max(bytes, ts_ns) AS bytes FROM memory WHERE location = 'host' "
+                     "GROUP BY ALL").to_pylist()
+    last = {r["category"]: r["bytes"] for r in rows}
+    assert last["application_memory"] > 64 << 20
+    with Replay(path, window_s=3600) as replay:
+        *_, doc = iter(replay)
+    used = doc["neuron_runtime_data"][0]["report"]["memory_used"]["neuron_runtime_used_bytes"]
+    assert used["host"] == sum(last.values()) and used["usage_breakdown"]["host"]["application_memory"] == \
+        last["application_memory"]

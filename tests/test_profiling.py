@@ -145,6 +145,11 @@ def test_env_vars_have_the_real_defaults_and_filters(tmp_path):
     assert q(path, "SELECT count(*) FROM instructions") == [(0,)]
     assert q(path, "SELECT count(*) FROM executions") == [(3,)]
     assert q(path, "SELECT DISTINCT name FROM SystemProfileEvents") == [("nc_exec_running",)]
+    with traces.open(path) as p:   # no device rows by the real default: said, as information
+        verdict = p.capture_verdict()
+    assert verdict.status == "info" and verdict.lines[0].startswith(
+        "no device rows: NEURON_RT_INSPECT_DEVICE_PROFILE is 0 (the runtime's default: system profile only)")
+    assert "no device rows" not in r.stderr
 
 
 def test_a_bad_variable_is_one_clear_line(tmp_path):

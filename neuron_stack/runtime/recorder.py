@@ -250,13 +250,14 @@ def _warn_once(line: str) -> None:
 
 
 class HostSampler:
-    """Host CPU utilisation per CPU and on average, and host memory in use, sampled with psutil
-    (``NEURON_RT_INSPECT_CPU_UTIL`` / ``_HOST_MEMORY``): at the start, every ``period`` s and at the end,
-    each CPU figure the average since the previous sample (the real tool averages over 1 s)."""
+    """Host CPU utilisation per CPU and on average, and host memory in use (the host's, and the process's RSS
+    as ``memory`` rows), sampled with psutil (``NEURON_RT_INSPECT_CPU_UTIL`` / ``_HOST_MEMORY``): at the start,
+    every ``period`` s and at the end, each CPU figure the average since the previous sample (the real tool
+    averages over 1 s)."""
 
     def __init__(self, rec: "Recorder", period: float = 1.0):
         import psutil
-        self.rec, self.period, self.psutil = rec, period, psutil
+        self.rec, self.period, self.psutil, self._process = rec, period, psutil, psutil.Process()
         self._stop = threading.Event()
         psutil.cpu_percent(percpu=True)   # starts psutil's interval: the next call averages since now
         self.sample()
@@ -274,6 +275,12 @@ class HostSampler:
             mem = self.psutil.virtual_memory()
             self.rec.append("host_memory", {"ts_ns": [ts], "run_id": run_id, "used_bytes": [mem.total - mem.available],
                                             "used_percent": [mem.percent]})
+            # the process's own host memory as neuron-monitor reports it live (monitor/collect.py): its RSS, of
+            # which the runtime's host constants, the rest application memory; neuron-top --replay shows these
+            rss, constants = self._process.memory_info().rss, self.rec.session.host_constants
+            self.rec.append("memory", {"ts_ns": [ts, ts], "run_id": run_id, "core": [None, None],
+                                       "location": ["host", "host"], "category": ["constants", "application_memory"],
+                                       "bytes": [constants, max(rss - constants, 0)]})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
