@@ -192,6 +192,8 @@ def summary(L: Loaded) -> dict:
             "dma_split": dict(f.dma_split), "bandwidth_breakdown": dict(f.bandwidth_breakdown),
             # per target (a process's trn1 and inf2 sessions are two instances): Profile.targets
             "targets": L.profile.targets(),
+            # an incomplete capture (device used, no device rows) or deliberate gaps, one line each
+            "capture": L.profile.capture_verdict(),
         }
     return L.cached("summary", compute)
 

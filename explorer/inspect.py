@@ -112,6 +112,10 @@ def _finish(session: Path, code: int, include_warmup: bool) -> int:
     profile = traces.finalize(session, include_warmup=include_warmup)
     status = "finished" if code == 0 else f"exited with status {code}"
     print(f"neuron-explorer: workload {status}; profile written to {profile}")
+    with traces.open(profile) as p:
+        verdict = p.capture_verdict()
+    for line in verdict.lines:   # e.g. a core filter that excluded every core the workload ran on
+        print(f"  {verdict.status}: {line}")
     print(f"  summary:  neuron-explorer summary {profile}")
     print(f"  explore:  neuron-explorer view {profile}")
     return code

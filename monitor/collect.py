@@ -31,6 +31,25 @@ REAL_CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runti
 ENGINES = MONITOR_ENGINES
 
 
+def _process_memory(runtime: dict) -> None:
+    """The process's host memory, measured: ``application_memory`` (neuron-top's ``App. Memory``) is its
+    resident set (psutil RSS) less the runtime's tensors, constants and DMA buffers, so the ``host`` total
+    (neuron-top's ``Host Used Memory``) is the process's RSS. Read here, once per merged process, so an idle
+    process's figure is current and a process with several targets is counted once."""
+    block = runtime["report"].get("memory_used")
+    if block is None:
+        return
+    used = block["neuron_runtime_used_bytes"]
+    host = used["usage_breakdown"]["host"]
+    try:
+        rss = psutil.Process(runtime["pid"]).memory_info().rss
+    except psutil.Error:   # it ended meanwhile, or belongs to a user whose memory we may not read
+        block["error"] = block["error"] or "cannot read the process's memory (ended, or another user's)"
+        return
+    host["application_memory"] = max(int(rss) - sum(v for k, v in host.items() if k != "application_memory"), 0)
+    used["host"] = sum(host.values())
+
+
 def _r(x: float, nd: int = 2) -> float:
     return round(float(x), nd)
 
@@ -113,6 +132,8 @@ class Collector:
             runtimes.append({"pid": snap["pid"], "address": "", "neuron_runtime_tag": str(snap["tag"]),
                              "error": "", "report": report})
         runtimes = merge_runtimes(runtimes)   # one entry per process, however many targets it uses
+        for rt in runtimes:
+            _process_memory(rt)
         # Forget processes that went away so a reused file name starts fresh.
         for k in [k for k in self._prev if k[0] not in alive]:
             del self._prev[k]

@@ -71,7 +71,8 @@ class ProfileMode(enum.Enum):
 
 class NeuronConfig(torch._C._profiler._ExperimentalConfig):
     """The capture settings, passed as ``torch.profiler.profile(experimental_config=...)`` and to
-    :class:`NeuronProfiler`. ``capture_enabled_for_nc`` ("0,2-3") limits capture to those NeuronCores;
+    :class:`NeuronProfiler`. ``capture_enabled_for_nc`` ("0,2-3") limits capture to those NeuronCores, counted
+    as the process's own (``neuron:0`` is 0 whichever machine core it holds, as the real runtime counts);
     ``max_events_per_nc`` is the system-event ring size per core. A bad value raises one line.
     Example: ``NeuronConfig(modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME], capture_enabled_for_nc="0")``."""
 
@@ -143,10 +144,10 @@ class NeuronProfiler:
                                   "use one or the other", stacklevel=3)
                 return
             rec = Recorder(session, str(self._window_dir()), self.config.inspect_config())
+            # the process's own core indices (neuron:0 is 0), as the real runtime counts them
             if self.config.capture_enabled_for_nc is not None:
-                rec.core_filter = set(parse_core_list(str(self.config.capture_enabled_for_nc),
-                                                      session.profile.cores_per_instance,
-                                                      name="NeuronConfig(capture_enabled_for_nc)"))
+                rec.set_core_filter(str(self.config.capture_enabled_for_nc), "capture_enabled_for_nc")
+            rec.device_off = ("ProfileMode.DEVICE is not in NeuronConfig(modes)", "add ProfileMode.DEVICE")
             if session.begin_recording(rec):
                 self._recs.append((session, rec))
             else:

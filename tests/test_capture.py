@@ -87,6 +87,10 @@ def test_missing_inputs_are_zero_filled_and_profiling_can_be_off(work):
                 "--save-output-npy", "outs0")
     assert r.returncode == 0, r.stderr
     assert "zero-filled inputs: scale [2, 16] float32" in r.stdout
+    # no device rows on purpose: said once, as information (issue 36)
+    assert ("  info: no device rows: --profile-nth-exec 0 (no device profile); 2 device executions are in the "
+            "system profile only: pass --profile-nth-exec 1") in r.stdout.splitlines(), r.stdout
+    assert "warning" not in r.stderr
     np.testing.assert_allclose(np.load(work / "outs0/output0.npy"), np.load(work / "want_y0.npy"), rtol=1e-4, atol=1e-5)
     con = duckdb.connect(str(work / "prof0/profile.duckdb"), read_only=True)
     assert con.execute("SELECT count(*) FROM executions").fetchall()[0][0] == 2

@@ -107,6 +107,17 @@ def test_capture_enabled_for_nc_and_ring_buffer(captured):
     # RUNTIME only: no device rows; max_events_per_nc=1 keeps the newest system event of core 0
     assert q(ring, "SELECT count(*) FROM instructions") == [(0,)]
     assert q(ring, "SELECT name FROM SystemProfileEvents WHERE nc_idx = 0") == [("nc_exec_running",)]
+    # the verdicts (issue 36): a filter excluding the core used is incomplete; RUNTIME alone and the ring's
+    # dropped events are information, each one line
+    import traces
+    with traces.open(other) as p:
+        assert p.capture_verdict().status == "incomplete"
+    with traces.open(ring) as p:
+        verdict, md = p.capture_verdict(), p.metadata()
+    assert verdict.status == "info" and int(md["system_events_dropped"]) > 0
+    assert verdict.lines[0].startswith("no device rows: ProfileMode.DEVICE is not in NeuronConfig(modes)")
+    assert verdict.lines[1] == md["system_events_note"] and "max_events_per_nc=1 keeps the newest" in md[
+        "system_events_note"]
 
 
 ENV_SCRIPT = textwrap.dedent("""
@@ -134,6 +145,11 @@ def test_env_vars_have_the_real_defaults_and_filters(tmp_path):
     assert q(path, "SELECT count(*) FROM instructions") == [(0,)]
     assert q(path, "SELECT count(*) FROM executions") == [(3,)]
     assert q(path, "SELECT DISTINCT name FROM SystemProfileEvents") == [("nc_exec_running",)]
+    with traces.open(path) as p:   # no device rows by the real default: said, as information
+        verdict = p.capture_verdict()
+    assert verdict.status == "info" and verdict.lines[0].startswith(
+        "no device rows: NEURON_RT_INSPECT_DEVICE_PROFILE is 0 (the runtime's default: system profile only)")
+    assert "no device rows" not in r.stderr
 
 
 def test_a_bad_variable_is_one_clear_line(tmp_path):

@@ -129,20 +129,25 @@ def summary_cmd(args: argparse.Namespace) -> int:
         meta = p.metadata()
         path = p.path
         ranks = p.ranks().to_pylist()
+        verdict = p.capture_verdict()
     if len(ranks) < 2:
         ranks = []
     if args.json:
         print(json.dumps({"summary": rows, "figures": figures.as_dict(), "host": host.as_dict(),
+                          "capture": verdict.as_dict(),
                           **({"ranks": ranks} if ranks else {})},
                          indent=2, default=str))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(soft_wrap=False)
     console.print(f"[bold]{path}[/]  target [bold]{meta.get('target', '?')}[/] "
                   f"({meta.get('instance_type', '?')}), simulated={meta.get('is_simulation', 'true')}, "
                   f"timing model {meta.get('timing_model', '?')}")
+    for line in verdict.lines:   # an incomplete capture says so before any figure
+        console.print(f"[bold yellow]{verdict.status}:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for row in rows:
         title = f"Summary — run {row['run_id']} nc{row['core']}" if args.per_core else "Summary"
         if not row.get("warmup_included") and not args.include_warmup:

@@ -133,6 +133,41 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         dma_split={k: int(s.get(f"{k}_dma_size") or 0) for k in ("static", "software_dynamic")})
 
 
+@dataclass(frozen=True)
+class CaptureVerdict:
+    """Whether a profile holds the device rows of the device work it recorded, in one line per finding.
+
+    ``status``: ``complete``; ``incomplete`` (executions used the device and no instruction row was recorded:
+    a core filter excluded every core used, say); ``info`` (device rows deliberately off, or system events
+    dropped by the per-core cap). ``lines``: what happened and the fix, from the recorder's metadata
+    (``device_rows_note``, ``system_events_note``). ``device_executions``: executions that used the device.
+    """
+    status: str
+    lines: tuple[str, ...]
+    device_executions: int
+
+    def as_dict(self) -> dict:
+        """Plain JSON-able dict. Example: ``p.capture_verdict().as_dict()["status"]``."""
+        return dict(asdict(self), lines=list(self.lines))
+
+
+def capture_verdict(p) -> CaptureVerdict:
+    """See :meth:`traces.query.Profile.capture_verdict`."""
+    md = p.metadata()
+    [(used, rows)] = p._rows("SELECT (SELECT count(*) FROM executions WHERE device_ns > 0), "
+                             "EXISTS (SELECT 1 FROM instructions WHERE engine <> 'cpu')")
+    status, lines = "complete", []
+    if used and not rows:
+        status = "info" if md.get("device_rows") == "off" else "incomplete"
+        lines.append(md.get("device_rows_note") or
+                     f"no device rows: {used} executions used the device and none recorded its instructions; "
+                     "record with ProfileMode.DEVICE or NEURON_RT_INSPECT_DEVICE_PROFILE=session")
+    if md.get("system_events_note"):
+        status = "info" if status == "complete" else status
+        lines.append(md["system_events_note"])
+    return CaptureVerdict(status, tuple(lines), int(used))
+
+
 def bandwidth_breakdown(s: dict) -> dict:
     """The real Summary's memory-bandwidth doughnut in percent of ``total_bandwidth_available``: HBM reads
     and writes without spill traffic, spill reloads and saves, and the unused rest.

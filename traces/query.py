@@ -24,7 +24,7 @@ import pyarrow as pa
 from traces import profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
-from traces.q_figures import Figures
+from traces.q_figures import CaptureVerdict, Figures
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.store import summary_sql
 
@@ -292,6 +292,13 @@ class Profile:
         Example: ``p.figures().device_busy_percent``.
         """
         return q_figures.figures(self, include_warmup)
+
+    def capture_verdict(self) -> CaptureVerdict:
+        """Whether this profile is complete: ``incomplete`` when executions used the device but no instruction
+        row was recorded (a core filter excluding every core used, say), ``info`` when device rows were off
+        by choice or the event cap dropped system events; ``lines`` say why and the fix. The Summary,
+        ``neuron-explorer summary`` and the Explorer show it. Example: ``p.capture_verdict().status``."""
+        return q_figures.capture_verdict(self)
 
     def ops(self) -> pa.Table:
         """Every op with its source line and graph name. Example: ``p.ops().num_rows``."""

@@ -82,9 +82,13 @@ def layout(profile=None, **_):
         ("device time", lambda t: fmt_ns(t["device_ns"])),
         ("MFU (estimated)", lambda t: f"{t['mfu_percent']:.1f}%")], targets, id="summary-targets")],
         className="card")
+    verdict = s["capture"]
+    capture = html.Div([html.Div([html.Strong(f"{verdict.status}: "), line]) for line in verdict.lines],
+                       className="error-box" if verdict.status == "incomplete" else "hint", id="summary-capture",
+                       role="alert" if verdict.status == "incomplete" else "status") if verdict.lines else None
     return html.Div([
         html.H2(["Summary · ", key, html.Span("is_simulation = true", className="sim-badge")]),
-        stats, *([per_target] if several else []),
+        capture, stats, *([per_target] if several else []),
         html.Div([
             html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],
                      className="card col"),

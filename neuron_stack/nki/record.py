@@ -207,5 +207,5 @@ def record_if_inspecting(run: KernelRun, real_ns: int) -> None:
         graph_id, op_ids, it = graphs[key]
         graphs[key][2] += 1
         core = session.cores[0]
-        want = rec.wants_instructions(graph_id, core) and (rec.core_filter is None or core in rec.core_filter)
+        want = rec.device_rows_for(graph_id, core)
         execution(rec.append, session.run_id, run, graph_id, op_ids, core, it, proj0, wall0, wall1, want)

@@ -49,12 +49,16 @@ class Recorder:
         self.sources_seen: set[int] = set()
         self.files_seen: set[str] = set()
         self.graph_settings: dict[str, set[str]] = {}
-        filt = os.environ.get("NEURON_RT_INSPECT_EVENT_FILTER_NC", "").strip()
-        if filt:
-            self.core_filter = set(parse_core_list(filt, session.profile.cores_per_instance,
-                                                   name="NEURON_RT_INSPECT_EVENT_FILTER_NC"))
-        else:
-            self.core_filter = None
+        self.set_core_filter(os.environ.get("NEURON_RT_INSPECT_EVENT_FILTER_NC", "").strip() or None,
+                             "NEURON_RT_INSPECT_EVENT_FILTER_NC")
+        # why device rows are off, and the fix, for the capture's verdict (profiling.py and capture.py say theirs)
+        self.device_off = ("NEURON_RT_INSPECT_DEVICE_PROFILE is 0 (the runtime's default: system profile only)",
+                           "set NEURON_RT_INSPECT_DEVICE_PROFILE=session (or 1)")
+        # executions that used the device, those recorded with instruction rows, and why the others were not
+        self.device_executions = self.device_recorded = 0
+        self.skipped: collections.Counter = collections.Counter()
+        self.skipped_cores: set[int] = set()
+        self.system_seen = 0
         # NEURON_RT_INSPECT_* as the real runtime (inspect_config): device rows off by default (0), 1/model = the
         # first execution of each NEFF per core, session = every one; a timed capture (neuron-top) records them all
         self.config = config if config is not None else InspectConfig.from_env(device_default="session")
@@ -62,7 +66,6 @@ class Recorder:
         self.device_profiled: set[tuple[int, int]] = set()
         # system events wait in a ring per NeuronCore (the newest max_events_per_nc) until the capture ends
         self.system: dict[int | None, collections.deque] = {}
-        self.system_dropped = 0     # system events the rings dropped (metadata system_events_dropped)
         meta = dict(session.profile.metadata())
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
@@ -98,6 +101,56 @@ class Recorder:
         """Append one typed row (:mod:`neuron_stack.runtime.rows`) to its table."""
         self.writer.append(row.TABLE, row.columns())
 
+    def set_core_filter(self, text: str | None, name: str) -> None:
+        """Record only the NeuronCores ``text`` names (``0,2-3``; None: all). As in the real runtime the indices
+        are the process's own (``neuron:0`` is 0, whichever machine core it holds), not the machine's.
+
+        >>> from types import SimpleNamespace as NS
+        >>> rec = Recorder.__new__(Recorder)
+        >>> rec.session = NS(profile=NS(cores_per_instance=32), core_index=[5, 6].index)
+        >>> rec.set_core_filter("1", "capture_enabled_for_nc"); rec.records_core(6), rec.records_core(5)
+        (True, False)
+        """
+        self.core_filter_setting = f"{name}={text!r}"
+        self.core_filter = None if text is None else set(
+            parse_core_list(text, self.session.profile.cores_per_instance, name=name))
+
+    def records_core(self, core: int | None) -> bool:
+        """Whether events of machine core ``core`` are recorded (the core filter, in the process's indices)."""
+        return self.core_filter is None or core is None or self.session.core_index(core) in self.core_filter
+
+    def device_rows_for(self, graph_id: int, core: int) -> bool:
+        """Whether one execution that used the device on ``core`` gets instruction rows (core filter, then
+        the device mode); counts why not, for :meth:`device_rows_verdict`."""
+        self.device_executions += 1
+        if not self.records_core(core):
+            self.skipped["core_filter"] += 1
+            self.skipped_cores.add(core)
+            return False
+        if not self.wants_instructions(graph_id, core):
+            self.skipped["device_off" if self.device_profile == "off" else "model"] += 1
+            return False
+        self.device_recorded += 1
+        return True
+
+    def device_rows_verdict(self) -> tuple[str, str]:
+        """``(status, line)``: ``recorded``, ``unused`` (no execution used the device), ``off`` (device rows
+        deliberately off: informational) or ``missing`` (the device was used, nothing was recorded: the line
+        says why and the fix)."""
+        n = self.device_executions
+        if self.device_recorded or not n:
+            return ("recorded" if n else "unused"), ""
+        if self.skipped["core_filter"]:
+            mine = sorted((self.session.core_index(c), c) for c in self.skipped_cores)
+            name = self.core_filter_setting.split("=")[0]
+            return "missing", (
+                f"no device rows: {self.core_filter_setting} excludes every NeuronCore this process ran on (its "
+                f"core {', '.join(f'{i} = machine core {c}' for i, c in mine)}, {n} device executions); core indices "
+                f"are the process's own (neuron:0 is 0): use {name}={','.join(str(i) for i, _ in mine)!r} or leave "
+                "it unset")
+        why, fix = self.device_off
+        return "off", f"no device rows: {why}; {n} device executions are in the system profile only: {fix}"
+
     def wants_instructions(self, graph_id: int, core: int) -> bool:
         """Whether this execution's instruction rows are recorded (NEURON_RT_INSPECT_DEVICE_PROFILE)."""
         if self.device_profile == "off":
@@ -129,13 +182,12 @@ class Recorder:
         """One system-profile event (``SystemProfileEvents``), unless filtered out
         (``NEURON_RT_INSPECT_SYSTEM_PROFILE``, ``_EVENT_FILTER_TYPE``); the newest ``max_events_per_nc`` per core
         are kept."""
-        if not self.config.wants(name):
+        if not self.config.wants(name) or not self.records_core(core):
             return
+        self.system_seen += 1
         ring = self.system.get(core)
         if ring is None:
             ring = self.system[core] = collections.deque(maxlen=self.config.max_events_per_nc)
-        if len(ring) == ring.maxlen:   # the oldest goes: counted, so the profile can say so
-            self.system_dropped += 1
         ring.append((ts_ns, dur_ns, name, source, threading.get_native_id(), core, exec_id, flow_id,
                      json.dumps(detail) if detail else None))
 
@@ -143,8 +195,12 @@ class Recorder:
         """Write the system events held so far and empty the rings."""
         rows = [r for ring in self.system.values() for r in ring]
         self.system.clear()
-        if self.system_dropped:
-            self.append("metadata", {"key": ["system_events_dropped"], "value": [str(self.system_dropped)]})
+        dropped, self.system_seen = self.system_seen - len(rows), 0
+        if dropped:
+            self.append("metadata", {"key": ["system_events_dropped", "system_events_note"], "value": [
+                str(dropped), f"{dropped:,} system events dropped: max_events_per_nc="
+                f"{self.config.max_events_per_nc:,} keeps the newest per NeuronCore; raise it "
+                "(NeuronConfig(max_events_per_nc) or NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC) to keep them all"]})
         if rows:
             cols = list(zip(*rows))
             self.append("system_events", {
@@ -156,6 +212,10 @@ class Recorder:
         if self.host_sampler is not None:
             self.host_sampler.stop()
         self.flush_system()
+        status, line = self.device_rows_verdict()
+        self.append("metadata", {"key": ["device_rows", "device_rows_note"], "value": [status, line]})
+        if status == "missing":
+            _warn_once(f"{line} (profile: {self.out_dir})")
         try:
             self.writer.close(status="ok")
             if self.publish_to is not None:
@@ -182,14 +242,25 @@ class Recorder:
                 "`python -m traces.dataset publish-segments %s`", rank, url, why, url)
 
 
+_warned: list[str] = []
+
+
+def _warn_once(line: str) -> None:
+    """One line on stderr, the first time a capture of this process records no device rows."""
+    if not _warned:
+        _warned.append(line)
+        print(f"neuron_stack: warning: {line}", file=sys.stderr, flush=True)
+
+
 class HostSampler:
-    """Host CPU utilisation per CPU and on average, and host memory in use, sampled with psutil
-    (``NEURON_RT_INSPECT_CPU_UTIL`` / ``_HOST_MEMORY``): at the start, every ``period`` s and at the end,
-    each CPU figure the average since the previous sample (the real tool averages over 1 s)."""
+    """Host CPU utilisation per CPU and on average, and host memory in use (the host's, and the process's RSS
+    as ``memory`` rows), sampled with psutil (``NEURON_RT_INSPECT_CPU_UTIL`` / ``_HOST_MEMORY``): at the start,
+    every ``period`` s and at the end, each CPU figure the average since the previous sample (the real tool
+    averages over 1 s)."""
 
     def __init__(self, rec: "Recorder", period: float = 1.0):
         import psutil
-        self.rec, self.period, self.psutil = rec, period, psutil
+        self.rec, self.period, self.psutil, self._process = rec, period, psutil, psutil.Process()
         self._stop = threading.Event()
         psutil.cpu_percent(percpu=True)   # starts psutil's interval: the next call averages since now
         self.sample()
@@ -207,6 +278,12 @@ class HostSampler:
             mem = self.psutil.virtual_memory()
             self.rec.append("host_memory", {"ts_ns": [ts], "run_id": run_id, "used_bytes": [mem.total - mem.available],
                                             "used_percent": [mem.percent]})
+            # the process's own host memory as neuron-monitor reports it live (monitor/collect.py): its RSS, of
+            # which the runtime's host constants, the rest application memory; neuron-top --replay shows these
+            rss, constants = self._process.memory_info().rss, self.rec.session.host_constants
+            self.rec.append("memory", {"ts_ns": [ts, ts], "run_id": run_id, "core": [None, None],
+                                       "location": ["host", "host"], "category": ["constants", "application_memory"],
+                                       "bytes": [constants, max(rss - constants, 0)]})
 
     @clock.background
     def _loop(self) -> None:
@@ -406,12 +483,16 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
         end_ns=proj0 + device_ns, device_ns=device_ns, warmup=warmup, flops=model.flops, busy_ns=busy,
         cpu_fallback_ns=cpu_ns, hbm_read_bytes=model.hbm[0], hbm_write_bytes=model.hbm[1],
         spill_save_bytes=model.spill[0], spill_reload_bytes=model.spill[1], transpose_flops=model.transpose_flops))
-    if rec.core_filter is not None and model.core not in rec.core_filter:
+    device = any(kind == "device" for kind, *_ in timeline)
+    if not rec.records_core(model.core):   # NEURON_RT_INSPECT_EVENT_FILTER_NC / capture_enabled_for_nc
+        if device:
+            rec.device_rows_for(model.graph_id, model.core)
         return
     flow = exec_id & 0x7FFFFFFFFFFF   # links the runtime call to its device execution (a Perfetto flow)
     rec.system_event("nrt_execute", proj0, device_ns, core=model.core, exec_id=exec_id, flow_id=flow,
                      model=model.name, iteration=model.executions - 1, warmup=warmup)
-    if not rec.wants_instructions(model.graph_id, model.core):
+    wanted = rec.device_rows_for if device else rec.wants_instructions   # the first counts for the verdict
+    if not wanted(model.graph_id, model.core):
         # no instruction rows, but the transfers and device executions stay in the system profile
         timeline = [(kind, p, offset, ()) for kind, p, offset, _ in timeline if p.part.transfers or kind == "device"]
         tables = {}

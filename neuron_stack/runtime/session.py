@@ -67,6 +67,13 @@ class Session:
         atexit.register(self.close)
         _flush_on_sigterm()
 
+    def core_index(self, core: int) -> int | None:
+        """This process's own index of machine core ``core`` (what ``neuron:i``, ``capture_enabled_for_nc`` and
+        ``NEURON_RT_INSPECT_EVENT_FILTER_NC`` count in, as the real runtime's NeuronCore indices are relative to
+        the cores the process sees), or None if the process does not hold it. Example: with core 0 held by
+        another process, ``Session.get("trn1").core_index(1) == 0``."""
+        return self.cores.index(core) if core in self.cores else None
+
     def next_core(self) -> int:
         """Round-robin placement of loaded models over this process's cores, as the real runtime does."""
         core = self.cores[self._next_core % len(self.cores)]

@@ -144,20 +144,18 @@ def to_tensors(given: dict, specs: dict) -> list:
 
 @contextlib.contextmanager
 def _instructions_recorded(recorder, on: bool):
-    """Record per-instruction rows for the executions inside the block only if ``on``.
-
-    The recorder's core filter (``NEURON_RT_INSPECT_EVENT_FILTER_NC``) already means "record the
-    executions row but no instructions for cores outside the set": an empty set does exactly that.
-    """
+    """Record per-instruction rows for the executions inside the block only if ``on``: the others are
+    recorded with the device profile off (their ``executions`` row and system events stay)."""
     if recorder is None or on:
         yield
         return
-    saved = recorder.core_filter
-    recorder.core_filter = set()
+    saved = recorder.device_profile
+    recorder.device_profile = "off"
+    recorder.device_off = ("--profile-nth-exec 0 (no device profile)", "pass --profile-nth-exec 1")
     try:
         yield
     finally:
-        recorder.core_filter = saved
+        recorder.device_profile = saved
 
 
 def save_outputs(outputs: list, out_dir: str | Path) -> list[Path]:
