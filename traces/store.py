@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traces import profile_schema
+from traces import naming, profile_schema
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
@@ -109,8 +109,10 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
     import duckdb
 
     tmp = out_dir / f".{PROFILE_NAME}.{os.getpid()}.tmp"
+    kept = naming.kept_name(target)   # the user's view --display-name outlives a rebuild
     try:
-        _build(tmp, loaded, segment_count=len(segments), skipped=skipped, include_warmup=include_warmup)
+        _build(tmp, loaded, segment_count=len(segments), skipped=skipped, include_warmup=include_warmup,
+               extra_metadata=kept)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:
         for junk in (tmp, Path(f"{tmp}.wal")):
@@ -127,7 +129,7 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
 
 
 def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int, skipped: list[str],
-           include_warmup: bool) -> None:
+           include_warmup: bool, extra_metadata: dict[str, str]) -> None:
     import duckdb
 
     path.unlink(missing_ok=True)
@@ -139,7 +141,8 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
                          "skipped_segments": ",".join(skipped),
                          "summary_includes_warmup": str(bool(include_warmup)).lower(),
-                         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")})
+                         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                         **extra_metadata})
         instructions = _time_ordered(loaded.pop("instructions"))
         # numpy work on the Arrow rows runs on a thread while DuckDB loads them (both release the GIL)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -270,7 +273,8 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
         con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
         con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup, per_core=True)}")
     stats = {"instruction_count": count, "trace_start_ns": lo, "trace_end_ns": hi,
-             "max_instruction_dur_ns": max_dur, **lod}
+             "max_instruction_dur_ns": max_dur, **lod,
+             "default_profile_name": naming.default_name(*con.execute(naming.NAME_SQL).fetchall()[0])}
     return {k: ("" if v is None else str(v)) for k, v in stats.items()}
 
 
