@@ -175,7 +175,10 @@ def test_real_schema_views_parquet_names_and_schema_fields(captured, tmp_path):
     assert q(path, "SELECT count(*) FROM neuron_explorer.Metadata") == [(1,)]
     assert q(path, "SELECT count(*), min(total_time) > 0 FROM neuron_explorer.Summary") == [(1, True)]
     [(n,)] = q(path, "SELECT count(*) FROM SchemaFields WHERE table_name = 'Instruction'")
-    assert n == 55
+    assert n == 55 + 2   # the real fields, then nc_idx and exec_id
+    from test_profile_schema import _described
+
+    _described(path)   # every table and view of a real capture, Flow and SemaphoreUpdate included
     with traces.open(path) as p:
         out = export(p, "parquet", tmp_path / "pq")
     for name in ("Instruction", "Summary", "Metadata", "SystemProfileEvents", "SchemaFields", "CpuUsage"):

@@ -465,20 +465,69 @@ TABLES: dict[str, Table] = {t.name: t for t in (
 SCHEMA = "neuron_explorer"
 
 
-def schema_fields() -> dict[str, list]:
-    """The ``SchemaFields`` rows (one per table and field), as columns. Example:
+#: What the columns a real table's view keeps beside the real ones (``Table.extra``) mean.
+EXTRA_DESCRIPTIONS = {
+    "nc_idx": ("int32", "Logical NeuronCore index (ours, beside the real columns)."),
+    "exec_id": ("int64", "The execution (executions.exec_id) the row belongs to (ours)."),
+    "run_id": ("string", "The process run (runs.run_id) that recorded the row (ours)."),
+    "rank": ("int32", "torch.distributed rank of the process (ours)."),
+    "node": ("int32", "torch.distributed node of the process (ours)."),
+}
+
+#: DuckDB column types → (OpenAPI type, format), for the rows of our own tables.
+_OPENAPI = {"BIGINT": ("integer", "int64"), "INTEGER": ("integer", "int32"), "SMALLINT": ("integer", "int16"),
+            "DOUBLE": ("number", "double"), "FLOAT": ("number", "float"), "VARCHAR": ("string", None),
+            "BOOLEAN": ("boolean", None), "HUGEINT": ("integer", None), "DECIMAL": ("number", None)}
+
+
+def openapi_type(duckdb_type: str) -> tuple[str, str | None]:
+    """``(type, format)`` of a DuckDB column type as OpenAPI writes it.
+
+    >>> openapi_type("BIGINT"), openapi_type("VARCHAR[]")
+    (('integer', 'int64'), ('array', 'string'))
+    """
+    if duckdb_type.endswith("[]"):
+        return "array", openapi_type(duckdb_type[:-2])[0]
+    return _OPENAPI.get(duckdb_type.split("(")[0], ("string", None))
+
+
+def schema_fields(ours=()) -> dict[str, list]:
+    """The ``SchemaFields`` rows, as columns: every field of every real table (and the columns its view keeps
+    beside them), then every column of our own tables. ``ours`` is ``[(table, description, [(column,
+    duckdb_type, description), ...]), ...]`` (``traces.store`` reads it from the profile's catalogue and
+    :mod:`traces.table_docs`). Example:
     >>> cols = schema_fields(); cols["field_name"][:2]
     ['start_ts', 'end_ts']
     """
     rows = {c: [] for c in SCHEMA_FIELDS_COLUMNS}
+
+    def add(table, table_description, name, description, typ, required, fmt, unit):
+        values = (table, table_description, name, description, None, typ, required, fmt, unit, None, None, None)
+        for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
+            rows[c].append(v)
+
     for t in TABLES.values():
         for f in t.fields:
             typ, fmt, _ = _TYPES[f.type]
-            values = (t.name, t.description, f.name, f.description, None, typ, f.required, fmt, f.unit,
-                      None, None, None)
-            for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
-                rows[c].append(v)
+            add(t.name, t.description, f.name, f.description, typ, f.required, fmt, f.unit)
+        for expr in t.extra:
+            name = expr.rsplit(" AS ", 1)[1]
+            kind, description = EXTRA_DESCRIPTIONS[name]
+            add(t.name, t.description, name, description, _TYPES[kind][0], False, _TYPES[kind][1], None)
+    for table, description, columns in ours:
+        for name, duckdb_type, meaning in columns:
+            typ, fmt = openapi_type(duckdb_type)
+            add(table, description, name, meaning, typ, False, fmt, None)
     return rows
+
+
+def schema_fields_table(ours=()):
+    """:func:`schema_fields` as an Arrow table with the real column types (NULL columns typed too)."""
+    import pyarrow as pa
+
+    types = {"field_required": pa.bool_(), "field_minimum": pa.float64(), "field_maximum": pa.float64()}
+    cols = schema_fields(ours)
+    return pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in cols.items()})
 
 
 def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
@@ -496,8 +545,9 @@ def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) ->
     return out
 
 
-def openapi_yaml() -> str:
-    """The schema as OpenAPI YAML, one block per table, as ``neuron-explorer --show-profile-schema`` prints it.
+def openapi_yaml(ours=()) -> str:
+    """The schema as OpenAPI YAML, one block per table, as ``neuron-explorer --show-profile-schema`` prints it:
+    the real tables, then ours (``ours`` as for :func:`schema_fields`).
 
     >>> print(openapi_yaml().splitlines()[0])
     openapi: 3.0.3
@@ -524,6 +574,22 @@ def openapi_yaml() -> str:
                 out.append(f"          x-unit: {f.unit}")
             out.append(f"          description: {q(f.description)}")
             out.append(f"          x-neuron-stack: {q(f.ours if f.ours is not None else 'not recorded: ' + f.why)}")
+        for expr in t.extra:
+            name = expr.rsplit(" AS ", 1)[1]
+            kind, description = EXTRA_DESCRIPTIONS[name]
+            out += [f"        {name}:", f"          type: {_TYPES[kind][0]}",
+                    f"          description: {q(description)}"]
+    for table, description, columns in ours:
+        out += [f"    {table}:", "      type: object", f"      description: {q(description)}",
+                "      x-neuron-stack: \"ours (docs/trace_schema.md)\"", "      properties:"]
+        for name, duckdb_type, meaning in columns:
+            typ, fmt = openapi_type(duckdb_type)
+            out += [f"        {name}:", f"          type: {typ}"]
+            if typ == "array":
+                out += ["          items:", f"            type: {fmt}"]
+            elif fmt:
+                out.append(f"          format: {fmt}")
+            out.append(f"          description: {q(meaning)}")
     return "\n".join(out) + "\n"
 
 

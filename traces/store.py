@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traces import naming, profile_schema
+from traces import naming, profile_schema, table_docs
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
@@ -173,7 +173,7 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
 def _real_schema(con) -> None:
     """The real Neuron Explorer tables (``Instruction``, ``SystemProfileEvents``, ...) as views over ours,
     and ``SchemaFields`` describing them, all from :mod:`traces.profile_schema`."""
-    _load(con, "SchemaFields", pa.table(profile_schema.schema_fields()))
+    _load(con, "SchemaFields", profile_schema.schema_fields_table(_our_tables(con)))
     taken = {r[0].lower() for r in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
     summary = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
@@ -183,6 +183,39 @@ def _real_schema(con) -> None:
     for name in RECORD_CONTEXT:   # the compiler's records are real tables already: the real schema shows them too
         if name.lower() in taken:
             con.execute(f'CREATE OR REPLACE VIEW {profile_schema.SCHEMA}."{name}" AS SELECT * FROM main."{name}"')
+
+
+def documented_tables() -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """Our tables as every finalised profile holds them, with column types and meanings (the rows
+    ``SchemaFields`` has for them), read from an empty profile built in a temporary directory.
+    Example: ``[t for t, _, _ in documented_tables()][:2]``."""
+    import tempfile
+
+    import duckdb
+
+    from traces.writer import Writer
+
+    with tempfile.TemporaryDirectory() as d:
+        Writer(d, run={"run_id": "schema"}).close()
+        with duckdb.connect(str(finalize(d)), read_only=True) as con:
+            return _our_tables(con)
+
+
+def _our_tables(con) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """Every table of ours in the profile, each column with its type and meaning (:mod:`traces.table_docs`;
+    a column the page does not document says so, and ``tests/test_profile_schema.py`` fails on it)."""
+    columns: dict[str, list] = {}
+    for table, column, typ in con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' "
+            "AND table_catalog = current_database() "
+            "ORDER BY table_name, ordinal_position").fetchall():
+        if table not in profile_schema.TABLES:
+            columns.setdefault(table, []).append((column, typ))
+    out = []
+    for table, cols in columns.items():
+        description, meanings = table_docs.describe(table) or ("(not documented)", {})
+        out.append((table, description, [(c, t, meanings.get(c, "(not documented)")) for c, t in cols]))
+    return out
 
 
 def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:
