@@ -157,14 +157,14 @@ def print_table(result: pa.Table, max_rows: int, output: Path | None, *, expande
         if len(keep) < len(names):
             caption += (f"; {len(names) - len(keep)} of {len(names)} columns left out (…): select fewer columns, "
                         "--expanded for one block per row, or --format csv for all")
-        console.print(_grid(result.schema, rows, keep))
+        console.print(_grid(result.schema, rows, keep, widths))
         console.print(caption, soft_wrap=True, highlight=False)
     finally:
         if output:
             console.file.close()
 
 
-def _grid(schema: pa.Schema, rows: list[list[str]], keep: list[int]):
+def _grid(schema: pa.Schema, rows: list[list[str]], keep: list[int], widths: list[int]):
     from rich.table import Table
     from rich.text import Text
 
@@ -180,7 +180,7 @@ def _grid(schema: pa.Schema, rows: list[list[str]], keep: list[int]):
         f = schema.field(i)
         numeric = pat.is_integer(f.type) or pat.is_floating(f.type) or pat.is_decimal(f.type)
         table.add_column(f"{f.name}\n[dim]{_type(f.type)}[/]", justify="right" if numeric else "left",
-                         overflow="fold", min_width=min(len(f.name), FIT_CELL_CHARS))
+                         overflow="fold", min_width=widths[i] - COLUMN_CHROME)
     for row in rows:
         # Text, not markup: a value like "s[s > 0]" must print as it is
         table.add_row(*(Text("…") if i is None else Text(row[i]) for i in cols))

@@ -327,6 +327,29 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                  'load_to_sbuf_repeat_factor': 'total loaded / size: 2.0 = read twice',
                  'first_load_queue': "its first load's instruction row",
                  'first_load_pc': "its first load's instruction row"}),
+ 'instruction_info': ("One row per instruction of a graph's partition (schema 1.5.0).",
+                      {'graph_id': 'the graph (graphs.graph_id) and its device partition',
+                       'partition': 'the graph (graphs.graph_id) and its device partition',
+                       'queue': 'the instruction as instructions rows name it (pcore 0 unless LNC=2)',
+                       'pc': 'the instruction as instructions rows name it (pcore 0 unless LNC=2)',
+                       'pcore': 'the instruction as instructions rows name it (pcore 0 unless LNC=2)',
+                       'seq': "the compiler's instruction index in program order: the id Flow.in_id/out_id use",
+                       'operands': 'JSON: dst/src access patterns (m memory, b buffer, dt dtype, o offset, ap '
+                                   "[stride, count] pairs, first = partitions) and the opcode's attributes (func, "
+                                   'scale, desc, …)',
+                       'instruction_type': 'Tensor Engine: REGULAR or TRANSPOSE; NULL on other engines',
+                       'activation_fn': 'Scalar Engine ACTIVATE: the function, upper case (COPY, GELU, EXP, …)',
+                       'psum_read_bytes': 'bytes of its PSUM source / destination operands (access pattern × '
+                                          'element size)',
+                       'psum_write_bytes': 'bytes of its PSUM source / destination operands (access pattern × '
+                                           'element size)',
+                       'psum_read_sbuf_write_bytes': 'psum_read_bytes when it also writes SBUF (a PSUM '
+                                                     'evacuation), else 0',
+                       'tensor_elements': 'Tensor Engine: elements of the moving (first source) operand',
+                       'performance_mode': 'Vector Engine: the mode the cost model applied (1x; 2x/4x for low '
+                                           'precision on NC-v3: device/cost.vector_perf_mode)',
+                       'spill_save_bytes': "the instruction's spill traffic",
+                       'spill_reload_bytes': "the instruction's spill traffic"}),
  'lod_busy': ('The level-of-detail pyramid.',
               {'level': 'k: buckets are 2^k ns wide; from lod_base_level (a bucket is at least 16 mean instruction '
                         'durations, at least 1/65536 of the trace and at least 64 ns wide) up to lod_top_level (≤ '
