@@ -226,3 +226,18 @@ def test_view_system_trace_flags():
     args.system_trace_filter_neuron_core = "0,x"
     with pytest.raises(ValueError, match="--system-trace-filter-neuron-core '0,x': expected a comma-separated list"):
         system_trace_settings(args)
+
+
+def test_sql_csv_of_the_system_profile_with_its_list_column(captured):
+    """Issue 36: ``sql --format csv "SELECT * FROM SystemProfileEvents"`` failed on ``flow_id`` (VARCHAR[])."""
+    import csv
+    import io
+
+    _, paths = captured
+    exe = os.path.join(os.path.dirname(sys.executable), "neuron-explorer")
+    r = subprocess.run([exe, "sql", paths["full"][0], "--format", "csv", "SELECT * FROM SystemProfileEvents"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    flows = [json.loads(row["flow_id"]) for row in rows if row["name"] == "nrt_execute"]
+    assert len(flows) == 2 and all(isinstance(f, list) and len(f) == 1 for f in flows)

@@ -95,7 +95,10 @@ def instruction_info(schedule: pa.Table, profile) -> pa.Table:
 
     cols = {k: [] for k in INSTRUCTION_INFO_SCHEMA.names}
     keep = ("queue", "pc", "pcore", "seq", "operands", "spill_save_bytes", "spill_reload_bytes")
-    rows = schedule.select(["engine", "opcode", "instruction_type", *keep]).to_pylist()
+    needed = ["engine", "opcode", "instruction_type", *keep]
+    if not set(needed) <= set(schedule.column_names):   # a roofline-timed partition has no instruction detail
+        return INSTRUCTION_INFO_SCHEMA.empty_table()
+    rows = schedule.select(needed).to_pylist()
     if not rows or not rows[0]["operands"]:
         return INSTRUCTION_INFO_SCHEMA.empty_table()
     for r in rows:
