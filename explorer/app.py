@@ -93,7 +93,7 @@ def _build():
         key = (q.get("profile") or [data.registry().default_key()])[0]
         links = [dcc.Link(label, href=ui.href(path, profile=key), id=f"app-nav-{label.lower()}",
                           className="active" if (pathname or "/") == path else "") for label, path in NAV]
-        options = [{"label": k, "value": k} for k in data.registry().keys()]
+        options = [{"label": data.registry().label(k), "value": k} for k in data.registry().keys()]
         return links, options, key if key in data.registry().keys() else None
 
     @dash.callback(Output("app-url", "href"), Input("app-profile", "value"), State("app-url", "pathname"),

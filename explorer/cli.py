@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profile, inspect and explore simulated NeuronCore workloads (is_simulation=true).")
     parser.add_argument("-v", "--version", action="version", version=f"neuron-explorer {_version()}")
     parser.add_argument("--show-profile-schema", action=_ShowSchema,
-                        help="print the profile schema (the real tables and fields, and what fills them here) "
-                             "as OpenAPI YAML, then exit")
+                        help="print the profile schema (the real tables and fields, and what fills them here; "
+                             "then every table of ours) as OpenAPI YAML, then exit")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name in VERB_MODULES:
         importlib.import_module(name).register(sub)
@@ -39,7 +39,8 @@ class _ShowSchema(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         from traces.profile_schema import openapi_yaml
-        sys.stdout.write(openapi_yaml())
+        from traces.store import documented_tables
+        sys.stdout.write(openapi_yaml(documented_tables()))
         parser.exit()
 
 

@@ -42,6 +42,7 @@ class Loaded:
         self.key, self.path = key, path
         # external_access=False: no query can read or write any other file, and that setting is locked
         self.profile = traces.open(path, external_access=False)
+        self.name = self.profile.display_name() or key   # what every picker shows
         self.lock = threading.RLock()
         self._cache: dict = {}
 
@@ -85,6 +86,24 @@ class Registry:
 
     def keys(self) -> list[str]:
         return list(self.entries)
+
+    def label(self, key: str) -> str:
+        """What a picker shows for ``key``: the profile's display name (``aws_train.py · eager``, or the
+        user's ``view --display-name``), with the key beside it when another profile has the same name;
+        the key alone for a profile that cannot be opened."""
+        labels = {k: self._name(k) for k in self.entries}
+        name = labels.get(key, key)
+        if name != key and sum(v == name for v in labels.values()) > 1:
+            name = f"{name} ({key})"
+        return name
+
+    def _name(self, key: str) -> str:
+        if self.entries[key].error:
+            return key
+        try:
+            return self.get(key).name
+        except ExplorerError:
+            return key
 
     def default_key(self) -> str | None:
         return next(iter(self.entries), None)

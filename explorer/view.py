@@ -36,6 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--ignore-device-profile", action="store_true",
                    help="System Trace: no drill-down from an execution into its device timeline")
     p.add_argument("--ignore-system-profile", action="store_true", help="do not show the system profile")
+    p.add_argument("--display-name", action="append", metavar="NAME",
+                   help="the name every picker shows for the profile (stored in it as Metadata.profile_name); "
+                        "once per PROFILE, in order. Default: the script and mode it recorded "
+                        "(\"aws_train.py · eager\")")
     p.set_defaults(func=_view)
 
     d = subparsers.add_parser("diff", help="compare two profiles by source line and op path",
@@ -90,6 +94,7 @@ def _view(args) -> int:
         paths = discover(out_dir)
         print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
     _check_port(args.host, args.port)
+    _name_profiles(paths, args.display_name or [])
     from explorer import data
     from explorer.app import create_app
     from explorer.pages import system
@@ -116,6 +121,19 @@ def _view(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     app.run(host=args.host, port=args.port, debug=False)
     return 0
+
+
+def _name_profiles(paths: list[Path], names: list[str]) -> None:
+    """Store each ``--display-name`` in its profile (one per PROFILE, in order)."""
+    if not names:
+        return
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} --display-name for {len(paths)} profile(s): give one per PROFILE, in order "
+                         "(neuron-explorer view A B --display-name eager --display-name compiled)")
+    from traces.naming import set_display_name
+
+    for path, name in zip(paths, names):
+        set_display_name(path, name)
 
 
 def system_trace_settings(args) -> dict:
@@ -151,6 +169,7 @@ def _diff(args) -> int:
     ka, kb = registry.keys()
     result = data.compare(registry.get(ka), registry.get(kb), limit=args.top)
     result["a_path"], result["b_path"] = str(a), str(b)
+    result["a_label"], result["b_label"] = registry.label(ka), registry.label(kb)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -166,7 +185,8 @@ def _print_diff(c: dict) -> None:
     from explorer.figures import fmt_ns
 
     console = Console()
-    console.print(f"[bold]A[/] {c['a_path']}\n[bold]B[/] {c['b_path']}")
+    console.print(f"[bold]A[/] {c['a_label']}  {c['a_path']}\n[bold]B[/] {c['b_label']}  {c['b_path']}",
+                  highlight=False)
     why = c["why"]
     named = "" if why["a_name"] == "A" else f"A = {why['a_name']}, B = {why['b_name']}; "
     console.print(f"[bold]Why[/] ({named}every execution, warm-ups included)")

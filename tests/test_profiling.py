@@ -191,7 +191,10 @@ def test_real_schema_views_parquet_names_and_schema_fields(captured, tmp_path):
     assert q(path, "SELECT count(*) FROM neuron_explorer.Metadata") == [(1,)]
     assert q(path, "SELECT count(*), min(total_time) > 0 FROM neuron_explorer.Summary") == [(1, True)]
     [(n,)] = q(path, "SELECT count(*) FROM SchemaFields WHERE table_name = 'Instruction'")
-    assert n == 55
+    assert n == 55 + 2   # the real fields, then nc_idx and exec_id
+    from test_profile_schema import _described
+
+    _described(path)   # every table and view of a real capture, Flow and SemaphoreUpdate included
     with traces.open(path) as p:
         out = export(p, "parquet", tmp_path / "pq")
     for name in ("Instruction", "Summary", "Metadata", "SystemProfileEvents", "SchemaFields", "CpuUsage"):
@@ -239,3 +242,18 @@ def test_view_system_trace_flags():
     args.system_trace_filter_neuron_core = "0,x"
     with pytest.raises(ValueError, match="--system-trace-filter-neuron-core '0,x': expected a comma-separated list"):
         system_trace_settings(args)
+
+
+def test_sql_csv_of_the_system_profile_with_its_list_column(captured):
+    """Issue 36: ``sql --format csv "SELECT * FROM SystemProfileEvents"`` failed on ``flow_id`` (VARCHAR[])."""
+    import csv
+    import io
+
+    _, paths = captured
+    exe = os.path.join(os.path.dirname(sys.executable), "neuron-explorer")
+    r = subprocess.run([exe, "sql", paths["full"][0], "--format", "csv", "SELECT * FROM SystemProfileEvents"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    flows = [json.loads(row["flow_id"]) for row in rows if row["name"] == "nrt_execute"]
+    assert len(flows) == 2 and all(isinstance(f, list) and len(f) == 1 for f in flows)

@@ -69,3 +69,38 @@ def test_a_neff_without_records_still_loads_and_runs(tmp_path):
             z.writestr(k, v)
     assert Neff.load(old).schedules[0].records == {}
     torch.testing.assert_close(neuron_stack.load(old)(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_instruction_columns_the_compiler_knows_are_filled(encoder):
+    """Issue 36: Instruction.operands, psum_*, tensor_elements, bir_id, performance_mode, scalar_activation_fn were
+    NULL on every row though the Memory Viewer had operands. They come from instruction_info (once per graph),
+    joined by the view: every instruction row stays one row, and the operands agree with SbufAllocation's."""
+    with traces.open(encoder) as p:
+        one = lambda q: p.sql(q).column(0)[0].as_py()  # noqa: E731
+        assert one("SELECT count(*) FROM Instruction") == one("SELECT count(*) FROM instructions")
+        device = "FROM Instruction WHERE engine <> 'cpu'"
+        assert one(f"SELECT count(*) {device} AND (operands IS NULL OR bir_id IS NULL)") == 0
+        assert one(f"SELECT bool_and(operands = compiler_operands AND bir_id = raw_bir_id::VARCHAR) {device}")
+        assert one("SELECT count(*) FROM Instruction WHERE engine = 'scalar' AND opcode = 'ACTIVATE' "
+                   "AND scalar_activation_fn IS NULL") == 0
+        assert one("SELECT count(*) FROM Instruction WHERE engine = 'tensor' AND "
+                   "(tensor_instruction_type NOT IN ('REGULAR', 'TRANSPOSE') OR tensor_elements <= 0)") == 0
+        assert one("SELECT bool_and(performance_mode = '1x') FROM Instruction WHERE engine = 'vector'")  # trn1
+        assert one("SELECT count(*) FROM Instruction WHERE opcode = 'MATMUL' AND psum_write_bytes > 0") > 0
+        assert one("SELECT count(*) FROM Instruction WHERE psum_read_sbuf_write_bytes > 0") > 0
+        assert one("SELECT count(*) FROM Instruction WHERE psum_read_sbuf_write_bytes > psum_read_bytes") == 0
+        # bir_id is the id Flow's edges use: every edge's ends are instructions with those ids
+        assert one("""SELECT count(*) FROM Flow f JOIN executions x USING (graph_id)
+                      WHERE x.exec_id IN (SELECT exec_id FROM instructions) AND NOT EXISTS (
+                          SELECT 1 FROM Instruction i WHERE i.exec_id = x.exec_id AND i.raw_bir_id = f.in_id
+                          AND i.timeline_track = f.in_queue AND i.pc = f.in_pc)""") == 0
+        # the Memory Viewer's operand (SbufAllocation.operands) is one of its instruction's operands
+        missed = one("""SELECT count(*) FROM SbufAllocation a WHERE a.op_source_type = 'instruction' AND NOT EXISTS (
+                            SELECT 1 FROM Instruction i WHERE i.exec_id = a.exec_id AND i.pc = a.first_pc
+                            AND i.opcode = a.opcode AND contains(i.operands, a.operands))""")
+        assert missed == 0
+        # what stays NULL says why, in SchemaFields too
+        why = {r["field_name"]: r["field_description"] for r in p.sql(
+            "SELECT field_name, field_description FROM SchemaFields WHERE table_name = 'Instruction'").to_pylist()}
+        assert "NULL here: never filled: no compute instruction triggers a DMA" in why["dma_trigger_start_ts"]
+        assert one("SELECT count(*) FROM Instruction WHERE dma_trigger_start_ts IS NOT NULL") == 0

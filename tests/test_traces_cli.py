@@ -164,3 +164,43 @@ def test_sql_read_only_on_a_parquet_export_and_unsafe_opt_in(session, tmp_path):
     note.write_text("mine")
     r = run("sql", session, f"SELECT content FROM read_text('{note}')", "--format", "json", "--unsafe")
     assert r.returncode == 0 and json.loads(r.stdout) == [{"content": "mine"}], r.stderr
+
+
+def test_sql_every_format_takes_list_struct_and_map_columns(session, tmp_path):
+    """``SystemProfileEvents.flow_id`` is VARCHAR[]: CSV (and every format) writes nested values, as JSON."""
+    q = "SELECT [1, 2] AS l, ['a', NULL] AS s, {'k': 3} AS st, MAP {'m': 4} AS mp, NULL::VARCHAR[] AS none"
+    csv_out = run("sql", session, q, "--format", "csv")
+    assert csv_out.returncode == 0, csv_out.stderr
+    assert csv_out.stdout.splitlines() == ['"l","s","st","mp","none"', '"[1, 2]","[""a"", null]","{""k"": 3}",'
+                                                                         '"[[""m"", 4]]",']
+    assert run("sql", session, q, "--format", "csv", "-o", tmp_path / "r.csv").returncode == 0
+    assert (tmp_path / "r.csv").read_text().splitlines()[1].startswith('"[1, 2]"')
+    assert json.loads(run("sql", session, q, "--format", "json").stdout)[0]["s"] == ["a", None]
+    assert run("sql", session, q, "--format", "arrow", "-o", tmp_path / "r.arrow").returncode == 0
+    table = run("sql", session, q)
+    assert table.returncode == 0 and '["a", null]' in table.stdout, table.stdout
+
+
+def test_sql_a_wide_row_stays_readable(session):
+    """A single row wider than the terminal is printed transposed (column / type / value), several wide rows
+    keep the columns that fit and say how many were left out; no column is squeezed to nothing."""
+    env_cols = {"COLUMNS": "100"}
+    import os
+
+    def wide(*args):
+        return subprocess.run([EXPLORER, *map(str, args)], capture_output=True, text=True, timeout=180,
+                              env={**os.environ, **env_cols})
+
+    one = wide("sql", session, "SELECT * FROM Summary")
+    assert one.returncode == 0, one.stderr
+    lines = one.stdout.splitlines()
+    assert any(ln.split("│")[1:3] and ln.split("│")[1].strip() == "total_time" for ln in lines), one.stdout
+    assert "execution_count" in one.stdout and "1 row" in one.stdout
+    assert all(len(ln) <= 100 for ln in lines)
+    many = wide("sql", session, "SELECT * FROM Instruction", "--max-rows", "3")
+    assert "columns left out (…)" in many.stdout and "start_ts" in many.stdout and "exec_id" in many.stdout
+    assert all(len(ln) <= 100 for ln in many.stdout.splitlines()[:-1])
+    expanded = wide("sql", session, "SELECT * FROM Instruction", "--max-rows", "2", "--expanded")
+    assert expanded.stdout.count("scalar_activation_fn") == 2 and "row 2" in expanded.stdout
+    narrow = wide("sql", session, "SELECT engine, count(*) AS n FROM instructions GROUP BY 1")
+    assert "left out" not in narrow.stdout and "engine" in narrow.stdout.splitlines()[1]

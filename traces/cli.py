@@ -88,6 +88,9 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--max-rows", type=int, default=100, metavar="N",
                    help="rows shown by --format table (default 100; other formats write all)")
+    p.add_argument("--expanded", action="store_true",
+                   help="--format table: each row as a column/value block (a single row wider than the "
+                        "terminal is shown so anyway)")
     p.add_argument("--timeout", type=float, default=SQL_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop the query after this long (default {SQL_TIMEOUT_S:g})")
     p.add_argument("--unsafe", action="store_true",
@@ -291,69 +294,12 @@ def sql_cmd(args: argparse.Namespace) -> int:
                 raise
             raise TraceError(f"{str(exc).splitlines()[0]} (neuron-explorer sql is read-only: it reads only the "
                              "profile; pass --unsafe to let a query read or write other files)") from None
-    if args.format == "table":
-        return _print_table(result, args.max_rows, args.output)
+    from traces import sql_output
+
     try:
-        if args.format == "arrow":
-            import pyarrow.ipc as ipc
-
-            sink = str(args.output) if args.output else sys.stdout.buffer
-            with ipc.new_file(sink, result.schema) as writer:
-                writer.write_table(result)
-        elif args.format == "csv":
-            import pyarrow.csv as pacsv
-
-            pacsv.write_csv(result, str(args.output) if args.output else sys.stdout.buffer)
-        else:
-            text = json.dumps(result.to_pylist(), indent=1, default=str)
-            if args.output:
-                args.output.write_text(text + "\n")
-            else:
-                print(text)
+        sql_output.write(result, args.format, args.output, max_rows=args.max_rows, expanded=args.expanded)
     except OSError as exc:
         raise TraceError(f"cannot write {args.output or 'stdout'}: {exc.strerror or exc}") from None
-    return 0
-
-
-def _cell(value) -> str:
-    """A value as a table cell, cut at MAX_CELL_BYTES characters: rich folds a 500 MB string into
-    millions of lines (gigabytes, minutes); ``--format csv`` writes it whole.
-
-    >>> _cell(None), _cell("x" * 5000)[-43:]
-    ('NULL', 'x… (5,000 characters; --format csv for all)')
-    """
-    from traces.console import MAX_CELL_BYTES
-
-    text = "NULL" if value is None else str(value)
-    if len(text) <= MAX_CELL_BYTES:
-        return text
-    return f"{text[:MAX_CELL_BYTES]}… ({len(text):,} characters; --format csv for all)"
-
-
-def _print_table(result, max_rows: int, output: Path | None) -> int:
-    import pyarrow.types as pat
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(show_header=True, header_style="bold", show_lines=False)
-    for field in result.schema:
-        numeric = pat.is_integer(field.type) or pat.is_floating(field.type) or pat.is_decimal(field.type)
-        table.add_column(f"{field.name}\n[dim]{field.type}[/]", justify="right" if numeric else "left",
-                         overflow="fold")
-    for row in result.slice(0, max(0, max_rows)).to_pylist():
-        # Text, not markup: a value like "s[s > 0]" must print as it is
-        table.add_row(*(Text(_cell(v)) for v in row.values()))
-    shown = min(result.num_rows, max(0, max_rows))
-    caption = f"{result.num_rows:,} row{'s' if result.num_rows != 1 else ''}"
-    if shown < result.num_rows:
-        caption += f" (first {shown:,} shown: --max-rows N, or --format csv for all)"
-    table.caption = caption
-    if output:
-        with open(output, "w", encoding="utf-8") as f:
-            Console(file=f, width=200).print(table)
-    else:
-        Console(soft_wrap=False).print(table)
     return 0
 
 

@@ -79,9 +79,18 @@ def F(name, typ, unit, required, description, ours, why=""):   # noqa: N802 - re
 _NS = "nanoseconds"
 _B = "bytes"
 
+#: The compiler's facts per instruction (``instruction_info``, once per graph) that the view joins by
+#: (graph, queue, pc, pcore); a key two device partitions of one graph share is left out (NULL), never guessed.
+_INFO = ("SELECT * FROM main.instruction_info "
+         "QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1")
+_INFO_WHY = "from instruction_info (the compiler's schedule, once per graph): NULL where two device partitions " \
+            "of a graph share the row's (queue, pc)"
+
 INSTRUCTION = Table(
     "Instruction", "Instructions executed on NeuronCore compute engines.",
-    "main.instructions AS i LEFT JOIN main.ops AS o USING (op_id)",
+    "main.instructions AS i LEFT JOIN main.ops AS o USING (op_id) LEFT JOIN main.executions AS x USING (exec_id) "
+    f"LEFT JOIN ({_INFO}) AS n ON n.graph_id = x.graph_id AND n.queue = i.queue AND n.pc = i.pc "
+    "AND n.pcore = coalesce(i.pcore, 0)",
     (
         F("start_ts", "int64", _NS, True, "Timestamp when instruction started execution.", "i.start_ns"),
         F("end_ts", "int64", _NS, True, "Timestamp when instruction finished execution.", "i.start_ns + i.dur_ns"),
@@ -93,19 +102,23 @@ INSTRUCTION = Table(
         F("pcore_idx", "int64", None, False, _PCORE, "coalesce(i.pcore, 0)",
           "the schedule's physical core (trn2 LNC=2: two cores' engines and DMA queues)"),
         F("opcode", "string", None, True, "Opcode for the instruction. Example: MATMUL.", "i.opcode"),
-        F("operands", "string", None, True, "Input operands for the instruction.", None,
-          "operands are kept in the NEFF schedule, not per executed row (row size)"),
+        F("operands", "string", None, True, "Input operands for the instruction.", "n.operands",
+          "the compiler's access patterns as JSON (dst/src: m memory, b buffer, dt dtype, o offset, ap [stride, "
+          "count] pairs, first = partitions; plus the opcode's attributes), " + _INFO_WHY),
         F("compiler_opcode", "string", None, False, "Opcode at compile time.", "i.opcode",
           "no runtime rewriting here: the runtime opcode is the compiler's"),
-        F("compiler_operands", "string", None, False, "Operands at compile time.", None, "as operands"),
+        F("compiler_operands", "string", None, False, "Operands at compile time.", "n.operands",
+          "as operands: no runtime rewriting"),
         F("id", "int64", None, True, "Unique identifier for this instruction execution.",
           "(hash(i.exec_id, i.engine, i.pc) >> 1)::BIGINT"),
         F("pc", "int64", None, True, "The runtime program counter on the engine.", "i.pc"),
         F("compiler_pc", "int64", None, False, "The compiler program counter on the engine.", "i.pc"),
         F("penguin_id", "string", None, False, "Penguin compiler ID.", None, "no Penguin IR stage here"),
         F("raw_penguin_id", "int64", None, False, "Raw penguin compiler identifier.", None, "no Penguin IR stage"),
-        F("bir_id", "string", None, True, "BIR instruction identifier.", None, "no BIR stage: ops → ISA directly"),
-        F("raw_bir_id", "int64", None, False, "Raw BIR id.", None, "no BIR stage"),
+        F("bir_id", "string", None, True, "BIR instruction identifier.", "n.seq::VARCHAR",
+          "no BIR stage (ops → ISA directly): the compiler's instruction index in program order, the id "
+          "Flow.in_id/out_id use; " + _INFO_WHY),
+        F("raw_bir_id", "int64", None, False, "Raw BIR id.", "n.seq", "as bir_id"),
         F("bir_instruction_name", "string", None, False, "Name of the BIR instruction.", None, "no BIR stage"),
         F("kernel_instruction_name", "string", None, False, "Kernel instruction identifier.", None,
           "NKI lines are in nki_source_location"),
@@ -125,11 +138,12 @@ INSTRUCTION = Table(
         F("bir_debug_info_source_location", "string", None, False, "Source location from BIR debug info.", None,
           "the source line is sources via stack_frame_ids"),
         F("dma_trigger_start_ts", "int64", None, False, "Start of the DMA this instruction triggered.", None,
-          "a DMA is its own row on its queue"),
+          "never filled: no compute instruction triggers a DMA here; each DMA is its own row on its DMA queue, "
+          "issued by that queue when its semaphores allow"),
         F("dma_trigger_end_ts", "int64", None, False, "End of the DMA this instruction triggered.", None,
-          "a DMA is its own row on its queue"),
+          "never filled: as dma_trigger_start_ts"),
         F("dma_wait_time_ns", "int64", _NS, False, "Delay from trigger to DMA start.", None,
-          "DMA rows carry their own sem_wait"),
+          "never filled: as dma_trigger_start_ts; a DMA's own wait is evt_wait_time_ns of its row"),
         F("instruction_chain", "string", None, False, "Instructions executed together.", None, "no chains"),
         F("hbm_read_bytes", "int64", None, False, "Bytes read from HBM.",
           "CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END",
@@ -140,26 +154,35 @@ INSTRUCTION = Table(
           "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
         F("sbuf_write_bytes", "int64", None, False, "Bytes written to SBUF.",
           "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
-        F("spill_save_bytes", "int64", None, False, "Bytes spilled SBUF→HBM.", None, "spills are not split out"),
-        F("spill_reload_bytes", "int64", None, False, "Bytes reloaded HBM→SBUF.", None, "spills are not split out"),
-        F("psum_read_bytes", "int64", None, False, "Bytes read from PSUM.", None, "counted in sbuf_*"),
-        F("psum_write_bytes", "int64", None, False, "Bytes written to PSUM.", None, "counted in sbuf_*"),
-        F("psum_read_sbuf_write_bytes", "int64", None, False, "Bytes PSUM→SBUF.", None, "counted in sbuf_*"),
+        F("spill_save_bytes", "int64", None, False, "Bytes spilled SBUF→HBM.", "n.spill_save_bytes", _INFO_WHY),
+        F("spill_reload_bytes", "int64", None, False, "Bytes reloaded HBM→SBUF.", "n.spill_reload_bytes", _INFO_WHY),
+        F("psum_read_bytes", "int64", None, False, "Bytes read from PSUM.", "n.psum_read_bytes",
+          "the PSUM source operands' access patterns × element size (also counted in sbuf_read_bytes); " + _INFO_WHY),
+        F("psum_write_bytes", "int64", None, False, "Bytes written to PSUM.", "n.psum_write_bytes",
+          "as psum_read_bytes, for the PSUM destinations"),
+        F("psum_read_sbuf_write_bytes", "int64", None, False, "Bytes PSUM→SBUF.", "n.psum_read_sbuf_write_bytes",
+          "psum_read_bytes of an instruction that writes SBUF (a PSUM evacuation)"),
         F("input_queue_bytes", "int64", None, False, "Bytes from an INPUT DMA queue.", None, "queue kinds not kept"),
         F("output_queue_bytes", "int64", None, False, "Bytes from an OUTPUT DMA queue.", None, "queue kinds not kept"),
         F("weight_queue_bytes", "int64", None, False, "Bytes from a DATA/WEIGHT queue.", None, "queue kinds not kept"),
-        F("performance_mode", "string", None, False, "2x / 4x Vector and Scalar modes.", None,
-          "the cost model has no 2x/4x modes"),
-        F("tensor_instruction_type", "string", None, False, "REGULAR or TRANSPOSE.", None, "not recorded"),
-        F("tensor_elements", "int64", None, False, "Deprecated element count.", None, "deprecated in the real tool"),
+        F("performance_mode", "string", None, False, "2x / 4x Vector and Scalar modes.", "n.performance_mode",
+          "Vector Engine rows: the mode the cost model applied (device/cost.vector_perf_mode: 1x, or 2x/4x for "
+          "low precision on NC-v3); NULL on other engines (no Scalar modes are modelled); " + _INFO_WHY),
+        F("tensor_instruction_type", "string", None, False, "REGULAR or TRANSPOSE.", "n.instruction_type",
+          "Tensor Engine rows; " + _INFO_WHY),
+        F("tensor_elements", "int64", None, False, "Deprecated element count.", "n.tensor_elements",
+          "Tensor Engine rows: elements of the moving (first source) operand; " + _INFO_WHY),
         F("raw_flops", "int64", None, False, "FLOPs of this instruction (a MAC is 2).", "i.flops"),
         F("adjusted_flops", "int64", None, False, "BF16-equivalent FLOPs.", None, "dtype is not kept per row"),
-        F("tensor_elements_transpose", "int64", None, False, "Transpose elements.", None, "not recorded"),
-        F("flops_transpose", "int64", None, False, "Transpose FLOPs.", None, "not recorded"),
+        F("tensor_elements_transpose", "int64", None, False, "Transpose elements.",
+          "CASE WHEN n.instruction_type = 'TRANSPOSE' THEN n.tensor_elements END",
+          "tensor_elements of a TRANSPOSE instruction"),
+        F("flops_transpose", "int64", None, False, "Transpose FLOPs.",
+          "CASE WHEN n.instruction_type = 'TRANSPOSE' THEN i.flops END", "raw_flops of a TRANSPOSE instruction"),
         F("adjusted_flops_transpose", "int64", None, False, "BF16-equivalent transpose FLOPs.", None,
           "not recorded"),
-        F("scalar_activation_fn", "string", None, False, "Activation function. Example: COPY.", None,
-          "the opcode names it (e.g. ACT_GELU)"),
+        F("scalar_activation_fn", "string", None, False, "Activation function. Example: COPY.", "n.activation_fn",
+          "Scalar Engine ACTIVATE rows: the function the lowering chose (COPY, GELU, EXP, ...); " + _INFO_WHY),
     ),
     extra=("i.core AS nc_idx", "i.exec_id AS exec_id"),
 )
@@ -378,7 +401,9 @@ _META_FIELDS = (
     ("ultraserver_size", "int32", False, "Instances in the UltraServer.", None, "no UltraServer here"),
     ("ultraserver_instance_index", "int32", False, "Instance index in the UltraServer.", None, "no UltraServer here"),
     ("s3_bucket_path", "string", False, "S3 path of the profile files.", None, "offline: no upload"),
-    ("profile_name", "string", False, "User chosen name for this profile.", None, "the file name names it"),
+    ("profile_name", "string", False, "User chosen name for this profile.",
+     f"coalesce({_meta('profile_name')}, {_meta('default_profile_name')})",
+     "neuron-explorer view --display-name NAME, else the script and mode the profile recorded (traces.naming)"),
     ("explorer_build_time", "string", False, "When neuron-explorer was built.", None, "not recorded"),
     ("is_simulation", "bool", False, "Whether this profile is a simulation.", _meta("is_simulation", "bool"),
      "always true here"),
@@ -463,20 +488,71 @@ TABLES: dict[str, Table] = {t.name: t for t in (
 SCHEMA = "neuron_explorer"
 
 
-def schema_fields() -> dict[str, list]:
-    """The ``SchemaFields`` rows (one per table and field), as columns. Example:
+#: What the columns a real table's view keeps beside the real ones (``Table.extra``) mean.
+EXTRA_DESCRIPTIONS = {
+    "nc_idx": ("int32", "Logical NeuronCore index (ours, beside the real columns)."),
+    "exec_id": ("int64", "The execution (executions.exec_id) the row belongs to (ours)."),
+    "run_id": ("string", "The process run (runs.run_id) that recorded the row (ours)."),
+    "rank": ("int32", "torch.distributed rank of the process (ours)."),
+    "node": ("int32", "torch.distributed node of the process (ours)."),
+}
+
+#: DuckDB column types → (OpenAPI type, format), for the rows of our own tables.
+_OPENAPI = {"BIGINT": ("integer", "int64"), "INTEGER": ("integer", "int32"), "SMALLINT": ("integer", "int16"),
+            "DOUBLE": ("number", "double"), "FLOAT": ("number", "float"), "VARCHAR": ("string", None),
+            "BOOLEAN": ("boolean", None), "HUGEINT": ("integer", None), "DECIMAL": ("number", None)}
+
+
+def openapi_type(duckdb_type: str) -> tuple[str, str | None]:
+    """``(type, format)`` of a DuckDB column type as OpenAPI writes it.
+
+    >>> openapi_type("BIGINT"), openapi_type("VARCHAR[]")
+    (('integer', 'int64'), ('array', 'string'))
+    """
+    if duckdb_type.endswith("[]"):
+        return "array", openapi_type(duckdb_type[:-2])[0]
+    return _OPENAPI.get(duckdb_type.split("(")[0], ("string", None))
+
+
+def schema_fields(ours=()) -> dict[str, list]:
+    """The ``SchemaFields`` rows, as columns: every field of every real table (and the columns its view keeps
+    beside them), then every column of our own tables. ``ours`` is ``[(table, description, [(column,
+    duckdb_type, description), ...]), ...]`` (``traces.store`` reads it from the profile's catalogue and
+    :mod:`traces.table_docs`). Example:
     >>> cols = schema_fields(); cols["field_name"][:2]
     ['start_ts', 'end_ts']
     """
     rows = {c: [] for c in SCHEMA_FIELDS_COLUMNS}
+
+    def add(table, table_description, name, description, typ, required, fmt, unit):
+        values = (table, table_description, name, description, None, typ, required, fmt, unit, None, None, None)
+        for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
+            rows[c].append(v)
+
     for t in TABLES.values():
         for f in t.fields:
             typ, fmt, _ = _TYPES[f.type]
-            values = (t.name, t.description, f.name, f.description, None, typ, f.required, fmt, f.unit,
-                      None, None, None)
-            for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
-                rows[c].append(v)
+            # the real description, then what this profile holds in it (why a column is NULL here)
+            note = f" NULL here: {f.why}." if f.ours is None else f" Here: {f.why}." if f.why else ""
+            add(t.name, t.description, f.name, f.description + note, typ, f.required, fmt, f.unit)
+        for expr in t.extra:
+            name = expr.rsplit(" AS ", 1)[1]
+            kind, description = EXTRA_DESCRIPTIONS[name]
+            add(t.name, t.description, name, description, _TYPES[kind][0], False, _TYPES[kind][1], None)
+    for table, description, columns in ours:
+        for name, duckdb_type, meaning in columns:
+            typ, fmt = openapi_type(duckdb_type)
+            add(table, description, name, meaning, typ, False, fmt, None)
     return rows
+
+
+def schema_fields_table(ours=()):
+    """:func:`schema_fields` as an Arrow table with the real column types (NULL columns typed too)."""
+    import pyarrow as pa
+
+    types = {"field_required": pa.bool_(), "field_minimum": pa.float64(), "field_maximum": pa.float64()}
+    cols = schema_fields(ours)
+    return pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in cols.items()})
 
 
 def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
@@ -494,8 +570,9 @@ def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) ->
     return out
 
 
-def openapi_yaml() -> str:
-    """The schema as OpenAPI YAML, one block per table, as ``neuron-explorer --show-profile-schema`` prints it.
+def openapi_yaml(ours=()) -> str:
+    """The schema as OpenAPI YAML, one block per table, as ``neuron-explorer --show-profile-schema`` prints it:
+    the real tables, then ours (``ours`` as for :func:`schema_fields`).
 
     >>> print(openapi_yaml().splitlines()[0])
     openapi: 3.0.3
@@ -522,6 +599,22 @@ def openapi_yaml() -> str:
                 out.append(f"          x-unit: {f.unit}")
             out.append(f"          description: {q(f.description)}")
             out.append(f"          x-neuron-stack: {q(f.ours if f.ours is not None else 'not recorded: ' + f.why)}")
+        for expr in t.extra:
+            name = expr.rsplit(" AS ", 1)[1]
+            kind, description = EXTRA_DESCRIPTIONS[name]
+            out += [f"        {name}:", f"          type: {_TYPES[kind][0]}",
+                    f"          description: {q(description)}"]
+    for table, description, columns in ours:
+        out += [f"    {table}:", "      type: object", f"      description: {q(description)}",
+                "      x-neuron-stack: \"ours (docs/trace_schema.md)\"", "      properties:"]
+        for name, duckdb_type, meaning in columns:
+            typ, fmt = openapi_type(duckdb_type)
+            out += [f"        {name}:", f"          type: {typ}"]
+            if typ == "array":
+                out += ["          items:", f"            type: {fmt}"]
+            elif fmt:
+                out.append(f"          format: {fmt}")
+            out.append(f"          description: {q(meaning)}")
     return "\n".join(out) + "\n"
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
+from traces import naming, profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
@@ -169,6 +169,14 @@ class Profile:
         if self._meta is None:
             self._meta = dict(self._rows("SELECT key, value FROM metadata"))
         return self._meta
+
+    def display_name(self) -> str | None:
+        """The name this profile shows as (``traces.naming``): the user's ``view --display-name``, else
+        the script and mode it recorded (``aws_train.py · compiled``). Example: ``p.display_name()``."""
+        meta = self.metadata()
+        if "default_profile_name" not in meta:   # finalised before names were recorded, or a bare dataset
+            meta = {**meta, "default_profile_name": naming.default_name(*self._rows(naming.NAME_SQL)[0])}
+        return naming.display_name(meta)
 
     def runs(self) -> pa.Table:
         """One row per recorded process run, oldest first. Example: ``p.runs().column("status")``."""

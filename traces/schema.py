@@ -19,6 +19,7 @@ from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engin
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
 SCHEMA_VERSION = "1.5.0"   # 1.5.0: ops.fwd_source_id (a backward op's forward line);
+# instruction_info (the compiler's facts per instruction of a graph);
 # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
 # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
 # SemaphoreUpdate, TensorInfo, executions' spill/transpose columns, events.kind 'dispatch';
@@ -142,6 +143,16 @@ TENSOR_INFO = pa.schema([
     ("first_load_pc", _i32),
 ])
 
+# What the compiler knows about each instruction of a graph (compiler/records.instruction_info, from the
+# NEFF's schedule), once per graph and partition: the Instruction view joins it to the per-execution rows
+# by (graph, queue, pc, pcore), so no execution's rows grow.
+INSTRUCTION_INFO = pa.schema([
+    ("graph_id", _i64), ("partition", _i32), ("queue", _str), ("pc", _i32), ("pcore", _i32), ("seq", _i32),
+    ("operands", _str), ("instruction_type", _str), ("activation_fn", _str), ("psum_read_bytes", _i64),
+    ("psum_write_bytes", _i64), ("psum_read_sbuf_write_bytes", _i64), ("tensor_elements", _i64),
+    ("performance_mode", _str), ("spill_save_bytes", _i64), ("spill_reload_bytes", _i64),
+])
+
 #: the columns the recorder adds to each record table (the NEFF stores the rest)
 RECORD_CONTEXT = {"SbufAllocation": ("exec_id", "core", "graph_id", "op_id"), "Flow": ("graph_id", "partition"),
                   "SemaphoreUpdate": ("exec_id", "core"), "TensorInfo": ("graph_id", "partition")}
@@ -152,6 +163,7 @@ TABLES: dict[str, pa.Schema] = {
     "events": EVENTS, "memory": MEMORY, "serving_requests": SERVING_REQUESTS, "serving_steps": SERVING_STEPS,
     "system_events": SYSTEM_EVENTS, "cpu_usage": CPU_USAGE, "host_memory": HOST_MEMORY,
     "SbufAllocation": SBUF_ALLOCATION, "Flow": FLOW, "SemaphoreUpdate": SEMAPHORE_UPDATE, "TensorInfo": TENSOR_INFO,
+    "instruction_info": INSTRUCTION_INFO,
 }
 """Every raw table, in the order a finalised profile lists them."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traces import profile_schema
+from traces import naming, profile_schema, table_docs
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, track_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
@@ -122,8 +122,10 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
     import duckdb
 
     tmp = out_dir / f".{PROFILE_NAME}.{os.getpid()}.tmp"
+    kept = naming.kept_name(target)   # the user's view --display-name outlives a rebuild
     try:
-        _build(tmp, loaded, segment_count=len(segments), skipped=skipped, include_warmup=include_warmup)
+        _build(tmp, loaded, segment_count=len(segments), skipped=skipped, include_warmup=include_warmup,
+               extra_metadata=kept)
         os.replace(tmp, target)
     except (duckdb.Error, OSError) as exc:
         for junk in (tmp, Path(f"{tmp}.wal")):
@@ -140,7 +142,7 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
 
 
 def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int, skipped: list[str],
-           include_warmup: bool) -> None:
+           include_warmup: bool, extra_metadata: dict[str, str]) -> None:
     import duckdb
 
     path.unlink(missing_ok=True)
@@ -153,7 +155,8 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
                          "skipped_segments": ",".join(skipped),
                          "summary_includes_warmup": str(bool(include_warmup)).lower(),
-                         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")})
+                         "finalized_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                         **extra_metadata})
         instructions = _time_ordered(loaded.pop("instructions"))
         # numpy work on the Arrow rows runs on a thread while DuckDB loads them (both release the GIL)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -198,7 +201,7 @@ def block_size(rows: int) -> int:
 def _real_schema(con) -> None:
     """The real Neuron Explorer tables (``Instruction``, ``SystemProfileEvents``, ...) as views over ours,
     and ``SchemaFields`` describing them, all from :mod:`traces.profile_schema`."""
-    _load(con, "SchemaFields", pa.table(profile_schema.schema_fields()))
+    _load(con, "SchemaFields", profile_schema.schema_fields_table(_our_tables(con)))
     taken = {r[0].lower() for r in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
     summary = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
@@ -208,6 +211,39 @@ def _real_schema(con) -> None:
     for name in RECORD_CONTEXT:   # the compiler's records are real tables already: the real schema shows them too
         if name.lower() in taken:
             con.execute(f'CREATE OR REPLACE VIEW {profile_schema.SCHEMA}."{name}" AS SELECT * FROM main."{name}"')
+
+
+def documented_tables() -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """Our tables as every finalised profile holds them, with column types and meanings (the rows
+    ``SchemaFields`` has for them), read from an empty profile built in a temporary directory.
+    Example: ``[t for t, _, _ in documented_tables()][:2]``."""
+    import tempfile
+
+    import duckdb
+
+    from traces.writer import Writer
+
+    with tempfile.TemporaryDirectory() as d:
+        Writer(d, run={"run_id": "schema"}).close()
+        with duckdb.connect(str(finalize(d)), read_only=True) as con:
+            return _our_tables(con)
+
+
+def _our_tables(con) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """Every table of ours in the profile, each column with its type and meaning (:mod:`traces.table_docs`;
+    a column the page does not document says so, and ``tests/test_profile_schema.py`` fails on it)."""
+    columns: dict[str, list] = {}
+    for table, column, typ in con.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' "
+            "AND table_catalog = current_database() "
+            "ORDER BY table_name, ordinal_position").fetchall():
+        if table not in profile_schema.TABLES:
+            columns.setdefault(table, []).append((column, typ))
+    out = []
+    for table, cols in columns.items():
+        description, meanings = table_docs.describe(table) or ("(not documented)", {})
+        out.append((table, description, [(c, t, meanings.get(c, "(not documented)")) for c, t in cols]))
+    return out
 
 
 def _load(con, name: str, rows: pa.Table, clause: str | None = None) -> None:
@@ -314,7 +350,8 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
         con.execute(f"CREATE TABLE summary AS {summary_sql(include_warmup)}")
         con.execute(f"CREATE TABLE summary_per_core AS {summary_sql(include_warmup, per_core=True)}")
     stats = {"instruction_count": count, "trace_start_ns": lo, "trace_end_ns": hi,
-             "max_instruction_dur_ns": max_dur, **lod}
+             "max_instruction_dur_ns": max_dur, **lod,
+             "default_profile_name": naming.default_name(*con.execute(naming.NAME_SQL).fetchall()[0])}
     return {k: ("" if v is None else str(v)) for k, v in stats.items()}
 
 

@@ -22,13 +22,14 @@ def layout(profile=None, a=None, b=None, **_):
     a = a or profile or keys[0]
     b = b or next(k for k in keys if k != a)
     c = data.compare(data.resolve(a), data.resolve(b))
-    pickers = html.Div(["A: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=k, b=b),
+    label = data.registry().label
+    pickers = html.Div(["A: ", *[dcc.Link(label(k), href=ui.href("/compare", profile=profile, a=k, b=b),
                                           className="active" if k == a else "", style={"marginRight": "8px"})
                                  for k in keys],
-                        " · B: ", *[dcc.Link(k, href=ui.href("/compare", profile=profile, a=a, b=k),
+                        " · B: ", *[dcc.Link(label(k), href=ui.href("/compare", profile=profile, a=a, b=k),
                                              className="active" if k == b else "", style={"marginRight": "8px"})
                                     for k in keys]],
-                       className="toolbar")
+                       className="toolbar", id="compare-pickers")
     totals = ui.table([("metric", lambda r: r[0]), ("A", lambda r: _fmt(r[0], r[1]["a"])),
                        ("B", lambda r: _fmt(r[0], r[1]["b"])), ("B − A", lambda r: _fmt(r[0], r[1]["delta"]))],
                       list(c["totals"].items()), id="compare-totals")
@@ -37,7 +38,7 @@ def layout(profile=None, a=None, b=None, **_):
             ("Δ %", lambda r: "" if r["delta_percent"] is None else f"{r['delta_percent']:+.1f}%"),
             ("instructions A → B", lambda r: f"{r['a_instructions']:,} → {r['b_instructions']:,}")]
     return html.Div([
-        html.H2(f"Compare · A = {a} · B = {b}"), pickers,
+        html.H2(f"Compare · A = {label(a)} · B = {label(b)}"), pickers,
         html.Div([html.H3("Why"), html.Ul([html.Li(line) for line in c["why"]["lines"]], id="compare-why")],
                  className="card"),
         html.Div(totals, className="card"),

@@ -32,7 +32,7 @@ def layout(profile=None, exec=None, memory="SBUF", partition=None, t=None, **_):
     execs = [{"label": f"{e['graph']} · core {e['core']} · {fmt_ns(e['start_ns'])} ({e['allocations']} allocations)",
               "value": str(e["exec_id"])} for e in mv["executions"]]
     return html.Div([
-        html.H2(["Memory Viewer · ", key]),
+        html.H2(["Memory Viewer · ", data.registry().label(key)]),
         dcc.Store(id="memory-state", data={"profile": key, "t": t}),
         html.Div([
             dcc.RadioItems(id="memory-kind", options=list(records.MEMORIES), value=mv["memory"], inline=True),

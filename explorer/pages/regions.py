@@ -30,7 +30,7 @@ def layout(profile=None, exec=None, **_):
     pick = [dcc.Link(f"#{i + 1}", href=ui.href("/regions", profile=key, exec=x),
                      className="active" if x == rv["exec_id"] else "") for i, x in enumerate(rv["executions"])]
     return html.Div([
-        html.H2(["Regions · ", key]),
+        html.H2(["Regions · ", data.registry().label(key)]),
         html.Div(["Execution: ", *[html.Span([p, " "]) for p in pick[:50]]], className="toolbar", id="regions-execs"),
         html.Div("A region is a layer: the module path up to its first numbered part. Its span runs from its "
                  "first instruction to its last; the scheduler overlaps neighbouring layers, so spans can overlap. "

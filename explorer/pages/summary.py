@@ -18,7 +18,8 @@ def _profiles_list():
                             "Record one with `neuron-explorer inspect -- python script.py`, then run "
                             "`neuron-explorer view output/<session>/profile.duckdb`.")
     return html.Div([html.H2("Profiles"), ui.table(
-        [("profile", lambda e: dcc.Link(e.key, href=ui.href("/", profile=e.key))), ("file", lambda e: e.path.name),
+        [("profile", lambda e: dcc.Link(reg.label(e.key), href=ui.href("/", profile=e.key))),
+         ("file", lambda e: e.path.name),
          ("session", lambda e: e.path.parent.name), ("status", lambda e: e.error or "ok")],
         list(reg.entries.values()), id="summary-profiles")], className="card")
 
@@ -87,7 +88,7 @@ def layout(profile=None, **_):
                        className="error-box" if verdict.status == "incomplete" else "hint", id="summary-capture",
                        role="alert" if verdict.status == "incomplete" else "status") if verdict.lines else None
     return html.Div([
-        html.H2(["Summary · ", key, html.Span("is_simulation = true", className="sim-badge")]),
+        html.H2(["Summary · ", data.registry().label(key), html.Span("is_simulation = true", className="sim-badge")]),
         capture, stats, *([per_target] if several else []),
         html.Div([
             html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],

@@ -37,7 +37,7 @@ def layout(profile=None, node=None, **_):
     ], rows, id="tensors-table", max_rows=2000)
     shown = f"{len(rows)} tensors" + (f" of node {node}" if node else "")
     return html.Div([
-        html.H2(["Tensor Viewer · ", key]),
+        html.H2(["Tensor Viewer · ", data.registry().label(key)]),
         html.Div([html.Span(shown, id="tensors-count"), " ",
                   dcc.Link("all tensors", href=ui.href("/tensors", profile=key)) if node else None],
                  className="toolbar"),

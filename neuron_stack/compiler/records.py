@@ -48,6 +48,9 @@ ALLOCATION_SCHEMA, FLOW_SCHEMA, SEMAPHORE_SCHEMA, TENSOR_SCHEMA = (
     _stored(n) for n in ("SbufAllocation", "Flow", "SemaphoreUpdate", "TensorInfo"))
 """Each record table's stored columns (traces/schema.py; docs/trace_schema.md explains them)."""
 
+#: ``instruction_info`` as :func:`instruction_info` builds it: the trace schema without the recorder's context.
+INSTRUCTION_INFO_SCHEMA = pa.schema([f for f in TABLES["instruction_info"] if f.name not in ("graph_id", "partition")])
+
 #: TensorInfo ``type`` as the real tool spells it, from the lowering's buffer role
 _TENSOR_TYPE = {"input": "IN", "output": "OUT", "const": "WEIGHT", "scratch": "SCRATCH"}
 
@@ -61,6 +64,62 @@ def build(low: Lowered, start: np.ndarray, dur: np.ndarray, queue: list[str], pc
     return {"SbufAllocation": _allocations(low, instrs, keys, start, end, queue, pc),
             **_flows(instrs, keys, start, end, queue, pc),
             "TensorInfo": _tensors(low, instrs, queue, pc)}
+
+
+def _operand_bytes(o: dict) -> int:
+    """Bytes an operand's access pattern covers: the product of its counts times the element size."""
+    n = 1
+    for _stride, count in o.get("ap", ()):
+        n *= count
+    return n * nbytes_of(o.get("dt", "float32"))
+
+
+def instruction_info(schedule: pa.Table, profile) -> pa.Table:
+    """What the compiler knows about each instruction of a scheduled partition, for the profile's
+    ``instruction_info`` table and the ``Instruction`` view's columns the per-execution rows do not carry:
+    the operands (JSON access patterns), the compiler's instruction index (``seq``: the id ``Flow`` uses),
+    the Tensor Engine's instruction type, the activation function, PSUM traffic, the Tensor Engine's
+    elements, the Vector Engine's performance mode (``device/cost.py``) and spill traffic. One row per
+    ``(queue, pc, pcore)``; empty for a schedule compiled without operands (timings only).
+
+    >>> from neuron_stack.device.profiles import get_profile
+    >>> t = pa.table({"engine": ["scalar"], "queue": ["Scalar"], "opcode": ["ACTIVATE"], "pc": [0], "seq": [3],
+    ...     "instruction_type": [""], "spill_save_bytes": [0], "spill_reload_bytes": [0], "pcore": [0],
+    ...     "operands": ['{"dst":[{"m":"sbuf","dt":"float32","ap":[[1,128],[1,4]]}],'
+    ...                  '"src":[{"m":"psum","dt":"float32","ap":[[1,128],[1,4]]}],"func":"gelu"}']})
+    >>> row = instruction_info(t, get_profile("trn1")).to_pylist()[0]
+    >>> row["activation_fn"], row["psum_read_bytes"], row["psum_read_sbuf_write_bytes"]
+    ('GELU', 2048, 2048)
+    """
+    from neuron_stack.device.cost import vector_perf_mode
+
+    cols = {k: [] for k in INSTRUCTION_INFO_SCHEMA.names}
+    keep = ("queue", "pc", "pcore", "seq", "operands", "spill_save_bytes", "spill_reload_bytes")
+    needed = ["engine", "opcode", "instruction_type", *keep]
+    if not set(needed) <= set(schedule.column_names):   # a roofline-timed partition has no instruction detail
+        return INSTRUCTION_INFO_SCHEMA.empty_table()
+    rows = schedule.select(needed).to_pylist()
+    if not rows or not rows[0]["operands"]:
+        return INSTRUCTION_INFO_SCHEMA.empty_table()
+    for r in rows:
+        ops = json.loads(r["operands"])
+        dst, src = ops.get("dst", []), ops.get("src", [])
+        psum_in = sum(_operand_bytes(o) for o in src if o.get("m") == "psum")
+        dtype = (dst or src or [{}])[0].get("dt", "float32")
+        values = {k: r[k] for k in keep}
+        values.update(
+            pcore=r["pcore"] or 0,
+            instruction_type=(r["instruction_type"] or "REGULAR") if r["engine"] == "tensor" else None,
+            activation_fn=str(ops["func"]).upper() if r["engine"] == "scalar" and "func" in ops else None,
+            psum_read_bytes=psum_in,
+            psum_write_bytes=sum(_operand_bytes(o) for o in dst if o.get("m") == "psum"),
+            psum_read_sbuf_write_bytes=psum_in if any(o.get("m") == "sbuf" for o in dst) else 0,
+            tensor_elements=_operand_bytes(src[0]) // nbytes_of(src[0].get("dt", "float32"))
+            if r["engine"] == "tensor" and src else None,
+            performance_mode=f"{vector_perf_mode(profile, r['opcode'], dtype)}x" if r["engine"] == "vector" else None)
+        for k in cols:
+            cols[k].append(values[k])
+    return pa.table(cols, schema=INSTRUCTION_INFO_SCHEMA)
 
 
 def _on_chip(ins: Instr) -> tuple[set, set]:

@@ -71,9 +71,16 @@ def vector_ns(p: DeviceProfile, opcode: str, n: int, n_inputs: int = 1, dtype: s
     else:  # TENSOR_SCALAR, TENSOR_COPY, BN_STATS, MEMSET, COPY_PREDICATED, MAX8, FIND_INDEX8, RANGE_SELECT, DROPOUT
         cycles = n * max(1, n_inputs) if opcode in ("COPY_PREDICATED", "SELECT_REDUCE") else n
     cycles = max(p.min_ii_cycles, cycles) + (p.min_ii_cycles if accumulate else 0)
-    if lp:
-        cycles /= p.vector_perf_copy if opcode in ("TENSOR_COPY", "TENSOR_SCALAR", "MEMSET") else p.vector_perf_other
-    return cycles / p.vector_clock_ghz
+    return cycles / vector_perf_mode(p, opcode, dtype) / p.vector_clock_ghz
+
+
+def vector_perf_mode(p: DeviceProfile, opcode: str, dtype: str) -> int:
+    """The Vector Engine's performance mode for an instruction: 1, or on NC-v3 for low precision 4 (copies)
+    or 2 (the rest); ``vector_ns`` divides its cycles by it and the profile's ``Instruction.performance_mode``
+    shows it. Example: ``vector_perf_mode(get_profile("trn2"), "TENSOR_COPY", "bfloat16")`` = 4."""
+    if dtype not in _LOW_PRECISION:
+        return 1
+    return p.vector_perf_copy if opcode in ("TENSOR_COPY", "TENSOR_SCALAR", "MEMSET") else p.vector_perf_other
 
 
 def scalar_ns(p: DeviceProfile, n: int, accumulate: bool = False) -> float:
