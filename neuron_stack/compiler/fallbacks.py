@@ -14,10 +14,13 @@ Silence it with ``NEURON_CPU_FALLBACK_WARNING=0`` or the ``warnings`` module::
 >>> from neuron_stack.ir import Node, Source
 >>> n = Node("s", "aten.sort.default", placement="cpu_fallback", fallback_reason="forced",
 ...          source=Source("/u/model.py", 12, "forward", "s.sort()"))
->>> print(describe("Ranker", [n], 20, device_ns=8000, transfer_ns=2000, transfers=2))  # doctest: +ELLIPSIS
+>>> print(describe("Ranker", [n], 20, device_ns=8000, transfer_ns=2000, transfers=2))
 neuron_stack: CPU fallback in graph 'Ranker': 1 of 20 ops run on the host CPU, not the NeuronCore:
-  aten.sort.default at model.py:12 (s.sort()): forced
-  per run, estimated by the cost model: 8 µs on the NeuronCore, 2 µs of 2 host<->device transfers, so at least 20% ...
+  model.py:12  s.sort()
+      aten.sort.default: forced
+  per run, estimated by the cost model: 8 µs on the NeuronCore + 2 µs for 2 host<->device transfers, so at least 20%
+  of each run is off the NeuronCore (the host ops' own time is measured when they run: neuron-explorer summary)
+  silence: NEURON_CPU_FALLBACK_WARNING=0, or warnings.filterwarnings('ignore', category=neuron_stack.CPUFallbackWarning)
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from traces.vocab import FALLBACK_PLACEMENT
 
 #: Set to ``0`` to silence every CPU-fallback warning of the process.
 ENV = "NEURON_CPU_FALLBACK_WARNING"
-#: Distinct (op, line) entries listed before "and N more": a warning stays readable.
+#: Source lines listed before "and N more lines": a warning stays readable.
 MAX_LISTED = 8
 
 
@@ -45,35 +48,40 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def _where(src: Source | None) -> str:
+def _line(src: Source | None) -> str:
     if src is None:
-        return "an unknown line"
-    code = f" ({src.code.strip()[:60]})" if src.code.strip() else ""
-    return f"{os.path.basename(src.file)}:{src.line}{code}"
+        return "  (no source line)"
+    code = " ".join(src.code.split("#", 1)[0].split())[:70]
+    return f"  {os.path.basename(src.file)}:{src.line}" + (f"  {code}" if code else "")
 
 
 def describe(graph: str, nodes: list[Node], num_ops: int, device_ns: int | None = None,
              transfer_ns: int = 0, transfers: int = 0) -> str:
-    """The warning's text for ``nodes`` (the graph's fallback ops) out of ``num_ops``; ``device_ns`` None: no
-    device partition. Example in the module doc."""
-    entries: dict[tuple, list] = {}      # (op, file, line) -> [count, node]: an op repeated on one line lists once
+    """The warning's text for ``nodes`` (the graph's fallback ops) out of ``num_ops``, grouped by the user's
+    line, then by reason; ``device_ns`` None: no device partition. Example in the module doc."""
+    by_line: dict[tuple, dict[str, dict[str, int]]] = {}     # (file, line) -> reason -> op -> count
+    sources: dict[tuple, Source | None] = {}
     for n in nodes:
-        key = (n.target, n.source.file if n.source else "", n.source.line if n.source else 0)
-        entries.setdefault(key, [0, n])[0] += 1
+        key = (n.source.file, n.source.line) if n.source else ("", 0)
+        sources.setdefault(key, n.source)
+        ops = by_line.setdefault(key, {}).setdefault(n.fallback_reason or "not supported on the NeuronCore", {})
+        ops[n.target] = ops.get(n.target, 0) + 1
     lines = [f"neuron_stack: CPU fallback in graph '{graph}': {len(nodes)} of {num_ops} ops run on the host CPU, "
              "not the NeuronCore:"]
-    for count, n in list(entries.values())[:MAX_LISTED]:
-        times = f" x{count}" if count > 1 else ""
-        lines.append(f"  {n.target}{times} at {_where(n.source)}: {n.fallback_reason or 'not supported'}")
-    if len(entries) > MAX_LISTED:
-        lines.append(f"  ... and {len(entries) - MAX_LISTED} more (neuron-cc analyze lists them all)")
+    for key in list(by_line)[:MAX_LISTED]:
+        lines.append(_line(sources[key]))
+        for reason, ops in by_line[key].items():
+            names = ", ".join(op + (f" x{c}" if c > 1 else "") for op, c in ops.items())
+            lines.append(f"      {names}: {reason}")
+    if len(by_line) > MAX_LISTED:
+        lines.append(f"  ... and {len(by_line) - MAX_LISTED} more lines (neuron-cc analyze lists them all)")
     if device_ns is None:
         lines.append("  no part of this graph runs on the NeuronCore")
     else:
         share = transfer_ns / (device_ns + transfer_ns) if device_ns + transfer_ns else 0.0
-        lines.append(f"  per run, estimated by the cost model: {fmt_ns(device_ns)} on the NeuronCore, "
-                     f"{fmt_ns(transfer_ns)} of {transfers} host<->device transfers, so at least {share:.0%} of "
-                     "the run is off the NeuronCore (the host ops' own time is measured when they run: "
+        lines.append(f"  per run, estimated by the cost model: {fmt_ns(device_ns)} on the NeuronCore + "
+                     f"{fmt_ns(transfer_ns)} for {transfers} host<->device transfers, so at least {share:.0%}")
+        lines.append("  of each run is off the NeuronCore (the host ops' own time is measured when they run: "
                      "neuron-explorer summary)")
     lines.append(f"  silence: {ENV}=0, or warnings.filterwarnings('ignore', "
                  "category=neuron_stack.CPUFallbackWarning)")
