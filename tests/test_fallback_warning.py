@@ -109,3 +109,15 @@ def test_eager_device_warns_once_per_op_signature(monkeypatch):
     assert len(ws) == 1
     assert f"{HERE}:{_line('EAGER')}  torch.fft.rfft(xd, dim=-1)\n      aten._fft_r2c.default" in str(ws[0].message)
     assert "no part of this graph runs on the NeuronCore" in str(ws[0].message)
+
+
+def test_error_filter_makes_a_fallback_fail(model, monkeypatch):
+    monkeypatch.delenv("NEURON_CPU_FALLBACK_WARNING", raising=False)
+    m, x = model
+    xd = torch.randn(3, 8).to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CPUFallbackWarning)
+        with pytest.raises(CPUFallbackWarning, match="aten._fft_r2c.default"):
+            neuron_stack.trace(m, x)
+        with pytest.raises(CPUFallbackWarning, match="aten._fft_c2c.default"):
+            torch.fft.fft(xd.to(torch.complex64))

@@ -290,7 +290,6 @@ def _compile(func, a, k, src, core, key):
         model.out_spec = out_spec
         with _lock:
             _stats["compiled_ops"] += 1
-        warn_fallbacks(neff, src)         # compiled once per signature, so warned once per signature
     except Exception as exc:   # no meta kernel, a capture the compiler refuses: the host runs it
         model = _HOST
         reason = (f"not compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
@@ -299,6 +298,8 @@ def _compile(func, a, k, src, core, key):
         warn_host_op(str(func), reason, src)
     with _lock:
         _models[key] = model
+    if model is not _HOST:   # compiled once per signature, so warned once; after the try: a warning filter
+        warn_fallbacks(model.neff, src)     # set to "error" raises here, not into the host fallback
     return model
 
 
