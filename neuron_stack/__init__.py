@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig"]
+__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "CPUFallbackWarning"]
 
 
 if "torch" in sys.modules:   # the neuron device; torch is never imported here (neuron-ls stays light)

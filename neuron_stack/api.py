@@ -26,6 +26,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from neuron_stack.compiler.cache import compile_cached
+from neuron_stack.compiler.fallbacks import CPUFallbackWarning, warn_fallbacks
 from neuron_stack.compiler.support import PartitionerConfig, analyze, check_partitioner_config, support_report
 from neuron_stack.frontend.export import capture, register_model_pytrees, user_frame
 from neuron_stack.frontend.flags import DEFAULTS, parse_flags
@@ -38,7 +39,7 @@ from neuron_stack.runtime.model import LoadedModel
 from neuron_stack.tools.parallel_compile import install_collector
 from traces import TraceError
 
-__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "caller_source"]
+__all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "CPUFallbackWarning", "caller_source"]
 
 # neuron_parallel_compile's collect run (NEURON_EXTRACT_GRAPHS_ONLY=1 in the environment of the
 # script it runs) records every graph compiled in this process; the compiler only sees the hook.
@@ -160,7 +161,9 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     ``compiler_args``: neuronx-cc flags (``"--auto-cast matmult -O1"`` or a list), added to
     ``NEURON_CC_FLAGS``. ``compiler_workdir`` receives ``model.neff`` and ``log-neuron-cc.txt``.
     ``target``: trn1, inf2 or trn2 (a ``--target`` flag wins over the default).
-    Compiles go through the persistent cache (``NEURON_COMPILE_CACHE_URL``).
+    Compiles go through the persistent cache (``NEURON_COMPILE_CACHE_URL``). A model with ops that run
+    on the host CPU issues one :class:`CPUFallbackWarning` naming them (``NEURON_CPU_FALLBACK_WARNING=0``
+    silences it).
     ``nm.model.compile_info["stages_s"]`` holds the seconds of each stage (capture, graph_hash,
     passes, cache, runtime_load), ``["stages_cpu_s"]`` their CPU seconds; the compile log's
     ``pass times:`` line splits ``passes``.
@@ -217,6 +220,7 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
         with sw.stage("runtime_load"):     # the runtime's partition functions, core placement
             nm = NeuronModule(neff, info, in_spec=getattr(program, "in_spec", None),
                               out_spec=getattr(program, "out_spec", None))
+        warn_fallbacks(neff, call_site)     # every trace, cache hit or not: the model the user gets falls back
         return nm
 
 

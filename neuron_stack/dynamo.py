@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from neuron_stack.api import caller_source
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
+from neuron_stack.compiler.fallbacks import warn_fallbacks
 from neuron_stack.frontend.export import backward_source, graph_to_program, is_user_file
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Source
@@ -235,6 +236,7 @@ def _compiler(kind: str, ctx: dict):
         with unset_fake_temporarily(), torch._guards.tracing(None):
             model = LoadedModel(neff, info)
         frame["graphs"][kind] = model.graph_id
+        warn_fallbacks(neff, ctx["source"])     # once per compiled graph (forward, backward, inference)
         with _lock:
             COMPILES.append({"name": program.name, "kind": kind, "graph_id": model.graph_id, "cache_hit": hit,
                              "recompile": ctx["recompile"], "reason": info["recompile_reason"],

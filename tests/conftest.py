@@ -24,3 +24,17 @@ def recorded_samples(tmp_path_factory):
     from recorded_samples import Recorder
 
     return Recorder(tmp_path_factory.mktemp("samples"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the tests marked full (every sample at its default size, on every target)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="full size: run with --full")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)

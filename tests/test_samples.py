@@ -47,6 +47,21 @@ def test_sample_matches_eager(name, argv, capsys):
     assert len(out.split("\n\n")[0]) > 200          # the explanation paragraph
 
 
+def test_check_names_its_comparison():
+    import doctest
+
+    import common
+    assert doctest.testmod(common).failed == 0
+
+
+def test_train_mlp_checks_gradients_and_weights_by_norm(capsys):
+    run_main("train_mlp")
+    out = capsys.readouterr().out
+    assert "losses: OK vs eager PyTorch (fp32, element-wise rtol 1e-4" in out
+    assert "gradients: OK vs eager PyTorch (fp32, element-wise rtol 1e-4" in out
+    assert "weights: OK vs eager PyTorch (fp32, relative norm error < 1e-4" in out
+
+
 def test_fallback_sample_reports_reasons_and_lines(capsys):
     run_main("fallback")
     out = capsys.readouterr().out
@@ -82,3 +97,34 @@ def test_dynamic_shapes_recompiles_and_bucketing():
     bucketed = _script("dynamic_shapes", "--bucket")
     assert bucketed.returncode == 0, bucketed.stderr
     assert "2 graphs compiled, 1 recompiles" in bucketed.stdout
+
+
+TARGETS = ("trn1", "inf2", "trn2")
+#: Every sample at its default size, as the README runs it, on every target it offers (``--full`` only):
+#: (script, extra arguments, launcher). The suite runs them at ``--small`` above and in their own tests.
+FULL = ([(s, ["--target", t], None) for s in ("mlp", "cnn", "bert_encoder", "gpt_decoder", "fallback",
+                                               "train_mlp", "dynamic_shapes", "data_parallel", "tensor_parallel")
+         for t in TARGETS]
+        + [("fallback", ["--fixed"], None), ("train_mlp", ["--auto-cast", "matmult"], None),
+           ("bert_encoder", ["--auto-cast", "matmult"], None),
+           ("llama_generate_trace", [], None), ("llama_generate_compile", [], None), ("llama3_projection", [], None),
+           ("eager_device", ["--mode", "eager"], None), ("eager_device", ["--mode", "compile"], None)]
+        + [("ddp_train", ["--device", d], "torchrun") for d in ("cpu", "neuron")]
+        + [(f"nki/{n}", [], None) for n in ("tensor_add", "matmul", "matmul_optimized", "softmax", "rmsnorm",
+                                             "rmsnorm_in_model", "layernorm", "flash_attention", "sd_attention",
+                                             "attention_tutorial")])
+
+
+@pytest.mark.full
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name,argv,launcher", FULL, ids=[f"{n}{''.join(a)}" for n, a, _ in FULL])
+def test_sample_full_size(name, argv, launcher, tmp_path):
+    """``pytest tests/test_samples.py --full``: what a new user runs first, at the size they run it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_")}
+    env["NEURON_COMPILE_CACHE_URL"] = str(tmp_path / "cache")
+    cmd = [sys.executable, str(SAMPLES / f"{name}.py"), *argv]
+    if launcher == "torchrun":
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--standalone", *cmd[1:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3500, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "MISMATCH" not in r.stdout

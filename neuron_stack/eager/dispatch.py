@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from neuron_stack.compiler.cache import compile_cached
 from neuron_stack.compiler.driver import compile_program, graph_hash
+from neuron_stack.compiler.fallbacks import warn_fallbacks, warn_host_op
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
 from neuron_stack.eager import provenance
@@ -51,6 +52,7 @@ _HOST = object()          # cache marker: this signature runs on the host
 _REAL = (torch.Tensor, torch.nn.Parameter)
 _lock = threading.RLock()
 _models: dict[tuple, object] = {}
+_warned: set[tuple] = set()   # (op, call site) of host ops already warned about
 _stats = {"compiled_ops": 0, "executions": 0, "host_ops": 0, "transfers": 0, "transfer_bytes": 0,
           "transfer_ns": 0, "device_ns": 0, "dispatch_ns": 0}
 
@@ -298,10 +300,14 @@ def _compile(func, a, k, site, core, key):
             _stats["compiled_ops"] += 1
     except Exception as exc:   # no meta kernel, a capture the compiler refuses: the host runs it
         model = _HOST
-        _count_fallback(str(func), f"not compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
-                        if str(exc) else f"not compiled ({type(exc).__name__})", src)
+        reason = (f"not compiled ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
+                  if str(exc) else f"not compiled ({type(exc).__name__})")
+        _count_fallback(str(func), reason, src)
+        warn_host_op(str(func), reason, src)
     with _lock:
         _models[key] = model
+    if model is not _HOST:   # compiled once per signature, so warned once; after the try: a warning filter
+        warn_fallbacks(model.neff, src)     # set to "error" raises here, not into the host fallback
     return model
 
 
@@ -322,6 +328,12 @@ def _host_op(func, a, k, index, reason, src=None):
     src = src or where()
     if reason is not None:
         _count_fallback(str(func), reason, src)
+        key = (func, (src.file, src.line) if src else None)
+        with _lock:
+            first = key not in _warned
+            _warned.add(key)
+        if first:                          # counted every run, warned once per op and line
+            warn_host_op(str(func), reason, src)
     tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
     for t in tensors:
         _transfer(t, "to_host", index)
