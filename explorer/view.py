@@ -97,11 +97,14 @@ def _view(args) -> int:
     system.SETTINGS.update(system_trace_settings(args))
 
     registry = data.Registry(paths)
-    for key in registry.keys():   # say what is wrong now, and keep serving the good ones
+    for key in registry.keys():
         try:
             registry.get(key)
         except data.ExplorerError as exc:
-            print(f"neuron-explorer: warning: {exc}", file=sys.stderr)
+            if args.profiles:   # a file the user named is not a profile: a site of error pages helps no one
+                registry.close()
+                raise ValueError(registry.entries[key].error) from None
+            print(f"neuron-explorer: warning: {exc}", file=sys.stderr)   # found in ./output: serve the rest
     app = create_app(paths, registry=registry)
     url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"View {'a list of profiles' if len(paths) != 1 else 'the profile'} at http://{url_host}:{args.port}/",
