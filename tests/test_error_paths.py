@@ -142,7 +142,8 @@ def test_two_ctrl_cs_say_the_session_is_unfinished_and_how_to_finalise_it(tmp_pa
     (session,) = out.iterdir()
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("neuron-explorer")]
     assert lines == [f"neuron-explorer: interrupted again: {session} is left unfinished (the segments recorded "
-                     f"so far, not finalised); `neuron-explorer summary {session}` (or view) finalises it"], r.stderr + r.stdout
+                     f"so far, not finalised); `neuron-explorer summary {session}` (or view) finalises it"], \
+        r.stderr + r.stdout
     time.sleep(2)   # the workload dies of the same second Ctrl-C
     s = subprocess.run([str(BIN / "neuron-explorer"), "summary", str(session)], capture_output=True, text=True,
                        env=ENV, timeout=120)
