@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -74,7 +75,8 @@ def _script_name(cmd: list[str]) -> str:
     return Path(cmd[0]).stem
 
 
-def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> int:
+def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> tuple[int, bool]:
+    """Run ``cmd`` profiled into ``session``: (exit status as a shell gives it, whether Ctrl-C stopped it)."""
     # The real runtime's device profile is off by default; inspect and capture want the device rows, so
     # they turn it on (every execution) unless the user chose a mode.
     env = {**os.environ, "NEURON_RT_INSPECT_ENABLE": "1",
@@ -84,23 +86,43 @@ def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> i
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         raise TraceError(f"cannot run {cmd[0]!r}: {exc.strerror}; check the command after '--'") from None
+    # Ctrl-C reaches the child too: the first lets it stop (flushing), then what it recorded is finalised;
+    # a second means "stop now" (KeyboardInterrupt, for the caller to say what is left unfinished).
+    hits = 0
+
+    def on_sigint(signum, frame):
+        nonlocal hits
+        hits += 1
+        if hits > 1:
+            raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:   # a background job keeps ignoring it
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         code = proc.wait()
-    except KeyboardInterrupt:
-        # The child got the same SIGINT; let it stop, then finalise what it recorded.
-        code = proc.wait()
-    if code < 0:   # killed by a signal: say so and exit 128+N as a shell does (sys.exit(-9) would be 247)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    interrupted = hits > 0 or code == -signal.SIGINT
+    if code < 0:   # killed by a signal: exit 128+N as a shell does (sys.exit(-9) would be 247)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        print(f"neuron-explorer: the workload was killed by {name}; its profile keeps what it recorded "
-              f"before that (exit {128 - code})", file=sys.stderr)
+        if not interrupted:   # Ctrl-C is said once, by _finish
+            print(f"neuron-explorer: the workload was killed by {name}; its profile keeps what it recorded "
+                  f"before that (exit {128 - code})", file=sys.stderr)
         code = 128 - code
-    return code
+    return code, interrupted
 
 
-def _finish(session: Path, code: int, include_warmup: bool) -> int:
+def _finish(session: Path, code: int, include_warmup: bool, interrupted: bool = False) -> int:
     import traces
 
     has_segments = any(p.is_file() for p in session.rglob("*") if p.name != "profile.duckdb")
+    if interrupted and not has_segments:
+        with contextlib.suppress(OSError):
+            session.rmdir()   # empty: nothing to keep (never removes a file)
+        print("neuron-explorer: interrupted (Ctrl-C) before the workload recorded any Neuron execution: "
+              "no profile was kept", file=sys.stderr)
+        return code
     if not has_segments and code:   # it failed before its first execution: its own error is above
         print(f"neuron-explorer: error: the workload ended with exit status {code} before recording any "
               f"Neuron execution, so {session} holds no profile (its own output above says why)", file=sys.stderr)
@@ -110,8 +132,12 @@ def _finish(session: Path, code: int, include_warmup: bool) -> int:
               "run a model through neuron_stack.trace or torch.compile(backend='neuron')?", file=sys.stderr)
         return 1
     profile = traces.finalize(session, include_warmup=include_warmup)
-    status = "finished" if code == 0 else f"exited with status {code}"
-    print(f"neuron-explorer: workload {status}; profile written to {profile}")
+    if interrupted:
+        print(f"neuron-explorer: interrupted (Ctrl-C): the profile keeps what the workload recorded before it, "
+              f"written to {profile}")
+    else:
+        status = "finished" if code == 0 else f"exited with status {code}"
+        print(f"neuron-explorer: workload {status}; profile written to {profile}")
     with traces.open(profile) as p:
         verdict = p.capture_verdict()
     for line in verdict.lines:   # e.g. a core filter that excluded every core the workload ran on
@@ -126,8 +152,22 @@ def _inspect(args: argparse.Namespace) -> int:
     if not cmd:
         raise TraceError("inspect needs a command: neuron-explorer inspect -o DIR -- python script.py")
     session = _session_dir(args.output_dir, args.name or _script_name(cmd))
-    code = _run_profiled(cmd, session, {})
-    return _finish(session, code, args.include_warmup)
+    try:
+        code, interrupted = _run_profiled(cmd, session, {})
+        return _finish(session, code, args.include_warmup, interrupted)
+    except KeyboardInterrupt:   # a second Ctrl-C (or one during finalising): stop now, and say what is left
+        _unfinished(session)
+        return 130
+
+
+def _unfinished(session: Path) -> None:
+    if not session.is_dir() or not any(session.iterdir()):
+        with contextlib.suppress(OSError):
+            session.rmdir()
+        print("neuron-explorer: interrupted: nothing was recorded, no profile was kept", file=sys.stderr)
+        return
+    print(f"neuron-explorer: interrupted again: {session} is left unfinished (the segments recorded so far, "
+          f"not finalised); `neuron-explorer summary {session}` (or view) finalises it", file=sys.stderr)
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -151,7 +191,7 @@ def _capture(args: argparse.Namespace) -> int:
            "--profile-nth-exec", str(args.profile_nth_exec)]
     if args.save_output_npy:
         cmd += ["--save-output-npy", args.save_output_npy]
-    code = _run_profiled(cmd + ["--", *args.inputs], session, {})
-    if code != 0 and not any(session.iterdir()):
+    code, interrupted = _run_profiled(cmd + ["--", *args.inputs], session, {})
+    if code != 0 and not interrupted and not any(session.iterdir()):
         return code  # the child already printed its one-line error (bad NEFF, bad input)
-    return _finish(session, code, include_warmup=args.profile_nth_exec == 1)
+    return _finish(session, code, include_warmup=args.profile_nth_exec == 1, interrupted=interrupted)

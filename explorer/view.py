@@ -102,11 +102,17 @@ def _view(args) -> int:
     system.SETTINGS.update(system_trace_settings(args))
 
     registry = data.Registry(paths)
+    warnings = []
     for key in registry.keys():   # say what is wrong now, and keep serving the good ones
         try:
             registry.get(key)
         except data.ExplorerError as exc:
-            print(f"neuron-explorer: warning: {exc}", file=sys.stderr)
+            warnings.append(f"neuron-explorer: warning: {exc}")
+    if args.profiles and len(warnings) == len(paths):   # nothing to serve but error pages: refuse up front
+        registry.close()
+        raise ValueError(next(e.error for e in registry.entries.values()))
+    for line in warnings:
+        print(line, file=sys.stderr)
     app = create_app(paths, registry=registry)
     url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     print(f"View {'a list of profiles' if len(paths) != 1 else 'the profile'} at http://{url_host}:{args.port}/",

@@ -225,6 +225,13 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"config file {str(p)!r} is not valid JSON (line {getattr(exc, 'lineno', '?')}: "
                           f"{getattr(exc, 'msg', exc)})") from None
     try:
-        return parse_config(data, str(p))
+        config = parse_config(data, str(p))
     except ConfigError as exc:
         raise ConfigError(f"config file {str(p)!r}: {exc}") from None
+    if not any(True for _ in config.groups()):
+        # The real guide defines every group for no file at all, nothing for a file that lists none; a
+        # monitor printing empty documents forever looks like a monitor that sees no workload.
+        raise ConfigError(f"config file {str(p)!r} selects no metric group, so every document would be empty: "
+                          "list groups in neuron_runtimes[].metrics or system_metrics (docs/monitor.md), "
+                          "or leave out -c to report every group")
+    return config

@@ -13,6 +13,10 @@ import sys
 __all__ = ["trace", "load", "analyze", "NeuronModule", "PartitionerConfig", "CPUFallbackWarning"]
 
 
+from .runtime import interrupt as _interrupt
+
+_interrupt.install()   # profiled (inspect): an uncaught Ctrl-C is one line, not a traceback through torch
+
 if "torch" in sys.modules:   # the neuron device; torch is never imported here (neuron-ls stays light)
     from .eager import register as _register
     _register()

@@ -318,6 +318,10 @@ BAD_CONFIGS = [
      "neuron_runtimes[0].tag_filter: bad regex"),
     ("unknown_key", {"periode": "1s"}, "unknown key 'periode'"),
     ("runtime_group_as_system", {"system_metrics": [{"type": "execution_stats"}]}, "unknown metric type"),
+    # issue 37: a config that selects nothing would print empty documents forever
+    ("selects_nothing", {"period": "1s"}, "selects no metric group, so every document would be empty"),
+    ("empty_metrics", {"neuron_runtimes": [{"tag_filter": ".*", "metrics": []}], "system_metrics": []},
+     "list groups in neuron_runtimes[].metrics or system_metrics"),
 ]
 
 

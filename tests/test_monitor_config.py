@@ -205,7 +205,7 @@ def test_once_says_when_it_will_wait_long(tmp_path):
     import sys
 
     path = tmp_path / "m.json"
-    path.write_text('{"period": "1h"}')
+    path.write_text('{"period": "1h", "system_metrics": [{"type": "memory_info"}]}')
     proc = subprocess.Popen([str(Path(sys.executable).parent / "neuron-monitor"), "-c", str(path), "--once"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

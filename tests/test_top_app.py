@@ -408,7 +408,7 @@ def test_capture_key_writes_a_request_for_the_selected_process(tmp_path, monkeyp
     request = json.loads((live / "257999.capture.json").read_text())
     assert request["seconds"] == 3.0
     out = request["output_dir"]
-    assert out.startswith(str(tmp_path / "neuron-top-captures" / "257999_257999_"))
+    assert out.startswith(str(tmp_path / "output" / "neuron-top-captures" / "257999_257999_"))
     assert f"capture → {out}" in text
 
 

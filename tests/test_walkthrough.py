@@ -223,7 +223,7 @@ def session_key(path: str) -> str:
 
 # ------------------------------------------------------------------------- the checks, per step
 def check_setup(walk, out):
-    assert walk.var("NEURON_COMPILE_CACHE_URL").endswith("walkthrough-cache")
+    assert walk.var("NEURON_COMPILE_CACHE_URL").endswith("/output/walkthrough-cache")
     assert shutil.which("neuron-explorer", path=walk.var("PATH")), "the virtualenv's tools are not on PATH"
 
 
@@ -242,7 +242,7 @@ def check_trace(walk, out):
     assert "matches eager PyTorch: True" in out
     assert "'aten.index.Tensor': 'cpu_fallback'" in out
     assert "InputMismatch Ranker input 0 was compiled for shape (2, 16) float32 but got (4, 16)" in out
-    assert (walk.work / "ranker.neff").is_file()
+    assert (walk.work / "output" / "ranker.neff").is_file()
 
 
 def check_inspect_before(walk, out):
@@ -373,7 +373,8 @@ def check_top(walk, step):
     args = parse_args(argv[1:])
 
     async def drive():
-        app = NeuronTop(make_source(args), period=0.5, capture_dir=walk.work / "captures")
+        # the default capture directory (output/neuron-top-captures) as it resolves in the user's directory
+        app = NeuronTop(make_source(args), period=0.5, capture_dir=walk.work / "output" / "neuron-top-captures")
         # 200x50: wide enough for the extra panels (engines, history, recompiles and fallbacks)
         async with app.run_test(size=(200, 50)) as pilot:
             for _ in range(900):   # bounded (~90 s): until a frame shows the workload with a recompile
@@ -386,7 +387,7 @@ def check_top(walk, step):
             svg = app.save_screenshot(filename="walkthrough-top.svg", path=str(walk.state))
             return text, Path(svg)
     text, svg = asyncio.run(drive())
-    log = walk.work / "live.log"
+    log = walk.work / "output" / "live.log"
     assert "walkthrough" in text, text + "\nlive.log:\n" + (log.read_text()[-2000:] if log.exists() else "(none)")
     call = next(i for i, l in enumerate((ROOT / "sample_workloads" / "dynamic_shapes.py").read_text().splitlines(), 1)
                 if "out = compiled(" in l)      # the user's line that triggers every recompile
@@ -503,6 +504,9 @@ def walk_through(walk: Walk, shots: bool = True) -> None:
         walk.stop_background()
     for svg in walk.svgs:
         svg_to_png(svg)
+    # issue 37: everything the document's commands write is under ./output (ignored by git), nothing in the root
+    made = {p.name for p in walk.work.iterdir()} - {"sample_workloads", ".venv"}
+    assert made <= {"output"}, f"the walkthrough wrote outside ./output: {sorted(made - {'output'})}"
 
 
 def _run_step(walk: Walk, step: Step, shots: bool) -> None:

@@ -99,7 +99,7 @@ class NeuronTop(App):
     # Priority so the table's keys win over the focused tree's own bindings: one keymap rules.
     BINDINGS = [Binding(b.key, b.action, b.description, show=False, priority=True) for b in bindings()]
 
-    def __init__(self, source, period: float = 1.0, capture_dir: str | os.PathLike = "neuron-top-captures",
+    def __init__(self, source, period: float = 1.0, capture_dir: str | os.PathLike = "output/neuron-top-captures",
                  capture_seconds: float = 5.0):
         super().__init__()
         self.source = source
@@ -400,7 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="play back a finished profile (profile.duckdb or its directory)")
     parser.add_argument("--speed", type=float, default=1.0,
                         help="replay speed: profile seconds per wall second (default 1)")
-    parser.add_argument("--capture-dir", default="neuron-top-captures", metavar="DIR",
+    parser.add_argument("--capture-dir", default="output/neuron-top-captures", metavar="DIR",
                         help="where the capture key asks profiles to be written")
     parser.add_argument("--capture-seconds", type=float, default=5.0, metavar="SECONDS",
                         help="how long a capture records (default 5)")

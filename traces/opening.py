@@ -83,6 +83,7 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True, bound
     if kind is not None:   # DuckDB would block on a FIFO forever
         raise TraceError(f"{path} is {kind}, not a profile: pass the {PROFILE_NAME} that "
                          "`neuron-explorer inspect` wrote")
+    _refuse_non_duckdb(path)
     config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
               **(DUCKDB_LIMITS if bounded else {})}
     if not external_access:
@@ -103,6 +104,27 @@ def open_profile(path: str | os.PathLike, *, external_access: bool = True, bound
         raise TraceError(f"{path} is not a neuron_stack profile (not a readable DuckDB database: {msg}): "
                          f"pass the {PROFILE_NAME} that `neuron-explorer inspect` wrote") from None
     return _checked(Profile(con, path))
+
+
+def _refuse_non_duckdb(path: Path) -> None:
+    """One line naming what ``path`` is when its header says it is no DuckDB database (a NEFF, an empty
+    or a text file), before DuckDB's longer message.
+
+    >>> _refuse_non_duckdb(Path("/nonexistent"))
+    """
+    try:
+        with path.open("rb") as f:
+            head = f.read(12)
+    except OSError:
+        return   # DuckDB's own open reports it
+    fix = f"pass the {PROFILE_NAME} that `neuron-explorer inspect` wrote"
+    if head.startswith(b"PK\x03\x04"):   # a NEFF is a zip archive
+        raise TraceError(f"{path} is a NEFF (a compiled model), not a profile: profile it with "
+                         f"`neuron-explorer capture -n {path}`, then open the profile it writes")
+    if not head:
+        raise TraceError(f"{path} is an empty file (0 bytes), not a profile: {fix}")
+    if head[8:12] != b"DUCK":   # DuckDB's magic bytes follow an 8-byte checksum
+        raise TraceError(f"{path} is not a profile (not a DuckDB database): {fix}")
 
 
 def _write_locked(path: Path) -> bool:

@@ -16,6 +16,7 @@ are filled with random ids in [0, 2)). ``NEURON_CC_FLAGS`` is read as by the fra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -23,6 +24,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from traces.errors import run_guarded
@@ -154,15 +156,30 @@ def load_spec(spec: str, shapes: list[str] | None):
     if example is None:
         raise UsageError(f"{spec} needs example inputs: pass --input-shapes (e.g. --input-shapes 2x16) or "
                          "return (model, example_inputs) from the factory")
-    # torch logs the whole fake-tensor traceback of a shape mismatch at ERROR before raising;
-    # capture() turns the exception into one line, so that log would only bury it.
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = fake_log.level
-    fake_log.setLevel(logging.CRITICAL)
-    try:
+    with _library_noise_kept_out():
         return capture(model.eval(), example, name=spec.rpartition(":")[2])
+
+
+@contextlib.contextmanager
+def _library_noise_kept_out():
+    """Torch's log records and warnings stay out of the terminal while a model is captured.
+
+    A wrong input shape makes torch log the whole fake-tensor traceback at ERROR (19 lines) before it
+    raises; capture() turns that exception into one line, which the log would only bury. A logger's level
+    is not enough: torch resets its loggers' levels when the exporter initialises its logging, so logging
+    is disabled as a whole. ``NEURON_STACK_DEBUG=1`` lets everything through.
+    """
+    if os.environ.get("NEURON_STACK_DEBUG"):
+        yield
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
-        fake_log.setLevel(level)
+        logging.disable(previous)
 
 
 def _compile(args) -> int:
@@ -224,7 +241,9 @@ def _analyze(args) -> int:
         example = _example(args.input_shapes)
     if example is None:
         raise UsageError(f"{program_spec} needs example inputs: pass --input-shapes")
-    print(json.dumps(analyze(model.eval(), example), indent=2))
+    with _library_noise_kept_out():
+        report = analyze(model.eval(), example)
+    print(json.dumps(report, indent=2))
     return 0
 
 
