@@ -6,6 +6,7 @@ import copy
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,25 @@ def test_device_memory_is_tracked_and_an_oversized_tensor_is_a_clear_oom():
     hbm = torch.neuron.memory_stats()["hbm_bytes"]
     with pytest.raises(OutOfDeviceMemory, match=r"out of device memory on neuron:0 .*tensor.*test_eager_device.py"):
         torch.empty(hbm // 2 + 1, dtype=torch.int16, device="neuron")
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_a_tensor_dying_while_the_live_publisher_holds_its_lock_does_not_deadlock():
+    """A finalizer runs wherever the garbage collector does: once inside the live publisher's snapshot (its
+    lock held) a dying tensor's memory release waited on that lock forever. It only queues now."""
+    from neuron_stack.eager.memory import session
+    base = torch.neuron.memory_allocated()
+    t = torch.empty(1024, device="neuron")
+    done = threading.Event()
+
+    def die_under_the_lock():
+        nonlocal t
+        with session().live._lock:   # what the flusher thread holds mid-snapshot
+            del t                    # the tensor's finalizer runs here, on this thread
+        done.set()
+
+    threading.Thread(target=die_under_the_lock, daemon=True).start()
+    assert done.wait(30), "a dying tensor's finalizer blocked on the live publisher's lock"
     assert torch.neuron.memory_allocated() == base
 
 

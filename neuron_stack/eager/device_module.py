@@ -74,6 +74,7 @@ def synchronize(device=None) -> None:
 def memory_allocated(device=None) -> int:
     """Bytes of live ``neuron`` tensors on ``device``. Example: ``torch.neuron.memory_allocated()``."""
     from neuron_stack.eager.memory import MEMORY
+    MEMORY.drain()
     return MEMORY.allocated.get(index_of(device), 0)
 
 
@@ -86,6 +87,7 @@ def max_memory_allocated(device=None) -> int:
 def reset_peak_memory_stats(device=None) -> None:
     from neuron_stack.eager.memory import MEMORY
     index = index_of(device)
+    MEMORY.drain()
     MEMORY.peak[index] = MEMORY.allocated.get(index, 0)
 
 
@@ -99,6 +101,8 @@ def memory_stats(device=None) -> dict:
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes of the core's HBM, as ``torch.cuda.mem_get_info``."""
+    from neuron_stack.eager.memory import MEMORY
+    MEMORY.drain()
     session, core = core_of(index_of(device))
     total = session.profile.hbm_bytes_per_core
     return total - sum(session.device_memory[core].values()), total

@@ -6,6 +6,7 @@ True
 """
 from __future__ import annotations
 
+import collections
 import linecache
 import os
 import sys
@@ -75,6 +76,9 @@ class DeviceMemory:
 
     def __init__(self):
         self._lock = threading.Lock()
+        # A dying tensor's finalizer only queues its storage: finalizers run wherever the garbage collector
+        # happens to run, inside any lock on any thread (the live publisher's, mid-snapshot, deadlocked on it)
+        self._released: collections.deque[int] = collections.deque()
         self.storages: dict[int, list] = {}       # storage data_ptr -> [nbytes, users, index]
         self.allocated: dict[int, int] = {}
         self.peak: dict[int, int] = {}
@@ -86,6 +90,7 @@ class DeviceMemory:
         storage = t.elem.untyped_storage()
         key = storage.data_ptr()
         nbytes = storage.nbytes()
+        self.drain()   # a freed storage's address may be this one's
         with self._lock:
             entry = self.storages.get(key)
             if entry is None:
@@ -114,25 +119,31 @@ class DeviceMemory:
         self.peak[index] = max(self.peak.get(index, 0), self.allocated[index])
 
     def _release(self, key: int) -> None:
-        with self._lock:
-            entry = self.storages.get(key)
-            if entry is None:
-                return
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del self.storages[key]
-            nbytes, _, index = entry
-            if not nbytes:
-                return
-            self.allocated[index] -= nbytes
-            try:
-                session, core = self.session_of(index)
-                used = session.device_memory[core]
-                used["tensors"] -= nbytes
-                session.live.set_device_memory(core, "tensors", used["tensors"])
-            except Exception:   # interpreter shutdown: the session is gone, nothing to give back
-                pass
+        self._released.append(key)
+
+    def drain(self) -> None:
+        """Give back the memory of tensors that died since the last call (their finalizers queued them)."""
+        while self._released:
+            key = self._released.popleft()
+            with self._lock:
+                entry = self.storages.get(key)
+                if entry is None:
+                    continue
+                entry[1] -= 1
+                if entry[1] > 0:
+                    continue
+                del self.storages[key]
+                nbytes, _, index = entry
+                if not nbytes:
+                    continue
+                self.allocated[index] -= nbytes
+                try:
+                    session, core = self.session_of(index)
+                    used = session.device_memory[core]
+                    used["tensors"] -= nbytes
+                    session.live.set_device_memory(core, "tensors", used["tensors"])
+                except Exception:   # interpreter shutdown: the session is gone, nothing to give back
+                    pass
 
 
 #: The process's device tensor memory (``torch.neuron.memory_allocated()`` reads it).
