@@ -94,7 +94,7 @@ def test_capture_enabled_for_nc_counts_the_process_cores_with_core_0_held(traine
         assert p.metadata()["device_rows"] == "recorded"
         assert p.capture_verdict().status == "complete" and p.capture_verdict().lines == ()
         names = {r["name"] for r in p.sql("SELECT DISTINCT name FROM SystemProfileEvents").to_pylist()}
-        assert {"nrt_execute", "nc_exec_running"} <= names
+        assert {"nrt_execute", "nc_exec_running", "nrt_tensor_write"} <= names   # the step's .to("neuron") copies
 
 
 EXCLUDED = ("no device rows: capture_enabled_for_nc='1' excludes every NeuronCore this process ran on (its core "

@@ -317,12 +317,12 @@ def record_transfer(rec: Recorder, profile, ts_ns: int, core: int, direction: st
 
     >>> from types import SimpleNamespace as NS
     >>> from neuron_stack.device.profiles import get_profile
-    >>> rec = NS(core_filter={1}, event=None, system_event=None)
+    >>> rec = NS(records_core=lambda core: False, event=None, system_event=None)
     >>> record_transfer(rec, get_profile("trn1"), 0, 0, "to_device", 32_000, "x")   # filtered out: PCIe ns only
     2300
     """
     ns = pcie_ns(profile, nbytes)
-    if rec.core_filter is not None and core not in rec.core_filter:
+    if not rec.records_core(core):
         return ns
     where = {"source": source} if source else {}
     rec.event("host_transfer", ts_ns=ts_ns, dur_ns=ns, core=core, graph_id=graph_id, op_id=op_id, value=tensor_name,
