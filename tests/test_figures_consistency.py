@@ -24,26 +24,27 @@ DEVICE_PART, HOST_PART = 40_000, 900_000
 
 def runtime_style(out):
     """One execution as the runtime records it: device_ns = end - start, CPU-fallback time inside it."""
-    with traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1"}) as w:
-        w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"],
-                              "value": ["9.5e13", "trn1"]})
-        w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
-                            "cache_hit": False})
-        w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
-                         "placement": "cpu_fallback"})
-        t = 1_000_000_000
-        w.append("events", {"ts_ns": [t - 6_000_000], "dur_ns": 5_000_000, "run_id": "rt", "kind": "compile",
-                            "graph_id": 1, "detail": "{}"})
-        w.append("executions", {"exec_id": [5], "run_id": "rt", "graph_id": 1, "core": 0, "iteration": 0,
-                                "start_ns": t, "end_ns": t + DEVICE_PART + HOST_PART,
-                                "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
-                                "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
-                                "warmup": False})
-        w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"],
-                                  "opcode": ["MATMUL", "CPU_OP"], "op_id": [None, 11],
-                                  "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
-        w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
-                            "op_id": 11, "core": 0, "detail": "{}"})
+    t = 1_000_000_000   # the run's window holds its compile, on the same clock, as the runtime's recorder stamps it
+    w = traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1", "start_ns": t - 10_000_000})
+    w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"],
+                          "value": ["9.5e13", "trn1"]})
+    w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
+                        "cache_hit": False})
+    w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
+                     "placement": "cpu_fallback"})
+    w.append("events", {"ts_ns": [t - 6_000_000], "dur_ns": 5_000_000, "run_id": "rt", "kind": "compile",
+                        "graph_id": 1, "detail": "{}"})
+    w.append("executions", {"exec_id": [5], "run_id": "rt", "graph_id": 1, "core": 0, "iteration": 0,
+                            "start_ns": t, "end_ns": t + DEVICE_PART + HOST_PART,
+                            "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
+                            "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
+                            "warmup": False})
+    w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"],
+                              "opcode": ["MATMUL", "CPU_OP"], "op_id": [None, 11],
+                              "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
+    w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
+                        "op_id": 11, "core": 0, "detail": "{}"})
+    w.close(status="ok", end_ns=t + DEVICE_PART + HOST_PART)
     return traces.finalize(out)
 
 

@@ -33,7 +33,7 @@ from neuron_stack.ir import Partition
 from neuron_stack.isa.neff import Neff, PartitionSchedule
 from neuron_stack.runtime.errors import InputMismatch, OutOfDeviceMemory
 from neuron_stack.runtime.graph import PartitionFn, build_graph_module, from_json
-from neuron_stack.runtime.recorder import record_execution, record_load
+from neuron_stack.runtime.recorder import is_recompile, record_execution, record_load
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 from traces.ids import new_id
 from traces.intervals import union_by
@@ -150,8 +150,9 @@ class LoadedModel:
         live.model_loaded(name=self.name, uuid=neff.header["uuid"], model_id=self.graph_id & 0x7FFFFFFF,
                           core=self.core, device_bytes=dict(self.memory),
                           host_bytes={"constants": self.memory["constants"]})
-        live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
-        if info.get("recompile_of"):
+        if info.get("cache_hit") or info.get("compile_wall_ns"):   # as the recorder's events (record_load)
+            live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
+        if is_recompile(info):
             live.count_event("recompile", reason=info.get("recompile_reason", ""), source=_where(info.get("source")))
         for n in prog.nodes:
             if n.is_compute and n.placement == FALLBACK_PLACEMENT:

@@ -228,6 +228,13 @@ def record_dispatch(model, host_ns: int, mode: str) -> None:
             rec.event("dispatch", dur_ns=int(host_ns), core=model.core, graph_id=model.graph_id, mode=mode)
 
 
+def is_recompile(info: dict) -> bool:
+    """A graph is a recompile when it names the graph it replaces or dynamo gave a reason (the Summary's
+    ``recompile_count`` counts the same graphs: ``traces.store.RECOMPILED_SQL``).
+    Example: ``is_recompile({"recompile_reason": "x dim 0: 4 -> 8"})`` is True."""
+    return info.get("recompile_of") is not None or bool(info.get("recompile_reason"))
+
+
 def source_id(src) -> int | None:
     """The trace store's id of a source line (``stable_id(file, line)``)."""
     return stable_id(src.file, src.line) if src is not None else None
@@ -296,9 +303,9 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
         rec.event("compile", ts_ns=now - compile_ns, dur_ns=compile_ns, graph_id=model.graph_id,
                   source_id=source_id(call_site), model=model.name, kind=info.get("kind", "trace"),
                   pass_s=stats.get("pass_s", {}))   # seconds per compiler pass (compile log names them too)
-    if history and info.get("recompile_of"):
+    if history and is_recompile(info):   # dynamo may name a recompile whose first graph it never handed us
         rec.event("recompile", ts_ns=now, graph_id=model.graph_id, source_id=source_id(call_site),
-                  reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])
+                  reason=info.get("recompile_reason", ""), recompile_of=info.get("recompile_of"))
     for n in ops:
         if n.placement == FALLBACK_PLACEMENT:
             rec.event("cpu_fallback", ts_ns=now, graph_id=model.graph_id, op_id=model.op_ids[n.name],
