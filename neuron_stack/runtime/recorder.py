@@ -145,11 +145,14 @@ class Recorder:
                 "detail": cols[8]})
 
     def close(self) -> None:
+        # the window ends now, on the projected clock as it began (not its start plus the wall time elapsed,
+        # which counts the simulator's own time), before the flushing below
+        end_ns, wall_end_ns = clock.now_ns(), clock.wall_ns()
         if self.host_sampler is not None:
             self.host_sampler.stop()
         self.flush_system()
         try:
-            self.writer.close(status="ok")
+            self.writer.close(status="ok", end_ns=end_ns, wall_end_ns=wall_end_ns)
             if self.publish_to is not None:
                 self._publish()
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
