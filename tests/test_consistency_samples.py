@@ -190,6 +190,8 @@ def check_one_count(v: Views) -> None:
             "graphs": sql["before_window_graph_count"], "compiles": sql["before_window_compile_count"],
             "recompiles": sql["before_window_recompile_count"], "cache_hits": sql["before_window_cache_hit_count"],
             "compile_ns": round(sql["before_window_compile_time"] * 1e9)}),
+        "before the window, labelled": (f.before_window_text(), page["before_window"], rec["before_window"],
+                                        top.profile.before_window),
         "executions": (f.executions, cli["executions"], sql["execution_count"], page["executions"],
                        top.profile.executions),
         "all executions": (v.all.executions, top.completed,   # warm-ups included, as a monitor counts
