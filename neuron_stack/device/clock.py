@@ -22,6 +22,8 @@ _lock = threading.Lock()
 #: (wall time of each change, offset from then on), so a past wall time maps to its projected time
 _history: list[tuple[int, int]] = []
 _HISTORY_MAX = 100_000
+#: per thread: the projected time at which the simulator's own work began (:func:`simulator_work`)
+_simulating = threading.local()
 
 
 def wall_ns() -> int:
@@ -30,8 +32,10 @@ def wall_ns() -> int:
 
 
 def now_ns() -> int:
-    """The projected clock (ns since the epoch as the program would see it on hardware)."""
-    return time.time_ns() + _offset
+    """The projected clock (ns since the epoch as the program would see it on hardware); inside
+    :func:`simulator_work`, the moment that work began."""
+    frozen = getattr(_simulating, "at", None)
+    return frozen if frozen is not None else time.time_ns() + _offset
 
 
 def offset_ns() -> int:
@@ -53,18 +57,25 @@ def advance(real_ns: int, simulated_ns: int) -> None:
 def simulator_work():
     """The block is the simulator's own work (recording a profile), not the program's: its wall time
     does not pass on the projected clock, so a recorded run keeps the timing of an unrecorded one.
+    Whatever it stamps (a capture's start, the rows it describes) is stamped at the moment it began,
+    where the program's clock resumes.
 
     >>> t0 = now_ns()
     >>> with simulator_work():
-    ...     time.sleep(0.01)
-    >>> now_ns() - t0 < 5_000_000
+    ...     time.sleep(0.2)
+    >>> now_ns() - t0 < 100_000_000
     True
     """
+    if getattr(_simulating, "at", None) is not None:   # nested: the outer block hides it all
+        yield
+        return
+    _simulating.at = now_ns()
     t0 = time.perf_counter_ns()
     try:
         yield
     finally:
         advance(time.perf_counter_ns() - t0, 0)
+        _simulating.at = None
 
 
 def projected_at(wall: int) -> int:

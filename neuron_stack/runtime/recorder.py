@@ -80,7 +80,7 @@ class Recorder:
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
             "command": session.live.command, "host": host_name(), "target": session.target,
             "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
-            "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
+            "wall_start_ns": now, "start_ns": clock.now_ns()}, metadata=meta)
         self.host_sampler = HostSampler(self) if (self.config.cpu_util or self.config.host_memory) else None
 
     @classmethod
