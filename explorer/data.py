@@ -184,6 +184,7 @@ def summary(L: Loaded) -> dict:
             "cpu_fallback_ns": f.fallback_host_ns, "fallback_ops": f.fallback_ops,
             "fallback_calls": f.fallback_calls, "graphs": f.graphs, "recompiles": f.recompiles,
             "compiles": f.compiles, "cache_hits": f.cache_hits, "compile_wall_ns": f.compile_ns,
+            "before_window": f.before_window_text(),
             "instructions": f.instructions,
             "mbu_estimated_percent": f.mbu_percent, "total_bandwidth_available": f.total_bandwidth_available,
             "useful_read_percent": f.useful_read_percent, "spill_save_bytes": f.spill_save_bytes,
@@ -321,7 +322,9 @@ def fallbacks(L: Loaded) -> list[dict]:
 
 
 def recompiles(L: Loaded) -> dict:
-    """Every graph, its recompiles (signature diff, reason, compile time) and a bucketing suggestion per family."""
+    """Every graph, its recompiles (signature diff, reason, compile time, ``before_window``) and a bucketing
+    suggestion per family; the counts (``figures``) are the Summary's, inside the recording window, and
+    ``before_window`` labels what happened before it (``Figures.before_window_text``)."""
     def compute():
         graphs = rows(L.profile.graphs())
         by_id = {g["graph_id"]: g for g in graphs}
@@ -336,7 +339,7 @@ def recompiles(L: Loaded) -> dict:
         events = []
         for g in graphs:
             g["where"] = f"{Path(g['file']).name}:{g['line']}" if g.get("file") else ""
-            if g.get("recompile_of") is None:
+            if not g.get("recompiled"):
                 continue
             parent = by_id.get(g["recompile_of"], {})
             events.append({"graph_id": g["graph_id"], "name": g["name"], "reason": g.get("recompile_reason") or "",
@@ -345,13 +348,14 @@ def recompiles(L: Loaded) -> dict:
                            "old_signature": parent.get("input_signature") or "",
                            "new_signature": g.get("input_signature") or "",
                            "diff": signature_diff(parent.get("input_signature"), g.get("input_signature")),
-                           "ts": g.get("compile_ts")})
+                           "ts": g.get("compile_ts"), "before_window": bool(g.get("before_window"))})
         families: dict[int, list] = {}
         for g in graphs:
             families.setdefault(root(g), []).append(g)
         suggestions = [s for fam in families.values() if len(fam) > 1 for s in [bucketing(fam)] if s]
-        return {"graphs": graphs, "recompiles": events, "suggestions": suggestions,
-                "compile_wall_ns": sum(g.get("compile_wall_ns") or 0 for g in graphs)}
+        f = L.profile.figures()
+        return {"graphs": graphs, "recompiles": events, "suggestions": suggestions, "figures": f,
+                "before_window": f.before_window_text()}
     return L.cached("recompiles", compute)
 
 

@@ -106,7 +106,9 @@ def recompile_storm(L, rule) -> list[Finding]:
         words = (f"{s['compiles_before']} compiles for {what} dim {s['dim']} = {lo}–{hi}: pad to {s['buckets']} "
                  f"to compile {s['compiles_after']} graphs with {s['padding_percent']:.0f}% padding waste "
                  f"(saves {s['compiles_saved']} compiles, ~{_ms(s['compile_ns_saved'])}). ")
+    before = sum(e["before_window"] for e in r["recompiles"])   # the program's, even if the capture began later
     words += f"{n} recompiles spent {_ms(cost)} compiling new graphs"
+    words += f" ({before} of them before this window)" if before else ""
     words += f"; e.g. {reasons[0]}." if reasons else "."
     if not r["suggestions"]:
         words += " No input dimension varied: the guards changed (see the reasons); keep them stable."

@@ -177,11 +177,15 @@ class Collector:
         or up to ``now - PUBLISH_DELAY_MAX_S`` (nothing ended since, or it would be on disk), minus
         one typical wall interval between executions for the one possibly in flight.
         """
+        # the anchor: the clock as the snapshot was written (exact: recording and publishing are off the
+        # projected clock, so the wall time since the last execution is not all idle), else that execution's end
+        wall, proj = ((snap["wall"], snap["proj_now_ns"]) if snap.get("proj_now_ns") is not None
+                      else (snap["proj_wall"], snap["proj_ns"]))
         known = max(snap["wall"], now - live.PUBLISH_DELAY_MAX_S)
         ends = snap["ring"]["wall_end"][-33:]
         in_flight = float(np.median(np.diff(ends))) if len(ends) > 2 else 0.0
-        idle = max(0.0, known - snap["proj_wall"] - in_flight)
-        return int(snap["proj_ns"] + idle * 1e9)
+        idle = max(0.0, known - wall - in_flight)
+        return int(proj + idle * 1e9)
 
     def _baseline(self, snap: dict | None, when: float) -> dict:
         """Counters as they were at ``when``: the snapshot's, or zeros for a process new since then."""

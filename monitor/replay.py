@@ -86,7 +86,8 @@ class Replay:
         self.metadata = self._profile.metadata()
         self._runs = self._profile.replay_runs()
         self.start_ns, self.end_ns = self._profile.replay_span()
-        self.figures = self._profile.figures().as_dict()
+        figures = self._profile.figures()
+        self.figures = {**figures.as_dict(), "before_window_text": figures.before_window_text()}
         self.targets = {t["target"]: t for t in self._profile.targets()}   # instance type and peak per target
         self.position_ns = self.start_ns
         self.cores_per_device = self._hardware_info()["neuroncore_per_device_count"] or 1

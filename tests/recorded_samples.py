@@ -61,6 +61,39 @@ LIVE_DUMP = textwrap.dedent('''
     sys.exit(code)
 ''')
 
+#: A training script written as AWS's torch-neuronx profiling samples write it: torch.profiler with a
+#: schedule, ``record_function`` regions, ``with_stack``, ``device="neuron"``, eager or ``torch.compile``
+#: (argv[1]); the compiles happen in the steps before the profiled window. argv[2]: the output directory.
+PROFILER_WINDOW = textwrap.dedent('''
+    import sys
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from neuron_stack.profiling import NeuronConfig, NeuronProfiler, ProfileMode
+
+    mode, out = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step_fn = torch.compile(model) if mode == "compiled" else model
+    cfg = NeuronConfig(modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME], profile_output_dir=out)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=cfg,
+                 schedule=schedule(wait=1, warmup=1, active=2), on_trace_ready=NeuronProfiler(cfg).export_trace,
+                 with_stack=True) as p:
+        for step in range(4):
+            x = torch.randn(32, 64).to("neuron")
+            y = torch.randint(0, 10, (32,)).to("neuron")
+            with record_function("forward"):
+                loss = torch.nn.functional.cross_entropy(step_fn(x), y)
+            with record_function("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            p.step()
+''')
+
 #: name -> command line after the interpreter (two_targets.py is written into the recording directory).
 WORKLOADS = {
     "fallback": [str(SAMPLES / "fallback.py"), "--small"],
@@ -84,10 +117,31 @@ class Recorder:
         self.profiles: dict[str, Path] = {}
         (self.root / "two_targets.py").write_text(TWO_TARGETS)
         (self.root / "live_dump.py").write_text(LIVE_DUMP)
+        (self.root / "profiler_window.py").write_text(PROFILER_WINDOW)
 
     def live_file(self, name: str) -> Path:
         """The live snapshots ``name`` published, as it ended (JSON list, ring buffers left out)."""
         return self.root / f"{name}.live.json"
+
+    def windows(self, *modes: str) -> dict[str, Path]:
+        """``{mode: profile.duckdb}``: the one torch.profiler window :data:`PROFILER_WINDOW` records in each
+        ``mode`` (``eager``, ``compiled``), run side by side, profiling off outside the window."""
+        procs = {}
+        for mode in (m for m in modes if f"window_{m}" not in self.profiles):
+            env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES and not k.startswith("NEURON_RT_")}
+            env.update(NEURON_STACK_RUNTIME_DIR=str(self.root / f"window_{mode}.cores"),
+                       NEURON_STACK_LIVE_DIR=str(self.root / f"window_{mode}.live"),
+                       NEURON_COMPILE_CACHE_URL=str(self.root / f"window_{mode}.cache"),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+            cmd = [sys.executable, "profiler_window.py", mode, str(self.root / f"window_{mode}")]
+            procs[mode] = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+        for mode, proc in procs.items():
+            text, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, f"{mode}: {text[-2000:]}"
+            (path,) = sorted((self.root / f"window_{mode}").glob("*/*/profile.duckdb"))
+            self.profiles[f"window_{mode}"] = path
+        return {m: self.profiles[f"window_{m}"] for m in modes}
 
     def get(self, *names: str) -> dict[str, Path]:
         """``{name: profile.duckdb}`` for ``names``, recording the missing ones side by side."""

@@ -60,6 +60,7 @@ class Views:
             self.page = data.summary(L)
             self.figures = self.page["figures"]
             self.fallbacks = data.fallbacks(L)
+            self.recompiles = data.recompiles(L)                                 # the Recompiles page's data
             self.op_totals = data.op_totals(L)
             self.line_totals = data.line_totals(L)
             self.hotspots = {r["source_id"]: r for r in data.rows(L.profile.source_hotspots(10**9))}
@@ -84,6 +85,7 @@ class Views:
                 for r in p.core_busy(include_warmup=True).to_pylist():
                     self.busy[r["core"]] = self.busy.get(r["core"], 0) + r["active_ns"]
                 self.op_summary = p.top_ops(10**9).to_pylist()   # every op row, the unattributed one too
+                self.sql = p.sql("SELECT * FROM Summary").to_pylist()[0]              # what SQL users read
                 lo = p.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM executions").to_pylist()[0]
             # one document over exactly the executions' span: its percentages are the whole run's
             self.exec_span = (lo["a"], lo["b"])
@@ -163,6 +165,76 @@ def test_counts_agree_in_monitor_top_and_prometheus(views):
     recompiles = summed(docs, lambda r: r["neuron_stack"]["recompiles"]["count"])
     assert recompiles == proc.recompiles.count == prom_value(prom, "neuron_stack_recompiles") \
         == f.recompiles, "recompiles"
+
+
+def check_one_count(v: Views) -> None:
+    """Issue 36: graphs, compiles, recompiles, cache hits, compile time, executions, CPU fallbacks and busy
+    are one figure in the Summary (``summary --json``), SQL's ``Summary``, the Explorer's Summary, Recompiles
+    and Fallbacks pages' data, the neuron-monitor replay documents and neuron-top's replay; what a window
+    counts happened inside it, and the graphs loaded before it are a separate, labelled figure."""
+    f, cli, sql, page, rec, top = v.figures, v.cli, v.sql, v.page, v.recompiles, v.process
+    in_window = [e for e in rec["recompiles"] if not e["before_window"]]
+    before = cli["before_window"]
+    pairs = {  # figure: every place it is shown
+        "graphs": (f.graphs, cli["graphs"], sql["graph_count"], page["graphs"], len(rec["graphs"]),
+                   rec["figures"].graphs),
+        "compiles": (f.compiles, cli["compiles"], sql["compile_count"], page["compiles"], rec["figures"].compiles,
+                     top.compiles, summed(v.docs, lambda r: r["neuron_stack"]["compiles"])),
+        "recompiles": (f.recompiles, cli["recompiles"], sql["recompile_count"], page["recompiles"], len(in_window),
+                       top.recompiles.count, summed(v.docs, lambda r: r["neuron_stack"]["recompiles"]["count"])),
+        "cache hits": (f.cache_hits, cli["cache_hits"], sql["cache_hit_count"], page["cache_hits"],
+                       top.cache_hits),
+        "compile time": (f.compile_ns, cli["compile_ns"], round(sql["compile_time"] * 1e9), page["compile_wall_ns"],
+                         rec["figures"].compile_ns),
+        "before the window": (f.before_window, before, {
+            "graphs": sql["before_window_graph_count"], "compiles": sql["before_window_compile_count"],
+            "recompiles": sql["before_window_recompile_count"], "cache_hits": sql["before_window_cache_hit_count"],
+            "compile_ns": round(sql["before_window_compile_time"] * 1e9)}),
+        "before the window, labelled": (f.before_window_text(), page["before_window"], rec["before_window"],
+                                        top.profile.before_window),
+        "executions": (f.executions, cli["executions"], sql["execution_count"], page["executions"],
+                       top.profile.executions),
+        "all executions": (v.all.executions, top.completed,   # warm-ups included, as a monitor counts
+                           summed(v.docs, lambda r: r["execution_stats"]["execution_summary"]["completed"])),
+        "CPU-fallback calls": (f.fallback_calls, cli["fallback_calls"], sql["cpu_fallback_count"],
+                               page["fallback_calls"], sum(r["calls"] for r in v.fallbacks), top.fallbacks.count),
+        "CPU-fallback ops": (f.fallback_ops, sql["cpu_fallback_op_count"], len(v.fallbacks)),
+        "device busy %": (f.device_busy_percent, cli["device_busy_percent"], page["device_busy_percent"],
+                          top.profile.device_busy_percent),
+    }
+    for name, shown in pairs.items():
+        assert all(x == shown[0] for x in shown), f"{v.path}: {name}: {shown}"
+    # before + in the window = every graph: each graph is loaded once, in the window or before it
+    assert len(rec["graphs"]) == before["graphs"] + sum(not g["before_window"] for g in rec["graphs"])
+    assert len(in_window) + before["recompiles"] == len(rec["recompiles"])
+    assert (before["graphs"] > 0) == bool(f.before_window_text()) == bool(rec["before_window"])
+
+
+def test_one_count_everywhere(views):
+    check_one_count(views)
+
+
+@pytest.fixture(scope="module", params=["eager", "compiled"])
+def window_views(request, recorded_samples) -> Views:
+    """A torch.profiler window of the AWS-style training script (recorded_samples.PROFILER_WINDOW)."""
+    return Views(recorded_samples.windows("eager", "compiled")[request.param])
+
+
+def test_one_count_everywhere_in_a_torch_profiler_window(window_views):
+    """The compiles ran in the steps before the window: the window counts none of them (its own compiles,
+    if any, are its own) and names them as before the window, the same in every tool."""
+    v = window_views
+    check_one_count(v)
+    f = v.figures
+    assert f.executions > 0 and f.graphs > 0
+    with traces.open(v.path) as p:
+        first = p.sql("SELECT min(start_ns) AS t FROM executions").to_pylist()[0]["t"]
+        run = p.sql("SELECT start_ns FROM runs").to_pylist()[0]["start_ns"]
+        ends = p.sql("SELECT max(ts_ns + dur_ns) AS t FROM events WHERE kind = 'compile'").to_pylist()[0]["t"]
+    assert ends is None or ends >= min(run, first), "a compile counted in the window ended before it"
+    if "compiled" in str(v.path):
+        assert f.before_window["compiles"] > 0 and f.before_window["compile_ns"] > 0
+        assert "before this window" in v.recompiles["before_window"]
 
 
 def test_one_runtime_entry_per_process(views):

@@ -8,6 +8,10 @@ one execution written the way the runtime writes it (``device_ns`` spanning the 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from test_explorer_profiles import make_profile
@@ -19,31 +23,33 @@ from top.snapshot import Totals, build_snapshot
 from traces.query import Profile
 from traces.synthetic import write_run
 
+ROOT = Path(__file__).resolve().parents[1]
 DEVICE_PART, HOST_PART = 40_000, 900_000
 
 
 def runtime_style(out):
     """One execution as the runtime records it: device_ns = end - start, CPU-fallback time inside it."""
-    with traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1"}) as w:
-        w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"],
-                              "value": ["9.5e13", "trn1"]})
-        w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
-                            "cache_hit": False})
-        w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
-                         "placement": "cpu_fallback"})
-        t = 1_000_000_000
-        w.append("events", {"ts_ns": [t - 6_000_000], "dur_ns": 5_000_000, "run_id": "rt", "kind": "compile",
-                            "graph_id": 1, "detail": "{}"})
-        w.append("executions", {"exec_id": [5], "run_id": "rt", "graph_id": 1, "core": 0, "iteration": 0,
-                                "start_ns": t, "end_ns": t + DEVICE_PART + HOST_PART,
-                                "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
-                                "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
-                                "warmup": False})
-        w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"],
-                                  "opcode": ["MATMUL", "CPU_OP"], "op_id": [None, 11],
-                                  "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
-        w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
-                            "op_id": 11, "core": 0, "detail": "{}"})
+    t = 1_000_000_000   # the run's window holds its compile, on the same clock, as the runtime's recorder stamps it
+    w = traces.Writer(out, run={"run_id": "rt", "pid": 7, "tag": "rt", "target": "trn1", "start_ns": t - 10_000_000})
+    w.append("metadata", {"key": ["tensor_engine_peak_bf16_flops", "target"],
+                          "value": ["9.5e13", "trn1"]})
+    w.append("graphs", {"graph_id": [1], "run_id": "rt", "name": "g", "compile_wall_ns": 5_000_000,
+                        "cache_hit": False})
+    w.append("ops", {"op_id": [11], "graph_id": 1, "name": "nonzero", "aten_op": "aten.nonzero.default",
+                     "placement": "cpu_fallback"})
+    w.append("events", {"ts_ns": [t - 6_000_000], "dur_ns": 5_000_000, "run_id": "rt", "kind": "compile",
+                        "graph_id": 1, "detail": "{}"})
+    w.append("executions", {"exec_id": [5], "run_id": "rt", "graph_id": 1, "core": 0, "iteration": 0,
+                            "start_ns": t, "end_ns": t + DEVICE_PART + HOST_PART,
+                            "device_ns": DEVICE_PART + HOST_PART, "cpu_fallback_ns": HOST_PART,
+                            "tensor_busy_ns": DEVICE_PART // 2, "flops": 10**9, "status": "completed",
+                            "warmup": False})
+    w.append("instructions", {"exec_id": [5, 5], "core": 0, "engine": ["tensor", "cpu"],
+                              "opcode": ["MATMUL", "CPU_OP"], "op_id": [None, 11],
+                              "start_ns": [t, t + DEVICE_PART], "dur_ns": [DEVICE_PART // 2, HOST_PART]})
+    w.append("events", {"ts_ns": [t + DEVICE_PART], "dur_ns": 0, "run_id": "rt", "kind": "cpu_fallback",
+                        "op_id": 11, "core": 0, "detail": "{}"})
+    w.close(status="ok", end_ns=t + DEVICE_PART + HOST_PART)
     return traces.finalize(out)
 
 
@@ -190,3 +196,91 @@ def test_mbu_is_one_number_in_the_cli_the_summary_page_and_sql(recorded_samples,
     assert shown == f"{mbu:.2f}%"
     assert out["figures"]["total_bandwidth_available"] == page["total_bandwidth_available"] == \
         sql["total_bandwidth_available"] > 0
+
+
+# ------------------------------------------------------------------ live busy and a capture's busy
+STEADY = '''
+"""A traced MLP run back to back; neuron-monitor's busy over the seconds before and during a capture."""
+import json
+import sys
+import time
+
+import torch
+
+import neuron_stack
+import neuron_stack.runtime.model as runtime_model
+from monitor.collect import Collector
+from monitor.config import load_config
+from neuron_stack.device import clock
+from traces import live
+
+out, n = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)).eval()
+x = torch.randn(64, 128)
+nm = neuron_stack.trace(model, x)
+session, core = nm.model.session, str(nm.model.core)
+monitor = Collector(load_config(None), directory=live.live_dir())
+
+
+def busy():
+    """The core's utilization since the last call, as neuron-monitor reports it. Reading it is the monitor's
+    work (another process's, normally), so it is off this program's projected clock."""
+    with clock.excluded():
+        session.live.flush()
+        (rt,) = monitor.collect()["neuron_runtime_data"]
+    return rt["report"]["neuroncore_counters"]["neuroncores_in_use"][core]["neuroncore_utilization"]
+
+
+for _ in range(n):
+    nm(x)
+assert session.start_capture(out, 3600)
+rec = session.recorder
+busy()   # the live figure from here: the capture's first moment, give or take one loop iteration
+for _ in range(n):
+    nm(x)
+session.stop_capture(rec)
+live_busy = busy()
+
+# a slow recording (a full disk, a busy machine) must not look like the program's host time
+record = runtime_model.record_execution
+runtime_model.record_execution = lambda *a: (time.sleep(0.2), record(*a))
+assert session.start_capture(out + ".slow", 3600)
+rec = session.recorder
+t0 = clock.now_ns()
+nm(x)
+projected = clock.now_ns() - t0
+session.stop_capture(rec)
+print(json.dumps({"live_busy": live_busy, "slow_recording_projected_ns": projected}))
+'''
+
+
+def test_live_busy_and_a_capture_of_the_same_seconds_agree(tmp_path):
+    """Busy is one definition (docs/top.md): a core's device-busy time (the union of its executions' device
+    intervals) over the projected seconds it is measured on. neuron-monitor's live figure over the seconds a
+    capture recorded, the capture's Summary, a replay document over the capture's window and neuron-top's
+    replay agree within 5 % of the figure (the window's edges: the capture starts and stops between two
+    executions, live counts from the previous sample); the recording's own time is not on the clock."""
+    script = tmp_path / "steady.py"
+    script.write_text(STEADY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_")}
+    env.update(NEURON_STACK_LIVE_DIR=str(tmp_path / "live"), NEURON_STACK_RUNTIME_DIR=str(tmp_path / "cores"),
+               NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_RT_NUM_CORES="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "cap"), "200"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["slow_recording_projected_ns"] < 200_000_000   # the 0.2 s the recording slept is not there
+    with traces.open(traces.finalize(tmp_path / "cap")) as p:
+        f = p.figures(include_warmup=True)
+        run = p.sql("SELECT start_ns, end_ns FROM runs").to_pylist()[0]
+    assert f.executions == 200 and 0 < f.device_busy_percent < 100
+    with Replay(tmp_path / "cap" / "profile.duckdb") as replay:
+        doc = replay.document(run["start_ns"], run["end_ns"])
+    (core,) = doc["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["neuroncores_in_use"].values()
+    top = build_snapshot(doc)
+    for name, shown in (("live", seen["live_busy"]), ("replay of the window", core["neuroncore_utilization"]),
+                        ("neuron-top replay", top.apps[0].utilization[0])):
+        assert shown == pytest.approx(f.device_busy_percent, rel=0.05, abs=0.02), \
+            f"{name}: {shown} %, the capture's Summary {f.device_busy_percent:.3f} %"

@@ -440,6 +440,8 @@ def _profile_line(out: Text, f) -> None:
     out.append("\n  profile: ", style="dim")
     out.append(f"device {_duration(f.device_ns)}  busy {f.device_busy_percent:.1f}%  MFU {f.mfu_percent:.2f}%"
                f"  fallback host {_duration(f.fallback_host_ns)}  compiles {f.compiles}")
+    if f.before_window:
+        out.append(f"\n  {f.before_window}", style="dim")
 
 
 # Panel bodies: (snapshot, state, width) -> (border title, text), the shape widgets.Panel renders.

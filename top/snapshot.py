@@ -83,6 +83,7 @@ class ProfileFigures:
     compiles: int
     recompiles: int
     executions: int
+    before_window: str = ""     # what happened before the recording window, labelled (traces computes it)
 
     @classmethod
     def from_document(cls, raw) -> "ProfileFigures | None":
@@ -94,6 +95,8 @@ class ProfileFigures:
             v = raw.get(f.name)
             if f.name == "engine_percent":
                 values[f.name] = {str(k): _num(x) for k, x in v.items()} if isinstance(v, dict) else {}
+            elif f.name == "before_window":
+                values[f.name] = str(raw.get("before_window_text") or "")
             elif f.type in ("int", int):
                 values[f.name] = int(_num(v))
             else:

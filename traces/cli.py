@@ -43,7 +43,8 @@ SUMMARY_SECTIONS = (
     ("Memory traffic", ("hbm_read_bytes", "hbm_write_bytes", "dma_transfer_total_bytes",
                         "dma_transfer_average_bytes")),
     ("Host", ("cpu_fallback_count", "cpu_fallback_op_count", "cpu_fallback_time", "graph_count",
-              "recompile_count", "cache_hit_count", "compile_count", "compile_time")),
+              "recompile_count", "cache_hit_count", "compile_count", "compile_time", "before_window_graph_count",
+              "before_window_compile_count", "before_window_recompile_count", "before_window_compile_time")),
 )
 
 
@@ -188,7 +189,8 @@ def _print_figures(console, f, h) -> None:
                         ("CPU fallbacks", f"{f.fallback_ops} ops · {f.fallback_calls} calls · "
                                           f"{_seconds(f.fallback_host_ns / 1e9)} host time"),
                         ("compiles", f"{f.compiles} ({f.recompiles} recompiles, {f.cache_hits} cache hits) · "
-                                     f"{_seconds(f.compile_ns / 1e9)}"),
+                                     f"{_seconds(f.compile_ns / 1e9)}"
+                                     + (f" · {f.before_window_text()}" if f.before_window_text() else "")),
                         ("host side (warm-ups included)",
                          f"{h.executions} executions of {h.graphs} graphs · {h.ops_per_execution:.1f} ops each · "
                          f"dispatch {_seconds(h.dispatch_ns / 1e9)} (host) · {h.transfers} transfers, "

@@ -148,8 +148,12 @@ class LivePublisher:
 
     def __init__(self, tag: str | None = None, target: str = "", instance_type: str = "",
                  command: str | None = None, *, hardware: dict | None = None,
-                 directory: str | os.PathLike | None = None, peak_flops: float = 0.0):
+                 directory: str | os.PathLike | None = None, peak_flops: float = 0.0,
+                 projected_clock=None):
         self.pid = os.getpid()
+        # the runtime's projected clock (ns), read as each snapshot is written: a reader then knows the
+        # clock exactly at the write instead of guessing from the wall time since the last execution
+        self._projected_clock = projected_clock
         self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
         self.tag = self.tag[:255]  # the real tag limit
         self.target = target
@@ -403,6 +407,7 @@ class LivePublisher:
                 # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
                 # both clocks. The reader extrapolates idle time itself (monitor/collect.py).
                 "wall": now, "proj_wall": self._last_wall, "proj_ns": self._last_proj_ns, "seq": self._seq,
+                "proj_now_ns": int(self._projected_clock()) if self._projected_clock is not None else None,
                 "cores": list(self._cores),
                 "executions": dict(self._executions), "errors": dict(self._errors),
                 "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],

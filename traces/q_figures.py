@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from traces.intervals import union_by
 from traces.monitor_figures import target_block
-from traces.store import DEVICE_NS_SQL, measured_condition
+from traces.store import DEVICE_NS_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
+from traces.timefmt import fmt_ns
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
 
@@ -39,8 +40,13 @@ class Figures:
     ``engine_percent``: per device engine, active time over ``device_ns``; ``mfu_percent``: model
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``collective_ns``: time the CC engine
     ran collectives (the union of its queues), part of ``device_ns``; ``fallback_host_ns``: host time of
-    CPU-fallback ops in those executions; ``compiles``: compiles run (one ``compile`` event each; cache
-    hits and collectives are not compiled). ``mbu_percent`` and ``total_bandwidth_available`` (bytes),
+    CPU-fallback ops in those executions; ``compiles``, ``recompiles``, ``cache_hits``, ``compile_ns``:
+    what happened inside the recording window (:data:`traces.store.WINDOW_CTES`: compile and cache-hit
+    events, recompiled graphs loaded in it; cache hits and collectives are not compiled); ``graphs``: every
+    graph the profile describes, those loaded before the window too; ``before_window``: ``graphs``,
+    ``compiles``, ``recompiles``, ``cache_hits``, ``compile_ns`` of the graphs loaded before the window
+    (a capture that started later), shown labelled by :meth:`before_window_text`. ``mbu_percent`` and
+    ``total_bandwidth_available`` (bytes),
     ``useful_read_percent``, the spill bytes and FLOPs are the Summary's ``mbu_estimated_percent``,
     … columns; ``flops_breakdown`` splits the Tensor Engine's peak FLOPs over ``device_ns`` in percent:
     ``model_flops`` (= MFU), ``transpose_flops``, ``active_flops`` (active but not doing either) and
@@ -81,10 +87,27 @@ class Figures:
     flops_breakdown: dict = field(default_factory=dict)
     bandwidth_breakdown: dict = field(default_factory=dict)
     dma_split: dict = field(default_factory=dict)
+    before_window: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """Plain JSON-able dict. Example: ``json.dumps(p.figures().as_dict())``."""
         return asdict(self)
+
+    def before_window_text(self) -> str:
+        """What happened before the recording window, labelled so ('' when nothing did): the compiles
+        and recompiles of the graphs a later capture found already loaded.
+
+        >>> Figures(**{**dict.fromkeys(Figures.__dataclass_fields__, 0), "before_window": {
+        ...     "graphs": 9, "compiles": 7, "recompiles": 1, "cache_hits": 2, "compile_ns": 1_363_000_000}}
+        ...     ).before_window_text()
+        'before this window: 9 graphs loaded, 7 compiles (1 recompile, 2 cache hits), 1.36 s'
+        """
+        b = self.before_window or {}
+        if not b.get("graphs"):
+            return ""
+        s = "" if b["recompiles"] == 1 else "s"
+        return (f"before this window: {b['graphs']} graphs loaded, {b['compiles']} compiles "
+                f"({b['recompiles']} recompile{s}, {b['cache_hits']} cache hits), {fmt_ns(b['compile_ns'])}")
 
 
 def _int(v) -> int:
@@ -130,7 +153,12 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         spill_save_bytes=int(s.get("spill_save_bytes") or 0), spill_reload_bytes=int(s.get("spill_reload_bytes") or 0),
         hardware_flops=int(s.get("hardware_flops") or 0), transpose_flops=int(s.get("transpose_flops") or 0),
         flops_breakdown=flops_breakdown(s), bandwidth_breakdown=bandwidth_breakdown(s),
-        dma_split={k: int(s.get(f"{k}_dma_size") or 0) for k in ("static", "software_dynamic")})
+        dma_split={k: int(s.get(f"{k}_dma_size") or 0) for k in ("static", "software_dynamic")},
+        before_window={"graphs": int(s.get("before_window_graph_count") or 0),
+                       "compiles": int(s.get("before_window_compile_count") or 0),
+                       "recompiles": int(s.get("before_window_recompile_count") or 0),
+                       "cache_hits": int(s.get("before_window_cache_hit_count") or 0),
+                       "compile_ns": _int((s.get("before_window_compile_time") or 0) * 1e9)})
 
 
 @dataclass(frozen=True)
@@ -391,10 +419,15 @@ def fallbacks(p) -> pa.Table:
 
 
 def graphs(p) -> pa.Table:
-    """Every graph with its call site, executions and first compile time (``compile_ts``), compile order."""
-    return p.sql("""
+    """Every graph with its call site, executions and first compile time (``compile_ts``), compile order;
+    ``recompiled`` (:data:`traces.store.RECOMPILED_SQL`) and ``before_window`` (loaded before the recording
+    window: :data:`traces.store.WINDOW_CTES`), so a page's counts are the Summary's."""
+    return p.sql(f"""
+        WITH {WINDOW_CTES}
         SELECT g.graph_id, g.name, g.kind, g.input_signature, g.compile_wall_ns, g.compile_ns, g.cache_hit,
                g.recompile_of, g.recompile_reason, g.source_id, s.file, s.line, s.code,
+               coalesce({RECOMPILED_SQL}, FALSE) AS recompiled,
+               g.graph_id IN (SELECT graph_id FROM before_window) AS before_window,
                (SELECT count(*) FROM executions e WHERE e.graph_id = g.graph_id) AS executions,
                (SELECT min(ts_ns) FROM events v WHERE v.graph_id = g.graph_id
                                                   AND v.kind IN ('compile', 'recompile')) AS compile_ts

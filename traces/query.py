@@ -26,7 +26,7 @@ from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
 from traces.schema import SCHEMA_VERSION, TABLES
-from traces.store import summary_sql
+from traces.store import RECOMPILED_SQL, WINDOW_CTES, summary_sql
 
 log = logging.getLogger("traces")
 
@@ -238,17 +238,20 @@ class Profile:
         return q_figures.fallbacks(self)
 
     def recompiles(self) -> pa.Table:
-        """Graphs compiled again for a new input signature: old and new signature, reason, cost.
+        """Graphs compiled again for a new input signature: old and new signature, reason, cost, and
+        ``before_window`` (loaded before the recording window; the Summary's ``recompile_count`` counts
+        the others).
 
         Example: ``p.recompiles().column("recompile_reason").to_pylist()``.
         """
-        return self.sql("""
+        return self.sql(f"""
+            WITH {WINDOW_CTES}
             SELECT g.graph_id, g.run_id, g.name, g.kind, g.recompile_of,
                    prev.input_signature AS previous_signature, g.input_signature, g.recompile_reason,
-                   g.compile_wall_ns, g.compile_ns, g.cache_hit, g.source_id, s.file, s.line
-            FROM graphs g LEFT JOIN graphs prev ON prev.graph_id = g.recompile_of
-            LEFT JOIN sources s ON s.source_id = g.source_id
-            WHERE g.recompile_of IS NOT NULL OR coalesce(g.recompile_reason, '') <> ''
+                   g.compile_wall_ns, g.compile_ns, g.cache_hit, g.source_id, s.file, s.line,
+                   g.graph_id IN (SELECT graph_id FROM before_window) AS before_window
+            FROM (SELECT * FROM graphs WHERE {RECOMPILED_SQL}) g
+            LEFT JOIN graphs prev ON prev.graph_id = g.recompile_of LEFT JOIN sources s ON s.source_id = g.source_id
             ORDER BY g.compile_ns, g.graph_id""")
 
     def source_text(self, file: str) -> str | None:

@@ -482,6 +482,32 @@ def _dma_split(name: str, where: str) -> str:
             AS {name}_dma_size_percent"""
 
 
+#: SQL condition on ``graphs``: the graph is a recompile (of a known graph, or with the reason dynamo gave).
+RECOMPILED_SQL = "recompile_of IS NOT NULL OR coalesce(recompile_reason, '') <> ''"
+
+#: The recording window's compile-related events and the graphs loaded before it, as two CTEs
+#: (``window_events``, ``before_window``) every compile figure reads. A run's window is
+#: ``[runs.start_ns, runs.end_ns]``: its recorder's first and last moment (from its first execution when
+#: that is earlier: an execution is only recorded inside the window). An event is inside when it
+#: ends at or after the start (a compile that finished in the window began a little before its load,
+#: which is what the recorder saw) and starts before the end (a crashed run's end is its last
+#: execution, so it has no end bound). A graph is *before the window* when no load, compile, cache-hit
+#: or recompile event of it is inside: a capture that starts later describes the graphs already
+#: loaded (their compile time and recompile marks are on the graph row) without their history.
+WINDOW_CTES = """window_runs AS (
+        SELECT r.run_id, least(r.start_ns, x.first_ns) AS start_ns, r.end_ns, r.status
+        FROM runs r LEFT JOIN (SELECT run_id, min(start_ns) AS first_ns FROM executions GROUP BY run_id) x
+        USING (run_id)),
+    window_events AS (
+        SELECT e.kind, e.graph_id, coalesce(e.dur_ns, 0) AS dur_ns
+        FROM events e LEFT JOIN window_runs r USING (run_id)
+        WHERE e.kind IN ('compile', 'recompile', 'cache_hit', 'load')
+          AND (r.start_ns IS NULL OR e.ts_ns + coalesce(e.dur_ns, 0) >= r.start_ns)
+          AND (r.end_ns IS NULL OR r.status = 'incomplete' OR e.ts_ns <= r.end_ns)),
+    before_window AS (SELECT * FROM graphs WHERE graph_id NOT IN
+                      (SELECT graph_id FROM window_events WHERE graph_id IS NOT NULL))"""
+
+
 def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
@@ -499,16 +525,22 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
             f" AS {name}_instruction_count",
             f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
             f"coalesce(sum(active_ns) FILTER (WHERE engine = '{engine}'), 0) AS {engine}_active_ns"]
-    event_cols = "" if per_core else """,
+    event_cols = "" if per_core else f""",
         (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
         (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
         (SELECT count(*) FROM graphs) AS graph_count,
-        (SELECT count(*) FROM graphs WHERE recompile_of IS NOT NULL OR coalesce(recompile_reason, '') <> '')
-            AS recompile_count,
-        (SELECT count(*) FROM graphs WHERE cache_hit) AS cache_hit_count,
-        (SELECT count(*) FROM events WHERE kind = 'compile') AS compile_count,
-        (SELECT coalesce(sum(compile_wall_ns), 0) FROM graphs WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
-            AS compile_time"""
+        (SELECT count(*) FROM graphs WHERE ({RECOMPILED_SQL})
+                                       AND graph_id IN (SELECT graph_id FROM window_events)) AS recompile_count,
+        (SELECT count(*) FROM window_events WHERE kind = 'cache_hit') AS cache_hit_count,
+        (SELECT count(*) FROM window_events WHERE kind = 'compile') AS compile_count,
+        (SELECT coalesce(sum(dur_ns), 0) FROM window_events WHERE kind = 'compile') / 1e9 AS compile_time,
+        (SELECT count(*) FROM before_window) AS before_window_graph_count,
+        (SELECT count(*) FROM before_window WHERE {RECOMPILED_SQL}) AS before_window_recompile_count,
+        (SELECT count(*) FROM before_window WHERE cache_hit) AS before_window_cache_hit_count,
+        (SELECT count(*) FROM before_window WHERE NOT coalesce(cache_hit, FALSE) AND compile_wall_ns > 0)
+            AS before_window_compile_count,
+        (SELECT coalesce(sum(compile_wall_ns), 0) FROM before_window WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
+            AS before_window_compile_time"""
     # compiler-generated descriptors are static DMA; an indirect (gather) DMA's descriptors are written
     # at run time by GpSimd software: software-dynamic (the real Summary's split; no hardware DGE modelled)
     dma_cols = "" if per_core else f""",
@@ -520,7 +552,8 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
                        f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
                        f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
     return f"""
-    WITH md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
+    WITH {WINDOW_CTES},
+    md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
                   -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
                   try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
                   try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz

@@ -113,12 +113,17 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
           'placement': 'device or cpu_fallback',
           'fallback_reason': 'why it runs on the CPU',
           'fused_into': 'name of the op it was fused into, if any',
-          'module_path': 'nn_module_stack path, e.g. encoder.layer.0.attention',
-          'source_id': 'Python call site',
+          'module_path': 'nn_module_stack path, e.g. encoder.layer.0.attention, the same eager and compiled (a '
+                         "backward op: its forward op's module)",
+          'source_id': "Python call site; a backward op's is the loss.backward() (or torch.autograd.grad) call "
+                       'that ran it, eager and compiled',
           'shape': 'output shape and dtype',
           'dtype': 'output shape and dtype',
           'flops': 'model FLOPs (a MAC = 2) and bytes moved per call',
-          'bytes': 'model FLOPs (a MAC = 2) and bytes moved per call'}),
+          'bytes': 'model FLOPs (a MAC = 2) and bytes moved per call',
+          'fwd_source_id': '(1.5) a backward op: the forward line it differentiates, as autograd records it '
+                           "(aot_autograd's stack_trace of a backward node, eager: the node's seq_nr); NULL for "
+                           'forward ops'}),
  'executions': ('One row per NEFF execution on a core.',
                 {'exec_id': 'id',
                  'run_id': 'process',
@@ -239,7 +244,8 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                             'Python frame (with_stack)',
                     'source': 'neuron_rt (runtime API), neuron_hw (the device: nc_exec_running), framework '
                               '(torch.profiler)',
-                    'thread_id': "OS thread id (runtime events); torch's thread id (framework events)",
+                    'thread_id': 'OS thread id (runtime and framework events alike: framework events carry the '
+                                 "thread id torch's Chrome trace shows, the OS's, not torch's internal one)",
                     'core': 'NeuronCore (runtime and hardware events)',
                     'exec_id': 'the execution (executions.exec_id) an event belongs to: the drill-down into the '
                                'device timeline',
@@ -360,6 +366,24 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                'bucket': 'start_ns >> level: the bucket covers [bucket << level, (bucket + 1) << level)',
                'busy_ns': 'busy time of the lane inside the bucket',
                'instructions': 'instructions that start in the bucket'}),
+ 'system_tracks': ("The System Trace's tracks.",
+                   {'track': '0.. in order of source, run, core, thread',
+                    'h': 'hash(run_id, source, core, thread_id): how a query matches an event to its track',
+                    'run_id': 'the key (core NULL for framework events)',
+                    'source': 'the key (core NULL for framework events)',
+                    'core': 'the key (core NULL for framework events)',
+                    'thread_id': 'the key (core NULL for framework events)',
+                    'events': 'events on the track',
+                    'max_dur_ns': "its longest event (bounds a window query's start range)",
+                    'first_ns': 'first start, last end',
+                    'last_ns': 'first start, last end'}),
+ 'system_lod': ("The System Trace's level-of-detail pyramid.",
+                {'level': 'k: buckets are 2^k ns wide',
+                 'track': 'system_tracks.track',
+                 'bucket': 'ts_ns >> level',
+                 'busy_ns': "time the track's events cover inside the bucket: their union, so nested spans (a "
+                            "thread's call stack) count once; split exactly at bucket edges",
+                 'events': 'events that start in the bucket'}),
  'exec_engine_summary': ('One row per execution × engine.',
                          {'exec_id': 'execution',
                           'engine': 'engine',
@@ -397,6 +421,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                  'source_id': 'call site',
                  'file': 'call site',
                  'line': 'call site',
+                 'fwd_source_id': "a backward op's forward line (from ops)",
                  'shape': 'from ops (flops, bytes)',
                  'dtype': 'from ops (flops, bytes)',
                  'model_flops': 'from ops (flops, bytes)',
@@ -488,15 +513,36 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
               'event_count': 'instructions counted',
               'cpu_fallback_count': 'cpu_fallback events',
               'cpu_fallback_op_count': 'ops placed on the CPU',
-              'graph_count': 'graphs; of those, recompiles (recompile_of or recompile_reason set) and cache-hit '
-                             'loads',
-              'recompile_count': 'graphs; of those, recompiles (recompile_of or recompile_reason set) and '
-                                 'cache-hit loads',
-              'cache_hit_count': 'graphs; of those, recompiles (recompile_of or recompile_reason set) and '
-                                 'cache-hit loads',
-              'compile_count': 'compile events: compiles actually run (a cache hit or a collective is not '
-                               'compiled)',
-              'compile_time': 'Σ compile_wall_ns of graphs that were not cache hits, s',
+              'graph_count': 'every graph the profile describes (loaded inside the recording window or before it)',
+              'recompile_count': 'inside the recording window (traces.store.WINDOW_CTES, docs/traces.md): graphs '
+                                 'loaded in it that recompile another (recompile_of or recompile_reason set); '
+                                 'cache_hit events',
+              'cache_hit_count': 'inside the recording window (traces.store.WINDOW_CTES, docs/traces.md): graphs '
+                                 'loaded in it that recompile another (recompile_of or recompile_reason set); '
+                                 'cache_hit events',
+              'compile_count': 'compile events inside the window: compiles actually run (a cache hit or a '
+                               'collective is not compiled)',
+              'compile_time': 'Σ durations of those compile events, s',
+              'before_window_graph_count': 'the graphs a capture that started later found loaded (no load, '
+                                           'compile, cache-hit or recompile event of theirs in the window): how '
+                                           'many, how many were compiled (not cache hits, compile_wall_ns > 0), '
+                                           'recompiles, cache hits, and Σ their compile_wall_ns, s',
+              'before_window_compile_count': 'the graphs a capture that started later found loaded (no load, '
+                                             'compile, cache-hit or recompile event of theirs in the window): how '
+                                             'many, how many were compiled (not cache hits, compile_wall_ns > 0), '
+                                             'recompiles, cache hits, and Σ their compile_wall_ns, s',
+              'before_window_recompile_count': 'the graphs a capture that started later found loaded (no load, '
+                                               'compile, cache-hit or recompile event of theirs in the window): '
+                                               'how many, how many were compiled (not cache hits, compile_wall_ns '
+                                               '> 0), recompiles, cache hits, and Σ their compile_wall_ns, s',
+              'before_window_cache_hit_count': 'the graphs a capture that started later found loaded (no load, '
+                                               'compile, cache-hit or recompile event of theirs in the window): '
+                                               'how many, how many were compiled (not cache hits, compile_wall_ns '
+                                               '> 0), recompiles, cache hits, and Σ their compile_wall_ns, s',
+              'before_window_compile_time': 'the graphs a capture that started later found loaded (no load, '
+                                            'compile, cache-hit or recompile event of theirs in the window): how '
+                                            'many, how many were compiled (not cache hits, compile_wall_ns > 0), '
+                                            'recompiles, cache hits, and Σ their compile_wall_ns, s',
               'spill_save_bytes': "Σ executions' spill traffic (1.3.0)",
               'spill_reload_bytes': "Σ executions' spill traffic (1.3.0)",
               'transpose_flops': 'Σ executions.transpose_flops: Tensor Engine FLOPs spent on transposes',

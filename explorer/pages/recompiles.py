@@ -56,13 +56,18 @@ def layout(profile=None, **_):
         ("previous signature", lambda e: _signature(e["diff"], "old")),
         ("new signature", lambda e: _signature(e["diff"], "new")),
         ("compile time", lambda e: fmt_ns(e["compile_wall_ns"]) + (" (cache hit)" if e["cache_hit"] else "")),
+        ("when", lambda e: "before this window" if e["before_window"] else "in this window"),
         ("call site", lambda e: dcc.Link(e["where"], href=ui.href("/source", profile=key, line=e["source_id"]))
          if e["source_id"] is not None else "—"),
         ("timeline", lambda e: dcc.Link("show", href=ui.href("/timeline", profile=key, sel=f"graph:{e['graph_id']}"))),
     ], r["recompiles"], id="recompiles-table")
+    f = r["figures"]   # the Summary's counts: what happened inside the recording window
+    before = [html.Div(r["before_window"], className="hint", id="recompiles-before")] if r["before_window"] else []
     return html.Div([
-        html.H2(f"Recompiles · {len(r['recompiles'])} of {len(r['graphs'])} graphs · "
-                f"{fmt_ns(r['compile_wall_ns'])} compiling in total"),
+        html.H2(f"Recompiles · {f.recompiles} of {f.graphs} graphs · {f.compiles} compiles "
+                f"({f.cache_hits} cache hits) · {fmt_ns(f.compile_ns)} compiling in this window",
+                id="recompiles-count"),
+        *before,
         html.Div(suggestions or [html.Div("No bucketing suggestion: no input dimension varied between compiles.",
                                           className="hint")], id="recompiles-suggestions"),
         html.Div(table if r["recompiles"] else html.Div("No recompiles: every graph compiled once.", className="hint"),

@@ -52,7 +52,8 @@ def layout(profile=None, **_):
                        f"{fmt_ns(s['cpu_fallback_ns'])}", id="summary-fallbacks"),
                href=ui.href("/fallbacks", profile=key)),
         html.A(ui.stat("recompiles", str(s["recompiles"]),
-                       f"{s['graphs']} graphs · {fmt_ns(s['compile_wall_ns'])} compiling",
+                       f"{s['graphs']} graphs · {s['compiles']} compiles · {fmt_ns(s['compile_wall_ns'])} compiling"
+                       + (f" · {s['before_window']}" if s["before_window"] else ""),
                        id="summary-recompiles"), href=ui.href("/recompiles", profile=key)),
         ui.stat("instructions", f"{s['instructions']:,}", s["timing_model"] and f"timing model: {s['timing_model']}"),
     ], className="stats")

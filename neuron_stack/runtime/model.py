@@ -33,7 +33,7 @@ from neuron_stack.ir import Partition
 from neuron_stack.isa.neff import Neff, PartitionSchedule
 from neuron_stack.runtime.errors import InputMismatch, OutOfDeviceMemory
 from neuron_stack.runtime.graph import PartitionFn, build_graph_module, from_json
-from neuron_stack.runtime.recorder import record_execution, record_load
+from neuron_stack.runtime.recorder import is_recompile, record_execution, record_load
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 from traces.ids import new_id
 from traces.intervals import union_by
@@ -150,8 +150,9 @@ class LoadedModel:
         live.model_loaded(name=self.name, uuid=neff.header["uuid"], model_id=self.graph_id & 0x7FFFFFFF,
                           core=self.core, device_bytes=dict(self.memory),
                           host_bytes={"constants": self.memory["constants"]})
-        live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
-        if info.get("recompile_of"):
+        if info.get("cache_hit") or info.get("compile_wall_ns"):   # as the recorder's events (record_load)
+            live.count_event("cache_hit" if info.get("cache_hit") else "compile", op=self.name)
+        if is_recompile(info):
             live.count_event("recompile", reason=info.get("recompile_reason", ""), source=_where(info.get("source")))
         for n in prog.nodes:
             if n.is_compute and n.placement == FALLBACK_PLACEMENT:
@@ -220,7 +221,8 @@ class LoadedModel:
 
     def _run(self, inputs: list, start_ns: int | None = None) -> list:
         session = self.session
-        session.poll_capture()
+        with clock.excluded():   # the simulator's own work (polling, publishing, recording) is no program time
+            session.poll_capture()
         rec = session.recorder
         wall0 = time.time_ns()
         t0 = time.perf_counter_ns()
@@ -258,13 +260,17 @@ class LoadedModel:
         clock.advance(real, device_ns)
         warmup = self.executions == 0
         self.executions += 1
-        session.live.record_execution(
-            core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
-            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops, start_ns=proj0)
-        if rec is not None:
-            with session.record_lock:
-                if session.recorder is rec:   # not ended by its timer meanwhile
-                    record_execution(rec, self, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
+        # off the projected clock, so a recorded run keeps an unrecorded one's timing: live busy and the busy
+        # of a capture of the same seconds agree (docs/top.md)
+        with clock.excluded():
+            session.live.record_execution(
+                core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
+                device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops,
+                start_ns=proj0)
+            if rec is not None:
+                with session.record_lock:
+                    if session.recorder is rec:   # not ended by its timer meanwhile
+                        record_execution(rec, self, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
         return result
 
     def unload(self) -> None:

@@ -85,7 +85,7 @@ class Recorder:
             "run_id": session.run_id, "pid": os.getpid(), "tag": session.live.tag,
             "command": session.live.command, "host": host_name(), "target": session.target,
             "rank": env_int("RANK", 0), "node": env_int("GROUP_RANK", 0),   # checked: RANK=abc, ٣
-            "wall_start_ns": now, "start_ns": now + clock.offset_ns()}, metadata=meta)
+            "wall_start_ns": now, "start_ns": clock.now_ns()}, metadata=meta)
         self.host_sampler = HostSampler(self) if (self.config.cpu_util or self.config.host_memory) else None
 
     @classmethod
@@ -210,6 +210,9 @@ class Recorder:
                 "detail": cols[8]})
 
     def close(self) -> None:
+        # the window ends now, on the projected clock as it began (not its start plus the wall time elapsed,
+        # which counts the simulator's own time), before the flushing below
+        end_ns, wall_end_ns = clock.now_ns(), clock.wall_ns()
         if self.host_sampler is not None:
             self.host_sampler.stop()
         self.flush_system()
@@ -218,7 +221,7 @@ class Recorder:
         if status == "missing":
             _warn_once(f"{line} (profile: {self.out_dir})")
         try:
-            self.writer.close(status="ok")
+            self.writer.close(status="ok", end_ns=end_ns, wall_end_ns=wall_end_ns)
             if self.publish_to is not None:
                 self._publish()
         except traces.TraceError as exc:  # a full disk at exit: one warning line, never a traceback
@@ -356,6 +359,13 @@ def record_dispatch(model, host_ns: int, mode: str) -> None:
                       host_time="measured")
 
 
+def is_recompile(info: dict) -> bool:
+    """A graph is a recompile when it names the graph it replaces or dynamo gave a reason (the Summary's
+    ``recompile_count`` counts the same graphs: ``traces.store.RECOMPILED_SQL``).
+    Example: ``is_recompile({"recompile_reason": "x dim 0: 4 -> 8"})`` is True."""
+    return info.get("recompile_of") is not None or bool(info.get("recompile_reason"))
+
+
 def source_id(src) -> int | None:
     """The trace store's id of a source line (``stable_id(file, line)``)."""
     return stable_id(src.file, src.line) if src is not None else None
@@ -422,9 +432,9 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
         rec.event("compile", ts_ns=now - compile_ns, dur_ns=compile_ns, graph_id=model.graph_id,
                   source_id=source_id(call_site), model=model.name, kind=info.get("kind", "trace"),
                   pass_s=stats.get("pass_s", {}))   # seconds per compiler pass (compile log names them too)
-    if history and info.get("recompile_of"):
+    if history and is_recompile(info):   # dynamo may name a recompile whose first graph it never handed us
         rec.event("recompile", ts_ns=now, graph_id=model.graph_id, source_id=source_id(call_site),
-                  reason=info.get("recompile_reason", ""), recompile_of=info["recompile_of"])
+                  reason=info.get("recompile_reason", ""), recompile_of=info.get("recompile_of"))
     for n in ops:
         if n.placement == FALLBACK_PLACEMENT:
             rec.event("cpu_fallback", ts_ns=now, graph_id=model.graph_id, op_id=model.op_ids[n.name],

@@ -5,6 +5,7 @@ asked for by ``neuron-top``). One session per target per process: ``Session.get(
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -57,7 +58,7 @@ class Session:
         self.live = LivePublisher(
             tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
             command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"))
+            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.now_ns)
         self.live.cores = list(self.cores)
         self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
         # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
@@ -94,7 +95,7 @@ class Session:
     def begin_recording(self, rec: "Recorder") -> bool:
         """Make ``rec`` this session's recorder until :meth:`stop_capture` (models already loaded are
         described first); False when a recording is already running."""
-        with self.record_lock:
+        with clock.excluded(), self.record_lock:
             if self.recorder is not None or self.closed:
                 return False
             for m in list(self.models):
@@ -109,7 +110,7 @@ class Session:
         Returns False when this process is already recording. Example:
         ``Session.get("trn1").start_capture("/tmp/cap", 5)``, then ``traces.finalize("/tmp/cap")``.
         """
-        with self.record_lock:
+        with clock.excluded(), self.record_lock:   # describing the loaded models is not the program's time
             if self.recorder is not None or self.closed:
                 return False
             try:
@@ -127,8 +128,11 @@ class Session:
         return True
 
     def stop_capture(self, rec: "Recorder") -> None:
-        """End the timed recording ``rec`` (if still running): flush and close its segments."""
-        with self.record_lock:
+        """End the recording ``rec`` (if still running): flush and close its segments. Called by the program
+        (torch.profiler's window), that time is the simulator's, off the projected clock; by the capture's
+        timer, the program runs on meanwhile."""
+        timer = threading.current_thread() is self._capture_timer
+        with contextlib.nullcontext() if timer else clock.excluded(), self.record_lock:
             if self.recorder is not rec:
                 return
             self.recorder = None
