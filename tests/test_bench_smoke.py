@@ -63,8 +63,13 @@ CASES = {
         r"== Llama-style decoder layer",
         rf"^\s+trn1\s+{NUM}\s+\d+",                    # the decoder layer's device time on trn1
     ], None),
-    "nki.py": (["--size", "256", "--seq", "256"], [
-        r"[Pp]eak", r"per (simulated )?instruction", r"attention",
+    "nki.py": (["--size", "512", "--seq", "512"], [
+        rf"NKI tiled kernel : +{NUM} ms +{NUM}% of TensorE peak",
+        rf"compiler matmul  : +{NUM} ms +{NUM}% of TensorE peak",
+        rf"interpreter +: +{NUM} us wall per instruction",
+        r"numbers match numpy",
+        rf"NKI flash-attention kernel : +{NUM} us",
+        rf"kernel / compiler device time: {NUM}x$",
     ], None),
     "nki_samples.py": (["--smoke"], [
         rf"\| `matmul_optimized.py` \| `\w+` \| .* \| {NUM} µs \|",
@@ -81,14 +86,20 @@ CASES = {
         r"CPU share(: skipped| of one core: [\d.]+%)",
         rf"one frame: collect\+snapshot {NUM} ms, widgets\+paint {NUM} ms",
     ], None),
-    "window.py": (["--short", "1", "--long", "2"], [r"\|.*step", r"1,000 steps"], None),
+    "window.py": (["--short", "1", "--long", "2"], [
+        r"^\| \| 1 steps \| 2 steps \| per step \| 1,000 steps \|$",
+        rf"^\| trace.json \| {NUM} MB \| {NUM} MB \| {NUM} MB \| {NUM} MB \|$",
+        rf"^\| host events \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|$",
+    ], None),
     "scale.py": (["--ranks", "2", "--executions", "2", "--instructions", "500"], [
         rf"per rank: {NUM} rows",
         rf"publish per rank: mean {NUM} s",
-        rf"\| \w[\w ]+ \| {NUM} s \| {NUM} s \| {NUM} \|",   # a query on S3 against the local profile
+        rf"^\| summary\(\) \| {NUM} s \| {NUM} s \| {NUM} \|$",   # on S3 against the local profile
     ], "weed"),
     "serving.py": (["--quick", "--requests", "2", "--concurrency", "2", "--max-tokens", "4"], [
-        r"requests/s", r"TTFT", r"TPOT",
+        rf"held {NUM} requests/s, {NUM} generated tokens/s",
+        rf"projected TTFT mean {NUM} ms, TPOT mean {NUM} ms",
+        rf"TTFT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)\s+TPOT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)",
     ], None),
     "llm.py": (["--smoke"], [
         rf"^Llama-3-70B\s+24 inf2\.\S+\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}GB\s+{NUM}\s+{NUM}, {NUM}",
@@ -101,10 +112,10 @@ CASES = {
         r"^odd\s+\d+\s+0\s",
     ], None),
 }
-# benches whose smoke run lives in another test file (bench script -> that file, which must run it)
+# benches whose smoke run lives in another test file: script -> (that test file, the script it runs)
 ELSEWHERE = {
-    "scaling.py": "test_scaling.py",                  # --small, every figure checked as JSON
-    "published.py": "test_fidelity_published.py",     # the module behind bench/fidelity.py --published
+    "scaling.py": ("test_scaling.py", "scaling.py"),                      # --small, every figure checked as JSON
+    "published.py": ("test_fidelity_published.py", "fidelity.py"),        # fidelity.py --published prints it
 }
 
 
@@ -119,9 +130,9 @@ def _docs_digest() -> str:
 def test_every_bench_has_a_smoke_case():
     scripts = {p.name for p in BENCH.glob("*.py")}
     assert scripts == set(CASES) | set(ELSEWHERE), "give every bench/ script a smoke case in CASES"
-    for script, test_file in ELSEWHERE.items():
-        assert f"bench/{script}" in (ROOT / "tests" / test_file).read_text().replace('"bench" / "', "bench/"), (
-            script, test_file)
+    for script, (test_file, runs) in ELSEWHERE.items():
+        assert f'"bench" / "{runs}"' in (ROOT / "tests" / test_file).read_text(), (test_file, runs)
+        assert runs == script or f"import {script[:-3]}" in (BENCH / runs).read_text(), (runs, script)
     assert not any("--write" in args for args, _, _ in CASES.values()), "the smoke run never writes docs"
 
 
