@@ -76,7 +76,7 @@ def main() -> None:
                     f"{run.num_instructions:,} |")
         print(rows[-1], f"(traced + scheduled in {wall:.1f} s)")
 
-    # interpreter speed: the blocked matmul with numbers, fp32 1024 x 512 x 2048 (smoke: one block of each, 256^2 x 1024)
+    # interpreter speed: the blocked matmul with numbers, fp32 1024 x 512 x 2048 (smoke: one block, 256^2 x 1024)
     rng = np.random.default_rng(0)
     K, M, N = (256, 256, 1024) if args.smoke else (1024, 512, 2048)
     lhsT, rhs = rng.standard_normal((K, M), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)

@@ -98,7 +98,7 @@ CASES = {
     ], "weed"),
     "serving.py": (["--quick", "--requests", "2", "--concurrency", "2", "--max-tokens", "4"], [
         rf"held {NUM} requests/s, {NUM} generated tokens/s",
-        rf"projected TTFT mean {NUM} ms, TPOT mean {NUM} ms",
+        rf"projected TTFT mean {NUM} ms, TPOT mean {NUM} ms; tokens equal eager: True",
         rf"TTFT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)\s+TPOT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)",
     ], None),
     "llm.py": (["--smoke"], [
