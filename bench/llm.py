@@ -12,7 +12,8 @@ per simulated decode step.
    decode step against the simulated device time of that step; and the two-layer decode NEFF of
    Llama-3-8B TP=32 run on meta tensors (numbers=none): wall time per stamped step.
 
-Usage: ``.venv/bin/python bench/llm.py [--quick] [--write]`` (``--quick``: 8B only; ``--write``: also
+Usage: ``.venv/bin/python bench/llm.py [--quick|--smoke] [--write]`` (``--quick``: 8B only; ``--smoke``: the
+shortest published row and 4 decode steps, what the suite runs; ``--write``: also
 write the projection table into docs/llm.md's generated block).
 """
 
@@ -37,6 +38,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: (published model, target, TP, input, output, wall budget s): issue 24 item 8
 CASES = [("Llama-3-8B", "trn1", 32, 128, 3968, 30.0), ("Llama-3.1-405B", "trn2", 64, 10000, 1500, 90.0)]
+#: --smoke (the suite's run): the shortest published row, two buckets; it checks the bench runs, measures nothing
+SMOKE_CASE = ("Llama-3-70B", "inf2", 24, 128, 128, 30.0)
 RSS_BUDGET = 2**30
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "llm.md"
 DOCS_BEGIN = "<!-- begin: written by bench/llm.py --write; do not edit by hand -->"
@@ -69,7 +72,7 @@ def projection(cmd: list[str]) -> dict:
     return doc
 
 
-def simulator_step_wall() -> tuple[float, float, float]:
+def simulator_step_wall(steps: int = 32) -> tuple[float, float, float]:
     """(host wall ms per real decode step, simulated device us per step, wall ms per meta-stamped step)."""
     from neuron_stack.inference.tiny import tiny_llama
     from neuron_stack.llm import NeuronModelForCausalLM, project
@@ -81,7 +84,6 @@ def simulator_step_wall() -> tuple[float, float, float]:
     nm = NeuronModelForCausalLM.from_pretrained(model, batch_size=1, sequence_length=128)
     prompt = torch.randint(1, 1000, (1, 16))
     nm.generate(prompt, max_new_tokens=4)  # compile both graphs
-    steps = 32
     t0 = time.perf_counter()
     nm.generate(prompt, max_new_tokens=steps + 1)
     real_ms = (time.perf_counter() - t0) * 1e3 / (steps + 1)
@@ -129,8 +131,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="Llama-3-8B only")
     p.add_argument("--write", action="store_true", help=f"write the projection table into {DOCS.name}")
+    p.add_argument("--smoke", action="store_true", help="the shortest published row and 4 steps (the suite's run)")
     args = p.parse_args()
-    cases = CASES[:1] if args.quick else CASES
+    if args.smoke and args.write:
+        p.error("--smoke is not the issue's settings: do not --write it")
+    cases = [SMOKE_CASE] if args.smoke else CASES[:1] if args.quick else CASES
     load0 = os.getloadavg()[0]
     print(f"load average {load0:.1f} on {os.cpu_count()} CPUs (wall time grows with it; CPU time much less)")
     print(
@@ -152,7 +157,7 @@ def main() -> None:
     if args.write:
         write_docs(str(DOCS), markdown(rows, (load0, load1)), DOCS_BEGIN, DOCS_END)
         print(f"wrote the table into {DOCS}")
-    real_ms, device_us, meta_ms = simulator_step_wall()
+    real_ms, device_us, meta_ms = simulator_step_wall(4 if args.smoke else 32)
     print(
         f"\nsimulator, tiny Llama (4 layers, hidden 256), real numbers: {real_ms:.1f} ms wall per "
         f"decode step for {device_us:.1f} us of simulated device time"

@@ -4,7 +4,8 @@ against numpy by tests/test_nki_samples.py), plus the interpreter's wall time pe
 numbers run, with the machine's load average. ``--write`` puts the table into docs/nki.md between its
 ``nki-samples`` markers.
 
-Usage: ``.venv/bin/python bench/nki_samples.py [--target trn1] [--write]``.
+Usage: ``.venv/bin/python bench/nki_samples.py [--target trn1] [--write | --smoke]`` (``--smoke``: small sizes,
+what the suite runs).
 """
 import argparse
 import os
@@ -30,24 +31,24 @@ DOC = ROOT / "docs" / "nki.md"
 BEGIN, END = "<!-- nki-samples:begin -->", "<!-- nki-samples:end -->"
 
 
-def cases():
-    """(sample file, kernel, shape text, inputs, kwargs, matmul FLOPs)."""
-    # the tutorial's own size and meta-parameters
-    n = 4096
+def cases(smoke: bool = False):
+    """(sample file, kernel, shape text, inputs, kwargs, matmul FLOPs); ``smoke``: small sizes (the suite's run)."""
+    # the tutorial's own size and meta-parameters (the smoke size is the smallest these blocks tile)
+    n = 2048 if smoke else 4096
     mm = dict(TILES_IN_BLOCK_M=16, TILES_IN_BLOCK_N=2, TILES_IN_BLOCK_K=8)
     bf = "bfloat16"
     yield ("matmul_optimized.py", matmul_blocked_legacy, f"bf16 {n}^3, blocks 16/2/8",
            (Spec((n, n), bf), Spec((n, n), bf)), mm, 2 * n ** 3)
     yield ("matmul_optimized.py", matmul_blocked, f"bf16 {n}^3, blocks 16/2/8",
            (Spec((n, n), bf), Spec((n, n), bf)), mm, 2 * n ** 3)
-    R, D = 4096, 4096
+    R, D = (512, 512) if smoke else (4096, 4096)
     ln = (Spec((R, D), "float32"), 1e-5, Spec((D,), "float32"), Spec((D,), "float32"))
     yield ("layernorm.py", layernorm_nl, f"fp32 {R}x{D}", ln, {}, 0)
     yield ("layernorm.py", layernorm_bn, f"fp32 {R}x{D}", ln, {}, 0)
-    S, d = 4096, 64
+    S, d = 1024 if smoke else 4096, 64
     yield ("sd_attention.py", fused_self_attention, f"bf16 seq {S}, d {d}", tuple(Spec((S, d), bf) for _ in range(3)),
            {}, 4 * S * S * d)
-    S = 4096
+    S = 1024 if smoke else 4096
     for kernel in (attn_fused, attn_pipelined):
         yield ("attention_tutorial.py", kernel, f"bf16 seq {S}, d 128", tuple(Spec((128, S), bf) for _ in range(3)),
                {}, 4 * S * S * 128)
@@ -58,12 +59,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="trn1", choices=("trn1", "inf2", "trn2"))
     p.add_argument("--write", action="store_true", help="write the table into docs/nki.md")
+    p.add_argument("--smoke", action="store_true", help="small sizes, to check the bench runs (the suite's run)")
     args = p.parse_args()
+    if args.smoke and args.write:
+        p.error("--smoke figures are not the tutorials' sizes: do not --write them")
     prof = get_profile(args.target)
     peak = prof.tensor_peak_flops("bfloat16")
     rows = ["| sample | kernel | shape | simulated device time | TensorE share of peak | instructions |",
             "|---|---|---|---|---|---|"]
-    for file, kernel, shape, inputs, kwargs, flops in cases():
+    for file, kernel, shape, inputs, kwargs, flops in cases(args.smoke):
         t0 = time.perf_counter()
         run = run_kernel(kernel, inputs, kwargs, execute=False, target=args.target)
         wall = time.perf_counter() - t0
@@ -72,9 +76,10 @@ def main() -> None:
                     f"{run.num_instructions:,} |")
         print(rows[-1], f"(traced + scheduled in {wall:.1f} s)")
 
-    # interpreter speed: the blocked matmul with numbers, fp32 1024 x 512 x 2048
+    # interpreter speed: the blocked matmul with numbers, fp32 1024 x 512 x 2048 (smoke: one block, 256^2 x 1024)
     rng = np.random.default_rng(0)
-    lhsT, rhs = rng.standard_normal((1024, 512), dtype=np.float32), rng.standard_normal((1024, 2048), dtype=np.float32)
+    K, M, N = (256, 256, 1024) if args.smoke else (1024, 512, 2048)
+    lhsT, rhs = rng.standard_normal((K, M), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
     load = os.getloadavg()[0]
     c0 = time.process_time()
     run_kernel(matmul_blocked, (lhsT, rhs), execute=False, target=args.target)
@@ -86,7 +91,7 @@ def main() -> None:
     interp_cpu = ((c2 - c1) - (c1 - c0)) / ni * 1e6      # the numbers run minus the timing-only run
     speed = (f"Interpreter: {r.sim_wall_ns / ni / 1e3:,.0f} µs wall ({interp_cpu:,.0f} µs CPU) per instruction "
              f"executed; tracing and scheduling {r.trace_wall_ns / ni / 1e3:,.0f} µs wall ({(c1 - c0) / ni * 1e6:,.0f} "
-             f"µs CPU) per instruction (`matmul_blocked`, fp32 1024x512x2048, {ni} instructions, numbers "
+             f"µs CPU) per instruction (`matmul_blocked`, fp32 {K}x{M}x{N}, {ni} instructions, numbers "
              f"{'match' if ok else 'DO NOT match'} numpy; load average {load:.1f} on {os.cpu_count()} cores: wall "
              f"time grows with the load, CPU time much less).")
     print(speed)

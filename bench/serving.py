@@ -90,8 +90,9 @@ def tiny_load(requests: int, concurrency: int, max_tokens: int) -> dict:
             torch.randint(3, 259, (int(n),), generator=g).tolist()
             for n in torch.randint(4, 64, (requests,), generator=g)
         ]
-        first = _post(
-            base + "/v1/completions", {"prompt": prompts[0], "max_tokens": max_tokens, "ignore_eos": True}
+        first = _post(   # greedy, to compare with eager greedy (a completion samples at temperature 1 by default)
+            base + "/v1/completions",
+            {"prompt": prompts[0], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0},
         )
         with torch.no_grad():
             want = (

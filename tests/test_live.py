@@ -237,3 +237,31 @@ def test_forked_child_leaves_the_parents_files_alone(d):
     assert s["pid"] == os.getpid() and s["seq"] == 2 and s["ring"]["seq"].tolist() == [1, 2]
     assert s["ring"]["wall_end"].tolist() == [1000.0, 1001.0]
     pub.close()
+
+
+def test_a_finalizer_run_by_a_collection_inside_the_lock_does_not_deadlock(d):
+    """A garbage collection while the publisher's lock is held (the flusher's snapshot) can run a finalizer
+    that counts on the same thread: a freed eager device tensor's set_device_memory. With a plain lock that
+    thread waited on itself and the workload hung (bench/window.py, issue 41)."""
+    import gc
+    import weakref
+
+    pub = LivePublisher(tag="x", directory=d)
+
+    class Tensor:
+        pass
+
+    def freed_and_counted():
+        t = Tensor()
+        t.cycle = t                                  # freed only by a collection, as torch tensors often are
+        weakref.finalize(t, pub.set_device_memory, 0, "tensors", 0)
+        del t
+        with pub._lock:                              # where the flusher's snapshot() allocates
+            gc.collect()
+
+    worker = threading.Thread(target=freed_and_counted, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the finalizer waited on the lock its own thread holds"
+    assert pub.snapshot()["device_memory"]["0"]["tensors"] == 0
+    pub.close()

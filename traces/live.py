@@ -166,7 +166,9 @@ class LivePublisher:
         self.start_time = time.time()
         self.process_start_time = _process_start_time(self.pid)
         self._cores: list[int] = []
-        self._lock = threading.Lock()      # guards the counters; held for microseconds
+        # guards the counters; held for microseconds. Re-entrant: a garbage collection while it is held can run a
+        # finalizer that counts on the same thread (a freed eager device tensor's set_device_memory)
+        self._lock = threading.RLock()
         self._io_lock = threading.Lock()   # one writer at a time, and no write after close()
         self._seq = 0
         self._executions = dict.fromkeys(EXECUTION_STATUSES, 0)
