@@ -74,7 +74,7 @@ class DeviceMemory:
     """
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # a GC finalizer (_release) can run inside track on this thread
         self.storages: dict[int, list] = {}       # storage data_ptr -> [nbytes, users, index]
         self.allocated: dict[int, int] = {}
         self.peak: dict[int, int] = {}
