@@ -33,6 +33,7 @@ import threading
 import time
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from neuron_stack.compiler.cache import compile_cached
@@ -210,6 +211,62 @@ def _meta(x):
     return x
 
 
+# Ops whose value scalar is typed ``Scalar`` (no Tensor overload takes it): the one-op graph is this
+# decomposition, rounding as CPU eager's kernel does (PointwiseOpsKernel: addcdiv is ``self + v * t1 / t2``;
+# addcmul ``fma(v * t1, t2, self)``; add with alpha ``fma(other, alpha, self)``), so a lifted scalar gives
+# the same bits: ``addcmul`` with ``value=1`` is that fused multiply-add (``1 * x`` is exact).
+_SCALAR_ARG = {aten.addcdiv.default: "value", aten.addcmul.default: "value", aten.add.Tensor: "alpha",
+               aten.sub.Tensor: "alpha", aten.lerp.Scalar: "weight"}
+_DECOMPOSED = {
+    aten.addcdiv.default: lambda x, t1, t2, v: aten.add.Tensor(x, aten.div.Tensor(aten.mul.Tensor(v, t1), t2)),
+    aten.addcmul.default: lambda x, t1, t2, v: aten.addcmul.default(x, aten.mul.Tensor(v, t1), t2),
+    aten.add.Tensor: lambda x, y, alpha: aten.addcmul.default(x, y, alpha),
+    aten.sub.Tensor: lambda x, y, alpha: aten.addcmul.default(x, y, aten.neg.default(alpha)),
+    aten.lerp.Scalar: lambda x, end, weight: aten.lerp.Tensor(x, end, weight)}
+_LIFTABLE = (torch.float32, torch.float64)
+
+
+def _lift(func, a: tuple, k: dict) -> tuple[tuple, dict]:
+    """``(a, k)`` with the op's value scalars as 0-d tensors: inputs of its NEFF, not constants baked into it.
+
+    A float in a ``Tensor`` argument (``x * 0.9``, ``x / bias_correction``) or the ``Scalar`` of a
+    :data:`_SCALAR_ARG` op (``addcdiv``'s ``value``, ``add``'s ``alpha``) only flows into arithmetic, so an
+    optimizer step whose step size changes runs the NEFF compiled at step 1, as a real kernel takes its scalars
+    as arguments. Only when every tensor is fp32 (or every one fp64): the scalar as a tensor of that dtype
+    rounds as CPU eager rounds it. Dims, sizes, booleans, ints and exponents stay in the signature.
+
+    >>> _lift(aten.mul.Tensor, (torch.ones(2), 0.5), {})[0][1]
+    tensor(0.5000)
+    >>> _lift(aten.pow.Tensor_Scalar, (torch.ones(2), 2.0), {})[0][1]
+    2.0
+    """
+    dtypes = {x.dtype for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)}
+    if len(dtypes) != 1 or (dt := dtypes.pop()) not in _LIFTABLE:
+        return a, k
+    named = _SCALAR_ARG.get(func)
+    schema = func._schema.arguments
+    a = list(a)
+    for i, arg in enumerate(schema):
+        v = a[i] if i < len(a) else k.get(arg.name)
+        if type(v) is float and (arg.name == named or isinstance(arg.type, torch.TensorType)):
+            t = torch.tensor(v, dtype=dt)
+            if i < len(a):
+                a[i] = t
+            else:
+                k = dict(k, **{arg.name: t})
+    return tuple(a), k
+
+
+def _scalar_arg(func, a: tuple, k: dict):
+    """The lifted ``Scalar`` argument of a :data:`_SCALAR_ARG` op (a 0-d tensor), else None."""
+    named = _SCALAR_ARG.get(func)
+    if named is None:
+        return None
+    i = next(i for i, x in enumerate(func._schema.arguments) if x.name == named)
+    v = a[i] if i < len(a) else k.get(named)
+    return v if isinstance(v, torch.Tensor) else None
+
+
 def _signature(func, a, k, site, core) -> tuple:
     flat, spec = tree_flatten((a, k))
     leaves = tuple((tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
@@ -221,15 +278,16 @@ def _execute(func, a: tuple, k: dict, index: int):
     t0 = time.perf_counter_ns()
     s, core = core_of(index)
     site = provenance.site()
-    key = _signature(func, a, k, site, core)
+    la, lk = _lift(func, a, k)
+    key = _signature(func, la, lk, site, core)
     with _lock:
         model = _models.get(key)
     if model is None:
-        model = _compile(func, a, k, site, core, key)
+        model = _compile(func, la, lk, site, core, key)
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
     if model is _HOST:
         return _host_op(func, a, k, index, None, site.source)
-    tensors = [x for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)]
+    tensors = [x for x in tree_flatten((la, lk))[0] if isinstance(x, torch.Tensor)]
     r0 = time.perf_counter_ns()
     outs = model.run(tensors)
     r1 = time.perf_counter_ns()
@@ -251,40 +309,15 @@ def _compile(func, a, k, site, core, key):
     src = site.source
     flat, spec = tree_flatten((a, k))
     try:
-        g = torch.fx.Graph()
-        leaves, phs = [], []
-        for i, x in enumerate(flat):
-            if isinstance(x, torch.Tensor):
-                ph = g.placeholder(f"arg{i}")
-                ph.meta["val"] = _meta(x)
-                phs.append(ph.name)
-                leaves.append(ph)
-            else:
-                leaves.append(x)
-        na, nk = tree_unflatten(leaves, spec)
-        ma, mk = tree_unflatten([_meta(x) for x in flat], spec)
-        val = func(*ma, **mk)
-        node = g.call_function(func, tuple(na), dict(nk))
-        node.meta["val"] = val
-        # as a compiled graph's node: the (forward) line autograd records and the module stack
+        gm, phs, val = (_decomposed_graph if _scalar_arg(func, a, k) is not None else _graph)(func, flat, spec)
+        # as a compiled graph's nodes: the (forward) line autograd records and the module stack
         line = site.fwd_source if site.backward else src
-        if line is not None:
-            node.meta["stack_trace"] = f'File "{line.file}", line {line.line}, in {line.function}\n'
-        if site.module_path:
-            node.meta["nn_module_stack"] = {"m": (site.module_path, site.module_type)}
-        vals, out_spec = tree_flatten(val)
-        if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
-            raise TypeError("results that are not tensors")
-        if isinstance(val, torch.Tensor):
-            outs = [node]
-        else:
-            outs = []
-            for i, v in enumerate(vals):
-                item = g.call_function(operator.getitem, (node, i))
-                item.meta["val"] = v
-                outs.append(item)
-        g.output(tuple(outs))
-        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        for node in (n for n in gm.graph.nodes if n.op == "call_function"):
+            if line is not None:
+                node.meta["stack_trace"] = f'File "{line.file}", line {line.line}, in {line.function}\n'
+            if site.module_path:
+                node.meta["nn_module_stack"] = {"m": (site.module_path, site.module_type)}
+        out_spec = tree_flatten(val)[1]
         name = "eager_" + str(func).removeprefix("aten.").replace(".", "_")
         program = graph_to_program(gm, name=name, constants={}, input_names=phs,
                                    backward_source=src if site.backward else None)
@@ -309,6 +342,53 @@ def _compile(func, a, k, site, core, key):
     if model is not _HOST:   # compiled once per signature, so warned once; after the try: a warning filter
         warn_fallbacks(model.neff, src)     # set to "error" raises here, not into the host fallback
     return model
+
+
+def _graph(func, flat: list, spec):
+    """The one-op FX graph of ``func`` on these argument leaves: (graph module, input names, result meta)."""
+    g = torch.fx.Graph()
+    leaves, phs = [], []
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            ph = g.placeholder(f"arg{i}")
+            ph.meta["val"] = _meta(x)
+            phs.append(ph.name)
+            leaves.append(ph)
+        else:
+            leaves.append(x)
+    na, nk = tree_unflatten(leaves, spec)
+    ma, mk = tree_unflatten([_meta(x) for x in flat], spec)
+    val = func(*ma, **mk)
+    node = g.call_function(func, tuple(na), dict(nk))
+    node.meta["val"] = val
+    vals = tree_flatten(val)[0]
+    if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
+        raise TypeError("results that are not tensors")
+    if isinstance(val, torch.Tensor):
+        outs = [node]
+    else:
+        outs = []
+        for i, v in enumerate(vals):
+            item = g.call_function(operator.getitem, (node, i))
+            item.meta["val"] = v
+            outs.append(item)
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(torch.nn.Module(), g), phs, val
+
+
+def _decomposed_graph(func, flat: list, spec):
+    """As :func:`_graph` for an op whose ``Scalar`` argument was lifted: the graph of its decomposition."""
+    metas = [_meta(x) for x in flat if isinstance(x, torch.Tensor)]
+
+    def op(*tensors):
+        it = iter(tensors)
+        a, k = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in flat], spec)
+        bound = dict(zip((x.name for x in func._schema.arguments), a), **k)
+        return (_DECOMPOSED[func](*(bound[x.name] for x in func._schema.arguments if x.name in bound)),)
+
+    gm = make_fx(op)(*metas)
+    phs = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, phs, op(*metas)[0]
 
 
 def _count_fallback(op: str, reason: str, src) -> None:
