@@ -192,7 +192,7 @@ def _print_diff(c: dict) -> None:
 
     console = Console()
     console.print(f"[bold]A[/] {c['a_label']}  {c['a_path']}\n[bold]B[/] {c['b_label']}  {c['b_path']}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)   # one line each, whatever the terminal's width
     why = c["why"]
     named = "" if why["a_name"] == "A" else f"A = {why['a_name']}, B = {why['b_name']}; "
     console.print(f"[bold]Why[/] ({named}every execution, warm-ups included)")

@@ -4,7 +4,7 @@ The public API is imported lazily so that light tools (``neuron-ls``) do not pay
 
 >>> import neuron_stack
 >>> sorted(neuron_stack.__all__)[:3]
-['NeuronModule', 'PartitionerConfig', 'analyze']
+['CPUFallbackWarning', 'NeuronModule', 'PartitionerConfig']
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ def recorded_samples(tmp_path_factory):
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
-                     help="also run the tests marked full (every sample at its default size, on every target)")
+                     help="full size: also run the tests marked full (every sample at its default size, on every "
+                          "target) and the reliability battery's full counts (slow; see bench/reliability.py)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,5 +37,5 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="full size: run with --full")
     for item in items:
-        if "full" in item.keywords:
+        if item.get_closest_marker("full"):
             item.add_marker(skip)

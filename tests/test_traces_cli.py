@@ -93,7 +93,7 @@ def test_export_every_format(session, tmp_path):
 def test_bad_input_is_one_line(session, tmp_path):
     one_line_error(run("summary", tmp_path / "missing.duckdb"), "does not exist")
     (tmp_path / "corrupt.duckdb").write_bytes(b"\x00garbage" * 4096)
-    one_line_error(run("summary", tmp_path / "corrupt.duckdb"), "is not a neuron_stack profile")
+    one_line_error(run("summary", tmp_path / "corrupt.duckdb"), "is not a profile (not a DuckDB database)")
     one_line_error(run("sql", session, "SELEC 1"), "SQL error", "syntax error")
     one_line_error(run("sql", session, "SELECT * FROM no_such_table"), "no_such_table does not exist")
     one_line_error(run("sql", session, "DROP TABLE ops"), "SQL error")

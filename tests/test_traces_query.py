@@ -166,7 +166,7 @@ def _newer_schema_copy(src: Path, dst: Path, version: str) -> Path:
 @pytest.mark.parametrize("make, message", [
     (lambda d, s: d / "missing.duckdb", "does not exist"),
     (lambda d, s: (d / "junk.duckdb").write_bytes(b"not a database" * 100) and d / "junk.duckdb",
-     "is not a neuron_stack profile"),
+     "is not a profile \\(not a DuckDB database\\)"),
     (lambda d, s: (duckdb.connect(str(d / "other.duckdb")).execute("CREATE TABLE t (x INT)").close(),
                    d / "other.duckdb")[1], "not a neuron_stack profile \\(it has no metadata table\\)"),
     (lambda d, s: _newer_schema_copy(s / "profile.duckdb", d / "new.duckdb", "2.0.0"),

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import traces
-from neuron_stack.compiler import records as records_mod
 from neuron_stack.compiler.version import stack_version
 from neuron_stack.device import clock
 from neuron_stack.device.cost import pcie_ns
@@ -587,7 +586,9 @@ def record_graph_records(rec: Recorder, model) -> None:
             rec.append(name, t.append_column("graph_id", pa.array(np.full(n, model.graph_id, dtype=np.int64)))
                        .append_column("partition", pa.array(np.full(n, p.part.index, dtype=np.int32))))
         if recs and rec.device_profile != "off":   # the facts the Instruction view joins to the instruction rows
-            t = records_mod.instruction_info(p.sched.table, model.profile)
+            # imported here: it pulls in the lowering, which loading and running a saved NEFF never needs
+            from neuron_stack.compiler.records import instruction_info
+            t = instruction_info(p.sched.table, model.profile)
             n = t.num_rows
             if n:
                 part = pa.array(np.full(n, p.part.index, np.int32))

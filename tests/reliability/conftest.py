@@ -1,5 +1,5 @@
-"""The reliability battery (issue 9). Quick by default; ``--full`` (or NEURON_STACK_RELIABILITY_FULL=1)
-runs the issue's counts, e.g. ``.venv/bin/python -m pytest tests/reliability --full``.
+"""The reliability battery (issue 9). Quick by default; ``--full`` (tests/conftest.py's option) or
+NEURON_STACK_RELIABILITY_FULL=1 runs the issue's counts, e.g. ``.venv/bin/python -m pytest tests/reliability --full``.
 bench/reliability.py runs the same scenarios with the full counts and prints the table."""
 from __future__ import annotations
 
@@ -15,11 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 #: test -> (quick count, full count): trials, seconds or examples, as each test reads it.
 COUNTS = {"kill": (2, 50), "many": (3, 8), "fuzz": (40, 10_000), "browser": (1, 20), "races": (3.0, 60.0),
           "rank": ((2,), (2, 4)), "disk": (2, 10)}
-
-
-def pytest_addoption(parser):
-    parser.addoption("--full", action="store_true", default=False,
-                     help="reliability battery: run the issue's full counts (slow; see bench/reliability.py)")
 
 
 @pytest.fixture(scope="session")
