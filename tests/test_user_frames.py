@@ -117,8 +117,10 @@ def test_a_thread_this_project_started_is_dropped_whole():
 def test_recording_time_is_taken_off_the_projected_clock(monkeypatch):
     wall = [1_000_000_000]
     monkeypatch.setattr(clock, "time", SimpleNamespace(time_ns=lambda: wall[0]))
-    monkeypatch.setattr(clock, "_offset", clock._offset)
-    monkeypatch.setattr(clock, "_history", list(clock._history))
+    # a fresh clock: earlier tests in this process left offsets stamped at real wall times, which the fake
+    # wall above would sort before
+    monkeypatch.setattr(clock, "_offset", 0)
+    monkeypatch.setattr(clock, "_history", [])
     start = clock.now_ns()
     with clock.excluded():
         wall[0] += 5_000_000                   # 5 ms of the simulator writing its trace
