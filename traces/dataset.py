@@ -139,7 +139,7 @@ def connect(url: str, *, external_access: bool = True, limits: dict | None = Non
     import duckdb
     import pyarrow.dataset as ds
 
-    from traces.store import summary_sql
+    from traces.summary_sql import summary_sql
 
     bucket = Bucket(url)
     fs = arrow_filesystem()

@@ -440,7 +440,7 @@ cc_op_active_time cc_op_active_time_percent cc_op_count cc_cores_instruction_tim
 cc_cores_instruction_active_time_percent cc_cores_instruction_count total_exec_time total_active_time
 total_active_time_percent""".split()
 
-#: Summary columns our ``summary`` table has today (traces.store.summary_sql), under the real names.
+#: Summary columns our ``summary`` table has today (traces.summary_sql.summary_sql), under the real names.
 _SUMMARY_OURS = frozenset("""
 total_time total_exec_time neuroncore_cycle_count model_flops hardware_flops mm_arithmetic_intensity event_count
 dma_active_time dma_active_time_percent dma_transfer_count dma_transfer_total_bytes dma_transfer_average_bytes

@@ -3,7 +3,7 @@ the hierarchy, fallbacks, graphs and recompiles, and the evidence behind the rec
 
 Device time and host (CPU-fallback) time never mix: an op's ``device_ns`` sums its device-engine
 instructions only, its host time is ``host_ns``; an execution's device time is
-:data:`traces.store.DEVICE_NS_SQL`.
+:data:`traces.summary_sql.DEVICE_NS_SQL`.
 
 >>> import tempfile, traces, traces.synthetic
 >>> d = tempfile.mkdtemp()
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from traces.intervals import union_by
 from traces.monitor_figures import target_block
-from traces.store import DEVICE_NS_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
+from traces.summary_sql import DEVICE_NS_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
 from traces.timefmt import fmt_ns
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
@@ -41,7 +41,7 @@ class Figures:
     FLOPs over the Tensor Engine's BF16 peak for ``device_ns``; ``collective_ns``: time the CC engine
     ran collectives (the union of its queues), part of ``device_ns``; ``fallback_host_ns``: host time of
     CPU-fallback ops in those executions; ``compiles``, ``recompiles``, ``cache_hits``, ``compile_ns``:
-    what happened inside the recording window (:data:`traces.store.WINDOW_CTES`: compile and cache-hit
+    what happened inside the recording window (:data:`traces.summary_sql.WINDOW_CTES`: compile and cache-hit
     events, recompiled graphs loaded in it; cache hits and collectives are not compiled); ``graphs``: every
     graph the profile describes, those loaded before the window too; ``before_window``: ``graphs``,
     ``compiles``, ``recompiles``, ``cache_hits``, ``compile_ns`` of the graphs loaded before the window
@@ -420,8 +420,8 @@ def fallbacks(p) -> pa.Table:
 
 def graphs(p) -> pa.Table:
     """Every graph with its call site, executions and first compile time (``compile_ts``), compile order;
-    ``recompiled`` (:data:`traces.store.RECOMPILED_SQL`) and ``before_window`` (loaded before the recording
-    window: :data:`traces.store.WINDOW_CTES`), so a page's counts are the Summary's."""
+    ``recompiled`` (:data:`traces.summary_sql.RECOMPILED_SQL`) and ``before_window`` (loaded before the recording
+    window: :data:`traces.summary_sql.WINDOW_CTES`), so a page's counts are the Summary's."""
     return p.sql(f"""
         WITH {WINDOW_CTES}
         SELECT g.graph_id, g.name, g.kind, g.input_signature, g.compile_wall_ns, g.compile_ns, g.cache_hit,

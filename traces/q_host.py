@@ -4,7 +4,7 @@ device time, the host's dispatch time around the executions, host↔device trans
 It answers "what does compile buy me" for the same script run eager and compiled: eager runs one
 execution per op, each dispatched by the host; compiled runs one per graph. Every execution counts here,
 warm-ups included (each pays its dispatch and its transfers). Device time is the executions' device time
-(:data:`traces.store.DEVICE_NS_SQL`, as :func:`traces.q_figures.figures` with warm-ups); dispatch time is
+(:data:`traces.summary_sql.DEVICE_NS_SQL`, as :func:`traces.q_figures.figures` with warm-ups); dispatch time is
 host time (``dispatch`` events, measured) and transfer time is PCIe time (``host_transfer`` events, one per
 host↔device copy, the same copies as the system profile's ``nrt_tensor_write`` / ``nrt_tensor_read``): the
 three are reported side by side, never added.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from traces.store import DEVICE_NS_SQL
+from traces.summary_sql import DEVICE_NS_SQL
 from traces.timefmt import fmt_ns
 
 

@@ -2,7 +2,7 @@
 
 ``monitor.replay`` turns a :class:`ReplayWindow` into a neuron-monitor document; this module holds
 every query behind it. An execution's busy part is ``[start, start + device time]``
-(:data:`traces.store.DEVICE_NS_SQL`: host CPU-fallback time is not device time).
+(:data:`traces.summary_sql.DEVICE_NS_SQL`: host CPU-fallback time is not device time).
 
 >>> import tempfile, traces, traces.synthetic
 >>> d = tempfile.mkdtemp()
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from traces.errors import TraceError
 from traces.intervals import union_by
-from traces.store import DEVICE_NS_SQL
+from traces.summary_sql import DEVICE_NS_SQL
 from traces.vocab import MONITOR_ENGINES
 
 #: Engines a replay window reports: the monitor's, and the CC engine's collectives (the live monitor

@@ -26,7 +26,7 @@ from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
 from traces.schema import SCHEMA_VERSION, TABLES
-from traces.store import RECOMPILED_SQL, WINDOW_CTES, summary_sql
+from traces.summary_sql import RECOMPILED_SQL, WINDOW_CTES, summary_sql
 
 log = logging.getLogger("traces")
 

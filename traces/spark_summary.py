@@ -7,7 +7,7 @@ A cluster job (docs/scale.md)::
 
 Every table of the dataset (:mod:`traces.dataset`) becomes a temporary view (Spark finds the
 ``instance=…/rank=…`` partitions itself), the ranks' metadata merge as :func:`traces.dataset.metadata_sql`
-says, and the figures come from :func:`traces.store.summary_sql`, the one formula DuckDB runs too.
+says, and the figures come from :func:`traces.summary_sql.summary_sql`, the one formula DuckDB runs too.
 Spark is imported only here, and only when called.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import sys
 
 from traces.dataset import DATASET_TABLES, metadata_sql
-from traces.store import summary_sql
+from traces.summary_sql import summary_sql
 
 
 def register(spark, root: str) -> None:

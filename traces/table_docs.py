@@ -137,7 +137,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                  'device_ns': "device makespan (the real tool's total_time of one execution). The runtime's span "
                               'includes the host time of CPU fallbacks inside the execution; readers take an '
                               "execution's device time as least(device_ns, end_ns − start_ns − cpu_fallback_ns) "
-                              '(traces.store.DEVICE_NS_SQL)',
+                              '(traces.summary_sql.DEVICE_NS_SQL)',
                  'status': 'completed, completed_with_err, completed_with_num_err, timed_out, incorrect_input, '
                            'failed_to_queue',
                  'warmup': 'a warm-up execution (left out of the summaries by default)',
@@ -514,12 +514,12 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
               'cpu_fallback_count': 'cpu_fallback events',
               'cpu_fallback_op_count': 'ops placed on the CPU',
               'graph_count': 'every graph the profile describes (loaded inside the recording window or before it)',
-              'recompile_count': 'inside the recording window (traces.store.WINDOW_CTES, docs/traces.md): graphs '
-                                 'loaded in it that recompile another (recompile_of or recompile_reason set); '
-                                 'cache_hit events',
-              'cache_hit_count': 'inside the recording window (traces.store.WINDOW_CTES, docs/traces.md): graphs '
-                                 'loaded in it that recompile another (recompile_of or recompile_reason set); '
-                                 'cache_hit events',
+              'recompile_count': 'inside the recording window (traces.summary_sql.WINDOW_CTES, docs/traces.md): '
+                                 'graphs loaded in it that recompile another (recompile_of or recompile_reason '
+                                 'set); cache_hit events',
+              'cache_hit_count': 'inside the recording window (traces.summary_sql.WINDOW_CTES, docs/traces.md): '
+                                 'graphs loaded in it that recompile another (recompile_of or recompile_reason '
+                                 'set); cache_hit events',
               'compile_count': 'compile events inside the window: compiles actually run (a cache hit or a '
                                'collective is not compiled)',
               'compile_time': 'Σ durations of those compile events, s',

@@ -360,7 +360,7 @@ def record_dispatch(model, host_ns: int, mode: str) -> None:
 
 def is_recompile(info: dict) -> bool:
     """A graph is a recompile when it names the graph it replaces or dynamo gave a reason (the Summary's
-    ``recompile_count`` counts the same graphs: ``traces.store.RECOMPILED_SQL``).
+    ``recompile_count`` counts the same graphs: ``traces.summary_sql.RECOMPILED_SQL``).
     Example: ``is_recompile({"recompile_reason": "x dim 0: 4 -> 8"})`` is True."""
     return info.get("recompile_of") is not None or bool(info.get("recompile_reason"))
 

@@ -1,0 +1,179 @@
+"""The Summary's SQL: one formula per metric, run by finalise (``summary``, ``summary_per_core``), by the
+query layer over Parquet exports and datasets, and by Spark (``traces/spark_summary.py``); and the
+conditions every figure shares (device time, measured executions, recompiles, the recording window).
+
+>>> "recompile_count" in summary_sql()
+True
+"""
+from __future__ import annotations
+
+from traces.vocab import SUMMARY_ENGINE_PREFIX
+
+#: Device time of one execution: its span minus the host (CPU-fallback) time inside it, never more
+#: than the recorded device makespan. The runtime records ``device_ns`` as the whole span, host
+#: time included, while other writers record the device part alone; this is right for both.
+DEVICE_NS_SQL = ("least(coalesce(device_ns, end_ns - start_ns), "
+                 "greatest(end_ns - start_ns - coalesce(cpu_fallback_ns, 0), 0))")
+
+def measured_condition(include_warmup: bool) -> str:
+    """SQL condition on ``executions``: the ones the summaries count (warm-ups excluded, unless every
+    execution is a warm-up, or ``include_warmup``). Example: ``f"... WHERE {measured_condition(False)}"``."""
+    if include_warmup:
+        return "TRUE"
+    return ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
+            "(SELECT 1 FROM executions WHERE NOT coalesce(warmup, FALSE))")
+
+
+def _dma_split(name: str, where: str) -> str:
+    """``<name>_dma_packet_count``, ``<name>_dma_size`` and their percentages, over ``opcode_summary``."""
+    d = "FROM opcode_summary WHERE engine = 'dma'"
+    return f"""(SELECT coalesce(sum(instruction_count), 0) {d} AND {where})::BIGINT AS {name}_dma_packet_count,
+        (SELECT coalesce(sum(transfer_bytes), 0) {d} AND {where})::BIGINT AS {name}_dma_size,
+        (SELECT 100.0 * sum(instruction_count) FILTER (WHERE {where}) / nullif(sum(instruction_count), 0) {d})
+            AS {name}_dma_packet_percent,
+        (SELECT 100.0 * sum(transfer_bytes) FILTER (WHERE {where}) / nullif(sum(transfer_bytes), 0) {d})
+            AS {name}_dma_size_percent"""
+
+
+#: SQL condition on ``graphs``: the graph is a recompile (of a known graph, or with the reason dynamo gave).
+RECOMPILED_SQL = "recompile_of IS NOT NULL OR coalesce(recompile_reason, '') <> ''"
+
+#: The recording window's compile-related events and the graphs loaded before it, as two CTEs
+#: (``window_events``, ``before_window``) every compile figure reads. A run's window is
+#: ``[runs.start_ns, runs.end_ns]``: its recorder's first and last moment (from its first execution when
+#: that is earlier: an execution is only recorded inside the window). An event is inside when it
+#: ends at or after the start (a compile that finished in the window began a little before its load,
+#: which is what the recorder saw) and starts before the end (a crashed run's end is its last
+#: execution, so it has no end bound). A graph is *before the window* when no load, compile, cache-hit
+#: or recompile event of it is inside: a capture that starts later describes the graphs already
+#: loaded (their compile time and recompile marks are on the graph row) without their history.
+WINDOW_CTES = """window_runs AS (
+        SELECT r.run_id, least(r.start_ns, x.first_ns) AS start_ns, r.end_ns, r.status
+        FROM runs r LEFT JOIN (SELECT run_id, min(start_ns) AS first_ns FROM executions GROUP BY run_id) x
+        USING (run_id)),
+    window_events AS (
+        SELECT e.kind, e.graph_id, coalesce(e.dur_ns, 0) AS dur_ns
+        FROM events e LEFT JOIN window_runs r USING (run_id)
+        WHERE e.kind IN ('compile', 'recompile', 'cache_hit', 'load')
+          AND (r.start_ns IS NULL OR e.ts_ns + coalesce(e.dur_ns, 0) >= r.start_ns)
+          AND (r.end_ns IS NULL OR r.status = 'incomplete' OR e.ts_ns <= r.end_ns)),
+    before_window AS (SELECT * FROM graphs WHERE graph_id NOT IN
+                      (SELECT graph_id FROM window_events WHERE graph_id IS NOT NULL))"""
+
+
+def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
+    """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
+
+    One row overall, or one per ``(run_id, core)`` with ``per_core``. Reads only small tables
+    (``executions``, ``exec_engine_summary``, ...), so it is cheap to run on a finalised profile.
+    Example: ``profile.sql(summary_sql(include_warmup=True))``.
+    """
+    keys = "run_id, core" if per_core else ""
+    sel_keys = f"{keys}, " if keys else ""
+    join = "USING (run_id, core)" if per_core else "ON TRUE"
+    engine_cols = []
+    for engine, name in SUMMARY_ENGINE_PREFIX.items():
+        engine_cols += [
+            f"coalesce(sum(instruction_count) FILTER (WHERE engine = '{engine}'), 0)::BIGINT"
+            f" AS {name}_instruction_count",
+            f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
+            f"coalesce(sum(active_ns) FILTER (WHERE engine = '{engine}'), 0) AS {engine}_active_ns"]
+    event_cols = "" if per_core else f""",
+        (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
+        (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
+        (SELECT count(*) FROM graphs) AS graph_count,
+        (SELECT count(*) FROM graphs WHERE ({RECOMPILED_SQL})
+                                       AND graph_id IN (SELECT graph_id FROM window_events)) AS recompile_count,
+        (SELECT count(*) FROM window_events WHERE kind = 'cache_hit') AS cache_hit_count,
+        (SELECT count(*) FROM window_events WHERE kind = 'compile') AS compile_count,
+        (SELECT coalesce(sum(dur_ns), 0) FROM window_events WHERE kind = 'compile') / 1e9 AS compile_time,
+        (SELECT count(*) FROM before_window) AS before_window_graph_count,
+        (SELECT count(*) FROM before_window WHERE {RECOMPILED_SQL}) AS before_window_recompile_count,
+        (SELECT count(*) FROM before_window WHERE cache_hit) AS before_window_cache_hit_count,
+        (SELECT count(*) FROM before_window WHERE NOT coalesce(cache_hit, FALSE) AND compile_wall_ns > 0)
+            AS before_window_compile_count,
+        (SELECT coalesce(sum(compile_wall_ns), 0) FROM before_window WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
+            AS before_window_compile_time"""
+    # compiler-generated descriptors are static DMA; an indirect (gather) DMA's descriptors are written
+    # at run time by GpSimd software: software-dynamic (the real Summary's split; no hardware DGE modelled)
+    dma_cols = "" if per_core else f""",
+        {_dma_split("static", "opcode <> 'DMA_INDIRECT'")},
+        {_dma_split("software_dynamic", "opcode = 'DMA_INDIRECT'")}"""
+    engine_out = []
+    for engine, name in SUMMARY_ENGINE_PREFIX.items():
+        engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
+                       f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
+                       f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
+    return f"""
+    WITH {WINDOW_CTES},
+    md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
+                  -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
+                  try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
+                  try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS clock_ghz
+           FROM metadata),
+    -- each run's own target's peak (a process's trn2 and trn1 sessions differ), recorded per target
+    tp AS (SELECT r.run_id, try_cast(max(m.value) AS DOUBLE) AS peak FROM runs r JOIN metadata m
+           ON m.key = 'target.' || r.target || '.tensor_engine_peak_bf16_flops' GROUP BY r.run_id),
+    meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak
+             FROM executions LEFT JOIN tp USING (run_id) WHERE {measured_condition(include_warmup)}),
+    ex AS (SELECT {sel_keys}count(*) AS execution_count,
+                  sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
+                  sum(({DEVICE_NS_SQL}) * target_peak) AS peak_device_ns,
+                  min(target_peak) AS peak_lo, max(target_peak) AS peak_hi,
+                  sum(end_ns - start_ns)::BIGINT AS exec_ns, coalesce(sum(flops), 0)::BIGINT AS model_flops,
+                  coalesce(sum(hbm_read_bytes), 0)::BIGINT AS hbm_read_bytes,
+                  coalesce(sum(hbm_write_bytes), 0)::BIGINT AS hbm_write_bytes,
+                  coalesce(sum(cpu_fallback_ns), 0) AS cpu_fallback_ns,
+                  coalesce(sum(spill_save_bytes), 0)::BIGINT AS spill_save_bytes,
+                  coalesce(sum(spill_reload_bytes), 0)::BIGINT AS spill_reload_bytes,
+                  coalesce(sum(transpose_flops), 0)::BIGINT AS transpose_flops,
+                  count(DISTINCT core) AS core_count, count(DISTINCT run_id) AS run_count,
+                  bool_or(coalesce(warmup, FALSE)) AS warmup_included
+           FROM meas {'GROUP BY ' + keys if keys else ''}),
+    eng AS (SELECT {sel_keys}{', '.join(engine_cols)},
+                   coalesce(sum(active_ns) FILTER (WHERE engine = 'dma'), 0) AS dma_active_ns,
+                   coalesce(sum(instruction_count) FILTER (WHERE engine = 'dma'), 0)::BIGINT AS dma_transfer_count,
+                   coalesce(sum(transfer_bytes) FILTER (WHERE engine = 'dma'), 0)::BIGINT AS dma_transfer_total_bytes,
+                   coalesce(sum(active_ns) FILTER (WHERE engine = 'cc'), 0) AS cc_active_ns,
+                   coalesce(sum(instruction_count) FILTER (WHERE engine = 'cc'), 0)::BIGINT AS cc_op_count,
+                   coalesce(sum(s.flops) FILTER (WHERE engine = 'tensor'), 0)::BIGINT AS tensor_flops,
+                   coalesce(sum(instruction_count), 0)::BIGINT AS event_count,
+                   count(*) FILTER (WHERE origin = 'instructions') > 0 AS has_instructions
+            FROM exec_engine_summary AS s JOIN meas USING (exec_id) {'GROUP BY ' + keys if keys else ''}),
+    -- CPU-fallback host time is recorded per execution or as fallback events' durations (or both: the
+    -- same time twice), so the figure is the larger of the two, never their sum
+    fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events
+           WHERE kind = 'cpu_fallback' {'GROUP BY ' + keys if keys else ''}),
+    pk AS (SELECT {sel_keys}coalesce(CASE WHEN peak_lo = peak_hi THEN peak_lo
+                                          ELSE peak_device_ns / nullif(device_ns, 0) END,
+                                     (SELECT peak FROM md)) AS peak FROM ex)
+    SELECT {', '.join('ex.' + k.strip() for k in keys.split(',')) + ', ' if keys else ''}
+        ex.device_ns / 1e9 AS total_time,
+        ex.exec_ns / 1e9 AS total_exec_time,
+        ex.execution_count, ex.warmup_included, ex.core_count, ex.run_count,
+        round(ex.device_ns * md.clock_ghz)::BIGINT AS neuroncore_cycle_count,
+        {', '.join(engine_out)},
+        eng.dma_active_ns / 1e9 AS dma_active_time,
+        100.0 * eng.dma_active_ns / nullif(ex.device_ns, 0) AS dma_active_time_percent,
+        eng.dma_transfer_count, eng.dma_transfer_total_bytes,
+        eng.dma_transfer_total_bytes / nullif(eng.dma_transfer_count, 0) AS dma_transfer_average_bytes,
+        eng.cc_active_ns / 1e9 AS cc_op_active_time,
+        100.0 * eng.cc_active_ns / nullif(ex.device_ns, 0) AS cc_op_active_time_percent, eng.cc_op_count,
+        ex.model_flops,
+        CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END AS hardware_flops,
+        pk.peak AS tensor_engine_peak_bf16_flops,
+        100.0 * ex.model_flops / nullif(pk.peak * ex.device_ns / 1e9, 0) AS mfu_estimated_percent,
+        100.0 * (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
+            / nullif(pk.peak * ex.device_ns / 1e9, 0) AS hfu_estimated_percent,
+        ex.hbm_read_bytes, ex.hbm_write_bytes,
+        (CASE WHEN eng.has_instructions THEN eng.tensor_flops ELSE ex.model_flops END)
+            / nullif(ex.hbm_read_bytes + ex.hbm_write_bytes, 0) AS mm_arithmetic_intensity,
+        greatest(ex.cpu_fallback_ns, coalesce(fb.event_ns, 0)) / 1e9 AS cpu_fallback_time,
+        ex.spill_save_bytes, ex.spill_reload_bytes, ex.transpose_flops,
+        md.hbm_bw * ex.device_ns AS total_bandwidth_available,
+        100.0 * (ex.hbm_read_bytes + ex.hbm_write_bytes) / nullif(md.hbm_bw * ex.device_ns, 0)
+            AS mbu_estimated_percent,
+        100.0 * (ex.hbm_read_bytes - ex.spill_reload_bytes) / nullif(ex.hbm_read_bytes, 0) AS useful_read_percent,
+        eng.event_count{event_cols}{dma_cols}
+    FROM ex LEFT JOIN eng {join} LEFT JOIN fb {join} LEFT JOIN pk {join} CROSS JOIN md
+    {'ORDER BY ' + keys if keys else ''}"""
