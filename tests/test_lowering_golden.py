@@ -22,14 +22,14 @@ sys.path.insert(0, str(ROOT / "sample_workloads"))
 from models import CNN, MLP, BertEncoder, GPTDecoder  # noqa: E402
 
 from neuron_stack.compiler.fuse import fuse  # noqa: E402
-from neuron_stack.compiler.lower.attention import FLASH_MIN_KEYS  # noqa: E402
 from neuron_stack.compiler.legalize import legalize  # noqa: E402
+from neuron_stack.compiler.lower.attention import FLASH_MIN_KEYS  # noqa: E402
 from neuron_stack.compiler.partition import partition  # noqa: E402
 from neuron_stack.compiler.schedule import build_schedules  # noqa: E402
 from neuron_stack.frontend.export import capture  # noqa: E402
-from neuron_stack.llm.kernels import fuse_rms_norms  # noqa: E402
 from neuron_stack.isa.functions import InterpError  # noqa: E402
 from neuron_stack.isa.interp import run_program  # noqa: E402
+from neuron_stack.llm.kernels import fuse_rms_norms  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "lowering_golden.json"
 
@@ -86,7 +86,8 @@ def _models():
     }
 
 
-CASES = [("trn1", {}), ("trn1", {"auto_cast": "matmult"}), ("inf2", {"auto_cast": "all", "auto_cast_type": "fp16"}), ("trn2", {})]
+CASES = [("trn1", {}), ("trn1", {"auto_cast": "matmult"}), ("inf2", {"auto_cast": "all", "auto_cast_type": "fp16"}),
+         ("trn2", {})]
 
 
 def _digest(table) -> str:
