@@ -1,4 +1,4 @@
-"""The lowering and the scheduler, pinned: every instruction table and every output of a fixed set of models,
+"""The lowering and the scheduler, pinned: every instruction table of a fixed set of models,
 on each target and cast, hashed and compared with ``tests/data/lowering_golden.json``.
 
 A refactor of ``compiler/lower`` or ``compiler/schedule`` must leave these unchanged; a change that means to move
@@ -12,7 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import transformers
@@ -27,8 +26,6 @@ from neuron_stack.compiler.lower.attention import FLASH_MIN_KEYS  # noqa: E402
 from neuron_stack.compiler.partition import partition  # noqa: E402
 from neuron_stack.compiler.schedule import build_schedules  # noqa: E402
 from neuron_stack.frontend.export import capture  # noqa: E402
-from neuron_stack.isa.functions import InterpError  # noqa: E402
-from neuron_stack.isa.interp import run_program  # noqa: E402
 from neuron_stack.llm.kernels import fuse_rms_norms  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "lowering_golden.json"
@@ -98,22 +95,19 @@ def _digest(table) -> str:
 
 
 def fingerprints() -> dict[str, dict]:
-    """``{"model/target/flags": {"schedules": {part: digest}, "device_ns": [...], "outputs": digest}}``."""
+    """``{"model/target/flags": {"schedules": {part: digest}, "device_ns": [...]}}``.
+
+    A digest covers every column, ``operands`` included: the same instructions on the same operands in the same
+    order compute the same numbers, so the interpreter need not run them again."""
     out = {}
     for name, (model, inputs) in _models().items():
         prog = fuse(partition(legalize(capture(model.eval(), inputs))))
         for target, flags in CASES:
             flags = {**flags, "target": target}
             scheds = build_schedules(prog, flags)
-            h = hashlib.sha256()
-            try:
-                for a in run_program(prog, dict(zip(prog.input_names, (t.numpy() for t in inputs))), scheds):
-                    h.update(np.ascontiguousarray(a).tobytes())
-            except InterpError as e:   # a gap of the interpreter (not of the runtime's numbers): pinned as is
-                h.update(str(e).encode())
             key = f"{name}/{target}/{flags.get('auto_cast', 'none')}"
             out[key] = {"schedules": {str(p): _digest(s.table) for p, s in scheds.items()},
-                        "device_ns": [s.device_ns for s in scheds.values()], "outputs": h.hexdigest()[:16]}
+                        "device_ns": [s.device_ns for s in scheds.values()]}
     return out
 
 
