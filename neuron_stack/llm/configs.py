@@ -51,6 +51,11 @@ class ConfigError(ValueError):
     """A model config that cannot be read; the message names the problem and the fix."""
 
 
+class InferenceError(ValueError):
+    """A configuration or input the inference library cannot use; the message names the fix (defined here,
+    below both ``llm`` and ``inference``, so sampling, which both use, can raise it)."""
+
+
 def load_config(spec):
     """A ``transformers`` config from a preset name, a directory or ``config.json`` path, or a config.
 
