@@ -410,7 +410,7 @@ def _monitor_pick(doc: dict) -> list[dict]:
             for r in doc["neuron_runtime_data"] if r["neuron_runtime_tag"] == "walkthrough"]
 
 
-#: "almost idle" / "lightly used", in percent of the period (the runs measure a few percent at most)
+#: "almost idle" while compiling, in percent of the period (the runs measure a few percent at most)
 IDLE_PERCENT = 25.0
 
 
@@ -455,9 +455,9 @@ def check_monitor(walk, picked):
     assert doc["pid"] in walk.background
     assert doc["cores"] and set(doc["recompiles"]) == {"count", "last_reason", "last_source"}
     assert isinstance(doc["compiles"], int) and all("neuroncore_utilization" in v for v in doc["utilization"].values())
-    # step 9's claim for the rest of the run: no compile, no recompile, the core still lightly used
+    # step 9's claim for the rest of the run: every call runs a cached graph, no compile, no recompile
     assert doc["compiles"] == 0 and doc["recompiles"]["count"] == 0, doc
-    assert all(v["neuroncore_utilization"] < IDLE_PERCENT for v in doc["utilization"].values()), doc
+    assert doc["recompiles"]["last_source"].startswith("dynamic_shapes.py:"), doc
 
 
 def check_sql_engines(walk, out):
