@@ -329,7 +329,11 @@ def check_diff_recompiles(walk, out):
     assert t["recompiles"] == ("4", "1", "-3")
     # both runs served the same five batches; the bucketed one computes the padded positions too
     assert t["executions"] == ("5", "5", "0")
-    assert not t["device_ns"][2].startswith("-"), "padding to the buckets costs device time"
+    assert _ns(t["device_ns"][1]) > _ns(t["device_ns"][0]), "padding to the buckets costs device time"
+    # "neuron-explorer summary --include-warmup prints a diff's totals" (one number, one function)
+    out = walk.shell(Step("summary-include-warmup", "shell", "neuron-explorer summary --include-warmup $BUCKETED"))
+    assert float(t["total_time"][1]) == pytest.approx(_ns(_metric(out, "total_time")) / 1e9, rel=1e-3)
+    assert _metric(out, "execution_count") == t["executions"][1]
 
 
 def check_view_compare(walk, server):
