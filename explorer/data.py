@@ -91,19 +91,20 @@ def where(op: dict | None) -> str:
     return f"{Path(op['file']).name}:{op['line']}"
 
 
-def op_totals(L: Loaded) -> dict[int, dict]:
+def op_totals(L: Loaded, include_warmup: bool | None = None) -> dict[int, dict]:
     """Per op: device time (device engines only) with its per-engine split, instructions, FLOPs, bytes,
-    and the host time and calls of a CPU-fallback op (``Profile.op_totals``, warm-ups excluded)."""
+    and the host time and calls of a CPU-fallback op (``Profile.op_totals``: warm-ups excluded, as the
+    Summary, unless ``include_warmup``)."""
     def compute():
         out: dict[int, dict] = {}
-        for r in rows(L.profile.op_totals()):
+        for r in rows(L.profile.op_totals(include_warmup)):
             out[r["op_id"]] = {"op_id": r["op_id"], "device_ns": r["device_ns"] or 0,
                                "instructions": r["instruction_count"] or 0, "flops": r["instruction_flops"] or 0,
                                "bytes": r["bytes"] or 0,
                                "engines": {e: r[f"{e}_ns"] for e in DEVICE_ENGINES if r[f"{e}_ns"]},
                                "host_ns": r["host_ns"] or 0, "fallback_calls": r["host_calls"] or 0}
         return out
-    return L.cached("op_totals", compute)
+    return L.cached(f"op_totals:{include_warmup}", compute)
 
 
 def top_ops(L: Loaded, n: int = 10) -> list[dict]:
@@ -133,10 +134,11 @@ def top_ops(L: Loaded, n: int = 10) -> list[dict]:
     return result[:n]
 
 
-def line_totals(L: Loaded) -> dict[int, dict]:
-    """Device time and instruction count per source line (source_id), summed over the line's ops."""
+def line_totals(L: Loaded, include_warmup: bool | None = None) -> dict[int, dict]:
+    """Device time, instruction count and CPU-fallback host time per source line (source_id), summed over
+    the line's ops (:func:`op_totals`)."""
     def compute():
-        info, totals = ops(L), op_totals(L)
+        info, totals = ops(L), op_totals(L, include_warmup)
         out: dict[int, dict] = {}
         for op_id, o in info.items():
             sid = o.get("source_id")
@@ -151,7 +153,7 @@ def line_totals(L: Loaded) -> dict[int, dict]:
             d["host_ns"] += t.get("host_ns", 0)
             d["ops"].append(op_id)
         return out
-    return L.cached("line_totals", compute)
+    return L.cached(f"line_totals:{include_warmup}", compute)
 
 
 def top_lines(L: Loaded, n: int = 10) -> list[dict]:
@@ -163,6 +165,14 @@ def top_lines(L: Loaded, n: int = 10) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ summary
+def _named(f) -> dict:
+    """The figures Summary and Compare both name, from one ``Profile.figures()`` result."""
+    return {"total_time": f.device_ns / 1e9, "device_ns": f.device_ns, "cpu_fallback_ns": f.fallback_host_ns,
+            "step_ns": f.step_ns, "mfu_estimated_percent": f.mfu_percent, "hbm_read_bytes": f.hbm_read_bytes,
+            "hbm_write_bytes": f.hbm_write_bytes, "fallback_ops": f.fallback_ops, "recompiles": f.recompiles,
+            "executions": f.executions, "instructions": f.instructions}
+
+
 def summary(L: Loaded) -> dict:
     """The Summary page's numbers: ``Profile.figures()`` (the same figures ``neuron-explorer summary``
     and ``neuron-top --replay`` show) and the device profile's metadata, under the page's names."""
@@ -175,17 +185,12 @@ def summary(L: Loaded) -> dict:
             "instance_type": md.get("instance_type", ""),
             "is_simulation": md.get("is_simulation", "true"),
             "timing_model": md.get("timing_model", ""), "auto_cast": md.get("auto_cast", ""),
-            "figures": f,
-            "executions": f.executions, "warmup_executions": f.warmup_executions, "cores": f.cores,
-            "total_time": f.device_ns / 1e9, "device_ns": f.device_ns, "step_ns": f.step_ns, "span_ns": f.span_ns,
+            "figures": f, **_named(f),
+            "warmup_executions": f.warmup_executions, "cores": f.cores, "span_ns": f.span_ns,
             "device_busy_percent": f.device_busy_percent, "engines": dict(f.engine_percent),
-            "model_flops": f.model_flops, "mfu_estimated_percent": f.mfu_percent,
-            "hbm_read_bytes": f.hbm_read_bytes, "hbm_write_bytes": f.hbm_write_bytes,
-            "cpu_fallback_ns": f.fallback_host_ns, "fallback_ops": f.fallback_ops,
-            "fallback_calls": f.fallback_calls, "graphs": f.graphs, "recompiles": f.recompiles,
+            "model_flops": f.model_flops, "fallback_calls": f.fallback_calls, "graphs": f.graphs,
             "compiles": f.compiles, "cache_hits": f.cache_hits, "compile_wall_ns": f.compile_ns,
             "before_window": f.before_window_text(),
-            "instructions": f.instructions,
             "mbu_estimated_percent": f.mbu_percent, "total_bandwidth_available": f.total_bandwidth_available,
             "useful_read_percent": f.useful_read_percent, "spill_save_bytes": f.spill_save_bytes,
             "spill_reload_bytes": f.spill_reload_bytes, "hardware_flops": f.hardware_flops,
@@ -440,15 +445,19 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
     recorded for each op. Each line's and op's time is its device time plus its CPU-fallback host
     time (so moving an op from the host to the device shows as the saving it is). Deltas are B − A in
     ns, biggest absolute change first.
+
+    Every figure counts every execution of each profile, warm-ups included, as the Why lines do: the
+    Summary's rule (warm-ups excluded unless a profile has nothing else) would set all five executions
+    of a run whose every graph ran once against three of the other's (issue 37).
     """
     def side(L):
         s = Side(L.key)
-        for t in line_totals(L).values():
+        for t in line_totals(L, include_warmup=True).values():
             d = s.lines.setdefault(_line_key(t), {"device_ns": 0, "instructions": 0,
                                                   "code": (t.get("code") or "").strip()})
             d["device_ns"] += t["device_ns"] + t.get("host_ns", 0)
             d["instructions"] += t["instructions"]
-        totals = op_totals(L)
+        totals = op_totals(L, include_warmup=True)
         for op_id, o in ops(L).items():
             t = totals.get(op_id, {})
             for d in [s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})] + (
@@ -477,10 +486,8 @@ def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
         out.sort(key=lambda r: -abs(r["delta_ns"]))
         return out[:limit]
 
-    ma, mb = summary(A), summary(B)
-    keys = ("total_time", "device_ns", "cpu_fallback_ns", "step_ns", "mfu_estimated_percent", "hbm_read_bytes",
-            "hbm_write_bytes",
-            "fallback_ops", "recompiles", "executions", "instructions")
+    ma, mb = (_named(L.profile.figures(include_warmup=True)) for L in (A, B))
+    keys = list(ma)
     ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
     na, nb = q_host.names(ha, hb)
     return {"a": A.key, "b": B.key, "a_path": A.path.name, "b_path": B.path.name,

@@ -198,7 +198,7 @@ def _print_diff(c: dict) -> None:
     console.print(f"[bold]Why[/] ({named}every execution, warm-ups included)")
     for line in why["lines"]:
         console.print(f"  • {line}", highlight=False)
-    t = Table("metric", "A", "B", "B - A", title="Totals")
+    t = Table("metric", "A", "B", "B - A", title="Totals (every execution, warm-ups included)")
     for k, v in c["totals"].items():
         f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
         t.add_row(k, f(v["a"]), f(v["b"]), f(v["delta"]))

@@ -82,7 +82,8 @@ def check(name: str, got, want, auto_cast: str = "none", measure: str = "element
     precision = "bf16 auto-cast" if auto_cast != "none" else "fp32"
     how = (f"relative norm error < {_short(bound)}: {worst:.2e}" if by_norm
            else f"element-wise rtol {_short(FP32_RTOL)} atol {_short(FP32_ATOL)}: max relative error {worst:.2e}")
-    print(f"{name}: {'OK' if ok else 'MISMATCH'} vs eager PyTorch ({precision}, {how})")
+    # flushed: a run logged to a file (the walkthrough's live.log) shows each verdict as it is made
+    print(f"{name}: {'OK' if ok else 'MISMATCH'} vs eager PyTorch ({precision}, {how})", flush=True)
     return ok
 
 

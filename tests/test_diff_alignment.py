@@ -65,10 +65,10 @@ def profiles(tmp_path_factory):
     return out
 
 
-def _ops(path) -> list[dict]:
+def _ops(path, include_warmup: bool | None = None) -> list[dict]:
     import traces
     with traces.open(path) as p:
-        totals = {r["op_id"]: r["device_ns"] for r in p.op_totals().to_pylist()}
+        totals = {r["op_id"]: r["device_ns"] for r in p.op_totals(include_warmup).to_pylist()}
         return [dict(r, device_ns=totals.get(r["op_id"], 0)) for r in p.ops().to_pylist()]
 
 
@@ -101,10 +101,11 @@ def test_diff_aligns_eager_and_compiled_by_line_and_op_path(profiles):
         row = by_op[path]
         assert row["a_ns"] > 0 and row["b_ns"] > 0 and row["only_in"] == "", row
     assert not any(p.startswith("(top) / aten.addmm") for p in by_op)
-    # a line's figure in each profile is its own ops' time: the sum of the op table's rows for that line
+    # a line's figure in each profile is its own ops' time: the sum of the op table's rows for that line,
+    # over every execution (a diff counts warm-ups, on both sides)
     by_line = {row["line"]: row for row in c["by_line"]}
     for side, mode in (("a_ns", "eager"), ("b_ns", "compiled")):
-        ops = _ops(profiles[mode])
+        ops = _ops(profiles[mode], include_warmup=True)
         for line in (FC1, RELU, FC2, BACKWARD):
             assert by_line[f"train.py:{line}"][side] == sum(o["device_ns"] for o in ops if o["line"] == line) > 0
     # the backward time split by the forward line it came from, present in both
@@ -129,3 +130,17 @@ def test_compare_page_shows_the_backward_ops_by_forward_line(profiles):
         assert "fc1 / aten.mm.default (backward)" in out
     finally:
         data.registry().close()
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_op_totals_over_chosen_executions_is_op_summary_formula(profiles, mode):
+    """``op_totals(include_warmup=False)`` computes live what finalise stored in ``op_summary``."""
+    import traces
+    with traces.open(profiles[mode]) as p:
+        stored = sorted(p.op_totals().to_pylist(), key=lambda r: r["op_id"])
+        live = sorted(p.op_totals(include_warmup=False).to_pylist(), key=lambda r: r["op_id"])
+        everything = {r["op_id"]: r for r in p.op_totals(include_warmup=True).to_pylist()}
+    keep = ("op_id", "device_ns", "instruction_count", "instruction_flops", "bytes", "host_calls", "host_ns")
+    assert [{k: r[k] for k in keep} for r in live if r["device_ns"] or r["host_ns"]] == \
+        [{k: r[k] for k in keep} for r in stored if r["device_ns"] or r["host_ns"]]
+    assert all(everything[r["op_id"]]["device_ns"] >= r["device_ns"] for r in stored if r["op_id"] in everything)

@@ -275,6 +275,41 @@ def test_source_page_opens_at_the_hottest_line(app):
     assert "scrollIntoView" in js
 
 
+def _find(component, cid):
+    """The component with id ``cid`` in a Dash layout tree."""
+    if getattr(component, "id", None) == cid:
+        return component
+    kids = getattr(component, "children", None)
+    for kid in kids if isinstance(kids, list) else [kids] if kids is not None else []:
+        found = _find(kid, cid)
+        if found is not None:
+            return found
+    return None
+
+
+def test_source_page_heat_shows_host_and_device_time_on_one_scale(app):
+    """A CPU-fallback line is as hot as its host time (issue 37: the heat was device-only, so the evidence of
+    a fallback finding looked cold); device and host strips share one scale and are never added."""
+    from explorer.pages import source
+    L = data.resolve("20260101_mlp")
+    name = next(f for f in data.source_files(L) if any(r["host_ns"] for r in data.source_view(L, f)))
+    rows = data.source_view(L, name)
+    peak = max(max(r["device_ns"], r["host_ns"]) for r in rows)
+    fb = next(r for r in rows if r["host_ns"])
+    page = source.layout(profile="20260101_mlp", line=str(fb["source_id"]))
+    for r in rows:
+        if r["source_id"] is None:
+            continue
+        row = _find(page, {"type": "source-line", "sid": str(r["source_id"])})
+        no, heat, device, host = row.children[:4]
+        bars = {b.className: b.style["width"] for b in heat.children}
+        assert bars == {"heat-device": f"{100.0 * r['device_ns'] / peak:.1f}%" if r["device_ns"] else "0%",
+                        "heat-host": f"{100.0 * r['host_ns'] / peak:.1f}%" if r["host_ns"] else "0%"}
+        assert host.children == (fmt_ns(r["host_ns"]) if r["host_ns"] else "")
+        assert device.children == (fmt_ns(r["device_ns"]) if r["device_ns"] else "")
+    assert f"{fmt_ns(fb['host_ns'])} host time (CPU fallback)" in str(page)
+
+
 def test_timeline_says_how_many_spans_the_cap_left_out(app, monkeypatch):
     from explorer.pages import timeline
     L = data.resolve("20260102_mlp")

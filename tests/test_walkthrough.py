@@ -18,8 +18,11 @@ variables a block sets (``$BEFORE``...) carried to the next (``set -a``, then ``
 - ``jq`` may be missing: then the monitor step runs without its ``| jq`` filter and the same fields
   are picked in Python from the raw document.
 
-``python tests/test_walkthrough.py --print`` runs the steps and prints each output (to refresh the
-document's output blocks).
+``python tests/test_walkthrough.py --print`` runs the steps and prints each output; ``--write`` also
+rewrites the document's output blocks with what this run printed (``walkthrough_doc.rewrite_document``:
+the lines between the ``…`` trims are replaced, the trims stay), so the figures the page quotes are
+written by this script, never typed. With ``NEURON_STACK_SCREENSHOT_DIR=docs/img`` the same run
+regenerates the screenshots.
 """
 from __future__ import annotations
 
@@ -35,75 +38,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from test_explorer_browser import ARGS as BROWSER_ARGS  # the Explorer browser tests' launch
 from test_explorer_browser import CHROMIUM
+from walkthrough_doc import DOC, Step, normalize, read_steps, rewrite_document, shown_outputs, stable_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "walkthrough.md"
 IMG = Path(os.environ.get("NEURON_STACK_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="walkthrough-shots-"))
 VENV = Path(sys.executable).parent.parent
 STEP_TIMEOUT = 300   # seconds; a hung step fails instead of hanging CI
-
-_BLOCK = re.compile(r"^<!-- step: ([\w-]+)(?: (server|tui))? -->\n```bash\n(.*?)\n```", re.S | re.M)
-
-
-@dataclass
-class Step:
-    name: str
-    kind: str          # "shell", "server" or "tui"
-    code: str
-
-
-def read_steps(text: str | None = None) -> list[Step]:
-    """The document's bash blocks in order; each must carry a ``<!-- step: NAME -->`` comment.
-
-    >>> [s.name for s in read_steps("<!-- step: a -->\\n```bash\\necho hi\\n```\\n")]
-    ['a']
-    """
-    text = DOC.read_text() if text is None else text
-    steps = [Step(m[1], m[2] or "shell", m[3]) for m in _BLOCK.finditer(text)]
-    fences = len(re.findall(r"^```bash$", text, re.M))
-    assert len(steps) == fences, "every ```bash block needs a <!-- step: NAME --> line above it"
-    return steps
-
-
-def shown_outputs(text: str | None = None) -> dict[str, str]:
-    """Each step's output as the document shows it: the first ```text block after the step, before the next step."""
-    text = DOC.read_text() if text is None else text
-    shown = {}
-    for m in _BLOCK.finditer(text):
-        rest = text[m.end():]
-        nxt = rest.find("<!-- step:")
-        found = re.search(r"^```text\n(.*?)\n```", rest[:nxt if nxt >= 0 else None], re.S | re.M)
-        if found:
-            shown[m[1]] = found[1]
-    return shown
-
-
-_BOX = re.compile(r"^[\s┏┓┗┛┳┻╇╈┡┩┃│━─┼├┤└┘┌┐┬┴═╞╡╪]*$")
-
-
-def stable_lines(shown: str) -> list[str]:
-    """The lines of a shown output every run must print: all but the trimming marks and table borders."""
-    return [ln for ln in shown.splitlines() if ln.strip() and "…" not in ln and not _BOX.match(ln)]
-
-
-# A number with its unit: times, sizes, ids and dates differ from run to run (host time is measured).
-_NUMBER = re.compile(r"[-+]?\d[\d.,]*(?:e[-+]?\d+)?\s*(?:ns|µs|ms|s|KiB|MiB|kB|MB|B|%)?(?![A-Za-z\d])")
-
-
-def normalize(text: str) -> str:
-    """Numbers become ``#`` and whitespace goes (wrapping and table padding follow the numbers' widths).
-
-    >>> normalize("  total_time   494.653 µs │") == normalize("total_time 1.2 ms │")
-    True
-    """
-    return re.sub(r"\s+", "", _NUMBER.sub("#", text))
-
 
 class Walk:
     """Runs steps in one working directory, carrying the environment from block to block."""
@@ -129,6 +74,7 @@ class Walk:
         self.strict = True                      # --print only reports shown lines that were not printed
         self.mismatches: dict[str, list[str]] = {}
         self.svgs: list[Path] = []   # terminal screenshots, made into PNGs once the live steps are done
+        self.source_host: dict[int, str] = {}   # line -> host time the Source page shows (step 5)
 
     def shell(self, step: Step) -> str:
         script = (f"set -a -e -o pipefail\n{step.code}\n"
@@ -258,10 +204,24 @@ def _metric(out: str, name: str) -> str:
     return found[1]
 
 
+_UNIT_NS = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def _ns(text: str) -> float:
+    """``'14.002 µs'`` -> 14002.0"""
+    value, unit = text.split()
+    return float(value.replace(",", "")) * _UNIT_NS[unit]
+
+
 def check_summary_before(walk, out):
     assert "simulated=true" in out
     assert int(_metric(out, "cpu_fallback_count")) == 9
     assert _metric(out, "recompile_count") == "0"
+    # step 4's claim: total_time is device time only, the fallback's host time is cpu_fallback_time (never
+    # added to it), and the host time dominates this step
+    device, host = _ns(_metric(out, "total_time")), _ns(_metric(out, "cpu_fallback_time"))
+    assert _metric(out, "device time \\(host time excluded\\)") == _metric(out, "total_time")
+    assert host > device > 0, (host, device)
 
 
 def check_recommend_before(walk, out):
@@ -287,6 +247,14 @@ def check_view_before(walk, server):
         page.wait_for_selector("#source-lines .src-line.selected")
         line = page.locator("#source-lines .src-line.selected")
         assert re.search(r"^\s*1(39|40|41)\b", line.inner_text()), line.inner_text()   # a line that falls back
+        # step 5's claim: the evidence line is visibly the hottest, by its host time (one scale for both strips)
+        widths = page.eval_on_selector_all(
+            "#source-lines .src-line.hot", "rows => rows.map(r => [r.querySelector('.heat-device').style.width, "
+            "r.querySelector('.heat-host').style.width, r.classList.contains('selected')])")
+        pct = [(float(d.rstrip("%")), float(h.rstrip("%")), sel) for d, h, sel in widths]
+        assert next(h for _, h, sel in pct if sel) == 100.0, widths   # the longest time of any line
+        assert all(d < 100 for d, _, _ in pct), widths                 # the device work is cooler
+        walk.source_host[int(line.locator(".src-no").inner_text())] = line.locator(".src-h").inner_text()
         page.wait_for_selector("#source-timeline .js-plotly-plot")
         # the picture shows the line the finding points at (a full-page shot would re-layout the scrolled list)
         line.evaluate("e => e.scrollIntoView({block: 'center'})")
@@ -296,8 +264,14 @@ def check_view_before(walk, server):
 
 def check_sql_hot_lines(walk, out):
     # The three lines that fall back come first; which of them costs most is measured host time.
-    lines = [m for r in out.splitlines() for m in re.findall(r"models\.py:\d+", r)]
-    assert sorted(lines) == ["models.py:139", "models.py:140", "models.py:141"], out
+    rows = re.findall(r"│ models\.py:(\d+) │\s+(\d+) │\s+(\d+) │", out)
+    assert sorted(r[0] for r in rows) == ["139", "140", "141"], out
+    # "each of them costs far more host time than device time"
+    assert all(int(host) > 10 * int(dev) for _, dev, host in rows), out
+    # the Source page (step 5) showed the evidence line's host time: the same figure as SQL's
+    from explorer.figures import fmt_ns
+    for line, shown in walk.source_host.items():
+        assert shown == fmt_ns(next(int(h) for n, _, h in rows if int(n) == line)), (line, shown, out)
 
 
 def check_inspect_after(walk, out):
@@ -330,8 +304,20 @@ def _totals(out: str) -> dict[str, tuple[str, ...]]:
     return rows
 
 
-def check_diff_fallback(walk, out):
+def _one_screen(out: str) -> dict[str, tuple[str, ...]]:
+    """Step 8's claim: the Why lines and the Totals count the same executions and show one device time."""
     t = _totals(out)
+    words = " ".join(out.split())
+    why_device = re.search(r"• device time (.+?) → (.+?) •", words)
+    assert why_device and why_device.groups() == t["device_ns"][:2], (why_device, t["device_ns"])
+    runs = re.search(r"• A ran (\d+) executions? .*?; B (?:ran (\d+) executions?|the same)", words)
+    assert (runs[1], runs[2] or runs[1]) == t["executions"][:2], (runs, t["executions"])
+    assert "Totals (every execution, warm-ups included)" in words
+    return t
+
+
+def check_diff_fallback(walk, out):
+    t = _one_screen(out)
     assert t["fallback_ops"] == ("9", "0", "-9")
     assert t["step_ns"][2].startswith("-"), "the step got faster"   # device time plus fallback host time
     assert t["cpu_fallback_ns"][1] == "0 ns", "no host time is left"
@@ -339,8 +325,15 @@ def check_diff_fallback(walk, out):
 
 
 def check_diff_recompiles(walk, out):
-    t = _totals(out)
+    t = _one_screen(out)
     assert t["recompiles"] == ("4", "1", "-3")
+    # both runs served the same five batches; the bucketed one computes the padded positions too
+    assert t["executions"] == ("5", "5", "0")
+    assert _ns(t["device_ns"][1]) > _ns(t["device_ns"][0]), "padding to the buckets costs device time"
+    # "neuron-explorer summary --include-warmup prints a diff's totals" (one number, one function)
+    out = walk.shell(Step("summary-include-warmup", "shell", "neuron-explorer summary --include-warmup $BUCKETED"))
+    assert float(t["total_time"][1]) == pytest.approx(_ns(_metric(out, "total_time")) / 1e9, rel=1e-3)
+    assert _metric(out, "execution_count") == t["executions"][1]
 
 
 def check_view_compare(walk, server):
@@ -385,8 +378,11 @@ def check_top(walk, step):
             await pilot.pause()
             text = app.screen_text()
             svg = app.save_screenshot(filename="walkthrough-top.svg", path=str(walk.state))
-            return text, Path(svg)
-    text, svg = asyncio.run(drive())
+            tab = next(a for a in app.snapshot.apps if a.tag == "walkthrough")
+            return text, Path(svg), tab.average_utilization()
+    text, svg, util = asyncio.run(drive())
+    # step 9's claim for the first seconds: the core is almost idle while the process compiles
+    assert util is not None and util < IDLE_PERCENT, util
     log = walk.work / "output" / "live.log"
     assert "walkthrough" in text, text + "\nlive.log:\n" + (log.read_text()[-2000:] if log.exists() else "(none)")
     call = next(i for i, l in enumerate((ROOT / "sample_workloads" / "dynamic_shapes.py").read_text().splitlines(), 1)
@@ -418,7 +414,24 @@ def _monitor_pick(doc: dict) -> list[dict]:
             for r in doc["neuron_runtime_data"] if r["neuron_runtime_tag"] == "walkthrough"]
 
 
+#: "almost idle" while compiling, in percent of the period (the runs measure a few percent at most)
+IDLE_PERCENT = 25.0
+
+
+def wait_for_serving(walk: Walk, timeout: float = 150) -> None:
+    """Until the live workload has compiled every length (its log has one verdict per length): then it
+    only serves cached graphs. Bounded; the workload's own log says where it was."""
+    log = walk.work / "output" / "live.log"
+    lengths = 8   # sample_workloads/dynamic_shapes.py at full size
+    deadline = time.time() + timeout
+    while (log.read_text().count("OK vs eager") if log.exists() else 0) < lengths:
+        assert time.time() < deadline, f"the live workload did not finish its compiles: {log.read_text()[-2000:]}"
+        time.sleep(0.5)
+    time.sleep(2)   # its next published snapshot holds the last compile, before the monitor's period starts
+
+
 def run_monitor(walk: Walk, step: Step) -> list[dict]:
+    wait_for_serving(walk)   # the page runs neuron-monitor once the compiles are done (step 9)
     code = step.code
     has_jq = shutil.which("jq") is not None
     if not has_jq:
@@ -446,6 +459,9 @@ def check_monitor(walk, picked):
     assert doc["pid"] in walk.background
     assert doc["cores"] and set(doc["recompiles"]) == {"count", "last_reason", "last_source"}
     assert isinstance(doc["compiles"], int) and all("neuroncore_utilization" in v for v in doc["utilization"].values())
+    # step 9's claim for the rest of the run: every call runs a cached graph, no compile, no recompile
+    assert doc["compiles"] == 0 and doc["recompiles"]["count"] == 0, doc
+    assert doc["recompiles"]["last_source"].startswith("dynamic_shapes.py:"), doc
 
 
 def check_sql_engines(walk, out):
@@ -571,7 +587,7 @@ def test_the_python_pick_is_the_documents_jq_filter():
     assert _monitor_pick(doc)[0]["recompiles"]["count"] == 3
 
 
-if __name__ == "__main__":   # python tests/test_walkthrough.py --print: outputs for the document
+if __name__ == "__main__":   # python tests/test_walkthrough.py --print | --write: outputs for the document
     import tempfile
 
     keep = sys.argv[sys.argv.index("--work") + 1] if "--work" in sys.argv else None
@@ -587,3 +603,7 @@ if __name__ == "__main__":   # python tests/test_walkthrough.py --print: outputs
             print("seconds per step:", {k: round(v, 1) for k, v in w.seconds.items()})
             for name, lines in w.mismatches.items():
                 print(f"document lines not printed by step {name}:", *lines, sep="\n  ")
+        if "--write" in sys.argv:   # every check passed: the output blocks become what this run printed
+            text, stale = rewrite_document(w.outputs)
+            DOC.write_text(text)
+            print(f"rewrote {DOC}" + (f"; edit by hand (shown lines not printed): {stale}" if stale else ""))

@@ -310,14 +310,38 @@ def ops(p) -> pa.Table:
         ORDER BY o.op_id""")
 
 
-def op_totals(p) -> pa.Table:
+def op_totals(p, include_warmup: bool | None = None) -> pa.Table:
     """Per op (measured executions): device time and its per-engine split, instructions, FLOPs, bytes,
-    and host time (``host_ns``) and calls of a CPU-fallback op. Read from ``op_summary``."""
+    and host time (``host_ns``) and calls of a CPU-fallback op. Read from ``op_summary``, or, with
+    ``include_warmup`` given, computed the same way over the executions that choice counts (a diff counts
+    every execution of both profiles)."""
     cols = ", ".join(f"{e}_ns" for e in DEVICE_ENGINES)
-    return p.sql(f"""SELECT op_id, device_ns, instruction_count, instruction_flops,
-                            bytes_read + bytes_written AS bytes, cpu_calls AS host_calls, cpu_ns AS host_ns,
-                            {cols}
-                     FROM op_summary WHERE op_id IS NOT NULL""")
+    if include_warmup is None:
+        return p.sql(f"""SELECT op_id, device_ns, instruction_count, instruction_flops,
+                                bytes_read + bytes_written AS bytes, cpu_calls AS host_calls, cpu_ns AS host_ns,
+                                {cols}
+                         FROM op_summary WHERE op_id IS NOT NULL""")
+    per_engine = ", ".join(f"(sum(dur_ns) FILTER (WHERE engine = '{e}'))::BIGINT AS {e}_ns" for e in DEVICE_ENGINES)
+    # op_summary's formulas (traces/store.py), over the chosen executions instead of the finalised ones
+    return p.sql(f"""
+        WITH per_op AS (
+            SELECT op_id, (count(*) FILTER (WHERE engine <> 'cpu'))::BIGINT AS instruction_count,
+                   (sum(dur_ns) FILTER (WHERE engine <> 'cpu'))::BIGINT AS device_ns, {per_engine},
+                   (sum(dur_ns) FILTER (WHERE engine = 'cpu'))::BIGINT AS host_ns,
+                   sum(flops)::BIGINT AS instruction_flops, (sum(bytes_read) + sum(bytes_written))::BIGINT AS bytes
+            FROM instructions
+            WHERE op_id IS NOT NULL
+              AND exec_id IN (SELECT exec_id FROM executions WHERE {measured_condition(include_warmup)})
+            GROUP BY op_id),
+        fallback AS (SELECT op_id, count(*) AS cpu_calls, sum(dur_ns)::BIGINT AS cpu_ns
+                     FROM events WHERE kind = 'cpu_fallback' AND op_id IS NOT NULL GROUP BY op_id)
+        SELECT coalesce(o.op_id, f.op_id) AS op_id, coalesce(o.device_ns, 0) AS device_ns,
+               coalesce(o.instruction_count, 0) AS instruction_count,
+               coalesce(o.instruction_flops, 0) AS instruction_flops, coalesce(o.bytes, 0) AS bytes,
+               coalesce(f.cpu_calls, 0) AS host_calls,
+               greatest(coalesce(f.cpu_ns, 0), coalesce(o.host_ns, 0))::BIGINT AS host_ns,
+               {', '.join(f'coalesce(o.{e}_ns, 0) AS {e}_ns' for e in DEVICE_ENGINES)}
+        FROM per_op o FULL OUTER JOIN fallback f ON f.op_id = o.op_id""")
 
 
 def dma_bandwidth_bound(p) -> tuple[str, dict]:

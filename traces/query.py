@@ -315,10 +315,11 @@ class Profile:
         """Every op with its source line and graph name. Example: ``p.ops().num_rows``."""
         return q_figures.ops(self)
 
-    def op_totals(self) -> pa.Table:
+    def op_totals(self, include_warmup: bool | None = None) -> pa.Table:
         """Per op: device time (device engines only, per engine too), instructions, FLOPs, bytes, host
-        time of a CPU op. Example: ``p.op_totals().column("device_ns")``."""
-        return q_figures.op_totals(self)
+        time of a CPU op; over the executions the Summary counts, or ``include_warmup`` decides.
+        Example: ``p.op_totals(include_warmup=True).column("device_ns")``."""
+        return q_figures.op_totals(self, include_warmup)
 
     def layer_engine_time(self) -> pa.Table:
         """Per layer (module path): each device engine's active ns, a concurrent engine's (DMA, CC) as

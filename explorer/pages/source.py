@@ -1,6 +1,11 @@
-"""Source: every file the profile embeds, each line with a heat strip of its device time and its
-instruction count. Clicking a line highlights its instructions on the timeline below (and links the
-full Timeline page filtered to it); the timeline's instruction details link back here."""
+"""Source: every file the profile embeds, each line with its device time, its CPU-fallback host time and
+its instruction count, and a heat strip of each. Clicking a line highlights its instructions on the
+timeline below (and links the full Timeline page filtered to it); the timeline's instruction details
+link back here.
+
+The two strips share one time scale (the file's longest device or host time) and are never added: a
+line whose ops fall back to the CPU is as hot as its host time, in the host strip's colour, so the
+evidence of a CPU-fallback finding is the hottest-looking line when the fallback costs most."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,14 +19,21 @@ from explorer.figures import fmt_ns, timeline_figure
 MAX_LINES = 5000
 
 
+def _bar(ns, peak, kind):
+    """One strip, ``ns`` against the file's ``peak`` (device and host share the scale)."""
+    width = f"{100.0 * ns / peak:.1f}%" if peak and ns else "0%"
+    return html.Div(style={"width": width}, className=f"heat-{kind}")
+
+
 def _line_row(r, peak, selected_sid):
     hot = r["source_id"] is not None and (r["device_ns"] or r["instructions"] or r["host_ns"])
-    width = f"{100.0 * r['device_ns'] / peak:.1f}%" if peak and r["device_ns"] else "0%"
+    title = (f"{fmt_ns(r['device_ns'])} device time · {fmt_ns(r['host_ns'])} host time (CPU fallback)"
+             if hot else "")
     cells = [html.Span(str(r["line"]), className="src-no"),
-             html.Div(html.Div(style={"width": width}), className="heat",
-                      title=f"{fmt_ns(r['device_ns'])} device time" if hot else ""),
-             html.Span(fmt_ns(r["device_ns"]) if r["device_ns"] else ("host" if r["host_ns"] else ""),
-                       className="src-t"),
+             html.Div([_bar(r["device_ns"], peak, "device"), _bar(r["host_ns"], peak, "host")], className="heat",
+                      title=title),
+             html.Span(fmt_ns(r["device_ns"]) if r["device_ns"] else "", className="src-t"),
+             html.Span(fmt_ns(r["host_ns"]) if r["host_ns"] else "", className="src-h"),
              html.Span(f"{r['instructions']:,}" if r["instructions"] else "", className="src-n"),
              html.Span(r["code"] or " ", className="src-code")]
     if not hot:
@@ -30,6 +42,15 @@ def _line_row(r, peak, selected_sid):
     return html.Div(cells, id={"type": "source-line", "sid": sid}, n_clicks=0,
                     className="src-line hot selected" if sid == selected_sid else "src-line hot",
                     title="click: highlight this line's instructions on the timeline")
+
+
+_HEADER = html.Div([html.Span("line", className="src-no"),
+                    html.Span([html.Span("device", className="key-device"), " ",
+                               html.Span("host", className="key-host")],
+                              className="heat-key", title="device time and CPU-fallback host time, on one scale"),
+                    html.Span("device", className="src-t"), html.Span("host", className="src-h"),
+                    html.Span("instr.", className="src-n"), html.Span("", className="src-code")],
+                   className="src-line src-head")
 
 
 def _mini_timeline(key, sid):
@@ -68,7 +89,7 @@ def layout(profile=None, file=None, line=None, **_):
         hot = [r for r in rows if r["source_id"] is not None and (r["device_ns"] or r["host_ns"])]
         if hot:
             selected_sid = str(max(hot, key=lambda r: (r["device_ns"] + r["host_ns"], -r["line"]))["source_id"])
-    peak = max((r["device_ns"] for r in rows), default=0)
+    peak = max((max(r["device_ns"], r["host_ns"]) for r in rows), default=0)   # one scale, never a sum
     file_links = [dcc.Link(Path(f).name, href=ui.href("/source", profile=key, file=i), title=f,
                            className="active" if i == index else "", style={"marginRight": "12px"})
                   for i, f in enumerate(files)]
@@ -78,7 +99,8 @@ def layout(profile=None, file=None, line=None, **_):
         html.H2(["Source · ", html.Span(name, className="code")]),
         html.Div(["Files: ", *file_links], className="toolbar", id="source-files"),
         html.Div([
-            html.Div(html.Div([_line_row(r, peak, selected_sid) for r in rows[:MAX_LINES]], className="source-view",
+            html.Div(html.Div([_HEADER] + [_line_row(r, peak, selected_sid) for r in rows[:MAX_LINES]],
+                              className="source-view",
                               id="source-lines"), className="col", style={"flex": "1 1 520px"}),
             html.Div(html.Div(_mini_timeline(key, selected_sid), id="source-selection"), className="card col",
                      style={"flex": "1 1 520px"}),
