@@ -74,7 +74,8 @@ def cpu_share(live: Path, seconds: float, period: float) -> float | None:
         return None
     session = f"bench_top_{os.getpid()}"
     top = Path(sys.executable).parent / "neuron-top"
-    cmd = f"NEURON_STACK_LIVE_DIR={live} TERM=xterm-256color {top} --period {period}"
+    # PYTHONPATH: this checkout's neuron-top, whichever the installed script would import
+    cmd = f"PYTHONPATH={ROOT} NEURON_STACK_LIVE_DIR={live} TERM=xterm-256color {top} --period {period}"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "60", cmd], check=True)
     try:
         pid = int(subprocess.run(["tmux", "list-panes", "-t", session, "-F", "#{pane_pid}"],

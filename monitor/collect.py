@@ -11,6 +11,7 @@ utilization, and adds the host figures from psutil.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -42,12 +43,19 @@ def _process_memory(runtime: dict) -> None:
     used = block["neuron_runtime_used_bytes"]
     host = used["usage_breakdown"]["host"]
     try:
-        rss = psutil.Process(runtime["pid"]).memory_info().rss
+        rss = _process(runtime["pid"]).memory_info().rss
     except psutil.Error:   # it ended meanwhile, or belongs to a user whose memory we may not read
         block["error"] = block["error"] or "cannot read the process's memory (ended, or another user's)"
         return
     host["application_memory"] = max(int(rss) - sum(v for k, v in host.items() if k != "application_memory"), 0)
     used["host"] = sum(host.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _process(pid: int) -> psutil.Process:
+    """``psutil.Process(pid)``, made once per pid: making one parses /proc/<pid>/stat, and each refresh reads
+    three figures of every process (its reads do not check the pid for reuse either way)."""
+    return psutil.Process(pid)
 
 
 def _r(x: float, nd: int = 2) -> float:
@@ -117,12 +125,13 @@ class Collector:
                 for _, g in groups:
                     self._prev[(key, g.type)] = dict(self._baseline(None, since), cpu=cpu)
             report = {}
+            proj = self._proj_now(snap, now)   # once per process, not per group
             for i, g in groups:
                 if due is not None and ("runtime", i, g.type) not in due:
                     continue
                 prev = self._prev[(key, g.type)]
                 try:
-                    report[g.type], state = self._runtime_group(g.type, snap, prev, now, device)
+                    report[g.type], state = self._runtime_group(g.type, snap, prev, now, device, proj)
                 except psutil.Error:
                     report = None  # the process ended while being read: it simply disappears
                     break
@@ -197,9 +206,9 @@ class Collector:
         return {"wall": when, "proj": int(when * 1e9), "seq": 0, "executions": {}, "errors": {},
                 "core_stats": {}, "events": {}, "cpu": (0.0, 0.0)}
 
-    def _runtime_group(self, kind: str, snap: dict, prev: dict, now: float, device: dict):
+    def _runtime_group(self, kind: str, snap: dict, prev: dict, now: float, device: dict, proj: int):
         period = max(now - prev["wall"], 1e-9)
-        proj_now = max(self._proj_now(snap, now), prev["proj"])  # never runs backwards
+        proj_now = max(proj, prev["proj"])  # never runs backwards
         state = {"wall": now, "proj": proj_now, "seq": snap["seq"], "executions": snap["executions"],
                  "errors": snap["errors"], "core_stats": snap["core_stats"], "events": snap["events"],
                  "cpu": prev.get("cpu")}
@@ -325,7 +334,7 @@ class Collector:
     @staticmethod
     def _cpu_times(pid: int, strict: bool = False):
         try:
-            t = psutil.Process(pid).cpu_times()
+            t = _process(pid).cpu_times()
             return (t.user + t.children_user, t.system + t.children_system)
         except psutil.Error:
             if strict:

@@ -34,12 +34,16 @@ def merge_runtimes(runtimes: list[dict]) -> list[dict]:
     Example: ``doc["neuron_runtime_data"] = merge_runtimes(entries)``.
     """
     by_pid: dict = {}
+    copied: set = set()
     for rt in runtimes:
         # one process and one tag; no pid (an old profile) is never merged
         key = (rt.get("pid"), rt.get("neuron_runtime_tag")) if rt.get("pid") else id(rt)
         if key not in by_pid:
-            by_pid[key] = copy.deepcopy(rt)
+            by_pid[key] = rt     # copied only if another entry merges into it: most processes have one
             continue
+        if key not in copied:
+            copied.add(key)
+            by_pid[key] = copy.deepcopy(by_pid[key])
         into = by_pid[key]["report"]
         for group, block in (rt.get("report") or {}).items():
             if group not in into:

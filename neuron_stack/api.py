@@ -171,7 +171,7 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     >>> nm = trace(torch.nn.Linear(4, 2), torch.randn(1, 4), target="inf2")   # doctest: +SKIP
     """
     # the passes are imported on first use: loading a saved NEFF never needs them
-    from neuron_stack.compiler.driver import compile_program, graph_hash
+    from neuron_stack.compiler.driver import compile_program, digest_in_background, graph_hash
 
     call_site = caller_source()
     t0 = time.perf_counter_ns()
@@ -186,12 +186,15 @@ def trace(model, example_inputs, *, compiler_args=None, compiler_workdir=None, t
     flags = parse_flags(compiler_args, target=None if target == DEFAULTS["target"] and probe["target"] != target
                         else target)
     sw = _Stopwatch()
+    digests = digest_in_background(model) if isinstance(model, torch.nn.Module) else None
     with sw.stage("capture"):
         program = capture(model, example_inputs)
     with paused_gc():      # the rest allocates IR objects by the hundred thousand (see paused_gc)
         # forced CPU placement changes the artifact, so it is part of the graph identity
         forced = sorted(cfg.ops_to_partition) if cfg is not None else []
         with sw.stage("graph_hash"):
+            if digests is not None:
+                digests.join()     # the weights' digests, made while the model was captured
             ghash = graph_hash(program, salt=",".join(forced))
 
         def build() -> Neff:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 # Op classes (legalize assigns one per node). "view" ops are metadata only: no device work.
@@ -121,13 +121,24 @@ def asdict_value(v: Any) -> Any:
     >>> asdict_value([TensorSpec((2,), "float32")])
     [{'shape': (2,), 'dtype': 'float32'}]
     """
-    if is_dataclass(v):
-        return asdict(v)
+    # asdict's result without its deep copy of every leaf: the IR's leaves are immutable JSON values, and the
+    # copies were most of a BERT-base graph hash (every cache hit computes one)
+    t = type(v)
+    names = _FIELD_NAMES.get(t)
+    if names is None and is_dataclass(v) and not isinstance(v, type):
+        names = _FIELD_NAMES[t] = tuple(f.name for f in fields(v))
+    if names is not None:
+        return {name: asdict_value(getattr(v, name)) for name in names}
+    if t is list or t is tuple:
+        return t([asdict_value(x) for x in v])
     if isinstance(v, (list, tuple)):
-        return type(v)(asdict_value(x) for x in v)
+        return t(asdict_value(x) for x in v)
     if isinstance(v, dict):
         return {k: asdict_value(x) for k, x in v.items()}
     return v
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass

@@ -44,11 +44,15 @@ CASES = {
         r"compiler passes of the cold compile",
         rf"^\s+1\s+{NUM}\s+{NUM}\s+{NUM}",            # the summary row of the 1-layer encoder
         r"schedule digests: 1: [0-9a-f]{8}",
+        rf"^\s+1 layers: {NUM} s wall \(trace {NUM} s, export {NUM} s\), {NUM} s CPU",   # the new process's hit
     ], None),
     "eager_compiled.py": (["--small"], [
         r"load average",
         rf"device time {NUM} .s → {NUM} .s",
         rf"compiled / eager: executions {NUM}×, device_ns {NUM}×",
+        rf"profiling off: device {NUM} ms, CPU eager {NUM} ms: {NUM}× wall, {NUM}× CPU time",
+        rf"profiling on : device {NUM} ms, CPU eager {NUM} ms: {NUM}× wall, {NUM}× CPU time",
+        r"bit-exact with CPU eager: True",
     ], None),
     "runtime.py": (["--layers", "1", "--hidden", "96", "--seq", "16", "--reps", "3"], [
         rf"eager PyTorch \(no_grad\)\s+median\s+{NUM} ms",

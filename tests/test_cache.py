@@ -39,6 +39,31 @@ def test_corrupt_entry_is_reported_and_rebuilt(cache, capfd):
     torch.testing.assert_close(nm(x), m(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_hit_reads_the_record_tables_only_when_a_profile_needs_them(cache):
+    """Most of an entry's bytes are the profiler's record tables (Flow, SemaphoreUpdate...): a hit leaves them on
+    disk, reads them whole and checked on first use, and refuses, in one line, a file changed meanwhile."""
+    from neuron_stack.isa.neff import NeffError, RecordTables
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    x = torch.randn(2, 16)
+    cold = neuron_stack.trace(m, x)
+    warm = neuron_stack.trace(m, x)
+    assert warm.cache_hit
+    want, got = cold.neff.schedules[0].records, warm.neff.schedules[0].records
+    assert isinstance(got, RecordTables) and got._tables is None and "Flow" in want
+    assert set(got) == set(want)
+    assert all(got[name].equals(t) for name, t in want.items())
+    torch.testing.assert_close(warm(x), m(x), rtol=1e-4, atol=1e-5)
+
+    again = neuron_stack.trace(m, x).neff.schedules[0].records
+    [entry] = entries(cache)
+    (entry / "model.neff").write_bytes(b"gone")
+    with pytest.raises(NeffError) as err:
+        again["Flow"]
+    assert "record tables cannot be read" in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
 def test_cache_dir_flag_and_no_cache(tmp_path, cache, monkeypatch):
     m, x = torch.nn.Linear(4, 2).eval(), torch.randn(1, 4)
     neuron_stack.trace(m, x, compiler_args="--no_cache")

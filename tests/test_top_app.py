@@ -560,3 +560,38 @@ def test_engines_panel_shows_dma_and_sync_at_80x24():
         return await press(pilot, "e")
     extras = run(NeuronTop(repeating(TWO_APPS), period=0.02), (80, 24), script)
     assert "DMA" in extras and "20.00%" in extras and "Sync" in extras
+
+
+def test_a_refresh_repaints_only_the_rows_that_changed():
+    """One core's utilization changes: its panel repaints those rows alone (not the panel), unchanged panels
+    nothing, and the screen shows the new figure, not the old one."""
+    from top.widgets import Panel
+
+    after = document(runtime_entry(257726, "my_app_1", [0, 1], [42.01, 87.25], recompiles=1, fallbacks=2),
+                     runtime_entry(257999, "257999", [4], [80.0], flops=2.5e12))
+    source, gate = switching(TWO_APPS, after)
+    app = NeuronTop(source, period=0.02)
+
+    async def script(pilot):
+        await wait_for_frame(pilot, 3)
+        panel = app.query_one("#utilization", Panel)
+        calls = []
+        original = Panel.refresh
+
+        def spy(self, *regions, **kw):
+            calls.append((self.id, regions, kw))
+            return original(self, *regions, **kw)
+        Panel.refresh = spy
+        try:
+            gate.set()
+            await wait_until(pilot, lambda: any(c[0] == "utilization" for c in calls))
+        finally:
+            Panel.refresh = original
+        rows = [r for pid, regions, kw in calls if pid == "utilization" for r in regions]
+        assert rows and all(r.height == 1 for r in rows), calls
+        assert len({r.y for r in rows}) < len(panel._last_lines)
+        assert not any(pid == "memory_summary" for pid, _, _ in calls)
+        return app.screen_text()
+
+    screen = run(app, (200, 60), script)
+    assert "87.2" in screen and "63.5" not in screen

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rich.text import Text
+from textual.geometry import Region
 from textual.screen import ModalScreen
+from textual.strip import Strip
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Static, Tree
 
@@ -33,37 +36,69 @@ class Panel(Widget):
         self.body = body
         self.frame: tuple[Snapshot, ViewState] | None = None
         self._last: Text | None = None
+        self._last_lines: list[Text] | None = None
         self._cache: tuple | None = None
         self._generation = 0   # bumped by every show(): keys the text cache
+        self._strips: dict[int, tuple[int, Text, Strip]] = {}   # y -> (width, line, its strip)
         self.border_title = title
 
     def show(self, snapshot: Snapshot, state: ViewState) -> None:
         """Render ``snapshot`` as seen with ``state`` (tab, grid mode, selected core)."""
         self.frame = (snapshot, state)
         self._generation += 1
-        text = self._text(self.content_size.width)   # sets the border title now, not at paint
+        width = self.content_size.width
+        text, lines = self._render_text(width)   # sets the border title now, not at paint
         if text == self._last:
             return   # an unchanged panel costs nothing (most of them, most refreshes)
-        relayout = self._last is None or text.plain.count("\n") != self._last.plain.count("\n")
-        self._last = text
-        self.refresh(layout=relayout)
+        last, self._last = self._last_lines, text
+        self._last_lines = lines
+        if last is None or len(lines) != len(last):
+            self.refresh(layout=True)
+            return
+        # The same rows: repaint only the lines that changed (a core's figures, one history row), not
+        # the whole panel, whose styling and compositing were most of neuron-top's CPU
+        self.refresh(*(Region(0, y, width, 1) for y, (a, b) in enumerate(zip(lines, last)) if a != b))
 
     def _text(self, width: int) -> Text:
+        return self._render_text(width)[0]
+
+    def _render_text(self, width: int) -> tuple[Text, list[Text]]:
         if self.frame is None or self.body is None:
-            return Text("waiting for the first report…", style="dim")
+            text = Text("waiting for the first report…", style="dim")
+            return text, _lines(text)
         key = (self._generation, width)
         if self._cache is None or self._cache[0] != key:   # layout asks for the same text again
-            self._cache = (key, *self.body(*self.frame, max(width, 10)))
-        _, title, text = self._cache
+            title, text = self.body(*self.frame, max(width, 10))
+            self._cache = (key, title, text, _lines(text))
+        _, title, text, lines = self._cache
         if title != self.border_title:   # setting it repaints, even to the same value
             self.border_title = title
-        return text
+        return text, lines
 
     def render(self) -> Text:
         return self._text(self.content_size.width)
 
+    def render_line(self, y: int) -> Strip:
+        """Content line ``y``, rendered on its own and kept while its text stays the same: a refresh
+        re-renders the lines that changed, not the panel (textual's Line API)."""
+        width = self.size.width
+        lines = self._render_text(width)[1]
+        line = lines[y] if y < len(lines) else Text()
+        kept = self._strips.get(y)
+        if kept is not None and kept[0] == width and kept[1] == line:
+            return kept[2]
+        strips = Visual.to_strips(self, visualize(self, line), width, 1, self.visual_style)
+        strip = strips[0] if strips else Strip.blank(width, self.visual_style.rich_style)
+        self._strips[y] = (width, line, strip)
+        return strip
+
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self._text(width).plain.split("\n"))
+
+
+def _lines(text: Text) -> list[Text]:
+    """``text`` split at its newlines, one Text per row (blank rows kept)."""
+    return list(text.split("\n", allow_blank=True))
 
 
 class Line(Widget):

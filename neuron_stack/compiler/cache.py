@@ -76,8 +76,8 @@ class CompileCache:
                       file=sys.stderr)
                 shutil.rmtree(entry, ignore_errors=True)
             return None
-        try:
-            return load(entry / "model.neff", target=target, constants=constants)
+        try:   # an entry stays where it is: the profiler's record tables are read when a profile needs them
+            return load(entry / "model.neff", target=target, constants=constants, lazy_records=True)
         except NeffError as exc:
             print(f"neuron_stack: warning: corrupt compile cache entry {entry} ({exc}); rebuilding it",
                   file=sys.stderr)

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import sys
+import threading
 import time
 import uuid as uuidlib
 import weakref
@@ -94,6 +95,31 @@ def tensor_digest(t: torch.Tensor) -> bytes:
         weakref.finalize(t, _DIGESTS.pop, key, None)
     _DIGESTS[key] = (t.data_ptr(), t._version, digest)
     return digest
+
+
+def digest_in_background(model: torch.nn.Module) -> threading.Thread:
+    """Start hashing ``model``'s weights (:func:`tensor_digest` of the tensors the capture will hand out) on a
+    thread, to overlap the capture: xxHash releases the GIL and ``torch.export`` never reads weight values, so
+    a new process's cache hit pays for its capture, not for its capture and then 0.4 GB of hashing (BERT-base).
+    :func:`graph_hash` finds the digests made; join the thread first. A failure here only means that
+    :func:`graph_hash` hashes that tensor itself.
+
+    >>> digest_in_background(torch.nn.Linear(2, 2)).join()
+    """
+    from neuron_stack.frontend.export import detached
+
+    tensors = [detached(t) for t in model.state_dict(keep_vars=True).values()
+               if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+
+    def run():
+        for t in tensors:
+            try:
+                tensor_digest(t)
+            except Exception:   # graph_hash hashes it again, and reports what is wrong
+                pass
+    thread = threading.Thread(target=run, name="neuron-weight-digests", daemon=True)
+    thread.start()
+    return thread
 
 
 def _schedule(program: Program, part: int, profile, flags: dict, detail: bool = True) -> tuple[object, str]:

@@ -118,14 +118,58 @@ def _on_host(kwargs: dict) -> dict:
     return kwargs
 
 
+def _flatten(x, leaves: list):
+    """Append the leaves of ``x`` (exact tuples, lists and dicts are containers) to ``leaves``; return its
+    structure, hashable. torch's pytree does the same at ~10 us a call, paid several times per op.
+
+    >>> leaves = []; _flatten(([1, 2], {"k": 3}), leaves), leaves
+    ((<class 'tuple'>, ((<class 'list'>, (None, None)), (<class 'dict'>, ('k',), (None,)))), [1, 2, 3])
+    """
+    t = type(x)
+    if t is tuple or t is list:
+        return t, tuple([_flatten(v, leaves) for v in x])
+    if t is dict:
+        return dict, tuple(x), tuple([_flatten(v, leaves) for v in x.values()])
+    leaves.append(x)
+    return None
+
+
+def _unflatten(spec, it):
+    """The inverse of :func:`_flatten`: ``spec`` rebuilt with leaves from the iterator ``it``.
+
+    >>> leaves = []; _unflatten(_flatten(((1, [2]), {"k": 3}), leaves), iter(leaves))
+    ((1, [2]), {'k': 3})
+    """
+    if spec is None:
+        return next(it)
+    if spec[0] is dict:
+        return dict(zip(spec[1], [_unflatten(s, it) for s in spec[2]]))
+    return spec[0]([_unflatten(s, it) for s in spec[1]])
+
+
+_VALUE, _TO_HOST_OP, _MUTABLE, _COMPUTE = range(4)
+_kinds: dict = {}
+
+
+def _kind(func) -> int:
+    """What dispatch does with ``func`` (its schema and tags read once per op, not per call)."""
+    kind = _kinds.get(func)
+    if kind is None:
+        kind = _kinds[func] = (
+            _VALUE if func.is_view or func in _METADATA or torch.Tag.nondeterministic_seeded in func.tags
+            else _TO_HOST_OP if func in _TO_HOST else _MUTABLE if func._schema.is_mutable else _COMPUTE)
+    return kind
+
+
 def dispatch(func, args: tuple, kwargs: dict):
     """Run one ATen op with ``neuron`` tensor arguments (called from ``__torch_dispatch__``)."""
-    flat, spec = tree_flatten((args, kwargs))
+    flat: list = []
+    spec = _flatten((args, kwargs), flat)
     index = _index(flat)
     inner = [a.elem if isinstance(a, NeuronTensor) else a for a in flat]
     # tracing: fake or functional values (a CPU Parameter, as Module.to copies it, is a real value)
     if any(isinstance(x, torch.Tensor) and type(x) not in _REAL for x in inner):
-        a, k = tree_unflatten(inner, spec)
+        a, k = _unflatten(spec, iter(inner))
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
     provenance.enter()
     if func is aten._to_copy.default and torch.device(kwargs.get("device") or "neuron").type == "cpu":
@@ -138,15 +182,15 @@ def dispatch(func, args: tuple, kwargs: dict):
                 src.elem if isinstance(src, NeuronTensor) else src, *args[2:])
             _transfer(src, direction, index)
             return dst
-    a, k = tree_unflatten(inner, spec)
+    a, k = _unflatten(spec, iter(inner))
     k = _on_host(k)
-    if func.is_view or func in _METADATA or torch.Tag.nondeterministic_seeded in func.tags \
-            or not any(isinstance(x, torch.Tensor) for x in inner):
+    kind = _kind(func)
+    if kind == _VALUE or not any(isinstance(x, torch.Tensor) for x in inner):
         return _rewrap(func(*a, **k), inner, flat, index)
-    if func in _TO_HOST:        # .item(), bool(): the value crosses to the host
+    if kind == _TO_HOST_OP:        # .item(), bool(): the value crosses to the host
         _transfer(inner[0], "to_host", index)
         return func(*a, **k)
-    if func._schema.is_mutable:
+    if kind == _MUTABLE:
         return _mutate(func, args, a, k, inner, flat, index)
     return _rewrap(_execute(func, a, k, index), inner, flat, index)
 
@@ -240,21 +284,39 @@ def _lift(func, a: tuple, k: dict) -> tuple[tuple, dict]:
     >>> _lift(aten.pow.Tensor_Scalar, (torch.ones(2), 2.0), {})[0][1]
     2.0
     """
-    dtypes = {x.dtype for x in tree_flatten((a, k))[0] if isinstance(x, torch.Tensor)}
+    slots = _lift_slots(func)
+    n = len(a)
+    if not any(type(a[i] if i < n else k.get(name)) is float for i, name in slots):
+        return a, k           # the common case: nothing to lift, answered without looking at dtypes
+    leaves: list = []
+    _flatten((a, k), leaves)
+    dtypes = {x.dtype for x in leaves if isinstance(x, torch.Tensor)}
     if len(dtypes) != 1 or (dt := dtypes.pop()) not in _LIFTABLE:
         return a, k
-    named = _SCALAR_ARG.get(func)
-    schema = func._schema.arguments
     a = list(a)
-    for i, arg in enumerate(schema):
-        v = a[i] if i < len(a) else k.get(arg.name)
-        if type(v) is float and (arg.name == named or isinstance(arg.type, torch.TensorType)):
+    for i, name in slots:
+        v = a[i] if i < n else k.get(name)
+        if type(v) is float:
             t = torch.tensor(v, dtype=dt)
-            if i < len(a):
+            if i < n:
                 a[i] = t
             else:
-                k = dict(k, **{arg.name: t})
+                k = dict(k, **{name: t})
     return tuple(a), k
+
+
+_slots: dict = {}
+
+
+def _lift_slots(func) -> tuple:
+    """(position, name) of the arguments of ``func`` a float may be lifted from: its :data:`_SCALAR_ARG`
+    and its ``Tensor`` arguments (read from the schema once per op)."""
+    slots = _slots.get(func)
+    if slots is None:
+        named = _SCALAR_ARG.get(func)
+        slots = _slots[func] = tuple((i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                                     if arg.name == named or isinstance(arg.type, torch.TensorType))
+    return slots
 
 
 def _scalar_arg(func, a: tuple, k: dict):
@@ -267,10 +329,10 @@ def _scalar_arg(func, a: tuple, k: dict):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _signature(func, a, k, site, core) -> tuple:
-    flat, spec = tree_flatten((a, k))
-    leaves = tuple((tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
-    return (func, leaves, str(spec), site.key(), core)
+def _signature(func, flat: list, spec, site, core) -> tuple:
+    """The cache key of one op call: what its NEFF depends on (``flat``, ``spec``: its arguments flattened)."""
+    leaves = tuple((x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
+    return (func, leaves, spec, site.key(), core)
 
 
 def _execute(func, a: tuple, k: dict, index: int):
@@ -279,7 +341,8 @@ def _execute(func, a: tuple, k: dict, index: int):
     s, core = core_of(index)
     site = provenance.site()
     la, lk = _lift(func, a, k)
-    key = _signature(func, la, lk, site, core)
+    flat: list = []
+    key = _signature(func, flat, _flatten((la, lk), flat), site, core)
     with _lock:
         model = _models.get(key)
     if model is None:
@@ -287,7 +350,7 @@ def _execute(func, a: tuple, k: dict, index: int):
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
     if model is _HOST:
         return _host_op(func, a, k, index, None, site.source)
-    tensors = [x for x in tree_flatten((la, lk))[0] if isinstance(x, torch.Tensor)]
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
     r0 = time.perf_counter_ns()
     outs = model.run(tensors)
     r1 = time.perf_counter_ns()
@@ -300,7 +363,7 @@ def _execute(func, a: tuple, k: dict, index: int):
         _stats["device_ns"] += model.static_device_ns
         _stats["dispatch_ns"] += host_ns
     record_dispatch(model, host_ns, "eager")
-    return tree_unflatten(outs, model.out_spec)
+    return outs[0] if model.out_spec.is_leaf() else tree_unflatten(outs, model.out_spec)
 
 
 def _compile(func, a, k, site, core, key):

@@ -7,6 +7,7 @@ True
 from __future__ import annotations
 
 import collections
+import functools
 import linecache
 import os
 import sys
@@ -79,6 +80,7 @@ class DeviceMemory:
         # A dying tensor's finalizer only queues its storage: finalizers run wherever the garbage collector
         # happens to run, inside any lock on any thread (the live publisher's, mid-snapshot, deadlocked on it)
         self._released: collections.deque[int] = collections.deque()
+        self._refs: set[weakref.ref] = set()       # alive until their value dies
         self.storages: dict[int, list] = {}       # storage data_ptr -> [nbytes, users, index]
         self.allocated: dict[int, int] = {}
         self.peak: dict[int, int] = {}
@@ -98,8 +100,9 @@ class DeviceMemory:
                     self._charge(index, nbytes, t)
                 entry = self.storages[key] = [nbytes, 0, index]
             entry[1] += 1
-        # on the value, not the wrapper: Module.to swaps wrappers (torch.utils.swap_tensors refuses weakrefs)
-        weakref.finalize(t.elem, self._release, key)
+        # on the value, not the wrapper: Module.to swaps wrappers (torch.utils.swap_tensors refuses weakrefs).
+        # A bare weakref (held in a set until it fires): weakref.finalize costs microseconds per tensor
+        self._refs.add(weakref.ref(t.elem, functools.partial(self._release, key)))
 
     def _charge(self, index: int, nbytes: int, t: torch.Tensor) -> None:
         session, core = self.session_of(index)
@@ -118,7 +121,8 @@ class DeviceMemory:
         self.allocated[index] = self.allocated.get(index, 0) + nbytes
         self.peak[index] = max(self.peak.get(index, 0), self.allocated[index])
 
-    def _release(self, key: int) -> None:
+    def _release(self, key: int, ref) -> None:
+        self._refs.discard(ref)
         self._released.append(key)
 
     def drain(self) -> None:

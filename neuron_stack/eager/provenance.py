@@ -85,7 +85,14 @@ def _backward_site() -> Site | None:
     if node is None:
         return None
     fwd = _forward.get(node._sequence_nr())
-    line = backward_source() or where()
+    # one backward() call per graph task: its line is looked up (every thread's stack) once per task
+    task = torch._C._current_graph_task_id()
+    cached = getattr(_local, "backward", None)
+    if cached is not None and cached[0] == task:
+        line = cached[1]
+    else:
+        line = backward_source() or where()
+        _local.backward = (task, line)
     if fwd is None:
         return Site(line, backward=True)
     return Site(line, fwd.module_path, fwd.module_type, fwd.source, backward=True)

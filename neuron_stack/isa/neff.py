@@ -32,8 +32,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import uuid as uuidlib
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -246,13 +248,58 @@ def _check_program(path, program: Program, schedules: dict) -> None:
                           "program does not have")
 
 
-def load(path: str | os.PathLike, target: str | None = None, constants: dict | None = None) -> Neff:
+class RecordTables(Mapping):
+    """One partition's record tables (members ``schedule/<p>.<name>.arrow``: Flow, SemaphoreUpdate, ...),
+    read and checked against their checksums on first use. Only a profiler reads them, and they are most
+    of a NEFF's bytes (50 of a BERT-base cache entry's 57 MB), so a compile-cache hit leaves them on disk.
+    Example: ``neff.schedules[0].records["Flow"]``.
+    """
+
+    def __init__(self, path: Path, members: dict[str, tuple[str, str]]):
+        self._path, self._members = path, members      # name -> (member, sha256)
+        self._tables: dict | None = None
+
+    def _read(self) -> dict:
+        if self._tables is None:
+            tables = {}
+            try:
+                with zipfile.ZipFile(self._path) as z:
+                    for name, (member, digest) in self._members.items():
+                        blob = z.read(member)
+                        if hashlib.sha256(blob).hexdigest() != digest:
+                            raise _fail(self._path, f"checksum mismatch in member {member} (the file changed "
+                                                    "after it was loaded, or is corrupt)")
+                        tables[name] = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+            except NeffError:
+                raise
+            except Exception as exc:   # deleted or replaced since the load: a damaged archive raises many types
+                raise _fail(self._path, f"its record tables cannot be read ({type(exc).__name__}: "
+                                        f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+            self._tables = tables
+        return self._tables
+
+    def __getitem__(self, name: str) -> pa.Table:
+        return self._read()[name]
+
+    def __iter__(self):
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+_RECORD_MEMBER = re.compile(r"schedule/(\d+)\.(\w+)\.arrow")
+
+
+def load(path: str | os.PathLike, target: str | None = None, constants: dict | None = None,
+         lazy_records: bool = False) -> Neff:
     """Read and verify a NEFF. ``target`` (if given) must match the NEFF's target.
 
     ``constants``: the weights, when the caller already holds tensors proven equal to the NEFF's (a
     compile-cache hit: the graph hash covers every weight byte): the NEFF's own weights, the bulk of
-    the file, are then not read, and a NEFF saved without weights can be loaded.
-    Example: ``neff = load("model.neff", target="trn1")``.
+    the file, are then not read, and a NEFF saved without weights can be loaded. ``lazy_records``: the
+    profiler's record tables stay on disk until read (:class:`RecordTables`; for a file that stays where it
+    is, a compile-cache entry). Example: ``neff = load("model.neff", target="trn1")``.
     """
     path = Path(path)
     header = read_header(path)
@@ -264,12 +311,17 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
                     f"recompile with --target {target}")
     sums = header["checksums"]
     try:
+        lazy: dict[str, dict[str, tuple[str, str]]] = {}      # partition -> record name -> (member, sha256)
         with open(path, "rb") as f, zipfile.ZipFile(f) as z:
             data = {}
             for name, digest in sums.items():
                 if name in ("constants.pt", weights_mod.BIN) and constants is not None:
                     continue      # the caller's tensors (a cache hit), or read below in one piece
                 if name == weights_mod.BIN:
+                    continue
+                m = _RECORD_MEMBER.fullmatch(name) if lazy_records else None
+                if m is not None:
+                    lazy.setdefault(m[1], {})[m[2]] = (name, digest)
                     continue
                 blob = z.read(name)
                 if hashlib.sha256(blob).hexdigest() != digest:
@@ -298,8 +350,9 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
             table = pa.ipc.open_file(pa.py_buffer(data[f"schedule/{p}.arrow"])).read_all()
             known = {f.name for f in fields(PartitionSchedule)} - {"table", "records"}
             prefix = f"schedule/{p}."
-            records = {m[len(prefix):-len(".arrow")]: pa.ipc.open_file(pa.py_buffer(data[m])).read_all()
-                       for m in data if m.startswith(prefix) and m.endswith(".arrow") and m != f"{prefix}arrow"}
+            records = RecordTables(path, lazy[p]) if p in lazy else {
+                m[len(prefix):-len(".arrow")]: pa.ipc.open_file(pa.py_buffer(data[m])).read_all()
+                for m in data if m.startswith(prefix) and m.endswith(".arrow") and m != f"{prefix}arrow"}
             schedules[int(p)] = PartitionSchedule(table=table, records=records,
                                                   **{k: v for k, v in s.items() if k in known})
         _check_program(path, program, schedules)

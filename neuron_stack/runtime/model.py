@@ -221,8 +221,8 @@ class LoadedModel:
 
     def _run(self, inputs: list, start_ns: int | None = None) -> list:
         session = self.session
-        with clock.excluded():   # the simulator's own work (polling, publishing, recording) is no program time
-            session.poll_capture()
+        before, p0 = session.recorder, time.perf_counter_ns()
+        session.poll_capture()   # starting a capture or a torch.profiler window takes its own time off the clock
         rec = session.recorder
         wall0 = time.time_ns()
         t0 = time.perf_counter_ns()
@@ -253,24 +253,26 @@ class LoadedModel:
                 values.update(zip(p.part.outputs, outs))
             device_ns = cursor
             result = from_json(self.out_refs, values)
-        real = time.perf_counter_ns() - t0
+        t1 = time.perf_counter_ns()
+        real = t1 - t0
         wall1 = wall0 + real
         # start_ns: the projected start chosen by a multi-core scheduler (DataParallel, tensor parallel)
         proj0 = wall0 + clock.offset_ns() if start_ns is None else start_ns
-        clock.advance(real, device_ns)
         warmup = self.executions == 0
         self.executions += 1
-        # off the projected clock, so a recorded run keeps an unrecorded one's timing: live busy and the busy
-        # of a capture of the same seconds agree (docs/top.md)
-        with clock.excluded():
-            session.live.record_execution(
-                core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
-                device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops,
-                start_ns=proj0)
-            if rec is not None:
-                with session.record_lock:
-                    if session.recorder is rec:   # not ended by its timer meanwhile
-                        record_execution(rec, self, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
+        # The simulator's own work (polling, publishing, recording) is no program time: off the projected clock,
+        # so a recorded run keeps an unrecorded one's timing (live busy and the busy of a capture of the same
+        # seconds agree, docs/top.md). Polling and publishing go with the run in one advance (when the poll
+        # opened a recording, that took its own time off already).
+        own = (t0 - p0) if rec is before else 0
+        session.live.record_execution(
+            core=self.core, wall_end=wall1 / 1e9, proj_end_ns=proj0 + device_ns, total_latency_s=device_ns / 1e9,
+            device_latency_s=(device_ns - cpu_ns) / 1e9, busy_ns=self.active_ns, flops=self.flops, start_ns=proj0)
+        clock.advance(real + own + time.perf_counter_ns() - t1, device_ns)
+        if rec is not None:
+            with clock.excluded(), session.record_lock:
+                if session.recorder is rec:   # not ended by its timer meanwhile
+                    record_execution(rec, self, proj0, wall0, wall1, device_ns, cpu_ns, warmup, timeline)
         return result
 
     def unload(self) -> None:

@@ -337,7 +337,6 @@ def record_transfer(rec: Recorder, profile, ts_ns: int, core: int, direction: st
     return ns
 
 
-@clock.excluding
 def record_dispatch(model, host_ns: int, mode: str) -> None:
     """A ``dispatch`` event: the host time (``dur_ns``, measured, never device time) the framework spent
     around one execution of ``model`` outside the simulated run, ``mode`` ``eager`` or ``compiled``;
@@ -350,9 +349,9 @@ def record_dispatch(model, host_ns: int, mode: str) -> None:
     """
     s = model.session
     rec = s.recorder
-    if rec is None:
+    if rec is None:          # profiling off: nothing to take off the projected clock either
         return
-    with s.record_lock:
+    with clock.excluded(), s.record_lock:
         if s.recorder is rec:
             rec.event("dispatch", dur_ns=int(host_ns), core=model.core, graph_id=model.graph_id, mode=mode,
                       host_time="measured")
