@@ -240,6 +240,8 @@ class Machine:
 
     def op_REDUCE(self, o):
         x = as_tensor(_p2(self.mem.read(o["src"][0])))
+        if o.get("inner"):      # only the innermost axes of the access pattern: one result per outer index
+            x = x.reshape(-1, o["inner"])
         op = o["op"]
         if op == "add":
             r = x.sum(dim=1, keepdim=True,

@@ -111,6 +111,20 @@ def program_ndim() -> int:
     return len(current().grid)
 
 
+class nc(int):
+    """``nl.nc(n)``: ``n`` physical NeuronCores in a launch grid dimension (``nl.spmd_dim(4, nl.nc(2))``)."""
+
+
+def spmd_dim(*sizes) -> int:
+    """``nl.spmd_dim(4, nl.nc(2))``: a launch grid dimension of 4 x 2 instances spread over two physical cores
+    (instance n on core n % 2). Instances run serially on one simulated core here, as every SPMD grid does.
+
+    >>> spmd_dim(4, nc(2))
+    8
+    """
+    return math.prod(int(n) for n in sizes)
+
+
 def affine_range(*args, **kwargs):
     """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
     Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
@@ -360,7 +374,10 @@ def _accumulate(acc, o):
 # -- reductions ---------------------------------------------------------------------------------
 def _reduction(red: str):
     def f(x, axis, dtype=None, keepdims=False, mask=None, **_):
-        out = ndarray((x.partitions, 1), dtype or (x.dtype if x.buf.mem != "psum" else float32))
+        axes = {a % x.ndim for a in ([axis] if isinstance(axis, int) else axis)}
+        shape = [n if d not in axes else 1 for d, n in enumerate(x.shape) if keepdims or d not in axes]
+        out = ndarray(tuple(shape) if len(shape) > 1 else (x.partitions, 1),
+                      dtype or (x.dtype if x.buf.mem != "psum" else float32))
         ops.tensor_reduce(out, red, x, axis, mask=mask)
         return out
     f.__name__ = red
