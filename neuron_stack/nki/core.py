@@ -162,6 +162,7 @@ class Buffer:
         "addr",
         "dtype",
         "kind_name",
+        "lazy_zero",
         "mem",
         "name",
         "pitch",
@@ -179,6 +180,7 @@ class Buffer:
         self.writes: list = []
         self.written: list = []      # regions written so far (PSUM accumulation groups)
         self.kind_name = mem
+        self.lazy_zero = False      # nl.zeros(..., lazy_initialization=True): zeroed by its first write
 
 
 class ndarray:
@@ -458,11 +460,13 @@ class Trace:
         free_bytes = math.prod(shape) // shape[pdim] * DTYPE_BYTES[dtype]
         alloc = self.sbuf if mem == "sbuf" else self.psum
         block_bytes = math.prod(shape[pdim + 1:]) * DTYPE_BYTES[dtype]
-        if mem == "psum" and (free_bytes > alloc.capacity or (pdim and block_bytes > PSUM_BANK_BYTES)):
+        # a block-layout PSUM tile is placed block by block, each live from its first to its last use (alloc.py),
+        # so only a block must fit a bank; the blocks live at once must fit PSUM when they are placed
+        if mem == "psum" and ((free_bytes > alloc.capacity and not pdim) or (pdim and block_bytes > PSUM_BANK_BYTES)):
             raise self.error(f"PSUM tile {shape} {dtype} needs {free_bytes} bytes per partition ({block_bytes} per "
                              f"block): PSUM holds {alloc.capacity // 1024} KiB per partition in 2 KiB banks "
                              f"({PSUM_FMAX} fp32, nl.tile_size.psum_fmax); split the free dimension")
-        if free_bytes > alloc.capacity:
+        if free_bytes > alloc.capacity and not (mem == "psum" and pdim):
             raise self.error(f"{mem.upper()} is full: this {shape} {dtype} tile needs {free_bytes / 1024:.1f} KiB per "
                              f"partition (capacity {alloc.capacity // 1024} KiB on {self.p.name}); use smaller tiles")
         if address is not None:
@@ -475,7 +479,8 @@ class Trace:
         b = Buffer(mem, f"{mem}#{self._n}:{dtype}", dtype, shape, max(1, free_bytes // DTYPE_BYTES[dtype]),
                    -1 if address is None else address, free_bytes)
         tile = {"mem": mem, "size": max(free_bytes, 1), "dtype": dtype, "shape": shape, "at": len(self.instrs),
-                "loc": self.loc(), "address": address, "touched": None, "ref": weakref.ref(b)}
+                "loc": self.loc(), "address": address, "touched": None, "ref": weakref.ref(b),
+                "pitch": b.pitch, "block": math.prod(shape[pdim + 1:]) if pdim and mem == "psum" else 0}
         self.tiles[b.name] = tile
         # the access lists are updated in place, so the finalizer sees their last state
         weakref.finalize(b, _last_accesses, tile, b.reads, b.writes)

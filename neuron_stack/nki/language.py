@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from . import ops, ops_more
-from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
+from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
 from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
@@ -76,18 +76,27 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
     return current().alloc(buffer, shape, dtype, name, address)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initialization: bool = False, **_):
+    """A tile filled with ``fill_value`` (one MEMSET). ``lazy_initialization=True`` on a PSUM zeros tile (the
+    legacy flash attention's accumulator) issues no MEMSET: the first ``+=`` matmul into each region starts
+    its accumulation group instead (anything else first zeroes the region it adds into), as the compiler
+    elides the fill."""
     t = ndarray(shape, dtype, buffer, name)
     if t.buf.mem == "hbm":
         raise NKIError(f"{_where()}: nl.full/zeros/ones fill on-chip tiles; fill an SBUF tile and store it")
+    if lazy_initialization and t.buf.mem == "psum" and float(fill_value) == 0.0:
+        t.buf.lazy_zero = True
+        return t
     ops.memset(t, fill_value)
     return t
 
 
-def zeros(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 0.0, dtype, buffer, name)
-def ones(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 1.0, dtype, buffer, name)
-def zeros_like(a, dtype=None, buffer=None, name=""): return zeros(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
-def ones_like(a, dtype=None, buffer=None, name=""): return ones(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
+def zeros(shape, dtype, buffer=sbuf, name: str = "", **kw): return full(shape, 0.0, dtype, buffer, name, **kw)
+def ones(shape, dtype, buffer=sbuf, name: str = "", **kw): return full(shape, 1.0, dtype, buffer, name, **kw)
+def zeros_like(a, dtype=None, buffer=None, name="", **kw):
+    return zeros(a.shape, dtype or a.dtype, buffer or a.buf.mem, name, **kw)
+def ones_like(a, dtype=None, buffer=None, name="", **kw):
+    return ones(a.shape, dtype or a.dtype, buffer or a.buf.mem, name, **kw)
 
 
 def empty_like(a, dtype=None, buffer=None, name=""):
@@ -355,14 +364,17 @@ def _accumulate(acc, o):
     anything else is a Vector Engine add."""
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
+    fresh = acc.buf.lazy_zero and not any(_overlap(acc.region(), w) for w in acc.buf.written)
     if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
         ins = t.instrs.pop()
         o.buf.writes.clear()
         o.buf.written.clear()
         stat, mov = mm[1], mm[2]
-        t.emit("MATMUL", [acc], [stat, mov], {"start": False, "stop": True}, dur=ins.dur, flops=ins.flops,
+        t.emit("MATMUL", [acc], [stat, mov], {"start": fresh, "stop": True}, dur=ins.dur, flops=ins.flops,
                itype="REGULAR", small=False, loc=ins.node)
         return acc
+    if fresh:
+        ops.memset(acc, 0.0)        # the lazily initialised accumulator's fill, just before its first use
     if isinstance(o, tensor):
         ops.tensor_tensor(acc, acc, o if o.shape == acc.shape or o.free_size > 1 else o.broadcast_to(acc.shape),
                           "add")
