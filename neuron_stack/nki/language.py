@@ -470,10 +470,17 @@ def transpose(x, dtype=None, **_):
 
 
 def matmul(x, y, transpose_x: bool = False, mask=None, **_):
-    """``x @ y`` into a new PSUM tile; ``transpose_x=True`` takes ``x`` as [K, M] already (stationary)."""
+    """``x @ y`` into a new PSUM tile; ``transpose_x=True`` takes ``x`` as [K, M] already (stationary).
+    An operand in PSUM (say ``nl.transpose``'s result) is first copied to SBUF, as the compiler did for the
+    attention tutorial's v1: ``nl.matmul`` is a language op that places its operands; ``nisa.nc_matmul``,
+    the instruction, refuses PSUM operands."""
     stat = x
     if not transpose_x:
         stat = copy(transpose(x), dtype=x.dtype)
+    elif x.buf.mem == "psum":
+        stat = copy(x, dtype=x.dtype)
+    if y.buf.mem == "psum":
+        y = copy(y, dtype=y.dtype)
     out = ndarray((stat.free_size, y.free_size), float32, buffer=psum)
     i = ops.nc_matmul(out, stat, y)
     out._mm = (i, stat, y)
