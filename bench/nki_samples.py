@@ -1,6 +1,6 @@
 """The published-tutorial NKI samples at the tutorials' own sizes: simulated device time, achieved
-TensorE share and instruction count of each kernel (timed without numbers: the small sizes are checked
-against numpy by tests/test_nki_samples.py), plus the interpreter's wall time per instruction on a
+TensorE share and instruction count of each kernel (timed without numbers), whether each sample's kernels equal
+numpy at its small size (the sample's own check), plus the interpreter's wall time per instruction on a
 numbers run, with the machine's load average. ``--write`` puts the table into docs/nki.md between its
 ``nki-samples`` markers.
 
@@ -8,6 +8,8 @@ Usage: ``.venv/bin/python bench/nki_samples.py [--target trn1] [--write | --smok
 what the suite runs).
 """
 import argparse
+import contextlib
+import io
 import os
 import re
 import sys
@@ -18,6 +20,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sample_workloads" / "nki"))
+import attention_tutorial  # noqa: E402
+import layernorm  # noqa: E402
+import matmul_optimized  # noqa: E402
+import sd_attention  # noqa: E402
 from attention_tutorial import attn_fused, attn_pipelined  # noqa: E402
 from layernorm import layernorm_bn, layernorm_nl  # noqa: E402
 from matmul_optimized import matmul_blocked, matmul_blocked_legacy  # noqa: E402
@@ -54,6 +60,17 @@ def cases(smoke: bool = False):
                {}, 4 * S * S * 128)
 
 
+def numbers_checks() -> dict[str, str]:
+    """Each sample file's own check at its small size (``main(["--small"])``: every kernel in it against its numpy
+    reference): ``pass`` or ``FAIL``, by file."""
+    out = {}
+    for mod in (matmul_optimized, layernorm, sd_attention, attention_tutorial):
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = mod.main(["--small"])
+        out[Path(mod.__file__).name] = "pass (small size)" if code == 0 else "FAIL"
+    return out
+
+
 def interpreter_speed(target: str, smoke: bool, repeats: int = 3) -> str:
     """The interpreter's time per executed instruction on the blocked matmul with numbers, fp32 1024 x 512 x
     2048 (smoke: one block, 256^2 x 1024): the best of ``repeats`` runs, its wall time split into CPU time,
@@ -87,15 +104,16 @@ def main() -> None:
         p.error("--smoke figures are not the tutorials' sizes: do not --write them")
     prof = get_profile(args.target)
     peak = prof.tensor_peak_flops("bfloat16")
-    rows = ["| sample | kernel | shape | simulated device time | TensorE share of peak | instructions |",
-            "|---|---|---|---|---|---|"]
+    checks = numbers_checks()
+    rows = ["| sample | kernel | shape | simulated device time | TensorE share of peak | instructions | numbers |",
+            "|---|---|---|---|---|---|---|"]
     for file, kernel, shape, inputs, kwargs, flops in cases(args.smoke):
         t0 = time.perf_counter()
         run = run_kernel(kernel, inputs, kwargs, execute=False, target=args.target)
         wall = time.perf_counter() - t0
         share = f"{flops / (run.device_ns * 1e-9) / peak:.1%}" if flops else "–"
         rows.append(f"| `{file}` | `{kernel.__name__}` | {shape} | {run.device_ns / 1e3:,.1f} µs | {share} | "
-                    f"{run.num_instructions:,} |")
+                    f"{run.num_instructions:,} | {checks[file]} |")
         print(rows[-1], f"(traced + scheduled in {wall:.1f} s)")
 
     speed = interpreter_speed(args.target, args.smoke)

@@ -364,7 +364,9 @@ def _accumulate(acc, o):
     anything else is a Vector Engine add."""
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
-    fresh = acc.buf.lazy_zero and not any(_overlap(acc.region(), w) for w in acc.buf.written)
+    # a region no instruction wrote yet: the first matmul starts its accumulation group (as nc_matmul's
+    # accumulate=None decides), anything else adds into the zeros a lazy nl.zeros owes it
+    fresh = not any(_overlap(acc.region(), w) for w in acc.buf.written)
     if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
         ins = t.instrs.pop()
         o.buf.writes.clear()
@@ -373,7 +375,7 @@ def _accumulate(acc, o):
         t.emit("MATMUL", [acc], [stat, mov], {"start": fresh, "stop": True}, dur=ins.dur, flops=ins.flops,
                itype="REGULAR", small=False, loc=ins.node)
         return acc
-    if fresh:
+    if fresh and acc.buf.lazy_zero:
         ops.memset(acc, 0.0)        # the lazily initialised accumulator's fill, just before its first use
     if isinstance(o, tensor):
         ops.tensor_tensor(acc, acc, o if o.shape == acc.shape or o.free_size > 1 else o.broadcast_to(acc.shape),
