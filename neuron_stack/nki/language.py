@@ -25,6 +25,18 @@ from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par
 from .core import ndarray as tensor
 from .core import where as _where
 from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
+from .loops import (  # noqa: F401  (nl.program_id, nl.affine_range, ...: the grid and loops)
+    NKIObject,
+    affine_range,
+    nc,
+    no_reorder,
+    num_programs,
+    program_id,
+    program_ndim,
+    sequential_range,
+    spmd_dim,
+    static_range,
+)
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -101,62 +113,6 @@ def ones_like(a, dtype=None, buffer=None, name="", **kw):
 
 def empty_like(a, dtype=None, buffer=None, name=""):
     return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
-
-
-# -- SPMD and loops -----------------------------------------------------------------------------
-def program_id(axis: int = 0) -> int:
-    """This instance's index along ``axis`` of the launch grid (``kernel[gx, gy](...)``)."""
-    t = current()
-    if not 0 <= axis < len(t.grid):
-        raise NKIError(f"{_where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
-    return t.program_id[axis]
-
-
-def num_programs(axes: int = 0) -> int:
-    return current().grid[axes]
-
-
-def program_ndim() -> int:
-    return len(current().grid)
-
-
-class nc(int):
-    """``nl.nc(n)``: ``n`` physical NeuronCores in a launch grid dimension (``nl.spmd_dim(4, nl.nc(2))``)."""
-
-
-def spmd_dim(*sizes) -> int:
-    """``nl.spmd_dim(4, nl.nc(2))``: a launch grid dimension of 4 x 2 instances spread over two physical cores
-    (instance n on core n % 2). Instances run serially on one simulated core here, as every SPMD grid does.
-
-    >>> spmd_dim(4, nc(2))
-    8
-    """
-    return math.prod(int(n) for n in sizes)
-
-
-def affine_range(*args, **kwargs):
-    """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
-    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
-    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line)."""
-    return range(*args)
-
-
-sequential_range = static_range = affine_range
-
-
-class NKIObject:
-    """``nl.NKIObject``: a plain Python object a kernel may carry its tiles and settings in."""
-
-
-class no_reorder:
-    """``with nl.no_reorder():`` keep the instructions in program order. The simulator's scheduler already
-    issues each engine's instructions in program order, so the block changes nothing here."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def static_cast(x, dtype):
