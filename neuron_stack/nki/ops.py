@@ -232,10 +232,18 @@ def tensor_reduce(dst: ndarray, op, data: ndarray, axis, negate=False, mask=None
         raise NKIError(f"{where()}: tensor_reduce dst {dst.shape} must hold [{data.partitions}, {outer}] "
                        f"(the axes not reduced)")
     red = resolve_reduce(op)
-    r = masked(data, [dst], mask)
-    if r is None:
-        return None
-    data, (dst,) = r
+    if mask is not None:        # the mask is over data's dims: dst keeps the box of its own (kept) dims
+        box = box_of(mask, data.shape)
+        if box is None:
+            return None
+        if dst.ndim == data.ndim:
+            dbox = [(0, 1) if d in axes else b for d, b in enumerate(box)]
+        elif dst.ndim == 1 + len(keep):
+            dbox = [box[0]] + [box[d] for d in keep]
+        else:
+            dbox = [box[0]] + [(0, n) for n in dst.shape[1:]]
+        current().masked_box = (dst.operand(), dbox)
+        data, dst = restrict(data, box, data.shape), restrict(dst, dbox, dst.shape)
     attrs = {"op": red}
     if keep:
         # the engine reduces the innermost axes of its access pattern, so the instruction reads the tile with

@@ -211,13 +211,20 @@ class ndarray:
             return _hbm_box(self)
         pitch = self.buf.pitch
         p0, f0 = divmod(self.offset, pitch)
-        # each stride steps partitions (a multiple of the pitch) or free elements (less than it)
-        p1 = p0 + sum((n - 1) * (s // pitch) for s, n in zip(self.strides, self.shape))
-        f1 = f0 + sum((n - 1) * (s % pitch) for s, n in zip(self.strides, self.shape))
+        p1, f1 = p0, f0
+        # each stride steps partitions (a multiple of the pitch) or free elements (less than it); a negative
+        # one (an index like ``1 - i``) steps down from the offset
+        for s, n in zip(self.strides, self.shape):
+            dp, df = divmod(abs(s), pitch)
+            if s > 0:
+                p1, f1 = p1 + (n - 1) * dp, f1 + (n - 1) * df
+            elif s < 0:
+                p0, f0 = p0 - (n - 1) * dp, f0 - (n - 1) * df
         return (p0, p1, f0, f1)
 
     def flat_range(self) -> tuple[int, int]:
-        return self.offset, self.offset + sum((n - 1) * s for s, n in zip(self.strides, self.shape))
+        steps = [(n - 1) * s for s, n in zip(self.strides, self.shape)]
+        return self.offset + sum(x for x in steps if x < 0), self.offset + sum(x for x in steps if x > 0)
 
     @property
     def free_size(self) -> int:
