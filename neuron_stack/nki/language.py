@@ -522,7 +522,8 @@ def shared_constant(constant, dtype=None, **_):
 def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
     """``b = nl.loop_reduce(a, op, loop_indices=[i])`` is ``b = op(b, a)`` in place (the destination is also
     op's other input, as the SDK documents): one TENSOR_TENSOR on the Vector Engine into the tile ``b`` already
-    holds. ``b`` must be declared before the loop (e.g. ``b = nl.zeros(...)``)."""
+    holds (or into the view ``b[...]`` when the line assigns one). ``b`` must be declared before the loop (e.g.
+    ``b = nl.zeros(...)``)."""
     import ast
     import inspect
     frame = inspect.currentframe().f_back
@@ -533,7 +534,10 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
             node = ast.parse((line or [""])[0].strip()).body[0]
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 target = frame.f_locals.get(node.targets[0].id)
-        except (SyntaxError, IndexError):
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+                # ``b[i, :, s] = nl.loop_reduce(a, ...)``: that view of b (the contributed matmul's form)
+                target = eval(ast.unparse(node.targets[0]), frame.f_globals, frame.f_locals)  # noqa: S307
+        except (SyntaxError, IndexError, NameError):
             pass
     finally:
         del frame
