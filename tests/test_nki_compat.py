@@ -150,3 +150,21 @@ def test_compat_runner_refuses_over_a_real_sdk_and_a_missing_script(tmp_path):
     assert r.stderr.strip().count("\n") == 0 and "real SDK's 'torch_neuronx' is importable" in r.stderr
     r = _run(["missing.py"], tmp_path)
     assert r.returncode == 2 and r.stderr.strip() == textwrap.dedent(r.stderr.strip()) and "no such file" in r.stderr
+
+
+def test_inspect_compat_profiles_an_unchanged_sdk_script(tmp_path):
+    script = tmp_path / "sdk_sample.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("NEURON_RT_VISIBLE_CORES", None)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "--compat", "-o", str(out), "--",
+                        sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "sdk script ran" in r.stdout, r.stderr[-2000:]
+    import traces
+    with traces.open(next(out.rglob("profile.duckdb"))) as p:
+        locs = p.sql("SELECT DISTINCT nki_source_location AS loc FROM instructions").column("loc").to_pylist()
+    assert any(loc and loc.startswith("sdk_sample.py:") for loc in locs)
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "--compat", "-o", str(out), "--", "ls"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "--compat runs a Python script" in r.stderr and r.stderr.count("\n") == 1
