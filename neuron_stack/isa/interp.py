@@ -39,6 +39,9 @@ _NP = {"float32": np.float32, "float64": np.float64, "bfloat16": np.float32, "fl
 
 
 _KIND = {k: np.dtype(v).name for k, v in _NP.items()}
+#: fp32 ALU ops a TENSOR_TENSOR may write straight into its destination (same dst or a disjoint one)
+_INTO = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "maximum": torch.maximum,
+         "minimum": torch.minimum}
 _ROUNDED = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 
 
@@ -151,15 +154,19 @@ class Machine:
         fn(ops)
 
     # DMA
+    def _copy(self, dst: dict, src: dict) -> bool:
+        """``dst = src`` view to view when nothing needs rounding on the way (numpy copes with overlap)."""
+        if src["dt"] != dst["dt"] and dst["dt"] in _ROUNDED:
+            return False
+        d, s = self.mem.view(dst), self.mem.view(src)
+        if s.size != d.size:
+            raise InterpError(f"write of {s.size} elements into an operand of {d.size}")
+        np.copyto(d, s.reshape(d.shape), casting="unsafe")
+        return True
+
     def op_DMA_DIRECT2D(self, o):
         src, dst = o["src"][0], o["dst"][0]
-        if not o.get("rmw") and (src["dt"] == dst["dt"] or dst["dt"] not in _ROUNDED):
-            # no rounding on the way: one copy, view to view (numpy copes with overlap)
-            d = self.mem.view(dst)
-            s = self.mem.view(src)
-            if s.size != d.size:
-                raise InterpError(f"write of {s.size} elements into an operand of {d.size}")
-            np.copyto(d, s.reshape(d.shape), casting="unsafe")
+        if not o.get("rmw") and self._copy(dst, src):
             return
         val = self.mem.read(src).reshape(-1)
         if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
@@ -211,7 +218,14 @@ class Machine:
             return
         # views, not copies: the ALU's result is a new tensor before it is written
         a, b = (as_tensor(_p2(self.mem.view(s))) for s in o["src"][:2])
-        self.mem.write(o["dst"][0], alu(o["op"], a, b).numpy())
+        dst = o["dst"][0]
+        if (o["op"] in _INTO and dst["dt"] == "float32" and a.dtype == b.dtype == torch.float32
+                and all(s["b"] != dst["b"] or (s["o"], s["ap"]) == (dst["o"], dst["ap"]) for s in o["src"])):
+            d = self.mem.view(dst)
+            if d.dtype == np.float32 and d.shape == tuple(a.shape) == tuple(b.shape):
+                _INTO[o["op"]](a, b, out=torch.from_numpy(d))     # straight into dst (fp32: nothing to round)
+                return
+        self.mem.write(dst, alu(o["op"], a, b).numpy())
 
     def op_TENSOR_SCALAR(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
@@ -224,7 +238,8 @@ class Machine:
             self._accumulate(o, x)
 
     def op_TENSOR_COPY(self, o):
-        self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
+        if not self._copy(o["dst"][0], o["src"][0]):
+            self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
 
     def op_TENSOR_COPY_DYNAMIC(self, o):
         v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
