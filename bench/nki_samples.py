@@ -71,6 +71,28 @@ def numbers_checks() -> dict[str, str]:
     return out
 
 
+def _sgemm_cpu_ns(run) -> int:
+    """CPU time of the run's MATMULs as bare single-thread torch matmuls of the same shapes (the floor the
+    interpreter's own overhead sits on)."""
+    import torch
+    shapes = []
+    for ins in run.trace.instrs:
+        if ins.opcode == "MATMUL":
+            (k, m), n = [a[1] for a in ins.operands["src"][0]["ap"][:2]], ins.operands["src"][1]["ap"][-1][1]
+            shapes.append((k, m, n))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mats = {s: (torch.rand(s[0], s[1]), torch.rand(s[0], s[2])) for s in set(shapes)}
+        c0 = time.thread_time_ns()
+        for s in shapes:
+            a, b = mats[s]
+            a.T @ b
+        return time.thread_time_ns() - c0
+    finally:
+        torch.set_num_threads(threads)
+
+
 def interpreter_speed(target: str, smoke: bool, repeats: int = 3) -> str:
     """The interpreter's time per executed instruction on the blocked matmul with numbers, fp32 1024 x 512 x
     2048 (smoke: one block, 256^2 x 1024): the best of ``repeats`` runs, its wall time split into CPU time,
@@ -87,6 +109,8 @@ def interpreter_speed(target: str, smoke: bool, repeats: int = 3) -> str:
     split = (f" = {us(r.sim_cpu_ns)} CPU + {us(r.sim_runq_ns)} waiting for a core + "
              f"{us(max(0, r.sim_wall_ns - r.sim_cpu_ns - r.sim_runq_ns))} blocked"
              if r.sim_runq_ns is not None else f" ({us(r.sim_cpu_ns)} CPU)")
+    sgemm = _sgemm_cpu_ns(r)
+    split += f" (of the CPU, {us(sgemm)} is the MATMULs' fp32 sgemm itself, timed alone)"
     return (f"Interpreter: {us(r.sim_wall_ns)} wall{split} per instruction executed, best of {repeats}; tracing and "
             f"scheduling {us(r.trace_wall_ns)} wall per instruction (`matmul_blocked`, fp32 {K}x{M}x{N}, {ni} "
             f"instructions, numbers {'match' if ok else 'DO NOT match'} numpy; load average {load:.1f} on "

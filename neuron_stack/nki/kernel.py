@@ -196,8 +196,9 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
             raise NKIError("inputs given as shapes only (Spec) can be timed, not executed: pass execute=False")
         q0, c0 = _runqueue_ns(), time.thread_time_ns()
         run.outputs = _execute_single_threaded(trace, inputs, outs, torch_io)
-        run.sim_wall_ns = time.perf_counter_ns() - t1
-        run.sim_cpu_ns, q1 = time.thread_time_ns() - c0, _runqueue_ns()
+        c1, q1 = time.thread_time_ns(), _runqueue_ns()
+        run.sim_wall_ns = time.perf_counter_ns() - t1       # last: the wall window holds the CPU and queue ones
+        run.sim_cpu_ns = c1 - c0
         run.sim_runq_ns = None if q0 is None or q1 is None else q1 - q0
     return run
 
