@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from neuron_stack import nki  # noqa: F401  (``from neuronxcc import nki``)
 
-__version__ = "2.27.0+neuron_stack"     # the last SDK release carrying neuronxcc.nki (reference §1.1)
+__version__ = "0+neuron_stack"     # not a real neuronxcc release: this stack stands in for it

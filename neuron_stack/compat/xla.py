@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__version__ = "2.9.0+neuron_stack"
+__version__ = "0+neuron_stack"     # not a real torch_xla release: this stack stands in for it
 
 
 def device(n: int | None = None) -> torch.device:
