@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="session name (default: the script's name)")
     p.add_argument("--include-warmup", action="store_true",
                    help="keep warm-up executions in the summary (excluded by default)")
+    p.add_argument("--compat", action="store_true",
+                   help="run a Python COMMAND through the compat runner (python -m neuron_stack.compat), so a script "
+                        "written for the Neuron SDK (nki, neuronxcc.nki, torch_neuronx, torch_xla) runs unchanged")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_inspect)
 
@@ -151,7 +154,11 @@ def _inspect(args: argparse.Namespace) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         raise TraceError("inspect needs a command: neuron-explorer inspect -o DIR -- python script.py")
+    if args.compat and not Path(cmd[0]).name.startswith("python"):
+        raise TraceError("--compat runs a Python script: neuron-explorer inspect --compat -- python script.py")
     session = _session_dir(args.output_dir, args.name or _script_name(cmd))
+    if args.compat:
+        cmd = [cmd[0], "-m", "neuron_stack.compat", *cmd[1:]]
     try:
         code, interrupted = _run_profiled(cmd, session, {})
         return _finish(session, code, args.include_warmup, interrupted)

@@ -76,7 +76,7 @@ CASES = {
         rf"kernel / compiler device time: {NUM}x$",
     ], None),
     "nki_samples.py": (["--smoke"], [
-        rf"\| `matmul_optimized.py` \| `\w+` \| .* \| {NUM} µs \|",
+        rf"\| `matmul_optimized.py` \| `\w+` \| .* \| {NUM} µs \| .* \| pass \(small size\) \|",
         rf"Interpreter: {NUM} µs wall .* per instruction executed",
         r"numbers match numpy",
     ], None),

@@ -19,7 +19,7 @@ PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 #: neuron_stack's stages in processing order; a module may import its own stage and earlier ones.
 #: ``ir`` (the graph IR every stage passes on) comes first; then the public API in three tiers: ``api``
 #: (``api.py``, ``dynamo.py``, ``parallel.py``, ``profiling.py``, ``host_frames.py``), ``llm/`` over it,
-#: ``inference/`` over that; the lazy facade (``neuron_stack/__init__.py``) last.
+#: ``inference/`` over that; the lazy facade (``neuron_stack/__init__.py``, and ``compat/``) last.
 STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "eager", "api", "llm", "inference",
           "facade")
 API = ("api", "dynamo", "parallel", "profiling", "host_frames")
@@ -108,7 +108,7 @@ def stage_of(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "neuron_stack":
         return None
-    if len(parts) == 1:
+    if len(parts) == 1 or parts[1] == "compat":      # the opt-in runner maps the SDK's names onto every tier
         return STAGES.index("facade")
     return STAGES.index("api" if parts[1] in API else parts[1])
 

@@ -1,6 +1,5 @@
 """neuron_stack.nki: kernels in the real SDK's form run, match numpy/torch eager, obey the tile rules
 with errors naming the kernel line, and land in profiles with their kernel source lines."""
-import importlib.util
 import itertools
 import math
 import os
@@ -11,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from nki_helpers import line_of, sample
+from nki_helpers import raises_at as _raises_at
 
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
@@ -18,19 +19,6 @@ from neuron_stack import nki
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_workloads" / "nki"
-
-
-def sample(name: str):
-    spec = importlib.util.spec_from_file_location(f"nki_sample_{name}", SAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def line_of(fn, text: str) -> int:
-    """The line number of ``text`` inside function ``fn``'s source file."""
-    lines = Path(fn.__code__.co_filename).read_text().splitlines()
-    return next(i + 1 for i, s in enumerate(lines) if text in s)
 
 
 @pytest.mark.parametrize("name", ["tensor_add", "matmul", "softmax", "rmsnorm", "flash_attention"])
@@ -115,14 +103,6 @@ def test_legacy_and_new_isa_forms_agree():
     np.testing.assert_allclose(a[:, 3], (2 * x + x.max(1, keepdims=True)).sum(1), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(a[:, 4], 3 + 2 * np.arange(128))
     np.testing.assert_allclose(a[:, 5], x[:, :128].sum(0), rtol=1e-4, atol=1e-4)
-
-
-def _raises_at(kernel, args, fragment: str, marker: str):
-    with pytest.raises(nki.NKIError) as e:
-        kernel(*args)
-    msg = str(e.value)
-    assert msg.startswith(f"test_nki.py:{line_of(kernel.fn, marker)}:"), msg
-    assert fragment in msg, msg
 
 
 def test_tile_rules_name_the_kernel_line():

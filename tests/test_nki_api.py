@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from nki_helpers import raises_at as _raises_at
 
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
@@ -15,15 +16,6 @@ from neuron_stack.device.profiles import get_profile
 
 HERE = Path(__file__)
 TRN1 = get_profile("trn1")
-
-
-def _raises_at(kernel, args, text: str, mark: str):
-    """``kernel(*args)`` fails with one line containing ``text`` and naming the line marked ``mark``."""
-    line = next(i + 1 for i, s in enumerate(HERE.read_text().splitlines()) if mark in s and "_raises_at" not in s)
-    with pytest.raises(nki.NKIError) as e:
-        kernel(*args)
-    msg = str(e.value)
-    assert "\n" not in msg and text in msg and msg.startswith(f"{HERE.name}:{line}:"), msg
 
 
 def _ns(kernel, opcode: str) -> float:

@@ -2,12 +2,13 @@
 both forms, layernorm with bn_stats/bn_aggr, the fused self-attention (par_dim block layouts) and the
 attention tutorial's fused loop match numpy and profile per kernel line; every misuse is one line
 naming the kernel line."""
-import importlib.util
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_helpers import line_of, sample
+from nki_helpers import raises_at as _raises_at
 
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
@@ -17,17 +18,6 @@ from neuron_stack.nki import core
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_workloads" / "nki"
 PUBLISHED = ("matmul_optimized", "layernorm", "sd_attention", "attention_tutorial")
-
-
-def sample(name: str):
-    spec = importlib.util.spec_from_file_location(f"nki_sample_{name}", SAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def line_of(path: Path, text: str) -> int:
-    return next(i + 1 for i, s in enumerate(path.read_text().splitlines()) if text in s)
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -219,15 +209,6 @@ def test_benchmark_writes_its_neff_and_trace(tmp_path, monkeypatch):
     prof(np.ones((128, 64), np.float32))
     node = next(n for n in load(tmp_path / "prof" / "file.neff").program.nodes if n.op_class == "nki")
     assert [op for op, _ in node.kernel["instrs"]] == ["DMA_DIRECT2D", "ACTIVATE", "DMA_DIRECT2D"]
-
-
-def _raises_at(kernel, args, fragment: str, marker: str):
-    with pytest.raises(nki.NKIError) as e:
-        kernel(*args)
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"test_nki_samples.py:{line_of(Path(__file__), marker)}:"), msg
-    assert fragment in msg, msg
 
 
 def test_misuse_is_one_line_naming_the_kernel_line(monkeypatch):

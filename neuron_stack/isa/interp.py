@@ -38,9 +38,16 @@ _NP = {"float32": np.float32, "float64": np.float64, "bfloat16": np.float32, "fl
        "bool": np.bool_}
 
 
+_KIND = {k: np.dtype(v).name for k, v in _NP.items()}
+#: fp32 ALU ops a TENSOR_TENSOR may write straight into its destination (same dst or a disjoint one)
+_INTO = {"add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "maximum": torch.maximum,
+         "minimum": torch.minimum}
+_ROUNDED = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+
+
 def _round(dt: str, a: np.ndarray) -> np.ndarray:
     """Round fp32 values to the storage precision of ``dt`` (bf16/fp16/fp8), keeping fp32 storage."""
-    if dt in ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"):
+    if dt in _ROUNDED:
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         return t.to(getattr(torch, dt)).to(torch.float32).numpy()
     return a
@@ -53,11 +60,11 @@ class Memory:
         self.bufs: dict[tuple, np.ndarray] = {}
 
     def _buf(self, op: dict, need: int) -> np.ndarray:
-        kind = "f32" if op["m"] == "psum" else np.dtype(_NP.get(op["dt"], np.float32)).name
-        key = (op["m"], op["b"], kind)
+        psum = op["m"] == "psum"
+        key = (op["m"], op["b"], "f32" if psum else _KIND.get(op["dt"], "float32"))
         b = self.bufs.get(key)
         if b is None or b.size < need:
-            nb = np.zeros(max(need, 1), dtype=np.float32 if op["m"] == "psum" else _NP.get(op["dt"], np.float32))
+            nb = np.zeros(max(need, 1), dtype=np.float32 if psum else _NP.get(op["dt"], np.float32))
             if b is not None:
                 nb[:b.size] = b
             self.bufs[key] = b = nb
@@ -66,13 +73,15 @@ class Memory:
     def view(self, op: dict) -> np.ndarray:
         """The strided view of an access-pattern operand (writes go through to memory)."""
         ap = op["ap"]
-        shape = [n for _, n in ap]
-        steps = [s for s, _ in ap]
-        extent = op["o"] + sum((n - 1) * s for s, n in zip(steps, shape) if s > 0) + 1
+        o = op["o"]
+        extent = o + 1
+        for s, n in ap:
+            if s > 0:
+                extent += (n - 1) * s
         b = self._buf(op, extent)
         isz = b.itemsize
-        return np.lib.stride_tricks.as_strided(b[op["o"]:], shape=shape, strides=[s * isz for s in steps],
-                                               writeable=True)
+        # np.ndarray over the buffer, not as_strided: a third of the interpreter's time went to as_strided
+        return np.ndarray(tuple(n for _, n in ap), b.dtype, b, o * isz, tuple(s * isz for s, _ in ap))
 
     def read(self, op: dict) -> np.ndarray:
         return np.array(self.view(op))
@@ -82,10 +91,11 @@ class Memory:
         val = np.asarray(value)
         if val.size != v.size:
             raise InterpError(f"write of {val.size} elements into an operand of {v.size}")
-        val = val.reshape(v.shape)
-        if np.issubdtype(v.dtype, np.floating):
-            val = _round(op["dt"], val.astype(np.float32 if v.dtype == np.float32 else v.dtype))
-        np.copyto(v, val, casting="unsafe")
+        if val.shape != v.shape:
+            val = val.reshape(v.shape)
+        if v.dtype.kind == "f" and op["dt"] in _ROUNDED:
+            val = _round(op["dt"], val)
+        np.copyto(v, val, casting="unsafe")      # the cast to the storage dtype rounds as astype would
 
     def fill_buffer(self, name: str, meta: dict, value: np.ndarray) -> None:
         """Place a logical tensor into HBM buffer ``name`` with the buffer's storage strides."""
@@ -144,8 +154,21 @@ class Machine:
         fn(ops)
 
     # DMA
+    def _copy(self, dst: dict, src: dict) -> bool:
+        """``dst = src`` view to view when nothing needs rounding on the way (numpy copes with overlap)."""
+        if src["dt"] != dst["dt"] and dst["dt"] in _ROUNDED:
+            return False
+        d, s = self.mem.view(dst), self.mem.view(src)
+        if s.size != d.size:
+            raise InterpError(f"write of {s.size} elements into an operand of {d.size}")
+        np.copyto(d, s.reshape(d.shape), casting="unsafe")
+        return True
+
     def op_DMA_DIRECT2D(self, o):
-        val = self.mem.read(o["src"][0]).reshape(-1)
+        src, dst = o["src"][0], o["dst"][0]
+        if not o.get("rmw") and self._copy(dst, src):
+            return
+        val = self.mem.read(src).reshape(-1)
         if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
             old = self.mem.read(o["dst"][0]).reshape(-1)
             val = alu(o["rmw"], as_tensor(old.astype(np.float32)), as_tensor(val.astype(np.float32))).numpy()
@@ -166,28 +189,43 @@ class Machine:
 
     # Tensor Engine
     def op_LDWEIGHTS(self, o):
-        self.stationary = _p2(self.mem.read(o["src"][0]))
+        self.stationary = o["src"][0]     # MATMUL names its stationary operand again: nothing to copy here
 
     def op_MATMUL(self, o):
-        stat = _p2(self.mem.read(o["src"][0])).astype(np.float32)
-        mov = _p2(self.mem.read(o["src"][1])).astype(np.float32)
-        # torch, not numpy: one BLAS thread pool (numpy's OpenBLAS and torch's pool spin against each other)
-        res = (as_tensor(stat).T @ as_tensor(mov)).numpy()
+        stat = as_tensor(_p2(self.mem.view(o["src"][0])).astype(np.float32, copy=False))
+        mov = as_tensor(_p2(self.mem.view(o["src"][1])).astype(np.float32, copy=False))
         dst = o["dst"][0]
-        if not o.get("start", True):
+        start = o.get("start", True)
+        if dst["dt"] not in _ROUNDED:       # PSUM is fp32: the product lands in (or adds into) it directly
+            d = self.mem.view(dst)
+            if d.dtype == np.float32 and d.ndim == 2 and d.shape == (stat.shape[1], mov.shape[1]):
+                acc = torch.from_numpy(d)
+                # torch, not numpy: one BLAS thread pool (numpy's OpenBLAS and torch's pool spin against each other)
+                torch.mm(stat.T, mov, out=acc) if start else acc.addmm_(stat.T, mov)
+                return
+        res = (stat.T @ mov).numpy()
+        if not start:
             res = res + _p2(self.mem.read(dst))
         self.mem.write(dst, res)
 
     # Vector Engine
     def op_TENSOR_TENSOR(self, o):
-        srcs = [self.mem.read(s) for s in o["src"]]
-        if "aten" in o:
+        if "aten" in o:     # an aten op may return a view of its input: copies
+            srcs = [self.mem.read(s) for s in o["src"]]
             shape = _p2(srcs[0]).shape
             res = aten_call(o["aten"], o["args"], o.get("kwargs"), [as_tensor(_p2(s)) for s in srcs])
             self.mem.write(o["dst"][0], res.numpy().reshape(shape) if hasattr(res, "numpy") else res)
             return
-        a, b = as_tensor(_p2(srcs[0])), as_tensor(_p2(srcs[1]))
-        self.mem.write(o["dst"][0], alu(o["op"], a, b).numpy())
+        # views, not copies: the ALU's result is a new tensor before it is written
+        a, b = (as_tensor(_p2(self.mem.view(s))) for s in o["src"][:2])
+        dst = o["dst"][0]
+        if (o["op"] in _INTO and dst["dt"] == "float32" and a.dtype == b.dtype == torch.float32
+                and all(s["b"] != dst["b"] or (s["o"], s["ap"]) == (dst["o"], dst["ap"]) for s in o["src"])):
+            d = self.mem.view(dst)
+            if d.dtype == np.float32 and d.shape == tuple(a.shape) == tuple(b.shape):
+                _INTO[o["op"]](a, b, out=torch.from_numpy(d))     # straight into dst (fp32: nothing to round)
+                return
+        self.mem.write(dst, alu(o["op"], a, b).numpy())
 
     def op_TENSOR_SCALAR(self, o):
         srcs = [self.mem.read(s) for s in o["src"]]
@@ -200,7 +238,8 @@ class Machine:
             self._accumulate(o, x)
 
     def op_TENSOR_COPY(self, o):
-        self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
+        if not self._copy(o["dst"][0], o["src"][0]):
+            self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
 
     def op_TENSOR_COPY_DYNAMIC(self, o):
         v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
@@ -216,6 +255,8 @@ class Machine:
 
     def op_REDUCE(self, o):
         x = as_tensor(_p2(self.mem.read(o["src"][0])))
+        if o.get("inner"):      # only the innermost axes of the access pattern: one result per outer index
+            x = x.reshape(-1, o["inner"])
         op = o["op"]
         if op == "add":
             r = x.sum(dim=1, keepdim=True,
@@ -259,6 +300,9 @@ class Machine:
 
     def op_MEMSET(self, o):
         d = self.mem.view(o["dst"][0])
+        if o["dst"][0]["dt"] not in _ROUNDED:
+            d[...] = o["value"]
+            return
         self.mem.write(o["dst"][0], np.full(d.shape, o["value"]))
 
     def op_COPY_PREDICATED(self, o):

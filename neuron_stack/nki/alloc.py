@@ -64,6 +64,53 @@ class Allocator:
             self.ghosts.append((addr, size, touched))
 
 
+def _block_of(op: dict, pitch: int, blk: int) -> int:
+    """The block of a block-layout tile that operand ``op`` lies in (-1: it spans several)."""
+    p0, f0 = divmod(op["o"], pitch)
+    f1 = f0 + sum((n - 1) * (s % pitch) for s, n in op["ap"] if s > 0)
+    return f0 // blk if f0 // blk == f1 // blk else -1
+
+
+def _rebase(op: dict, name: str, pitch: int, blk: int, k: int) -> None:
+    """Point operand ``op`` of block ``k`` at that block's own placement (partition pitch ``blk``)."""
+    p0, f0 = divmod(op["o"], pitch)
+    op["b"], op["o"] = name, p0 * blk + f0 - k * blk
+    op["ap"] = [[s // pitch * blk if s % pitch == 0 and s else s, n] for s, n in op["ap"]]
+
+
+def split_blocks(trace) -> None:
+    """Make each block of a block-layout PSUM tile (``nl.ndarray((n, nl.par_dim(128), 512), buffer=nl.psum)``)
+    a tile of its own, live from its first to its last use, as the compiler allocates them: the legacy
+    attention kernels declare more blocks than PSUM holds and use a few at a time. A tile some instruction
+    reads across blocks, or placed by hand, stays whole."""
+    ops: dict[str, list] = {}
+    for i, ins in enumerate(trace.instrs):
+        for o in (*ins.operands["dst"], *ins.operands["src"]):
+            if trace.tiles.get(o["b"], {}).get("block"):
+                ops.setdefault(o["b"], []).append((i, o))
+    for n, uses in ops.items():
+        t = trace.tiles[n]
+        pitch, blk = t["pitch"], t["block"]
+        blocks = [_block_of(o, pitch, blk) for _, o in uses]
+        if t["address"] is not None or -1 in blocks or any(x[1]["b"] == n for x in trace.prints):
+            continue
+        inits = [x for x in trace.inits if x[1]["b"] == n]
+        trace.inits = [x for x in trace.inits if x[1]["b"] != n]
+        del trace.tiles[n]
+        for k in sorted(set(blocks)):
+            name = f"{n}/{k}"
+            mine = [(i, o) for (i, o), b in zip(uses, blocks) if b == k]
+            for _, o in mine:
+                _rebase(o, name, pitch, blk, k)
+            trace.tiles[name] = {**t, "size": blk * (t["size"] // pitch), "at": mine[0][0], "block": 0,
+                                 "ref": lambda: None, "touched": {i for i, _ in mine}}
+            for _, op, fill in inits:           # its fill, at its first use (the bytes may be another's before)
+                piece = {**op, "o": k * blk, "ap": [[pitch, op["ap"][0][1]], [1, blk]]}
+                _rebase(piece, name, pitch, blk, k)
+                trace.inits.append((mine[0][0], piece, fill))
+    trace.inits.sort(key=lambda x: x[0])
+
+
 def place_by_liveness(trace) -> None:
     """Place the traced on-chip tiles by liveness, as the compiler's allocator does after tracing: a
     tile lives from its allocation to the last instruction that touches it, so a loop body's tile
@@ -71,6 +118,7 @@ def place_by_liveness(trace) -> None:
     interpreter reuses one array per placement), inherit the last accesses of the dead tile whose
     bytes they take (write-after-read), and become ``allocs`` (the profile's SbufAllocation rows).
     A kernel whose live tiles do not fit is refused at the line allocating the tile that overflows."""
+    split_blocks(trace)
     uses: dict[str, list[int]] = {}
     for i, ins in enumerate(trace.instrs):
         for o in (*ins.operands["dst"], *ins.operands["src"]):

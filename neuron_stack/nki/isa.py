@@ -74,6 +74,28 @@ class dge_mode:
     unknown, swdge, hwdge, none = "unknown", "swdge", "hwdge", "none"
 
 
+def _bind(args, new: bool, optional=(), **given) -> list:
+    """The one parameter parser of both call forms: each parameter in ``given`` (its keyword value, None when not
+    passed by keyword; in signature order, ``dst`` first) not passed by keyword takes the next positional argument;
+    the legacy form (``new`` False) has no ``dst``; an ``optional`` parameter with no argument left stays None.
+
+    >>> _bind((1, 2), True, dst=None, data=None, op="add")
+    [1, 2, 'add']
+    >>> _bind((2,), False, optional=("axis",), dst=None, data=None, axis=None)
+    [None, 2, None]
+    """
+    a = list(args)
+    out = []
+    for name, value in given.items():
+        if name == "dst" and not new:
+            out.append(None)
+        elif value is not None:
+            out.append(value)
+        else:
+            out.append(a.pop(0) if a or name not in optional else None)
+    return out
+
+
 def _new(dtype, shape, buffer="sbuf"):
     return current().alloc(buffer, shape, dtype_name(dtype))
 
@@ -87,17 +109,13 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
               **_):
     """``dst (+)= stationary.T @ moving`` (new form) or ``return stationary.T @ moving`` in a new PSUM tile
     (legacy). Stationary is [K<=128, M<=128], moving [K, N<=512], dst [M, N] in PSUM."""
-    a = list(args)
-    if len(a) == 3 or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        stationary = stationary if stationary is not None else a.pop(0)
-        moving = moving if moving is not None else a.pop(0)
+    new = len(args) == 3 or dst is not None
+    dst, stationary, moving = _bind(args, new, dst=dst, stationary=stationary, moving=moving)
+    if new:
         if is_transpose:
             return ops.nc_transpose(dst, stationary)
         ops.nc_matmul(dst, stationary, moving, accumulate, mask)
         return None
-    stationary = stationary if stationary is not None else a.pop(0)
-    moving = moving if moving is not None else a.pop(0)
     out = _new("float32", (stationary.free_size, moving.free_size), "psum")
     i = ops.nc_matmul(out, stationary, moving, None, mask)
     out._mm = (i, stationary, moving)
@@ -107,14 +125,12 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
 def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None, **_):
     """``dst = data.T`` on the Tensor Engine (into PSUM), or on the Vector Engine (``engine=nisa.vector_engine``,
     at most 32 x 32)."""
-    a = list(args)
     eng = "vector" if engine == "vector" else "tensor"
-    if len(a) == 2 or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        data = data if data is not None else a.pop(0)
+    new = len(args) == 2 or dst is not None
+    dst, data = _bind(args, new, dst=dst, data=data)
+    if new:
         ops.nc_transpose(dst, data, eng)
         return None
-    data = data if data is not None else a.pop(0)
     if eng == "vector":
         out = _new(dtype or data.dtype, (data.free_size, data.partitions))
     else:
@@ -126,15 +142,11 @@ def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None,
 def activation(*args, dst=None, op=None, data=None, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=None, mask=None, dtype=None, **_):
     """``dst = op(data * scale + bias)`` on the Scalar Engine; ``reduce_res`` gets the free-axis reduce."""
-    a = list(args)
-    if (a and isinstance(a[0], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        op = op if op is not None else a.pop(0)
-        data = data if data is not None else a.pop(0)
+    new = bool(args and isinstance(args[0], _T)) or dst is not None
+    dst, op, data = _bind(args, new, dst=dst, op=op, data=data)
+    if new:
         ops.activation(dst, op, data, bias, scale, reduce_op, reduce_res, mask)
         return None
-    op = op if op is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
     out = _new(dtype or data.dtype if data.buf.mem != "psum" else dtype or "float32", data.shape)
     ops.activation(out, op, data, bias, scale, reduce_op, reduce_res, mask)
     return out
@@ -145,17 +157,11 @@ activation_reduce = activation
 
 def tensor_tensor(*args, dst=None, data1=None, data2=None, op=None, engine=None, dtype=None, mask=None, **_):
     """``dst = op(data1, data2)`` elementwise (Vector Engine)."""
-    a = list(args)
-    if len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        data1 = data1 if data1 is not None else a.pop(0)
-        data2 = data2 if data2 is not None else a.pop(0)
-        op = op if op is not None else a.pop(0)
+    new = len(args) >= 3 and all(isinstance(x, _T) for x in args[:3]) or dst is not None
+    dst, data1, data2, op = _bind(args, new, dst=dst, data1=data1, data2=data2, op=op)
+    if new:
         ops.tensor_tensor(dst, data1, data2, op, mask)
         return None
-    data1 = data1 if data1 is not None else a.pop(0)
-    data2 = data2 if data2 is not None else a.pop(0)
-    op = op if op is not None else a.pop(0)
     out = _new(dtype or (data1.dtype if data1.buf.mem != "psum" else "float32"), data1.shape)
     ops.tensor_tensor(out, data1, data2, op, mask)
     return out
@@ -164,12 +170,8 @@ def tensor_tensor(*args, dst=None, data1=None, data2=None, op=None, engine=None,
 def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=False, op1=None, operand1=None,
                   reverse1=False, engine=None, dtype=None, mask=None, **_):
     """``dst = op1(op0(data, operand0), operand1)``; operands are numbers or [P, 1] columns."""
-    a = list(args)
-    if (len(a) >= 2 and isinstance(a[0], _T) and isinstance(a[1], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    op0 = op0 if op0 is not None else a.pop(0)
-    operand0 = operand0 if operand0 is not None else a.pop(0)
+    new = (len(args) >= 2 and isinstance(args[0], _T) and isinstance(args[1], _T)) or dst is not None
+    dst, data, op0, operand0 = _bind(args, new, dst=dst, data=data, op0=op0, operand0=operand0)
     out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"), data.shape)
     ops.tensor_scalar(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask)
     return None if dst is not None else out
@@ -178,14 +180,9 @@ def tensor_scalar(*args, dst=None, data=None, op0=None, operand0=None, reverse0=
 def tensor_scalar_reduce(*args, dst=None, data=None, op0=None, operand0=None, reduce_op=None, reduce_res=None,
                          reverse0=False, dtype=None, mask=None, **_):
     """``dst = op0(data, operand0)`` and ``reduce_res = reduce_op(dst)`` along free, one Vector instruction."""
-    a = list(args)
-    if (len(a) >= 2 and isinstance(a[0], _T) and isinstance(a[1], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    op0 = op0 if op0 is not None else a.pop(0)
-    operand0 = operand0 if operand0 is not None else a.pop(0)
-    reduce_op = reduce_op if reduce_op is not None else a.pop(0)
-    reduce_res = reduce_res if reduce_res is not None else a.pop(0)
+    new = (len(args) >= 2 and isinstance(args[0], _T) and isinstance(args[1], _T)) or dst is not None
+    dst, data, op0, operand0, reduce_op, reduce_res = _bind(args, new, dst=dst, data=data, op0=op0, operand0=operand0,
+                                                            reduce_op=reduce_op, reduce_res=reduce_res)
     out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"), data.shape)
     ops.tensor_scalar(out, data, op0, operand0, reverse0, mask=mask, reduce_op=reduce_op, reduce_res=reduce_res)
     return None if dst is not None else out
@@ -193,12 +190,11 @@ def tensor_scalar_reduce(*args, dst=None, data=None, op0=None, operand0=None, re
 
 def _unary_new_or_legacy(emit, a, dst, data, out_shape, dtype):
     """The two call forms of a one-input instruction: ``f(dst, data)`` / ``f(dst=, data=)``, or ``out = f(data)``."""
-    if (len(a) >= 2 and isinstance(a[1], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        data = data if data is not None else a.pop(0)
+    new = (len(a) >= 2 and isinstance(a[1], _T)) or dst is not None
+    dst, data = _bind(a, new, dst=dst, data=data)
+    if new:
         emit(dst, data)
         return None
-    data = data if data is not None else a.pop(0)
     out = _new(dtype or ("float32" if data.buf.mem == "psum" else data.dtype), out_shape(data))
     emit(out, data)
     return out
@@ -229,11 +225,7 @@ def max8(*args, dst=None, src=None, data=None, dtype=None, mask=None, **_):
 
 def nc_find_index8(*args, dst=None, data=None, vals=None, dtype=None, mask=None, **_):
     """Per partition, the first free index of ``data`` holding each of ``vals``' 8 values: ``dst`` [P, 8]."""
-    a = list(args)
-    if (len(a) == 3) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    vals = vals if vals is not None else a.pop(0)
+    dst, data, vals = _bind(args, len(args) == 3 or dst is not None, dst=dst, data=data, vals=vals)
     out = dst if dst is not None else _new(dtype or "uint32", (data.partitions, 8))
     ops.find_index8(out, data, vals)
     return None if dst is not None else out
@@ -241,13 +233,11 @@ def nc_find_index8(*args, dst=None, data=None, vals=None, dtype=None, mask=None,
 
 def dma_transpose(*args, dst=None, src=None, axes=None, dge_mode=None, **_):
     """A DMA writing the 2-D ``src`` transposed: ``dst`` (new form) or a new SBUF tile (legacy)."""
-    a = list(args)
-    if len(a) == 2 or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        src = src if src is not None else a.pop(0)
+    new = len(args) == 2 or dst is not None
+    dst, src = _bind(args, new, dst=dst, src=src)
+    if new:
         ops.dma_transpose(dst, src)
         return None
-    src = src if src is not None else a.pop(0)
     out = _new(src.dtype, tuple(src.shape[::-1]))
     ops.dma_transpose(out, src)
     return out
@@ -255,12 +245,9 @@ def dma_transpose(*args, dst=None, src=None, axes=None, dge_mode=None, **_):
 
 def affine_select(*args, dst=None, pred=None, on_true_tile=None, on_false_value=None, dtype=None, mask=None, **_):
     """``pred ? on_true_tile : on_false_value`` with an affine predicate (GpSimd); both call forms."""
-    a = list(args)
-    if (a and isinstance(a[0], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    pred = pred if pred is not None else a.pop(0)
-    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
-    on_false_value = on_false_value if on_false_value is not None else a.pop(0)
+    new = bool(args and isinstance(args[0], _T)) or dst is not None
+    dst, pred, on_true_tile, on_false_value = _bind(args, new, dst=dst, pred=pred, on_true_tile=on_true_tile,
+                                                    on_false_value=on_false_value)
     out = dst if dst is not None else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
     ops.affine_select(out, pred, on_true_tile, on_false_value)
     return None if dst is not None else out
@@ -269,12 +256,9 @@ def affine_select(*args, dst=None, pred=None, on_true_tile=None, on_false_value=
 def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False, keepdims=False, dtype=None,
                   mask=None, **_):
     """``dst[p] = reduce(op)(data[p, ...])`` over the free axes (Vector Engine); dst is [P, 1]."""
-    a = list(args)
-    if (a and isinstance(a[0], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    op = op if op is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    axis = axis if axis is not None else (a.pop(0) if a else list(range(1, data.ndim)))
+    new = bool(args and isinstance(args[0], _T)) or dst is not None
+    dst, op, data, axis = _bind(args, new, ("axis",), dst=dst, op=op, data=data, axis=axis)
+    axis = axis if axis is not None else list(range(1, data.ndim))
     out = dst if dst is not None else _new(dtype or (data.dtype if data.buf.mem != "psum" else "float32"),
                                            (data.partitions, 1))
     ops.tensor_reduce(out, op, data, axis, negate, mask)
@@ -283,10 +267,7 @@ def tensor_reduce(*args, dst=None, op=None, data=None, axis=None, negate=False, 
 
 def tensor_copy(*args, dst=None, src=None, engine=None, dtype=None, mask=None, **_):
     """``dst = src`` with dtype conversion (Vector by default; ``engine=nisa.scalar_engine``)."""
-    a = list(args)
-    if len(a) == 2 or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-    src = src if src is not None else a.pop(0)
+    dst, src = _bind(args, len(args) == 2 or dst is not None, dst=dst, src=src)
     out = dst if dst is not None else _new(dtype or src.dtype, src.shape)
     ops.tensor_copy(out, src, _eng(engine), mask)
     return None if dst is not None else out
@@ -295,14 +276,12 @@ def tensor_copy(*args, dst=None, src=None, engine=None, dtype=None, mask=None, *
 def iota(*args, dst=None, pattern=None, expr=None, offset=0, channel_multiplier=0, dtype=None, mask=None, **_):
     """``dst[p, f] = offset + p * channel_multiplier + f * step`` (GpSimd). Legacy: ``iota(expr, dtype)``
     with an ``nl.arange`` / ``nl.mgrid`` expression."""
-    a = list(args)
-    if (a and isinstance(a[0], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        pattern = pattern if pattern is not None else (a.pop(0) if a else [[1, dst.free_size]])
-        ops.iota(dst, pattern, offset, channel_multiplier)
+    if (args and isinstance(args[0], _T)) or dst is not None:
+        dst, pattern = _bind(args, True, ("pattern",), dst=dst, pattern=pattern)
+        ops.iota(dst, pattern if pattern is not None else [[1, dst.free_size]], offset, channel_multiplier)
         return None
-    expr = expr if expr is not None else a.pop(0)
-    dtype = dtype or (a.pop(0) if a else "int32")
+    expr, dtype = _bind(args, False, ("dtype",), expr=expr, dtype=dtype)
+    dtype = dtype or "int32"
     shape = tuple(expr._pad(2).shape)
     out = _new(dtype, shape)
     ops.iota(out, expr)
@@ -311,15 +290,11 @@ def iota(*args, dst=None, pattern=None, expr=None, offset=0, channel_multiplier=
 
 def memset(*args, dst=None, shape=None, value=None, dtype=None, engine=None, mask=None, **_):
     """``dst = value`` (new) or a new ``shape`` tile of ``value`` (legacy)."""
-    a = list(args)
-    if (a and isinstance(a[0], _T)) or dst is not None:
-        dst = dst if dst is not None else a.pop(0)
-        value = value if value is not None else a.pop(0)
+    if (args and isinstance(args[0], _T)) or dst is not None:
+        dst, value = _bind(args, True, dst=dst, value=value)
         ops.memset(dst, value)
         return None
-    shape = shape if shape is not None else a.pop(0)
-    value = value if value is not None else a.pop(0)
-    dtype = dtype or (a.pop(0) if a else None)
+    shape, value, dtype = _bind(args, False, ("dtype",), shape=shape, value=value, dtype=dtype)
     if dtype is None:
         raise NKIError(f"{where()}: legacy nisa.memset(shape, value, dtype) needs a dtype")
     out = _new(dtype, shape)
@@ -330,9 +305,7 @@ def memset(*args, dst=None, shape=None, value=None, dtype=None, engine=None, mas
 def dma_copy(*args, dst=None, src=None, mask=None, dst_rmw_op=None, oob_mode=None, dge_mode=None, engine=None,
              priority=None, **_):
     """Copy ``src`` to ``dst`` with a DMA (any of HBM and SBUF on either side)."""
-    a = list(args)
-    dst = dst if dst is not None else a.pop(0)
-    src = src if src is not None else a.pop(0)
+    dst, src = _bind(args, True, dst=dst, src=src)
     ops.dma_copy(dst, src, mask, dst_rmw_op)
 
 
@@ -352,13 +325,8 @@ def tensor_tensor_scan(*args, dst=None, data0=None, data1=None, initial=None, op
     a = list(args)
     new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]) and (len(a) == 3
                                                                                          or not _is_op(a[3])))
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    data0 = data0 if data0 is not None else a.pop(0)
-    data1 = data1 if data1 is not None else a.pop(0)
-    initial = initial if initial is not None else a.pop(0)
-    op0 = op0 if op0 is not None else a.pop(0)
-    op1 = op1 if op1 is not None else a.pop(0)
+    dst, data0, data1, initial, op0, op1 = _bind(a, new, dst=dst, data0=data0, data1=data1, initial=initial,
+                                                 op0=op0, op1=op1)
     out = dst if new else _new(_out_dtype(dtype, data0, data1), data0.shape)
     ops_more.tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask)
     return None if new else out
@@ -369,13 +337,8 @@ def scalar_tensor_tensor(*args, dst=None, data=None, op0=None, operand0=None, op
     """``dst = op1(op0(data, operand0), operand1)`` in one Vector instruction; both call forms."""
     a = list(args)
     new = dst is not None or bool(a and isinstance(a[0], _T))
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    op0 = op0 if op0 is not None else a.pop(0)
-    operand0 = operand0 if operand0 is not None else a.pop(0)
-    op1 = op1 if op1 is not None else a.pop(0)
-    operand1 = operand1 if operand1 is not None else a.pop(0)
+    dst, data, op0, operand0, op1, operand1 = _bind(a, new, dst=dst, data=data, op0=op0, operand0=operand0, op1=op1,
+                                                    operand1=operand1)
     out = dst if new else _new(_out_dtype(dtype, data), data.shape)
     ops_more.scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask)
     return None if new else out
@@ -385,10 +348,7 @@ def tensor_partition_reduce(*args, dst=None, op=None, data=None, dtype=None, mas
     """``dst[0, ...] = op`` over the partitions of ``data`` (GpSimd); legacy form returns a [1, ...] tile."""
     a = list(args)
     new = dst is not None or bool(a and isinstance(a[0], _T))
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    op = op if op is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
+    dst, op, data = _bind(a, new, dst=dst, op=op, data=data)
     out = dst if new else _new(dtype or data.dtype, (1,) + tuple(data.shape[1:]))
     ops_more.partition_reduce(out, op, data)
     return None if new else out
@@ -407,13 +367,8 @@ def range_select(*args, dst=None, on_true_tile=None, comp_op0=None, comp_op1=Non
     running max (Vector, NeuronCore-v3+); both call forms."""
     a = list(args)
     new = dst is not None or (len(a) >= 2 and all(isinstance(x, _T) for x in a[:2]))
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    on_true_tile = on_true_tile if on_true_tile is not None else a.pop(0)
-    comp_op0 = comp_op0 if comp_op0 is not None else a.pop(0)
-    comp_op1 = comp_op1 if comp_op1 is not None else a.pop(0)
-    bound0 = bound0 if bound0 is not None else a.pop(0)
-    bound1 = bound1 if bound1 is not None else a.pop(0)
+    dst, on_true_tile, comp_op0, comp_op1, bound0, bound1 = _bind(
+        a, new, dst=dst, on_true_tile=on_true_tile, comp_op0=comp_op0, comp_op1=comp_op1, bound0=bound0, bound1=bound1)
     out = dst if new else _new(dtype or on_true_tile.dtype, on_true_tile.shape)
     ops_more.range_select(out, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd, reduce_res, reduce_op,
                      range_start, on_false_value)
@@ -424,10 +379,7 @@ def dropout(*args, dst=None, data=None, prob=None, dtype=None, mask=None, **_):
     """Zero each element of ``data`` with probability ``prob`` (Vector Engine PRNG); both call forms."""
     a = list(args)
     new = dst is not None or len(a) == 3 or (len(a) == 2 and prob is not None)
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    prob = prob if prob is not None else a.pop(0)
+    dst, data, prob = _bind(a, new, dst=dst, data=data, prob=prob)
     out = dst if new else _new(dtype or data.dtype, data.shape)
     ops_more.dropout(out, data, prob, mask)
     return None if new else out
@@ -469,10 +421,7 @@ def rng(dst, engine=None, name=None):
 def tensor_copy_predicated(*args, dst=None, src=None, predicate=None, reverse_pred=False, mask=None, **_):
     """``dst = src`` where ``predicate`` is non-zero (``reverse_pred``: where it is zero), ``dst`` kept elsewhere
     (Vector COPY_PREDICATED); ``src`` a tile of ``dst``'s size."""
-    a = list(args)
-    dst = dst if dst is not None else a.pop(0)
-    src = src if src is not None else a.pop(0)
-    predicate = predicate if predicate is not None else a.pop(0)
+    dst, src, predicate = _bind(args, True, dst=dst, src=src, predicate=predicate)
     if not isinstance(src, _T):
         raise NKIError(f"{where()}: tensor_copy_predicated with a number as src is not simulated; memset a tile first")
     if predicate.dtype not in ("uint8", "uint16", "uint32"):
@@ -488,11 +437,7 @@ def nc_match_replace8(*args, dst=None, data=None, vals=None, imm=None, dst_idx=N
     both call forms (the legacy one returns the replaced tile)."""
     a = list(args)
     new = dst is not None or (len(a) >= 3 and all(isinstance(x, _T) for x in a[:3]))
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    data = data if data is not None else a.pop(0)
-    vals = vals if vals is not None else a.pop(0)
-    imm = imm if imm is not None else a.pop(0)
+    dst, data, vals, imm = _bind(a, new, dst=dst, data=data, vals=vals, imm=imm)
     out = dst if new else _new(dtype or data.dtype, data.shape)
     ops_more.match_replace8(out, data, vals, imm, dst_idx)
     return None if new else out
@@ -523,9 +468,7 @@ def sequence_bounds(*args, dst=None, segment_ids=None, dtype=None, **_):
     """The [start, end) of each element's segment (GpSimd); legacy form returns a [1, 2, n] tile."""
     a = list(args)
     new = dst is not None or len(a) == 2
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    segment_ids = segment_ids if segment_ids is not None else a.pop(0)
+    dst, segment_ids = _bind(a, new, dst=dst, segment_ids=segment_ids)
     out = dst if new else _new(dtype or segment_ids.dtype, (1, 2, segment_ids.free_size))
     ops_more.sequence_bounds(out, segment_ids)
     return None if new else out
@@ -541,9 +484,7 @@ def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, 
     (legacy returns a new tile)."""
     a = list(args)
     new = dst is not None or len(a) == 2
-    if new:
-        dst = dst if dst is not None else a.pop(0)
-    src = src if src is not None else a.pop(0)
+    dst, src = _bind(a, new, dst=dst, src=src)
     out = dst if new else _new(dtype or src.dtype, src.shape)
     ops_more.tensor_copy_dynamic(out, src, "src")
     return None if new else out
@@ -551,9 +492,7 @@ def tensor_copy_dynamic_src(*args, dst=None, src=None, dtype=None, engine=None, 
 
 def tensor_copy_dynamic_dst(*args, dst=None, src=None, dtype=None, engine=None, mask=None, **_):
     """``dst = src`` with ``dst`` at an offset read from SBUF at run time (``t[ix, idx[0, j] + iy]``)."""
-    a = list(args)
-    dst = dst if dst is not None else a.pop(0)
-    src = src if src is not None else a.pop(0)
+    dst, src = _bind(args, True, dst=dst, src=src)
     ops_more.tensor_copy_dynamic(dst, src, "dst")
 
 

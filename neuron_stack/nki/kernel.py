@@ -57,6 +57,8 @@ class KernelRun:
     trace_wall_ns: int = 0
     sim_wall_ns: int = 0
     kernel_file: str = ""
+    sim_cpu_ns: int = 0         # the interpreter's own CPU time (its thread)
+    sim_runq_ns: int | None = None  # of its wall time, waiting for a core (Linux schedstat; None elsewhere)
 
     @property
     def device_ns(self) -> int:
@@ -192,9 +194,28 @@ def run_kernel(kernel, args: tuple, kwargs: dict | None = None, execute: bool = 
     if execute:
         if any(isinstance(a, Spec) for a in list(args) + list(kwargs.values())):
             raise NKIError("inputs given as shapes only (Spec) can be timed, not executed: pass execute=False")
+        q0, c0 = _runqueue_ns(), time.thread_time_ns()
         run.outputs = _execute_single_threaded(trace, inputs, outs, torch_io)
-        run.sim_wall_ns = time.perf_counter_ns() - t1
+        c1, q1 = time.thread_time_ns(), _runqueue_ns()
+        run.sim_wall_ns = time.perf_counter_ns() - t1       # last: the wall window holds the CPU and queue ones
+        run.sim_cpu_ns = c1 - c0
+        run.sim_runq_ns = None if q0 is None or q1 is None else q1 - q0
     return run
+
+
+def _runqueue_ns() -> int | None:
+    """Nanoseconds this thread has spent runnable but waiting for a core (Linux ``schedstat``), so a run's
+    wall time splits into its CPU time, waiting for a core (other processes' load) and being blocked
+    (I/O, sleep, locks). None where the kernel does not report it.
+
+    >>> n = _runqueue_ns(); n is None or n >= 0
+    True
+    """
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read(200).split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _execute_single_threaded(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
@@ -234,9 +255,9 @@ def _execute(trace: Trace, inputs: dict, outs: list, torch_io: bool) -> list:
     for o in outs:
         result.append(_convert(m.mem.read(o.operand()).reshape(o.shape), o.dtype, torch_io))
     # in-place writes into kernel inputs propagate back, as the NKI simulator does
+    written = {d["b"] for ins in trace.instrs for d in ins.operands["dst"]}
     for name, (arr, orig) in inputs.items():
-        written = any(ins.operands["dst"] and any(d["b"] == name for d in ins.operands["dst"]) for ins in trace.instrs)
-        if written:
+        if name in written:
             val = m.mem.read_value({"buf": name, "dtype": trace.hbm[name]["dtype"], "offset": 0,
                                     "strides": contiguous_strides(arr.shape), "shape": list(arr.shape)})
             if hasattr(orig, "copy_"):

@@ -21,10 +21,22 @@ from __future__ import annotations
 import math
 
 from . import ops, ops_more
-from .core import PMAX, TENSOR_OPS, NKIError, current, dtype_name, par_dim, unsupported  # noqa: F401
+from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
 from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
+from .loops import (  # noqa: F401  (nl.program_id, nl.affine_range, ...: the grid and loops)
+    NKIObject,
+    affine_range,
+    nc,
+    no_reorder,
+    num_programs,
+    program_id,
+    program_ndim,
+    sequential_range,
+    spmd_dim,
+    static_range,
+)
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -76,64 +88,31 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None):
     return current().alloc(buffer, shape, dtype, name, address)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name: str = ""):
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initialization: bool = False, **_):
+    """A tile filled with ``fill_value`` (one MEMSET). ``lazy_initialization=True`` on a PSUM zeros tile (the
+    legacy flash attention's accumulator) issues no MEMSET: the first ``+=`` matmul into each region starts
+    its accumulation group instead (anything else first zeroes the region it adds into), as the compiler
+    elides the fill."""
     t = ndarray(shape, dtype, buffer, name)
     if t.buf.mem == "hbm":
         raise NKIError(f"{_where()}: nl.full/zeros/ones fill on-chip tiles; fill an SBUF tile and store it")
+    if lazy_initialization and t.buf.mem == "psum" and float(fill_value) == 0.0:
+        t.buf.lazy_zero = True
+        return t
     ops.memset(t, fill_value)
     return t
 
 
-def zeros(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 0.0, dtype, buffer, name)
-def ones(shape, dtype, buffer=sbuf, name: str = ""): return full(shape, 1.0, dtype, buffer, name)
-def zeros_like(a, dtype=None, buffer=None, name=""): return zeros(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
-def ones_like(a, dtype=None, buffer=None, name=""): return ones(a.shape, dtype or a.dtype, buffer or a.buf.mem, name)
+def zeros(shape, dtype, buffer=sbuf, name: str = "", **kw): return full(shape, 0.0, dtype, buffer, name, **kw)
+def ones(shape, dtype, buffer=sbuf, name: str = "", **kw): return full(shape, 1.0, dtype, buffer, name, **kw)
+def zeros_like(a, dtype=None, buffer=None, name="", **kw):
+    return zeros(a.shape, dtype or a.dtype, buffer or a.buf.mem, name, **kw)
+def ones_like(a, dtype=None, buffer=None, name="", **kw):
+    return ones(a.shape, dtype or a.dtype, buffer or a.buf.mem, name, **kw)
 
 
 def empty_like(a, dtype=None, buffer=None, name=""):
     return ndarray(a.shape, dtype or a.dtype, buffer or a.buffer, name)
-
-
-# -- SPMD and loops -----------------------------------------------------------------------------
-def program_id(axis: int = 0) -> int:
-    """This instance's index along ``axis`` of the launch grid (``kernel[gx, gy](...)``)."""
-    t = current()
-    if not 0 <= axis < len(t.grid):
-        raise NKIError(f"{_where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
-    return t.program_id[axis]
-
-
-def num_programs(axes: int = 0) -> int:
-    return current().grid[axes]
-
-
-def program_ndim() -> int:
-    return len(current().grid)
-
-
-def affine_range(*args, **kwargs):
-    """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
-    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
-    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line)."""
-    return range(*args)
-
-
-sequential_range = static_range = affine_range
-
-
-class NKIObject:
-    """``nl.NKIObject``: a plain Python object a kernel may carry its tiles and settings in."""
-
-
-class no_reorder:
-    """``with nl.no_reorder():`` keep the instructions in program order. The simulator's scheduler already
-    issues each engine's instructions in program order, so the block changes nothing here."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def static_cast(x, dtype):
@@ -341,14 +320,19 @@ def _accumulate(acc, o):
     anything else is a Vector Engine add."""
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
+    # a region no instruction wrote yet: the first matmul starts its accumulation group (as nc_matmul's
+    # accumulate=None decides), anything else adds into the zeros a lazy nl.zeros owes it
+    fresh = not any(_overlap(acc.region(), w) for w in acc.buf.written)
     if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
         ins = t.instrs.pop()
         o.buf.writes.clear()
         o.buf.written.clear()
         stat, mov = mm[1], mm[2]
-        t.emit("MATMUL", [acc], [stat, mov], {"start": False, "stop": True}, dur=ins.dur, flops=ins.flops,
+        t.emit("MATMUL", [acc], [stat, mov], {"start": fresh, "stop": True}, dur=ins.dur, flops=ins.flops,
                itype="REGULAR", small=False, loc=ins.node)
         return acc
+    if fresh and acc.buf.lazy_zero:
+        ops.memset(acc, 0.0)        # the lazily initialised accumulator's fill, just before its first use
     if isinstance(o, tensor):
         ops.tensor_tensor(acc, acc, o if o.shape == acc.shape or o.free_size > 1 else o.broadcast_to(acc.shape),
                           "add")
@@ -360,7 +344,10 @@ def _accumulate(acc, o):
 # -- reductions ---------------------------------------------------------------------------------
 def _reduction(red: str):
     def f(x, axis, dtype=None, keepdims=False, mask=None, **_):
-        out = ndarray((x.partitions, 1), dtype or (x.dtype if x.buf.mem != "psum" else float32))
+        axes = {a % x.ndim for a in ([axis] if isinstance(axis, int) else axis)}
+        shape = [n if d not in axes else 1 for d, n in enumerate(x.shape) if keepdims or d not in axes]
+        out = ndarray(tuple(shape) if len(shape) > 1 else (x.partitions, 1),
+                      dtype or (x.dtype if x.buf.mem != "psum" else float32))
         ops.tensor_reduce(out, red, x, axis, mask=mask)
         return out
     f.__name__ = red
@@ -441,10 +428,17 @@ def transpose(x, dtype=None, **_):
 
 
 def matmul(x, y, transpose_x: bool = False, mask=None, **_):
-    """``x @ y`` into a new PSUM tile; ``transpose_x=True`` takes ``x`` as [K, M] already (stationary)."""
+    """``x @ y`` into a new PSUM tile; ``transpose_x=True`` takes ``x`` as [K, M] already (stationary).
+    An operand in PSUM (say ``nl.transpose``'s result) is first copied to SBUF, as the compiler did for the
+    attention tutorial's v1: ``nl.matmul`` is a language op that places its operands; ``nisa.nc_matmul``,
+    the instruction, refuses PSUM operands."""
     stat = x
     if not transpose_x:
         stat = copy(transpose(x), dtype=x.dtype)
+    elif x.buf.mem == "psum":
+        stat = copy(x, dtype=x.dtype)
+    if y.buf.mem == "psum":
+        y = copy(y, dtype=y.dtype)
     out = ndarray((stat.free_size, y.free_size), float32, buffer=psum)
     i = ops.nc_matmul(out, stat, y)
     out._mm = (i, stat, y)
@@ -528,7 +522,8 @@ def shared_constant(constant, dtype=None, **_):
 def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
     """``b = nl.loop_reduce(a, op, loop_indices=[i])`` is ``b = op(b, a)`` in place (the destination is also
     op's other input, as the SDK documents): one TENSOR_TENSOR on the Vector Engine into the tile ``b`` already
-    holds. ``b`` must be declared before the loop (e.g. ``b = nl.zeros(...)``)."""
+    holds (or into the view ``b[...]`` when the line assigns one). ``b`` must be declared before the loop (e.g.
+    ``b = nl.zeros(...)``)."""
     import ast
     import inspect
     frame = inspect.currentframe().f_back
@@ -539,7 +534,10 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
             node = ast.parse((line or [""])[0].strip()).body[0]
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 target = frame.f_locals.get(node.targets[0].id)
-        except (SyntaxError, IndexError):
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
+                # ``b[i, :, s] = nl.loop_reduce(a, ...)``: that view of b (the contributed matmul's form)
+                target = eval(ast.unparse(node.targets[0]), frame.f_globals, frame.f_locals)  # noqa: S307
+        except (SyntaxError, IndexError, NameError):
             pass
     finally:
         del frame

@@ -226,17 +226,37 @@ def tensor_reduce(dst: ndarray, op, data: ndarray, axis, negate=False, mask=None
     if 0 in axes:
         raise NKIError(f"{where()}: tensor_reduce over the partition axis 0 is not an engine instruction; "
                        f"transpose first (nisa.nc_transpose) or use GpSimd partition reduce")
-    if axes != list(range(1, data.ndim)):
-        raise NKIError(f"{where()}: tensor_reduce axis={axis}: reduce all free axes (1..{data.ndim - 1}) at once")
-    if dst.free_size != 1 or dst.partitions != data.partitions:
-        raise NKIError(f"{where()}: tensor_reduce dst {dst.shape} must be [{data.partitions}, 1]")
+    keep = [d for d in range(1, data.ndim) if d not in axes]
+    outer = math.prod(data.shape[d] for d in keep)
+    if dst.free_size != outer or dst.partitions != data.partitions:
+        raise NKIError(f"{where()}: tensor_reduce dst {dst.shape} must hold [{data.partitions}, {outer}] "
+                       f"(the axes not reduced)")
     red = resolve_reduce(op)
-    r = masked(data, [dst], mask)
-    if r is None:
-        return None
-    data, (dst,) = r
+    if mask is not None:        # the mask is over data's dims: dst keeps the box of its own (kept) dims
+        box = box_of(mask, data.shape)
+        if box is None:
+            return None
+        if dst.ndim == data.ndim:
+            dbox = [(0, 1) if d in axes else b for d, b in enumerate(box)]
+        elif dst.ndim == 1 + len(keep):
+            dbox = [box[0]] + [box[d] for d in keep]
+        else:
+            dbox = [box[0]] + [(0, n) for n in dst.shape[1:]]
+        current().masked_box = (dst.operand(), dbox)
+        data, dst = restrict(data, box, data.shape), restrict(dst, dbox, dst.shape)
+    attrs = {"op": red}
+    if keep:
+        # the engine reduces the innermost axes of its access pattern, so the instruction reads the tile with
+        # the reduced axes moved last (a permuted access pattern: one instruction, as the compiler emits it)
+        if data.pdim:
+            raise NKIError(f"{where()}: tensor_reduce of some free axes of a block-layout (nl.par_dim) tile: "
+                           f"reduce a [P, ...] view of one block")
+        order = [0, *keep, *axes]
+        data = ndarray(data.buf, [data.shape[d] for d in order], data.offset, [data.strides[d] for d in order],
+                       data.dtype)
+        attrs["inner"] = math.prod(data.shape[len(keep) + 1:])
     d = vector_ns(t.p, "REDUCE", data.free_size, 1, data.dtype, alu=red)
-    i = t.emit("REDUCE", [dst], [data], {"op": red}, dur=d)
+    i = t.emit("REDUCE", [dst], [data], attrs, dur=d)
     if negate:
         i = tensor_scalar(dst, dst, "multiply", -1.0)
     return i

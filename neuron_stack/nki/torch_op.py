@@ -77,10 +77,14 @@ def torch_op(kernel, example: tuple):
     with _lock:
         if name in KERNELS:
             return getattr(torch.ops.nki, name).default
-        params = list(inspect.signature(kernel.fn).parameters)
-        if len(params) != len(example):
+        sig = inspect.signature(kernel.fn).parameters
+        params = list(sig)
+        required = [p for p in params if sig[p].default is inspect.Parameter.empty]
+        if not len(required) <= len(example) <= len(params):
             raise NKIError(f"kernel {kernel.__name__} called from PyTorch takes tensors only: it has "
-                           f"{len(params)} parameters, got {len(example)} tensors")
+                           f"{len(params)} parameters ({len(required)} without a default), got {len(example)} "
+                           f"tensors")
+        params = params[:len(example)]      # the rest keep their defaults
         outs = _outputs_of(kernel, example)
         ret = "Tensor" if len(outs) == 1 else "(" + ", ".join(["Tensor"] * len(outs)) + ")"
         lib = _library()

@@ -1,0 +1,67 @@
+"""The launch grid and loops of ``nki.language``: ``program_id``, ``spmd_dim``, the range iterators and the
+scheduling hints, which trace as plain Python (a kernel's loops unroll; its instances run serially).
+
+>>> list(affine_range(3)), spmd_dim(2, nc(2))
+([0, 1, 2], 4)
+"""
+from __future__ import annotations
+
+import math
+
+from .core import NKIError, current
+from .core import where as _where
+
+
+def program_id(axis: int = 0) -> int:
+    """This instance's index along ``axis`` of the launch grid (``kernel[gx, gy](...)``)."""
+    t = current()
+    if not 0 <= axis < len(t.grid):
+        raise NKIError(f"{_where()}: program_id({axis}) but the kernel was launched with grid {t.grid}")
+    return t.program_id[axis]
+
+
+def num_programs(axes: int = 0) -> int:
+    return current().grid[axes]
+
+
+def program_ndim() -> int:
+    return len(current().grid)
+
+
+class nc(int):
+    """``nl.nc(n)``: ``n`` physical NeuronCores in a launch grid dimension (``nl.spmd_dim(4, nl.nc(2))``)."""
+
+
+def spmd_dim(*sizes) -> int:
+    """``nl.spmd_dim(4, nl.nc(2))``: a launch grid dimension of 4 x 2 instances spread over two physical cores
+    (instance n on core n % 2). Instances run serially on one simulated core here, as every SPMD grid does.
+
+    >>> spmd_dim(4, nc(2))
+    8
+    """
+    return math.prod(int(n) for n in sizes)
+
+
+def affine_range(*args, **kwargs):
+    """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
+    Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
+    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line)."""
+    return range(*args)
+
+
+sequential_range = static_range = affine_range
+
+
+class NKIObject:
+    """``nl.NKIObject``: a plain Python object a kernel may carry its tiles and settings in."""
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keep the instructions in program order. The simulator's scheduler already
+    issues each engine's instructions in program order, so the block changes nothing here."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
