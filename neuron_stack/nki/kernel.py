@@ -31,7 +31,8 @@ import numpy as np
 from neuron_stack.compiler.lower.tiles import Lowered
 from neuron_stack.compiler.schedule import Schedule, schedule_lowered
 from neuron_stack.device.profiles import get_profile
-from neuron_stack.isa.interp import Machine, contiguous_strides
+from neuron_stack.isa.interp import Machine
+from neuron_stack.isa.memory import contiguous_strides
 
 from .core import NKIError, Trace, _local, dtype_name, ndarray
 

@@ -509,7 +509,7 @@ def shared_constant(constant, dtype=None, **_):
     if arr.dtype == object or arr.size == 0:
         raise NKIError(f"{_where()}: nl.shared_constant takes a non-empty numeric array, got {arr.dtype} {arr.shape}")
     dt = dtype_name(dtype if dtype is not None else arr.dtype)
-    from neuron_stack.isa.interp import _round
+    from neuron_stack.isa.memory import _round
     t = current()
     out = t.alloc("shared_hbm", arr.shape if arr.ndim else (1,), dt, name=f"constant{len(t.hbm)}")
     value = arr.reshape(out.shape)

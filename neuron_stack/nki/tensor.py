@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from neuron_stack.isa.interp import contiguous_strides
+from neuron_stack.isa.memory import contiguous_strides
 
 # Tile limits: reference llm_serving_and_nki.md §1.6 (legacy programming_model.rst, nl.tile_size)
 PMAX = 128              # nl.tile_size.pmax

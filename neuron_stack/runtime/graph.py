@@ -80,7 +80,8 @@ def recorded_kernel(kernel: dict, *tensors: torch.Tensor):
     """
     import numpy as np
 
-    from neuron_stack.isa.interp import Machine, contiguous_strides
+    from neuron_stack.isa.interp import Machine
+    from neuron_stack.isa.memory import contiguous_strides
     m = Machine()
     for name, t in zip(kernel["inputs"], tensors):
         t = t.detach().cpu()
