@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from traces import profile_hierarchy, profile_tables
+from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, F, Field, Table  # noqa: F401
+
 #: The real schema version these tables follow (Metadata.profile_schema_version of the real tool).
 REAL_SCHEMA_VERSION = "7.4.0"
 
-from traces import profile_hierarchy, profile_tables
-from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, F, Field, Table  # noqa: F401
 
 #: The compiler's facts per instruction (``instruction_info``, once per graph) that the view joins by
 #: (graph, queue, pc, pcore); a key two device partitions of one graph share is left out (NULL), never guessed.

@@ -347,7 +347,8 @@ THROTTLE_SUMMARY = Table(
     "ThrottleSummary", "Summary statistics for hardware throttling on each NeuronCore and type of throttling.",
     f"(SELECT x.core, sum({DEVICE_NS_SQL}) AS device_ns FROM main.executions AS x WHERE {_MEASURED} "
     f"GROUP BY x.core) AS c CROSS JOIN (VALUES ('all'), ({_THROTTLE_TYPE})) AS ty(type) LEFT JOIN ("
-    f"SELECT core, sum(dur) AS ns, sum(dur * (0.5 + 0.25 * dur / {_RAMP})) AS w FROM {_THROTTLES} WHERE {_MEASURED} GROUP BY core) AS h USING (core)",
+    f"SELECT core, sum(dur) AS ns, sum(dur * (0.5 + 0.25 * dur / {_RAMP})) AS w FROM {_THROTTLES} "
+    f"WHERE {_MEASURED} GROUP BY core) AS h USING (core)",
     (
         F("nc_idx", "int32", None, True, "Index of the NeuronCore.", "c.core"),
         F("throttle_type", "string", None, False, "Type of throttling, or all.", "ty.type"),
