@@ -82,3 +82,19 @@ def regions(L: Loaded, exec_id: int | None = None) -> dict:
         raise data.ExplorerError("that execution has no instruction rows in this profile")
     return {"executions": execs, "exec_id": exec_id, "rows": [r for r in allrows if r["exec_id"] == exec_id],
             "durations": data.rows(L.profile.region_durations())}
+
+
+def operators(L: Loaded) -> list[dict]:
+    """The operator table (``Profile.operator_table``), times since t0, each row with ``name`` (the tree:
+    layer, then its ops, then their opcodes, indented) and ``depth`` (0, 1, 2)."""
+    def compute():
+        t0 = data.bounds(L)["t0"]
+        out = []
+        for r in data.rows(L.profile.operator_table()):
+            r = _rel(r, t0, "first_start_ns", "first_end_ns")
+            r["depth"] = {"layer": 0, "op": 1, "opcode": 2}[r["level"]]
+            label = {"layer": r["layer"] or "(top level)", "op": r["op"] or "(no op)", "opcode": r["opcode"]}
+            r["name"] = "\u2003" * r["depth"] + (label[r["level"]] or "")
+            out.append(r)
+        return out
+    return L.cached("operators", compute)

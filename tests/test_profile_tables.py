@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 
+import traces
 from traces import profile_hierarchy, profile_schema, profile_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,9 +26,18 @@ def trn2(tmp_path_factory):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     [path] = out.glob("*/profile.duckdb")
-    con = duckdb.connect(str(path), read_only=True)
-    yield con
-    con.close()
+    with traces.open(path) as p:
+        yield _Con(p)
+
+
+class _Con:
+    """The profile's own connection (DuckDB refuses a second one configured otherwise), and the Profile."""
+
+    def __init__(self, profile):
+        self.profile = profile
+
+    def execute(self, sql):
+        return self.profile._cursor().execute(sql)
 
 
 def _one(con, sql):
@@ -120,3 +129,22 @@ def test_hierarchy_and_stack_frames_name_the_model(trn2):
     assert frames and all(name.endswith("mlp.py") or name.endswith(".py") for _, name, _ in frames)
     assert _one(trn2, "SELECT count(DISTINCT stack_frame_ids) FROM Instruction WHERE stack_frame_ids IS NOT NULL") \
         == len({f[0] for f in frames})
+
+
+def test_operator_table_is_the_op_summary_and_the_framework_nodes(trn2):
+    rows = trn2.profile.operator_table().to_pylist()
+    every = trn2.profile.operator_table(include_warmup=True).to_pylist()
+    ops = dict(trn2.execute("SELECT op_id, device_ns FROM op_summary WHERE device_ns > 0").fetchall())
+    assert {r["op_id"]: r["device_ns"] for r in rows if r["level"] == "op"} == ops   # the Summary's top ops
+    for layer in {r["layer"] for r in rows}:
+        lr = [r for r in rows if r["layer"] == layer]
+        assert lr[0]["level"] == "layer"                                                 # a tree, layer first
+        assert lr[0]["device_ns"] == sum(r["device_ns"] for r in lr if r["level"] == "op")
+        for op_id in {r["op_id"] for r in lr if r["op_id"]}:
+            assert sum(r["device_ns"] for r in lr if r["op_id"] == op_id and r["level"] == "opcode") == ops[op_id]
+    # over every execution a leaf layer's MFU and HFU are its FrameworkNode's: one formula
+    nodes = {r[0]: r[1:] for r in trn2.execute("SELECT node_name, mfu, hfu FROM FrameworkNode "
+                                               "WHERE children_names = '[]'").fetchall()}
+    layers = {r["layer"]: (r["mfu_percent"], r["hfu_percent"]) for r in every if r["level"] == "layer"}
+    assert nodes and all(layers[k] == pytest.approx(v) for k, v in nodes.items())
+    assert any(r["mfu_percent"] > 0 for r in rows) and all(r["first_start_ns"] < r["first_end_ns"] for r in rows)

@@ -24,22 +24,27 @@ _ROWS = (
     "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END AS hw, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END AS sr, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END AS sw, "
-    "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, "
+    "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, i.dur_ns AS dur, 1 AS cnt, "
     + ", ".join(f"(i.engine = '{e}')::INT AS n_{e}" for e in COMPUTE_ENGINES) + " "
     "FROM " + _DMA_SOURCE.replace("WHERE i.engine = 'dma'", "LEFT JOIN main.ops AS o ON o.op_id = i.op_id ")
     + "{join} WHERE i.engine <> 'cpu' AND {where}")
-_SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw") + tuple(f"n_{e}" for e in COMPUTE_ENGINES)
+_SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw", "dur", "cnt") + tuple(
+    f"n_{e}" for e in COMPUTE_ENGINES)
 
 
-def _nodes(key: str, where: str, join: str = "") -> str:
-    """Per node ``k``: its merged intervals as lists (``iv``, ``el``, ``tel``, ``hb``, ``hfu``, ``mfu``, ``mbu``
-    per interval), their span, and the totals over them."""
+def nodes(key: str, where: str, join: str = "") -> str:
+    """Per node ``k`` (``key``: an expression over ``i`` instructions, ``o`` ops, ``n`` instruction_info): its
+    merged intervals as lists (``iv``, ``el``, ``tel``, ``hb``, ``hfu``, ``mfu``, ``mbu`` per interval), their
+    span (``s``, ``e``), their total length ``active_ns``, and the totals over its instructions: ``dur``
+    (Σ durations), ``cnt``, ``hfl``/``mfl`` (Tensor Engine FLOPs with / without transposes), ``hr``/``hw``
+    (HBM), ``sr``/``sw`` (SBUF), ``lw`` (LDWEIGHTS). The one definition of a node's figures: FrameworkNode,
+    HloInstruction and the operator table (:mod:`traces.q_operators`) read it."""
     isl = islands(_ROWS.format(key=key, where=where, join=join), "k", _SUMS)
     bw = _meta("hbm_ddr_bandwidth")
     tot = ", ".join(f"sum({c})::BIGINT AS {c}" for c in _SUMS)
     eng = ", ".join(f"'[' || min(s) FILTER (WHERE n_{e} > 0) || ', ' || max(e) FILTER (WHERE n_{e} > 0) || ']' "
                     f"AS span_{e}" for e in COMPUTE_ENGINES)
-    return f"""(SELECT k, min(s) AS s, max(e) AS e, sum(e - s) AS active_ns, {tot}, {eng},
+    return f"""(SELECT k, min(s) AS s, max(e) AS e, sum(e - s)::BIGINT AS active_ns, {tot}, {eng},
         '[' || string_agg('[' || s || ', ' || e || ']', ', ' ORDER BY s) || ']' AS iv,
         list(el ORDER BY s) AS el_l, list(tel ORDER BY s) AS tel_l, list(hr + hw ORDER BY s) AS hb_l,
         '[' || string_agg(round(100.0 * hfl / nullif({_PEAK_PER_NS} * (e - s), 0), 3)::VARCHAR, ', ' ORDER BY s)
@@ -55,6 +60,9 @@ def _csv(col: str) -> str:
     return f"'[' || array_to_string({col}, ', ') || ']'"
 
 
+#: A node's utilisations over its merged intervals' time: the one formula (FrameworkNode, the operator table).
+HFU_SQL = f"100.0 * h.hfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
+MFU_SQL = f"100.0 * h.mfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
 _UTIL = "Tensor Engine FLOPs over the peak of the merged intervals' time (Summary's formula, per node)"
 _BYTES = "as Instruction: DMA rows' bytes are HBM traffic, engine rows' SBUF/PSUM"
 
@@ -68,7 +76,7 @@ _PARENT = "nullif(array_to_string(string_split(h.k, '.')[1:-2], '.'), '')"
 FRAMEWORK_NODE = Table(
     "FrameworkNode", "Framework hierarchy nodes: each part of a framework (nn.Module) path, with its operators' "
     "rolled-up figures.",
-    f"{_nodes('pre.node', 'TRUE', _PREFIXES)} AS h LEFT JOIN (SELECT node, string_agg(DISTINCT child, ', ') AS "
+    f"{nodes('pre.node', 'TRUE', _PREFIXES)} AS h LEFT JOIN (SELECT node, string_agg(DISTINCT child, ', ') AS "
     "children FROM (SELECT array_to_string(string_split(module_path, '.')[1:d - 1], '.') AS node, "
     "array_to_string(string_split(module_path, '.')[1:d], '.') AS child FROM main.ops, "
     "range(2, len(string_split(module_path, '.')) + 1) AS r(d) WHERE coalesce(module_path, '') <> '') GROUP BY node"
@@ -91,9 +99,9 @@ FRAMEWORK_NODE = Table(
           _csv("h.tel_l")),
         F("hbm_transfer_size_per_interval", "string", _B, False, "HBM bytes per interval.", _csv("h.hb_l")),
         F("hfu", "float", "percent", False, "Hardware FLOPs Utilization of the node.",
-          f"100.0 * h.hfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)", _UTIL + ", transposes included"),
+          HFU_SQL, _UTIL + ", transposes included"),
         F("mfu", "float", "percent", False, "Model FLOPs Utilization of the node.",
-          f"100.0 * h.mfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)", _UTIL + ", transposes excluded"),
+          MFU_SQL, _UTIL + ", transposes excluded"),
         F("hfu_per_interval", "string", None, False, "HFU per interval.", "h.hfu_l"),
         F("mfu_per_interval", "string", None, False, "MFU per interval.", "h.mfu_l"),
         F("mbu_per_interval", "string", None, False, "MBU per interval.", "h.mbu_l",
@@ -117,7 +125,7 @@ FRAMEWORK_NODE = Table(
 
 HLO_INSTRUCTION = Table(
     "HloInstruction", "HLO-level instructions (ours: the graph's ATen ops) with their instructions' figures.",
-    f"{_nodes('i.op_id', 'i.op_id IS NOT NULL')} AS h LEFT JOIN main.ops AS o ON o.op_id = h.k",
+    f"{nodes('i.op_id', 'i.op_id IS NOT NULL')} AS h LEFT JOIN main.ops AS o ON o.op_id = h.k",
     (
         F("id", "int64", None, True, "Unique identifier.", "h.k", "ops.op_id"),
         F("raw_bir_id", "int64", None, True, "BIR level id.", None, "no BIR stage (ops → ISA directly)"),

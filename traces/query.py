@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import naming, profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
+from traces import naming, profile_schema, q_figures, q_operators, q_records, q_replay, q_serving, q_system, q_timeline
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
@@ -338,6 +338,13 @@ class Profile:
 
         Example: ``p.region_durations().column("median_ns")``."""
         return q_figures.region_durations(self)
+
+    def operator_table(self, include_warmup: bool | None = None) -> pa.Table:
+        """The operator table: layer → op → opcode with device time, MFU, HFU, FLOPs, bytes moved, source
+        line and first-execution span (:func:`traces.q_operators.operator_table`).
+
+        Example: ``p.operator_table().filter(pc.equal(p.operator_table()["level"], "op"))``."""
+        return q_operators.operator_table(self, include_warmup)
 
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
