@@ -163,6 +163,18 @@ def top_lines(L: Loaded, n: int = 10) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ summary
+def insights(L: Loaded) -> dict:
+    """The real Summary's remaining figures (``traces.q_insights``): ``nki_coverage``, ``nki_stats`` (rows),
+    ``dma`` (per core and queue), ``collectives`` (every operation, outliers marked), ``collective_stats``
+    and ``throttling``; a profile without instruction rows has empty ones."""
+    def compute():
+        p = L.profile
+        return {"nki_coverage": p.nki_coverage(), "nki_stats": rows(p.nki_engine_stats()),
+                "dma": rows(p.dma_utilization()), "collectives": rows(p.collective_ops()),
+                "collective_stats": rows(p.collective_stats()), "throttling": p.throttling()}
+    return L.cached("insights", compute)
+
+
 def summary(L: Loaded) -> dict:
     """The Summary page's numbers: ``Profile.figures()`` (the same figures ``neuron-explorer summary``
     and ``neuron-top --replay`` show) and the device profile's metadata, under the page's names."""

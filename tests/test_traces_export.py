@@ -115,7 +115,8 @@ BEFORE_SPLIT = "da36855"
 
 
 def test_perfetto_split_keeps_the_output(profile, tmp_path):
-    """The split ``perfetto()`` writes what the one 142-line function wrote, whole and windowed (the old function is read from git history; drop this test when the output changes on purpose)."""
+    """The split ``perfetto()`` writes what the one 142-line function wrote, whole and windowed (the old function
+    is read from git history; drop this test when the output changes on purpose)."""
     import importlib.util
     import subprocess
     from pathlib import Path

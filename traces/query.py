@@ -21,7 +21,18 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import naming, profile_schema, q_figures, q_operators, q_records, q_replay, q_serving, q_system, q_timeline
+from traces import (
+    naming,
+    profile_schema,
+    q_figures,
+    q_insights,
+    q_operators,
+    q_records,
+    q_replay,
+    q_serving,
+    q_system,
+    q_timeline,
+)
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
@@ -345,6 +356,31 @@ class Profile:
 
         Example: ``p.operator_table().filter(pc.equal(p.operator_table()["level"], "op"))``."""
         return q_operators.operator_table(self, include_warmup)
+
+    # -- the real Summary's remaining figures (traces.q_insights) --------------------------------
+    def nki_engine_stats(self) -> pa.Table:
+        """Instructions per engine, source (nki / compiler) and opcode. Example: ``p.nki_engine_stats().num_rows``."""
+        return q_insights.nki_engine_stats(self)
+
+    def nki_coverage(self) -> dict:
+        """Per engine: NKI and compiler instructions and ``nki_percent``. Example: ``p.nki_coverage()["vector"]``."""
+        return q_insights.nki_coverage(self)
+
+    def dma_utilization(self) -> pa.Table:
+        """Per core and DMA queue: bytes, bandwidth and active %. Example: ``p.dma_utilization().num_rows``."""
+        return q_insights.dma_utilization(self)
+
+    def collective_ops(self) -> pa.Table:
+        """Every collective with its group median and ``outlier``. Example: ``p.collective_ops().num_rows``."""
+        return q_insights.collective_ops(self)
+
+    def collective_stats(self) -> pa.Table:
+        """Collective durations per operation as a box plot. Example: ``p.collective_stats().num_rows``."""
+        return q_insights.collective_stats(self)
+
+    def throttling(self) -> dict:
+        """The Tensor Engine's throttling figures. Example: ``p.throttling()["active_throttled_percent"]``."""
+        return q_insights.throttling(self)
 
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""
