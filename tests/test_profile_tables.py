@@ -20,7 +20,9 @@ NEW = [t.name for t in (*profile_tables.TABLES, *profile_hierarchy.TABLES)]
 def trn2(tmp_path_factory):
     """The small MLP sample recorded on trn2 (LNC=2, the Tensor Engine throttle) as a user records it."""
     out = tmp_path_factory.mktemp("trn2")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # its own simulated instance, so cores other processes hold never refuse it
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_STACK_RUNTIME_DIR": str(out) + ".cores",
+           "NEURON_STACK_LIVE_DIR": str(out) + ".live"}
     r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "-o", str(out), "--", sys.executable,
                         str(ROOT / "sample_workloads" / "mlp.py"), "--small", "--target", "trn2"],
                        capture_output=True, text=True, env=env, timeout=300)

@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _inspect(out: Path, script: str, *args) -> Path:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # its own simulated instance, so cores other processes hold never refuse it
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_STACK_RUNTIME_DIR": str(out) + ".cores",
+           "NEURON_STACK_LIVE_DIR": str(out) + ".live"}
     r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "-o", str(out), "--", sys.executable,
                         str(ROOT / "sample_workloads" / script), "--small", *args],
                        capture_output=True, text=True, env=env, timeout=600)

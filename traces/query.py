@@ -28,6 +28,7 @@ from traces import (
     q_insights,
     q_operators,
     q_records,
+    q_regions,
     q_replay,
     q_serving,
     q_system,
@@ -338,17 +339,16 @@ class Profile:
         Example: ``p.layer_engine_time().column("dma_bandwidth_ns")``."""
         return q_figures.layer_engine_time(self)
 
-    def regions(self) -> pa.Table:
-        """Automatic regions by layer per measured execution (span, busy per engine, HFU).
+    def regions(self, by: str = "layer") -> pa.Table:
+        """Automatic regions by layer, NKI kernel or collective (span, busy per engine, HFU), measured executions
+        (:func:`traces.q_regions.regions`). Example: ``p.regions("kernel").column("region").to_pylist()``."""
+        return q_regions.regions(self, by)
 
-        Example: ``p.regions().column("region").to_pylist()``."""
-        return q_figures.regions(self)
-
-    def region_durations(self) -> pa.Table:
-        """Each region's duration over the measured executions (min, median, max).
+    def region_durations(self, by: str = "layer") -> pa.Table:
+        """Each region's duration over its occurrences (min, median, max).
 
         Example: ``p.region_durations().column("median_ns")``."""
-        return q_figures.region_durations(self)
+        return q_regions.region_durations(self, by)
 
     def operator_table(self, include_warmup: bool | None = None) -> pa.Table:
         """The operator table: layer → op → opcode with device time, MFU, HFU, FLOPs, bytes moved, source
