@@ -150,3 +150,18 @@ def test_operator_table_is_the_op_summary_and_the_framework_nodes(trn2):
     layers = {r["layer"]: (r["mfu_percent"], r["hfu_percent"]) for r in every if r["level"] == "layer"}
     assert nodes and all(layers[k] == pytest.approx(v) for k, v in nodes.items())
     assert any(r["mfu_percent"] > 0 for r in rows) and all(r["first_start_ns"] < r["first_end_ns"] for r in rows)
+
+
+def test_user_sql_reads_the_real_metadata_and_summary(trn2):
+    """In user SQL (the console, ``neuron-explorer sql``) the real names come first: ``Metadata`` is one wide row and
+    ``Summary`` has every real field (ours beside them); our key/value metadata is ``main.metadata``."""
+    p = trn2.profile
+    meta = p.user_sql("SELECT * FROM Metadata", select_only=True).table.to_pylist()
+    assert len(meta) == 1 and meta[0]["profile_schema_version"] == "7.4.0" and meta[0]["num_physical_cores"] == 2
+    assert meta[0]["instance_type"] == "trn2.48xlarge" and meta[0]["vnc_enabled"] is True
+    real = ", ".join(f.name for f in profile_schema.SUMMARY.fields)
+    [row] = p.user_sql(f"SELECT {real}, execution_count FROM Summary", select_only=True).table.to_pylist()
+    assert row["total_time"] == p.summary()["total_time"] and row["adjusted_hardware_flops"] is None
+    kv = p.user_sql("SELECT value FROM main.metadata WHERE key = 'target'", select_only=True).table.to_pylist()
+    assert kv == [{"value": "trn2"}]
+    assert p.sql("SELECT count(*) AS n FROM metadata").to_pylist()[0]["n"] > 1   # the API's own queries: ours

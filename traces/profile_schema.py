@@ -492,6 +492,13 @@ def schema_fields(ours=()) -> dict[str, list]:
             kind, description = EXTRA_DESCRIPTIONS[name]
             add(t.name, t.description, name, description, _TYPES[kind][0], False, _TYPES[kind][1], None)
     for table, description, columns in ours:
+        if table == "summary":   # the Summary view keeps our other summary columns beside the real ones
+            extras = set(summary_extras([c for c, _, _ in columns]))
+            for name, duckdb_type, meaning in columns:
+                if name in extras:
+                    typ, fmt = openapi_type(duckdb_type)
+                    add(SUMMARY.name, SUMMARY.description, name, f"{meaning} (ours, summary.{name}).", typ, False,
+                        fmt, None)
         for name, duckdb_type, meaning in columns:
             typ, fmt = openapi_type(duckdb_type)
             add(table, description, name, meaning, typ, False, fmt, None)
@@ -507,15 +514,24 @@ def schema_fields_table(ours=()):
     return pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in cols.items()})
 
 
-def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
+def summary_extras(summary_columns) -> list[str]:
+    """Our ``summary`` columns that are no real Summary field, in their order: the ``Summary`` view keeps them
+    beside the real ones, so ``SELECT * FROM Summary`` is a superset of our table."""
+    real = {f.name for f in SUMMARY.fields}
+    return [c for c in summary_columns if c not in real]
+
+
+def view_statements(taken: set[str], summary_columns=()) -> list[str]:
     """Every ``CREATE VIEW`` of the real tables: all in :data:`SCHEMA`, and in ``main`` those whose name
     is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``).
-    A real Summary field our ``summary`` table has gained since (``summary_columns``) is used too."""
+    A real Summary field our ``summary`` table has gained since (``summary_columns``, in table order) is used
+    too, and our other summary columns are kept beside the real ones (:func:`summary_extras`)."""
     out = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
     for t in TABLES.values():
         if t is SUMMARY:
             t = replace(t, fields=tuple(replace(f, ours=f"s.{f.name}") if f.ours is None and f.name in summary_columns
-                                        else f for f in t.fields))
+                                        else f for f in t.fields),
+                        extra=tuple(f"s.{c} AS {c}" for c in summary_extras(summary_columns)))
         out.append(t.view_sql(SCHEMA))
         if t.name.lower() not in taken:
             out.append(t.view_sql())
@@ -570,11 +586,20 @@ def openapi_yaml(ours=()) -> str:
     return "\n".join(out) + "\n"
 
 
+def _module_of(t: Table) -> str:
+    """The module that defines ``t``: this one, profile_tables or profile_hierarchy."""
+    return next((m.__name__.rsplit(".", 1)[1] for m in (profile_tables, profile_hierarchy) if t in m.TABLES),
+                "profile_schema")
+
+
 def mapping_markdown() -> str:
     """docs/trace_schema.md's mapping section: every real field, what fills it here, and why."""
     out = []
     for t in TABLES.values():
-        out += [f"### `{t.name}`", "", f"From `{t.source.split(' WHERE ')[0].replace('main.', '')}`.", "",
+        source = t.source.split(' WHERE ')[0].replace('main.', '')
+        source = (f"From `{source}`." if len(source) <= 200 and "(" not in source.split(" AS ")[0] else
+                  f"From a query over our tables, defined in `traces/{_module_of(t)}.py`.")
+        out += [f"### `{t.name}`", "", source, "",
                 "| real field | ours | note |", "|---|---|---|"]
         for f in t.fields:
             ours = ("`" + f.ours.replace("|", "\\|") + "`") if f.ours is not None else "— (NULL)"
