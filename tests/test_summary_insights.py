@@ -129,3 +129,12 @@ def test_summary_page_shows_the_new_charts(served):
     cc = str(summary.layout(profile=served["cc"]))
     assert "summary-collectives" in cc and "summary-collective-box" in cc
     assert "no throttling" in str(summary.layout(profile=served["nki"]))
+
+
+def test_regions_by_kernel_and_no_coverage_finding_without_kernels(served):
+    p = data.resolve(served["nki"]).profile
+    kernels = {r["region"] for r in p.regions("kernel").to_pylist()}
+    names = {r["name"] for r in p.sql("SELECT name FROM ops WHERE op_class = 'nki'").to_pylist()}
+    assert kernels and kernels <= names
+    assert [r["region"] for r in p.region_durations("kernel").to_pylist()] == sorted(kernels)
+    assert _rule(served["trn2"], "nki_coverage") == []          # no kernel anywhere: not told to write one
