@@ -100,6 +100,9 @@ def throttling(p) -> dict:
     ramp took ``dur × (1 − limit)`` longer than at full rate), ``active_throttled_percent`` (that, as a share
     of the peak FLOPs over the device time: the real chart's "Active Throttled %"), ``throttle_events`` and
     ``average_utilization_limit_percent`` (time-weighted over the device time and PE arrays)."""
+    if not float(p.metadata().get("tensor_engine_throttle_ramp_ns") or 0):   # no limiter on this target
+        return {"throttle_events": 0, "throttled_active_ns": 0.0, "active_throttled_percent": 0.0,
+                "average_utilization_limit_percent": 100.0}
     rows = p.sql(f"""
         WITH t AS (SELECT * FROM {_THROTTLES} WHERE {_MEASURED}),
         i AS (SELECT i.exec_id, i.core, coalesce(i.pcore, 0) AS pcore, i.start_ns, i.dur_ns,

@@ -41,15 +41,10 @@ def operator_table(p, include_warmup: bool | None = None) -> pa.Table:
     where = f"i.exec_id IN (SELECT exec_id FROM main.executions WHERE {measured_condition(warm)})"
     parts = []
     for level, key in _LEVELS:
-        first = (f"SELECT k, min(i.start_ns) AS fs, max(i.start_ns + i.dur_ns) AS fe FROM (SELECT {key} AS k, "
-                 f"arg_min(i.exec_id, i.start_ns) AS x FROM main.instructions AS i LEFT JOIN main.ops AS o USING "
-                 f"(op_id) WHERE i.engine <> 'cpu' AND {where} GROUP BY 1) AS f JOIN main.instructions AS i ON "
-                 f"i.exec_id = f.x LEFT JOIN main.ops AS o USING (op_id) WHERE {key} = f.k AND i.engine <> 'cpu' "
-                 "GROUP BY k")
         parts.append(f"""SELECT '{level}' AS level, h.k, {HFU_SQL} AS hfu_percent, {MFU_SQL} AS mfu_percent,
             h.dur AS device_ns, h.active_ns, h.cnt AS instructions, h.hfl AS flops, h.hr + h.hw AS hbm_bytes,
-            h.sr + h.sw AS sbuf_bytes, f.fs AS first_start_ns, f.fe AS first_end_ns
-            FROM {nodes(key, where)} AS h LEFT JOIN ({first}) AS f USING (k)""")
+            h.sr + h.sw AS sbuf_bytes, h.fs AS first_start_ns, h.fe AS first_end_ns
+            FROM {nodes(key, where, lists=False)} AS h""")
     return p.sql(f"""
         WITH r AS ({' UNION ALL '.join(parts)}),
         op AS (SELECT o.op_id, coalesce(o.module_path, '') AS layer, coalesce(o.aten_op, o.name) AS op,
