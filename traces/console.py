@@ -40,12 +40,13 @@ ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 
 #: Starting points offered by the Explorer's console (each passes the console's checks).
 def table_query(table: str, limit: int = 100) -> str:
-    """The console's first look at a table (the SQL page's schema inspector puts it in the editor).
+    """The console's first look at a table of ``main`` (the SQL page's schema inspector puts it in the editor);
+    qualified, since user SQL resolves the real tool's names first (``metadata`` would be the wide ``Metadata``).
 
     >>> table_query("Flow")
-    'SELECT * FROM "Flow" LIMIT 100'
+    'SELECT * FROM main."Flow" LIMIT 100'
     """
-    return f'SELECT * FROM "{table.replace(chr(34), chr(34) * 2)}" LIMIT {int(limit)}'
+    return f'SELECT * FROM main."{table.replace(chr(34), chr(34) * 2)}" LIMIT {int(limit)}'
 
 
 EXAMPLE_QUERIES = {
