@@ -14,11 +14,11 @@ import importlib
 from pathlib import Path
 
 PAGES = ("summary", "timeline", "hierarchy", "source", "fallbacks", "recompiles", "serving", "sql", "compare",
-         "system", "memory", "tensors", "regions")
+         "system", "memory", "tensors", "regions", "operators")
 NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"), ("Source", "/source"),
        ("Fallbacks", "/fallbacks"), ("Recompiles", "/recompiles"), ("Serving", "/serving"), ("SQL", "/sql"),
        ("Compare", "/compare"), ("System", "/system"), ("Memory", "/memory"), ("Tensors", "/tensors"),
-       ("Regions", "/regions"))
+       ("Regions", "/regions"), ("Operators", "/operators"))
 
 _APP = None
 

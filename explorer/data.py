@@ -171,6 +171,16 @@ def _named(f) -> dict:
             "step_ns": f.step_ns, "mfu_estimated_percent": f.mfu_percent, "hbm_read_bytes": f.hbm_read_bytes,
             "hbm_write_bytes": f.hbm_write_bytes, "fallback_ops": f.fallback_ops, "recompiles": f.recompiles,
             "executions": f.executions, "instructions": f.instructions}
+def insights(L: Loaded) -> dict:
+    """The real Summary's remaining figures (``traces.q_insights``): ``nki_coverage``, ``nki_stats`` (rows),
+    ``dma`` (per core and queue), ``collectives`` (every operation, outliers marked), ``collective_stats``
+    and ``throttling``; a profile without instruction rows has empty ones."""
+    def compute():
+        p = L.profile
+        return {"nki_coverage": p.nki_coverage(), "nki_stats": rows(p.nki_engine_stats()),
+                "dma": rows(p.dma_utilization()), "collectives": rows(p.collective_ops()),
+                "collective_stats": rows(p.collective_stats()), "throttling": p.throttling()}
+    return L.cached("insights", compute)
 
 
 def summary(L: Loaded) -> dict:

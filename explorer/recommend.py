@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from explorer import data
+from traces.q_insights import OUTLIER_FACTOR
 from traces.vocab import DEVICE_ENGINES
 
 
@@ -343,6 +344,52 @@ def fp32_matmul(L, rule) -> list[Finding]:
                     0.75 * tensor, "hierarchy", {})]
 
 
+def nki_coverage(L, rule) -> list[Finding]:
+    """NKI instruction coverage under ``threshold`` % on the tensor, vector or scalar engine (the real rule).
+    Costed by nothing: NKI is an option, not a defect, so this ranks after every finding that costs time. Unlike the
+    real rule it fires only on a profile that runs an NKI kernel: a model without one is not told on every run."""
+    coverage = data.insights(L)["nki_coverage"]
+    low = {e: c for e, c in coverage.items() if c["nki_percent"] < rule.threshold}
+    if not low or not any(c["nki"] for c in coverage.values()):
+        return []
+    parts = ", ".join(f"{e} {c['nki_percent']:.0f}% ({c['nki']} of {c['nki'] + c['compiler']})"
+                      for e, c in low.items())
+    return [Finding(rule.id, rule.title,
+                    f"NKI instruction coverage is under {rule.threshold:.0f}% on {parts}: compiler-generated "
+                    f"instructions dominate. Write NKI kernels for the operations that cost the most here "
+                    f"(Operators page) and call them from the model (docs/nki.md).", 0.0, "operators", {})]
+
+
+def throttling(L, rule) -> list[Finding]:
+    """Active FLOPs lost to the Tensor Engine's throttle ramp above ``threshold`` % of the peak (the real
+    "Active FLOPS throttling detected"; it publishes no number, ours counts any measurable loss)."""
+    t = data.insights(L)["throttling"]
+    if t["active_throttled_percent"] <= rule.threshold:
+        return []
+    return [Finding(rule.id, rule.title,
+                    f"The Tensor Engine ran throttled while computing: {t['throttle_events']} ramps from 50% after "
+                    f"idle gaps cost {_ms(t['throttled_active_ns'])}, {t['active_throttled_percent']:.1f}% of the "
+                    f"peak FLOPs (average utilisation limit {t['average_utilization_limit_percent']:.0f}%). Keep it "
+                    f"busy: overlap DMA with compute so it does not idle past the ramp window between matmuls.",
+                    t["throttled_active_ns"], "timeline", {})]
+
+
+def collective_outliers(L, rule) -> list[Finding]:
+    """Collectives longer than ``threshold`` × the median of their (operation, size) group (the real rule names
+    no number: ours, ``traces.q_insights.OUTLIER_FACTOR``)."""
+    out = [c for c in data.insights(L)["collectives"] if c["outlier"]]
+    if not out:
+        return []
+    worst = max(out, key=lambda c: c["duration_ns"] / max(c["group_median_ns"], 1))
+    excess = sum(c["duration_ns"] - c["group_median_ns"] for c in out)
+    return [Finding(rule.id, rule.title,
+                    f"{len(out)} collective operation(s) took over {rule.threshold:g}× their group's median: the "
+                    f"worst, a {worst['operation']} of {worst['input_size']} bytes, took "
+                    f"{_ms(worst['duration_ns'])} against a median of {_ms(worst['group_median_ns'])}. Check what "
+                    f"overlaps it on the timeline (a straggling rank, DMA or compute contending for the ring).",
+                    float(excess), "timeline", {})]
+
+
 RULES: tuple[Rule, ...] = (
     Rule("host_starved", "Device starved by host work", 50.0, host_starved),
     Rule("recompile_storm", "Recompile storm", 2, recompile_storm),
@@ -355,6 +402,11 @@ RULES: tuple[Rule, ...] = (
          real="Low Model FLOPS relative to Active FLOPS (< 50%)"),
     Rule("transpose_flops", "Transposes on the Tensor Engine", 0.10, transpose_flops,
          real="Transpose FLOPS > 10% of total hardware FLOPS"),
+    Rule("throttling", "Active FLOPs throttling", 0.0, throttling, real="Active FLOPS throttling detected"),
+    Rule("collective_outliers", "Collective operation outliers", OUTLIER_FACTOR, collective_outliers,
+         real="Collective operation outliers detected"),
+    Rule("nki_coverage", "Low NKI instruction coverage", 50.0, nki_coverage,
+         real="NKI instruction coverage < 50% on tensor, vector, or scalar engine"),
 )
 """Every rule, with the threshold it applies; add a rule by appending here."""
 

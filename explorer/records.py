@@ -69,16 +69,39 @@ def tensors(L: Loaded, node: str | None = None) -> list[dict]:
     return [r for r in rows if node in (None, "", r.get("node"))]
 
 
-def regions(L: Loaded, exec_id: int | None = None) -> dict:
-    """Automatic regions by layer (``Profile.regions``) of one execution (the first by default), times since
-    t0, with the regions' durations over every measured execution: ``{"executions", "exec_id", "rows",
-    "durations"}``."""
+def regions(L: Loaded, exec_id: int | None = None, by: str = "layer") -> dict:
+    """Automatic regions by layer, NKI kernel or collective (``Profile.regions``) of one execution (the first by
+    default; regions between collectives span executions, so all of them), times since t0, with the regions'
+    durations over their occurrences: ``{"executions", "exec_id", "rows", "durations", "by"}``. Each row has
+    ``index``, its place among all the regions of that kind (what ``cmp`` links name)."""
+    if by not in ("layer", "kernel", "collective"):
+        raise data.ExplorerError("regions can be cut by layer, kernel or collective")
     t0 = data.bounds(L)["t0"]
-    allrows = [_rel(r, t0, "start_ns", "end_ns") for r in data.rows(L.profile.regions())]
+    allrows = L.cached(f"regions:{by}", lambda: [
+        {**_rel(r, t0, "start_ns", "end_ns"), "index": i} for i, r in enumerate(data.rows(L.profile.regions(by)))])
     execs = list(dict.fromkeys(r["exec_id"] for r in allrows))
+    if by == "collective":
+        return {"executions": [], "exec_id": None, "rows": allrows, "by": by, "all": allrows,
+                "durations": data.rows(L.profile.region_durations(by))}
     if exec_id is None and execs:
         exec_id = execs[0]
     if exec_id is not None and exec_id not in execs:
         raise data.ExplorerError("that execution has no instruction rows in this profile")
     return {"executions": execs, "exec_id": exec_id, "rows": [r for r in allrows if r["exec_id"] == exec_id],
-            "durations": data.rows(L.profile.region_durations())}
+            "durations": data.rows(L.profile.region_durations(by)), "by": by, "all": allrows}
+
+
+def operators(L: Loaded) -> list[dict]:
+    """The operator table (``Profile.operator_table``), times since t0, each row with ``name`` (the tree:
+    layer, then its ops, then their opcodes, indented) and ``depth`` (0, 1, 2)."""
+    def compute():
+        t0 = data.bounds(L)["t0"]
+        out = []
+        for r in data.rows(L.profile.operator_table()):
+            r = _rel(r, t0, "first_start_ns", "first_end_ns")
+            r["depth"] = {"layer": 0, "op": 1, "opcode": 2}[r["level"]]
+            label = {"layer": r["layer"] or "(top level)", "op": r["op"] or "(no op)", "opcode": r["opcode"]}
+            r["name"] = "\u2003" * r["depth"] + (label[r["level"]] or "")
+            out.append(r)
+        return out
+    return L.cached("operators", compute)

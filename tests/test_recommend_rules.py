@@ -64,12 +64,16 @@ def _metadata(tables, **changes):
 def test_every_rule_is_covered_here():
     assert {r.id for r in recommend.RULES} == {"host_starved", "recompile_storm", "cpu_fallback", "dma_bound",
                                                "collective_bound", "spills", "fp32_matmul",
-                                               "model_vs_active_flops", "transpose_flops"}
+                                               "model_vs_active_flops", "transpose_flops", "throttling",
+                                               "collective_outliers", "nki_coverage"}
     # the real Summary's insight rules we follow carry their condition and threshold beside ours
     real = {r.id: r.real for r in recommend.RULES if r.real}
     assert real == {"spills": "Spill reload bytes > 25% of total HBM reads",
                     "model_vs_active_flops": "Low Model FLOPS relative to Active FLOPS (< 50%)",
-                    "transpose_flops": "Transpose FLOPS > 10% of total hardware FLOPS"}
+                    "transpose_flops": "Transpose FLOPS > 10% of total hardware FLOPS",
+                    "throttling": "Active FLOPS throttling detected",
+                    "collective_outliers": "Collective operation outliers detected",
+                    "nki_coverage": "NKI instruction coverage < 50% on tensor, vector, or scalar engine"}
 
 
 # --------------------------------------------------------------------------------- host_starved

@@ -108,3 +108,30 @@ def test_export_refuses_to_overwrite_and_unknown_formats(profile, tmp_path):
     assert (tmp_path / "full" / "x").read_text() == "keep me"
     with pytest.raises(traces.TraceError, match="unknown export format 'xml'"):
         export(profile, "xml", tmp_path / "t.xml")
+
+
+#: The last commit before ``perfetto()`` was split along its seams (issue 40): the split must not change a byte.
+BEFORE_SPLIT = "da36855"
+
+
+def test_perfetto_split_keeps_the_output(profile, tmp_path):
+    """The split ``perfetto()`` writes what the one 142-line function wrote, whole and windowed (the old function
+    is read from git history; drop this test when the output changes on purpose)."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    old = subprocess.run(["git", "-C", str(root), "show", f"{BEFORE_SPLIT}:traces/export.py"],
+                         capture_output=True, text=True)
+    if old.returncode != 0:
+        pytest.skip(f"no git history with {BEFORE_SPLIT} here")
+    (tmp_path / "old_export.py").write_text(old.stdout)
+    spec = importlib.util.spec_from_file_location("old_export", tmp_path / "old_export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lo = profile.trace_range()[0]
+    for window in ({}, {"t0": lo + 1000, "t1": lo + 200_000}):
+        new = perfetto(profile, tmp_path / "new.json", **window).read_bytes()
+        assert new == module.perfetto(profile, tmp_path / "old.json", **window).read_bytes()
+        assert len(json.loads(new)["traceEvents"]) > 10

@@ -19,6 +19,7 @@ traces.console.RefusedQuery: only a single SELECT (or WITH ... SELECT) is allowe
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -32,18 +33,20 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from traces.errors import OutOfMemory, TraceError
+from traces.profile_schema import SCHEMA as REAL_SCHEMA
 
 #: Table functions a console query may use: generators only, nothing that reads files or settings.
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 
 #: Starting points offered by the Explorer's console (each passes the console's checks).
 def table_query(table: str, limit: int = 100) -> str:
-    """The console's first look at a table (the SQL page's schema inspector puts it in the editor).
+    """The console's first look at a table of ``main`` (the SQL page's schema inspector puts it in the editor);
+    qualified, since user SQL resolves the real tool's names first (``metadata`` would be the wide ``Metadata``).
 
     >>> table_query("Flow")
-    'SELECT * FROM "Flow" LIMIT 100'
+    'SELECT * FROM main."Flow" LIMIT 100'
     """
-    return f'SELECT * FROM "{table.replace(chr(34), chr(34) * 2)}" LIMIT {int(limit)}'
+    return f'SELECT * FROM main."{table.replace(chr(34), chr(34) * 2)}" LIMIT {int(limit)}'
 
 
 EXAMPLE_QUERIES = {
@@ -207,6 +210,29 @@ def run_user_sql(profile, sql: str, params=None, *, select_only: bool = False, m
     """
     if not isinstance(sql, str) or not sql.strip():
         raise RefusedQuery("empty SQL statement: pass a query such as \"SELECT * FROM summary\"")
+    with real_names_first(profile):
+        return _run(profile, sql, params, select_only, max_rows, timeout_s, max_bytes)
+
+
+@contextlib.contextmanager
+def real_names_first(profile):
+    """User SQL resolves a name in the real tool's schema first (``neuron_explorer``, then ``main``): DuckDB names
+    are case-insensitive, so ``Metadata`` and ``Summary`` could not otherwise be the real tables beside our
+    ``metadata`` (key/value: ``main.metadata`` here) and ``summary``. Only this thread's cursor, for this query."""
+    cur = profile._cursor()
+    real = profile.sql("SELECT count(*) AS n FROM duckdb_schemas() WHERE schema_name = ?",
+                       [REAL_SCHEMA]).column(0)[0].as_py()
+    if real:
+        cur.execute(f"SET search_path = '{REAL_SCHEMA},main'")
+    try:
+        yield
+    finally:
+        if real:
+            cur.execute("RESET search_path")
+
+
+def _run(profile, sql, params, select_only, max_rows, timeout_s, max_bytes) -> UserResult:
+    """:func:`run_user_sql` once the names resolve."""
     if select_only:
         sql = check_select(sql)
         check_tree(profile.sql("SELECT json_serialize_sql($q) AS tree", {"q": sql}).column(0)[0].as_py())

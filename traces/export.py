@@ -74,6 +74,24 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     ``perfetto(p, "trace.json", t0=lo, t1=lo + 1_000_000)``.
     """
     out = Path(out)
+    params = _window_params(profile, t0, t1)
+    multi = (profile.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"] or 0) > 1
+    profile_lanes = _lanes_sql()
+    queries = [_meta_query(profile_lanes, multi), _exec_query(profile_lanes), _host_query(profile_lanes),
+               _instr_query(profile_lanes)]
+    if "system_events" in profile.tables():
+        queries.append(_system_query(profile_lanes))
+    meta = profile.metadata()
+    other = {"origin_ns": str(params["origin"]), "clock": "projected", "schema_version": meta.get("schema_version"),
+             "target": meta.get("target"), "is_simulation": meta.get("is_simulation", "true"),
+             "source_profile": str(profile.path)}
+    _write_events(profile, out, other, queries, params)
+    return out
+
+
+def _window_params(profile, t0: int | None, t1: int | None) -> dict:
+    """The query parameters of a window: ``lo``/``hi`` (open bounds without one) and ``origin``, the first
+    moment recorded in it (the zero of ``ts``)."""
     rng = profile.trace_range()
     lo = t0 if t0 is not None else None
     hi = t1 if t1 is not None else None
@@ -90,10 +108,14 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     if lo is not None:
         origin = max(origin, lo) if origin is not None else lo
     params["origin"] = int(origin)
-    multi = (profile.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"] or 0) > 1
+    return params
+
+
+def _lanes_sql() -> str:
+    """The CTEs every query shares: one pid per (run, core) lane group and one per run's host; tids per track
+    within a pid."""
     track = _track_sql("i.")
-    # one pid per (run, core) lane group and one per run's host; tids per track within a pid
-    profile_lanes = f"""
+    return f"""
         lanes AS (SELECT DISTINCT e.run_id, i.core, {track} AS track
                   FROM instructions i LEFT JOIN executions e USING (exec_id)
                   WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo
@@ -108,9 +130,13 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
                     FROM lanes l JOIN procs p ON p.run_id IS NOT DISTINCT FROM l.run_id AND p.core = l.core),
         hosts AS (SELECT r.run_id, r.pid AS os_pid, r.tag, 1000000 + row_number() OVER (ORDER BY r.run_id) AS pid
                   FROM runs r)"""
+
+
+def _meta_query(profile_lanes: str, multi: bool) -> str:
+    """Process and thread names and sort indexes (a process per core, named by run when several recorded)."""
     proc_label = ("'NeuronCore nc' || p.core || coalesce(' · ' || r.tag, '')" if multi
                   else "'NeuronCore nc' || p.core")
-    meta_query = f"""
+    return f"""
         WITH {profile_lanes}
         SELECT '{{"ph":"M","name":"process_name","pid":' || p.pid || ',"args":{{"name":'
                || to_json({proc_label}) || '}}}}'
@@ -129,7 +155,12 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
                || to_json('Host ' || coalesce(tag, run_id) || ' (pid ' || coalesce(os_pid::VARCHAR, '?') || ')')
                || '}}}}'
         FROM hosts"""
-    instr_query = f"""
+
+
+def _instr_query(profile_lanes: str) -> str:
+    """One complete event per instruction on its engine or DMA-queue track."""
+    track = _track_sql("i.")
+    return f"""
         WITH {profile_lanes}
         SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('i.start_ns - $origin')}
                || ',"dur":' || {_us('i.dur_ns')} || ',"name":' || to_json(i.opcode)
@@ -143,7 +174,11 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         JOIN threads t ON t.run_id IS NOT DISTINCT FROM e.run_id AND t.core = i.core AND t.track = {track}
         LEFT JOIN ops o ON o.op_id = i.op_id LEFT JOIN sources s ON s.source_id = o.source_id
         WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo AND i.start_ns >= $origin"""
-    exec_query = f"""
+
+
+def _exec_query(profile_lanes: str) -> str:
+    """One complete event per NEFF execution on its core's ``Executions(ncN)`` track."""
+    return f"""
         WITH {profile_lanes}
         SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('x.start_ns - $origin')}
                || ',"dur":' || {_us('greatest(x.end_ns - x.start_ns, 0)')}
@@ -156,7 +191,11 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         FROM executions x LEFT JOIN graphs g USING (graph_id)
         JOIN threads t ON t.run_id = x.run_id AND t.core = x.core AND t.track = 'Executions(nc' || x.core || ')'
         WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin"""
-    host_query = f"""
+
+
+def _host_query(profile_lanes: str) -> str:
+    """The host process of each run: CPU fallbacks, compiles and other events on three named threads."""
+    return f"""
         WITH {profile_lanes}
         SELECT '{{"ph":' || CASE WHEN coalesce(ev.dur_ns, 0) > 0 THEN '"X","dur":' || {_us('ev.dur_ns')}
                                  ELSE '"i","s":"p"' END
@@ -173,13 +212,10 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
         SELECT '{{"ph":"M","name":"thread_name","pid":' || h.pid || ',"tid":' || k.tid || ',"args":{{"name":'
                || to_json(k.label) || '}}}}'
         FROM hosts h, (VALUES (1, 'CPU fallbacks'), (2, 'Compiles'), (3, 'Events')) AS k(tid, label)"""
-    queries = [meta_query, exec_query, host_query, instr_query]
-    if system:
-        queries.append(_system_query(profile_lanes))
-    meta = profile.metadata()
-    other = {"origin_ns": str(origin), "clock": "projected", "schema_version": meta.get("schema_version"),
-             "target": meta.get("target"), "is_simulation": meta.get("is_simulation", "true"),
-             "source_profile": str(profile.path)}
+
+
+def _write_events(profile, out: Path, other: dict, queries: list[str], params: dict) -> None:
+    """Stream the queries' JSON lines into ``out`` through a temporary file renamed into place."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -201,7 +237,6 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return out
 
 
 def _system_query(profile_lanes: str) -> str:

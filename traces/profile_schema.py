@@ -19,65 +19,15 @@ table in docs/trace_schema.md.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+from traces import profile_hierarchy, profile_tables
+from traces.profile_samples import CPU_USAGE, HBM_USAGE, HOST_MEM_USAGE, SYSTEM_PROFILE_HBM_USAGE
+from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, F, Field, Table  # noqa: F401
 
 #: The real schema version these tables follow (Metadata.profile_schema_version of the real tool).
 REAL_SCHEMA_VERSION = "7.4.0"
 
-#: Our short type names → (OpenAPI type, OpenAPI format, DuckDB type).
-_TYPES = {
-    "int64": ("integer", "int64", "BIGINT"), "int32": ("integer", "int32", "INTEGER"),
-    "float": ("number", "float", "DOUBLE"), "string": ("string", None, "VARCHAR"),
-    "bool": ("boolean", None, "BOOLEAN"), "string[]": ("array", "string", "VARCHAR[]"),
-}
-
-_PCORE = ("Index of the physical NeuronCore within a Logical NeuronCore (LNC). For LNC2 this field can have a "
-          "value of either 0 or 1.")
-_NO_LNC = "per-execution rows are the logical core's; physical core 0 stands for it"
-
-
-@dataclass(frozen=True)
-class Field:
-    """One field of a real table: its schema entry and the SQL expression that fills it here."""
-    name: str
-    type: str
-    unit: str | None
-    required: bool
-    description: str
-    ours: str | None
-    why: str = ""
-
-    @property
-    def sql(self) -> str:
-        """The view's column, of the real type: our expression, or NULL for a field we do not record."""
-        return f"CAST({self.ours if self.ours is not None else 'NULL'} AS {_TYPES[self.type][2]}) AS {self.name}"
-
-
-@dataclass(frozen=True)
-class Table:
-    """A real table: name, description, the FROM clause over our tables, and its fields."""
-    name: str
-    description: str
-    source: str
-    fields: tuple[Field, ...]
-    extra: tuple[str, ...] = ()   # our columns kept beside the real ones (``expr AS name``)
-
-    def field(self, name: str) -> Field:
-        """The field called ``name``. Example: ``TABLES["CcOp"].field("operation")``."""
-        return next(f for f in self.fields if f.name == name)
-
-    def view_sql(self, schema: str = "main") -> str:
-        """``CREATE VIEW`` text of this table over our tables."""
-        cols = ",\n    ".join([f.sql for f in self.fields] + list(self.extra))
-        return f'CREATE OR REPLACE VIEW {schema}."{self.name}" AS SELECT\n    {cols}\nFROM {self.source}'
-
-
-def F(name, typ, unit, required, description, ours, why=""):   # noqa: N802 - reads as a table row
-    return Field(name, typ, unit, required, description, ours, why)
-
-
-_NS = "nanoseconds"
-_B = "bytes"
 
 #: The compiler's facts per instruction (``instruction_info``, once per graph) that the view joins by
 #: (graph, queue, pc, pcore); a key two device partitions of one graph share is left out (NULL), never guessed.
@@ -252,93 +202,6 @@ CC_OP = Table(
     extra=("e.core AS nc_idx", "e.run_id AS run_id"),
 )
 
-HBM_USAGE = Table(
-    "HbmUsage", "HBM time-series usage metrics such as throughput over time.",
-    "main.executions AS x",
-    (
-        F("timestamp", "int64", _NS, True, "Timestamp for this measurement.", "x.start_ns",
-          "one sample per execution (its HBM traffic over its device time)"),
-        F("current_throughput", "float", "bytes_per_second", True, "HBM bytes per second at this time.",
-          "(coalesce(x.hbm_read_bytes, 0) + coalesce(x.hbm_write_bytes, 0)) * 1e9 / nullif(x.device_ns, 0)"),
-        F("total_transfer_bytes", "int64", _B, True, "HBM bytes transferred since the start (cumulative).",
-          "(sum(coalesce(x.hbm_read_bytes, 0) + coalesce(x.hbm_write_bytes, 0)) OVER "
-          "(PARTITION BY x.run_id, x.core ORDER BY x.start_ns))::BIGINT"),
-        F("pcore_idx", "int64", None, False, _PCORE, "0", _NO_LNC),
-    ),
-    extra=("x.core AS nc_idx", "x.run_id AS run_id"),
-)
-
-# memory.category (the runtime's neuron-monitor categories) → SystemProfileHbmUsage columns
-_HBM_CATEGORY = {"weights_bytes": ("constants",), "tensors_bytes": ("tensors", "kv_cache"),
-                 "shared_scratchpad_bytes": ("model_shared_scratchpad",), "generic_bytes": ("runtime_memory",),
-                 "unknown_bytes": ("model_code",)}
-_HBM_COLUMNS = ("total_bytes", "generic_bytes", "tensor_instructions_bytes", "scalar_instructions_bytes",
-                "gpsimd_instructions_bytes", "io_bytes", "dram_spill_bytes", "weights_bytes",
-                "profiler_buffers_bytes", "scalar_table_bytes", "vector_instructions_bytes",
-                "sync_instructions_bytes", "shared_scratchpad_bytes", "tensors_bytes", "ucode_lib_bytes",
-                "gpsimd_stdio_bytes", "collectives_bytes", "scratchpad_bytes", "dma_rings_runtime_bytes",
-                "dma_rings_spill_bytes", "dma_rings_io_bytes", "dma_rings_collectives_bytes", "unknown_bytes")
-
-
-def _hbm_field(col: str) -> Field:
-    if col == "total_bytes":
-        return F(col, "int64", _B, True, "Total HBM bytes used across all usage types.", "sum(m.bytes)::BIGINT")
-    cats = _HBM_CATEGORY.get(col)
-    label = col.removesuffix("_bytes").replace("_", " ")
-    if cats is None:
-        return F(col, "int64", _B, True, f"HBM bytes used for {label}.", "0",
-                 "the runtime model has no such allocation")
-    in_list = ", ".join(f"'{c}'" for c in cats)
-    why = "model_code: instruction streams, not split per engine" if col == "unknown_bytes" else \
-        "from memory.category " + "+".join(cats)
-    return F(col, "int64", _B, True, f"HBM bytes used for {label}.",
-             f"coalesce(sum(m.bytes) FILTER (WHERE m.category IN ({in_list})), 0)::BIGINT", why)
-
-
-SYSTEM_PROFILE_HBM_USAGE = Table(
-    "SystemProfileHbmUsage",
-    "Neuron Device HBM memory utilization in bytes by usage type, one row per timestamp.",
-    "main.memory AS m LEFT JOIN main.runs AS r USING (run_id) WHERE m.location = 'device' "
-    "GROUP BY m.ts_ns, m.run_id, m.core, r.host ORDER BY m.ts_ns",
-    tuple(_hbm_field(c) for c in _HBM_COLUMNS) + (
-        F("timestamp", "int64", _NS, True, "Timestamp for this measurement.", "m.ts_ns"),
-        F("device_idx", "int64", None, True, "Neuron device index relative to the instance.", "m.core // 2",
-          "two logical cores per device (trn1/inf2)"),
-        F("hbm_idx", "int64", None, True, "The HBM index relative to the device.", "m.core % 2"),
-        F("instance_id", "string", None, True, "The instance.", "r.host"),
-    ),
-    extra=("m.core AS nc_idx", "m.run_id AS run_id"),
-)
-
-CPU_USAGE = Table(
-    "CpuUsage", "Host CPU utilization samples, per CPU core and the average across cores.",
-    "main.cpu_usage AS c LEFT JOIN main.runs AS r USING (run_id)",
-    (
-        F("timestamp", "int64", _NS, True, "Timestamp for this CPU utilization measurement.", "c.ts_ns"),
-        F("util_percent", "float", "percent", True, "CPU utilization over the previous period.", "c.util_percent"),
-        F("cpu_id", "string", None, True, "CPU core id or 'average'.", "c.cpu_id"),
-        F("instance_id", "string", None, True, "The instance.", "r.host"),
-        F("ultraserver_id", "int64", None, False, "UltraServer id.", None, "no UltraServer here"),
-        F("ultraserver_instance_index", "int64", None, False, "Instance index in the UltraServer.", None,
-          "no UltraServer here"),
-    ),
-)
-
-HOST_MEM_USAGE = Table(
-    "HostMemUsage", "Host memory utilization samples, one per instance and timestamp.",
-    "main.host_memory AS h LEFT JOIN main.runs AS r USING (run_id)",
-    (
-        F("timestamp", "int64", _NS, True, "Timestamp for this memory measurement.", "h.ts_ns"),
-        F("used_bytes", "int64", _B, True, "Host memory in use.", "h.used_bytes"),
-        F("used_percent", "float", "percent", True, "used_bytes / capacity * 100.", "h.used_percent"),
-        F("instance_id", "string", None, True, "The instance.", "r.host"),
-        F("ultraserver_id", "int64", None, False, "UltraServer id.", None, "no UltraServer here"),
-        F("ultraserver_instance_index", "int64", None, False, "Instance index in the UltraServer.", None,
-          "no UltraServer here"),
-    ),
-)
-
-
 def _meta(key: str, typ: str = "string") -> str:
     expr = f"max(value) FILTER (WHERE key = '{key}')"
     return expr if typ == "string" else f"try_cast({expr} AS {_TYPES[typ][2]})"
@@ -480,7 +343,7 @@ SCHEMA_FIELDS = Table(
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     INSTRUCTION, SUMMARY, METADATA, SYSTEM_PROFILE_EVENTS, CC_OP, HBM_USAGE, SYSTEM_PROFILE_HBM_USAGE, CPU_USAGE,
-    HOST_MEM_USAGE, SCHEMA_FIELDS)}
+    HOST_MEM_USAGE, *profile_tables.TABLES, *profile_hierarchy.TABLES, SCHEMA_FIELDS)}
 """The real tables defined over ours. ``SchemaFields`` is a table in ``main``, generated by :func:`schema_fields`."""
 
 #: DuckDB names are case-insensitive, so ``Metadata`` and ``Summary`` cannot sit beside our ``metadata`` and
@@ -495,6 +358,9 @@ EXTRA_DESCRIPTIONS = {
     "run_id": ("string", "The process run (runs.run_id) that recorded the row (ours)."),
     "rank": ("int32", "torch.distributed rank of the process (ours)."),
     "node": ("int32", "torch.distributed node of the process (ours)."),
+    "flops": ("int64", "Hardware FLOPs of the instructions (ours, opcode_summary.flops)."),
+    "transfer_bytes": ("int64", "Bytes the instructions moved, a DMA's larger side (ours, opcode_summary)."),
+    "layer": ("string", "The op's nn.Module path (ours, Instruction.layer)."),
 }
 
 #: DuckDB column types → (OpenAPI type, format), for the rows of our own tables.
@@ -540,6 +406,13 @@ def schema_fields(ours=()) -> dict[str, list]:
             kind, description = EXTRA_DESCRIPTIONS[name]
             add(t.name, t.description, name, description, _TYPES[kind][0], False, _TYPES[kind][1], None)
     for table, description, columns in ours:
+        if table == "summary":   # the Summary view keeps our other summary columns beside the real ones
+            extras = set(summary_extras([c for c, _, _ in columns]))
+            for name, duckdb_type, meaning in columns:
+                if name in extras:
+                    typ, fmt = openapi_type(duckdb_type)
+                    add(SUMMARY.name, SUMMARY.description, name, f"{meaning} (ours, summary.{name}).", typ, False,
+                        fmt, None)
         for name, duckdb_type, meaning in columns:
             typ, fmt = openapi_type(duckdb_type)
             add(table, description, name, meaning, typ, False, fmt, None)
@@ -555,15 +428,24 @@ def schema_fields_table(ours=()):
     return pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in cols.items()})
 
 
-def view_statements(taken: set[str], summary_columns: set[str] = frozenset()) -> list[str]:
+def summary_extras(summary_columns) -> list[str]:
+    """Our ``summary`` columns that are no real Summary field, in their order: the ``Summary`` view keeps them
+    beside the real ones, so ``SELECT * FROM Summary`` is a superset of our table."""
+    real = {f.name for f in SUMMARY.fields}
+    return [c for c in summary_columns if c not in real]
+
+
+def view_statements(taken: set[str], summary_columns=()) -> list[str]:
     """Every ``CREATE VIEW`` of the real tables: all in :data:`SCHEMA`, and in ``main`` those whose name
     is not ``taken`` (our table names there, lower case: ``summary``, ``metadata``, ``schemafields``).
-    A real Summary field our ``summary`` table has gained since (``summary_columns``) is used too."""
+    A real Summary field our ``summary`` table has gained since (``summary_columns``, in table order) is used
+    too, and our other summary columns are kept beside the real ones (:func:`summary_extras`)."""
     out = [f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"]
     for t in TABLES.values():
         if t is SUMMARY:
             t = replace(t, fields=tuple(replace(f, ours=f"s.{f.name}") if f.ours is None and f.name in summary_columns
-                                        else f for f in t.fields))
+                                        else f for f in t.fields),
+                        extra=tuple(f"s.{c} AS {c}" for c in summary_extras(summary_columns)))
         out.append(t.view_sql(SCHEMA))
         if t.name.lower() not in taken:
             out.append(t.view_sql())
@@ -618,11 +500,20 @@ def openapi_yaml(ours=()) -> str:
     return "\n".join(out) + "\n"
 
 
+def _module_of(t: Table) -> str:
+    """The module that defines ``t``: this one, profile_tables or profile_hierarchy."""
+    return next((m.__name__.rsplit(".", 1)[1] for m in (profile_tables, profile_hierarchy) if t in m.TABLES),
+                "profile_schema")
+
+
 def mapping_markdown() -> str:
     """docs/trace_schema.md's mapping section: every real field, what fills it here, and why."""
     out = []
     for t in TABLES.values():
-        out += [f"### `{t.name}`", "", f"From `{t.source.split(' WHERE ')[0].replace('main.', '')}`.", "",
+        source = t.source.split(' WHERE ')[0].replace('main.', '')
+        source = (f"From `{source}`." if len(source) <= 200 and "(" not in source.split(" AS ")[0] else
+                  f"From a query over our tables, defined in `traces/{_module_of(t)}.py`.")
+        out += [f"### `{t.name}`", "", source, "",
                 "| real field | ours | note |", "|---|---|---|"]
         for f in t.fields:
             ours = ("`" + f.ours.replace("|", "\\|") + "`") if f.ours is not None else "— (NULL)"

@@ -21,7 +21,19 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import naming, profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
+from traces import (
+    naming,
+    profile_schema,
+    q_figures,
+    q_insights,
+    q_operators,
+    q_records,
+    q_regions,
+    q_replay,
+    q_serving,
+    q_system,
+    q_timeline,
+)
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
@@ -328,17 +340,48 @@ class Profile:
         Example: ``p.layer_engine_time().column("dma_bandwidth_ns")``."""
         return q_figures.layer_engine_time(self)
 
-    def regions(self) -> pa.Table:
-        """Automatic regions by layer per measured execution (span, busy per engine, HFU).
+    def regions(self, by: str = "layer") -> pa.Table:
+        """Automatic regions by layer, NKI kernel or collective (span, busy per engine, HFU), measured executions
+        (:func:`traces.q_regions.regions`). Example: ``p.regions("kernel").column("region").to_pylist()``."""
+        return q_regions.regions(self, by)
 
-        Example: ``p.regions().column("region").to_pylist()``."""
-        return q_figures.regions(self)
-
-    def region_durations(self) -> pa.Table:
-        """Each region's duration over the measured executions (min, median, max).
+    def region_durations(self, by: str = "layer") -> pa.Table:
+        """Each region's duration over its occurrences (min, median, max).
 
         Example: ``p.region_durations().column("median_ns")``."""
-        return q_figures.region_durations(self)
+        return q_regions.region_durations(self, by)
+
+    def operator_table(self, include_warmup: bool | None = None) -> pa.Table:
+        """The operator table: layer → op → opcode with device time, MFU, HFU, FLOPs, bytes moved, source
+        line and first-execution span (:func:`traces.q_operators.operator_table`).
+
+        Example: ``p.operator_table().filter(pc.equal(p.operator_table()["level"], "op"))``."""
+        return q_operators.operator_table(self, include_warmup)
+
+    # -- the real Summary's remaining figures (traces.q_insights) --------------------------------
+    def nki_engine_stats(self) -> pa.Table:
+        """Instructions per engine, source (nki / compiler) and opcode. Example: ``p.nki_engine_stats().num_rows``."""
+        return q_insights.nki_engine_stats(self)
+
+    def nki_coverage(self) -> dict:
+        """Per engine: NKI and compiler instructions and ``nki_percent``. Example: ``p.nki_coverage()["vector"]``."""
+        return q_insights.nki_coverage(self)
+
+    def dma_utilization(self) -> pa.Table:
+        """Per core and DMA queue: bytes, bandwidth and active %. Example: ``p.dma_utilization().num_rows``."""
+        return q_insights.dma_utilization(self)
+
+    def collective_ops(self) -> pa.Table:
+        """Every collective with its group median and ``outlier``. Example: ``p.collective_ops().num_rows``."""
+        return q_insights.collective_ops(self)
+
+    def collective_stats(self) -> pa.Table:
+        """Collective durations per operation as a box plot. Example: ``p.collective_stats().num_rows``."""
+        return q_insights.collective_stats(self)
+
+    def throttling(self) -> dict:
+        """The Tensor Engine's throttling figures. Example: ``p.throttling()["active_throttled_percent"]``."""
+        return q_insights.throttling(self)
 
     def hierarchy(self) -> pa.Table:
         """Device time per (op, opcode) of the measured executions. Example: ``p.hierarchy().num_rows``."""

@@ -199,8 +199,8 @@ def _real_schema(con) -> None:
     _load(con, "SchemaFields", profile_schema.schema_fields_table(_our_tables(con)))
     taken = {r[0].lower() for r in con.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
-    summary = {r[0] for r in con.execute("SELECT column_name FROM information_schema.columns "
-                                         "WHERE table_schema = 'main' AND table_name = 'summary'").fetchall()}
+    summary = [r[0] for r in con.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                                         "'main' AND table_name = 'summary' ORDER BY ordinal_position").fetchall()]
     for statement in profile_schema.view_statements(taken, summary):
         con.execute(statement)
     for name in RECORD_CONTEXT:   # the compiler's records are real tables already: the real schema shows them too

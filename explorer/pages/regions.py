@@ -1,44 +1,103 @@
-"""Regions: the Region Highlighter's automatic regions by layer (``layers.3``, ``embeddings``): per region
-of one execution its span, instructions, busy share per engine and HFU, each linked to its window on the
-timeline; and each region's duration over every measured execution (min, median, max)."""
+"""Regions: the Region Highlighter's automatic regions, cut one of three ways as the real one cuts them: by layer
+(``layers.3``, ``embeddings``), by NKI kernel (each kernel invocation) or by collective (each core's stretches
+between collectives). Per region its span, instructions, busy share per engine and HFU, each linked to its window
+on the timeline; each region's duration over its occurrences (min, median, max); and up to three regions
+compared side by side."""
 from __future__ import annotations
 
+import plotly.graph_objects as go
 from dash import dcc, html
 
 from explorer import data, records, ui
 from explorer.figures import fmt_ns
 
 ENGINES_SHOWN = ("tensor", "vector", "scalar", "gpsimd", "dma")
+KINDS = (("layer", "by layer"), ("kernel", "by NKI kernel"), ("collective", "between collectives"))
+HINTS = {
+    "layer": "A region is a layer: the module path up to its first numbered part. Its span runs from its first "
+             "instruction to its last; the scheduler overlaps neighbouring layers, so spans can overlap.",
+    "kernel": "A region is an NKI kernel's invocation: the instructions its lines issued in one execution.",
+    "collective": "A region is a stretch of one core's timeline between two collectives, named by the collective "
+                  "that closes it; it can span executions.",
+}
+MAX_COMPARE = 3
+
+
+def _span(r):
+    return max(r["end_ns"] - r["start_ns"], 1)
+
+
+def _parse_cmp(cmp, n: int) -> list[int]:
+    """``"3,7"`` → ``[3, 7]``: at most three region indexes, each in range."""
+    if not cmp:
+        return []
+    out = [data.parse_int(x, "compared region", 0, max(n - 1, 0)) for x in str(cmp).split(",")[:MAX_COMPARE] if x]
+    return list(dict.fromkeys(out))
+
+
+def _compare(key, by, rows: list[dict]) -> html.Div:
+    """The chosen regions side by side: the per-region figures in a table and the busy share per engine."""
+    metrics = [("duration", lambda r: fmt_ns(_span(r))), ("start", lambda r: fmt_ns(r["start_ns"])),
+               ("core", lambda r: str(r["core"])), ("instructions", lambda r: f"{r['instructions']:,}"),
+               ("HFU", lambda r: f"{r['hfu_percent'] or 0:.2f}%")]
+    metrics += [(f"{e} busy", lambda r, e=e: f"{r[f'{e}_busy_percent']:.0f}%") for e in ENGINES_SHOWN]
+    table = html.Table([html.Thead(html.Tr([html.Th("")] + [html.Th(f"#{r['index']} {r['region']}") for r in rows])),
+                        html.Tbody([html.Tr([html.Th(name)] + [html.Td(f(r)) for r in rows])
+                                    for name, f in metrics])], className="data", id="regions-compare-table")
+    fig = go.Figure([go.Bar(name=f"#{r['index']} {r['region']}", x=list(ENGINES_SHOWN),
+                            y=[r[f"{e}_busy_percent"] for e in ENGINES_SHOWN]) for r in rows])
+    fig.update_layout(barmode="group", height=260, margin=dict(l=4, r=4, t=24, b=30),
+                      legend=dict(orientation="h", y=1.15), xaxis=dict(title="engine"),
+                      yaxis=dict(title="busy % of the region's span"))
+    return html.Div([html.H3("Compared regions"),
+                     dcc.Link("clear", href=ui.href("/regions", profile=key, by=by)),
+                     table, dcc.Graph(figure=fig, config={"displayModeBar": False}, id="regions-compare-graph")],
+                    className="card", id="regions-compare")
 
 
 @ui.guarded
-def layout(profile=None, exec=None, **_):
+def layout(profile=None, exec=None, by=None, cmp=None, **_):
     key = ui.profile_key(profile)
-    rv = records.regions(data.resolve(key), data.parse_int(exec, "exec"))
+    by = by or "layer"
+    rv = records.regions(data.resolve(key), data.parse_int(exec, "exec"), by)
+    chosen = _parse_cmp(cmp, len(rv["all"]))
+    kinds = html.Div(["Regions: ", *[html.Span([dcc.Link(label, href=ui.href("/regions", profile=key, by=k),
+                                                         className="active" if k == by else "",
+                                                         id=f"regions-by-{k}"), " "]) for k, label in KINDS]],
+                     className="toolbar", id="regions-kinds")
+    head = [html.H2(["Regions · ", data.registry().label(key)]), kinds]
     if not rv["rows"]:
-        return ui.error_box("this profile holds no instruction rows to cut into regions.",
-                            "Record it with profiling on: `neuron-explorer inspect -- python script.py`.")
+        return html.Div(head + [ui.error_box(
+            {"layer": "this profile holds no instruction rows to cut into regions.",
+             "kernel": "this profile runs no NKI kernel: no kernel regions.",
+             "collective": "this profile has no collectives on its cores: no regions between them."}[by],
+            "Record it with profiling on: `neuron-explorer inspect -- python script.py`.")])
 
-    def span(r):
-        return max(r["end_ns"] - r["start_ns"], 1)
+    def compare_link(r):
+        idx = r["index"]
+        now = [i for i in chosen if i != idx] if idx in chosen else (chosen + [idx])[-MAX_COMPARE:]
+        return dcc.Link("remove" if idx in chosen else "compare",
+                        href=ui.href("/regions", profile=key, by=by, exec=rv["exec_id"],
+                                     cmp=",".join(map(str, now))), className="active" if idx in chosen else "")
 
     cols = [("region", lambda r: dcc.Link(r["region"], href=ui.href("/timeline", profile=key, start=r["start_ns"],
                                                                      end=r["end_ns"]))),
-            ("start", lambda r: fmt_ns(r["start_ns"])), ("duration", lambda r: fmt_ns(span(r))),
+            ("core", "core"), ("start", lambda r: fmt_ns(r["start_ns"])), ("duration", lambda r: fmt_ns(_span(r))),
             ("instructions", "instructions"), ("HFU", lambda r: f"{r['hfu_percent'] or 0:.2f}%")]
     cols += [(f"{e} busy", lambda r, e=e: f"{r[f'{e}_busy_percent']:.0f}%") for e in ENGINES_SHOWN]
-    pick = [dcc.Link(f"#{i + 1}", href=ui.href("/regions", profile=key, exec=x),
+    cols.append(("", compare_link))
+    pick = [dcc.Link(f"#{i + 1}", href=ui.href("/regions", profile=key, by=by, exec=x),
                      className="active" if x == rv["exec_id"] else "") for i, x in enumerate(rv["executions"])]
-    return html.Div([
-        html.H2(["Regions · ", data.registry().label(key)]),
-        html.Div(["Execution: ", *[html.Span([p, " "]) for p in pick[:50]]], className="toolbar", id="regions-execs"),
-        html.Div("A region is a layer: the module path up to its first numbered part. Its span runs from its "
-                 "first instruction to its last; the scheduler overlaps neighbouring layers, so spans can overlap. "
-                 "Busy % sums the engine's instructions over the span (DMA queues run in parallel: above 100% "
-                 "is possible).", className="hint"),
-        html.Div(ui.table(cols, rv["rows"], id="regions-table"), className="card"),
-        html.H3("Duration over the measured executions"),
-        html.Div(ui.table([("region", "region"), ("executions", "executions"),
+    by_index = {r["index"]: r for r in rv["all"]}
+    return html.Div(head + [
+        html.Div(["Execution: ", *[html.Span([p, " "]) for p in pick[:50]]], className="toolbar",
+                 id="regions-execs") if pick else None,
+        html.Div(HINTS[by] + " Busy % sums the engine's instructions over the span (DMA queues run in parallel: "
+                 "above 100% is possible). Pick up to three regions to compare.", className="hint"),
+        _compare(key, by, [by_index[i] for i in chosen]) if chosen else None,
+        html.Div(ui.table(cols, rv["rows"], id="regions-table", max_rows=300), className="card"),
+        html.H3("Duration over the occurrences"),
+        html.Div(ui.table([("region", "region"), ("occurrences", "executions"),
                            ("min", lambda r: fmt_ns(r["min_ns"])), ("median", lambda r: fmt_ns(r["median_ns"])),
                            ("max", lambda r: fmt_ns(r["max_ns"]))], rv["durations"], id="regions-durations"),
                  className="card"),

@@ -1,14 +1,16 @@
 """Summary: the device profile, total time, engine activity, MFU, HBM traffic, top ops and lines,
-fallback and recompile counts, and the ranked recommendations with links to their evidence."""
+fallback and recompile counts, the ranked recommendations with links to their evidence, and the real
+Summary's NKI engine statistics, DMA utilisation, throttling and collective charts."""
 from __future__ import annotations
 
 from dash import dcc, html
 
 from explorer import data, recommend, ui
 from explorer.figures import engine_bars, fmt_bytes, fmt_ns, share_bars
+from explorer.summary_figures import collective_figures, dma_figure, nki_figure
 
 PAGE_FOR = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks", "source": "/source",
-            "hierarchy": "/hierarchy", "memory": "/memory"}
+            "hierarchy": "/hierarchy", "memory": "/memory", "operators": "/operators"}
 
 
 def _profiles_list():
@@ -107,10 +109,42 @@ def layout(profile=None, **_):
                       dcc.Graph(figure=share_bars(s["bandwidth_breakdown"]), config={"displayModeBar": False},
                                 id="summary-bandwidth")], className="card col"),
         ], className="row"),
+        *_insight_cards(L),
         html.Div([html.Div([html.H3("Top ops by device time"), top_ops], className="card col"),
                   html.Div([html.H3("Top source lines by device time"), top_lines], className="card col")],
                  className="row"),
     ])
+
+
+def _graph(fig, id):
+    return dcc.Graph(figure=fig, config={"displayModeBar": False}, id=id)
+
+
+def _insight_cards(L) -> list:
+    """The real Summary's NKI Engine Statistics, DMA Utilization, throttling and Collective Operations Duration."""
+    ins = data.insights(L)
+    if not ins["nki_stats"] and not ins["dma"]:
+        return []
+    t = ins["throttling"]
+    cov = " · ".join(f"{e} {c['nki_percent']:.0f}%" for e, c in ins["nki_coverage"].items())
+    throttle = (f"{t['throttle_events']} Tensor Engine ramps · active throttled {t['active_throttled_percent']:.2f}% "
+                f"of peak FLOPs ({fmt_ns(t['throttled_active_ns'])}) · average utilisation limit "
+                f"{t['average_utilization_limit_percent']:.1f}%" if t["throttle_events"]
+                else "no throttling: this target's cost model has no Tensor Engine limiter (trn2 has)")
+    cards = [html.Div([
+        html.Div([html.H3("NKI engine statistics (instructions)"), html.Div(f"NKI coverage: {cov}", className="hint"),
+                  _graph(nki_figure(ins["nki_stats"]), "summary-nki")], className="card col"),
+        html.Div([html.H3("DMA utilization (per queue)"), html.Div(throttle, className="hint", id="summary-throttle"),
+                  _graph(dma_figure(ins["dma"]), "summary-dma")], className="card col"),
+    ], className="row")]
+    if ins["collectives"]:
+        scatter, box = collective_figures(ins["collectives"], data.bounds(L)["t0"])
+        cards.append(html.Div([html.Div([html.H3("Collective operations duration"),
+                                         _graph(scatter, "summary-collectives")], className="card col"),
+                               html.Div([html.H3("Collective durations per operation"),
+                                         _graph(box, "summary-collective-box")], className="card col")],
+                              className="row"))
+    return cards
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).

@@ -153,6 +153,10 @@ class DeviceProfile:
             # MFU's denominator: the logical core's PE arrays (LNC=2: two), so MFU stays <= 100%
             "tensor_engine_peak_bf16_flops": self.lnc * self.tensor_peak_flops("bfloat16"),
             "hbm_bytes_per_core": self.hbm_bytes_per_core,
+            # ours: what SbufUsage / PsumUsage divide by, and the Tensor Engine limiter Throttle rows follow
+            "sbuf_bytes_per_partition": self.sbuf_bytes_per_partition,
+            "psum_bytes_per_partition": self.psum_bytes_per_partition, "psum_banks": self.psum_banks,
+            "tensor_engine_throttle_ramp_ns": self.throttle_ramp_ns if self.throttle else 0,
         }
         return {k: str(v) for k, v in rows.items()}
 

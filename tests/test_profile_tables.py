@@ -1,0 +1,167 @@
+"""The real Neuron Explorer's remaining device tables (issue 39): a query written for each one runs on a recorded
+profile, under the real name and columns, and its figures agree with the rows they come from."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import traces
+from traces import profile_hierarchy, profile_schema, profile_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = [t.name for t in (*profile_tables.TABLES, *profile_hierarchy.TABLES)]
+
+
+@pytest.fixture(scope="module")
+def trn2(tmp_path_factory):
+    """The small MLP sample recorded on trn2 (LNC=2, the Tensor Engine throttle) as a user records it."""
+    out = tmp_path_factory.mktemp("trn2")
+    # its own simulated instance, so cores other processes hold never refuse it
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_STACK_RUNTIME_DIR": str(out) + ".cores",
+           "NEURON_STACK_LIVE_DIR": str(out) + ".live"}
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "-o", str(out), "--", sys.executable,
+                        str(ROOT / "sample_workloads" / "mlp.py"), "--small", "--target", "trn2"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [path] = out.glob("*/profile.duckdb")
+    with traces.open(path) as p:
+        yield _Con(p)
+
+
+class _Con:
+    """The profile's own connection (DuckDB refuses a second one configured otherwise), and the Profile."""
+
+    def __init__(self, profile):
+        self.profile = profile
+
+    def execute(self, sql):
+        return self.profile._cursor().execute(sql)
+
+
+def _one(con, sql):
+    return con.execute(sql).fetchall()[0][0]
+
+
+def test_a_query_written_for_each_real_table_runs(trn2):
+    for name, table in profile_schema.TABLES.items():
+        cols = ", ".join(f.name for f in table.fields)
+        schemas = (profile_schema.SCHEMA,) if name in ("Metadata", "Summary") else (profile_schema.SCHEMA, "main")
+        for schema in schemas:
+            trn2.execute(f'SELECT {cols} FROM {schema}."{name}"').fetchall()
+    # as a user types it: unquoted, in main
+    for name in NEW:
+        trn2.execute(f"SELECT * FROM {name} LIMIT 1").fetchall()
+    assert {r[0] for r in trn2.execute("SELECT DISTINCT table_name FROM SchemaFields").fetchall()} >= set(NEW)
+
+
+def test_opcode_summary_and_active_time_add_up_to_the_instructions(trn2):
+    rows = trn2.execute("SELECT engine, opcode, instruction_count, instruction_time_ns, active_time_ns, "
+                        "active_time_percent FROM OpcodeSummary").fetchall()
+    assert rows and all(0 < act <= busy and 0 < pct <= 100 for _, _, _, busy, act, pct in rows
+                        if busy > 0), rows
+    assert sum(r[2] for r in rows) == _one(trn2, "SELECT sum(instruction_count) FROM opcode_summary")
+    # the in-order compute engines never overlap themselves: their merged active time is their busy time
+    per_engine = dict(trn2.execute("SELECT engine, sum(duration_ns) FROM ActiveTime GROUP BY 1").fetchall())
+    busy = dict(trn2.execute("SELECT engine, sum(duration_ns) FROM Instruction WHERE engine IN "
+                             "('tensor', 'vector', 'scalar', 'gpsimd', 'sync') GROUP BY 1").fetchall())
+    assert per_engine == busy and per_engine["tensor"] > 0
+    assert _one(trn2, "SELECT count(*) FROM ActiveTime WHERE start_ts >= end_ts") == 0
+
+
+def test_dma_tables_are_the_dma_rows(trn2):
+    n_dma = _one(trn2, "SELECT count(*) FROM Instruction WHERE engine = 'dma'")
+    assert n_dma > 0
+    assert _one(trn2, "SELECT count(*) FROM DmaPacket") == n_dma == _one(trn2, "SELECT count(*) FROM "
+                                                                           "DmaPacketAggregated")
+    # each packet names its aggregated DMA, and the aggregated DMA's bytes are its packets'
+    assert _one(trn2, "SELECT count(*) FROM DmaPacket p JOIN DmaPacketAggregated a ON a.id = "
+                      "p.packet_aggregation_id AND a.transfer_bytes = p.transfer_bytes") == n_dma
+    assert _one(trn2, "SELECT count(*) FROM DmaPacketAggregated WHERE source IS NULL OR variable IS NULL "
+                      "OR op NOT IN ('read', 'write', 'copy')") == 0
+    queues = {r[0] for r in trn2.execute("SELECT DISTINCT queue_name FROM DmaPacket").fetchall()}
+    assert queues == {r[0] for r in trn2.execute("SELECT DISTINCT name FROM DmaQueuesInfo").fetchall()}
+    # pending DMAs: never negative, and every execution ends with none pending
+    assert _one(trn2, "SELECT min(value) FROM PendingDma") >= 0
+    assert _one(trn2, "SELECT max(value) FROM PendingDma") >= 1
+    assert _one(trn2, "SELECT count(*) FROM (SELECT exec_id, nc_idx, pcore_idx, arg_max(value, timestamp) AS last "
+                      "FROM PendingDma GROUP BY ALL) WHERE last <> 0") == 0
+
+
+def test_memory_usage_samples_are_fractions_of_the_device_memory(trn2):
+    for table, cols in (("SbufUsage", ["avg_util_percent"] + [f"partition_{p}_util_percent" for p in (0, 32, 64, 96)]),
+                        ("PsumUsage", ["avg_util_percent"] + [f"bank_{b}_util_percent" for b in range(8)])):
+        lo, hi = trn2.execute(f"SELECT min(least({', '.join(cols)})), max(greatest({', '.join(cols)})) "
+                              f"FROM {table}").fetchall()[0]
+        assert lo >= -1e-9 and 0 < hi <= 100, (table, lo, hi)
+        # each execution's last sample is after its last allocation ended: nothing left allocated
+        assert _one(trn2, f"SELECT max(last) FROM (SELECT arg_max(avg_util_percent, timestamp) AS last FROM {table} "
+                          f"GROUP BY exec_id, nc_idx)") == pytest.approx(0, abs=1e-9)
+
+
+def test_throttle_rows_follow_the_tensor_engine_ramp(trn2):
+    ramp = float(_one(trn2, "SELECT value FROM metadata WHERE key = 'tensor_engine_throttle_ramp_ns'"))
+    assert ramp > 0
+    rows = trn2.execute("SELECT timestamp, duration, k, n, pcore_idx FROM Throttle").fetchall()
+    assert rows and all(0 < d <= ramp and (k, n) == (1, 2) for _, d, k, n, _ in rows)
+    starts = {r[0] for r in trn2.execute("SELECT start_ts FROM Instruction WHERE engine = 'tensor'").fetchall()}
+    assert {r[0] for r in rows} <= starts          # a throttle starts with a Tensor instruction
+    [(pct, util)] = trn2.execute("SELECT throttle_active_time_percent, max_achievable_util_with_throttling_percent "
+                                 "FROM ThrottleSummary WHERE throttle_type = 'all'").fetchall()
+    assert 0 < pct <= 100 and 50 <= util <= 75
+
+
+def test_hierarchy_and_stack_frames_name_the_model(trn2):
+    nodes = {r[0]: r[1] for r in trn2.execute("SELECT node_name, parent_name FROM FrameworkNode").fetchall()}
+    modules = {r[0] for r in trn2.execute("SELECT DISTINCT module_path FROM ops WHERE module_path <> ''").fetchall()}
+    assert modules and modules <= set(nodes)
+    assert _one(trn2, "SELECT count(*) FROM FrameworkNode WHERE hfu < mfu OR hfu > 100 OR start_ts > end_ts") == 0
+    hlo = dict(trn2.execute("SELECT id, hbm_read_bytes FROM HloInstruction").fetchall())
+    assert set(hlo) == {r[0] for r in trn2.execute("SELECT DISTINCT raw_hlo_id FROM Instruction "
+                                                    "WHERE engine <> 'cpu'").fetchall()}
+    assert sum(hlo.values()) == _one(trn2, "SELECT sum(hbm_read_bytes) FROM Instruction WHERE raw_hlo_id IS NOT NULL")
+    # every Instruction.stack_frame_ids entry is a StackFrame whose location names a file and a line
+    frames = trn2.execute("""SELECT DISTINCT trim(Instruction.stack_frame_ids, '[]'), n.name, l.line_number
+        FROM Instruction JOIN StackFrame f ON f.id = trim(Instruction.stack_frame_ids, '[]')
+        JOIN StackFrameFileLocation l ON l.id = f.file_location_id::VARCHAR
+        JOIN StackFrameFileName n ON n.id = l.file_name_id::VARCHAR""").fetchall()
+    assert frames and all(name.endswith("mlp.py") or name.endswith(".py") for _, name, _ in frames)
+    assert _one(trn2, "SELECT count(DISTINCT stack_frame_ids) FROM Instruction WHERE stack_frame_ids IS NOT NULL") \
+        == len({f[0] for f in frames})
+
+
+def test_operator_table_is_the_op_summary_and_the_framework_nodes(trn2):
+    rows = trn2.profile.operator_table().to_pylist()
+    every = trn2.profile.operator_table(include_warmup=True).to_pylist()
+    ops = dict(trn2.execute("SELECT op_id, device_ns FROM op_summary WHERE device_ns > 0").fetchall())
+    assert {r["op_id"]: r["device_ns"] for r in rows if r["level"] == "op"} == ops   # the Summary's top ops
+    for layer in {r["layer"] for r in rows}:
+        lr = [r for r in rows if r["layer"] == layer]
+        assert lr[0]["level"] == "layer"                                                 # a tree, layer first
+        assert lr[0]["device_ns"] == sum(r["device_ns"] for r in lr if r["level"] == "op")
+        for op_id in {r["op_id"] for r in lr if r["op_id"]}:
+            assert sum(r["device_ns"] for r in lr if r["op_id"] == op_id and r["level"] == "opcode") == ops[op_id]
+    # over every execution a leaf layer's MFU and HFU are its FrameworkNode's: one formula
+    nodes = {r[0]: r[1:] for r in trn2.execute("SELECT node_name, mfu, hfu FROM FrameworkNode "
+                                               "WHERE children_names = '[]'").fetchall()}
+    layers = {r["layer"]: (r["mfu_percent"], r["hfu_percent"]) for r in every if r["level"] == "layer"}
+    assert nodes and all(layers[k] == pytest.approx(v) for k, v in nodes.items())
+    assert any(r["mfu_percent"] > 0 for r in rows) and all(r["first_start_ns"] < r["first_end_ns"] for r in rows)
+
+
+def test_user_sql_reads_the_real_metadata_and_summary(trn2):
+    """In user SQL (the console, ``neuron-explorer sql``) the real names come first: ``Metadata`` is one wide row and
+    ``Summary`` has every real field (ours beside them); our key/value metadata is ``main.metadata``."""
+    p = trn2.profile
+    meta = p.user_sql("SELECT * FROM Metadata", select_only=True).table.to_pylist()
+    assert len(meta) == 1 and meta[0]["profile_schema_version"] == "7.4.0" and meta[0]["num_physical_cores"] == 2
+    assert meta[0]["instance_type"] == "trn2.48xlarge" and meta[0]["vnc_enabled"] is True
+    real = ", ".join(f.name for f in profile_schema.SUMMARY.fields)
+    [row] = p.user_sql(f"SELECT {real}, execution_count FROM Summary", select_only=True).table.to_pylist()
+    assert row["total_time"] == p.summary()["total_time"] and row["adjusted_hardware_flops"] is None
+    kv = p.user_sql("SELECT value FROM main.metadata WHERE key = 'target'", select_only=True).table.to_pylist()
+    assert kv == [{"value": "trn2"}]
+    assert p.sql("SELECT count(*) AS n FROM metadata").to_pylist()[0]["n"] > 1   # the API's own queries: ours

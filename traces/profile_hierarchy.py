@@ -1,0 +1,258 @@
+"""The real Neuron Explorer's hierarchy and source tables over ours: ``FrameworkNode`` (our ``nn.Module`` paths),
+``HloInstruction`` (our ops: the ATen level that sits where HLO does), ``StackFrame*`` (the user's source
+lines) and ``Kernel*`` (NKI kernel lines), schema 7.4.0. Each node's figures come from its instructions'
+merged time intervals (:func:`traces.profile_tables.islands`), as the real tool's "time_intervals".
+
+>>> [f.name for f in STACK_FRAME.fields]
+['id', 'file_location_id', 'parent_frame_id']
+"""
+from __future__ import annotations
+
+from traces.profile_tables import _DMA_SOURCE, _PEAK_PER_NS, _meta, islands
+from traces.real_fields import _B, _NS, _PCORE, F, Table
+from traces.vocab import COMPUTE_ENGINES
+
+#: One row per device instruction with what the hierarchy tables add up (k: the node it belongs to, set by the
+#: caller), joined to the compiler's facts as the Instruction view is.
+_ROWS = (
+    "SELECT {key} AS k, i.exec_id AS x, i.start_ns AS s, i.start_ns + i.dur_ns AS e, "
+    "coalesce(CASE WHEN n.instruction_type = 'TRANSPOSE' THEN 0 ELSE n.tensor_elements END, 0) AS el, "
+    "coalesce(CASE WHEN n.instruction_type = 'TRANSPOSE' THEN n.tensor_elements END, 0) AS tel, "
+    "CASE WHEN i.engine = 'tensor' AND coalesce(n.instruction_type, '') <> 'TRANSPOSE' THEN i.flops ELSE 0 END "
+    "AS mfl, CASE WHEN i.engine = 'tensor' THEN i.flops ELSE 0 END AS hfl, "
+    "CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END AS hr, "
+    "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END AS hw, "
+    "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END AS sr, "
+    "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END AS sw, "
+    "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, i.dur_ns AS dur, 1 AS cnt, "
+    + ", ".join(f"(i.engine = '{e}')::INT AS n_{e}" for e in COMPUTE_ENGINES) + " "
+    "FROM " + _DMA_SOURCE.replace("WHERE i.engine = 'dma'", "LEFT JOIN main.ops AS o ON o.op_id = i.op_id ")
+    + "{join} WHERE i.engine <> 'cpu' AND {where}")
+_SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw", "dur", "cnt") + tuple(
+    f"n_{e}" for e in COMPUTE_ENGINES)
+
+
+def nodes(key: str, where: str, join: str = "", lists: bool = True) -> str:
+    """Per node ``k`` (``key``: an expression over ``i`` instructions, ``o`` ops, ``n`` instruction_info): its
+    merged intervals as lists (``iv``, ``el``, ``tel``, ``hb``, ``hfu``, ``mfu``, ``mbu`` per interval), their
+    span (``s``, ``e``), their total length ``active_ns``, and the totals over its instructions: ``dur``
+    (Σ durations), ``cnt``, ``hfl``/``mfl`` (Tensor Engine FLOPs with / without transposes), ``hr``/``hw``
+    (HBM), ``sr``/``sw`` (SBUF), ``lw`` (LDWEIGHTS). The one definition of a node's figures: FrameworkNode,
+    HloInstruction and the operator table (:mod:`traces.q_operators`) read it; ``lists=False`` leaves the
+    per-interval lists out (the operator table shows totals only) and adds ``fs``/``fe``, the node's span in
+    the first execution it ran in."""
+    isl = islands(_ROWS.format(key=key, where=where, join=join), "k", _SUMS)
+    bw = _meta("hbm_ddr_bandwidth")
+    tot = ", ".join(f"sum({c})::BIGINT AS {c}" for c in _SUMS)
+    eng = ", ".join(f"'[' || min(s) FILTER (WHERE n_{e} > 0) || ', ' || max(e) FILTER (WHERE n_{e} > 0) || ']' "
+                    f"AS span_{e}" for e in COMPUTE_ENGINES)
+    if not lists:   # the merged length in one window pass: each interval adds what lies past all earlier ends
+        rows = _ROWS.format(key=key, where=where, join=join)
+        part = ", ".join(f"sum({c}) AS {c}" for c in _SUMS)
+        # the window sorts only (k, x, s, e); the sums are a plain aggregate beside it
+        span = (f"SELECT k, x, min(s) AS fs, max(e) AS fe, sum(greatest(0, e - greatest(s, coalesce(pm, s)))) AS "
+                f"active FROM (SELECT k, x, s, e, max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED "
+                f"PRECEDING AND 1 PRECEDING) AS pm FROM (SELECT k, x, s, e FROM ({rows}))) GROUP BY k, x")
+        return (f"(SELECT k, min(fs) AS s, max(fe) AS e, sum(active)::BIGINT AS active_ns, {tot}, "
+                f"arg_min(fs, fs) AS fs, arg_min(fe, fs) AS fe FROM ({span}) "
+                f"JOIN (SELECT k, x, {part} FROM ({rows}) GROUP BY k, x) USING (k, x) GROUP BY k)")
+    return f"""(SELECT k, min(s) AS s, max(e) AS e, sum(e - s)::BIGINT AS active_ns, {tot}, {eng},
+        '[' || string_agg('[' || s || ', ' || e || ']', ', ' ORDER BY s) || ']' AS iv,
+        list(el ORDER BY s) AS el_l, list(tel ORDER BY s) AS tel_l, list(hr + hw ORDER BY s) AS hb_l,
+        '[' || string_agg(round(100.0 * hfl / nullif({_PEAK_PER_NS} * (e - s), 0), 3)::VARCHAR, ', ' ORDER BY s)
+            || ']' AS hfu_l,
+        '[' || string_agg(round(100.0 * mfl / nullif({_PEAK_PER_NS} * (e - s), 0), 3)::VARCHAR, ', ' ORDER BY s)
+            || ']' AS mfu_l,
+        '[' || string_agg(round(100.0 * (hr + hw) / nullif({bw} * (e - s), 0), 3)::VARCHAR, ', ' ORDER BY s)
+            || ']' AS mbu_l
+        FROM ({isl}) GROUP BY k)"""
+
+
+def _csv(col: str) -> str:
+    return f"'[' || array_to_string({col}, ', ') || ']'"
+
+
+#: A node's utilisations over its merged intervals' time: the one formula (FrameworkNode, the operator table).
+HFU_SQL = f"100.0 * h.hfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
+MFU_SQL = f"100.0 * h.mfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
+_UTIL = "Tensor Engine FLOPs over the peak of the merged intervals' time (Summary's formula, per node)"
+_BYTES = "as Instruction: DMA rows' bytes are HBM traffic, engine rows' SBUF/PSUM"
+
+_MODULE = "nullif(o.module_path, '')"
+#: Each op's module path and every prefix of it: the op belongs to all its enclosing modules.
+_PREFIXES = ("JOIN (SELECT DISTINCT module_path, array_to_string(string_split(module_path, '.')[1:d], '.') AS node "
+             "FROM main.ops, range(1, len(string_split(module_path, '.')) + 1) AS r(d) "
+             "WHERE coalesce(module_path, '') <> '') AS pre ON pre.module_path = o.module_path")
+_PARENT = "nullif(array_to_string(string_split(h.k, '.')[1:-2], '.'), '')"
+
+FRAMEWORK_NODE = Table(
+    "FrameworkNode", "Framework hierarchy nodes: each part of a framework (nn.Module) path, with its operators' "
+    "rolled-up figures.",
+    f"{nodes('pre.node', 'TRUE', _PREFIXES)} AS h LEFT JOIN (SELECT node, string_agg(DISTINCT child, ', ') AS "
+    "children FROM (SELECT array_to_string(string_split(module_path, '.')[1:d - 1], '.') AS node, "
+    "array_to_string(string_split(module_path, '.')[1:d], '.') AS child FROM main.ops, "
+    "range(2, len(string_split(module_path, '.')) + 1) AS r(d) WHERE coalesce(module_path, '') <> '') GROUP BY node"
+    ") AS c ON c.node = h.k LEFT JOIN (SELECT module_path, string_agg(op_id::VARCHAR, ', ') AS ids FROM main.ops "
+    "GROUP BY module_path) AS m ON m.module_path = h.k",
+    (
+        F("node_name", "string", None, True, "Name of the node. Example: NeuronLlamaDecoderLayer.", "h.k",
+          "the whole nn.Module path to the node (encoder.layer.0), so same-named parts stay apart"),
+        F("children_names", "string", None, True, "Child node names. Example: [child1, child2].",
+          "'[' || coalesce(c.children, '') || ']'", "their whole paths"),
+        F("parent_name", "string", None, True, "Name of the parent node.", _PARENT, "NULL at a top-level module"),
+        F("children_ids", "string", None, True, "Framework operator ids of the node.",
+          "'[' || coalesce(m.ids, '') || ']'", "ops.op_id of the ops whose module is exactly this node"),
+        F("start_ts", "int64", _NS, True, "Earliest start among the node's operations.", "h.s"),
+        F("end_ts", "int64", _NS, True, "Latest end among the node's operations.", "h.e"),
+        F("time_intervals", "string", None, True, "Merged instruction intervals: [[start, end], ...].", "h.iv"),
+        F("element_count_per_interval", "string", None, False, "Elements processed per interval.",
+          _csv("h.el_l"), "Tensor Engine elements of non-transpose instructions (instruction_info.tensor_elements)"),
+        F("transpose_element_count_per_interval", "string", None, False, "Transpose elements per interval.",
+          _csv("h.tel_l")),
+        F("hbm_transfer_size_per_interval", "string", _B, False, "HBM bytes per interval.", _csv("h.hb_l")),
+        F("hfu", "float", "percent", False, "Hardware FLOPs Utilization of the node.",
+          HFU_SQL, _UTIL + ", transposes included"),
+        F("mfu", "float", "percent", False, "Model FLOPs Utilization of the node.",
+          MFU_SQL, _UTIL + ", transposes excluded"),
+        F("hfu_per_interval", "string", None, False, "HFU per interval.", "h.hfu_l"),
+        F("mfu_per_interval", "string", None, False, "MFU per interval.", "h.mfu_l"),
+        F("mbu_per_interval", "string", None, False, "MBU per interval.", "h.mbu_l",
+          "HBM bytes over one HBM stack's bandwidth × the interval (Summary.mbu_estimated_percent's formula)"),
+        F("hbm_read_bytes", "int64", _B, False, "Bytes read from HBM.", "h.hr", _BYTES),
+        F("hbm_write_bytes", "int64", _B, False, "Bytes written to HBM.", "h.hw", _BYTES),
+        F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
+        F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
+    ) + tuple(F(f"{e}_engine_instruction_count", "int64", None, False, f"{e} engine instructions.", f"h.n_{e}")
+              for e in ("tensor", "scalar", "sync", "gpsimd", "vector"))
+    + tuple(F(f"total_time_{e}", "string", _NS, False, f"[min, max] timestamp of {e} instructions.", f"h.span_{e}")
+            for e in ("tensor", "scalar", "sync", "gpsimd", "vector"))
+    + (
+        F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
+        F("total_channels_scalar", "int64", None, False, "Channels processed by Scalar instructions.", None,
+          "channels per instruction are not recorded"),
+        F("total_channels_vector", "int64", None, False, "Channels processed by Vector instructions.", None,
+          "channels per instruction are not recorded"),
+    ),
+)
+
+HLO_INSTRUCTION = Table(
+    "HloInstruction", "HLO-level instructions (ours: the graph's ATen ops) with their instructions' figures.",
+    f"{nodes('i.op_id', 'i.op_id IS NOT NULL')} AS h LEFT JOIN main.ops AS o ON o.op_id = h.k",
+    (
+        F("id", "int64", None, True, "Unique identifier.", "h.k", "ops.op_id"),
+        F("raw_bir_id", "int64", None, True, "BIR level id.", None, "no BIR stage (ops → ISA directly)"),
+        F("raw_penguin_id", "int64", None, True, "Penguin level id.", None, "no Penguin stage"),
+        F("raw_hlo_id", "int64", None, True, "HLO level id.", "h.k", "ours is ops.op_id (Instruction.raw_hlo_id)"),
+        F("raw_framework_id", "int64", None, True, "Framework level id.", "h.k",
+          "ours is ops.op_id (Instruction.raw_framework_id)"),
+        F("hlo_name", "string", None, True, "HLO operation name. Example: dot.1.", "o.aten_op",
+          "the ATen op (Instruction.hlo_name)"),
+        F("modular_flow_invocation_idx", "int64", None, False, "Which call of the function.", None,
+          "no modular flows"),
+        F("start_ts", "int64", _NS, True, "Minimum start of its instructions.", "h.s"),
+        F("end_ts", "int64", _NS, True, "Maximum end of its instructions.", "h.e"),
+        F("time_intervals", "string", None, True, "Merged instruction intervals.", "h.iv"),
+        F("element_count_per_interval", "int64[]", None, True, "Elements processed per interval.", "h.el_l",
+          "Tensor Engine elements of non-transpose instructions"),
+        F("transpose_element_count_per_interval", "int64[]", None, True, "Transpose elements per interval.",
+          "h.tel_l"),
+        F("hbm_transfer_size_per_interval", "int64[]", _B, True, "HBM bytes per interval.", "h.hb_l"),
+        F("hbm_read_bytes", "int64", _B, True, "Bytes read from HBM.", "h.hr", _BYTES),
+        F("hbm_write_bytes", "int64", _B, True, "Bytes written to HBM.", "h.hw", _BYTES),
+        F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
+        F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
+        F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
+    ),
+    extra=("o.module_path AS layer",),
+)
+
+_FRAME_WHY = "one frame per op: the user's source line (sources), so every frame is a root"
+_RANK = "dense_rank() OVER (ORDER BY {})::INTEGER"
+
+STACK_FRAME = Table(
+    "StackFrame", "Stack frames tracing execution back to source code.", "main.sources AS s",
+    (
+        F("id", "string", None, True, "Stack frame id (Instruction.stack_frame_ids).", "s.source_id::VARCHAR",
+          "sources.source_id"),
+        F("file_location_id", "int32", None, True, "StackFrameFileLocation.id.", _RANK.format("s.source_id")),
+        F("parent_frame_id", "string", None, True, "Parent frame id, or 0 at the root.", "'0'", _FRAME_WHY),
+    ),
+)
+STACK_FRAME_FILE_LOCATION = Table(
+    "StackFrameFileLocation", "File, function and line of each stack frame.", "main.sources AS s",
+    (
+        F("id", "string", None, True, "File location id.", _RANK.format("s.source_id") + "::VARCHAR"),
+        F("file_name_id", "int32", None, True, "StackFrameFileName.id.", _RANK.format("s.file")),
+        F("function_name_id", "int32", None, True, "StackFrameFunctionName.id.",
+          _RANK.format("coalesce(s.function, '')")),
+        F("line_number", "int32", None, True, "Line number within the file.", "s.line"),
+    ),
+)
+STACK_FRAME_FILE_NAME = Table(
+    "StackFrameFileName", "Source file names of the stack frames.", "(SELECT DISTINCT file FROM main.sources) AS s",
+    (F("id", "string", None, True, "File name id.", _RANK.format("s.file") + "::VARCHAR"),
+     F("name", "string", None, True, "Source file path.", "s.file")),
+)
+STACK_FRAME_FUNCTION_NAME = Table(
+    "StackFrameFunctionName", "Function names of the stack frames.",
+    "(SELECT DISTINCT coalesce(function, '') AS function FROM main.sources) AS s",
+    (F("id", "string", None, True, "Function name id.", _RANK.format("s.function") + "::VARCHAR"),
+     F("name", "string", None, True, "Function or method name.", "s.function")),
+)
+
+#: NKI instructions: their kernel line ``file.py:line`` (instructions.nki_source_location) and the op (kernel).
+_KERNEL = ("(SELECT DISTINCT i.queue, i.pc, coalesce(i.pcore, 0) AS pcore, x.graph_id, i.nki_source_location AS loc, "
+           "regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 1) AS file, "
+           "try_cast(regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 2) AS BIGINT) AS line, o.name AS fn "
+           "FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) LEFT JOIN main.ops AS o "
+           "USING (op_id) WHERE i.nki_source_location IS NOT NULL)")
+_KFRAME = "(hash(k.file, k.fn) >> 1)::BIGINT"
+_ONE_KFRAME = "one frame per kernel: the kernel's own lines are recorded, not its call stack"
+
+KERNEL_INSTRUCTIONS = Table(
+    "KernelInstructions", "NKI kernel instructions with their source line and call stack.", f"{_KERNEL} AS k",
+    (
+        F("kernel_instruction_name", "string", None, True, "Kernel instruction id.",
+          "k.queue || '.' || k.pc || ':' || k.graph_id", "queue.pc:graph (the instruction's row in its graph)"),
+        F("stack_frame_id", "int64", None, False, "KernelStackFrames.stack_frame_id.", _KFRAME, _ONE_KFRAME),
+        F("stack_frame_depth", "int64", None, False, "Depth of the call stack.", "1", _ONE_KFRAME),
+        F("iteration_variables_id", "int64", None, False, "KernelIterationVariables id.", None,
+          "loop variables are not recorded"),
+        F("iteration_variable_depth", "int64", None, False, "Loop nesting depth.", None,
+          "loop variables are not recorded"),
+        F("pcore_idx", "int64", None, False, _PCORE, "k.pcore"),
+        F("file_path", "string", None, False, "Source file of the instruction's code.", "k.file"),
+        F("line_number", "int64", None, False, "Line of the instruction's code.", "k.line"),
+    ),
+)
+KERNEL_STACK_FRAMES = Table(
+    "KernelStackFrames", "Call stack frames of kernel instructions.",
+    f"(SELECT DISTINCT file, fn, pcore, min(line) OVER (PARTITION BY file, fn) AS line FROM {_KERNEL}) AS k",
+    (
+        F("stack_frame_id", "int64", None, True, "Frame id.", _KFRAME),
+        F("fully_qualified_function_name", "string", None, False, "The function.", "k.fn",
+          "the kernel op's name (the kernel function)"),
+        F("parent_stack_frame_id", "int64", None, False, "The caller's frame.", None, _ONE_KFRAME),
+        F("pcore_idx", "int64", None, False, _PCORE, "k.pcore"),
+        F("file_path", "string", None, False, "File defining the function.", "k.file"),
+        F("line_number", "int64", None, False, "Line of the function.", "k.line",
+          "the kernel's first recorded line (its definition line is not recorded)"),
+    ),
+)
+KERNEL_ITERATION_VARIABLES = Table(
+    "KernelIterationVariables", "Loop iteration variables of kernel instructions.",
+    f"{_KERNEL} AS k WHERE FALSE",
+    tuple(F(n, t, None, r, d, None, "NKI loop variables are unrolled at trace time and not recorded: no rows")
+          for n, t, r, d in (
+        ("iteration_variable_id", "int64", True, "Iteration variable entry id."),
+        ("variable_name", "string", False, "Name of the variable. Example: k."),
+        ("variable_value", "int64", False, "Its value at this iteration."),
+        ("parent_iteration_variable_id", "int64", False, "The outer loop's entry."),
+        ("pcore_idx", "int64", False, _PCORE),
+        ("file_path", "string", False, "File defining the variable."),
+        ("line_number", "int64", False, "Line defining the variable."))),
+)
+
+TABLES = (FRAMEWORK_NODE, HLO_INSTRUCTION, STACK_FRAME, STACK_FRAME_FILE_LOCATION, STACK_FRAME_FILE_NAME,
+          STACK_FRAME_FUNCTION_NAME, KERNEL_INSTRUCTIONS, KERNEL_STACK_FRAMES, KERNEL_ITERATION_VARIABLES)
+"""The hierarchy and source tables this module defines."""
