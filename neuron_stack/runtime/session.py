@@ -60,7 +60,7 @@ class Session:
         self.live = LivePublisher(
             tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
             command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.now_ns)
+            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.settled_ns)
         self.live.cores = list(self.cores)
         self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
         # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
