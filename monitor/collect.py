@@ -178,23 +178,28 @@ class Collector:
 
     @staticmethod
     def _proj_now(snap: dict, now: float) -> int:
-        """The process's projected clock at wall time ``now`` (DESIGN §3.4), best estimate.
+        """The process's projected clock at wall time ``now`` (DESIGN §3.4), never ahead of it.
 
-        Between executions the projected clock runs at wall speed, but the snapshot is up to
-        ``PUBLISH_DELAY_MAX_S`` old and an execution may be in flight (its simulation wall time is
-        not projected time). So only extrapolate over time known to be idle: up to the last write,
-        or up to ``now - PUBLISH_DELAY_MAX_S`` (nothing ended since, or it would be on disk), minus
-        one typical wall interval between executions for the one possibly in flight.
+        The snapshot holds the clock at its writing (``proj_now_ns``), or where it stands while an
+        execution is simulated (``proj_stands``: the simulation's wall time is not projected time, and
+        extrapolating over it made a period's projected span collapse to nothing, the core 100 % busy).
+        Past the writing the clock runs at wall speed only over time known to be idle: up to
+        ``now - PUBLISH_DELAY_MAX_S`` (an execution that started or ended before would be on disk).
+
+        >>> Collector._proj_now({"wall": 10.0, "proj_now_ns": 5, "proj_stands": True}, now=20.0)
+        5
+        >>> round(Collector._proj_now({"wall": 10.0, "proj_now_ns": 5, "proj_stands": False}, now=20.0) / 1e9, 3)
+        9.4
         """
-        # the anchor: the clock as the snapshot was written (exact: recording and publishing are off the
-        # projected clock, so the wall time since the last execution is not all idle), else that execution's end
-        wall, proj = ((snap["wall"], snap["proj_now_ns"]) if snap.get("proj_now_ns") is not None
-                      else (snap["proj_wall"], snap["proj_ns"]))
-        known = max(snap["wall"], now - live.PUBLISH_DELAY_MAX_S)
-        ends = snap["ring"]["wall_end"][-33:]
-        in_flight = float(np.median(np.diff(ends))) if len(ends) > 2 else 0.0
-        idle = max(0.0, known - wall - in_flight)
-        return int(proj + idle * 1e9)
+        if snap.get("proj_now_ns") is None:   # an older publisher: from the last execution's end, as it was
+            known = max(snap["wall"], now - live.PUBLISH_DELAY_MAX_S)
+            ends = snap["ring"]["wall_end"][-33:]
+            in_flight = float(np.median(np.diff(ends))) if len(ends) > 2 else 0.0
+            return int(snap["proj_ns"] + max(0.0, known - snap["proj_wall"] - in_flight) * 1e9)
+        if snap.get("proj_stands"):
+            return int(snap["proj_now_ns"])
+        idle = max(0.0, now - live.PUBLISH_DELAY_MAX_S - snap["wall"])
+        return int(snap["proj_now_ns"] + idle * 1e9)
 
     def _baseline(self, snap: dict | None, when: float) -> dict:
         """Counters as they were at ``when``: the snapshot's, or zeros for a process new since then."""

@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,15 +90,18 @@ def test_a_killed_rank_makes_the_job_fail_cleanly_and_traces_still_finalise(tmp_
         assert 0 in ranks   # the surviving rank's executions are there (rank 1's only if it had flushed)
 
 
-@pytest.mark.parametrize("held", [False, True], ids=["running", "publisher-lock-held"])
-def test_sigterm_flushes_what_was_recorded(tmp_path, held):
+@pytest.mark.parametrize("mode", ["running", "held", "blocked"],
+                         ids=["running", "publisher-lock-held", "blocked-in-c++"])
+def test_sigterm_flushes_what_was_recorded(tmp_path, mode):
     """torchrun tears surviving ranks down with SIGTERM: the process still dies of the signal, and the
     executions it ran before are in the profile (Python's default SIGTERM skips ``atexit``). The signal
     may land while the interrupted frame holds a runtime lock (the live publisher's, taken on every
-    execution): the flush must neither wait for it forever nor lose the recorded executions."""
+    execution): the flush must neither wait for it forever nor lose the recorded executions. Or while
+    the main thread waits in C++ (a gloo collective or a store waiting for a rank that died), where a
+    Python handler never runs: the process must still end at once (torchrun SIGKILLs it after 30 s)."""
     script = tmp_path / "loop.py"
     script.write_text(
-        "import signal, time, torch, neuron_stack\n"
+        "import datetime, signal, time, torch, neuron_stack\n"
         # The harness running this suite may ignore SIGTERM, and children inherit that.
         "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
         "from neuron_stack.runtime.session import Session\n"
@@ -105,15 +109,24 @@ def test_sigterm_flushes_what_was_recorded(tmp_path, held):
         "for i in range(10**6):\n"
         "    m(torch.randn(2, 8))\n"
         "    if i == 3:\n"
-        f"        if {held}:\n"
+        f"        if {mode == 'held'}:\n"
         "            lock = next(iter(Session._instances.values())).live._lock\n"
         "            lock.acquire()\n"
+        f"        if {mode == 'blocked'}:\n"
+        "            store = torch.distributed.TCPStore('127.0.0.1', 0, 1, True,\n"
+        "                                               timeout=datetime.timedelta(seconds=600))\n"
         "        print('ready', flush=True)\n"
-        f"        if {held}:\n"
-        "            time.sleep(600)\n")
-    job = subprocess.Popen([sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE, text=True)
+        f"        if {mode == 'held'}:\n"
+        "            time.sleep(600)\n"
+        f"        if {mode == 'blocked'}:\n"
+        "            store.get('never')\n")   # a key nobody sets: a C++ wait of 10 minutes
+    job = subprocess.Popen([sys.executable, str(script)], env=_env(tmp_path), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     assert job.stdout.readline().strip() == "ready"
+    if mode == "blocked":
+        time.sleep(1)   # into the wait (landing before it would only make the test pass for the wrong reason)
     job.send_signal(signal.SIGTERM)
     assert job.wait(timeout=120) == -signal.SIGTERM
+    assert "Traceback" not in job.stderr.read()
     with traces.open(traces.finalize(tmp_path / "prof")) as prof:
         assert prof.sql("SELECT count(*) AS n FROM executions").column("n")[0].as_py() >= 4

@@ -196,6 +196,8 @@ class LivePublisher:
         # The projected clock starts at the wall clock; then (wall, projected) at each execution's end.
         self._last_wall = self.start_time
         self._last_proj_ns = int(self.start_time * 1e9)
+        self._in_flight: int | None = None       # see execution_started
+        self._published_in_flight = False
         self._last_flush = 0.0
         self._last_poll = 0.0
         self._dirty = True
@@ -263,8 +265,15 @@ class LivePublisher:
                                 total_latency_s, device_latency_s, core, _STATUS_CODE[status])
             self._last_wall = wall_end
             self._last_proj_ns = int(proj_end_ns)
+            self._in_flight = None
             self._dirty = True
         self._maybe_flush()
+
+    def execution_started(self, proj_ns: int) -> None:
+        """An execution starts being simulated at projected time ``proj_ns``: until its :meth:`record_execution`
+        snapshots hold the projected clock there (the clock read meanwhile runs ahead by the simulation's wall
+        time, which the execution's end takes back: DESIGN §3.4), published within a flush interval."""
+        self._in_flight = int(proj_ns)
 
     def count_error(self, kind: str) -> None:
         """Count one error of ``kind`` (an ``error_summary`` key: generic, numerical, transient, ...)."""
@@ -391,7 +400,8 @@ class LivePublisher:
     def _flusher(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
             sys.setprofile(None)   # a profiler tracing Python (torch.profiler with_stack) leaves this thread alone
-            if self._dirty and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
+            changed = self._dirty or (self._in_flight is not None) != self._published_in_flight
+            if changed and time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S:
                 try:
                     self.flush()
                 except Exception:  # a full disk must never take the workload down
@@ -409,7 +419,8 @@ class LivePublisher:
                 # "wall" is when this was written; (proj_wall, proj_ns) the last execution's end on
                 # both clocks. The reader extrapolates idle time itself (monitor/collect.py).
                 "wall": now, "proj_wall": self._last_wall, "proj_ns": self._last_proj_ns, "seq": self._seq,
-                "proj_now_ns": int(self._projected_clock()) if self._projected_clock is not None else None,
+                "proj_now_ns": (self._in_flight if self._in_flight is not None else int(self._projected_clock()))
+                if self._projected_clock is not None else None, "proj_stands": self._in_flight is not None,
                 "cores": list(self._cores),
                 "executions": dict(self._executions), "errors": dict(self._errors),
                 "core_stats": {str(c): {"busy_ns": dict(s["busy_ns"]), "device_ns": s["device_ns"],
@@ -425,6 +436,7 @@ class LivePublisher:
                 "ring_file": self.ring_path.name, "ring_size": RING_SIZE,
             }
             self._dirty = False
+            self._published_in_flight = snap["proj_stands"]
         return snap
 
     def flush(self) -> None:
@@ -449,10 +461,7 @@ class LivePublisher:
                 return
             self._closed = True
         self._stop.set()
-        try:
-            atexit.unregister(self.close)
-        except Exception:
-            pass
+        atexit.unregister(self.close)   # never raises, registered or not
         with self._lock:
             ring, self._ring = self._ring, None
         if os.getpid() == self.pid:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import os
 import threading
 import time
 
@@ -25,6 +26,8 @@ _lock = threading.Lock()
 _history: list[tuple[int, int]] = []
 _HISTORY_MAX = 100_000
 _local = threading.local()     # .since: wall time this thread entered excluded(), else None
+_excluded_since: dict[int, int] = {}   # the same, per thread, for settled_ns() on any thread
+os.register_at_fork(after_in_child=_excluded_since.clear)   # a forked child has only the forking thread
 
 
 def wall_ns() -> int:
@@ -39,6 +42,14 @@ def now_ns() -> int:
     return (time.time_ns() if since is None else since) + _offset
 
 
+def settled_ns() -> int:
+    """The projected clock as no later correction takes back, read from any thread: where it stands for a
+    thread inside :func:`excluded` (its real time there comes off when it leaves), else :func:`now_ns`.
+    Example: ``settled_ns() <= now_ns()`` when no thread is inside :func:`excluded`."""
+    with _lock:   # one offset with the sections it applies to
+        return min([now_ns(), *(since + _offset for since in _excluded_since.values())])
+
+
 def offset_ns() -> int:
     """Projected minus wall clock, for converting a wall time: ``proj = wall + offset_ns()``."""
     return _offset
@@ -48,6 +59,7 @@ def advance(real_ns: int, simulated_ns: int) -> None:
     """Replace ``real_ns`` of time just spent simulating by ``simulated_ns`` on the projected clock."""
     global _offset, _history
     with _lock:
+        _excluded_since.pop(threading.get_ident(), None)   # it left excluded() (nothing inside advances)
         _offset += int(simulated_ns) - int(real_ns)
         _history.append((time.time_ns(), _offset))
         if len(_history) > 2 * _HISTORY_MAX:   # bounded: the oldest changes go
@@ -72,7 +84,7 @@ class _Excluded:
         # nested (the outermost one takes the time off), or off the program's path (background): nothing
         self.outer = getattr(_local, "since", None) is None and not getattr(_local, "background", False)
         if self.outer:
-            _local.since = time.time_ns()
+            _local.since = _excluded_since[threading.get_ident()] = time.time_ns()
 
     def __exit__(self, *exc):
         if self.outer:

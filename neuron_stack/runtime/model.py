@@ -226,6 +226,7 @@ class LoadedModel:
         rec = session.recorder
         wall0 = time.time_ns()
         t0 = time.perf_counter_ns()
+        session.live.execution_started(wall0 + clock.offset_ns() if start_ns is None else start_ns)
         cpu_ns = 0
         timeline: list[tuple[str, LoadedPartition, int, Any]] = []   # (kind, part, offset_ns, cpu op times)
         if self.single is not None:

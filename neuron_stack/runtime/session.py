@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 import threading
+import time
 import uuid as uuidlib
 import weakref
 
@@ -58,7 +60,7 @@ class Session:
         self.live = LivePublisher(
             tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
             command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.now_ns)
+            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.settled_ns)
         self.live.cores = list(self.cores)
         self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
         # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
@@ -160,16 +162,35 @@ class Session:
 
 def _on_sigterm(signum, frame) -> None:
     """SIGTERM (torchrun tearing a job down after a rank died, ``kill``): flush what was recorded, as
-    ``atexit`` would on a normal exit, then die of the signal as before.
+    ``atexit`` would on a normal exit, then die of the signal as before (:func:`_end`)."""
+    _end(signum)
+    while True:          # the watcher thread took it first: it ends the process in a moment
+        time.sleep(1)
+
+
+_ending = threading.Lock()
+
+
+def _end(signum: int) -> None:
+    """Flush, bounded, then die of ``signum``; from the main thread's handler or the watcher, once.
 
     The flush runs on a thread, bounded: the interrupted frame may hold any of the runtime's locks (an
     execution being recorded, the live publisher's counters), and waiting for one from the handler
     would wait forever. Whatever is not done in a few seconds is left, and the process dies anyway."""
+    if not _ending.acquire(blocking=False):
+        return
     flush = threading.Thread(target=_close_sessions, name="neuron_stack-sigterm", daemon=True)
     flush.start()
     flush.join(timeout=SIGTERM_FLUSH_S)
-    signal.signal(signum, signal.SIG_DFL)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signum, signal.SIG_DFL)
+    else:   # signal.signal is main-thread only; libc's signal() resets the disposition from any thread
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+        libc.signal(signum, None)   # NULL is SIG_DFL
     os.kill(os.getpid(), signum)
+    time.sleep(1)
+    os._exit(128 + signum)   # not reached: the signal's default action ends the process
 
 
 def _close_sessions() -> None:
@@ -179,7 +200,39 @@ def _close_sessions() -> None:
 
 def _flush_on_sigterm() -> None:
     """Install :func:`_on_sigterm` once, from the main thread, and only over the default action: a
-    handler of the user's (or the framework's) is never replaced."""
-    if threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    handler of the user's (or the framework's) is never replaced.
+
+    A Python handler runs only when the main thread runs Python: blocked in C++ (a gloo collective
+    waiting for a rank that died, a TCPStore rendezvous) it would ignore torchrun's SIGTERM until the
+    wait timed out, and torchrun SIGKILLs it after 30 s. So a watcher thread also reads Python's
+    signal wakeup fd and ends the process itself (unless the fd is someone else's, an asyncio loop's:
+    then the handler alone, as the loop's thread does not block in C++)."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    if previous != -1:   # an event loop's: leave it in place
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        return
+    threading.Thread(target=_watch, args=(r,), name="neuron_stack-sigterm-watch", daemon=True).start()
+    os.register_at_fork(after_in_child=_forget_wakeup)
+
+
+def _watch(fd: int) -> None:
+    """The watcher: each byte is a signal Python caught; SIGTERM ends the process from here, unless
+    the program has put a handler of its own in place since (that one decides)."""
+    while data := os.read(fd, 64):
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            _end(signal.SIGTERM)
+            return
+
+
+def _forget_wakeup() -> None:
+    # A forked child (a DataLoader worker) has no watcher, and its signals must not reach the parent's.
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
