@@ -15,6 +15,7 @@ projected clock, so URLs and axes stay short.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,13 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
     resolve,
     set_registry,
 )
-from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
+from explorer.signatures import (  # noqa: F401  (pages use them here)
+    bucketing,
+    name_inputs,
+    parse_signature,
+    reason_names,
+    signature_diff,
+)
 from traces import q_host
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
@@ -152,6 +159,17 @@ def line_totals(L: Loaded) -> dict[int, dict]:
             d["ops"].append(op_id)
         return out
     return L.cached("line_totals", compute)
+
+
+def source_line(L: Loaded, sid: int) -> dict | None:
+    """``{"file", "line"}`` of a recorded source line: an op's line, or a graph's call site (the line that
+    compiled it: the Recompiles page links it) that no op of the graph carries; None when unknown."""
+    t = line_totals(L).get(sid)
+    if t is not None:
+        return t
+    site = next((g for g in rows(L.profile.graphs()) if g.get("source_id") == sid and g.get("file")), None)
+    return {"file": site["file"], "line": site["line"], "graph_id": site["graph_id"], "graph": site["name"]} \
+        if site else None
 
 
 def top_lines(L: Loaded, n: int = 10) -> list[dict]:
@@ -347,12 +365,19 @@ def recompiles(L: Loaded) -> dict:
                            "compile_wall_ns": g.get("compile_wall_ns") or 0, "cache_hit": bool(g.get("cache_hit")),
                            "old_signature": parent.get("input_signature") or "",
                            "new_signature": g.get("input_signature") or "",
-                           "diff": signature_diff(parent.get("input_signature"), g.get("input_signature")),
+                           "diff": name_inputs(signature_diff(parent.get("input_signature"),
+                                                              g.get("input_signature")),
+                                               [g.get("recompile_reason") or ""]),
                            "ts": g.get("compile_ts"), "before_window": bool(g.get("before_window"))})
         families: dict[int, list] = {}
         for g in graphs:
             families.setdefault(root(g), []).append(g)
         suggestions = [s for fam in families.values() if len(fam) > 1 for s in [bucketing(fam)] if s]
+        for s in suggestions:   # the runtime records inputs by position: name them as the user did
+            names = reason_names([g.get("recompile_reason") for g in graphs], s["dim"]) \
+                if re.fullmatch(r"input\d+", s["input"]) else []
+            s["input_names"] = names or [s["input"]]
+            s["input"] = ", ".join(s["input_names"])
         f = L.profile.figures()
         return {"graphs": graphs, "recompiles": events, "suggestions": suggestions, "figures": f,
                 "before_window": f.before_window_text()}

@@ -194,14 +194,17 @@ def _span_bars(fig, tl, index):
             extra = (f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec"
                      else _transfer_text(s.get("detail")) if kind == "host_transfer" else (s.get("detail") or ""))
             text.append(f"<b>{name}</b> {fmt_ns(s['dur'])}<br>{str(extra)[:160]}")
+        # customdata ["span", start, dur]: a click zooms the timeline to the span (pages/timeline.py)
+        custom = [["span", s["start"], s["dur"]] for s in spans]
         fig.add_trace(dict(type="bar", name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
                            base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
-                           hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                           customdata=custom, hovertext=[t + "<br><i>click to zoom to it</i>" for t in text],
+                           hovertemplate="%{hovertext}<extra></extra>",
                            marker=dict(color=color), width=0.7, opacity=0.9))
         if kind == "recompile":   # a marker so a recompile shows even when its span is a sliver
             fig.add_trace(dict(type="scatter", name="recompile marker", x=[s["start"] / 1e3 for s in spans],
                                y=[index[s["lane"]] for s in spans], mode="markers", showlegend=False,
-                               hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                               customdata=custom, hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
                                marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
                                            line=dict(color="#7a3e00", width=1))))
 

@@ -423,6 +423,11 @@ class Profile:
             self._bounds = q_timeline.bounds(self)
         return self._bounds
 
+    def graph_fit(self, graph_ids) -> tuple[int, int] | None:
+        """The window a timeline opens on for the executions of ``graph_ids`` (absolute ns; None: none ran).
+        Example: ``p.graph_fit([3])``."""
+        return q_timeline.graph_fit(self, graph_ids)
+
     def lanes(self) -> pa.Table:
         """Lanes with instructions (core, engine, DMA queue), executing cores (engine NULL) and each core's
         host<->device copies (``dma``, ``traces.vocab.HOST_TRANSFER_QUEUE``). Example: ``p.lanes().to_pylist()``."""

@@ -18,6 +18,7 @@ from dash import ClientsideFunction, Input, Output, State, callback, clientside_
 
 from explorer import data, records, timeline, ui
 from explorer.figures import fmt_ns, fmt_window, timeline_figure
+from traces.q_timeline import fit_window
 from traces.vocab import ENGINES
 
 GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
@@ -42,8 +43,9 @@ def keys_help() -> str:
 
 
 def _status(tl: dict) -> str:
-    hidden = tl.get("spans_hidden", 0)
+    hidden, folded = tl.get("spans_hidden", 0), tl.get("folded", 0)
     more = f" · {hidden:,} more spans not drawn — zoom in" if hidden else ""
+    more += f" · {folded} empty lane{'s' * (folded != 1)} folded" if folded else ""
     if tl["mode"] == "raw":
         return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one{more}"
     return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
@@ -51,20 +53,21 @@ def _status(tl: dict) -> str:
             f"instruction{more}")
 
 
-def render(key, start=None, end=None, sel=None):
+def render(key, start=None, end=None, sel=None, fold=True):
     """Figure, normalised state, status text, selection words and window label for a window
-    (the callbacks' shared path; no ``start``/``end``: fitted to the executions)."""
+    (the callbacks' shared path; no ``start``/``end``: fitted to the busy executions, or to the
+    selection's). ``fold``: leave out the lanes with nothing in the window."""
     L = data.resolve(key)
-    tl = timeline.timeline(L, start, end, sel)
-    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or ""}
+    tl = timeline.timeline(L, start, end, sel, fold=fold)
+    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or "", "fold": fold}
     return (timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", ""),
             fmt_window(tl["start"], tl["end"]))
 
 
 @ui.guarded
-def layout(profile=None, start=None, end=None, sel=None, **_):
+def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
     key = ui.profile_key(profile)
-    fig, state, status, sel_text, window = render(key, start, end, sel)
+    fig, state, status, sel_text, window = render(key, start, end, sel, fold=lanes != "all")
     span_us = data.bounds(data.resolve(key))["span"] / 1e3
     keys = [{"key": k.lower(), "action": action, "amount": amount} for k, _what, action, amount in KEYS]
     return html.Div([
@@ -79,6 +82,8 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
             html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
             html.Button("Whole session", id="timeline-whole", className="btn",
                         title="everything recorded: compiles, loads and executions"),
+            html.Button("Show empty lanes" if state["fold"] else "Fold empty lanes", id="timeline-fold",
+                        className="btn", title="lanes with nothing in this window (mostly idle DMA queues)"),
             html.Button("CSV of this window", id="timeline-csv", className="btn",
                         title="Instruction.csv (with timeline_track), SemaphoreUpdate.csv, SbufAllocation.csv"),
             dcc.Download(id="timeline-download"),
@@ -89,6 +94,7 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
                       className="pill", hidden=not sel_text, id="timeline-selection-pill"),
         ], className="toolbar"),
         html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · "
+                 "click an execution, compile or fallback to zoom to it · "
                  "box-select (toolbar) to aggregate a range · click an instruction for its source line",
                  className="hint", id="timeline-help"),
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
@@ -126,33 +132,63 @@ def _window_from_relayout(relayout: dict, state: dict):
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
           Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
           Output("timeline-url", "data"), Output("timeline-window", "children"),
+          Output("timeline-fold", "children"),
           Input("timeline-request", "data"), Input("timeline-fit", "n_clicks"),
           Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"),
+          Input("timeline-fold", "n_clicks"), Input("timeline-graph", "clickData"),
           State("timeline-state", "data"), prevent_initial_call=True)
-def zoom(request, _fit, _whole, _clear, state):
-    """Zoom, pan (keys, drag, scroll), fit, whole session or clear the selection: re-query the window at
-    the right level of detail."""
+def zoom(request, _fit, _whole, _clear, _fold, click, state):
+    """Zoom, pan (keys, drag, scroll), fit, whole session, fold or show empty lanes, clear the selection, or
+    a click on an execution / compile / fallback span (zoom to it): re-query the window at the right
+    level of detail."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
+    fold = state.get("fold", True)
     if ctx.triggered_id == "timeline-fit":
         start, end = None, None
     elif ctx.triggered_id == "timeline-whole":
         start, end = 0, data.bounds(data.resolve(state["profile"]))["span"]
     elif ctx.triggered_id == "timeline-clear":
         sel = ""
+    elif ctx.triggered_id == "timeline-fold":
+        fold = not fold
+    elif ctx.triggered_id == "timeline-graph":
+        try:
+            window = _span_window(click, state)
+        except data.ExplorerError as exc:
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
+        if window is None:
+            return (dash.no_update,) * 8
+        start, end = window
     else:
         try:
             window = _window_from_relayout(request if isinstance(request, dict) else {}, state)
         except data.ExplorerError as exc:
-            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
         if window is None:
-            return (dash.no_update,) * 7
+            return (dash.no_update,) * 8
         start, end = window
     try:
-        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel)
+        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold)
     except data.ExplorerError as exc:
-        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
-    url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"]}
-    return fig, new_state, status, sel_text, not sel_text, url, label
+        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
+    url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"],
+           "lanes": "" if fold else "all"}
+    return (fig, new_state, status, sel_text, not sel_text, url, label,
+            "Show empty lanes" if fold else "Fold empty lanes")
+
+
+def _span_window(click, state):
+    """The window a click on a span (an execution, compile, recompile or CPU fallback: customdata
+    ``["span", start, dur]``) zooms to: the span with the timeline's fit margin; None for anything else."""
+    point = ((click or {}).get("points") or [{}])[0]
+    custom = point.get("customdata")
+    if not (isinstance(custom, list) and len(custom) == 3 and custom[0] == "span"):
+        return None
+    L = data.resolve(state["profile"])
+    span = data.bounds(L)["span"]
+    a = data.parse_int(custom[1], "start", 0, span)
+    e = a + max(data.parse_int(custom[2], "duration", 0, span), 1)
+    return fit_window(a, e, (0, span))
 
 
 @callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
