@@ -10,7 +10,6 @@ Summary rules where one exists (reference §3.6: spill reload > 25% of HBM reads
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 

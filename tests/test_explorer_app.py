@@ -111,7 +111,8 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     *_, url7, _, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, None, None, state2)
     assert (url7["start"], url7["end"]) == (ex["start"], ex["start"] + 5000)
     # a request that is not two finite numbers is one line, not a traceback
-    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None, None, None, state2)
+    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None,
+                    None, None, state2)
     assert bad[2] == "the x range must be two finite numbers of µs"
     # a relayout that is not an x-range change does nothing
     assert triggered("timeline-request.data", timeline.zoom, {"autosize": True}, None, None, None,
