@@ -30,6 +30,7 @@ FALLBACK_RED = "#e15759"
 RECOMPILE_ORANGE = "#f28e2b"
 COMPILE_BLUE = "#7aa6d6"
 SELECT_GOLD = "#ffbf00"
+ANNOTATION_PURPLE = "#7645a0"
 MAX_LEGEND_OPS = 10
 
 
@@ -93,7 +94,25 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
                    range=[n - 0.5, -0.5], fixedrange=True, showgrid=False, automargin=True),
         uirevision=f"{tl['start']}-{tl['end']}",
     )
+    _annotations(fig, tl.get("annotations") or ())
     return fig.to_dict()
+
+
+def _annotations(fig, notes) -> None:
+    """The user's annotations: a dashed line at a point, a shaded band over a range, the text on top."""
+    shapes, labels = [], []
+    for a in notes:
+        x0, x1 = a["start"] / 1e3, a["end"] / 1e3
+        shapes.append(dict(type="line", x0=x0, x1=x0, yref="paper", y0=0, y1=1,
+                           line=dict(color=ANNOTATION_PURPLE, width=1.5, dash="dash")) if a["kind"] == "point" else
+                      dict(type="rect", x0=x0, x1=x1, yref="paper", y0=0, y1=1, layer="below", line=dict(width=0),
+                           fillcolor="rgba(118, 69, 160, 0.10)"))
+        labels.append(dict(x=x0, y=1, yref="paper", yanchor="top", xanchor="left", showarrow=False,
+                           text=f"✎ {a['text'][:60]}", bgcolor="rgba(255,255,255,0.8)",
+                           font=dict(size=10, color=ANNOTATION_PURPLE)))
+    if shapes:
+        fig.layout["shapes"] = shapes
+        fig.layout["annotations"] = labels
 
 
 def _raw_bars(fig, tl, ops, index, chosen):

@@ -123,6 +123,17 @@ class Registry:
                                         f"{entry.error}") from None
             return self._loaded[key]
 
+    def write(self, key, change):
+        """Run ``change(path)`` (it writes the profile file: an annotation, a display name) with the profile
+        closed, its console worker too, so the next request reopens it and sees the change; returns what
+        ``change`` returns. Example: ``registry.write("mlp", lambda path: annotate.add(path, t, t, "x"))``."""
+        self.get(key)                       # a known key that opens
+        with self._lock:
+            loaded = self._loaded.pop(key, None)
+            if loaded is not None:
+                loaded.close()
+            return change(self.entries[key].path)
+
     def close(self):
         with self._lock:
             for loaded in self._loaded.values():

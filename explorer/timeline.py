@@ -143,6 +143,7 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
     out["spans"] = _spans(L, A, B, t0)
     # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
     out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
+    out["annotations"] = [n for n in annotations(L) if n["start"] <= b and n["end"] >= a]
     out["folded"] = 0
     if fold:
         used = ({lane_key(r["core"], r["engine"], r["queue"]) for r in out.get("instructions", ())}
@@ -150,6 +151,12 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
         kept = [lane for lane in out["lanes"] if lane.key in used]
         out["folded"], out["lanes"] = len(out["lanes"]) - len(kept), kept
     return out
+
+
+def annotations(L: Loaded) -> list[dict]:
+    """The profile's annotations (``Profile.annotations``) with ``start``/``end`` in ns since t0."""
+    t0 = data.bounds(L)["t0"]
+    return [dict(a, start=a["start_ns"] - t0, end=a["end_ns"] - t0) for a in L.profile.annotations()]
 
 
 def _lod(L, A, B, buckets, chosen) -> dict:

@@ -138,7 +138,7 @@ def test_exp206_brushed_range_aggregates(app):
              key=lambda s: s["start"])
     sel = {"points": [], "range": {"x": [ex["start"] / 1e3, (ex["start"] + ex["dur"]) / 1e3], "y": [0, 5]}}
     body, title = triggered("timeline-graph.selectedData", timeline.aggregates, sel, state)
-    assert title.startswith("Selected range") and "Tensor(nc" in str(body) and "model.py:" in str(body)
+    assert title.endswith("(box-selected range)") and "Tensor(nc" in str(body) and "model.py:" in str(body)
 
 
 def test_exp207_source_line_click_highlights_its_instructions(app):

@@ -14,10 +14,11 @@ import json
 import math
 
 import dash
-from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
+from dash import ALL, ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 
-from explorer import data, records, timeline, ui
+from explorer import data, records, selection, timeline, ui
 from explorer.figures import fmt_ns, fmt_window, timeline_figure
+from traces import annotate
 from traces.q_timeline import fit_window
 from traces.vocab import ENGINES
 
@@ -100,9 +101,19 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
                  className="card"),
         html.Div([
+            html.H3("Annotations"),
+            html.Div([dcc.Input(id="timeline-note-text", type="text", maxLength=annotate.MAX_TEXT, debounce=False,
+                                placeholder="a note: box-select a range first, or click an instruction for a point"),
+                      html.Button("Add", id="timeline-note-add", className="btn"),
+                      html.Span(id="timeline-note-status", className="hint")], className="toolbar"),
+            html.Div(selection.annotation_list(key), id="timeline-notes"),
+            dcc.Store(id="timeline-note-pending"),
+            dcc.ConfirmDialog(id="timeline-note-confirm"),
+        ], className="card", id="timeline-notes-card"),
+        html.Div([
             html.Div([html.H3("Instruction"), html.Div("Click an instruction bar.", id="timeline-details",
                                                        className="hint")], className="card col"),
-            html.Div([html.H3(id="timeline-agg-title", children="This window"),
+            html.Div([html.H3(id="timeline-agg-title", children="Current Selection"),
                       html.Div(id="timeline-aggregates")], className="card col"),
         ], className="row"),
     ])
@@ -194,32 +205,65 @@ def _span_window(click, state):
 @callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
           Input("timeline-graph", "selectedData"), Input("timeline-state", "data"))
 def aggregates(selected, state):
-    """Busy time by lane, op and source line for the brushed range (or the whole window)."""
-    key = state["profile"]
-    start, end, title = state["start"], state["end"], "This window"
-    rng = (selected or {}).get("range", {}).get("x") if ctx.triggered_id == "timeline-graph" else None
+    """The Current Selection: the Summary's figures over the brushed range's executions (or the window's),
+    then busy time by lane, op and source line clipped to it (``explorer.selection.panel``)."""
+    start, end, title = state["start"], state["end"], "Current Selection (this window)"
+    rng = _brushed(selected) if ctx.triggered_id == "timeline-graph" else None
     if rng:
-        start, end = max(int(rng[0] * 1e3), 0), max(int(rng[1] * 1e3), 1)
-        title = "Selected range"
+        (start, end), title = rng, "Current Selection (box-selected range)"
     try:
-        agg = timeline.range_aggregates(data.resolve(key), start, end)
+        return selection.panel(state["profile"], start, end, "Figures"), title
     except data.ExplorerError as exc:
         return ui.error_box(str(exc)), title
-    title = f"{title}: {fmt_window(agg['start'], agg['end'])}"
-    return html.Div([
-        ui.table([("lane", "lane"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
-                  ("busy %", lambda r: f"{r['busy_percent']:.1f}%"), ("instructions", "instructions")],
-                 agg["by_engine"], id="timeline-agg-engines", max_rows=24),
-        html.H3("By op"),
-        ui.table([("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=r["sel"]))),
-                  ("module", "module"), ("source", "where"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
-                  ("instructions", "instructions")], agg["by_op"], id="timeline-agg-ops"),
-        html.H3("By source line"),
-        ui.table([("line", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
-                   if r["source_id"] is not None else r["where"]),
-                  ("busy", lambda r: fmt_ns(r["busy_ns"])), ("instructions", "instructions")],
-                 agg["by_line"], id="timeline-agg-lines"),
-    ]), title
+
+
+def _brushed(selected):
+    """The x range of a box selection, ns since t0, or None."""
+    rng = (selected or {}).get("range", {}).get("x")
+    if not rng:
+        return None
+    try:
+        return max(int(float(rng[0]) * 1e3), 0), max(int(float(rng[1]) * 1e3), 1)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+@callback(Output("timeline-notes", "children"), Output("timeline-note-status", "children"),
+          Output("timeline-graph", "figure", allow_duplicate=True), Output("timeline-note-text", "value"),
+          Input("timeline-note-add", "n_clicks"), Input("timeline-note-confirm", "submit_n_clicks"),
+          State("timeline-note-text", "value"), State("timeline-graph", "selectedData"),
+          State("timeline-graph", "clickData"), State("timeline-note-pending", "data"),
+          State("timeline-state", "data"), prevent_initial_call=True)
+def notes(_add, _confirm, text, selected, click, pending, state):
+    """Add an annotation (the box-selected range, else a point at the clicked instruction, else the
+    window's centre) or delete the one confirmed; store it in the profile and redraw."""
+    key = state["profile"]
+    try:
+        if ctx.triggered_id == "timeline-note-confirm":
+            selection.delete(key, pending)
+            said = "deleted"
+        else:
+            rng = _brushed(selected)
+            custom = (((click or {}).get("points") or [{}])[0]).get("customdata")
+            at = custom[2] if isinstance(custom, list) and len(custom) == 5 else (state["start"] + state["end"]) // 2
+            a, e = rng or (at, at)
+            note = selection.add(key, a, e, text)
+            said = f"added a {note['kind']} note"
+        fig, *_ = render(key, state["start"], state["end"], state.get("sel"), state.get("fold", True))
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc), dash.no_update, dash.no_update
+    return selection.annotation_list(key), said, fig, "" if said != "deleted" else dash.no_update
+
+
+@callback(Output("timeline-note-confirm", "displayed"), Output("timeline-note-confirm", "message"),
+          Output("timeline-note-pending", "data"),
+          Input({"type": "timeline-note-del", "id": ALL}, "n_clicks"), prevent_initial_call=True)
+def ask_delete(clicks):
+    """A delete button asks first (the note is removed from the profile file)."""
+    trigger = ctx.triggered_id
+    if not isinstance(trigger, dict) or not any(clicks or []):
+        return dash.no_update, dash.no_update, dash.no_update
+    return True, "Delete this annotation from the profile?", trigger.get("id")
 
 
 @callback(Output("timeline-details", "children"), Input("timeline-graph", "clickData"),
