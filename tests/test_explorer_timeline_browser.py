@@ -1,0 +1,143 @@
+"""The timeline's navigation, Current Selection and annotations in a real browser (Playwright driving Debian's
+chromium, as tests/test_explorer_browser.py does): a click on an execution zooms to it, empty lanes fold and
+come back, a box-selected range gets the Summary's figures and a note stored in the profile, a delete asks
+first, and the Recompiles page's links land on data. Screenshots as in test_explorer_browser.py
+(``NEURON_STACK_SCREENSHOT_DIR=docs/img``)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from test_explorer_browser import ARGS, CHROMIUM, _shot, _xrange, pytestmark  # noqa: F401  (skip without chromium)
+from test_explorer_profiles import make_profile
+
+from explorer import data
+from explorer.app import create_app
+
+KEY = "20260101-120000_mlp"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from werkzeug.serving import make_server
+
+    root = tmp_path_factory.mktemp("tlbrowser")
+    app = create_app([make_profile(root / KEY, iterations=6, tiles=3)])
+    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    data.registry().close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 950})
+        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        yield pg
+        browser.close()
+    assert errors == [], errors
+
+
+def _point(page, trace_name: str, i: int = 0) -> tuple[float, float, float, float]:
+    """Screen position of the middle of bar ``i`` of a trace, and its (base, width) in µs."""
+    return tuple(page.evaluate("""([name, i]) => {
+        const gd = document.querySelector('#timeline-graph .js-plotly-plot');
+        const t = gd.data.find(d => d.name === name);
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+        const x = t.base[i] + t.x[i] / 2;
+        return [box.left + xa._offset + xa.l2p(x), box.top + ya._offset + ya.l2p(t.y[i]), t.base[i], t.x[i]];
+    }""", [trace_name, i]))
+
+
+def _changed(page, before: str):
+    page.wait_for_function("b => document.querySelector('#timeline-window').innerText !== b", arg=before)
+
+
+def test_opens_on_the_busy_executions_and_a_click_zooms_to_one(server, page):
+    page.goto(f"{server}/timeline?profile={KEY}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    lo, hi = _xrange(page)
+    fit = data.bounds(data.resolve(KEY))["fit"]
+    assert (lo, hi) == pytest.approx((fit[0] / 1e3, fit[1] / 1e3), abs=1e-3)
+    # the second execution lane bar: a click zooms to it (the fit margin on each side)
+    x, y, base, width = _point(page, "executions", 1)
+    before = page.inner_text("#timeline-window")
+    page.mouse.click(x, y)
+    _changed(page, before)
+    lo2, hi2 = _xrange(page)
+    assert lo2 < base < base + width < hi2 and hi2 - lo2 == pytest.approx(width * 1.04, rel=0.05)
+    _shot(page, "timeline-execution")
+
+
+def test_empty_lanes_fold_and_come_back(server, page):
+    from explorer import timeline as tline
+
+    L = data.resolve(KEY)
+    ex = next(s for s in tline.timeline(L)["spans"] if s["kind"] == "exec")
+    start, end = ex["start"], ex["start"] + ex["dur"] // 4       # a quarter of one execution: idle queues
+    assert tline.timeline(L, start, end)["folded"] > 0
+    page.goto(f"{server}/timeline?profile={KEY}&start={start}&end={end}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    assert "empty lane" in page.inner_text("#timeline-status")
+    lanes = page.evaluate("() => document.querySelector('#timeline-graph .js-plotly-plot')"
+                          "._fullLayout.yaxis.ticktext.length")
+    page.click("#timeline-fold")
+    page.wait_for_function("() => document.querySelector('#timeline-fold').innerText === 'Fold empty lanes'")
+    more = page.evaluate("() => document.querySelector('#timeline-graph .js-plotly-plot')"
+                         "._fullLayout.yaxis.ticktext.length")
+    assert more > lanes and "lanes=all" in page.url
+    page.click("#timeline-fold")
+    page.wait_for_function("() => document.querySelector('#timeline-fold').innerText === 'Show empty lanes'")
+
+
+def test_a_range_gets_the_summarys_figures_and_a_note_that_is_stored(server, page):
+    page.goto(f"{server}/timeline?profile={KEY}")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    page.click("#timeline-graph .modebar-btn[data-attr='dragmode'][data-val='select']")
+    box = page.locator("#timeline-graph .nsewdrag").first.bounding_box()
+    y = box["y"] + box["height"] * 0.5
+    page.mouse.move(box["x"] + box["width"] * 0.1, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, y + 20, steps=8)
+    page.mouse.up()
+    page.wait_for_function("() => document.querySelector('#timeline-agg-title').innerText"
+                           ".includes('box-selected range')")
+    panel = page.inner_text("#timeline-aggregates").lower()
+    assert "mfu (estimated)" in panel and "mbu (estimated)" in panel and "top source lines" in panel
+    page.fill("#timeline-note-text", "second step is slower")
+    page.click("#timeline-note-add")
+    page.wait_for_function("() => document.querySelector('#timeline-notes').innerText"
+                           ".includes('second step is slower')")
+    labels = page.evaluate("() => (document.querySelector('#timeline-graph .js-plotly-plot')"
+                           "._fullLayout.annotations || []).map(a => a.text)")
+    assert "✎ second step is slower" in labels
+    notes = data.resolve(KEY).profile.annotations()
+    assert [(n["kind"], n["text"]) for n in notes] == [("range", "second step is slower")]
+    _shot(page, "timeline-annotations")
+    # delete asks first (a confirm dialog), then the note leaves the profile
+    page.once("dialog", lambda d: d.accept())
+    page.click("#timeline-notes button")
+    page.wait_for_function("() => document.querySelector('#timeline-note-status').innerText === 'deleted'")
+    assert data.resolve(KEY).profile.annotations() == []
+
+
+def test_recompile_links_land_on_data(server, page):
+    page.goto(f"{server}/recompiles?profile={KEY}")
+    page.wait_for_selector("#recompiles-table")
+    page.locator("#recompiles-table a", has_text="model.py:23").first.click()
+    page.wait_for_selector("#source-lines")
+    assert "Cannot show this page" not in page.content()
+    assert "compiled graph" in page.inner_text("#source-selection")
+    page.click("#source-to-timeline")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    assert "sel=graph" in page.url and "graph" in page.inner_text("#timeline-selection")
+    lo, hi = _xrange(page)
+    assert (lo, hi) != pytest.approx([x / 1e3 for x in data.bounds(data.resolve(KEY))["fit"]], abs=1e-3)
