@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from explorer.profiles import (  # noqa: F401  (the pages reach them through here)
@@ -39,7 +38,7 @@ from explorer.signatures import (  # noqa: F401  (pages use them here)
     reason_names,
     signature_diff,
 )
-from traces import q_host
+from traces import q_compare, q_host
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.vocab import DEVICE_ENGINES
@@ -438,79 +437,41 @@ def _jsonable(v):
 
 
 # -------------------------------------------------------------------------------------- compare
-@dataclass
-class Side:
-    key: str
-    lines: dict = field(default_factory=dict)
-    ops: dict = field(default_factory=dict)
-    backward: dict = field(default_factory=dict)     # backward ops' time per forward line
-
-
-def _line_key(t: dict) -> str:
-    # Basename + line: the same model run from two checkouts still aligns.
-    return f"{Path(t['file']).name}:{t['line']}" if t.get("file") else "(no source)"
-
-
-def _op_path(o: dict) -> str:
-    # a backward op is marked: `fc1 / aten.mm` forward (a 3-D linear) and backward are different work
-    return f"{o.get('module_path') or '(top)'} / {op_label(o)}{' (backward)' if o.get('fwd_source_id') else ''}"
+def compare_n(Ls: list[Loaded], base: int = 0, limit: int = 50) -> dict:
+    """N profiles aligned by source line, op path and forward line against ``Ls[base]``
+    (``traces.q_compare.compare``: the one computation), with each profile's key and display name."""
+    if len(Ls) < 2:
+        raise ExplorerError("Compare needs at least two profiles")
+    if not 0 <= base < len(Ls):
+        raise ExplorerError(f"base {base} is not one of the {len(Ls)} profiles")
+    c = q_compare.compare([L.profile for L in Ls], base, limit)
+    c["keys"] = [L.key for L in Ls]
+    c["labels"] = [registry().label(L.key) if L.key in registry().keys() else L.name for L in Ls]
+    return c
 
 
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
-    """Two profiles aligned by source line (``file.py:line``), op path (``module / aten op``, backward
-    ops marked ``(backward)``) and, for backward ops, the forward line they differentiate.
+    """Two profiles (A the base) aligned by source line (``file.py:line``), op path (``module / aten op``,
+    backward ops marked ``(backward)``) and, for backward ops, the forward line they differentiate
+    (:func:`compare_n` with two; ``traces.q_compare`` explains each key). Each row: ``a_ns``, ``b_ns``,
+    ``delta_ns`` (B − A), ``delta_percent``, ``a_instructions``, ``b_instructions``, ``only_in`` (``a``,
+    ``b`` or ''); with a "Why" in words (``traces.q_host.why``)."""
+    c = q_compare.compare([A.profile, B.profile], 0, limit)
 
-    A backward op's line is the ``backward()`` call in both modes, eager and compiled, so no forward
-    line carries backward time; ``by_fwd_line`` splits the backward time by the forward line autograd
-    recorded for each op. Each line's and op's time is its device time plus its CPU-fallback host
-    time (so moving an op from the host to the device shows as the saving it is). Deltas are B − A in
-    ns, biggest absolute change first.
-    """
-    def side(L):
-        s = Side(L.key)
-        for t in line_totals(L).values():
-            d = s.lines.setdefault(_line_key(t), {"device_ns": 0, "instructions": 0,
-                                                  "code": (t.get("code") or "").strip()})
-            d["device_ns"] += t["device_ns"] + t.get("host_ns", 0)
-            d["instructions"] += t["instructions"]
-        totals = op_totals(L)
-        for op_id, o in ops(L).items():
-            t = totals.get(op_id, {})
-            for d in [s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})] + (
-                    [s.backward.setdefault(_line_key({"file": o["fwd_file"], "line": o["fwd_line"]}),
-                                           {"device_ns": 0, "instructions": 0})] if o.get("fwd_file") else []):
-                d["device_ns"] += t.get("device_ns", 0) + t.get("host_ns", 0)
-                d["instructions"] += t.get("instructions", 0)
-        return s
+    def two(rows):
+        return [{k: v for k, v in {
+            **{n: r[n] for n in ("line", "op_path", "code") if n in r},
+            "a_ns": r["ns"][0], "b_ns": r["ns"][1], "delta_ns": r["delta_ns"][1],
+            "delta_percent": r["delta_percent"][1],
+            "a_instructions": r["instructions"][0], "b_instructions": r["instructions"][1],
+            "only_in": "a" if not r["present"][1] else "b" if not r["present"][0] else ""}.items()}
+            for r in rows]
 
-    sa, sb = side(A), side(B)
-
-    def align(x: dict, y: dict, name: str):
-        out = []
-        for k in sorted(set(x) | set(y)):
-            a, b = x.get(k, {}), y.get(k, {})
-            da, db = a.get("device_ns", 0), b.get("device_ns", 0)
-            if not da and not db:
-                continue
-            row = {name: k, "a_ns": da, "b_ns": db, "delta_ns": db - da,
-                   "delta_percent": (100.0 * (db - da) / da) if da else None,
-                   "a_instructions": a.get("instructions", 0), "b_instructions": b.get("instructions", 0),
-                   "only_in": "a" if k not in y else "b" if k not in x else ""}
-            if "code" in a or "code" in b:
-                row["code"] = a.get("code") or b.get("code") or ""
-            out.append(row)
-        out.sort(key=lambda r: -abs(r["delta_ns"]))
-        return out[:limit]
-
-    ma, mb = summary(A), summary(B)
-    keys = ("total_time", "device_ns", "cpu_fallback_ns", "step_ns", "mfu_estimated_percent", "hbm_read_bytes",
-            "hbm_write_bytes",
-            "fallback_ops", "recompiles", "executions", "instructions")
     ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
     na, nb = q_host.names(ha, hb)
     return {"a": A.key, "b": B.key, "a_path": A.path.name, "b_path": B.path.name,
             "why": {"a_name": na, "b_name": nb, "a": ha.as_dict(), "b": hb.as_dict(),
                     "lines": q_host.why(ha, hb, na, nb)},
-            "totals": {k: {"a": ma[k], "b": mb[k], "delta": mb[k] - ma[k]} for k in keys},
-            "by_line": align(sa.lines, sb.lines, "line"), "by_op": align(sa.ops, sb.ops, "op_path"),
-            "by_fwd_line": align(sa.backward, sb.backward, "line")}
+            "totals": {k: {"a": v["values"][0], "b": v["values"][1], "delta": v["delta"][1]}
+                       for k, v in c["totals"].items()},
+            "by_line": two(c["by_line"]), "by_op": two(c["by_op"]), "by_fwd_line": two(c["by_fwd_line"])}

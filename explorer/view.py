@@ -42,11 +42,15 @@ def register(subparsers) -> None:
                         "(\"aws_train.py · eager\")")
     p.set_defaults(func=_view)
 
-    d = subparsers.add_parser("diff", help="compare two profiles by source line and op path",
-                              description="Align two profiles by source line (file:line) and op path "
-                                          "(module / ATen op) and print the device-time deltas (B - A).")
+    d = subparsers.add_parser("diff", help="compare two or more profiles by source line and op path",
+                              description="Align profiles by source line (file:line) and op path "
+                                          "(module / ATen op) and print the device-time deltas against the "
+                                          "base (B - A for two; each minus the --base one for more).")
     d.add_argument("a", metavar="A", help="baseline profile.duckdb (or its session directory)")
     d.add_argument("b", metavar="B", help="profile to compare against A")
+    d.add_argument("more", nargs="*", metavar="PROFILE", help="more profiles: an N-way comparison")
+    d.add_argument("--base", type=int, default=1, metavar="K",
+                   help="with more than two profiles: the K-th (1-based, default 1) is the base")
     d.add_argument("--json", action="store_true", help="print the comparison as JSON")
     d.add_argument("-n", "--top", type=int, default=15, help="rows per table (default 15)")
     d.set_defaults(func=_diff)
@@ -171,6 +175,8 @@ def _diff(args) -> int:
     a, b = resolve_profile(args.a), resolve_profile(args.b)
     if args.top < 1:
         raise ValueError("--top must be at least 1")
+    if args.more:
+        return _diff_n([a, b] + [resolve_profile(x) for x in args.more], args)
     registry = data.Registry([a, b])
     ka, kb = registry.keys()
     result = data.compare(registry.get(ka), registry.get(kb), limit=args.top)
@@ -181,6 +187,51 @@ def _diff(args) -> int:
     else:
         _print_diff(result)
     registry.close()
+    return 0
+
+
+def _diff_n(paths: list[Path], args) -> int:
+    """``diff A B C …``: N profiles against the ``--base`` one (``data.compare_n``)."""
+    from explorer import data
+
+    if not 1 <= args.base <= len(paths):
+        raise ValueError(f"--base {args.base}: pick 1 to {len(paths)} (the profiles in the order given)")
+    registry = data.Registry(paths)
+    data.set_registry(registry)            # the display names
+    try:
+        c = data.compare_n([registry.get(k) for k in registry.keys()], args.base - 1, limit=args.top)
+    finally:
+        registry.close()
+    c["paths"] = [str(p) for p in paths]
+    if args.json:
+        print(json.dumps(c, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    from explorer.figures import fmt_ns
+
+    console = Console()
+    names = [chr(ord("A") + i) if i < 26 else f"P{i + 1}" for i in range(len(paths))]
+    for n, label, path, i in zip(names, c["labels"], c["paths"], range(len(paths))):
+        console.print(f"[bold]{n}[/] {label}  {path}{'  (base)' if i == c['base'] else ''}", highlight=False,
+                      soft_wrap=True)
+    base = names[c["base"]]
+    t = Table("metric", *names, title=f"Totals (Δ against {base})")
+    for k, v in c["totals"].items():
+        f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
+        t.add_row(k, *[f(x) + ("" if i == c["base"] else f" ({'+' if d > 0 else ''}{f(d)})")
+                       for i, (x, d) in enumerate(zip(v["values"], v["delta"]))])
+    console.print(t)
+    for title, key, rows in (("By source line", "line", c["by_line"]), ("By op path", "op_path", c["by_op"]),
+                             ("Backward ops by the forward line they came from", "line", c["by_fwd_line"])):
+        if rows:
+            t = Table(key, *names, title=f"{title} (Δ against {base})")
+            for r in rows:
+                t.add_row(r[key], *[("—" if not present else fmt_ns(x)) + (
+                    "" if i == c["base"] or not d else f" ({'+' if d > 0 else ''}{fmt_ns(d)})")
+                    for i, (x, d, present) in enumerate(zip(r["ns"], r["delta_ns"], r["present"]))])
+            console.print(t)
     return 0
 
 
