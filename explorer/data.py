@@ -450,6 +450,12 @@ def compare_n(Ls: list[Loaded], base: int = 0, limit: int = 50) -> dict:
     return c
 
 
+def why(A: Loaded, B: Loaded) -> list[str]:
+    """The gap between two profiles in words (``traces.q_host.why``), each side by its kind or A/B."""
+    ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
+    return q_host.why(ha, hb, *q_host.names(ha, hb))
+
+
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
     """Two profiles (A the base) aligned by source line (``file.py:line``), op path (``module / aten op``,
     backward ops marked ``(backward)``) and, for backward ops, the forward line they differentiate

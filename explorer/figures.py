@@ -21,8 +21,8 @@ from explorer import data, timeline
 from traces.timefmt import fmt_ns, fmt_window, time_ticks
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
 
-__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "icicle_figure", "engine_bars", "op_color",
-           "share_bars", "memory_figure"]
+__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "shift_x", "icicle_figure", "engine_bars",
+           "op_color", "share_bars", "memory_figure"]
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -96,6 +96,22 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
     )
     _annotations(fig, tl.get("annotations") or ())
     return fig.to_dict()
+
+
+def shift_x(fig: dict, by_us: float) -> dict:
+    """Move a timeline figure's x values by ``by_us`` (bars' bases, heat cells, markers, annotations): the
+    Compare page draws each profile from its own first busy execution. Example: ``shift_x(fig, -2000.0)``."""
+    for t in fig["data"]:
+        if t.get("type") == "bar" and t.get("orientation") == "h":
+            t["base"] = [b + by_us for b in t["base"]]
+        elif t.get("x") is not None:
+            t["x"] = [x + by_us if x is not None else None for x in t["x"]]
+    for shape in fig["layout"].get("shapes", []):
+        shape["x0"] += by_us
+        shape["x1"] += by_us
+    for label in fig["layout"].get("annotations", []):
+        label["x"] += by_us
+    return fig
 
 
 def _annotations(fig, notes) -> None:

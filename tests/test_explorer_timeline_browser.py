@@ -22,7 +22,9 @@ def server(tmp_path_factory):
     from werkzeug.serving import make_server
 
     root = tmp_path_factory.mktemp("tlbrowser")
-    app = create_app([make_profile(root / KEY, iterations=6, tiles=3)])
+    app = create_app([make_profile(root / KEY, iterations=6, tiles=3),
+                      make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3),
+                      make_profile(root / "20260103-120000_mlp_one", seqs=(64,), iterations=4, tiles=3)])
     srv = make_server("127.0.0.1", 0, app.server, threaded=True)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -141,3 +143,35 @@ def test_recompile_links_land_on_data(server, page):
     assert "sel=graph" in page.url and "graph" in page.inner_text("#timeline-selection")
     lo, hi = _xrange(page)
     assert (lo, hi) != pytest.approx([x / 1e3 for x in data.bounds(data.resolve(KEY))["fit"]], abs=1e-3)
+
+
+def _ranges(page):
+    return page.evaluate("() => Array.from(document.querySelectorAll('#compare-timelines .js-plotly-plot'))"
+                         ".map(g => g._fullLayout.xaxis.range.map(Number))")
+
+
+def test_compare_three_profiles_with_synchronised_timelines(server, page):
+    keys = ",".join(data.registry().keys())
+    page.goto(f"{server}/compare?profile={KEY}&keys={keys}")
+    page.wait_for_selector("#compare-lines")
+    page.wait_for_function("() => document.querySelectorAll('#compare-timelines .js-plotly-plot').length === 3")
+    assert "Compare 3 profiles" in page.inner_text("#compare-title")
+    before = _ranges(page)
+    assert len({tuple(r) for r in before}) == 1
+    # drag-zoom on the first timeline: the other two follow
+    box = page.locator("#compare-timelines .nsewdrag").first.bounding_box()
+    y = box["y"] + box["height"] * 0.5
+    page.mouse.move(box["x"] + box["width"] * 0.2, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=8)
+    page.mouse.up()
+    page.wait_for_function("""b => {
+        const r = Array.from(document.querySelectorAll('#compare-timelines .js-plotly-plot'))
+            .map(g => g._fullLayout.xaxis.range.map(Number));
+        return r.every(x => Math.abs(x[0] - r[0][0]) < 1e-6 && Math.abs(x[1] - r[0][1]) < 1e-6)
+            && Math.abs(r[2][1] - r[2][0] - (b[1] - b[0])) > 1e-6; }""", arg=before[0])
+    # choose another base: deltas are against it
+    page.click("#compare-base-2")
+    page.wait_for_function("() => document.querySelector('#compare-title').innerText.includes('mlp_one)')")
+    assert "(base)" in page.inner_text("#compare-totals")
+    _shot(page, "compare-n")
