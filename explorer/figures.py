@@ -21,8 +21,8 @@ from explorer import data, timeline
 from traces.timefmt import fmt_ns, fmt_window, time_ticks
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
 
-__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "shift_x", "icicle_figure", "engine_bars",
-           "op_color", "share_bars", "memory_figure"]
+__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "shift_x", "counter_figure", "icicle_figure",
+           "engine_bars", "op_color", "share_bars", "memory_figure"]
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -95,6 +95,32 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         uirevision=f"{tl['start']}-{tl['end']}",
     )
     _annotations(fig, tl.get("annotations") or ())
+    return fig.to_dict()
+
+
+def counter_figure(c: dict) -> dict:
+    """The counter tracks under the timeline (:func:`explorer.tracks.counters`): HFU (%) and device memory
+    in use (MB) over the same window, each with its axis labelled."""
+    ticks = time_ticks(c["start"], c["end"])
+    mem = c["memory"]
+    fig = _Fig()
+    fig.add_trace(dict(type="scatter", mode="lines", name="HFU", x=[x / 1e3 for x in c["hfu_x"]], y=c["hfu"],
+                       line=dict(color="#4e79a7", width=1.5, shape="hvh"), fill="tozeroy",
+                       hovertemplate="HFU %{y:.1f}%<extra></extra>", xaxis="x2", yaxis="y"))
+    fig.add_trace(dict(type="scatter", mode="lines", name="device memory", x=[t / 1e3 for t, _ in mem],
+                       y=[b / 1e6 for _, b in mem], line=dict(color="#f28e2b", width=1.5, shape="hv"),
+                       hovertemplate="%{y:.3g} MB in use<extra></extra>", yaxis="y2"))
+    fig.layout = dict(
+        height=190, margin=dict(l=70, r=10, t=8, b=36), showlegend=False, hovermode="x", plot_bgcolor="#fbfbfd",
+        xaxis=dict(range=[c["start"] / 1e3, c["end"] / 1e3], tickmode="array",
+                   tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels,
+                   title=dict(text=ticks.title, font=dict(size=11)), anchor="y2"),
+        xaxis2=dict(matches="x", anchor="y", showticklabels=False),
+        yaxis=dict(domain=[0.56, 1], title=dict(text="HFU %", font=dict(size=10)), rangemode="tozero",
+                   fixedrange=True),
+        yaxis2=dict(domain=[0, 0.44], title=dict(text="HBM in use (MB)", font=dict(size=10)), rangemode="tozero",
+                    fixedrange=True),
+        uirevision=f"{c['start']}-{c['end']}")
     return fig.to_dict()
 
 

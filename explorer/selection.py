@@ -20,10 +20,10 @@ from traces.errors import TraceError
 from traces.vocab import ENGINE_LABELS
 
 
-def figures(L: data.Loaded, start: int, end: int):
+def figures(L: data.Loaded, start: int, end: int, include_warmup: bool | None = None):
     """``Profile.figures`` over the executions overlapping ``[start, end)`` (ns since t0)."""
     t0 = data.bounds(L)["t0"]
-    return L.profile.figures(window=(t0 + start, t0 + end))
+    return L.profile.figures(include_warmup, window=(t0 + start, t0 + end))
 
 
 def point(a: dict) -> bool:
@@ -34,18 +34,19 @@ def panel(key: str, start: int, end: int, title: str):
     """The Current Selection: the Summary's figures for the range, then busy time by lane, op and line."""
     L = data.resolve(key)
     agg = timeline.range_aggregates(L, start, end)
-    f = figures(L, agg["start"], agg["end"])
+    f, which = figures(L, agg["start"], agg["end"]), "warm-ups excluded"
+    if not f.executions:     # a range over warm-ups alone: their figures, said so
+        f, which = figures(L, agg["start"], agg["end"], include_warmup=True), "warm-up executions"
     engines = " · ".join(f"{ENGINE_LABELS.get(e, e)} {pct:.1f}%" for e, pct in f.engine_percent.items() if pct)
     stats = html.Div([
-        ui.stat("executions", f"{f.executions}", "touched by the range (warm-ups excluded)", id="sel-executions"),
+        ui.stat("executions", f"{f.executions}", f"touched by the range ({which})", id="sel-executions"),
         ui.stat("device time", fmt_ns(f.device_ns), f"busy {f.device_busy_percent:.1f}%", id="sel-device"),
         ui.stat("MFU (estimated)", f"{f.mfu_percent:.2f}%", f"{f.model_flops / 1e9:.3g} GFLOP", id="sel-mfu"),
         ui.stat("MBU (estimated)", f"{f.mbu_percent:.2f}%", f"useful reads {f.useful_read_percent:.0f}%",
                 id="sel-mbu"),
         ui.stat("HBM traffic", fmt_bytes(f.hbm_read_bytes + f.hbm_write_bytes),
                 f"read {fmt_bytes(f.hbm_read_bytes)} · write {fmt_bytes(f.hbm_write_bytes)}", id="sel-hbm"),
-        ui.stat("DMA", f"{f.engine_percent.get('dma', 0.0):.1f}% active",
-                " · ".join(f"{k.replace('_', '-')} {fmt_bytes(v)}" for k, v in f.dma_split.items()), id="sel-dma"),
+        ui.stat("DMA", f"{f.engine_percent.get('dma', 0.0):.1f}% active", "of the device time", id="sel-dma"),
         ui.stat("CPU fallback", fmt_ns(f.fallback_host_ns), "host time in the range"),
     ], className="stats")
     return html.Div([

@@ -112,3 +112,52 @@ def test_inputs_are_named_as_the_user_named_them(app):
     assert "Pad input 'x' dimension 1" in page and "input0" not in page
     words = next(f for f in recommend.recommendations(L) if f.rule == "recompile_storm").words
     assert "for 'x' dim 1" in words and "input0" not in words
+
+
+def test_search_finds_by_opcode_op_line_and_zooms_to_a_match(app):
+    from explorer import tracks
+    from explorer.pages import timeline
+
+    L = data.resolve("20260101_mlp")
+    total = L.profile.sql("SELECT count(*) n FROM instructions WHERE opcode = 'MATMUL'").column("n")[0].as_py()
+    assert tracks.search(L, "matmul")["count"] == total > 0
+    line = tracks.search(L, "model.py:15")
+    fc2 = L.profile.sql("""SELECT count(*) n FROM instructions i JOIN ops o USING (op_id) JOIN sources s
+                           USING (source_id) WHERE s.line = 15""").column("n")[0].as_py()
+    sid = next(t["source_id"] for t in data.line_totals(L).values() if t["line"] == 15)
+    assert line["count"] == fc2 and line["ops"] == {"line": len(data.selection_ops(L, f"line:{sid}"))}
+    assert tracks.search(L, "addmm")["ops"]["op"] > 0 and tracks.search(L, "100%")["count"] == 0
+    with pytest.raises(data.ExplorerError, match="search for 1 to 100"):
+        tracks.search(L, "x" * 101)
+    _fig, state, *_ = timeline.render("20260101_mlp")
+    req, said, listing = triggered("timeline-search-go.n_clicks", timeline.search, 1, None, None, None, "MATMUL",
+                                   state)
+    assert said.startswith(f"{total:,} instructions match 'MATMUL'") and "MATMUL" in str(listing)
+    first = tracks.search(L, "MATMUL", after=state["start"] - 1, limit=1)["matches"][0]
+    lo, hi = req["xaxis.range"]
+    assert lo * 1e3 <= first["start"] < hi * 1e3
+    # next moves past the window's centre; the request is what the zoom callback takes
+    nxt, said2, _ = triggered("timeline-search-next.n_clicks", timeline.search, None, None, 1, None, "MATMUL",
+                              dict(state, start=int(lo * 1e3), end=int(hi * 1e3)))
+    assert nxt["xaxis.range"][0] > lo
+    bad = triggered("timeline-search-go.n_clicks", timeline.search, 1, None, None, None, "", state)
+    assert "search for 1 to 100" in bad[1]
+
+
+def test_hfu_and_device_memory_tracks(app):
+    from explorer import tracks
+    from explorer.pages import timeline
+
+    L = data.resolve("20260101_mlp")
+    span = data.bounds(L)["span"]
+    c = tracks.counters(L, 0, span)
+    # FLOPs are conserved: the track's HFU integrates to the Tensor Engine's FLOPs over the peak
+    peak = float(data.metadata(L)["tensor_engine_peak_bf16_flops"])
+    cores = L.profile.sql("SELECT count(DISTINCT core) n FROM instructions").column("n")[0].as_py()
+    flops = sum(h / 100 * peak * cores * (span / tracks.HFU_BUCKETS) / 1e9 for h in c["hfu"])
+    want = L.profile.sql("SELECT sum(flops) f FROM instructions WHERE engine = 'tensor'").column("f")[0].as_py()
+    assert flops == pytest.approx(float(want), rel=1e-6) and max(c["hfu"]) <= 100.0
+    assert c["memory"] and all(b >= 0 for _, b in c["memory"])
+    fig = timeline.counter_tracks({"profile": "20260101_mlp", "start": 0, "end": span})
+    assert fig["layout"]["yaxis"]["title"]["text"] == "HFU %" and "HBM" in fig["layout"]["yaxis2"]["title"]["text"]
+    assert "No throttling track" in timeline._throttle_note("20260101_mlp")

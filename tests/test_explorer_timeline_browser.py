@@ -175,3 +175,28 @@ def test_compare_three_profiles_with_synchronised_timelines(server, page):
     page.wait_for_function("() => document.querySelector('#compare-title').innerText.includes('mlp_one)')")
     assert "(base)" in page.inner_text("#compare-totals")
     _shot(page, "compare-n")
+
+
+def test_search_and_counter_tracks(server, page):
+    page.goto(f"{server}/timeline?profile={KEY}")
+    page.wait_for_selector("#timeline-counters .js-plotly-plot")
+    names = page.evaluate("() => document.querySelector('#timeline-counters .js-plotly-plot').data.map(t => t.name)")
+    assert names == ["HFU", "device memory"]
+    assert "No throttling track" in page.inner_text("#timeline-throttle")
+    before = page.inner_text("#timeline-window")
+    page.fill("#timeline-search-text", "MATMUL")
+    page.click("#timeline-search-go")
+    page.wait_for_function("() => document.querySelector('#timeline-search-status').innerText.includes('match')")
+    _changed(page, before)
+    assert "instructions match 'MATMUL'" in page.inner_text("#timeline-search-status")
+    assert page.locator("#timeline-search-list li").count() > 0
+    lo, hi = _xrange(page)
+    before = page.inner_text("#timeline-window")
+    page.click("#timeline-search-next")
+    _changed(page, before)
+    assert _xrange(page)[0] > lo
+    # the counter tracks follow the window
+    page.wait_for_function("""r => {
+        const g = document.querySelector('#timeline-counters .js-plotly-plot');
+        return Math.abs(g._fullLayout.xaxis.range[0] - r[0]) > 1e-9; }""", arg=[lo, hi])
+    _shot(page, "timeline-search")

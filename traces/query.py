@@ -21,7 +21,17 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from traces import naming, profile_schema, q_figures, q_records, q_replay, q_serving, q_system, q_timeline
+from traces import (
+    naming,
+    profile_schema,
+    q_counters,
+    q_figures,
+    q_records,
+    q_replay,
+    q_serving,
+    q_system,
+    q_timeline,
+)
 from traces.console import UserResult, run_user_sql
 from traces.errors import OutOfMemory, TraceError
 from traces.q_figures import CaptureVerdict, Figures
@@ -440,6 +450,20 @@ class Profile:
         """The window a timeline opens on for the executions of ``graph_ids`` (absolute ns; None: none ran).
         Example: ``p.graph_fit([3])``."""
         return q_timeline.graph_fit(self, graph_ids)
+
+    def hfu_track(self, t0: int, t1: int, buckets: int):
+        """HFU (%) per bucket over ``[t0, t1)``: the timeline's HFU track (``traces.q_counters.hfu``).
+        Example: ``p.hfu_track(t, t + 10**6, 200).max()``."""
+        return q_counters.hfu(self, int(t0), int(t1), int(buckets))
+
+    def memory_track(self, t0: int, t1: int) -> list[tuple[int, int]]:
+        """Device memory in use over ``[t0, t1)`` as ``(ts_ns, bytes)`` steps (``traces.q_counters``)."""
+        return q_counters.device_memory(self, int(t0), int(t1))
+
+    def search(self, text: str, after: int | None = None, before: int | None = None, limit: int = 50) -> dict:
+        """Instructions found by opcode, op, source line or tensor name (``traces.q_counters.search``).
+        Example: ``p.search("matmul")["count"]``."""
+        return q_counters.search(self, text, after, before, limit)
 
     def lanes(self) -> pa.Table:
         """Lanes with instructions (core, engine, DMA queue), executing cores (engine NULL) and each core's

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import dash
 from dash import ALL, ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 
-from explorer import data, records, selection, timeline, ui
-from explorer.figures import fmt_ns, fmt_window, timeline_figure
+from explorer import data, records, selection, timeline, tracks, ui
+from explorer.figures import counter_figure, fmt_ns, fmt_window, timeline_figure
 from traces import annotate
 from traces.q_timeline import fit_window
 from traces.vocab import ENGINES
@@ -98,8 +99,17 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
                  "click an execution, compile or fallback to zoom to it · "
                  "box-select (toolbar) to aggregate a range · click an instruction for its source line",
                  className="hint", id="timeline-help"),
+        html.Div([dcc.Input(id="timeline-search-text", type="search", maxLength=100, debounce=True,
+                            placeholder="search: opcode (MATMUL), op (addmm), line (model.py:15), tensor"),
+                  html.Button("Find", id="timeline-search-go", className="btn"),
+                  html.Button("◀ previous", id="timeline-search-prev", className="btn"),
+                  html.Button("next ▶", id="timeline-search-next", className="btn"),
+                  html.Span(id="timeline-search-status", className="hint")], className="toolbar"),
+        html.Div(id="timeline-search-results"),
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
                  className="card"),
+        html.Div([dcc.Graph(id="timeline-counters", config={"displaylogo": False, "displayModeBar": False}),
+                  html.Div(_throttle_note(key), className="hint", id="timeline-throttle")], className="card"),
         html.Div([
             html.H3("Annotations"),
             html.Div([dcc.Input(id="timeline-note-text", type="text", maxLength=annotate.MAX_TEXT, debounce=False,
@@ -117,6 +127,59 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
                       html.Div(id="timeline-aggregates")], className="card col"),
         ], className="row"),
     ])
+
+
+def _throttle_note(key) -> str:
+    """Why there is no throttling track (the profile records none; the cost model's trn2 ramp is inside each
+    Tensor Engine instruction's duration)."""
+    target = data.metadata(data.resolve(key)).get("target", "this device")
+    return (f"No throttling track: the profile records no throttling events ({target}). The cost model slows "
+            "trn2's Tensor Engine to 50 % after an idle gap, ramping back over 3 µs, inside each instruction's "
+            "duration; trn1 and inf2 never throttle.")
+
+
+@callback(Output("timeline-counters", "figure"), Input("timeline-state", "data"))
+def counter_tracks(state):
+    """HFU and device memory in use over the timeline's window (``explorer.tracks.counters``)."""
+    return counter_figure(tracks.counters(data.resolve(state["profile"]), state["start"], state["end"]))
+
+
+@callback(Output("timeline-request", "data", allow_duplicate=True), Output("timeline-search-status", "children"),
+          Output("timeline-search-results", "children"),
+          Input("timeline-search-go", "n_clicks"), Input("timeline-search-prev", "n_clicks"),
+          Input("timeline-search-next", "n_clicks"), Input("timeline-search-text", "n_submit"),
+          State("timeline-search-text", "value"), State("timeline-state", "data"), prevent_initial_call=True)
+def search(_go, _prev, _next, _submit, text, state):
+    """Find instructions by opcode, op, line or tensor: list the first matches and zoom to one (Find: the
+    first in or after the window; previous / next: around the window's centre)."""
+    key, width = state["profile"], state["end"] - state["start"]
+    centre = (state["start"] + state["end"]) // 2
+    L = data.resolve(key)
+    try:
+        if ctx.triggered_id == "timeline-search-next":
+            found = tracks.search(L, text, after=centre, limit=1)
+        elif ctx.triggered_id == "timeline-search-prev":
+            found = tracks.search(L, text, before=centre - 1, limit=1)
+        else:
+            found = tracks.search(L, text, after=state["start"] - 1, limit=40)
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc), dash.no_update
+    why = ", ".join(f"{n} op{'s' * (n != 1)} by {k}" for k, n in found["ops"].items())
+    said = f"{found['count']:,} instructions match {found['text']!r}" + (f" ({why})" if why else "")
+    if not found["matches"]:
+        return dash.no_update, said + ": none further that way", dash.no_update
+    span = data.bounds(L)["span"]
+    a, b = tracks.match_window(found["matches"][0], width if ctx.triggered_id != "timeline-search-go"
+                               else min(width, 200 * max(found["matches"][0]["dur"], 1)), span)
+    listing = dash.no_update
+    if ctx.triggered_id not in ("timeline-search-next", "timeline-search-prev"):
+        listing = html.Ul([html.Li(dcc.Link(f"{fmt_ns(m['start'])} · {m['opcode']} · {m['op']} {m['where']} · "
+                                            f"{timeline.lane_label(m['core'], m['engine'], m['queue'])}",
+                                            href=ui.href("/timeline", profile=key, sel=state.get("sel"),
+                                                         start=tracks.match_window(m, width, span)[0],
+                                                         end=tracks.match_window(m, width, span)[1])))
+                           for m in found["matches"]], id="timeline-search-list", className="search-results")
+    return {"xaxis.range": [a / 1e3, b / 1e3], "n": time.time()}, said, listing
 
 
 def _window_from_relayout(relayout: dict, state: dict):
