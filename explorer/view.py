@@ -36,6 +36,14 @@ def register(subparsers) -> None:
     p.add_argument("--ignore-device-profile", action="store_true",
                    help="System Trace: no drill-down from an execution into its device timeline")
     p.add_argument("--ignore-system-profile", action="store_true", help="do not show the system profile")
+    p.add_argument("-d", "--directory", metavar="DIR",
+                   help="serve every profile under DIR (session directories, finalised first) and manage them: "
+                        "the Profiles page deletes and uploads there")
+    p.add_argument("--ingest-only", action="store_true",
+                   help="finalise the profiles (segments into profile.duckdb) and exit without serving")
+    p.add_argument("--api-port", type=int, metavar="PORT",
+                   help="also serve the read-only JSON API alone on PORT (the real tool's 3002); it is always at "
+                        "/api on the UI's port")
     p.add_argument("--display-name", action="append", metavar="NAME",
                    help="the name every picker shows for the profile (stored in it as Metadata.profile_name); "
                         "once per PROFILE, in order. Default: the script and mode it recorded "
@@ -91,13 +99,38 @@ def _check_port(host: str, port: int) -> None:
                              f"pick another port with --port") from None
 
 
+def sessions(root: Path, depth: int = 3) -> list[Path]:
+    """Session directories under ``root`` (a ``profile.duckdb``, or segments not finalised yet), at most
+    ``depth`` levels down (``DIR/vm_pid_N/<session>/`` as torch.profiler writes them), sorted."""
+    found = []
+    for d in [root] + [p for n in range(1, depth + 1) for p in root.glob("/".join(["*"] * n)) if p.is_dir()]:
+        if (d / "profile.duckdb").is_file() or any(d.glob("*.arrow")):
+            found.append(d)
+    return sorted(set(found))
+
+
 def _view(args) -> int:
+    from explorer import manager
+
     paths = [resolve_profile(a) for a in args.profiles]
-    if not args.profiles:
+    if args.directory:
+        root = Path(args.directory)
+        if not root.is_dir():
+            raise ValueError(f"-d {args.directory}: no such directory; give the output directory of "
+                             "neuron-explorer inspect (default ./output)")
+        paths += [_finalised(d) for d in sessions(root)]
+        manager.SETTINGS["directory"] = root.resolve()
+        print(f"neuron-explorer: {len(paths)} profile(s) in {root}/", file=sys.stderr)
+    elif not args.profiles:
         out_dir = Path(os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"))
         paths = discover(out_dir)
+        manager.SETTINGS["directory"] = out_dir.resolve() if out_dir.is_dir() else None
         print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
+    if args.ingest_only:
+        return _ingest(paths, args.display_name or [])
     _check_port(args.host, args.port)
+    if args.api_port is not None:
+        _check_port(args.host, args.api_port)
     _name_profiles(paths, args.display_name or [])
     from explorer import data
     from explorer.app import create_app
@@ -129,8 +162,49 @@ def _view(args) -> int:
     # A script that starts the view in the background has SIGINT ignored (inherited), so SIGTERM
     # is the way to stop it there, as with neuron-monitor.
     signal.signal(signal.SIGTERM, _interrupt)
+    if args.api_port is not None:
+        _serve_api(args.host, args.api_port)
+        print(f"JSON API at http://{url_host}:{args.api_port}/api/profiles", flush=True)
     app.run(host=args.host, port=args.port, debug=False)
     return 0
+
+
+def _finalised(session: Path) -> Path:
+    """A session's ``profile.duckdb``, finalising its segments first when it has none (``traces.open``)."""
+    import traces
+
+    if not (session / "profile.duckdb").is_file():
+        traces.open(session).close()
+    return session / "profile.duckdb"
+
+
+def _ingest(paths: list[Path], names: list[str]) -> int:
+    """``view --ingest-only``: every profile finalised and checked (and named), then exit."""
+    import traces
+
+    _name_profiles(paths, names)
+    for path in paths:
+        with traces.open(path) as p:
+            print(f"ingested {path}: {p.display_name() or path.parent.name}, "
+                  f"{p.timeline_bounds().instructions:,} instructions", flush=True)
+    print(f"{len(paths)} profile(s) ready; view them with neuron-explorer view {' '.join(map(str, paths[:3]))}"
+          f"{' …' if len(paths) > 3 else ''}", flush=True)
+    return 0
+
+
+def _serve_api(host: str, port: int) -> None:
+    """The JSON API alone on ``port``, in a thread (the real tool's API server beside its UI)."""
+    import threading
+
+    from flask import Flask
+    from werkzeug.serving import make_server
+
+    from explorer import api
+
+    app = Flask("explorer_api")
+    app.register_blueprint(api.blueprint())
+    srv = make_server(host, port, app, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True, name="explorer-api").start()
 
 
 def _name_profiles(paths: list[Path], names: list[str]) -> None:
