@@ -431,6 +431,10 @@ def console_csv(L: Loaded, sql: str) -> str:
 
 
 def _jsonable(v):
+    from decimal import Decimal
+
+    if isinstance(v, Decimal):      # a HUGEINT sum: a number, so the quick chart can draw it
+        v = int(v) if v == v.to_integral_value() else float(v)
     if v is None or isinstance(v, (bool, int, float, str)):
         return v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)
     return str(v)

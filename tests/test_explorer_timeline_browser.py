@@ -18,10 +18,14 @@ KEY = "20260101-120000_mlp"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tlbrowser")
+
+
+@pytest.fixture(scope="module")
+def server(root):
     from werkzeug.serving import make_server
 
-    root = tmp_path_factory.mktemp("tlbrowser")
     app = create_app([make_profile(root / KEY, iterations=6, tiles=3),
                       make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3),
                       make_profile(root / "20260103-120000_mlp_one", seqs=(64,), iterations=4, tiles=3)])
@@ -200,3 +204,28 @@ def test_search_and_counter_tracks(server, page):
         const g = document.querySelector('#timeline-counters .js-plotly-plot');
         return Math.abs(g._fullLayout.xaxis.range[0] - r[0]) > 1e-9; }""", arg=[lo, hi])
     _shot(page, "timeline-search")
+
+
+def test_profile_manager_star_upload_and_delete(server, page, root):
+    from explorer import manager
+
+    manager.SETTINGS["directory"] = root
+    try:
+        page.goto(f"{server}/profiles?profile={KEY}")
+        page.wait_for_selector("#profiles-table")
+        star = page.locator("#profiles-table button.star").nth(2)
+        star.click()
+        page.wait_for_function("() => document.querySelector('#profiles-status').innerText.includes('saved')")
+        assert page.locator("#profiles-table button.star").first.inner_text() == "★"   # favourites first
+        page.set_input_files("#profiles-upload input[type=file]", str(root / KEY / "profile.duckdb"))
+        page.wait_for_function("() => document.querySelector('#profiles-status').innerText.includes('uploaded')")
+        assert (root / "uploaded_profile" / "profile.duckdb").is_file()
+        _shot(page, "profiles")
+        rows = page.locator("#profiles-table tbody tr")
+        up = next(i for i in range(rows.count()) if "uploaded_profile" in rows.nth(i).inner_text())
+        page.once("dialog", lambda d: d.accept())
+        rows.nth(up).locator("button", has_text="delete").click()
+        page.wait_for_function("() => document.querySelector('#profiles-status').innerText.includes('deleted')")
+        assert not (root / "uploaded_profile").exists()
+    finally:
+        manager.SETTINGS["directory"] = None
