@@ -10,7 +10,6 @@ from dash import dcc, html
 from explorer import data, records, ui
 from explorer.figures import fmt_bytes
 
-
 #: Tensors per page (a profile holds hundreds: one table was 6,576 px tall).
 PAGE_ROWS = 50
 
