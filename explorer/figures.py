@@ -363,7 +363,8 @@ def memory_figure(rows: list[dict], t: int | None = None) -> dict:
     hi = max((r["end_ts"] for r in rows), default=1)
     ticks = time_ticks(lo, max(hi, lo + 1))
     fig.layout = dict(height=520, margin=dict(l=70, r=10, t=10, b=40), shapes=shapes, hovermode="closest",
-                      xaxis=dict(title=ticks.title, tickmode="array", tickvals=[v / 1e3 for v in ticks.values_ns],
-                                 ticktext=ticks.labels),
-                      legend=dict(orientation="h"), yaxis=dict(title="address (bytes per partition)", tickformat="#x"))
+                      xaxis=dict(title=dict(text=ticks.title), tickmode="array",
+                                 tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels),
+                      legend=dict(orientation="h"),
+                      yaxis=dict(title=dict(text="address (bytes per partition)"), tickformat="#x"))
     return fig.to_dict()
