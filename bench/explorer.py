@@ -62,9 +62,8 @@ def timeline(args, out: Path) -> None:
 
     from plotly.utils import PlotlyJSONEncoder
 
-    from explorer import data
+    from explorer import data, tracks
     from explorer import timeline as tline
-    from explorer import tracks
     from explorer.figures import counter_figure, timeline_figure
 
     t = time.perf_counter()

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from explorer import data
+from traces import annotate
 from traces.errors import TraceError
 
 #: Bytes an uploaded profile may have (the browser sends it whole, base64, through the server's memory).
@@ -54,23 +55,17 @@ def entry_info(key: str) -> dict:
 
 
 def listing() -> list[dict]:
-    """Every served profile, favourites first, then by folder and name."""
+    """Every served profile, favourites first, then by folder, else in the order given."""
     rows = [entry_info(k) for k in data.registry().keys()]
-    return sorted(rows, key=lambda r: (not r["favourite"], r["folder"], r["name"]))
+    return sorted(rows, key=lambda r: (not r["favourite"], r["folder"]))
 
 
 def _set(key: str, name: str, value: str) -> None:
-    import duckdb
-
     def change(path):
         try:
-            with duckdb.connect(str(path)) as con:
-                con.execute("DELETE FROM metadata WHERE key = ?", [name])
-                if value:
-                    con.execute("INSERT INTO metadata VALUES (?, ?)", [name, value])
-        except duckdb.Error as exc:
-            raise data.ExplorerError(f"cannot write {path.name}: {data._one_line(exc)}; close other programs "
-                                     "that have it open") from None
+            annotate.set_mark(path, name, value)
+        except TraceError as exc:
+            raise data.ExplorerError(str(exc)) from None
     data.registry().write(key, change)
 
 

@@ -45,7 +45,13 @@ def page(server):
 
 @pytest.mark.parametrize("path", [p for _label, p in NAV])
 def test_every_page_fits_the_window(server, page, path):
+    from explorer import manager
+
     url, key = server
+    other = next(k for k in data.registry().keys() if k != key)
+    if data.registry().label(other) == data.registry().label(key) or "batch 32" not in data.registry().label(other):
+        # a long display name in the picker, as users write them (on our own profile, not the shared sample)
+        manager.rename(other, "bert_encoder.py · compiled, bf16, 12 layers, batch 32 (20261129T060053_1)")
     page.goto(f"{url}{path}?profile={key}")
     page.wait_for_selector("main h2, main .js-plotly-plot, main .error-box, main table", timeout=30_000)
     page.wait_for_timeout(800)

@@ -176,7 +176,7 @@ def test_compare_three_profiles_with_synchronised_timelines(server, page):
             && Math.abs(r[2][1] - r[2][0] - (b[1] - b[0])) > 1e-6; }""", arg=before[0])
     # choose another base: deltas are against it
     page.click("#compare-base-2")
-    page.wait_for_function("() => document.querySelector('#compare-title').innerText.includes('mlp_one)')")
+    page.wait_for_function("() => document.querySelector('#compare-title').innerText.endsWith('base C')")
     assert "(base)" in page.inner_text("#compare-totals")
     _shot(page, "compare-n")
 

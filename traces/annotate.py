@@ -108,6 +108,26 @@ def delete(path, ann_id: int) -> None:
     _write(path, change)
 
 
+#: The profile manager's marks, stored beside the display name in ``metadata`` (``explorer/manager.py``).
+MARKS = ("explorer_favourite", "explorer_folder")
+
+
+def set_mark(path, key: str, value: str) -> None:
+    """Store (or with ``value`` '' remove) one of :data:`MARKS` in the profile at ``path``.
+    Example: ``set_mark("out/s/profile.duckdb", "explorer_folder", "runs/bf16")``."""
+    import duckdb
+
+    if key not in MARKS:
+        raise TraceError(f"{key!r} is not a profile mark; use one of {', '.join(MARKS)}")
+    try:
+        with duckdb.connect(str(path)) as con:
+            con.execute("DELETE FROM metadata WHERE key = ?", [key])
+            if value:
+                con.execute("INSERT INTO metadata VALUES (?, ?)", [key, str(value)[:MAX_TEXT]])
+    except duckdb.Error as exc:
+        raise TraceError(f"cannot write {path}: {_reason(exc)}; close other programs that have it open") from None
+
+
 def _last_added(items: list[dict]) -> dict:
     return max(items, key=lambda a: a["id"])
 

@@ -13,7 +13,7 @@ base, biggest absolute change first. The Explorer's Compare page and ``neuron-ex
 >>> s = [{"lines": {"m.py:3": {"ns": 10, "instructions": 2}}}, {"lines": {"m.py:3": {"ns": 4, "instructions": 1}}}]
 >>> r = align(s, "lines", "line")[0]
 >>> r["line"], r["ns"], r["delta_ns"], r["delta_percent"]
-('m.py:3', [10, 4], [0, -6], [None, -60.0])
+('m.py:3', [10, 4], [0, -6], [0.0, -60.0])
 """
 from __future__ import annotations
 

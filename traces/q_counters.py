@@ -3,8 +3,9 @@ the instructions a search text finds (by opcode, op, source line or tensor).
 
 HFU per bucket is the Tensor Engine's hardware FLOPs in the bucket over its peak for the bucket's width
 on every core that ran instructions (``hfu_estimated_percent``'s formula, per bucket): each instruction's
-FLOPs spread evenly over its duration, exactly, when the window holds at most ``EXACT_MAX`` Tensor Engine
-instructions; beyond that (a bucket then spans many instructions) counted in the bucket where it starts.
+FLOPs spread evenly over its duration, exactly, when the window holds at most ``EXACT_MAX`` instructions
+(estimated from its share of the profile's span); beyond that (a bucket then spans many instructions)
+counted in the bucket where it starts.
 Device memory is the HBM in use after each allocation change (``Profile.host_series()["hbm"]``).
 
 >>> like("MatMul")
@@ -24,6 +25,13 @@ MAX_SEARCH_CHARS = 100
 MAX_MATCHES = 200
 
 
+def _cached(p, name: str, compute):
+    """A per-profile answer kept on the Profile (a finalised profile never changes): small tables only."""
+    if getattr(p, name, None) is None:
+        setattr(p, name, compute())
+    return getattr(p, name)
+
+
 def like(text: str) -> str:
     """The ILIKE pattern for a search text (``%`` and ``_`` in it match themselves)."""
     t = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -36,13 +44,15 @@ def hfu(p, t0: int, t1: int, buckets: int) -> np.ndarray:
     width = (t1 - t0) / buckets
     md = p.metadata()
     peak = float(md.get("tensor_engine_peak_bf16_flops") or 0.0)
-    cores = p.sql("SELECT count(DISTINCT core) AS n FROM instructions").column("n")[0].as_py() or 1
+    cores = _cached(p, "_counter_cores", lambda: p.sql(
+        "SELECT count(DISTINCT core) AS n FROM executions").column("n")[0].as_py() or 1)
     if not peak or t1 <= t0:
         return np.zeros(buckets)
-    lo = t0 - p.timeline_bounds().max_dur
+    b = p.timeline_bounds()
+    lo = t0 - b.max_dur
     where = "engine = 'tensor' AND start_ns >= ? AND start_ns < ? AND start_ns + dur_ns > ?"
-    n = p.sql(f"SELECT count(*) AS n FROM instructions WHERE {where}", [lo, t1, t0]).column("n")[0].as_py()
-    if n <= EXACT_MAX:
+    # the window's share of every instruction, as an estimate of what it holds (no counting scan)
+    if b.instructions * (t1 - t0) / b.span <= EXACT_MAX:
         rows = p.sql(f"SELECT start_ns, dur_ns, flops FROM instructions WHERE {where}", [lo, t1, t0])
         s = np.asarray(rows.column("start_ns").to_numpy(zero_copy_only=False), dtype=np.float64) - t0
         e = s + np.maximum(np.asarray(rows.column("dur_ns").to_numpy(zero_copy_only=False), dtype=np.float64), 1)
@@ -61,7 +71,7 @@ def hfu(p, t0: int, t1: int, buckets: int) -> np.ndarray:
 def device_memory(p, t0: int, t1: int) -> list[tuple[int, int]]:
     """``(ts_ns, bytes)`` steps of device (HBM) memory in use over ``[t0, t1)``, starting with the value at
     ``t0`` (absolute ns); empty when the profile recorded none."""
-    table = p.host_series()["hbm"]
+    table = _cached(p, "_counter_hbm", lambda: p.host_series()["hbm"])
     if not table.num_rows:
         return []
     ts = table.column("ts_ns").to_pylist()

@@ -75,7 +75,9 @@ def layout(profile=None, a=None, b=None, keys=None, base=None, **_):
            for i in range(len(Ls)) if i != bi]
     store = {"keys": picked, "window": None}
     return html.Div([
-        html.H2(f"Compare {len(picked)} profiles · base {label(base)}", id="compare-title"), pickers,
+        html.H2(f"Compare {len(picked)} profiles · "
+                + " · ".join(f"{letter(i)} = {n}" for i, n in enumerate(names)) + f" · base {letter(bi)}",
+                id="compare-title"), pickers,
         html.Div([html.H3("Why"), html.Ul(why, id="compare-why")], className="card"),
         html.Div(totals, className="card"),
         dcc.Store(id="compare-state", data=store),
@@ -95,6 +97,11 @@ def layout(profile=None, a=None, b=None, keys=None, base=None, **_):
                   ui.table([("forward line", "line")] + _cols(names, bi), c["by_fwd_line"], id="compare-backward")],
                  className="card"),
     ])
+
+
+def letter(i: int) -> str:
+    """A profile's letter in a comparison: A, B, C … (the ``diff`` command's too)."""
+    return chr(ord("A") + i) if i < 26 else f"P{i + 1}"
 
 
 def _cols(names, bi):

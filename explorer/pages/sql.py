@@ -120,7 +120,7 @@ def quick_chart(columns, rows) -> go.Figure:
           Output("sql-url", "data"), Output("sql-history", "data"),
           Input("sql-run", "n_clicks"), State("sql-query", "value"), State("sql-profile", "data"),
           State("sql-history", "data"))
-def run(_clicks, query, key, history):
+def run(_clicks, query, key, history=None):
     """Run the console query (also on page load, so a shared ``?q=`` link shows its result); a query the
     user ran goes to the top of the history."""
     try:
@@ -132,7 +132,7 @@ def run(_clicks, query, key, history):
     table = ui.table([(c, c) for c in res["columns"]], res["rows"], id="sql-table", max_rows=data.CONSOLE_LIMIT)
     note = f"{len(res['rows']):,} rows" + (f" (first {data.CONSOLE_LIMIT:,} shown)" if res["truncated"] else "")
     kept = dash.no_update
-    if ctx.triggered_id == "sql-run":
+    if history is not None and ctx.triggered_id == "sql-run":
         kept = [query] + [q for q in (history or []) if isinstance(q, str) and q != query][:HISTORY - 1]
     return (table, html.Div(note, className="hint", id="sql-count"), quick_chart(res["columns"], res["rows"]),
             {"q": query}, kept)

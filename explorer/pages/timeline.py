@@ -35,7 +35,7 @@ KEYS = (
     ("S", "zoom out", "zoom", 2.0),
     ("A", "pan left", "pan", -0.25),
     ("D", "pan right", "pan", 0.25),
-    ("F", "fit to the executions", "fit", 0),
+    ("F", "fit to the busy executions", "fit", 0),
 )
 
 
