@@ -163,8 +163,10 @@ def test_compare_three_profiles_with_synchronised_timelines(server, page):
     before = _ranges(page)
     assert len({tuple(r) for r in before}) == 1
     # drag-zoom on the first timeline: the other two follow
-    box = page.locator("#compare-timelines .nsewdrag").first.bounding_box()
-    y = box["y"] + box["height"] * 0.5
+    drag = page.locator("#compare-timelines .nsewdrag").first
+    drag.scroll_into_view_if_needed()
+    box = drag.bounding_box()
+    y = box["y"] + min(box["height"] * 0.5, 40)
     page.mouse.move(box["x"] + box["width"] * 0.2, y)
     page.mouse.down()
     page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=8)
