@@ -454,10 +454,12 @@ def compare_n(Ls: list[Loaded], base: int = 0, limit: int = 50) -> dict:
     return c
 
 
-def why(A: Loaded, B: Loaded) -> list[str]:
-    """The gap between two profiles in words (``traces.q_host.why``), each side by its kind or A/B."""
+def why(A: Loaded, B: Loaded, letters: tuple[str, str] = ("A", "B")) -> list[str]:
+    """The gap between two profiles in words (``traces.q_host.why``), each side by its kind (eager /
+    compiled) or, when both are the same kind, by its letter in the comparison."""
     ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
-    return q_host.why(ha, hb, *q_host.names(ha, hb))
+    names = q_host.names(ha, hb)
+    return q_host.why(ha, hb, *(letters if names == ("A", "B") else names))
 
 
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:

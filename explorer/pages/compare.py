@@ -71,7 +71,7 @@ def layout(profile=None, a=None, b=None, keys=None, base=None, **_):
         (f"{n}{' (base)' if i == bi else ''}", lambda r, i=i: _fmt(r[0], r[1]["values"][i])
          if i == bi else html.Span([_fmt(r[0], r[1]["values"][i]), " ", _signed(r[0], r[1]["delta"][i])]))
         for i, n in enumerate(names)], list(c["totals"].items()), id="compare-totals")
-    why = [html.Li(f"{names[i]} against {names[bi]}: " + "; ".join(data.why(Ls[bi], Ls[i])))
+    why = [html.Li(f"{letter(i)} against {letter(bi)}: " + "; ".join(data.why(Ls[bi], Ls[i], (letter(bi), letter(i)))))
            for i in range(len(Ls)) if i != bi]
     store = {"keys": picked, "window": None}
     return html.Div([
