@@ -67,10 +67,15 @@ def layout(profile=None, a=None, b=None, keys=None, base=None, **_):
          link("make base", picked, k, id=f"compare-base-{i}") if k in picked else None),
     ], className="compare-pick") for i, k in enumerate(served)], className="toolbar", id="compare-pickers")
     names = [label(k) for k in picked]
-    totals = ui.table([("metric", lambda r: r[0])] + [
-        (f"{n}{' (base)' if i == bi else ''}", lambda r, i=i: _fmt(r[0], r[1]["values"][i])
-         if i == bi else html.Span([_fmt(r[0], r[1]["values"][i]), " ", _signed(r[0], r[1]["delta"][i])]))
-        for i, n in enumerate(names)], list(c["totals"].items()), id="compare-totals")
+    if len(picked) == 2:   # two profiles: each value, then the difference in a column of its own
+        oi = 1 - bi
+        cols = [(f"{letter(i)}: {names[i]}{' (base)' if i == bi else ''}", lambda r, i=i: _fmt(r[0], r[1]["values"][i]))
+                for i in range(2)] + [(f"{letter(oi)} − {letter(bi)}", lambda r: _fmt(r[0], r[1]["delta"][oi]))]
+    else:
+        cols = [(f"{letter(i)}: {n}{' (base)' if i == bi else ''}", lambda r, i=i: _fmt(r[0], r[1]["values"][i])
+                 if i == bi else html.Span([_fmt(r[0], r[1]["values"][i]), " ", _signed(r[0], r[1]["delta"][i])]))
+                for i, n in enumerate(names)]
+    totals = ui.table([("metric", lambda r: r[0])] + cols, list(c["totals"].items()), id="compare-totals")
     why = [html.Li(f"{letter(i)} against {letter(bi)}: " + "; ".join(data.why(Ls[bi], Ls[i], (letter(bi), letter(i)))))
            for i in range(len(Ls)) if i != bi]
     store = {"keys": picked, "window": None}
