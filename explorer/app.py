@@ -20,6 +20,10 @@ NAV = (("Summary", "/"), ("Timeline", "/timeline"), ("Hierarchy", "/hierarchy"),
        ("Compare", "/compare"), ("System", "/system"), ("Memory", "/memory"), ("Tensors", "/tensors"),
        ("Regions", "/regions"), ("Operators", "/operators"))
 
+# the profile manager (explorer/pages/profiles.py)
+PAGES += ("profiles",)
+NAV += (("Profiles", "/profiles"),)
+
 _APP = None
 
 
@@ -63,12 +67,13 @@ def _build():
     import dash
     from dash import Input, Output, State, dcc, html
 
-    from explorer import data, ui
+    from explorer import api, data, manager, ui
 
     app = dash.Dash(__name__, use_pages=True, pages_folder="", assets_folder=str(Path(__file__).parent / "assets"),
                     title="Neuron Explorer (simulated)", suppress_callback_exceptions=True,
                     update_title=None)
     app.server.register_error_handler(Exception, _refuse_request)
+    app.server.register_blueprint(api.blueprint())       # the read-only JSON API beside the pages
     for name in PAGES:
         module = importlib.import_module(f"explorer.pages.{name}")
         dash.register_page(module.__name__, layout=module.layout, **module.PAGE)
@@ -93,7 +98,8 @@ def _build():
         key = (q.get("profile") or [data.registry().default_key()])[0]
         links = [dcc.Link(label, href=ui.href(path, profile=key), id=f"app-nav-{label.lower()}",
                           className="active" if (pathname or "/") == path else "") for label, path in NAV]
-        options = [{"label": data.registry().label(k), "value": k} for k in data.registry().keys()]
+        options = [{"label": ("★ " if r["favourite"] else "") + (f"{r['folder']} / " if r["folder"] else "")
+                    + r["name"], "value": r["key"]} for r in manager.listing()]
         return links, options, key if key in data.registry().keys() else None
 
     @dash.callback(Output("app-url", "href"), Input("app-profile", "value"), State("app-url", "pathname"),

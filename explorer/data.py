@@ -15,7 +15,7 @@ projected clock, so URLs and axes stay short.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import re
 from pathlib import Path
 
 from explorer.profiles import (  # noqa: F401  (the pages reach them through here)
@@ -31,8 +31,14 @@ from explorer.profiles import (  # noqa: F401  (the pages reach them through her
     resolve,
     set_registry,
 )
-from explorer.signatures import bucketing, parse_signature, signature_diff  # noqa: F401  (pages use them here)
-from traces import q_host
+from explorer.signatures import (  # noqa: F401  (pages use them here)
+    bucketing,
+    name_inputs,
+    parse_signature,
+    reason_names,
+    signature_diff,
+)
+from traces import q_compare, q_host
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.vocab import DEVICE_ENGINES
@@ -154,6 +160,17 @@ def line_totals(L: Loaded, include_warmup: bool | None = None) -> dict[int, dict
             d["ops"].append(op_id)
         return out
     return L.cached(f"line_totals:{include_warmup}", compute)
+
+
+def source_line(L: Loaded, sid: int) -> dict | None:
+    """``{"file", "line"}`` of a recorded source line: an op's line, or a graph's call site (the line that
+    compiled it: the Recompiles page links it) that no op of the graph carries; None when unknown."""
+    t = line_totals(L).get(sid)
+    if t is not None:
+        return t
+    site = next((g for g in rows(L.profile.graphs()) if g.get("source_id") == sid and g.get("file")), None)
+    return {"file": site["file"], "line": site["line"], "graph_id": site["graph_id"], "graph": site["name"]} \
+        if site else None
 
 
 def top_lines(L: Loaded, n: int = 10) -> list[dict]:
@@ -362,12 +379,19 @@ def recompiles(L: Loaded) -> dict:
                            "compile_wall_ns": g.get("compile_wall_ns") or 0, "cache_hit": bool(g.get("cache_hit")),
                            "old_signature": parent.get("input_signature") or "",
                            "new_signature": g.get("input_signature") or "",
-                           "diff": signature_diff(parent.get("input_signature"), g.get("input_signature")),
+                           "diff": name_inputs(signature_diff(parent.get("input_signature"),
+                                                              g.get("input_signature")),
+                                               [g.get("recompile_reason") or ""]),
                            "ts": g.get("compile_ts"), "before_window": bool(g.get("before_window"))})
         families: dict[int, list] = {}
         for g in graphs:
             families.setdefault(root(g), []).append(g)
         suggestions = [s for fam in families.values() if len(fam) > 1 for s in [bucketing(fam)] if s]
+        for s in suggestions:   # the runtime records inputs by position: name them as the user did
+            names = reason_names([g.get("recompile_reason") for g in graphs], s["dim"]) \
+                if re.fullmatch(r"input\d+", s["input"]) else []
+            s["input_names"] = names or [s["input"]]
+            s["input"] = ", ".join(s["input_names"])
         f = L.profile.figures()
         return {"graphs": graphs, "recompiles": events, "suggestions": suggestions, "figures": f,
                 "before_window": f.before_window_text()}
@@ -422,87 +446,59 @@ def console_csv(L: Loaded, sql: str) -> str:
 
 
 def _jsonable(v):
+    from decimal import Decimal
+
+    if isinstance(v, Decimal):      # a HUGEINT sum: a number, so the quick chart can draw it
+        v = int(v) if v == v.to_integral_value() else float(v)
     if v is None or isinstance(v, (bool, int, float, str)):
         return v if not (isinstance(v, float) and not math.isfinite(v)) else str(v)
     return str(v)
 
 
 # -------------------------------------------------------------------------------------- compare
-@dataclass
-class Side:
-    key: str
-    lines: dict = field(default_factory=dict)
-    ops: dict = field(default_factory=dict)
-    backward: dict = field(default_factory=dict)     # backward ops' time per forward line
+def compare_n(Ls: list[Loaded], base: int = 0, limit: int = 50) -> dict:
+    """N profiles aligned by source line, op path and forward line against ``Ls[base]``
+    (``traces.q_compare.compare``: the one computation), with each profile's key and display name."""
+    if len(Ls) < 2:
+        raise ExplorerError("Compare needs at least two profiles")
+    if not 0 <= base < len(Ls):
+        raise ExplorerError(f"base {base} is not one of the {len(Ls)} profiles")
+    c = q_compare.compare([L.profile for L in Ls], base, limit)
+    c["keys"] = [L.key for L in Ls]
+    c["labels"] = [registry().label(L.key) if L.key in registry().keys() else L.name for L in Ls]
+    return c
 
 
-def _line_key(t: dict) -> str:
-    # Basename + line: the same model run from two checkouts still aligns.
-    return f"{Path(t['file']).name}:{t['line']}" if t.get("file") else "(no source)"
-
-
-def _op_path(o: dict) -> str:
-    # a backward op is marked: `fc1 / aten.mm` forward (a 3-D linear) and backward are different work
-    return f"{o.get('module_path') or '(top)'} / {op_label(o)}{' (backward)' if o.get('fwd_source_id') else ''}"
+def why(A: Loaded, B: Loaded, letters: tuple[str, str] = ("A", "B")) -> list[str]:
+    """The gap between two profiles in words (``traces.q_host.why``), each side by its kind (eager /
+    compiled) or, when both are the same kind, by its letter in the comparison."""
+    ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
+    names = q_host.names(ha, hb)
+    return q_host.why(ha, hb, *(letters if names == ("A", "B") else names))
 
 
 def compare(A: Loaded, B: Loaded, limit: int = 50) -> dict:
-    """Two profiles aligned by source line (``file.py:line``), op path (``module / aten op``, backward
-    ops marked ``(backward)``) and, for backward ops, the forward line they differentiate.
+    """Two profiles (A the base) aligned by source line (``file.py:line``), op path (``module / aten op``,
+    backward ops marked ``(backward)``) and, for backward ops, the forward line they differentiate
+    (:func:`compare_n` with two; ``traces.q_compare`` explains each key). Each row: ``a_ns``, ``b_ns``,
+    ``delta_ns`` (B − A), ``delta_percent``, ``a_instructions``, ``b_instructions``, ``only_in`` (``a``,
+    ``b`` or ''); with a "Why" in words (``traces.q_host.why``)."""
+    c = q_compare.compare([A.profile, B.profile], 0, limit)
 
-    A backward op's line is the ``backward()`` call in both modes, eager and compiled, so no forward
-    line carries backward time; ``by_fwd_line`` splits the backward time by the forward line autograd
-    recorded for each op. Each line's and op's time is its device time plus its CPU-fallback host
-    time (so moving an op from the host to the device shows as the saving it is). Deltas are B − A in
-    ns, biggest absolute change first.
+    def two(rows):
+        return [{k: v for k, v in {
+            **{n: r[n] for n in ("line", "op_path", "code") if n in r},
+            "a_ns": r["ns"][0], "b_ns": r["ns"][1], "delta_ns": r["delta_ns"][1],
+            "delta_percent": r["delta_percent"][1],
+            "a_instructions": r["instructions"][0], "b_instructions": r["instructions"][1],
+            "only_in": "a" if not r["present"][1] else "b" if not r["present"][0] else ""}.items()}
+            for r in rows]
 
-    Every figure counts every execution of each profile, warm-ups included, as the Why lines do: the
-    Summary's rule (warm-ups excluded unless a profile has nothing else) would set all five executions
-    of a run whose every graph ran once against three of the other's (issue 37).
-    """
-    def side(L):
-        s = Side(L.key)
-        for t in line_totals(L, include_warmup=True).values():
-            d = s.lines.setdefault(_line_key(t), {"device_ns": 0, "instructions": 0,
-                                                  "code": (t.get("code") or "").strip()})
-            d["device_ns"] += t["device_ns"] + t.get("host_ns", 0)
-            d["instructions"] += t["instructions"]
-        totals = op_totals(L, include_warmup=True)
-        for op_id, o in ops(L).items():
-            t = totals.get(op_id, {})
-            for d in [s.ops.setdefault(_op_path(o), {"device_ns": 0, "instructions": 0})] + (
-                    [s.backward.setdefault(_line_key({"file": o["fwd_file"], "line": o["fwd_line"]}),
-                                           {"device_ns": 0, "instructions": 0})] if o.get("fwd_file") else []):
-                d["device_ns"] += t.get("device_ns", 0) + t.get("host_ns", 0)
-                d["instructions"] += t.get("instructions", 0)
-        return s
-
-    sa, sb = side(A), side(B)
-
-    def align(x: dict, y: dict, name: str):
-        out = []
-        for k in sorted(set(x) | set(y)):
-            a, b = x.get(k, {}), y.get(k, {})
-            da, db = a.get("device_ns", 0), b.get("device_ns", 0)
-            if not da and not db:
-                continue
-            row = {name: k, "a_ns": da, "b_ns": db, "delta_ns": db - da,
-                   "delta_percent": (100.0 * (db - da) / da) if da else None,
-                   "a_instructions": a.get("instructions", 0), "b_instructions": b.get("instructions", 0),
-                   "only_in": "a" if k not in y else "b" if k not in x else ""}
-            if "code" in a or "code" in b:
-                row["code"] = a.get("code") or b.get("code") or ""
-            out.append(row)
-        out.sort(key=lambda r: -abs(r["delta_ns"]))
-        return out[:limit]
-
-    ma, mb = (_named(L.profile.figures(include_warmup=True)) for L in (A, B))
-    keys = list(ma)
     ha, hb = q_host.host_figures(A.profile), q_host.host_figures(B.profile)
     na, nb = q_host.names(ha, hb)
     return {"a": A.key, "b": B.key, "a_path": A.path.name, "b_path": B.path.name,
             "why": {"a_name": na, "b_name": nb, "a": ha.as_dict(), "b": hb.as_dict(),
                     "lines": q_host.why(ha, hb, na, nb)},
-            "totals": {k: {"a": ma[k], "b": mb[k], "delta": mb[k] - ma[k]} for k in keys},
-            "by_line": align(sa.lines, sb.lines, "line"), "by_op": align(sa.ops, sb.ops, "op_path"),
-            "by_fwd_line": align(sa.backward, sb.backward, "line")}
+            "totals": {k: {"a": v["values"][0], "b": v["values"][1], "delta": v["delta"][1]}
+                       for k, v in c["totals"].items()},
+            "by_line": two(c["by_line"]), "by_op": two(c["by_op"]), "by_fwd_line": two(c["by_fwd_line"])}

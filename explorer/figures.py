@@ -21,8 +21,8 @@ from explorer import data, timeline
 from traces.timefmt import fmt_ns, fmt_window, time_ticks
 from traces.vocab import DEVICE_ENGINES, ENGINE_LABELS
 
-__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "icicle_figure", "engine_bars", "op_color",
-           "share_bars", "memory_figure"]
+__all__ = ["fmt_ns", "fmt_window", "fmt_bytes", "timeline_figure", "shift_x", "counter_figure", "icicle_figure",
+           "engine_bars", "op_color", "share_bars", "memory_figure"]
 
 PALETTE = ("#4e79a7", "#59a14f", "#9c755f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#af7aa1",
            "#86bcb6", "#8cd17d", "#499894", "#d4a6c8", "#a0cbe8", "#79706e", "#bab0ac", "#f1ce63")
@@ -30,6 +30,7 @@ FALLBACK_RED = "#e15759"
 RECOMPILE_ORANGE = "#f28e2b"
 COMPILE_BLUE = "#7aa6d6"
 SELECT_GOLD = "#ffbf00"
+ANNOTATION_PURPLE = "#7645a0"
 MAX_LEGEND_OPS = 10
 
 
@@ -93,7 +94,67 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
                    range=[n - 0.5, -0.5], fixedrange=True, showgrid=False, automargin=True),
         uirevision=f"{tl['start']}-{tl['end']}",
     )
+    _annotations(fig, tl.get("annotations") or ())
     return fig.to_dict()
+
+
+def counter_figure(c: dict) -> dict:
+    """The counter tracks under the timeline (:func:`explorer.tracks.counters`): HFU (%) and device memory
+    in use (MB) over the same window, each with its axis labelled."""
+    ticks = time_ticks(c["start"], c["end"])
+    mem = c["memory"]
+    fig = _Fig()
+    fig.add_trace(dict(type="scatter", mode="lines", name="HFU", x=[x / 1e3 for x in c["hfu_x"]], y=c["hfu"],
+                       line=dict(color="#4e79a7", width=1.5, shape="hvh"), fill="tozeroy",
+                       hovertemplate="HFU %{y:.1f}%<extra></extra>", xaxis="x2", yaxis="y"))
+    fig.add_trace(dict(type="scatter", mode="lines", name="device memory", x=[t / 1e3 for t, _ in mem],
+                       y=[b / 1e6 for _, b in mem], line=dict(color="#f28e2b", width=1.5, shape="hv"),
+                       hovertemplate="%{y:.3g} MB in use<extra></extra>", yaxis="y2"))
+    fig.layout = dict(
+        height=190, margin=dict(l=70, r=10, t=8, b=36), showlegend=False, hovermode="x", plot_bgcolor="#fbfbfd",
+        xaxis=dict(range=[c["start"] / 1e3, c["end"] / 1e3], tickmode="array",
+                   tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels,
+                   title=dict(text=ticks.title, font=dict(size=11)), anchor="y2"),
+        xaxis2=dict(matches="x", anchor="y", showticklabels=False),
+        yaxis=dict(domain=[0.56, 1], title=dict(text="HFU %", font=dict(size=10)), rangemode="tozero",
+                   fixedrange=True),
+        yaxis2=dict(domain=[0, 0.44], title=dict(text="HBM in use (MB)", font=dict(size=10)), rangemode="tozero",
+                    fixedrange=True),
+        uirevision=f"{c['start']}-{c['end']}")
+    return fig.to_dict()
+
+
+def shift_x(fig: dict, by_us: float) -> dict:
+    """Move a timeline figure's x values by ``by_us`` (bars' bases, heat cells, markers, annotations): the
+    Compare page draws each profile from its own first busy execution. Example: ``shift_x(fig, -2000.0)``."""
+    for t in fig["data"]:
+        if t.get("type") == "bar" and t.get("orientation") == "h":
+            t["base"] = [b + by_us for b in t["base"]]
+        elif t.get("x") is not None:
+            t["x"] = [x + by_us if x is not None else None for x in t["x"]]
+    for shape in fig["layout"].get("shapes", []):
+        shape["x0"] += by_us
+        shape["x1"] += by_us
+    for label in fig["layout"].get("annotations", []):
+        label["x"] += by_us
+    return fig
+
+
+def _annotations(fig, notes) -> None:
+    """The user's annotations: a dashed line at a point, a shaded band over a range, the text on top."""
+    shapes, labels = [], []
+    for a in notes:
+        x0, x1 = a["start"] / 1e3, a["end"] / 1e3
+        shapes.append(dict(type="line", x0=x0, x1=x0, yref="paper", y0=0, y1=1,
+                           line=dict(color=ANNOTATION_PURPLE, width=1.5, dash="dash")) if a["kind"] == "point" else
+                      dict(type="rect", x0=x0, x1=x1, yref="paper", y0=0, y1=1, layer="below", line=dict(width=0),
+                           fillcolor="rgba(118, 69, 160, 0.10)"))
+        labels.append(dict(x=x0, y=1, yref="paper", yanchor="top", xanchor="left", showarrow=False,
+                           text=f"✎ {a['text'][:60]}", bgcolor="rgba(255,255,255,0.8)",
+                           font=dict(size=10, color=ANNOTATION_PURPLE)))
+    if shapes:
+        fig.layout["shapes"] = shapes
+        fig.layout["annotations"] = labels
 
 
 def _raw_bars(fig, tl, ops, index, chosen):
@@ -194,14 +255,17 @@ def _span_bars(fig, tl, index):
             extra = (f"graph {s['name']} · iteration {s.get('iteration')}" if kind == "exec"
                      else _transfer_text(s.get("detail")) if kind == "host_transfer" else (s.get("detail") or ""))
             text.append(f"<b>{name}</b> {fmt_ns(s['dur'])}<br>{str(extra)[:160]}")
+        # customdata ["span", start, dur]: a click zooms the timeline to the span (pages/timeline.py)
+        custom = [["span", s["start"], s["dur"]] for s in spans]
         fig.add_trace(dict(type="bar", name=name, orientation="h", x=[max(s["dur"], 1) / 1e3 for s in spans],
                            base=[s["start"] / 1e3 for s in spans], y=[index[s["lane"]] for s in spans],
-                           hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                           customdata=custom, hovertext=[t + "<br><i>click to zoom to it</i>" for t in text],
+                           hovertemplate="%{hovertext}<extra></extra>",
                            marker=dict(color=color), width=0.7, opacity=0.9))
         if kind == "recompile":   # a marker so a recompile shows even when its span is a sliver
             fig.add_trace(dict(type="scatter", name="recompile marker", x=[s["start"] / 1e3 for s in spans],
                                y=[index[s["lane"]] for s in spans], mode="markers", showlegend=False,
-                               hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
+                               customdata=custom, hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
                                marker=dict(symbol="triangle-down", size=11, color=RECOMPILE_ORANGE,
                                            line=dict(color="#7a3e00", width=1))))
 
@@ -299,7 +363,8 @@ def memory_figure(rows: list[dict], t: int | None = None) -> dict:
     hi = max((r["end_ts"] for r in rows), default=1)
     ticks = time_ticks(lo, max(hi, lo + 1))
     fig.layout = dict(height=520, margin=dict(l=70, r=10, t=10, b=40), shapes=shapes, hovermode="closest",
-                      xaxis=dict(title=ticks.title, tickmode="array", tickvals=[v / 1e3 for v in ticks.values_ns],
-                                 ticktext=ticks.labels),
-                      legend=dict(orientation="h"), yaxis=dict(title="address (bytes per partition)", tickformat="#x"))
+                      xaxis=dict(title=dict(text=ticks.title), tickmode="array",
+                                 tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels),
+                      legend=dict(orientation="h"),
+                      yaxis=dict(title=dict(text="address (bytes per partition)"), tickformat="#x"))
     return fig.to_dict()

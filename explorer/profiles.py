@@ -74,15 +74,29 @@ class Registry:
     def __init__(self, paths):
         self.entries: dict[str, Entry] = {}
         self._loaded: dict[str, Loaded] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         for p in paths:
-            path = Path(p).resolve()
-            base = path.parent.name if path.name == "profile.duckdb" else path.stem
-            base = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.") or "profile"
-            key, n = base, 2
+            self.add(p)
+
+    def add(self, p) -> str:
+        """Serve one more profile file (an upload); returns its key, derived from its session directory."""
+        path = Path(p).resolve()
+        base = path.parent.name if path.name == "profile.duckdb" else path.stem
+        base = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.") or "profile"
+        key, n = base, 2
+        with self._lock:
             while key in self.entries:
                 key, n = f"{base}-{n}", n + 1
             self.entries[key] = Entry(key, path)
+        return key
+
+    def remove(self, key) -> None:
+        """Stop serving ``key`` (its file is closed; the caller deletes it)."""
+        with self._lock:
+            loaded = self._loaded.pop(key, None)
+            if loaded is not None:
+                loaded.close()
+            self.entries.pop(key, None)
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -122,6 +136,17 @@ class Registry:
                     raise ExplorerError(f"profile {key!r} ({entry.path.name}) cannot be opened: "
                                         f"{entry.error}") from None
             return self._loaded[key]
+
+    def write(self, key, change):
+        """Run ``change(path)`` (it writes the profile file: an annotation, a display name) with the profile
+        closed, its console worker too, so the next request reopens it and sees the change; returns what
+        ``change`` returns. Example: ``registry.write("mlp", lambda path: annotate.add(path, t, t, "x"))``."""
+        self.get(key)                       # a known key that opens
+        with self._lock:
+            loaded = self._loaded.pop(key, None)
+            if loaded is not None:
+                loaded.close()
+            return change(self.entries[key].path)
 
     def close(self):
         with self._lock:

@@ -10,7 +10,6 @@ Summary rules where one exists (reference §3.6: spill reload > 25% of HBM reads
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,19 +72,6 @@ def host_starved(L, rule) -> list[Finding]:
                     f"between the first and last execution{longest}.{filled}", idle, "timeline", query)]
 
 
-_REASON_DIM = re.compile(r"tensor '([^']+)' dim (\d+)")
-
-
-def _dim_names(reasons: list[str], dim: int) -> list[str]:
-    """The user's argument names that changed along ``dim``, from reasons like ``tensor 'ids' dim 1: 5 -> 9``."""
-    names: list[str] = []
-    for reason in reasons:
-        for name, d in _REASON_DIM.findall(reason):
-            if int(d) == dim and name not in names:
-                names.append(name)
-    return names
-
-
 def recompile_storm(L, rule) -> list[Finding]:
     """At least ``threshold`` recompiles: how many compiles, for which input dimension, and the buckets that fix it.
 
@@ -100,9 +86,7 @@ def recompile_storm(L, rule) -> list[Finding]:
     reasons = [e["reason"] for e in r["recompiles"] if e["reason"]]
     words = ""
     for s in r["suggestions"][:1]:
-        # Signatures may name inputs by position (input0); the reasons carry the user's argument names.
-        names = _dim_names(reasons, s["dim"]) if re.fullmatch(r"input\d+", s["input"]) else []
-        what = ", ".join(f"'{x}'" for x in names) if names else f"'{s['input']}'"
+        what = ", ".join(f"'{x}'" for x in s["input_names"])   # as the user named them (data.recompiles)
         lo, hi = min(s["values"]), max(s["values"])
         words = (f"{s['compiles_before']} compiles for {what} dim {s['dim']} = {lo}–{hi}: pad to {s['buckets']} "
                  f"to compile {s['compiles_after']} graphs with {s['padding_percent']:.0f}% padding waste "

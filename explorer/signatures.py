@@ -79,6 +79,42 @@ def signature_diff(old, new) -> list[dict]:
     return out
 
 
+_REASON_DIM = re.compile(r"tensor '([^']+)' dim (\d+)")
+_POSITIONAL = re.compile(r"input\d+")
+
+
+def reason_names(reasons, dim: int | None = None) -> list[str]:
+    """The user's argument names a recompile's reasons give (``tensor 'ids' dim 1: 5 -> 9``), along ``dim``
+    when given, in order of first mention.
+
+    >>> reason_names(["tensor 'ids' dim 1: 5 -> 9", "tensor 'mask' dim 0: 2 -> 4"], dim=1)
+    ['ids']
+    """
+    names: list[str] = []
+    for reason in reasons:
+        for name, d in _REASON_DIM.findall(reason or ""):
+            if (dim is None or int(d) == dim) and name not in names:
+                names.append(name)
+    return names
+
+
+def name_inputs(diff: list[dict], reasons) -> list[dict]:
+    """``diff`` (:func:`signature_diff`) with positional names (``input0``: the runtime records shapes by
+    position) replaced by the user's argument names from the reasons, when the changed inputs and the
+    names the reasons give for their dimensions match one to one.
+
+    >>> d = signature_diff("(2, 5) int64, (4,) float32", "(2, 9) int64, (4,) float32")
+    >>> [x["name"] for x in name_inputs(d, ["tensor 'ids' dim 1: 5 -> 9"])]
+    ['ids', 'input1']
+    """
+    changed = [x for x in diff if x["changed"] and _POSITIONAL.fullmatch(x["name"])]
+    names = [n for x in changed for n in reason_names(reasons, x["changed"][0])]
+    if not changed or len(names) != len(changed) or len(set(names)) != len(names):
+        return diff
+    rename = {id(x): n for x, n in zip(changed, names)}
+    return [dict(x, name=rename.get(id(x), x["name"])) for x in diff]
+
+
 def bucketing(family: list[dict]) -> dict | None:
     """Suggest padding one varying dimension to power-of-two buckets: compiles saved and padding cost.
 

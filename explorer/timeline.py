@@ -24,18 +24,30 @@ SPAN_CAP = 3000
 MAX_BUCKETS = 800
 
 
-def clamp_window(L: Loaded, start=None, end=None) -> tuple[int, int]:
+def clamp_window(L: Loaded, start=None, end=None, sel=None) -> tuple[int, int]:
     """A validated [start, end) window in ns since t0; with neither end given (or an empty window),
-    the window the timeline opens on: the executions (``data.bounds(L)["fit"]``)."""
+    the window the timeline opens on: the busy executions (``data.bounds(L)["fit"]``), or with a
+    selection the busy executions of the graphs that hold it (:func:`focus`)."""
     b = data.bounds(L)
     span = b["span"]
     a = parse_int(start, "start", 0, span) if start is not None else None
     e = parse_int(end, "end", 0, span) if end is not None else None
     if a is None and e is None:
-        return b["fit"]
+        return focus(L, sel) or b["fit"]
     a = 0 if a is None else a
     e = span if e is None else e
     return (a, e) if e > a else b["fit"]
+
+
+def focus(L: Loaded, sel) -> tuple[int, int] | None:
+    """The window a selection opens on: the busy executions of the graphs holding its ops
+    (``Profile.graph_fit``, the timeline's one fit rule), in ns since t0; None without a selection or
+    when none of those graphs ran."""
+    chosen = data.selection_ops(L, sel) if sel else set()
+    graphs = {(data.ops(L).get(o) or {}).get("graph_id") for o in chosen} - {None}
+    fit = L.profile.graph_fit(sorted(graphs)) if graphs else None
+    t0 = data.bounds(L)["t0"]
+    return (fit[0] - t0, fit[1] - t0) if fit else None
 
 
 def within_session(L: Loaded, start: float, end: float) -> tuple[int, int]:
@@ -99,10 +111,11 @@ def _instruction(r: dict, t0: int) -> dict:
     return r
 
 
-def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKETS) -> dict:
+def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKETS, fold: bool = True) -> dict:
     """What the timeline draws for a window: raw instructions when few, else level-of-detail buckets.
 
-    Without ``start``/``end`` the window is the executions (:func:`clamp_window`).
+    Without ``start``/``end`` the window is the busy executions (:func:`clamp_window`). With ``fold``,
+    lanes with nothing in the window (mostly idle DMA queues) are left out and counted in ``folded``.
     Returns ``{"start", "end", "fit", "span", "mode": "raw"|"lod", "lanes": [...],
     "instructions": [...] (raw),
     "buckets": {lane_key: [(bucket, busy_fraction, count, top_op_id)]} (lod), "bucket_ns",
@@ -110,7 +123,7 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
     ``lanes × buckets`` cells, whatever the profile's size. The level of detail is the ``traces``
     rule (``Profile.lane_cells``): the grid is exactly ``buckets`` cells over the window.
     """
-    a, b = clamp_window(L, start, end)
+    a, b = clamp_window(L, start, end, sel)
     buckets = max(10, min(int(buckets), MAX_BUCKETS))
     bounds = data.bounds(L)
     t0 = bounds["t0"]
@@ -130,7 +143,20 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
     out["spans"] = _spans(L, A, B, t0)
     # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
     out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
+    out["annotations"] = [n for n in annotations(L) if n["start"] <= b and n["end"] >= a]
+    out["folded"] = 0
+    if fold:
+        used = ({lane_key(r["core"], r["engine"], r["queue"]) for r in out.get("instructions", ())}
+                | set(out.get("buckets", {})) | {s["lane"] for s in out["spans"]})
+        kept = [lane for lane in out["lanes"] if lane.key in used]
+        out["folded"], out["lanes"] = len(out["lanes"]) - len(kept), kept
     return out
+
+
+def annotations(L: Loaded) -> list[dict]:
+    """The profile's annotations (``Profile.annotations``) with ``start``/``end`` in ns since t0."""
+    t0 = data.bounds(L)["t0"]
+    return [dict(a, start=a["start_ns"] - t0, end=a["end_ns"] - t0) for a in L.profile.annotations()]
 
 
 def _lod(L, A, B, buckets, chosen) -> dict:

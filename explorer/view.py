@@ -36,17 +36,29 @@ def register(subparsers) -> None:
     p.add_argument("--ignore-device-profile", action="store_true",
                    help="System Trace: no drill-down from an execution into its device timeline")
     p.add_argument("--ignore-system-profile", action="store_true", help="do not show the system profile")
+    p.add_argument("-d", "--directory", metavar="DIR",
+                   help="serve every profile under DIR (session directories, finalised first) and manage them: "
+                        "the Profiles page deletes and uploads there")
+    p.add_argument("--ingest-only", action="store_true",
+                   help="finalise the profiles (segments into profile.duckdb) and exit without serving")
+    p.add_argument("--api-port", type=int, metavar="PORT",
+                   help="also serve the read-only JSON API alone on PORT (the real tool's 3002); it is always at "
+                        "/api on the UI's port")
     p.add_argument("--display-name", action="append", metavar="NAME",
                    help="the name every picker shows for the profile (stored in it as Metadata.profile_name); "
                         "once per PROFILE, in order. Default: the script and mode it recorded "
                         "(\"aws_train.py · eager\")")
     p.set_defaults(func=_view)
 
-    d = subparsers.add_parser("diff", help="compare two profiles by source line and op path",
-                              description="Align two profiles by source line (file:line) and op path "
-                                          "(module / ATen op) and print the device-time deltas (B - A).")
+    d = subparsers.add_parser("diff", help="compare two or more profiles by source line and op path",
+                              description="Align profiles by source line (file:line) and op path "
+                                          "(module / ATen op) and print the device-time deltas against the "
+                                          "base (B - A for two; each minus the --base one for more).")
     d.add_argument("a", metavar="A", help="baseline profile.duckdb (or its session directory)")
     d.add_argument("b", metavar="B", help="profile to compare against A")
+    d.add_argument("more", nargs="*", metavar="PROFILE", help="more profiles: an N-way comparison")
+    d.add_argument("--base", type=int, default=1, metavar="K",
+                   help="with more than two profiles: the K-th (1-based, default 1) is the base")
     d.add_argument("--json", action="store_true", help="print the comparison as JSON")
     d.add_argument("-n", "--top", type=int, default=15, help="rows per table (default 15)")
     d.set_defaults(func=_diff)
@@ -87,13 +99,38 @@ def _check_port(host: str, port: int) -> None:
                              f"pick another port with --port") from None
 
 
+def sessions(root: Path, depth: int = 3) -> list[Path]:
+    """Session directories under ``root`` (a ``profile.duckdb``, or segments not finalised yet), at most
+    ``depth`` levels down (``DIR/vm_pid_N/<session>/`` as torch.profiler writes them), sorted."""
+    found = []
+    for d in [root] + [p for n in range(1, depth + 1) for p in root.glob("/".join(["*"] * n)) if p.is_dir()]:
+        if (d / "profile.duckdb").is_file() or any(d.glob("*.arrow")):
+            found.append(d)
+    return sorted(set(found))
+
+
 def _view(args) -> int:
+    from explorer import manager
+
     paths = [resolve_profile(a) for a in args.profiles]
-    if not args.profiles:
+    if args.directory:
+        root = Path(args.directory)
+        if not root.is_dir():
+            raise ValueError(f"-d {args.directory}: no such directory; give the output directory of "
+                             "neuron-explorer inspect (default ./output)")
+        paths += [_finalised(d) for d in sessions(root)]
+        manager.SETTINGS["directory"] = root.resolve()
+        print(f"neuron-explorer: {len(paths)} profile(s) in {root}/", file=sys.stderr)
+    elif not args.profiles:
         out_dir = Path(os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"))
         paths = discover(out_dir)
+        manager.SETTINGS["directory"] = out_dir.resolve() if out_dir.is_dir() else None
         print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
+    if args.ingest_only:
+        return _ingest(paths, args.display_name or [])
     _check_port(args.host, args.port)
+    if args.api_port is not None:
+        _check_port(args.host, args.api_port)
     _name_profiles(paths, args.display_name or [])
     from explorer import data
     from explorer.app import create_app
@@ -125,8 +162,49 @@ def _view(args) -> int:
     # A script that starts the view in the background has SIGINT ignored (inherited), so SIGTERM
     # is the way to stop it there, as with neuron-monitor.
     signal.signal(signal.SIGTERM, _interrupt)
+    if args.api_port is not None:
+        _serve_api(args.host, args.api_port)
+        print(f"JSON API at http://{url_host}:{args.api_port}/api/profiles", flush=True)
     app.run(host=args.host, port=args.port, debug=False)
     return 0
+
+
+def _finalised(session: Path) -> Path:
+    """A session's ``profile.duckdb``, finalising its segments first when it has none (``traces.open``)."""
+    import traces
+
+    if not (session / "profile.duckdb").is_file():
+        traces.open(session).close()
+    return session / "profile.duckdb"
+
+
+def _ingest(paths: list[Path], names: list[str]) -> int:
+    """``view --ingest-only``: every profile finalised and checked (and named), then exit."""
+    import traces
+
+    _name_profiles(paths, names)
+    for path in paths:
+        with traces.open(path) as p:
+            print(f"ingested {path}: {p.display_name() or path.parent.name}, "
+                  f"{p.timeline_bounds().instructions:,} instructions", flush=True)
+    print(f"{len(paths)} profile(s) ready; view them with neuron-explorer view {' '.join(map(str, paths[:3]))}"
+          f"{' …' if len(paths) > 3 else ''}", flush=True)
+    return 0
+
+
+def _serve_api(host: str, port: int) -> None:
+    """The JSON API alone on ``port``, in a thread (the real tool's API server beside its UI)."""
+    import threading
+
+    from flask import Flask
+    from werkzeug.serving import make_server
+
+    from explorer import api
+
+    app = Flask("explorer_api")
+    app.register_blueprint(api.blueprint())
+    srv = make_server(host, port, app, threaded=True)
+    threading.Thread(target=srv.serve_forever, daemon=True, name="explorer-api").start()
 
 
 def _name_profiles(paths: list[Path], names: list[str]) -> None:
@@ -171,6 +249,8 @@ def _diff(args) -> int:
     a, b = resolve_profile(args.a), resolve_profile(args.b)
     if args.top < 1:
         raise ValueError("--top must be at least 1")
+    if args.more:
+        return _diff_n([a, b] + [resolve_profile(x) for x in args.more], args)
     registry = data.Registry([a, b])
     ka, kb = registry.keys()
     result = data.compare(registry.get(ka), registry.get(kb), limit=args.top)
@@ -181,6 +261,51 @@ def _diff(args) -> int:
     else:
         _print_diff(result)
     registry.close()
+    return 0
+
+
+def _diff_n(paths: list[Path], args) -> int:
+    """``diff A B C …``: N profiles against the ``--base`` one (``data.compare_n``)."""
+    from explorer import data
+
+    if not 1 <= args.base <= len(paths):
+        raise ValueError(f"--base {args.base}: pick 1 to {len(paths)} (the profiles in the order given)")
+    registry = data.Registry(paths)
+    data.set_registry(registry)            # the display names
+    try:
+        c = data.compare_n([registry.get(k) for k in registry.keys()], args.base - 1, limit=args.top)
+    finally:
+        registry.close()
+    c["paths"] = [str(p) for p in paths]
+    if args.json:
+        print(json.dumps(c, indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    from explorer.figures import fmt_ns
+
+    console = Console()
+    names = [chr(ord("A") + i) if i < 26 else f"P{i + 1}" for i in range(len(paths))]
+    for n, label, path, i in zip(names, c["labels"], c["paths"], range(len(paths))):
+        console.print(f"[bold]{n}[/] {label}  {path}{'  (base)' if i == c['base'] else ''}", highlight=False,
+                      soft_wrap=True)
+    base = names[c["base"]]
+    t = Table("metric", *names, title=f"Totals (Δ against {base})")
+    for k, v in c["totals"].items():
+        f = fmt_ns if k.endswith("_ns") else (lambda x: f"{x:.4g}" if isinstance(x, float) else f"{x:,}")
+        t.add_row(k, *[f(x) + ("" if i == c["base"] else f" ({'+' if d > 0 else ''}{f(d)})")
+                       for i, (x, d) in enumerate(zip(v["values"], v["delta"]))])
+    console.print(t)
+    for title, key, rows in (("By source line", "line", c["by_line"]), ("By op path", "op_path", c["by_op"]),
+                             ("Backward ops by the forward line they came from", "line", c["by_fwd_line"])):
+        if rows:
+            t = Table(key, *names, title=f"{title} (Δ against {base})")
+            for r in rows:
+                t.add_row(r[key], *[("—" if not present else fmt_ns(x)) + (
+                    "" if i == c["base"] or not d else f" ({'+' if d > 0 else ''}{fmt_ns(d)})")
+                    for i, (x, d, present) in enumerate(zip(r["ns"], r["delta_ns"], r["present"]))])
+            console.print(t)
     return 0
 
 

@@ -85,8 +85,8 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     ex = min((s for s in tline.timeline(data.resolve("20260101_mlp"))["spans"] if s["kind"] == "exec"),
              key=lambda s: s["start"])
     relayout = {"xaxis.range[0]": ex["start"] / 1e3, "xaxis.range[1]": (ex["start"] + ex["dur"] // 3) / 1e3}
-    fig2, state2, status2, _sel, _hidden, url, label = triggered("timeline-request.data", timeline.zoom,
-                                                                 relayout, None, None, None, state)
+    fig2, state2, status2, _sel, _hidden, url, label, _fold = triggered("timeline-request.data", timeline.zoom,
+                                                                 relayout, None, None, None, None, None, state)
     assert "drawn one by one" in status2 and any(t["type"] == "bar" for t in fig2["data"])
     assert url["start"] == state2["start"] < url["end"] < span
     assert label.endswith(f"({fmt_ns(url['end'] - url['start'])})")
@@ -95,27 +95,28 @@ def test_exp204_timeline_zoom_requeries_and_updates_the_url(app, monkeypatch):
     assert "model.py:1" in bar["hovertext"][0] and "op aten." in bar["hovertext"][0]
     # double-click (autorange) and Fit go back to the executions; Whole session shows everything
     fit = data.bounds(data.resolve("20260101_mlp"))["fit"]
-    *_, url3, _ = triggered("timeline-request.data", timeline.zoom, {"xaxis.autorange": True}, None, None,
-                            None, state2)
+    *_, url3, _, _ = triggered("timeline-request.data", timeline.zoom, {"xaxis.autorange": True}, None, None,
+                            None, None, None, state2)
     assert (url3["start"], url3["end"]) == fit
-    *_, url4, _ = triggered("timeline-fit.n_clicks", timeline.zoom, None, 1, None, None, state2)
+    *_, url4, _, _ = triggered("timeline-fit.n_clicks", timeline.zoom, None, 1, None, None, None, None, state2)
     assert (url4["start"], url4["end"]) == fit
-    *_, url5, _ = triggered("timeline-whole.n_clicks", timeline.zoom, None, None, 1, None, state2)
+    *_, url5, _, _ = triggered("timeline-whole.n_clicks", timeline.zoom, None, None, 1, None, None, None, state2)
     assert (url5["start"], url5["end"]) == (0, span)
     # a pan past the end of the session stops there, keeping the width
     past = {"xaxis.range[0]": (span - 1000) / 1e3, "xaxis.range[1]": (span + 9000) / 1e3}
-    *_, url6, _ = triggered("timeline-request.data", timeline.zoom, past, None, None, None, state2)
+    *_, url6, _, _ = triggered("timeline-request.data", timeline.zoom, past, None, None, None, None, None, state2)
     assert (url6["start"], url6["end"]) == (span - 10_000, span)
     # a key's request (assets/timeline_keys.js)
     keyed = {"xaxis.range": [ex["start"] / 1e3, (ex["start"] + 5000) / 1e3], "n": 3}
-    *_, url7, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, state2)
+    *_, url7, _, _ = triggered("timeline-request.data", timeline.zoom, keyed, None, None, None, None, None, state2)
     assert (url7["start"], url7["end"]) == (ex["start"], ex["start"] + 5000)
     # a request that is not two finite numbers is one line, not a traceback
-    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None, state2)
+    bad = triggered("timeline-request.data", timeline.zoom, {"xaxis.range": ["nan", "x"]}, None, None, None,
+                    None, None, state2)
     assert bad[2] == "the x range must be two finite numbers of µs"
     # a relayout that is not an x-range change does nothing
     assert triggered("timeline-request.data", timeline.zoom, {"autosize": True}, None, None, None,
-                     state)[0] is __import__("dash").no_update
+                     None, None, state)[0] is __import__("dash").no_update
 
 
 def test_exp205_timeline_click_opens_the_source_line(app):
@@ -137,7 +138,7 @@ def test_exp206_brushed_range_aggregates(app):
              key=lambda s: s["start"])
     sel = {"points": [], "range": {"x": [ex["start"] / 1e3, (ex["start"] + ex["dur"]) / 1e3], "y": [0, 5]}}
     body, title = triggered("timeline-graph.selectedData", timeline.aggregates, sel, state)
-    assert title.startswith("Selected range") and "Tensor(nc" in str(body) and "model.py:" in str(body)
+    assert title.endswith("(box-selected range)") and "Tensor(nc" in str(body) and "model.py:" in str(body)
 
 
 def test_exp207_source_line_click_highlights_its_instructions(app):

@@ -108,9 +108,9 @@ def test_exp104_console_callback_reports_refusals_in_one_line(loaded):
     from explorer.pages import sql as sql_page
 
     key = data.registry().default_key()
-    table, message, _fig, url = sql_page.run(1, "DELETE FROM ops", key)
+    table, message, _fig, url, _history = sql_page.run(1, "DELETE FROM ops", key)
     assert "Refused: only a single SELECT" in str(message)
-    table, message, _fig, url = sql_page.run(1, "SELECT name FROM ops ORDER BY name LIMIT 2", key)
+    table, message, _fig, url, _history = sql_page.run(1, "SELECT name FROM ops ORDER BY name LIMIT 2", key)
     assert "sql-table" in str(table) and url == {"q": "SELECT name FROM ops ORDER BY name LIMIT 2"}
 
 

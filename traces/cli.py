@@ -21,6 +21,7 @@ from pathlib import Path
 
 from traces import q_host
 from traces.errors import OutOfMemory, TraceError
+from traces.timefmt import fmt_ns, fmt_window
 from traces.vocab import ENGINE_LABELS
 
 #: ``neuron-explorer sql`` stops a query after this long unless ``--timeout`` or ``--unsafe`` says otherwise.
@@ -134,11 +135,13 @@ def summary_cmd(args: argparse.Namespace) -> int:
         path = p.path
         ranks = p.ranks().to_pylist()
         verdict = p.capture_verdict()
+        notes = p.annotations()
+        t0 = p.timeline_bounds().t0 if notes else 0
     if len(ranks) < 2:
         ranks = []
     if args.json:
         print(json.dumps({"summary": rows, "figures": figures.as_dict(), "host": host.as_dict(),
-                          "capture": verdict.as_dict(),
+                          "capture": verdict.as_dict(), "annotations": notes,
                           **({"ranks": ranks} if ranks else {})},
                          indent=2, default=str))
         return 0
@@ -167,6 +170,10 @@ def summary_cmd(args: argparse.Namespace) -> int:
                               end_section=i == len(shown) - 1)
         console.print(table)
     _print_figures(console, figures, host)
+    for a in notes:   # the user's notes from the Explorer's timeline (traces.annotate)
+        when = (fmt_ns(a["start_ns"] - t0) if a["kind"] == "point"
+                else fmt_window(a["start_ns"] - t0, a["end_ns"] - t0))
+        console.print(f"annotation {a['id']} at {when}: {escape(a['text'])}", highlight=False, soft_wrap=True)
     if ranks:
         _print_ranks(console, ranks)
     return 0

@@ -114,16 +114,17 @@ def _int(v) -> int:
     return int(round(v)) if v is not None else 0
 
 
-def figures(p, include_warmup: bool | None = None) -> Figures:
+def figures(p, include_warmup: bool | None = None, window: tuple[int, int] | None = None) -> Figures:
     """See :meth:`traces.query.Profile.figures`."""
-    s = p.summary(include_warmup)
     warm = bool(include_warmup) if include_warmup is not None else \
         p.metadata().get("summary_includes_warmup", "false") == "true"
+    params = {"w0": int(window[0]), "w1": int(window[1])} if window else None
+    s = p.summary(include_warmup, window)
     ex = p.sql(f"""SELECT count(*) FILTER (WHERE coalesce(warmup, FALSE)) AS warmup,
                           coalesce(max(end_ns) - min(start_ns), 0) AS span,
                           count(DISTINCT (coalesce(target, ''), core)) AS cores
                    FROM executions LEFT JOIN (SELECT run_id, target FROM runs) USING (run_id)
-                   WHERE {measured_condition(warm)}""").to_pylist()[0]
+                   WHERE {measured_condition(warm, bool(window))}""", params).to_pylist()[0]
     device_ns = _int((s.get("total_time") or 0) * 1e9)
     cores = int(ex["cores"] or 0)
     span = int(ex["span"] or 0)
@@ -135,7 +136,7 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
     return Figures(
         executions=int(s.get("execution_count") or 0), warmup_executions=int(ex["warmup"] or 0), cores=cores,
         device_ns=device_ns, step_ns=device_ns + _int((s.get("cpu_fallback_time") or 0) * 1e9), span_ns=span,
-        device_busy_percent=100.0 * busy_ns(p, warm) / (span * max(cores, 1)) if span else 0.0,
+        device_busy_percent=100.0 * busy_ns(p, warm, window) / (span * max(cores, 1)) if span else 0.0,
         engine_percent=engines, mfu_percent=float(s.get("mfu_estimated_percent") or 0.0),
         model_flops=int(s.get("model_flops") or 0), hbm_read_bytes=int(s.get("hbm_read_bytes") or 0),
         hbm_write_bytes=int(s.get("hbm_write_bytes") or 0),
@@ -146,7 +147,7 @@ def figures(p, include_warmup: bool | None = None) -> Figures:
         graphs=graphs, compiles=int(s.get("compile_count") or 0),
         recompiles=int(s.get("recompile_count") or 0), cache_hits=hits,
         compile_ns=_int((s.get("compile_time") or 0) * 1e9),
-        instructions=int(p.metadata().get("instruction_count") or 0),
+        instructions=(p.window_count(*window) if window else int(p.metadata().get("instruction_count") or 0)),
         mbu_percent=float(s.get("mbu_estimated_percent") or 0.0),
         total_bandwidth_available=float(s.get("total_bandwidth_available") or 0.0),
         useful_read_percent=float(s.get("useful_read_percent") or 0.0),
@@ -232,22 +233,25 @@ def flops_breakdown(s: dict) -> dict:
             "active_flops": max(active - model - transpose, 0.0), "idle": 100.0 - active}
 
 
-def busy_ns(p, include_warmup: bool = False) -> int:
+def busy_ns(p, include_warmup: bool = False, window: tuple[int, int] | None = None) -> int:
     """Device-busy ns summed over cores: :func:`core_busy`'s total."""
-    return int(pc.sum(core_busy(p, include_warmup)["active_ns"]).as_py() or 0)
+    return int(pc.sum(core_busy(p, include_warmup, window)["active_ns"]).as_py() or 0)
 
 
-def core_busy(p, include_warmup: bool = False) -> pa.Table:
+def core_busy(p, include_warmup: bool = False, window: tuple[int, int] | None = None) -> pa.Table:
     """Per (``target``, ``core``): the union of the measured executions' device intervals (``active_ns``).
 
     An execution's device interval is ``[start, start + device time)`` (its host time, wherever it
     fell, left out); executions that overlap on one core (a collective beside the next compute
     execution) count their overlap once, so a core is never busier than the time that passed. A core
-    is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores.
+    is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores. ``window``
+    (absolute ns): only the executions overlapping it.
     """
+    params = {"w0": int(window[0]), "w1": int(window[1])} if window else None
     rows = p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
                      FROM (SELECT run_id, core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
-                           WHERE {measured_condition(include_warmup)}) e LEFT JOIN runs r USING (run_id)""")
+                           WHERE {measured_condition(include_warmup, bool(window))}) e
+                     LEFT JOIN runs r USING (run_id)""", params)
     return union_by(rows, ("target", "core"))
 
 

@@ -13,11 +13,14 @@ instructions, split exactly at every edge. The grid is always the one asked for.
 >>> lod_level(width_ns=1000, base=12, top=20) is None
 True
 
-The one window rule (:func:`fit_window`): a timeline opens on the executions (first start to last
-end, plus ``FIT_MARGIN`` of their extent on each side), not on the whole session, where a
-profile's compiles can be ten thousand times longer than its device work; a profile with no
-execution opens on the whole session.
+The one window rule (:func:`fit_window` over :func:`busy_extent`): a timeline opens on the busy
+executions (from the first measured one, as many as keep the window at least ``FIT_MIN_BUSY`` busy,
+plus ``FIT_MARGIN`` of their extent on each side), not on the whole session, where a profile's
+compiles can be ten thousand times longer than its device work, nor on 38 executions of 20 µs
+spread over 1.9 s of host work; a profile with no execution opens on the whole session.
 
+>>> busy_extent([(0, 20), (20, 40), (1_000_000, 1_000_020)])
+(0, 40)
 >>> fit_window(2_000_000, 2_100_000, session=(0, 3_000_000))
 (1998000, 2102000)
 >>> fit_window(None, None, session=(0, 3_000_000))
@@ -40,6 +43,11 @@ LOD_OVERSAMPLE = 16
 #: The fitted window's margin on each side, as a fraction of the executions' extent: enough to see
 #: where the first execution starts and the last ends against the lanes' edges.
 FIT_MARGIN = 0.02
+#: The fitted window holds the most executions (from the first) that keep it at least this busy: ten
+#: back-to-back steps stay together, one step per second of host work opens on the first step alone.
+FIT_MIN_BUSY = 0.10
+#: Executions the fit reads (in start order): a bound on the query, far more than a screen shows.
+FIT_MAX_EXECUTIONS = 100_000
 
 UTILIZATION_SCHEMA = pa.schema([("bucket", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                 ("core", pa.int32()), ("engine", pa.string()), ("busy_ns", pa.float64()),
@@ -66,6 +74,22 @@ def fit_window(first_start: int | None, last_end: int | None, session: tuple[int
     margin = max(1, round((last_end - first_start) * FIT_MARGIN))
     a, b = max(lo, first_start - margin), min(hi, last_end + margin)
     return (a, b) if b > a else (lo, hi)
+
+
+def busy_extent(spans) -> tuple[int, int] | None:
+    """``(start, end)`` of the busy executions: from the first of ``spans`` (``(start, end)`` pairs in start
+    order), the most of them whose summed duration keeps the window at least ``FIT_MIN_BUSY`` busy (the
+    one rule; None without spans). Example: ``busy_extent([(0, 20), (10**6, 10**6 + 20)]) == (0, 20)``."""
+    if not spans:
+        return None
+    first = spans[0][0]
+    best, busy, end = spans[0][1], 0, first
+    for s, e in spans:
+        busy += max(e - s, 0)
+        end = max(end, e)
+        if busy >= FIT_MIN_BUSY * max(end - first, 1):
+            best = end
+    return first, max(best, first + 1)
 
 
 @dataclass(frozen=True)
@@ -121,11 +145,33 @@ def bounds(p) -> Bounds:
           UNION ALL SELECT min(ts_ns), max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FROM events
           UNION ALL SELECT min(start_ns), max(start_ns + dur_ns) FROM instructions)""").to_pylist()[0]
     stats = p.sql("SELECT count(*) AS n, coalesce(max(dur_ns), 0) AS maxdur FROM instructions").to_pylist()[0]
-    ex = p.sql("SELECT min(start_ns) AS s, max(end_ns) AS e FROM executions").to_pylist()[0]
     t0 = int(row["t0"]) if row["t0"] is not None else 0
     t1 = max(int(row["t1"]) if row["t1"] is not None else t0, t0 + 1)
-    fit = fit_window(ex["s"], ex["e"], (t0, t1))
+    fit = fit_window(*(busy_extent(execution_spans(p)) or (None, None)), (t0, t1))
     return Bounds(t0, t1, int(stats["n"]), int(stats["maxdur"]), *fit)
+
+
+def execution_spans(p, graph_ids=None) -> list[tuple[int, int]]:
+    """``(start_ns, end_ns)`` of the executions (of ``graph_ids`` when given) in start order: the measured
+    ones when there are any (a warm-up's compile gap would hide the steps), at most ``FIT_MAX_EXECUTIONS``.
+    Example: ``execution_spans(p, graph_ids=[3])[:1]``."""
+    where, params = "", [FIT_MAX_EXECUTIONS]
+    if graph_ids is not None:
+        where, params = "WHERE list_contains(?, graph_id)", [[int(g) for g in graph_ids], FIT_MAX_EXECUTIONS]
+    rows = p.sql(f"""SELECT start_ns, end_ns, coalesce(warmup, FALSE) AS warmup FROM executions {where}
+                     ORDER BY warmup, start_ns LIMIT ?""", params).to_pylist()
+    measured = [(r["start_ns"], r["end_ns"]) for r in rows if not r["warmup"]]
+    return sorted(measured or [(r["start_ns"], r["end_ns"]) for r in rows])
+
+
+def graph_fit(p, graph_ids) -> tuple[int, int] | None:
+    """The window a timeline opens on for the executions of ``graph_ids`` (the one rule, :func:`busy_extent`
+    then :func:`fit_window`), or None when none ran. Example: ``graph_fit(p, [3])``."""
+    extent = busy_extent(execution_spans(p, graph_ids))
+    if extent is None:
+        return None
+    b = p.timeline_bounds()
+    return fit_window(*extent, (b.t0, b.t1))
 
 
 def lane_filter(core, engine) -> tuple[str, dict]:

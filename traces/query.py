@@ -24,6 +24,7 @@ import pyarrow as pa
 from traces import (
     naming,
     profile_schema,
+    q_counters,
     q_figures,
     q_insights,
     q_operators,
@@ -211,12 +212,18 @@ class Profile:
         stored = self.metadata().get("summary_includes_warmup", "false") == "true"
         return include_warmup is None or bool(include_warmup) == stored
 
-    def summary(self, include_warmup: bool | None = None) -> dict:
+    def summary(self, include_warmup: bool | None = None, window: tuple[int, int] | None = None) -> dict:
         """The Summary metrics (real profiler names) as a dict.
 
         Warm-up executions are excluded unless the profile was finalised with them or
-        ``include_warmup=True``. Example: ``p.summary()["tensor_engine_active_time_percent"]``.
+        ``include_warmup=True``. ``window`` (absolute ns): the same metrics over the executions overlapping
+        it (a timeline selection). Example: ``p.summary()["tensor_engine_active_time_percent"]``.
         """
+        if window:
+            warm = bool(include_warmup) if include_warmup is not None else \
+                self.metadata().get("summary_includes_warmup", "false") == "true"
+            rows = self.sql(summary_sql(warm, window=True), {"w0": int(window[0]), "w1": int(window[1])}).to_pylist()
+            return rows[0] if rows else {}
         query = "SELECT * FROM summary" if self._stored_summary(include_warmup) else summary_sql(include_warmup)
         rows = self.sql(query).to_pylist()
         return rows[0] if rows else {}
@@ -308,13 +315,20 @@ class Profile:
         return q_timeline.utilization(self, t0, t1, buckets, core, engine, by_queue)
 
     # -- the figures every tool shows (traces.q_figures) ---------------------------------------
-    def figures(self, include_warmup: bool | None = None) -> Figures:
+    def annotations(self) -> list[dict]:
+        """The user's notes on the timeline (``traces.annotate``): ``id``, ``start_ns``, ``end_ns``, ``kind``
+        (point / range), ``text``, in time order. Example: ``[a["text"] for a in p.annotations()]``."""
+        from traces import annotate
+        return annotate.of(self)
+
+    def figures(self, include_warmup: bool | None = None, window: tuple[int, int] | None = None) -> Figures:
         """The headline figures (device time, busy %, engine %, MFU, fallback host time, compiles...).
 
-        ``neuron-explorer summary``, the Explorer and ``neuron-top --replay`` all show these.
-        Example: ``p.figures().device_busy_percent``.
+        ``neuron-explorer summary``, the Explorer and ``neuron-top --replay`` all show these. ``window``
+        (absolute ns): the same figures over the executions overlapping it, the timeline's Current
+        Selection (compile counts stay the profile's). Example: ``p.figures().device_busy_percent``.
         """
-        return q_figures.figures(self, include_warmup)
+        return q_figures.figures(self, include_warmup, window)
 
     def capture_verdict(self) -> CaptureVerdict:
         """Whether this profile is complete: ``incomplete`` when executions used the device but no instruction
@@ -466,6 +480,25 @@ class Profile:
         if getattr(self, "_bounds", None) is None:
             self._bounds = q_timeline.bounds(self)
         return self._bounds
+
+    def graph_fit(self, graph_ids) -> tuple[int, int] | None:
+        """The window a timeline opens on for the executions of ``graph_ids`` (absolute ns; None: none ran).
+        Example: ``p.graph_fit([3])``."""
+        return q_timeline.graph_fit(self, graph_ids)
+
+    def hfu_track(self, t0: int, t1: int, buckets: int):
+        """HFU (%) per bucket over ``[t0, t1)``: the timeline's HFU track (``traces.q_counters.hfu``).
+        Example: ``p.hfu_track(t, t + 10**6, 200).max()``."""
+        return q_counters.hfu(self, int(t0), int(t1), int(buckets))
+
+    def memory_track(self, t0: int, t1: int) -> list[tuple[int, int]]:
+        """Device memory in use over ``[t0, t1)`` as ``(ts_ns, bytes)`` steps (``traces.q_counters``)."""
+        return q_counters.device_memory(self, int(t0), int(t1))
+
+    def search(self, text: str, after: int | None = None, before: int | None = None, limit: int = 50) -> dict:
+        """Instructions found by opcode, op, source line or tensor name (``traces.q_counters.search``).
+        Example: ``p.search("matmul")["count"]``."""
+        return q_counters.search(self, text, after, before, limit)
 
     def lanes(self) -> pa.Table:
         """Lanes with instructions (core, engine, DMA queue), executing cores (engine NULL) and each core's

@@ -15,13 +15,18 @@ from traces.vocab import SUMMARY_ENGINE_PREFIX
 DEVICE_NS_SQL = ("least(coalesce(device_ns, end_ns - start_ns), "
                  "greatest(end_ns - start_ns - coalesce(cpu_fallback_ns, 0), 0))")
 
-def measured_condition(include_warmup: bool) -> str:
+#: SQL condition on ``executions``: the execution overlaps the window ``[$w0, $w1)`` (absolute ns, named
+#: parameters): a timeline selection's figures are the Summary's over the executions it touches.
+WINDOW_CONDITION = "start_ns < $w1 AND end_ns > $w0"
+
+
+def measured_condition(include_warmup: bool, window: bool = False) -> str:
     """SQL condition on ``executions``: the ones the summaries count (warm-ups excluded, unless every
-    execution is a warm-up, or ``include_warmup``). Example: ``f"... WHERE {measured_condition(False)}"``."""
-    if include_warmup:
-        return "TRUE"
-    return ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
-            "(SELECT 1 FROM executions WHERE NOT coalesce(warmup, FALSE))")
+    execution is a warm-up, or ``include_warmup``); with ``window``, only those overlapping ``[$w0, $w1)``
+    (:data:`WINDOW_CONDITION`). Example: ``f"... WHERE {measured_condition(False)}"``."""
+    cond = "TRUE" if include_warmup else ("NOT coalesce(warmup, FALSE) OR NOT EXISTS "
+                                          "(SELECT 1 FROM executions WHERE NOT coalesce(warmup, FALSE))")
+    return f"({cond}) AND {WINDOW_CONDITION}" if window else cond
 
 
 def _dma_split(name: str, where: str) -> str:
@@ -61,11 +66,12 @@ WINDOW_CTES = """window_runs AS (
                       (SELECT graph_id FROM window_events WHERE graph_id IS NOT NULL))"""
 
 
-def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
+def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
-    One row overall, or one per ``(run_id, core)`` with ``per_core``. Reads only small tables
-    (``executions``, ``exec_engine_summary``, ...), so it is cheap to run on a finalised profile.
+    One row overall, or one per ``(run_id, core)`` with ``per_core``. With ``window`` the executions (and
+    CPU-fallback events) are those overlapping ``[$w0, $w1)`` (named parameters; a timeline selection).
+    Reads only small tables (``executions``, ``exec_engine_summary``, ...): cheap on a finalised profile.
     Example: ``profile.sql(summary_sql(include_warmup=True))``.
     """
     keys = "run_id, core" if per_core else ""
@@ -99,6 +105,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     dma_cols = "" if per_core else f""",
         {_dma_split("static", "opcode <> 'DMA_INDIRECT'")},
         {_dma_split("software_dynamic", "opcode = 'DMA_INDIRECT'")}"""
+    fb_window = "AND ts_ns < $w1 AND ts_ns + coalesce(dur_ns, 0) > $w0" if window else ""
     engine_out = []
     for engine, name in SUMMARY_ENGINE_PREFIX.items():
         engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
@@ -115,7 +122,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     tp AS (SELECT r.run_id, try_cast(max(m.value) AS DOUBLE) AS peak FROM runs r JOIN metadata m
            ON m.key = 'target.' || r.target || '.tensor_engine_peak_bf16_flops' GROUP BY r.run_id),
     meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak
-             FROM executions LEFT JOIN tp USING (run_id) WHERE {measured_condition(include_warmup)}),
+             FROM executions LEFT JOIN tp USING (run_id) WHERE {measured_condition(include_warmup, window)}),
     ex AS (SELECT {sel_keys}count(*) AS execution_count,
                   sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
                   sum(({DEVICE_NS_SQL}) * target_peak) AS peak_device_ns,
@@ -143,7 +150,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False) -> str:
     -- CPU-fallback host time is recorded per execution or as fallback events' durations (or both: the
     -- same time twice), so the figure is the larger of the two, never their sum
     fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events
-           WHERE kind = 'cpu_fallback' {'GROUP BY ' + keys if keys else ''}),
+           WHERE kind = 'cpu_fallback' {fb_window} {'GROUP BY ' + keys if keys else ''}),
     pk AS (SELECT {sel_keys}coalesce(CASE WHEN peak_lo = peak_hi THEN peak_lo
                                           ELSE peak_device_ns / nullif(device_ns, 0) END,
                                      (SELECT peak FROM md)) AS peak FROM ex)

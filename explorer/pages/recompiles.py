@@ -43,7 +43,8 @@ def layout(profile=None, **_):
     key = ui.profile_key(profile)
     r = data.recompiles(data.resolve(key))
     suggestions = [html.Div([
-        html.Div(html.Strong(f"Pad input '{s['input']}' dimension {s['dim']} to {s['buckets']}")),
+        html.Div(html.Strong(f"Pad input {', '.join(repr(n) for n in s['input_names'])} dimension {s['dim']} "
+                             f"to {s['buckets']}")),
         html.Div(f"Graph {s['graph']} was compiled for {s['compiles_before']} values of that dimension "
                  f"({', '.join(map(str, s['values'][:12]))}). With these buckets it compiles "
                  f"{s['compiles_after']} times: {s['compiles_saved']} compiles saved (~{fmt_ns(s['compile_ns_saved'])} "

@@ -26,7 +26,8 @@ def _bar(ns, peak, kind):
 
 
 def _line_row(r, peak, selected_sid):
-    hot = r["source_id"] is not None and (r["device_ns"] or r["instructions"] or r["host_ns"])
+    hot = r["source_id"] is not None and (r["device_ns"] or r["instructions"] or r["host_ns"]
+                                          or str(r["source_id"]) == selected_sid)
     title = (f"{fmt_ns(r['device_ns'])} device time · {fmt_ns(r['host_ns'])} host time (CPU fallback)"
              if hot else "")
     cells = [html.Span(str(r["line"]), className="src-no"),
@@ -75,16 +76,27 @@ def layout(profile=None, file=None, line=None, **_):
     if not files:
         return ui.error_box("the profile embeds no source files",
                             "Source text is recorded by the runtime for files it links ops to.")
-    selected_sid = ""
+    selected_sid, t = "", {}
     index = data.parse_int(file, "file", 0, len(files) - 1) or 0
     if line not in (None, ""):
         sid = data.parse_int(line, "line")
-        t = data.line_totals(L).get(sid)
-        if t is None or t.get("file") not in files:
+        t = data.source_line(L, sid)
+        if t is None:
             raise data.ExplorerError(f"no recorded source line with id {sid}")
+        if t.get("file") not in files:
+            raise data.ExplorerError(f"{Path(t['file']).name}:{t['line']} is a call site whose file the profile "
+                                     "does not embed (only files that ops run from are recorded)")
         index, selected_sid = files.index(t["file"]), str(sid)
     name = files[index]
     rows = data.source_view(L, name)
+    panel = _mini_timeline(key, selected_sid)
+    if selected_sid and t.get("graph_id") is not None:   # a graph's call site: no op of it runs on this line
+        for r in rows:
+            if r["line"] == t["line"] and r["source_id"] is None:
+                r.update(source_id=int(selected_sid), instructions=0)
+        panel = html.Div([html.Strong(f"{Path(name).name}:{t['line']} compiled graph {t['graph']}"), " · ",
+                          dcc.Link("Show its executions on the Timeline →", id="source-to-timeline",
+                                   href=ui.href("/timeline", profile=key, sel=f"graph:{t['graph_id']}"))])
     if not selected_sid:   # open at the hottest line (device plus CPU-fallback host time); explorer.js scrolls to it
         hot = [r for r in rows if r["source_id"] is not None and (r["device_ns"] or r["host_ns"])]
         if hot:
@@ -102,7 +114,7 @@ def layout(profile=None, file=None, line=None, **_):
             html.Div(html.Div([_HEADER] + [_line_row(r, peak, selected_sid) for r in rows[:MAX_LINES]],
                               className="source-view",
                               id="source-lines"), className="col", style={"flex": "1 1 520px"}),
-            html.Div(html.Div(_mini_timeline(key, selected_sid), id="source-selection"), className="card col",
+            html.Div(html.Div(panel, id="source-selection"), className="card col",
                      style={"flex": "1 1 520px"}),
         ], className="row"),
     ])

@@ -29,6 +29,10 @@ def layout(profile=None, q=None, **_):
                   html.Span(f"One SELECT or WITH … SELECT; at most {data.CONSOLE_LIMIT:,} rows; "
                             "the tables are listed under Schema below.", className="hint")], className="toolbar"),
         html.Div(id="sql-message"),
+        # the last queries run, kept in this browser (localStorage); a click puts one back in the editor
+        dcc.Store(id="sql-history", storage_type="local", data=[]),
+        html.Details([html.Summary("History: the last queries run here"), html.Div(id="sql-history-list")],
+                     id="sql-history-box", className="card", open=True),
         html.Details([html.Summary("Schema: every table and its columns (click a table to query it)"),
                       _schema(data.schema(data.resolve(key)))], id="sql-schema", className="card"),
         html.Div([html.Div(id="sql-result", className="card col", style={"maxHeight": "60vh", "overflow": "auto"}),
@@ -45,12 +49,33 @@ def _schema(tables: dict) -> html.Div:
     ], className="schema-row") for name, cols in tables.items()])
 
 
+#: Queries the history keeps.
+HISTORY = 20
+
+
+@callback(Output("sql-history-list", "children"), Input("sql-history", "data"))
+def history_list(history):
+    """The history as buttons, newest first."""
+    items = [q for q in (history or []) if isinstance(q, str)][:HISTORY]
+    if not items:
+        return html.Span("No query run yet in this browser.", className="hint")
+    return html.Ol([html.Li(html.Button(q if len(q) <= 160 else q[:160] + "…", title=q, className="history-q",
+                                        id={"type": "sql-history-q", "i": i}, n_clicks=0))
+                    for i, q in enumerate(items)], id="sql-history-items")
+
+
 @callback(Output("sql-query", "value"), Input("sql-examples", "value"),
-          Input({"type": "sql-schema-table", "table": ALL}, "n_clicks"), State("sql-profile", "data"),
-          prevent_initial_call=True)
-def example(name, _clicks, key):
-    """An example query, or the first rows of a table clicked in the schema (``traces.console.table_query``)."""
+          Input({"type": "sql-schema-table", "table": ALL}, "n_clicks"),
+          Input({"type": "sql-history-q", "i": ALL}, "n_clicks"), State("sql-profile", "data"),
+          State("sql-history", "data"), prevent_initial_call=True)
+def example(name, _clicks, _history_clicks, key, history):
+    """An example query, the first rows of a table clicked in the schema (``traces.console.table_query``), or
+    a query from the history."""
     trig = ctx.triggered_id
+    if isinstance(trig, dict) and trig.get("type") == "sql-history-q":
+        i = trig.get("i")
+        ok = ctx.triggered and ctx.triggered[0]["value"] and isinstance(i, int) and 0 <= i < len(history or [])
+        return history[i] if ok else dash.no_update
     if isinstance(trig, dict) and ctx.triggered and ctx.triggered[0]["value"]:
         table = trig.get("table")
         if table in data.schema(data.resolve(key)):    # a name the profile has, never user text
@@ -73,30 +98,44 @@ def download(_clicks, query, key):
 
 
 def quick_chart(columns, rows) -> go.Figure:
-    """A bar chart of the first numeric column against the first column, when the result has one."""
+    """A bar chart of the first numeric column after the first against the columns before it (joined with
+    " · ": an (exec_id, opcode, n) result charts n per "exec_id · opcode"), when the result has one.
+
+    >>> quick_chart(["exec_id", "opcode", "n"], [{"exec_id": 1, "opcode": "MATMUL", "n": 4}]).data[0].x
+    ('1 · MATMUL',)
+    """
     fig = go.Figure()
-    numeric = [c for c in columns[1:] if rows and all(isinstance(r[c], (int, float)) or r[c] is None for r in rows)]
+    numeric = [i for i, c in enumerate(columns) if i and rows and
+               all(isinstance(r[c], (int, float)) and not isinstance(r[c], bool) or r[c] is None for r in rows)]
     if columns and numeric and rows:
-        fig.add_bar(x=[str(r[columns[0]]) for r in rows[:200]], y=[r[numeric[0]] for r in rows[:200]], name=numeric[0])
-        fig.update_layout(xaxis_title=columns[0], yaxis_title=numeric[0])
+        y, keys = columns[numeric[0]], columns[:numeric[0]]
+        fig.add_bar(x=[" · ".join(str(r[k]) for k in keys) for r in rows[:200]], y=[r[y] for r in rows[:200]],
+                    name=y)
+        fig.update_layout(xaxis_title=" · ".join(keys), yaxis_title=y)
     fig.update_layout(height=360, margin=dict(l=10, r=10, t=20, b=40))
     return fig
 
 
 @callback(Output("sql-result", "children"), Output("sql-message", "children"), Output("sql-chart", "figure"),
-          Output("sql-url", "data"),
-          Input("sql-run", "n_clicks"), State("sql-query", "value"), State("sql-profile", "data"))
-def run(_clicks, query, key):
-    """Run the console query (also on page load, so a shared ``?q=`` link shows its result)."""
+          Output("sql-url", "data"), Output("sql-history", "data"),
+          Input("sql-run", "n_clicks"), State("sql-query", "value"), State("sql-profile", "data"),
+          State("sql-history", "data"))
+def run(_clicks, query, key, history=None):
+    """Run the console query (also on page load, so a shared ``?q=`` link shows its result); a query the
+    user ran goes to the top of the history."""
     try:
         res = data.run_console(data.resolve(key), query or "")
     except (RefusedQuery, data.ExplorerError) as exc:
         return html.Div(), html.Div(f"Refused: {exc}" if isinstance(exc, RefusedQuery) else f"Error: {exc}",
-                                    className="error-box", id="sql-error"), go.Figure(), dash.no_update
+                                    className="error-box", id="sql-error"), go.Figure(), dash.no_update, \
+            dash.no_update
     table = ui.table([(c, c) for c in res["columns"]], res["rows"], id="sql-table", max_rows=data.CONSOLE_LIMIT)
     note = f"{len(res['rows']):,} rows" + (f" (first {data.CONSOLE_LIMIT:,} shown)" if res["truncated"] else "")
+    kept = dash.no_update
+    if history is not None and ctx.triggered_id == "sql-run":
+        kept = [query] + [q for q in (history or []) if isinstance(q, str) and q != query][:HISTORY - 1]
     return (table, html.Div(note, className="hint", id="sql-count"), quick_chart(res["columns"], res["rows"]),
-            {"q": query})
+            {"q": query}, kept)
 
 
 ui.register_url_sync("sql")

@@ -10,14 +10,29 @@ from dash import dcc, html
 from explorer import data, records, ui
 from explorer.figures import fmt_bytes
 
+#: Tensors per page (a profile holds hundreds: one table was 6,576 px tall).
+PAGE_ROWS = 50
+
+
+def pager(key, node, page: int, pages: int, total: int):
+    """``‹ previous · page 2 of 4 (173 tensors) · next ›`` links (query ``page=``)."""
+    def link(text, p, id_):
+        return dcc.Link(text, href=ui.href("/tensors", profile=key, node=node, page=p), id=id_)
+    return html.Span([link("‹ previous", page - 1, "tensors-prev") if page > 1 else None,
+                      f" page {page} of {pages} ({total} tensors) ",
+                      link("next ›", page + 1, "tensors-next") if page < pages else None], id="tensors-pager")
+
 
 @ui.guarded
-def layout(profile=None, node=None, **_):
+def layout(profile=None, node=None, page=None, **_):
     key = ui.profile_key(profile)
     if node is not None and (not isinstance(node, str) or len(node) > 200):
         raise data.ExplorerError("node must be a graph node name of at most 200 characters")
     L = data.resolve(key)
-    rows = records.tensors(L, node)
+    every = records.tensors(L, node)
+    pages = max(1, -(-len(every) // PAGE_ROWS))
+    page = data.parse_int(page, "page", 1, pages) if page not in (None, "") else 1
+    rows = every[(page - 1) * PAGE_ROWS: page * PAGE_ROWS]
 
     def load_link(r):
         if r["first_load_ns"] is None:
@@ -35,11 +50,12 @@ def layout(profile=None, node=None, **_):
         ("load_to_sbuf_avg_size_bytes", "load_to_sbuf_avg_size_bytes"),
         ("load_to_sbuf_repeat_factor", "load_to_sbuf_repeat_factor"), ("first load", load_link),
     ], rows, id="tensors-table", max_rows=2000)
-    shown = f"{len(rows)} tensors" + (f" of node {node}" if node else "")
+    shown = f"{len(every)} tensors" + (f" of node {node}" if node else "")
     return html.Div([
         html.H2(["Tensor Viewer · ", data.registry().label(key)]),
         html.Div([html.Span(shown, id="tensors-count"), " ",
-                  dcc.Link("all tensors", href=ui.href("/tensors", profile=key)) if node else None],
+                  dcc.Link("all tensors", href=ui.href("/tensors", profile=key)) if node else None,
+                  pager(key, node, page, pages, len(every)) if pages > 1 else None],
                  className="toolbar"),
         html.Div("A repeat factor above 1 means the tensor is loaded into SBUF more than once (a weight re-read per "
                  "tile, or an intermediate that spilled).", className="hint"),

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import dash
-from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
+from dash import ALL, ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 
-from explorer import data, records, timeline, ui
-from explorer.figures import fmt_ns, fmt_window, timeline_figure
+from explorer import data, records, selection, timeline, tracks, ui
+from explorer.figures import counter_figure, fmt_ns, fmt_window, timeline_figure
+from traces import annotate
+from traces.q_timeline import fit_window
 from traces.vocab import ENGINES
 
 GRAPH_CONFIG = {"scrollZoom": True, "displaylogo": False,
@@ -32,7 +35,7 @@ KEYS = (
     ("S", "zoom out", "zoom", 2.0),
     ("A", "pan left", "pan", -0.25),
     ("D", "pan right", "pan", 0.25),
-    ("F", "fit to the executions", "fit", 0),
+    ("F", "fit to the busy executions", "fit", 0),
 )
 
 
@@ -42,8 +45,9 @@ def keys_help() -> str:
 
 
 def _status(tl: dict) -> str:
-    hidden = tl.get("spans_hidden", 0)
+    hidden, folded = tl.get("spans_hidden", 0), tl.get("folded", 0)
     more = f" · {hidden:,} more spans not drawn — zoom in" if hidden else ""
+    more += f" · {folded} empty lane{'s' * (folded != 1)} folded" if folded else ""
     if tl["mode"] == "raw":
         return f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}, drawn one by one{more}"
     return (f"{tl['count']:,} instructions in {fmt_ns(tl['end'] - tl['start'])}: level of detail, "
@@ -51,20 +55,21 @@ def _status(tl: dict) -> str:
             f"instruction{more}")
 
 
-def render(key, start=None, end=None, sel=None):
+def render(key, start=None, end=None, sel=None, fold=True):
     """Figure, normalised state, status text, selection words and window label for a window
-    (the callbacks' shared path; no ``start``/``end``: fitted to the executions)."""
+    (the callbacks' shared path; no ``start``/``end``: fitted to the busy executions, or to the
+    selection's). ``fold``: leave out the lanes with nothing in the window."""
     L = data.resolve(key)
-    tl = timeline.timeline(L, start, end, sel)
-    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or ""}
+    tl = timeline.timeline(L, start, end, sel, fold=fold)
+    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or "", "fold": fold}
     return (timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", ""),
             fmt_window(tl["start"], tl["end"]))
 
 
 @ui.guarded
-def layout(profile=None, start=None, end=None, sel=None, **_):
+def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
     key = ui.profile_key(profile)
-    fig, state, status, sel_text, window = render(key, start, end, sel)
+    fig, state, status, sel_text, window = render(key, start, end, sel, fold=lanes != "all")
     span_us = data.bounds(data.resolve(key))["span"] / 1e3
     keys = [{"key": k.lower(), "action": action, "amount": amount} for k, _what, action, amount in KEYS]
     return html.Div([
@@ -79,6 +84,8 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
             html.Button("Fit", id="timeline-fit", className="btn", title="fit the window to the executions"),
             html.Button("Whole session", id="timeline-whole", className="btn",
                         title="everything recorded: compiles, loads and executions"),
+            html.Button("Show empty lanes" if state["fold"] else "Fold empty lanes", id="timeline-fold",
+                        className="btn", title="lanes with nothing in this window (mostly idle DMA queues)"),
             html.Button("CSV of this window", id="timeline-csv", className="btn",
                         title="Instruction.csv (with timeline_track), SemaphoreUpdate.csv, SbufAllocation.csv"),
             dcc.Download(id="timeline-download"),
@@ -89,17 +96,90 @@ def layout(profile=None, start=None, end=None, sel=None, **_):
                       className="pill", hidden=not sel_text, id="timeline-selection-pill"),
         ], className="toolbar"),
         html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · "
+                 "click an execution, compile or fallback to zoom to it · "
                  "box-select (toolbar) to aggregate a range · click an instruction for its source line",
                  className="hint", id="timeline-help"),
+        html.Div([dcc.Input(id="timeline-search-text", type="search", maxLength=100, debounce=True,
+                            placeholder="search: opcode (MATMUL), op (addmm), line (model.py:15), tensor"),
+                  html.Button("Find", id="timeline-search-go", className="btn"),
+                  html.Button("◀ previous", id="timeline-search-prev", className="btn"),
+                  html.Button("next ▶", id="timeline-search-next", className="btn"),
+                  html.Span(id="timeline-search-status", className="hint")], className="toolbar"),
+        html.Div(id="timeline-search-results"),
         html.Div(dcc.Loading(dcc.Graph(id="timeline-graph", figure=fig, config=GRAPH_CONFIG), delay_show=400),
                  className="card"),
+        html.Div([dcc.Graph(id="timeline-counters", config={"displaylogo": False, "displayModeBar": False}),
+                  html.Div(_throttle_note(key), className="hint", id="timeline-throttle")], className="card"),
+        html.Div([
+            html.H3("Annotations"),
+            html.Div([dcc.Input(id="timeline-note-text", type="text", maxLength=annotate.MAX_TEXT, debounce=False,
+                                placeholder="a note: box-select a range first, or click an instruction for a point"),
+                      html.Button("Add", id="timeline-note-add", className="btn"),
+                      html.Span(id="timeline-note-status", className="hint")], className="toolbar"),
+            html.Div(selection.annotation_list(key), id="timeline-notes"),
+            dcc.Store(id="timeline-note-pending"),
+            dcc.ConfirmDialog(id="timeline-note-confirm"),
+        ], className="card", id="timeline-notes-card"),
         html.Div([
             html.Div([html.H3("Instruction"), html.Div("Click an instruction bar.", id="timeline-details",
                                                        className="hint")], className="card col"),
-            html.Div([html.H3(id="timeline-agg-title", children="This window"),
+            html.Div([html.H3(id="timeline-agg-title", children="Current Selection"),
                       html.Div(id="timeline-aggregates")], className="card col"),
         ], className="row"),
     ])
+
+
+def _throttle_note(key) -> str:
+    """Why there is no throttling track (the profile records none; the cost model's trn2 ramp is inside each
+    Tensor Engine instruction's duration)."""
+    target = data.metadata(data.resolve(key)).get("target", "this device")
+    return (f"No throttling track: the profile records no throttling events ({target}). The cost model slows "
+            "trn2's Tensor Engine to 50 % after an idle gap, ramping back over 3 µs, inside each instruction's "
+            "duration; trn1 and inf2 never throttle.")
+
+
+@callback(Output("timeline-counters", "figure"), Input("timeline-state", "data"))
+def counter_tracks(state):
+    """HFU and device memory in use over the timeline's window (``explorer.tracks.counters``)."""
+    return counter_figure(tracks.counters(data.resolve(state["profile"]), state["start"], state["end"]))
+
+
+@callback(Output("timeline-request", "data", allow_duplicate=True), Output("timeline-search-status", "children"),
+          Output("timeline-search-results", "children"),
+          Input("timeline-search-go", "n_clicks"), Input("timeline-search-prev", "n_clicks"),
+          Input("timeline-search-next", "n_clicks"), Input("timeline-search-text", "n_submit"),
+          State("timeline-search-text", "value"), State("timeline-state", "data"), prevent_initial_call=True)
+def search(_go, _prev, _next, _submit, text, state):
+    """Find instructions by opcode, op, line or tensor: list the first matches and zoom to one (Find: the
+    first in or after the window; previous / next: around the window's centre)."""
+    key, width = state["profile"], state["end"] - state["start"]
+    centre = (state["start"] + state["end"]) // 2
+    L = data.resolve(key)
+    try:
+        if ctx.triggered_id == "timeline-search-next":
+            found = tracks.search(L, text, after=centre, limit=1)
+        elif ctx.triggered_id == "timeline-search-prev":
+            found = tracks.search(L, text, before=centre - 1, limit=1)
+        else:
+            found = tracks.search(L, text, after=state["start"] - 1, limit=40)
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc), dash.no_update
+    why = ", ".join(f"{n} op{'s' * (n != 1)} by {k}" for k, n in found["ops"].items())
+    said = f"{found['count']:,} instructions match {found['text']!r}" + (f" ({why})" if why else "")
+    if not found["matches"]:
+        return dash.no_update, said + ": none further that way", dash.no_update
+    span = data.bounds(L)["span"]
+    a, b = tracks.match_window(found["matches"][0], width if ctx.triggered_id != "timeline-search-go"
+                               else min(width, 200 * max(found["matches"][0]["dur"], 1)), span)
+    listing = dash.no_update
+    if ctx.triggered_id not in ("timeline-search-next", "timeline-search-prev"):
+        listing = html.Ul([html.Li(dcc.Link(f"{fmt_ns(m['start'])} · {m['opcode']} · {m['op']} {m['where']} · "
+                                            f"{timeline.lane_label(m['core'], m['engine'], m['queue'])}",
+                                            href=ui.href("/timeline", profile=key, sel=state.get("sel"),
+                                                         start=tracks.match_window(m, width, span)[0],
+                                                         end=tracks.match_window(m, width, span)[1])))
+                           for m in found["matches"]], id="timeline-search-list", className="search-results")
+    return {"xaxis.range": [a / 1e3, b / 1e3], "n": time.time()}, said, listing
 
 
 def _window_from_relayout(relayout: dict, state: dict):
@@ -126,64 +206,127 @@ def _window_from_relayout(relayout: dict, state: dict):
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
           Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
           Output("timeline-url", "data"), Output("timeline-window", "children"),
+          Output("timeline-fold", "children"),
           Input("timeline-request", "data"), Input("timeline-fit", "n_clicks"),
           Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"),
+          Input("timeline-fold", "n_clicks"), Input("timeline-graph", "clickData"),
           State("timeline-state", "data"), prevent_initial_call=True)
-def zoom(request, _fit, _whole, _clear, state):
-    """Zoom, pan (keys, drag, scroll), fit, whole session or clear the selection: re-query the window at
-    the right level of detail."""
+def zoom(request, _fit, _whole, _clear, _fold, click, state):
+    """Zoom, pan (keys, drag, scroll), fit, whole session, fold or show empty lanes, clear the selection, or
+    a click on an execution / compile / fallback span (zoom to it): re-query the window at the right
+    level of detail."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
+    fold = state.get("fold", True)
     if ctx.triggered_id == "timeline-fit":
         start, end = None, None
     elif ctx.triggered_id == "timeline-whole":
         start, end = 0, data.bounds(data.resolve(state["profile"]))["span"]
     elif ctx.triggered_id == "timeline-clear":
         sel = ""
+    elif ctx.triggered_id == "timeline-fold":
+        fold = not fold
+    elif ctx.triggered_id == "timeline-graph":
+        try:
+            window = _span_window(click, state)
+        except data.ExplorerError as exc:
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
+        if window is None:
+            return (dash.no_update,) * 8
+        start, end = window
     else:
         try:
             window = _window_from_relayout(request if isinstance(request, dict) else {}, state)
         except data.ExplorerError as exc:
-            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
         if window is None:
-            return (dash.no_update,) * 7
+            return (dash.no_update,) * 8
         start, end = window
     try:
-        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel)
+        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold)
     except data.ExplorerError as exc:
-        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 4
-    url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"]}
-    return fig, new_state, status, sel_text, not sel_text, url, label
+        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
+    url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"],
+           "lanes": "" if fold else "all"}
+    return (fig, new_state, status, sel_text, not sel_text, url, label,
+            "Show empty lanes" if fold else "Fold empty lanes")
+
+
+def _span_window(click, state):
+    """The window a click on a span (an execution, compile, recompile or CPU fallback: customdata
+    ``["span", start, dur]``) zooms to: the span with the timeline's fit margin; None for anything else."""
+    point = ((click or {}).get("points") or [{}])[0]
+    custom = point.get("customdata")
+    if not (isinstance(custom, list) and len(custom) == 3 and custom[0] == "span"):
+        return None
+    L = data.resolve(state["profile"])
+    span = data.bounds(L)["span"]
+    a = data.parse_int(custom[1], "start", 0, span)
+    e = a + max(data.parse_int(custom[2], "duration", 0, span), 1)
+    return fit_window(a, e, (0, span))
 
 
 @callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
           Input("timeline-graph", "selectedData"), Input("timeline-state", "data"))
 def aggregates(selected, state):
-    """Busy time by lane, op and source line for the brushed range (or the whole window)."""
-    key = state["profile"]
-    start, end, title = state["start"], state["end"], "This window"
-    rng = (selected or {}).get("range", {}).get("x") if ctx.triggered_id == "timeline-graph" else None
+    """The Current Selection: the Summary's figures over the brushed range's executions (or the window's),
+    then busy time by lane, op and source line clipped to it (``explorer.selection.panel``)."""
+    start, end, title = state["start"], state["end"], "Current Selection (this window)"
+    rng = _brushed(selected) if ctx.triggered_id == "timeline-graph" else None
     if rng:
-        start, end = max(int(rng[0] * 1e3), 0), max(int(rng[1] * 1e3), 1)
-        title = "Selected range"
+        (start, end), title = rng, "Current Selection (box-selected range)"
     try:
-        agg = timeline.range_aggregates(data.resolve(key), start, end)
+        return selection.panel(state["profile"], start, end, "Figures"), title
     except data.ExplorerError as exc:
         return ui.error_box(str(exc)), title
-    title = f"{title}: {fmt_window(agg['start'], agg['end'])}"
-    return html.Div([
-        ui.table([("lane", "lane"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
-                  ("busy %", lambda r: f"{r['busy_percent']:.1f}%"), ("instructions", "instructions")],
-                 agg["by_engine"], id="timeline-agg-engines", max_rows=24),
-        html.H3("By op"),
-        ui.table([("op", lambda r: dcc.Link(r["op"], href=ui.href("/timeline", profile=key, sel=r["sel"]))),
-                  ("module", "module"), ("source", "where"), ("busy", lambda r: fmt_ns(r["busy_ns"])),
-                  ("instructions", "instructions")], agg["by_op"], id="timeline-agg-ops"),
-        html.H3("By source line"),
-        ui.table([("line", lambda r: dcc.Link(r["where"], href=ui.href("/source", profile=key, line=r["source_id"]))
-                   if r["source_id"] is not None else r["where"]),
-                  ("busy", lambda r: fmt_ns(r["busy_ns"])), ("instructions", "instructions")],
-                 agg["by_line"], id="timeline-agg-lines"),
-    ]), title
+
+
+def _brushed(selected):
+    """The x range of a box selection, ns since t0, or None."""
+    rng = (selected or {}).get("range", {}).get("x")
+    if not rng:
+        return None
+    try:
+        return max(int(float(rng[0]) * 1e3), 0), max(int(float(rng[1]) * 1e3), 1)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+@callback(Output("timeline-notes", "children"), Output("timeline-note-status", "children"),
+          Output("timeline-graph", "figure", allow_duplicate=True), Output("timeline-note-text", "value"),
+          Input("timeline-note-add", "n_clicks"), Input("timeline-note-confirm", "submit_n_clicks"),
+          State("timeline-note-text", "value"), State("timeline-graph", "selectedData"),
+          State("timeline-graph", "clickData"), State("timeline-note-pending", "data"),
+          State("timeline-state", "data"), prevent_initial_call=True)
+def notes(_add, _confirm, text, selected, click, pending, state):
+    """Add an annotation (the box-selected range, else a point at the clicked instruction, else the
+    window's centre) or delete the one confirmed; store it in the profile and redraw."""
+    key = state["profile"]
+    try:
+        if ctx.triggered_id == "timeline-note-confirm":
+            selection.delete(key, pending)
+            said = "deleted"
+        else:
+            rng = _brushed(selected)
+            custom = (((click or {}).get("points") or [{}])[0]).get("customdata")
+            at = custom[2] if isinstance(custom, list) and len(custom) == 5 else (state["start"] + state["end"]) // 2
+            a, e = rng or (at, at)
+            note = selection.add(key, a, e, text)
+            said = f"added a {note['kind']} note"
+        fig, *_ = render(key, state["start"], state["end"], state.get("sel"), state.get("fold", True))
+    except data.ExplorerError as exc:
+        return dash.no_update, str(exc), dash.no_update, dash.no_update
+    return selection.annotation_list(key), said, fig, "" if said != "deleted" else dash.no_update
+
+
+@callback(Output("timeline-note-confirm", "displayed"), Output("timeline-note-confirm", "message"),
+          Output("timeline-note-pending", "data"),
+          Input({"type": "timeline-note-del", "id": ALL}, "n_clicks"), prevent_initial_call=True)
+def ask_delete(clicks):
+    """A delete button asks first (the note is removed from the profile file)."""
+    trigger = ctx.triggered_id
+    if not isinstance(trigger, dict) or not any(clicks or []):
+        return dash.no_update, dash.no_update, dash.no_update
+    return True, "Delete this annotation from the profile?", trigger.get("id")
 
 
 @callback(Output("timeline-details", "children"), Input("timeline-graph", "clickData"),
