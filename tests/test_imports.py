@@ -17,10 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 
 #: neuron_stack's stages in processing order; a module may import its own stage and earlier ones.
-#: ``ir`` (the graph IR every stage passes on) comes first; the facade (``neuron_stack/__init__.py``,
-#: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
-#: ``api.py``, ``dynamo.py``, ``parallel.py``, ``llm/``, ``inference/``: the public API) last.
-STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "eager", "facade")
+#: ``ir`` (the graph IR every stage passes on) comes first; then the public API in three tiers: ``api``
+#: (``api.py``, ``dynamo.py``, ``parallel.py``, ``profiling.py``, ``host_frames.py``), ``llm/`` over it,
+#: ``inference/`` over that; the lazy facade (``neuron_stack/__init__.py``) last.
+STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "eager", "api", "llm", "inference",
+          "facade")
+API = ("api", "dynamo", "parallel", "profiling", "host_frames")
 
 
 def module_name(path: Path) -> str:
@@ -106,9 +108,9 @@ def stage_of(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "neuron_stack":
         return None
-    if len(parts) == 1 or parts[1] in ("api", "dynamo", "parallel", "llm", "inference", "profiling", "host_frames"):
+    if len(parts) == 1:
         return STAGES.index("facade")
-    return STAGES.index(parts[1])
+    return STAGES.index("api" if parts[1] in API else parts[1])
 
 
 def test_cycle_finder_reports_a_cycle_it_is_given():

@@ -7,9 +7,9 @@ import torch
 
 from neuron_stack.inference import InferenceError, NeuronConfig, NeuronLlamaForCausalLM
 from neuron_stack.inference.engine import Engine
-from neuron_stack.inference.sampling import SamplingParams, sample
 from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 from neuron_stack.inference.tokenizer import ByteTokenizer
+from neuron_stack.llm.sampling import SamplingParams, sample
 
 
 @pytest.mark.parametrize(

@@ -158,223 +158,252 @@ def _place(instrs: Instrs, profile: DeviceProfile, consume: bool = False) -> tup
     """The list scheduling of :func:`schedule_lowered`: (start, dur, sem_wait, queue index per
     instruction, queue names, physical core). ``consume``: free the dependency columns of ``instrs``
     once read (peak memory; ``instrs`` is then fit only for the timings-only table)."""
-    n = len(instrs)
-    lnc = profile.lnc
-    strs = instrs.strs
-    eng_code = instrs.engine
-    unit, unit_last, next_unit = _tensor_units(instrs, lnc)
-    later_units = set(next_unit.values())     # each waits for the previous unit's start
-    preds, succ, succ_off = _edges(instrs, unit, lnc)
-    if consume:
-        instrs.deps = instrs.deps_off = None
-    if later_units:
-        preds[list(later_units)] += 1
-    # one zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier
-    tensors: dict[int, int] = {}
-    bar_succ: list[list[int]] = []
-    bar_left: list[int] = []
-    bar_ready: list[int] = []
-    tdeps, tdeps_off, writes, writes_off = instrs.tdeps, instrs.tdeps_off, instrs.writes, instrs.writes_off
-    write_bar = array("i", bytes(4 * len(writes)))
-    for i in range(n):
-        t0, t1 = tdeps_off[i], tdeps_off[i + 1]
-        if t0 != t1:
-            for t in tdeps[t0:t1]:
-                b = tensors.get(t)
-                if b is None:
-                    continue                     # an input: ready at time 0
-                bar_succ[b].append(i)
-                preds[i] += 1
-        for k in range(writes_off[i], writes_off[i + 1]):
-            w = writes[k]
-            b = tensors.get(w)
-            if b is None or bar_succ[b]:     # first writer, or written again after being read
-                b = tensors[w] = len(bar_succ)
-                bar_succ.append([])
-                bar_left.append(0)
-                bar_ready.append(0)
-            bar_left[b] += 1
-            write_bar[k] = b
-    if consume:
-        del tdeps, tdeps_off, writes
-        instrs.tdeps = instrs.tdeps_off = instrs.writes = None
-    preds_left = array("i", preds.tobytes())
-    del preds
-    start = np.zeros(n, dtype=np.int64)
-    dur = np.zeros(n, dtype=np.int64)
-    wait = np.zeros(n, dtype=np.int64)
-    ready = array("q", bytes(8 * n))
-    queue = array("h", bytes(2 * n))      # each instruction's queue track, an index into qlist
-    pcore = np.zeros(n, dtype=np.int32)
-    ramp_start, last_tensor_end = [0] * lnc, [-10**18] * lnc     # per PE array
+    return _Placer(instrs, profile, consume).run()
 
-    # per-instruction fields as flat arrays: the loop below runs once per instruction (and again on
-    # every re-queue), so it reads arrays, never Instr attributes or per-call closures
-    qkind = instrs.queue_kind
-    spill_code, dma_code = instrs.names.get("SpillReload", -1), instrs.names.get("dma", -1)
-    kind = array("b", [(2 if qkind[i] == spill_code else 1) if eng_code[i] == dma_code else 0 for i in range(n)])
-    raw_dur = instrs.dur
-    base_dur = array("q", np.maximum(1, np.ceil(np.frombuffer(raw_dur, dtype=np.float64))).astype(np.int64).tobytes())
-    lat = array("q", np.ceil(np.frombuffer(instrs.latency, dtype=np.float64)).astype(np.int64).tobytes())
-    matmul_code = instrs.names.get("MATMUL", -1)
-    opcode = instrs.opcode
-    throttle = profile.throttle
-    qnames: dict[tuple, int] = {}           # queue track -> its index in qlist
-    qlist: list[str] = []
 
-    # Candidates (dependencies done) are kept per issue class: each compute engine, the IO DMA
-    # queues, the spill queues. A class is free from ``cfree[c]`` (an engine's free time, the
-    # earliest free of its DMA queues); a candidate could start at max(cfree, its ready time).
-    # Those already ready by then sit in ``avail[c]`` by program order, the rest in ``waiting[c]``
-    # by ready time, so the next instruction, the one that can start earliest (ties: program order),
-    # is the best head of a handful of heaps: no per-candidate re-evaluation.
-    cls_names: dict[str, int] = {}
-    cls = array("b", [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else strs[eng_code[i]], len(cls_names))
-                      for i in range(n)])
-    cfree = [0] * len(cls_names)
-    avail: list[list[int]] = [[] for _ in cls_names]
-    waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
-    push, pop = heapq.heappush, heapq.heappop
-    # each class's instances (free times), lnc physical cores' worth: an engine, 16 IO or 2 spill queues
-    per = {"dma1": profile.dma_engines_per_core, "dma2": SPILL_QUEUES}
-    inst = [[0] * (lnc * per.get(name, 1)) for name in cls_names]
-    tcls = cls_names.get("tensor", -1) if lnc > 1 else -1
-    tcand: list[int] = []                   # Tensor candidates with several PE arrays (a handful)
-    unit_q = [-1] * (len(unit_last) or 1)   # the PE array a unit runs on
-    owner = [-1] * lnc                      # the unit a PE array is running
-    tstale = [True]                         # the Tensor pick changes only when tcand or an array does
+class _Placer:
+    """One partition's list scheduling: the dependency counts and HBM barriers (:meth:`_barriers`), each
+    instruction's fields as flat arrays, the candidates per issue class (:meth:`_classes`), and the loop
+    (:meth:`run`) that starts, one at a time, the candidate that can start earliest."""
 
-    def add(j: int) -> None:
-        c = cls[j]
-        if c == tcls:
-            tcand.append(j)
-            tstale[0] = True
+    def __init__(self, instrs: Instrs, profile: DeviceProfile, consume: bool):
+        self.n, self.lnc, self.profile = len(instrs), profile.lnc, profile
+        self.unit, self.unit_last, self.next_unit = _tensor_units(instrs, self.lnc)
+        later_units = set(self.next_unit.values())     # each waits for the previous unit's start
+        preds, self.succ, self.succ_off = _edges(instrs, self.unit, self.lnc)
+        if consume:
+            instrs.deps = instrs.deps_off = None
+        if later_units:
+            preds[list(later_units)] += 1
+        self._barriers(instrs, preds)
+        if consume:
+            instrs.tdeps = instrs.tdeps_off = instrs.writes = None
+        self.preds_left = array("i", preds.tobytes())
+        del preds
+        self._fields(instrs)
+        self._classes(instrs)
+
+    def _barriers(self, instrs: Instrs, preds: np.ndarray) -> None:
+        """One zero-time barrier node per HBM tensor ("every writer done"); each write names its barrier, each
+        reader of a tensor written earlier counts it as a predecessor."""
+        tensors: dict[int, int] = {}
+        self.bar_succ = bar_succ = []
+        self.bar_left = bar_left = []
+        self.bar_ready = bar_ready = []
+        tdeps, tdeps_off, writes, writes_off = instrs.tdeps, instrs.tdeps_off, instrs.writes, instrs.writes_off
+        self.writes_off = writes_off
+        self.write_bar = write_bar = array("i", bytes(4 * len(writes)))
+        for i in range(self.n):
+            t0, t1 = tdeps_off[i], tdeps_off[i + 1]
+            if t0 != t1:
+                for t in tdeps[t0:t1]:
+                    b = tensors.get(t)
+                    if b is None:
+                        continue                     # an input: ready at time 0
+                    bar_succ[b].append(i)
+                    preds[i] += 1
+            for k in range(writes_off[i], writes_off[i + 1]):
+                w = writes[k]
+                b = tensors.get(w)
+                if b is None or bar_succ[b]:     # first writer, or written again after being read
+                    b = tensors[w] = len(bar_succ)
+                    bar_succ.append([])
+                    bar_left.append(0)
+                    bar_ready.append(0)
+                bar_left[b] += 1
+                write_bar[k] = b
+
+    def _fields(self, instrs: Instrs) -> None:
+        """Per-instruction fields as flat arrays: the loop runs once per instruction (and again on every
+        re-queue), so it reads arrays, never Instr attributes."""
+        n = self.n
+        self.strs, self.eng_code, self.qkind = instrs.strs, instrs.engine, instrs.queue_kind
+        spill_code, dma_code = instrs.names.get("SpillReload", -1), instrs.names.get("dma", -1)
+        self.kind = array("b", [(2 if self.qkind[i] == spill_code else 1) if self.eng_code[i] == dma_code else 0
+                                for i in range(n)])
+        self.raw_dur = instrs.dur
+        self.base_dur = array("q", np.maximum(1, np.ceil(np.frombuffer(self.raw_dur, dtype=np.float64)))
+                              .astype(np.int64).tobytes())
+        self.lat = array("q", np.ceil(np.frombuffer(instrs.latency, dtype=np.float64)).astype(np.int64).tobytes())
+        self.matmul_code, self.opcode = instrs.names.get("MATMUL", -1), instrs.opcode
+        self.start = np.zeros(n, dtype=np.int64)
+        self.dur = np.zeros(n, dtype=np.int64)
+        self.wait = np.zeros(n, dtype=np.int64)
+        self.ready = array("q", bytes(8 * n))
+        self.queue = array("h", bytes(2 * n))      # each instruction's queue track, an index into qlist
+        self.pcore = np.zeros(n, dtype=np.int32)
+        self.ramp_start, self.last_tensor_end = [0] * self.lnc, [-10**18] * self.lnc     # per PE array
+        self.qnames: dict[tuple, int] = {}           # queue track -> its index in qlist
+        self.qlist: list[str] = []
+
+    def _classes(self, instrs: Instrs) -> None:
+        """Candidates (dependencies done) are kept per issue class: each compute engine, the IO DMA
+        queues, the spill queues. A class is free from ``cfree[c]`` (an engine's free time, the
+        earliest free of its DMA queues); a candidate could start at max(cfree, its ready time).
+        Those already ready by then sit in ``avail[c]`` by program order, the rest in ``waiting[c]``
+        by ready time, so the next instruction, the one that can start earliest (ties: program order),
+        is the best head of a handful of heaps: no per-candidate re-evaluation."""
+        kind, strs, eng_code, lnc = self.kind, self.strs, self.eng_code, self.lnc
+        self.cls_names = cls_names = {}
+        self.cls = array("b", [cls_names.setdefault(f"dma{kind[i]}" if kind[i] else strs[eng_code[i]], len(cls_names))
+                               for i in range(self.n)])
+        self.cfree = [0] * len(cls_names)
+        self.avail: list[list[int]] = [[] for _ in cls_names]
+        self.waiting: list[list[tuple[int, int]]] = [[] for _ in cls_names]
+        # each class's instances (free times), lnc physical cores' worth: an engine, 16 IO or 2 spill queues
+        per = {"dma1": self.profile.dma_engines_per_core, "dma2": SPILL_QUEUES}
+        self.inst = [[0] * (lnc * per.get(name, 1)) for name in cls_names]
+        self.tcls = cls_names.get("tensor", -1) if lnc > 1 else -1
+        self.tcand: list[int] = []                   # Tensor candidates with several PE arrays (a handful)
+        self.unit_q = [-1] * (len(self.unit_last) or 1)   # the PE array a unit runs on
+        self.owner = [-1] * lnc                      # the unit a PE array is running
+        self.tstale = True                           # the Tensor pick changes only when tcand or an array does
+
+    def add(self, j: int) -> None:
+        """Instruction ``j``'s dependencies are done: a candidate of its class."""
+        c = self.cls[j]
+        if c == self.tcls:
+            self.tcand.append(j)
+            self.tstale = True
             return
-        r = ready[j] + lat[j] if kind[j] else ready[j]
-        if r <= cfree[c]:
-            push(avail[c], j)
+        r = self.ready[j] + self.lat[j] if self.kind[j] else self.ready[j]
+        if r <= self.cfree[c]:
+            heapq.heappush(self.avail[c], j)
         else:
-            push(waiting[c], (r, j))
+            heapq.heappush(self.waiting[c], (r, j))
 
-    def tensor_pick() -> tuple[int, int, int] | None:
+    def tensor_pick(self) -> tuple[int, int, int] | None:
         """(start, instruction, PE array) of the Tensor candidate that can start first: a unit's next
         instruction on its array, or a unit's first on the earliest free array no unit holds."""
-        best = None
-        for j in tcand:
-            q = unit_q[unit[j]]
+        best, tinst, ready = None, self.inst[self.tcls], self.ready
+        for j in self.tcand:
+            q = self.unit_q[self.unit[j]]
             if q < 0:
-                free_qs = [x for x in range(lnc) if owner[x] < 0]
+                free_qs = [x for x in range(self.lnc) if self.owner[x] < 0]
                 if not free_qs:
                     continue
-                q = min(free_qs, key=lambda x: (max(inst[tcls][x], ready[j]), x))
-            cand = (max(inst[tcls][q], ready[j]), j, q)
+                q = min(free_qs, key=lambda x: (max(tinst[x], ready[j]), x))
+            cand = (max(tinst[q], ready[j]), j, q)
             if best is None or cand < best:
                 best = cand
         return best
 
-    for i in range(n):
-        if preds_left[i] == 0:
-            add(i)
-    done = 0
-    ncls = range(len(cls_names))
-    tp = None
-    while True:
-        bc, best = -1, None
-        for c in ncls:
-            if c == tcls:
-                if tstale[0]:
-                    tp, tstale[0] = tensor_pick(), False
-                cand = tp[:2] if tp else None
-            elif avail[c]:
-                cand = (cfree[c], avail[c][0])
-            elif waiting[c]:
-                cand = waiting[c][0]
-            else:
-                continue
-            if cand is not None and (best is None or cand < best):
-                bc, best = c, cand
-        if best is None:
-            break
-        i = best[1]
-        if bc == tcls:
-            tcand.remove(i)
-            tstale[0] = True
-        elif avail[bc]:
-            pop(avail[bc])
+    def track(self, i: int, bc: int, best_q: int, s: int, d_ns: int) -> int:
+        """Instruction ``i`` starts at ``s`` on instance ``best_q`` of class ``bc``: its duration (a trn2 MATMUL
+        throttled after an idle Tensor Engine), with its queue track's index recorded in ``queue[i]``."""
+        qs, profile = self.inst[bc], self.profile
+        nq = len(qs) // self.lnc
+        p_i = self.pcore[i] = best_q // nq
+        if self.kind[i]:
+            qkey = (best_q, self.qkind[i])
         else:
-            pop(waiting[bc])
-        d_ns = base_dur[i]
-        r = ready[i] + lat[i]
-        qs = inst[bc]
-        if bc == tcls:
-            best_q = tp[2]
-        else:
-            m = min(qs)
-            # the earliest-starting instance, lowest index on ties: every instance free by r starts at r
-            best_q = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
-        qfree = qs[best_q]
-        s = qfree if qfree > r else r
-        k = kind[i]
-        nq = len(qs) // lnc
-        p_i = pcore[i] = best_q // nq
-        if k:
-            qkey = (best_q, qkind[i])
-        else:
-            eng = strs[eng_code[i]]
+            eng = self.strs[self.eng_code[i]]
             if eng == "tensor":
-                if throttle:
-                    if s - last_tensor_end[p_i] > profile.throttle_ramp_ns:
-                        ramp_start[p_i] = s      # idle for a ramp window: the limiter re-engages at 50%
-                    if opcode[i] == matmul_code:
-                        d_ns = max(1, int(math.ceil(raw_dur[i] / throttle_factor(profile, s - ramp_start[p_i]))))
-                last_tensor_end[p_i] = s + d_ns
-                if bc == tcls:
-                    u = unit[i]
-                    unit_q[u], owner[best_q] = best_q, (-1 if unit_last[u] == i else u)
+                if profile.throttle:
+                    if s - self.last_tensor_end[p_i] > profile.throttle_ramp_ns:
+                        self.ramp_start[p_i] = s      # idle for a ramp window: the limiter re-engages at 50%
+                    if self.opcode[i] == self.matmul_code:
+                        d_ns = max(1, int(math.ceil(self.raw_dur[i]
+                                                    / throttle_factor(profile, s - self.ramp_start[p_i]))))
+                self.last_tensor_end[p_i] = s + d_ns
+                if bc == self.tcls:
+                    u = self.unit[i]
+                    self.unit_q[u], self.owner[best_q] = best_q, (-1 if self.unit_last[u] == i else u)
             qkey = (best_q, eng)
-        qc = qnames.get(qkey)
+        qc = self.qnames.get(qkey)
         if qc is None:
             # DMA queues by index and purpose; an in-order engine's queue is its track
-            q_name = dma_queue_name(best_q % nq, strs[qkind[i]] or "IO") if k else ENGINE_LABELS[eng]
-            qc = qnames[qkey] = len(qlist)
-            qlist.append(q_name + (f".pc{p_i}" if p_i else ""))
-        queue[i] = qc
-        qs[best_q] = s + d_ns
-        cfree[bc] = min(qs)
-        w = waiting[bc]
-        while w and w[0][0] <= cfree[bc]:
-            push(avail[bc], pop(w)[1])
-        start[i], dur[i] = s, d_ns
-        j = next_unit.get(i, -1)          # the next Tensor unit may start once this one has
-        if j >= 0:
-            ready[j] = max(ready[j], s)
-            preds_left[j] -= 1
-            if preds_left[j] == 0:
-                add(j)
-        wait[i] = r - qfree if r > qfree else 0
-        done += 1
-        end = s + d_ns
-        for b in write_bar[writes_off[i]:writes_off[i + 1]]:
-            if end > bar_ready[b]:
-                bar_ready[b] = end
-            bar_left[b] -= 1
-            if bar_left[b] == 0:
-                br = bar_ready[b]
-                for j in bar_succ[b]:
-                    if br > ready[j]:
-                        ready[j] = br
-                    preds_left[j] -= 1
-                    if preds_left[j] == 0:
-                        add(j)
-        for j in succ[succ_off[i]:succ_off[i + 1]]:
-            if end > ready[j]:
-                ready[j] = end
-            preds_left[j] -= 1
-            if preds_left[j] == 0:
-                add(j)
-    if done != n:
-        raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
-    return start, dur, wait, queue, qlist, pcore
+            q_name = dma_queue_name(best_q % nq, self.strs[self.qkind[i]] or "IO") if self.kind[i] \
+                else ENGINE_LABELS[eng]
+            qc = self.qnames[qkey] = len(self.qlist)
+            self.qlist.append(q_name + (f".pc{p_i}" if p_i else ""))
+        self.queue[i] = qc
+        return d_ns
+
+    def run(self) -> tuple:
+        """Start, one at a time, the candidate that can start earliest; release what waited on it."""
+        n, tcls, inst, cfree, avail, waiting = self.n, self.tcls, self.inst, self.cfree, self.avail, self.waiting
+        ready, lat, base_dur, preds_left, add = self.ready, self.lat, self.base_dur, self.preds_left, self.add
+        start, dur, wait, next_unit = self.start, self.dur, self.wait, self.next_unit
+        bar_ready, bar_left, bar_succ, write_bar, writes_off = \
+            self.bar_ready, self.bar_left, self.bar_succ, self.write_bar, self.writes_off
+        succ, succ_off, push, pop = self.succ, self.succ_off, heapq.heappush, heapq.heappop
+        for i in range(n):
+            if preds_left[i] == 0:
+                add(i)
+        done, ncls, tp = 0, range(len(self.cls_names)), None
+        while True:
+            bc, best = -1, None
+            for c in ncls:
+                if c == tcls:
+                    if self.tstale:
+                        tp, self.tstale = self.tensor_pick(), False
+                    cand = tp[:2] if tp else None
+                elif avail[c]:
+                    cand = (cfree[c], avail[c][0])
+                elif waiting[c]:
+                    cand = waiting[c][0]
+                else:
+                    continue
+                if cand is not None and (best is None or cand < best):
+                    bc, best = c, cand
+            if best is None:
+                break
+            i = best[1]
+            if bc == tcls:
+                self.tcand.remove(i)
+                self.tstale = True
+            elif avail[bc]:
+                pop(avail[bc])
+            else:
+                pop(waiting[bc])
+            r = ready[i] + lat[i]
+            qs = inst[bc]
+            if bc == tcls:
+                best_q = tp[2]
+            else:
+                m = min(qs)
+                # the earliest-starting instance, lowest index on ties: every instance free by r starts at r
+                best_q = qs.index(m) if m > r else next(q for q, x in enumerate(qs) if x <= r)
+            qfree = qs[best_q]
+            s = qfree if qfree > r else r
+            d_ns = self.track(i, bc, best_q, s, base_dur[i])
+            qs[best_q] = s + d_ns
+            cfree[bc] = min(qs)
+            w = waiting[bc]
+            while w and w[0][0] <= cfree[bc]:
+                push(avail[bc], pop(w)[1])
+            start[i], dur[i] = s, d_ns
+            j = next_unit.get(i, -1)          # the next Tensor unit may start once this one has
+            if j >= 0:
+                ready[j] = max(ready[j], s)
+                preds_left[j] -= 1
+                if preds_left[j] == 0:
+                    add(j)
+            wait[i] = r - qfree if r > qfree else 0
+            done += 1
+            end = s + d_ns
+            for b in write_bar[writes_off[i]:writes_off[i + 1]]:
+                if end > bar_ready[b]:
+                    bar_ready[b] = end
+                bar_left[b] -= 1
+                if bar_left[b] == 0:
+                    br = bar_ready[b]
+                    for j in bar_succ[b]:
+                        if br > ready[j]:
+                            ready[j] = br
+                        preds_left[j] -= 1
+                        if preds_left[j] == 0:
+                            add(j)
+            for j in succ[succ_off[i]:succ_off[i + 1]]:
+                if end > ready[j]:
+                    ready[j] = end
+                preds_left[j] -= 1
+                if preds_left[j] == 0:
+                    add(j)
+        if done != n:
+            raise RuntimeError(f"schedule: dependency cycle, {n - done} of {n} instructions unscheduled")
+        return start, dur, wait, self.queue, self.qlist, self.pcore
 
 
 def _edges(instrs: Instrs, unit: list[int], lnc: int) -> tuple[np.ndarray, memoryview, array]:

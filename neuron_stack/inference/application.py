@@ -120,7 +120,7 @@ class NeuronCausalLM:
 
         Example: ``model.compile("compiled/")`` writes ``context_encoding_model_128.neff``, ...
         """
-        import neuron_stack
+        from neuron_stack import api
 
         t0 = time.perf_counter()
         out = Path(compiled_model_path)
@@ -139,7 +139,7 @@ class NeuronCausalLM:
                 )
         for tag, bucket, batch in ([] if nc.tp_degree > 1 else self._plans()):
             graph = DecoderGraph(hf, KINDS[tag], bucket, greedy_on_device=greedy and tag == TKG)
-            nm = neuron_stack.trace(
+            nm = api.trace(
                 graph, self._example(tag, bucket, batch, caches), compiler_args=_flags(nc)
             )
             nm.save(out / f"{tag}_{bucket}.neff")
@@ -160,7 +160,7 @@ class NeuronCausalLM:
 
     def load(self, compiled_model_path, skip_warmup: bool = False) -> None:
         """Load the NEFFs written by :meth:`compile` onto the NeuronCore and allocate the KV cache."""
-        import neuron_stack
+        from neuron_stack import api
 
         t0 = time.perf_counter()
         path = Path(compiled_model_path)
@@ -177,7 +177,7 @@ class NeuronCausalLM:
                     f"{f}: {f.stat().st_size} bytes is larger than any compiled sub-model; recompile"
                 )
             if (tag, bucket) not in self.models:
-                self.models[(tag, bucket)] = neuron_stack.load(f)
+                self.models[(tag, bucket)] = api.load(f)
         if self.neuron_config.tp_degree == 1:
             core = self.models[self._plans()[0][:2]].model.core
             self.kv_cache = KVCacheManager(self.config.hf_config, self.neuron_config, allocate_on=core)
@@ -295,7 +295,7 @@ def _greedy_on_device(nc: NeuronConfig) -> bool:
 def select_tokens(out: torch.Tensor, nc: NeuronConfig, generator: torch.Generator | None = None) -> list[int]:
     """Token ids from a sub-model's output: already tokens (greedy on device), else greedy or sampled on
     the host with the sampling config (``top_k``, ``top_p``, ``temperature``; :mod:`.sampling`)."""
-    from .sampling import SamplingParams, sample_rows
+    from neuron_stack.llm.sampling import SamplingParams, sample_rows
 
     if out.dim() == 1:
         return out.tolist()

@@ -17,6 +17,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from neuron_stack.llm.configs import InferenceError  # noqa: F401  (inference's error, raised by llm.sampling too)
+
 DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
@@ -26,9 +28,6 @@ DTYPES = {
     "fp32": "float32",
 }
 
-
-class InferenceError(ValueError):
-    """A configuration or input the inference library cannot use; the message names the fix."""
 
 
 def generate_buckets(lo: int, hi: int) -> list[int]:

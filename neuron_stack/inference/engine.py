@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuron_stack.device import clock
+from neuron_stack.llm.sampling import SamplingParams, logprobs, sample
 
 from .application import CTE, NeuronCausalLM, _greedy_on_device
 from .config import InferenceError
-from .sampling import SamplingParams, logprobs, sample
 
 _ids = itertools.count()
 

@@ -160,7 +160,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-    from .sampling import SamplingParams
+    from neuron_stack.llm.sampling import SamplingParams
 
     nc = engine.nc
     stop = threading.Event()

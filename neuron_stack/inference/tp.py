@@ -156,7 +156,7 @@ class ShardedSubModel:
     def compile(cls, hf, kind: str, bucket: int, tp: int, example: tuple, caches: list, flags: str, out: Path,
                 stem: str):
         """Trace every (part, rank) on the example's shapes, save ``<stem>.tp<r>.<part>.neff`` under ``out``."""
-        import neuron_stack
+        from neuron_stack import api
 
         ids, pos, seq_ids, last = example[:4]
         hidden = hf.config.hidden_size
@@ -174,7 +174,7 @@ class ShardedSubModel:
                     args = (h, pos, seq_ids, caches[r][2 * i], caches[r][2 * i + 1])
                 else:
                     args = (h,)
-                nm = neuron_stack.trace(m, args, compiler_args=flags)
+                nm = api.trace(m, args, compiler_args=flags)
                 nm.save(out / f"{stem}.tp{r}.{name}.neff")
                 nms.append(nm)
             parts[name] = nms
@@ -183,13 +183,13 @@ class ShardedSubModel:
 
     @classmethod
     def load(cls, path: Path, stem: str, vocab: int, tp: int):
-        import neuron_stack
+        from neuron_stack import api
 
         meta = path / f"{stem}.tp.json"
         if not meta.is_file():
             raise InferenceError(f"{meta}: missing: compile this configuration with tp_degree={tp} first")
         names = json.loads(meta.read_text())["parts"]
-        return cls({n: [neuron_stack.load(path / f"{stem}.tp{r}.{n}.neff") for r in range(tp)] for n in names},
+        return cls({n: [api.load(path / f"{stem}.tp{r}.{n}.neff") for r in range(tp)] for n in names},
                    vocab, tp)
 
     def place(self, cores: list[int]) -> None:

@@ -56,6 +56,11 @@ class ConfigWarning(UserWarning):
     """A run the config allows but the user may not expect (:func:`run_warnings`); one line."""
 
 
+class InferenceError(ValueError):
+    """A configuration or input the inference library cannot use; the message names the fix (defined here,
+    below both ``llm`` and ``inference``, so sampling, which both use, can raise it)."""
+
+
 def load_config(spec):
     """A ``transformers`` config from a preset name, a directory or ``config.json`` path, or a config.
 

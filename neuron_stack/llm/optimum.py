@@ -180,11 +180,11 @@ class NeuronModelForCausalLM:
 
     def _graph(self, kind: str, bucket: int, inputs: dict):
         """The traced graph for ``(kind, bucket)``, compiled on first use (through the persistent cache)."""
-        import neuron_stack
+        from neuron_stack import api
 
         key = (kind, bucket)
         if key not in self.graphs:
-            self.graphs[key] = neuron_stack.trace(
+            self.graphs[key] = api.trace(
                 self.model, inputs, compiler_args=_flags(self.auto_cast_type, self.target)
             )
         return self.graphs[key]
@@ -208,7 +208,7 @@ class NeuronModelForCausalLM:
         """
         import torch
 
-        from neuron_stack.inference.sampling import SamplingParams, sample_rows
+        from neuron_stack.llm.sampling import SamplingParams, sample_rows
 
         params = SamplingParams(temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p)
 
@@ -282,7 +282,7 @@ class NeuronModelForSequenceClassification:
         import torch
         import transformers
 
-        import neuron_stack
+        from neuron_stack import api
 
         _refuse_precompiled(export)
         model, config = _resolve(model_id, transformers.AutoModelForSequenceClassification)
@@ -292,7 +292,7 @@ class NeuronModelForSequenceClassification:
                 "mode is for decoder LLMs: NeuronModelForCausalLM)"
             )
         ids = torch.zeros((batch_size, sequence_length), dtype=torch.long)
-        nm = neuron_stack.trace(
+        nm = api.trace(
             model,
             {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
             compiler_args=_flags(auto_cast_type, target),

@@ -381,13 +381,11 @@ class FlashAttention:
             return self._load(v2, [(0, K), (r0, rn)], pool)
         return self._transposed(v2.with_meta(v2.meta.t()), r0, rn, K, pool)
 
-    def run(self) -> None:
-        low, name, fl = self.low, self.n.name, self.fl
-        nb, M, N = self.hshape
-        K, D = self.q.shape[-1], self.v.shape[-1]
-        pv = fl.pv
-        low.done.add(pv.name)
-        low.done.update(x.name for x in fl.skip)
+    def _score_steps(self):
+        """The mask and the tile-wise steps on the scores: ``(mask, folded, pre, clean)``, ``pre`` the steps on a
+        block the mask touches, ``clean`` on a block it does not; ``folded``: the mask is causal with an offset,
+        applied as an ``AFFINE_SELECT`` (its nodes are dropped)."""
+        low, fl = self.low, self.fl
         prev, layout = (self.members[-1].node.name, self.members[-1].layout) if self.members \
             else (self.n.name, meta_tensor(self.hshape))
         mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape)
@@ -408,6 +406,16 @@ class FlashAttention:
             prev, layout = f.name, m.layout
         if folded:
             _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
+        return mask, folded, pre, clean
+
+    def run(self) -> None:
+        low, name, fl = self.low, self.n.name, self.fl
+        nb, M, N = self.hshape
+        K, D = self.q.shape[-1], self.v.shape[-1]
+        pv = fl.pv
+        low.done.add(pv.name)
+        low.done.update(x.name for x in fl.skip)
+        mask, folded, pre, clean = self._score_steps()
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)

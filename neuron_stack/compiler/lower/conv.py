@@ -209,29 +209,7 @@ def lower_conv(low: Lowerer, n: Node) -> None:
     out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
     out_dt = host.outputs[0].dtype
 
-    # weights: resident for the whole convolution, one [Cg-block, KH*KW*Og] tile per (group, block)
-    wv = w.with_meta(w.meta.permute(1, 2, 3, 0))               # [Cg, KH, KW, O]
-    wpool = Pool(low, f"{n.name}.W", "sbuf", PMAX, KH * KW * Og, mm_dt, bufs=G * len(cblocks))
-    wstage = Pool(low, f"{n.name}.Wst", "sbuf", PMAX, KH * KW * Og, w.dtype, bufs=2) if w.dtype != mm_dt else None
-    wt = {}
-    for g in range(G):
-        for ci, (c0, cn) in enumerate(cblocks):
-            box = [(c0, cn), (0, KH), (0, KW), (g * Og, Og)]
-            if wstage is None:
-                wt[g, ci] = low.load(n.name, wv, box, wpool, 1)
-            else:
-                st = low.load(n.name, wv, box, wstage, 1)
-                t = wpool.tile(cn, KH * KW * Og)
-                low.act(n.name, t, st.op(), "copy")
-                wt[g, ci] = t
-    # bias: one [Og-block, 1] column per (group, block), added while PSUM is evacuated
-    bt = {}
-    if bias is not None:
-        bpool = Pool(low, f"{n.name}.bias", "sbuf", PMAX, 1, bias.dtype, bufs=G * len(oblocks))
-        bcol = bias.with_meta(bias.meta.unsqueeze(1))
-        for g in range(G):
-            for oi, (o0, on) in enumerate(oblocks):
-                bt[g, oi] = low.load(n.name, bcol, [(g * Og + o0, on), (0, 1)], bpool, 1)
+    wt, bt = _resident_weights(low, n, w, bias, G, cblocks, oblocks, mm_dt)
     bnc = None
     if bn is not None:
         blocks = {(g, oi): (g * Og + o0, on) for g in range(G) for oi, (o0, on) in enumerate(oblocks)}
@@ -279,6 +257,36 @@ def lower_conv(low: Lowerer, n: Node) -> None:
         low.finished.add(bn.name)
         low.finished.update(f.name for f in low.fused.get(bn.name, []))
     lower_alone(low, alone)
+
+
+def _resident_weights(low: Lowerer, n: Node, w: View, bias: View | None, G: int, cblocks, oblocks, mm_dt: str):
+    """The weights, resident for the whole convolution: one [Cg-block, KH*KW*Og] tile per (group, block), cast
+    to the matmul dtype through a staging tile; the bias as one [Og-block, 1] column per (group, block), added
+    while PSUM is evacuated. Returns ``(weights, bias columns)`` keyed by ``(group, block)``."""
+    O, _, KH, KW = w.shape
+    Og = O // G
+    wv = w.with_meta(w.meta.permute(1, 2, 3, 0))               # [Cg, KH, KW, O]
+    wpool = Pool(low, f"{n.name}.W", "sbuf", PMAX, KH * KW * Og, mm_dt, bufs=G * len(cblocks))
+    wstage = Pool(low, f"{n.name}.Wst", "sbuf", PMAX, KH * KW * Og, w.dtype, bufs=2) if w.dtype != mm_dt else None
+    wt = {}
+    for g in range(G):
+        for ci, (c0, cn) in enumerate(cblocks):
+            box = [(c0, cn), (0, KH), (0, KW), (g * Og, Og)]
+            if wstage is None:
+                wt[g, ci] = low.load(n.name, wv, box, wpool, 1)
+            else:
+                st = low.load(n.name, wv, box, wstage, 1)
+                t = wpool.tile(cn, KH * KW * Og)
+                low.act(n.name, t, st.op(), "copy")
+                wt[g, ci] = t
+    bt = {}
+    if bias is not None:
+        bpool = Pool(low, f"{n.name}.bias", "sbuf", PMAX, 1, bias.dtype, bufs=G * len(oblocks))
+        bcol = bias.with_meta(bias.meta.unsqueeze(1))
+        for g in range(G):
+            for oi, (o0, on) in enumerate(oblocks):
+                bt[g, oi] = low.load(n.name, bcol, [(g * Og + o0, on), (0, 1)], bpool, 1)
+    return wt, bt
 
 
 def _pool_params(n: Node):

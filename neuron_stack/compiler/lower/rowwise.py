@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, field
 
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, lane_view, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, output_used, reshape_view
@@ -48,6 +49,46 @@ def _rows_free(v: View, dims: list[int]) -> tuple[View, int]:
     return v.with_meta(v.meta.permute(keep + dims)), len(keep)
 
 
+def _reduced_dims(n: Node, kind: str, nd: int) -> list[int]:
+    """The dims ``n`` reduces or normalises (all of them for a full reduction; none of a 0-d value)."""
+    args = n.args
+    if nd == 0:
+        return []
+    if kind in ("softmax", "log_softmax", "cumsum"):
+        return [args[1]]
+    if kind in ("layer_norm", "rms_norm"):
+        return list(range(nd - len(args[1]), nd))   # normalized_shape: the trailing dims
+    d = args[1] if len(args) > 1 else n.kwargs.get("dim")
+    if d is None or d == []:
+        return list(range(nd))
+    return [d] if isinstance(d, int) else list(d)
+
+
+@dataclass
+class _Rows:
+    """A row-wise op's plan: ``xv`` is the input with the reduced dims last (from ``split``), the kept dims
+    ``rows`` go on partitions in blocks of 128, the ``D`` reduced elements of a row in ``chunks`` (one when the
+    row ``fits`` SBUF); ``xin``/``work``/``small`` the pools; ``ov`` (or ``ov_map`` for a fused chain) the output."""
+    low: Lowerer
+    n: Node
+    kind: str
+    x: View
+    dims: list[int]
+    xv: View
+    split: int
+    rows: tuple
+    D: int
+    chunks: list
+    fits: bool
+    xin: Pool
+    work: Pool
+    small: Pool
+    members: list
+    ov: View | None = None
+    ov_map: dict | None = None
+    spill_bufs: list = field(default_factory=list)
+
+
 @lowering("rowwise", ops=ROWWISE_KINDS, op_classes=("reduction", "softmax", "normalization"))
 def lower_rowwise(low: Lowerer, n: Node) -> None:
     """Softmax, log-softmax, layer/group norm and reductions: the reduced dims become the free axis,
@@ -56,24 +97,7 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     kind = ROWWISE_KINDS[packet_name(n.target)]
     x = low.value(n.args[0])
     nd = x.meta.dim()
-    args = n.args
-    if kind in ("softmax", "log_softmax"):
-        dims = [args[1]]
-    elif kind in ("layer_norm", "rms_norm"):
-        dims = list(range(nd - len(args[1]), nd))   # normalized_shape: the trailing dims
-    elif kind == "cumsum":
-        dims = [args[1]]
-    else:
-        d = args[1] if len(args) > 1 else n.kwargs.get("dim")
-        if d is None or d == []:
-            dims = list(range(nd))
-        else:
-            dims = [d] if isinstance(d, int) else list(d)
-    if nd == 0:
-        dims = []
-    if kind in ("var", "std") and packet_name(n.target) and "correction" not in n.kwargs and len(args) > 2 \
-            and isinstance(args[2], bool):
-        pass
+    dims = _reduced_dims(n, kind, nd)
     if kind in ("sum", "mean") and nd and dims in ([nd - 1], [-1]) and n.outputs[0].dtype in FLOATS \
             and _lane_resident(low, x):
         _lane_sum(low, n, x, kind)
@@ -104,174 +128,188 @@ def lower_rowwise(low: Lowerer, n: Node) -> None:
     work = Pool(low, f"{n.name}.w", "sbuf", PMAX, min(D, Fc) if free else 1, "float32", bufs=depth)
     nbn = sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)
     small = Pool(low, f"{n.name}.s", "sbuf", PMAX, max(8, 3 * nbn, nch), "float32", bufs=8)
+    r = _Rows(low, n, kind, x, dims, xv, split, tuple(rows), D, chunks, fits, xin, work, small, members)
     out_spec = n.outputs[0]
-    if kind in ("softmax", "log_softmax", "cumsum"):
-        out = low.out_view(n.name, out_spec)
-        ov, _ = _rows_free(out, dims)
-    elif kind in ("layer_norm", "rms_norm"):
-        ov_map = chain_outputs(low, n, members, tuple(out_spec.shape))
-    else:
-        out = low.out_view(n.name, out_spec)
-        # reduced output: kept dims in order, reduced ones gone (or 1)
-        ov = reshape_view(out, tuple(rows) + (1,))
-    spill_bufs = []
+    if kind in ("layer_norm", "rms_norm"):
+        r.ov_map = chain_outputs(low, n, members, tuple(out_spec.shape))
+    elif kind in ("softmax", "log_softmax", "cumsum"):
+        r.ov, _ = _rows_free(low.out_view(n.name, out_spec), dims)
+    else:   # reduced output: kept dims in order, reduced ones gone (or 1)
+        r.ov = reshape_view(low.out_view(n.name, out_spec), tuple(rows) + (1,))
+    block = {"softmax": _softmax_block, "log_softmax": _softmax_block, "logsumexp": _softmax_block,
+             "layer_norm": _layer_norm_block, "cumsum": _cumsum_block}.get(kind, _reduce_block)
     for br in boxes(tuple(rows), PMAX):
         P = math.prod(x for _, x in br) if rows else 1
         small.tile(P, None)   # unused tile: kept so the pool's rotation (and so the schedule) is unchanged
-        if kind in ("softmax", "log_softmax", "logsumexp"):
-            m = small.tile(P, 1)
-            if fits:
-                xt = low.load(n.name, xv, br + chunks[0], xin, split)
-                low.vec("REDUCE", n.name, m, [xt.op()], op="max", cost_n=xt.F)
-            else:
-                parts = small.tile(P, nch)
-                for ci, cb in enumerate(chunks):
-                    xt = low.load(n.name, xv, br + cb, xin, split)
-                    low.vec("REDUCE", n.name, parts.cols(ci, 1), [xt.op()], op="max", cost_n=xt.F)
-                low.vec("REDUCE", n.name, m, [parts.op()], op="max")
-            negm = small.tile(P, 1)
-            low.vec("TENSOR_SCALAR", n.name, negm, [m.op()], op0="multiply", scalar0=-1.0)
-            s = small.tile(P, 1)
-            sums = small.tile(P, nch)
-            es_tiles = []
-            for ci, cb in enumerate(chunks):
-                if not fits:
-                    xt = low.load(n.name, xv, br + cb, xin, split)
-                e = work.tile(P, xt.F)
-                low.act(n.name, e, xt.op(), "exp", bias=negm.op(), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
-                if kind == "softmax" and not fits:
-                    # the exponentials do not fit beside the row: spill them to HBM, reload later
-                    sc = low.new_scratch("float32", P * e.F)
-                    sop = {"m": "hbm", "b": sc, "dt": "float32", "o": 0, "ap": [[e.F, P], [1, e.F]]}
-                    low.dma(n.name, sop, e.op(), spill="save")
-                    spill_bufs.append((cb, sc, e.F))
-                es_tiles.append(e)
-            if nch > 1:
-                low.vec("REDUCE", n.name, s, [sums.op()], op="add")
-            else:
-                s = sums
-            if kind == "softmax":
-                r = small.tile(P, 1)
-                low.vec("RECIPROCAL", n.name, r, [s.op()])
-                for ci, cb in enumerate(chunks):
-                    if fits:
-                        e = es_tiles[ci]
-                    else:
-                        _, sc, F = spill_bufs[len(spill_bufs) - nch + ci]
-                        e = work.tile(P, F)
-                        low.dma(n.name, e.op(), {"m": "hbm", "b": sc, "dt": "float32", "o": 0,
-                                                 "ap": [[F, P], [1, F]]}, spill="reload")
-                    o = xin.tile(P, e.F).as_dtype(out_spec.dtype) if out_spec.dtype == x.dtype else \
-                        work.tile(P, e.F).as_dtype(out_spec.dtype)
-                    low.vec("TENSOR_SCALAR", n.name, o, [e.op(), r.op()], op0="multiply", scalar0={"src": 1},
-                            flops=P * e.F)
-                    low.store(n.name, o, ov, br + cb)
-            else:
-                ls = small.tile(P, 1)
-                low.act(n.name, ls, s.op(), "log")
-                if kind == "logsumexp":
-                    o = small.tile(P, 1).as_dtype(out_spec.dtype)
-                    low.vec("TENSOR_TENSOR", n.name, o, [ls.op(), m.op()], n_inputs=2, op="add")
-                    low.store(n.name, o, ov, br + [(0, 1)])
-                else:
-                    tot = small.tile(P, 1)
-                    low.vec("TENSOR_TENSOR", n.name, tot, [ls.op(), m.op()], n_inputs=2, op="add")
-                    for ci, cb in enumerate(chunks):
-                        xt = low.load(n.name, xv, br + cb, xin, split) if not fits else xt
-                        o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
-                        low.vec("TENSOR_SCALAR", n.name, o, [xt.op(), tot.op()], op0="subtract", scalar0={"src": 1},
-                                flops=P * xt.F)
-                        low.store(n.name, o, ov, br + cb)
-            continue
-        if kind == "layer_norm":
-            w = low.value(args[2]) if len(args) > 2 and is_ref(args[2]) else None
-            bias = low.value(args[3]) if len(args) > 3 and is_ref(args[3]) else None
-            eps = args[4] if len(args) > 4 else 1e-5
-            stats = small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
-            si = 0
-            xts = []
-            for cb in chunks:
-                xt = low.load(n.name, xv, br + cb, xin, split)
-                for f0 in range(0, xt.F, BN_FMAX):
-                    fl = min(BN_FMAX, xt.F - f0)
-                    low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl,
-                            flops=2 * P * fl)
-                    si += 1
-                xts.append(xt)
-            mv = small.tile(P, 2)
-            low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=si * 3)
-            rstd = small.tile(P, 1)
-            low.vec("TENSOR_SCALAR", n.name, rstd, [mv.cols(1, 1).op()], op0="add", scalar0=eps, op1="power",
-                    scalar1=-0.5)
-            for ci, cb in enumerate(chunks):
-                xt = xts[ci] if fits else low.load(n.name, xv, br + cb, xin, split)
-                y = work.tile(P, xt.F)
-                low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), mv.cols(0, 1).op(), rstd.op()], op0="subtract",
-                        scalar0={"src": 1}, op1="multiply", scalar1={"src": 2}, flops=2 * P * xt.F)
-                pools = low.pool_cache.setdefault(("layer_norm", n.name), {"__F": min(D, Fc)})
-                ctx = TileCtx(low, xv.shape, br + cb, split, pools)
-                for wv, op in ((w, "multiply"), (bias, "add")):
-                    if wv is None:
-                        continue
-                    wt = ctx.load_extra(n.name, _ln_param(wv, x, dims, split), f"p{op}")
-                    low.vec("TENSOR_TENSOR", n.name, y, [y.op(), wt.op()], n_inputs=2, op=op, flops=P * xt.F)
-                yo = y
-                if out_spec.dtype != "float32" and not members:
-                    yo = ctx.out_tile(n.name, "cast", out_spec.dtype)
-                    low.act(n.name, yo, y.op(), "copy")
-                run_chain(ctx, n.name, yo, members, ov_map)
-            # mean and rstd outputs ([rows..., 1...])
-            for i, val in ((1, mv.cols(0, 1)), (2, rstd)):
-                key = f"{n.name}:{i}"
-                if len(n.outputs) > i and output_used(low, n, i):
-                    v = low.out_view(key, n.outputs[i])
-                    vv = reshape_view(v, tuple(rows) + (1,))
-                    low.store(n.name, val.as_dtype(n.outputs[i].dtype) if n.outputs[i].dtype == "float32" else val, vv,
-                              br + [(0, 1)])
-            continue
         if kind == "rms_norm":
-            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, xin, small, members, ov_map)
-            continue
-        if kind == "cumsum":
-            xt = low.load(n.name, xv, br + chunks[0], xin, split)
-            o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
-            low.vec("TENSOR_SCAN", n.name, o, [xt.op()], op="add", flops=P * xt.F)
-            low.store(n.name, o, ov, br + chunks[0])
-            continue
-        # reductions
-        red_op = {"sum": "add", "mean": "add", "max": "max", "min": "min", "any": "max", "all": "min",
-                  "prod": "multiply", "var": "var", "std": "var"}[kind]
-        res = small.tile(P, 1)
-        if red_op == "var":
-            stats = small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
-            si = 0
-            for cb in chunks:
-                xt = low.load(n.name, xv, br + cb, xin, split)
-                for f0 in range(0, xt.F, BN_FMAX):
-                    fl = min(BN_FMAX, xt.F - f0)
-                    low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl)
-                    si += 1
-            mv = small.tile(P, 2)
-            low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=3 * si)
-            corr = n.kwargs.get("correction", 1 if not (len(args) > 2 and args[2] is False) else 0)
-            if corr is None:
-                corr = 1
-            low.vec("TENSOR_SCALAR", n.name, res, [mv.cols(1, 1).op()], op0="multiply",
-                    scalar0=D / max(D - corr, 1) if D - corr > 0 else float("nan"))
-            if kind == "std":
-                low.act(n.name, res, res.op(), "sqrt")
+            _rms_norm_rows(low, n, x, xv, dims, split, br, chunks, fits, xin, small, members, r.ov_map)
         else:
-            parts = small.tile(P, nch) if nch > 1 else res
-            for ci, cb in enumerate(chunks):
-                xt = low.load(n.name, xv, br + cb, xin, split)
-                low.vec("REDUCE", n.name, parts.cols(ci, 1) if nch > 1 else res, [xt.op()], op=red_op, cost_n=xt.F,
-                        flops=P * xt.F)
-            if nch > 1:
-                low.vec("REDUCE", n.name, res, [parts.op()], op=red_op)
-            if kind == "mean":
-                low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
-        low.store(n.name, res.as_dtype(res.dtype), ov, br + [(0, 1)])
+            block(r, br, P)
     lower_alone(low, alone)
+
+
+def _softmax_block(r: _Rows, br, P: int) -> None:
+    """Softmax, log-softmax or logsumexp of one block of rows: the row max, ``exp(x - max)`` with its sum as the
+    Scalar engine's accumulate output (spilled to HBM between passes when a row does not fit), then the
+    normalisation."""
+    low, n, xv, split, xin, work, small, chunks = r.low, r.n, r.xv, r.split, r.xin, r.work, r.small, r.chunks
+    nch, out_spec = len(chunks), r.n.outputs[0]
+    m = small.tile(P, 1)
+    if r.fits:
+        xt = low.load(n.name, xv, br + chunks[0], xin, split)
+        low.vec("REDUCE", n.name, m, [xt.op()], op="max", cost_n=xt.F)
+    else:
+        parts = small.tile(P, nch)
+        for ci, cb in enumerate(chunks):
+            xt = low.load(n.name, xv, br + cb, xin, split)
+            low.vec("REDUCE", n.name, parts.cols(ci, 1), [xt.op()], op="max", cost_n=xt.F)
+        low.vec("REDUCE", n.name, m, [parts.op()], op="max")
+    negm = small.tile(P, 1)
+    low.vec("TENSOR_SCALAR", n.name, negm, [m.op()], op0="multiply", scalar0=-1.0)
+    s = small.tile(P, 1)
+    sums = small.tile(P, nch)
+    es_tiles = []
+    for ci, cb in enumerate(chunks):
+        if not r.fits:
+            xt = low.load(n.name, xv, br + cb, xin, split)
+        e = work.tile(P, xt.F)
+        low.act(n.name, e, xt.op(), "exp", bias=negm.op(), acc=sums.cols(ci, 1), flops=2 * P * xt.F)
+        if r.kind == "softmax" and not r.fits:
+            # the exponentials do not fit beside the row: spill them to HBM, reload later
+            sc = low.new_scratch("float32", P * e.F)
+            sop = {"m": "hbm", "b": sc, "dt": "float32", "o": 0, "ap": [[e.F, P], [1, e.F]]}
+            low.dma(n.name, sop, e.op(), spill="save")
+            r.spill_bufs.append((cb, sc, e.F))
+        es_tiles.append(e)
+    if nch > 1:
+        low.vec("REDUCE", n.name, s, [sums.op()], op="add")
+    else:
+        s = sums
+    if r.kind == "softmax":
+        rcp = small.tile(P, 1)
+        low.vec("RECIPROCAL", n.name, rcp, [s.op()])
+        for ci, cb in enumerate(chunks):
+            if r.fits:
+                e = es_tiles[ci]
+            else:
+                _, sc, F = r.spill_bufs[len(r.spill_bufs) - nch + ci]
+                e = work.tile(P, F)
+                low.dma(n.name, e.op(), {"m": "hbm", "b": sc, "dt": "float32", "o": 0,
+                                         "ap": [[F, P], [1, F]]}, spill="reload")
+            o = xin.tile(P, e.F).as_dtype(out_spec.dtype) if out_spec.dtype == r.x.dtype else \
+                work.tile(P, e.F).as_dtype(out_spec.dtype)
+            low.vec("TENSOR_SCALAR", n.name, o, [e.op(), rcp.op()], op0="multiply", scalar0={"src": 1},
+                    flops=P * e.F)
+            low.store(n.name, o, r.ov, br + cb)
+        return
+    ls = small.tile(P, 1)
+    low.act(n.name, ls, s.op(), "log")
+    if r.kind == "logsumexp":
+        o = small.tile(P, 1).as_dtype(out_spec.dtype)
+        low.vec("TENSOR_TENSOR", n.name, o, [ls.op(), m.op()], n_inputs=2, op="add")
+        low.store(n.name, o, r.ov, br + [(0, 1)])
+        return
+    tot = small.tile(P, 1)
+    low.vec("TENSOR_TENSOR", n.name, tot, [ls.op(), m.op()], n_inputs=2, op="add")
+    for ci, cb in enumerate(chunks):
+        xt = low.load(n.name, xv, br + cb, xin, split) if not r.fits else xt
+        o = work.tile(P, xt.F).as_dtype(out_spec.dtype)
+        low.vec("TENSOR_SCALAR", n.name, o, [xt.op(), tot.op()], op0="subtract", scalar0={"src": 1},
+                flops=P * xt.F)
+        low.store(n.name, o, r.ov, br + cb)
+
+
+def _layer_norm_block(r: _Rows, br, P: int) -> None:
+    """Layer norm of one block of rows: BN_STATS/BN_AGGR for mean and variance, ``(x - mean) * rstd``, the
+    affine weight and bias, the fused epilogue; the mean and rstd outputs when read."""
+    low, n, xv, split, xin, chunks, args = r.low, r.n, r.xv, r.split, r.xin, r.chunks, r.n.args
+    w = low.value(args[2]) if len(args) > 2 and is_ref(args[2]) else None
+    bias = low.value(args[3]) if len(args) > 3 and is_ref(args[3]) else None
+    eps = args[4] if len(args) > 4 else 1e-5
+    stats = r.small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
+    si = 0
+    xts = []
+    for cb in chunks:
+        xt = low.load(n.name, xv, br + cb, xin, split)
+        for f0 in range(0, xt.F, BN_FMAX):
+            fl = min(BN_FMAX, xt.F - f0)
+            low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl, flops=2 * P * fl)
+            si += 1
+        xts.append(xt)
+    mv = r.small.tile(P, 2)
+    low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=si * 3)
+    rstd = r.small.tile(P, 1)
+    low.vec("TENSOR_SCALAR", n.name, rstd, [mv.cols(1, 1).op()], op0="add", scalar0=eps, op1="power", scalar1=-0.5)
+    out_spec = n.outputs[0]
+    for ci, cb in enumerate(chunks):
+        xt = xts[ci] if r.fits else low.load(n.name, xv, br + cb, xin, split)
+        y = r.work.tile(P, xt.F)
+        low.vec("TENSOR_SCALAR", n.name, y, [xt.op(), mv.cols(0, 1).op(), rstd.op()], op0="subtract",
+                scalar0={"src": 1}, op1="multiply", scalar1={"src": 2}, flops=2 * P * xt.F)
+        pools = low.pool_cache.setdefault(("layer_norm", n.name), {"__F": min(r.D, xin.F)})
+        ctx = TileCtx(low, xv.shape, br + cb, split, pools)
+        for wv, op in ((w, "multiply"), (bias, "add")):
+            if wv is None:
+                continue
+            wt = ctx.load_extra(n.name, _ln_param(wv, r.x, r.dims, split), f"p{op}")
+            low.vec("TENSOR_TENSOR", n.name, y, [y.op(), wt.op()], n_inputs=2, op=op, flops=P * xt.F)
+        yo = y
+        if out_spec.dtype != "float32" and not r.members:
+            yo = ctx.out_tile(n.name, "cast", out_spec.dtype)
+            low.act(n.name, yo, y.op(), "copy")
+        run_chain(ctx, n.name, yo, r.members, r.ov_map)
+    # mean and rstd outputs ([rows..., 1...])
+    for i, val in ((1, mv.cols(0, 1)), (2, rstd)):
+        if len(n.outputs) > i and output_used(low, n, i):
+            vv = reshape_view(low.out_view(f"{n.name}:{i}", n.outputs[i]), r.rows + (1,))
+            low.store(n.name, val.as_dtype(n.outputs[i].dtype) if n.outputs[i].dtype == "float32" else val, vv,
+                      br + [(0, 1)])
+
+
+def _cumsum_block(r: _Rows, br, P: int) -> None:
+    """A running sum along one row block's free axis: one Vector engine scan."""
+    xt = r.low.load(r.n.name, r.xv, br + r.chunks[0], r.xin, r.split)
+    o = r.work.tile(P, xt.F).as_dtype(r.n.outputs[0].dtype)
+    r.low.vec("TENSOR_SCAN", r.n.name, o, [xt.op()], op="add", flops=P * xt.F)
+    r.low.store(r.n.name, o, r.ov, br + r.chunks[0])
+
+
+def _reduce_block(r: _Rows, br, P: int) -> None:
+    """A reduction of one block of rows: REDUCE per chunk (then across chunks), or BN_STATS for var/std."""
+    low, n, xv, split, xin, small, chunks, kind = r.low, r.n, r.xv, r.split, r.xin, r.small, r.chunks, r.kind
+    nch, D, args = len(chunks), r.D, n.args
+    red_op = {"sum": "add", "mean": "add", "max": "max", "min": "min", "any": "max", "all": "min",
+              "prod": "multiply", "var": "var", "std": "var"}[kind]
+    res = small.tile(P, 1)
+    if red_op == "var":
+        stats = small.tile(P, 3 * max(1, sum(ceil_div(math.prod(x for _, x in cb), BN_FMAX) for cb in chunks)))
+        si = 0
+        for cb in chunks:
+            xt = low.load(n.name, xv, br + cb, xin, split)
+            for f0 in range(0, xt.F, BN_FMAX):
+                fl = min(BN_FMAX, xt.F - f0)
+                low.vec("BN_STATS", n.name, stats.cols(3 * si, 3), [xt.cols(f0, fl).op()], cost_n=fl)
+                si += 1
+        mv = small.tile(P, 2)
+        low.vec("BN_AGGR", n.name, mv, [stats.cols(0, 3 * si).op()], cost_n=3 * si)
+        corr = n.kwargs.get("correction", 1 if not (len(args) > 2 and args[2] is False) else 0)
+        if corr is None:
+            corr = 1
+        low.vec("TENSOR_SCALAR", n.name, res, [mv.cols(1, 1).op()], op0="multiply",
+                scalar0=D / max(D - corr, 1) if D - corr > 0 else float("nan"))
+        if kind == "std":
+            low.act(n.name, res, res.op(), "sqrt")
+    else:
+        parts = small.tile(P, nch) if nch > 1 else res
+        for ci, cb in enumerate(chunks):
+            xt = low.load(n.name, xv, br + cb, xin, split)
+            low.vec("REDUCE", n.name, parts.cols(ci, 1) if nch > 1 else res, [xt.op()], op=red_op, cost_n=xt.F,
+                    flops=P * xt.F)
+        if nch > 1:
+            low.vec("REDUCE", n.name, res, [parts.op()], op=red_op)
+        if kind == "mean":
+            low.vec("TENSOR_SCALAR", n.name, res, [res.op()], op0="multiply", scalar0=1.0 / max(D, 1))
+    low.store(n.name, res.as_dtype(res.dtype), r.ov, br + [(0, 1)])
 
 
 def _rms_y_dtype(low: Lowerer, n: Node, members) -> str:

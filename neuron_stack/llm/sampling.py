@@ -17,7 +17,7 @@ True
 >>> SamplingParams(temperature=-1)
 Traceback (most recent call last):
 ...
-neuron_stack.inference.config.InferenceError: temperature must be non-negative, got -1.
+neuron_stack.llm.configs.InferenceError: temperature must be non-negative, got -1.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import InferenceError
+from .configs import InferenceError
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 MAX_TEMP = 1e-2  # vLLM's _MAX_TEMP: a positive temperature below it is raised to it
