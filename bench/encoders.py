@@ -32,6 +32,8 @@ from neuron_stack.frontend.export import capture  # noqa: E402
 from neuron_stack.frontend.flags import parse_flags  # noqa: E402
 
 TINY = {"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}
+#: the published models' encoder layers (their config.json: bert-base-uncased, distilbert-base-uncased, vit-base)
+LAYERS = {"bert-base": 12, "distilbert-base": 6, "vit-base": 12}
 
 
 def _model(kind: str, layers: int, batch: int, small: bool):
@@ -52,7 +54,7 @@ def _model(kind: str, layers: int, batch: int, small: bool):
             x = {"pixel_values": torch.empty(batch, 3, cfg.image_size, cfg.image_size)}
         else:
             x = {"input_ids": torch.zeros((batch, seq), dtype=torch.long)}
-    return model, x, seq, cfg
+    return model, x, seq
 
 
 def device_ns(kind: str, batch: int, target: str, small: bool) -> tuple[int, int]:
@@ -60,12 +62,10 @@ def device_ns(kind: str, batch: int, target: str, small: bool) -> tuple[int, int
     flags = parse_flags("--auto-cast matmult --auto-cast-type bf16", target=target)
     t = []
     for layers in (1, 2):
-        model, x, seq, cfg = _model(kind, layers, batch, small)
+        model, x, seq = _model(kind, layers, batch, small)
         neff = compile_program(capture(model, x, name=f"{kind}_{layers}layer"), flags, detail=False)
         t.append(sum(sc.device_ns for sc in neff.schedules.values()))
-    full = getattr(cfg, "n_layers", None) or 12
-    if small:
-        full = 2
+    full = 2 if small else LAYERS[kind]
     return t[0] + (full - 1) * max(0, t[1] - t[0]), seq
 
 
