@@ -62,6 +62,11 @@ CASES = {
         rf"under torch.profiler\(with_stack\)\s+median\s+{NUM} ms\s+ratio\s+{NUM}x",
         r"instruction rows: \d+ per execution",
     ], None),
+    "encoders.py": (["--small"], [
+        r"load average",
+        rf"^bert-base\s+32\s+2\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}",
+        rf"^vit-base\s+17\s+2\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}",
+    ], None),
     "fidelity.py": (["--quick", "--targets", "trn1"], [
         r"== Tensor Engine: bf16 matmul n\^3, achieved / peak ==",
         r"== DMA: efficiency vs payload per partition",

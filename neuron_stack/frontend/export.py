@@ -310,6 +310,7 @@ def _sdpa_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=No
         keep = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
         scores = scores.masked_fill(keep.logical_not(), float("-inf"))
     if attn_mask is not None:
+        attn_mask = _per_head_mask(attn_mask, scores)
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
         else:
@@ -319,6 +320,25 @@ def _sdpa_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=No
         probs = torch.where(torch.isneginf(scores).all(-1, keepdim=True), 0.0, probs)
     out = torch.matmul(probs.to(value.dtype), value)
     return out.contiguous(), probs
+
+
+def _per_head_mask(mask, scores):
+    """A prompt's mask [B, 1, L, S] (one per sequence, shared by the heads) laid out per head when B > 1.
+
+    The scores are one [B x H, L, S] batched matmul, whose tiles index (batch, head) as one dim; a mask
+    shared by the heads of each sequence has no stride along that merged dim (stride 0 over heads, real
+    over batch), so no tile of it lines up with a score tile and the whole fused attention (the mask
+    and softmax on the scores in PSUM, :mod:`neuron_stack.compiler.lower.attention`) gave way to
+    [B, H, L, S] fp32 scores passing through HBM once B > 1: a cliff in batch (BERT-base batch 16 took
+    1.57x the time per sequence of batch 8). One copy of the boolean mask per head (B·H·L·S bytes,
+    a quarter of one fp32 pass over the scores) keeps attention on chip at every batch size. Token
+    generation (L < 128 queries, which the fused lowering does not take) keeps the shared mask."""
+    if scores.dim() != 4 or mask.dim() != 4:
+        return mask
+    b, h, L = scores.shape[0], scores.shape[1], scores.shape[2]
+    if b == 1 or h == 1 or mask.shape[0] != b or mask.shape[1] != 1 or L < 128:
+        return mask     # one sequence, one head, a mask shared by the batch too, or token generation
+    return mask.expand(scores.shape).contiguous()
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):

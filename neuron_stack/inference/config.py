@@ -199,6 +199,10 @@ class InferenceConfig:
             if self.load_config is None:
                 raise InferenceError("InferenceConfig needs load_config=load_pretrained_config(model_path)")
             self.hf_config = self.load_config() if callable(self.load_config) else self.load_config
+        from neuron_stack.llm.configs import warn_run
+
+        warn_run(self.hf_config.to_dict(), tp_degree=self.neuron_config.tp_degree,
+                 sequence_length=self.neuron_config.seq_len)
 
     def __getattr__(self, name):
         if name in ("hf_config", "neuron_config", "load_config"):

@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .config import InferenceError
@@ -291,13 +292,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_config(args) -> None:
+    """The model config's fields and the run's sizes, in a fraction of a second: a bad field is one
+    error line, a surprising run (past max_position_embeddings, heads NxDI pads) one warning line each."""
+    from neuron_stack.llm.configs import check_model
+
+    nc = neuron_config(args)
+    for line in check_model(args.model_path, tp_degree=nc.tp_degree, sequence_length=nc.seq_len):
+        print(f"inference_demo: warning: {line}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point (``inference_demo``): one line, non-zero exit, on any bad input."""
-    from neuron_stack.llm.configs import ConfigError
+    from neuron_stack.llm.configs import ConfigError, ConfigWarning
 
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args) or 0)
+        if hasattr(args, "model_path"):  # run, serve: the config checked before torch or any compile
+            _check_config(args)
+        with warnings.catch_warnings():  # printed above, once
+            warnings.simplefilter("ignore", ConfigWarning)
+            return int(args.fn(args) or 0)
     except (InferenceError, ConfigError, FileNotFoundError) as exc:
         print(f"inference_demo: error: {exc}", file=sys.stderr)
         return 2

@@ -64,24 +64,31 @@ def _project(args) -> int:
     # every size checked against its physical range before transformers or any compile runs; a TP degree
     # is bounded by the largest instance (a larger one than the chosen instance is a "does NOT fit" answer)
     most_cores = max(chips * get_profile(prof).cores_per_chip for prof, chips, *_ in INSTANCE_TYPES.values())
-    validate_projection(args.model, tp_degree=args.tp, batch_size=args.batch_size,
-                        sequence_length=args.sequence_length, context_length=args.context_length,
-                        token_generation_buckets=args.tkg_buckets, max_cores=most_cores)
+    notes = validate_projection(args.model, tp_degree=args.tp, batch_size=args.batch_size,
+                                sequence_length=args.sequence_length, context_length=args.context_length,
+                                token_generation_buckets=args.tkg_buckets, max_cores=most_cores)
+    for line in notes:  # before any compile, one line each; project() would repeat them as warnings
+        print(f"neuron-llm: warning: {line}", file=sys.stderr, flush=True)
+    import warnings
+
+    from neuron_stack.llm.configs import ConfigWarning
     from neuron_stack.llm.project import project
 
-    p = project(
-        args.model,
-        batch_size=args.batch_size,
-        sequence_length=args.sequence_length,
-        context_length=args.context_length,
-        tp_degree=args.tp,
-        dtype=args.dtype,
-        instance_type=args.instance,
-        target=args.target,
-        token_generation_buckets=args.tkg_buckets,
-        quantization_dtype=args.quantization_dtype,
-        sequence_parallel=args.sequence_parallel_enabled,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        p = project(
+            args.model,
+            batch_size=args.batch_size,
+            sequence_length=args.sequence_length,
+            context_length=args.context_length,
+            tp_degree=args.tp,
+            dtype=args.dtype,
+            instance_type=args.instance,
+            target=args.target,
+            token_generation_buckets=args.tkg_buckets,
+            quantization_dtype=args.quantization_dtype,
+            sequence_parallel=args.sequence_parallel_enabled,
+        )
     if args.neff_dir:
         out = Path(args.neff_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,7 @@ from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.ir import Program, TensorSpec
-from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive
+from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, nxdi_head_counts, require_positive, warn_run
 from neuron_stack.llm.quantize import FP8_TARGETS, QUANT_DTYPES, quantize_decoder
 from neuron_stack.runtime.collectives import Group, plan
 from neuron_stack.runtime.cores import INSTANCE_TYPES
@@ -208,9 +208,7 @@ def rank_config(config, tp_degree: int, num_layers: int | None = None):
     heads = c.num_attention_heads
     kv = getattr(c, "num_key_value_heads", None) or heads
     c.head_dim = getattr(config, "head_dim", None) or c.hidden_size // heads
-    kv_rank = math.ceil(kv / tp_degree) if kv >= tp_degree else 1  # REPLICATE_TO_TP_DEGREE
-    q_rank = math.ceil(math.ceil(heads / tp_degree) / kv_rank) * kv_rank
-    c.num_attention_heads, c.num_key_value_heads = q_rank, kv_rank
+    c.num_attention_heads, c.num_key_value_heads, _ = nxdi_head_counts(tp_degree, heads, kv)
     c.intermediate_size = math.ceil(c.intermediate_size / tp_degree)
     c.vocab_size = math.ceil(c.vocab_size / tp_degree)
     return c
@@ -519,6 +517,7 @@ def project(
         if quantization is None:
             raise ConfigError(f"quantization dtype {quantization_dtype!r} is not one of int8, fp8")
     require_positive(batch_size=batch_size, sequence_length=sequence_length, tp_degree=tp_degree)
+    warn_run(config.to_dict(), tp_degree=tp_degree, sequence_length=sequence_length)
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
     if context_length > sequence_length or buckets[-1] > sequence_length:

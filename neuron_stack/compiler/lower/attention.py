@@ -10,7 +10,9 @@ came back for a separate softmax pass.
 
 Longer rows (prefill of thousands of tokens) take the flash path (:class:`FlashAttention`): the whole
 ``softmax(Q K^T) @ V`` runs per 128-query block with a running max and sum, so no [S, S] score
-matrix is ever stored, however long the prompt.
+matrix is ever stored, however long the prompt. So do rows of one bank that carry steps the softmax
+epilogue does not (SDPA's mask and its fully-masked-row guard: BERT's 128 and ViT's 197 tokens), from
+one full 128-query block up: their [B, H, S, S] scores went to SBUF whole, and past its size to HBM.
 
 >>> from neuron_stack.compiler.lower.attention import FLASH_MIN_KEYS, SOFTMAX_MAX_ROW
 >>> SOFTMAX_MAX_ROW, FLASH_MIN_KEYS
@@ -100,7 +102,8 @@ class SoftmaxEpilogue:
         self.low.finished.add(self.s.name)
 
 
-#: a score row longer than one PSUM bank takes the flash path (when the whole attention is there)
+#: a score row longer than one PSUM bank takes the flash path (when the whole attention is there); a
+#: shorter one does when the softmax epilogue cannot take it (a mask between the matmul and the softmax)
 FLASH_MIN_KEYS = SOFTMAX_MAX_ROW
 _CASTS = ("_to_copy", "clone", "alias")
 _RESHAPES = ("view", "_unsafe_view", "reshape", "expand", "alias", "unsqueeze", "squeeze")
@@ -159,11 +162,11 @@ def _row_guard(low: Lowerer, last: str, cond) -> list[Node] | None:
 
 
 def flash_attention(low: Lowerer, last: str, N: int) -> FlashMatch | None:
-    """``softmax(scores, -1) @ V`` fed by matmul chain value ``last`` (scores rows of N > one bank),
-    as the SDPA decomposition writes it, or None."""
+    """``softmax(scores, -1) @ V`` fed by matmul chain value ``last`` (rows of any length N: the caller
+    offers it when the softmax epilogue does not apply), as the SDPA decomposition writes it, or None."""
     pre = []
     while True:     # elementwise steps and casts between the matmul and the softmax (the mask)
-        if N <= FLASH_MIN_KEYS or last in low.out_refs or low._escapes(last):
+        if last in low.out_refs or low._escapes(last):
             return None
         users = low._consumers(last)
         if any(packet_name(low.by_name[u].target) == "_softmax" for u in users):

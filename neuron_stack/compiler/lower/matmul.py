@@ -183,11 +183,12 @@ class Matmul:
     def flash(self, alone) -> bool:
         """Lower ``softmax(Q K^T) @ V`` as flash attention when this matmul is its ``Q K^T`` (True: done).
 
-        Flash for prefill-sized blocks (several 128-query blocks); token generation's few query rows per
-        head keep the batched score tiles, which spill nothing there."""
+        Flash for prefill-sized blocks (at least one full 128-query block: an encoder's 128-token sequence
+        too); token generation's few query rows per head keep the batched score tiles, which spill nothing
+        there."""
         low, n, A, B, last = self.low, self.n, self.A, self.B, self.last
         fl = flash_attention(low, last, self.N) if self.batched and self.sm is None and self.C is None \
-            and not alone and self.K <= PMAX < self.M else None
+            and not alone and self.K <= PMAX <= self.M else None
         V = low.value(fl.pv.args[1]) if fl is not None else None     # not args[0]: that would lower the softmax
         if V is None or not set(self.out_views) <= {last} or not B.meta.dim() == V.meta.dim() == 3 \
                 or V.shape[-1] > MOVING_FMAX:
