@@ -34,11 +34,11 @@ def app(paths):
 def test_the_structure_is_the_explorers_line_and_op_totals(app):
     L = data.resolve(KEYS[0])
     s = q_compare.structure(L.profile)
-    for t in data.line_totals(L).values():          # one number: the Source page's line time
+    for t in data.line_totals(L, include_warmup=True).values():   # one number: each line over every execution
         key = q_compare.line_key(t["file"], t["line"])
         assert s["lines"][key]["ns"] == t["device_ns"] + t["host_ns"]
     assert sum(v["ns"] for v in s["ops"].values()) == sum(
-        t["device_ns"] + t["host_ns"] for t in data.op_totals(L).values())
+        t["device_ns"] + t["host_ns"] for t in data.op_totals(L, include_warmup=True).values())
 
 
 def test_three_profiles_against_a_chosen_base(app):
