@@ -38,3 +38,16 @@ def run_guarded(prog: str, fn) -> int:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 1
+
+
+def one_line(exc: BaseException) -> str:
+    r"""The first line of an error message (DuckDB's "Did you mean" hint kept on the same line).
+
+    >>> one_line(ValueError("Catalog Error: no table x\n\nDid you mean \"y\"?"))
+    'Catalog Error: no table x Did you mean "y"?'
+    """
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    hint = next((ln for ln in lines[1:] if ln.startswith("Did you mean")), "")
+    return f"{lines[0]} {hint}".strip()

@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from traces.console import DUCKDB_LIMITS
-from traces.errors import TraceError
-from traces.query import Profile, one_line
+from traces.errors import TraceError, one_line
+from traces.query import Profile
 from traces.safeio import special_kind
 from traces.schema import TABLES
 from traces.segments import list_segments

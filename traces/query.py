@@ -36,22 +36,12 @@ from traces import (
     q_timeline,
 )
 from traces.console import UserResult, run_user_sql
-from traces.errors import OutOfMemory, TraceError
+from traces.errors import OutOfMemory, TraceError, one_line
 from traces.q_figures import CaptureVerdict, Figures
 from traces.schema import SCHEMA_VERSION, TABLES
 from traces.summary_sql import RECOMPILED_SQL, WINDOW_CTES, summary_sql
 
 log = logging.getLogger("traces")
-
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of an error message (DuckDB's "Did you mean" hint kept on the same line)."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    if not lines:
-        return type(exc).__name__
-    hint = next((ln for ln in lines[1:] if ln.startswith("Did you mean")), "")
-    return f"{lines[0]} {hint}".strip()
 
 
 class Profile:
