@@ -106,7 +106,7 @@ def stage_of(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "neuron_stack":
         return None
-    if len(parts) == 1 or parts[1] in ("api", "dynamo", "parallel", "llm", "inference", "profiling", "host_frames"):
+    if len(parts) == 1 or parts[1] in ("api", "dynamo", "parallel", "llm", "inference", "profiling"):
         return STAGES.index("facade")
     return STAGES.index(parts[1])
 

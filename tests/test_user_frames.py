@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import traces
-from neuron_stack import host_frames
+from neuron_stack.runtime import host_frames
 from neuron_stack.device import clock
 from traces import synthetic
 

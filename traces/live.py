@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_device_info",
+__all__ = ["LivePublisher", "read_all", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
 
 SNAPSHOT_VERSION = 1
@@ -70,7 +70,6 @@ _RING_SUFFIX = ".ring"
 _publishers: "weakref.WeakSet[LivePublisher]" = weakref.WeakSet()
 _SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.(json|ring)$")
 _TMP_RE = re.compile(r"^\..+\.(\d+)\.\d+\.tmp$")  # _write_atomic's temp names: .<name>.<pid>.<thread>.tmp
-_CAPTURE_SUFFIX = ".capture.json"
 _DEVICE_FILE = "device.json"
 _counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
 
@@ -197,7 +196,8 @@ class LivePublisher:
         self._last_wall = self.start_time
         self._last_proj_ns = int(self.start_time * 1e9)
         self._last_flush = 0.0
-        self._last_poll = 0.0
+        #: Called by the background thread every FLUSH_INTERVAL_S (the runtime's attach poll, traces.attach).
+        self.poll_hook = None
         self._dirty = True
         self._closed = False
         self._stop = threading.Event()
@@ -349,36 +349,6 @@ class LivePublisher:
             self._dirty = True
         self._maybe_flush()
 
-    # -- capture requests from neuron-top ------------------------------------------------------
-    def poll_capture(self) -> dict | None:
-        """A pending capture request ``{"output_dir", "seconds"}`` for this process, consumed once.
-
-        Looks at the disk at most every 0.25 s, so it is cheap to call after every execution.
-        """
-        now = time.monotonic()
-        if now - self._last_poll < FLUSH_INTERVAL_S:
-            return None
-        self._last_poll = now
-        path = self.directory / f"{self.pid}{_CAPTURE_SUFFIX}"
-        claimed = path.with_name(f".{path.name}.claimed")
-        try:
-            os.replace(path, claimed)  # atomic claim: a request is consumed exactly once
-        except OSError:  # no request (or a read-only live directory, where none can be claimed)
-            return None
-        try:
-            with open(claimed) as f:
-                req = json.load(f)
-        except (OSError, ValueError):
-            req = None
-        finally:
-            try:
-                os.unlink(claimed)
-            except OSError:
-                pass
-        if not isinstance(req, dict) or "output_dir" not in req:
-            return None
-        return {"output_dir": str(req["output_dir"]), "seconds": float(req.get("seconds", 5.0))}
-
     # -- publishing ------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
         # The hot path never writes: a daemon thread publishes the changes every FLUSH_INTERVAL_S.
@@ -396,6 +366,12 @@ class LivePublisher:
                     self.flush()
                 except Exception:  # a full disk must never take the workload down
                     pass
+            hook = self.poll_hook
+            if hook is not None and os.getpid() == self.pid:
+                try:
+                    hook()
+                except Exception as exc:  # an attach must never take the workload down
+                    logging.getLogger("traces").warning("attach: %s", exc)
 
     def snapshot(self) -> dict:
         """The snapshot as written to disk (a plain dict; see docs/monitor.md for the fields)."""
@@ -564,24 +540,6 @@ def read_device_info(directory: str | os.PathLike | None = None) -> dict | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
-
-
-def request_capture(pid: int, output_dir: str | os.PathLike, seconds: float,
-                    directory: str | os.PathLike | None = None) -> Path:
-    """Ask process ``pid`` to record a profile into ``output_dir`` for ``seconds`` (used by neuron-top).
-
-    The workload picks it up with :meth:`LivePublisher.poll_capture`.
-
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> request_capture(12345, "/tmp/out", 5, directory=d).name
-    '12345.capture.json'
-    """
-    d = Path(directory) if directory is not None else live_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{int(pid)}{_CAPTURE_SUFFIX}"
-    _write_atomic(path, {"output_dir": str(output_dir), "seconds": float(seconds), "requested": time.time()})
-    return path
 
 
 def _unlink_quietly(path: Path) -> None:
