@@ -19,6 +19,7 @@ import psutil
 
 from monitor.config import Config, default_config
 from monitor.merge import merge_runtimes
+from monitor.triggers import Watch
 from traces import live, monitor_figures
 from traces.ids import host_name, instance_id
 from traces.vocab import MONITOR_ENGINES
@@ -78,6 +79,7 @@ class Collector:
         self._last_scan = self.started
         self._host_id = instance_id()
         self._device = None
+        self.watch = Watch(self.config.triggers, directory)
         # Processes already running count from now: their history before the monitor is not "this period".
         for snap in live.read_all(self.directory):
             self._seen.add(snap["file"])
@@ -134,6 +136,8 @@ class Collector:
         runtimes = merge_runtimes(runtimes)   # one entry per process, however many targets it uses
         for rt in runtimes:
             _process_memory(rt)
+        # triggers attach by themselves; every process's last attach joins its neuron_stack group
+        self.watch.apply(runtimes, {s["pid"]: s.get("process_start_time") for s in snaps})
         # Forget processes that went away so a reused file name starts fresh.
         for k in [k for k in self._prev if k[0] not in alive]:
             del self._prev[k]

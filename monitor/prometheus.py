@@ -46,6 +46,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "neuron_stack_recompiles": ("counter", "Graph recompilations total", ("runtime_tag",)),
     "neuron_stack_cpu_fallbacks": ("counter", "Operators run on the CPU instead of the NeuronCore, total",
                                    ("runtime_tag",)),
+    "neuron_stack_attach_capture": ("gauge", "This runtime's last attach on demand (1 while recording, 0 after); "
+                                    "profile_path is the capture's profile", ("runtime_tag", "trigger", "state",
+                                                                             "profile_path")),
     "hardware_ecc_events": ("counter", "Hardware ECC events total", ("event_type", "neuron_device_index")),
     "system_vcpu_count": ("gauge", "System vCPU count", ()),
     "system_vcpu_usage_ratio": ("gauge", "System CPU utilization ratio", ("usage_type",)),
@@ -149,6 +152,9 @@ class Exporter:
                            for c, engines in (ns.get("engines") or {}).items() for e, pct in engines.items()})
             self._inc("neuron_stack_recompiles", rt, (ns.get("recompiles") or {}).get("count", 0))
             self._inc("neuron_stack_cpu_fallbacks", rt, (ns.get("cpu_fallbacks") or {}).get("count", 0))
+            att = ns.get("attach")
+            self._replace("neuron_stack_attach_capture", rt, {} if not att else {
+                rt + (att["trigger"], att["state"], att["profile"]): float(att["state"] == "recording")})
 
     def _system(self, base: tuple, system: dict) -> None:
         if "vcpu_usage" in system:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from traces import live
-from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info, request_capture
+from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,13 +182,12 @@ def test_concurrent_read_while_the_file_is_replaced(d):
 
 
 def test_capture_request_is_consumed_once(d):
+    from traces import attach
     pub = LivePublisher(tag="cap", directory=d)
-    assert pub.poll_capture() is None
-    request_capture(os.getpid(), "/tmp/cap_out", 3, directory=d)
-    pub._last_poll = 0.0  # poll_capture looks at the disk at most every 0.25 s
-    assert pub.poll_capture() == {"output_dir": "/tmp/cap_out", "seconds": 3.0}
-    pub._last_poll = 0.0
-    assert pub.poll_capture() is None
+    assert attach.claim(pub.pid, d) is None
+    rid = attach.request(os.getpid(), "/tmp/cap_out", 3, directory=d)
+    assert attach.claim(pub.pid, d) == {"id": rid, "output_dir": "/tmp/cap_out", "seconds": 3.0, "by": ""}
+    assert attach.claim(pub.pid, d) is None
     pub.close()
 
 

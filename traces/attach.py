@@ -50,10 +50,11 @@ def _dir(directory) -> Path:
     return Path(directory) if directory is not None else live_dir()
 
 
-def request(pid: int, output_dir: str | os.PathLike, seconds: float, directory=None) -> str:
+def request(pid: int, output_dir: str | os.PathLike, seconds: float, directory=None, by: str = "") -> str:
     """Ask process ``pid`` to record ``seconds`` into ``output_dir``; return the request id. Refused (one
     line, :class:`AttachError`) for a bad duration, a process that is not running, one that does not use
     this runtime (or is another user's: the live directory is per user) and one that is already capturing.
+    ``by`` names the requester (a monitor trigger), echoed in the process's answer.
     Example: ``rid = request(4242, "output/attach", 10)``, then ``wait(4242, rid)``."""
     seconds = float(seconds)
     if not 0 < seconds <= MAX_SECONDS:
@@ -71,7 +72,7 @@ def request(pid: int, output_dir: str | os.PathLike, seconds: float, directory=N
                           "wait for it to end")
     rid = uuid.uuid4().hex[:12]
     _write_atomic(d / f"{pid}{_REQUEST}", {"id": rid, "output_dir": str(Path(output_dir).absolute()),
-                                           "seconds": seconds, "requested": time.time()})
+                                           "seconds": seconds, "by": str(by)[:200], "requested": time.time()})
     return rid
 
 
@@ -102,7 +103,8 @@ def claim(pid: int, directory=None) -> dict | None:
         with open(claimed, "rb") as f:
             req = json.loads(f.read(4096))   # bounded: the file is anyone-of-ours-writable
         seconds = min(max(float(req["seconds"]), 0.0), MAX_SECONDS)
-        return {"id": str(req.get("id", ""))[:64], "output_dir": str(req["output_dir"]), "seconds": seconds}
+        return {"id": str(req.get("id", ""))[:64], "output_dir": str(req["output_dir"]), "seconds": seconds,
+                "by": str(req.get("by", ""))[:200]}
     except (OSError, ValueError, KeyError, TypeError):
         return None
     finally:

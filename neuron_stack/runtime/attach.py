@@ -36,7 +36,7 @@ _window: "_Window | None" = None
 
 class _Window:
     def __init__(self, req: dict, recs: list):
-        self.rid, self.out, self.seconds = req["id"], req["output_dir"], req["seconds"]
+        self.rid, self.out, self.seconds, self.by = req["id"], req["output_dir"], req["seconds"], req.get("by", "")
         self.until = time.time() + self.seconds
         self.recs = recs                    # (session, recorder) per runtime session of the process
         self.profiler = None                # torch.profiler on the program's thread
@@ -66,7 +66,8 @@ def poll(sessions) -> None:
                 _abandoned = (w.profiler, w.thread)
         _window = None
         busy = _abandoned is not None
-        channel.set_state(os.getpid(), w.rid, "done", output_dir=w.out, seconds=w.seconds, framework=w.framework)
+        channel.set_state(os.getpid(), w.rid, "done", output_dir=w.out, seconds=w.seconds, framework=w.framework,
+                          by=w.by)
 
 
 def _start(req: dict, sessions: list) -> None:
@@ -75,18 +76,20 @@ def _start(req: dict, sessions: list) -> None:
     try:
         Path(req["output_dir"]).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        channel.set_state(pid, req["id"], "refused", reason=f"cannot write {req['output_dir']} "
-                          f"({exc.strerror or exc}): give a writable -o directory")
+        channel.set_state(pid, req["id"], "refused", by=req.get("by", ""), output_dir=req["output_dir"],
+                          reason=f"cannot write {req['output_dir']} ({exc.strerror or exc}): give a writable -o "
+                          "directory")
         return
     recs = [(s, s.recorder) for s in sessions if s.start_capture(req["output_dir"], req["seconds"])]
     if not recs:
-        channel.set_state(pid, req["id"], "refused", reason="it is already recording (NEURON_RT_INSPECT_ENABLE=1, a "
-                          "torch.profiler window or another capture): open that profile instead")
+        channel.set_state(pid, req["id"], "refused", by=req.get("by", ""), output_dir=req["output_dir"],
+                          reason="it is already recording (NEURON_RT_INSPECT_ENABLE=1, a torch.profiler window or "
+                          "another capture): open that profile instead")
         return
     _window = _Window(req, recs)
     busy = True
     channel.set_state(pid, req["id"], "recording", output_dir=req["output_dir"], until=_window.until,
-                      seconds=req["seconds"])
+                      seconds=req["seconds"], by=_window.by)
 
 
 _abandoned = None   # (profiler, thread) of a window that ended while its program thread was away
