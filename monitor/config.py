@@ -212,7 +212,8 @@ def parse_triggers(items, groups: set[str] | None = None) -> tuple:
         where = f"triggers[{i}]"
         if not isinstance(t, dict):
             raise ConfigError(f'{where}: expected an object like {{"type": "recompile_storm"}}')
-        _no_unknown_keys(t, ("type", "threshold", "duration", "cooldown", "output_dir", "tag_filter"), where)
+        _no_unknown_keys(t, ("type", "threshold", "duration", "cooldown", "window", "output_dir", "tag_filter"),
+                         where)
         kind = t.get("type")
         if kind not in triggers.TYPES:
             raise ConfigError(f"{where}.type: unknown trigger {kind!r}: use one of {', '.join(triggers.TYPES)}")
@@ -223,6 +224,7 @@ def parse_triggers(items, groups: set[str] | None = None) -> tuple:
         if duration > MAX_SECONDS:
             raise ConfigError(f"{where}.duration: at most {MAX_SECONDS:g}s per capture")
         cooldown = parse_duration(t.get("cooldown", triggers.DEFAULT_COOLDOWN), f"{where}.cooldown")
+        window = parse_duration(t.get("window", triggers.DEFAULT_WINDOW), f"{where}.window")
         output = t.get("output_dir", triggers.DEFAULT_OUTPUT)
         if not isinstance(output, str) or not output.strip():
             raise ConfigError(f'{where}.output_dir: expected a directory like "{triggers.DEFAULT_OUTPUT}"')
@@ -231,7 +233,7 @@ def parse_triggers(items, groups: set[str] | None = None) -> tuple:
             raise ConfigError(f"{where}: {kind} reads the {missing[0]} metric group, which the config does not "
                               f'report: add {{"type": "{missing[0]}"}} to neuron_runtimes[].metrics')
         out.append(triggers.Trigger(kind, float(threshold), duration, cooldown, output,
-                           tag_regex(str(t.get("tag_filter", ".*")), f"{where}.tag_filter")))
+                           tag_regex(str(t.get("tag_filter", ".*")), f"{where}.tag_filter"), window))
     return tuple(out)
 
 

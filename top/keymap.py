@@ -50,7 +50,7 @@ KEYMAP: tuple[KeyBinding, ...] = (
     KeyBinding(("plus", "minus"), "speed_{key}", "+/-", "speed",
                "Replay twice as fast / half as fast", legend=False),
     KeyBinding(("c",), "capture", "c", "capture",
-               "Attach: the selected process records a bounded profile (its state and path show in its panel)"),
+               "Attach: the selected process records a bounded profile (state in its panel)"),
     KeyBinding(("question_mark", "h"), "help", "?/h", "help", "Show this help screen"),
 )
 
