@@ -20,7 +20,7 @@ import psutil
 from monitor.config import Config, default_config
 from monitor.merge import merge_runtimes
 from monitor.triggers import Watch
-from traces import live, monitor_figures
+from traces import identity, live, monitor_figures
 from traces.ids import host_name, instance_id
 from traces.vocab import MONITOR_ENGINES
 
@@ -376,15 +376,8 @@ class Collector:
 
     # -- always-present blocks ----------------------------------------------------------------
     def _device_info(self, snaps: list[dict]) -> dict:
-        # The newest live workload that describes its device wins; else the last one recorded.
-        for snap in reversed(snaps):
-            if snap.get("hardware"):
-                self._device = {"target": snap.get("target", ""), "instance_type": snap.get("instance_type", ""),
-                                "hardware": snap["hardware"]}
-                return self._device
-        if self._device is None:
-            self._device = live.read_device_info(self.directory)
-        return self._device or {}
+        # One identity, as neuron-ls decides it (traces.identity): the variables, else the running processes'
+        return identity.machine(snaps, self.directory)
 
     def _instance_info(self, device: dict) -> dict:
         return {"instance_name": host_name(), "instance_id": self._host_id,

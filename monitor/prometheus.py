@@ -60,6 +60,17 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 RUNTIME_METRICS = tuple(n for n, (_, _, labels) in METRICS.items() if labels[:1] == ("runtime_tag",))
 
 
+def _own_instance(base: tuple, report: dict) -> tuple:
+    """``base`` with the runtime's own ``instance_type`` when it runs on one simulated instance (its
+    ``neuron_stack.targets``): a machine with processes of several targets reports each under its own."""
+    targets = (report.get("neuron_stack") or {}).get("targets") or {}
+    types = {str(t.get("instance_type") or "") for t in targets.values() if isinstance(t, dict)} - {""}
+    if len(types) != 1:
+        return base
+    i = BASE_LABELS.index("instance_type")
+    return base[:i] + (types.pop(),) + base[i + 1:]
+
+
 class Exporter:
     """Holds the metric values from the stream; a prometheus_client custom collector.
 
@@ -85,7 +96,7 @@ class Exporter:
             for rt in doc["neuron_runtime_data"]:
                 tag = str(rt.get("neuron_runtime_tag", rt.get("pid", "")))
                 tags.add(tag)
-                self._runtime(base, tag, rt.get("report") or {})
+                self._runtime(_own_instance(base, rt.get("report") or {}), tag, rt.get("report") or {})
             # Series of runtimes that are gone disappear (all of them when none runs).
             for name in RUNTIME_METRICS:
                 series = self._values[name]

@@ -66,7 +66,8 @@ def test_counters_memory_models_events_round_trip(d):
     assert s["ring"]["status"].tolist() == ["completed"] * 3 + ["timed_out"] * 2
     assert s["ring"]["total_latency"][4] == pytest.approx(0.005, rel=1e-6)
     assert s["hardware"]["neuron_device_type"] == "trainium"
-    assert read_device_info(d)["instance_type"] == "trn1.32xlarge"
+    assert read_device_info("trn1.32xlarge", d)["hardware"]["neuron_device_type"] == "trainium"
+    assert read_device_info("inf2.48xlarge", d) is None and read_device_info("../x", d) is None
     pub.close()
     assert read_all(d) == [] and not pub.path.exists() and not pub.ring_path.exists()
 

@@ -70,7 +70,8 @@ _RING_SUFFIX = ".ring"
 _publishers: "weakref.WeakSet[LivePublisher]" = weakref.WeakSet()
 _SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.(json|ring)$")
 _TMP_RE = re.compile(r"^\..+\.(\d+)\.\d+\.tmp$")  # _write_atomic's temp names: .<name>.<pid>.<thread>.tmp
-_DEVICE_FILE = "device.json"
+_DEVICES = "devices"   # one description per simulated instance type, never "the last workload's"
+_INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)?$")
 _counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
 
 
@@ -441,11 +442,15 @@ class LivePublisher:
                 ring.close()
 
     def _publish_device_info(self) -> None:
-        # The simulated "driver" description: survives the process so the monitor can describe the
-        # device (neuron_hardware_info, instance_info) even when nothing runs.
+        # The simulated "driver" description of this process's instance type: survives the process so the
+        # monitor can describe that instance (neuron_hardware_info) when nothing runs. One file per instance
+        # type: a workload of another target never changes what a tool reports (traces.identity).
+        if not _INSTANCE_TYPE_RE.match(self.instance_type or ""):
+            return
         info = {"target": self.target, "instance_type": self.instance_type, "hardware": self.hardware}
         try:
-            _write_atomic(self.directory / _DEVICE_FILE, info)
+            (self.directory / _DEVICES).mkdir(exist_ok=True)
+            _write_atomic(self.directory / _DEVICES / f"{self.instance_type}.json", info)
         except OSError:
             pass
 
@@ -526,20 +531,23 @@ def _read_ring(path: Path, seq: int, size: int) -> dict[str, np.ndarray]:
     return cols
 
 
-def read_device_info(directory: str | os.PathLike | None = None) -> dict | None:
-    """The last simulated device a workload described (``{"target", "instance_type", "hardware"}``).
+def read_device_info(instance_type: str, directory: str | os.PathLike | None = None) -> dict | None:
+    """How a workload described simulated instance type ``instance_type`` (``{"target", "instance_type",
+    "hardware"}``), or None if none has yet. Which instance to describe is :func:`traces.identity.machine`'s call.
 
     >>> import tempfile
-    >>> read_device_info(tempfile.mkdtemp()) is None
+    >>> read_device_info("trn1.32xlarge", tempfile.mkdtemp()) is None
     True
     """
+    if not _INSTANCE_TYPE_RE.match(instance_type or ""):
+        return None
     d = Path(directory) if directory is not None else live_dir()
     try:
-        with open(d / _DEVICE_FILE) as f:
-            info = json.load(f)
+        with open(d / _DEVICES / f"{instance_type}.json", "rb") as f:
+            info = json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return None
-    return info if isinstance(info, dict) else None
+    return info if isinstance(info, dict) and info.get("instance_type") == instance_type else None
 
 
 def _unlink_quietly(path: Path) -> None:

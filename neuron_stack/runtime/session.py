@@ -51,15 +51,18 @@ class Session:
         self.run_id = uuidlib.uuid4().hex
         self.closed = False
         self.lease = acquire(self.profile)
+        # the process's one identity (traces.identity): NEURON_STACK_INSTANCE_TYPE, else the target's instance
+        self.instance = self.lease.instance
         self.cores = list(self.lease.cores)
         self._next_core = 0
         self.device_memory: dict[int, dict[str, int]] = {c: dict.fromkeys(MEMORY_CATEGORIES, 0) for c in self.cores}
         self.host_constants = 0
         p = self.profile
         self.live = LivePublisher(
-            tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
-            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.now_ns)
+            tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target,
+            instance_type=self.instance.instance_type, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+            hardware=self.instance.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"),
+            projected_clock=clock.now_ns)
         # attach on demand (traces.attach): the live thread looks for a request every 0.25 s, off the program
         self.live.poll_hook = lambda: attach.poll(Session._instances.values())
         self.live.cores = list(self.cores)
