@@ -213,6 +213,7 @@ def check_one_partitioned_dataset(three_host_job, s3_server):
         ranks = p.ranks().to_pylist()
     assert [(r["node"], r["rank"]) for r in ranks] == [(0, 0), (1, 1), (2, 2)]
     assert dataset_summary["run_count"] == 3 and dataset_summary["execution_count"] > 0
+    assert dataset_summary["core_count"] == 3          # each host's core 0 is a core of its own
 
     # the same rows finalised the one-machine way (all segments in one directory) give the same Summary
     with tempfile.TemporaryDirectory() as d:
@@ -281,6 +282,8 @@ def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
     finally:
         spark.stop()
     assert set(row) == set(duck)
+    # JSON numbers, as DuckDB's: Spark's DECIMAL percentages are floats, never strings
+    assert not [k for k, v in row.items() if isinstance(duck[k], float) and not isinstance(v, float)], row
     number = (int, float)
     for name, value in duck.items():
         if isinstance(value, number) and not isinstance(value, bool):
