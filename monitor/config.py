@@ -131,6 +131,11 @@ def tag_regex(pattern: str, where: str = "tag_filter"):
     Traceback (most recent call last):
     ...
     monitor.config.ConfigError: tag_filter: bad regex '(?=a)b' (invalid perl operator: (?=): RE2 syntax, ...
+    >>> try:
+    ...     tag_regex("a(" + chr(10) + "b")
+    ... except ConfigError as e:
+    ...     print(len(str(e).splitlines()))
+    1
     """
     options = re2.Options()
     options.log_errors = False   # RE2 would also log the error to stderr: the one line is ours
@@ -138,6 +143,8 @@ def tag_regex(pattern: str, where: str = "tag_filter"):
         return re2.compile(pattern, options)
     except re2.error as exc:
         detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        # RE2 quotes the pattern raw: a newline in it would cut the one-line message
+        detail = "".join(c if c.isprintable() else repr(c)[1:-1] for c in detail)
         raise ConfigError(f"{where}: bad regex {pattern!r} ({detail}): RE2 syntax, as the real neuron-monitor's "
                           "Go regexp: no backreferences or lookaround") from None
 

@@ -265,3 +265,12 @@ def test_a_finalizer_run_by_a_collection_inside_the_lock_does_not_deadlock(d):
     assert not worker.is_alive(), "the finalizer waited on the lock its own thread holds"
     assert pub.snapshot()["device_memory"]["0"]["tensors"] == 0
     pub.close()
+
+
+def test_a_long_tag_is_cut_with_a_warning(d, caplog):
+    pub = LivePublisher(tag="t" * 300, directory=d)
+    try:
+        assert pub.tag == "t" * 255
+        assert any("300 characters" in r.getMessage() and "first 255" in r.getMessage() for r in caplog.records)
+    finally:
+        pub.close()

@@ -44,6 +44,7 @@ FLUSH_INTERVAL_S = 0.25          # at most four small writes a second per proces
 # Any recorded change is on disk within this long (hot-path flush or the backstop thread).
 PUBLISH_DELAY_MAX_S = 2 * FLUSH_INTERVAL_S + 0.1
 RING_SIZE = 4096                 # executions kept for per-period latency percentiles
+MAX_TAG_CHARS = 255              # a process tag's length, as the real runtime's
 
 # The real neuron-monitor's keys (reference §1.4); counters always carry all of them.
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
@@ -155,7 +156,11 @@ class LivePublisher:
         # clock exactly at the write instead of guessing from the wall time since the last execution
         self._projected_clock = projected_clock
         self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
-        self.tag = self.tag[:255]  # the real tag limit
+        if len(self.tag) > MAX_TAG_CHARS:   # the real runtime's limit; said once, never silently
+            logging.getLogger("traces").warning(
+                "NEURON_PROCESS_TAG is %d characters: neuron-monitor, neuron-top and profiles use its first %d "
+                "(the runtime's limit); give a shorter tag", len(self.tag), MAX_TAG_CHARS)
+            self.tag = self.tag[:MAX_TAG_CHARS]
         self.target = target
         self.instance_type = instance_type
         self.peak_flops = float(peak_flops)   # the target's Tensor Engine BF16 peak, for its MFU

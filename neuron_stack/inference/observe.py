@@ -106,6 +106,8 @@ class VllmMetrics:
                          TPOT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                         TPOT_BUCKETS)
+        self.req_tpot = hist("vllm:request_time_per_output_token_seconds",
+                             "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
         self.prefill_token = hist(
             "vllm:time_per_prefill_token_request_seconds", "Time spent per token during prefill  phase in seconds",
             PREFILL_TOKEN_BUCKETS,
@@ -170,6 +172,9 @@ class VllmMetrics:
         self.prefill.observe((r.first_token_ns - r.scheduled_ns) / 1e9)
         self.prefill_token.observe((r.first_token_ns - r.scheduled_ns) / 1e9 / max(len(r.prompt), 1))
         self.decode.observe((r.finish_ns - r.first_token_ns) / 1e9)
+        # vLLM: the request's decode time over its tokens after the first (0 for a single token)
+        n = len(r.output)
+        self.req_tpot.observe((r.finish_ns - r.first_token_ns) / 1e9 / (n - 1) if n > 1 else 0.0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
