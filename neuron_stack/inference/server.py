@@ -15,8 +15,7 @@ FastAPI + uvicorn, bound to 127.0.0.1 unless ``--host`` says otherwise. Bounds: 
 ``MAX_BODY_BYTES`` get 413 whatever their transfer encoding (the body is read, bounded, before the app
 sees it); ``max_tokens`` must fit the compiled ``seq_len``, prompts ``max_context_length``; a request
 waits at most ``REQUEST_TIMEOUT_S``; a client that disconnects aborts its requests at once, streamed or not
-(queued, in prefill or decoding: its slot is free for the next step, counted as vLLM counts it,
-``vllm:request_success_total{finished_reason="abort"}``). Bad requests get a
+(slots free for the next step; ``vllm:request_success_total{finished_reason="abort"}``). Bad requests get a
 4xx with the error body ``{"error": {"message", "type", "param", "code"}}``.
 
 Prompts are text (the model's own tokenizer and chat template when its directory has them, else the
@@ -164,12 +163,8 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
     from .sampling import SamplingParams
 
     class _Stream(StreamingResponse):
-        """Server-sent events that abort their requests however the response ends: a client gone before the
-        first byte makes Starlette skip the stream (whose own ``finally`` would have aborted them)."""
-
-        def __init__(self, gen, on_close):
-            super().__init__(gen, media_type="text/event-stream")
-            self.on_close = on_close
+        """Server-sent events that abort their requests however the response ends (a client gone before the
+        first byte makes Starlette skip the stream, whose own ``finally`` would have aborted them)."""
 
         async def __call__(self, scope, receive, send):
             try:
@@ -335,8 +330,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
     async def watch(request: Request, choices, queue):
-        """Wait for the client to go away (``http.disconnect`` comes once the body is read), then abort every
-        choice at once, whatever it is doing, and wake :func:`wait`."""
+        """On the client's ``http.disconnect`` (after the body), abort every choice at once; wake :func:`wait`."""
         while (await request.receive())["type"] != "http.disconnect":
             pass
         abort_all(choices)
@@ -373,7 +367,9 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         echo = bool(body.get("echo")) and not chat
         if body.get("stream"):
             gen = stream(request, choices, ids, queue, base, chat, body, echo, n)
-            return _Stream(gen, lambda: abort_all(choices))
+            resp = _Stream(gen, media_type="text/event-stream")
+            resp.on_close = lambda: abort_all(choices)
+            return resp
         try:
             async for _ in wait(request, choices, queue):
                 pass
