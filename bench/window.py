@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from published import write_docs  # noqa: E402
 
-from neuron_stack.host_frames import MAX_EVENTS  # noqa: E402
+from neuron_stack.runtime.host_frames import MAX_EVENTS  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "traces.md"
 DOCS_BEGIN = "<!-- begin: written by bench/window.py --write; do not edit by hand -->"

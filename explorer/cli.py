@@ -14,7 +14,7 @@ import sys
 
 from traces.errors import run_guarded
 
-VERB_MODULES = ("traces.cli", "explorer.inspect", "explorer.view", "explorer.recommend")
+VERB_MODULES = ("traces.cli", "explorer.inspect", "explorer.attach", "explorer.view", "explorer.recommend")
 
 
 def build_parser() -> argparse.ArgumentParser:

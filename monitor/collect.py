@@ -20,7 +20,8 @@ import psutil
 
 from monitor.config import Config, default_config
 from monitor.merge import merge_runtimes
-from traces import live, monitor_figures
+from monitor.triggers import Watch
+from traces import identity, live, monitor_figures
 from traces.ids import host_name, instance_id
 from traces.vocab import MONITOR_ENGINES
 
@@ -86,6 +87,7 @@ class Collector:
         self._last_scan = self.started
         self._host_id = instance_id()
         self._device = None
+        self.watch = Watch(self.config.triggers, directory)
         # Processes already running count from now: their history before the monitor is not "this period".
         for snap in live.read_all(self.directory):
             self._seen.add(snap["file"])
@@ -143,6 +145,8 @@ class Collector:
         runtimes = merge_runtimes(runtimes)   # one entry per process, however many targets it uses
         for rt in runtimes:
             _process_memory(rt)
+        # triggers attach by themselves; every process's last attach joins its neuron_stack group
+        self.watch.apply(runtimes, {s["pid"]: s.get("process_start_time") for s in snaps})
         # Forget processes that went away so a reused file name starts fresh.
         for k in [k for k in self._prev if k[0] not in alive]:
             del self._prev[k]
@@ -386,15 +390,8 @@ class Collector:
 
     # -- always-present blocks ----------------------------------------------------------------
     def _device_info(self, snaps: list[dict]) -> dict:
-        # The newest live workload that describes its device wins; else the last one recorded.
-        for snap in reversed(snaps):
-            if snap.get("hardware"):
-                self._device = {"target": snap.get("target", ""), "instance_type": snap.get("instance_type", ""),
-                                "hardware": snap["hardware"]}
-                return self._device
-        if self._device is None:
-            self._device = live.read_device_info(self.directory)
-        return self._device or {}
+        # One identity, as neuron-ls decides it (traces.identity): the variables, else the running processes'
+        return identity.machine(snaps, self.directory)
 
     def _instance_info(self, device: dict) -> dict:
         return {"instance_name": host_name(), "instance_id": self._host_id,

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import re2
 
+from monitor import triggers
+from traces.attach import MAX_SECONDS
 from traces.safeio import InputFileError, read_small_text
 
 DEFAULT_PERIOD = 5.0
@@ -69,6 +71,7 @@ class Config:
     runtimes: tuple[RuntimeSelector, ...]
     system: tuple[Group, ...]
     path: str | None = None
+    triggers: tuple = ()   # monitor.triggers.Trigger: attach to a process by itself when a figure crosses a bound
 
     def selector_for(self, tag: str) -> tuple[int, RuntimeSelector] | None:
         """The first ``neuron_runtimes[]`` entry whose ``tag_filter`` matches ``tag``.
@@ -128,6 +131,11 @@ def tag_regex(pattern: str, where: str = "tag_filter"):
     Traceback (most recent call last):
     ...
     monitor.config.ConfigError: tag_filter: bad regex '(?=a)b' (invalid perl operator: (?=): RE2 syntax, ...
+    >>> try:
+    ...     tag_regex("a(" + chr(10) + "b")
+    ... except ConfigError as e:
+    ...     print(len(str(e).splitlines()))
+    1
     """
     options = re2.Options()
     options.log_errors = False   # RE2 would also log the error to stderr: the one line is ours
@@ -135,6 +143,8 @@ def tag_regex(pattern: str, where: str = "tag_filter"):
         return re2.compile(pattern, options)
     except re2.error as exc:
         detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        # RE2 quotes the pattern raw: a newline in it would cut the one-line message
+        detail = "".join(c if c.isprintable() else repr(c)[1:-1] for c in detail)
         raise ConfigError(f"{where}: bad regex {pattern!r} ({detail}): RE2 syntax, as the real neuron-monitor's "
                           "Go regexp: no backreferences or lookaround") from None
 
@@ -166,7 +176,7 @@ def parse_config(data, path: str | None = None) -> Config:
     """
     if not isinstance(data, dict):
         raise ConfigError("the config must be a JSON object like {\"period\": \"1s\", \"neuron_runtimes\": [...]}")
-    _no_unknown_keys(data, ("period", "neuron_runtimes", "system_metrics"), "")
+    _no_unknown_keys(data, ("period", "neuron_runtimes", "system_metrics", "triggers"), "")
     root = parse_duration(data["period"], "period") if "period" in data else DEFAULT_PERIOD
     runtimes = []
     entries = data.get("neuron_runtimes", [])
@@ -191,7 +201,47 @@ def parse_config(data, path: str | None = None) -> Config:
     if not isinstance(system, list):
         raise ConfigError("system_metrics: expected a list like [{\"type\": \"vcpu_usage\"}]")
     sys_groups = tuple(_group(m, SYSTEM_GROUPS, root, f"system_metrics[{j}]") for j, m in enumerate(system))
-    return Config(root, tuple(runtimes), sys_groups, path)
+    triggers_ = parse_triggers(data.get("triggers", []), {g.type for sel in runtimes for g in sel.metrics})
+    return Config(root, tuple(runtimes), sys_groups, path, triggers_)
+
+
+def parse_triggers(items, groups: set[str] | None = None) -> tuple:
+    """The ``triggers`` list of a config; ``groups`` (the runtime groups the config reports) is checked against
+    what each trigger reads. Raises ``ConfigError`` with one line naming the key and the fix.
+
+    >>> [(t.type, t.threshold, t.duration) for t in parse_triggers([{"type": "fallback_burst", "threshold": 3}])]
+    [('fallback_burst', 3.0, 10.0)]
+    """
+    if not isinstance(items, list):
+        raise ConfigError('triggers: expected a list like [{"type": "recompile_storm"}]')
+    out = []
+    for i, t in enumerate(items):
+        where = f"triggers[{i}]"
+        if not isinstance(t, dict):
+            raise ConfigError(f'{where}: expected an object like {{"type": "recompile_storm"}}')
+        _no_unknown_keys(t, ("type", "threshold", "duration", "cooldown", "window", "output_dir", "tag_filter"),
+                         where)
+        kind = t.get("type")
+        if kind not in triggers.TYPES:
+            raise ConfigError(f"{where}.type: unknown trigger {kind!r}: use one of {', '.join(triggers.TYPES)}")
+        threshold = t.get("threshold", triggers.TYPES[kind])
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1e12:
+            raise ConfigError(f"{where}.threshold: {threshold!r} is not a positive number")
+        duration = parse_duration(t.get("duration", triggers.DEFAULT_DURATION), f"{where}.duration")
+        if duration > MAX_SECONDS:
+            raise ConfigError(f"{where}.duration: at most {MAX_SECONDS:g}s per capture")
+        cooldown = parse_duration(t.get("cooldown", triggers.DEFAULT_COOLDOWN), f"{where}.cooldown")
+        window = parse_duration(t.get("window", triggers.DEFAULT_WINDOW), f"{where}.window")
+        output = t.get("output_dir", triggers.DEFAULT_OUTPUT)
+        if not isinstance(output, str) or not output.strip():
+            raise ConfigError(f'{where}.output_dir: expected a directory like "{triggers.DEFAULT_OUTPUT}"')
+        missing = [g for g in triggers.NEEDS.get(kind, ("neuron_stack",)) if groups is not None and g not in groups]
+        if missing:
+            raise ConfigError(f"{where}: {kind} reads the {missing[0]} metric group, which the config does not "
+                              f'report: add {{"type": "{missing[0]}"}} to neuron_runtimes[].metrics')
+        out.append(triggers.Trigger(kind, float(threshold), duration, cooldown, output,
+                           tag_regex(str(t.get("tag_filter", ".*")), f"{where}.tag_filter"), window))
+    return tuple(out)
 
 
 def default_config() -> Config:

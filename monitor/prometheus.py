@@ -46,6 +46,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "neuron_stack_recompiles": ("counter", "Graph recompilations total", ("runtime_tag",)),
     "neuron_stack_cpu_fallbacks": ("counter", "Operators run on the CPU instead of the NeuronCore, total",
                                    ("runtime_tag",)),
+    "neuron_stack_attach_capture": ("gauge", "This runtime's last attach on demand (1 while recording, 0 after); "
+                                    "profile_path is the capture's profile", ("runtime_tag", "trigger", "state",
+                                                                             "profile_path")),
     "hardware_ecc_events": ("counter", "Hardware ECC events total", ("event_type", "neuron_device_index")),
     "system_vcpu_count": ("gauge", "System vCPU count", ()),
     "system_vcpu_usage_ratio": ("gauge", "System CPU utilization ratio", ("usage_type",)),
@@ -55,6 +58,17 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "neuron_hardware": ("info", "Neuron hardware information", ("neuron_device_count", "neuroncore_per_device_count")),
 }
 RUNTIME_METRICS = tuple(n for n, (_, _, labels) in METRICS.items() if labels[:1] == ("runtime_tag",))
+
+
+def _own_instance(base: tuple, report: dict) -> tuple:
+    """``base`` with the runtime's own ``instance_type`` when it runs on one simulated instance (its
+    ``neuron_stack.targets``): a machine with processes of several targets reports each under its own."""
+    targets = (report.get("neuron_stack") or {}).get("targets") or {}
+    types = {str(t.get("instance_type") or "") for t in targets.values() if isinstance(t, dict)} - {""}
+    if len(types) != 1:
+        return base
+    i = BASE_LABELS.index("instance_type")
+    return base[:i] + (types.pop(),) + base[i + 1:]
 
 
 class Exporter:
@@ -82,7 +96,7 @@ class Exporter:
             for rt in doc["neuron_runtime_data"]:
                 tag = str(rt.get("neuron_runtime_tag", rt.get("pid", "")))
                 tags.add(tag)
-                self._runtime(base, tag, rt.get("report") or {})
+                self._runtime(_own_instance(base, rt.get("report") or {}), tag, rt.get("report") or {})
             # Series of runtimes that are gone disappear (all of them when none runs).
             for name in RUNTIME_METRICS:
                 series = self._values[name]
@@ -149,6 +163,9 @@ class Exporter:
                            for c, engines in (ns.get("engines") or {}).items() for e, pct in engines.items()})
             self._inc("neuron_stack_recompiles", rt, (ns.get("recompiles") or {}).get("count", 0))
             self._inc("neuron_stack_cpu_fallbacks", rt, (ns.get("cpu_fallbacks") or {}).get("count", 0))
+            att = ns.get("attach")
+            self._replace("neuron_stack_attach_capture", rt, {} if not att else {
+                rt + (att["trigger"], att["state"], att["profile"]): float(att["state"] == "recording")})
 
     def _system(self, base: tuple, system: dict) -> None:
         if "vcpu_usage" in system:

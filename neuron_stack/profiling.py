@@ -18,7 +18,7 @@ Each active window of the schedule becomes one profile,
 device instructions (``ProfileMode.DEVICE``), the system profile (``RUNTIME``: ``nrt_load``, ``nrt_execute``,
 tensor reads and writes, ``nc_exec_running``), host CPU and memory samples (``CPU_UTIL``, ``HOST_MEMORY``)
 and torch.profiler's own events (``record_function`` regions, ATen ops and, with ``with_stack``, Python
-frames: the user's and torch's, never this project's, :mod:`neuron_stack.host_frames`) as ``framework``
+frames: the user's and torch's, never this project's, :mod:`neuron_stack.runtime.host_frames`) as ``framework``
 events of ``SystemProfileEvents``.
 
 How it hooks in: torch 2.13 accepts ``ProfilerActivity.PrivateUse1`` without a C++ profiler backend (it
@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 import traces
-from neuron_stack import host_frames
 from neuron_stack.device import clock
+from neuron_stack.runtime import host_frames
 from neuron_stack.runtime.cores import parse_core_list
 from neuron_stack.runtime.inspect_config import MAX_EVENTS_PER_NC, InspectConfig, InspectConfigError, max_events
 from neuron_stack.runtime.recorder import Recorder
@@ -167,7 +167,7 @@ class NeuronProfiler:
             run.pop(k, None)
         results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
         acts, dropped = host_frames.user_events(results.trace_activities()) if results is not None else ([], 0)
-        self._framework_events(acts, out, run, dropped)
+        host_frames.write_framework_events(acts, out, run, dropped)
         if results is not None:
             host_frames.write_chrome_trace(results, acts, out / "trace.json",
                                            {"neuron_framework_events_dropped": str(dropped)})
@@ -175,29 +175,7 @@ class NeuronProfiler:
         self.traces.append(path)
         return path
 
-    def _framework_events(self, acts, out: Path, run: dict, dropped: int) -> None:
-        """The window's host events (``acts``: the user's and torch's, :mod:`neuron_stack.host_frames`) as
-        ``framework`` system events on the projected clock, thread ids the OS's; ``dropped`` of the user's
-        went over the window's bound (metadata ``framework_events_dropped``)."""
-        pid = os.getpid()
-        rows = {k: [] for k in ("ts_ns", "dur_ns", "name", "thread_id", "detail")}
-        for a in acts:
-            name, ts, dur, kind, tid = host_frames.activity_fields(a)
-            if a.device_id() != pid or kind not in _KINDS or name.startswith("<built-in"):
-                continue   # device activities; Python builtins (with_stack) would outnumber everything else
-            start = clock.projected_at(ts)
-            end = clock.projected_at(ts + dur)
-            rows["ts_ns"].append(start)
-            rows["dur_ns"].append(max(end - start, 0))
-            rows["name"].append(name)
-            rows["thread_id"].append(tid)
-            rows["detail"].append(f'{{"category": "{kind}"}}')
-        with traces.Writer(out, run=run or None, metadata={"framework_events_dropped": dropped}) as w:
-            if rows["ts_ns"]:
-                w.append("system_events", rows, run_id=w.run_id, source="framework")
 
-
-_KINDS = ("python_function", "user_annotation", "cpu_op")
 
 
 def _capture_hook(session: Session) -> None:

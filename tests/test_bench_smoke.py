@@ -86,6 +86,11 @@ CASES = {
         rf"Interpreter: {NUM} µs wall .* per instruction executed",
         r"numbers match numpy",
     ], None),
+    "attach.py": (["--rounds", "2", "--executions", "20"], [
+        rf"idle cost of being attachable: median ratio {NUM} \(quartiles {NUM} \.\. {NUM}; target < 1\.01\)",
+        rf"its parts: one poll {NUM} us \(4 a second\), {NUM} ns more per execution of {NUM} ms: idle cost {NUM} %",
+        rf"while attached \(device rows, system profile, framework events\): ratio {NUM}",
+    ], None),
     "monitor.py": (["--workloads", "2", "--seconds", "2", "--rate", "20", "--rounds", "1"], [
         rf"record_execution: {NUM} us per call",
         rf"monitor CPU per report: {NUM} ms",

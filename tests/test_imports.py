@@ -18,11 +18,11 @@ PACKAGES = ("neuron_stack", "traces", "monitor", "top", "explorer")
 
 #: neuron_stack's stages in processing order; a module may import its own stage and earlier ones.
 #: ``ir`` (the graph IR every stage passes on) comes first; then the public API in three tiers: ``api``
-#: (``api.py``, ``dynamo.py``, ``parallel.py``, ``profiling.py``, ``host_frames.py``), ``llm/`` over it,
+#: (``api.py``, ``dynamo.py``, ``parallel.py``, ``profiling.py``), ``llm/`` over it,
 #: ``inference/`` over that; the lazy facade (``neuron_stack/__init__.py``, and ``compat/``) last.
 STAGES = ("ir", "device", "isa", "frontend", "compiler", "runtime", "nki", "tools", "eager", "api", "llm", "inference",
           "facade")
-API = ("api", "dynamo", "parallel", "profiling", "host_frames")
+API = ("api", "dynamo", "parallel", "profiling")
 
 
 def module_name(path: Path) -> str:

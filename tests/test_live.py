@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from traces import live
-from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info, request_capture
+from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,8 @@ def test_counters_memory_models_events_round_trip(d):
     assert s["ring"]["status"].tolist() == ["completed"] * 3 + ["timed_out"] * 2
     assert s["ring"]["total_latency"][4] == pytest.approx(0.005, rel=1e-6)
     assert s["hardware"]["neuron_device_type"] == "trainium"
-    assert read_device_info(d)["instance_type"] == "trn1.32xlarge"
+    assert read_device_info("trn1.32xlarge", d)["hardware"]["neuron_device_type"] == "trainium"
+    assert read_device_info("inf2.48xlarge", d) is None and read_device_info("../x", d) is None
     pub.close()
     assert read_all(d) == [] and not pub.path.exists() and not pub.ring_path.exists()
 
@@ -182,13 +183,12 @@ def test_concurrent_read_while_the_file_is_replaced(d):
 
 
 def test_capture_request_is_consumed_once(d):
+    from traces import attach
     pub = LivePublisher(tag="cap", directory=d)
-    assert pub.poll_capture() is None
-    request_capture(os.getpid(), "/tmp/cap_out", 3, directory=d)
-    pub._last_poll = 0.0  # poll_capture looks at the disk at most every 0.25 s
-    assert pub.poll_capture() == {"output_dir": "/tmp/cap_out", "seconds": 3.0}
-    pub._last_poll = 0.0
-    assert pub.poll_capture() is None
+    assert attach.claim(pub.pid, d) is None
+    rid = attach.request(os.getpid(), "/tmp/cap_out", 3, directory=d)
+    assert attach.claim(pub.pid, d) == {"id": rid, "output_dir": "/tmp/cap_out", "seconds": 3.0, "by": ""}
+    assert attach.claim(pub.pid, d) is None
     pub.close()
 
 
@@ -265,3 +265,12 @@ def test_a_finalizer_run_by_a_collection_inside_the_lock_does_not_deadlock(d):
     assert not worker.is_alive(), "the finalizer waited on the lock its own thread holds"
     assert pub.snapshot()["device_memory"]["0"]["tensors"] == 0
     pub.close()
+
+
+def test_a_long_tag_is_cut_with_a_warning(d, caplog):
+    pub = LivePublisher(tag="t" * 300, directory=d)
+    try:
+        assert pub.tag == "t" * 255
+        assert any("300 characters" in r.getMessage() and "first 255" in r.getMessage() for r in caplog.records)
+    finally:
+        pub.close()

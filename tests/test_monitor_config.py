@@ -215,3 +215,15 @@ def test_once_says_when_it_will_wait_long(tmp_path):
         out, _ = proc.communicate(timeout=60)
     assert line.startswith("neuron-monitor: --once waits 3600 s") and proc.returncode == 0
     assert json.loads(out)["neuron_hardware_info"]   # the stop still ends with one complete document
+
+
+def test_a_bad_regex_with_a_newline_is_one_whole_line(tmp_path, capsys):
+    """RE2 quotes the pattern raw: a newline in it cut the error line short (issue 42)."""
+    from monitor.cli import main
+    path = tmp_path / "c.json"
+    entry = {"tag_filter": "train(\nx", "metrics": [{"type": "memory_used"}]}
+    path.write_text(json.dumps({"neuron_runtimes": [entry]}))
+    assert main(["-c", str(path)]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert "neuron_runtimes[0].tag_filter: bad regex 'train(\\nx' (missing ): train(\\nx)" in line
+    assert line.endswith("no backreferences or lookaround"), line

@@ -1,8 +1,8 @@
-"""neuron-top's capture key end to end on the runtime side: a running workload with profiling off
-receives `traces.live.request_capture(pid, dir, seconds)`, records for those seconds, stops and
-flushes by itself even after it went idle, and the directory finalises into a profile whose
-executions and instructions join its graphs and ops. A bad capture directory never stops the
-workload."""
+"""Attach on demand end to end (neuron-top's capture key and `neuron-explorer attach` alike): a running workload
+with profiling off receives `traces.attach.request(pid, dir, seconds)`, records for those seconds, stops and
+flushes by itself even after it went idle, and the directory finalises into a profile whose executions and
+instructions join its graphs and ops, with framework events from the program's thread. A bad capture directory,
+a second attach, a process that is not running or not ours are refused in one line; the workload carries on."""
 import os
 import subprocess
 import sys
@@ -64,6 +64,7 @@ def workload(tmp_path):
     wait_for(lambda: (ctl / "ready").exists() or proc.poll() is not None, "the workload to compile")
     assert proc.poll() is None, proc.stderr.read()
     yield proc, ctl, live, tmp_path
+    (ctl / "idle").write_text("")
     (ctl / "exit").write_text("")
     try:
         proc.wait(timeout=60)
@@ -88,21 +89,28 @@ def run_status(out: Path):
 
 def test_capture_request_records_then_stops_by_itself(workload):
     import traces
-    from traces.live import request_capture
+    from traces import attach
     proc, ctl, live, tmp = workload
     assert not (tmp / "output").exists()            # profiling off: nothing written so far
 
-    # A directory that cannot be created: the workload warns and keeps running.
-    request = request_capture(proc.pid, "/dev/null/cannot_be_a_dir", 1.0, directory=live)
-    wait_for(lambda: not request.exists(), "the workload to consume the bad request")
+    # A directory that cannot be created: refused in one line, the workload keeps running.
+    rid = attach.request(proc.pid, "/dev/null/cannot_be_a_dir", 1.0, directory=live)
+    with pytest.raises(attach.AttachError, match="refused the attach: cannot write /dev/null/cannot_be_a_dir"):
+        attach.wait(proc.pid, rid, 1.0, directory=live)
 
     out = tmp / "capture"
-    request = request_capture(proc.pid, out, 3.0, directory=live)
-    wait_for(lambda: not request.exists(), "the workload to consume the capture request")
+    rid = attach.request(proc.pid, out, 3.0, directory=live)
+    wait_for(lambda: (attach.state(proc.pid, live) or {}).get("id") == rid, "the workload to take the request")
+    with pytest.raises(attach.AttachError, match="already capturing"):   # one capture at a time
+        attach.request(proc.pid, tmp / "second", 1.0, directory=live)
     # the writer publishes at least once a second: the first executions segment means recording is on
     wait_for(lambda: out.exists() and any(out.glob("executions.*.arrow")), "the capture to record executions")
+    wait_for(lambda: any(out.glob("system_events.*.arrow")) and time.time() > attach.state(proc.pid, live)["until"],
+             "the window to pass")
     (ctl / "idle").write_text("")                  # stop executing while the capture is on
     wait_for(lambda: (ctl / "idled").exists(), "the workload to go idle")
+    st = attach.wait(proc.pid, rid, 3.0, directory=live)
+    assert st["state"] == "done" and st["framework"].endswith("framework events"), st
     wait_for(lambda: run_status(out) == "ok", "the capture to end by itself", timeout=60)
     assert proc.poll() is None                      # ended by its timer, not by the process exiting
 
@@ -119,6 +127,12 @@ def test_capture_request_records_then_stops_by_itself(workload):
         # a capture describes the graphs it saw but not compiles that happened before it
         kinds = {r["kind"] for r in prof.sql("SELECT DISTINCT kind FROM events").to_pylist()}
         assert "compile" not in kinds and "cpu_fallback" in kinds
+        sources = {r["source"]: r["n"] for r in prof.sql(
+            "SELECT source, count(*) AS n FROM system_events GROUP BY 1").to_pylist()}
+        assert sources.get("neuron_rt", 0) > 0 and sources.get("framework", 0) > 0, sources
+        names = {r["name"] for r in prof.sql("SELECT DISTINCT name FROM system_events WHERE source = 'framework'")
+                 .to_pylist()}
+        assert "aten::randn" not in names and any(n.startswith("aten::") for n in names), names
         meta = {r["key"]: r["value"] for r in prof.sql("SELECT key, value FROM metadata").to_pylist()}
         assert meta["is_simulation"] == "true" and meta["timing_model"]
 
@@ -126,4 +140,28 @@ def test_capture_request_records_then_stops_by_itself(workload):
     proc.wait(timeout=60)
     err = proc.stderr.read()
     assert proc.returncode == 0, err
-    assert "capture into /dev/null/cannot_be_a_dir failed" in err and "Traceback" not in err
+    assert "Traceback" not in err
+
+
+def test_attach_cli_captures_a_window_and_refuses_in_one_line(workload, capsys):
+    from explorer.cli import main
+    proc, ctl, live, tmp = workload
+    os.environ["NEURON_STACK_LIVE_DIR"] = str(live)
+    try:
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "1", "-o", str(tmp / "att")]) == 0
+        out = capsys.readouterr().out
+        assert "framework events; profile: " in out, out
+        assert main(["attach", "--pid", str(os.getpid()), "--duration", "1"]) == 1          # not using the runtime
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "100000"]) == 1        # over the bound
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        assert main(["attach", "--pid", dead.stdout.strip(), "--duration", "1"]) == 1       # not running
+    finally:
+        del os.environ["NEURON_STACK_LIVE_DIR"]
+    err = capsys.readouterr().err.splitlines()
+    assert [e.split(": error: ")[1].split(" (")[0].split(":")[0] for e in err] == [
+        f"process {os.getpid()} does not use the neuron_stack runtime", "--duration 100000 is out of range",
+        f"process {dead.stdout.strip()} is not running"], err
+    profile = out.split("profile: ")[1].split()[0]
+    import traces
+    with traces.open(profile) as prof:
+        assert prof.sql("SELECT count(*) AS n FROM instructions").to_pylist()[0]["n"] > 0

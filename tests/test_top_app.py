@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import threading
 
 import pytest
@@ -394,9 +393,17 @@ def test_a_failing_source_is_reported_and_retried():
     assert "[ 42.01%]" in recovered
 
 
-def test_capture_key_writes_a_request_for_the_selected_process(tmp_path, monkeypatch):
-    live = tmp_path / "live"
-    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(live))
+def _record_requests(monkeypatch) -> list:
+    """traces.attach.request, recorded: the documents' pids are not running processes of ours."""
+    import traces.attach
+    calls = []
+    monkeypatch.setattr(traces.attach, "request",
+                        lambda pid, out, seconds, **kw: calls.append((pid, str(out), seconds)))
+    return calls
+
+
+def test_capture_key_attaches_to_the_selected_process(tmp_path, monkeypatch):
+    calls = _record_requests(monkeypatch)
     source = repeating(TWO_APPS)
     source.live = True   # documents of running processes: capture applies
 
@@ -405,23 +412,34 @@ def test_capture_key_writes_a_request_for_the_selected_process(tmp_path, monkeyp
         return pilot.app.screen_text()
     monkeypatch.chdir(tmp_path)   # the default capture directory is relative to where you are
     text = run(NeuronTop(source, period=0.02, capture_seconds=3), (200, 40), script)
-    request = json.loads((live / "257999.capture.json").read_text())
-    assert request["seconds"] == 3.0
-    out = request["output_dir"]
+    [(pid, out, seconds)] = calls
+    assert pid == 257999 and seconds == 3.0
     assert out.startswith(str(tmp_path / "output" / "neuron-top-captures" / "257999_257999_"))
     assert f"capture → {out}" in text
 
 
+def test_capture_key_says_why_an_attach_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(tmp_path / "live"))
+    source = repeating(TWO_APPS)
+    source.live = True
+
+    async def script(pilot):
+        await press(pilot, "3", "c")
+        await pilot.pause()
+        return [n.message for n in pilot.app._notifications]
+    notes = run(NeuronTop(source, period=0.02, capture_dir=tmp_path), (200, 40), script)
+    assert any(m.startswith("process 257999 is not running") for m in notes), notes
+
+
 def test_capture_on_all_tab_picks_the_process_of_the_selected_core(tmp_path, monkeypatch):
-    live = tmp_path / "live"
-    monkeypatch.setenv("NEURON_STACK_LIVE_DIR", str(live))
+    calls = _record_requests(monkeypatch)
     source = repeating(TWO_APPS)
     source.live = True
 
     async def script(pilot):
         await press(pilot, "c")
     run(NeuronTop(source, period=0.02, capture_dir=tmp_path), (120, 40), script)
-    assert (live / "257726.capture.json").exists() and not (live / "257999.capture.json").exists()
+    assert [c[0] for c in calls] == [257726]
 
 
 def test_history_and_totals_accumulate_over_refreshes():

@@ -22,6 +22,7 @@ NEURON_TOP = Path(sys.executable).parent / "neuron-top"
 WORKLOAD = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
+    from traces.attach import claim
     from traces.live import LivePublisher
 
     marker = Path(sys.argv[1])
@@ -51,7 +52,7 @@ WORKLOAD = textwrap.dedent("""
                                  device_latency_s=dev, busy_ns={"tensor": int(dev * 0.5e9), "vector": int(dev * 0.2e9),
                                                                 "dma": int(dev * 0.6e9)},
                                  flops=int(dev * 50e12), status="completed")
-        request = pub.poll_capture()
+        request = claim(pub.pid)
         if request is not None:
             marker.write_text(json.dumps(request))
 """)

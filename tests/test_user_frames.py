@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 import traces
-from neuron_stack import host_frames
 from neuron_stack.device import clock
+from neuron_stack.runtime import host_frames
 from traces import synthetic
 
 SCRIPT = textwrap.dedent("""

@@ -352,7 +352,8 @@ class NeuronTop(App):
             self._set_state(core=core)
 
     def action_capture(self) -> None:
-        """Ask the selected process to record a bounded profile (``traces.live.request_capture``)."""
+        """Attach to the selected process: it records a bounded profile (``traces.attach.request``); its state
+        and profile then show in the counters panel (the monitor's ``neuron_stack.attach``)."""
         if not self.source.live:
             self.notify("capture needs a live process; this is a replay", severity="warning")
             return
@@ -361,11 +362,15 @@ class NeuronTop(App):
             self.notify("no Neuron process to capture: select a process tab (a/d) first",
                         severity="warning")
             return
-        from traces.live import request_capture
+        from traces.attach import AttachError, request
 
         tag, pid = target
         out = (self.capture_dir / f"{tag}_{pid}_{datetime.now():%Y%m%d_%H%M%S}").resolve()
-        request_capture(pid, out, self.capture_seconds)
+        try:
+            request(pid, out, self.capture_seconds)
+        except AttachError as exc:
+            self.notify(str(exc), severity="warning")
+            return
         self.last_capture = out
         self.notify(f"capture of {tag} (pid {pid}) for {self.capture_seconds:g}s requested → {out}")
         self._render_status()

@@ -50,7 +50,7 @@ KEYMAP: tuple[KeyBinding, ...] = (
     KeyBinding(("plus", "minus"), "speed_{key}", "+/-", "speed",
                "Replay twice as fast / half as fast", legend=False),
     KeyBinding(("c",), "capture", "c", "capture",
-               "Capture a bounded profile of the selected process (shows where)"),
+               "Attach: the selected process records a bounded profile (state in its panel)"),
     KeyBinding(("question_mark", "h"), "help", "?/h", "help", "Show this help screen"),
 )
 

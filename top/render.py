@@ -417,6 +417,11 @@ def _process_lines(out: Text, p: ProcessView) -> None:
         out.append(f"\n  serving {sv.model}: {sv.tokens_per_s:.1f} tokens/s  running {sv.running}  waiting "
                    f"{sv.waiting}  KV cache {100 * sv.kv_cache_usage:.0f}% of {sv.kv_cache_bytes / 2**20:.1f} MiB",
                    style="green")
+    if p.attach is not None:
+        a = p.attach
+        by = f" by trigger {a.trigger}" if a.trigger else ""
+        out.append(f"\n  attach{by}: {a.state} → {a.profile}" + (f" ({a.reason})" if a.reason else ""),
+                   style="bold magenta" if a.state == "recording" else "magenta")
     if p.counted:
         _counter_lines(out, "Recompiles", p.recompiles, p.recompiles.last_reason, "bold yellow")
         cause = ": ".join(filter(None, [p.fallbacks.last_op, p.fallbacks.last_reason]))

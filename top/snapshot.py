@@ -125,6 +125,22 @@ class ServingFigures:
 
 
 @dataclass(frozen=True)
+class AttachView:
+    """A process's last attach on demand, from the monitor's ``neuron_stack.attach`` (docs/monitor.md)."""
+
+    state: str        # recording, done or refused
+    profile: str      # the capture's directory
+    trigger: str      # the monitor trigger that asked, "" when a person did
+    reason: str
+
+    @classmethod
+    def from_document(cls, d) -> "AttachView | None":
+        if not isinstance(d, dict):
+            return None
+        return cls(*(str(d.get(k) or "") for k in ("state", "profile", "trigger", "reason")))
+
+
+@dataclass(frozen=True)
 class TargetView:
     """One target of a process (``neuron_stack.targets``: ``traces.monitor_figures.target_block``): a process with
     trn1 and inf2 sessions runs on two simulated instances, each with its own cores, runtime reservation
@@ -168,6 +184,7 @@ class ProcessView:
     profile: ProfileFigures | None = None   # a replay's whole-profile figures
     serving: ServingFigures | None = None   # an LLM serving engine's figures (neuron_stack.inference)
     targets: tuple[TargetView, ...] = ()    # per target (instance), from neuron_stack.targets
+    attach: AttachView | None = None        # the last attach on demand (neuron_stack.attach)
 
 
 @dataclass(frozen=True)
@@ -420,6 +437,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
         profile=ProfileFigures.from_document(extra.get("profile")),
         serving=ServingFigures.from_document(extra.get("serving")),
         targets=TargetView.from_document(extra.get("targets")),
+        attach=AttachView.from_document(extra.get("attach")),
         error="; ".join(filter(None, [str(entry.get("error") or "")] + group_errors)),
     )
 

@@ -25,7 +25,7 @@ from traces.timefmt import fmt_ns, fmt_window
 from traces.vocab import ENGINE_LABELS
 
 #: ``neuron-explorer sql`` stops a query after this long unless ``--timeout`` or ``--unsafe`` says otherwise.
-SQL_TIMEOUT_S = 300.0
+SQL_TIMEOUT_S = 60.0   # a query over a profile answers in seconds; a runaway one is stopped soon
 
 PROG = "neuron-explorer"
 

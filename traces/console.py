@@ -62,10 +62,10 @@ EXAMPLE_QUERIES = {
     "Tables": "SELECT table_name, table_type FROM information_schema.tables ORDER BY table_name",
 }
 
-#: The promise for one user query: at most this much address space above where it started. The web
-#: console's worker process and ``neuron-explorer sql`` (unless ``--unsafe``) are capped with
-#: ``RLIMIT_AS``: DuckDB's allocations past it fail with its own out-of-memory error (measured: a 1 GB
-#: ``repeat`` fails at once instead of running 49 s at 4 GB).
+#: The promise for one user query: the process's memory stays under this. The web console's worker process
+#: and ``neuron-explorer sql`` (unless ``--unsafe``) are capped with ``RLIMIT_AS`` (:func:`cap_address_space`):
+#: DuckDB's allocations past it fail with its own out-of-memory error (measured: a 1 GB ``repeat`` fails at
+#: once instead of running 49 s at 4 GB).
 MEMORY_BOUND_BYTES = 1 << 30
 #: DuckDB's own bounds on a user-SQL connection, inside the address-space cap: its buffer manager
 #: refuses first (with a message naming the limit), and a query cannot take every core.
@@ -271,15 +271,20 @@ def _run(profile, sql, params, select_only, max_rows, timeout_s, max_bytes) -> U
     return UserResult(table, truncated)
 
 
-def cap_address_space(extra_bytes: int = MEMORY_BOUND_BYTES) -> int:
+def cap_address_space(extra_bytes: int | None = None) -> int:
     """Cap this process's address space (``RLIMIT_AS``) at its current size plus ``extra_bytes``; returns the cap.
 
     For a process that runs user SQL: an allocation past the cap fails (DuckDB raises its
-    out-of-memory error, Python ``MemoryError``) instead of growing the machine's memory.
+    out-of-memory error, Python ``MemoryError``) instead of growing the machine's memory. By default the
+    process's peak memory stays under :data:`MEMORY_BOUND_BYTES`: new allocations get that bound less what the
+    process already holds (its resident set), since what it holds counts too.
     Example: ``cap_address_space(1 << 30)`` (for good: a process cannot raise it back).
     """
+    page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        size, resident = (int(x) * page for x in f.read().split()[:2])
+    if extra_bytes is None:
+        extra_bytes = max(MEMORY_BOUND_BYTES - resident, MEMORY_BOUND_BYTES // 4)
     cap = size + int(extra_bytes)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:

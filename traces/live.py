@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LivePublisher", "read_all", "request_capture", "live_dir", "read_device_info",
+__all__ = ["LivePublisher", "read_all", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
 
 SNAPSHOT_VERSION = 1
@@ -44,6 +44,7 @@ FLUSH_INTERVAL_S = 0.25          # at most four small writes a second per proces
 # Any recorded change is on disk within this long (hot-path flush or the backstop thread).
 PUBLISH_DELAY_MAX_S = 2 * FLUSH_INTERVAL_S + 0.1
 RING_SIZE = 4096                 # executions kept for per-period latency percentiles
+MAX_TAG_CHARS = 255              # a process tag's length, as the real runtime's
 
 # The real neuron-monitor's keys (reference §1.4); counters always carry all of them.
 EXECUTION_STATUSES = ("completed", "completed_with_err", "completed_with_num_err", "timed_out",
@@ -70,8 +71,8 @@ _RING_SUFFIX = ".ring"
 _publishers: "weakref.WeakSet[LivePublisher]" = weakref.WeakSet()
 _SNAPSHOT_RE = re.compile(r"^(\d+)-(\d+)\.(json|ring)$")
 _TMP_RE = re.compile(r"^\..+\.(\d+)\.\d+\.tmp$")  # _write_atomic's temp names: .<name>.<pid>.<thread>.tmp
-_CAPTURE_SUFFIX = ".capture.json"
-_DEVICE_FILE = "device.json"
+_DEVICES = "devices"   # one description per simulated instance type, never "the last workload's"
+_INSTANCE_TYPE_RE = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)?$")
 _counter = iter(range(1 << 30))  # per-process publisher number, so two publishers never share a file
 
 
@@ -155,7 +156,11 @@ class LivePublisher:
         # clock exactly at the write instead of guessing from the wall time since the last execution
         self._projected_clock = projected_clock
         self.tag = str(tag) if tag else os.environ.get("NEURON_PROCESS_TAG") or str(self.pid)
-        self.tag = self.tag[:255]  # the real tag limit
+        if len(self.tag) > MAX_TAG_CHARS:   # the real runtime's limit; said once, never silently
+            logging.getLogger("traces").warning(
+                "NEURON_PROCESS_TAG is %d characters: neuron-monitor, neuron-top and profiles use its first %d "
+                "(the runtime's limit); give a shorter tag", len(self.tag), MAX_TAG_CHARS)
+            self.tag = self.tag[:MAX_TAG_CHARS]
         self.target = target
         self.instance_type = instance_type
         self.peak_flops = float(peak_flops)   # the target's Tensor Engine BF16 peak, for its MFU
@@ -199,7 +204,8 @@ class LivePublisher:
         self._in_flight: int | None = None       # see execution_started
         self._published_in_flight = False
         self._last_flush = 0.0
-        self._last_poll = 0.0
+        #: Called by the background thread every FLUSH_INTERVAL_S (the runtime's attach poll, traces.attach).
+        self.poll_hook = None
         self._dirty = True
         self._closed = False
         self._stop = threading.Event()
@@ -358,36 +364,6 @@ class LivePublisher:
             self._dirty = True
         self._maybe_flush()
 
-    # -- capture requests from neuron-top ------------------------------------------------------
-    def poll_capture(self) -> dict | None:
-        """A pending capture request ``{"output_dir", "seconds"}`` for this process, consumed once.
-
-        Looks at the disk at most every 0.25 s, so it is cheap to call after every execution.
-        """
-        now = time.monotonic()
-        if now - self._last_poll < FLUSH_INTERVAL_S:
-            return None
-        self._last_poll = now
-        path = self.directory / f"{self.pid}{_CAPTURE_SUFFIX}"
-        claimed = path.with_name(f".{path.name}.claimed")
-        try:
-            os.replace(path, claimed)  # atomic claim: a request is consumed exactly once
-        except OSError:  # no request (or a read-only live directory, where none can be claimed)
-            return None
-        try:
-            with open(claimed) as f:
-                req = json.load(f)
-        except (OSError, ValueError):
-            req = None
-        finally:
-            try:
-                os.unlink(claimed)
-            except OSError:
-                pass
-        if not isinstance(req, dict) or "output_dir" not in req:
-            return None
-        return {"output_dir": str(req["output_dir"]), "seconds": float(req.get("seconds", 5.0))}
-
     # -- publishing ------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
         # The hot path never writes: a daemon thread publishes the changes every FLUSH_INTERVAL_S.
@@ -406,6 +382,12 @@ class LivePublisher:
                     self.flush()
                 except Exception:  # a full disk must never take the workload down
                     pass
+            hook = self.poll_hook
+            if hook is not None and os.getpid() == self.pid:
+                try:
+                    hook()
+                except Exception as exc:  # an attach must never take the workload down
+                    logging.getLogger("traces").warning("attach: %s", exc)
 
     def snapshot(self) -> dict:
         """The snapshot as written to disk (a plain dict; see docs/monitor.md for the fields)."""
@@ -474,11 +456,15 @@ class LivePublisher:
                 ring.close()
 
     def _publish_device_info(self) -> None:
-        # The simulated "driver" description: survives the process so the monitor can describe the
-        # device (neuron_hardware_info, instance_info) even when nothing runs.
+        # The simulated "driver" description of this process's instance type: survives the process so the
+        # monitor can describe that instance (neuron_hardware_info) when nothing runs. One file per instance
+        # type: a workload of another target never changes what a tool reports (traces.identity).
+        if not _INSTANCE_TYPE_RE.match(self.instance_type or ""):
+            return
         info = {"target": self.target, "instance_type": self.instance_type, "hardware": self.hardware}
         try:
-            _write_atomic(self.directory / _DEVICE_FILE, info)
+            (self.directory / _DEVICES).mkdir(exist_ok=True)
+            _write_atomic(self.directory / _DEVICES / f"{self.instance_type}.json", info)
         except OSError:
             pass
 
@@ -559,38 +545,23 @@ def _read_ring(path: Path, seq: int, size: int) -> dict[str, np.ndarray]:
     return cols
 
 
-def read_device_info(directory: str | os.PathLike | None = None) -> dict | None:
-    """The last simulated device a workload described (``{"target", "instance_type", "hardware"}``).
+def read_device_info(instance_type: str, directory: str | os.PathLike | None = None) -> dict | None:
+    """How a workload described simulated instance type ``instance_type`` (``{"target", "instance_type",
+    "hardware"}``), or None if none has yet. Which instance to describe is :func:`traces.identity.machine`'s call.
 
     >>> import tempfile
-    >>> read_device_info(tempfile.mkdtemp()) is None
+    >>> read_device_info("trn1.32xlarge", tempfile.mkdtemp()) is None
     True
     """
+    if not _INSTANCE_TYPE_RE.match(instance_type or ""):
+        return None
     d = Path(directory) if directory is not None else live_dir()
     try:
-        with open(d / _DEVICE_FILE) as f:
-            info = json.load(f)
+        with open(d / _DEVICES / f"{instance_type}.json", "rb") as f:
+            info = json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return None
-    return info if isinstance(info, dict) else None
-
-
-def request_capture(pid: int, output_dir: str | os.PathLike, seconds: float,
-                    directory: str | os.PathLike | None = None) -> Path:
-    """Ask process ``pid`` to record a profile into ``output_dir`` for ``seconds`` (used by neuron-top).
-
-    The workload picks it up with :meth:`LivePublisher.poll_capture`.
-
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> request_capture(12345, "/tmp/out", 5, directory=d).name
-    '12345.capture.json'
-    """
-    d = Path(directory) if directory is not None else live_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{int(pid)}{_CAPTURE_SUFFIX}"
-    _write_atomic(path, {"output_dir": str(output_dir), "seconds": float(seconds), "requested": time.time()})
-    return path
+    return info if isinstance(info, dict) and info.get("instance_type") == instance_type else None
 
 
 def _unlink_quietly(path: Path) -> None:

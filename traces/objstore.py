@@ -111,12 +111,13 @@ class Bucket:
         except (BotoCoreError, ClientError) as exc:
             raise _fail(self.url_of(rel), exc) from None
 
-    def put_bytes(self, rel: str, data: bytes, *, if_absent: bool = False) -> bool:
+    def put_bytes(self, rel: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> bool:
         """Write one object (S3 makes each PUT atomic). With ``if_absent`` it is a conditional write
-        (``If-None-Match: *``): False when the object already exists, so the first writer wins."""
+        (``If-None-Match: *``): False when the object already exists, so the first writer wins. With
+        ``if_match`` (an ETag from :meth:`get_bytes`) it replaces only that version: False when it changed."""
         from botocore.exceptions import ClientError
 
-        extra = {"IfNoneMatch": "*"} if if_absent else {}
+        extra = {"IfNoneMatch": "*"} if if_absent else {"IfMatch": if_match} if if_match else {}
         try:
             _client()[1].put_object(Bucket=self.bucket, Key=self.key(rel), Body=data, **extra)
         except ClientError as exc:
@@ -135,13 +136,18 @@ class Bucket:
 
     def get_bytes(self, rel: str, max_bytes: int = MAX_SMALL_OBJECT) -> bytes | None:
         """The object's bytes, or None if it does not exist; TraceError if larger than ``max_bytes``."""
+        return self.get_versioned(rel, max_bytes)[0]
+
+    def get_versioned(self, rel: str, max_bytes: int = MAX_SMALL_OBJECT) -> tuple[bytes | None, str | None]:
+        """``(bytes, ETag)`` of the object, ``(None, None)`` if it does not exist: the ETag names the version
+        read, for a conditional replace (``put_bytes(..., if_match=etag)``)."""
         from botocore.exceptions import ClientError
 
         try:
             obj = _client()[1].get_object(Bucket=self.bucket, Key=self.key(rel))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
+                return None, None
             raise _fail(self.url_of(rel), exc) from None
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.url_of(rel), exc) from None
@@ -149,7 +155,7 @@ class Bucket:
             obj["Body"].close()
             raise TraceError(f"{self.url_of(rel)} is {obj['ContentLength']} bytes, more than the {max_bytes} "
                              "expected: it is not what neuron_stack wrote there")
-        return obj["Body"].read(max_bytes)
+        return obj["Body"].read(max_bytes), obj.get("ETag")
 
     def get_file(self, rel: str, path: Path) -> None:
         """Download one object to ``path`` (streamed, no transfer threads)."""

@@ -41,7 +41,19 @@ def summary(spark, root: str, include_warmup: bool | None = None, per_core: bool
     if include_warmup is None:
         stored = spark.sql("SELECT value FROM metadata WHERE key = 'summary_includes_warmup'").collect()
         include_warmup = bool(stored) and stored[0]["value"] == "true"
-    return [row.asDict() for row in spark.sql(summary_sql(include_warmup, per_core=per_core)).collect()]
+    return [{k: _plain(v) for k, v in row.asDict().items()}
+            for row in spark.sql(summary_sql(include_warmup, per_core=per_core)).collect()]
+
+
+def _plain(value):
+    """Spark's DECIMAL results as floats, as DuckDB gives them (JSON numbers, not strings).
+
+    >>> from decimal import Decimal
+    >>> _plain(Decimal("12.5")), _plain("x")
+    (12.5, 'x')
+    """
+    from decimal import Decimal
+    return float(value) if isinstance(value, Decimal) else value
 
 
 def main(argv=None) -> int:

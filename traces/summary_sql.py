@@ -121,8 +121,11 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
     -- each run's own target's peak (a process's trn2 and trn1 sessions differ), recorded per target
     tp AS (SELECT r.run_id, try_cast(max(m.value) AS DOUBLE) AS peak FROM runs r JOIN metadata m
            ON m.key = 'target.' || r.target || '.tensor_engine_peak_bf16_flops' GROUP BY r.run_id),
-    meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak
-             FROM executions LEFT JOIN tp USING (run_id) WHERE {measured_condition(include_warmup, window)}),
+    -- a core is a core of one host: two hosts' core 0 are two cores (a multi-host dataset)
+    rh AS (SELECT run_id, max(host) AS core_host FROM runs GROUP BY run_id),
+    meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak, rh.core_host
+             FROM executions LEFT JOIN tp USING (run_id) LEFT JOIN rh USING (run_id)
+             WHERE {measured_condition(include_warmup, window)}),
     ex AS (SELECT {sel_keys}count(*) AS execution_count,
                   sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
                   sum(({DEVICE_NS_SQL}) * target_peak) AS peak_device_ns,
@@ -134,7 +137,9 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
                   coalesce(sum(spill_save_bytes), 0)::BIGINT AS spill_save_bytes,
                   coalesce(sum(spill_reload_bytes), 0)::BIGINT AS spill_reload_bytes,
                   coalesce(sum(transpose_flops), 0)::BIGINT AS transpose_flops,
-                  count(DISTINCT core) AS core_count, count(DISTINCT run_id) AS run_count,
+                  count(DISTINCT CASE WHEN core IS NOT NULL
+                        THEN concat(coalesce(core_host, ''), ':', CAST(core AS STRING)) END) AS core_count,
+                  count(DISTINCT run_id) AS run_count,
                   bool_or(coalesce(warmup, FALSE)) AS warmup_included
            FROM meas {'GROUP BY ' + keys if keys else ''}),
     eng AS (SELECT {sel_keys}{', '.join(engine_cols)},

@@ -156,8 +156,11 @@ class S3CompileCache:
     conditional write (the first writer wins where the server supports it), so a member, once there, never
     changes: a writer that finds one already there hashes that one. ``model.done`` holds each member's
     SHA-256: a reader uses an entry only when the NEFF it downloaded matches, so an entry caught
-    mid-upload, overwritten by a racing writer or damaged is a miss (one warning line), never a bad
-    NEFF. Example: ``S3CompileCache("s3://ml/cache").get_or_compile(ghash, fhash, flags, fn, constants={})``.
+    mid-upload, overwritten by a racing writer or damaged is a miss (one warning line naming the entry and the
+    fix), never a bad NEFF. A damaged entry heals: the process that missed compiles, replaces the members and
+    then ``model.done`` only if it is still the damaged version (``If-Match`` on its ETag), so of several healers
+    one wins and a healthy entry published meanwhile is never replaced.
+    Example: ``S3CompileCache("s3://ml/cache").get_or_compile(ghash, fhash, flags, fn, constants={})``.
     """
 
     MEMBERS = ("model.neff", "compile_flags.json", "model.log")
@@ -174,31 +177,35 @@ class S3CompileCache:
     def _rel(self, graph_hash: str, flags_hash: str) -> str:
         return f"{self.version}/MODULE_{graph_hash}+{flags_hash}"
 
-    def _lookup(self, rel: str, target: str, constants: dict) -> Neff | None:
+    def _lookup(self, rel: str, target: str, constants: dict) -> tuple[Neff | None, str | None]:
+        """``(neff, None)`` on a hit; ``(None, etag)`` when the entry is damaged (its NEFF fails the SHA-256 in
+        its ``model.done``, or is no NEFF): ``etag`` is that ``model.done``'s, for the conditional replace."""
         import tempfile
 
         from traces.objstore import sha256_file
 
-        done = self.bucket.get_bytes(f"{rel}/model.done", max_bytes=1 << 16)
+        done, etag = self.bucket.get_versioned(f"{rel}/model.done", max_bytes=1 << 16)
         if done is None:
-            return None
+            return None, None
         try:
             want = json.loads(done)["sha256"]["model.neff"]
         except (ValueError, KeyError, TypeError):
             want = None
+        url = self.bucket.url_of(rel)
+        fix = (f"compiling instead; this process then replaces the entry (or remove it: aws s3 rm --recursive "
+               f"{url}/)")
         with tempfile.TemporaryDirectory(prefix="neuron-cache-") as tmp:
             path = Path(tmp) / "model.neff"
             self.bucket.get_file(f"{rel}/model.neff", path)
             if want is None or sha256_file(path) != want:
-                print(f"neuron_stack: warning: compile cache entry {self.bucket.url_of(rel)} does not match its "
-                      "model.done (being rewritten, or damaged); compiling instead", file=sys.stderr)
-                return None
+                print(f"neuron_stack: warning: compile cache entry {url}: model.neff does not match its model.done "
+                      f"(damaged, or being replaced); {fix}", file=sys.stderr)
+                return None, etag
             try:
-                return load(path, target=target, constants=constants)
+                return load(path, target=target, constants=constants), None
             except NeffError as exc:
-                print(f"neuron_stack: warning: corrupt compile cache entry {self.bucket.url_of(rel)} ({exc}); "
-                      "compiling instead", file=sys.stderr)
-                return None
+                print(f"neuron_stack: warning: corrupt compile cache entry {url} ({exc}); {fix}", file=sys.stderr)
+                return None, etag
 
     def get_or_compile(self, graph_hash: str, flags_hash: str, flags: dict,
                        compile_fn: Callable[[], Neff], *, constants: dict) -> tuple[Neff, bool, str]:
@@ -210,12 +217,13 @@ class S3CompileCache:
 
         rel = self._rel(graph_hash, flags_hash)
         try:
-            neff = self._lookup(rel, flags["target"], constants)
+            neff, damaged = self._lookup(rel, flags["target"], constants)
             if neff is not None:
                 return neff, True, self.bucket.url_of(rel)
             neff = compile_fn()
-            if self.bucket.get_bytes(f"{rel}/model.done", max_bytes=1 << 16) is not None:
-                return neff, False, self.bucket.url_of(rel)   # another host published it meanwhile: keep theirs
+            done, etag = self.bucket.get_versioned(f"{rel}/model.done", max_bytes=1 << 16)
+            if done is not None and (damaged is None or etag != damaged):
+                return neff, False, self.bucket.url_of(rel)   # another host published (or healed) it: keep theirs
             with tempfile.TemporaryDirectory(prefix="neuron-cache-") as tmp:
                 tmp = Path(tmp)
                 neff.save(tmp / "model.neff", weights=False)   # a hit runs the traced model's own weights
@@ -223,12 +231,20 @@ class S3CompileCache:
                 (tmp / "model.log").write_text(neff.log)
                 manifest = {"sha256": {}}
                 for name in self.MEMBERS:
-                    if not self.bucket.put_bytes(f"{rel}/{name}", (tmp / name).read_bytes(), if_absent=True):
+                    data = (tmp / name).read_bytes()
+                    if damaged is not None:   # healing: the damaged entry's members are replaced
+                        self.bucket.put_bytes(f"{rel}/{name}", data)
+                    elif not self.bucket.put_bytes(f"{rel}/{name}", data, if_absent=True):
                         # a racing (or crashed) writer's member is there, whole: describe it, never replace it
                         # (a member overwritten after the winner's model.done would spoil the entry for good)
                         self.bucket.get_file(f"{rel}/{name}", tmp / name)
                     manifest["sha256"][name] = sha256_file(tmp / name)
-            self.bucket.put_bytes(f"{rel}/model.done", json.dumps(manifest).encode(), if_absent=True)
+            # published last and conditionally: the first writer wins; a heal replaces only the damaged version
+            body = json.dumps(manifest).encode()
+            if damaged is None:
+                self.bucket.put_bytes(f"{rel}/model.done", body, if_absent=True)
+            elif self.bucket.put_bytes(f"{rel}/model.done", body, if_match=damaged):
+                print(f"neuron_stack: compile cache entry {self.bucket.url_of(rel)} replaced (healed)", file=sys.stderr)
             return neff, False, self.bucket.url_of(rel)
         except TraceError as exc:
             raise CacheError(f"compile cache {exc}; or set NEURON_COMPILE_CACHE_URL to a local directory, "

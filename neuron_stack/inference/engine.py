@@ -240,9 +240,11 @@ class Engine:
             batch, phase, members = len(self.slots), "decode", running
         t1, w1 = clock.now_ns(), clock.wall_ns()
         finished = []
+        delivered = 0   # tokens of requests still there: an abort during the step discards its token
         for i, r in enumerate(members):
             if r.finished:  # aborted while this step ran
                 continue
+            delivered += 1
             row = out[i] if phase == "prefill" else out[r.slot]
             tok = int(row) if row.dim() == 0 else sample(row, r.params, r.prompt, r.output, r.generator)
             r.output.append(tok)
@@ -269,7 +271,7 @@ class Engine:
             batch,
             [r.slot for r in members],
             [r.request_id for r in members],
-            len(members),
+            delivered,
             waiting,
             used,
             t0,

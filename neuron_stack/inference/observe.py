@@ -106,6 +106,8 @@ class VllmMetrics:
                          TPOT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                         TPOT_BUCKETS)
+        self.req_tpot = hist("vllm:request_time_per_output_token_seconds",
+                             "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
         self.prefill_token = hist(
             "vllm:time_per_prefill_token_request_seconds", "Time spent per token during prefill  phase in seconds",
             PREFILL_TOKEN_BUCKETS,
@@ -151,6 +153,10 @@ class VllmMetrics:
         self.iteration.observe(prompt + step.tokens)
 
     def on_finish(self, engine, r) -> None:
+        if r.finish_reason == "abort":   # between steps: the gauges must not keep the aborted request
+            s = engine.stats()
+            self.running.set(s["num_requests_running"])
+            self.waiting.set(s["num_requests_waiting"])
         self.success[r.finish_reason].inc()
         self.e2e.observe((r.finish_ns - r.arrival_ns) / 1e9)
         self.req_prompt.observe(len(r.prompt))
@@ -166,6 +172,9 @@ class VllmMetrics:
         self.prefill.observe((r.first_token_ns - r.scheduled_ns) / 1e9)
         self.prefill_token.observe((r.first_token_ns - r.scheduled_ns) / 1e9 / max(len(r.prompt), 1))
         self.decode.observe((r.finish_ns - r.first_token_ns) / 1e9)
+        # vLLM: the request's decode time over its tokens after the first (0 for a single token)
+        n = len(r.output)
+        self.req_tpot.observe((r.finish_ns - r.first_token_ns) / 1e9 / (n - 1) if n > 1 else 0.0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
@@ -259,6 +268,7 @@ class LiveObserver:
         self.recent: deque[tuple[int, int]] = deque()  # (end_ns, tokens)
         self.total = 0
         self.lock = threading.Lock()
+        self.last: dict | None = None   # the serving figures last published
 
     def on_step(self, engine, s) -> None:
         with self.lock:
@@ -269,8 +279,7 @@ class LiveObserver:
             span = max(s.end_ns - self.recent[0][0], 1) if len(self.recent) > 1 else 0
             rate = sum(t for _, t in list(self.recent)[1:]) / (span / 1e9) if span else 0.0
         st = engine.stats()
-        self.session.live.set_serving(
-            {
+        self.last = {
                 "model": engine.model_name,
                 "tokens_per_s": round(rate, 3),
                 "generated_tokens": self.total,
@@ -281,7 +290,12 @@ class LiveObserver:
                 "steps": s.step + 1,
                 "updated": time.time(),
             }
-        )
+        self.session.live.set_serving(self.last)
 
     def on_finish(self, engine, r) -> None:
-        pass
+        if r.finish_reason == "abort" and self.last is not None:   # between steps: no stale running request
+            st = engine.stats()
+            self.last = {**self.last, "num_requests_running": st["num_requests_running"],
+                         "num_requests_waiting": st["num_requests_waiting"],
+                         "kv_cache_usage_perc": st["kv_cache_usage_perc"], "updated": time.time()}
+            self.session.live.set_serving(self.last)

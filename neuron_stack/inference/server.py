@@ -14,7 +14,8 @@ for completions, the rest of the context for chat (vLLM's).
 FastAPI + uvicorn, bound to 127.0.0.1 unless ``--host`` says otherwise. Bounds: request bodies over
 ``MAX_BODY_BYTES`` get 413 whatever their transfer encoding (the body is read, bounded, before the app
 sees it); ``max_tokens`` must fit the compiled ``seq_len``, prompts ``max_context_length``; a request
-waits at most ``REQUEST_TIMEOUT_S``; a client that disconnects aborts its requests. Bad requests get a
+waits at most ``REQUEST_TIMEOUT_S``; a client that disconnects aborts its requests at once, streamed or not
+(slots free for the next step; ``vllm:request_success_total{finished_reason="abort"}``). Bad requests get a
 4xx with the error body ``{"error": {"message", "type", "param", "code"}}``.
 
 Prompts are text (the model's own tokenizer and chat template when its directory has them, else the
@@ -43,7 +44,6 @@ MAX_BODY_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 300.0
 MAX_MESSAGES = 256
 MAX_PROMPTS = 64  # prompts × n per completion request
-DISCONNECT_POLL_S = 0.5
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestEntityTooLarge", 504: "TimeoutError"}
 
 
@@ -161,6 +161,16 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
     from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     from neuron_stack.llm.sampling import SamplingParams
+
+    class _Stream(StreamingResponse):
+        """Server-sent events that abort their requests however the response ends (a client gone before the
+        first byte makes Starlette skip the stream, whose own ``finally`` would have aborted them)."""
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.on_close()
 
     nc = engine.nc
     stop = threading.Event()
@@ -319,25 +329,28 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         prompt = sum(len(x) for x in ids)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
-    async def wait(request: Request | None, choices, queue):
-        """Yield (choice index, finished) per token until every choice finished; abort all on a client
-        disconnect (polled when ``request`` is given; a stream is cancelled by Starlette instead) or the
-        timeout."""
+    async def watch(request: Request, choices, queue):
+        """On the client's ``http.disconnect`` (after the body), abort every choice at once; wake :func:`wait`."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        abort_all(choices)
+        queue.put_nowait((None, True))
+
+    async def wait(request: Request, choices, queue):
+        """Yield (choice index, finished) per token until every choice finished; abort all when the client
+        disconnects (ConnectionAbortedError), at the timeout, or when the caller stops (a failed send)."""
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         left = len(choices)
+        watcher = asyncio.create_task(watch(request, choices, queue))
         try:
             while left:
-                try:
-                    item = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except TimeoutError:
-                    if request is not None and await request.is_disconnected():
-                        raise ConnectionAbortedError from None
-                    if time.monotonic() > deadline:
-                        raise
-                    continue
+                item = await asyncio.wait_for(queue.get(), max(deadline - time.monotonic(), 0.0))
+                if item[0] is None:
+                    raise ConnectionAbortedError
                 left -= bool(item[1])
                 yield item
         finally:
+            watcher.cancel()
             abort_all(choices)  # a no-op for finished requests; frees the slots of the rest
 
     async def handle(request: Request, chat: bool):
@@ -353,8 +366,10 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         base = {"id": choices[0].req.request_id.rsplit("-", 2)[0], "created": int(time.time()), "model": model_name}
         echo = bool(body.get("echo")) and not chat
         if body.get("stream"):
-            gen = stream(choices, ids, queue, base, chat, body, echo, n)
-            return StreamingResponse(gen, media_type="text/event-stream")
+            gen = stream(request, choices, ids, queue, base, chat, body, echo, n)
+            resp = _Stream(gen, media_type="text/event-stream")
+            resp.on_close = lambda: abort_all(choices)
+            return resp
         try:
             async for _ in wait(request, choices, queue):
                 pass
@@ -381,7 +396,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
         kind = "chat.completion" if chat else "text_completion"
         return JSONResponse({**base, "object": kind, "choices": out, "usage": usage(choices, ids)})
 
-    async def stream(choices, ids, queue, base, chat, body, echo, n):
+    async def stream(request, choices, ids, queue, base, chat, body, echo, n):
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def event(index, piece, reason=None, tokens=(), lp=None, role=False, stop_reason=None):
@@ -404,7 +419,7 @@ def create_app(engine, tokenizer, model_name: str, metrics=None, on_shutdown=Non
             for c in choices:
                 yield event(c.index, tokenizer.decode(c.req.prompt))
         try:
-            async for index, finished in wait(None, choices, queue):
+            async for index, finished in wait(request, choices, queue):
                 c = choices[index]
                 r = c.req
                 piece = c.delta()

@@ -105,6 +105,14 @@ class Instance:
             return sorted({(chip + 1) % self.chips, (chip - 1) % self.chips})
         return []
 
+    def hardware_info(self) -> dict:
+        """neuron-monitor's ``neuron_hardware_info`` of this instance (its own chip count, e.g. 1 on trn1.2xlarge).
+
+        >>> get_instance("inf2").hardware_info()["neuron_device_count"]
+        12
+        """
+        return {**self.profile.hardware_info(), "neuron_device_count": self.chips}
+
     def numa_node(self, chip: int) -> int:
         return 0 if self.chips == 1 else int(chip >= self.chips / 2)
 
@@ -130,9 +138,9 @@ class Instance:
 def get_instance(target: str | DeviceProfile | None = None) -> Instance:
     """The simulated instance: ``NEURON_STACK_INSTANCE_TYPE`` if set, else the target's default.
 
-    ``target`` is a device profile or its name; without one, the instance type decides, else
-    ``NEURON_STACK_TARGET``, else the instance the last workload described (what neuron-monitor reports,
-    so ``neuron-ls`` and the monitor name one instance), else ``trn1``.
+    ``target`` is a device profile or its name; without one (``neuron-ls``), the instance type decides, else
+    ``NEURON_STACK_TARGET``, else the instance of the processes running now, else ``trn1``: the one identity
+    every tool reports (:func:`traces.identity.machine`).
     Example: ``get_instance("inf2").instance_type == "inf2.48xlarge"``.
     """
     itype = os.environ.get("NEURON_STACK_INSTANCE_TYPE", "").strip()
@@ -140,8 +148,8 @@ def get_instance(target: str | DeviceProfile | None = None) -> Instance:
         profile = target
     elif target is None and itype in INSTANCE_TYPES:  # the machine decides (neuron-ls, monitors)
         profile = get_profile(INSTANCE_TYPES[itype][0])
-    elif target is None and not itype and not os.environ.get("NEURON_STACK_TARGET") and _last_instance():
-        itype = _last_instance()
+    elif target is None and not itype and not os.environ.get("NEURON_STACK_TARGET") and _running_instance():
+        itype = _running_instance()
         profile = get_profile(INSTANCE_TYPES[itype][0])
     else:
         profile = get_profile(target or os.environ.get("NEURON_STACK_TARGET") or "trn1")
@@ -158,12 +166,13 @@ def get_instance(target: str | DeviceProfile | None = None) -> Instance:
     return Instance(itype, profile, chips, vcpus, topology)
 
 
-def _last_instance() -> str | None:
-    """The instance type the last workload described in the live directory (``traces.live``), if any."""
-    from traces.live import read_device_info
+def _running_instance() -> str | None:
+    """The instance type of the processes running now (``traces.identity.machine``), if any."""
+    from traces.identity import machine
+    from traces.live import read_all
 
-    itype = (read_device_info() or {}).get("instance_type")
-    return itype if itype in INSTANCE_TYPES else None
+    itype = machine(read_all(), env={})["instances"][:1]
+    return itype[0] if itype and itype[0] in INSTANCE_TYPES else None
 
 
 _ASCII_DIGITS = re.compile(r"[0-9]+")   # str.isdigit() accepts '٣' and '³'

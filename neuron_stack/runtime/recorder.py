@@ -67,6 +67,9 @@ class Recorder:
         # system events wait in a ring per NeuronCore (the newest max_events_per_nc) until the capture ends
         self.system: dict[int | None, collections.deque] = {}
         meta = dict(session.profile.metadata())
+        inst = getattr(session, "instance", None)   # the process's one identity (NEURON_STACK_INSTANCE_TYPE)
+        if inst is not None:
+            meta.update(instance_type=inst.instance_type, neuron_device_count=str(inst.chips))
         meta.update({"schema_version": SCHEMA_VERSION, "stack_version": stack_version(), "target": session.target,
                      "is_simulation": "true", "device_profile": self.device_profile,
                      "warmup_executions": "1"})

@@ -17,6 +17,7 @@ import weakref
 
 from neuron_stack.device import clock
 from neuron_stack.device.profiles import get_profile
+from neuron_stack.runtime import attach
 from neuron_stack.runtime.cores import acquire
 from neuron_stack.runtime.recorder import Recorder, record_load
 from traces.live import LivePublisher
@@ -52,15 +53,20 @@ class Session:
         self.run_id = uuidlib.uuid4().hex
         self.closed = False
         self.lease = acquire(self.profile)
+        # the process's one identity (traces.identity): NEURON_STACK_INSTANCE_TYPE, else the target's instance
+        self.instance = self.lease.instance
         self.cores = list(self.lease.cores)
         self._next_core = 0
         self.device_memory: dict[int, dict[str, int]] = {c: dict.fromkeys(MEMORY_CATEGORIES, 0) for c in self.cores}
         self.host_constants = 0
         p = self.profile
         self.live = LivePublisher(
-            tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target, instance_type=p.instance_type,
-            command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-            hardware=p.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"), projected_clock=clock.settled_ns)
+            tag=os.environ.get("NEURON_PROCESS_TAG") or None, target=target,
+            instance_type=self.instance.instance_type, command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+            hardware=self.instance.hardware_info(), peak_flops=p.tensor_peak_flops("bfloat16"),
+            projected_clock=clock.settled_ns)
+        # attach on demand (traces.attach): the live thread looks for a request every 0.25 s, off the program
+        self.live.poll_hook = lambda: attach.poll(Session._instances.values())
         self.live.cores = list(self.cores)
         self.models: weakref.WeakSet = weakref.WeakSet()   # LoadedModels loaded here, described to a capture
         # Guards `recorder`: a capture's timer may close it while an execution is being recorded.
@@ -84,15 +90,14 @@ class Session:
         return core
 
     def poll_capture(self) -> None:
-        """Start a timed recording if neuron-top asked for one (``traces.live.request_capture``).
-
-        Cheap enough for every execution: the publisher looks at the disk at most every 0.25 s.
-        """
+        """On every load and execution: join a torch.profiler window (``capture_hooks``); while an attach is
+        open (:mod:`neuron_stack.runtime.attach`), start or stop its framework events on this thread. When
+        nobody is attached this reads one module flag."""
         for hook in Session.capture_hooks:
             hook(self)
-        req = self.live.poll_capture()
-        if req is not None:
-            self.start_capture(req["output_dir"], req["seconds"])
+        if attach.busy:
+            with clock.excluded():   # the profile's bookkeeping is not the program's time
+                attach.on_program_thread()
 
     def begin_recording(self, rec: "Recorder") -> bool:
         """Make ``rec`` this session's recorder until :meth:`stop_capture` (models already loaded are

@@ -114,3 +114,33 @@ def write_chrome_trace(results, activities, path: Path, metadata: dict[str, str]
     """torch's own ``trace.json`` of the window, written from ``activities`` (values of ``metadata`` are JSON)."""
     from torch.profiler._chrome_trace_export import export_chrome_trace
     export_chrome_trace(Filtered(results, activities), str(path), metadata)
+
+
+_KINDS = ("python_function", "user_annotation", "cpu_op")
+
+
+def write_framework_events(acts, out: Path, run: dict, dropped: int) -> int:
+    """Write a window's host events (``acts``: the user's and torch's, from :func:`user_events`) into ``out`` as
+    ``framework`` system events on the projected clock, thread ids the OS's; ``dropped`` of the user's went
+    over the window's bound (metadata ``framework_events_dropped``). Returns how many were written. Used by
+    torch.profiler windows (:mod:`neuron_stack.profiling`) and attach (:mod:`neuron_stack.runtime.attach`)."""
+    import traces
+    from neuron_stack.device import clock
+
+    pid = os.getpid()
+    rows = {k: [] for k in ("ts_ns", "dur_ns", "name", "thread_id", "detail")}
+    for a in acts:
+        name, ts, dur, kind, tid = activity_fields(a)
+        if a.device_id() != pid or kind not in _KINDS or name.startswith("<built-in"):
+            continue   # device activities; Python builtins (with_stack) would outnumber everything else
+        start = clock.projected_at(ts)
+        end = clock.projected_at(ts + dur)
+        rows["ts_ns"].append(start)
+        rows["dur_ns"].append(max(end - start, 0))
+        rows["name"].append(name)
+        rows["thread_id"].append(tid)
+        rows["detail"].append(f'{{"category": "{kind}"}}')
+    with traces.Writer(out, run=run or None, metadata={"framework_events_dropped": dropped}) as w:
+        if rows["ts_ns"]:
+            w.append("system_events", rows, run_id=w.run_id, source="framework")
+    return len(rows["ts_ns"])
