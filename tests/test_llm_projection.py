@@ -43,19 +43,27 @@ def test_cli_demo_optimum_and_bench_agree_to_the_nanosecond(cfgdir, tmp_path, ca
     # 16 tokens in, 48 out: a 64-token cache, token-generation buckets 32 and 64
     assert cli.main(["project", str(cfgdir), "--tp", "2", "--instance", "trn1.32xlarge", "--sequence-length",
                      "64", "--context-length", "16", "--tkg-buckets", "32", "64", "--json"]) == 0
-    graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in json.loads(capsys.readouterr().out)["graphs"]}
+    cli_graphs = json.loads(capsys.readouterr().out)["graphs"]
+    graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in cli_graphs}
+    requests = {(g["name"], g["bucket"]): g["request_ns"] for g in cli_graphs}
     cte = graphs[("context_encoding", 16)]
     steps = [32 if pos + 1 <= 32 else 64 for pos in range(16, 63)]
     tpot = sum(graphs[("token_generation", b)] for b in steps) / len(steps)
+    tpot_request = sum(requests[("token_generation", b)] for b in steps) / len(steps)
 
     nc = NeuronConfig(tp_degree=2, seq_len=64, max_context_length=16, context_encoding_buckets=[16],
                       token_generation_buckets=[32, 64], torch_dtype="bfloat16", instance_type="trn1.32xlarge")
     serving = project_serving(str(cfgdir), nc, 16, 48)
     assert serving["ttft_ns"] == cte and serving["tpot_ns"] == tpot
+    # request time: the same graphs plus their launch and copies, as the CLI's JSON gives them
+    assert serving["ttft_request_ns"] == requests[("context_encoding", 16)] > cte
+    assert serving["tpot_request_ns"] == tpot_request > tpot
 
     monkeypatch.setattr(published, "generate_buckets", lambda lo, hi: [32, 64])  # NxDI's from 128 up
     row = published.project_row((str(cfgdir), "trn1", 2, 1, 16, 48, 1.0, 1.0, ""))
-    assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_proj"] == cte / 1e6
+    assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_dev"] == cte / 1e6
+    # the bench compares request time with the published figure, device time beside it
+    assert row["ttft_proj"] == serving["ttft_request_ms"] and row["tpot_proj"] == serving["tpot_request_ms"]
 
     report = tmp_path / "benchmark_report.json"
     assert demo.main(["run", "--model-path", str(cfgdir), "--tp-degree", "2", "--seq-len", "64",

@@ -307,7 +307,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             return low.load(n.name, v, box, pool, split)
         stage = low.load(n.name, v, box, ld_pool, split)
         t = pool.tile(stage.P, stage.F)
-        low.act(n.name, t, stage.op(), "copy")
+        if v.dtype in QUANTIZED_DTYPES:
+            low.cast_copy(n.name, t, stage.op())
+        else:
+            low.act(n.name, t, stage.op(), "copy")
         return t
 
     def transposed(v2: View, r0, rn, c0, cn, pool: Pool) -> Tile:
@@ -345,7 +348,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             if B.dtype == mm_dt:
                 return t
             c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
-            low.act(n.name, c, t.op(), "copy")
+            low.cast_copy(n.name, c, t.op())
             return c
     if lanes:
         lmemo: dict = {}
@@ -360,7 +363,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             if B.dtype == mm_dt:
                 return t
             c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way
-            low.act(n.name, c, t.op(), "copy")
+            low.cast_copy(n.name, c, t.op())
             return c
     def accumulate(acc: Tile, stat_of, mov_of, mp: int, nw: int) -> None:
         """acc[mp, nw] = sum over K-tiles of stat_of(kb)^T @ mov_of(kb), one PSUM bank of columns per MATMUL."""
