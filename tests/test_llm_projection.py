@@ -114,7 +114,7 @@ def _monotone(config, graphs):
 
     from neuron_stack.frontend.flags import parse_flags
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     flags = parse_flags(None, target="trn1")
     prev = None
     for p, g in graphs:
@@ -199,7 +199,7 @@ def test_decode_buckets_share_one_capture_and_project_as_if_each_were_captured(m
 
     from neuron_stack.llm import project
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     for cache in (P._FIGURES, P._GRAPHS, P._TEMPLATES):
         cache.clear()
     captured, real = [], P._capture
@@ -230,7 +230,7 @@ def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
     from neuron_stack.frontend.flags import parse_flags
     from neuron_stack.llm import project
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     for cache in (P._FIGURES, P._GRAPHS):
         cache.clear()
     p = project(tiny_config(layers=4), sequence_length=64, context_length=16)
@@ -240,7 +240,9 @@ def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
     assert all(s.records and s.table.column("operands")[0].as_py() for n in (one, two) for s in n.schedules.values())
     assert all(t.is_meta for t in two.program.constants.values()) and two.program.stats["numbers"] == "none"
     t1, t2 = (sum(s.device_ns for s in n.schedules.values()) for n in (one, two))
-    assert (g.base_ns + g.layer_ns, g.layer_ns) == (t1, t2 - t1)
+    # one more layer: the period between the two layers' ends in the two-layer graph
+    ends = P._layer_ends_ns(two)
+    assert len(ends) == 2 and (g.base_ns + g.layer_ns, g.layer_ns) == (t1, ends[1] - ends[0]) and t1 < t2
     # the timings-only compile the projection ran schedules every instruction the same
     lean = P.compile_program(P._capture(tiny_config(layers=4), 2, 1, 1, 64, "bfloat16", None), parse_flags(None),
                              detail=False)

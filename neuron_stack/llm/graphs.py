@@ -17,6 +17,7 @@ import gc
 import inspect
 import json
 import math
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -130,6 +131,7 @@ class _Figures:
     active_ns: dict  # engine -> union of its busy intervals (_engine_active_ns)
     flops: int = 0  # the work the device time is for: what the monotone property tests bound it by
     hbm_bytes: int = 0  # read + written
+    layer_ends_ns: tuple = ()  # when each decoder layer's last instruction ends (_layer_ends_ns)
 
 
 def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=(), sp=1) -> _Figures:
@@ -146,7 +148,7 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     scs = neff.schedules.values()
     fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in scs), neff.program.stats["num_instructions"],
                                    neff.program.stats["memory"], _engine_active_ns(neff), sum(sc.flops for sc in scs),
-                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs))
+                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs), _layer_ends_ns(neff))
     while len(_FIGURES) > _FIGURES_MAX:
         _FIGURES.popitem(last=False)
     # the NEFF's tables (hundreds of MB on a long prefill): back to the OS before the next graph is
@@ -156,6 +158,39 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     pa.default_memory_pool().release_unused()
     _malloc_trim()
     return fig
+
+
+def _layer_ends_ns(neff) -> tuple[int, ...]:
+    """When each decoder layer's last instruction ends (by the module path of the op it lowers,
+    ``model.layers.<i>``), in a one-partition graph; ``()`` when the graph has more partitions.
+
+    The period between two layers' ends is what one more layer adds in steady state: the next layer's
+    weights stream while this one computes, as in every layer of the whole model. ``t2 - t1`` would also
+    hold how differently the LM head's weight stream overlaps one layer or two (the list scheduler places
+    those independent loads wherever slots are free), which moved by tens of microseconds from one KV
+    length to the next and, times ``L - 1``, made decode faster at a longer cache."""
+    if len(neff.schedules) != 1:
+        return ()
+    layer_of = {}
+    for n in neff.program.nodes:
+        m = _LAYER.search(n.module_path or "")
+        if m:
+            layer_of[n.name] = int(m.group(1))
+    sc = next(iter(neff.schedules.values()))
+    node = sc.table.column("node").combine_chunks().dictionary_encode()
+    end = sc.table.column("rel_start_ns").to_numpy() + sc.table.column("dur_ns").to_numpy()
+    codes = node.indices.to_numpy(zero_copy_only=False)
+    ends: dict[int, int] = {}
+    for c, name in enumerate(node.dictionary.to_pylist()):
+        layer = layer_of.get(name, layer_of.get(str(name).split(".")[0]))
+        if layer is not None:
+            m = end[codes == c]
+            if m.size:
+                ends[layer] = max(ends.get(layer, 0), int(m.max()))
+    return tuple(ends[k] for k in sorted(ends))
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
 def _malloc_trim() -> None:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES
+from neuron_stack.compiler.lower.resident import LANE_MIN_RUN
+from neuron_stack.compiler.lower.tiles import PMAX
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive
@@ -201,6 +203,23 @@ class Projection:
         return d
 
 
+def kv_length(bucket: int) -> int:
+    """The KV length a decode graph of ``bucket`` attends over. Where a row of scores over the cache takes the
+    lane layout (partition ``p`` holding positions ``p * S / 128 ...``: at least ``LANE_MIN_RUN`` positions
+    a partition, ``compiler/lower/resident.py``; NxDI's tiled KV layout ``(B, H, 128, S / 128, D)``,
+    reference §2.5), the bucket is padded up to a multiple of the 128 partitions, the padding masked. Over
+    an odd length the row fell back to one partition, and its mask, softmax and casts ran ``S`` elements on
+    one lane: a 3000-token cache cost more than a 4096-token one. Shorter rows take the row layout at every
+    length, so they stay as they are.
+
+    >>> kv_length(512), kv_length(900), kv_length(2048), kv_length(2112), kv_length(3000)
+    (512, 1024, 2048, 2176, 3072)
+    """
+    if bucket <= PMAX * (LANE_MIN_RUN - 1):
+        return bucket
+    return -(-bucket // PMAX) * PMAX
+
+
 def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile,
                     sequence_parallel: bool = False) -> int:
     """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits. A
@@ -302,11 +321,11 @@ def project(
     shape = dict(config=config, rank=rank, batch=batch_size, dtype=dtype, flags=flags, quantization=quantization,
                  profile=profile, tp=tp_degree, on_device_sampling=on_device_sampling)
     for kind, tokens, bucket in plans:
-        family = tuple(buckets) if kind == "token_generation" else ()
+        family = tuple(sorted({kv_length(b) for b in buckets})) if kind == "token_generation" else ()
         g, one = _graph(kind, tokens, bucket, family, sp if kind == "context_encoding" else 1, **shape)
         graphs.append(g)
         code_bytes += g.instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
-        cache_1layer = 2 * batch_size * kv * bucket * head_dim * elt
+        cache_1layer = 2 * batch_size * kv * (kv_length(bucket) if tokens == 1 else bucket) * head_dim * elt
         act_bytes = max(act_bytes, one.memory["tensors"] - cache_1layer)
         scratch = max(scratch, one.memory["model_shared_scratchpad"])
 
@@ -352,11 +371,16 @@ def _graph(kind, tokens, bucket, family, g_sp, *, config, rank, batch, dtype, fl
     layers = int(config.num_hidden_layers)
     # the in-graph collectives are timed over the TP group (compiler/lower/data.py lower_collective)
     g_flags = {**flags, "world_size": tp} if g_sp > 1 else flags
-    one, two = (_figures(rank, n, batch, tokens, bucket, dtype, g_flags, quantization, family, g_sp) for n in (1, 2))
+    kv = kv_length(bucket) if tokens == 1 else bucket
+    one, two = (_figures(rank, n, batch, tokens, kv, dtype, g_flags, quantization, family, g_sp) for n in (1, 2))
     t1, t2 = one.device_ns, two.device_ns
+    # one more layer costs the period between the two layers' ends in the two-layer graph (steady state:
+    # its weights stream while the previous layer computes); t2 - t1 where the layers are not found
+    ends = two.layer_ends_ns
+    marginal = ends[1] - ends[0] if len(ends) == 2 else t2 - t1
     # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
     # one-layer graph (the rest of it, embedding and LM head, is then the base)
-    layer_ns, layer_instr = min(max(0, t2 - t1), t1), max(0, two.instructions - one.instructions)
+    layer_ns, layer_instr = min(max(0, marginal), t1), max(0, two.instructions - one.instructions)
     coll = _collectives_ns(config, tp, batch, tokens, dtype, profile, g_sp > 1)
     # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
     # a layer's extra latency bounds
@@ -369,7 +393,7 @@ def _graph(kind, tokens, bucket, family, g_sp, *, config, rank, batch, dtype, fl
         kind, bucket, tokens, layer_ns, t1 - layer_ns, coll, t1 + (layers - 1) * layer_ns + coll, layer_instr,
         one.instructions + (layers - 1) * layer_instr, time.perf_counter() - g0,
         {e: v for e, v in sorted(busy.items()) if v > 0},
-        partial(_compile_graph, rank, batch=batch, tokens=tokens, bucket=bucket, dtype=dtype, flags=g_flags,
+        partial(_compile_graph, rank, batch=batch, tokens=tokens, bucket=kv, dtype=dtype, flags=g_flags,
                 quantization=quantization, family=family, sp=g_sp),
         request,
     )

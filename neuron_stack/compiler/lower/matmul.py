@@ -284,7 +284,10 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             if kgroup <= 1 or B.dtype != mm_dt else None
         atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=xbufs * nk)
     else:
-        bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=panel_bufs) if not lanes or B.dtype != mm_dt \
+        # a quantized weight's converted K-tiles are read once, by the next MATMUL: a few slots keep the
+        # conversions ahead of the Tensor Engine without holding a second, bf16 copy of the panel in SBUF
+        cast_bufs = min(panel_bufs, 2 * streamed) if B.dtype in QUANTIZED_DTYPES else panel_bufs
+        bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=cast_bufs) if not lanes or B.dtype != mm_dt \
             else None
         atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt,
                       bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
