@@ -286,7 +286,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
     else:
         # a quantized weight's converted K-tiles are read once, by the next MATMUL: a few slots keep the
         # conversions ahead of the Tensor Engine without holding a second, bf16 copy of the panel in SBUF
-        cast_bufs = min(panel_bufs, 2 * streamed) if B.dtype in QUANTIZED_DTYPES else panel_bufs
+        cast_bufs = min(panel_bufs, 6) if B.dtype in QUANTIZED_DTYPES else panel_bufs
         bpool = Pool(low, f"{n.name}.B", "sbuf", PMAX, NG, mm_dt, bufs=cast_bufs) if not lanes or B.dtype != mm_dt \
             else None
         atpool = Pool(low, f"{n.name}.AT", "sbuf", PMAX, MG, mm_dt,
@@ -299,7 +299,9 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         if transposes and not (sweep and b_direct) else None
     xnat_pool = Pool(low, f"{n.name}.xn", "sbuf", PMAX, xg * PMAX, A.dtype, bufs=2) if sweep and not a_direct else None
     ld_pool = None
-    if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
+    # (a quantized weight read in the lane layout or K-tiled converts from its own group tiles: no staging,
+    # whose 16 slots would otherwise hold SBUF the next matmuls' weight loads could stream into)
+    if (a_direct or b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt and not lanes and kgroup <= 1):
         # a quantized weight streams through its staging tiles: as many in flight as the panel's
         ld_pool = Pool(low, f"{n.name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype,
                        bufs=streamed if B.dtype in QUANTIZED_DTYPES else 2)
@@ -311,7 +313,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         stage = low.load(n.name, v, box, ld_pool, split)
         t = pool.tile(stage.P, stage.F)
         if v.dtype in QUANTIZED_DTYPES:
-            low.cast_copy(n.name, t, stage.op())
+            low.cast_copy(n.name, t, stage)
         else:
             low.act(n.name, t, stage.op(), "copy")
         return t
@@ -351,7 +353,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             if B.dtype == mm_dt:
                 return t
             c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way, as load_cast
-            low.cast_copy(n.name, c, t.op())
+            low.cast_copy(n.name, c, t)
             return c
     if lanes:
         lmemo: dict = {}
@@ -366,7 +368,7 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
             if B.dtype == mm_dt:
                 return t
             c = bpool.tile(PMAX, nw)    # a quantized (or uncast) weight: each K-tile cast on its way
-            low.cast_copy(n.name, c, t.op())
+            low.cast_copy(n.name, c, t)
             return c
     def accumulate(acc: Tile, stat_of, mov_of, mp: int, nw: int) -> None:
         """acc[mp, nw] = sum over K-tiles of stat_of(kb)^T @ mov_of(kb), one PSUM bank of columns per MATMUL."""
