@@ -21,6 +21,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
 
 from neuron_stack.compiler.driver import compile_program
@@ -180,13 +181,13 @@ def _layer_ends_ns(neff) -> tuple[int, ...]:
     node = sc.table.column("node").combine_chunks().dictionary_encode()
     end = sc.table.column("rel_start_ns").to_numpy() + sc.table.column("dur_ns").to_numpy()
     codes = node.indices.to_numpy(zero_copy_only=False)
+    last = np.zeros(len(node.dictionary), dtype=np.int64)
+    np.maximum.at(last, codes, end)            # each node's last instruction end, in one pass
     ends: dict[int, int] = {}
     for c, name in enumerate(node.dictionary.to_pylist()):
         layer = layer_of.get(name, layer_of.get(str(name).split(".")[0]))
         if layer is not None:
-            m = end[codes == c]
-            if m.size:
-                ends[layer] = max(ends.get(layer, 0), int(m.max()))
+            ends[layer] = max(ends.get(layer, 0), int(last[c]))
     return tuple(ends[k] for k in sorted(ends))
 
 
