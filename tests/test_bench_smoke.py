@@ -117,7 +117,7 @@ CASES = {
         rf"TTFT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)\s+TPOT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)",
     ], None),
     "llm.py": (["--smoke"], [
-        rf"^Llama-3-70B\s+24 inf2\.\S+\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}GB\s+{NUM}\s+{NUM}, {NUM}",
+        rf"^Llama-3-70B\s+24 inf2\.\S+\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}GiB\s+{NUM}\s+{NUM}, {NUM}",
         rf"simulator, tiny Llama .*: {NUM} ms wall per decode step for {NUM} us",
         rf"numbers=none: {NUM} ms wall per stamped step",
     ], None),

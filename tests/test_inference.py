@@ -141,3 +141,18 @@ def test_bad_requests_are_one_line(compiled):
         eng.add_request([999], max_tokens=4)
     with pytest.raises(InferenceError, match="tp_degree=3 is not a multiple of the 2 KV heads"):
         NeuronLlamaForCausalLM(tiny_llama(), NeuronConfig(tp_degree=3))
+
+
+def test_benchmark_throughput_counts_the_tokens_each_run_generates(compiled, tmp_path):
+    """A run of 12 new tokens on a config whose max_new_tokens is 32: the token-generation throughput counts
+    12 tokens per run (issue 38 item 7: it counted the config's figure), e2e the prompt and the new tokens."""
+    from neuron_stack.inference.benchmark import benchmark_sampling
+
+    m, _ = compiled
+    assert m.neuron_config.max_new_tokens == 32
+    ids = torch.randint(3, 256, (2, 20), generator=torch.Generator().manual_seed(2))
+    r = benchmark_sampling(m, ids, num_runs=2, max_new_tokens=12, benchmark_report_path=tmp_path / "b.json")
+    tkg, e2e = r["token_generation_model"], r["e2e_model"]
+    # 11 token-generation calls a run (the first token is the context encoding's), each its device time
+    assert tkg["throughput"] == pytest.approx(2 * 12 * 2 / (2 * 11 * tkg["latency_ms_avg"] / 1e3))
+    assert e2e["throughput"] == pytest.approx(2 * (20 + 12) * 2 / (2 * e2e["latency_ms_avg"] / 1e3))

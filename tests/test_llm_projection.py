@@ -43,19 +43,27 @@ def test_cli_demo_optimum_and_bench_agree_to_the_nanosecond(cfgdir, tmp_path, ca
     # 16 tokens in, 48 out: a 64-token cache, token-generation buckets 32 and 64
     assert cli.main(["project", str(cfgdir), "--tp", "2", "--instance", "trn1.32xlarge", "--sequence-length",
                      "64", "--context-length", "16", "--tkg-buckets", "32", "64", "--json"]) == 0
-    graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in json.loads(capsys.readouterr().out)["graphs"]}
+    cli_graphs = json.loads(capsys.readouterr().out)["graphs"]
+    graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in cli_graphs}
+    requests = {(g["name"], g["bucket"]): g["request_ns"] for g in cli_graphs}
     cte = graphs[("context_encoding", 16)]
     steps = [32 if pos + 1 <= 32 else 64 for pos in range(16, 63)]
     tpot = sum(graphs[("token_generation", b)] for b in steps) / len(steps)
+    tpot_request = sum(requests[("token_generation", b)] for b in steps) / len(steps)
 
     nc = NeuronConfig(tp_degree=2, seq_len=64, max_context_length=16, context_encoding_buckets=[16],
                       token_generation_buckets=[32, 64], torch_dtype="bfloat16", instance_type="trn1.32xlarge")
     serving = project_serving(str(cfgdir), nc, 16, 48)
     assert serving["ttft_ns"] == cte and serving["tpot_ns"] == tpot
+    # request time: the same graphs plus their launch and copies, as the CLI's JSON gives them
+    assert serving["ttft_request_ns"] == requests[("context_encoding", 16)] > cte
+    assert serving["tpot_request_ns"] == tpot_request > tpot
 
     monkeypatch.setattr(published, "generate_buckets", lambda lo, hi: [32, 64])  # NxDI's from 128 up
     row = published.project_row((str(cfgdir), "trn1", 2, 1, 16, 48, 1.0, 1.0, ""))
-    assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_proj"] == cte / 1e6
+    assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_dev"] == cte / 1e6
+    # the bench compares request time with the published figure, device time beside it
+    assert row["ttft_proj"] == serving["ttft_request_ms"] and row["tpot_proj"] == serving["tpot_request_ms"]
 
     report = tmp_path / "benchmark_report.json"
     assert demo.main(["run", "--model-path", str(cfgdir), "--tp-degree", "2", "--seq-len", "64",
@@ -106,7 +114,7 @@ def _monotone(config, graphs):
 
     from neuron_stack.frontend.flags import parse_flags
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     flags = parse_flags(None, target="trn1")
     prev = None
     for p, g in graphs:
@@ -191,7 +199,7 @@ def test_decode_buckets_share_one_capture_and_project_as_if_each_were_captured(m
 
     from neuron_stack.llm import project
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     for cache in (P._FIGURES, P._GRAPHS, P._TEMPLATES):
         cache.clear()
     captured, real = [], P._capture
@@ -222,7 +230,7 @@ def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
     from neuron_stack.frontend.flags import parse_flags
     from neuron_stack.llm import project
 
-    P = importlib.import_module("neuron_stack.llm.project")
+    P = importlib.import_module("neuron_stack.llm.graphs")
     for cache in (P._FIGURES, P._GRAPHS):
         cache.clear()
     p = project(tiny_config(layers=4), sequence_length=64, context_length=16)
@@ -232,7 +240,9 @@ def test_projection_keeps_figures_not_neffs_and_compiles_them_when_asked():
     assert all(s.records and s.table.column("operands")[0].as_py() for n in (one, two) for s in n.schedules.values())
     assert all(t.is_meta for t in two.program.constants.values()) and two.program.stats["numbers"] == "none"
     t1, t2 = (sum(s.device_ns for s in n.schedules.values()) for n in (one, two))
-    assert (g.base_ns + g.layer_ns, g.layer_ns) == (t1, t2 - t1)
+    # one more layer: the period between the two layers' ends in the two-layer graph
+    ends = P._layer_ends_ns(two)
+    assert len(ends) == 2 and (g.base_ns + g.layer_ns, g.layer_ns) == (t1, ends[1] - ends[0]) and t1 < t2
     # the timings-only compile the projection ran schedules every instruction the same
     lean = P.compile_program(P._capture(tiny_config(layers=4), 2, 1, 1, 64, "bfloat16", None), parse_flags(None),
                              detail=False)

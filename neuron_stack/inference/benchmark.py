@@ -2,7 +2,8 @@
 ``num_runs`` timed runs; each sub-model call is timed by a hook, and ``benchmark_report.json`` gets the
 real keys: ``e2e_model``, ``context_encoding_model``, ``token_generation_model``, each with
 ``latency_ms_p50/p90/p95/p99/p100/avg`` and ``throughput`` = runs × tokens × max_batch_size / Σlatency
-(tokens: ``max_length`` e2e, ``max_context_length`` CTE, ``max_new_tokens`` TKG).
+(tokens per run: prompt + generated e2e, ``max_context_length`` CTE, the tokens each run generates TKG: NxDI
+takes the last from the config, ``max_new_tokens``, which miscounts when a run generates another number).
 
 The report holds exactly NxDI's keys (code that loops over its sub-reports works unchanged); ours
 (``simulator_wall_ms``, the clock, run and token counts) go to the sibling ``<name>.extras.json``
@@ -123,9 +124,11 @@ def benchmark_sampling(
         if draft_model is not None:
             draft_model.hooks.remove(draft_hook)
     batch = nc.max_batch_size
-    tkg_tokens = nc.max_new_tokens or nc.max_length - nc.max_context_length // 2
+    # the tokens each run actually generates and processes (NxDI's formula takes them from the config,
+    # max_new_tokens or max_length - max_context_length // 2, which miscounts a run of another length)
+    tkg_tokens, e2e_tokens = new, input_ids.shape[1] + new
     report = {
-        "e2e_model": _summary(e2e, nc.max_length, num_runs, batch),
+        "e2e_model": _summary(e2e, e2e_tokens, num_runs, batch),
         "context_encoding_model": _summary(calls[CTE], nc.max_context_length, num_runs, batch),
         "token_generation_model": _summary(calls[TKG], tkg_tokens, num_runs, batch),
         **({SPEC: _summary(calls[SPEC], tkg_tokens, num_runs, batch)} if calls[SPEC] else {}),

@@ -8,9 +8,11 @@ we derive what a request of ``input_len`` prompt tokens and ``output_len`` gener
 - TPOT = mean of the token-generation calls, each at the first-fit TKG bucket for its position;
 - E2E = TTFT + TPOT × (output_len − 1); output tokens/s = batch × output_len / E2E.
 
-Device time only (no host or network time): the same quantities AWS's tables report at P50 with one
-concurrent request. Example: ``project_serving("llama-3-8b", NeuronConfig(tp_degree=32, seq_len=4096),
-128, 3968)["ttft_ms"]``.
+Each twice: device time (the graphs' schedules) and request time (device time plus what each call waits for
+on the instance: the runtime's launch, input and output copies over the host link, the logits to the host
+where the host samples: :mod:`neuron_stack.llm.request`). AWS's tables report request time at P50 with one
+concurrent request; neither includes network time. Example:
+``project_serving("llama-3-8b", NeuronConfig(tp_degree=32, seq_len=4096), 128, 3968)["ttft_request_ms"]``.
 """
 
 from __future__ import annotations
@@ -58,12 +60,15 @@ def project_serving(
         token_generation_buckets=used,
         quantization_dtype=quantization_dtype,
         sequence_parallel=nc.sequence_parallel_enabled,
+        on_device_sampling=nc.on_device_sampling_config is not None,
     )
     cte_graph = next(g for g in p.graphs if g.name == "context_encoding")
     cte_ns = cte_graph.device_ns
     tkg = {g.bucket: g for g in p.graphs if g.name == "token_generation"}
     tpot_ns = sum(tkg[b].device_ns for b in steps) / len(steps)
     e2e_ns = cte_ns + tpot_ns * (output_len - 1)
+    ttft_req = cte_graph.request_ns
+    tpot_req = sum(tkg[b].request_ns for b in steps) / len(steps)
     out = {
         "model": p.model,
         "instance_type": p.instance_type,
@@ -75,6 +80,12 @@ def project_serving(
         "tpot_ms": tpot_ns / 1e6,
         "ttft_ns": cte_ns,  # the context-encoding graph's device_ns, exactly as neuron-llm prints it
         "tpot_ns": tpot_ns,
+        # request time: device time + the launch, copies and logits of each call (llm/request.py)
+        "ttft_request_ms": ttft_req / 1e6,
+        "tpot_request_ms": tpot_req / 1e6,
+        "ttft_request_ns": ttft_req,
+        "tpot_request_ns": tpot_req,
+        "e2e_request_ms": (ttft_req + tpot_req * (output_len - 1)) / 1e6,
         "ttft_collective_ns": cte_graph.collective_ns,
         # how much of a context-encoding layer's time some DMA queue is busy (the calibration's "why")
         "ttft_layer_dma_share": cte_graph.layer_busy_ns.get("dma", 0) / max(1, cte_graph.layer_ns),
@@ -113,7 +124,9 @@ def project_serving(
             f"serving {input_len} in / {output_len} out, batch {nc.batch_size}: "
             f"TTFT {out['ttft_ms']:.2f} ms (CTE bucket {cte}), TPOT {out['tpot_ms']:.2f} ms "
             f"(TKG buckets {used}), E2E {out['e2e_ms']:.0f} ms, "
-            f"{out['output_tokens_per_s']:.1f} output tokens/s",
+            f"{out['output_tokens_per_s']:.1f} output tokens/s (device time); as a request: TTFT "
+            f"{out['ttft_request_ms']:.2f} ms, TPOT {out['tpot_request_ms']:.2f} ms, "
+            f"E2E {out['e2e_request_ms']:.0f} ms",
         ]
     )
     return out

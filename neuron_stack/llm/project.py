@@ -30,28 +30,30 @@ the schedule.
 
 from __future__ import annotations
 
-import copy
-import ctypes
-import gc
-import inspect
-import json
 import math
 import resource
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
-import pyarrow as pa
-
-from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES, compile_program
+from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES
+from neuron_stack.compiler.lower.resident import LANE_MIN_RUN
+from neuron_stack.compiler.lower.tiles import PMAX
 from neuron_stack.device.profiles import get_profile
-from neuron_stack.frontend.export import capture
 from neuron_stack.frontend.flags import parse_flags
-from neuron_stack.ir import Program, TensorSpec
-from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, nxdi_head_counts, require_positive, warn_run
-from neuron_stack.llm.quantize import FP8_TARGETS, QUANT_DTYPES, quantize_decoder
+from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive, warn_run
+from neuron_stack.llm.graphs import (  # noqa: F401  (rebucket, _program: the module's public seams, as before)
+    _compile_graph,
+    _figures,
+    _kv_geometry,
+    _meta_model,
+    _program,
+    rank_config,
+    rebucket,
+)
+from neuron_stack.llm.quantize import FP8_TARGETS, QUANT_DTYPES
+from neuron_stack.llm.request import added_ns, call_components
 from neuron_stack.runtime.collectives import Group, plan
 from neuron_stack.runtime.cores import INSTANCE_TYPES
 
@@ -72,6 +74,13 @@ class GraphProjection:
     compile_s: float
     layer_busy_ns: dict = field(default_factory=dict)  # engine -> busy ns of one layer
     compile_layers: Callable | None = field(default=None, repr=False, compare=False)  # layers -> its NEFF
+    #: what a request waits for around the call (launch, copies over the host link; llm/request.py)
+    request_components: list = field(default_factory=list)
+
+    @property
+    def request_ns(self) -> int:
+        """One call as a request sees it: device time plus the components device time does not hold."""
+        return self.device_ns + added_ns(self.request_components)
 
     @property
     def neffs(self) -> list:
@@ -80,7 +89,9 @@ class GraphProjection:
         return [self.compile_layers(1), self.compile_layers(2)]
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "compile_layers"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("compile_layers", "request_components")}
+        return {**d, "request_ns": self.request_ns,
+                "request_components": [c.to_json() for c in self.request_components]}
 
 
 @dataclass
@@ -104,6 +115,7 @@ class Projection:
     peak_rss_bytes: int = 0
     quantization: str | None = None  # decoder weights' dtype when quantized (int8, float8_e4m3fn)
     sequence_parallel: bool = False  # the context-encoding graph's (NxDI's sequence_parallel_enabled)
+    on_device_sampling: bool = False  # NxDI's on_device_sampling_config: ids, not logits, to the host
 
     @property
     def hbm_used(self) -> int:
@@ -154,13 +166,21 @@ class Projection:
         lines += [
             "",
             f"{'sub-model':<18} {'bucket':>7} {'tokens':>6} {'per layer':>10} {'collectives':>11} "
-            f"{'whole model':>12} {'instructions':>13}",
+            f"{'device':>10} {'request':>10} {'instructions':>13}",
         ]
         for g in self.graphs:
             lines.append(
                 f"{g.name:<18} {g.bucket:>7} {g.active_tokens:>6} {g.layer_ns / 1e3:>8.1f}us "
-                f"{g.collective_ns / 1e3:>9.1f}us {g.device_ns / 1e6:>10.2f}ms {g.instructions:>13,}"
+                f"{g.collective_ns / 1e3:>9.1f}us {g.device_ns / 1e6:>8.2f}ms {g.request_ns / 1e6:>8.2f}ms "
+                f"{g.instructions:>13,}"
             )
+        lines += ["", "request time per call = device time + (per component, "
+                  + ("sampled ids" if self.on_device_sampling else "logits") + " to the host):"]
+        for c in self.graphs[0].request_components if self.graphs else []:
+            per = ", ".join(f"{next(x.ns for x in g.request_components if x.name == c.name) / 1e3:.1f}"
+                            for g in self.graphs)
+            lines.append(f"  {c.name:<17} {per} us{'  (in device time)' if c.in_device_time else ''}: {c.source}")
+        lines.append("  not modelled: host CPU sampling and input preparation, the framework's per-step Python")
         lines += ["", "one layer's schedule, busy time per engine:"]
         for g in self.graphs:
             eng = ", ".join(f"{e} {v / 1e3:.1f}us" for e, v in g.layer_busy_ns.items())
@@ -183,276 +203,21 @@ class Projection:
         return d
 
 
-def rank_config(config, tp_degree: int, num_layers: int | None = None):
-    """The config of one tensor-parallel rank (heads, intermediate size and vocabulary sharded).
+def kv_length(bucket: int) -> int:
+    """The KV length a decode graph of ``bucket`` attends over. Where a row of scores over the cache takes the
+    lane layout (partition ``p`` holding positions ``p * S / 128 ...``: at least ``LANE_MIN_RUN`` positions
+    a partition, ``compiler/lower/resident.py``; NxDI's tiled KV layout ``(B, H, 128, S / 128, D)``,
+    reference §2.5), the bucket is padded up to a multiple of the 128 partitions, the padding masked. Over
+    an odd length the row fell back to one partition, and its mask, softmax and casts ran ``S`` elements on
+    one lane: a 3000-token cache cost more than a 4096-token one. Shorter rows take the row layout at every
+    length, so they stay as they are.
 
-    >>> from transformers import LlamaConfig
-    >>> c = rank_config(LlamaConfig(num_attention_heads=32, num_key_value_heads=8, hidden_size=4096,
-    ...                             intermediate_size=14336, vocab_size=128256), 32)
-    >>> c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
-    (1, 1, 128, 448)
+    >>> kv_length(512), kv_length(900), kv_length(2048), kv_length(2112), kv_length(3000)
+    (512, 1024, 2048, 2176, 3072)
     """
-    c = copy.deepcopy(config)
-    if num_layers is not None:
-        c.num_hidden_layers = num_layers
-        if getattr(c, "layer_types", None):
-            c.layer_types = list(c.layer_types)[:num_layers]
-    if tp_degree == 1:
-        return c
-    for attr in ("num_attention_heads", "intermediate_size", "vocab_size", "hidden_size"):
-        if not isinstance(getattr(c, attr, None), int):
-            raise ConfigError(
-                f"tensor parallelism needs {attr} in the config ({type(config).__name__} has none): "
-                "project it with tp_degree=1"
-            )
-    heads = c.num_attention_heads
-    kv = getattr(c, "num_key_value_heads", None) or heads
-    c.head_dim = getattr(config, "head_dim", None) or c.hidden_size // heads
-    c.num_attention_heads, c.num_key_value_heads, _ = nxdi_head_counts(tp_degree, heads, kv)
-    c.intermediate_size = math.ceil(c.intermediate_size / tp_degree)
-    c.vocab_size = math.ceil(c.vocab_size / tp_degree)
-    return c
-
-
-def _meta_model(config, dtype: str, quantization: str | None = None):
-    import torch
-    import transformers
-
-    from neuron_stack.llm.kernels import fuse_rms_norms
-
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    if quantization:
-        quantize_decoder(model, quantization)
-    fuse_rms_norms(model)      # NxDI's CustomRMSNorm: one fused op per norm (llm/kernels.py)
-    return model.eval()
-
-
-def _kv_geometry(config) -> tuple[int, int]:
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    return kv, getattr(config, "head_dim", None) or config.hidden_size // heads
-
-
-#: compiled sub-models of this process by everything that shapes them (config, layers, batch, tokens,
-#: bucket, dtype, flags): whoever asks for a graph's NEFF again gets the same one. Few: a full-size
-#: prefill NEFF takes gigabytes.
-_GRAPHS: OrderedDict = OrderedDict()
-_GRAPHS_MAX = 2
-#: the figures a projection reads from each of those graphs (:func:`_figures`), by the same key: the
-#: CLI, inference_demo, NeuronModelForCausalLM and the benches projecting the same settings compile once
-_FIGURES: OrderedDict = OrderedDict()
-_FIGURES_MAX = 256
-#: captured token-generation graphs shared by a set of buckets (see :func:`_program`): a few hundred
-#: nodes each, weights on the meta device
-_TEMPLATES: OrderedDict = OrderedDict()
-_TEMPLATES_MAX = 4
-
-
-def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dtype: str, flags: dict,
-                   quantization: str | None = None, family: tuple[int, ...] = (), sp: int = 1):
-    """Capture and compile one sub-model with ``layers`` decoder layers on the meta device (cached).
-
-    ``family``: the KV lengths of the sibling graphs of a decode step (``bucket`` among them), which
-    share one capture (:func:`_program`); the NEFF is the same with or without it. ``sp``: the
-    sequence-parallel degree of a context-encoding graph (1: off; :mod:`neuron_stack.llm.parallel`)."""
-    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp)
-    if key in _GRAPHS:
-        _GRAPHS.move_to_end(key)
-        return _GRAPHS[key]
-    neff = _GRAPHS[key] = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization,
-                                                   family, sp), flags)
-    while len(_GRAPHS) > _GRAPHS_MAX:
-        _GRAPHS.popitem(last=False)
-    return neff
-
-
-def _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp=1) -> tuple:
-    return (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
-            json.dumps(flags, sort_keys=True, default=str), quantization, sp)
-
-
-@dataclass(frozen=True)
-class _Figures:
-    """What a projection reads from one compiled sub-model."""
-
-    device_ns: int
-    instructions: int
-    memory: dict  # the program's memory plan (driver.memory_plan)
-    active_ns: dict  # engine -> union of its busy intervals (_engine_active_ns)
-    flops: int = 0  # the work the device time is for: what the monotone property tests bound it by
-    hbm_bytes: int = 0  # read + written
-
-
-def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=(), sp=1) -> _Figures:
-    """The figures of the sub-model :func:`_compile_graph` would compile, from a timings-only compile
-    (``detail=False``) whose NEFF is dropped at once (cached: the figures are a few numbers)."""
-    key = _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp)
-    if key in _FIGURES:
-        _FIGURES.move_to_end(key)
-        return _FIGURES[key]
-    neff = _GRAPHS.get(key)
-    if neff is None:
-        neff = compile_program(_program(config, layers, batch, tokens, bucket, dtype, quantization, family, sp),
-                               flags, detail=False)
-    scs = neff.schedules.values()
-    fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in scs), neff.program.stats["num_instructions"],
-                                   neff.program.stats["memory"], _engine_active_ns(neff), sum(sc.flops for sc in scs),
-                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs))
-    while len(_FIGURES) > _FIGURES_MAX:
-        _FIGURES.popitem(last=False)
-    # the NEFF's tables (hundreds of MB on a long prefill): back to the OS before the next graph is
-    # lowered (peak RSS), not when the collector and Arrow's allocator next happen to let them go
-    del neff, scs
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-    _malloc_trim()
-    return fig
-
-
-def _malloc_trim() -> None:
-    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``): the next, larger graph's
-    lowering then grows from what is live, not on top of the last one's freed but still mapped pages."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):   # not glibc: nothing to trim
-        pass
-
-
-def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=(), sp=1):
-    """The captured sub-model at KV length ``bucket``, captured once for a whole ``family`` of lengths.
-
-    Capturing (``torch.export`` and its decompositions) is most of a projection's time, and the
-    graphs of one decode step at different KV lengths differ only in that length: in tensor shapes
-    and in the integer arguments that size them (``arange``, ``expand``, ``view``). So the family's
-    smallest and largest lengths are captured, and when substituting the length in the smallest's
-    program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
-    lengths between are derived the same way; otherwise (the length decides some structure, or it
-    equals another dimension, e.g. the K/V width) each is captured."""
-    family = tuple(sorted(set(family) | {bucket}))
-    if len(family) < 3:
-        return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
-    key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family, sp)
-    if key not in _TEMPLATES:
-        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization, sp)
-                        for b in (family[0], family[-1]))
-        _TEMPLATES[key] = small, large, _same(rebucket(small, family[0], family[-1]), large)
-        while len(_TEMPLATES) > _TEMPLATES_MAX:
-            _TEMPLATES.popitem(last=False)
-    _TEMPLATES.move_to_end(key)
-    small, large, shared = _TEMPLATES[key]
-    # copies: the compiler annotates the program it compiles
-    if bucket == family[-1]:
-        return rebucket(large, bucket, bucket)
-    if bucket == family[0] or shared:
-        return rebucket(small, family[0], bucket)
-    return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
-
-
-def rebucket(program: Program, old: int, new: int) -> Program:
-    """A fresh copy of a captured (not yet compiled) ``program`` with the KV length ``old`` replaced by
-    ``new`` in every tensor shape and integer argument (constants are shared: they do not change).
-
-    >>> from neuron_stack.ir import Node, TensorSpec
-    >>> p = Program("g", [Node("a", "aten.arange.start_step", [0, 256], outputs=[TensorSpec((256,), "int64")])],
-    ...             [], [{"node": "a"}])
-    >>> q = rebucket(p, 256, 512)
-    >>> q.nodes[0].args, q.nodes[0].outputs[0].shape, p.nodes[0].args
-    ([0, 512], (512,), [0, 256])
-    """
-    from torch.utils import _pytree as pytree
-
-    def sub(a):
-        if type(a) is int:  # not bool, not float: a length is an int
-            return new if a == old else a
-        if isinstance(a, list):
-            return [sub(x) for x in a]
-        if isinstance(a, tuple):
-            return tuple(sub(x) for x in a)
-        if isinstance(a, dict):
-            return {k: sub(v) for k, v in a.items()}
-        return a
-
-    def specs(ss):
-        return [TensorSpec(sub(s.shape), s.dtype) for s in ss]
-
-    def tree(x):  # a dumped pytree spec: each "context" is a JSON text of its own (the cache's lengths)
-        if isinstance(x, dict):
-            return {k: json.dumps(sub(json.loads(v))) if k == "context" and isinstance(v, str) else tree(v)
-                    for k, v in x.items()}
-        return [tree(v) for v in x] if isinstance(x, list) else x
-
-    nodes = [replace(n, args=sub(n.args), kwargs=sub(n.kwargs), inputs=specs(n.inputs), outputs=specs(n.outputs))
-             for n in program.nodes]
-    io = {k: json.dumps(tree(json.loads(v))) if k in ("in", "out") else v for k, v in program.io_specs.items()}
-    out = Program(program.name, nodes, list(program.input_names), sub(program.output_names),
-                  dict(program.constants), dict(program.flags), list(program.log), io)
-    # the pytree specs capture attaches (frontend.export.from_exported), rebuilt from the new text
-    for attr, k in (("in_spec", "in"), ("out_spec", "out")):
-        if k in io:
-            setattr(out, attr, pytree.treespec_loads(io[k]))
-        elif hasattr(program, attr):
-            setattr(out, attr, getattr(program, attr))
-    return out
-
-
-def _same(a: Program, b: Program) -> bool:
-    """Two captured programs are the same graph: nodes, I/O, sources, constants' shapes, pytree specs."""
-    shapes = [{k: (tuple(t.shape), t.dtype) for k, t in p.constants.items()} for p in (a, b)]
-    specs = [(str(getattr(p, "in_spec", None)), str(getattr(p, "out_spec", None))) for p in (a, b)]
-    return a.to_json() == b.to_json() and shapes[0] == shapes[1] and specs[0] == specs[1]
-
-
-def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -> Program:
-    """Build the sub-model on the meta device and capture it (``torch.export``): no weights, no numbers.
-    ``sp`` > 1: a context-encoding graph sequence-parallel over ``sp`` ranks, its collectives in the graph."""
-    import torch
-    import transformers
-
-    cfg = rank_config(config, 1, layers)
-    model = _meta_model(cfg, dtype, quantization)
-    if sp > 1:
-        from neuron_stack.llm.parallel import sequence_parallel
-
-        sequence_parallel(model, sp)
-    cache = transformers.StaticCache(config=cfg, max_cache_len=bucket)
-    kv, head_dim = _kv_geometry(cfg)
-    meta = torch.device("meta")
-    cache.early_initialization(
-        batch_size=batch, num_heads=kv, head_dim=head_dim, dtype=getattr(torch, dtype), device=meta
-    )
-    ids = torch.zeros((batch, tokens), dtype=torch.long, device=meta)
-    pos = torch.arange(tokens, device=meta) if tokens > 1 else torch.full((1,), bucket - 1, device=meta)
-    if tokens > 1:
-        from neuron_stack.llm.prefill import context_encoding_cache
-
-        context_encoding_cache(cache)
-    # a context-encoding call computes the logits of the prompt's last position only (NxDI
-    # ``model_base.py``: ``torch.gather`` of the hidden state at ``max(position_ids)`` before ``lm_head``)
-    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
-    last = {"logits_to_keep": 1} if tokens > 1 and keeps else {}
-    return capture(
-        model,
-        {"input_ids": ids, "past_key_values": cache, "cache_position": pos, **last},
-        name=f"{type(model).__name__}_{layers}layer",
-    )
-
-
-def _engine_active_ns(neff) -> dict[str, int]:
-    """Per engine, the union of its instructions' [start, end) over the NEFF's partitions (a DMA
-    engine's 16 queues overlap one another: their sum would exceed the elapsed time)."""
-    from neuron_stack.compiler.schedule import union_ns
-
-    out: dict[str, int] = {}
-    for sc in neff.schedules.values():
-        # the engine column as codes into its few names: no Python string per instruction
-        eng = sc.table.column("engine").combine_chunks().dictionary_encode()
-        codes = eng.indices.to_numpy(zero_copy_only=False)
-        start, dur = sc.table.column("rel_start_ns").to_numpy(), sc.table.column("dur_ns").to_numpy()
-        for c, e in enumerate(eng.dictionary.to_pylist()):
-            m = codes == c
-            out[e] = out.get(e, 0) + union_ns(start[m], dur[m])
-    return out
+    if bucket <= PMAX * (LANE_MIN_RUN - 1):
+        return bucket
+    return -(-bucket // PMAX) * PMAX
 
 
 def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile,
@@ -492,6 +257,7 @@ def project(
     compiler_args=None,
     quantization_dtype: str | None = None,
     sequence_parallel: bool = False,
+    on_device_sampling: bool = False,
 ) -> Projection:
     """Project a decoder LLM (a preset name, a config directory or a transformers config) with no weights.
 
@@ -502,7 +268,9 @@ def project(
     ``quantization_dtype`` (``int8``, or ``fp8`` on trn2): weight-only quantization of the decoder layers
     (:mod:`neuron_stack.llm.quantize`); ``sequence_parallel``: NxDI's ``sequence_parallel_enabled``, the
     context-encoding graph's hidden state sharded on the sequence over the TP ranks, its collectives
-    in the graph (:mod:`neuron_stack.llm.parallel`; the prompt bucket padded up to a multiple of ``tp_degree``).
+    in the graph (:mod:`neuron_stack.llm.parallel`; the prompt bucket padded up to a multiple of ``tp_degree``);
+    ``on_device_sampling``: NxDI's ``on_device_sampling_config``, the sampled ids (not the logits) go to the
+    host (request time, :mod:`neuron_stack.llm.request`).
     Example: ``print(project("llama-3-8b", tp_degree=8, instance_type="trn1.32xlarge").report())``.
     """
     t0 = time.perf_counter()
@@ -551,47 +319,16 @@ def project(
     code_bytes, act_bytes, scratch = 0, 0, 0
     kv, head_dim = _kv_geometry(rank)
     elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    shape = dict(config=config, rank=rank, batch=batch_size, dtype=dtype, flags=flags, quantization=quantization,
+                 profile=profile, tp=tp_degree, on_device_sampling=on_device_sampling)
     for kind, tokens, bucket in plans:
-        g0 = time.perf_counter()
-        family = tuple(buckets) if kind == "token_generation" else ()
-        g_sp = sp if kind == "context_encoding" else 1  # token generation never runs sequence parallel
-        # the in-graph collectives are timed over the TP group (compiler/lower/data.py lower_collective)
-        g_flags = {**flags, "world_size": tp_degree} if g_sp > 1 else flags
-        one, two = (_figures(rank, n, batch_size, tokens, bucket, dtype, g_flags, quantization, family, g_sp)
-                    for n in (1, 2))
-        t1, t2 = one.device_ns, two.device_ns
-        i1, i2 = one.instructions, two.instructions
-        # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
-        # one-layer graph (the rest of it, embedding and LM head, is then the base)
-        layer_ns, layer_instr = min(max(0, t2 - t1), t1), max(0, i2 - i1)
-        coll = _collectives_ns(config, tp_degree, batch_size, tokens, dtype, profile, g_sp > 1)
-        instructions = i1 + (layers - 1) * layer_instr
-        a1, a2 = one.active_ns, two.active_ns
-        # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
-        # a layer's extra latency bounds
-        busy = {e: min(layer_ns, max(0, a2.get(e, 0) - a1.get(e, 0))) for e in a1.keys() | a2.keys()}
-        graphs.append(
-            GraphProjection(
-                kind,
-                bucket,
-                tokens,
-                layer_ns,
-                t1 - layer_ns,
-                coll,
-                t1 + (layers - 1) * layer_ns + coll,
-                layer_instr,
-                instructions,
-                time.perf_counter() - g0,
-                {e: v for e, v in sorted(busy.items()) if v > 0},
-                partial(_compile_graph, rank, batch=batch_size, tokens=tokens, bucket=bucket, dtype=dtype,
-                        flags=g_flags, quantization=quantization, family=family, sp=g_sp),
-            )
-        )
-        code_bytes += instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
-        mem = one.memory
-        cache_1layer = 2 * batch_size * kv * bucket * head_dim * elt
-        act_bytes = max(act_bytes, mem["tensors"] - cache_1layer)
-        scratch = max(scratch, mem["model_shared_scratchpad"])
+        family = tuple(sorted({kv_length(b) for b in buckets})) if kind == "token_generation" else ()
+        g, one = _graph(kind, tokens, bucket, family, sp if kind == "context_encoding" else 1, **shape)
+        graphs.append(g)
+        code_bytes += g.instructions * INSTRUCTION_BYTES  # each bucket is its own NEFF
+        cache_1layer = 2 * batch_size * kv * (kv_length(bucket) if tokens == 1 else bucket) * head_dim * elt
+        act_bytes = max(act_bytes, one.memory["tensors"] - cache_1layer)
+        scratch = max(scratch, one.memory["model_shared_scratchpad"])
 
     meta = _meta_model(rank, dtype, quantization)
     stored = set(meta.state_dict())  # parameters and persistent buffers (quantized weights, scales)
@@ -623,4 +360,42 @@ def project(
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         quantization=quantization,
         sequence_parallel=sp > 1,
+        on_device_sampling=on_device_sampling,
     )
+
+
+def _graph(kind, tokens, bucket, family, g_sp, *, config, rank, batch, dtype, flags, quantization, profile, tp,
+           on_device_sampling):
+    """One sub-model at one bucket: compiled with one and two decoder layers, extrapolated to the model's
+    layers, its collectives and request components added. Returns it and the one-layer graph's figures."""
+    g0 = time.perf_counter()
+    layers = int(config.num_hidden_layers)
+    # the in-graph collectives are timed over the TP group (compiler/lower/data.py lower_collective)
+    g_flags = {**flags, "world_size": tp} if g_sp > 1 else flags
+    kv = kv_length(bucket) if tokens == 1 else bucket
+    one, two = (_figures(rank, n, batch, tokens, kv, dtype, g_flags, quantization, family, g_sp) for n in (1, 2))
+    t1, t2 = one.device_ns, two.device_ns
+    # one more layer costs the period between the two layers' ends in the two-layer graph (steady state:
+    # its weights stream while the previous layer computes); t2 - t1 where the layers are not found
+    ends = two.layer_ends_ns
+    marginal = ends[1] - ends[0] if len(ends) == 2 else t2 - t1
+    # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
+    # one-layer graph (the rest of it, embedding and LM head, is then the base)
+    layer_ns, layer_instr = min(max(0, marginal), t1), max(0, two.instructions - one.instructions)
+    coll = _collectives_ns(config, tp, batch, tokens, dtype, profile, g_sp > 1)
+    # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
+    # a layer's extra latency bounds
+    a1, a2 = one.active_ns, two.active_ns
+    busy = {e: min(layer_ns, max(0, a2.get(e, 0) - a1.get(e, 0))) for e in a1.keys() | a2.keys()}
+    elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    request = call_components(profile, batch=batch, tokens=tokens, bucket=bucket, vocab=int(config.vocab_size),
+                              dtype_bytes=elt, on_device_sampling=on_device_sampling, collective_ns=coll)
+    g = GraphProjection(
+        kind, bucket, tokens, layer_ns, t1 - layer_ns, coll, t1 + (layers - 1) * layer_ns + coll, layer_instr,
+        one.instructions + (layers - 1) * layer_instr, time.perf_counter() - g0,
+        {e: v for e, v in sorted(busy.items()) if v > 0},
+        partial(_compile_graph, rank, batch=batch, tokens=tokens, bucket=kv, dtype=dtype, flags=g_flags,
+                quantization=quantization, family=family, sp=g_sp),
+        request,
+    )
+    return g, one

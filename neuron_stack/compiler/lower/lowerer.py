@@ -363,6 +363,17 @@ class Lowerer(Residency):
         d = scalar_ns(self.p, src["ap"][-1][1] if src["ap"] else dst.F, accumulate=acc is not None)
         return self.emit("ACTIVATE", node, dsts, srcs, a, dur=d, flops=flops, piece_of=piece_of)
 
+    def cast_copy(self, node: str, dst: Tile, src: Tile) -> int:
+        """A dtype-converting copy (a quantized weight's K-tile on its way to the Tensor Engine) on whichever
+        of ScalarE (``activation`` copy) and VectorE (``tensor_copy``) frees up first: both convert as they
+        copy (reference §5.3), so the compiler spreads the casts over the two instead of queueing them all on
+        one engine, which would then bound a decode step that reads half the weight bytes."""
+        on_scalar = self.engine_busy.get("scalar", 0.0) + scalar_ns(self.p, src.F)
+        on_vector = self.engine_busy.get("vector", 0.0) + vector_ns(self.p, "TENSOR_COPY", src.F, 1, dst.dtype)
+        if on_scalar <= on_vector:
+            return self.act(node, dst, src.op(), "copy")
+        return self.vec("TENSOR_COPY", node, dst, [src.op()])
+
     def new_scratch(self, dtype: str, numel: int, shape=None) -> str:
         self.scratch_i += 1
         name = f"__spill{self.scratch_i}"

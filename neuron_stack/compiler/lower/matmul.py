@@ -338,7 +338,10 @@ class Matmul:
                 if self.kgroup <= 1 or B.dtype != mm_dt else None
             self.atpool = Pool(low, f"{name}.AT", "sbuf", PMAX, MG, mm_dt, bufs=self.xbufs * nk)
         else:
-            self.bpool = Pool(low, f"{name}.B", "sbuf", PMAX, NG, mm_dt, bufs=self.panel_bufs) \
+            # a quantized weight's converted K-tiles are read once, by the next MATMUL: a few slots keep the
+            # conversions ahead of the Tensor Engine without holding a second, bf16 copy of the panel in SBUF
+            cast_bufs = min(self.panel_bufs, 6) if B.dtype in QUANTIZED_DTYPES else self.panel_bufs
+            self.bpool = Pool(low, f"{name}.B", "sbuf", PMAX, NG, mm_dt, bufs=cast_bufs) \
                 if not self.lanes or B.dtype != mm_dt else None
             self.atpool = Pool(low, f"{name}.AT", "sbuf", PMAX, MG, mm_dt,
                                bufs=min(2 * nk, max(2, (budget // 4) // (MG * es))))
@@ -352,7 +355,10 @@ class Matmul:
         self.xnat_pool = Pool(low, f"{name}.xn", "sbuf", PMAX, self.xg * PMAX, A.dtype, bufs=2) \
             if sweep and not self.a_direct else None
         self.ld_pool = None
-        if (self.a_direct or self.b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt):
+        # (a quantized weight read in the lane layout or K-tiled converts from its own group tiles: no staging,
+        # whose 16 slots would otherwise hold SBUF the next matmuls' weight loads could stream into)
+        if (self.a_direct or self.b_direct) and (A.dtype != mm_dt or B.dtype != mm_dt and not self.lanes
+                                                  and self.kgroup <= 1):
             # a quantized weight streams through its staging tiles: as many in flight as the panel's
             self.ld_pool = Pool(low, f"{name}.ld", "sbuf", PMAX, max(NG, MG), A.dtype,
                                 bufs=self.streamed if B.dtype in QUANTIZED_DTYPES else 2)
@@ -378,7 +384,10 @@ class Matmul:
             return self.low.load(self.n.name, v, box, pool, split)
         stage = self.low.load(self.n.name, v, box, self.ld_pool, split)
         t = pool.tile(stage.P, stage.F)
-        self.low.act(self.n.name, t, stage.op(), "copy")
+        if v.dtype in QUANTIZED_DTYPES:
+            self.low.cast_copy(self.n.name, t, stage)
+        else:
+            self.low.act(self.n.name, t, stage.op(), "copy")
         return t
 
     def transposed(self, v2: View, r0, rn, c0, cn, pool: Pool) -> Tile:
@@ -394,7 +403,7 @@ class Matmul:
         if self.B.dtype == self.mm_dt:
             return t
         c = self.bpool.tile(PMAX, nw)
-        self.low.act(self.n.name, c, t.op(), "copy")
+        self.low.cast_copy(self.n.name, c, t)
         return c
 
     def ktiled_moving(self, kb: int, n0: int, nw: int) -> Tile:
