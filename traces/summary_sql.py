@@ -66,6 +66,26 @@ WINDOW_CTES = """window_runs AS (
                       (SELECT graph_id FROM window_events WHERE graph_id IS NOT NULL))"""
 
 
+#: The whole-profile columns (one row only): CPU fallbacks, graphs, recompiles, cache hits and compiles inside
+#: the recording window, and what happened before it.
+_EVENT_COLUMNS = f""",
+    (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
+    (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
+    (SELECT count(*) FROM graphs) AS graph_count,
+    (SELECT count(*) FROM graphs WHERE ({RECOMPILED_SQL})
+                                   AND graph_id IN (SELECT graph_id FROM window_events)) AS recompile_count,
+    (SELECT count(*) FROM window_events WHERE kind = 'cache_hit') AS cache_hit_count,
+    (SELECT count(*) FROM window_events WHERE kind = 'compile') AS compile_count,
+    (SELECT coalesce(sum(dur_ns), 0) FROM window_events WHERE kind = 'compile') / 1e9 AS compile_time,
+    (SELECT count(*) FROM before_window) AS before_window_graph_count,
+    (SELECT count(*) FROM before_window WHERE {RECOMPILED_SQL}) AS before_window_recompile_count,
+    (SELECT count(*) FROM before_window WHERE cache_hit) AS before_window_cache_hit_count,
+    (SELECT count(*) FROM before_window WHERE NOT coalesce(cache_hit, FALSE) AND compile_wall_ns > 0)
+        AS before_window_compile_count,
+    (SELECT coalesce(sum(compile_wall_ns), 0) FROM before_window WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
+        AS before_window_compile_time"""
+
+
 def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
@@ -84,22 +104,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
             f" AS {name}_instruction_count",
             f"coalesce(sum(busy_ns) FILTER (WHERE engine = '{engine}'), 0) / 1e9 AS {name}_instruction_time",
             f"coalesce(sum(active_ns) FILTER (WHERE engine = '{engine}'), 0) AS {engine}_active_ns"]
-    event_cols = "" if per_core else f""",
-        (SELECT count(*) FROM events WHERE kind = 'cpu_fallback') AS cpu_fallback_count,
-        (SELECT count(*) FROM ops WHERE placement = 'cpu_fallback') AS cpu_fallback_op_count,
-        (SELECT count(*) FROM graphs) AS graph_count,
-        (SELECT count(*) FROM graphs WHERE ({RECOMPILED_SQL})
-                                       AND graph_id IN (SELECT graph_id FROM window_events)) AS recompile_count,
-        (SELECT count(*) FROM window_events WHERE kind = 'cache_hit') AS cache_hit_count,
-        (SELECT count(*) FROM window_events WHERE kind = 'compile') AS compile_count,
-        (SELECT coalesce(sum(dur_ns), 0) FROM window_events WHERE kind = 'compile') / 1e9 AS compile_time,
-        (SELECT count(*) FROM before_window) AS before_window_graph_count,
-        (SELECT count(*) FROM before_window WHERE {RECOMPILED_SQL}) AS before_window_recompile_count,
-        (SELECT count(*) FROM before_window WHERE cache_hit) AS before_window_cache_hit_count,
-        (SELECT count(*) FROM before_window WHERE NOT coalesce(cache_hit, FALSE) AND compile_wall_ns > 0)
-            AS before_window_compile_count,
-        (SELECT coalesce(sum(compile_wall_ns), 0) FROM before_window WHERE NOT coalesce(cache_hit, FALSE)) / 1e9
-            AS before_window_compile_time"""
+    event_cols = "" if per_core else _EVENT_COLUMNS
     # compiler-generated descriptors are static DMA; an indirect (gather) DMA's descriptors are written
     # at run time by GpSimd software: software-dynamic (the real Summary's split; no hardware DGE modelled)
     dma_cols = "" if per_core else f""",
