@@ -1,8 +1,9 @@
 """The real Summary's remaining charts: NKI Engine Statistics, DMA Utilization and Collective Operations Duration
 (scatter and box), drawn from ``explorer.data.insights`` (``traces.q_insights``); every axis is labelled.
 
->>> nki_figure([{"engine": "tensor", "source": "compiler", "opcode": "MATMUL", "instructions": 4}]).data[0].name
-'compiler'
+>>> [(t.name, list(t.y)) for t in nki_figure([{"engine": "tensor", "source": "compiler", "opcode": "MATMUL",
+...                                             "instructions": 4}]).data]
+[('nki', [0]), ('compiler', [4])]
 """
 from __future__ import annotations
 
