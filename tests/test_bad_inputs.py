@@ -206,7 +206,9 @@ def test_neuron_cc_refuses_bad_shapes_and_flags_before_importing_torch():
 
 
 def test_ls_and_monitor_name_one_instance_after_an_inf2_workload(tmp_path):
-    # issue 31: neuron-ls said trn1.32xlarge while neuron-monitor said inf2.48xlarge on the same machine
+    # issue 31: neuron-ls said trn1.32xlarge while neuron-monitor said inf2.48xlarge on the same machine; since
+    # issue 42 a workload that has exited leaves nothing behind (no "last workload" file): with no variable set
+    # and no process running both name the default, the same one (tests/test_identity.py: every setting)
     import json
     live = tmp_path / "live"
     env = {"NEURON_STACK_RUNTIME_DIR": str(tmp_path / "rt"), "NEURON_STACK_LIVE_DIR": str(live),
@@ -221,4 +223,4 @@ def test_ls_and_monitor_name_one_instance_after_an_inf2_workload(tmp_path):
     mon = run([str(BIN / "neuron-monitor"), "--once"], env=env)
     assert ls.returncode == 0 and mon.returncode == 0, ls.stderr + mon.stderr
     doc = json.loads(mon.stdout.strip().splitlines()[-1])
-    assert "instance-type: inf2.48xlarge" in ls.stdout and doc["instance_info"]["instance_type"] == "inf2.48xlarge"
+    assert "instance-type: trn1.32xlarge" in ls.stdout and doc["instance_info"]["instance_type"] == "trn1.32xlarge"
