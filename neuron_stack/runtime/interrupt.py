@@ -38,6 +38,7 @@ def install(env=None) -> bool:
 
 def _user_frame(tb) -> str:
     """`` at script.py:12``: the innermost frame outside the libraries, where the user's code was."""
-    libs = (os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(__file__)))
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))     # beside neuron_stack/: traces/...
+    libs = (os.path.dirname(os.__file__), *(os.path.join(ours, p) + os.sep for p in ("neuron_stack", "traces")))
     user = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(libs) and "-packages" not in f.filename]
     return f" at {os.path.basename(user[-1].filename)}:{user[-1].lineno}" if user else ""
