@@ -649,13 +649,16 @@ def hostile_browser(root: Path, profile: Path, env: dict[str, str], rounds: int 
         results.append(Trial("hostile browser: binds 127.0.0.1", ok, "" if ok else f"listening on {listen}"))
         key = profile.parent.name
         outputs = [{"id": "sql-result", "property": "children"}, {"id": "sql-message", "property": "children"},
-                   {"id": "sql-chart", "property": "figure"}, {"id": "sql-url", "property": "data"}]
+                   {"id": "sql-chart", "property": "figure"}, {"id": "sql-url", "property": "data"},
+                   {"id": "sql-history", "property": "data"}]
 
         def console(query, k=key):
-            body = {"output": "..sql-result.children...sql-message.children...sql-chart.figure...sql-url.data..",
+            body = {"output": "..sql-result.children...sql-message.children...sql-chart.figure...sql-url.data"
+                              "...sql-history.data..",
                     "outputs": outputs, "inputs": [{"id": "sql-run", "property": "n_clicks", "value": 1}],
                     "state": [{"id": "sql-query", "property": "value", "value": query},
-                              {"id": "sql-profile", "property": "data", "value": k}],
+                              {"id": "sql-profile", "property": "data", "value": k},
+                              {"id": "sql-history", "property": "data", "value": []}],
                     "changedPropIds": ["sql-run.n_clicks"]}
             return _http(base + "/_dash-update-component", body)
 
