@@ -65,7 +65,7 @@ class Views:
             self.line_totals = data.line_totals(L)
             self.hotspots = {r["source_id"]: r for r in data.rows(L.profile.source_hotspots(10**9))}
             self.hierarchy = data.hierarchy(L)
-            self.timeline = timeline.range_aggregates(L, limit=10**6)
+            self.timeline = timeline.range_aggregates(L, 0, data.bounds(L)["span"], limit=10**6)   # the whole profile
             self.recommendations = recommend.recommendations(L)
             self.layers = data.rows(L.profile.layer_engine_time())
         finally:
