@@ -403,8 +403,13 @@ def test_no_layer_figure_exceeds_the_profile_total(views):
 
 
 def test_memory_per_core_agrees_in_monitor_top_and_prometheus(views):
-    doc = views.docs[-1]
-    snap, prom = views.snaps[-1], prometheus([doc])
+    def cores(d):
+        return [c for r in reports(d) for c in r["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"][
+            "neuroncore_memory_usage"]]
+    # the last period that saw device memory (the last one may close after the process released it)
+    i = max((i for i, d in enumerate(views.docs) if cores(d)), default=len(views.docs) - 1)
+    doc = views.docs[i]
+    snap, prom = views.snaps[i], prometheus([doc])
     per_core: dict[str, dict] = {}
     for r in reports(doc):
         for core, cats in r["memory_used"]["neuron_runtime_used_bytes"]["usage_breakdown"][
