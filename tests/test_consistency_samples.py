@@ -245,7 +245,9 @@ def test_one_runtime_entry_per_process(views):
     tags = {s.labels["runtime_tag"] for s in views.prom["execution_status"]}
     assert len(tags) == 1
     if "two_targets" in str(views.path):
-        assert views.docs[-1]["neuron_runtime_data"][0]["report"]["neuron_stack"]["target"] == "trn1,inf2"
+        # a period in which both sessions ran names both; the last may follow one session's close
+        shown = [rt["report"]["neuron_stack"]["target"] for doc in views.docs for rt in doc["neuron_runtime_data"]]
+        assert "trn1,inf2" in shown and set(shown) <= {"trn1", "inf2", "trn1,inf2"}, shown
 
 
 # ------------------------------------------------------------------------------ time per engine and core
