@@ -78,6 +78,7 @@ def timeline(args, out: Path) -> None:
     t = time.perf_counter()
     L.profile.sql("SELECT engine, sum(dur_ns) AS busy FROM instructions GROUP BY engine")
     scan_s = time.perf_counter() - t
+    ops_s, ops_cached_s, ops_rows = operators_page(reg)
 
     rng = random.Random(0)
     rows = []
@@ -114,7 +115,25 @@ def timeline(args, out: Path) -> None:
           f"max rows sent per request {max(r[3] for r in rows):,}")
     print(f"counter tracks (HFU, device memory) server time: median "
           f"{statistics.median(r[5] for r in rows) * 1e3:.0f} ms, max {max(r[5] for r in rows) * 1e3:.0f} ms")
+    print(f"Operators page (layer → op → opcode, {ops_rows:,} rows), first open: {ops_s * 1e3:.0f} ms "
+          f"({ops_s / scan_s:.1f}x one full scan); again (cached per profile): {ops_cached_s * 1e3:.1f} ms")
     reg.close()
+
+
+def operators_page(reg) -> tuple[float, float, int]:
+    """Server time of the Operators page: its first open (``Profile.operator_table`` over every instruction, then
+    the table's rows), and a second open (the answer is cached per profile)."""
+    from explorer import data, records
+    from explorer.pages import operators
+
+    data.set_registry(reg)
+    key = reg.default_key()
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        operators.layout(profile=key)
+        times.append(time.perf_counter() - t)
+    return times[0], times[1], len(records.operators(data.resolve(key)))
 
 
 def system(args, out: Path) -> None:

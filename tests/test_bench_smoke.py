@@ -36,6 +36,7 @@ CASES = {
         rf"time to first timeline figure \(cold open\): {NUM} ms \({NUM}x one full scan\)",
         rf"zoom/pan server time: median {NUM} ms, max {NUM} ms",
         rf"counter tracks \(HFU, device memory\) server time: median {NUM} ms",
+        rf"Operators page .*, first open: {NUM} ms \({NUM}x one full scan\); again .*: {NUM} ms",
         rf"time to first System Trace page and figure .*: {NUM} ms",
         rf"System Trace zoom/pan server time: median {NUM} ms",
     ], None),

@@ -12,10 +12,10 @@ from traces.profile_tables import _DMA_SOURCE, _PEAK_PER_NS, _meta, islands
 from traces.real_fields import _B, _NS, _PCORE, F, Table
 from traces.vocab import COMPUTE_ENGINES
 
-#: One row per device instruction with what the hierarchy tables add up (k: the node it belongs to, set by the
-#: caller), joined to the compiler's facts as the Instruction view is.
+#: One row per device instruction with what the hierarchy tables add up (the node it belongs to: ``{key}``, set
+#: by the caller), joined to the compiler's facts as the Instruction view is.
 _ROWS = (
-    "SELECT {key} AS k, i.exec_id AS x, i.start_ns AS s, i.start_ns + i.dur_ns AS e, "
+    "SELECT {key}, i.exec_id AS x, i.start_ns AS s, i.start_ns + i.dur_ns AS e, "
     "coalesce(CASE WHEN n.instruction_type = 'TRANSPOSE' THEN 0 ELSE n.tensor_elements END, 0) AS el, "
     "coalesce(CASE WHEN n.instruction_type = 'TRANSPOSE' THEN n.tensor_elements END, 0) AS tel, "
     "CASE WHEN i.engine = 'tensor' AND coalesce(n.instruction_type, '') <> 'TRANSPOSE' THEN i.flops ELSE 0 END "
@@ -32,30 +32,27 @@ _SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw", "dur", "cnt") 
     f"n_{e}" for e in COMPUTE_ENGINES)
 
 
-def nodes(key: str, where: str, join: str = "", lists: bool = True) -> str:
+def rows(keys: str, where: str, join: str = "") -> str:
+    """One row per device instruction (not on the CPU) matching ``where``, with the columns ``keys`` (expressions
+    over ``i`` instructions, ``o`` ops, ``n`` instruction_info, named) and what a node adds up: ``x`` (exec_id),
+    ``s``/``e`` (start, end), ``el``/``tel`` (elements, transpose elements), ``mfl``/``hfl`` (Tensor Engine
+    FLOPs without / with transposes), ``hr``/``hw`` (HBM), ``sr``/``sw`` (SBUF), ``lw`` (LDWEIGHTS), ``dur``,
+    ``cnt`` and ``n_<engine>``. Example: ``rows("i.op_id AS k", "TRUE")``."""
+    return _ROWS.format(key=keys, where=where, join=join)
+
+
+def nodes(key: str, where: str, join: str = "") -> str:
     """Per node ``k`` (``key``: an expression over ``i`` instructions, ``o`` ops, ``n`` instruction_info): its
     merged intervals as lists (``iv``, ``el``, ``tel``, ``hb``, ``hfu``, ``mfu``, ``mbu`` per interval), their
-    span (``s``, ``e``), their total length ``active_ns``, and the totals over its instructions: ``dur``
-    (Σ durations), ``cnt``, ``hfl``/``mfl`` (Tensor Engine FLOPs with / without transposes), ``hr``/``hw``
-    (HBM), ``sr``/``sw`` (SBUF), ``lw`` (LDWEIGHTS). The one definition of a node's figures: FrameworkNode,
-    HloInstruction and the operator table (:mod:`traces.q_operators`) read it; ``lists=False`` leaves the
-    per-interval lists out (the operator table shows totals only) and adds ``fs``/``fe``, the node's span in
-    the first execution it ran in."""
-    isl = islands(_ROWS.format(key=key, where=where, join=join), "k", _SUMS)
+    span (``s``, ``e``), their total length ``active_ns``, and the totals over its instructions (:func:`rows`):
+    ``dur`` (Σ durations), ``cnt``, ``hfl``/``mfl``, ``hr``/``hw``, ``sr``/``sw``, ``lw``. The one definition of a
+    node's figures: FrameworkNode and HloInstruction read it; the operator table (:mod:`traces.q_operators`) adds
+    up the same :func:`rows` with the same formulas (:data:`HFU_SQL`, :data:`MFU_SQL`)."""
+    isl = islands(rows(f"{key} AS k", where, join), "k", _SUMS)
     bw = _meta("hbm_ddr_bandwidth")
     tot = ", ".join(f"sum({c})::BIGINT AS {c}" for c in _SUMS)
     eng = ", ".join(f"'[' || min(s) FILTER (WHERE n_{e} > 0) || ', ' || max(e) FILTER (WHERE n_{e} > 0) || ']' "
                     f"AS span_{e}" for e in COMPUTE_ENGINES)
-    if not lists:   # the merged length in one window pass: each interval adds what lies past all earlier ends
-        rows = _ROWS.format(key=key, where=where, join=join)
-        part = ", ".join(f"sum({c}) AS {c}" for c in _SUMS)
-        # the window sorts only (k, x, s, e); the sums are a plain aggregate beside it
-        span = (f"SELECT k, x, min(s) AS fs, max(e) AS fe, sum(greatest(0, e - greatest(s, coalesce(pm, s)))) AS "
-                f"active FROM (SELECT k, x, s, e, max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED "
-                f"PRECEDING AND 1 PRECEDING) AS pm FROM (SELECT k, x, s, e FROM ({rows}))) GROUP BY k, x")
-        return (f"(SELECT k, min(fs) AS s, max(fe) AS e, sum(active)::BIGINT AS active_ns, {tot}, "
-                f"arg_min(fs, fs) AS fs, arg_min(fe, fs) AS fe FROM ({span}) "
-                f"JOIN (SELECT k, x, {part} FROM ({rows}) GROUP BY k, x) USING (k, x) GROUP BY k)")
     return f"""(SELECT k, min(s) AS s, max(e) AS e, sum(e - s)::BIGINT AS active_ns, {tot}, {eng},
         '[' || string_agg('[' || s || ', ' || e || ']', ', ' ORDER BY s) || ']' AS iv,
         list(el ORDER BY s) AS el_l, list(tel ORDER BY s) AS tel_l, list(hr + hw ORDER BY s) AS hb_l,
