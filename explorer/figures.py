@@ -99,10 +99,14 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
 
 
 def counter_figure(c: dict) -> dict:
-    """The counter tracks under the timeline (:func:`explorer.tracks.counters`): HFU (%) and device memory
-    in use (MB) over the same window, each with its axis labelled."""
+    """The counter tracks under the timeline (:func:`explorer.tracks.counters`): HFU (%), the Tensor Engine's
+    throttled time (%, on a target with the limiter) and device memory in use (MB) over the same window, each
+    with its axis labelled."""
     ticks = time_ticks(c["start"], c["end"])
     mem = c["memory"]
+    throttle = c.get("throttle")
+    # top to bottom: HFU, throttled (when there is a limiter), device memory
+    domains = ([0.7, 1], [0.36, 0.64], [0, 0.3]) if throttle is not None else ([0.56, 1], None, [0, 0.44])
     fig = _Fig()
     fig.add_trace(dict(type="scatter", mode="lines", name="HFU", x=[x / 1e3 for x in c["hfu_x"]], y=c["hfu"],
                        line=dict(color="#4e79a7", width=1.5, shape="hvh"), fill="tozeroy",
@@ -110,17 +114,26 @@ def counter_figure(c: dict) -> dict:
     fig.add_trace(dict(type="scatter", mode="lines", name="device memory", x=[t / 1e3 for t, _ in mem],
                        y=[b / 1e6 for _, b in mem], line=dict(color="#f28e2b", width=1.5, shape="hv"),
                        hovertemplate="%{y:.3g} MB in use<extra></extra>", yaxis="y2"))
+    if throttle is not None:
+        fig.add_trace(dict(type="scatter", mode="lines", name="throttled", x=[x / 1e3 for x in c["hfu_x"]],
+                           y=throttle, line=dict(color="#e15759", width=1.5, shape="hvh"), fill="tozeroy",
+                           hovertemplate="Tensor Engine throttled %{y:.1f}% of the time<extra></extra>",
+                           xaxis="x2", yaxis="y3"))
     fig.layout = dict(
-        height=190, margin=dict(l=70, r=10, t=8, b=36), showlegend=False, hovermode="x", plot_bgcolor="#fbfbfd",
+        height=250 if throttle is not None else 190, margin=dict(l=70, r=10, t=8, b=36), showlegend=False,
+        hovermode="x", plot_bgcolor="#fbfbfd",
         xaxis=dict(range=[c["start"] / 1e3, c["end"] / 1e3], tickmode="array",
                    tickvals=[v / 1e3 for v in ticks.values_ns], ticktext=ticks.labels,
                    title=dict(text=ticks.title, font=dict(size=11)), anchor="y2"),
         xaxis2=dict(matches="x", anchor="y", showticklabels=False),
-        yaxis=dict(domain=[0.56, 1], title=dict(text="HFU %", font=dict(size=10)), rangemode="tozero",
+        yaxis=dict(domain=domains[0], title=dict(text="HFU %", font=dict(size=10)), rangemode="tozero",
                    fixedrange=True),
-        yaxis2=dict(domain=[0, 0.44], title=dict(text="HBM in use (MB)", font=dict(size=10)), rangemode="tozero",
+        yaxis2=dict(domain=domains[2], title=dict(text="HBM in use (MB)", font=dict(size=10)), rangemode="tozero",
                     fixedrange=True),
         uirevision=f"{c['start']}-{c['end']}")
+    if throttle is not None:
+        fig.layout["yaxis3"] = dict(domain=domains[1], title=dict(text="throttled %", font=dict(size=10)),
+                                    range=[0, 100], fixedrange=True)
     return fig.to_dict()
 
 

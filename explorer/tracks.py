@@ -1,5 +1,5 @@
-"""The timeline's counter tracks (HFU, device memory) and its search, shaped for the page from the
-``traces`` answers (``Profile.hfu_track``, ``memory_track``, ``search``); times in ns since t0.
+"""The timeline's counter tracks (HFU, throttling, device memory) and its search, shaped for the page from the
+``traces`` answers (``Profile.hfu_track``, ``throttle_track``, ``memory_track``, ``search``); times in ns since t0.
 
 >>> match_window({"start": 1_000, "dur": 10}, width=100_000, span=10**9)
 (0, 100000)
@@ -15,14 +15,16 @@ HFU_BUCKETS = 200
 
 
 def counters(L: Loaded, start: int, end: int) -> dict:
-    """HFU (%) per bucket and device memory steps over ``[start, end)`` (ns since t0)."""
+    """HFU (%) and throttled time (%, None without a limiter) per bucket and device memory steps over
+    ``[start, end)`` (ns since t0)."""
     t0 = data.bounds(L)["t0"]
     h = L.profile.hfu_track(t0 + start, t0 + end, HFU_BUCKETS)
+    th = L.profile.throttle_track(t0 + start, t0 + end, HFU_BUCKETS)
     w = (end - start) / HFU_BUCKETS
+    memory = [(t - t0, b) for t, b in L.profile.memory_track(t0 + start, t0 + end)]
     return {"start": start, "end": end, "hfu_x": [start + (i + 0.5) * w for i in range(HFU_BUCKETS)],
-            "hfu": [float(v) for v in h], "memory": [(t - t0, b) for t, b in L.profile.memory_track(t0 + start,
-                                                                                               t0 + end)],
-            "target": data.metadata(L).get("target", "")}
+            "hfu": [float(v) for v in h], "throttle": None if th is None else [float(v) for v in th],
+            "memory": memory, "target": data.metadata(L).get("target", "")}
 
 
 def search(L: Loaded, text: str, after: int | None = None, before: int | None = None, limit: int = 20) -> dict:

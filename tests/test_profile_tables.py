@@ -152,6 +152,23 @@ def test_operator_table_is_the_op_summary_and_the_framework_nodes(trn2):
     assert any(r["mfu_percent"] > 0 for r in rows) and all(r["first_start_ns"] < r["first_end_ns"] for r in rows)
 
 
+def test_the_throttling_track_is_the_throttle_view(trn2):
+    """The timeline's throttling track (trn2 has the limiter) adds up to the Throttle view's events: one number."""
+    from explorer.figures import counter_figure
+
+    p = trn2.profile
+    lo, hi = p.sql("SELECT min(start_ns) AS a, max(start_ns + dur_ns) AS b FROM instructions").to_pylist()[0].values()
+    lo, hi = lo - 10_000, hi + 10_000
+    track = p.throttle_track(lo, hi, 100)
+    cores = _one(trn2, "SELECT count(DISTINCT core) FROM executions") * int(p.metadata()["num_physical_cores"])
+    events = _one(trn2, "SELECT sum(duration) FROM Throttle")
+    assert events > 0 and 0 < max(track) <= 100
+    assert sum(track) / 100 * cores * (hi - lo) / 100 == pytest.approx(events, rel=1e-9)
+    fig = counter_figure({"start": 0, "end": hi - lo, "hfu_x": [0.0], "hfu": [0.0], "throttle": list(track),
+                          "memory": []})
+    assert fig["layout"]["yaxis3"]["title"]["text"] == "throttled %"
+
+
 def test_user_sql_reads_the_real_metadata_and_summary(trn2):
     """In user SQL (the console, ``neuron-explorer sql``) the real names come first: ``Metadata`` is one wide row and
     ``Summary`` has every real field (ours beside them); our key/value metadata is ``main.metadata``."""

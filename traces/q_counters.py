@@ -7,6 +7,8 @@ FLOPs spread evenly over its duration, exactly, when the window holds at most ``
 (estimated from its share of the profile's span); beyond that (a bucket then spans many instructions)
 counted in the bucket where it starts.
 Device memory is the HBM in use after each allocation change (``Profile.host_series()["hbm"]``).
+Throttled is the share of each bucket's time the Tensor Engine ran under the cost model's power limiter (the
+``Throttle`` view's events: trn2's ramp after an idle gap), averaged over the PE arrays; none on a target without it.
 
 >>> like("MatMul")
 '%MatMul%'
@@ -17,6 +19,7 @@ import numpy as np
 
 from traces.errors import TraceError
 from traces.intervals import bucket_busy
+from traces.profile_tables import _THROTTLES
 
 #: Tensor Engine instructions a window may hold for HFU to spread each one's FLOPs over its duration.
 EXACT_MAX = 200_000
@@ -66,6 +69,29 @@ def hfu(p, t0: int, t1: int, buckets: int) -> np.ndarray:
         for r in rows:
             flops[int(r["b"])] = float(r["f"] or 0)
     return 100.0 * flops / (peak * cores * width / 1e9)
+
+
+def throttled(p, t0: int, t1: int, buckets: int) -> np.ndarray | None:
+    """Share (%) of each of ``buckets`` equal buckets over ``[t0, t1)`` that the Tensor Engine ran under the
+    power limiter, averaged over the PE arrays (cores × physical cores) that ran instructions; ``None`` when the
+    target has no limiter."""
+    ramp = float(p.metadata().get("tensor_engine_throttle_ramp_ns") or 0)
+    if not ramp:
+        return None
+    buckets = max(1, int(buckets))
+    if t1 <= t0:
+        return np.zeros(buckets)
+    ev = _cached(p, "_counter_throttle", lambda: p.sql(f"SELECT t, dur FROM {_THROTTLES} ORDER BY t"))
+    t = np.asarray(ev.column("t").to_numpy(zero_copy_only=False), dtype=np.int64)
+    d = np.asarray(ev.column("dur").to_numpy(zero_copy_only=False), dtype=np.int64)
+    lo, hi = np.searchsorted(t, t0 - int(ramp)), np.searchsorted(t, t1)   # an event lasts at most the ramp
+    s = (t[lo:hi] - t0).astype(np.float64)
+    e = s + d[lo:hi]
+    busy = bucket_busy(np.zeros(len(s), dtype=np.int64), s, e, e - s, 1, t1 - t0, buckets)[0]
+    cores = _cached(p, "_counter_cores", lambda: p.sql(
+        "SELECT count(DISTINCT core) AS n FROM executions").column("n")[0].as_py() or 1)
+    arrays = cores * max(1, int(p.metadata().get("num_physical_cores") or 1))   # each PE array throttles alone
+    return 100.0 * busy / (arrays * (t1 - t0) / buckets)
 
 
 def device_memory(p, t0: int, t1: int) -> list[tuple[int, int]]:

@@ -481,6 +481,11 @@ class Profile:
         Example: ``p.hfu_track(t, t + 10**6, 200).max()``."""
         return q_counters.hfu(self, int(t0), int(t1), int(buckets))
 
+    def throttle_track(self, t0: int, t1: int, buckets: int):
+        """Share (%) of each bucket's time the Tensor Engine was throttled (``traces.q_counters.throttled``);
+        None on a target without the limiter. Example: ``p.throttle_track(t, t + 10**6, 200)``."""
+        return q_counters.throttled(self, int(t0), int(t1), int(buckets))
+
     def memory_track(self, t0: int, t1: int) -> list[tuple[int, int]]:
         """Device memory in use over ``[t0, t1)`` as ``(ts_ns, bytes)`` steps (``traces.q_counters``)."""
         return q_counters.device_memory(self, int(t0), int(t1))

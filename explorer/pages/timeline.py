@@ -130,12 +130,16 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
 
 
 def _throttle_note(key) -> str:
-    """Why there is no throttling track (the profile records none; the cost model's trn2 ramp is inside each
-    Tensor Engine instruction's duration)."""
-    target = data.metadata(data.resolve(key)).get("target", "this device")
-    return (f"No throttling track: the profile records no throttling events ({target}). The cost model slows "
-            "trn2's Tensor Engine to 50 % after an idle gap, ramping back over 3 µs, inside each instruction's "
-            "duration; trn1 and inf2 never throttle.")
+    """What the throttling track shows, or why there is none (a target whose cost model has no limiter)."""
+    md = data.metadata(data.resolve(key))
+    target = md.get("target", "this device")
+    ramp = float(md.get("tensor_engine_throttle_ramp_ns") or 0)
+    if ramp:
+        return (f"Throttled %: the share of time the Tensor Engine ran under {target}'s power limiter (the "
+                "Throttle view: after an idle gap it restarts at 50 % of the peak rate, ramping back to 100 % "
+                f"over {fmt_ns(ramp)}), averaged over the cores' PE arrays.")
+    return (f"No throttling track: the cost model of {target} has no Tensor Engine power limiter, so nothing "
+            "throttles (trn2's has).")
 
 
 @callback(Output("timeline-counters", "figure"), Input("timeline-state", "data"))
