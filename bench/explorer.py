@@ -16,12 +16,19 @@ zoom/pan ≤ 0.3 s. Baseline: one full scan of ``system_events``.
     .venv/bin/python bench/explorer.py                      # 10 M instructions, 1 M system events
     .venv/bin/python bench/explorer.py --instructions 1e6   # quicker
     .venv/bin/python bench/explorer.py --instructions 0     # the System Trace alone
+    .venv/bin/python bench/explorer.py --write              # and write the figures into docs/explorer.md
+
+``--write`` replaces the block between ``<!-- bench:explorer:begin -->`` and ``<!-- bench:explorer:end -->`` in
+docs/explorer.md with this run's report, headed by its command line and the machine's load: the documented
+zoom, first-figure and Operators-page figures are written by this script, never typed.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -33,6 +40,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import traces  # noqa: E402
 from traces.synthetic import write_run  # noqa: E402
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "explorer.md"
+BEGIN, END = "<!-- bench:explorer:begin -->", "<!-- bench:explorer:end -->"
+#: The report's lines, printed as they come and written into the doc by ``--write``.
+REPORT: list[str] = []
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+    REPORT.append(line)
+
+
+def write_doc(argv: list[str], load: tuple[float, float, float]) -> None:
+    """Put this run's report into docs/explorer.md between the markers, as a text block with its command."""
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"bench/explorer.py: {DOC} has no {BEGIN} … {END} block to write into")
+    cmd = " ".join([".venv/bin/python bench/explorer.py", *[a for a in argv if a != "--write"]])
+    block = (f"{BEGIN}\n`{cmd}` (load average {load[0]:.1f} at the start, {os.cpu_count()} cores):\n\n```text\n"
+             + "\n".join(REPORT) + f"\n```\n{END}")
+    DOC.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    print(f"wrote the figures into {DOC}")
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,12 +69,16 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=40, help="zoom/pan requests to time (default 40)")
     ap.add_argument("--system-events", type=float, default=1e6, help="system events (default 1e6; 0: skip)")
     ap.add_argument("--dir", help="keep the generated profiles under here (default: a temporary directory)")
+    ap.add_argument("--write", action="store_true", help="write the figures into docs/explorer.md")
     args = ap.parse_args()
+    load = os.getloadavg()
     root = Path(args.dir or tempfile.mkdtemp(prefix="explorer-bench-"))
     if args.instructions > 0:
         timeline(args, root / "timeline" if args.dir else root)
     if args.system_events > 0:
         system(args, root / "system")
+    if args.write:
+        write_doc(sys.argv[1:], load)
     return 0
 
 
@@ -96,26 +129,26 @@ def timeline(args, out: Path) -> None:
         counter_figure(tracks.counters(L, tl["start"], tl["end"]))
         rows.append((frac, tl["mode"], dt, sent, payload, time.perf_counter() - t))
 
-    print(f"profile: {n:,} instructions, {executions * len(cores)} executions, span {span / 1e6:.1f} ms "
+    say(f"profile: {n:,} instructions, {executions * len(cores)} executions, span {span / 1e6:.1f} ms "
           f"(generate + finalise {build_s:.1f} s)")
-    print(f"baseline full scan of instructions: {scan_s * 1e3:.0f} ms")
-    print(f"time to first timeline figure (cold open): {first_s * 1e3:.0f} ms "
+    say(f"baseline full scan of instructions: {scan_s * 1e3:.0f} ms")
+    say(f"time to first timeline figure (cold open): {first_s * 1e3:.0f} ms "
           f"({first_s / scan_s:.1f}x one full scan)")
-    print(f"{'window':>10} {'mode':>5} {'median ms':>10} {'max ms':>8} {'rows sent':>10} {'JSON kB':>8} "
+    say(f"{'window':>10} {'mode':>5} {'median ms':>10} {'max ms':>8} {'rows sent':>10} {'JSON kB':>8} "
           f"{'counters ms':>12}")
     for frac in sorted({r[0] for r in rows}, reverse=True):
         mine = [r for r in rows if r[0] == frac]
         times = [r[2] * 1e3 for r in mine]
-        print(f"{frac:>10.0e} {mine[0][1]:>5} {statistics.median(times):>10.0f} {max(times):>8.0f} "
+        say(f"{frac:>10.0e} {mine[0][1]:>5} {statistics.median(times):>10.0f} {max(times):>8.0f} "
               f"{max(r[3] for r in mine):>10,} {max(r[4] for r in mine) / 1e3:>8.0f} "
               f"{max(r[5] for r in mine) * 1e3:>12.0f}")
     worst = max(r[2] for r in rows)
-    print(f"zoom/pan server time: median {statistics.median(r[2] for r in rows) * 1e3:.0f} ms, "
+    say(f"zoom/pan server time: median {statistics.median(r[2] for r in rows) * 1e3:.0f} ms, "
           f"max {worst * 1e3:.0f} ms (target <= 300 ms: {'met' if worst <= 0.3 else 'NOT met'}); "
           f"max rows sent per request {max(r[3] for r in rows):,}")
-    print(f"counter tracks (HFU, device memory) server time: median "
+    say(f"counter tracks (HFU, device memory) server time: median "
           f"{statistics.median(r[5] for r in rows) * 1e3:.0f} ms, max {max(r[5] for r in rows) * 1e3:.0f} ms")
-    print(f"Operators page (layer → op → opcode, {ops_rows:,} rows), first open: {ops_s * 1e3:.0f} ms "
+    say(f"Operators page (layer → op → opcode, {ops_rows:,} rows), first open: {ops_s * 1e3:.0f} ms "
           f"({ops_s / scan_s:.1f}x one full scan); again (cached per profile): {ops_cached_s * 1e3:.1f} ms")
     reg.close()
 
@@ -179,20 +212,20 @@ def system(args, out: Path) -> None:
         dt = time.perf_counter() - t
         rows.append((frac, dt, view["drawn"], len(view["cells"]), view["summarised"], payload))
 
-    print(f"system profile: {n:,} events over {(hi - lo) / 1e6:.1f} ms (generate + finalise {build_s:.1f} s)")
-    print(f"baseline full scan of system_events: {scan_s * 1e3:.0f} ms")
-    print(f"time to first System Trace page and figure (cold open, whole trace): {first_s * 1e3:.0f} ms "
+    say(f"system profile: {n:,} events over {(hi - lo) / 1e6:.1f} ms (generate + finalise {build_s:.1f} s)")
+    say(f"baseline full scan of system_events: {scan_s * 1e3:.0f} ms")
+    say(f"time to first System Trace page and figure (cold open, whole trace): {first_s * 1e3:.0f} ms "
           f"({first_s / scan_s:.1f}x one full scan; target <= 2000 ms: {'met' if first_s <= 2 else 'NOT met'}), "
           f"JSON {first_bytes / 1e3:.0f} kB")
-    print(f"{'window':>10} {'median ms':>10} {'max ms':>8} {'events':>8} {'cells':>7} {'summarised':>11} "
+    say(f"{'window':>10} {'median ms':>10} {'max ms':>8} {'events':>8} {'cells':>7} {'summarised':>11} "
           f"{'JSON kB':>8}")
     for frac in sorted({r[0] for r in rows}, reverse=True):
         mine = [r for r in rows if r[0] == frac]
         times = [r[1] * 1e3 for r in mine]
-        print(f"{frac:>10.0e} {statistics.median(times):>10.0f} {max(times):>8.0f} {max(r[2] for r in mine):>8,} "
+        say(f"{frac:>10.0e} {statistics.median(times):>10.0f} {max(times):>8.0f} {max(r[2] for r in mine):>8,} "
               f"{max(r[3] for r in mine):>7,} {max(r[4] for r in mine):>11,} {max(r[5] for r in mine) / 1e3:>8.0f}")
     worst = max(r[1] for r in rows)
-    print(f"System Trace zoom/pan server time: median {statistics.median(r[1] for r in rows) * 1e3:.0f} ms, "
+    say(f"System Trace zoom/pan server time: median {statistics.median(r[1] for r in rows) * 1e3:.0f} ms, "
           f"max {worst * 1e3:.0f} ms ({worst / scan_s:.1f}x one full scan; target <= 300 ms: "
           f"{'met' if worst <= 0.3 else 'NOT met'})")
     reg.close()
