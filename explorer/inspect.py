@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output-dir", default=os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"),
                    help="where session directories are made (default: ./output)")
     p.add_argument("--name", help="session name (default: the script's name)")
+    p.add_argument("-n", "--num-trace-events", metavar="N",
+                   help="keep at most N system events per NeuronCore, the newest (as the real flag; sets "
+                        "NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC; default 1,000,000)")
     p.add_argument("--include-warmup", action="store_true",
                    help="keep warm-up executions in the summary (excluded by default)")
     p.add_argument("--compat", action="store_true",
@@ -156,11 +159,18 @@ def _inspect(args: argparse.Namespace) -> int:
         raise TraceError("inspect needs a command: neuron-explorer inspect -o DIR -- python script.py")
     if args.compat and not Path(cmd[0]).name.startswith("python"):
         raise TraceError("--compat runs a Python script: neuron-explorer inspect --compat -- python script.py")
+    extra = {}
+    if args.num_trace_events is not None:
+        n = str(args.num_trace_events).strip()
+        if not re.fullmatch(r"[0-9]{1,10}", n) or int(n) == 0:
+            raise TraceError(f"-n {n[:40]!r} is not a positive whole number of system events per NeuronCore: "
+                             "e.g. inspect -n 100000 -- python script.py")
+        extra["NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC"] = n
     session = _session_dir(args.output_dir, args.name or _script_name(cmd))
     if args.compat:
         cmd = [cmd[0], "-m", "neuron_stack.compat", *cmd[1:]]
     try:
-        code, interrupted = _run_profiled(cmd, session, {})
+        code, interrupted = _run_profiled(cmd, session, extra)
         return _finish(session, code, args.include_warmup, interrupted)
     except KeyboardInterrupt:   # a second Ctrl-C (or one during finalising): stop now, and say what is left
         _unfinished(session)

@@ -152,6 +152,28 @@ def test_env_vars_have_the_real_defaults_and_filters(tmp_path):
     assert "no device rows" not in r.stderr
 
 
+def test_inspect_n_keeps_the_newest_system_events(tmp_path):
+    """``neuron-explorer inspect -n N`` (the real ``--num-trace-events``) caps the system events per NeuronCore as
+    ``NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC`` does; a bad N is one line, before anything runs."""
+    (tmp_path / "w.py").write_text(ENV_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_INSPECT")}
+    env.update(NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_STACK_LIVE_DIR=str(tmp_path / "live"),
+               NEURON_STACK_RUNTIME_DIR=str(tmp_path / "cores"))
+    run = [sys.executable, "-m", "explorer.cli", "inspect", "-o", str(tmp_path / "out")]
+    bad = subprocess.run([*run, "-n", "lots", "--", sys.executable, "w.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and not (tmp_path / "out").exists()
+    assert "-n 'lots' is not a positive whole number of system events per NeuronCore" in bad.stderr
+    r = subprocess.run([*run, "-n", "2", "--", sys.executable, "w.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [path] = (tmp_path / "out").glob("*/profile.duckdb")
+    per_core = q(str(path), "SELECT nc_idx, count(*) FROM SystemProfileEvents WHERE trace_event_source <> "
+                            "'framework' GROUP BY nc_idx")
+    assert per_core and all(n <= 2 for _, n in per_core), per_core
+    assert q(str(path), "SELECT count(*) FROM executions")[0][0] == 3   # the workload ran whole
+
+
 def test_a_bad_variable_is_one_clear_line(tmp_path):
     r = _env_run(tmp_path, NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC="lots")
     assert r.returncode != 0
