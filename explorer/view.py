@@ -41,6 +41,11 @@ def register(subparsers) -> None:
                         "the Profiles page deletes and uploads there")
     p.add_argument("--ingest-only", action="store_true",
                    help="finalise the profiles (segments into profile.duckdb) and exit without serving")
+    p.add_argument("--output-format", choices=("summary-text", "summary-json", "perfetto", "parquet"),
+                   help="instead of serving, as the real flag: print each profile's Summary (summary-text, "
+                        "summary-json: neuron-explorer summary [--json]) or write it beside the profile "
+                        "(perfetto: profile.perfetto.json, Chrome JSON; parquet: parquet/ with Instruction.parquet, "
+                        "…: neuron-explorer export)")
     p.add_argument("--api-port", type=int, metavar="PORT",
                    help="also serve the read-only JSON API alone on PORT (the real tool's 3002); it is always at "
                         "/api on the UI's port")
@@ -128,6 +133,8 @@ def _view(args) -> int:
         print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
     if args.ingest_only:
         return _ingest(paths, args.display_name or [])
+    if args.output_format:
+        return _output(paths, args.output_format, args.display_name or [])
     _check_port(args.host, args.port)
     if args.api_port is not None:
         _check_port(args.host, args.api_port)
@@ -189,6 +196,26 @@ def _ingest(paths: list[Path], names: list[str]) -> int:
                   f"{p.timeline_bounds().instructions:,} instructions", flush=True)
     print(f"{len(paths)} profile(s) ready; view them with neuron-explorer view {' '.join(map(str, paths[:3]))}"
           f"{' …' if len(paths) > 3 else ''}", flush=True)
+    return 0
+
+
+def _output(paths: list[Path], fmt: str, names: list[str]) -> int:
+    """``view --output-format``: each profile's Summary printed, or its export written beside it (no server)."""
+    import argparse
+
+    from traces import cli
+
+    if not paths:
+        raise ValueError("--output-format: no profile to process; name one or use -d DIR")
+    _name_profiles(paths, names)
+    for path in paths:
+        if fmt.startswith("summary"):
+            cli.summary_cmd(argparse.Namespace(profile=str(path), json=fmt == "summary-json", per_core=False,
+                                               include_warmup=False))
+        else:
+            out = path.parent / ("profile.perfetto.json" if fmt == "perfetto" else "parquet")
+            cli.export_cmd(argparse.Namespace(profile=str(path), format=fmt, output=str(out), start_ns=None,
+                                              end_ns=None))
     return 0
 
 

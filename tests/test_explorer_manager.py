@@ -115,3 +115,11 @@ def test_view_directory_and_ingest_only(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "explorer.cli", "view", "-d", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no such directory" in bad.stderr and "Traceback" not in bad.stderr
+    # --output-format, as the real tool: the Summary printed (no server), or the export written beside the profile
+    view = [sys.executable, "-m", "explorer.cli", "view", "-d", str(out), "--output-format"]
+    text = subprocess.run([*view, "summary-text"], capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0 and text.stdout.count("total_time") == 2, text.stdout + text.stderr
+    js = subprocess.run([*view, "summary-json"], capture_output=True, text=True, timeout=300)
+    assert js.returncode == 0 and js.stdout.count('"summary": [') == 2
+    perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)
+    assert perf.returncode == 0 and (out / "20260111_mlp" / "profile.perfetto.json").is_file(), perf.stderr
