@@ -31,6 +31,7 @@ RECOMPILE_ORANGE = "#f28e2b"
 COMPILE_BLUE = "#7aa6d6"
 SELECT_GOLD = "#ffbf00"
 ANNOTATION_PURPLE = "#7645a0"
+REGION_AMBER = "#b5610b"
 MAX_LEGEND_OPS = 10
 
 
@@ -95,6 +96,7 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         uirevision=f"{tl['start']}-{tl['end']}",
     )
     _annotations(fig, tl.get("annotations") or ())
+    _region(fig, tl.get("region"))
     return fig.to_dict()
 
 
@@ -155,6 +157,21 @@ def _annotations(fig, notes) -> None:
     if shapes:
         fig.layout["shapes"] = shapes
         fig.layout["annotations"] = labels
+
+
+def _region(fig, mark) -> None:
+    """A region from the Regions page (:func:`explorer.timeline.region_mark`): its span shaded under the bars,
+    its name at the foot of the band."""
+    if not mark:
+        return
+    x0, x1 = mark["start"] / 1e3, mark["end"] / 1e3
+    fig.layout.setdefault("shapes", []).append(
+        dict(type="rect", x0=x0, x1=x1, yref="paper", y0=0, y1=1, layer="below", name="region",
+             line=dict(color=REGION_AMBER, width=1), fillcolor="rgba(242, 142, 43, 0.16)"))
+    fig.layout.setdefault("annotations", []).append(
+        dict(x=x0, y=0, yref="paper", yanchor="bottom", xanchor="left", showarrow=False, name="region",
+             text=f"▣ {mark['name'][:60]} (core {mark['core']})", bgcolor="rgba(255,255,255,0.85)",
+             font=dict(size=11, color=REGION_AMBER)))
 
 
 def _raw_bars(fig, tl, ops, index, chosen):
