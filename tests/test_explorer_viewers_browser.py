@@ -6,13 +6,11 @@ each linked to the timeline. Screenshots as in test_explorer_browser.py (NEURON_
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import _shot, pytestmark  # noqa: F401  (the same skip)
 
 from explorer import data
-from explorer.app import create_app
 
 
 @pytest.fixture(scope="module")
@@ -21,32 +19,9 @@ def encoder(recorded_samples):
 
 
 @pytest.fixture(scope="module")
-def server(encoder):
-    from werkzeug.serving import make_server
-
-    app = create_app([encoder])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        ctx = browser.new_context(viewport={"width": 1400, "height": 950})
-        ctx.grant_permissions(["clipboard-read", "clipboard-write"])
-        pg = ctx.new_page()
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+def server(explorer_shared, encoder):
+    with explorer_shared.serving([encoder]) as url:
+        yield url, data.registry().default_key()
 
 
 def test_summary_shows_the_mbu_of_the_summary_table(server, page, encoder):
@@ -224,4 +199,8 @@ def test_regions_page_lists_layers_and_links_their_windows(server, page):
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
     t0 = data.bounds(data.resolve(key))["t0"]
     r = next(r for r in first if r["region"] == "layers.1")
-    assert f"start={r['start_ns'] - t0}" in page.url and f"end={r['end_ns'] - t0}" in page.url
+    # the region with the fitted window's margin, shaded (tests/test_explorer_regions_browser.py)
+    from traces.q_timeline import fit_window
+
+    a, b = fit_window(r["start_ns"] - t0, r["end_ns"] - t0, (0, data.bounds(data.resolve(key))["span"]))
+    assert f"start={a}" in page.url and f"end={b}" in page.url and "region=layer%3A" in page.url

@@ -87,8 +87,8 @@ def layout(profile=None, exec=None, by=None, cmp=None, **_):
     def highlight(r):
         """The timeline around the region (the fitted window's margin) with the region shaded and named."""
         a, b = fit_window(r["start_ns"], r["end_ns"], (0, span))
-        return dcc.Link(r["region"], href=ui.href("/timeline", profile=key, start=a, end=b, region=f"{by}:{r['index']}"),
-                        title="open the timeline on this region, shaded")
+        return dcc.Link(r["region"], title="open the timeline on this region, shaded",
+                        href=ui.href("/timeline", profile=key, start=a, end=b, region=f"{by}:{r['index']}"))
 
     cols = [("region", highlight),
             ("core", "core"), ("start", lambda r: fmt_ns(r["start_ns"])), ("duration", lambda r: fmt_ns(_span(r))),

@@ -220,57 +220,60 @@ def _window_from_relayout(relayout: dict, state: dict):
 @callback(Output("timeline-graph", "figure"), Output("timeline-state", "data"), Output("timeline-status", "children"),
           Output("timeline-selection", "children"), Output("timeline-selection-pill", "hidden"),
           Output("timeline-url", "data"), Output("timeline-window", "children"),
-          Output("timeline-fold", "children"), Output("timeline-region-pill", "hidden"),
+          Output("timeline-fold", "children"),
           Input("timeline-request", "data"), Input("timeline-fit", "n_clicks"),
           Input("timeline-whole", "n_clicks"), Input("timeline-clear", "n_clicks"),
           Input("timeline-fold", "n_clicks"), Input("timeline-graph", "clickData"),
-          Input("timeline-region-clear", "n_clicks"),
           State("timeline-state", "data"), prevent_initial_call=True)
-def zoom(request, _fit, _whole, _clear, _fold, click, _region_clear, state):
-    """Zoom, pan (keys, drag, scroll), fit, whole session, fold or show empty lanes, clear the selection or the
-    highlighted region, or a click on an execution / compile / fallback span (zoom to it): re-query the window
-    at the right level of detail."""
+def zoom(request, _fit, _whole, _clear, _fold, click, state):
+    """Zoom, pan (keys, drag, scroll), fit, whole session, fold or show empty lanes, clear the selection, or
+    a click on an execution / compile / fallback span (zoom to it): re-query the window at the right
+    level of detail (the highlighted region, if any, stays)."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
-    fold, region = state.get("fold", True), state.get("region", "")
-    unchanged = (dash.no_update,) * 9
-
-    def said(exc):
-        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 6
-
+    fold = state.get("fold", True)
     if ctx.triggered_id == "timeline-fit":
         start, end = None, None
     elif ctx.triggered_id == "timeline-whole":
         start, end = 0, data.bounds(data.resolve(state["profile"]))["span"]
     elif ctx.triggered_id == "timeline-clear":
         sel = ""
-    elif ctx.triggered_id == "timeline-region-clear":
-        region = ""
     elif ctx.triggered_id == "timeline-fold":
         fold = not fold
     elif ctx.triggered_id == "timeline-graph":
         try:
             window = _span_window(click, state)
         except data.ExplorerError as exc:
-            return said(exc)
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
         if window is None:
-            return unchanged
+            return (dash.no_update,) * 8
         start, end = window
     else:
         try:
             window = _window_from_relayout(request if isinstance(request, dict) else {}, state)
         except data.ExplorerError as exc:
-            return said(exc)
+            return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
         if window is None:
-            return unchanged
+            return (dash.no_update,) * 8
         start, end = window
     try:
-        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold, region)
+        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold, state.get("region"))
     except data.ExplorerError as exc:
-        return said(exc)
+        return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
     url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"],
            "lanes": "" if fold else "all", "region": new_state["region"]}
     return (fig, new_state, status, sel_text, not sel_text, url, label,
-            "Show empty lanes" if fold else "Fold empty lanes", not new_state["region"])
+            "Show empty lanes" if fold else "Fold empty lanes")
+
+
+@callback(Output("timeline-state", "data", allow_duplicate=True),
+          Output("timeline-request", "data", allow_duplicate=True), Output("timeline-region-pill", "hidden"),
+          Input("timeline-region-clear", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
+def clear_region(_clicks, state):
+    """Drop the highlighted region: the same window asked for again (:func:`zoom` redraws it without)."""
+    if not isinstance(state, dict) or not state.get("region"):
+        return dash.no_update, dash.no_update, True
+    return ({**state, "region": ""}, {"xaxis.range": [state["start"] / 1e3, state["end"] / 1e3], "n": time.time()},
+            True)
 
 
 def _span_window(click, state):
