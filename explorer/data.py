@@ -88,8 +88,9 @@ def execution_labels(L: Loaded) -> dict[int, str]:
     def compute():
         out = {}
         for e in rows(L.profile.execution_labels()):
-            shapes = ", ".join(f"{a['name']} {a['dtype']}[{', '.join(map(str, a['shape']))}]"
-                               for a in parse_signature(e["input_signature"]))
+            shapes = (", ".join(f"{a['name']} {a['dtype']}[{', '.join(map(str, a['shape']))}]"
+                                for a in parse_signature(e["input_signature"]))
+                      or (e["input_signature"] or "")[:80])      # a collective's "1024 x float32" as recorded
             out[e["exec_id"]] = " · ".join(x for x in (
                 e["graph"] or f"graph {e['graph_id']}", shapes, "warm-up" if e["warmup"] else "",
                 fmt_ns(e["device_ns"] or 0), f"core {e['core']}") if x)

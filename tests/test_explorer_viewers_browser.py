@@ -172,6 +172,18 @@ def test_sql_schema_inspector_and_csv_download(server, page):
     page.wait_for_selector("#sql-schema")
     page.click("#sql-schema summary")
     assert "dependency_type" in page.inner_text("#sql-schema")
+    # opened, a table's columns with what SchemaFields says of each: required, unit, example, meaning
+    page.click("#sql-schema-Instruction summary")
+    cells = page.eval_on_selector_all("#sql-schema-Instruction table tbody tr",
+                                      "rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))")
+    got = {c[0]: c for c in cells}
+    want = {r["field_name"]: r for r in _profile().sql(
+        "SELECT field_name, field_required, field_unit, field_example FROM SchemaFields "
+        "WHERE table_name = 'Instruction'").to_pylist()}
+    assert got["start_ts"][2:5] == ["yes", "nanoseconds", ""] and want["start_ts"]["field_unit"] == "nanoseconds"
+    assert got["opcode"][4] == want["opcode"]["field_example"] == "MATMUL"
+    assert all(got[f][2] == ("yes" if w["field_required"] else "no") for f, w in want.items() if f in got)
+    _shot(page, "sql-schema-fields")
     page.click("#sql-schema button:text-is('Flow')")
     page.wait_for_function("() => document.querySelector('#sql-query').value.includes('\"Flow\"')")
     page.click("#sql-run")

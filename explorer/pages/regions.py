@@ -96,13 +96,14 @@ def layout(profile=None, exec=None, by=None, cmp=None, **_):
     cols += [(f"{e} busy", lambda r, e=e: f"{r[f'{e}_busy_percent']:.0f}%") for e in ENGINES_SHOWN]
     cols.append(("", compare_link))
     labels = data.execution_labels(data.resolve(key))
-    pick = [{"label": f"#{i + 1} · {labels.get(x, f'execution {x}')}", "value": x}
+    # values as text: exec ids are 63-bit, a JavaScript number would round them
+    pick = [{"label": f"#{i + 1} · {labels.get(x, f'execution {x}')}", "value": str(x)}
             for i, x in enumerate(rv["executions"])]
     by_index = {r["index"]: r for r in rv["all"]}
     return html.Div(head + [
-        html.Div(["Execution: ", dcc.Dropdown(id="regions-exec", options=pick, value=rv["exec_id"], clearable=False,
-                                              className="wide-pick"),
-                  dcc.Store(id="regions-where", data={"profile": key, "by": by})],
+        html.Div(["Execution: ", dcc.Dropdown(id="regions-exec", options=pick, value=str(rv["exec_id"]),
+                                              clearable=False, className="wide-pick"),
+                  dcc.Store(id="regions-where", data={"profile": key, "by": by, "exec": str(rv["exec_id"])})],
                  className="toolbar", id="regions-execs") if pick else None,
         html.Div(HINTS[by] + " Busy % sums the engine's instructions over the span (DMA queues run in parallel: "
                  "above 100% is possible). Pick up to three regions to compare.", className="hint"),
@@ -120,7 +121,7 @@ def layout(profile=None, exec=None, by=None, cmp=None, **_):
           State("regions-where", "data"), prevent_initial_call=True)
 def pick_execution(exec_id, where):
     """Another execution: the page again on its regions."""
-    if exec_id is None or not isinstance(where, dict):
+    if exec_id is None or not isinstance(where, dict) or str(exec_id) == where.get("exec"):
         return dash.no_update
     return ui.href("/regions", profile=where.get("profile"), by=where.get("by"),
                    exec=data.parse_int(exec_id, "exec"))
