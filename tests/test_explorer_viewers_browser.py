@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_explorer_browser import _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import IMG, _shot, pytestmark  # noqa: F401  (the same skip)
 
 from explorer import data
 
@@ -183,7 +183,8 @@ def test_sql_schema_inspector_and_csv_download(server, page):
     assert got["start_ts"][2:5] == ["yes", "nanoseconds", ""] and want["start_ts"]["field_unit"] == "nanoseconds"
     assert got["opcode"][4] == want["opcode"]["field_example"] == "MATMUL"
     assert all(got[f][2] == ("yes" if w["field_required"] else "no") for f, w in want.items() if f in got)
-    _shot(page, "sql-schema-fields")
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.locator("#sql-schema-Instruction").screenshot(path=str(IMG / "explorer-sql-schema-fields.png"))
     page.click("#sql-schema button:text-is('Flow')")
     page.wait_for_function("() => document.querySelector('#sql-query').value.includes('\"Flow\"')")
     page.click("#sql-run")
