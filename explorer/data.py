@@ -443,7 +443,8 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
 
 def schema_fields(L: Loaded) -> dict[str, list[dict]]:
     """``{table: [{"column", "type", "required", "unit", "example", "description"}]}`` of every table, what
-    ``SchemaFields`` says of each column beside its type (``Profile.columns``), for the SQL page's inspector."""
+    ``SchemaFields`` says of each column beside its type (``Profile.columns``), for the SQL page's inspector.
+    Example: ``schema_fields(L)["Instruction"][0]["unit"] == "nanoseconds"``."""
     def compute():
         out: dict[str, list[dict]] = {}
         for r in rows(L.profile.columns()):

@@ -118,7 +118,7 @@ _REGION = re.compile(r"(layer|kernel|collective):(\d{1,9})")
 def region_mark(L: Loaded, spec) -> dict | None:
     """The region a Regions page link names (``layer:12``: a kind and the region's index among that kind's
     regions, as that page numbers them) to highlight on the timeline: ``{"spec", "by", "index", "name", "core",
-    "start", "end"}`` (ns since t0); None without one."""
+    "start", "end"}`` (ns since t0); None without one. Example: ``region_mark(L, "layer:3")["name"]``."""
     if spec in (None, ""):
         return None
     m = _REGION.fullmatch(str(spec))

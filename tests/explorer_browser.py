@@ -36,6 +36,22 @@ class SharedExplorer:
 
     def __init__(self):
         self._srv = self._url = self._pw = self._browser = None
+        self._busy = 0                          # requests being answered
+        self._idle = threading.Condition()
+
+    def _counted(self, app):
+        """``app`` counting the requests in flight, so a module's profiles close only after its last answer
+        (a callback still running on a server thread would find its DuckDB connection closed under it)."""
+        def wsgi(environ, start_response):
+            with self._idle:
+                self._busy += 1
+            try:
+                return list(app(environ, start_response))
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+        return wsgi
 
     def url(self) -> str:
         if self._srv is None:
@@ -43,7 +59,7 @@ class SharedExplorer:
 
             from explorer.app import create_app
 
-            self._srv = make_server("127.0.0.1", 0, create_app([]).server, threaded=True)
+            self._srv = make_server("127.0.0.1", 0, self._counted(create_app([]).server), threaded=True)
             threading.Thread(target=self._srv.serve_forever, daemon=True).start()
             self._url = f"http://127.0.0.1:{self._srv.server_port}"
         return self._url
@@ -59,6 +75,8 @@ class SharedExplorer:
         try:
             yield url
         finally:
+            with self._idle:
+                self._idle.wait_for(lambda: self._busy == 0, timeout=60)
             data.registry().close()
 
     @contextmanager

@@ -285,3 +285,27 @@ def test_schema_fields_give_each_column_required_unit_and_example(loaded):
     assert {c["column"] for c in fields["executions"]} >= {"exec_id", "device_ns"}
     assert all(c["description"] for c in fields["executions"])
     assert data.schema(L)["Flow"] == [(c["column"], c["type"]) for c in fields["Flow"]]
+
+
+def test_a_region_link_names_a_region_the_timeline_opens_on_and_shades(loaded):
+    """``region=layer:<n>`` (a Regions page link): the timeline opens on the region with the fitted window's
+    margin and draws its span shaded and named; a bad or out-of-range spec is one line."""
+    from explorer import records
+    from explorer.figures import timeline_figure
+
+    L = loaded
+    r = records.regions(L, None, "layer")["all"][1]
+    mark = tline.region_mark(L, "layer:1")
+    assert (mark["name"], mark["start"], mark["end"], mark["core"]) == (r["region"], r["start_ns"], r["end_ns"],
+                                                                         r["core"])
+    tl = tline.timeline(L, region="layer:1")
+    assert (tl["start"], tl["end"]) == fit_window(r["start_ns"], r["end_ns"], (0, data.bounds(L)["span"]))
+    assert tl["count"] > 0                       # it lands on data
+    fig = timeline_figure(tl, data.ops(L))
+    shade = next(s for s in fig["layout"]["shapes"] if s.get("name") == "region")
+    assert (shade["x0"], shade["x1"]) == (r["start_ns"] / 1e3, r["end_ns"] / 1e3)
+    assert any(a.get("name") == "region" and r["region"] in a["text"] for a in fig["layout"]["annotations"])
+    for bad, said in (("layer:x", "region must look like"), ("layer:100000", "region must be an integer"),
+                      ("bogus:1", "region must look like")):
+        with pytest.raises(data.ExplorerError, match=said):
+            tline.region_mark(L, bad)
