@@ -304,6 +304,8 @@ def test_a_region_link_names_a_region_the_timeline_opens_on_and_shades(loaded):
     fig = timeline_figure(tl, data.ops(L))
     shade = next(s for s in fig["layout"]["shapes"] if s.get("name") == "region")
     assert (shade["x0"], shade["x1"]) == (r["start_ns"] / 1e3, r["end_ns"] / 1e3)
+    core = [i for i, lane in enumerate(tl["lanes"]) if lane.key.split(":")[1:2] == [str(r["core"])]]
+    assert (shade["yref"], shade["y0"], shade["y1"]) == ("y", min(core) - 0.5, max(core) + 0.5)   # its core's lanes
     assert any(a.get("name") == "region" and r["region"] in a["text"] for a in fig["layout"]["annotations"])
     for bad, said in (("layer:x", "region must look like"), ("layer:100000", "region must be an integer"),
                       ("bogus:1", "region must look like")):
