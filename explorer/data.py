@@ -41,6 +41,7 @@ from explorer.signatures import (  # noqa: F401  (pages use them here)
 from traces import q_compare, q_host
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
+from traces.timefmt import fmt_ns
 from traces.vocab import DEVICE_ENGINES
 
 #: Rows a SQL console query may return.
@@ -77,6 +78,24 @@ def bounds(L: Loaded) -> dict:
 def ops(L: Loaded) -> dict[int, dict]:
     """Every op with its source line and graph name, keyed by op_id (small: one row per graph node)."""
     return L.cached("ops", lambda: {r["op_id"]: r for r in rows(L.profile.ops())})
+
+
+def execution_labels(L: Loaded) -> dict[int, str]:
+    """What each execution was, by exec_id (``Profile.execution_labels``): its graph, its inputs' shapes (the
+    shape bucket it ran), a warm-up or not, its device time and core, e.g.
+    ``Block.forward · x f32[4, 64] · 12.3 µs · core 0``, for the execution pickers."""
+
+    def compute():
+        out = {}
+        for e in rows(L.profile.execution_labels()):
+            shapes = (", ".join(f"{a['name']} {a['dtype']}[{', '.join(map(str, a['shape']))}]"
+                                for a in parse_signature(e["input_signature"]))
+                      or (e["input_signature"] or "")[:80])      # a collective's "1024 x float32" as recorded
+            out[e["exec_id"]] = " · ".join(x for x in (
+                e["graph"] or f"graph {e['graph_id']}", shapes, "warm-up" if e["warmup"] else "",
+                fmt_ns(e["device_ns"] or 0), f"core {e['core']}") if x)
+        return out
+    return L.cached("execution_labels", compute)
 
 
 def op_path_key(op: dict) -> str:
@@ -422,14 +441,23 @@ def run_console(L: Loaded, sql: str, limit: int = CONSOLE_LIMIT) -> dict:
             "truncated": res.truncated}
 
 
-def schema(L: Loaded) -> dict[str, list[tuple[str, str]]]:
-    """``{table: [(column, type)]}`` of every table, for the SQL page's schema inspector."""
+def schema_fields(L: Loaded) -> dict[str, list[dict]]:
+    """``{table: [{"column", "type", "required", "unit", "example", "description"}]}`` of every table, what
+    ``SchemaFields`` says of each column beside its type (``Profile.columns``), for the SQL page's inspector.
+    Example: ``schema_fields(L)["Instruction"][0]["unit"] == "nanoseconds"``."""
     def compute():
-        out: dict[str, list[tuple[str, str]]] = {}
+        out: dict[str, list[dict]] = {}
         for r in rows(L.profile.columns()):
-            out.setdefault(r["table_name"], []).append((r["column_name"], r["data_type"]))
+            out.setdefault(r["table_name"], []).append(
+                {"column": r["column_name"], "type": r["data_type"], "required": r["required"], "unit": r["unit"],
+                 "example": r["example"], "description": r["description"]})
         return out
     return L.cached("schema", compute)
+
+
+def schema(L: Loaded) -> dict[str, list[tuple[str, str]]]:
+    """``{table: [(column, type)]}`` of every table (:func:`schema_fields` without the descriptions)."""
+    return {t: [(c["column"], c["type"]) for c in cols] for t, cols in schema_fields(L).items()}
 
 
 def console_csv(L: Loaded, sql: str) -> str:

@@ -31,6 +31,7 @@ RECOMPILE_ORANGE = "#f28e2b"
 COMPILE_BLUE = "#7aa6d6"
 SELECT_GOLD = "#ffbf00"
 ANNOTATION_PURPLE = "#7645a0"
+REGION_AMBER = "#b5610b"
 MAX_LEGEND_OPS = 10
 
 
@@ -95,6 +96,7 @@ def timeline_figure(tl: dict, ops: dict, height: int | None = None, compact: boo
         uirevision=f"{tl['start']}-{tl['end']}",
     )
     _annotations(fig, tl.get("annotations") or ())
+    _region(fig, tl.get("region"), lanes)
     return fig.to_dict()
 
 
@@ -168,6 +170,24 @@ def _annotations(fig, notes) -> None:
     if shapes:
         fig.layout["shapes"] = shapes
         fig.layout["annotations"] = labels
+
+
+def _region(fig, mark, lanes) -> None:
+    """A region from the Regions page (:func:`explorer.timeline.region_mark`): its span shaded under the bars
+    over its core's lanes (all lanes when none of them is drawn), its name at the foot of the band."""
+    if not mark:
+        return
+    x0, x1 = mark["start"] / 1e3, mark["end"] / 1e3
+    mine = [i for i, lane in enumerate(lanes) if lane.key.split(":")[1:2] == [str(mark["core"])]]
+    # lanes run top to bottom (the y axis is reversed): the band covers the core's, its label sits at their foot
+    y = dict(yref="y", y0=min(mine) - 0.5, y1=max(mine) + 0.5) if mine else dict(yref="paper", y0=0, y1=1)
+    fig.layout.setdefault("shapes", []).append(
+        dict(type="rect", x0=x0, x1=x1, layer="below", name="region", **y,
+             line=dict(color=REGION_AMBER, width=1), fillcolor="rgba(242, 142, 43, 0.16)"))
+    fig.layout.setdefault("annotations", []).append(
+        dict(x=x0, y=y["y1"] if mine else 0, yref=y["yref"], yanchor="bottom", xanchor="left", showarrow=False,
+             name="region", text=f"▣ {mark['name'][:60]} (core {mark['core']})", bgcolor="rgba(255,255,255,0.85)",
+             font=dict(size=11, color=REGION_AMBER)))
 
 
 def _raw_bars(fig, tl, ops, index, chosen):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from explorer import data
 from explorer.data import Loaded, parse_int
+from traces.q_timeline import fit_window
 from traces.vocab import ENGINE_LABELS, HOST_TRANSFER_QUEUE, LANE_ORDER
 
 #: Instructions drawn one by one only when the visible window holds at most this many.
@@ -111,7 +112,32 @@ def _instruction(r: dict, t0: int) -> dict:
     return r
 
 
-def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKETS, fold: bool = True) -> dict:
+_REGION = re.compile(r"(layer|kernel|collective):(\d{1,9})")
+
+
+def region_mark(L: Loaded, spec) -> dict | None:
+    """The region a Regions page link names (``layer:12``: a kind and the region's index among that kind's
+    regions, as that page numbers them) to highlight on the timeline: ``{"spec", "by", "index", "name", "core",
+    "start", "end"}`` (ns since t0); None without one. Example: ``region_mark(L, "layer:3")["name"]``."""
+    if spec in (None, ""):
+        return None
+    m = _REGION.fullmatch(str(spec))
+    if not m:
+        raise data.ExplorerError("region must look like layer:<n>, kernel:<n> or collective:<n> "
+                                 "(a link from the Regions page)")
+    from explorer import records
+
+    by = m.group(1)
+    rows = records.regions(L, None, by)["all"]
+    if not rows:
+        raise data.ExplorerError(f"this profile has no regions by {by}")
+    r = rows[parse_int(m.group(2), "region", 0, len(rows) - 1)]
+    return {"spec": f"{by}:{r['index']}", "by": by, "index": r["index"], "name": r["region"], "core": r["core"],
+            "start": r["start_ns"], "end": max(r["end_ns"], r["start_ns"] + 1)}
+
+
+def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKETS, fold: bool = True,
+             region=None) -> dict:
     """What the timeline draws for a window: raw instructions when few, else level-of-detail buckets.
 
     Without ``start``/``end`` the window is the busy executions (:func:`clamp_window`). With ``fold``,
@@ -121,8 +147,13 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
     "buckets": {lane_key: [(bucket, busy_fraction, count, top_op_id)]} (lod), "bucket_ns",
     "spans": [...], "highlight": ...}``. Never more than ``RAW_CAP`` instructions or
     ``lanes × buckets`` cells, whatever the profile's size. The level of detail is the ``traces``
-    rule (``Profile.lane_cells``): the grid is exactly ``buckets`` cells over the window.
+    rule (``Profile.lane_cells``): the grid is exactly ``buckets`` cells over the window. ``region``
+    (:func:`region_mark`) is shaded as ``"region"``; without a window the timeline opens on it, with the margin
+    the fitted window has.
     """
+    mark = region_mark(L, region)
+    if mark and start is None and end is None:
+        start, end = fit_window(mark["start"], mark["end"], (0, data.bounds(L)["span"]))
     a, b = clamp_window(L, start, end, sel)
     buckets = max(10, min(int(buckets), MAX_BUCKETS))
     bounds = data.bounds(L)
@@ -144,6 +175,7 @@ def timeline(L: Loaded, start=None, end=None, sel=None, buckets: int = MAX_BUCKE
     # the cap keeps the longest spans; say how many it left out rather than stop a lane silently
     out["spans_hidden"] = max(0, L.profile.span_count(A, B) - len(out["spans"]))
     out["annotations"] = [n for n in annotations(L) if n["start"] <= b and n["end"] >= a]
+    out["region"] = mark
     out["folded"] = 0
     if fold:
         used = ({lane_key(r["core"], r["engine"], r["queue"]) for r in out.get("instructions", ())}

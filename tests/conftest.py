@@ -2,6 +2,9 @@
 import os
 
 import pytest
+
+# the browser tests' one Explorer server and chromium, and their page (tests/explorer_browser.py)
+from explorer_browser import explorer_shared, group_browser_modules, page, stop_after_browser_tests  # noqa: F401
 from servers import prometheus_bin, s3_env, s3_server  # noqa: F401 - real servers as fixtures (tests/servers.py)
 
 
@@ -33,9 +36,16 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    group_browser_modules(items)
     if config.getoption("--full"):
         return
     skip = pytest.mark.skip(reason="full size: run with --full")
     for item in items:
         if item.get_closest_marker("full"):
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    stop_after_browser_tests(item, nextitem)

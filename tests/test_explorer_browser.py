@@ -11,61 +11,32 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
+from explorer_browser import ARGS, CHROMIUM, needs_chromium  # noqa: F401  (test_walkthrough.py uses them)
 from test_explorer_profiles import make_compile_first_profile, make_profile
 
 from explorer import data
 from explorer import timeline as tline
-from explorer.app import create_app
 
-CHROMIUM = "/usr/bin/chromium"
 IMG = Path(os.environ.get("NEURON_STACK_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="explorer-shots-"))
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
-                                reason="Debian's chromium is not installed (apt-get install -y chromium)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from werkzeug.serving import make_server
-
+def server(explorer_shared, tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
     a = make_profile(root / "20260101-120000_mlp", iterations=6, tiles=3)
     b = make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3)
     c = make_compile_first_profile(root / "20260103-120000_tp")
-    app = create_app([a, b, c])
     old_cap = tline.RAW_CAP
     tline.RAW_CAP = 300          # so the opening view is level-of-detail and zooming in shows instructions
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
+    with explorer_shared.serving([a, b, c]) as url:
+        yield url
     tline.RAW_CAP = old_cap
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        pg.errors = errors
-        yield pg
-        browser.close()
-    assert errors == [], errors
 
 
 def _shot(page, name):

@@ -256,3 +256,58 @@ def test_axis_ticks_and_window_labels_carry_units(start, end, unit):
     assert lo != hi.split(" (")[0]           # never "2.14 s – 2.14 s"
     if start > 10 * (end - start):           # far from zero: offsets after a named instant
         assert ticks.labels[0].startswith("+") and "2.140" in ticks.title
+
+
+def test_execution_labels_say_what_each_execution_was_with_the_summarys_device_time(loaded):
+    """The execution pickers' labels (``data.execution_labels``, ``Profile.execution_labels``): graph, input shapes,
+    warm-up, device time, core; the measured executions' device times add up to the Summary's device time."""
+    L = loaded
+    rows = L.profile.execution_labels().to_pylist()
+    labels = data.execution_labels(L)
+    assert set(labels) == {r["exec_id"] for r in rows}
+    warm = next(r for r in rows if r["warmup"])
+    cold = next(r for r in rows if not r["warmup"] and r["input_signature"] != warm["input_signature"])
+    first = labels[warm["exec_id"]]
+    assert first.startswith(f"{warm['graph']} · x float32[") and "· warm-up ·" in first
+    assert "warm-up" not in labels[cold["exec_id"]]
+    assert labels[cold["exec_id"]].endswith(f"· {fmt_ns(cold['device_ns'])} · core {cold['core']}")
+    assert sum(r["device_ns"] for r in rows if not r["warmup"]) == L.profile.figures().device_ns
+
+
+def test_schema_fields_give_each_column_required_unit_and_example(loaded):
+    """The SQL page's schema inspector reads SchemaFields through ``Profile.columns``: a real table's columns with
+    the real reference's required flag, unit and example; our own tables' columns with their meaning."""
+    L = loaded
+    fields = data.schema_fields(L)
+    instr = {c["column"]: c for c in fields["Instruction"]}
+    assert instr["start_ts"]["required"] is True and instr["start_ts"]["unit"] == "nanoseconds"
+    assert instr["opcode"]["example"] == "MATMUL" and instr["engine"]["example"] == "tensor"
+    assert {c["column"] for c in fields["executions"]} >= {"exec_id", "device_ns"}
+    assert all(c["description"] for c in fields["executions"])
+    assert data.schema(L)["Flow"] == [(c["column"], c["type"]) for c in fields["Flow"]]
+
+
+def test_a_region_link_names_a_region_the_timeline_opens_on_and_shades(loaded):
+    """``region=layer:<n>`` (a Regions page link): the timeline opens on the region with the fitted window's
+    margin and draws its span shaded and named; a bad or out-of-range spec is one line."""
+    from explorer import records
+    from explorer.figures import timeline_figure
+
+    L = loaded
+    r = records.regions(L, None, "layer")["all"][1]
+    mark = tline.region_mark(L, "layer:1")
+    assert (mark["name"], mark["start"], mark["end"], mark["core"]) == (r["region"], r["start_ns"], r["end_ns"],
+                                                                         r["core"])
+    tl = tline.timeline(L, region="layer:1")
+    assert (tl["start"], tl["end"]) == fit_window(r["start_ns"], r["end_ns"], (0, data.bounds(L)["span"]))
+    assert tl["count"] > 0                       # it lands on data
+    fig = timeline_figure(tl, data.ops(L))
+    shade = next(s for s in fig["layout"]["shapes"] if s.get("name") == "region")
+    assert (shade["x0"], shade["x1"]) == (r["start_ns"] / 1e3, r["end_ns"] / 1e3)
+    core = [i for i, lane in enumerate(tl["lanes"]) if lane.key.split(":")[1:2] == [str(r["core"])]]
+    assert (shade["yref"], shade["y0"], shade["y1"]) == ("y", min(core) - 0.5, max(core) + 0.5)   # its core's lanes
+    assert any(a.get("name") == "region" and r["region"] in a["text"] for a in fig["layout"]["annotations"])
+    for bad, said in (("layer:x", "region must look like"), ("layer:100000", "region must be an integer"),
+                      ("bogus:1", "region must look like")):
+        with pytest.raises(data.ExplorerError, match=said):
+            tline.region_mark(L, bad)

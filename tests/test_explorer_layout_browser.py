@@ -3,44 +3,21 @@ and a second one (Compare): no page is wider than the window, /tensors paginates
 counter-track axis is labelled, the SQL page keeps a history and charts an (int, string, int) result."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import _shot, pytestmark  # noqa: F401  (the same skip)
 from test_explorer_profiles import make_profile
 
 from explorer import data
-from explorer.app import NAV, create_app
+from explorer.app import NAV
 
 WIDTH = 1400
 
 
 @pytest.fixture(scope="module")
-def server(recorded_samples, tmp_path_factory):
-    from werkzeug.serving import make_server
-
+def server(explorer_shared, recorded_samples, tmp_path_factory):
     encoder = recorded_samples.get("bert_encoder")["bert_encoder"]
-    app = create_app([encoder, make_profile(tmp_path_factory.mktemp("layout") / "20260101_mlp")])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": WIDTH, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+    with explorer_shared.serving([encoder, make_profile(tmp_path_factory.mktemp("layout") / "20260101_mlp")]) as url:
+        yield url, data.registry().default_key()
 
 
 @pytest.mark.parametrize("path", [p for _label, p in NAV])

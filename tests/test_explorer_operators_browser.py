@@ -4,42 +4,18 @@ header, filtered by typing, each row's links landing on the timeline window and 
 Screenshots as in test_explorer_browser.py (NEURON_STACK_SCREENSHOT_DIR)."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import _shot, pytestmark  # noqa: F401  (the same skip)
 from test_explorer_profiles import make_profile
 
 from explorer import data
-from explorer.app import create_app
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from werkzeug.serving import make_server
-
+def server(explorer_shared, tmp_path_factory):
     path = make_profile(tmp_path_factory.mktemp("ops") / "20260101-120000_mlp", iterations=3, tiles=2)
-    app = create_app([path])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+    with explorer_shared.serving([path]) as url:
+        yield url, data.registry().default_key()
 
 
 def _column(page, col: str) -> list[str]:

@@ -1,43 +1,21 @@
 """The Regions page in a real browser (Playwright driving Debian's chromium, as tests/test_explorer_browser.py
 does) on the recorded tensor-parallel sample: regions between collectives, by layer, by NKI kernel (none here,
-said so), and up to three regions compared side by side. Screenshots as in test_explorer_browser.py."""
+said so), up to three regions compared side by side, a region opened on the timeline shaded and named, and the
+execution picker saying what each execution was. Screenshots as in test_explorer_browser.py."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import _shot, pytestmark  # noqa: F401  (the same skip)
 
-from explorer import data
-from explorer.app import create_app
+from explorer import data, records
 from explorer.figures import fmt_ns
+from traces.q_timeline import fit_window
 
 
 @pytest.fixture(scope="module")
-def server(recorded_samples):
-    from werkzeug.serving import make_server
-
-    app = create_app([recorded_samples.get("tensor_parallel")["tensor_parallel"]])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+def server(explorer_shared, recorded_samples):
+    with explorer_shared.serving([recorded_samples.get("tensor_parallel")["tensor_parallel"]]) as url:
+        yield url, data.registry().default_key()
 
 
 def _regions(key, by):
@@ -85,3 +63,77 @@ def test_compare_up_to_three_regions(server, page):
     page.click("#regions-compare a:text-is('clear')")
     page.wait_for_selector("#regions-compare", state="detached")
     assert "cmp=" not in page.url
+
+
+def _region_shape(page):
+    """The shaded region on the timeline (x0, x1 in µs since t0) and its label, or None."""
+    return page.evaluate("""() => {
+        const gd = document.querySelector('#timeline-graph .js-plotly-plot');
+        const s = ((gd && gd.layout.shapes) || []).find(x => x.name === 'region');
+        const a = ((gd && gd.layout.annotations) || []).find(x => x.name === 'region');
+        return s ? [s.x0, s.x1, a ? a.text : ''] : null;
+    }""")
+
+
+def test_a_region_opens_on_the_timeline_shaded_and_named(server, page):
+    url, key = server
+    L = data.resolve(key)
+    regions = records.regions(L, None, "layer")
+    r = regions["rows"][0]                                   # the first execution's first layer
+    page.goto(f"{url}/regions?profile={key}&by=layer")
+    page.wait_for_selector("#regions-table")
+    page.locator("#regions-table tbody tr").first.locator("a").first.click()
+    page.wait_for_url(f"**region=layer%3A{r['index']}**")
+    page.wait_for_selector("#timeline-graph .js-plotly-plot")
+    page.wait_for_function("() => document.querySelector('#timeline-region').innerText.length > 0")
+    # zoomed to the region with the fitted window's margin, the span shaded and named
+    a, b = fit_window(r["start_ns"], r["end_ns"], (0, data.bounds(L)["span"]))
+    assert page.evaluate("() => document.querySelector('#timeline-graph .js-plotly-plot')"
+                         "._fullLayout.xaxis.range.map(Number)") == pytest.approx([a / 1e3, b / 1e3], abs=1e-3)
+    x0, x1, label = _region_shape(page)
+    assert (x0, x1) == pytest.approx((r["start_ns"] / 1e3, r["end_ns"] / 1e3), abs=1e-3)
+    assert r["region"] in label and f"core {r['core']}" in label
+    assert r["region"] in page.inner_text("#timeline-region") and fmt_ns(r["end_ns"] - r["start_ns"]) in \
+        page.inner_text("#timeline-region")
+    # the link lands on data: the region's instructions are in the window
+    t0 = data.bounds(L)["t0"]
+    assert L.profile.window_count(t0 + r["start_ns"], t0 + r["end_ns"]) >= r["instructions"] > 0
+    _shot(page, "regions-highlight")
+    # the highlight stays through a zoom, and clears
+    before = page.inner_text("#timeline-window")
+    page.click("#timeline-graph .js-plotly-plot")
+    page.keyboard.press("s")
+    page.wait_for_function("b => document.querySelector('#timeline-window').innerText !== b", arg=before)
+    assert _region_shape(page)[:2] == pytest.approx([x0, x1], abs=1e-3)
+    page.click("#timeline-region-clear")
+    page.wait_for_function("() => !(document.querySelector('#timeline-graph .js-plotly-plot').layout.shapes || [])"
+                           ".some(s => s.name === 'region')")
+    assert page.locator("#timeline-region-pill").is_hidden()
+    page.wait_for_function("() => !location.search.includes('region=')")
+
+
+def test_the_execution_picker_says_what_each_execution_was(server, page):
+    url, key = server
+    L = data.resolve(key)
+    execs = {e["exec_id"]: e for e in L.profile.execution_labels().to_pylist()}
+    shown = records.regions(L, None, "layer")["executions"]
+    page.goto(f"{url}/regions?profile={key}&by=layer")
+    page.wait_for_selector("#regions-exec")
+    first = execs[shown[0]]
+    picked = page.inner_text("#regions-exec")
+    # the graph, its inputs' shapes, a warm-up or not, the Summary's device time of it, the core
+    assert picked.startswith(f"#1 · {first['graph']} · ") and fmt_ns(first["device_ns"]) in picked
+    assert f"core {first['core']}" in picked and ("warm-up" in picked) == first["warmup"]
+    shapes = [f"{s['name']} {s['dtype']}[{', '.join(map(str, s['shape']))}]"
+              for s in data.parse_signature(first["input_signature"])] or [first["input_signature"]]
+    assert first["input_signature"] and all(s in picked for s in shapes)
+    # picking another execution opens its regions
+    page.click("#regions-exec")
+    option = page.get_by_text(f"#2 · {execs[shown[1]]['graph']}", exact=False).first
+    option.click()
+    page.wait_for_url(f"**exec={shown[1]}**")
+    page.wait_for_function("want => document.querySelector('#regions-exec').innerText.startsWith(want)",
+                           arg=f"#2 · {execs[shown[1]]['graph']}")
+    want = records.regions(L, shown[1], "layer")["rows"]
+    assert len(page.locator("#regions-table tbody tr").all()) == len(want)
+    _shot(page, "regions-execution-picker")

@@ -4,23 +4,17 @@ on an execution that opens its device timeline window; on an eager with_stack pr
 frames outnumber everything else, the runtime and device tracks drawn, and zoom and pan."""
 from __future__ import annotations
 
-import shutil
-import threading
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _plot, _shot
+from explorer_browser import needs_chromium
+from test_explorer_browser import _plot, _shot
 from test_explorer_profiles import build_tables, write_profile
 
-from explorer import data
-from explorer.app import create_app
 from traces import Writer, finalize
 from traces.schema import TABLES
 from traces.synthetic import write_system
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
-                                reason="Debian's chromium is not installed (apt-get install -y chromium)")
+pytestmark = needs_chromium
 
 
 def system_tables(execs: pa.Table) -> dict[str, pa.Table]:
@@ -43,9 +37,7 @@ def system_tables(execs: pa.Table) -> dict[str, pa.Table]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from werkzeug.serving import make_server
-
+def server(explorer_shared, tmp_path_factory):
     tables = build_tables(seqs=(64,), iterations=3, tiles=2)
     tables.update(system_tables(tables["executions"]))
     path = write_profile(tmp_path_factory.mktemp("system") / "20260104-120000_system", tables)
@@ -55,27 +47,8 @@ def server(tmp_path_factory):
     with Writer(eager, run={"run_id": "capture", "host": "i-synthetic", "pid": 4242},
                 metadata={"framework_events_dropped": "1234"}):    # what a window over its bound records
         pass
-    app = create_app([path, finalize(eager)])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+    with explorer_shared.serving([path, finalize(eager)]) as url:
+        yield url
 
 
 def _tracks(page) -> set[str]:

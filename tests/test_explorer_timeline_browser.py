@@ -5,14 +5,11 @@ first, and the Recompiles page's links land on data. Screenshots as in test_expl
 (``NEURON_STACK_SCREENSHOT_DIR=docs/img``)."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, _xrange, pytestmark  # noqa: F401  (skip without chromium)
+from test_explorer_browser import _shot, _xrange, pytestmark  # noqa: F401  (skip without chromium)
 from test_explorer_profiles import make_profile
 
 from explorer import data
-from explorer.app import create_app
 
 KEY = "20260101-120000_mlp"
 
@@ -23,33 +20,12 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(root):
-    from werkzeug.serving import make_server
-
-    app = create_app([make_profile(root / KEY, iterations=6, tiles=3),
-                      make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3),
-                      make_profile(root / "20260103-120000_mlp_one", seqs=(64,), iterations=4, tiles=3)])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 950})
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+def server(explorer_shared, root):
+    with explorer_shared.serving([
+            make_profile(root / KEY, iterations=6, tiles=3),
+            make_profile(root / "20260102-120000_mlp_bucketed", seqs=(64, 128), iterations=6, tiles=3),
+            make_profile(root / "20260103-120000_mlp_one", seqs=(64,), iterations=4, tiles=3)]) as url:
+        yield url
 
 
 def _point(page, trace_name: str, i: int = 0) -> tuple[float, float, float, float]:

@@ -6,13 +6,11 @@ each linked to the timeline. Screenshots as in test_explorer_browser.py (NEURON_
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
+from test_explorer_browser import IMG, _shot, pytestmark  # noqa: F401  (the same skip)
 
 from explorer import data
-from explorer.app import create_app
 
 
 @pytest.fixture(scope="module")
@@ -21,32 +19,9 @@ def encoder(recorded_samples):
 
 
 @pytest.fixture(scope="module")
-def server(encoder):
-    from werkzeug.serving import make_server
-
-    app = create_app([encoder])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}", data.registry().default_key()
-    srv.shutdown()
-    data.registry().close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        ctx = browser.new_context(viewport={"width": 1400, "height": 950})
-        ctx.grant_permissions(["clipboard-read", "clipboard-write"])
-        pg = ctx.new_page()
-        pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        browser.close()
-    assert errors == [], errors
+def server(explorer_shared, encoder):
+    with explorer_shared.serving([encoder]) as url:
+        yield url, data.registry().default_key()
 
 
 def test_summary_shows_the_mbu_of_the_summary_table(server, page, encoder):
@@ -197,6 +172,19 @@ def test_sql_schema_inspector_and_csv_download(server, page):
     page.wait_for_selector("#sql-schema")
     page.click("#sql-schema summary")
     assert "dependency_type" in page.inner_text("#sql-schema")
+    # opened, a table's columns with what SchemaFields says of each: required, unit, example, meaning
+    page.click("#sql-schema-Instruction summary")
+    cells = page.eval_on_selector_all("#sql-schema-Instruction table tbody tr",
+                                      "rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))")
+    got = {c[0]: c for c in cells}
+    want = {r["field_name"]: r for r in _profile().sql(
+        "SELECT field_name, field_required, field_unit, field_example FROM SchemaFields "
+        "WHERE table_name = 'Instruction'").to_pylist()}
+    assert got["start_ts"][2:5] == ["yes", "nanoseconds", ""] and want["start_ts"]["field_unit"] == "nanoseconds"
+    assert got["opcode"][4] == want["opcode"]["field_example"] == "MATMUL"
+    assert all(got[f][2] == ("yes" if w["field_required"] else "no") for f, w in want.items() if f in got)
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.locator("#sql-schema-Instruction").screenshot(path=str(IMG / "explorer-sql-schema-fields.png"))
     page.click("#sql-schema button:text-is('Flow')")
     page.wait_for_function("() => document.querySelector('#sql-query').value.includes('\"Flow\"')")
     page.click("#sql-run")
@@ -224,4 +212,8 @@ def test_regions_page_lists_layers_and_links_their_windows(server, page):
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
     t0 = data.bounds(data.resolve(key))["t0"]
     r = next(r for r in first if r["region"] == "layers.1")
-    assert f"start={r['start_ns'] - t0}" in page.url and f"end={r['end_ns'] - t0}" in page.url
+    # the region with the fitted window's margin, shaded (tests/test_explorer_regions_browser.py)
+    from traces.q_timeline import fit_window
+
+    a, b = fit_window(r["start_ns"] - t0, r["end_ns"] - t0, (0, data.bounds(data.resolve(key))["span"]))
+    assert f"start={a}" in page.url and f"end={b}" in page.url and "region=layer%3A" in page.url

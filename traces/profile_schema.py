@@ -19,6 +19,7 @@ table in docs/trace_schema.md.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 from traces import profile_hierarchy, profile_tables
@@ -380,6 +381,9 @@ def openapi_type(duckdb_type: str) -> tuple[str, str | None]:
     return _OPENAPI.get(duckdb_type.split("(")[0], ("string", None))
 
 
+_EXAMPLE = re.compile(r"\bExample: (.+?)\.(?:\s|$)")
+
+
 def schema_fields(ours=()) -> dict[str, list]:
     """The ``SchemaFields`` rows, as columns: every field of every real table (and the columns its view keeps
     beside them), then every column of our own tables. ``ours`` is ``[(table, description, [(column,
@@ -391,7 +395,10 @@ def schema_fields(ours=()) -> dict[str, list]:
     rows = {c: [] for c in SCHEMA_FIELDS_COLUMNS}
 
     def add(table, table_description, name, description, typ, required, fmt, unit):
-        values = (table, table_description, name, description, None, typ, required, fmt, unit, None, None, None)
+        # the real reference gives an example inside the description ("... Example: MATMUL."): its field_example
+        example = _EXAMPLE.search(description)
+        values = (table, table_description, name, description, example and example.group(1), typ, required, fmt,
+                  unit, None, None, None)
         for c, v in zip(SCHEMA_FIELDS_COLUMNS, values):
             rows[c].append(v)
 

@@ -100,3 +100,27 @@ def tensors(p) -> pa.Table:
                    AS first_load_ns
         FROM TensorInfo t LEFT JOIN graphs g USING (graph_id) LEFT JOIN first_exec f USING (graph_id)
         ORDER BY g.name, t.partition, t.type, t.variable_name""")
+
+
+def execution_labels(p) -> pa.Table:
+    """What each execution was, for a picker: ``exec_id, graph_id, graph, kind, core, iteration, input_signature,
+    warmup, device_ns`` (:data:`traces.summary_sql.DEVICE_NS_SQL`, the Summary's device time of one execution),
+    ``start_ns`` (absolute), in time order."""
+    from traces.summary_sql import DEVICE_NS_SQL
+
+    return p.sql(f"""SELECT e.exec_id, e.graph_id, g.name AS graph, g.kind, e.core, e.iteration, g.input_signature,
+                            coalesce(e.warmup, FALSE) AS warmup, ({DEVICE_NS_SQL})::BIGINT AS device_ns, e.start_ns
+                     FROM executions e LEFT JOIN graphs g USING (graph_id) ORDER BY e.start_ns, e.exec_id""")
+
+
+def columns(p) -> pa.Table:
+    """Every table's columns and types (``table_name, column_name, data_type``) with what ``SchemaFields`` says
+    of each (``required, unit, example, description``; NULL where it has no row), for a schema inspector."""
+    fields = ("""LEFT JOIN main."SchemaFields" f ON f.table_name = c.table_name AND f.field_name = c.column_name"""
+              if has_table(p, "SchemaFields") else
+              "LEFT JOIN (SELECT NULL AS field_required, NULL AS field_unit, NULL AS field_example, "
+              "NULL AS field_description) f ON FALSE")
+    return p.sql(f"""SELECT c.table_name, c.column_name, c.data_type, f.field_required AS required,
+                            f.field_unit AS unit, f.field_example AS example, f.field_description AS description
+                     FROM information_schema.columns c {fields}
+                     WHERE c.table_schema = 'main' ORDER BY c.table_name, c.ordinal_position""")

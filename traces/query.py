@@ -157,12 +157,12 @@ class Profile:
             "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", [profile_schema.SCHEMA]))
 
     def columns(self) -> pa.Table:
-        """Every table's columns and types (``table_name, column_name, data_type``), for a schema inspector.
+        """Every table's columns and types (``table_name, column_name, data_type``) with ``SchemaFields``'
+        ``required, unit, example, description``, for a schema inspector.
 
         Example: ``p.columns().filter(pc.field("table_name") == "Flow")``.
         """
-        return self.sql("""SELECT table_name, column_name, data_type FROM information_schema.columns
-                           WHERE table_schema = 'main' ORDER BY table_name, ordinal_position""")
+        return q_records.columns(self)
 
     def metadata(self) -> dict[str, str]:
         """The metadata table as a dict (device rates, versions, trace statistics).
@@ -583,6 +583,11 @@ class Profile:
         Example: ``p.dependencies(0, "Tensor", 12, t)["predecessors"][0]["dependency_type"]``.
         """
         return q_records.dependencies(self, core, queue, pc, start_ns)
+
+    def execution_labels(self) -> pa.Table:
+        """Each execution's graph, inputs, warm-up flag and device time, for a picker
+        (:func:`traces.q_records.execution_labels`). Example: ``p.execution_labels().column("graph")``."""
+        return q_records.execution_labels(self)
 
     def allocation_executions(self) -> pa.Table:
         """Executions with SBUF/PSUM allocation rows. Example: ``p.allocation_executions().column("exec_id")``."""

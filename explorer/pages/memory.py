@@ -29,8 +29,9 @@ def layout(profile=None, exec=None, memory="SBUF", partition=None, t=None, **_):
         return ui.error_box("this profile holds no SBUF allocations.",
                             "Record it again with this neuron_stack (schema 1.3.0): "
                             "`neuron-explorer inspect -- python script.py`.")
-    execs = [{"label": f"{e['graph']} · core {e['core']} · {fmt_ns(e['start_ns'])} ({e['allocations']} allocations)",
-              "value": str(e["exec_id"])} for e in mv["executions"]]
+    said = data.execution_labels(data.resolve(key))      # graph, input shapes, warm-up, device time, core
+    execs = [{"label": f"{said.get(e['exec_id'], e['graph'])} · at {fmt_ns(e['start_ns'])} "
+                       f"({e['allocations']} allocations)", "value": str(e["exec_id"])} for e in mv["executions"]]
     return html.Div([
         html.H2(["Memory Viewer · ", data.registry().label(key)]),
         dcc.Store(id="memory-state", data={"profile": key, "t": t}),

@@ -5,11 +5,13 @@ on the timeline; each region's duration over its occurrences (min, median, max);
 compared side by side."""
 from __future__ import annotations
 
+import dash
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Input, Output, State, callback, dcc, html
 
 from explorer import data, records, ui
 from explorer.figures import fmt_ns
+from traces.q_timeline import fit_window
 
 ENGINES_SHOWN = ("tensor", "vector", "scalar", "gpsimd", "dma")
 KINDS = (("layer", "by layer"), ("kernel", "by NKI kernel"), ("collective", "between collectives"))
@@ -80,18 +82,29 @@ def layout(profile=None, exec=None, by=None, cmp=None, **_):
                         href=ui.href("/regions", profile=key, by=by, exec=rv["exec_id"],
                                      cmp=",".join(map(str, now))), className="active" if idx in chosen else "")
 
-    cols = [("region", lambda r: dcc.Link(r["region"], href=ui.href("/timeline", profile=key, start=r["start_ns"],
-                                                                     end=r["end_ns"]))),
+    span = data.bounds(data.resolve(key))["span"]
+
+    def highlight(r):
+        """The timeline around the region (the fitted window's margin) with the region shaded and named."""
+        a, b = fit_window(r["start_ns"], r["end_ns"], (0, span))
+        return dcc.Link(r["region"], title="open the timeline on this region, shaded",
+                        href=ui.href("/timeline", profile=key, start=a, end=b, region=f"{by}:{r['index']}"))
+
+    cols = [("region", highlight),
             ("core", "core"), ("start", lambda r: fmt_ns(r["start_ns"])), ("duration", lambda r: fmt_ns(_span(r))),
             ("instructions", "instructions"), ("HFU", lambda r: f"{r['hfu_percent'] or 0:.2f}%")]
     cols += [(f"{e} busy", lambda r, e=e: f"{r[f'{e}_busy_percent']:.0f}%") for e in ENGINES_SHOWN]
     cols.append(("", compare_link))
-    pick = [dcc.Link(f"#{i + 1}", href=ui.href("/regions", profile=key, by=by, exec=x),
-                     className="active" if x == rv["exec_id"] else "") for i, x in enumerate(rv["executions"])]
+    labels = data.execution_labels(data.resolve(key))
+    # values as text: exec ids are 63-bit, a JavaScript number would round them
+    pick = [{"label": f"#{i + 1} · {labels.get(x, f'execution {x}')}", "value": str(x)}
+            for i, x in enumerate(rv["executions"])]
     by_index = {r["index"]: r for r in rv["all"]}
     return html.Div(head + [
-        html.Div(["Execution: ", *[html.Span([p, " "]) for p in pick[:50]]], className="toolbar",
-                 id="regions-execs") if pick else None,
+        html.Div(["Execution: ", dcc.Dropdown(id="regions-exec", options=pick, value=str(rv["exec_id"]),
+                                              clearable=False, className="wide-pick"),
+                  dcc.Store(id="regions-where", data={"profile": key, "by": by, "exec": str(rv["exec_id"])})],
+                 className="toolbar", id="regions-execs") if pick else None,
         html.Div(HINTS[by] + " Busy % sums the engine's instructions over the span (DMA queues run in parallel: "
                  "above 100% is possible). Pick up to three regions to compare.", className="hint"),
         _compare(key, by, [by_index[i] for i in chosen]) if chosen else None,
@@ -102,6 +115,16 @@ def layout(profile=None, exec=None, by=None, cmp=None, **_):
                            ("max", lambda r: fmt_ns(r["max_ns"]))], rv["durations"], id="regions-durations"),
                  className="card"),
     ])
+
+
+@callback(Output("app-url", "href", allow_duplicate=True), Input("regions-exec", "value"),
+          State("regions-where", "data"), prevent_initial_call=True)
+def pick_execution(exec_id, where):
+    """Another execution: the page again on its regions."""
+    if exec_id is None or not isinstance(where, dict) or str(exec_id) == where.get("exec"):
+        return dash.no_update
+    return ui.href("/regions", profile=where.get("profile"), by=where.get("by"),
+                   exec=data.parse_int(exec_id, "exec"))
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).

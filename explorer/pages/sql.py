@@ -34,7 +34,7 @@ def layout(profile=None, q=None, **_):
         html.Details([html.Summary("History: the last queries run here"), html.Div(id="sql-history-list")],
                      id="sql-history-box", className="card", open=True),
         html.Details([html.Summary("Schema: every table and its columns (click a table to query it)"),
-                      _schema(data.schema(data.resolve(key)))], id="sql-schema", className="card"),
+                      _schema(data.schema_fields(data.resolve(key)))], id="sql-schema", className="card"),
         html.Div([html.Div(id="sql-result", className="card col", style={"maxHeight": "60vh", "overflow": "auto"}),
                   html.Div(dcc.Graph(id="sql-chart", config={"displaylogo": False}), className="card col")],
                  className="row"),
@@ -42,11 +42,18 @@ def layout(profile=None, q=None, **_):
 
 
 def _schema(tables: dict) -> html.Div:
-    """The schema inspector: per table, a button that loads its first rows into the editor, and its columns."""
+    """The schema inspector: per table, a button that loads its first rows into the editor, its columns, and
+    (opened) what ``SchemaFields`` says of each column: required, unit, an example and its meaning."""
+    cols = [("column", lambda c: html.Code(c["column"])), ("type", lambda c: c["type"].lower()),
+            ("required", lambda c: {True: "yes", False: "no"}.get(c["required"], "")),
+            ("unit", lambda c: c["unit"] or ""), ("example", lambda c: html.Code(c["example"]) if c["example"] else ""),
+            ("meaning", lambda c: c["description"] or "")]
     return html.Div([html.Div([
         html.Button(name, id={"type": "sql-schema-table", "table": name}, className="btn"),
-        html.Span(", ".join(f"{c} {t.lower()}" for c, t in cols), className="hint"),
-    ], className="schema-row") for name, cols in tables.items()])
+        html.Details([html.Summary(", ".join(f"{c['column']} {c['type'].lower()}" for c in fields), className="hint"),
+                      ui.table(cols, fields, class_name="data schema-fields")],
+                     className="schema-fields-box", id=f"sql-schema-{name}"),
+    ], className="schema-row") for name, fields in tables.items()])
 
 
 #: Queries the history keeps.

@@ -55,21 +55,23 @@ def _status(tl: dict) -> str:
             f"instruction{more}")
 
 
-def render(key, start=None, end=None, sel=None, fold=True):
+def render(key, start=None, end=None, sel=None, fold=True, region=None):
     """Figure, normalised state, status text, selection words and window label for a window
     (the callbacks' shared path; no ``start``/``end``: fitted to the busy executions, or to the
-    selection's). ``fold``: leave out the lanes with nothing in the window."""
+    selection's, or to ``region``'s). ``fold``: leave out the lanes with nothing in the window;
+    ``region``: a Regions page region (``layer:3``) shaded with its name."""
     L = data.resolve(key)
-    tl = timeline.timeline(L, start, end, sel, fold=fold)
-    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or "", "fold": fold}
+    tl = timeline.timeline(L, start, end, sel, fold=fold, region=region)
+    state = {"profile": key, "start": tl["start"], "end": tl["end"], "sel": sel or "", "fold": fold,
+             "region": (tl["region"] or {}).get("spec", "")}
     return (timeline_figure(tl, data.ops(L)), state, _status(tl), tl.get("selection_text", ""),
             fmt_window(tl["start"], tl["end"]))
 
 
 @ui.guarded
-def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
+def layout(profile=None, start=None, end=None, sel=None, lanes=None, region=None, **_):
     key = ui.profile_key(profile)
-    fig, state, status, sel_text, window = render(key, start, end, sel, fold=lanes != "all")
+    fig, state, status, sel_text, window = render(key, start, end, sel, fold=lanes != "all", region=region)
     span_us = data.bounds(data.resolve(key))["span"] / 1e3
     keys = [{"key": k.lower(), "action": action, "amount": amount} for k, _what, action, amount in KEYS]
     return html.Div([
@@ -94,6 +96,7 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
             html.Span([html.Span(sel_text, id="timeline-selection"), " ",
                        html.Button("clear", id="timeline-clear", className="btn")],
                       className="pill", hidden=not sel_text, id="timeline-selection-pill"),
+            _region_pill(key, state["region"]),
         ], className="toolbar"),
         html.Div(f"Keys: {keys_help()} · drag or scroll to zoom · double-click to fit · "
                  "click an execution, compile or fallback to zoom to it · "
@@ -127,6 +130,17 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, **_):
                       html.Div(id="timeline-aggregates")], className="card col"),
         ], className="row"),
     ])
+
+
+def _region_pill(key, spec) -> html.Span:
+    """The highlighted region named, with what it was cut by and its span, and a button that drops it."""
+    mark = timeline.region_mark(data.resolve(key), spec)
+    text = (f"region {mark['name']} · core {mark['core']} · {fmt_ns(mark['end'] - mark['start'])} "
+            f"({dict(layer='by layer', kernel='NKI kernel', collective='between collectives')[mark['by']]})"
+            if mark else "")
+    return html.Span([html.Span(text, id="timeline-region"), " ",
+                      html.Button("clear", id="timeline-region-clear", className="btn")],
+                     className="pill region", hidden=not mark, id="timeline-region-pill")
 
 
 def _throttle_note(key) -> str:
@@ -218,7 +232,7 @@ def _window_from_relayout(relayout: dict, state: dict):
 def zoom(request, _fit, _whole, _clear, _fold, click, state):
     """Zoom, pan (keys, drag, scroll), fit, whole session, fold or show empty lanes, clear the selection, or
     a click on an execution / compile / fallback span (zoom to it): re-query the window at the right
-    level of detail."""
+    level of detail (the highlighted region, if any, stays)."""
     start, end, sel = state.get("start"), state.get("end"), state.get("sel")
     fold = state.get("fold", True)
     if ctx.triggered_id == "timeline-fit":
@@ -246,13 +260,24 @@ def zoom(request, _fit, _whole, _clear, _fold, click, state):
             return (dash.no_update,) * 8
         start, end = window
     try:
-        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold)
+        fig, new_state, status, sel_text, label = render(state["profile"], start, end, sel, fold, state.get("region"))
     except data.ExplorerError as exc:
         return (dash.no_update,) * 2 + (str(exc),) + (dash.no_update,) * 5
     url = {"start": new_state["start"], "end": new_state["end"], "sel": new_state["sel"],
-           "lanes": "" if fold else "all"}
+           "lanes": "" if fold else "all", "region": new_state["region"]}
     return (fig, new_state, status, sel_text, not sel_text, url, label,
             "Show empty lanes" if fold else "Fold empty lanes")
+
+
+@callback(Output("timeline-state", "data", allow_duplicate=True),
+          Output("timeline-request", "data", allow_duplicate=True), Output("timeline-region-pill", "hidden"),
+          Input("timeline-region-clear", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
+def clear_region(_clicks, state):
+    """Drop the highlighted region: the same window asked for again (:func:`zoom` redraws it without)."""
+    if not isinstance(state, dict) or not state.get("region"):
+        return dash.no_update, dash.no_update, True
+    return ({**state, "region": ""}, {"xaxis.range": [state["start"] / 1e3, state["end"] / 1e3], "n": time.time()},
+            True)
 
 
 def _span_window(click, state):
@@ -316,7 +341,8 @@ def notes(_add, _confirm, text, selected, click, pending, state):
             a, e = rng or (at, at)
             note = selection.add(key, a, e, text)
             said = f"added a {note['kind']} note"
-        fig, *_ = render(key, state["start"], state["end"], state.get("sel"), state.get("fold", True))
+        fig, *_ = render(key, state["start"], state["end"], state.get("sel"), state.get("fold", True),
+                         state.get("region"))
     except data.ExplorerError as exc:
         return dash.no_update, str(exc), dash.no_update, dash.no_update
     return selection.annotation_list(key), said, fig, "" if said != "deleted" else dash.no_update
