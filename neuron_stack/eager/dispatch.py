@@ -106,11 +106,20 @@ def stats() -> dict:
         return dict(_stats)
 
 
-def _index(flat) -> int:
-    for a in flat:
-        if isinstance(a, NeuronTensor):
-            return a.device.index or 0
-    return _state["index"]
+def _unwrap(flat: list) -> tuple[int, list, bool]:
+    """The device index of the first neuron tensor among ``flat`` (else the current one), the values (a
+    neuron tensor's is its ``elem``), and whether one is being traced (fake or functional; a CPU Parameter,
+    as ``Module.to`` copies it, is a real value). One loop: this runs for every op."""
+    index, inner, traced = None, [], False
+    for x in flat:
+        if isinstance(x, NeuronTensor):
+            if index is None:
+                index = x.device.index or 0
+            x = x.elem
+        if isinstance(x, torch.Tensor) and type(x) not in _REAL:
+            traced = True
+        inner.append(x)
+    return (_state["index"] if index is None else index), inner, traced
 
 
 def _on_host(kwargs: dict) -> dict:
@@ -168,10 +177,8 @@ def dispatch(func, args: tuple, kwargs: dict):
     """Run one ATen op with ``neuron`` tensor arguments (called from ``__torch_dispatch__``)."""
     flat: list = []
     spec = _flatten((args, kwargs), flat)
-    index = _index(flat)
-    inner = [a.elem if isinstance(a, NeuronTensor) else a for a in flat]
-    # tracing: fake or functional values (a CPU Parameter, as Module.to copies it, is a real value)
-    if any(isinstance(x, torch.Tensor) and type(x) not in _REAL for x in inner):
+    index, inner, traced = _unwrap(flat)
+    if traced:
         a, k = _unflatten(spec, iter(inner))
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
     provenance.enter()
@@ -373,8 +380,7 @@ def _execute(func, a: tuple, k: dict, index: int, known: tuple | None = None):
         flat = []
         spec = _flatten((la, lk), flat)
     key = _signature(func, flat, spec, site, core)
-    with _lock:
-        model = _models.get(key)
+    model = _models.get(key)        # one dict read: atomic, no lock
     if model is None:
         model = _compile(func, la, lk, site, core, key)
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile
