@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT / "bench"))    # _docs (after the repository: bench/top.py is not the top package)
 
 import pyarrow as pa  # noqa: E402
 from _docs import conditions, write_block  # noqa: E402
