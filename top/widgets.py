@@ -104,7 +104,7 @@ class Panel(Widget):
 def _strip(line: Text, width: int, style: Style, console, y: int = 0) -> Strip:
     """Row ``y`` of a panel as textual would draw it (``text-wrap: nowrap; text-overflow: ellipsis`` on the
     widget's ``style``, each cell's offset in its meta for a mouse selection), made in one pass from rich's
-    segments: textual's Visual route, and a Strip per step (each makes seven caches), cost four times as
+    segments: textual's Visual route, and a Strip per step (each makes seven caches), cost four to six times as
     much, and changed rows are most of what neuron-top paints each refresh.
 
     >>> from rich.console import Console
