@@ -10,7 +10,10 @@ digest of the instruction schedule (``--expect-digest`` checks it: speed work mu
 the compiler emits). The machine's load average is printed with the figures: ratios are measured
 within one run because absolute times on a shared machine mean little.
 
-Usage: ``.venv/bin/python bench/compile.py [--layers 1 12 24] [--expect-digest 12:<sha256>]``.
+``--write`` puts the table (every size of the run), the new process's warm hit over its bare export and the
+digests into docs/compiler.md between its ``written by bench/compile.py`` markers (on a quiet machine).
+
+Usage: ``.venv/bin/python bench/compile.py [--layers 1 12 24] [--expect-digest 12:<sha256>] [--write]``.
 """
 import argparse
 import hashlib
@@ -26,6 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "sample_workloads"))
+from _docs import conditions, write_block  # noqa: E402
 from models import BertEncoder  # noqa: E402
 
 import neuron_stack  # noqa: E402
@@ -113,6 +117,31 @@ def bench(layers: int, hidden: int, seq: int) -> dict:
             "pass_s": st["pass_s"], "digest": schedule_digest(cold)}
 
 
+def markdown(rows: list[dict], command: str, loads: tuple[float, float]) -> str:
+    """The run as docs/compiler.md shows it: one column per size, targets in brackets, then the digests."""
+    def row(name: str, cell) -> str:
+        return f"| {name} | " + " | ".join(cell(r, r["child"]) for r in rows) + " |"
+    return "\n".join([
+        conditions(command, loads) + ". Targets in brackets.", "",
+        "| BERT-base-sized encoder | " + " | ".join(f"{r['layers']} layer{'s' * (r['layers'] > 1)}" for r in rows)
+        + " |", "|---|" + "---|" * len(rows),
+        row("instructions", lambda r, c: f"{r['instructions']:,}"),
+        row("capture (`torch.export` + decompositions), s", lambda r, c: f"{r['capture_s']:.2f}"),
+        row("cold `trace`, s", lambda r, c: f"{r['cold_s']:.2f}"),
+        row("cold / capture (≤ 2)", lambda r, c: f"{r['cold_s'] / r['capture_s']:.2f}"),
+        row("warm `trace` (cache hit, same process) − capture, s (≤ 0.3)",
+            lambda r, c: f"{r['warm_s'] - r['capture_s']:+.2f}"),
+        row("`neuron_stack.load` in a new process / cold (≤ 0.1)", lambda r, c: f"{c['load_s'] / r['cold_s']:.3f}"),
+        row("cache hit in a new process (hash + lookup + runtime load) / cold (≤ 0.1)",
+            lambda r, c: f"{c['hit_s'] / r['cold_s']:.3f}"),
+        row("warm hit in a new process − its bare export, s wall (CPU) (≤ 0.3)",
+            lambda r, c: f"{c['trace_s'] - c['export_s']:+.2f} ({c['trace_cpu'] - c['export_cpu']:+.2f})"),
+        row("lower + schedule, µs per instruction (linear scaling)",
+            lambda r, c: f"{r['pass_s'].get('lower+schedule', 0) / max(r['instructions'], 1) * 1e6:.1f}"),
+        "", "Schedule digests (`--expect-digest LAYERS:SHA256` checks them):", "", "```",
+        *(f"{r['layers']}: {r['digest']}" for r in rows), "```"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, nargs="+", default=[1, 12, 24])
@@ -120,6 +149,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--expect-digest", action="append", default=[], metavar="LAYERS:SHA256",
                    help="fail unless the schedule of that size has this digest (before/after a speed change)")
+    p.add_argument("--write", action="store_true", help="write the table into docs/compiler.md")
     args = p.parse_args()
     os.environ["NEURON_COMPILE_CACHE_URL"] = tempfile.mkdtemp(prefix="bench-cache-")
     export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))          # pay the one-time export warm-up
@@ -179,6 +209,11 @@ def main() -> None:
             bad.append(f"{n} layers: schedule digest {got} != expected {want}")
     if bad:
         sys.exit("bench: " + "; ".join(bad) + " (the compiler's output changed)")
+    if args.write:
+        size = "" if (args.hidden, args.seq) == (768, 128) else f" --hidden {args.hidden} --seq {args.seq}"
+        command = f"bench/compile.py --layers {' '.join(map(str, args.layers))}{size} --write"
+        write_block(ROOT / "docs" / "compiler.md", "bench/compile.py",
+                    markdown(rows, command, (load_before[0], load_after[0])))
 
 
 if __name__ == "__main__":

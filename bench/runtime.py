@@ -7,7 +7,10 @@ bf16 (the weights once, at load), work eager fp32 does not do.
 Then (``--no-profiling`` skips it) the profiling-on case: per-instruction profiling
 (``NEURON_RT_INSPECT_ENABLE=1``) vs eager (target <= 1.5) beside torch.profiler(with_stack=True),
 and instruction rows recorded per second.
-Usage: ``.venv/bin/python bench/runtime.py [--layers 4 --reps 30 --auto-cast matmult --threads 1]``.
+``--write`` puts everything it printed into docs/runtime.md and docs/cost_model.md between their
+``written by bench/runtime.py`` markers (on a quiet machine).
+
+Usage: ``.venv/bin/python bench/runtime.py [--layers 4 --reps 30 --auto-cast matmult --threads 1] [--write]``.
 """
 import argparse
 import os
@@ -19,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_workloads"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "sample_workloads"))
+from _docs import conditions, write_block  # noqa: E402
 from models import BertEncoder  # noqa: E402
 
 import neuron_stack  # noqa: E402
@@ -59,6 +64,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0: torch's default); 1 is far less noisy on a busy machine")
     p.add_argument("--no-profiling", action="store_true", help="skip the profiling-on case")
+    p.add_argument("--write", action="store_true", help="write what it prints into docs/runtime.md and "
+                                                        "docs/cost_model.md")
     p.add_argument("--profiling-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.profiling_child:
@@ -76,14 +83,21 @@ def main() -> None:
     me, mn = statistics.median(e), statistics.median(n)
     pairs = sorted(b / a for a, b in zip(e, n))
     q1, q3 = pairs[len(pairs) // 4], pairs[3 * len(pairs) // 4]
-    print(f"model: BERT-style encoder, {args.layers} layers, hidden {args.hidden}, seq {args.seq}; "
-          f"{args.reps} reps; --auto-cast {args.auto_cast}; {torch.get_num_threads()} torch threads")
-    print(f"eager PyTorch (no_grad)           median {me * 1e3:8.2f} ms")
-    print(f"neuron_stack fast path (prof off) median {mn * 1e3:8.2f} ms   ratio {mn / me:5.2f}x  (target <= 1.15)")
-    print(f"noise: 1-min load average {load0:.1f} -> {load1:.1f} on {os.cpu_count()} CPUs; "
-          f"per-pair ratio quartiles {q1:.2f} / {statistics.median(pairs):.2f} / {q3:.2f}")
+    lines = [f"model: BERT-style encoder, {args.layers} layers, hidden {args.hidden}, seq {args.seq}; "
+             f"{args.reps} reps; --auto-cast {args.auto_cast}; {torch.get_num_threads()} torch threads",
+             f"eager PyTorch (no_grad)           median {me * 1e3:8.2f} ms",
+             f"neuron_stack fast path (prof off) median {mn * 1e3:8.2f} ms   ratio {mn / me:5.2f}x  (target <= 1.15)",
+             f"noise: 1-min load average {load0:.1f} -> {load1:.1f} on {os.cpu_count()} CPUs; "
+             f"per-pair ratio quartiles {q1:.2f} / {statistics.median(pairs):.2f} / {q3:.2f}"]
+    print("\n".join(lines))
     if not args.no_profiling:
-        profiling_case(args)
+        lines += profiling_case(args).rstrip("\n").split("\n")
+    if args.write:
+        flags = " ".join(a for a in sys.argv[1:] if a != "--write")
+        block = "\n".join([conditions(f"bench/runtime.py {flags} --write".replace("  ", " "),
+                                      (load0, os.getloadavg()[0])) + ":", "", "```text", *lines, "```"])
+        for page in ("runtime.md", "cost_model.md"):
+            write_block(ROOT / "docs" / page, "bench/runtime.py", block)
 
 
 # ================================================================================================
@@ -93,8 +107,8 @@ def main() -> None:
 # torch.profiler(with_stack=True) on the same model in the same process, in interleaved blocks.
 # ================================================================================================
 
-def profiling_case(args) -> None:
-    """Run the profiling-on comparison in a child process and print its lines.
+def profiling_case(args) -> str:
+    """Run the profiling-on comparison in a child process, print its lines and return them.
 
     Example: ``.venv/bin/python bench/runtime.py --layers 4 --threads 1`` prints it after the fast path.
     """
@@ -111,6 +125,7 @@ def profiling_case(args) -> None:
     if r.returncode:
         sys.stderr.write(r.stderr[-2000:])
         raise SystemExit(f"runtime bench: the profiling-on child failed (exit {r.returncode})")
+    return r.stdout
 
 
 def _profiling_child(args) -> None:

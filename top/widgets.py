@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.geometry import Region
 from textual.screen import ModalScreen
@@ -87,13 +89,49 @@ class Panel(Widget):
         kept = self._strips.get(y)
         if kept is not None and kept[0] == width and kept[1] == line:
             return kept[2]
-        strips = Visual.to_strips(self, visualize(self, line), width, 1, self.visual_style)
-        strip = strips[0] if strips else Strip.blank(width, self.visual_style.rich_style)
+        if self.text_selection is None:
+            strip = _strip(line, width, self.visual_style.rich_style, self.app.console, y)
+        else:   # a mouse selection is highlighted by textual's own (slower) path
+            strips = Visual.to_strips(self, visualize(self, line), width, 1, self.visual_style)
+            strip = strips[0] if strips else Strip.blank(width, self.visual_style.rich_style)
         self._strips[y] = (width, line, strip)
         return strip
 
     def get_content_height(self, container, viewport, width: int) -> int:
         return len(self._text(width).plain.split("\n"))
+
+
+def _strip(line: Text, width: int, style: Style, console, y: int = 0) -> Strip:
+    """Row ``y`` of a panel as textual would draw it (``text-wrap: nowrap; text-overflow: ellipsis`` on the
+    widget's ``style``, each cell's offset in its meta for a mouse selection), made in one pass from rich's
+    segments: textual's Visual route, and a Strip per step (each makes seven caches), cost four to six times as
+    much, and changed rows are most of what neuron-top paints each refresh.
+
+    >>> from rich.console import Console
+    >>> _strip(Text("abcdef"), 4, Style(), Console()).text
+    'abc…'
+    """
+    if line.cell_len > width:
+        line = line.copy()
+        line.truncate(width, overflow="ellipsis")
+    segments, x = [], 0
+    for text, seg_style, _ in line.render(console):
+        segments.append(Segment(text, (style + seg_style if seg_style else style) + _offset(x, y)))
+        x += len(text)
+    if width > line.cell_len:
+        segments.append(Segment(" " * (width - line.cell_len), style + _offset(x, y)))
+    return Strip(segments, max(width, line.cell_len))
+
+
+_offsets: dict[tuple[int, int], Style] = {}
+
+
+def _offset(x: int, y: int) -> Style:
+    """The meta style textual's text selection reads a cell's position from (made once per position)."""
+    meta = _offsets.get((x, y))
+    if meta is None:
+        meta = _offsets[(x, y)] = Style.from_meta({"offset": (x, y)})
+    return meta
 
 
 def _lines(text: Text) -> list[Text]:

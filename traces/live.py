@@ -295,7 +295,10 @@ class LivePublisher:
         if category not in DEVICE_MEMORY:
             raise ValueError(f"unknown device memory category {category!r}: use one of {', '.join(DEVICE_MEMORY)}")
         with self._lock:
-            self._device_memory.setdefault(core, dict.fromkeys(DEVICE_MEMORY, 0))[category] = int(nbytes)
+            used = self._device_memory.get(core)
+            if used is None:
+                used = self._device_memory[core] = dict.fromkeys(DEVICE_MEMORY, 0)
+            used[category] = int(nbytes)
             self._dirty = True
         self._maybe_flush()
 

@@ -27,6 +27,7 @@ True
 """
 from __future__ import annotations
 
+import math
 import operator
 import os
 import threading
@@ -53,6 +54,7 @@ _HOST = object()          # cache marker: this signature runs on the host
 _REAL = (torch.Tensor, torch.nn.Parameter)
 _lock = threading.RLock()
 _models: dict[tuple, object] = {}
+_devices: dict[int, torch.device] = {}   # neuron:i, made once: every result's wrapper names its device
 _warned: set[tuple] = set()   # (op, call site) of host ops already warned about
 _stats = {"compiled_ops": 0, "executions": 0, "host_ops": 0, "transfers": 0, "transfer_bytes": 0,
           "transfer_ns": 0, "device_ns": 0, "dispatch_ns": 0}
@@ -65,9 +67,10 @@ class NeuronTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, index: int = 0):
+        device = _devices.get(index) or _devices.setdefault(index, torch.device("neuron", index))
         return torch.Tensor._make_wrapper_subclass(
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=torch.device("neuron", index), requires_grad=elem.requires_grad)
+            layout=elem.layout, device=device, requires_grad=elem.requires_grad)
 
     def __init__(self, elem: torch.Tensor, index: int = 0):
         self.elem = elem
@@ -103,11 +106,20 @@ def stats() -> dict:
         return dict(_stats)
 
 
-def _index(flat) -> int:
-    for a in flat:
-        if isinstance(a, NeuronTensor):
-            return a.device.index or 0
-    return _state["index"]
+def _unwrap(flat: list) -> tuple[int, list, bool]:
+    """The device index of the first neuron tensor among ``flat`` (else the current one), the values (a
+    neuron tensor's is its ``elem``), and whether one is being traced (fake or functional; a CPU Parameter,
+    as ``Module.to`` copies it, is a real value). One loop: this runs for every op."""
+    index, inner, traced = None, [], False
+    for x in flat:
+        if isinstance(x, NeuronTensor):
+            if index is None:
+                index = x.device.index or 0
+            x = x.elem
+        if isinstance(x, torch.Tensor) and type(x) not in _REAL:
+            traced = True
+        inner.append(x)
+    return (_state["index"] if index is None else index), inner, traced
 
 
 def _on_host(kwargs: dict) -> dict:
@@ -165,10 +177,8 @@ def dispatch(func, args: tuple, kwargs: dict):
     """Run one ATen op with ``neuron`` tensor arguments (called from ``__torch_dispatch__``)."""
     flat: list = []
     spec = _flatten((args, kwargs), flat)
-    index = _index(flat)
-    inner = [a.elem if isinstance(a, NeuronTensor) else a for a in flat]
-    # tracing: fake or functional values (a CPU Parameter, as Module.to copies it, is a real value)
-    if any(isinstance(x, torch.Tensor) and type(x) not in _REAL for x in inner):
+    index, inner, traced = _unwrap(flat)
+    if traced:
         a, k = _unflatten(spec, iter(inner))
         return _rewrap(func(*a, **_on_host(k)), inner, flat, index)
     provenance.enter()
@@ -183,7 +193,10 @@ def dispatch(func, args: tuple, kwargs: dict):
             _transfer(src, direction, index)
             return dst
     a, k = _unflatten(spec, iter(inner))
-    k = _on_host(k)
+    k2 = _on_host(k)
+    # the leaves and structure of (a, k), reused by the cache key unless a device kwarg now names the host
+    known = (inner, spec) if k2 is k else None
+    k = k2
     kind = _kind(func)
     if kind == _VALUE or not any(isinstance(x, torch.Tensor) for x in inner):
         return _rewrap(func(*a, **k), inner, flat, index)
@@ -191,11 +204,11 @@ def dispatch(func, args: tuple, kwargs: dict):
         _transfer(inner[0], "to_host", index)
         return func(*a, **k)
     if kind == _MUTABLE:
-        return _mutate(func, args, a, k, inner, flat, index)
-    return _rewrap(_execute(func, a, k, index), inner, flat, index)
+        return _mutate(func, args, a, k, inner, flat, index, known)
+    return _rewrap(_execute(func, a, k, index, known), inner, flat, index)
 
 
-def _mutate(func, args, a, k, inner, flat, index):
+def _mutate(func, args, a, k, inner, flat, index, known=None):
     """An in-place op: its functional form computed on the device, written back into ``self``."""
     schema = func._schema
     packet = getattr(aten, schema.name.split("::")[1].rstrip("_"), None)
@@ -205,7 +218,7 @@ def _mutate(func, args, a, k, inner, flat, index):
             or any(x.alias_info is not None and x.alias_info.is_write for x in schema.arguments[1:]):
         # out= variants and the like
         return _rewrap(_host_op(func, a, k, index, "an in-place op without a functional form"), inner, flat, index)
-    out = _execute(functional, a, k, index)
+    out = _execute(functional, a, k, index, known)     # the functional form takes the same arguments
     targets = a[0] if isinstance(a[0], (list, tuple)) else [a[0]]
     results = out if isinstance(out, (list, tuple)) else [out]
     for t, r in zip(targets, results):
@@ -297,12 +310,31 @@ def _lift(func, a: tuple, k: dict) -> tuple[tuple, dict]:
     for i, name in slots:
         v = a[i] if i < n else k.get(name)
         if type(v) is float:
-            t = torch.tensor(v, dtype=dt)
+            t = _scalar(v, dt)
             if i < n:
                 a[i] = t
             else:
                 k = dict(k, **{name: t})
     return tuple(a), k
+
+
+_scalars: dict = {}
+
+
+def _scalar(v: float, dt: torch.dtype) -> torch.Tensor:
+    """``v`` as a 0-d tensor of ``dt``, made once per value (an optimizer's step size, every step): a NEFF
+    input only read, never written or handed back (:func:`_execute` clones an output that shares one).
+
+    >>> _scalar(-0.0, torch.float32).item(), _scalar(0.0, torch.float32).item()
+    (-0.0, 0.0)
+    """
+    key = (v, math.copysign(1.0, v), dt)      # -0.0 == 0.0, but they are different inputs
+    t = _scalars.get(key)
+    if t is None:
+        if len(_scalars) >= 4096:              # an ever-changing scalar (a schedule) does not grow this
+            _scalars.clear()
+        t = _scalars[key] = torch.tensor(v, dtype=dt)
+    return t
 
 
 _slots: dict = {}
@@ -331,20 +363,24 @@ def _scalar_arg(func, a: tuple, k: dict):
 
 def _signature(func, flat: list, spec, site, core) -> tuple:
     """The cache key of one op call: what its NEFF depends on (``flat``, ``spec``: its arguments flattened)."""
-    leaves = tuple((x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
+    leaves = tuple([(x.shape, x.stride(), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat])
     return (func, leaves, spec, site.key(), core)
 
 
-def _execute(func, a: tuple, k: dict, index: int):
-    """Run ``func`` through its cached one-op NEFF (compiling it on first use) and return its results."""
+def _execute(func, a: tuple, k: dict, index: int, known: tuple | None = None):
+    """Run ``func`` through its cached one-op NEFF (compiling it on first use) and return its results
+    (``known``: the leaves and structure of ``(a, k)`` when the caller has them already)."""
     t0 = time.perf_counter_ns()
     s, core = core_of(index)
     site = provenance.site()
     la, lk = _lift(func, a, k)
-    flat: list = []
-    key = _signature(func, flat, _flatten((la, lk), flat), site, core)
-    with _lock:
-        model = _models.get(key)
+    if known is not None and la is a and lk is k:
+        flat, spec = known
+    else:
+        flat = []
+        spec = _flatten((la, lk), flat)
+    key = _signature(func, flat, spec, site, core)
+    model = _models.get(key)        # one dict read: atomic, no lock
     if model is None:
         model = _compile(func, la, lk, site, core, key)
         t0 = time.perf_counter_ns()        # dispatch time is what every call pays, not the first compile

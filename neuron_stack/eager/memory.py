@@ -7,7 +7,6 @@ True
 from __future__ import annotations
 
 import collections
-import functools
 import linecache
 import os
 import sys
@@ -80,29 +79,33 @@ class DeviceMemory:
         # A dying tensor's finalizer only queues its storage: finalizers run wherever the garbage collector
         # happens to run, inside any lock on any thread (the live publisher's, mid-snapshot, deadlocked on it)
         self._released: collections.deque[int] = collections.deque()
-        self._refs: set[weakref.ref] = set()       # alive until their value dies
+        self._refs: dict[int, tuple] = {}   # id -> (weakref, storage data_ptr), alive until its value dies
+        self._on_release = self._release            # bound once: the callback of every tensor's weakref
         self.storages: dict[int, list] = {}       # storage data_ptr -> [nbytes, users, index]
         self.allocated: dict[int, int] = {}
         self.peak: dict[int, int] = {}
         self.session_of = core_of                 # index -> (Session, core)
 
     def track(self, t: torch.Tensor, index: int) -> None:
-        if type(t.elem) is not torch.Tensor:      # a fake or functional value while tracing: no memory
+        elem = t.elem
+        if type(elem) is not torch.Tensor:      # a fake or functional value while tracing: no memory
             return
-        storage = t.elem.untyped_storage()
+        storage = elem.untyped_storage()
         key = storage.data_ptr()
-        nbytes = storage.nbytes()
-        self.drain()   # a freed storage's address may be this one's
+        if self._released:
+            self.drain()   # a freed storage's address may be this one's
         with self._lock:
             entry = self.storages.get(key)
             if entry is None:
+                nbytes = storage.nbytes()
                 if nbytes:
                     self._charge(index, nbytes, t)
                 entry = self.storages[key] = [nbytes, 0, index]
             entry[1] += 1
         # on the value, not the wrapper: Module.to swaps wrappers (torch.utils.swap_tensors refuses weakrefs).
-        # A bare weakref (held in a set until it fires): weakref.finalize costs microseconds per tensor
-        self._refs.add(weakref.ref(t.elem, functools.partial(self._release, key)))
+        # A bare weakref (held until it fires, with its storage): weakref.finalize costs microseconds per tensor
+        ref = weakref.ref(elem, self._on_release)
+        self._refs[id(ref)] = ref, key   # by id: two live weakrefs of one tensor compare its values
 
     def _charge(self, index: int, nbytes: int, t: torch.Tensor) -> None:
         session, core = self.session_of(index)
@@ -121,9 +124,10 @@ class DeviceMemory:
         self.allocated[index] = self.allocated.get(index, 0) + nbytes
         self.peak[index] = max(self.peak.get(index, 0), self.allocated[index])
 
-    def _release(self, key: int, ref) -> None:
-        self._refs.discard(ref)
-        self._released.append(key)
+    def _release(self, ref) -> None:
+        entry = self._refs.pop(id(ref), None)
+        if entry is not None:
+            self._released.append(entry[1])
 
     def drain(self) -> None:
         """Give back the memory of tensors that died since the last call (their finalizers queued them)."""

@@ -36,6 +36,7 @@ _CALL_IMPL = torch.nn.Module._call_impl.__code__
 _KEEP = 1 << 18             # forward nodes remembered; a backward past that many loses its forward lines
 _forward: dict[int, "Site"] = {}
 _paths: dict[int, tuple] = {}      # id(root module) -> (weakref to it, {id(module): name})
+_type_names: dict[type, str] = {}  # a module class -> its name as nn_module_stack spells it
 _local = threading.local()
 _lock = threading.Lock()
 
@@ -52,9 +53,8 @@ class Site(NamedTuple):        # a tuple: made for every op, where a dataclass c
 
     def key(self) -> tuple:
         """What of the site a compiled op carries into profiles (part of the eager op's signature)."""
-        def at(s):
-            return (s.file, s.line) if s is not None else None
-        return at(self.source), self.module_path, at(self.fwd_source), self.backward
+        s, f = self.source, self.fwd_source
+        return (s and (s.file, s.line)), self.module_path, (f and (f.file, f.line)), self.backward
 
 
 def enter() -> None:
@@ -125,4 +125,7 @@ def _path(root: torch.nn.Module, m: torch.nn.Module) -> tuple[str, str]:
         names = {id(x): n for n, x in root.named_modules()}
         _paths[id(root)] = (weakref.ref(root, lambda _, k=id(root): _paths.pop(k, None)), names)
     cls = type(m)
-    return names.get(id(m), ""), f"{cls.__module__}.{cls.__qualname__}"
+    name = _type_names.get(cls)
+    if name is None:
+        name = _type_names[cls] = f"{cls.__module__}.{cls.__qualname__}"
+    return names.get(id(m), ""), name
