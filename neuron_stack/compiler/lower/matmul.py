@@ -14,6 +14,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, tra
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.kvread import repeat_kv_operands
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
+from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_on_evacuation
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
@@ -382,18 +383,11 @@ class Matmul:
 
     # -- instruction emission -----------------------------------------------------------------------------------
 
-    def casts_in_flight(self, v: View) -> bool:
-        """Whether a quantized weight's load converts in the DMA itself (``nki.isa.dma_copy``, Inf2/Trn1/Trn2: "A
-        cast will happen if the src and dst have different dtype"; NC-v2's ``nc_matmul`` takes no int8): no ScalarE
-        or VectorE copy on a decode step's critical path. It reads the stored bytes and writes the matmul dtype's,
-        charged its larger side (docs/llm.md, weight-only quantization)."""
-        return v.dtype in QUANTIZED_DTYPES and v.dtype != self.mm_dt and v.buf not in self.low.res
-
     def load_cast(self, v: View, box, pool: Pool, split: int) -> Tile:
         """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
         if v.dtype == self.mm_dt:
             return self.low.load(self.n.name, v, box, pool, split)
-        if self.casts_in_flight(v) and len(box) == 2 and split == 1:
+        if casts_in_flight(self, v) and len(box) == 2 and split == 1:
             t = pool.tile(box[0][1], box[1][1])         # the DMA writes the matmul dtype: no copy after
             self.low.dma(self.n.name, t.op(), view_operand(v, box))
             return t
@@ -428,7 +422,7 @@ class Matmul:
         if self.memo.get("key") != (j0, n0):
             gl = min(kgroup, nk - j0)
             t = self.gpool.tile(PMAX, gl * nw)
-            if not self.casts_in_flight(B):
+            if not casts_in_flight(self, B):
                 t = t.as_dtype(B.dtype)
             ap = [[nk * N, PMAX], [1, gl * N]] if nw == N else [[nk * N, PMAX], [N, gl], [1, nw]]
             self.low.dma(self.n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N + n0, "ap": ap})
@@ -443,7 +437,7 @@ class Matmul:
         if self.memo.get("key") != (j0, n0):
             gl, low = min(g, self.nk - j0), self.low
             box = [(0, PMAX), (j0, gl), (n0, nw)]
-            if self.casts_in_flight(self.B):
+            if casts_in_flight(self, self.B):
                 t = self.lpool.tile(PMAX, gl * nw)          # the DMA writes the matmul dtype: no copy after
                 low.dma(self.n.name, t.op(), view_operand(self.Bl, box))
             else:
@@ -500,8 +494,8 @@ class Matmul:
                 else:
                     low.vec("TENSOR_TENSOR", name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
                             flops=mp * cw)
-            elif self.scale_on_evacuation():
-                # a multiply by a tensor (a quantized linear's per-channel scale) reads PSUM: one pass, no copy
+            elif scale_on_evacuation(self):
+                # a multiply by a tensor (a quantized linear's scale) reads PSUM: one pass, no copy (quantized.py)
                 cur = run_chain(ctx, name, src, self.members, self.out3)
                 if self.sm is not None:
                     self.sm(cur, box)
@@ -511,12 +505,6 @@ class Matmul:
             cur = run_chain(ctx, name, out_t, self.members, self.out3)
             if self.sm is not None:
                 self.sm(cur, box)
-
-    def scale_on_evacuation(self) -> bool:
-        """Whether the epilogue's first op is a multiply by another tensor that can read the PSUM bank itself."""
-        m = self.members[0] if self.members else None
-        return m is not None and self.alpha == 1 and self.n.name not in self.out3 and m.extras \
-            and packet_name(m.node.target) == "mul" and set(m.extras) | {m.idx} == {0, 1}
 
     def x_tiles(self, Ab: View, m0: int, mw: int) -> list[Tile]:
         """A sweep's x^T tiles of rows ``m0 .. m0+mw``, every K-tile: as stored, or natural loads of ``xg`` K-tiles
