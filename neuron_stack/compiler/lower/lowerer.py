@@ -555,8 +555,8 @@ class Lowerer(Residency):
 
     def folded_dequant(self, n: Node) -> str | None:
         """The quantized weight (an int8/fp8 constant) that ``n`` converts, when only matmuls read the
-        conversion: they load the weight as stored (half the bytes of bf16) and cast each tile on
-        ScalarE on its way to the Tensor Engine (weight-only quantization, NxDI's ``quantized``)."""
+        conversion: they load the weight as stored (half the bytes of bf16), cast by its DMA on its way to
+        the Tensor Engine (weight-only quantization, NxDI's ``quantized``; lower/quantized.py)."""
         if n.target != "aten._to_copy.default" or not n.args or not isinstance(n.args[0], dict):
             return None
         src = n.args[0].get("node")
