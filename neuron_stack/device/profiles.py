@@ -71,6 +71,9 @@ class DeviceProfile:
     # DMA and HBM
     dma_engines_per_core: int = 16
     dma_bytes_per_ns_per_engine: float = 17.0   # 272 GB/s per NC
+    # one engine's theoretical rate (NKI DMA overview: 27.2 GB/s on NeuronCore-v2 and -v3): the bound on the wider,
+    # SBUF side of a casting load (an int8 weight DMA'd into bf16), whose HBM side moves at the rate above
+    dma_engine_peak_bytes_per_ns: float = 27.2
     dma_fixed_ns: float = 1300.0                 # descriptor + sync + semaphore overhead
     dma_desc_overhead_bytes: int = 256           # per-descriptor cost in byte-times (calibrated, see docs)
     hbm_bytes_per_chip: int = 32 * 2**30

@@ -5,9 +5,9 @@ int8 (or fp8) with one scale per output channel; activations stay in the model's
 The module computes ``linear(x, W_q.to(x.dtype)) * scale``, which equals a matmul with the dequantized
 weight, as NxDI's quantized layers do in the traced graph (neuronx_distributed ``quantization/dequantize.py``).
 The compiler folds the conversion into the matmul (:meth:`Lowerer.folded_dequant`): each weight tile is
-loaded as stored (half the HBM bytes of bf16) and converted on its way to the Tensor Engine by ScalarE or
-VectorE, whichever frees up first (:meth:`Lowerer.cast_copy`); the scale is a multiply in the matmul's
-epilogue. The LM head and embeddings stay unquantized.
+read from HBM as stored (half the bytes of bf16) and converted to the matmul dtype by its own DMA
+(``neuron_stack.compiler.lower.quantized``); the scale multiplies the output as its PSUM evacuation.
+The LM head and embeddings stay unquantized.
 
 >>> import torch
 >>> lin = torch.nn.Linear(8, 4, bias=False)

@@ -268,10 +268,15 @@ class Lowerer(Residency):
         if spill == "reload" or src["m"] == "hbm" and src["b"] in self.cand:
             kw["spill_reload"] = nb
         idx = len(self.instrs)
+        moved = max(nb, wbytes)
+        if src["m"] == "hbm" and dst["m"] != "hbm" and wbytes > nb:
+            # a casting load (a quantized weight, lower/quantized.py): its stored bytes come from HBM at the
+            # calibrated rate, the wider ones go into SBUF at no more than the engine's theoretical rate
+            moved = max(nb, wbytes * self.p.dma_bytes_per_ns_per_engine / self.p.dma_engine_peak_bytes_per_ns)
         # the fixed ~1.3 us (descriptors, sync, semaphore-to-start) is latency before the data moves;
         # the queue's engine moves other transfers meanwhile, so only the transfer occupies it
         return self.emit("DMA_DIRECT2D", node, [dst], [src], {"desc": desc},
-                         dur=dma_ns(self.p, max(nb, wbytes), desc) - self.p.dma_fixed_ns,
+                         dur=dma_ns(self.p, moved, desc) - self.p.dma_fixed_ns,
                          queue_kind="SpillReload" if spill else "IO", piece_of=idx if piece_of is None else piece_of,
                          latency=self.p.dma_fixed_ns, rw=(nb, wbytes), **kw)
 
@@ -550,8 +555,8 @@ class Lowerer(Residency):
 
     def folded_dequant(self, n: Node) -> str | None:
         """The quantized weight (an int8/fp8 constant) that ``n`` converts, when only matmuls read the
-        conversion: they load the weight as stored (half the bytes of bf16) and cast each tile on
-        ScalarE on its way to the Tensor Engine (weight-only quantization, NxDI's ``quantized``)."""
+        conversion: they load the weight as stored (half the bytes of bf16), cast by its DMA on its way to
+        the Tensor Engine (weight-only quantization, NxDI's ``quantized``; lower/quantized.py)."""
         if n.target != "aten._to_copy.default" or not n.args or not isinstance(n.args[0], dict):
             return None
         src = n.args[0].get("node")

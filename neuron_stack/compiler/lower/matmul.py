@@ -14,6 +14,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, tra
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.kvread import repeat_kv_operands
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
+from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_on_evacuation
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
@@ -26,6 +27,7 @@ from neuron_stack.compiler.lower.tiles import (
     View,
     nbytes_of,
     packet_name,
+    view_operand,
 )
 from neuron_stack.device.cost import ceil_div, dma_efficiency, ldweights_ns, matmul_ns
 from neuron_stack.ir import Node
@@ -325,13 +327,15 @@ class Matmul:
             # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
             self.Al = A.with_meta(A.meta.view(M, PMAX, nk).permute(1, 2, 0))        # [128, nk, M]
             self.Bl = B.with_meta(B.meta.view(PMAX, nk, N))                         # [128, nk, N]
-            self.lgroup = min(nk, max(1, 4096 // (N * nbytes_of(B.dtype)))) if N <= NG else 1
+            self.lgroup = min(nk, max(1, 4096 // (N * nbytes_of(mm_dt)))) if N <= NG else 1
             groups = ceil_div(nk, self.lgroup)
             # the moving panel's pool (in its place): a resident panel keeps every group (two panels when they
             # fit), a streamed one keeps as many transfers in flight; casts of a quantized weight go to bpool
             lbufs = (2 * groups if 2 * self.b_bytes <= budget // 2 else groups) if self.panel_resident \
                 else max(2, self.streamed // self.lgroup)
-            self.lpool = Pool(low, f"{name}.Bl", "sbuf", PMAX, self.lgroup * NG, B.dtype, bufs=lbufs)
+            # (a quantized weight's group may land cast by its DMA: room for the matmul dtype)
+            self.lpool = Pool(low, f"{name}.Bl", "sbuf", PMAX, self.lgroup * NG,
+                              mm_dt if B.dtype in QUANTIZED_DTYPES else B.dtype, bufs=lbufs)
         if sweep:
             # the panel: every K-tile of every NG-column group of a block (K-tiled groups hold it in gpool)
             self.bpool = Pool(low, f"{name}.B", "sbuf", PMAX, NG, mm_dt, bufs=nk * ceil_div(self.NB, NG)) \
@@ -374,7 +378,8 @@ class Matmul:
                 gbufs = ceil_div(nk, self.kgroup) if B.dtype == mm_dt else 2
             else:           # a resident panel keeps every group
                 gbufs = 2 * ceil_div(nk, self.kgroup) if self.panel_resident else 2
-            self.gpool = Pool(low, f"{name}.Bk", "sbuf", PMAX, self.kgroup * min(N, self.NB), B.dtype, bufs=gbufs)
+            self.gpool = Pool(low, f"{name}.Bk", "sbuf", PMAX, self.kgroup * min(N, self.NB),
+                              mm_dt if B.dtype in QUANTIZED_DTYPES else B.dtype, bufs=gbufs)
 
     # -- instruction emission -----------------------------------------------------------------------------------
 
@@ -382,6 +387,10 @@ class Matmul:
         """DMA a box; cast to the matmul dtype on the way (auto-cast) through a staging tile."""
         if v.dtype == self.mm_dt:
             return self.low.load(self.n.name, v, box, pool, split)
+        if casts_in_flight(self, v) and len(box) == 2 and split == 1:
+            t = pool.tile(box[0][1], box[1][1])         # the DMA writes the matmul dtype: no copy after
+            self.low.dma(self.n.name, t.op(), view_operand(v, box))
+            return t
         stage = self.low.load(self.n.name, v, box, self.ld_pool, split)
         t = pool.tile(stage.P, stage.F)
         if v.dtype in QUANTIZED_DTYPES:
@@ -413,20 +422,29 @@ class Matmul:
         if self.memo.get("key") != (j0, n0):
             gl = min(kgroup, nk - j0)
             t = self.gpool.tile(PMAX, gl * nw)
+            if not casts_in_flight(self, B):
+                t = t.as_dtype(B.dtype)
             ap = [[nk * N, PMAX], [1, gl * N]] if nw == N else [[nk * N, PMAX], [N, gl], [1, nw]]
             self.low.dma(self.n.name, t.op(), {"m": "hbm", "b": B.buf, "dt": B.dtype, "o": j0 * N + n0, "ap": ap})
             self.memo.update(key=(j0, n0), t=t)
-        return self._cast_weight(self.memo["t"].cols((kb - j0) * nw, nw), nw)
+        t = self.memo["t"].cols((kb - j0) * nw, nw)
+        return t if t.dtype == self.mm_dt else self._cast_weight(t, nw)
 
     def lane_moving(self, kb: int, n0: int, nw: int) -> Tile:
         """K-tile ``kb`` of a weight read in the lane layout's order, ``lgroup`` K-tiles a DMA."""
         g = self.lgroup if nw == self.N else 1
         j0 = kb - kb % g
         if self.memo.get("key") != (j0, n0):
-            gl = min(g, self.nk - j0)
-            self.memo.update(key=(j0, n0),
-                             t=self.low.load(self.n.name, self.Bl, [(0, PMAX), (j0, gl), (n0, nw)], self.lpool, 1))
-        return self._cast_weight(self.memo["t"].cols((kb - j0) * nw, nw), nw)
+            gl, low = min(g, self.nk - j0), self.low
+            box = [(0, PMAX), (j0, gl), (n0, nw)]
+            if casts_in_flight(self, self.B):
+                t = self.lpool.tile(PMAX, gl * nw)          # the DMA writes the matmul dtype: no copy after
+                low.dma(self.n.name, t.op(), view_operand(self.Bl, box))
+            else:
+                t = low.load(self.n.name, self.Bl, box, self.lpool, 1)
+            self.memo.update(key=(j0, n0), t=t)
+        t = self.memo["t"].cols((kb - j0) * nw, nw)
+        return t if t.dtype == self.mm_dt else self._cast_weight(t, nw)
 
     def moving(self, Bb: View, kb: int, n0: int, nw: int) -> Tile:
         """The moving operand's K-tile ``kb``, columns ``n0 .. n0+nw``, of batch ``Bb``."""
@@ -476,6 +494,12 @@ class Matmul:
                 else:
                     low.vec("TENSOR_TENSOR", name, out_t, [src.op(), ctile.op()], n_inputs=2, op="add",
                             flops=mp * cw)
+            elif scale_on_evacuation(self):
+                # a multiply by a tensor (a quantized linear's scale) reads PSUM: one pass, no copy (quantized.py)
+                cur = run_chain(ctx, name, src, self.members, self.out3)
+                if self.sm is not None:
+                    self.sm(cur, box)
+                continue
             else:
                 low.act(name, out_t, src.op(), "copy", scale=self.alpha)
             cur = run_chain(ctx, name, out_t, self.members, self.out3)
