@@ -261,7 +261,7 @@ def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path, monke
     from pyspark.sql import SparkSession
 
     import traces
-    from traces.spark_summary import summary
+    from traces.spark_summary import register, summary
 
     url, _ = three_host_job
     # Spark's own Parquet reader (what s3a:// uses on a cluster with the hadoop-aws jar) on a copy of the
@@ -271,27 +271,30 @@ def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path, monke
             dest = tmp_path / key.removeprefix("jobs/ddp/")
             dest.parent.mkdir(parents=True, exist_ok=True)
             s3_server.client().download_file(s3_server.bucket, key, str(dest))
+    per_rank = "SELECT instance, rank, count(*) AS n FROM instructions GROUP BY instance, rank ORDER BY rank"
     with traces.open(url) as p:
         duck, duck_cores = p.summary(), p.summary_per_core().to_pylist()
+        duck_ranks = p.sql(per_rank).to_pylist()
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)   # the executors' Python readers: this interpreter
     spark = (SparkSession.builder.master("local[1]").appName("neuron-summary-test")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g").getOrCreate())
     try:
-        [in_place] = summary(spark, url)           # the bucket itself: pyarrow's S3 filesystem in the executors
+        [row] = summary(spark, url)           # the bucket itself: pyarrow's S3 filesystem in the executors
         cores = summary(spark, url, per_core=True)
-        [copied] = summary(spark, str(tmp_path))
+        register(spark, str(tmp_path))        # the copy (a third whole Summary would cost a minute)
+        copied_ranks = [r.asDict() for r in spark.sql(per_rank).collect()]
     finally:
         spark.stop()
-    for row in (in_place, copied):
-        assert set(row) == set(duck)
-        # JSON numbers, as DuckDB's: Spark's DECIMAL percentages are floats, never strings
-        assert not [k for k, v in row.items() if isinstance(duck[k], float) and not isinstance(v, float)], row
-        for name, value in duck.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                assert float(row[name]) == pytest.approx(value, rel=1e-12, abs=1e-12), name
-            else:
-                assert row[name] == value, name
+    assert copied_ranks == duck_ranks
+    assert set(row) == set(duck)
+    # JSON numbers, as DuckDB's: Spark's DECIMAL percentages are floats, never strings
+    assert not [k for k, v in row.items() if isinstance(duck[k], float) and not isinstance(v, float)], row
+    for name, value in duck.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert float(row[name]) == pytest.approx(value, rel=1e-12, abs=1e-12), name
+        else:
+            assert row[name] == value, name
     key = lambda r: (r["run_id"], r["core"])  # noqa: E731
     assert [key(r) for r in sorted(cores, key=key)] == [key(r) for r in sorted(duck_cores, key=key)]
     for mine, theirs in zip(sorted(cores, key=key), sorted(duck_cores, key=key)):

@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from traces.dataset import DATASET_TABLES, PARTITIONS, table_schema, tables_present
-from traces.errors import TraceError
+from traces.errors import TraceError, one_line
 from traces.objstore import Bucket, arrow_filesystem
 from traces.schema import TABLES
 
@@ -82,8 +82,7 @@ def _footer_schema(bucket: Bucket, keys: list[str]) -> pa.Schema:
     try:
         return pq.read_schema(f"{bucket.bucket}/{keys[0]}", filesystem=arrow_filesystem())
     except (OSError, pa.ArrowException) as exc:
-        raise TraceError(f"s3://{bucket.bucket}/{keys[0]} is not a readable Parquet file: "
-                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        raise TraceError(f"s3://{bucket.bucket}/{keys[0]} is not a readable Parquet file: {one_line(exc)}") from None
 
 
 def frames(spark, url: str, max_objects: int = MAX_OBJECTS) -> dict:
