@@ -9,7 +9,8 @@ Spark's Python Data Source (:mod:`traces.spark_source`: pyarrow's S3 filesystem 
 partition per object, no jar), a path or ``s3a://`` URL through Spark's own Parquet reader (which finds
 the ``instance=…/rank=…`` partitions itself). The ranks' metadata merge as
 :func:`traces.dataset.metadata_sql` says, and the figures come from :func:`traces.summary_sql.summary_sql`,
-the one formula DuckDB runs too. Spark is imported only here, and only when called.
+the one formula DuckDB runs too. Spark is imported only here and in :mod:`traces.spark_source`, and only
+when called.
 """
 from __future__ import annotations
 
