@@ -9,7 +9,8 @@ profiled), publishes each rank's partition as a rank does at its end, then measu
 * DuckDB in place on S3: open + ``summary()``, a full scan grouped by (instance, rank), one rank
   (partition pruning), a 1% time window;
 * the baseline: the same queries on one local ``profile.duckdb`` of all the ranks' segments;
-* with ``--spark``: the Summary on Spark local mode over a local copy of the dataset.
+* with ``--spark``: the Summary on Spark local mode over a local copy of the dataset, and in place
+  on the bucket (``traces/spark_source.py``).
 
 Prints a Markdown table (ratios are dataset / local profile). Usage:
 ``.venv/bin/python bench/scale.py [--ranks 64] [--executions 4] [--instructions 20000] [--spark]``
@@ -136,6 +137,7 @@ def main() -> int:
             from pyspark.sql import SparkSession
 
             from traces.spark_summary import summary
+            os.environ["PYSPARK_PYTHON"] = sys.executable   # in place: the executors' Python readers
             t = time.perf_counter()
             spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                      .config("spark.sql.shuffle.partitions", "4").config("spark.ui.showConsoleProgress", "false")
@@ -144,9 +146,14 @@ def main() -> int:
             spark.sparkContext.setLogLevel("ERROR")
             first = best(lambda: summary(spark, str(copy)), repeat=1)
             again = best(lambda: summary(spark, str(copy)))
+            in_place = best(lambda: summary(spark, url), repeat=1)
+            in_place_again = best(lambda: summary(spark, url), repeat=1)
             spark.stop()
             print(f"| Spark local[2]: start session | {started:.1f} s | | |")
-            print(f"| Spark local[2]: summary (first, then best of 3) | {first:.2f} s, {again:.2f} s | | |")
+            print(f"| Spark local[2]: summary on a local copy (first, then best of 3) | {first:.2f} s, "
+                  f"{again:.2f} s | | |")
+            print(f"| Spark local[2]: summary in place on s3:// (Python Data Source; first, then again) | "
+                  f"{in_place:.2f} s, {in_place_again:.2f} s | | |")
     finally:
         stop(proc)
         shutil.rmtree(work, ignore_errors=True)

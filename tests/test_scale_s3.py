@@ -253,7 +253,7 @@ def check_explorer_queries_the_url(three_host_job, s3_server):
     assert out.returncode != 0 and "holds no trace dataset" in out.stderr and len(out.stderr.splitlines()) == 1
 
 
-def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
+def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path, monkeypatch):
     import shutil
 
     if shutil.which("java") is None:
@@ -261,32 +261,37 @@ def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
     from pyspark.sql import SparkSession
 
     import traces
-    from traces.spark_summary import summary
+    from traces.spark_summary import register, summary
 
     url, _ = three_host_job
-    # Spark reads S3 through hadoop-aws (s3a://), a jar this offline machine cannot fetch: it reads a
-    # copy of the dataset's files, laid out as on the bucket
+    # Spark's own Parquet reader (what s3a:// uses on a cluster with the hadoop-aws jar) on a copy of the
+    # dataset's files, laid out as on the bucket
     for key in s3_server.keys("jobs/ddp/"):
         if not key.startswith("jobs/ddp/segments/"):
             dest = tmp_path / key.removeprefix("jobs/ddp/")
             dest.parent.mkdir(parents=True, exist_ok=True)
             s3_server.client().download_file(s3_server.bucket, key, str(dest))
+    per_rank = "SELECT instance, rank, count(*) AS n FROM instructions GROUP BY instance, rank ORDER BY rank"
     with traces.open(url) as p:
         duck, duck_cores = p.summary(), p.summary_per_core().to_pylist()
+        duck_ranks = p.sql(per_rank).to_pylist()
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)   # the executors' Python readers: this interpreter
     spark = (SparkSession.builder.master("local[1]").appName("neuron-summary-test")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "1g").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "1g").getOrCreate())
     try:
-        [row] = summary(spark, str(tmp_path))
-        cores = summary(spark, str(tmp_path), per_core=True)
+        [row] = summary(spark, url)           # the bucket itself: pyarrow's S3 filesystem in the executors
+        cores = summary(spark, url, per_core=True)
+        register(spark, str(tmp_path))        # the copy (a third whole Summary would cost a minute)
+        copied_ranks = [r.asDict() for r in spark.sql(per_rank).collect()]
     finally:
         spark.stop()
+    assert copied_ranks == duck_ranks
     assert set(row) == set(duck)
     # JSON numbers, as DuckDB's: Spark's DECIMAL percentages are floats, never strings
     assert not [k for k, v in row.items() if isinstance(duck[k], float) and not isinstance(v, float)], row
-    number = (int, float)
     for name, value in duck.items():
-        if isinstance(value, number) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             assert float(row[name]) == pytest.approx(value, rel=1e-12, abs=1e-12), name
         else:
             assert row[name] == value, name
@@ -296,12 +301,69 @@ def check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path):
         assert float(mine["total_time"]) == pytest.approx(theirs["total_time"], rel=1e-12)
 
 
-def test_a_three_host_job_on_s3_is_one_dataset_for_duckdb_and_spark(three_host_job, s3_server, s3_env, tmp_path):
+def test_a_three_host_job_on_s3_is_one_dataset_for_duckdb_and_spark(three_host_job, s3_server, s3_env, tmp_path,
+                                                                    monkeypatch):
     """One test over the job (pytest -n 2 would run a module fixture once per worker): the partitioned
-    dataset, the CLI on its URL, then Spark."""
+    dataset, the CLI on its URL, then Spark, in place and on a copy."""
     check_one_partitioned_dataset(three_host_job, s3_server)
     check_explorer_queries_the_url(three_host_job, s3_server)
-    check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path)
+    check_spark_summary_equals_duckdb(three_host_job, s3_server, tmp_path, monkeypatch)
+
+
+def publish_synthetic(url: str, tmp_path: Path, ranks: int = 2) -> None:
+    """``ranks`` small synthetic ranks published to ``url`` as ranks of a job do, one host each."""
+    import traces.synthetic
+    from traces.dataset import publish_rank
+    from traces.ids import instance_id
+
+    for rank in range(ranks):
+        traces.synthetic.write_run(tmp_path / f"r{rank}", executions=3, instructions=300, seed=rank,
+                                   run_id=f"rank{rank}", cores=(0, 1))
+        publish_rank(tmp_path / f"r{rank}", url, instance_id(f"host-{rank}"), rank)
+
+
+def test_spark_reads_one_partition_per_object_as_duckdb_does(s3_env, tmp_path):
+    """The Data Source's executor side, driven without a JVM: each object's batches, with its partition's
+    instance and rank, are the rows DuckDB's in-place dataset holds; the listing is bounded."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    import traces
+    from traces.errors import TraceError
+    from traces.spark_source import TraceObjects, plan
+
+    url = s3_env.url("jobs/spark-plan")
+    publish_synthetic(url, tmp_path)
+    bucket, tables = plan(url)
+    by_name = {t.name: t for t in tables}
+    assert [k.split("/")[-2:] for k in by_name["instructions"].keys] == [["rank=0", "part-0.parquet"],
+                                                                         ["rank=1", "part-0.parquet"]]
+    with traces.open(url) as p:
+        for name in ("runs", "executions", "instructions", "exec_engine_summary"):
+            table = by_name[name]
+            reader = TraceObjects({"bucket": bucket, "keys": json.dumps(table.keys)}).reader(
+                from_arrow_schema(table.schema))
+            rows = [r for part in reader.partitions() for batch in reader.read(part) for r in batch.to_pylist()]
+            theirs = p.sql(f"SELECT * FROM {name}").to_pylist()
+            order = lambda r: json.dumps(r, sort_keys=True, default=str)  # noqa: E731
+            assert sorted(rows, key=order) == sorted(theirs, key=order), name
+    with pytest.raises(TraceError, match=r"holds more than 1 objects"):
+        plan(url, max_objects=1)
+
+
+def test_spark_summary_of_a_bad_s3_dataset_is_one_line_before_spark_starts(s3_env, tmp_path):
+    env = subprocess_env(s3_env.env)
+    no_creds = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    no_creds.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+                    AWS_CONFIG_FILE=str(tmp_path / "none"))
+    cases = [(env, s3_env.url("jobs/none"), "holds no trace dataset"),
+             (env, "s3://Not_A_Bucket/x", "is not an S3 URL"),
+             (no_creds, s3_env.url("jobs/none"), "no AWS credentials found")]
+    for case_env, url, why in cases:
+        r = subprocess.run([sys.executable, "-m", "traces.spark_summary", url], env=case_env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 1 and r.stdout == "", (url, r.stderr)
+        assert r.stderr.startswith("spark_summary: error: ") and why in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_a_rank_that_died_before_publishing_is_published_from_its_segments(s3_env, tmp_path):

@@ -128,6 +128,29 @@ def metadata_sql(parts: str) -> str:
     return f"SELECT key, CASE key {combine} ELSE max(value) END AS value FROM {parts} GROUP BY key"
 
 
+def table_schema(name: str, stored: pa.Schema | None = None) -> pa.Schema:
+    """The schema of table ``name`` across every rank's files, whatever version wrote them: the trace
+    schema's (or, for a derived table, the ``stored`` one of a file), then the partition columns it lacks.
+
+    >>> table_schema("metadata").names, table_schema("runs").names.count("rank")
+    (['key', 'value', 'instance', 'rank'], 1)
+    """
+    base = TABLES[name] if name in TABLES else stored
+    return pa.schema(list(base) + [pa.field(k, t) for k, t in PARTITIONS if k not in base.names])
+
+
+def tables_present(bucket: Bucket) -> set[str]:
+    """The first-level directories of the dataset at ``bucket`` (one listing); TraceError, naming the fix,
+    when none is a table's. Example: ``"instructions" in tables_present(Bucket("s3://b/job"))``."""
+    present = bucket.dirs()
+    if not present & set(DATASET_TABLES.values()):
+        hint = (": its ranks have not finished; publish their uploaded segments with "
+                "`python -m traces.dataset publish-segments URL`" if SEGMENTS_DIR in present else "")
+        raise TraceError(f"{bucket.url} holds no trace dataset{hint} (write one with "
+                         "NEURON_RT_INSPECT_OUTPUT_DIR=s3://... and NEURON_RT_INSPECT_ENABLE=1)")
+    return present
+
+
 def connect(url: str, *, external_access: bool = True, limits: dict | None = None) -> "_OneConnection":
     """A DuckDB connection over the dataset at ``url``, queried in place; ``traces.open(url)`` wraps it
     in a read-only :class:`traces.query.Profile`.
@@ -143,12 +166,7 @@ def connect(url: str, *, external_access: bool = True, limits: dict | None = Non
 
     bucket = Bucket(url)
     fs = arrow_filesystem()
-    present = bucket.dirs()
-    if not present & set(DATASET_TABLES.values()):
-        hint = (": its ranks have not finished; publish their uploaded segments with "
-                "`python -m traces.dataset publish-segments URL`" if SEGMENTS_DIR in present else "")
-        raise TraceError(f"{url} holds no trace dataset{hint} (write one with "
-                         "NEURON_RT_INSPECT_OUTPUT_DIR=s3://... and NEURON_RT_INSPECT_ENABLE=1)")
+    present = tables_present(bucket)
     parts = ds.partitioning(pa.schema(list(PARTITIONS)), flavor="hive")
     con = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False,
                                              "autoload_known_extensions": False, **(limits or {})})
@@ -156,10 +174,7 @@ def connect(url: str, *, external_access: bool = True, limits: dict | None = Non
         for name, directory in DATASET_TABLES.items():
             base = f"{bucket.bucket}/{bucket.key(directory)}"
             if directory in present:
-                schema = None
-                if name in TABLES:   # one schema for every rank's files, whatever version wrote them
-                    extra = [pa.field(k, t) for k, t in PARTITIONS if k not in TABLES[name].names]
-                    schema = pa.schema(list(TABLES[name]) + extra)
+                schema = table_schema(name) if name in TABLES else None
                 data = ds.dataset(base, filesystem=fs, format="parquet", partitioning=parts, schema=schema)
             else:
                 data = TABLES[name].empty_table() if name in TABLES else pa.table({"exec_id": pa.array([], pa.int64())})

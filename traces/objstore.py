@@ -164,10 +164,12 @@ class Bucket:
             for chunk in self._call(rel, obj["Body"].iter_chunks, 1 << 20):
                 out.write(chunk)
 
-    def list(self, rel: str = "") -> list[str]:
-        """Keys (relative to the prefix) under ``rel``, sorted."""
+    def list(self, rel: str = "", limit: int | None = None) -> list[str]:
+        """Keys (relative to the prefix) under ``rel``, sorted; at most ``limit`` of them (the first in
+        S3's key order) when given."""
         start = self.key(rel) if rel else (self.prefix + "/" if self.prefix else "")
-        pages = _client()[1].get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+        bound = {"PaginationConfig": {"MaxItems": limit}} if limit is not None else {}
+        pages = _client()[1].get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start, **bound)
         keys = self._call(rel, lambda: [o["Key"] for page in pages for o in page.get("Contents", [])])
         cut = len(self.prefix) + 1 if self.prefix else 0
         return sorted(k[cut:] for k in keys)
