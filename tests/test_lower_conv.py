@@ -12,7 +12,7 @@ import torch
 from neuron_stack.compiler.fuse import fuse
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule, build_schedules
+from neuron_stack.compiler.schedule import build_schedule
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.isa.interp import run_program
