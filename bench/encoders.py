@@ -4,7 +4,10 @@ Hugging Face BERT-base, DistilBERT-base and ViT-base (224x224 images: 197 tokens
 device from their default configs (no weights, no download) and compiled as a user's ``trace`` would,
 with bf16 matmuls (``--auto-cast matmult``, neuronx-cc's default for inference). As the LLM projection
 does (docs/llm.md), each model is compiled with one and with two encoder layers and the whole model is
-``t1 + (L - 1) * (t2 - t1)``: the layers are identical.
+``t1 + (L - 1) * (t2 - t1)``: the layers are identical. ``unet`` is a UNet-style convolutional
+encoder-decoder (two 2x down-samplings by max pooling, two 2x2 stride-2 transposed convolutions up, skip
+connections; 3 x 128 x 128 images), compiled whole. Its up-sampling and ViT's patch embedding
+run in the layouts of ``compiler/lower/convgeom.py``.
 
 For each model and batch it prints the whole model's device time, the time per sequence, and that time
 as a multiple of batch 1's (the baseline of the same invocation): twice the work should never take more
@@ -36,8 +39,34 @@ TINY = {"hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128}
 LAYERS = {"bert-base": 12, "distilbert-base": 6, "vit-base": 12}
 
 
+class UNet(torch.nn.Module):
+    """A two-level UNet: 3x3 conv blocks, max pooling down, 2x2 stride-2 transposed convolutions up, skips."""
+
+    def __init__(self, w: int = 32):
+        super().__init__()
+        nn = torch.nn
+
+        def block(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.ReLU(), nn.Conv2d(o, o, 3, padding=1), nn.ReLU())
+        self.e1, self.e2, self.mid = block(3, w), block(w, 2 * w), block(2 * w, 4 * w)
+        self.up2, self.d2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2), block(4 * w, 2 * w)
+        self.up1, self.d1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2), block(2 * w, w)
+        self.out = nn.Conv2d(w, 2, 1)
+
+    def forward(self, x):
+        s1 = self.e1(x)
+        s2 = self.e2(torch.nn.functional.max_pool2d(s1, 2))
+        m = self.mid(torch.nn.functional.max_pool2d(s2, 2))
+        y = self.d2(torch.cat([self.up2(m), s2], 1))
+        return self.out(self.d1(torch.cat([self.up1(y), s1], 1)))
+
+
 def _model(kind: str, layers: int, batch: int, small: bool):
     """(model on the meta device, its inputs, sequence length) of one encoder with ``layers`` layers."""
+    if kind == "unet":
+        side = 32 if small else 128
+        with torch.device("meta"):
+            return UNet(8 if small else 32).eval(), (torch.empty(batch, 3, side, side),), side * side
     if kind == "bert-base":
         cfg = transformers.BertConfig(num_hidden_layers=layers, **(TINY if small else {}))
         cls, seq = transformers.BertModel, 32 if small else 128
@@ -58,13 +87,15 @@ def _model(kind: str, layers: int, batch: int, small: bool):
 
 
 def device_ns(kind: str, batch: int, target: str, small: bool) -> tuple[int, int]:
-    """(whole-model device ns, sequence length) from the 1- and 2-layer compiles."""
+    """(whole-model device ns, sequence length) from the 1- and 2-layer compiles (UNet: one compile)."""
     flags = parse_flags("--auto-cast matmult --auto-cast-type bf16", target=target)
     t = []
-    for layers in (1, 2):
+    for layers in ((1,) if kind == "unet" else (1, 2)):
         model, x, seq = _model(kind, layers, batch, small)
         neff = compile_program(capture(model, x, name=f"{kind}_{layers}layer"), flags, detail=False)
         t.append(sum(sc.device_ns for sc in neff.schedules.values()))
+    if kind == "unet":
+        return t[0], seq
     full = 2 if small else LAYERS[kind]
     return t[0] + (full - 1) * max(0, t[1] - t[0]), seq
 
@@ -73,7 +104,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="trn1", choices=("trn1", "inf2", "trn2"))
     ap.add_argument("--batches", default="1,4,8,16")
-    ap.add_argument("--models", default="bert-base,distilbert-base,vit-base")
+    ap.add_argument("--models", default="bert-base,distilbert-base,vit-base,unet")
     ap.add_argument("--small", action="store_true", help="tiny configs, batches 1 and 2 (the smoke run)")
     args = ap.parse_args(argv)
     batches = [1, 2] if args.small else [int(b) for b in args.batches.split(",")]

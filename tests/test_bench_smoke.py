@@ -67,6 +67,7 @@ CASES = {
         r"load average",
         rf"^bert-base\s+32\s+2\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}",
         rf"^vit-base\s+17\s+2\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}",
+        rf"^unet\s+1024\s+2\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}",
     ], None),
     "fidelity.py": (["--quick", "--targets", "trn1"], [
         r"== Tensor Engine: bf16 matmul n\^3, achieved / peak ==",

@@ -5,6 +5,8 @@ vLLM's metric names on /metrics, bounded bad requests as 4xx."""
 import http.client
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -386,6 +388,7 @@ def test_profile_and_explorer_show_serving(server):
     """Every request and step lands in the trace store; the query layer and the Explorer page read them."""
     import traces
     from explorer import data
+    from explorer.figures import fmt_ns
     from explorer.pages import serving as page
 
     base, root = server
@@ -416,8 +419,21 @@ def test_profile_and_explorer_show_serving(server):
     assert kv_rows[0]["b"] == 2 * 2 * (2 * 2 * 64 * 16) * 4
     assert all(r["arrival_ns"] <= r["scheduled_ns"] <= r["first_token_ns"] <= r["finish_ns"] for r in reqs)
     assert max(st["kv_slots_used"] for st in steps) <= 2 and any(st["waiting"] > 0 for st in steps)
+    # request time beside device time (issue 38): every step's calls add their launch and host-link copies
+    assert all(st["request_ns"] > st["device_ns"] > 0 for st in steps)
+    with traces.open(path) as p:
+        rt = p.serving_request_time()
+    assert [r["phase"] for r in rt] == ["prefill", "decode"] and all(r["added_ns"] > 0 for r in rt)
+    # one number, one function: the CLI's summary and the page show the query layer's figures
+    cli = subprocess.run([sys.executable, "-m", "explorer.cli", "summary", str(path), "--json"],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["serving_request_time"] == json.loads(json.dumps(rt, default=str))
     data.set_registry(data.Registry([path]))
     html = str(page.layout(profile=None))
+    for r in rt:
+        assert f"serving-{r['phase']}-time" in html and f"request {fmt_ns(r['request_ns'])}" in html
     for needle in (
         "serving-waterfall",
         "serving-ttft-hist",

@@ -12,7 +12,7 @@ import torch
 from neuron_stack.compiler.fuse import fuse
 from neuron_stack.compiler.legalize import legalize
 from neuron_stack.compiler.partition import partition
-from neuron_stack.compiler.schedule import build_schedule, build_schedules
+from neuron_stack.compiler.schedule import build_schedule
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.export import capture
 from neuron_stack.isa.interp import run_program
@@ -51,6 +51,16 @@ CASES = {
     "avgpool_pad": lambda: (torch.nn.AvgPool2d(3, 2, padding=1), r(2, 5, 9, 9)),
     "batch_norm_eval": lambda: (_bn(), r(2, 6, 5, 5)),
     "cnn_sample": lambda: (models.CNN(), r(2, 3, 16, 16)),
+    # ViT-style patch embedding (stride = kernel): kernel rows on partitions; 17 rows leave one unread
+    "conv_patches": lambda: (torch.nn.Conv2d(3, 20, 4, stride=4), r(2, 3, 17, 16)),
+    "conv_patches_wide": lambda: (torch.nn.Conv2d(40, 6, (4, 2), stride=(4, 2)), r(1, 40, 8, 10)),
+    # transposed: a UNet's 2x2 stride-2 up-sampling, overlapping windows, groups, output padding, 1-D
+    "conv_transposed_up2": lambda: (torch.nn.ConvTranspose2d(3, 4, 2, stride=2), r(2, 3, 5, 5)),
+    "conv_transposed_overlap": lambda: (torch.nn.ConvTranspose2d(5, 6, 4, stride=2, padding=1, output_padding=1),
+                                        r(1, 5, 6, 7)),
+    "conv_transposed_groups": lambda: (torch.nn.ConvTranspose2d(4, 6, 3, stride=(1, 2), groups=2, bias=False),
+                                       r(2, 4, 4, 5)),
+    "conv_transposed_1d": lambda: (torch.nn.ConvTranspose1d(3, 5, 3, stride=3, dilation=2), r(1, 3, 9)),
 }
 
 
@@ -95,12 +105,40 @@ def test_conv_tap_matmuls_and_flops_by_hand():
     assert durs == {math.ceil(36 * 4 / 2.8)}
 
 
-def test_transposed_conv_keeps_gpsimd_kernel_and_says_so():
-    model, x = torch.nn.ConvTranspose2d(3, 4, 2, stride=2), r(1, 3, 5, 5)
-    prog = _compile(model, x)
+def test_transposed_and_patch_convs_run_on_the_tensor_engine_and_say_so():
+    """Both ran as one GpSimd kernel before (docs/compiler.md); now a log line names the layout."""
     from neuron_stack.compiler.lower import lower
-    low = lower(prog, 0, get_profile("trn1"), {})
-    assert "CUSTOM_OP" in {i.opcode for i in low.instrs}
-    assert any("transposed" in line for line in low.log)
-    out = run_program(prog, {prog.input_names[0]: x.numpy()}, build_schedules(prog))
-    np.testing.assert_allclose(out[0], model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    for (model, x), kind in ((CASES["conv_transposed_up2"](), "transposed"), (CASES["conv_patches"](), "patches")):
+        low = lower(_compile(model, x), 0, get_profile("trn1"), {})
+        assert "CUSTOM_OP" not in {i.opcode for i in low.instrs}
+        assert any(f"{kind} convolution on the Tensor Engine" in line for line in low.log), low.log
+
+
+def test_patch_conv_contracts_kernel_rows_on_partitions():
+    """A 4x4 stride-4 conv of 3 channels: 12 contraction rows (3 channels x 4 kernel rows) and 4 taps, not
+    3 rows and 16 taps; the flops are the convolution's."""
+    model, x = torch.nn.Conv2d(3, 8, 4, stride=4), r(1, 3, 8, 8)
+    s = build_schedule(_compile(model, x), 0, get_profile("trn1"), {})
+    ops = s.table.column("opcode").to_pylist()
+    assert ops.count("MATMUL") == 4
+    assert s.tensor_flops == 2 * 3 * 16 * 8 * 4
+
+
+def test_vit_base_patch_embedding_bf16_on_tensor_engine():
+    """ViT-base's patch embedding at full size (3 x 224 x 224, 16x16 stride 16, 768 channels) on the meta
+    device: no GpSimd kernel, and the Tensor Engine does the 2 x 768 x 768 x 196 flops."""
+    with torch.device("meta"):
+        model, x = torch.nn.Conv2d(3, 768, 16, stride=16), torch.empty(1, 3, 224, 224)
+    s = build_schedule(_compile(model, x), 0, get_profile("trn1"), {"auto_cast": "matmult"})
+    assert "CUSTOM_OP" not in set(s.table.column("opcode").to_pylist())
+    assert s.tensor_flops == 2 * 768 * 768 * 196
+
+
+@pytest.mark.parametrize("name", ["conv_patches", "conv_transposed_overlap"])
+def test_patch_and_transposed_conv_bf16(name):
+    model, x = CASES[name]()
+    prog = _compile(model, x)
+    s = build_schedule(prog, 0, get_profile("trn1"), {"auto_cast": "matmult"})
+    out = run_program(prog, {prog.input_names[0]: x.numpy()}, {0: s})
+    ref = model(x).detach().numpy()
+    assert np.linalg.norm(out[0] - ref) / np.linalg.norm(ref) < 1e-2

@@ -135,6 +135,7 @@ def summary_cmd(args: argparse.Namespace) -> int:
         path = p.path
         ranks = p.ranks().to_pylist()
         verdict = p.capture_verdict()
+        serving = p.serving_request_time()
         notes = p.annotations()
         t0 = p.timeline_bounds().t0 if notes else 0
     if len(ranks) < 2:
@@ -142,6 +143,7 @@ def summary_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"summary": rows, "figures": figures.as_dict(), "host": host.as_dict(),
                           "capture": verdict.as_dict(), "annotations": notes,
+                          **({"serving_request_time": serving} if serving else {}),
                           **({"ranks": ranks} if ranks else {})},
                          indent=2, default=str))
         return 0
@@ -170,6 +172,8 @@ def summary_cmd(args: argparse.Namespace) -> int:
                               end_section=i == len(shown) - 1)
         console.print(table)
     _print_figures(console, figures, host)
+    if serving:
+        _print_serving(console, serving)
     for a in notes:   # the user's notes from the Explorer's timeline (traces.annotate)
         when = (fmt_ns(a["start_ns"] - t0) if a["kind"] == "point"
                 else fmt_window(a["start_ns"] - t0, a["end_ns"] - t0))
@@ -203,6 +207,20 @@ def _print_figures(console, f, h) -> None:
                          f"dispatch {_seconds(h.dispatch_ns / 1e9)} (host) · {h.transfers} transfers, "
                          f"{h.transfer_bytes:,} B, {_seconds(h.transfer_ns / 1e9)} PCIe")):
         table.add_row(name, value)
+    console.print(table)
+
+
+def _print_serving(console, rows: list[dict]) -> None:
+    """Device time and request time per serving step (``Profile.serving_request_time``, as the Serving page)."""
+    from rich.table import Table
+
+    table = Table(title="Serving: time per step (request = device + launch + host-link copies)",
+                  title_justify="left", header_style="bold")
+    for col in ("phase", "steps", "device time", "request time", "request adds"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        req = [fmt_ns(r[k]) if r[k] is not None else "not recorded" for k in ("request_ns", "added_ns")]
+        table.add_row(r["phase"], str(r["steps"]), fmt_ns(r["device_ns"]), *req)
     console.print(table)
 
 

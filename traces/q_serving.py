@@ -4,7 +4,11 @@
 - per request: queue time (arrival → scheduled), TTFT (arrival → first token), TPOT ((finish − first
   token) / (output tokens − 1)), E2E (arrival → finish); times on the projected clock;
 - their P50/P90/P99 over finished requests, output tokens per second over the serving span;
-- bucket use: steps, tokens and device time per (phase, bucket).
+- bucket use: steps, tokens and device time per (phase, bucket), and request time beside it (device time
+  plus each call's runtime launch and copies over the host link: ``serving_steps.request_ns``, schema 1.6.0;
+  null for a profile written before it);
+- request time against device time per phase (``request_time``): what the page and ``traces.cli serving``
+  show.
 
 A profile without the tables (written before schema 1.2.0, or with no serving) has no requests.
 
@@ -51,16 +55,39 @@ def steps(p) -> pa.Table:
     return p.sql("SELECT * FROM serving_steps ORDER BY start_ns, step")
 
 
+def _request_col(p) -> str:
+    """``request_ns``, or a typed null for a profile written before schema 1.6.0."""
+    cols = p.sql("SELECT column_name FROM information_schema.columns WHERE table_name = 'serving_steps' "
+                 "AND column_name = 'request_ns'")
+    return "request_ns" if cols.num_rows else "NULL::BIGINT"
+
+
 def bucket_use(p) -> pa.Table:
-    """Per (phase, bucket): steps, tokens, device time and mean active rows per step."""
+    """Per (phase, bucket): steps, tokens, device time, request time (device time plus each call's launch and
+    host-link copies; null before schema 1.6.0) and mean active rows per step."""
     if not _has(p):
         return pa.table({})
     return p.sql(
         "SELECT phase, bucket, count(*) AS steps, sum(tokens)::BIGINT AS tokens, "
-        "sum(device_ns)::BIGINT AS device_ns, "
+        f"sum(device_ns)::BIGINT AS device_ns, sum({_request_col(p)})::BIGINT AS request_ns, "
         "avg(active) AS mean_active, max(batch_size) AS batch_size FROM serving_steps "
         "GROUP BY phase, bucket ORDER BY phase DESC, bucket"
     )
+
+
+def request_time(p) -> list[dict]:
+    """Per phase (prefill, decode): steps, device time and request time per step (ns, means) and what the
+    request adds (``added_ns``); request figures are None for a profile written before schema 1.6.0.
+    Device time and request time are never mixed: both are shown, the second never replaces the first."""
+    if not _has(p):
+        return []
+    rows = p.sql(
+        f"SELECT phase, count(*) AS steps, avg(device_ns) AS device_ns, avg({_request_col(p)}) AS request_ns "
+        "FROM serving_steps GROUP BY phase ORDER BY phase DESC"
+    ).to_pylist()
+    for r in rows:
+        r["added_ns"] = None if r["request_ns"] is None else r["request_ns"] - r["device_ns"]
+    return rows
 
 
 def summary(p) -> dict:

@@ -424,6 +424,10 @@ class Profile:
         """Steps, tokens and device time per (phase, bucket). Example: ``p.serving_buckets().to_pylist()``."""
         return q_serving.bucket_use(self)
 
+    def serving_request_time(self) -> list[dict]:
+        """Per phase: device and request time per step (ns). Example: ``p.serving_request_time()[0]["added_ns"]``."""
+        return q_serving.request_time(self)
+
     def serving_summary(self) -> dict:
         """Requests, output tokens/s, P50/P90/P99 TTFT/TPOT/E2E. Example: ``p.serving_summary()["ttft_p50_ns"]``."""
         return q_serving.summary(self)

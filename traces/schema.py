@@ -18,7 +18,7 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.5.0"   # 1.5.0: ops.fwd_source_id (a backward op's forward line);
+SCHEMA_VERSION = "1.6.0"   # 1.6.0: serving_steps.request_ns; 1.5.0: ops.fwd_source_id (a backward op's forward line);
 # instruction_info (the compiler's facts per instruction of a graph);
 # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
 # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
@@ -98,7 +98,7 @@ SERVING_STEPS = pa.schema([
     ("run_id", _str), ("step", _i64), ("phase", _str), ("bucket", _i32), ("batch_size", _i32),
     ("active", _i32), ("slots", _str), ("request_ids", _str), ("tokens", _i32), ("waiting", _i32),
     ("kv_slots_used", _i32), ("start_ns", _i64), ("end_ns", _i64), ("device_ns", _i64),
-    ("wall_start_ns", _i64), ("wall_end_ns", _i64),
+    ("wall_start_ns", _i64), ("wall_end_ns", _i64), ("request_ns", _i64),
 ])
 
 # The system profile (NEURON_RT_INSPECT_SYSTEM_PROFILE, ProfileMode.RUNTIME): runtime API spans (neuron_rt),

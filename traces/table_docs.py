@@ -233,7 +233,10 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                     'end_ns': 'projected clock',
                     'device_ns': 'simulated device time of the call',
                     'wall_start_ns': 'wall clock',
-                    'wall_end_ns': 'wall clock'}),
+                    'wall_end_ns': 'wall clock',
+                    'request_ns': "request time of the step's calls: device time plus each call's runtime launch "
+                                  'and copies over the host link (neuron_stack/llm/request.py; docs/llm.md); null '
+                                  'in profiles written before it'}),
  'system_events': ('The system profile (schema 1.3.0).',
                    {'ts_ns': "start, projected clock (framework events: torch's wall time mapped with "
                              'clock.projected_at)',

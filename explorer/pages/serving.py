@@ -22,6 +22,7 @@ def _serving(L):
             "requests": data.rows(p.serving_requests()),
             "steps": data.rows(p.serving_steps()),
             "buckets": data.rows(p.serving_buckets()),
+            "request_time": p.serving_request_time(),
         }
 
     return L.cached("serving", compute)
@@ -88,6 +89,16 @@ def batch_over_time(steps: list[dict]) -> go.Figure:
     return fig
 
 
+def request_stat(r: dict):
+    """A phase's device time per step with its request time beside it (never one for the other)."""
+    if r["request_ns"] is None:
+        sub = "request time not recorded (profile before schema 1.6.0)"
+    else:
+        sub = f"request {fmt_ns(r['request_ns'])} (+{fmt_ns(r['added_ns'])}: launch, host-link copies)"
+    return ui.stat(f"{r['phase']} device time / step", fmt_ns(r["device_ns"]), sub,
+                   id=f"serving-{r['phase']}-time")
+
+
 @ui.guarded
 def layout(profile=None, **_):
     key = ui.profile_key(profile)
@@ -120,6 +131,7 @@ def layout(profile=None, **_):
             ui.stat(
                 "steps", summ["steps"], f"{summ['prefill_steps']} prefill · {summ['decode_steps']} decode"
             ),
+            *(request_stat(r) for r in s["request_time"]),
         ],
         className="stats",
     )
@@ -130,6 +142,7 @@ def layout(profile=None, **_):
             ("steps", "steps"),
             ("tokens", "tokens"),
             ("device time", lambda b: fmt_ns(b["device_ns"])),
+            ("request time", lambda b: fmt_ns(b["request_ns"]) if b["request_ns"] is not None else "—"),
             ("mean rows active", lambda b: f"{b['mean_active']:.2f} of {b['batch_size']}"),
         ],
         s["buckets"],

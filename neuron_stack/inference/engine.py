@@ -82,6 +82,7 @@ class Step:
     device_ns: int
     wall_start_ns: int
     wall_end_ns: int
+    request_ns: int = 0  # device time + each call's launch and host-link copies (neuron_stack.llm.request)
 
 
 class Engine:
@@ -110,11 +111,32 @@ class Engine:
         self.steps = 0
         self.observers = list(observers or [])
         self.requests_by_id: dict[str, Request] = {}  # queued or running
-        self._device_ns = 0
+        self._device_ns = self._request_ns = 0
+        self._added: dict[tuple[str, int], int] = {}
         model.hooks.append(self._on_call)
 
     def _on_call(self, tag, bucket, secs, proj_ns, device_ns) -> None:
         self._device_ns += device_ns
+        self._request_ns += device_ns + self._call_added_ns(tag, bucket)
+
+    def _call_added_ns(self, tag: str, bucket: int) -> int:
+        """What one call of ``tag``'s ``bucket`` NEFF adds to its device time for the request: the runtime's
+        launch and the copies over the host link (``neuron_stack.llm.request``; collectives are in device time)."""
+        key = (tag, bucket)
+        if key not in self._added:
+            from neuron_stack.device.profiles import get_profile
+            from neuron_stack.llm.request import added_ns, call_components
+
+            nc = self.nc
+            cte = tag == CTE
+            comps = call_components(
+                get_profile(nc.target), batch=nc.ctx_batch_size if cte else nc.tkg_batch_size,
+                tokens=bucket if cte else max(1, nc.speculation_length), bucket=bucket,
+                vocab=int(self.model.config.hf_config.vocab_size),
+                dtype_bytes={"bfloat16": 2, "float16": 2}.get(str(nc.torch_dtype).removeprefix("torch."), 4),
+                on_device_sampling=nc.on_device_sampling_config is not None, collective_ns=0)
+            self._added[key] = added_ns(comps)
+        return self._added[key]
 
     # -- requests ---------------------------------------------------------------------------------
     def validate(self, prompt: list[int], max_tokens: int, params: SamplingParams | None = None) -> None:
@@ -218,7 +240,7 @@ class Engine:
         if not admit and not running:
             return None
         t0, w0 = clock.now_ns(), clock.wall_ns()
-        self._device_ns = 0
+        self._device_ns = self._request_ns = 0
         if admit:
             for r in admit:
                 # A request that arrived while the simulator ran a step was stamped with the clock offset
@@ -279,6 +301,7 @@ class Engine:
             self._device_ns,
             w0,
             w1,
+            self._request_ns,
         )
         self.steps += 1
         for obs in self.observers:

@@ -223,7 +223,7 @@ class StatLogger:
 
 #: ``serving_steps`` / ``serving_requests`` columns that are the engine's Step / Request field as it is
 STEP_COLUMNS = ("step", "phase", "bucket", "batch_size", "tokens", "waiting", "kv_slots_used", "start_ns",
-                "end_ns", "device_ns", "wall_start_ns", "wall_end_ns")
+                "end_ns", "device_ns", "wall_start_ns", "wall_end_ns", "request_ns")
 REQUEST_COLUMNS = ("request_id", "slot", "cte_bucket", "finish_reason", "arrival_ns", "scheduled_ns",
                    "first_token_ns", "finish_ns", "wall_arrival_ns", "wall_finish_ns")
 

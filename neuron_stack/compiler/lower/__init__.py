@@ -29,7 +29,8 @@ Modules, in dependency order: ``tiles`` (instructions, views, tiles, pools, limi
 ``registry`` (op -> lowering table) -> ``residency`` + ``lowerer`` (the per-partition state and driver)
 -> ``common`` -> the op lowerings, each registering itself: ``custom`` (the GpSimd fallback), ``chain``
 (elementwise and fused epilogues), ``attention`` (softmax in a matmul's evacuation), ``matmul``,
-``convbn`` and ``conv`` (convolution with batch norm in its evacuation, pooling, batch norm),
+``convbn``, ``convgeom`` and ``conv`` (convolution in its layouts, with batch norm in its evacuation,
+pooling, batch norm),
 ``rowwise``, ``layout`` (transposing and lane-local copies), ``data``; ``constants`` lays weights out
 before lowering.
 """

@@ -306,18 +306,22 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     if any(lead) and cond.numel() > _CONST_MAX_NUMEL:
         return None
     cond = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
-    pm, pn = -M % PMAX, -N % MOVING_FMAX
-
-    def blocks(v, pad):
-        x = F.pad(v, (0, pn, 0, pm), value=pad)
-        return x.view(x.shape[0], (M + pm) // PMAX, PMAX, (N + pn) // MOVING_FMAX, MOVING_FMAX)
-
-    masked, clean = blocks(cond, True).all(4).all(2), ~blocks(cond, False).any(4).any(2)
-    states = torch.full(masked.shape, MIXED)
-    states[masked], states[clean] = MASKED, CLEAN
+    pn, NB = -N % MOVING_FMAX, -(-N // MOVING_FMAX)
+    states = torch.full((cond.shape[0], -(-M // PMAX), NB), MIXED)
     offset = int((~cond[0, 0]).sum()) - 1
-    causal = torch.arange(N)[None, :] > torch.arange(M)[:, None] + offset
-    return ConstMask(f, states, offset if bool((cond == causal).all()) else None)
+    causal, keys = True, torch.arange(N)[None, :]
+    # one 128-query row of blocks at a time: a 10,000-token prompt's [L, S] mask is 100 MB of bools, and
+    # padded, compared and tested whole it held three such copies at once (the 405B projection's peak RSS)
+    for mi in range(states.shape[1]):
+        rows = cond[:, mi * PMAX:(mi + 1) * PMAX]
+        r = rows.shape[1]
+        masked = F.pad(rows, (0, pn), value=True).view(-1, r, NB, MOVING_FMAX).all(3).all(1)
+        clean = ~F.pad(rows, (0, pn), value=False).view(-1, r, NB, MOVING_FMAX).any(3).any(1)
+        row_states = states[:, mi]
+        row_states[masked], row_states[clean] = MASKED, CLEAN
+        if causal:
+            causal = bool((rows == (keys > torch.arange(mi * PMAX, mi * PMAX + r)[:, None] + offset)).all())
+    return ConstMask(f, states, offset if causal else None)
 
 
 def _drop_dead(low: Lowerer, name: str, gone: set[str]) -> None:

@@ -8,7 +8,8 @@ band read through a strided access pattern (rows every ``stride*Wp``, columns ev
 shifted by the tap), all taps and channel blocks accumulating into one PSUM bank of <=512 output
 positions. The bank is evacuated on the Scalar engine with the per-channel bias
 (``ACTIVATE copy, bias=column``) and the fused epilogue (ReLU...), then stored. Weights are laid
-out at compile time as [C, KH, KW, O] so each channel block is one contiguous load.
+out at compile time as [C, KH, KW, O] so each channel block is one contiguous load. Patch embeddings
+(stride = kernel) and transposed convolutions run the same loop over the layouts of ``convgeom``.
 
 Pooling (max / average) runs on the Vector engine over the same kind of band with (B*C) rows on
 partitions: the first tap is a ``TENSOR_COPY`` of its window, every other tap a ``TENSOR_TENSOR``
@@ -34,6 +35,14 @@ import math
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import output_used, reshape_view
 from neuron_stack.compiler.lower.convbn import BNColumns, fusable_bn
+from neuron_stack.compiler.lower.convgeom import (
+    direct_geometry,
+    patch_geometry,
+    transposed_geometry,
+    views,
+    w_box,
+    x_box,
+)
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
@@ -85,12 +94,15 @@ def _fill_border(low: Lowerer, node: str, t: Tile, rows_lo: int, rows_hi: int, R
 
 
 def _load_band(low: Lowerer, node: str, v: View, rbox: list, hs: int, Rin: int, pw: int, fill, pool: Pool,
-               stage: Pool | None) -> Tile:
+               stage: Pool | None, Wp: int | None = None, up: tuple = (1, 1)) -> Tile:
     """Rows ``hs .. hs+Rin`` (may reach into the padding) of ``v`` [..rows.., H, W] restricted to the
-    partition box ``rbox`` into a padded band tile [P, Rin x (W + 2 pw)] of ``pool``'s dtype;
-    through ``stage`` (a cast on the Scalar engine) when the dtypes differ."""
+    partition box ``rbox`` into a padded band tile [P, Rin x Wp] of ``pool``'s dtype (``Wp``: ``W + 2 pw``
+    unless given); through ``stage`` (a cast on the Scalar engine) when the dtypes differ. With ``up``
+    (a transposed convolution's stride) the band is the input with zeros between its pixels."""
+    if up != (1, 1):
+        return _load_upsampled(low, node, v, rbox, hs, Rin, pw, Wp, up, pool, stage)
     H, W = v.shape[-2], v.shape[-1]
-    Wp = W + 2 * pw
+    Wp = Wp or W + 2 * pw
     P = math.prod(n for _, n in rbox)
     t = pool.tile(P, Rin * Wp)
     vs, ve = max(hs, 0), min(hs + Rin, H)
@@ -106,6 +118,26 @@ def _load_band(low: Lowerer, node: str, v: View, rbox: list, hs: int, Rin: int, 
         else:
             st = low.load(node, v, box, stage, len(rbox))
             low.act(node, inner, st.op(), "copy", piece_of=piece)
+    return t
+
+
+def _load_upsampled(low: Lowerer, node: str, v: View, rbox: list, hs: int, Rin: int, pw: int, Wp: int,
+                    up: tuple, pool: Pool, stage: Pool) -> Tile:
+    """The band of a transposed convolution: one ``MEMSET`` of zeros, then the input rows that fall in it,
+    loaded whole (one DMA, contiguous rows) and copied on the Scalar engine to every ``up``-th row and
+    column (an SBUF access pattern with steps, no per-element DMA descriptors)."""
+    uh, uw = up
+    H, W = v.shape[-2], v.shape[-1]
+    P = math.prod(n for _, n in rbox)
+    t = pool.tile(P, Rin * Wp)
+    low.emit("MEMSET", node, [t.op()], [], {"value": 0.0}, dur=vector_ns(low.p, "MEMSET", Rin * Wp, 1, t.dtype))
+    i0, i1 = max(0, ceil_div(hs, uh)), min(H, (hs + Rin - 1) // uh + 1)
+    if i1 > i0:
+        nr = i1 - i0
+        st = low.load(node, v, list(rbox) + [(i0, nr), (0, W)], stage, len(rbox))
+        inner = Tile(t.key, t.mem, t.dtype, P, nr * W, t.pitch, t.off + (i0 * uh - hs) * Wp + pw,
+                     ((uh * Wp, nr), (uw, W)))
+        low.act(node, inner, st.op(), "copy")
     return t
 
 
@@ -146,54 +178,73 @@ def _epilogue_members(low: Lowerer, n: Node, hshape):
     return [m for m, _ in kept], [r for _, r in kept], alone
 
 
-@lowering("conv", ops=("convolution",), op_classes=("conv",))
-def lower_conv(low: Lowerer, n: Node) -> None:
-    """aten.convolution (1-D/2-D, any stride, padding, dilation, groups) as shifted matmuls; see the
-    module docstring. Transposed and 3-D convolutions run as a GpSimd ``CUSTOM_OP``."""
+def _conv_geometry(n: Node, x: View, w: View):
+    """(geometry, x view, w view, x partition dims, w partition dims) of ``n``, or None for a GpSimd kernel
+    (3-D, or a transposed convolution whose padding crops past the kernel)."""
     stride, padding, dilation, transposed, groups = _conv_params(n)
-    x, w = low.value(n.args[0]), low.value(n.args[1])
-    bias = low.value(n.args[2]) if len(n.args) > 2 and is_ref(n.args[2]) else None
     nd = x.meta.dim() - 2
-    if transposed or nd not in (1, 2) or w.meta.dim() != nd + 2:
-        low.log.append(f"lower: {n.name} {'transposed ' if transposed else ''}{nd}-D convolution runs as a "
-                       "GpSimd kernel")
-        return lower_custom(low, n)
+    if nd not in (1, 2) or w.meta.dim() != nd + 2:
+        return None
+    a = list(n.args) + [None] * 9
+    opad = list(a[7] or [0])
     if nd == 1:
         x = x.with_meta(x.meta.unsqueeze(2))
         w = w.with_meta(w.meta.unsqueeze(2))
-        stride, padding, dilation = [1] + stride[-1:], [0] + padding[-1:], [1] + dilation[-1:]
-    stride, padding, dilation = (s * 2 if len(s) == 1 else s for s in (stride, padding, dilation))
-    B, C, H, W = x.shape
-    O, Cg, KH, KW = w.shape
-    sh, sw = stride
-    ph, pw = padding
-    dh, dw = dilation
-    OH = (H + 2 * ph - dh * (KH - 1) - 1) // sh + 1
-    OW = (W + 2 * pw - dw * (KW - 1) - 1) // sw + 1
-    G, Og = groups, O // groups
+        stride, padding, dilation, opad = ([d] + s[-1:] for d, s in ((1, stride), (0, padding), (1, dilation),
+                                                                    (0, opad)))
+    stride, padding, dilation, opad = (s * 2 if len(s) == 1 else s for s in (stride, padding, dilation, opad))
+    if transposed:
+        g = transposed_geometry(x.shape, w.shape, stride, padding, dilation, opad, groups)
+    else:
+        g = patch_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+        if g is not None and views(g, x.meta, w.meta)[0] is None:
+            g = None
+        g = g or direct_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+    if g is None:
+        return None
+    xm, wm, xs, ws = views(g, x.meta, w.meta)
+    return g, x.with_meta(xm), w.with_meta(wm), xs, ws
+
+
+@lowering("conv", ops=("convolution",), op_classes=("conv",))
+def lower_conv(low: Lowerer, n: Node) -> None:
+    """aten.convolution (1-D/2-D, any stride, padding, dilation, groups; transposed too) as shifted matmuls;
+    see the module docstring and ``convgeom``. 3-D convolutions run as a GpSimd ``CUSTOM_OP``."""
+    x, w = low.value(n.args[0]), low.value(n.args[1])
+    bias = low.value(n.args[2]) if len(n.args) > 2 and is_ref(n.args[2]) else None
+    got = _conv_geometry(n, x, w)
+    if got is None:
+        low.log.append(f"lower: {n.name} {x.meta.dim() - 2}-D convolution (or a transposed one cropped past its "
+                       "kernel) runs as a GpSimd kernel")
+        return lower_custom(low, n)
+    g, x, w, xsplit, wsplit = got
     mm_dt = low.cast_type if low.auto_cast in ("matmult", "all") and x.dtype == "float32" else x.dtype
     if mm_dt not in FLOATS:
         mm_dt = "float32"
     es = nbytes_of(mm_dt)
-    Wp = W + 2 * pw
-    cblocks = [(c0, min(PMAX, Cg - c0)) for c0 in range(0, Cg, PMAX)]
-    oblocks = [(o0, min(PMAX, Og - o0)) for o0 in range(0, Og, PMAX)]
+    B, OH, OW, G, Og = x.shape[0], g.OH, g.OW, g.G, g.Og
     chunks = _chunks(OH, OW)
     per_band = 2 if OW <= MOVING_FMAX else ceil_div(OW, MOVING_FMAX)
     budget = low.sbuf.cap
-    w_bytes = G * len(cblocks) * ceil_div(KH * KW * Og * es, 64) * 64
+    w_bytes = G * len(g.cboxes) * ceil_div(g.wF * es, 64) * 64
     while True:
         bands = _bands(chunks, per_band)
         rows_max = max(sum(c[1] for c in bd) if OW <= MOVING_FMAX else 1 for bd in bands)
-        Rin = (rows_max - 1) * sh + (KH - 1) * dh + 1
-        band_bytes = 2 * len(cblocks) * Rin * Wp * es
+        Rin = (rows_max - 1) * g.sh + (g.KH - 1) * g.dh + 1
+        band_bytes = 2 * len(g.cboxes) * Rin * g.Wp * es
         if band_bytes + w_bytes <= budget // 2 or per_band == 1 or OW > MOVING_FMAX:
             break
         per_band = 1
-    if band_bytes + w_bytes > budget // 2 or OW > PSUM_BANKS_PER_ACC * MOVING_FMAX or Og * KH * KW * es > budget // 4:
+    stream = band_bytes + w_bytes > budget // 2 or g.wF * es > budget // 4
+    if stream:          # the weights do not stay: one output block at a time (_ConvWeights)
+        w_bytes = 2 * ceil_div(g.KH * g.KW * min(PMAX, Og) * es, 64) * 64
+    if band_bytes + w_bytes > budget // 2 or OW > PSUM_BANKS_PER_ACC * MOVING_FMAX:
         low.log.append(f"lower: {n.name} convolution working set exceeds SBUF; runs as a GpSimd kernel")
         return lower_custom(low, n)
-    hshape = (B, O, OH * OW)
+    if g.kind != "direct":
+        low.log.append(f"lower: {n.name} {g.kind} convolution on the Tensor Engine "
+                       f"({sum(m for _, m in g.cboxes[0])} contraction rows, {g.KH * g.KW} taps)")
+    hshape = (B, G * Og, OH * OW)
     members, members_h, alone = _epilogue_members(low, n, hshape)
     bn = fusable_bn(low, n) if not members else None
     if bn is not None:      # BN (and its activation) ride in this evacuation: convbn.py
@@ -207,86 +258,113 @@ def lower_conv(low: Lowerer, n: Node) -> None:
     host = bn if bn is not None else n
     out_views = chain_outputs(low, host, members, tuple(host.outputs[0].shape))
     out3 = {k: reshape_view(v, hshape) for k, v in out_views.items()}
-    out_dt = host.outputs[0].dtype
-
-    wt, bt = _resident_weights(low, n, w, bias, G, cblocks, oblocks, mm_dt)
+    oblocks = [(o0, min(PMAX, Og - o0)) for o0 in range(0, Og, PMAX)]
+    wt = _ConvWeights(low, n, g, w, wsplit, mm_dt, stream)
+    bt = _bias_columns(low, n, g, bias)
     bnc = None
     if bn is not None:
-        blocks = {(g, oi): (g * Og + o0, on) for g in range(G) for oi, (o0, on) in enumerate(oblocks)}
+        blocks = {(gi, oi): (gi * Og + o0, on) for gi in range(G) for oi, (o0, on) in enumerate(oblocks)}
         bnc = BNColumns(low, n.name, bn, blocks, bt).cols
-    xpool = Pool(low, f"{n.name}.x", "sbuf", PMAX, Rin * Wp, mm_dt, bufs=2 * len(cblocks))
-    xstage = Pool(low, f"{n.name}.xst", "sbuf", PMAX, Rin * W, x.dtype, bufs=2) if x.dtype != mm_dt else None
-    acc_pool = Pool(low, f"{n.name}.acc", "psum", PMAX, per_band * MOVING_FMAX, "float32", bufs=2)
-    epi_pools = {"__F": MOVING_FMAX, "__bufs": 6}
-    taps = [(kh, kw) for kh in range(KH) for kw in range(KW)]
+    staged = x.dtype != mm_dt or g.up != (1, 1)
+    pools = (Pool(low, f"{n.name}.x", "sbuf", PMAX, Rin * g.Wp, mm_dt, bufs=2 * len(g.cboxes)),
+             Pool(low, f"{n.name}.xst", "sbuf", PMAX, Rin * g.Win, x.dtype, bufs=2) if staged else None,
+             Pool(low, f"{n.name}.acc", "psum", PMAX, per_band * MOVING_FMAX, "float32", bufs=2),
+             {"__F": MOVING_FMAX, "__bufs": 6})
+    ctx = (host, members_h, out3, bnc, bias is not None and bt, hshape, host.outputs[0].dtype, per_band)
     for b in range(B):
         for band in bands:
-            r0 = band[0][0]
-            hs = r0 * sh - ph
-            for g in range(G):
-                xb = [_load_band(low, n.name, x, [(b, 1), (g * Cg + c0, cn)], hs, Rin, pw, 0.0, xpool, xstage)
-                      for c0, cn in cblocks]
-                for oi, (o0, on) in enumerate(oblocks):
-                    acc = acc_pool.tile(on, per_band * MOVING_FMAX)
-                    last = (len(cblocks) - 1, len(taps) - 1)
-                    for ci, (c0, cn) in enumerate(cblocks):
-                        for ti, (kh, kw) in enumerate(taps):
-                            stat = wt[g, ci].cols(ti * Og + o0, on)
-                            low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, on, mm_dt))
-                            for j, (rr, nr, cc, nc) in enumerate(band):
-                                off = ((rr - r0) * sh + kh * dh) * Wp + cc * sw + kw * dw
-                                mov = _window(xb[ci], off, nr, sh * Wp, nc, sw)
-                                low.emit("MATMUL", n.name, [acc.cols(j * MOVING_FMAX, nr * nc).op()], [stat.op(), mov],
-                                         {"start": (ci, ti) == (0, 0), "stop": (ci, ti) == last},
-                                         dur=matmul_ns(low.p, nr * nc, on, mm_dt), flops=2 * cn * on * nr * nc,
-                                         itype="REGULAR", small=False)
-                    for j, (rr, nr, cc, nc) in enumerate(band):
-                        box = [(b, 1), (g * Og + o0, on), (rr * OW + cc, nr * nc)]
-                        ctx = TileCtx(low, hshape, box, 2, epi_pools)
-                        out_t = ctx.out_tile(n.name, "evac", out_dt if not members else "float32")
-                        src = acc.cols(j * MOVING_FMAX, nr * nc).op()
-                        if bnc is not None:
-                            scale, shift = bnc[g, oi]
-                            low.act(n.name, out_t, src, "copy", bias=shift.op(), scale=scale.op())
-                        elif bias is not None:
-                            low.act(n.name, out_t, src, "copy", bias=bt[g, oi].op())
-                        else:
-                            low.act(n.name, out_t, src, "copy")
-                        run_chain(ctx, host.name, out_t, members_h, out3)
+            _conv_band(low, n, g, x, b, band, Rin, xsplit, wt, oblocks, pools, ctx, mm_dt)
     if bn is not None:
         low.finished.add(bn.name)
         low.finished.update(f.name for f in low.fused.get(bn.name, []))
     lower_alone(low, alone)
 
 
-def _resident_weights(low: Lowerer, n: Node, w: View, bias: View | None, G: int, cblocks, oblocks, mm_dt: str):
-    """The weights, resident for the whole convolution: one [Cg-block, KH*KW*Og] tile per (group, block), cast
-    to the matmul dtype through a staging tile; the bias as one [Og-block, 1] column per (group, block), added
-    while PSUM is evacuated. Returns ``(weights, bias columns)`` keyed by ``(group, block)``."""
-    O, _, KH, KW = w.shape
-    Og = O // G
-    wv = w.with_meta(w.meta.permute(1, 2, 3, 0))               # [Cg, KH, KW, O]
-    wpool = Pool(low, f"{n.name}.W", "sbuf", PMAX, KH * KW * Og, mm_dt, bufs=G * len(cblocks))
-    wstage = Pool(low, f"{n.name}.Wst", "sbuf", PMAX, KH * KW * Og, w.dtype, bufs=2) if w.dtype != mm_dt else None
-    wt = {}
-    for g in range(G):
-        for ci, (c0, cn) in enumerate(cblocks):
-            box = [(c0, cn), (0, KH), (0, KW), (g * Og, Og)]
-            if wstage is None:
-                wt[g, ci] = low.load(n.name, wv, box, wpool, 1)
-            else:
-                st = low.load(n.name, wv, box, wstage, 1)
-                t = wpool.tile(cn, KH * KW * Og)
-                low.act(n.name, t, st.op(), "copy")
-                wt[g, ci] = t
+def _conv_band(low: Lowerer, n: Node, g, x: View, b: int, band, Rin: int, xsplit: int, wt: dict, oblocks,
+               pools, ctx, mm_dt: str) -> None:
+    """One band of output rows of image ``b``: load its input band per contraction block, one MATMUL per
+    tap and output chunk into PSUM, evacuate with the bias / batch norm and the fused epilogue."""
+    xpool, xstage, acc_pool, epi_pools = pools
+    host, members_h, out3, bnc, bt, hshape, out_dt, per_band = ctx
+    r0 = band[0][0]
+    hs = r0 * g.sh - g.ph
+    taps = [(kh, kw) for kh in range(g.KH) for kw in range(g.KW)]
+    for grp in range(g.G):
+        xb = [_load_band(low, n.name, x, [(b, 1)] + x_box(g, grp, cb), hs, Rin, g.pw, 0.0, xpool, xstage,
+                         Wp=g.Wp, up=g.up) for cb in g.cboxes]
+        for oi, (o0, on) in enumerate(oblocks):
+            acc = acc_pool.tile(on, per_band * MOVING_FMAX)
+            last = (len(g.cboxes) - 1, len(taps) - 1)
+            for ci, cb in enumerate(g.cboxes):
+                cn = math.prod(m for _, m in cb)
+                wtile, per_tap, first = wt.block(grp, ci, o0, on)
+                for ti, (kh, kw) in enumerate(taps):
+                    stat = wtile.cols(g.tap_col(kh, kw) * per_tap + first, on)
+                    low.emit("LDWEIGHTS", n.name, [], [stat.op()], {}, dur=ldweights_ns(low.p, on, mm_dt))
+                    for j, (rr, nr, cc, nc) in enumerate(band):
+                        off = ((rr - r0) * g.sh + kh * g.dh) * g.Wp + cc * g.sw + kw * g.dw
+                        mov = _window(xb[ci], off, nr, g.sh * g.Wp, nc, g.sw)
+                        low.emit("MATMUL", n.name, [acc.cols(j * MOVING_FMAX, nr * nc).op()], [stat.op(), mov],
+                                 {"start": (ci, ti) == (0, 0), "stop": (ci, ti) == last},
+                                 dur=matmul_ns(low.p, nr * nc, on, mm_dt), flops=2 * cn * on * nr * nc,
+                                 itype="REGULAR", small=False)
+            for j, (rr, nr, cc, nc) in enumerate(band):
+                box = [(b, 1), (grp * g.Og + o0, on), (rr * g.OW + cc, nr * nc)]
+                tctx = TileCtx(low, hshape, box, 2, epi_pools)
+                out_t = tctx.out_tile(n.name, "evac", out_dt if not members_h else "float32")
+                src = acc.cols(j * MOVING_FMAX, nr * nc).op()
+                if bnc is not None:
+                    scale, shift = bnc[grp, oi]
+                    low.act(n.name, out_t, src, "copy", bias=shift.op(), scale=scale.op())
+                elif bt:
+                    low.act(n.name, out_t, src, "copy", bias=bt[grp, oi].op())
+                else:
+                    low.act(n.name, out_t, src, "copy")
+                run_chain(tctx, host.name, out_t, members_h, out3)
+
+
+class _ConvWeights:
+    """The weights as stationary tiles, cast to the matmul dtype through a staging tile. Resident for the
+    whole convolution (one [contraction block, taps x Og] tile per (group, block)) when they fit in SBUF
+    beside the bands; else (``stream``: SBUF mostly held by resident activations, or a tile past a quarter
+    of it) loaded per output block of <= 128 channels where each band uses it, double-buffered."""
+
+    def __init__(self, low: Lowerer, n: Node, g, w: View, wsplit: int, mm_dt: str, stream: bool):
+        self.low, self.n, self.g, self.w, self.wsplit, self.stream = low, n, g, w, wsplit, stream
+        width = g.KH * g.KW * min(PMAX, g.Og) if stream else g.wF
+        self.pool = Pool(low, f"{n.name}.W", "sbuf", PMAX, width, mm_dt, bufs=2 if stream else g.G * len(g.cboxes))
+        self.stage = Pool(low, f"{n.name}.Wst", "sbuf", PMAX, width, w.dtype, bufs=2) if w.dtype != mm_dt else None
+        self.tiles = {} if stream else {(grp, ci): self._load(w_box(g, grp, cb))
+                                        for grp in range(g.G) for ci, cb in enumerate(g.cboxes)}
+
+    def _load(self, box: list) -> Tile:
+        if self.stage is None:
+            return self.low.load(self.n.name, self.w, box, self.pool, self.wsplit)
+        st = self.low.load(self.n.name, self.w, box, self.stage, self.wsplit)
+        t = self.pool.tile(st.P, st.F)
+        self.low.act(self.n.name, t, st.op(), "copy")
+        return t
+
+    def block(self, grp: int, ci: int, o0: int, on: int) -> tuple[Tile, int, int]:
+        """(tile, columns per tap, first column) of output channels ``o0 .. o0 + on`` of block (grp, ci)."""
+        if not self.stream:
+            return self.tiles[grp, ci], self.g.Og, o0
+        box = w_box(self.g, grp, self.g.cboxes[ci])
+        box[-1] = (box[-1][0] + o0, on)
+        return self._load(box), on, 0
+
+
+def _bias_columns(low: Lowerer, n: Node, g, bias: View | None) -> dict:
+    """The bias as one [Og-block, 1] column per (group, block), added while PSUM is evacuated."""
     bt = {}
     if bias is not None:
-        bpool = Pool(low, f"{n.name}.bias", "sbuf", PMAX, 1, bias.dtype, bufs=G * len(oblocks))
+        oblocks = [(o0, min(PMAX, g.Og - o0)) for o0 in range(0, g.Og, PMAX)]
+        bpool = Pool(low, f"{n.name}.bias", "sbuf", PMAX, 1, bias.dtype, bufs=g.G * len(oblocks))
         bcol = bias.with_meta(bias.meta.unsqueeze(1))
-        for g in range(G):
+        for grp in range(g.G):
             for oi, (o0, on) in enumerate(oblocks):
-                bt[g, oi] = low.load(n.name, bcol, [(g * Og + o0, on), (0, 1)], bpool, 1)
-    return wt, bt
+                bt[grp, oi] = low.load(n.name, bcol, [(grp * g.Og + o0, on), (0, 1)], bpool, 1)
+    return bt
 
 
 def _pool_params(n: Node):
