@@ -27,6 +27,7 @@ CASES = {
         rf"raw CTAS Arrow -> DuckDB \(ceiling\)\s+{NUM} s",
         rf"writer \+ finalise\s+{NUM} s",
         rf"ratio \(writer\+finalise\) / raw\s+{NUM}",
+        rf"by CPU time \(raw {NUM} s; writer {NUM} s \+ finalise {NUM} s\)\s+{NUM}",
         rf"utilization, 1000 buckets, 1% zoom\s+{NUM} ms",
         rf"profile fixed overhead\s+{NUM} KiB",
         rf"bytes per execution\s+{NUM} B",

@@ -146,6 +146,8 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
                                             "default_block_size": block_size(rows)})
     pool = None
     try:
+        # one transaction: every statement of the build would otherwise commit (and sync the WAL) on its own
+        con.execute("BEGIN TRANSACTION")
         metadata = _merged_metadata(loaded.pop("metadata"))
         metadata.update({"schema_version": SCHEMA_VERSION, "segment_count": str(segment_count),
                          "skipped_segments": ",".join(skipped),
@@ -173,7 +175,8 @@ def _build(path: Path, loaded: dict[str, list[pa.Table]], *, segment_count: int,
         con.unregister("_stats")
         with _step("real-name views"):
             _real_schema(con)
-        with _step("checkpoint"):
+        with _step("commit and checkpoint"):
+            con.execute("COMMIT")
             con.execute("CHECKPOINT")
     finally:
         if pool is not None:
