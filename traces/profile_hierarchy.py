@@ -163,16 +163,36 @@ HLO_INSTRUCTION = Table(
     extra=("o.module_path AS layer",),
 )
 
-_FRAME_WHY = "one frame per op: the user's source line (sources), so every frame is a root"
 _RANK = "dense_rank() OVER (ORDER BY {})::INTEGER"
 
+
+def frame_id(stack: str) -> str:
+    """SQL for the StackFrame id of a call stack ``stack`` (SQL: source ids, outermost first, comma-separated):
+    a hash of the whole chain, so one line reached from two callers is two frames, as in a real call tree.
+    Example: ``frame_id("'1,2'")``."""
+    return f"((hash({stack}) >> 1)::BIGINT)::VARCHAR"
+
+
+#: An op's call stack: ops.stack, or its one line when only that is known (eager and backward ops).
+OP_STACK = "coalesce(o.stack, o.source_id::VARCHAR)"
+#: Every frame: each distinct prefix of an op's call stack (depth ``d``), its line and its caller's prefix.
+_FRAMES = (f"(SELECT DISTINCT array_to_string(p[1:d], ',') AS chain, "
+           "CASE WHEN d > 1 THEN array_to_string(p[1:d - 1], ',') END AS up, p[d]::BIGINT AS source_id "
+           f"FROM (SELECT string_split({OP_STACK}, ',') AS p FROM main.ops AS o WHERE o.source_id IS NOT NULL), "
+           "range(1, len(p) + 1) AS r(d)) AS f "
+           # ranked over every source line, as StackFrameFileLocation numbers them
+           f"JOIN (SELECT source_id, {_RANK.format('source_id')} AS loc FROM main.sources) AS s USING (source_id)")
+
 STACK_FRAME = Table(
-    "StackFrame", "Stack frames tracing execution back to source code.", "main.sources AS s",
+    "StackFrame", "Stack frames tracing execution back to source code.", _FRAMES,
     (
-        F("id", "string", None, True, "Stack frame id (Instruction.stack_frame_ids).", "s.source_id::VARCHAR",
-          "sources.source_id"),
-        F("file_location_id", "int32", None, True, "StackFrameFileLocation.id.", _RANK.format("s.source_id")),
-        F("parent_frame_id", "string", None, True, "Parent frame id, or 0 at the root.", "'0'", _FRAME_WHY),
+        F("id", "string", None, True, "Stack frame id (Instruction.stack_frame_ids).", frame_id("f.chain"),
+          "a hash of the call chain down to the frame (ops.stack)"),
+        F("file_location_id", "int32", None, True, "StackFrameFileLocation.id.", "s.loc"),
+        F("parent_frame_id", "string", None, True, "Parent frame id, or 0 at the root.",
+          f"CASE WHEN f.up IS NULL THEN '0' ELSE {frame_id('f.up')} END",   # hash(NULL) is not NULL
+          "the caller's frame: the user's frames only (torch, the standard library and neuron_stack are left "
+          "out, as the profiler does); eager and backward ops have their line alone, a root"),
     ),
 )
 STACK_FRAME_FILE_LOCATION = Table(
