@@ -62,7 +62,8 @@ CLIP_CTES = f"""clip_i AS (
         SELECT x.* REPLACE (greatest(x.start_ns, $w0) AS start_ns, least(x.end_ns, $w1) AS end_ns,
                             x.device_ns * x.t AS device_ns, x.cpu_fallback_ns * x.t AS cpu_fallback_ns,
                             x.flops * x.sf AS flops, x.transpose_flops * x.sf AS transpose_flops,
-                            x.hbm_read_bytes * x.sr AS hbm_read_bytes, x.spill_reload_bytes * x.sr AS spill_reload_bytes,
+                            x.hbm_read_bytes * x.sr AS hbm_read_bytes,
+                            x.spill_reload_bytes * x.sr AS spill_reload_bytes,
                             x.hbm_write_bytes * x.sw AS hbm_write_bytes, x.spill_save_bytes * x.sw AS spill_save_bytes)
         FROM (SELECT e.*, coalesce(c.tf / nullif(te.flops, 0), CASE WHEN te.flops > 0 THEN 0 END, e.t) AS sf,
                      coalesce(c.dr / nullif(de.bytes_read, 0), CASE WHEN de.bytes_read > 0 THEN 0 END, e.t) AS sr,
