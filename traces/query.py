@@ -206,9 +206,8 @@ class Profile:
         """The Summary metrics (real profiler names) as a dict.
 
         Warm-up executions are excluded unless the profile was finalised with them or
-        ``include_warmup=True``. ``window`` (absolute ns): the same metrics over that range, its
-        instructions clipped to it (a timeline selection).
-        Example: ``p.summary()["tensor_engine_active_time_percent"]``.
+        ``include_warmup=True``. ``window`` (absolute ns): the same metrics over that range, instructions
+        clipped to it. Example: ``p.summary()["tensor_engine_active_time_percent"]``.
         """
         if window:
             warm = bool(include_warmup) if include_warmup is not None else \
