@@ -3,8 +3,9 @@
 The panel's figures are the Summary's over the selected range, its instructions clipped to it (FLOPs
 and bytes pro rata): the same ``Profile.figures`` (``window=``), so the Summary and the panel agree for
 the whole session (a test says so). Below them, what the range itself holds, clipped to it: busy time
-per lane, by op and by source line (:func:`explorer.timeline.range_aggregates`). Annotations (``traces.annotate``) are stored in the profile
-file; writing one closes and reopens the profile (``Registry.write``).
+per lane, by op and by source line (:func:`explorer.timeline.range_aggregates`). Annotations
+(``traces.annotate``) are stored in the profile file; writing one closes and reopens the profile
+(``Registry.write``).
 
 >>> point({"start_ns": 5, "end_ns": 5, "kind": "point", "text": "x", "id": 1})
 True
