@@ -218,11 +218,31 @@ STACK_FRAME_FUNCTION_NAME = Table(
 )
 
 #: NKI instructions: their kernel line ``file.py:line`` (instructions.nki_source_location) and the op (kernel).
+#: With ``iv``, its loop variables (instruction_info.operands' ``nki_iv``: [[variable, value, file, line], ...],
+#: outermost first), where instruction_info has the instruction once.
 _KERNEL = ("(SELECT DISTINCT i.queue, i.pc, coalesce(i.pcore, 0) AS pcore, x.graph_id, i.nki_source_location AS loc, "
            "regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 1) AS file, "
-           "try_cast(regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 2) AS BIGINT) AS line, o.name AS fn "
+           "try_cast(regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 2) AS BIGINT) AS line, o.name AS fn, "
+           "json_extract(n.operands, '$.nki_iv[*]') AS iv "
            "FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) LEFT JOIN main.ops AS o "
-           "USING (op_id) WHERE i.nki_source_location IS NOT NULL)")
+           "USING (op_id) LEFT JOIN (SELECT graph_id, queue, pc, pcore, operands FROM main.instruction_info "
+           "QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1) AS n ON n.graph_id = x.graph_id "
+           "AND n.queue = i.queue AND n.pc = i.pc AND n.pcore = coalesce(i.pcore, 0) "
+           "WHERE i.nki_source_location IS NOT NULL)")
+
+
+def _iv_id(chain: str, pcore: str) -> str:
+    """SQL for a KernelIterationVariables id: a hash of the loop entries down to it (``chain``) on ``pcore``."""
+    return f"(hash({chain}, {pcore}) >> 1)::BIGINT"
+
+
+_IV_WHY = "the loop variables of nl.affine_range / sequential_range / static_range, recorded per instruction " \
+          "while the kernel unrolls (instruction_info.operands nki_iv)"
+#: Every loop entry: each distinct prefix of an instruction's loop variables (depth ``d``).
+_IVS = ("(SELECT DISTINCT pcore, array_to_string(l[1:d], ',') AS chain, "
+        "CASE WHEN d > 1 THEN array_to_string(l[1:d - 1], ',') END AS up, l[d] AS e "
+        "FROM (SELECT coalesce(pcore, 0) AS pcore, json_extract(operands, '$.nki_iv[*]') AS l "
+        "FROM main.instruction_info WHERE operands LIKE '%nki_iv%'), range(1, len(l) + 1) AS r(d)) AS v")
 _KFRAME = "(hash(k.file, k.fn) >> 1)::BIGINT"
 _ONE_KFRAME = "one frame per kernel: the kernel's own lines are recorded, not its call stack"
 
@@ -233,10 +253,11 @@ KERNEL_INSTRUCTIONS = Table(
           "k.queue || '.' || k.pc || ':' || k.graph_id", "queue.pc:graph (the instruction's row in its graph)"),
         F("stack_frame_id", "int64", None, False, "KernelStackFrames.stack_frame_id.", _KFRAME, _ONE_KFRAME),
         F("stack_frame_depth", "int64", None, False, "Depth of the call stack.", "1", _ONE_KFRAME),
-        F("iteration_variables_id", "int64", None, False, "KernelIterationVariables id.", None,
-          "loop variables are not recorded"),
-        F("iteration_variable_depth", "int64", None, False, "Loop nesting depth.", None,
-          "loop variables are not recorded"),
+        F("iteration_variables_id", "int64", None, False, "KernelIterationVariables id.",
+          "CASE WHEN len(k.iv) > 0 THEN " + _iv_id("array_to_string(k.iv, ',')", "k.pcore") + " END",
+          "the innermost loop's entry; NULL outside loops"),
+        F("iteration_variable_depth", "int64", None, False, "Loop nesting depth.", "coalesce(len(k.iv), 0)",
+          _IV_WHY),
         F("pcore_idx", "int64", None, False, _PCORE, "k.pcore"),
         F("file_path", "string", None, False, "Source file of the instruction's code.", "k.file"),
         F("line_number", "int64", None, False, "Line of the instruction's code.", "k.line"),
@@ -257,17 +278,19 @@ KERNEL_STACK_FRAMES = Table(
     ),
 )
 KERNEL_ITERATION_VARIABLES = Table(
-    "KernelIterationVariables", "Loop iteration variables of kernel instructions.",
-    f"{_KERNEL} AS k WHERE FALSE",
-    tuple(F(n, t, None, r, d, None, "NKI loop variables are unrolled at trace time and not recorded: no rows")
-          for n, t, r, d in (
-        ("iteration_variable_id", "int64", True, "Iteration variable entry id."),
-        ("variable_name", "string", False, "Name of the variable. Example: k."),
-        ("variable_value", "int64", False, "Its value at this iteration."),
-        ("parent_iteration_variable_id", "int64", False, "The outer loop's entry."),
-        ("pcore_idx", "int64", False, _PCORE),
-        ("file_path", "string", False, "File defining the variable."),
-        ("line_number", "int64", False, "Line defining the variable."))),
+    "KernelIterationVariables", "Loop iteration variables of kernel instructions.", _IVS,
+    (
+        F("iteration_variable_id", "int64", None, True, "Iteration variable entry id.", _iv_id("v.chain", "v.pcore"),
+          "a hash of the loop entries down to this one: " + _IV_WHY),
+        F("variable_name", "string", None, False, "Name of the variable. Example: k.", "v.e->>0",
+          "the for loop's target on the loop's line (_ when it is not a plain name)"),
+        F("variable_value", "int64", None, False, "Its value at this iteration.", "(v.e->>1)::BIGINT"),
+        F("parent_iteration_variable_id", "int64", None, False, "The outer loop's entry.",
+          f"CASE WHEN v.up IS NOT NULL THEN {_iv_id('v.up', 'v.pcore')} END"),
+        F("pcore_idx", "int64", None, False, _PCORE, "v.pcore"),
+        F("file_path", "string", None, False, "File defining the variable.", "v.e->>2"),
+        F("line_number", "int64", None, False, "Line defining the variable.", "(v.e->>3)::BIGINT"),
+    ),
 )
 
 TABLES = (FRAMEWORK_NODE, HLO_INSTRUCTION, STACK_FRAME, STACK_FRAME_FILE_LOCATION, STACK_FRAME_FILE_NAME,
