@@ -56,7 +56,7 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
              files_seen: set | None = None) -> dict[str, int]:
     """Write the kernel's sources, source file, graph and ops (one per kernel line); returns the
     op id of each ``file.py:line``."""
-    from neuron_stack.compiler.records import instruction_info   # as a model's graph (runtime/recorder.py)
+    from neuron_stack.compiler.records import instruction_info  # as a model's graph (runtime/recorder.py)
     from traces.ids import new_id, stable_id
 
     seen = seen if seen is not None else set()
