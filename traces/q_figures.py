@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from traces.intervals import union_by
 from traces.monitor_figures import target_block
-from traces.summary_sql import DEVICE_NS_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
+from traces.summary_sql import DEVICE_NS_SQL, EDGES_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
 from traces.timefmt import fmt_ns
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
@@ -232,6 +232,13 @@ def flops_breakdown(s: dict) -> dict:
     active = min(max(float(s.get("tensor_engine_active_time_percent") or 0.0), 0.0), 100.0)
     return {"model_flops": model, "transpose_flops": transpose,
             "active_flops": max(active - model - transpose, 0.0), "idle": 100.0 - active}
+
+
+def window_params(p, window: tuple[int, int]) -> dict:
+    """The named parameters of ``summary_sql(window=True)`` for ``window`` (absolute ns): ``w0``, ``w1`` and
+    the spans of the executions its edges cut (``summary_sql.EDGES_SQL``). Example: ``window_params(p, (0, 9))``."""
+    w = {"w0": int(window[0]), "w1": int(window[1])}
+    return {**w, **p.sql(EDGES_SQL, w).to_pylist()[0]}
 
 
 def busy_ns(p, include_warmup: bool = False, window: tuple[int, int] | None = None) -> int:

@@ -212,7 +212,7 @@ class Profile:
         if window:
             warm = bool(include_warmup) if include_warmup is not None else \
                 self.metadata().get("summary_includes_warmup", "false") == "true"
-            rows = self.sql(summary_sql(warm, window=True), {"w0": int(window[0]), "w1": int(window[1])}).to_pylist()
+            rows = self.sql(summary_sql(warm, window=True), q_figures.window_params(self, window)).to_pylist()
             return rows[0] if rows else {}
         query = "SELECT * FROM summary" if self._stored_summary(include_warmup) else summary_sql(include_warmup)
         rows = self.sql(query).to_pylist()

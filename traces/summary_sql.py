@@ -41,19 +41,26 @@ def _dma_split(name: str, where: str) -> str:
 
 
 #: A window's rows, clipped to ``[$w0, $w1)``, under the names the Summary reads (``clip_executions`` for
-#: ``executions``, ``clip_engines`` for ``exec_engine_summary``). Each instruction counts for the part of its
-#: duration inside the window (``f``), and so do its FLOPs and bytes (pro rata); an execution keeps the share
-#: of its model FLOPs that its Tensor Engine instructions' FLOPs have inside (of its HBM bytes, its DMA bytes'
-#: share; without instruction rows, its time share); a concurrent engine's active time is the union of its
-#: clipped intervals, as finalise's (``traces.intervals.union_active``). Over a window holding everything
-#: every figure is the Summary's (a test says so).
+#: ``executions``, ``clip_engines`` for ``exec_engine_summary``). An execution inside the window counts whole
+#: (its stored rows); one the window's edge cuts counts its instructions' part inside (``f``), their FLOPs and
+#: bytes pro rata, and keeps the share of its model FLOPs that its Tensor Engine instructions' FLOPs have
+#: inside (of its HBM bytes, its DMA bytes' share; without instruction rows, its time share); a concurrent
+#: engine's active time is the union of its clipped intervals, as finalise's (``union_active``). Only the
+#: cut executions' instructions are read: those starting in ``[$e0, $e1]`` or ``[$e2, $e3]``, the spans of the
+#: executions across each edge (:func:`window_params`), so a selection costs about its two edges. Over a
+#: window holding everything every figure is the Summary's (a test says so).
 _CONCURRENT = ", ".join(f"'{e}'" for e in CONCURRENT_ENGINES)
-CLIP_CTES = f"""clip_i AS (
+CLIP_CTES = f"""cut_x AS (
+        SELECT exec_id, (least(end_ns, $w1) - greatest(start_ns, $w0)) / (end_ns - start_ns) AS t FROM executions
+        WHERE {WINDOW_CONDITION} AND (start_ns < $w0 OR end_ns > $w1) AND end_ns > start_ns),
+    clip_i AS (
         SELECT exec_id, engine, greatest(start_ns, $w0) AS s, least(start_ns + dur_ns, $w1) AS e, dur_ns, flops,
                bytes_read, bytes_written, greatest(bytes_read, bytes_written) AS transfer_bytes,
                CASE WHEN dur_ns > 0 THEN (least(start_ns + dur_ns, $w1) - greatest(start_ns, $w0)) / dur_ns
                     ELSE 1.0 END AS f
-        FROM instructions WHERE start_ns < $w1 AND (start_ns + dur_ns > $w0 OR (dur_ns <= 0 AND start_ns >= $w0))),
+        FROM instructions
+        WHERE (start_ns BETWEEN $e0 AND $e1 OR start_ns BETWEEN $e2 AND $e3) AND exec_id IN (SELECT exec_id FROM cut_x)
+          AND start_ns < $w1 AND (start_ns + dur_ns > $w0 OR (dur_ns <= 0 AND start_ns >= $w0))),
     clip_share AS (
         SELECT exec_id, sum(flops * f) FILTER (WHERE engine = 'tensor') AS tf,
                sum(bytes_read * f) FILTER (WHERE engine = 'dma') AS dr,
@@ -65,22 +72,25 @@ CLIP_CTES = f"""clip_i AS (
                             x.hbm_read_bytes * x.sr AS hbm_read_bytes,
                             x.spill_reload_bytes * x.sr AS spill_reload_bytes,
                             x.hbm_write_bytes * x.sw AS hbm_write_bytes, x.spill_save_bytes * x.sw AS spill_save_bytes)
-        FROM (SELECT e.*, coalesce(c.tf / nullif(te.flops, 0), CASE WHEN te.flops > 0 THEN 0 END, e.t) AS sf,
-                     coalesce(c.dr / nullif(de.bytes_read, 0), CASE WHEN de.bytes_read > 0 THEN 0 END, e.t) AS sr,
-                     coalesce(c.dw / nullif(de.bytes_written, 0), CASE WHEN de.bytes_written > 0 THEN 0 END, e.t)
-                         AS sw
-              FROM (SELECT *, coalesce((least(end_ns, $w1) - greatest(start_ns, $w0))
-                                       / nullif(end_ns - start_ns, 0), 1.0) AS t
-                    FROM executions WHERE {WINDOW_CONDITION}) AS e LEFT JOIN clip_share c USING (exec_id)
+        FROM (SELECT e.*, coalesce(cx.t, 1.0) AS t, cx.exec_id IS NOT NULL AS cut,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.tf / nullif(te.flops, 0),
+                          CASE WHEN te.flops > 0 THEN 0 END, cx.t) END AS sf,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.dr / nullif(de.bytes_read, 0),
+                          CASE WHEN de.bytes_read > 0 THEN 0 END, cx.t) END AS sr,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.dw / nullif(de.bytes_written, 0),
+                          CASE WHEN de.bytes_written > 0 THEN 0 END, cx.t) END AS sw
+              FROM executions e LEFT JOIN cut_x cx USING (exec_id) LEFT JOIN clip_share c USING (exec_id)
               LEFT JOIN exec_engine_summary te ON te.exec_id = e.exec_id AND te.engine = 'tensor'
               LEFT JOIN exec_engine_summary de ON de.exec_id = e.exec_id AND de.engine = 'dma'
-              ) AS x),
+              WHERE {WINDOW_CONDITION}) AS x),
     clip_active AS (
         SELECT exec_id, engine, sum(greatest(e - greatest(s, coalesce(pm, s)), 0)) AS active_ns
         FROM (SELECT exec_id, engine, s, e, max(e) OVER (PARTITION BY exec_id, engine ORDER BY s, e
                                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pm
               FROM clip_i WHERE engine IN ({_CONCURRENT}) AND e >= s) GROUP BY ALL),
     clip_engines AS (
+        SELECT s.* FROM exec_engine_summary s JOIN clip_executions x USING (exec_id) WHERE NOT x.cut
+        UNION ALL BY NAME
         SELECT g.*, coalesce(a.active_ns, g.busy_ns) AS active_ns, 'instructions' AS origin
         FROM (SELECT exec_id, engine, count(*) AS instruction_count, sum(dur_ns * f) AS busy_ns,
                      sum(flops * f) AS flops, sum(bytes_read * f) AS bytes_read,
@@ -88,7 +98,15 @@ CLIP_CTES = f"""clip_i AS (
               FROM clip_i GROUP BY ALL) AS g LEFT JOIN clip_active AS a USING (exec_id, engine)
         UNION ALL BY NAME
         SELECT s.* REPLACE (s.busy_ns * x.t AS busy_ns, s.active_ns * x.t AS active_ns)
-        FROM exec_engine_summary s JOIN clip_executions x USING (exec_id) WHERE s.origin = 'executions')"""
+        FROM exec_engine_summary s JOIN clip_executions x USING (exec_id) WHERE x.cut AND s.origin = 'executions')"""
+
+#: The executions across each edge of a window (``$w0``, ``$w1``): the instant span of their starts and ends,
+#: the extra parameters :data:`CLIP_CTES` reads (``$e0``..``$e3``).
+EDGES_SQL = """SELECT coalesce(min(start_ns) FILTER (WHERE start_ns < $w0), 0) AS e0,
+                      coalesce(max(end_ns) FILTER (WHERE start_ns < $w0), -1) AS e1,
+                      coalesce(min(start_ns) FILTER (WHERE end_ns > $w1), 0) AS e2,
+                      coalesce(max(end_ns) FILTER (WHERE end_ns > $w1), -1) AS e3
+               FROM executions WHERE start_ns < $w1 AND end_ns > $w0 AND (start_ns < $w0 OR end_ns > $w1)"""
 
 
 #: SQL condition on ``graphs``: the graph is a recompile (of a known graph, or with the reason dynamo gave).
