@@ -1,10 +1,11 @@
 """The timeline's Current Selection panel and its annotations (the real tool's selection summary and notes).
 
-The panel's figures are the Summary's, over the executions the selected range touches: the same
-``Profile.figures`` (``window=``), so the Summary and the panel agree for the whole session (a test says
-so). Below them, what the range itself holds, clipped to it: busy time per lane, by op and by source line
-(:func:`explorer.timeline.range_aggregates`). Annotations (``traces.annotate``) are stored in the profile
-file; writing one closes and reopens the profile (``Registry.write``).
+The panel's figures are the Summary's over the selected range, its instructions clipped to it (FLOPs
+and bytes pro rata): the same ``Profile.figures`` (``window=``), so the Summary and the panel agree for
+the whole session (a test says so). Below them, what the range itself holds, clipped to it: busy time
+per lane, by op and by source line (:func:`explorer.timeline.range_aggregates`). Annotations
+(``traces.annotate``) are stored in the profile file; writing one closes and reopens the profile
+(``Registry.write``).
 
 >>> point({"start_ns": 5, "end_ns": 5, "kind": "point", "text": "x", "id": 1})
 True
@@ -21,7 +22,7 @@ from traces.vocab import ENGINE_LABELS
 
 
 def figures(L: data.Loaded, start: int, end: int, include_warmup: bool | None = None):
-    """``Profile.figures`` over the executions overlapping ``[start, end)`` (ns since t0)."""
+    """``Profile.figures`` over ``[start, end)`` (ns since t0), clipped to it."""
     t0 = data.bounds(L)["t0"]
     return L.profile.figures(include_warmup, window=(t0 + start, t0 + end))
 

@@ -65,6 +65,7 @@ class Node:
     module_type: str = ""                      # its class, e.g. "torch.nn.modules.linear.Linear"
     source: Source | None = None               # innermost frame in user code (a backward op: the backward() call)
     fwd_source: Source | None = None           # a backward op: the forward line it differentiates (autograd's record)
+    stack: list[Source] = field(default_factory=list)  # the user's frames, outermost first, ending at ``source``
     flops: int = 0
     bytes: int = 0                             # bytes read + written by the op, unfused
     partition: int = -1                        # index of the device subgraph / CPU island (set by partition)
@@ -188,6 +189,7 @@ class Program:
             n["outputs"] = [spec(s) for s in n.get("outputs", [])]
             n["source"] = Source(**n["source"]) if n.get("source") else None
             n["fwd_source"] = Source(**n["fwd_source"]) if n.get("fwd_source") else None
+            n["stack"] = [Source(**f) for f in n.get("stack") or ()]
             nodes.append(Node(**n))
         fields = {k: d[k] for k in ("name", "input_names", "output_names", "flags", "log", "io_specs",
                                     "stats") if k in d}

@@ -39,6 +39,25 @@ def test_the_selection_figures_are_the_summarys(app):
     assert "Tensor" in text and "model.py:" in text
 
 
+def test_a_range_cutting_an_execution_counts_the_part_inside(app):
+    """Figures over an arbitrary range clip instructions to it, their FLOPs and bytes pro rata: two ranges
+    that split the session inside an execution add up to the Summary's totals, and each holds a part of it."""
+    p = data.resolve("20260101_mlp").profile
+    whole = p.summary()
+    lo, hi = p.sql("SELECT min(start_ns), max(end_ns) FROM executions").to_pylist()[0].values()
+    x0, x1 = p.sql("SELECT start_ns, end_ns FROM executions WHERE NOT coalesce(warmup, FALSE) "
+                   "ORDER BY start_ns LIMIT 1").to_pylist()[0].values()
+    cut = x0 + (x1 - x0) // 3   # a third of the way into a measured execution
+    left, right = p.summary(window=(lo, cut)), p.summary(window=(cut, hi))
+    assert left["execution_count"] + right["execution_count"] == whole["execution_count"] + 1   # cut in two
+    for k in ("total_time", "model_flops", "hbm_read_bytes", "hbm_write_bytes", "tensor_engine_instruction_time",
+              "dma_active_time", "hardware_flops"):
+        assert left[k] + right[k] == pytest.approx(whole[k], rel=1e-9, abs=2), k
+        assert 0 < left[k] < whole[k], k
+    f = p.figures(window=(x0, cut))   # one execution, a third of it
+    assert f.executions == 1 and 0 < f.device_ns < (x1 - x0) // 2 and f.mfu_percent > 0 and f.hbm_read_bytes > 0
+
+
 def test_annotations_are_stored_in_the_profile_and_shown_by_summary(app, tmp_path):
     from explorer.pages import timeline
 

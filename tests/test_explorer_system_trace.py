@@ -155,3 +155,4 @@ def test_system_trace_at_size_keeps_runtime_and_device_tracks_and_zooms_and_pans
     page.click("#system-whole")                              # back to every event: summarised again
     status = _status_changed(page, status)
     assert status.startswith("60,0") and "summarised" in status
+

@@ -212,6 +212,32 @@ def test_profile_links_instructions_to_kernel_lines(tmp_path):
         prof(lhsT, rhs)
 
 
+def test_loop_variables_are_recorded_per_instruction(tmp_path):
+    """KernelIterationVariables: each MATMUL of the tiled matmul knows its m, n and k, linked outer to inner."""
+    import traces
+    mm = sample("matmul")
+    prof = nki.profile(working_directory=tmp_path)(mm.matmul_tiled)
+    prof(np.ones((256, 128), np.float32), np.ones((256, 512), np.float32))
+    with traces.open(prof.profile_path) as p:
+        var = {r["iteration_variable_id"]: r for r in p.sql("SELECT * FROM KernelIterationVariables").to_pylist()}
+        mms = p.sql("""SELECT DISTINCT k.iteration_variables_id AS v, k.iteration_variable_depth AS d
+                       FROM KernelInstructions k JOIN main.instructions i JOIN main.executions x USING (exec_id)
+                       ON k.kernel_instruction_name = i.queue || '.' || i.pc || ':' || x.graph_id
+                       WHERE i.opcode = 'MATMUL'""").to_pylist()
+
+    def chain(v):
+        out = []
+        while v is not None:
+            out.append(var[v])
+            v = var[v]["parent_iteration_variable_id"]
+        return [(r["variable_name"], r["variable_value"], r["line_number"]) for r in out[::-1]]
+
+    lines = [line_of(mm.matmul_tiled.fn, f"for {v} in nl.affine_range") for v in "mnk"]
+    assert sorted(chain(r["v"]) for r in mms) == [list(zip("mnk", (0, 0, k), lines)) for k in (0, 1)]
+    assert {r["d"] for r in mms} == {3}
+    assert all(r["file_path"].endswith("matmul.py") for r in var.values())
+
+
 def test_kernel_under_neuron_explorer_inspect(tmp_path):
     script = tmp_path / "run_kernel.py"
     script.write_text(

@@ -182,3 +182,34 @@ def test_user_sql_reads_the_real_metadata_and_summary(trn2):
     kv = p.user_sql("SELECT value FROM main.metadata WHERE key = 'target'", select_only=True).table.to_pylist()
     assert kv == [{"value": "trn2"}]
     assert p.sql("SELECT count(*) AS n FROM metadata").to_pylist()[0]["n"] > 1   # the API's own queries: ours
+
+
+def test_stack_frames_are_the_users_call_stacks(recorded_samples):
+    """An op's StackFrame chain, parent by parent, is its user call stack: BertEncoder.forward → Block.forward →
+    SelfAttention.forward → attention(), as torch.export recorded it (torch's own frames left out)."""
+    path = recorded_samples.get("bert_encoder")["bert_encoder"]
+    with traces.open(path) as p:
+        frames = {r["id"]: r for r in p.sql("""SELECT f.id, f.parent_frame_id AS parent, l.line_number AS line,
+            fn.name AS function, n.name AS file FROM StackFrame f
+            JOIN StackFrameFileLocation l ON l.id = f.file_location_id::VARCHAR
+            JOIN StackFrameFileName n ON n.id = l.file_name_id::VARCHAR
+            JOIN StackFrameFunctionName fn ON fn.id = l.function_name_id::VARCHAR""").to_pylist()}
+        leaves = p.sql("""SELECT DISTINCT trim(i.stack_frame_ids, '[]') AS id, s.line FROM Instruction i
+            JOIN main.ops o ON o.op_id = i.raw_hlo_id JOIN main.sources s ON s.source_id = o.source_id""").to_pylist()
+    assert all(f["parent"] == "0" or f["parent"] in frames for f in frames.values())   # every parent is a frame
+
+    def chain(fid):
+        out = []
+        while fid != "0":
+            out.append(frames[fid])
+            fid = frames[fid]["parent"]
+        return out[::-1]
+
+    assert leaves and all(chain(leaf["id"])[-1]["line"] == leaf["line"] for leaf in leaves)   # innermost = op's line
+    models = (ROOT / "sample_workloads" / "models.py").read_text().splitlines()
+    softmax = 1 + next(i for i, t in enumerate(models) if "return scores.softmax(dim=-1) @ v" in t)
+    [stack] = {tuple((f["function"], models[f["line"] - 1].strip()) for f in chain(leaf["id"]))
+               for leaf in leaves if leaf["line"] == softmax and len(chain(leaf["id"])) > 1}
+    assert [fn for fn, _ in stack] == ["forward", "forward", "forward", "attention"]
+    assert [code for _, code in stack] == ["x = layer(x, pad_mask)", "x = self.ln1(x + self.attn(x, pad_mask))",
+                                           "y = attention(q, k, v, mask)", "return scores.softmax(dim=-1) @ v"]

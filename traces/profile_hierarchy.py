@@ -163,16 +163,36 @@ HLO_INSTRUCTION = Table(
     extra=("o.module_path AS layer",),
 )
 
-_FRAME_WHY = "one frame per op: the user's source line (sources), so every frame is a root"
 _RANK = "dense_rank() OVER (ORDER BY {})::INTEGER"
 
+
+def frame_id(stack: str) -> str:
+    """SQL for the StackFrame id of a call stack ``stack`` (SQL: source ids, outermost first, comma-separated):
+    a hash of the whole chain, so one line reached from two callers is two frames, as in a real call tree.
+    Example: ``frame_id("'1,2'")``."""
+    return f"((hash({stack}) >> 1)::BIGINT)::VARCHAR"
+
+
+#: An op's call stack: ops.stack, or its one line when only that is known (eager and backward ops).
+OP_STACK = "coalesce(o.stack, o.source_id::VARCHAR)"
+#: Every frame: each distinct prefix of an op's call stack (depth ``d``), its line and its caller's prefix.
+_FRAMES = (f"(SELECT DISTINCT array_to_string(p[1:d], ',') AS chain, "
+           "CASE WHEN d > 1 THEN array_to_string(p[1:d - 1], ',') END AS up, p[d]::BIGINT AS source_id "
+           f"FROM (SELECT string_split({OP_STACK}, ',') AS p FROM main.ops AS o WHERE o.source_id IS NOT NULL), "
+           "range(1, len(p) + 1) AS r(d)) AS f "
+           # ranked over every source line, as StackFrameFileLocation numbers them
+           f"JOIN (SELECT source_id, {_RANK.format('source_id')} AS loc FROM main.sources) AS s USING (source_id)")
+
 STACK_FRAME = Table(
-    "StackFrame", "Stack frames tracing execution back to source code.", "main.sources AS s",
+    "StackFrame", "Stack frames tracing execution back to source code.", _FRAMES,
     (
-        F("id", "string", None, True, "Stack frame id (Instruction.stack_frame_ids).", "s.source_id::VARCHAR",
-          "sources.source_id"),
-        F("file_location_id", "int32", None, True, "StackFrameFileLocation.id.", _RANK.format("s.source_id")),
-        F("parent_frame_id", "string", None, True, "Parent frame id, or 0 at the root.", "'0'", _FRAME_WHY),
+        F("id", "string", None, True, "Stack frame id (Instruction.stack_frame_ids).", frame_id("f.chain"),
+          "a hash of the call chain down to the frame (ops.stack)"),
+        F("file_location_id", "int32", None, True, "StackFrameFileLocation.id.", "s.loc"),
+        F("parent_frame_id", "string", None, True, "Parent frame id, or 0 at the root.",
+          f"CASE WHEN f.up IS NULL THEN '0' ELSE {frame_id('f.up')} END",   # hash(NULL) is not NULL
+          "the caller's frame: the user's frames only (torch, the standard library and neuron_stack are left "
+          "out, as the profiler does); eager and backward ops have their line alone, a root"),
     ),
 )
 STACK_FRAME_FILE_LOCATION = Table(
@@ -198,11 +218,31 @@ STACK_FRAME_FUNCTION_NAME = Table(
 )
 
 #: NKI instructions: their kernel line ``file.py:line`` (instructions.nki_source_location) and the op (kernel).
+#: With ``iv``, its loop variables (instruction_info.operands' ``nki_iv``: [[variable, value, file, line], ...],
+#: outermost first), where instruction_info has the instruction once.
 _KERNEL = ("(SELECT DISTINCT i.queue, i.pc, coalesce(i.pcore, 0) AS pcore, x.graph_id, i.nki_source_location AS loc, "
            "regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 1) AS file, "
-           "try_cast(regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 2) AS BIGINT) AS line, o.name AS fn "
+           "try_cast(regexp_extract(i.nki_source_location, '^(.*):(\\d+)$', 2) AS BIGINT) AS line, o.name AS fn, "
+           "json_extract(n.operands, '$.nki_iv[*]') AS iv "
            "FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) LEFT JOIN main.ops AS o "
-           "USING (op_id) WHERE i.nki_source_location IS NOT NULL)")
+           "USING (op_id) LEFT JOIN (SELECT graph_id, queue, pc, pcore, operands FROM main.instruction_info "
+           "QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1) AS n ON n.graph_id = x.graph_id "
+           "AND n.queue = i.queue AND n.pc = i.pc AND n.pcore = coalesce(i.pcore, 0) "
+           "WHERE i.nki_source_location IS NOT NULL)")
+
+
+def _iv_id(chain: str, pcore: str) -> str:
+    """SQL for a KernelIterationVariables id: a hash of the loop entries down to it (``chain``) on ``pcore``."""
+    return f"(hash({chain}, {pcore}) >> 1)::BIGINT"
+
+
+_IV_WHY = "the loop variables of nl.affine_range / sequential_range / static_range, recorded per instruction " \
+          "while the kernel unrolls (instruction_info.operands nki_iv)"
+#: Every loop entry: each distinct prefix of an instruction's loop variables (depth ``d``).
+_IVS = ("(SELECT DISTINCT pcore, array_to_string(l[1:d], ',') AS chain, "
+        "CASE WHEN d > 1 THEN array_to_string(l[1:d - 1], ',') END AS up, l[d] AS e "
+        "FROM (SELECT coalesce(pcore, 0) AS pcore, json_extract(operands, '$.nki_iv[*]') AS l "
+        "FROM main.instruction_info WHERE operands LIKE '%nki_iv%'), range(1, len(l) + 1) AS r(d)) AS v")
 _KFRAME = "(hash(k.file, k.fn) >> 1)::BIGINT"
 _ONE_KFRAME = "one frame per kernel: the kernel's own lines are recorded, not its call stack"
 
@@ -213,10 +253,11 @@ KERNEL_INSTRUCTIONS = Table(
           "k.queue || '.' || k.pc || ':' || k.graph_id", "queue.pc:graph (the instruction's row in its graph)"),
         F("stack_frame_id", "int64", None, False, "KernelStackFrames.stack_frame_id.", _KFRAME, _ONE_KFRAME),
         F("stack_frame_depth", "int64", None, False, "Depth of the call stack.", "1", _ONE_KFRAME),
-        F("iteration_variables_id", "int64", None, False, "KernelIterationVariables id.", None,
-          "loop variables are not recorded"),
-        F("iteration_variable_depth", "int64", None, False, "Loop nesting depth.", None,
-          "loop variables are not recorded"),
+        F("iteration_variables_id", "int64", None, False, "KernelIterationVariables id.",
+          "CASE WHEN len(k.iv) > 0 THEN " + _iv_id("array_to_string(k.iv, ',')", "k.pcore") + " END",
+          "the innermost loop's entry; NULL outside loops"),
+        F("iteration_variable_depth", "int64", None, False, "Loop nesting depth.", "coalesce(len(k.iv), 0)",
+          _IV_WHY),
         F("pcore_idx", "int64", None, False, _PCORE, "k.pcore"),
         F("file_path", "string", None, False, "Source file of the instruction's code.", "k.file"),
         F("line_number", "int64", None, False, "Line of the instruction's code.", "k.line"),
@@ -237,17 +278,19 @@ KERNEL_STACK_FRAMES = Table(
     ),
 )
 KERNEL_ITERATION_VARIABLES = Table(
-    "KernelIterationVariables", "Loop iteration variables of kernel instructions.",
-    f"{_KERNEL} AS k WHERE FALSE",
-    tuple(F(n, t, None, r, d, None, "NKI loop variables are unrolled at trace time and not recorded: no rows")
-          for n, t, r, d in (
-        ("iteration_variable_id", "int64", True, "Iteration variable entry id."),
-        ("variable_name", "string", False, "Name of the variable. Example: k."),
-        ("variable_value", "int64", False, "Its value at this iteration."),
-        ("parent_iteration_variable_id", "int64", False, "The outer loop's entry."),
-        ("pcore_idx", "int64", False, _PCORE),
-        ("file_path", "string", False, "File defining the variable."),
-        ("line_number", "int64", False, "Line defining the variable."))),
+    "KernelIterationVariables", "Loop iteration variables of kernel instructions.", _IVS,
+    (
+        F("iteration_variable_id", "int64", None, True, "Iteration variable entry id.", _iv_id("v.chain", "v.pcore"),
+          "a hash of the loop entries down to this one: " + _IV_WHY),
+        F("variable_name", "string", None, False, "Name of the variable. Example: k.", "v.e->>0",
+          "the for loop's target on the loop's line (_ when it is not a plain name)"),
+        F("variable_value", "int64", None, False, "Its value at this iteration.", "(v.e->>1)::BIGINT"),
+        F("parent_iteration_variable_id", "int64", None, False, "The outer loop's entry.",
+          f"CASE WHEN v.up IS NOT NULL THEN {_iv_id('v.up', 'v.pcore')} END"),
+        F("pcore_idx", "int64", None, False, _PCORE, "v.pcore"),
+        F("file_path", "string", None, False, "File defining the variable.", "v.e->>2"),
+        F("line_number", "int64", None, False, "Line defining the variable.", "(v.e->>3)::BIGINT"),
+    ),
 )
 
 TABLES = (FRAMEWORK_NODE, HLO_INSTRUCTION, STACK_FRAME, STACK_FRAME_FILE_LOCATION, STACK_FRAME_FILE_NAME,

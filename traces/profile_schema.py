@@ -23,6 +23,7 @@ import re
 from dataclasses import replace
 
 from traces import profile_hierarchy, profile_tables
+from traces.profile_hierarchy import OP_STACK, frame_id
 from traces.profile_samples import CPU_USAGE, HBM_USAGE, HOST_MEM_USAGE, SYSTEM_PROFILE_HBM_USAGE
 from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, F, Field, Table  # noqa: F401
 
@@ -83,8 +84,8 @@ INSTRUCTION = Table(
         F("layer", "string", None, False, "Name from the framework debug info.", "o.module_path",
           "ours is the nn.Module path"),
         F("stack_frame_ids", "string", None, False, "Stack frame ids.",
-          "CASE WHEN o.source_id IS NULL THEN NULL ELSE '[' || o.source_id || ']' END",
-          "one frame: the user's line, a sources.source_id"),
+          "CASE WHEN o.source_id IS NULL THEN NULL ELSE '[' || " + frame_id(OP_STACK) + " || ']' END",
+          "the innermost frame (the op's line); StackFrame.parent_frame_id leads to its callers"),
         F("nki_source_location", "string", None, False, "NKI source location.", "i.nki_source_location"),
         F("bir_debug_info_source_location", "string", None, False, "Source location from BIR debug info.", None,
           "the source line is sources via stack_frame_ids"),

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from traces.intervals import union_by
 from traces.monitor_figures import target_block
-from traces.summary_sql import DEVICE_NS_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
+from traces.summary_sql import DEVICE_NS_SQL, EDGES_SQL, RECOMPILED_SQL, WINDOW_CTES, measured_condition
 from traces.timefmt import fmt_ns
 from traces.vocab import CONCURRENT_ENGINES, DEVICE_ENGINES, FALLBACK_PLACEMENT, SUMMARY_ENGINE_PREFIX
 
@@ -121,7 +121,8 @@ def figures(p, include_warmup: bool | None = None, window: tuple[int, int] | Non
     params = {"w0": int(window[0]), "w1": int(window[1])} if window else None
     s = p.summary(include_warmup, window)
     ex = p.sql(f"""SELECT count(*) FILTER (WHERE coalesce(warmup, FALSE)) AS warmup,
-                          coalesce(max(end_ns) - min(start_ns), 0) AS span,
+                          coalesce({"least(max(end_ns), $w1) - greatest(min(start_ns), $w0)" if window else
+                                    "max(end_ns) - min(start_ns)"}, 0) AS span,
                           count(DISTINCT (coalesce(target, ''), core)) AS cores
                    FROM executions LEFT JOIN (SELECT run_id, target FROM runs) USING (run_id)
                    WHERE {measured_condition(warm, bool(window))}""", params).to_pylist()[0]
@@ -233,6 +234,13 @@ def flops_breakdown(s: dict) -> dict:
             "active_flops": max(active - model - transpose, 0.0), "idle": 100.0 - active}
 
 
+def window_params(p, window: tuple[int, int]) -> dict:
+    """The named parameters of ``summary_sql(window=True)`` for ``window`` (absolute ns): ``w0``, ``w1`` and
+    the spans of the executions its edges cut (``summary_sql.EDGES_SQL``). Example: ``window_params(p, (0, 9))``."""
+    w = {"w0": int(window[0]), "w1": int(window[1])}
+    return {**w, **p.sql(EDGES_SQL, w).to_pylist()[0]}
+
+
 def busy_ns(p, include_warmup: bool = False, window: tuple[int, int] | None = None) -> int:
     """Device-busy ns summed over cores: :func:`core_busy`'s total."""
     return int(pc.sum(core_busy(p, include_warmup, window)["active_ns"]).as_py() or 0)
@@ -245,10 +253,12 @@ def core_busy(p, include_warmup: bool = False, window: tuple[int, int] | None = 
     fell, left out); executions that overlap on one core (a collective beside the next compute
     execution) count their overlap once, so a core is never busier than the time that passed. A core
     is one of its target's instance: a process's trn1 core 0 and inf2 core 0 are two cores. ``window``
-    (absolute ns): only the executions overlapping it.
+    (absolute ns): those intervals clipped to it.
     """
     params = {"w0": int(window[0]), "w1": int(window[1])} if window else None
-    rows = p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, e.start_ns, e.dur_ns
+    clip = ("greatest(e.start_ns, $w0) AS start_ns, least(e.start_ns + e.dur_ns, $w1) - greatest(e.start_ns, $w0)"
+            " AS dur_ns") if window else "e.start_ns, e.dur_ns"
+    rows = p.sql(f"""SELECT coalesce(r.target, '') AS target, coalesce(e.core, -1) AS core, {clip}
                      FROM (SELECT run_id, core, start_ns, ({DEVICE_NS_SQL})::BIGINT AS dur_ns FROM executions
                            WHERE {measured_condition(include_warmup, bool(window))}) e
                      LEFT JOIN runs r USING (run_id)""", params)

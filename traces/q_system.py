@@ -61,9 +61,11 @@ def facets(p) -> dict:
 
 def host_series(p) -> dict[str, pa.Table]:
     """``cpu``: average host CPU utilisation (%) over time; ``memory``: host memory used (bytes, %);
-    ``hbm``: device memory in use (bytes, all cores) after each allocation change."""
+    ``hbm``: device memory in use (bytes, all cores) after each allocation change; ``hbm_category``: the same
+    by category (``memory.category``: tensors, constants, model_code, ...; columns ts_ns, category, hbm_bytes),
+    the real System Trace's HBM by category."""
     tables = set(p.tables())
-    out = {"cpu": pa.table({}), "memory": pa.table({}), "hbm": pa.table({})}
+    out = {"cpu": pa.table({}), "memory": pa.table({}), "hbm": pa.table({}), "hbm_category": pa.table({})}
     if "cpu_usage" in tables:
         out["cpu"] = p.sql("SELECT ts_ns, avg(util_percent) AS util_percent FROM cpu_usage "
                            "WHERE cpu_id = 'average' GROUP BY ts_ns ORDER BY ts_ns")
@@ -78,6 +80,12 @@ def host_series(p) -> dict[str, pa.Table]:
                        FROM memory WHERE location = 'device')
             SELECT ts_ns, (sum(sum(delta)) OVER (ORDER BY ts_ns))::BIGINT AS hbm_bytes FROM d
             GROUP BY ts_ns ORDER BY ts_ns""")
+        out["hbm_category"] = p.sql("""
+            WITH d AS (SELECT ts_ns, category, bytes - coalesce(lag(bytes) OVER (PARTITION BY run_id, core, category
+                                                                                ORDER BY ts_ns), 0) AS delta
+                       FROM memory WHERE location = 'device')
+            SELECT ts_ns, category, (sum(sum(delta)) OVER (PARTITION BY category ORDER BY ts_ns))::BIGINT AS hbm_bytes
+            FROM d GROUP BY ts_ns, category ORDER BY category, ts_ns""")
     return out
 
 

@@ -206,13 +206,13 @@ class Profile:
         """The Summary metrics (real profiler names) as a dict.
 
         Warm-up executions are excluded unless the profile was finalised with them or
-        ``include_warmup=True``. ``window`` (absolute ns): the same metrics over the executions overlapping
-        it (a timeline selection). Example: ``p.summary()["tensor_engine_active_time_percent"]``.
+        ``include_warmup=True``. ``window`` (absolute ns): the same metrics over that range, instructions
+        clipped to it. Example: ``p.summary()["tensor_engine_active_time_percent"]``.
         """
         if window:
             warm = bool(include_warmup) if include_warmup is not None else \
                 self.metadata().get("summary_includes_warmup", "false") == "true"
-            rows = self.sql(summary_sql(warm, window=True), {"w0": int(window[0]), "w1": int(window[1])}).to_pylist()
+            rows = self.sql(summary_sql(warm, window=True), q_figures.window_params(self, window)).to_pylist()
             return rows[0] if rows else {}
         query = "SELECT * FROM summary" if self._stored_summary(include_warmup) else summary_sql(include_warmup)
         rows = self.sql(query).to_pylist()

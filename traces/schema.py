@@ -18,7 +18,8 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.6.0"   # 1.6.0: serving_steps.request_ns; 1.5.0: ops.fwd_source_id (a backward op's forward line);
+SCHEMA_VERSION = "1.6.0"   # 1.6.0: serving_steps.request_ns, ops.stack (the user's call stack);
+# 1.5.0: ops.fwd_source_id (a backward op's forward line);
 # instruction_info (the compiler's facts per instruction of a graph);
 # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
 # 1.3.0: system_events, cpu_usage, host_memory; SbufAllocation, Flow,
@@ -55,6 +56,7 @@ OPS = pa.schema([
     ("placement", _str), ("fallback_reason", _str), ("fused_into", _str), ("module_path", _str),
     ("source_id", _i64), ("shape", _str), ("dtype", _str), ("flops", _i64), ("bytes", _i64),
     ("fwd_source_id", _i64),   # 1.5: a backward op's forward line (source_id is the backward() call)
+    ("stack", _str),   # 1.6: the user's call stack, source ids outermost first
 ])
 
 EXECUTIONS = pa.schema([

@@ -7,7 +7,7 @@ True
 """
 from __future__ import annotations
 
-from traces.vocab import SUMMARY_ENGINE_PREFIX
+from traces.vocab import CONCURRENT_ENGINES, SUMMARY_ENGINE_PREFIX
 
 #: Device time of one execution: its span minus the host (CPU-fallback) time inside it, never more
 #: than the recorded device makespan. The runtime records ``device_ns`` as the whole span, host
@@ -38,6 +38,75 @@ def _dma_split(name: str, where: str) -> str:
             AS {name}_dma_packet_percent,
         (SELECT 100.0 * sum(transfer_bytes) FILTER (WHERE {where}) / nullif(sum(transfer_bytes), 0) {d})
             AS {name}_dma_size_percent"""
+
+
+#: A window's rows, clipped to ``[$w0, $w1)``, under the names the Summary reads (``clip_executions`` for
+#: ``executions``, ``clip_engines`` for ``exec_engine_summary``). An execution inside the window counts whole
+#: (its stored rows); one the window's edge cuts counts its instructions' part inside (``f``), their FLOPs and
+#: bytes pro rata, and keeps the share of its model FLOPs that its Tensor Engine instructions' FLOPs have
+#: inside (of its HBM bytes, its DMA bytes' share; without instruction rows, its time share); a concurrent
+#: engine's active time is the union of its clipped intervals, as finalise's (``union_active``). Only the
+#: cut executions' instructions are read: those starting in ``[$e0, $e1]`` or ``[$e2, $e3]``, the spans of the
+#: executions across each edge (:func:`window_params`), so a selection costs about its two edges. Over a
+#: window holding everything every figure is the Summary's (a test says so).
+_CONCURRENT = ", ".join(f"'{e}'" for e in CONCURRENT_ENGINES)
+CLIP_CTES = f"""cut_x AS (
+        SELECT exec_id, (least(end_ns, $w1) - greatest(start_ns, $w0)) / (end_ns - start_ns) AS t FROM executions
+        WHERE {WINDOW_CONDITION} AND (start_ns < $w0 OR end_ns > $w1) AND end_ns > start_ns),
+    clip_i AS (
+        SELECT exec_id, engine, greatest(start_ns, $w0) AS s, least(start_ns + dur_ns, $w1) AS e, dur_ns, flops,
+               bytes_read, bytes_written, greatest(bytes_read, bytes_written) AS transfer_bytes,
+               CASE WHEN dur_ns > 0 THEN (least(start_ns + dur_ns, $w1) - greatest(start_ns, $w0)) / dur_ns
+                    ELSE 1.0 END AS f
+        FROM instructions
+        WHERE (start_ns BETWEEN $e0 AND $e1 OR start_ns BETWEEN $e2 AND $e3) AND exec_id IN (SELECT exec_id FROM cut_x)
+          AND start_ns < $w1 AND (start_ns + dur_ns > $w0 OR (dur_ns <= 0 AND start_ns >= $w0))),
+    clip_share AS (
+        SELECT exec_id, sum(flops * f) FILTER (WHERE engine = 'tensor') AS tf,
+               sum(bytes_read * f) FILTER (WHERE engine = 'dma') AS dr,
+               sum(bytes_written * f) FILTER (WHERE engine = 'dma') AS dw FROM clip_i GROUP BY exec_id),
+    clip_executions AS (
+        SELECT x.* REPLACE (greatest(x.start_ns, $w0) AS start_ns, least(x.end_ns, $w1) AS end_ns,
+                            x.device_ns * x.t AS device_ns, x.cpu_fallback_ns * x.t AS cpu_fallback_ns,
+                            x.flops * x.sf AS flops, x.transpose_flops * x.sf AS transpose_flops,
+                            x.hbm_read_bytes * x.sr AS hbm_read_bytes,
+                            x.spill_reload_bytes * x.sr AS spill_reload_bytes,
+                            x.hbm_write_bytes * x.sw AS hbm_write_bytes, x.spill_save_bytes * x.sw AS spill_save_bytes)
+        FROM (SELECT e.*, coalesce(cx.t, 1.0) AS t, cx.exec_id IS NOT NULL AS cut,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.tf / nullif(te.flops, 0),
+                          CASE WHEN te.flops > 0 THEN 0 END, cx.t) END AS sf,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.dr / nullif(de.bytes_read, 0),
+                          CASE WHEN de.bytes_read > 0 THEN 0 END, cx.t) END AS sr,
+                     CASE WHEN cx.exec_id IS NULL THEN 1.0 ELSE coalesce(c.dw / nullif(de.bytes_written, 0),
+                          CASE WHEN de.bytes_written > 0 THEN 0 END, cx.t) END AS sw
+              FROM executions e LEFT JOIN cut_x cx USING (exec_id) LEFT JOIN clip_share c USING (exec_id)
+              LEFT JOIN exec_engine_summary te ON te.exec_id = e.exec_id AND te.engine = 'tensor'
+              LEFT JOIN exec_engine_summary de ON de.exec_id = e.exec_id AND de.engine = 'dma'
+              WHERE {WINDOW_CONDITION}) AS x),
+    clip_active AS (
+        SELECT exec_id, engine, sum(greatest(e - greatest(s, coalesce(pm, s)), 0)) AS active_ns
+        FROM (SELECT exec_id, engine, s, e, max(e) OVER (PARTITION BY exec_id, engine ORDER BY s, e
+                                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pm
+              FROM clip_i WHERE engine IN ({_CONCURRENT}) AND e >= s) GROUP BY ALL),
+    clip_engines AS (
+        SELECT s.* FROM exec_engine_summary s JOIN clip_executions x USING (exec_id) WHERE NOT x.cut
+        UNION ALL BY NAME
+        SELECT g.*, coalesce(a.active_ns, g.busy_ns) AS active_ns, 'instructions' AS origin
+        FROM (SELECT exec_id, engine, count(*) AS instruction_count, sum(dur_ns * f) AS busy_ns,
+                     sum(flops * f) AS flops, sum(bytes_read * f) AS bytes_read,
+                     sum(bytes_written * f) AS bytes_written, sum(transfer_bytes * f) AS transfer_bytes
+              FROM clip_i GROUP BY ALL) AS g LEFT JOIN clip_active AS a USING (exec_id, engine)
+        UNION ALL BY NAME
+        SELECT s.* REPLACE (s.busy_ns * x.t AS busy_ns, s.active_ns * x.t AS active_ns)
+        FROM exec_engine_summary s JOIN clip_executions x USING (exec_id) WHERE x.cut AND s.origin = 'executions')"""
+
+#: The executions across each edge of a window (``$w0``, ``$w1``): the instant span of their starts and ends,
+#: the extra parameters :data:`CLIP_CTES` reads (``$e0``..``$e3``).
+EDGES_SQL = """SELECT coalesce(min(start_ns) FILTER (WHERE start_ns < $w0), 0) AS e0,
+                      coalesce(max(end_ns) FILTER (WHERE start_ns < $w0), -1) AS e1,
+                      coalesce(min(start_ns) FILTER (WHERE end_ns > $w1), 0) AS e2,
+                      coalesce(max(end_ns) FILTER (WHERE end_ns > $w1), -1) AS e3
+               FROM executions WHERE start_ns < $w1 AND end_ns > $w0 AND (start_ns < $w0 OR end_ns > $w1)"""
 
 
 #: SQL condition on ``graphs``: the graph is a recompile (of a known graph, or with the reason dynamo gave).
@@ -89,8 +158,9 @@ _EVENT_COLUMNS = f""",
 def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bool = False) -> str:
     """SQL for the Summary metrics under the real profiler's names (docs/trace_schema.md, "summary").
 
-    One row overall, or one per ``(run_id, core)`` with ``per_core``. With ``window`` the executions (and
-    CPU-fallback events) are those overlapping ``[$w0, $w1)`` (named parameters; a timeline selection).
+    One row overall, or one per ``(run_id, core)`` with ``per_core``. With ``window`` every figure is over
+    ``[$w0, $w1)`` (named parameters; a timeline selection): the executions and instructions clipped to it
+    (:data:`CLIP_CTES`), and the CPU-fallback events overlapping it.
     Reads only small tables (``executions``, ``exec_engine_summary``, ...): cheap on a finalised profile.
     Example: ``profile.sql(summary_sql(include_warmup=True))``.
     """
@@ -116,8 +186,9 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
         engine_out += [f"eng.{name}_instruction_count", f"eng.{name}_instruction_time",
                        f"eng.{engine}_active_ns / 1e9 AS {name}_active_time",
                        f"100.0 * eng.{engine}_active_ns / nullif(ex.device_ns, 0) AS {name}_active_time_percent"]
+    execs, engines = ("clip_executions", "clip_engines") if window else ("executions", "exec_engine_summary")
     return f"""
-    WITH {WINDOW_CTES},
+    WITH {WINDOW_CTES},{(CLIP_CTES + ",") if window else ""}
     md AS (SELECT try_cast(max(value) FILTER (WHERE key = 'tensor_engine_peak_bf16_flops') AS DOUBLE) AS peak,
                   -- one HBM stack's bandwidth in GB/s = bytes per ns (the real hbm_max_bandwidth)
                   try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) AS hbm_bw,
@@ -129,7 +200,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
     -- a core is a core of one host: two hosts' core 0 are two cores (a multi-host dataset)
     rh AS (SELECT run_id, max(host) AS core_host FROM runs GROUP BY run_id),
     meas AS (SELECT executions.*, coalesce(tp.peak, (SELECT peak FROM md)) AS target_peak, rh.core_host
-             FROM executions LEFT JOIN tp USING (run_id) LEFT JOIN rh USING (run_id)
+             FROM {execs} AS executions LEFT JOIN tp USING (run_id) LEFT JOIN rh USING (run_id)
              WHERE {measured_condition(include_warmup, window)}),
     ex AS (SELECT {sel_keys}count(*) AS execution_count,
                   sum({DEVICE_NS_SQL})::BIGINT AS device_ns,
@@ -156,7 +227,7 @@ def summary_sql(include_warmup: bool = False, per_core: bool = False, window: bo
                    coalesce(sum(s.flops) FILTER (WHERE engine = 'tensor'), 0)::BIGINT AS tensor_flops,
                    coalesce(sum(instruction_count), 0)::BIGINT AS event_count,
                    count(*) FILTER (WHERE origin = 'instructions') > 0 AS has_instructions
-            FROM exec_engine_summary AS s JOIN meas USING (exec_id) {'GROUP BY ' + keys if keys else ''}),
+            FROM {engines} AS s JOIN meas USING (exec_id) {'GROUP BY ' + keys if keys else ''}),
     -- CPU-fallback host time is recorded per execution or as fallback events' durations (or both: the
     -- same time twice), so the figure is the larger of the two, never their sum
     fb AS (SELECT {sel_keys}coalesce(sum(dur_ns), 0) AS event_ns FROM events

@@ -123,7 +123,10 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
           'bytes': 'model FLOPs (a MAC = 2) and bytes moved per call',
           'fwd_source_id': '(1.5) a backward op: the forward line it differentiates, as autograd records it '
                            "(aot_autograd's stack_trace of a backward node, eager: the node's seq_nr); NULL for "
-                           'forward ops'}),
+                           'forward ops',
+          'stack': "(1.6) the user's call stack of the op: source_ids of its user frames (torch, the standard "
+                   'library and neuron_stack left out), outermost first, ending at source_id; NULL when only the '
+                   "op's line is known (eager and backward ops). The StackFrame* views read it"}),
  'executions': ('One row per NEFF execution on a core.',
                 {'exec_id': 'id',
                  'run_id': 'process',

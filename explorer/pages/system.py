@@ -101,10 +101,13 @@ def figure(view: dict, series: dict) -> dict:
     for source, color in COLORS.items():
         data_ += _bars(view, source, color)
     t0 = view["t0"]
-    for key, col, label, scale, row in (("cpu", "util_percent", "host CPU %", 1, 2),
-                                        ("memory", "used_bytes", "host memory GB", 1e-9, 3),
-                                        ("hbm", "hbm_bytes", "HBM in use GB", 1e-9, 3)):
-        t = _in_window(series.get(key), t0 + view["start"], t0 + view["end"])
+    cats = series.get("hbm_category")
+    by_cat = [(f"hbm:{c}", "hbm_bytes", f"HBM {c} GB", 1e-9, 3, cats.filter(pc.equal(cats["category"], c)))
+              for c in sorted(set(cats["category"].to_pylist()))] if cats is not None and cats.num_rows else []
+    for key, col, label, scale, row, t in [(k, c, lab, s, r, series.get(k)) for k, c, lab, s, r in (
+            ("cpu", "util_percent", "host CPU %", 1, 2), ("memory", "used_bytes", "host memory GB", 1e-9, 3),
+            ("hbm", "hbm_bytes", "HBM in use GB", 1e-9, 3))] + by_cat:
+        t = _in_window(t, t0 + view["start"], t0 + view["end"])
         if t is not None and t.num_rows:
             xs = [(v - t0) / 1e3 for v in t.column("ts_ns").to_pylist()]
             ys = [v * scale for v in t.column(col).to_pylist()]

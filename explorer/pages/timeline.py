@@ -297,7 +297,7 @@ def _span_window(click, state):
 @callback(Output("timeline-aggregates", "children"), Output("timeline-agg-title", "children"),
           Input("timeline-graph", "selectedData"), Input("timeline-state", "data"))
 def aggregates(selected, state):
-    """The Current Selection: the Summary's figures over the brushed range's executions (or the window's),
+    """The Current Selection: the Summary's figures over the brushed range (or the window), clipped to it,
     then busy time by lane, op and source line clipped to it (``explorer.selection.panel``)."""
     start, end, title = state["start"], state["end"], "Current Selection (this window)"
     rng = _brushed(selected) if ctx.triggered_id == "timeline-graph" else None

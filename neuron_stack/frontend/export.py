@@ -62,6 +62,19 @@ def is_user_file(path: str) -> bool:
     return not os.path.realpath(path).startswith(_SKIP_DIRS)
 
 
+def user_stack(stack_trace: str | None) -> list[Source]:
+    """The frames of ``stack_trace`` (traceback text) that are user code, outermost first.
+
+    Example: ``user_stack('File "/m.py", line 3, in forward')`` -> ``[Source("/m.py", 3, "forward", ...)]``.
+    """
+    out: list[Source] = []
+    for f, line, fn in _FRAME.findall(stack_trace or ""):
+        # a generator expression runs in its own frame on its caller's line: one line, one frame
+        if is_user_file(f) and not (out and (out[-1].file, out[-1].line) == (os.path.abspath(f), int(line))):
+            out.append(_source(f, int(line), fn))
+    return out
+
+
 def user_frame(stack_trace: str | None) -> Source | None:
     """The innermost frame of ``stack_trace`` (traceback text) that is user code, or None.
 
@@ -69,8 +82,7 @@ def user_frame(stack_trace: str | None) -> Source | None:
     """
     for f, line, fn in reversed(_FRAME.findall(stack_trace or "")):
         if is_user_file(f):
-            path = os.path.abspath(f)
-            return Source(path, int(line), fn, linecache.getline(path, int(line)).strip())
+            return _source(f, int(line), fn)
     return None
 
 
@@ -249,8 +261,9 @@ def graph_to_program(gm: torch.fx.GraphModule, *, name: str, constants: dict[str
             src = vals.get(n.args[0].name, [])
             inputs = src[n.args[1]:n.args[1] + 1] if isinstance(n.args[1], int) else []
         path, cls = _module_path(n.meta)
-        src = user_frame(n.meta.get("stack_trace")) or call_site
-        nodes.append(Node(decomposed_from=_decomposed_from(n),
+        stack = user_stack(n.meta.get("stack_trace"))
+        src = stack[-1] if stack else call_site
+        nodes.append(Node(decomposed_from=_decomposed_from(n), stack=[] if backward_source else stack,
             name=n.name, target=target_name(n.target), args=args, kwargs=jsonify(dict(n.kwargs))["dict"],
             inputs=inputs, outputs=outs, module_path=path, module_type=cls,
             source=backward_source or src, fwd_source=src if backward_source else None))
@@ -547,11 +560,12 @@ def normalise_inputs(example_inputs: Any) -> tuple[tuple, dict]:
 
 
 def sources_in(program: Program) -> list[Source]:
-    """Distinct sources of a program's nodes, in first-use order."""
+    """Distinct sources of a program's nodes (their lines and their callers'), in first-use order."""
     seen: dict[tuple[str, int], Source] = {}
     for n in program.nodes:
-        if n.source is not None:
-            seen.setdefault((n.source.file, n.source.line), n.source)
+        for s in [*n.stack, n.source]:
+            if s is not None:
+                seen.setdefault((s.file, s.line), s)
     return list(seen.values())
 
 

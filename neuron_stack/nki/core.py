@@ -85,6 +85,7 @@ class Trace:
         self.shared_next = 0
         self.engine_last: dict[str, int] = {}
         self.sources: dict[str, tuple] = {}     # "file.py:line" -> (abs file, line, function, code)
+        self.loops: list[tuple] = []            # the enclosing nl loops: (variable, value, file, line), outermost first
         self._n = 0
         self._keep: list[Buffer] = []           # HBM buffers stay alive for the whole trace
         self.tiles: dict[str, dict] = {}        # on-chip tile name -> what placing it needs (``allocate``)
@@ -220,6 +221,8 @@ class Trace:
         nb = lambda v: math.prod(v.shape) * DTYPE_BYTES[v.dtype]
         ops = {"dst": [v.operand() for v in dsts], "src": [v.operand() for v in srcs]}
         ops.update(attrs or {})
+        if self.loops:   # the loop variables' values at this instruction (KernelIterationVariables)
+            ops["nki_iv"] = [list(x) for x in self.loops]
         ins = Instr(engine, opcode, loc or self.loc(), dur, sorted(deps), [], ops, flops,
                     sum(nb(v) for v in srcs), sum(nb(v) for v in dsts), (), "IO" if engine == "dma" else "", itype,
                     sum(nb(v) for v in srcs if v.buf.mem == "hbm"), sum(nb(v) for v in dsts if v.buf.mem == "hbm"))

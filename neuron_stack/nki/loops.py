@@ -6,10 +6,16 @@ scheduling hints, which trace as plain Python (a kernel's loops unroll; its inst
 """
 from __future__ import annotations
 
+import linecache
 import math
+import os
+import re
 
 from .core import NKIError, current
 from .core import where as _where
+from .tensor import _frame, _local
+
+_FOR = re.compile(r"\bfor\s+(\w+)\s+in\b")
 
 
 def program_id(axis: int = 0) -> int:
@@ -45,8 +51,26 @@ def spmd_dim(*sizes) -> int:
 def affine_range(*args, **kwargs):
     """A loop without loop-carried dependencies (accumulating into one PSUM tile is allowed).
     Traced as an unrolled Python loop; independence shows in the schedule, not in the trace (a loop
-    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line)."""
-    return range(*args)
+    that unrolls past ``core.MAX_INSTRUCTIONS`` instructions is refused at that line). Inside a kernel each
+    iteration's index is on the trace's loop stack while its body runs, so every instruction the body issues
+    records its loop variables (the profile's ``KernelIterationVariables``)."""
+    t = getattr(_local, "trace", None)
+    if t is None:
+        return range(*args)
+    f = _frame()
+    path = os.path.abspath(f.f_code.co_filename) if f is not None else "<kernel>"
+    line = f.f_lineno if f is not None else 0
+    m = _FOR.search(linecache.getline(path, line)) if f is not None else None
+    return _iterate(t, range(*args), m.group(1) if m else "_", path, line)
+
+
+def _iterate(t, r: range, name: str, path: str, line: int):
+    for v in r:
+        t.loops.append((name, v, path, line))
+        try:
+            yield v
+        finally:   # also when the loop breaks (the generator is closed)
+            t.loops.pop()
 
 
 sequential_range = static_range = affine_range

@@ -85,6 +85,8 @@ def lower_nki(low, n) -> None:
             low.dma(n.name, dst[0], src[0])
             for j in range(first, len(low.instrs)):     # the DMA's pieces and reloads
                 low.instrs[j].operands["nki_loc"] = ins.node
+                if "nki_iv" in attrs:
+                    low.instrs[j].operands["nki_iv"] = attrs["nki_iv"]
         else:
             low.emit(ins.opcode, n.name, dst, src, attrs, dur=ins.dur, flops=ins.flops, itype=ins.itype,
                      small=False)

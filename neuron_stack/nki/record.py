@@ -56,6 +56,7 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
              files_seen: set | None = None) -> dict[str, int]:
     """Write the kernel's sources, source file, graph and ops (one per kernel line); returns the
     op id of each ``file.py:line``."""
+    from neuron_stack.compiler.records import instruction_info  # as a model's graph (runtime/recorder.py)
     from traces.ids import new_id, stable_id
 
     seen = seen if seen is not None else set()
@@ -91,6 +92,11 @@ def describe(append, run_id: str, run: KernelRun, graph_id: int, seen: set | Non
         "cache_hit": [False], "recompile_of": [None], "recompile_reason": [""],
         "source_id": [None], "target": [tr.p.name], "flags": [json.dumps({"nki": True, "grid": list(tr.grid)})],
         "num_ops": [len(lines)], "num_device_ops": [len(lines)], "num_instructions": [len(tr.instrs)]})
+    info = instruction_info(sched.table, tr.p)
+    if info.num_rows:   # operands with the loop variables (KernelIterationVariables), PSUM traffic, ...
+        n = info.num_rows
+        append("instruction_info", info.add_column(0, "partition", pa.array(np.zeros(n, np.int32)))
+               .add_column(0, "graph_id", pa.array(np.full(n, graph_id, dtype=np.int64))))
     op_ids = {key: new_id() for key in lines}
     per = {k: {"flops": 0, "bytes": 0, "ops": []} for k in lines}
     for ins in tr.instrs:

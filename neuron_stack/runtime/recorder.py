@@ -381,7 +381,7 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
     prog, info = model.program, model.compile_info
     now = clock.now_ns()
     src_rows = {"source_id": [], "file": [], "line": [], "function": [], "code": []}
-    for s in [x for n in prog.nodes for x in (n.source, n.fwd_source) if x is not None]:
+    for s in [x for n in prog.nodes for x in (*n.stack, n.source, n.fwd_source) if x is not None]:
         sid = source_id(s)
         if sid in rec.sources_seen:
             continue
@@ -422,6 +422,9 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
         "placement": [n.placement for n in ops], "fallback_reason": [n.fallback_reason for n in ops],
         "fused_into": [n.fused_into for n in ops], "module_path": [n.module_path for n in ops],
         "source_id": [source_id(n.source) for n in ops], "fwd_source_id": [source_id(n.fwd_source) for n in ops],
+        # the user's call stack (source ids, outermost first, ending at the op's line) when more than its line
+        "stack": [",".join(str(source_id(f)) for f in n.stack) if len(n.stack) > 1 and n.stack[-1] == n.source
+                  else None for n in ops],
         "shape": [str(list(n.outputs[0].shape)) if n.outputs else "" for n in ops],
         "dtype": [n.outputs[0].dtype if n.outputs else "" for n in ops],
         "flops": [n.flops for n in ops], "bytes": [n.bytes for n in ops]})
