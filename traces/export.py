@@ -27,15 +27,18 @@ from traces.vocab import ENGINE_LABELS
 #: Opcodes the real profiler draws on the TensorMatrix row (MultiplyMoving) rather than Tensor.
 TENSOR_MATRIX_OPCODES = ("MATMUL",)
 
-FORMATS = ("perfetto", "parquet", "csv")
+FORMATS = ("perfetto", "parquet", "csv", "json")
+
+#: rows per table in a full-profile JSON (a bound: JSON is many times the size of the profile's columns)
+JSON_MAX_ROWS = 1_000_000
 
 
 def export(profile, fmt: str, out: str | os.PathLike, **options) -> Path:
-    """Export ``profile`` in ``fmt`` (``perfetto``, ``parquet`` or ``csv``) to ``out``; return the path.
+    """Export ``profile`` in ``fmt`` (``perfetto``, ``parquet``, ``csv`` or ``json``) to ``out``; return the path.
 
     Example: ``export(p, "parquet", "trace_parquet")``.
     """
-    writers = {"perfetto": perfetto, "parquet": parquet, "csv": csv}
+    writers = {"perfetto": perfetto, "parquet": parquet, "csv": csv, "json": full_json}
     if fmt not in writers:
         raise TraceError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
     return writers[fmt](profile, out, **options)
@@ -340,6 +343,55 @@ def csv(profile, out: str | os.PathLike) -> Path:
             order = " ORDER BY start_ns" if name == "instructions" else ""
             profile.sql(f"COPY (SELECT * FROM {name}{order}) TO {_quoted(tmp / (name + '.csv'))} (HEADER)")
     return _into_new_dir(Path(out), fill)
+
+
+def full_json(profile, out: str | os.PathLike, max_rows: int = JSON_MAX_ROWS) -> Path:
+    """Write the whole profile as one JSON document, as the real tool's ``view --output-format json``:
+    ``{"format", "tables": {name: [row, ...]}, "truncated": [names]}`` with every real table
+    (``Instruction``, ``Summary``, ``Metadata``, ``DmaPacket``, ...) under its real name, each at most
+    ``max_rows`` rows (those cut are listed in ``truncated``). Streamed table by table through DuckDB, so a
+    large profile never sits in memory as Python objects. Returns the file.
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=1, instructions=50)
+    >>> with traces.open(d) as p:
+    ...     doc = json.load(open(full_json(p, d + "/profile.json", max_rows=10)))
+    >>> len(doc["tables"]["Instruction"]), "Instruction" in doc["truncated"], "Summary" in doc["tables"]
+    (10, True, True)
+    """
+    out = Path(out)
+    if max_rows < 1:
+        raise TraceError(f"max_rows {max_rows}: give at least 1")
+    tmp_dir = out.with_name(f".{out.name}.{os.getpid()}.parts")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        tmp_dir.mkdir(parents=True)
+        names, cut = profile.real_tables(), []
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write('{"format": "neuron-explorer full-profile json", "tables": {')
+            for i, name in enumerate(names):
+                part = tmp_dir / f"{i}.json"
+                n = profile.sql(f'SELECT count(*) AS n FROM (SELECT 1 FROM {profile_schema.SCHEMA}."{name}" '
+                                "LIMIT $n)", {"n": max_rows + 1}).column(0)[0].as_py()
+                if n > max_rows:
+                    cut.append(name)
+                profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}" LIMIT {int(max_rows)}) '
+                            f"TO {_quoted(part)} (FORMAT json, ARRAY true)")
+                f.write(("" if i == 0 else ", ") + json.dumps(name) + ": ")
+                with open(part, encoding="utf-8") as src:
+                    shutil.copyfileobj(src, f)
+                part.unlink()
+            f.write('}, "truncated": ' + json.dumps(cut) + "}\n")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
+    return out
 
 
 #: the tables a window's CSV export holds, under the real tool's file names
