@@ -11,7 +11,7 @@ import threading
 import pytest
 from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F401  (the same skip)
 
-from explorer import data
+from explorer import data, timeline
 from explorer.app import create_app
 
 
@@ -176,16 +176,31 @@ def test_timeline_exports_the_visible_window_as_csv(server, page):
     b = a + (b - a) // 3
     page.goto(f"{url}/timeline?profile={key}&start={a}&end={b}")
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
-    with page.expect_download() as got:
-        page.click("#timeline-csv")
-    z = zipfile.ZipFile(got.value.path())
-    assert sorted(z.namelist()) == ["Instruction.csv", "SbufAllocation.csv", "SemaphoreUpdate.csv"]
-    rows = list(csv.DictReader(io.StringIO(z.read("Instruction.csv").decode())))
+    def download():
+        with page.expect_download() as got:
+            page.click("#timeline-csv")
+        z = zipfile.ZipFile(got.value.path())
+        return {n[:-4]: list(csv.DictReader(io.StringIO(z.read(n).decode()))) for n in z.namelist()}
+
+    sampled = download()            # the real tool's default: sampled at the timeline's resolution
+    assert sorted(sampled) == ["CcInstruction", "DmaPacket", "Instruction", "SbufAllocation", "SemaphoreUpdate"]
+    page.click("#timeline-csv-sampled input")       # cleared: every event of the window
+    full = download()
     t0 = data.bounds(L)["t0"]
-    n = _profile().sql("SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b",
-                       {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
-    assert len(rows) == n > 0
+    count = "SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b AND engine "
+    n = _profile().sql(count + "NOT IN ('dma', 'cc')", {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    n_dma = _profile().sql(count + "= 'dma'", {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    rows = full["Instruction"]
+    assert len(rows) == n > 0 and len(full["DmaPacket"]) == n_dma > 0
     assert {"timeline_track", "opcode", "start_ns"} <= set(rows[0]) and rows[0]["timeline_track"].endswith("(nc0)")
+    assert full["DmaPacket"][0]["timeline_track"].startswith("q") and "transfer_bytes" in full["DmaPacket"][0]
+    # sampled: the first event of each track in each of the timeline's buckets, no more
+    def bucket(r):
+        return r["timeline_track"], (int(r["start_ns"]) - t0 - a) * timeline.MAX_BUCKETS // (b - a)
+    firsts = {}
+    for r in sorted(full["Instruction"], key=lambda r: int(r["start_ns"])):
+        firsts.setdefault(bucket(r), r["start_ns"])
+    assert sorted(r["start_ns"] for r in sampled["Instruction"]) == sorted(firsts.values())
 
 
 def test_sql_schema_inspector_and_csv_download(server, page):
