@@ -47,6 +47,9 @@ def register(subparsers) -> None:
                         "(json: profile.json, every real table, at most 1,000,000 rows each; "
                         "perfetto: profile.perfetto.json, Chrome JSON; parquet: parquet/ with Instruction.parquet, "
                         "…: neuron-explorer export)")
+    p.add_argument("--framework-source-root", metavar="DIR",
+                   help="Source page: read the model's source files from DIR (the current files; a recorded path "
+                        "resolves to its longest tail under DIR) instead of the text the profile embeds")
     p.add_argument("--api-port", type=int, metavar="PORT",
                    help="also serve the read-only JSON API alone on PORT (the real tool's 3002); it is always at "
                         "/api on the UI's port")
@@ -116,8 +119,9 @@ def sessions(root: Path, depth: int = 3) -> list[Path]:
 
 
 def _view(args) -> int:
-    from explorer import manager
+    from explorer import manager, sources
 
+    sources.set_root(args.framework_source_root)   # a bad DIR is one line before anything runs
     paths = [resolve_profile(a) for a in args.profiles]
     if args.directory:
         root = Path(args.directory)

@@ -13,6 +13,7 @@ from test_explorer_browser import ARGS, CHROMIUM, _shot, pytestmark  # noqa: F40
 
 from explorer import data, timeline
 from explorer.app import create_app
+from explorer.figures import fmt_ns
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +241,23 @@ def test_regions_page_lists_layers_and_links_their_windows(server, page):
     t0 = data.bounds(data.resolve(key))["t0"]
     r = next(r for r in first if r["region"] == "layers.1")
     assert f"start={r['start_ns'] - t0}" in page.url and f"end={r['end_ns'] - t0}" in page.url
+
+
+def test_source_range_select_sums_the_lines(server, page):
+    url, key = server
+    page.goto(f"{url}/source?profile={key}")
+    page.wait_for_selector("#source-lines .src-line.hot")
+    hot = page.locator("#source-lines .src-line.hot")
+    first, last = hot.nth(0), hot.nth(min(2, hot.count() - 1))
+    first.click()
+    page.wait_for_selector("#source-timeline")
+    page.click("#source-range-mode input")                  # range: the next click extends the selection
+    last.click()
+    page.wait_for_selector("#source-range")
+    sel = page.evaluate("new URL(location.href).searchParams.get('lines')")
+    r = data.line_range(data.resolve(key), f"lines:{sel}")
+    text = page.inner_text("#source-range")
+    assert f":{r['first']}-{r['last']}" in text and f"{fmt_ns(r['device_ns'])} device time" in text
+    assert page.locator("#source-lines .src-line.selected").count() >= 2
+    page.wait_for_selector("#source-timeline .js-plotly-plot")
+    _shot(page, "source-range")
