@@ -338,7 +338,7 @@ def source_text(L: Loaded, file: str) -> tuple[str, str]:
     """``(text, origin)`` of one of :func:`source_files`: the current file under ``--framework-source-root``
     when it is there (origin: its path), else the text the profile embeds (origin ``"the profile"``)."""
     if file not in source_files(L):
-        raise ExplorerError(f"the profile names no file {str(file)[:120]!r}; pick one from the list")
+        raise ExplorerError(f"the profile embeds no file named {str(file)[:120]!r}; pick one from the list")
     text = sources.read(file)
     if text is not None:
         return text, str(sources.resolve(file))
