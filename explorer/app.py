@@ -63,6 +63,11 @@ def create_app(paths, registry=None):
     return _APP
 
 
+def _profile_label(r: dict) -> str:
+    """A profile as the picker and the sidebar name it: ★ for a favourite, its folder, its name."""
+    return ("★ " if r["favourite"] else "") + (f"{r['folder']} / " if r["folder"] else "") + r["name"]
+
+
 def _build():
     import dash
     from dash import Input, Output, State, dcc, html
@@ -80,27 +85,43 @@ def _build():
 
     app.layout = html.Div([
         dcc.Location(id="app-url", refresh="callback-nav"),
+        # the theme (light / dark) the user last chose, kept in the browser (localStorage)
+        dcc.Store(id="app-theme", storage_type="local"), html.Div(id="app-theme-sink", hidden=True),
         html.Header([
             html.Div(["Neuron Explorer", html.Small("neuron_stack · simulated NeuronCore")], className="brand"),
-            html.Nav(id="app-nav"),
             dcc.Dropdown(id="app-profile", clearable=False, className="profile-pick", placeholder="no profile open"),
+            html.Button("◐", id="app-theme-toggle", className="theme-toggle", title="dark / light theme"),
         ], className="app"),
-        html.Main(dash.page_container),
+        html.Div([
+            # the sidebar, as the real tool's: the viewers, then the profiles (favourites first, by folder)
+            html.Aside([html.Nav(id="app-nav"), html.Div(id="app-profiles")], id="app-sidebar", className="sidebar"),
+            html.Main(dash.page_container),
+        ], className="app-body"),
     ])
 
     @dash.callback(Output("app-nav", "children"), Output("app-profile", "options"), Output("app-profile", "value"),
-                   Input("app-url", "pathname"), Input("app-url", "search"))
+                   Output("app-profiles", "children"), Input("app-url", "pathname"), Input("app-url", "search"))
     def nav(pathname, search):
-        """Links that keep the current profile; the profile picker."""
+        """Links that keep the current profile; the profile picker; the sidebar's profiles."""
         from urllib.parse import parse_qs
 
         q = parse_qs((search or "").lstrip("?"))
         key = (q.get("profile") or [data.registry().default_key()])[0]
         links = [dcc.Link(label, href=ui.href(path, profile=key), id=f"app-nav-{label.lower()}",
                           className="active" if (pathname or "/") == path else "") for label, path in NAV]
-        options = [{"label": ("★ " if r["favourite"] else "") + (f"{r['folder']} / " if r["folder"] else "")
-                    + r["name"], "value": r["key"]} for r in manager.listing()]
-        return links, options, key if key in data.registry().keys() else None
+        listing = manager.listing()
+        options = [{"label": _profile_label(r), "value": r["key"]} for r in listing]
+        here = pathname if pathname in {p for _label, p in NAV} else "/"
+        profiles = [html.Div("Profiles", className="sidebar-head")] + [
+            dcc.Link(_profile_label(r), href=ui.href(here, profile=r["key"]), title=r["key"],
+                     className="active" if r["key"] == key else "") for r in listing]
+        return links, options, key if key in data.registry().keys() else None, profiles
+
+    dash.clientside_callback(dash.ClientsideFunction("explorer", "toggleTheme"), Output("app-theme", "data"),
+                             Input("app-theme-toggle", "n_clicks"), State("app-theme", "data"),
+                             prevent_initial_call=True)
+    dash.clientside_callback(dash.ClientsideFunction("explorer", "setTheme"), Output("app-theme-sink", "children"),
+                             Input("app-theme", "data"))
 
     @dash.callback(Output("app-url", "href"), Input("app-profile", "value"), State("app-url", "pathname"),
                    State("app-url", "search"), prevent_initial_call=True)

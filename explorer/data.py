@@ -18,6 +18,7 @@ import math
 import re
 from pathlib import Path
 
+from explorer import sources
 from explorer.profiles import (  # noqa: F401  (the pages reach them through here)
     Entry,
     ExplorerError,
@@ -38,7 +39,7 @@ from explorer.signatures import (  # noqa: F401  (pages use them here)
     reason_names,
     signature_diff,
 )
-from traces import q_compare, q_host
+from traces import q_compare, q_host, q_timeline
 from traces.console import DEFAULT_ROW_LIMIT, MAX_RESULT_BYTES
 from traces.errors import TraceError
 from traces.timefmt import fmt_ns
@@ -269,6 +270,9 @@ def selection_ops(L: Loaded, sel) -> set[int]:
         return {k for k, o in info.items() if o.get("graph_id") == gid}
     if kind == "path":
         return {k for k, o in info.items() if op_path_key(o) == value}
+    if kind == "lines":
+        file, lo, hi = _lines_selection(L, sel)
+        return {k for k, o in info.items() if o.get("file") == file and lo <= (o.get("line") or 0) <= hi}
     return {k for k, o in info.items()
             if (o.get("module_path") or "") == value or (o.get("module_path") or "").startswith(value + ".")}
 
@@ -287,6 +291,9 @@ def describe_selection(L: Loaded, sel) -> str:
     if kind == "op":
         o = ops(L).get(int(value))
         return f"op {op_label(o)} {where(o)}".strip()
+    if kind == "lines":
+        file, lo, hi = _lines_selection(L, sel)
+        return f"lines {Path(file).name}:{lo}-{hi} ({n} ops)"
     return f"{kind} {value} ({n} ops)"
 
 
@@ -329,24 +336,41 @@ def hierarchy(L: Loaded) -> list[dict]:
 
 # ------------------------------------------------------------------------------------- source
 def source_files(L: Loaded) -> list[str]:
-    """Files whose text the profile embeds, most device time first."""
+    """Files whose text the profile embeds and, with ``--framework-source-root``, the files its lines name
+    that resolve under the root (:mod:`explorer.sources`); most device time first."""
+    root = sources.root()
+
     def compute():
         per_file: dict[str, int] = {}
         for t in line_totals(L).values():
             if t.get("file"):
                 per_file[t["file"]] = per_file.get(t["file"], 0) + t["device_ns"]
-        return sorted(L.profile.source_files(), key=lambda f: (-per_file.get(f, 0), f))
-    return L.cached("source_files", compute)
+        names = set(L.profile.source_files())
+        if root is not None:
+            named = set(per_file) | {g["file"] for g in rows(L.profile.graphs()) if g.get("file")}
+            names |= {f for f in named if sources.resolve(f) is not None}
+        return sorted(names, key=lambda f: (-per_file.get(f, 0), f))
+    return L.cached(f"source_files:{root}", compute)
+
+
+def source_text(L: Loaded, file: str) -> tuple[str, str]:
+    """``(text, origin)`` of one of :func:`source_files`: the current file under ``--framework-source-root``
+    when it is there (origin: its path), else the text the profile embeds (origin ``"the profile"``)."""
+    if file not in source_files(L):
+        raise ExplorerError(f"the profile embeds no file named {str(file)[:120]!r}; pick one from the list")
+    text = sources.read(file)
+    if text is not None:
+        return text, str(sources.resolve(file))
+    return L.profile.source_text(file) or "", "the profile"
 
 
 def source_view(L: Loaded, file: str) -> list[dict]:
-    """Every line of one embedded file with its device time, instruction count and source_id.
+    """Every line of one of :func:`source_files` with its device time, instruction count and source_id.
 
-    ``file`` must be one of :func:`source_files` (a name from the profile, never opened on disk).
+    ``file`` must be one of :func:`source_files` (a name from the profile; only a file under the source root
+    is ever opened on disk).
     """
-    if file not in source_files(L):
-        raise ExplorerError(f"the profile embeds no file named {str(file)[:120]!r}; pick one from the list")
-    text = L.profile.source_text(file) or ""
+    text, _origin = source_text(L, file)
     per_line = {t["line"]: t for t in line_totals(L).values() if t.get("file") == file}
     out = []
     for i, code in enumerate(text.splitlines(), start=1):
@@ -355,6 +379,32 @@ def source_view(L: Loaded, file: str) -> list[dict]:
                     "instructions": t.get("instructions", 0),
                     "host_ns": t.get("host_ns", 0), "source_id": t.get("source_id"), "ops": len(t.get("ops", []))})
     return out
+
+
+def line_range(L: Loaded, sel) -> dict:
+    """A ``lines:<source_id>..<source_id>`` selection (lines ``first``..``last`` of one file): its lines' device
+    and host time and instructions, each the sum of the per-line figures the Source page shows
+    (:func:`line_totals`), and the window its instructions cover in the measured executions
+    (``traces.q_timeline.ops_extent``), ns since t0, or None when none ran."""
+    file, lo, hi = _lines_selection(L, sel)
+    picked = [t for t in line_totals(L).values() if t.get("file") == file and lo <= t["line"] <= hi]
+    extent = q_timeline.ops_extent(L.profile, sorted(selection_ops(L, sel)))
+    t0 = bounds(L)["t0"]
+    return {"file": file, "first": lo, "last": hi, "lines": len(picked),
+            "device_ns": sum(t["device_ns"] for t in picked), "host_ns": sum(t["host_ns"] for t in picked),
+            "instructions": sum(t["instructions"] for t in picked),
+            "window": (extent[0] - t0, extent[1] - t0) if extent else None}
+
+
+def _lines_selection(L: Loaded, sel) -> tuple[str, int, int]:
+    """``lines:a..b`` → (file, first line, last line); both source ids must be lines of one file."""
+    parsed = parse_selection(sel)
+    if not parsed or parsed[0] != "lines" or not re.fullmatch(r"\d{1,19}\.\.\d{1,19}", parsed[1]):
+        raise ExplorerError("a range of lines looks like lines:<source_id>..<source_id>")
+    a, b = (line_totals(L).get(int(v)) for v in parsed[1].split(".."))
+    if a is None or b is None or a.get("file") != b.get("file") or not a.get("file"):
+        raise ExplorerError(f"{sel}: both ends must be recorded lines of one file; click two lines of this file")
+    return a["file"], min(a["line"], b["line"]), max(a["line"], b["line"])
 
 
 # ----------------------------------------------------------------------------- fallbacks, recompiles

@@ -188,7 +188,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------ validation
-_SEL = re.compile(r"^(line|op|module|graph|path):([A-Za-z0-9_.\-/:]{1,200})$")
+_SEL = re.compile(r"^(lines|line|op|module|graph|path):([A-Za-z0-9_.\-/:]{1,200})$")
 
 
 def parse_int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int | None:
@@ -214,8 +214,9 @@ def parse_int(value, name: str, lo: int = 0, hi: int = 2**63 - 1) -> int | None:
 
 
 def parse_selection(sel) -> tuple[str, str] | None:
-    """``"line:123"`` → ``("line", "123")``; kinds: line (source_id), op (op_id), module (path), graph,
-    path (``module/aten_op``: one op of the model across all its graphs).
+    """``"line:123"`` → ``("line", "123")``; kinds: line (source_id), lines (``a..b``: the lines between two
+    source_ids of one file), op (op_id), module (path), graph, path (``module/aten_op``: one op of the model
+    across all its graphs).
 
     >>> parse_selection("op:17")
     ('op', '17')
@@ -224,6 +225,6 @@ def parse_selection(sel) -> tuple[str, str] | None:
         return None
     m = _SEL.match(str(sel))
     if not m:
-        raise ExplorerError("selection must look like line:<source_id>, op:<op_id>, module:<path>, "
-                            "path:<module>/<aten op> or graph:<graph_id>")
+        raise ExplorerError("selection must look like line:<source_id>, lines:<source_id>..<source_id>, "
+                            "op:<op_id>, module:<path>, path:<module>/<aten op> or graph:<graph_id>")
     return m.group(1), m.group(2)

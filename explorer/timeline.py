@@ -277,10 +277,12 @@ def range_aggregates(L: Loaded, start=None, end=None, limit: int = 12) -> dict:
 CSV_MAX_ROWS = 1_000_000
 
 
-def window_csv_zip(L: Loaded, start: int, end: int) -> tuple[bytes, list[str]]:
-    """The window ``[start, end)`` (ns since t0) as the real tool's CSV export: a zip of ``Instruction.csv``
-    (with ``timeline_track``), ``SemaphoreUpdate.csv`` and ``SbufAllocation.csv``; and the names of the
-    tables cut at ``CSV_MAX_ROWS``."""
+def window_csv_zip(L: Loaded, start: int, end: int, sampled: bool = True) -> tuple[bytes, list[str]]:
+    """The window ``[start, end)`` (ns since t0) as the real tool's CSV export: a zip of ``Instruction.csv``,
+    ``DmaPacket.csv``, ``CcInstruction.csv``, ``SemaphoreUpdate.csv`` (each row first with its
+    ``timeline_track``) and ``SbufAllocation.csv``; and the names of the tables cut at ``CSV_MAX_ROWS``.
+    ``sampled``: one event per track and timeline bucket (``MAX_BUCKETS`` across the window, about what the
+    timeline draws), as the real tool's default; else every event."""
     import io
     import zipfile
 
@@ -292,7 +294,8 @@ def window_csv_zip(L: Loaded, start: int, end: int) -> tuple[bytes, list[str]]:
     t0 = data.bounds(L)["t0"]
     buf, cut = io.BytesIO(), []
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for name, (table, truncated) in window_tables(L.profile, t0 + a, t0 + b, CSV_MAX_ROWS).items():
+        for name, (table, truncated) in window_tables(L.profile, t0 + a, t0 + b, CSV_MAX_ROWS,
+                                                        MAX_BUCKETS if sampled else None).items():
             out = io.BytesIO()
             pacsv.write_csv(table, out)
             z.writestr(f"{name}.csv", out.getvalue())

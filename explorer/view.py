@@ -41,11 +41,15 @@ def register(subparsers) -> None:
                         "the Profiles page deletes and uploads there")
     p.add_argument("--ingest-only", action="store_true",
                    help="finalise the profiles (segments into profile.duckdb) and exit without serving")
-    p.add_argument("--output-format", choices=("summary-text", "summary-json", "perfetto", "parquet"),
+    p.add_argument("--output-format", choices=("summary-text", "summary-json", "json", "perfetto", "parquet"),
                    help="instead of serving, as the real flag: print each profile's Summary (summary-text, "
                         "summary-json: neuron-explorer summary [--json]) or write it beside the profile "
-                        "(perfetto: profile.perfetto.json, Chrome JSON; parquet: parquet/ with Instruction.parquet, "
+                        "(json: profile.json, every real table, at most 1,000,000 rows each; "
+                        "perfetto: profile.perfetto.json, Chrome JSON; parquet: parquet/ with Instruction.parquet, "
                         "…: neuron-explorer export)")
+    p.add_argument("--framework-source-root", metavar="DIR",
+                   help="Source page: read the model's source files from DIR (the current files; a recorded path "
+                        "resolves to its longest tail under DIR) instead of the text the profile embeds")
     p.add_argument("--api-port", type=int, metavar="PORT",
                    help="also serve the read-only JSON API alone on PORT (the real tool's 3002); it is always at "
                         "/api on the UI's port")
@@ -115,8 +119,9 @@ def sessions(root: Path, depth: int = 3) -> list[Path]:
 
 
 def _view(args) -> int:
-    from explorer import manager
+    from explorer import manager, sources
 
+    sources.set_root(args.framework_source_root)   # a bad DIR is one line before anything runs
     paths = [resolve_profile(a) for a in args.profiles]
     if args.directory:
         root = Path(args.directory)
@@ -213,7 +218,7 @@ def _output(paths: list[Path], fmt: str, names: list[str]) -> int:
             cli.summary_cmd(argparse.Namespace(profile=str(path), json=fmt == "summary-json", per_core=False,
                                                include_warmup=False))
         else:
-            out = path.parent / ("profile.perfetto.json" if fmt == "perfetto" else "parquet")
+            out = path.parent / {"perfetto": "profile.perfetto.json", "json": "profile.json"}.get(fmt, "parquet")
             cli.export_cmd(argparse.Namespace(profile=str(path), format=fmt, output=str(out), start_ns=None,
                                               end_ns=None))
     return 0

@@ -151,7 +151,7 @@ def test_exp207_source_line_click_highlights_its_instructions(app):
     prop = json.dumps({"sid": sid, "type": "source-line"}, separators=(",", ":")) + ".n_clicks"
     panel, classes, state, url = triggered(prop, source.pick_line, [0, 1, 0, 0], {"profile": "20260101_mlp"},
                                            outputs_list=[{}, outputs, {}, {}])
-    assert url == {"line": sid, "file": None}
+    assert url == {"line": sid, "file": None, "lines": None}
     assert classes.count("src-line hot selected") == 1
     graph = next(c for c in panel.children if getattr(c, "id", None) == "source-timeline")
     picked = [t for t in graph.figure["data"] if t["name"] == "selection"]

@@ -78,3 +78,28 @@ def test_sql_history_and_quick_chart(server, page):
     page.locator("#sql-history-items button", has_text="sum(dur_ns)").first.click()
     page.wait_for_function("q => document.querySelector('#sql-query').value === q", arg=query)
     _shot(page, "sql-history")
+
+
+def test_sidebar_lists_the_viewers_and_profiles_and_the_theme_is_kept(server, page):
+    url, key = server
+    page.goto(f"{url}/timeline?profile={key}")
+    page.wait_for_selector("#app-sidebar #app-nav-timeline.active")
+    profiles = page.locator("#app-profiles a")
+    assert profiles.count() == len(data.registry().keys()) == 2
+    assert page.locator("#app-profiles a.active").get_attribute("title") == key
+    other = next(k for k in data.registry().keys() if k != key)
+    page.locator(f'#app-profiles a[title="{other}"]').click()   # the same viewer on the other profile
+    page.wait_for_function(f"() => location.search.includes('profile={other}') && location.pathname == '/timeline'")
+    page.wait_for_selector(f'#app-profiles a.active[title="{other}"]')
+    # the theme: ◐ switches to dark, the choice survives a reload (localStorage), ◐ again is light
+    page.click("#app-theme-toggle")
+    page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(16, 22, 30)"
+    page.reload()
+    page.wait_for_function("() => document.documentElement.dataset.theme === 'dark'")
+    page.wait_for_selector("main h2, main .js-plotly-plot")
+    _shot(page, "dark")
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= WIDTH
+    page.click("#app-theme-toggle")
+    page.wait_for_function("() => document.documentElement.dataset.theme === 'light'")
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(244, 246, 249)"

@@ -3,6 +3,7 @@ profile, delete only inside the output directory, bounded and validated upload, 
 ``--ingest-only``, and the read-only JSON API beside the pages."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -121,5 +122,13 @@ def test_view_directory_and_ingest_only(tmp_path):
     assert text.returncode == 0 and text.stdout.count("total_time") == 2, text.stdout + text.stderr
     js = subprocess.run([*view, "summary-json"], capture_output=True, text=True, timeout=300)
     assert js.returncode == 0 and js.stdout.count('"summary": [') == 2
+    full = subprocess.run([*view, "json"], capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr
+    doc = json.loads((out / "20260111_mlp" / "profile.json").read_text())
+    with traces.open(out / "20260111_mlp") as p:    # the same rows as the profile's real tables
+        assert len(doc["tables"]["Instruction"]) == p.sql('SELECT count(*) FROM "Instruction"').column(0)[0].as_py()
+        total = p.sql('SELECT total_time FROM "Summary"').column(0)[0].as_py()
+        assert doc["tables"]["Summary"][0]["total_time"] == total
+    assert doc["truncated"] == [] and "DmaPacket" in doc["tables"]
     perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)
     assert perf.returncode == 0 and (out / "20260111_mlp" / "profile.perfetto.json").is_file(), perf.stderr

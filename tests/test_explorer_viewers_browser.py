@@ -10,7 +10,8 @@ import json
 import pytest
 from test_explorer_browser import IMG, _shot, pytestmark  # noqa: F401  (the same skip)
 
-from explorer import data
+from explorer import data, timeline
+from explorer.figures import fmt_ns
 
 
 @pytest.fixture(scope="module")
@@ -151,16 +152,31 @@ def test_timeline_exports_the_visible_window_as_csv(server, page):
     b = a + (b - a) // 3
     page.goto(f"{url}/timeline?profile={key}&start={a}&end={b}")
     page.wait_for_selector("#timeline-graph .js-plotly-plot")
-    with page.expect_download() as got:
-        page.click("#timeline-csv")
-    z = zipfile.ZipFile(got.value.path())
-    assert sorted(z.namelist()) == ["Instruction.csv", "SbufAllocation.csv", "SemaphoreUpdate.csv"]
-    rows = list(csv.DictReader(io.StringIO(z.read("Instruction.csv").decode())))
+    def download():
+        with page.expect_download() as got:
+            page.click("#timeline-csv")
+        z = zipfile.ZipFile(got.value.path())
+        return {n[:-4]: list(csv.DictReader(io.StringIO(z.read(n).decode()))) for n in z.namelist()}
+
+    sampled = download()            # the real tool's default: sampled at the timeline's resolution
+    assert sorted(sampled) == ["CcInstruction", "DmaPacket", "Instruction", "SbufAllocation", "SemaphoreUpdate"]
+    page.click("#timeline-csv-sampled input")       # cleared: every event of the window
+    full = download()
     t0 = data.bounds(L)["t0"]
-    n = _profile().sql("SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b",
-                       {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
-    assert len(rows) == n > 0
+    count = "SELECT count(*) FROM instructions WHERE start_ns >= $a AND start_ns < $b AND engine "
+    n = _profile().sql(count + "NOT IN ('dma', 'cc')", {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    n_dma = _profile().sql(count + "= 'dma'", {"a": t0 + a, "b": t0 + b}).column(0)[0].as_py()
+    rows = full["Instruction"]
+    assert len(rows) == n > 0 and len(full["DmaPacket"]) == n_dma > 0
     assert {"timeline_track", "opcode", "start_ns"} <= set(rows[0]) and rows[0]["timeline_track"].endswith("(nc0)")
+    assert full["DmaPacket"][0]["timeline_track"].startswith("q") and "transfer_bytes" in full["DmaPacket"][0]
+    # sampled: the first event of each track in each of the timeline's buckets, no more
+    def bucket(r):
+        return r["timeline_track"], (int(r["start_ns"]) - t0 - a) * timeline.MAX_BUCKETS // (b - a)
+    firsts = {}
+    for r in sorted(full["Instruction"], key=lambda r: int(r["start_ns"])):
+        firsts.setdefault(bucket(r), r["start_ns"])
+    assert sorted(r["start_ns"] for r in sampled["Instruction"]) == sorted(firsts.values())
 
 
 def test_sql_schema_inspector_and_csv_download(server, page):
@@ -217,3 +233,23 @@ def test_regions_page_lists_layers_and_links_their_windows(server, page):
 
     a, b = fit_window(r["start_ns"] - t0, r["end_ns"] - t0, (0, data.bounds(data.resolve(key))["span"]))
     assert f"start={a}" in page.url and f"end={b}" in page.url and "region=layer%3A" in page.url
+
+
+def test_source_range_select_sums_the_lines(server, page):
+    url, key = server
+    page.goto(f"{url}/source?profile={key}")
+    page.wait_for_selector("#source-lines .src-line.hot")
+    hot = page.locator("#source-lines .src-line.hot")
+    first, last = hot.nth(0), hot.nth(min(2, hot.count() - 1))
+    first.click()
+    page.wait_for_selector("#source-timeline")
+    page.click("#source-range-mode input")                  # range: the next click extends the selection
+    last.click()
+    page.wait_for_selector("#source-range")
+    sel = page.evaluate("new URL(location.href).searchParams.get('lines')")
+    r = data.line_range(data.resolve(key), f"lines:{sel}")
+    text = page.inner_text("#source-range")
+    assert f":{r['first']}-{r['last']}" in text and f"{fmt_ns(r['device_ns'])} device time" in text
+    assert page.locator("#source-lines .src-line.selected").count() >= 2
+    page.wait_for_selector("#source-timeline .js-plotly-plot")
+    _shot(page, "source-range")

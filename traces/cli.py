@@ -108,7 +108,8 @@ def register(subparsers) -> None:
                     "(Instruction.parquet, Summary.parquet, SystemProfileEvents.parquet, ...), "
                     "csv = one file per table.")
     p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
-    p.add_argument("--format", required=True, choices=("perfetto", "parquet", "csv"), help="export format")
+    p.add_argument("--format", required=True, choices=("perfetto", "parquet", "csv", "json"),
+                   help="export format (json: every real table in one document, at most 1,000,000 rows each)")
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
                    help="output file (perfetto) or new directory (parquet, csv)")
     p.add_argument("--start-ns", type=int, help="perfetto: first ns (projected clock) to export")
@@ -343,6 +344,7 @@ def export_cmd(args: argparse.Namespace) -> int:
     with _open(args.profile) as p:
         out = export(p, args.format, args.output, **options)
     hint = {"perfetto": " (open it at https://ui.perfetto.dev)",
-            "parquet": f" (neuron-explorer sql {out} \"SELECT ...\" reads it back)", "csv": ""}[args.format]
+            "parquet": f" (neuron-explorer sql {out} \"SELECT ...\" reads it back)", "csv": "",
+            "json": ""}[args.format]
     print(f"{PROG}: exported {args.format} to {out}{hint}")
     return 0

@@ -27,15 +27,18 @@ from traces.vocab import ENGINE_LABELS
 #: Opcodes the real profiler draws on the TensorMatrix row (MultiplyMoving) rather than Tensor.
 TENSOR_MATRIX_OPCODES = ("MATMUL",)
 
-FORMATS = ("perfetto", "parquet", "csv")
+FORMATS = ("perfetto", "parquet", "csv", "json")
+
+#: rows per table in a full-profile JSON (a bound: JSON is many times the size of the profile's columns)
+JSON_MAX_ROWS = 1_000_000
 
 
 def export(profile, fmt: str, out: str | os.PathLike, **options) -> Path:
-    """Export ``profile`` in ``fmt`` (``perfetto``, ``parquet`` or ``csv``) to ``out``; return the path.
+    """Export ``profile`` in ``fmt`` (``perfetto``, ``parquet``, ``csv`` or ``json``) to ``out``; return the path.
 
     Example: ``export(p, "parquet", "trace_parquet")``.
     """
-    writers = {"perfetto": perfetto, "parquet": parquet, "csv": csv}
+    writers = {"perfetto": perfetto, "parquet": parquet, "csv": csv, "json": full_json}
     if fmt not in writers:
         raise TraceError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
     return writers[fmt](profile, out, **options)
@@ -342,37 +345,116 @@ def csv(profile, out: str | os.PathLike) -> Path:
     return _into_new_dir(Path(out), fill)
 
 
+def full_json(profile, out: str | os.PathLike, max_rows: int = JSON_MAX_ROWS) -> Path:
+    """Write the whole profile as one JSON document, as the real tool's ``view --output-format json``:
+    ``{"format", "tables": {name: [row, ...]}, "truncated": [names]}`` with every real table
+    (``Instruction``, ``Summary``, ``Metadata``, ``DmaPacket``, ...) under its real name, each at most
+    ``max_rows`` rows (those cut are listed in ``truncated``). Streamed table by table through DuckDB, so a
+    large profile never sits in memory as Python objects. Returns the file.
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=1, instructions=50)
+    >>> with traces.open(d) as p:
+    ...     doc = json.load(open(full_json(p, d + "/profile.json", max_rows=10)))
+    >>> len(doc["tables"]["Instruction"]), "Instruction" in doc["truncated"], "Summary" in doc["tables"]
+    (10, True, True)
+    """
+    out = Path(out)
+    if max_rows < 1:
+        raise TraceError(f"max_rows {max_rows}: give at least 1")
+    tmp_dir = out.with_name(f".{out.name}.{os.getpid()}.parts")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        tmp_dir.mkdir(parents=True)
+        names, cut = profile.real_tables(), []
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write('{"format": "neuron-explorer full-profile json", "tables": {')
+            for i, name in enumerate(names):
+                part = tmp_dir / f"{i}.json"
+                n = profile.sql(f'SELECT count(*) AS n FROM (SELECT 1 FROM {profile_schema.SCHEMA}."{name}" '
+                                "LIMIT $n)", {"n": max_rows + 1}).column(0)[0].as_py()
+                if n > max_rows:
+                    cut.append(name)
+                profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}" LIMIT {int(max_rows)}) '
+                            f"TO {_quoted(part)} (FORMAT json, ARRAY true)")
+                f.write(("" if i == 0 else ", ") + json.dumps(name) + ": ")
+                with open(part, encoding="utf-8") as src:
+                    shutil.copyfileobj(src, f)
+                part.unlink()
+            f.write('}, "truncated": ' + json.dumps(cut) + "}\n")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 #: the tables a window's CSV export holds, under the real tool's file names
-WINDOW_TABLES = ("Instruction", "SemaphoreUpdate", "SbufAllocation")
+WINDOW_TABLES = ("Instruction", "DmaPacket", "CcInstruction", "SemaphoreUpdate", "SbufAllocation")
 
 
-def window_tables(profile, t0: int, t1: int, max_rows: int = 1_000_000) -> dict:
+def _window_queries(profile) -> dict:
+    """Per CSV table: ``(query, time column, track column)`` over the window ``$t0 .. $t1``; each query's rows
+    start with ``timeline_track`` where the event has one (SbufAllocation has none)."""
+    have = {t.lower() for t in profile.tables()}
+    track = _track_sql()
+    q = {}
+    if "instructions" in have:
+        # compute engines here; the DMA queues' rows are DmaPacket.csv and the CC-core's CcInstruction.csv
+        q["Instruction"] = (f"SELECT {track} AS timeline_track, * FROM main.instructions "
+                            "WHERE engine NOT IN ('dma', 'cc') AND start_ns >= $t0 AND start_ns < $t1",
+                            "start_ns", "timeline_track")
+        q["CcInstruction"] = (f"SELECT {track} AS timeline_track, * FROM main.instructions "
+                              "WHERE engine = 'cc' AND start_ns >= $t0 AND start_ns < $t1",
+                              "start_ns", "timeline_track")
+    if "DmaPacket" in profile.real_tables():
+        q["DmaPacket"] = (f"""SELECT coalesce(queue_name, 'DMA') || '(nc' || nc_idx || ')' AS timeline_track, *
+                              FROM {profile_schema.SCHEMA}."DmaPacket" WHERE start_ts >= $t0 AND start_ts < $t1""",
+                          "start_ts", "timeline_track")
+    if "semaphoreupdate" in have:
+        q["SemaphoreUpdate"] = ("""SELECT queue || '(nc' || core || ')' AS timeline_track, * FROM main.SemaphoreUpdate
+                                   WHERE timestamp >= $t0 AND timestamp < $t1""", "timestamp", "timeline_track")
+    if "sbufallocation" in have:
+        q["SbufAllocation"] = ("SELECT * FROM main.SbufAllocation WHERE start_ts < $t1 AND end_ts >= $t0",
+                               "start_ts", None)
+    return {name: q[name] for name in WINDOW_TABLES if name in q}
+
+
+def window_tables(profile, t0: int, t1: int, max_rows: int = 1_000_000, sample: int | None = None) -> dict:
     """The rows of the time window ``[t0, t1)`` (absolute ns) per table, as the real Explorer's CSV export
-    of the visible range: ``Instruction`` (instructions starting in it, with their ``timeline_track``),
-    ``SemaphoreUpdate`` (updates in it) and ``SbufAllocation`` (allocations overlapping it); each at most
-    ``max_rows`` rows. Returns ``{name: (pa.Table, truncated)}``; tables a profile lacks are left out.
+    of the visible range: ``Instruction`` (compute-engine instructions starting in it), ``DmaPacket`` (DMA
+    transfers), ``CcInstruction`` (the CC-core's collective instructions), ``SemaphoreUpdate`` (updates in it),
+    each row first with its ``timeline_track``, and ``SbufAllocation`` (allocations overlapping it); each at most
+    ``max_rows`` rows. ``sample`` = the timeline's buckets across the window: keep only the first event per
+    track and bucket (the real tool's "Sample at the timeline's resolution", about what is drawn);
+    ``None`` keeps every event. Returns ``{name: (pa.Table, truncated)}``; tables a profile lacks are left out.
 
     >>> import tempfile, traces, traces.synthetic
     >>> d = tempfile.mkdtemp()
     >>> _ = traces.synthetic.write_run(d, executions=1, instructions=50)
     >>> with traces.open(d) as p:
     ...     got = window_tables(p, 0, 2**62)
-    >>> "timeline_track" in got["Instruction"][0].column_names, got["Instruction"][0].num_rows > 0
-    (True, True)
+    ...     few = window_tables(p, 0, 2**62, sample=1)
+    >>> got["Instruction"][0].column_names[0], got["DmaPacket"][0].num_rows > 0
+    ('timeline_track', True)
+    >>> few["DmaPacket"][0].num_rows == len(set(got["DmaPacket"][0].column("timeline_track").to_pylist()))
+    True
     """
-    have = {t.lower() for t in profile.tables()}
-    queries = {
-        "Instruction": f"""SELECT *, {_track_sql()} AS timeline_track FROM instructions
-                           WHERE start_ns >= $t0 AND start_ns < $t1 ORDER BY start_ns, core, queue""",
-        "SemaphoreUpdate": """SELECT * FROM SemaphoreUpdate WHERE timestamp >= $t0 AND timestamp < $t1
-                              ORDER BY timestamp""",
-        "SbufAllocation": """SELECT * FROM SbufAllocation WHERE start_ts < $t1 AND end_ts >= $t0
-                             ORDER BY start_ts, start_address""",
-    }
+    if sample is not None and not 1 <= sample <= 100_000:
+        raise TraceError(f"sample {sample}: give 1 to 100000 buckets, or None for every event")
     out = {}
-    for name, query in queries.items():
-        if (name if name != "Instruction" else "instructions").lower() not in have:
-            continue
-        t = profile.sql(f"{query} LIMIT $n", {"t0": int(t0), "t1": int(t1), "n": int(max_rows) + 1})
+    for name, (query, ts, track) in _window_queries(profile).items():
+        if sample is not None and track:
+            query = (f"SELECT * FROM ({query}) QUALIFY row_number() OVER (PARTITION BY {track}, "
+                     f"({ts} - $t0) * $k // greatest($t1 - $t0, 1) ORDER BY {ts}) = 1")
+        params = {"t0": int(t0), "t1": int(t1), "n": int(max_rows) + 1}
+        if sample is not None and track:
+            params["k"] = int(sample)
+        t = profile.sql(f"SELECT * FROM ({query}) ORDER BY {ts} LIMIT $n", params)
         out[name] = (t.slice(0, max_rows), t.num_rows > max_rows)
     return out

@@ -174,6 +174,19 @@ def graph_fit(p, graph_ids) -> tuple[int, int] | None:
     return fit_window(*extent, (b.t0, b.t1))
 
 
+def ops_extent(p, op_ids) -> tuple[int, int] | None:
+    """``(first start, last end)`` ns of the instructions of ``op_ids`` in the measured executions (all of
+    them when none is measured: a warm-up only run), or None when none ran.
+    Example: ``ops_extent(p, [4, 5])``."""
+    ids = [int(o) for o in op_ids]
+    if not ids:
+        return None
+    rows = p.sql("""SELECT coalesce(x.warmup, FALSE) AS warmup, min(i.start_ns) AS a, max(i.start_ns + i.dur_ns) AS b
+                    FROM instructions i LEFT JOIN executions x USING (exec_id)
+                    WHERE list_contains($ids, i.op_id) GROUP BY 1 ORDER BY 1""", {"ids": ids}).to_pylist()
+    return (rows[0]["a"], rows[0]["b"]) if rows else None
+
+
 def lane_filter(core, engine) -> tuple[str, dict]:
     """SQL condition (parameters only) for ``core`` / ``engine``: one value or a list each."""
     where, params = "", {}

@@ -3,6 +3,14 @@
 // does not rebuild the page, yet the URL can be copied and shared at any time.
 window.dash_clientside = Object.assign({}, window.dash_clientside, {
   explorer: {
+    // the theme: the stored choice (localStorage) on <html data-theme>; the CSS variables do the rest
+    toggleTheme: function (_clicks, theme) {
+      return theme === "dark" ? "light" : "dark";
+    },
+    setTheme: function (theme) {
+      document.documentElement.dataset.theme = theme === "dark" ? "dark" : "light";
+      return window.dash_clientside.no_update;
+    },
     syncUrl: function (params) {
       if (!params) { return window.dash_clientside.no_update; }
       const url = new URL(window.location.href);

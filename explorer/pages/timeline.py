@@ -89,7 +89,12 @@ def layout(profile=None, start=None, end=None, sel=None, lanes=None, region=None
             html.Button("Show empty lanes" if state["fold"] else "Fold empty lanes", id="timeline-fold",
                         className="btn", title="lanes with nothing in this window (mostly idle DMA queues)"),
             html.Button("CSV of this window", id="timeline-csv", className="btn",
-                        title="Instruction.csv (with timeline_track), SemaphoreUpdate.csv, SbufAllocation.csv"),
+                        title="Instruction.csv, DmaPacket.csv, CcInstruction.csv, SemaphoreUpdate.csv (each with "
+                              "timeline_track), SbufAllocation.csv"),
+            html.Span(dcc.Checklist([{"label": "sampled", "value": "sampled"}], ["sampled"],
+                                    id="timeline-csv-sampled", inline=True),
+                      title="sample at the timeline's resolution: one event per track and bucket, about what is "
+                            "drawn; clear it for every event in the window"),
             dcc.Download(id="timeline-download"),
             html.Strong(window, id="timeline-window"),
             html.Span(status, id="timeline-status"),
@@ -429,11 +434,14 @@ def _dependencies(key: str, r: dict, state: dict):
 
 
 @callback(Output("timeline-download", "data"), Output("timeline-status", "children", allow_duplicate=True),
-          Input("timeline-csv", "n_clicks"), State("timeline-state", "data"), prevent_initial_call=True)
-def download(_clicks, state):
-    """The visible window's rows per table as a zip of CSV files (``timeline.window_csv_zip``)."""
+          Input("timeline-csv", "n_clicks"), State("timeline-state", "data"), State("timeline-csv-sampled", "value"),
+          prevent_initial_call=True)
+def download(_clicks, state, sampled):
+    """The visible window's rows per table as a zip of CSV files (``timeline.window_csv_zip``), sampled at the
+    timeline's resolution unless the box is cleared."""
     try:
-        blob, cut = timeline.window_csv_zip(data.resolve(state["profile"]), state["start"], state["end"])
+        blob, cut = timeline.window_csv_zip(data.resolve(state["profile"]), state["start"], state["end"],
+                                            sampled="sampled" in (sampled or []))
     except data.ExplorerError as exc:
         return dash.no_update, str(exc)
     note = (f"CSV cut at {timeline.CSV_MAX_ROWS:,} rows in {', '.join(cut)}: zoom in for the rest"
