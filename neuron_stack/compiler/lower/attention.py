@@ -268,19 +268,36 @@ class ConstMask:
     block: MASKED blocks are skipped (their ``exp(-inf)`` adds nothing to a row's max, sum or output),
     CLEAN blocks drop the step, MIXED blocks mask on GpSimd with one AFFINE_SELECT when the mask is
     causal with a constant offset (``key > query + offset``: NKI's causal ``flash_fwd`` masks its diagonal
-    blocks so), else apply the step with the mask loaded. ``states[b or 0, m0 // 128, n0 // 512]``."""
+    blocks so: one per head when a block's rows stack several heads of a grouped-query group), else apply
+    the step with the mask loaded. ``states[b or 0, m0 // 128, n0 // 512]``; ``rows``: one head's query rows."""
 
-    def __init__(self, node: Node, states: torch.Tensor, offset: int | None):
-        self.node, self.states, self.offset = node, states, offset
+    def __init__(self, node: Node, states: torch.Tensor, offset: int | None, rows: int):
+        self.node, self.states, self.offset, self.rows = node, states, offset, rows
+
+    def segments(self, m0: int, mp: int) -> list[tuple[int, int, int]]:
+        """The rows ``[m0, m0 + mp)`` of a query block cut where a head's rows end: (first row within the
+        block, rows, query position of that row).
+
+        >>> ConstMask(None, None, 0, 48).segments(0, 128)
+        [(0, 48, 0), (48, 48, 0), (96, 32, 0)]
+        """
+        out, r = [], m0
+        while r < m0 + mp:
+            n = min(m0 + mp, r - r % self.rows + self.rows) - r
+            out.append((r - m0, n, r % self.rows))
+            r += n
+        return out
 
     def state(self, b: int, mi: int, ni: int) -> int:
         return int(self.states[b if self.states.shape[0] > 1 else 0, mi, ni])
 
 
-def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask | None:
+def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape, rows: int | None = None) -> ConstMask | None:
     """The :class:`ConstMask` of the ``where(cond, -inf, x)`` in ``pre`` (the steps from the scores matmul
     ``scores`` to the softmax: its epilogue and the flash match's own), or None when there is none, its
-    ``cond`` is data, or a step after it is not a cast (a cast keeps ``-inf``; an add might not)."""
+    ``cond`` is data, or a step after it is not a cast (a cast keeps ``-inf``; an add might not). ``rows``: the
+    query rows of one head when the ``M`` rows of ``hshape`` stack a grouped-query group's heads (the decode-
+    style read of one KV head for its whole group, kvread.py): row ``r`` is then query ``r % rows``."""
     prev = scores
     for i, f in enumerate(pre):
         if packet_name(f.target) == "where" and len(f.args) == 3 and _reads(low, f, f.args[2], prev):
@@ -302,10 +319,11 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     except Exception:       # anything the compiler cannot evaluate is data
         return None
     nb, M, N = hshape
+    rows = rows or M
     lead = cond.stride()[:-2]
-    if any(lead) and cond.numel() > _CONST_MAX_NUMEL:
+    if any(lead) and cond.numel() > _CONST_MAX_NUMEL or M % rows:
         return None
-    cond = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
+    cond = cond[(0,) * len(lead)][None].repeat(1, M // rows, 1) if not any(lead) else cond.reshape(nb, M, N)
     pm, pn = -M % PMAX, -N % MOVING_FMAX
 
     def blocks(v, pad):
@@ -316,8 +334,8 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     states = torch.full(masked.shape, MIXED)
     states[masked], states[clean] = MASKED, CLEAN
     offset = int((~cond[0, 0]).sum()) - 1
-    causal = torch.arange(N)[None, :] > torch.arange(M)[:, None] + offset
-    return ConstMask(f, states, offset if bool((cond == causal).all()) else None)
+    causal = torch.arange(N)[None, :] > torch.arange(M)[:, None] % rows + offset
+    return ConstMask(f, states, offset if bool((cond == causal).all()) else None, rows)
 
 
 def _drop_dead(low: Lowerer, name: str, gone: set[str]) -> None:
@@ -352,6 +370,12 @@ class FlashAttention:
         self.low, self.n, self.fl, self.q, self.kt, self.v, self.alpha = low, n, fl, q, kt, v, alpha
         self.transpose = transpose      # matmul.transpose_to (PE-array transpose through PSUM)
         self.members, self.hshape, self.qk_dt, self.pv_dt, self.evac_dt = members, hshape, qk_dt, pv_dt, evac_dt
+        self.steps = self._score_steps()
+
+    @property
+    def possible(self) -> bool:
+        """Every step on the scores is tile-wise in this layout (else the caller lowers the attention unfused)."""
+        return self.steps is not None
 
     def _load(self, v: View, box, pool: Pool) -> Tile:
         """DMA a box into ``pool``'s dtype (a staging tile and a ScalarE copy when it differs)."""
@@ -387,11 +411,14 @@ class FlashAttention:
     def _score_steps(self):
         """The mask and the tile-wise steps on the scores: ``(mask, folded, pre, clean)``, ``pre`` the steps on a
         block the mask touches, ``clean`` on a block it does not; ``folded``: the mask is causal with an offset,
-        applied as an ``AFFINE_SELECT`` (its nodes are dropped)."""
+        applied as an ``AFFINE_SELECT`` (:meth:`run` drops its nodes). None when a step is not tile-wise (a mask
+        shared by the heads has no layout over rows that stack a grouped-query group's heads)."""
         low, fl = self.low, self.fl
         prev, layout = (self.members[-1].node.name, self.members[-1].layout) if self.members \
             else (self.n.name, meta_tensor(self.hshape))
-        mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape)
+        # the bmm's own rows are one head's queries; hshape's may stack a group's heads (kvread.py)
+        mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape,
+                          self.n.outputs[0].shape[-2])
         folded = mask is not None and mask.offset is not None
         # the steps on a block the mask touches, on a block it does not
         pre = [m for m in self.members if not (folded and m.node is mask.node)]
@@ -402,13 +429,11 @@ class FlashAttention:
                 continue
             m = _member(low, f, prev, layout, self.hshape)
             if m is None:
-                raise AssertionError(f"flash attention: {f.name} is not tile-wise on the scores")
+                return None
             pre.append(m)
             if mask is None or f is not mask.node:
                 clean.append(m)
             prev, layout = f.name, m.layout
-        if folded:
-            _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
         return mask, folded, pre, clean
 
     def run(self) -> None:
@@ -418,7 +443,9 @@ class FlashAttention:
         pv = fl.pv
         low.done.add(pv.name)
         low.done.update(x.name for x in fl.skip)
-        mask, folded, pre, clean = self._score_steps()
+        mask, folded, pre, clean = self.steps
+        if folded:
+            _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)
@@ -467,12 +494,14 @@ class FlashAttention:
                     s = ctx.out_tile(name, "evac", self.evac_dt)
                     low.act(name, s, ps.op(), "copy", scale=self.alpha)
                     s = run_chain(ctx, name, s, clean if state == CLEAN else pre, {})
-                    if state == MIXED and folded:
-                        # keep key n0 + f for query m0 + p where m0 + p + offset - (n0 + f) >= 0; the fill is
-                        # below the running max's start, so its exp is 0 as -inf's (and the operands stay JSON)
-                        low.emit("AFFINE_SELECT", mask.node.name, [s.op()], [s.op()],
+                    for p0, pn, q0 in mask.segments(m0, mp) if state == MIXED and folded else ():
+                        # keep key n0 + f for query q0 + p where q0 + p + offset - (n0 + f) >= 0 (one select per
+                        # head the block's rows hold); the fill is below the running max's start, so its exp is
+                        # 0 as -inf's (and the operands stay JSON)
+                        seg = s.rows(p0, pn) if pn < mp else s
+                        low.emit("AFFINE_SELECT", mask.node.name, [seg.op()], [seg.op()],
                                  {"cmp": "greater_equal", "channel_multiplier": 1, "step": -1,
-                                  "base": m0 + mask.offset - n0, "on_true": 1.0, "on_false": _MASKED_SCORE},
+                                  "base": q0 + mask.offset - n0, "on_true": 1.0, "on_false": _MASKED_SCORE},
                                  dur=gpsimd_ns(low.p, nw))
                     mb, negm, corr, rs = (small.tile(mp, 1) for _ in range(4))
                     low.vec("REDUCE", fl.softmax.name, mb, [s.op()], op="max", cost_n=nw)
