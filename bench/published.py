@@ -225,9 +225,9 @@ def _why(r: dict) -> str:
             )
         if r["target"] == "trn2":
             why.append(
-                "trn2 LNC=2 is scheduled on both physical cores' engines and 32 DMA queues, but over one "
-                "shared SBUF of one core's size (the real compiler shards over two SBUFs, so it spills less; "
-                "cross-core exchange is not costed)"
+                "trn2 LNC=2 is scheduled on both physical cores' engines and 32 DMA queues over one SBUF of "
+                "both cores' size (the real compiler shards over the two SBUFs; cross-core exchange is not "
+                "costed)"
             )
     return "; ".join(dict.fromkeys(why))
 
