@@ -102,8 +102,8 @@ class DeviceProfile:
         The lowering sees it as one SBUF (docs/cost_model.md, LNC: what that leaves out); an NKI kernel runs
         on one physical core and gets ``sbuf_bytes_per_partition``.
 
-        >>> get_profile("trn2").logical_sbuf_bytes_per_partition // 1024, get_profile("trn1").logical_sbuf_bytes_per_partition // 1024
-        (448, 192)
+        >>> [get_profile(t).logical_sbuf_bytes_per_partition // 1024 for t in ("trn2", "trn1")]
+        [448, 192]
         """
         return self.lnc * self.sbuf_bytes_per_partition
 
