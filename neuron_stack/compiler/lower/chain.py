@@ -437,8 +437,8 @@ def _row_limit(low: Lowerer, views: list[View], shape: tuple[int, ...], split: i
     >>> _row_limit(None, [], (1, 4, 64, 16), 3)
     128
     """
-    if split < 2 or shape[split - 2] == 1 or shape[split - 1] >= PMAX:
-        return PMAX
+    if split < 2 or shape[split - 2] == 1 or not 1 < shape[split - 1] < PMAX:
+        return PMAX     # one row per head (token generation) keeps its tiles
     for v in views:
         if v.buf in low.cand and v.meta.dim() == len(shape):
             st = v.meta.stride()
