@@ -61,9 +61,9 @@ ROWS = [
     ("Llama-3-70B", "trn1", 32, 1, 2048, 2048, 547.00, 26.20, ""),
     ("Llama-3-70B", "trn1", 32, 4, 128, 1024, 129.86, 28.38, ""),
     ("Llama-3.3-70B", "trn2", 64, 1, 10000, 1500, 814.2, 19.6, "NxDI, vLLM"),
-    ("Llama-3.3-70B", "trn2", 64, 1, 10000, 1500, 870.1, 5.3, "fused speculation: TPOT not modelled"),
+    ("Llama-3.3-70B", "trn2", 64, 1, 10000, 1500, 870.1, 5.3, "fused speculation: not modelled"),
     ("Llama-3.1-405B", "trn2", 64, 1, 10000, 1500, 2442.0, 37.9, "NxDI, vLLM"),
-    ("Llama-3.1-405B", "trn2", 64, 1, 10000, 1500, 2255.0, 8.27, "fused speculation: TPOT not modelled"),
+    ("Llama-3.1-405B", "trn2", 64, 1, 10000, 1500, 2255.0, 8.27, "fused speculation: not modelled"),
 ]
 
 
@@ -150,7 +150,7 @@ def project_row(row, cache: dict | None = None) -> dict:
         "tpot_roof": roofline_ms(model, target, tp, batch, 1, n_in + n_out // 2, wb),
         "compile_s": s["compile_s"],
     }
-    out["tpot_modelled"] = "speculation" not in note
+    out["tpot_modelled"] = modelled(row)
     out["ttft_cc_share"] = s["ttft_collective_ns"] / max(1, s["ttft_ns"])
     out["ttft_layer_dma_share"] = s["ttft_layer_dma_share"]
     out["ttft_layer_cc_share"] = s["ttft_layer_cc_share"]
@@ -225,9 +225,9 @@ def _why(r: dict) -> str:
             )
         if r["target"] == "trn2":
             why.append(
-                "trn2 LNC=2 is scheduled on both physical cores' engines and 32 DMA queues, but over one "
-                "shared SBUF of one core's size (the real compiler shards over two SBUFs, so it spills less; "
-                "cross-core exchange is not costed)"
+                "trn2 LNC=2 is scheduled on both physical cores' engines and 32 DMA queues over one SBUF of "
+                "both cores' size (the real compiler shards over the two SBUFs; cross-core exchange is not "
+                "costed)"
             )
     return "; ".join(dict.fromkeys(why))
 
@@ -259,15 +259,27 @@ def spearman(x: list[float], y: list[float]) -> float:
     return cov / (sx * sy) if sx and sy else float("nan")
 
 
+def modelled(row) -> bool:
+    """Whether a §2.12 row's figures are modelled values (not a fused-speculation row: see :func:`summary`).
+
+    >>> sum(map(modelled, ROWS)) * 2
+    22
+    """
+    return "speculation" not in row[8]
+
+
 def summary(rows: list[dict]) -> dict:
     """Geometric-mean ratio (projected / published: the bias), geometric-mean error (exp of the mean
     |log ratio|: how far off a value typically is, either way), Spearman and within-2x count over the modelled
-    values."""
+    values: TTFT and TPOT of every row but the fused-speculation ones (22 of §2.12's 26 figures). NxDI's fused
+    speculation compiles the draft model into the target's graphs, so its context encoding runs both models'
+    prefill and its token generation checks draft tokens; the projection runs the target alone, so neither of
+    those rows' figures is a modelled value (the table still shows their ratios)."""
     pub, proj = [], []
     for r in rows:
-        pub.append(r["ttft_pub"]), proj.append(r["ttft_proj"])
         if r["tpot_modelled"]:
-            pub.append(r["tpot_pub"]), proj.append(r["tpot_proj"])
+            pub += [r["ttft_pub"], r["tpot_pub"]]
+            proj += [r["ttft_proj"], r["tpot_proj"]]
     ratios = [b / a for a, b in zip(pub, proj)]
     return {
         "values": len(ratios),

@@ -223,3 +223,35 @@ def test_one_kv_head_broadcast_to_the_query_heads_is_read_once():
     torch.testing.assert_close(torch.from_numpy(out), decode(q, k, v), rtol=1e-4, atol=1e-5)
     kv_bytes = (k.numel() + v.numel()) * 4
     assert schedules[0].hbm_read_bytes < 1.5 * kv_bytes
+
+
+def test_short_gqa_prompt_takes_the_flash_path_with_a_select_per_head_and_computes_eager_logits():
+    # a 48-token prompt of a tiny GQA Llama: each KV head's two query heads are the 96 rows of one partial
+    # query block (kvread.py reads K and V in place), so the causal mask is one AFFINE_SELECT per head and
+    # key block; no score row leaves the chip, and the logits equal eager (at 128 tokens it fell to the roofline
+    # model before: the mask, shared by the heads, has no layout over their stacked rows)
+    import transformers as T
+
+    from neuron_stack.compiler.schedule import build_schedules
+    from neuron_stack.llm.prefill import context_encoding_cache
+
+    cfg = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(cfg).eval()
+
+    def prefill(ids):
+        cache = context_encoding_cache(T.StaticCache(config=cfg, max_cache_len=ids.shape[1]))
+        return model(input_ids=ids, past_key_values=cache).logits
+
+    ids = torch.randint(0, 128, (1, 48))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    prog = fuse(partition(legalize(capture(prefill, (ids,)))))
+    (sc,) = build_schedules(prog, {"auto_cast": "none", "target": "trn1"}).values()
+    where = {n.name for n in prog.nodes if n.target == "aten.where.self"}
+    rows = list(zip(sc.table["opcode"].to_pylist(), sc.table["node"].to_pylist()))
+    assert sum(op == "AFFINE_SELECT" and node in where for op, node in rows) == 2 * 2   # 2 KV heads x 2 heads
+    assert sc.hbm_write_bytes == 4 * (48 * 128 + 2 * 2 * 48 * 16)      # the logits and the cache, no scores
+    got = neuron_stack.trace(prefill, (ids,), compiler_args="--auto-cast none --no_cache")(ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

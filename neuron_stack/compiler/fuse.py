@@ -19,17 +19,16 @@ from neuron_stack.ir import Program
 
 _FUSABLE = ("elementwise", "activation")
 _HOSTS = ("matmul", "conv", "normalization", "elementwise", "activation")
-_QUERY_BLOCK = 128       # SBUF partitions: the flash lowering's query block (lower/attention.py)
 
 
 def _host_arg(n, by_name) -> str | None:
     """The argument whose tiles ``n``'s epilogue rides on: the first, except that a
-    ``where(mask, -inf, scores)`` over at least one full 128-query block rides on the scores, not the
-    mask, so that the flash-attention lowering applies it on the score tiles; with fewer rows (token
-    generation) the mask's pass carries it, as before."""
+    ``where(mask, -inf, scores)`` over more than one query row per head rides on the scores, not the
+    mask, so that the flash-attention lowering applies it on the score tiles (lower/matmul.py
+    ``Matmul.flash``); with one row (token generation) the mask's pass carries it, as before."""
     args = list(refs(n.args))
     shape = n.outputs[0].shape if n.outputs else ()
-    if n.target == "aten.where.self" and len(shape) >= 2 and shape[-2] >= _QUERY_BLOCK:
+    if n.target == "aten.where.self" and len(shape) >= 2 and shape[-2] > 1:
         full = [a for a in args[1:] if by_name.get(a) is not None and by_name[a].outputs
                 and by_name[a].outputs[0].numel == n.outputs[0].numel]
         if full:

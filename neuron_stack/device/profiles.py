@@ -98,6 +98,19 @@ class DeviceProfile:
         return self.cores_per_chip * self.lnc
 
     @property
+    def logical_sbuf_bytes_per_partition(self) -> int:
+        """SBUF bytes per partition a compiled graph's logical core may fill: every physical core's SBUF (LNC
+        combines "the compute and memory resources of multiple physical NeuronCores into a single logical
+        NeuronCore", SDK logical-neuroncore-config.rst), so a trn2 LNC=2 core holds 2 x 224 KiB a partition.
+        The lowering sees it as one SBUF (docs/cost_model.md, LNC: what that leaves out); an NKI kernel runs
+        on one physical core and gets ``sbuf_bytes_per_partition``.
+
+        >>> [get_profile(t).logical_sbuf_bytes_per_partition // 1024 for t in ("trn2", "trn1")]
+        [448, 192]
+        """
+        return self.lnc * self.sbuf_bytes_per_partition
+
+    @property
     def dma_queues(self) -> int:
         """DMA queues of one logical core: every physical core's 16."""
         return self.lnc * self.dma_engines_per_core

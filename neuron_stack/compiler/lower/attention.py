@@ -268,19 +268,36 @@ class ConstMask:
     block: MASKED blocks are skipped (their ``exp(-inf)`` adds nothing to a row's max, sum or output),
     CLEAN blocks drop the step, MIXED blocks mask on GpSimd with one AFFINE_SELECT when the mask is
     causal with a constant offset (``key > query + offset``: NKI's causal ``flash_fwd`` masks its diagonal
-    blocks so), else apply the step with the mask loaded. ``states[b or 0, m0 // 128, n0 // 512]``."""
+    blocks so: one per head when a block's rows stack several heads of a grouped-query group), else apply
+    the step with the mask loaded. ``states[b or 0, m0 // 128, n0 // 512]``; ``rows``: one head's query rows."""
 
-    def __init__(self, node: Node, states: torch.Tensor, offset: int | None):
-        self.node, self.states, self.offset = node, states, offset
+    def __init__(self, node: Node, states: torch.Tensor, offset: int | None, rows: int):
+        self.node, self.states, self.offset, self.rows = node, states, offset, rows
+
+    def segments(self, m0: int, mp: int) -> list[tuple[int, int, int]]:
+        """The rows ``[m0, m0 + mp)`` of a query block cut where a head's rows end: (first row within the
+        block, rows, query position of that row).
+
+        >>> ConstMask(None, None, 0, 48).segments(0, 128)
+        [(0, 48, 0), (48, 48, 0), (96, 32, 0)]
+        """
+        out, r = [], m0
+        while r < m0 + mp:
+            n = min(m0 + mp, r - r % self.rows + self.rows) - r
+            out.append((r - m0, n, r % self.rows))
+            r += n
+        return out
 
     def state(self, b: int, mi: int, ni: int) -> int:
         return int(self.states[b if self.states.shape[0] > 1 else 0, mi, ni])
 
 
-def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask | None:
+def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape, rows: int | None = None) -> ConstMask | None:
     """The :class:`ConstMask` of the ``where(cond, -inf, x)`` in ``pre`` (the steps from the scores matmul
     ``scores`` to the softmax: its epilogue and the flash match's own), or None when there is none, its
-    ``cond`` is data, or a step after it is not a cast (a cast keeps ``-inf``; an add might not)."""
+    ``cond`` is data, or a step after it is not a cast (a cast keeps ``-inf``; an add might not). ``rows``: the
+    query rows of one head when the ``M`` rows of ``hshape`` stack a grouped-query group's heads (the decode-
+    style read of one KV head for its whole group, kvread.py): row ``r`` is then query ``r % rows``."""
     prev = scores
     for i, f in enumerate(pre):
         if packet_name(f.target) == "where" and len(f.args) == 3 and _reads(low, f, f.args[2], prev):
@@ -302,26 +319,29 @@ def const_mask(low: Lowerer, pre: list[Node], scores: str, hshape) -> ConstMask 
     except Exception:       # anything the compiler cannot evaluate is data
         return None
     nb, M, N = hshape
+    rows = rows or M
     lead = cond.stride()[:-2]
-    if any(lead) and cond.numel() > _CONST_MAX_NUMEL:
+    if any(lead) and cond.numel() > _CONST_MAX_NUMEL or M % rows:
         return None
-    cond = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
+    base = cond[(0,) * len(lead)][None] if not any(lead) else cond.reshape(nb, M, N)
     pn, NB = -N % MOVING_FMAX, -(-N // MOVING_FMAX)
-    states = torch.full((cond.shape[0], -(-M // PMAX), NB), MIXED)
-    offset = int((~cond[0, 0]).sum()) - 1
+    states = torch.full((base.shape[0], -(-M // PMAX), NB), MIXED)
+    offset = int((~base[0, 0]).sum()) - 1
     causal, keys = True, torch.arange(N)[None, :]
     # one 128-query row of blocks at a time: a 10,000-token prompt's [L, S] mask is 100 MB of bools, and
-    # padded, compared and tested whole it held three such copies at once (the 405B projection's peak RSS)
+    # padded, compared and tested whole it held three such copies at once (the 405B projection's peak RSS);
+    # stacked heads (``rows`` query rows each) repeat one head's mask down the block's rows
     for mi in range(states.shape[1]):
-        rows = cond[:, mi * PMAX:(mi + 1) * PMAX]
-        r = rows.shape[1]
-        masked = F.pad(rows, (0, pn), value=True).view(-1, r, NB, MOVING_FMAX).all(3).all(1)
-        clean = ~F.pad(rows, (0, pn), value=False).view(-1, r, NB, MOVING_FMAX).any(3).any(1)
+        idx = torch.arange(mi * PMAX, min((mi + 1) * PMAX, M))
+        block = base[:, idx % rows] if not any(lead) else base[:, idx]
+        r = block.shape[1]
+        masked = F.pad(block, (0, pn), value=True).view(-1, r, NB, MOVING_FMAX).all(3).all(1)
+        clean = ~F.pad(block, (0, pn), value=False).view(-1, r, NB, MOVING_FMAX).any(3).any(1)
         row_states = states[:, mi]
         row_states[masked], row_states[clean] = MASKED, CLEAN
         if causal:
-            causal = bool((rows == (keys > torch.arange(mi * PMAX, mi * PMAX + r)[:, None] + offset)).all())
-    return ConstMask(f, states, offset if causal else None)
+            causal = bool((block == (keys > (idx % rows)[:, None] + offset)).all())
+    return ConstMask(f, states, offset if causal else None, rows)
 
 
 def _drop_dead(low: Lowerer, name: str, gone: set[str]) -> None:
@@ -356,6 +376,12 @@ class FlashAttention:
         self.low, self.n, self.fl, self.q, self.kt, self.v, self.alpha = low, n, fl, q, kt, v, alpha
         self.transpose = transpose      # matmul.transpose_to (PE-array transpose through PSUM)
         self.members, self.hshape, self.qk_dt, self.pv_dt, self.evac_dt = members, hshape, qk_dt, pv_dt, evac_dt
+        self.steps = self._score_steps()
+
+    @property
+    def possible(self) -> bool:
+        """Every step on the scores is tile-wise in this layout (else the caller lowers the attention unfused)."""
+        return self.steps is not None
 
     def _load(self, v: View, box, pool: Pool) -> Tile:
         """DMA a box into ``pool``'s dtype (a staging tile and a ScalarE copy when it differs)."""
@@ -391,11 +417,14 @@ class FlashAttention:
     def _score_steps(self):
         """The mask and the tile-wise steps on the scores: ``(mask, folded, pre, clean)``, ``pre`` the steps on a
         block the mask touches, ``clean`` on a block it does not; ``folded``: the mask is causal with an offset,
-        applied as an ``AFFINE_SELECT`` (its nodes are dropped)."""
+        applied as an ``AFFINE_SELECT`` (:meth:`run` drops its nodes). None when a step is not tile-wise (a mask
+        shared by the heads has no layout over rows that stack a grouped-query group's heads)."""
         low, fl = self.low, self.fl
         prev, layout = (self.members[-1].node.name, self.members[-1].layout) if self.members \
             else (self.n.name, meta_tensor(self.hshape))
-        mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape)
+        # the bmm's own rows are one head's queries; hshape's may stack a group's heads (kvread.py)
+        mask = const_mask(low, [m.node for m in self.members] + fl.pre, self.n.name, self.hshape,
+                          self.n.outputs[0].shape[-2])
         folded = mask is not None and mask.offset is not None
         # the steps on a block the mask touches, on a block it does not
         pre = [m for m in self.members if not (folded and m.node is mask.node)]
@@ -406,13 +435,11 @@ class FlashAttention:
                 continue
             m = _member(low, f, prev, layout, self.hshape)
             if m is None:
-                raise AssertionError(f"flash attention: {f.name} is not tile-wise on the scores")
+                return None
             pre.append(m)
             if mask is None or f is not mask.node:
                 clean.append(m)
             prev, layout = f.name, m.layout
-        if folded:
-            _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
         return mask, folded, pre, clean
 
     def run(self) -> None:
@@ -422,7 +449,9 @@ class FlashAttention:
         pv = fl.pv
         low.done.add(pv.name)
         low.done.update(x.name for x in fl.skip)
-        mask, folded, pre, clean = self._score_steps()
+        mask, folded, pre, clean = self.steps
+        if folded:
+            _drop_dead(low, mask.node.args[0]["node"], {mask.node.name} | {x.name for x in fl.skip})
         members2, alone2 = epilogue_chain(low, pv)
         low.done.update(m.node.name for m in members2)
         oshape2 = tuple(pv.outputs[0].shape)
@@ -471,12 +500,14 @@ class FlashAttention:
                     s = ctx.out_tile(name, "evac", self.evac_dt)
                     low.act(name, s, ps.op(), "copy", scale=self.alpha)
                     s = run_chain(ctx, name, s, clean if state == CLEAN else pre, {})
-                    if state == MIXED and folded:
-                        # keep key n0 + f for query m0 + p where m0 + p + offset - (n0 + f) >= 0; the fill is
-                        # below the running max's start, so its exp is 0 as -inf's (and the operands stay JSON)
-                        low.emit("AFFINE_SELECT", mask.node.name, [s.op()], [s.op()],
+                    for p0, pn, q0 in mask.segments(m0, mp) if state == MIXED and folded else ():
+                        # keep key n0 + f for query q0 + p where q0 + p + offset - (n0 + f) >= 0 (one select per
+                        # head the block's rows hold); the fill is below the running max's start, so its exp is
+                        # 0 as -inf's (and the operands stay JSON)
+                        seg = s.rows(p0, pn) if pn < mp else s
+                        low.emit("AFFINE_SELECT", mask.node.name, [seg.op()], [seg.op()],
                                  {"cmp": "greater_equal", "channel_multiplier": 1, "step": -1,
-                                  "base": m0 + mask.offset - n0, "on_true": 1.0, "on_false": _MASKED_SCORE},
+                                  "base": q0 + mask.offset - n0, "on_true": 1.0, "on_false": _MASKED_SCORE},
                                  dur=gpsimd_ns(low.p, nw))
                     mb, negm, corr, rs = (small.tile(mp, 1) for _ in range(4))
                     low.vec("REDUCE", fl.softmax.name, mb, [s.op()], op="max", cost_n=nw)

@@ -427,6 +427,29 @@ def _row_split(low: Lowerer, views: list[View], shape: tuple[int, ...]) -> int |
     return None
 
 
+def _row_limit(low: Lowerer, views: list[View], shape: tuple[int, ...], split: int) -> int:
+    """The partitions a tile of rows ``shape[:split]`` may take: 128, except that a tile stays within one index
+    of the outer row dim when the inner one is shorter than 128 and an operand in SBUF does not hold the two as
+    one run of rows (a head-major view ``[heads, 64 tokens, d]`` of a resident ``[64 tokens, heads x d]``, a
+    table broadcast over the heads) or holds one head a block (residency.py): a tile of two heads' rows would
+    move one of them across partitions by DMA, where one head's rows read the resident tiles in place.
+
+    >>> _row_limit(None, [], (1, 4, 64, 16), 3)
+    128
+    """
+    if split < 2 or shape[split - 2] == 1 or not 1 < shape[split - 1] < PMAX:
+        return PMAX     # one row per head (token generation) keeps its tiles
+    for v in views:
+        if v.buf in low.cand and v.meta.dim() == len(shape):
+            st = v.meta.stride()
+            if st[split - 2] != st[split - 1] * shape[split - 1]:
+                return shape[split - 1]
+            r = low.res.get(v.buf)
+            if r is not None and r.T < PMAX and r.T == shape[split - 1]:
+                return shape[split - 1]
+    return PMAX
+
+
 def _elementwise_alone(low: Lowerer, n: Node) -> None:
     lower_elementwise(low, n, standalone=True)
 
@@ -470,7 +493,7 @@ def lower_elementwise(low: Lowerer, n: Node, standalone: bool = False) -> None:
     split = 1 if lanes else (flat is None and _row_split(low, every, tshape)) or choose_split(tshape)
     F = max(1, min(FREE_TILE, math.prod(tshape[split:]) if tshape[split:] else 1))
     pools = pools_for(low, n.name, F)
-    for box_r in boxes(tshape[:split], PMAX):
+    for box_r in boxes(tshape[:split], _row_limit(low, every, tshape, split)):
         for box_c in boxes(tshape[split:], FREE_TILE):
             ctx = TileCtx(low, tshape, box_r + box_c, split, pools, lanes=bool(lanes))
             cur = ew_step(ctx, n, None, None, views)

@@ -73,7 +73,7 @@ class Lowerer(Residency):
         self.engine_last: dict[str, int] = {}
         # SBUF: a ring of rotating tile pools, and a heap of values resident across ops (resident.py)
         # (sized in run(): every intermediate when they fit in RESIDENT_FRACTION of SBUF, see _heap_size)
-        self.sbuf = Ring(profile.sbuf_bytes_per_partition)
+        self.sbuf = Ring(profile.logical_sbuf_bytes_per_partition)
         self.heap = Heap(0)
         self.cand: dict[str, str] = {}           # intermediate buffer -> "undecided" | "hbm" | "resident"
         self.res: dict[str, Resident] = {}        # resident buffer -> its placement
@@ -513,9 +513,9 @@ class Lowerer(Residency):
 
     # ---- driver -----------------------------------------------------------------------------
     def run(self) -> Lowered:
-        heap = self._heap_size(int(self.p.sbuf_bytes_per_partition * RESIDENT_FRACTION))
+        heap = self._heap_size(int(self.p.logical_sbuf_bytes_per_partition * RESIDENT_FRACTION))
         self.heap = Heap(heap)
-        self.sbuf = Ring(self.p.sbuf_bytes_per_partition - heap)
+        self.sbuf = Ring(self.p.logical_sbuf_bytes_per_partition - heap)
         for prepare in registry.PREPARE_PASSES:     # weight layouts, before any node (constants.py)
             prepare(self)
         for n in self.nodes:

@@ -185,21 +185,27 @@ class Matmul:
     def flash(self, alone) -> bool:
         """Lower ``softmax(Q K^T) @ V`` as flash attention when this matmul is its ``Q K^T`` (True: done).
 
-        Flash for prefill-sized blocks (at least one full 128-query block: an encoder's 128-token sequence
-        too); token generation's few query rows per head keep the batched score tiles, which spill nothing
-        there."""
+        Flash wherever a head has more than one query row (a prompt or an encoder's sequence, however short:
+        the loop takes a partial query block as NKI's ``flash_fwd`` takes its last one): the mask, the
+        softmax and ``P V`` then run on the score tiles in SBUF, where the unfused path writes the masked
+        scores and the probabilities out and reads them back between passes. Token generation's one query row
+        per head keeps the batched score tiles (NxDI's token generation is no flash kernel either:
+        ``attention_base.py`` ``compute_for_token_gen``)."""
         low, n, A, B, last = self.low, self.n, self.A, self.B, self.last
         fl = flash_attention(low, last, self.N) if self.batched and self.sm is None and self.C is None \
-            and not alone and self.K <= PMAX <= self.M else None
+            and not alone and self.K <= PMAX and n.outputs[0].shape[-2] > 1 else None
         V = low.value(fl.pv.args[1]) if fl is not None else None     # not args[0]: that would lower the softmax
         if V is None or not set(self.out_views) <= {last} or not B.meta.dim() == V.meta.dim() == 3 \
                 or V.shape[-1] > MOVING_FMAX:
             return False
-        low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
         pv_dt = low.cast_type if low.auto_cast in ("matmult", "all") and V.dtype == "float32" else V.dtype
-        FlashAttention(low, n, fl, A, B, V, self.alpha, self.members, self.hshape, self.mm_dt,
-                       pv_dt if pv_dt in FLOATS else "float32", "float32" if self.members else self.out_dt,
-                       transpose_to).run()
+        fa = FlashAttention(low, n, fl, A, B, V, self.alpha, self.members, self.hshape, self.mm_dt,
+                            pv_dt if pv_dt in FLOATS else "float32", "float32" if self.members else self.out_dt,
+                            transpose_to)
+        if not fa.possible:
+            return False
+        low.hbm.pop(last, None), low.cand.pop(last, None)     # the scores never leave the chip
+        fa.run()
         return True
 
     def epilogue(self) -> None:

@@ -224,9 +224,15 @@ class Residency:
         """:func:`.resident.row_layout` of value ``buf`` as its consumers read it: channel rows when it is a
         feature map; a flattened [batch x 197, hidden] value (a Linear's output) that they view as [batch, 197,
         hidden] (the residual add after it) is grouped in 197-row groups, so their 197-row tiles line up with
-        its blocks instead of straddling them (SBUF->SBUF DMAs at every batch boundary)."""
+        its blocks instead of straddling them (SBUF->SBUF DMAs at every batch boundary); a head-major value of
+        fewer than 128 tokens keeps one head a block."""
         name = buf.split(":")[0]
         C, T, D = row_layout(shape, feature_map=name in self._feature_maps())
+        if len(shape) == 4 and 1 < shape[2] < T and shape[1] > 1 and C == shape[3] and self._reads_token_major(name):
+            # a head-major [batch, heads, tokens < 128, d] value (a prompt's rotary q/k): one head's tokens a
+            # block, on the partitions its token-major source [tokens, heads x d] holds them, not two heads
+            # packed in 128 rows (each read of the source then a DMA across partitions)
+            return C, shape[2], 0
         if not D and len(shape) == 2 and name == buf:
             for u in self.users.get(name, []):
                 n = self.by_name[u]
@@ -235,6 +241,23 @@ class Residency:
                     if grouped[2] and grouped[0] == C:
                         return grouped
         return C, T, D
+
+    def _reads_token_major(self, name: str) -> bool:
+        """True when node ``name`` (or the op it is fused into) reads a token-major ``[batch, tokens, heads, d]``
+        value as ``[batch, heads, tokens, d]`` (a transpose of dims 1 and 2 among the views of an argument)."""
+        n = self.by_name.get(name)
+        for m in (n, self.by_name.get(n.fused_into) if n is not None and n.fused_into else None):
+            for a in refs(m.args) if m is not None else ():
+                v = self.by_name.get(a)
+                while v is not None and v.op_class == "view":
+                    t = packet_name(v.target)
+                    if len(v.outputs[0].shape) != 4 if v.outputs else True:
+                        break
+                    if t == "transpose" and sorted(d % 4 for d in v.args[1:3]) == [1, 2] \
+                            or t == "permute" and [d % 4 for d in v.args[1]] == [0, 2, 1, 3]:
+                        return True
+                    v = self.by_name.get(next(iter(refs(v.args[:1])), None))
+        return False
 
     def _feature_maps(self) -> set[str]:
         """The 4-d values the convolutional ops read or write as channel rows, and those joined to them
