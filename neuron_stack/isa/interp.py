@@ -92,6 +92,9 @@ class Machine:
 
     def op_DMA_INDIRECT(self, o):
         table, idx = self.mem.read(o["src"][0]), self.mem.read(o["src"][1]).reshape(-1).astype(np.int64)
+        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(table):
+            raise InterpError(f"indirect DMA row {int(idx.max()) if idx.max() >= len(table) else int(idx.min())} "
+                              f"read from SBUF is outside 0..{len(table) - 1} of the table")
         self.mem.write(o["dst"][0], table[idx])
 
     def op_GATHER(self, o):

@@ -116,10 +116,22 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
             return ops.nc_transpose(dst, stationary)
         ops.nc_matmul(dst, stationary, moving, accumulate, mask)
         return None
+    stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
     out = _new("float32", (stationary.free_size, moving.free_size), "psum")
     i = ops.nc_matmul(out, stationary, moving, None, mask)
     out._mm = (i, stationary, moving)
     return out
+
+
+def _to_sbuf(v: _T) -> _T:
+    """A PSUM operand of the legacy return-value form (``nc_matmul(nc_transpose(x), y)``, the flash attention
+    backward sample) copied to SBUF first, as the compiler placed it; the Tensor Engine reads SBUF only. The
+    current form, with its explicit tiles, still refuses one."""
+    if v.buf.mem != "psum":
+        return v
+    c = _new(v.dtype, v.shape)
+    ops.tensor_copy(c, v)
+    return c
 
 
 def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None, **_):

@@ -529,15 +529,14 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
     frame = inspect.currentframe().f_back
     try:
         target = None
-        line = inspect.getframeinfo(frame).code_context
+        node = _assignment_at(frame)
         try:
-            node = ast.parse((line or [""])[0].strip()).body[0]
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 target = frame.f_locals.get(node.targets[0].id)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
                 # ``b[i, :, s] = nl.loop_reduce(a, ...)``: that view of b (the contributed matmul's form)
                 target = eval(ast.unparse(node.targets[0]), frame.f_globals, frame.f_locals)  # noqa: S307
-        except (SyntaxError, IndexError, NameError):
+        except (IndexError, NameError):
             pass
     finally:
         del frame
@@ -549,6 +548,26 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
                        f"{target.dtype}")
     ops.tensor_tensor(target, target, x, op, mask=mask)
     return target
+
+
+def _assignment_at(frame):
+    """The ``x = nl.loop_reduce(...)`` statement the frame is executing, which may span lines (flash attention's
+    backward writes ``b[i] = nl.loop_reduce(`` and its arguments below), or None."""
+    import ast
+    import builtins
+    import linecache
+    lines = linecache.getlines(frame.f_code.co_filename, frame.f_globals)
+    at = frame.f_lineno
+    for first in range(at, builtins.max(at - 3, 0), -1):
+        for last in range(at, builtins.min(at + 20, len(lines)) + 1):
+            text = "".join([lines[first - 1].lstrip(), *lines[first:last]])
+            try:
+                body = ast.parse(text).body
+            except SyntaxError:
+                continue
+            if len(body) == 1 and isinstance(body[0], ast.Assign) and "loop_reduce" in ast.unparse(body[0].value):
+                return body[0]
+    return None
 
 
 def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
