@@ -106,3 +106,23 @@ def test_hbm_rows_gathered_by_a_tile_of_row_numbers():
         return nl.load(table_t[rows, nl.arange(40)[None, :]])  # MARK-FR
 
     raises_at(float_rows, (table, rows.astype(np.float32)), "takes row numbers in an integer SBUF tile", "MARK-FR")
+
+
+def test_fp8_double_row_matmul_contracts_two_row_groups_on_trn2():
+    def kernel(a_t, b_t):
+        out = nl.ndarray((128, 256), nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 256), nl.float32, buffer=nl.psum)
+        a, b = nl.load(a_t), nl.load(b_t)                   # [K, 2, M] and [K, 2, N]: K x 2 = 256 rows contracted
+        acc[...] += nisa.nc_matmul(a, b, perf_mode=nisa.matmul_perf_mode.double_row)  # MARK-DR
+        nl.store(out, nl.copy(acc))
+        return out
+
+    rng = np.random.default_rng(5)
+    a = nl.static_cast(rng.integers(-4, 5, (128, 2, 128)), nl.float8_e4m3)
+    b = nl.static_cast(rng.integers(-4, 5, (128, 2, 256)), nl.float8_e4m3)
+    on_trn2 = nki.jit(kernel, platform_target="trn2")
+    want = sum(a[:, g].astype(np.float32).T @ b[:, g].astype(np.float32) for g in range(2))
+    np.testing.assert_array_equal(on_trn2(a, b), want)
+    assert [i.opcode for i in on_trn2.last.trace.instrs].count("MATMUL") == 2
+
+    raises_at(nki.jit(kernel), (a, b), "perf_mode=double_row needs NeuronCore-v3 (trn2)", "MARK-DR")

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes  # noqa: F401  (registers bfloat16/fp8 with numpy: `np.zeros(n).astype(nl.bfloat16)`, as samples write)
+
 from . import ops, ops_more
 from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
