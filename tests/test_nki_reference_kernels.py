@@ -126,3 +126,21 @@ def test_fp8_double_row_matmul_contracts_two_row_groups_on_trn2():
     assert [i.opcode for i in on_trn2.last.trace.instrs].count("MATMUL") == 2
 
     raises_at(nki.jit(kernel), (a, b), "perf_mode=double_row needs NeuronCore-v3 (trn2)", "MARK-DR")
+
+
+def test_a_tensor_engine_transpose_moves_data_so_unwritten_rows_stay_out_of_the_result():
+    @nki.jit
+    def ragged_transpose(x_t):
+        rows, cols = x_t.shape                              # rows < 128: the tile's last rows are never written
+        out = nl.ndarray((cols, rows), x_t.dtype, buffer=nl.shared_hbm)
+        i, j = nl.arange(128)[:, None], nl.arange(cols)[None, :]
+        t = nl.ndarray((128, cols), x_t.dtype)
+        t[i, j] = nl.load(x_t[i, j], mask=i < rows)
+        tt = nl.ndarray((cols, 128), x_t.dtype)
+        tt[...] = nisa.nc_transpose(t)                      # a PE-array transpose, not a product with the identity
+        p, q = nl.arange(cols)[:, None], nl.arange(128)[None, :]
+        nl.store(out[p, q], tt[p, q], mask=q < rows)
+        return out
+
+    x = np.random.default_rng(6).random((72, 100), dtype=np.float32)
+    np.testing.assert_array_equal(ragged_transpose(x), x.T)

@@ -62,6 +62,16 @@ fp32, bf16, fp16 = float32, bfloat16, float16
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"
 int32, int16, int8, uint32, uint16, uint8, bool_ = "int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"
 
+def sizeinbytes(dtype) -> int:
+    """Bytes per element of ``dtype`` (``nki.language.constants.sizeinbytes``).
+
+    >>> sizeinbytes(bfloat16), sizeinbytes("float32"), sizeinbytes(float8_e4m3)
+    (2, 4, 1)
+    """
+    from .core import DTYPE_BYTES
+    return DTYPE_BYTES[dtype_name(dtype)]
+
+
 # -- buffers ------------------------------------------------------------------------------------
 sbuf, psum, hbm, shared_hbm, private_hbm = "sbuf", "psum", "hbm", "shared_hbm", "private_hbm"
 

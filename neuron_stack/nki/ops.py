@@ -362,7 +362,7 @@ def nc_transpose(dst: ndarray, data: ndarray, engine: str = "tensor") -> int:
     ident = identity(data.dtype if data.dtype != "float32" else "float32")[0:P, 0:P]
     t.emit("LDWEIGHTS", [], [data], {"row": 0}, dur=ldweights_ns(t.p, F, data.dtype), itype="TRANSPOSE",
            small=False)
-    return t.emit("MATMUL", [dst], [data, ident], {"start": True, "stop": True},
+    return t.emit("MATMUL", [dst], [data, ident], {"start": True, "stop": True, "transpose": True},
                   dur=matmul_ns(t.p, P, F, data.dtype), flops=2 * P * P * F, itype="TRANSPOSE", small=False)
 
 
