@@ -39,6 +39,7 @@ from .loops import (  # noqa: F401  (nl.program_id, nl.affine_range, ...: the gr
     spmd_dim,
     static_range,
 )
+from .loops import assignment_at as _assignment_at
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -560,26 +561,6 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
                        f"{target.dtype}")
     ops.tensor_tensor(target, target, x, op, mask=mask)
     return target
-
-
-def _assignment_at(frame):
-    """The ``x = nl.loop_reduce(...)`` statement the frame is executing, which may span lines (flash attention's
-    backward writes ``b[i] = nl.loop_reduce(`` and its arguments below), or None."""
-    import ast
-    import builtins
-    import linecache
-    lines = linecache.getlines(frame.f_code.co_filename, frame.f_globals)
-    at = frame.f_lineno
-    for first in range(at, builtins.max(at - 3, 0), -1):
-        for last in range(at, builtins.min(at + 20, len(lines)) + 1):
-            text = "".join([lines[first - 1].lstrip(), *lines[first:last]])
-            try:
-                body = ast.parse(text).body
-            except SyntaxError:
-                continue
-            if len(body) == 1 and isinstance(body[0], ast.Assign) and "loop_reduce" in ast.unparse(body[0].value):
-                return body[0]
-    return None
 
 
 def rand(shape, dtype=float32, buffer=sbuf, name="", **_):
