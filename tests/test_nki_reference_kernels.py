@@ -144,3 +144,17 @@ def test_a_tensor_engine_transpose_moves_data_so_unwritten_rows_stay_out_of_the_
 
     x = np.random.default_rng(6).random((72, 100), dtype=np.float32)
     np.testing.assert_array_equal(ragged_transpose(x), x.T)
+
+
+def test_nl_ops_broadcast_a_one_partition_tile_across_partitions():
+    @nki.jit
+    def shift_rows(x_t, s_t):
+        out = nl.ndarray(x_t.shape, x_t.dtype, buffer=nl.shared_hbm)
+        s = nl.load(s_t)                                    # [1, 1]: one number in one partition
+        col = nl.add(nl.zeros((128, 1), nl.float32), s)     # that number in all 128 partitions
+        nl.store(out, nl.add(nl.load(x_t), col))
+        return out
+
+    rng = np.random.default_rng(8)
+    x, s = rng.random((128, 64), dtype=np.float32), np.array([[2.5]], np.float32)
+    np.testing.assert_allclose(shift_rows(x, s), x + 2.5, rtol=1e-6)

@@ -279,6 +279,12 @@ def _binary(x, y, op: str, dtype=None, mask=None):
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
     if not xt and not yt:
         raise NKIError(f"{_where()}: nl.{op} needs at least one tile operand")
+    if xt and yt and x.ndim == y.ndim and x.partitions != y.partitions and 1 in (x.partitions, y.partitions):
+        # a one-partition tile broadcasts across the other's partitions, as nl ops broadcast (flash attention
+        # backward's `nl.add(nl.zeros((128, 1)), sink)` with a [1, 1] sink)
+        one, other = (x, y) if x.partitions == 1 else (y, x)
+        wide = one.broadcast_to(tuple(other.shape[d] if d == one.pdim else n for d, n in enumerate(one.shape)))
+        x, y = (wide, y) if one is x else (x, wide)
     if xt and yt:
         if x.free_size == 1 and y.free_size > 1:          # [P, 1] column on the left
             out = _result(y, dtype)
