@@ -552,8 +552,8 @@ def test_atomic_rmw_and_dma_copy_read_modify_write():
         nl.atomic_rmw(out[idx, nl.arange(512)[None, :]], value=nl.load(in_tensor), op=np.add)  # MARK-RMW
         return out
 
-    _raises_at(indirect, (a, np.arange(128, dtype=np.int32)[:, None]), "indexing with a tile of indices is not "
-               "simulated", "MARK-RMW")
+    _raises_at(indirect, (a, np.arange(128, dtype=np.int32)[:, None]), "writing them (a scatter, an atomic "
+               "update) is not simulated", "MARK-RMW")
 
 
 def test_dma_compute_sums_sources_in_one_dma():

@@ -92,6 +92,9 @@ class Machine:
 
     def op_DMA_INDIRECT(self, o):
         table, idx = self.mem.read(o["src"][0]), self.mem.read(o["src"][1]).reshape(-1).astype(np.int64)
+        if len(idx) and not 0 <= int(idx.min()) <= int(idx.max()) < len(table):
+            raise InterpError(f"indirect DMA row {int(idx.max()) if idx.max() >= len(table) else int(idx.min())} "
+                              f"read from SBUF is outside 0..{len(table) - 1} of the table")
         self.mem.write(o["dst"][0], table[idx])
 
     def op_GATHER(self, o):
@@ -105,6 +108,9 @@ class Machine:
         self.stationary = o["src"][0]     # MATMUL names its stationary operand again: nothing to copy here
 
     def op_MATMUL(self, o):
+        if o.get("transpose"):      # the PE array's transpose mode moves data, no multiply: lanes a mask left unwritten
+            self.mem.write(o["dst"][0], np.ascontiguousarray(_p2(self.mem.read(o["src"][0])).T).astype(np.float32))
+            return                  # (NaN here) stay in their own column instead of spreading through a product
         stat = as_tensor(_p2(self.mem.view(o["src"][0])).astype(np.float32, copy=False))
         mov = as_tensor(_p2(self.mem.view(o["src"][1])).astype(np.float32, copy=False))
         dst = o["dst"][0]

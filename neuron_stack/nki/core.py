@@ -203,6 +203,12 @@ class Trace:
             raise self.error(f"the kernel unrolls to more than {MAX_INSTRUCTIONS} instructions (NKI_MAX_INSTRUCTIONS): "
                              f"every loop iteration is traced; shrink the loop bounds or the problem size")
         for v in (*dsts, *srcs):
+            if getattr(v, "_gather", None) is not None:
+                raise self.error("HBM rows chosen by a tile of row numbers are read by nl.load / nisa.dma_copy only "
+                                 "(a gather); writing them (a scatter, an atomic update) is not simulated")
+            for j, lim, msg in v._limits:
+                if v.shape[j] > lim:
+                    raise self.error(f"{msg}: mask the ragged tile (or slice within the tensor)")
             if not _in_bounds(v):
                 raise self.error(f"access {v.shape} at offset {v.offset} is outside {v.buf.name} {v.buf.shape}: "
                                  f"index within the tensor, or add a mask for a ragged last tile")

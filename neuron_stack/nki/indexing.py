@@ -221,7 +221,7 @@ def index_view(t: ndarray, key) -> ndarray:
                     strides[d] += c * st
                     pdim = d if is_p and on_chip else pdim
         return _checked(t, ndarray(t.buf, shape, offset, strides, t.dtype, pdim))
-    shape, strides = [], []
+    shape, strides, limits = [], [], []
     pdim = t.pdim
     for d, (k, st, n) in enumerate(zip(key, t.strides, t.shape)):
         if isinstance(k, ds):
@@ -242,7 +242,9 @@ def index_view(t: ndarray, key) -> ndarray:
             if m == 0:
                 raise NKIError(f"{where()}: slice {k.start}:{k.stop} selects nothing from dim {d} of size {n}")
             if k.stop is not None and int(k.stop) > n:
-                raise NKIError(f"{where()}: slice {k.start}:{k.stop} is out of bounds for dim {d} of size {n}")
+                # a ragged last tile sliced past the end: legal when a mask trims it (checked at the instruction)
+                limits.append((len(shape), m, f"slice {k.start}:{k.stop} is out of bounds for dim {d} of size {n}"))
+                m = len(range(start, int(k.stop), step))
             offset += start * st
             shape.append(m)
             strides.append(st * step)
@@ -250,13 +252,18 @@ def index_view(t: ndarray, key) -> ndarray:
             raise NKIError(f"{where()}: unsupported index {k!r}")
     if on_chip and len(shape) == 1:         # t[:, j]: the partitions of one free column, a [P, 1] tile
         shape, strides = shape + [1], strides + [1]
-    return ndarray(t.buf, shape, offset, strides, t.dtype, pdim if on_chip else 0)
+    v = ndarray(t.buf, shape, offset, strides, t.dtype, pdim if on_chip else 0)
+    v._limits = tuple(limits)
+    return v
 
 
 def _dynamic_view(t: ndarray, key) -> ndarray:
     """The view at the static part of a dynamic index, carrying ``_dyn = (index tile, stride, largest offset,
     the tensor indexed)``."""
     d = next(i for i, k in enumerate(key) if isinstance(k, (DynIdx, ndarray)))
+    if t.buf.mem == "hbm" and isinstance(key[d], ndarray) and key[d].free_size == 1 \
+            and sum(isinstance(x, (DynIdx, ndarray)) for x in key) == 1:
+        return _gather_view(t, key, d)
     k = key[d] if isinstance(key[d], DynIdx) else DynIdx(key[d])
     if sum(isinstance(x, (DynIdx, ndarray)) for x in key) > 1 or math.prod(k.tile.shape) != 1 \
             or k.tile.buf.mem == "hbm":
@@ -269,6 +276,30 @@ def _dynamic_view(t: ndarray, key) -> ndarray:
     v = index_view(t, key[:d] + (static,) + key[d + 1:])
     top = int(static.values().max()) if isinstance(static, Idx) else int(static)
     v._dyn = (k.tile, t.strides[d], t.shape[d] - 1 - top, t)
+    return v
+
+
+def _gather_view(t: ndarray, key, d: int) -> ndarray:
+    """``hbm[..., idx_tile, ...]`` with a [P, 1] integer SBUF tile of row numbers: an indirect DMA's source, partition
+    p reading row ``idx_tile[p]`` of dim ``d``. The view is laid out as if the rows were 0..P-1 and carries
+    ``_gather = (index tile, the whole table)``; the DMA (``nl.load``, ``nisa.dma_copy``) reads the rows at run time."""
+    idx = key[d]
+    if idx.buf.mem != "sbuf" or idx.dtype not in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
+        raise NKIError(f"{where()}: an HBM tensor indexed by a tile takes row numbers in an integer SBUF tile, got "
+                       f"{idx.dtype} in {idx.buffer}")
+    P = idx.partitions
+    exprs = [k for k in key if isinstance(k, Idx)]
+    if exprs:
+        nd = max(len(e.shape) for e in exprs)
+        rows = Idx(0, (1,) + (0,) * (nd - 1), (P,) + (1,) * (nd - 1))
+    else:
+        rows = slice(0, P)
+    v = index_view(t, key[:d] + (rows,) + key[d + 1:])
+    if not v.shape or v.shape[0] != P or v.strides[0] != t.strides[d]:
+        raise NKIError(f"{where()}: the tile of row numbers must index the result's partition (first) dim")
+    table = ndarray(t.buf, (t.shape[d], *v.shape[1:]), v.offset, (t.strides[d], *v.strides[1:]), t.dtype)
+    v._gather = (idx, table)
+    v._limits = ()
     return v
 
 
@@ -301,6 +332,7 @@ def restrict(v: ndarray, box, shape) -> ndarray:
     if box is None:
         return v
     off, new_shape = v.offset, list(v.shape)
+    limits = {j: (lim, msg) for j, lim, msg in v._limits}
     k = len(shape) - len(v.shape)
     for d, (s, n) in enumerate(box):
         j = d - k
@@ -308,7 +340,11 @@ def restrict(v: ndarray, box, shape) -> ndarray:
             continue
         off += s * v.strides[j]
         new_shape[j] = n
-    return ndarray(v.buf, new_shape, off, v.strides, v.dtype, v.pdim)
+        if j in limits:
+            limits[j] = (limits[j][0] - s, limits[j][1])
+    r = ndarray(v.buf, new_shape, off, v.strides, v.dtype, v.pdim)
+    r._limits = tuple((j, lim, msg) for j, (lim, msg) in limits.items())
+    return r
 
 
 TENSOR_OPS["index"] = index_view

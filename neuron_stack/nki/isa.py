@@ -43,7 +43,8 @@ NkiValidationError = NKIError       # the SDK's error for a hardware constraint 
 
 
 class matmul_perf_mode:
-    """``nisa.matmul_perf_mode``: ``double_row`` (FP8, NeuronCore-v3+) is accepted and timed as the normal mode."""
+    """``nisa.matmul_perf_mode``: ``double_row`` (FP8, NeuronCore-v3+): two row groups contracted at once, issued
+    as two accumulating matmuls (see ``_matmul``)."""
     none, double_row = "none", "double_row"
 
 
@@ -114,12 +115,45 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
     if new:
         if is_transpose:
             return ops.nc_transpose(dst, stationary)
-        ops.nc_matmul(dst, stationary, moving, accumulate, mask)
+        _matmul(dst, stationary, moving, accumulate, mask, perf_mode)
         return None
-    out = _new("float32", (stationary.free_size, moving.free_size), "psum")
-    i = ops.nc_matmul(out, stationary, moving, None, mask)
-    out._mm = (i, stationary, moving)
+    stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
+    out = _new("float32", (stationary.shape[-1], moving.shape[-1]), "psum")
+    i = _matmul(out, stationary, moving, None, mask, perf_mode)
+    if stationary.ndim == 2:        # `acc += nc_matmul(...)` retargets one matmul; a double-row pair is added
+        out._mm = (i, stationary, moving)
     return out
+
+
+def _matmul(dst, stationary, moving, accumulate, mask, perf_mode) -> int:
+    """One matmul, or in FP8 double-row mode (``perf_mode='double_row'``, NeuronCore-v3+) a contraction over two
+    row groups at once: stationary [K, 2, M] and moving [K, 2, N], ``dst = sum_g stationary[:, g].T @
+    moving[:, g]``. The two groups are issued as two accumulating matmuls and timed as such (the mode's doubled
+    FP8 rate is not modelled)."""
+    if not str(perf_mode or "none").startswith("double_row"):
+        return ops.nc_matmul(dst, stationary, moving, accumulate, mask)
+    if current().p.name in ("trn1", "inf2"):
+        raise NKIError(f"{where()}: nc_matmul perf_mode={perf_mode} needs NeuronCore-v3 (trn2) but the target is "
+                       f"{current().p.name}")
+    if stationary.ndim != 3 or moving.ndim != 3 or stationary.shape[1] != 2 or moving.shape[1] != 2:
+        raise NKIError(f"{where()}: double_row nc_matmul takes stationary [K, 2, M] and moving [K, 2, N], got "
+                       f"{stationary.shape} and {moving.shape}")
+    if not (stationary.dtype.startswith("float8") and moving.dtype.startswith("float8")):
+        raise NKIError(f"{where()}: double_row nc_matmul takes float8 tiles, got {stationary.dtype} and "
+                       f"{moving.dtype}")
+    ops.nc_matmul(dst, stationary[:, 0, :], moving[:, 0, :], accumulate, mask)
+    return ops.nc_matmul(dst, stationary[:, 1, :], moving[:, 1, :], True, mask)
+
+
+def _to_sbuf(v: _T) -> _T:
+    """A PSUM operand of the legacy return-value form (``nc_matmul(nc_transpose(x), y)``, the flash attention
+    backward sample) copied to SBUF first, as the compiler placed it; the Tensor Engine reads SBUF only. The
+    current form, with its explicit tiles, still refuses one."""
+    if v.buf.mem != "psum":
+        return v
+    c = _new(v.dtype, v.shape)
+    ops.tensor_copy(c, v)
+    return c
 
 
 def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None, **_):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes  # noqa: F401  (registers bfloat16/fp8 with numpy: `np.zeros(n).astype(nl.bfloat16)`, as samples write)
+
 from . import ops, ops_more
 from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
@@ -37,6 +39,7 @@ from .loops import (  # noqa: F401  (nl.program_id, nl.affine_range, ...: the gr
     spmd_dim,
     static_range,
 )
+from .loops import assignment_at as _assignment_at
 
 
 # -- dtypes (names; numpy and torch dtypes are accepted wherever a dtype is) --------------------
@@ -59,6 +62,16 @@ tfloat32 = float32
 fp32, bf16, fp16 = float32, bfloat16, float16
 float8_e4m3, float8_e4m3fn, float8_e5m2 = "float8_e4m3fn", "float8_e4m3fn", "float8_e5m2"
 int32, int16, int8, uint32, uint16, uint8, bool_ = "int32", "int16", "int8", "uint32", "uint16", "uint8", "bool"
+
+def sizeinbytes(dtype) -> int:
+    """Bytes per element of ``dtype`` (``nki.language.constants.sizeinbytes``).
+
+    >>> sizeinbytes(bfloat16), sizeinbytes("float32"), sizeinbytes(float8_e4m3)
+    (2, 4, 1)
+    """
+    from .core import DTYPE_BYTES
+    return DTYPE_BYTES[dtype_name(dtype)]
+
 
 # -- buffers ------------------------------------------------------------------------------------
 sbuf, psum, hbm, shared_hbm, private_hbm = "sbuf", "psum", "hbm", "shared_hbm", "private_hbm"
@@ -266,6 +279,12 @@ def _binary(x, y, op: str, dtype=None, mask=None):
     xt, yt = isinstance(x, tensor), isinstance(y, tensor)
     if not xt and not yt:
         raise NKIError(f"{_where()}: nl.{op} needs at least one tile operand")
+    if xt and yt and x.ndim == y.ndim and x.partitions != y.partitions and 1 in (x.partitions, y.partitions):
+        # a one-partition tile broadcasts across the other's partitions, as nl ops broadcast (flash attention
+        # backward's `nl.add(nl.zeros((128, 1)), sink)` with a [1, 1] sink)
+        one, other = (x, y) if x.partitions == 1 else (y, x)
+        wide = one.broadcast_to(tuple(other.shape[d] if d == one.pdim else n for d, n in enumerate(one.shape)))
+        x, y = (wide, y) if one is x else (x, wide)
     if xt and yt:
         if x.free_size == 1 and y.free_size > 1:          # [P, 1] column on the left
             out = _result(y, dtype)
@@ -529,15 +548,14 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None, **_):
     frame = inspect.currentframe().f_back
     try:
         target = None
-        line = inspect.getframeinfo(frame).code_context
+        node = _assignment_at(frame)
         try:
-            node = ast.parse((line or [""])[0].strip()).body[0]
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 target = frame.f_locals.get(node.targets[0].id)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
                 # ``b[i, :, s] = nl.loop_reduce(a, ...)``: that view of b (the contributed matmul's form)
                 target = eval(ast.unparse(node.targets[0]), frame.f_globals, frame.f_locals)  # noqa: S307
-        except (SyntaxError, IndexError, NameError):
+        except (IndexError, NameError):
             pass
     finally:
         del frame

@@ -6,6 +6,7 @@ scheduling hints, which trace as plain Python (a kernel's loops unroll; its inst
 """
 from __future__ import annotations
 
+import ast
 import linecache
 import math
 import os
@@ -89,3 +90,20 @@ class no_reorder:
 
     def __exit__(self, *exc):
         return False
+
+
+def assignment_at(frame):
+    """The ``x = nl.loop_reduce(...)`` statement the frame is executing, which may span lines (flash attention's
+    backward writes ``b[i] = nl.loop_reduce(`` and its arguments below), or None."""
+    lines = linecache.getlines(frame.f_code.co_filename, frame.f_globals)
+    at = frame.f_lineno
+    for first in range(at, max(at - 3, 0), -1):
+        for last in range(at, min(at + 20, len(lines)) + 1):
+            text = "".join([lines[first - 1].lstrip(), *lines[first:last]])
+            try:
+                body = ast.parse(text).body
+            except SyntaxError:
+                continue
+            if len(body) == 1 and isinstance(body[0], ast.Assign) and "loop_reduce" in ast.unparse(body[0].value):
+                return body[0]
+    return None

@@ -362,7 +362,7 @@ def nc_transpose(dst: ndarray, data: ndarray, engine: str = "tensor") -> int:
     ident = identity(data.dtype if data.dtype != "float32" else "float32")[0:P, 0:P]
     t.emit("LDWEIGHTS", [], [data], {"row": 0}, dur=ldweights_ns(t.p, F, data.dtype), itype="TRANSPOSE",
            small=False)
-    return t.emit("MATMUL", [dst], [data, ident], {"start": True, "stop": True},
+    return t.emit("MATMUL", [dst], [data, ident], {"start": True, "stop": True, "transpose": True},
                   dur=matmul_ns(t.p, P, F, data.dtype), flops=2 * P * P * F, itype="TRANSPOSE", small=False)
 
 
@@ -510,6 +510,8 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None, rmw_op=None) -> int | None:
             raise NKIError(f"{where()}: dma_copy {what} must be an NKI tensor, got {type(v).__name__}")
     if src.buf.mem == "psum" or dst.buf.mem == "psum":
         raise NKIError(f"{where()}: DMA does not read or write PSUM; copy the tile to SBUF first (nisa.tensor_copy)")
+    if getattr(src, "_gather", None) is not None and rmw_op is None:
+        return _dma_gather(dst, src, mask)
     r = masked(dst, [src], mask)
     if r is None:
         return None
@@ -517,6 +519,31 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None, rmw_op=None) -> int | None:
     if rmw_op is None:
         return t.dma(dst, src)
     return t.dma(dst, src, {"rmw": _arith(rmw_op, "a DMA read-modify-write")})
+
+
+def _dma_gather(dst: ndarray, src: ndarray, mask) -> int | None:
+    """GATHER (the DMA descriptors, one per row, generated on GpSimd) + DMA_INDIRECT: partition p of ``dst`` gets
+    row ``idx[p]`` of the table, as the compiler lowers an embedding lookup (compiler/lower/data.py)."""
+    from neuron_stack.device.cost import dma_ns
+    t = current()
+    idx, table = src._gather
+    box = box_of(mask, dst.shape) if mask is not None else None
+    if mask is not None and box is None:
+        return None
+    if box is not None:
+        current().masked_box = (dst.operand(), box)
+        dst, src, idx = (restrict(v, box, dst.shape) for v in (dst, src, idx))
+        row0 = box[len(box) - len(src.shape)][0]
+        table = ndarray(table.buf, (table.shape[0], *src.shape[1:]), src.offset - row0 * table.strides[0],
+                        (table.strides[0], *src.strides[1:]), table.dtype)
+    if idx.partitions != dst.partitions or math.prod(src.shape) != math.prod(dst.shape):
+        raise NKIError(f"{where()}: an indirect DMA of {src.shape} rows into {dst.shape} with {idx.partitions} row "
+                       f"numbers: the partitions must match")
+    P = dst.partitions
+    nbytes = math.prod(dst.shape) * max(DTYPE_BYTES[src.dtype], DTYPE_BYTES[dst.dtype])
+    t.emit("GATHER", [], [idx], {"note": "descriptor generation"}, dur=gpsimd_ns(t.p, P))
+    return t.emit("DMA_INDIRECT", [dst], [table, idx], {"desc": P}, dur=dma_ns(t.p, nbytes, P) - t.p.dma_fixed_ns,
+                  latency=t.p.dma_fixed_ns)
 
 
 def new_tile(shape, dtype, buffer: str = "sbuf") -> ndarray:

@@ -168,6 +168,7 @@ class ndarray:
     """
 
     __array_priority__ = 100    # numpy scalars on the left defer to our operators
+    _limits: tuple = ()         # (dim, length, message): a slice past a dim's end, legal once a mask trims it
 
     def __init__(self, buf: Buffer, shape, offset: int = 0, strides=None, dtype: str | None = None, pdim: int = 0):
         self.buf = buf
