@@ -122,9 +122,10 @@ def test_view_display_name_is_stored_and_shown(eager_and_compiled, tmp_path):
                 break
             except OSError:
                 time.sleep(0.1)
-        request = {"output": "..app-nav.children...app-profile.options...app-profile.value..",
+        request = {"output": "..app-nav.children...app-profile.options...app-profile.value...app-profiles.children..",
                    "outputs": [{"id": "app-nav", "property": "children"}, {"id": "app-profile", "property": "options"},
-                               {"id": "app-profile", "property": "value"}],
+                               {"id": "app-profile", "property": "value"},
+                               {"id": "app-profiles", "property": "children"}],
                    "inputs": [{"id": "app-url", "property": "pathname", "value": "/"},
                               {"id": "app-url", "property": "search", "value": ""}],
                    "changedPropIds": ["app-url.pathname"], "state": []}
