@@ -175,12 +175,51 @@ def collectives(r: dict, tokens: int = 1) -> str:
             f"{p.dur_ns / 1e3:.1f} us")
 
 
+#: a prompt this short or shorter: its context encoding is a few decode steps' work (the "short-prompt" rows)
+SHORT_PROMPT = 128
+
+
+def prefill_over_decode_us(r: dict) -> tuple[float, float]:
+    """What one decoder layer of the row's context encoding costs beyond a decode step, published and projected
+    (request time), in us: ``(TTFT - TPOT) / layers``. On a short prompt both calls stream the same weights,
+    so this is the prompt's own work per layer (its tokens' matmuls, attention, the larger all-reduces) plus
+    whatever else a prefill call pays per layer; it shows whether a miss grows with the layers.
+
+    >>> r = {"model": "Llama-3-8B", "ttft_pub": 29.47, "tpot_pub": 7.41, "ttft_proj": 6.91, "tpot_proj": 4.39}
+    >>> [round(x) for x in prefill_over_decode_us(r)]
+    [689, 79]
+    """
+    layers = load_config(PRESET.get(r["model"], r["model"])).num_hidden_layers
+    return tuple((r[f"ttft_{k}"] - r[f"tpot_{k}"]) * 1e3 / layers for k in ("pub", "proj"))
+
+
+def short_prompt_line(rows: list[dict]) -> str:
+    """One line over the modelled short-prompt rows: :func:`prefill_over_decode_us`, published / projected."""
+    cells = [f"{r['model']} {r['target']} TP{r['tp']} B{r['batch']} {p:.0f} / {q:.0f}"
+             for r in rows if r["in"] <= SHORT_PROMPT and r["tpot_modelled"]
+             for p, q in [prefill_over_decode_us(r)]]
+    return ("per layer, a prefill of <= " f"{SHORT_PROMPT} tokens beyond a decode step (us, published / projected): "
+            + "; ".join(cells)) if cells else ""
+
+
 def _why(r: dict) -> str:
     """What the projection leaves out or adds, for a value more than 1.5x off (the report's "why")."""
     why = []
     for key in ("ttft", "tpot"):
         ratio = r[f"{key}_proj"] / r[f"{key}_pub"]
         if key == "tpot" and not r["tpot_modelled"] or 1 / 1.5 <= ratio <= 1.5:
+            continue
+        if ratio < 1 and key == "ttft" and r["in"] <= SHORT_PROMPT:
+            pub, proj = prefill_over_decode_us(r)
+            why.append(
+                f"TTFT under published: per layer the published prefill costs {pub:.0f} us more than a decode "
+                f"step, the projection {proj:.0f} us; request time holds the launch, the copies over the host "
+                f"link, the logits to the host and the collectives at the documented 1-2 us a hop "
+                f"({collectives(r, r['in'])}); a TTFT holds no decode step (transformers-neuronx's sampling loop "
+                f"emits the first token before its first decode call) and the {r['in']}-token prompt runs in "
+                f"the {r['in']}-token bucket (context buckets half the token buckets, first fit): the rest has "
+                "no public cost and is not modelled"
+            )
             continue
         if ratio < 1:
             why.append(
@@ -335,6 +374,8 @@ def print_llama(rows: list[dict], s: dict) -> None:
         f"error {s['geomean_error']:.2f} (either way), Spearman "
         f"{s['spearman']:.2f}, within 2x: {s['within_2x']}/{s['values']}"
     )
+    if short_prompt_line(rows):
+        print(f"   {short_prompt_line(rows)}")
     print(
         "   roof = max(FLOPs at TensorE bf16 peak, weights (int8 rows: int8 layers) + KV at the core's HBM share): "
         "a floor no real "
@@ -371,6 +412,8 @@ def markdown(rows: list[dict], s: dict, load: float) -> str:
         f"error {s['geomean_error']:.2f} (either way), Spearman "
         f"{s['spearman']:.2f}, within 2x: {s['within_2x']}/{s['values']}.",
     ]
+    if short_prompt_line(rows):
+        out += ["", short_prompt_line(rows)[0].upper() + short_prompt_line(rows)[1:] + "."]
     return "\n".join(out)
 
 
