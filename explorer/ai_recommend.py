@@ -109,7 +109,7 @@ def prompt(L: data.Loaded) -> str:
 
     Example: ``prompt(data.resolve("mlp"))`` starts "Profile of a simulated NeuronCore workload".
     """
-    s, ins = data.summary(L), data.insights(L)
+    s, ins, hot = data.summary(L), data.insights(L), data.top_lines(L, 10)
     lines = [
         "Profile of a simulated NeuronCore workload (neuron_stack; is_simulation=true: device times come from a "
         "per-instruction cost model of the target, host times were measured).",
@@ -141,13 +141,46 @@ def prompt(L: data.Loaded) -> str:
           + ", ".join(f"{e} {fmt_ns(v)}" for e, v in r["engines"].items()) for r in data.top_ops(L, 10)),
         "", "## Top source lines by device time",
         *(f"- {_clip(r['where'], 80)} `{_clip(r['code'], 120)}`: {fmt_ns(r['device_ns'])} device, "
-          f"{fmt_ns(r['host_ns'])} host" for r in data.top_lines(L, 10)),
+          f"{fmt_ns(r['host_ns'])} host" for r in hot),
         "", "## The profiler's rule-based findings (costliest first)",
         *(f"{i}. {f.title} (~{fmt_ns(f.impact_ns)}): {_clip(f.words, 700)}"
           for i, f in enumerate(recommend.recommendations(L), start=1)),
+        # last, so the bound cuts the source before any figure or finding
+        *_excerpts(L, hot),
     ]
     text = "\n".join(lines)
     return text if len(text) <= MAX_PROMPT_CHARS else text[: MAX_PROMPT_CHARS - 12] + "\n[truncated]"
+
+
+def _excerpts(L: data.Loaded, hot: list[dict], context: int = 6, files: int = 3,
+              per_file: int = 3000) -> list[str]:
+    """The source around the hottest lines (the real tool reads the kernel's source too): ``context`` lines
+    each side, numbered, from the text the profile embeds (or the file under ``--nki-source-root``)."""
+    wanted: dict[str, list[int]] = {}
+    for r in hot:
+        if r.get("file") and r.get("line"):
+            wanted.setdefault(r["file"], []).append(r["line"])
+    out = []
+    for file, hot_lines in list(wanted.items())[:files]:
+        try:
+            src = data.source_text(L, file)[0].splitlines()
+        except data.ExplorerError:   # a line whose file the profile does not embed
+            continue
+        keep = sorted({i for n in hot_lines for i in range(max(n - context, 1), min(n + context, len(src)) + 1)})
+        body, prev = [], 0
+        for i in keep:
+            if prev and i != prev + 1:
+                body.append("   …")
+            body.append(f"{i:5d}  {src[i - 1][:160]}")
+            prev = i
+        if body:
+            out += ["", f"## Source: {file.rsplit('/', 1)[-1][:80]} (around its hottest lines)", "```python",
+                    _cap("\n".join(body), per_file), "```"]
+    return out
+
+
+def _cap(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 2] + "\n…"
 
 
 # ------------------------------------------------------------------------------ the request

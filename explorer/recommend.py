@@ -417,6 +417,9 @@ def register(subparsers) -> None:
     ai.add_argument("--ai-model", metavar="ID", help="Bedrock model id (default: Claude Sonnet 4.5, US profile)")
     ai.add_argument("--ai-region", metavar="REGION", help="US Region to call (default: your AWS config's, "
                                                           "else us-east-1)")
+    ai.add_argument("--nki-source-root", metavar="DIR",
+                    help="read the source files the profile names from DIR (as the real flag) instead of the text "
+                         "the profile embeds: the prompt quotes the code around the hottest lines")
     ai.add_argument("--print-prompt", action="store_true",
                     help="print the text --ai-recommendation would send, then exit (nothing is contacted)")
     p.set_defaults(func=_recommend_cli)
@@ -432,6 +435,10 @@ def _recommend_cli(args) -> int:
 
     asking = args.ai_recommendation or args.print_prompt
     cfg = ai_recommend.settings(args.ai_model, args.ai_region) if asking else {}   # a bad flag: one line, first
+    if args.nki_source_root:
+        from explorer import sources
+
+        sources.set_root(args.nki_source_root, "--nki-source-root")
     registry = data.Registry([resolve_profile(args.profile)])
     key = registry.keys()[0]
     answer = None

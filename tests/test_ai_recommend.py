@@ -95,6 +95,8 @@ def test_the_request_is_the_bounded_summary_for_the_real_model(app, profile, aws
     assert f"{s['executions']} executions" in text
     for f in recommend.recommendations(L):
         assert f.title in text
+    hottest = data.top_lines(L, 1)[0]   # the code around the hottest line, numbered, as the real tool reads it
+    assert f"{hottest['line']:5d}  {hottest['code']}" in text.split("## Source: model.py")[1]
     assert len(text) <= ai_recommend.MAX_PROMPT_CHARS
     cfg = ai_recommend.settings()
     assert cfg["model"].endswith("anthropic.claude-sonnet-4-5-20250929-v1:0") and cfg["region"] == "us-east-1"
@@ -187,6 +189,9 @@ def test_cli_contacts_nothing_unless_asked(profile, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("Profile of a simulated NeuronCore workload")
     assert cli.main(["recommend", str(profile), "--ai-recommendation", "--ai-region", "eu-west-1"]) == 1
     assert "US Regions only" in capsys.readouterr().err
+    assert cli.main(["recommend", str(profile), "--print-prompt", "--nki-source-root", "/nonexistent/src"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--nki-source-root /nonexistent/src: no such directory" in err
 
 
 def test_nothing_imports_boto3_until_asked():
