@@ -5,8 +5,8 @@ Recommendation" widget) sends a profile to Claude Sonnet 4.5 on Amazon Bedrock w
 AWS credentials (US Regions only) and shows the top 2-3 optimisations: the symptom with its numbers, the
 change, the expected speedup and the tradeoffs, as Markdown. Ours does the same with what the Summary
 already shows: the ``traces`` figures (``data.summary``), the NKI coverage and throttling
-(``data.insights``), the top ops and source lines, and the deterministic findings
-(``recommend.recommendations``), computed once and sent as text of at most ``MAX_PROMPT_CHARS``.
+(``data.insights``), the top ops and source lines, and the deterministic findings the Summary ranks
+(``recommend.recommendations``, passed in), computed once and sent as text of at most ``MAX_PROMPT_CHARS``.
 Nothing is contacted unless the user asks (``neuron-explorer recommend --ai-recommendation``, or
 ``neuron-explorer view --ai-recommendation`` and the Summary's button); every call has a connect/read
 timeout, bounded retries and ``MAX_TOKENS`` of answer, and every failure is one line (``Answer.error``).
@@ -26,7 +26,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from explorer import data, recommend
+from explorer import data
 from traces.timefmt import fmt_ns
 
 #: The only model the real tool supports (Claude Sonnet 4.5), as Bedrock's US cross-Region inference
@@ -104,10 +104,11 @@ def _clip(text, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def prompt(L: data.Loaded) -> str:
-    """The text sent: the Summary's figures, insights, top ops and lines, and the rules' findings, bounded.
+def prompt(L: data.Loaded, findings: list) -> str:
+    """The text sent: the Summary's figures, insights, top ops and lines, and ``findings`` (the rules'
+    ``recommend.Finding`` list, as the Summary ranks it), bounded.
 
-    Example: ``prompt(data.resolve("mlp"))`` starts "Profile of a simulated NeuronCore workload".
+    Example: ``prompt(L, recommend.recommendations(L))`` starts "Profile of a simulated NeuronCore workload".
     """
     s, ins, hot = data.summary(L), data.insights(L), data.top_lines(L, 10)
     lines = [
@@ -144,7 +145,7 @@ def prompt(L: data.Loaded) -> str:
           f"{fmt_ns(r['host_ns'])} host" for r in hot),
         "", "## The profiler's rule-based findings (costliest first)",
         *(f"{i}. {f.title} (~{fmt_ns(f.impact_ns)}): {_clip(f.words, 700)}"
-          for i, f in enumerate(recommend.recommendations(L), start=1)),
+          for i, f in enumerate(findings, start=1)),
         # last, so the bound cuts the source before any figure or finding
         *_excerpts(L, hot),
     ]
@@ -266,9 +267,10 @@ def error_line(exc: BaseException, model: str, region: str) -> str:
     return f"Amazon Bedrock request failed: {type(exc).__name__}: {_clip(exc, 160)}"
 
 
-def recommend_ai(L: data.Loaded, model: str, region: str, max_tokens: int = MAX_TOKENS, bedrock=None) -> Answer:
-    """Ask the model about one profile. Example: ``recommend_ai(L, **settings())``."""
-    return ask(prompt(L), model, region, max_tokens, bedrock)
+def recommend_ai(L: data.Loaded, findings: list, model: str, region: str, max_tokens: int = MAX_TOKENS,
+                 bedrock=None) -> Answer:
+    """Ask the model about one profile. Example: ``recommend_ai(L, recommend.recommendations(L), **settings())``."""
+    return ask(prompt(L, findings), model, region, max_tokens, bedrock)
 
 
 def label(a: Answer) -> str:

@@ -444,12 +444,12 @@ def _recommend_cli(args) -> int:
     answer = None
     try:
         L = registry.get(key)
-        if args.print_prompt:
-            print(ai_recommend.prompt(L))
-            return 0
         found = recommendations(L)
+        if args.print_prompt:
+            print(ai_recommend.prompt(L, found))
+            return 0
         if args.ai_recommendation:
-            answer = ai_recommend.recommend_ai(L, **cfg)
+            answer = ai_recommend.recommend_ai(L, found, **cfg)
     finally:
         registry.close()
     pages = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks",

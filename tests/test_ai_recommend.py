@@ -88,7 +88,7 @@ def loaded(profile):
 
 def test_the_request_is_the_bounded_summary_for_the_real_model(app, profile, aws, monkeypatch):
     L = loaded(profile)
-    text = ai_recommend.prompt(L)
+    text = ai_recommend.prompt(L, recommend.recommendations(L))
     s = data.summary(L)
     # the figures and findings the Summary shows, computed by the same functions
     assert f"MFU (estimated): {s['mfu_estimated_percent']:.2f}%" in text
@@ -104,7 +104,7 @@ def test_the_request_is_the_bounded_summary_for_the_real_model(app, profile, aws
                 "messages": [{"role": "user", "content": [{"text": text}]}],
                 "inferenceConfig": {"maxTokens": ai_recommend.MAX_TOKENS, "temperature": 0.2}}
     stub, made = stubbed(monkeypatch, expected=expected)
-    a = ai_recommend.recommend_ai(L, **cfg)
+    a = ai_recommend.recommend_ai(L, recommend.recommendations(L), **cfg)
     stub.assert_no_pending_responses()
     assert made == ["us-east-1"] and a.error == "" and a.text == ANSWER
     assert (a.input_tokens, a.output_tokens, a.truncated) == (1234, 56, False)
@@ -113,7 +113,8 @@ def test_the_request_is_the_bounded_summary_for_the_real_model(app, profile, aws
 
 def test_the_prompt_is_cut_at_its_bound(app, profile, monkeypatch):
     monkeypatch.setattr(ai_recommend, "MAX_PROMPT_CHARS", 500)
-    text = ai_recommend.prompt(loaded(profile))
+    L = loaded(profile)
+    text = ai_recommend.prompt(L, recommend.recommendations(L))
     assert len(text) <= 500 and text.endswith("[truncated]")
 
 
@@ -126,7 +127,8 @@ def test_the_prompt_is_cut_at_its_bound(app, profile, monkeypatch):
 ])
 def test_each_aws_error_is_one_line(app, profile, aws, monkeypatch, code, status, words):
     stubbed(monkeypatch, error=(code, status, "You don't have access\nto the model."))
-    a = ai_recommend.recommend_ai(loaded(profile), **ai_recommend.settings())
+    L = loaded(profile)
+    a = ai_recommend.recommend_ai(L, recommend.recommendations(L), **ai_recommend.settings())
     assert words in a.error and code in a.error and "\n" not in a.error and a.text == ""
 
 

@@ -189,7 +189,8 @@ def ask_ai(n_clicks, key):
         L = data.resolve(key)
     except data.ExplorerError as exc:
         return _ai_answer(ai_recommend.Answer(cfg["model"], cfg["region"], error=str(exc)))
-    answer = ai_recommend.recommend_ai(L, cfg["model"], cfg["region"], cfg["max_tokens"])
+    answer = ai_recommend.recommend_ai(L, recommend.recommendations(L), cfg["model"], cfg["region"],
+                                       cfg["max_tokens"])
     if not answer.error and len(_ANSWERS) < _MAX_ANSWERS:
         _ANSWERS[(key, cfg["model"])] = answer
     return _ai_answer(answer)
