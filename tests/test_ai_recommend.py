@@ -247,3 +247,13 @@ def test_summary_error_is_one_line_and_the_rules_stay(app, profile, aws, monkeyp
     assert "summary-ai-error" in shown and "no access to" in shown
     page = rendered(key)
     assert "summary-evidence-1" in page and "summary-ai-error" not in page   # a failure is not kept
+
+
+def test_view_flag_turns_the_button_on_and_checks_its_settings_first(tmp_path, aws, monkeypatch, capsys):
+    profile = make_profile(tmp_path / "20260103_mlp")   # not the one the module's app holds open
+    monkeypatch.setattr(ai_recommend, "SETTINGS", {"enabled": False})
+    assert cli.main(["view", str(profile), "--ai-recommendation", "--ai-region", "eu-west-1"]) == 1
+    assert "US Regions only" in capsys.readouterr().err and not ai_recommend.SETTINGS["enabled"]
+    assert cli.main(["view", str(profile), "--ai-recommendation", "--ai-region", "us-west-2", "--ingest-only"]) == 0
+    assert ai_recommend.SETTINGS == {"enabled": True, "model": ai_recommend.DEFAULT_MODEL, "region": "us-west-2",
+                                     "max_tokens": ai_recommend.MAX_TOKENS}
