@@ -179,6 +179,7 @@ def _ai_answer(a: ai_recommend.Answer) -> html.Div:
 
 
 @callback(Output("summary-ai", "children"), Input("summary-ai-button", "n_clicks"), State("summary-ai-profile", "data"),
+          running=[(Output("summary-ai-button", "disabled"), True, False)],   # one billed request at a time
           prevent_initial_call=True)
 def ask_ai(n_clicks, key):
     """Get AI recommendation: one Bedrock request for the shown profile; a failure is one line."""
