@@ -403,7 +403,8 @@ def recommendations(L: data.Loaded) -> list[Finding]:
 
 # ------------------------------------------------------------------------------ command line
 def register(subparsers) -> None:
-    """Add ``neuron-explorer recommend PROFILE [--json]``: the Summary page's findings in a terminal."""
+    """Add ``neuron-explorer recommend PROFILE [--json] [--ai-recommendation]``: the Summary page's findings in a
+    terminal, and (opt-in) the model's answer from Amazon Bedrock (:mod:`explorer.ai_recommend`)."""
     p = subparsers.add_parser("recommend", help="print the Summary's ranked recommendations",
                               description="Run every recommendation rule over a profile and print the findings, "
                                           "costliest first, each with the Explorer page that shows its evidence.")
@@ -433,8 +434,8 @@ def _recommend_cli(args) -> int:
     from explorer import ai_recommend
     from explorer.view import resolve_profile
 
-    asking = args.ai_recommendation or args.print_prompt
-    cfg = ai_recommend.settings(args.ai_model, args.ai_region) if asking else {}   # a bad flag: one line, first
+    # a bad model or region is one line before the profile is even opened
+    cfg = ai_recommend.settings(args.ai_model, args.ai_region) if args.ai_recommendation else {}
     if args.nki_source_root:
         from explorer import sources
 
