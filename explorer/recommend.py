@@ -403,12 +403,26 @@ def recommendations(L: data.Loaded) -> list[Finding]:
 
 # ------------------------------------------------------------------------------ command line
 def register(subparsers) -> None:
-    """Add ``neuron-explorer recommend PROFILE [--json]``: the Summary page's findings in a terminal."""
+    """Add ``neuron-explorer recommend PROFILE [--json] [--ai-recommendation]``: the Summary page's findings in a
+    terminal, and (opt-in) the model's answer from Amazon Bedrock (:mod:`explorer.ai_recommend`)."""
     p = subparsers.add_parser("recommend", help="print the Summary's ranked recommendations",
                               description="Run every recommendation rule over a profile and print the findings, "
                                           "costliest first, each with the Explorer page that shows its evidence.")
     p.add_argument("profile", metavar="PROFILE", help="profile.duckdb or its session directory")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    ai = p.add_argument_group("AI recommendation (opt-in: sends the Summary to Amazon Bedrock, billed to your "
+                              "AWS account; nothing is sent without --ai-recommendation)")
+    ai.add_argument("--ai-recommendation", action="store_true",
+                    help="also ask Claude Sonnet 4.5 on Amazon Bedrock (the real tool's recommend), with your "
+                         "default AWS credentials (AWS_PROFILE honoured)")
+    ai.add_argument("--ai-model", metavar="ID", help="Bedrock model id (default: Claude Sonnet 4.5, US profile)")
+    ai.add_argument("--ai-region", metavar="REGION", help="US Region to call (default: your AWS config's, "
+                                                          "else us-east-1)")
+    ai.add_argument("--nki-source-root", metavar="DIR",
+                    help="read the source files the profile names from DIR (as the real flag) instead of the text "
+                         "the profile embeds: the prompt quotes the code around the hottest lines")
+    ai.add_argument("--print-prompt", action="store_true",
+                    help="print the text --ai-recommendation would send, then exit (nothing is contacted)")
     p.set_defaults(func=_recommend_cli)
 
 
@@ -417,12 +431,26 @@ def _recommend_cli(args) -> int:
     import json
     from urllib.parse import urlencode
 
+    from explorer import ai_recommend
     from explorer.view import resolve_profile
 
+    # a bad model or region is one line before the profile is even opened
+    cfg = ai_recommend.settings(args.ai_model, args.ai_region) if args.ai_recommendation else {}
+    if args.nki_source_root:
+        from explorer import sources
+
+        sources.set_root(args.nki_source_root, "--nki-source-root")
     registry = data.Registry([resolve_profile(args.profile)])
     key = registry.keys()[0]
+    answer = None
     try:
-        found = recommendations(registry.get(key))
+        L = registry.get(key)
+        found = recommendations(L)
+        if args.print_prompt:
+            print(ai_recommend.prompt(L, found))
+            return 0
+        if args.ai_recommendation:
+            answer = ai_recommend.recommend_ai(L, found, **cfg)
     finally:
         registry.close()
     pages = {"timeline": "/timeline", "recompiles": "/recompiles", "fallbacks": "/fallbacks",
@@ -430,8 +458,11 @@ def _recommend_cli(args) -> int:
     rows = [{"rule": f.rule, "title": f.title, "impact_ns": int(f.impact_ns), "words": f.words,
              "evidence": pages.get(f.page, "/") + "?" + urlencode({"profile": key, **f.query})} for f in found]
     if args.json:
-        print(json.dumps({"profile": key, "recommendations": rows}, indent=2))
-        return 0
+        out = {"profile": key, "recommendations": rows}
+        if answer is not None:
+            out["ai_recommendation"] = vars(answer)
+        print(json.dumps(out, indent=2))
+        return _ai_status(answer)
     import textwrap
 
     print(f"{key}: recommendations, costliest first (simulated profile)")
@@ -441,4 +472,17 @@ def _recommend_cli(args) -> int:
         print(f"   evidence: neuron-explorer view, then {r['evidence']}")
     if not rows:
         print("No issues found by the rules.")
-    return 0
+    if answer is not None and answer.text:
+        print(f"\nAI recommendation ({ai_recommend.label(answer)})\n")
+        print(answer.text)
+    return _ai_status(answer)
+
+
+def _ai_status(answer) -> int:
+    """Exit status: 1, and the one line on stderr, when the AI recommendation was asked for and failed."""
+    if answer is None or not answer.error:
+        return 0
+    import sys
+
+    print(f"neuron-explorer: error: AI recommendation: {answer.error}", file=sys.stderr)
+    return 1

@@ -32,14 +32,14 @@ def root() -> Path | None:
     return SETTINGS["root"]
 
 
-def set_root(directory) -> Path | None:
-    """Check and install ``--framework-source-root DIR`` (None clears it); a bad DIR is one line."""
+def set_root(directory, flag: str = "--framework-source-root") -> Path | None:
+    """Check and install ``--framework-source-root DIR`` (None clears it); a bad DIR is one line naming ``flag``."""
     if directory is None:
         SETTINGS["root"] = None
         return None
     path = Path(directory).expanduser()
     if not path.is_dir():
-        raise ExplorerError(f"--framework-source-root {str(directory)[:200]}: no such directory; give the "
+        raise ExplorerError(f"{flag} {str(directory)[:200]}: no such directory; give the "
                             "directory that holds your model's source files")
     SETTINGS["root"] = path.resolve()
     return SETTINGS["root"]

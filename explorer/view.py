@@ -57,6 +57,11 @@ def register(subparsers) -> None:
                    help="the name every picker shows for the profile (stored in it as Metadata.profile_name); "
                         "once per PROFILE, in order. Default: the script and mode it recorded "
                         "(\"aws_train.py · eager\")")
+    p.add_argument("--ai-recommendation", action="store_true",
+                   help="add the Summary's Get AI recommendation button: it sends that Summary to Claude Sonnet 4.5 "
+                        "on Amazon Bedrock with your default AWS credentials (billed to you; off by default)")
+    p.add_argument("--ai-model", metavar="ID", help="with --ai-recommendation: Bedrock model id")
+    p.add_argument("--ai-region", metavar="REGION", help="with --ai-recommendation: US Region to call")
     p.set_defaults(func=_view)
 
     d = subparsers.add_parser("diff", help="compare two or more profiles by source line and op path",
@@ -122,6 +127,10 @@ def _view(args) -> int:
     from explorer import manager, sources
 
     sources.set_root(args.framework_source_root)   # a bad DIR is one line before anything runs
+    if args.ai_recommendation:   # a bad model or region is one line too; nothing is contacted until asked
+        from explorer import ai_recommend
+
+        ai_recommend.SETTINGS.update(ai_recommend.settings(args.ai_model, args.ai_region), enabled=True)
     paths = [resolve_profile(a) for a in args.profiles]
     if args.directory:
         root = Path(args.directory)

@@ -3,9 +3,9 @@ fallback and recompile counts, the ranked recommendations with links to their ev
 Summary's NKI engine statistics, DMA utilisation, throttling and collective charts."""
 from __future__ import annotations
 
-from dash import dcc, html
+from dash import Input, Output, State, callback, dcc, html, no_update
 
-from explorer import data, recommend, ui
+from explorer import ai_recommend, data, recommend, ui
 from explorer.figures import engine_bars, fmt_bytes, fmt_ns, share_bars
 from explorer.summary_figures import collective_figures, dma_figure, nki_figure
 
@@ -94,8 +94,8 @@ def layout(profile=None, **_):
         html.H2(["Summary · ", data.registry().label(key), html.Span("is_simulation = true", className="sim-badge")]),
         capture, stats, *([per_target] if several else []),
         html.Div([
-            html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations")],
-                     className="card col"),
+            html.Div([html.H3("Recommendations (costliest first)"), html.Div(reco_items, id="summary-recommendations"),
+                      _ai_block(key)], className="card col"),
             html.Div([html.H3("Engine active time (% of device time)"),
                       dcc.Graph(figure=engine_bars(s["engines"]), config={"displayModeBar": False},
                                 id="summary-engines")],
@@ -145,6 +145,56 @@ def _insight_cards(L) -> list:
                                          _graph(box, "summary-collective-box")], className="card col")],
                               className="row"))
     return cards
+
+
+#: Answers already paid for, by (profile, model): shown again when the Summary reopens (bounded).
+_ANSWERS: dict[tuple[str, str], ai_recommend.Answer] = {}
+_MAX_ANSWERS = 64
+
+
+def _ai_block(key: str) -> html.Div:
+    """The model's answer beside the rules: a button when ``view --ai-recommendation`` enabled it, else one hint."""
+    cfg = ai_recommend.SETTINGS
+    if not cfg.get("enabled"):
+        return html.Div(["AI recommendation: off. ", html.Code("neuron-explorer view --ai-recommendation"),
+                         " adds a button that sends this Summary to Amazon Bedrock (billed to your AWS account); "
+                         "nothing is sent otherwise."], className="hint", id="summary-ai-off")
+    cached = _ANSWERS.get((key, cfg["model"]))
+    return html.Div([
+        html.H3("AI recommendation (Amazon Bedrock)"),
+        html.Button("Get AI recommendation", id="summary-ai-button", className="btn",
+                    title=f"sends this Summary to {cfg['model']} in {cfg['region']} (up to a minute)"),
+        dcc.Store(id="summary-ai-profile", data=key),
+        dcc.Loading(html.Div(_ai_answer(cached) if cached else None, id="summary-ai")),
+    ], id="summary-ai-card", className="ai-card")
+
+
+def _ai_answer(a: ai_recommend.Answer) -> html.Div:
+    if a.error:
+        return html.Div([html.Strong("AI recommendation failed: "), html.Span(a.error),
+                         html.Div("The rule-based recommendations above do not depend on it.", className="hint")],
+                        className="error-box", role="alert", id="summary-ai-error")
+    return html.Div([html.Div(ai_recommend.label(a), className="hint", id="summary-ai-label"),
+                     dcc.Markdown(a.text, id="summary-ai-text")], className="ai-answer")
+
+
+@callback(Output("summary-ai", "children"), Input("summary-ai-button", "n_clicks"), State("summary-ai-profile", "data"),
+          running=[(Output("summary-ai-button", "disabled"), True, False)],   # one billed request at a time
+          prevent_initial_call=True)
+def ask_ai(n_clicks, key):
+    """Get AI recommendation: one Bedrock request for the shown profile; a failure is one line."""
+    cfg = ai_recommend.SETTINGS
+    if not n_clicks or not cfg.get("enabled"):
+        return no_update
+    try:
+        L = data.resolve(key)
+    except data.ExplorerError as exc:
+        return _ai_answer(ai_recommend.Answer(cfg["model"], cfg["region"], error=str(exc)))
+    answer = ai_recommend.recommend_ai(L, recommend.recommendations(L), cfg["model"], cfg["region"],
+                                       cfg["max_tokens"])
+    if not answer.error and len(_ANSWERS) < _MAX_ANSWERS:
+        _ANSWERS[(key, cfg["model"])] = answer
+    return _ai_answer(answer)
 
 
 #: Registered by explorer.app after the Dash app exists (Dash refuses earlier).
