@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from explorer_browser import needs_chromium
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from test_explorer_browser import _shot
 from test_explorer_profiles import build_tables, write_profile
 
@@ -59,8 +60,22 @@ def _chain_trace(page) -> dict:
                 arrows: (g.layout.annotations || []).filter(a => a.showarrow).map(a => [a.ay, a.y])}; }""")
 
 
-def _click(page, name: str) -> None:
-    """Click the middle of the first drawn event named ``name`` (plotly's drag layer sits on top: the mouse)."""
+def _click(page, name: str, shows: str) -> None:
+    """Click the middle of the first drawn event named ``name`` (plotly's drag layer sits on top: the mouse)
+    until ``shows`` appears: under load the graph may still be drawing when it is first clicked."""
+    for attempt in range(4):
+        if not _click_once(page, name):     # not drawn yet
+            page.wait_for_timeout(1000)
+            continue
+        try:
+            page.wait_for_selector(shows, timeout=8000 * (attempt + 1))
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"clicking {name} never showed {shows}")
+
+
+def _click_once(page, name: str) -> bool:
     at = page.evaluate("""(name) => { const g = document.querySelector('#system-graph .js-plotly-plot');
         const l = g._fullLayout, r = g.getBoundingClientRect();
         for (const t of g.data.filter(t => t.type === 'bar' && t.name !== 'dependency chain')) {
@@ -68,8 +83,9 @@ def _click(page, name: str) -> None:
             if (i >= 0) { return [r.left + l.xaxis._offset + l.xaxis.l2p(t.base[i] + t.x[i] / 2),
                                   r.top + l.yaxis._offset + l.yaxis.l2p(l.yaxis.categoryarray.indexOf(t.y[i]))]; }
         } return null; }""", name)
-    assert at, f"no {name} drawn"
-    page.mouse.click(*at)
+    if at:
+        page.mouse.click(*at)
+    return bool(at)
 
 
 def _rows(page, which: str) -> list[str]:
@@ -86,8 +102,7 @@ def test_click_an_execution_shows_its_dependency_chain_and_zooms_to_each(server,
     page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
     assert "Click an event with dependencies" in page.inner_text("#system-chain-panel")
 
-    _click(page, "nc_exec_running")                       # the first device run
-    page.wait_for_selector("#system-chain-upstream")
+    _click(page, "nc_exec_running", "#system-chain-upstream")   # the first device run
     assert "nc_exec_running" in page.inner_text("#system-chain-selected")
     assert _rows(page, "upstream") == ["step0", "nn.Module: NeuronModule_0",
                                        "torch/nn/modules/module.py(1782): _call_impl", "nrt_execute",
@@ -127,8 +142,7 @@ def test_click_a_framework_op_lists_every_call_it_made(server, page):
     page.keyboard.type("step1")
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.querySelector('#system-status').innerText.startsWith('1 events')")
-    _click(page, "step1")
-    page.wait_for_selector("#system-chain-downstream")
+    _click(page, "step1", "#system-chain-downstream")
     assert "step1" in page.inner_text("#system-chain-selected")
     assert "No upstream events." in page.inner_text("#system-chain-panel")
     assert _rows(page, "downstream") == ["nrt_execute", "nrt_tensor_write", "dmem_buf_copyin", "nc_exec_running",
