@@ -57,35 +57,33 @@ def _chain_trace(page) -> dict:
     return page.evaluate("""() => { const g = document.querySelector('#system-graph .js-plotly-plot');
         const t = g.data.find(t => t.type === 'bar' && t.name === 'dependency chain');
         return {names: t ? t.customdata.map(c => c[0]) : [], tracks: t ? t.y : [],
-                arrows: (g.layout.annotations || []).filter(a => a.showarrow).map(a => [a.ay, a.y])}; }""")
+                arrows: (g.layout.shapes || []).filter(s => (s.name || '').startsWith('chain '))
+                        .map(s => s.name.slice(6).split('->').map(Number))}; }""")
+
+
+_FIND = """(name) => { const g = document.querySelector('#system-graph .js-plotly-plot');
+    const l = g && g._fullLayout, r = g && g.getBoundingClientRect();
+    if (!l || !l.xaxis || !g.data) { return null; }
+    for (const t of g.data.filter(t => t.type === 'bar' && t.name !== 'dependency chain' && t.customdata)) {
+        const i = t.customdata.findIndex(c => c[0] === name && c[6] === 'event');
+        if (i >= 0) { return [r.left + l.xaxis._offset + l.xaxis.l2p(t.base[i] + t.x[i] / 2),
+                              r.top + l.yaxis._offset + l.yaxis.l2p(l.yaxis.categoryarray.indexOf(t.y[i]))]; }
+    } return null; }"""
 
 
 def _click(page, name: str, shows: str) -> None:
     """Click the middle of the first drawn event named ``name`` (plotly's drag layer sits on top: the mouse)
     until ``shows`` appears: under load the graph may still be drawing when it is first clicked."""
     for attempt in range(4):
-        if not _click_once(page, name):     # not drawn yet
-            page.wait_for_timeout(1000)
-            continue
+        page.wait_for_function(_FIND, arg=name)
+        page.wait_for_timeout(300)   # the figure settled
+        page.mouse.click(*page.evaluate(_FIND, name))
         try:
             page.wait_for_selector(shows, timeout=8000 * (attempt + 1))
             return
         except PlaywrightTimeout:
             continue
     raise AssertionError(f"clicking {name} never showed {shows}")
-
-
-def _click_once(page, name: str) -> bool:
-    at = page.evaluate("""(name) => { const g = document.querySelector('#system-graph .js-plotly-plot');
-        const l = g._fullLayout, r = g.getBoundingClientRect();
-        for (const t of g.data.filter(t => t.type === 'bar' && t.name !== 'dependency chain')) {
-            const i = t.customdata.findIndex(c => c[0] === name && c[6] === 'event');
-            if (i >= 0) { return [r.left + l.xaxis._offset + l.xaxis.l2p(t.base[i] + t.x[i] / 2),
-                                  r.top + l.yaxis._offset + l.yaxis.l2p(l.yaxis.categoryarray.indexOf(t.y[i]))]; }
-        } return null; }""", name)
-    if at:
-        page.mouse.click(*at)
-    return bool(at)
 
 
 def _rows(page, which: str) -> list[str]:

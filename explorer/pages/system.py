@@ -102,7 +102,7 @@ def figure(view: dict, series: dict, chain: dict | None = None, grouping: str = 
                           opacity=0, showlegend=False, hoverinfo="skip", name="tracks", xaxis="x", yaxis="y"))
     for source, color in COLORS.items():
         data_ += _bars(view, source, color)
-    chain_traces, arrows = system_chain.overlay(view, chain, grouping)
+    chain_traces, curves, heads = system_chain.overlay(view, chain, grouping)
     data_ += chain_traces
     t0 = view["t0"]
     cats = series.get("hbm_category")
@@ -125,8 +125,9 @@ def figure(view: dict, series: dict, chain: dict | None = None, grouping: str = 
         layout[axis]["range"] = [lo, hi]
     if not any(t.get("xaxis") in ("x2", "x3") for t in data_):   # no host samples: the time axis on the events
         layout["xaxis"].update(showticklabels=True, title=dict(text="µs"))
-    if arrows:
-        layout["annotations"] = list(layout.get("annotations") or []) + arrows
+    if curves:   # the dependency chain's arrows
+        layout["shapes"] = list(layout.get("shapes") or []) + curves
+        layout["annotations"] = list(layout.get("annotations") or []) + heads
     return {"data": data_, "layout": layout}
 
 

@@ -29,21 +29,22 @@ def _rows(view: dict, chain: dict | None, grouping: str) -> list[tuple[int, dict
     return out
 
 
-def overlay(view: dict, chain: dict | None, grouping: str) -> tuple[list[dict], list[dict]]:
-    """Plotly traces (the chain's events outlined, a marker at each start so a short one still shows)
-    and annotations (an arrow per dependency between two rows, both ends inside the window) for ``view``.
+def overlay(view: dict, chain: dict | None, grouping: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """Plotly traces (the chain's events outlined, a marker at each start so a short one still shows),
+    shapes and annotations (a curved arrow per dependency between two rows, both ends inside the window:
+    the curve a path shape leaving and reaching its rows vertically, the head an annotation) for ``view``.
 
     >>> view = {"tracks": ["i/PID:1/neuron_rt/NC:0", "i/PID:1/neuron_hw/NC:0"], "start": 0, "end": 10_000}
     >>> pairs = [("nrt_execute", "neuron_rt"), ("nc_exec_running", "neuron_hw")]
     >>> ev = [dict(name=n, start=1000, dur_ns=2000, source=s, instance_id="i", process_id=1, thread_id=1, nc_idx=0,
     ...            track=k) for k, (n, s) in enumerate(pairs)]
-    >>> traces, arrows = overlay(view, {"events": ev, "at": 0, "edges": [[0, 1]]}, "default")
-    >>> [t["y"] for t in traces][0], [(a["ax"], a["ay"], a["x"], a["y"]) for a in arrows]
-    (['i/PID:1/neuron_rt/NC:0', 'i/PID:1/neuron_hw/NC:0'], [(1.0, 0, 1.0, 1)])
+    >>> traces, curves, heads = overlay(view, {"events": ev, "at": 0, "edges": [[0, 1]]}, "default")
+    >>> [t["y"] for t in traces][0], [c["path"] for c in curves], [(h["x"], h["y"], h["ay"]) for h in heads]
+    (['i/PID:1/neuron_rt/NC:0', 'i/PID:1/neuron_hw/NC:0'], ['M 1.0,0 C 1.0,0.5 1.0,0.5 1.0,1'], [(1.0, 1, -14)])
     """
     rows = _rows(view, chain, grouping)
     if not rows:
-        return [], []
+        return [], [], []
     names = view["tracks"]
     at = chain["at"]
     custom = [[e["name"], fmt_ns(e["dur_ns"] or 0), e["process_id"], e["thread_id"],
@@ -66,7 +67,7 @@ def overlay(view: dict, chain: dict | None, grouping: str) -> tuple[list[dict], 
              customdata=custom, hovertemplate=hover)]
     where = {i: (e, r) for i, e, r in rows}
     lo, hi = view["start"], view["end"]
-    arrows = []
+    curves, heads = [], []
     for a, b in chain["edges"]:
         if a not in where or b not in where or where[a][1] == where[b][1]:
             continue   # hidden by a filter, or on the same row (a call stack): the outline says enough
@@ -75,10 +76,14 @@ def overlay(view: dict, chain: dict | None, grouping: str) -> tuple[list[dict], 
         tail = min(max(eb["start"], ea["start"]), ea["start"] + max(ea["dur_ns"] or 0, 0))
         if not (lo <= tail <= hi and lo <= eb["start"] <= hi):
             continue
-        arrows.append(dict(x=eb["start"] / 1e3, y=rb, ax=tail / 1e3, ay=ra, xref="x", yref="y", axref="x",
-                           ayref="y", text="", showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6,
-                           arrowcolor=SELECTED if at in (a, b) else CHAIN, standoff=2))
-    return traces, arrows
+        x0, x1, mid = tail / 1e3, eb["start"] / 1e3, (ra + rb) / 2
+        color = SELECTED if at in (a, b) else CHAIN
+        # rows are category positions (0 at the top): a cubic that leaves and reaches them vertically
+        curves.append(dict(type="path", path=f"M {x0},{ra} C {x0},{mid} {x1},{mid} {x1},{rb}", xref="x", yref="y",
+                           line=dict(color=color, width=1.6), layer="above", name=f"chain {ra}->{rb}"))
+        heads.append(dict(x=x1, y=rb, xref="x", yref="y", ax=0, ay=-14 if rb > ra else 14, text="",
+                          showarrow=True, arrowhead=2, arrowsize=1.2, arrowwidth=1.6, arrowcolor=color))
+    return traces, curves, heads
 
 
 def _offset(ns: int) -> str:
