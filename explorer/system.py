@@ -126,7 +126,10 @@ def chain(L: Loaded, track, start, name) -> dict | None:
     since :func:`origin`): ``{"events": [...], "at", "upstream", "downstream", "edges", "more", "stack_more"}``,
     or None without such an event."""
     t0 = origin(L)
-    c = L.profile.system_chain(parse_int(track, "track", 0, 2**31), t0 + parse_int(start, "start"), str(name)[:500])
+    track, start = parse_int(track, "track", 0, 2**31), parse_int(start, "start", -2**62, 2**62)
+    if track is None or start is None or not name:
+        raise data.ExplorerError("an event is its track, start and name: pass all three")
+    c = L.profile.system_chain(track, t0 + start, str(name)[:500])
     if c is None:
         return None
     events = []
