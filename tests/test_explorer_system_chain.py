@@ -41,3 +41,12 @@ def test_the_api_answers_the_chain_the_page_draws(client):
 def test_a_bad_event_is_one_line(client, query, message):
     r = client.get(f"/api/profiles/{KEY}/system_chain?{query}")
     assert r.status_code == 400 and message in r.get_json()["error"]
+
+
+def test_a_framework_events_downstream_is_bounded_and_says_how_many_more(client):
+    L = data.resolve(KEY)
+    step = next(e for e in system.view(L)["events"] if e["name"] == "step0")
+    whole = L.profile.system_chain(step["track"], step["start"] + system.origin(L), "step0")
+    cut = L.profile.system_chain(step["track"], step["start"] + system.origin(L), "step0", limit=2)
+    assert len(whole.downstream) == 6 and whole.more == 0
+    assert [cut.events[i]["name"] for i in cut.downstream] == ["nrt_execute", "nrt_tensor_write"] and cut.more == 4

@@ -113,16 +113,24 @@ def _groups(rows: list[dict]) -> list[list[dict]]:
 def _caused(p, e: dict, limit: int) -> tuple[list[dict], int]:
     """Runtime and device events of the calls made inside framework event ``e`` (same run and thread),
     with every event of their executions; the first ``limit`` in time order and how many more."""
-    found = _select(p, "s.run_id = $run AND s.thread_id = $tid AND s.source <> 'framework' "
-                       "AND s.ts_ns >= $ts AND s.ts_ns <= $end",
-                    {"run": e["run_id"], "tid": e["thread_id"], "ts": e["start_ns"], "end": _end(e)})
+    where = ("s.run_id = $run AND s.thread_id = $tid AND s.source <> 'framework' AND s.ts_ns >= $ts "
+             "AND s.ts_ns <= $end")
+    params = {"run": e["run_id"], "tid": e["thread_id"], "ts": e["start_ns"], "end": _end(e)}
+    # a frame around the whole program encloses every call: only the first ``limit`` are read, the rest counted
+    found = _select(p, where, params, f"LIMIT {int(limit)}")
+    total = len(found) if len(found) < limit else p.sql(
+        f"SELECT count(*) AS n FROM system_events AS s WHERE {where}", params).to_pylist()[0]["n"]
     execs = sorted({r["exec_id"] for r in found if r["exec_id"] is not None})
     if execs:   # an execution's device runs may be recorded on another thread
         seen = {(r["track"], r["start_ns"], r["name"]) for r in found}
-        found += [r for r in _select(p, "list_contains($execs, s.exec_id)", {"execs": execs})
-                  if (r["track"], r["start_ns"], r["name"]) not in seen]
+        extra = [r for r in _select(p, "list_contains($execs, s.exec_id)", {"execs": execs})
+                 if (r["track"], r["start_ns"], r["name"]) not in seen]
+        found += extra
+        # those on the thread inside the span were counted already
+        total += sum(not (r["run_id"] == e["run_id"] and r["thread_id"] == e["thread_id"] and r["source"] != "framework"
+                          and e["start_ns"] <= r["start_ns"] <= _end(e)) for r in extra)
     found.sort(key=lambda r: (r["start_ns"], _rank(r)))
-    return found[:limit], max(len(found) - limit, 0)
+    return found[:limit], max(total - limit, 0)
 
 
 def _link(events: list[dict], edges: list, stack: list[dict], anchor: int | None = None) -> int | None:
