@@ -131,6 +131,12 @@ def test_click_an_execution_shows_its_dependency_chain_and_zooms_to_each(server,
     assert b - a <= 10 and _rows(page, "downstream") == ["nrt_tensor_read", "dmem_buf_copyout"]
     assert "nrt_tensor_read" in _chain_trace(page)["names"]   # the chain stays drawn in the new window
 
+    page.get_by_text("NeuronCore", exact=True).click()       # another grouping: the chain on its tracks
+    page.wait_for_function("() => [...document.querySelectorAll('#system-chain-downstream tbody tr')]"
+                           ".every(r => r.cells[2].innerText === 'NC:0')")
+    page.wait_for_function("() => document.querySelector('#system-graph .js-plotly-plot').data"
+                           ".some(t => t.name === 'dependency chain' && t.y.includes('NC:0'))")
+
 
 def test_click_a_framework_op_lists_every_call_it_made(server, page):
     page.goto(f"{server}/system?profile=20260105-120000_chain")

@@ -294,7 +294,7 @@ def _details(click, state):
     return parts, chain if has else None
 
 
-@callback(Output("system-chain-panel", "children"), Input("system-chain", "data"), State("system-group", "value"))
+@callback(Output("system-chain-panel", "children"), Input("system-chain", "data"), Input("system-group", "value"))
 def _chain_panel(chain, group):
     return system_chain.panel(chain if isinstance(chain, dict) else None, group or "default")
 
