@@ -228,7 +228,32 @@ def system(args, out: Path) -> None:
     say(f"System Trace zoom/pan server time: median {statistics.median(r[1] for r in rows) * 1e3:.0f} ms, "
           f"max {worst * 1e3:.0f} ms ({worst / scan_s:.1f}x one full scan; target <= 300 ms: "
           f"{'met' if worst <= 0.3 else 'NOT met'})")
+    chain(L, page, scan_s, args.requests)
     reg.close()
+
+
+def chain(L, page, scan_s: float, requests: int) -> None:
+    """Server time of a click's Dependency Chain (``explorer.system.chain``) on a device run, and on a
+    ProfilerStep span whose calls fill the chain's bound, spread over the trace."""
+    from traces.q_chain import MAX_EVENTS
+    picks = L.profile.sql("""
+        SELECT t.track, s.ts_ns, s.name FROM system_events AS s
+        JOIN system_tracks AS t ON hash(s.run_id, s.source, s.core, s.thread_id) = t.h
+        WHERE s.name = 'nc_exec_running' OR s.name LIKE 'ProfilerStep#%'
+        QUALIFY row_number() OVER (PARTITION BY s.name LIKE 'ProfilerStep#%' ORDER BY hash(s.ts_ns)) <= ?""",
+                          [max(requests // 2, 1)])
+    t0 = page.system.origin(L)
+    times: dict[str, list[float]] = {}
+    for r in picks.to_pylist():
+        kind = "ProfilerStep" if r["name"].startswith("ProfilerStep") else r["name"]
+        t = time.perf_counter()
+        c = page.system.chain(L, r["track"], r["ts_ns"] - t0, r["name"])
+        times.setdefault(kind, []).append(time.perf_counter() - t)
+        assert c is not None and (c["upstream"] or c["downstream"]), r
+    for kind, ts in sorted(times.items()):
+        say(f"Dependency Chain of a {kind} (click, server time): median {statistics.median(ts) * 1e3:.0f} ms, "
+            f"max {max(ts) * 1e3:.0f} ms over {len(ts)} clicks ({max(ts) / scan_s:.1f}x one full scan; "
+            f"target <= 300 ms: {'met' if max(ts) <= 0.3 else 'NOT met'}; at most {MAX_EVENTS} events downstream)")
 
 
 if __name__ == "__main__":

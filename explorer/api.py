@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 
-from explorer import data, manager, selection, timeline, tracks
+from explorer import data, manager, selection, system, timeline, tracks
 
 PREFIX = "/api"
 
@@ -56,10 +56,20 @@ def _summary(key, _args) -> dict:
             "summary": L.profile.summary()}
 
 
+def _system_chain(key, args) -> dict:
+    L = data.resolve(key)
+    found = system.chain(L, args.get("track"), args.get("start"), (args.get("name") or "")[:500])
+    if found is None:
+        raise data.ExplorerError("no such system event: pass its track, start (ns since the profile's t0) and name, "
+                                 "as the System Trace's events carry them")
+    return found
+
+
 ROUTES = {
     "summary": _summary, "timeline": _timeline, "selection": _selection,
     "annotations": lambda key, _a: timeline.annotations(data.resolve(key)),
     "search": lambda key, a: tracks.search(data.resolve(key), a.get("q", ""), limit=50),
+    "system_chain": _system_chain,
 }
 
 

@@ -119,3 +119,35 @@ def event(L: Loaded, track, start, name) -> dict | None:
     found = {k: data._plain(v) for k, v in found.items()}
     found["start"] = found.pop("start_ns") - t0
     return found
+
+
+def chain(L: Loaded, track, start, name) -> dict | None:
+    """The Dependency Chain of one event (``Profile.system_chain``) as the page keeps it (JSON, starts in ns
+    since :func:`origin`): ``{"events": [...], "at", "upstream", "downstream", "edges", "more", "stack_more"}``,
+    or None without such an event."""
+    t0 = origin(L)
+    track, start = parse_int(track, "track", 0, 2**31), parse_int(start, "start", -2**62, 2**62)
+    if track is None or start is None or not name:
+        raise data.ExplorerError("an event is its track, start and name: pass all three")
+    c = L.profile.system_chain(track, t0 + start, str(name)[:500])
+    if c is None:
+        return None
+    events = []
+    for e in c.events:
+        e = {k: data._plain(v) for k, v in e.items() if k != "run_id"}
+        e["start"] = e.pop("start_ns") - t0
+        events.append(e)
+    return {"events": events, "at": c.at, "upstream": c.upstream, "downstream": c.downstream,
+            "edges": [list(x) for x in c.edges], "more": c.more, "stack_more": c.stack_more}
+
+
+def focus(e: dict, pad: float = 1.0) -> tuple[int, int]:
+    """The window (ns since :func:`origin`) that frames one event: its span with ``pad`` of its length
+    (at least 2 µs) either side.
+
+    >>> focus({"start": 10_000, "dur_ns": 4_000})
+    (6000, 18000)
+    """
+    d = max(int(e.get("dur_ns") or 0), 0)
+    side = max(int(d * pad), 2_000)
+    return e["start"] - side, e["start"] + d + side

@@ -40,6 +40,7 @@ CASES = {
         rf"Operators page .*, first open: {NUM} ms \({NUM}x one full scan\); again .*: {NUM} ms",
         rf"time to first System Trace page and figure .*: {NUM} ms",
         rf"System Trace zoom/pan server time: median {NUM} ms",
+        rf"Dependency Chain of a ProfilerStep \(click, server time\): median {NUM} ms",
     ], None),
     "compile.py": (["--layers", "1", "--hidden", "96", "--seq", "16"], [
         r"load average",

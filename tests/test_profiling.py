@@ -279,3 +279,29 @@ def test_sql_csv_of_the_system_profile_with_its_list_column(captured):
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     flows = [json.loads(row["flow_id"]) for row in rows if row["name"] == "nrt_execute"]
     assert len(flows) == 2 and all(isinstance(f, list) and len(f) == 1 for f in flows)
+
+
+def test_dependency_chain_links_the_framework_region_its_runtime_call_and_device_run(captured):
+    """What the System Trace's Dependency Chain Viewer lists for a real capture (traces.q_chain)."""
+    import traces
+    _, paths = captured
+    [path] = paths["full"]
+    with traces.open(path) as p:
+        [rt] = p.sql("SELECT t.track, s.ts_ns FROM system_events AS s JOIN system_tracks AS t ON "
+                     "hash(s.run_id, s.source, s.core, s.thread_id) = t.h WHERE s.name = 'nrt_execute' "
+                     "ORDER BY s.ts_ns DESC LIMIT 1").to_pylist()
+        c = p.system_chain(rt["track"], rt["ts_ns"], "nrt_execute")
+        up = [c.events[i]["name"] for i in c.upstream]
+        # the call stack torch.profiler recorded on the same thread encloses the call: the step's region
+        assert "step3" in up and all(c.events[i]["source"] == "framework" for i in c.upstream)
+        [hw] = [c.events[i] for i in c.downstream]
+        assert hw["name"] == "nc_exec_running" and hw["flow_id"] == c.events[c.at]["flow_id"]
+        assert (c.upstream[-1], c.at) in c.edges and (c.at, c.downstream[0]) in c.edges
+        # from the device run: upstream the runtime call and its stack, nothing downstream
+        d = p.system_chain(hw["track"], hw["start_ns"], "nc_exec_running")
+        assert [d.events[i]["name"] for i in d.upstream][-2:] == [up[-1], "nrt_execute"] and d.downstream == []
+        # from the step's region: the call it made and its device run
+        step = next(c.events[i] for i in c.upstream if c.events[i]["name"] == "step3")
+        s = p.system_chain(step["track"], step["start_ns"], "step3")
+        assert [s.events[i]["name"] for i in s.downstream] == ["nrt_execute", "nc_exec_running"]
+        assert p.system_chain(rt["track"], rt["ts_ns"] + 1, "nrt_execute") is None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from traces import q_counters, q_figures, q_records, q_replay, q_system, q_timeline
+from traces import q_chain, q_counters, q_figures, q_records, q_replay, q_system, q_timeline
 
 
 class PageQueries:
@@ -34,6 +34,12 @@ class PageQueries:
         """One system event by track, start and name, with its detail.
         Example: ``p.system_event(0, ts, "nrt_execute")``."""
         return q_system.event_at(self, track, start_ns, name)
+
+    def system_chain(self, track: int, start_ns: int, name: str, limit: int = q_chain.MAX_EVENTS):
+        """The Dependency Chain of one system event (by track, start and name): the events it depends on and
+        that depend on it, across the framework, runtime and device tracks (``traces.q_chain.chain``), or None.
+        Example: ``c = p.system_chain(track, ts, "nrt_execute"); c.events[c.downstream[0]]["name"]``."""
+        return q_chain.chain(self, track, start_ns, name, limit)
 
     def system_facets(self) -> dict:
         """Cores, event names, instances and sources of the system profile. Example: ``p.system_facets()["names"]``."""

@@ -207,7 +207,7 @@ def write_system(out_dir: str | os.PathLike, events: int = 1_000_000, *, host: s
     per = len(SYSTEM_STEP)
     executions = max(1, events // per)
     source, name, offset, dur, on_core = (np.array(c) for c in zip(*SYSTEM_STEP))
-    tid = np.where(source == "framework", pid, pid + 1)
+    tid = np.full(len(source), pid)   # the runtime is called on the framework's thread (the Dependency Chain)
     written = 0
     with Writer(out_dir, run={"run_id": f"system-{pid}", "host": host, "pid": pid, "start_ns": start_ns}) as w:
         for lo in range(0, executions, chunk // per):

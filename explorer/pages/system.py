@@ -20,11 +20,12 @@ import math
 
 import dash
 import pyarrow.compute as pc
-from dash import ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
+from dash import ALL, ClientsideFunction, Input, Output, State, callback, clientside_callback, ctx, dcc, html
 from plotly.subplots import make_subplots
 
 from explorer import data, system, ui
 from explorer.figures import fmt_ns, fmt_window
+from explorer.pages import system_chain
 from explorer.system import GROUPINGS
 from traces.q_system import PER_TRACK
 
@@ -90,9 +91,10 @@ def _layout() -> dict:
     return copy.deepcopy(_LAYOUT)
 
 
-def figure(view: dict, series: dict) -> dict:
+def figure(view: dict, series: dict, chain: dict | None = None, grouping: str = "default") -> dict:
     """Events and cells (µs since ``t0``) on their tracks, one colour per source; CPU %, host memory and
-    HBM below; the x axis exactly the window. A Plotly figure dict."""
+    HBM below; the x axis exactly the window; a selected event's dependency chain (``explorer.system.chain``)
+    outlined with arrows. A Plotly figure dict."""
     lo, hi = view["start"] / 1e3, view["end"] / 1e3
     data_ = []
     if view["tracks"]:   # every track keeps its row, even where the window holds none of its events
@@ -100,6 +102,8 @@ def figure(view: dict, series: dict) -> dict:
                           opacity=0, showlegend=False, hoverinfo="skip", name="tracks", xaxis="x", yaxis="y"))
     for source, color in COLORS.items():
         data_ += _bars(view, source, color)
+    chain_traces, curves, heads = system_chain.overlay(view, chain, grouping)
+    data_ += chain_traces
     t0 = view["t0"]
     cats = series.get("hbm_category")
     by_cat = [(f"hbm:{c}", "hbm_bytes", f"HBM {c} GB", 1e-9, 3, cats.filter(pc.equal(cats["category"], c)))
@@ -121,6 +125,9 @@ def figure(view: dict, series: dict) -> dict:
         layout[axis]["range"] = [lo, hi]
     if not any(t.get("xaxis") in ("x2", "x3") for t in data_):   # no host samples: the time axis on the events
         layout["xaxis"].update(showticklabels=True, title=dict(text="µs"))
+    if curves:   # the dependency chain's arrows
+        layout["shapes"] = list(layout.get("shapes") or []) + curves
+        layout["annotations"] = list(layout.get("annotations") or []) + heads
     return {"data": data_, "layout": layout}
 
 
@@ -147,12 +154,14 @@ def _series(L) -> dict:
     return L.cached("host_series", L.profile.host_series)
 
 
-def render(key, start=None, end=None, group="default", cores=None, names=None, instances=None):
-    """Figure, status and state for a window (no ``start``/``end``: the whole trace)."""
+def render(key, start=None, end=None, group="default", cores=None, names=None, instances=None, chain=None):
+    """Figure, status and state for a window (no ``start``/``end``: the whole trace), with ``chain`` (a
+    selected event's dependency chain, ``explorer.system.chain``) drawn on it."""
     L = data.resolve(key)
     view = system.view(L, start, end, group or "default", cores, names, instances)
     state = {"profile": key, "start": view["start"], "end": view["end"]}
-    return figure(view, _series(L)), status(view), state, fmt_window(view["start"], view["end"])
+    return (figure(view, _series(L), chain, group or "default"), status(view), state,
+            fmt_window(view["start"], view["end"]))
 
 
 def _options(values) -> list[dict]:
@@ -197,6 +206,10 @@ def layout(profile=None, group="default", **_):
                              delay_show=400), className="card"),
         html.Div([html.H3("Event"), html.Div("Click an event: its details, and for an execution its device "
                                              "timeline.", id="system-details", className="hint")], className="card"),
+        # the selected event's dependency chain (explorer.system.chain) and the event a link zooms to
+        dcc.Store(id="system-chain"), dcc.Store(id="system-focus"),
+        html.Div([html.H3("Dependency chain"), html.Div(system_chain.panel(None, group), id="system-chain-panel")],
+                 className="card"),
     ])
 
 
@@ -222,13 +235,16 @@ def _x_range(relayout: dict):
           Output("system-window", "children"),
           Input("system-group", "value"), Input("system-cores", "value"), Input("system-names", "value"),
           Input("system-instances", "value"), Input("system-request", "data"), Input("system-whole", "n_clicks"),
-          State("system-state", "data"))
-def _update(group, cores, names, instances, request, _whole, state):
-    """Draw the window at the right level of detail: on a filter or grouping change the same window, on a
-    zoom or pan (drag, scroll) the new one, on Whole trace or a double-click every event."""
+          Input("system-chain", "data"), Input("system-focus", "data"), State("system-state", "data"))
+def _update(group, cores, names, instances, request, _whole, chain, focus, state):
+    """Draw the window at the right level of detail: on a filter or grouping change (or a new dependency
+    chain) the same window, on a zoom or pan (drag, scroll) the new one, on Whole trace or a double-click
+    every event, on a chain's link the window framing that event."""
     start, end = state.get("start"), state.get("end")
     if ctx.triggered_id == "system-whole":
         start = end = None
+    elif ctx.triggered_id == "system-focus" and isinstance(focus, dict):
+        start, end = focus.get("start"), focus.get("end")
     elif ctx.triggered_id == "system-request":
         try:
             rng = _x_range(request if isinstance(request, dict) else {})
@@ -238,27 +254,30 @@ def _update(group, cores, names, instances, request, _whole, state):
             return (dash.no_update,) * 4
         start, end = (None, None) if rng == "all" else (round(rng[0] * 1e3), round(rng[1] * 1e3))
     try:
-        return render(state["profile"], start, end, group, cores, names, instances)
+        return render(state["profile"], start, end, group, cores, names, instances,
+                      chain if isinstance(chain, dict) else None)
     except data.ExplorerError as exc:
         return dash.no_update, str(exc), dash.no_update, dash.no_update
 
 
-@callback(Output("system-details", "children"), Input("system-graph", "clickData"),
+@callback(Output("system-details", "children"), Output("system-chain", "data"), Input("system-graph", "clickData"),
           State("system-state", "data"), prevent_initial_call=True)
 def _details(click, state):
+    """A clicked event: its details, and its dependency chain (kept until another event is clicked)."""
     points = (click or {}).get("points") or []
     custom = points[0].get("customdata") if points else None
     if not isinstance(custom, list) or len(custom) < 7:
-        return "Click an event bar."
+        return "Click an event bar.", dash.no_update
     if custom[6] != "event":
-        return f"{custom[0]} in this cell ({custom[1]}): zoom in (drag over it) to see each."
+        return f"{custom[0]} in this cell ({custom[1]}): zoom in (drag over it) to see each.", dash.no_update
     L = data.resolve(state["profile"])
     try:
         e = system.event(L, custom[7], custom[8], custom[0])
+        chain = system.chain(L, custom[7], custom[8], custom[0]) if e is not None else None
     except data.ExplorerError as exc:
-        return ui.error_box(str(exc))
+        return ui.error_box(str(exc)), dash.no_update
     if e is None:
-        return "That event is not in the profile."
+        return "That event is not in the profile.", None
     detail = json.loads(e["detail"]) if e["detail"] else {}
     parts = [html.Div([html.Strong(e["name"]), f" · {e['source']} · {fmt_ns(e['dur_ns'] or 0)}"]),
              html.Div(f"instance {e['instance_id']} · PID {e['process_id']} · TID {e['thread_id']} · "
@@ -271,7 +290,25 @@ def _details(click, state):
         parts.append(dcc.Link("Open this execution's device timeline", id="system-drill",
                               href=ui.href("/timeline", profile=state["profile"], start=window[0] - t0,
                                            end=window[1] - t0)))
-    return parts
+    has = chain is not None and (chain["upstream"] or chain["downstream"])
+    return parts, chain if has else None
+
+
+@callback(Output("system-chain-panel", "children"), Input("system-chain", "data"), Input("system-group", "value"))
+def _chain_panel(chain, group):
+    return system_chain.panel(chain if isinstance(chain, dict) else None, group or "default")
+
+
+@callback(Output("system-focus", "data"), Input({"type": "system-chain-go", "index": ALL}, "n_clicks"),
+          State("system-chain", "data"), prevent_initial_call=True)
+def _chain_go(clicks, chain):
+    """A chain's Show link: the window framing that event (``explorer.system.focus``)."""
+    i = (ctx.triggered_id or {}).get("index") if isinstance(ctx.triggered_id, dict) else None
+    if not any(clicks or []) or not isinstance(chain, dict) or not isinstance(i, int) \
+            or not 0 <= i < len(chain.get("events") or []):
+        return dash.no_update
+    start, end = system.focus(chain["events"][i])
+    return {"start": start, "end": end, "index": i}
 
 
 clientside_callback(ClientsideFunction("explorer", "systemRangeRequest"), Output("system-request", "data"),
