@@ -334,7 +334,7 @@ def parquet(profile, out: str | os.PathLike) -> Path:
 
 #: DuckDB's row group: the unit a Parquet file is cut at
 ROW_GROUP = 122_880
-#: a real table with more rows is split into files of at most this many, ``X_0.parquet``, ``X_1.parquet``, ...
+#: a real table with more rows is split into files of about this many, ``X_0.parquet``, ``X_1.parquet``, ...
 #: (the real tool splits "large tables" without saying where: eight row groups, about a million rows, keeps a
 #: 10 M-instruction table in ten files that pandas or DuckDB read one at a time)
 SPLIT_ROWS = 8 * ROW_GROUP
@@ -343,7 +343,7 @@ SPLIT_ROWS = 8 * ROW_GROUP
 def real_table_files(profile, name: str, into: Path, split_rows: int = SPLIT_ROWS,
                      keep_empty: bool = False) -> int:
     """Write the real table ``name`` into the directory ``into`` as ``<name>.parquet``, or, past ``split_rows``
-    rows (whole row groups of at least 2,048), as ``<name>_0.parquet``, ``<name>_1.parquet``, ... (the real
+    rows (in whole row groups: a file may hold a few more), as ``<name>_0.parquet``, ``<name>_1.parquet``, ... (the real
     tool's layout); return its rows. An empty table writes no file unless ``keep_empty`` (the real tool writes a
     table only when the profile holds that kind of activity).
 
