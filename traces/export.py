@@ -363,8 +363,8 @@ def real_table_files(profile, name: str, into: Path, split_rows: int = SPLIT_ROW
     try:
         pattern = "'" + name.replace("'", "''") + "_{i}'"
         n = profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}") TO {_quoted(parts)} '
-                        f"(FORMAT parquet, ROW_GROUP_SIZE {int(group)}, ROW_GROUPS_PER_FILE {int(split_rows // group)}, "
-                        f"FILENAME_PATTERN {pattern})"
+                        f"(FORMAT parquet, ROW_GROUP_SIZE {int(group)}, "
+                        f"ROW_GROUPS_PER_FILE {int(split_rows // group)}, FILENAME_PATTERN {pattern})"
                         ).column(0)[0].as_py()
         files = sorted(parts.glob("*.parquet"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
         if len(files) == 1 and (n or keep_empty):

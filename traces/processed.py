@@ -70,8 +70,8 @@ def is_current(out: Path, stamp: dict) -> bool:
 def process(profile_path: str | os.PathLike, data_path: str | os.PathLike | None = None,
             split_rows: int | None = None) -> tuple[Path, bool]:
     """Write the processed profile (the real tool's Parquet tables) for ``profile_path`` (a ``profile.duckdb``
-    or its session directory) unless it is up to date; return ``(directory, written)``. A directory of the same profile under an older display name is
-    removed. Example: ``process("output/s1/profile.duckdb")``.
+    or its session directory) unless it is up to date; return ``(directory, written)``. A directory of the
+    same profile under an older display name is removed. Example: ``process("output/s1/profile.duckdb")``.
     """
     import traces
     from traces import export
