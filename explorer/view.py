@@ -181,7 +181,8 @@ def _view(args) -> int:
     if args.api_port is not None:
         _serve_api(args.host, args.api_port)
         print(f"JSON API at http://{url_host}:{args.api_port}/api/profiles", flush=True)
-    writer = _process_in_background(paths, args.data_path)
+    manager.SETTINGS["data_path"] = args.data_path
+    writer = manager.process_in_background(paths)
     try:
         app.run(host=args.host, port=args.port, debug=False)
     finally:
@@ -189,20 +190,6 @@ def _view(args) -> int:
             writer.terminate()   # it removes its half-written directory; the next view writes it again
             writer.wait(timeout=30)
     return 0
-
-
-def _process_in_background(paths: list[Path], data_path: str | None):
-    """The real tool's default output: the Parquet tables of each profile not processed yet (or changed since),
-    written by a child process at the lowest CPU priority once the server is up, so the first page never waits
-    for it (``python -m traces.processed``: an up-to-date profile is skipped, a written one is one line on
-    stderr). Returns the child, or None without profiles."""
-    import subprocess
-
-    todo = [str(p) for p in paths if p.is_file()]
-    if not todo:
-        return None
-    cmd = [sys.executable, "-m", "traces.processed", *(["--data-path", data_path] if data_path else []), *todo]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
 
 def _finalised(session: Path) -> Path:
