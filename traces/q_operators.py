@@ -20,7 +20,6 @@ from traces.intervals import merge_intervals
 from traces.profile_hierarchy import HFU_SQL, MFU_SQL, rows
 from traces.summary_sql import measured_condition
 
-
 #: per (op, opcode, execution) of the rows: the sums every level adds up and the span in that execution
 _X0 = ("SELECT op_id, opcode, x, min(s) AS fs, max(e) AS fe, sum(dur)::BIGINT AS dur, count(*)::BIGINT AS cnt, "
        "sum(mfl)::BIGINT AS mfl, sum(hfl)::BIGINT AS hfl, sum(hr + hw)::BIGINT AS hb, sum(sr + sw)::BIGINT AS sb "
