@@ -187,8 +187,14 @@ def _view(args) -> int:
         app.run(host=args.host, port=args.port, debug=False)
     finally:
         if writer is not None and writer.poll() is None:
+            import subprocess
+
             writer.terminate()   # it removes its half-written directory; the next view writes it again
-            writer.wait(timeout=30)
+            try:
+                writer.wait(timeout=10)
+            except subprocess.TimeoutExpired:   # inside one long COPY: its temporary directory stays hidden
+                writer.kill()
+                writer.wait()
     return 0
 
 

@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             out, wrote = process(path, args.data_path)
             if wrote:
                 print(f"neuron-explorer: processed {path} into {out}/", file=sys.stderr, flush=True)
-        except TraceError as exc:
-            print(f"neuron-explorer: cannot process {path}: {exc}", file=sys.stderr, flush=True)
+        except Exception as exc:   # noqa: BLE001 - one line per profile, never a traceback under the server
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            print(f"neuron-explorer: cannot process {path} into Parquet: {why}", file=sys.stderr, flush=True)
             status = 1
     return status
 
