@@ -107,3 +107,9 @@ def test_view_writes_them_in_the_background_after_the_server_is_up(tmp_path):
     assert done is not None, log.read_text()[-2000:]
     assert "processed" in log.read_text() and "Summary" in _tables(done)
     assert _tables(done) == {n: c for n, c in _profile_rows(tmp_path / "s" / "profile.duckdb").items() if c}
+    # the next view's writer finds it up to date: nothing written, nothing said
+    before = {f.name: f.stat().st_mtime_ns for f in done.iterdir()}
+    again = subprocess.run([sys.executable, "-m", "traces.processed", str(tmp_path / "s" / "profile.duckdb")],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert {f.name: f.stat().st_mtime_ns for f in done.iterdir()} == before
