@@ -69,10 +69,10 @@ def _active(p, where: str, params: dict, kk: pa.Table) -> dict[str, list]:
         up[lo][kk.column(lo).to_numpy()] = kk.column(hi).to_numpy()
     track, s, e = merge_intervals(col["k3"], col["s"], col["e"])
     for level, parent in (("opcode", "k3"), ("op", "k2"), ("layer", None)):
-        keys, inv = np.unique(track, return_inverse=True)
-        out["level"] += [level] * len(keys)
-        out["k"] += keys.tolist()
-        out["active_ns"] += np.bincount(inv, weights=e - s).astype(np.int64).tolist()
+        cuts = np.flatnonzero(np.r_[True, track[1:] != track[:-1]])   # merged intervals come in key order
+        out["level"] += [level] * len(cuts)
+        out["k"] += track[cuts].tolist()
+        out["active_ns"] += np.add.reduceat(e - s, cuts).tolist()
         if parent:
             track, s, e = merge_intervals(up[parent][track], s, e)
     return out
