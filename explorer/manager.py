@@ -27,7 +27,7 @@ FAVOURITE, FOLDER = "explorer_favourite", "explorer_folder"
 _FOLDER = re.compile(r"[A-Za-z0-9 _.-]{1,40}(/[A-Za-z0-9 _.-]{1,40}){0,3}")
 
 #: The directory this server manages (None: profiles named one by one, no delete or upload).
-SETTINGS: dict = {"directory": None}
+SETTINGS: dict = {"directory": None, "data_path": None}
 
 
 def checked_folder(text) -> str:
@@ -146,4 +146,22 @@ def upload(filename: str, blob: bytes) -> str:
     except Exception as exc:   # any reason it is not a profile: remove it and say why
         shutil.rmtree(target)
         raise data.ExplorerError(f"{filename[:60]!r} is not a readable profile: {data._one_line(exc)}") from None
-    return data.registry().add(path)
+    key = data.registry().add(path)
+    process_in_background([path])
+    return key
+
+
+def process_in_background(paths: list[Path]):
+    """The real tool's default output: the Parquet tables of each profile not processed yet (or changed since),
+    under ``SETTINGS["data_path"]`` (default: each profile's directory), written by a child process at the
+    lowest CPU priority, so no page waits for it (``python -m traces.processed``: an up-to-date profile is
+    skipped, a written one is one line on stderr). Returns the child, or None without profiles."""
+    import subprocess
+    import sys
+
+    todo = [str(p) for p in paths if Path(p).is_file()]
+    if not todo:
+        return None
+    data_path = SETTINGS.get("data_path")
+    cmd = [sys.executable, "-m", "traces.processed", *(["--data-path", str(data_path)] if data_path else []), *todo]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)

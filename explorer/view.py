@@ -45,8 +45,12 @@ def register(subparsers) -> None:
                    help="instead of serving, as the real flag: print each profile's Summary (summary-text, "
                         "summary-json: neuron-explorer summary [--json]) or write it beside the profile "
                         "(json: profile.json, every real table, at most 1,000,000 rows each; "
-                        "perfetto: profile.perfetto.json, Chrome JSON; parquet: parquet/ with Instruction.parquet, "
-                        "…: neuron-explorer export)")
+                        "perfetto: profile.perfetto.json, Chrome JSON; parquet: the processed profile, as "
+                        "--ingest-only). Without it, view and --ingest-only write parquet, the real default: "
+                        "<data-path>/profiles/global/<display-name>@latest/Instruction.parquet, Summary.parquet, …")
+    p.add_argument("--data-path", metavar="DIR",
+                   help="write processed profiles (Parquet tables) under DIR/profiles/global/ instead of each "
+                        "profile's session directory")
     p.add_argument("--framework-source-root", metavar="DIR",
                    help="Source page: read the model's source files from DIR (the current files; a recorded path "
                         "resolves to its longest tail under DIR) instead of the text the profile embeds")
@@ -145,8 +149,8 @@ def _view(args) -> int:
         paths = discover(out_dir)
         manager.SETTINGS["directory"] = out_dir.resolve() if out_dir.is_dir() else None
         print(f"neuron-explorer: {len(paths)} profile(s) found in {out_dir}/", file=sys.stderr)
-    if args.ingest_only:
-        return _ingest(paths, args.display_name or [])
+    if args.ingest_only or args.output_format == "parquet":
+        return _ingest(paths, args.display_name or [], args.data_path)
     if args.output_format:
         return _output(paths, args.output_format, args.display_name or [])
     _check_port(args.host, args.port)
@@ -186,7 +190,20 @@ def _view(args) -> int:
     if args.api_port is not None:
         _serve_api(args.host, args.api_port)
         print(f"JSON API at http://{url_host}:{args.api_port}/api/profiles", flush=True)
-    app.run(host=args.host, port=args.port, debug=False)
+    manager.SETTINGS["data_path"] = args.data_path
+    writer = manager.process_in_background(paths)
+    try:
+        app.run(host=args.host, port=args.port, debug=False)
+    finally:
+        if writer is not None and writer.poll() is None:
+            import subprocess
+
+            writer.terminate()   # it removes its half-written directory; the next view writes it again
+            try:
+                writer.wait(timeout=10)
+            except subprocess.TimeoutExpired:   # inside one long COPY: its temporary directory stays hidden
+                writer.kill()
+                writer.wait()
     return 0
 
 
@@ -199,15 +216,19 @@ def _finalised(session: Path) -> Path:
     return session / "profile.duckdb"
 
 
-def _ingest(paths: list[Path], names: list[str]) -> int:
-    """``view --ingest-only``: every profile finalised and checked (and named), then exit."""
+def _ingest(paths: list[Path], names: list[str], data_path: str | None = None) -> int:
+    """``view --ingest-only``: every profile finalised, checked (and named) and processed into the real tool's
+    Parquet tables (``traces.processed``: skipped while up to date), then exit."""
     import traces
+    from traces import processed
 
     _name_profiles(paths, names)
     for path in paths:
         with traces.open(path) as p:
-            print(f"ingested {path}: {p.display_name() or path.parent.name}, "
-                  f"{p.timeline_bounds().instructions:,} instructions", flush=True)
+            label, n = p.display_name() or path.parent.name, p.timeline_bounds().instructions
+        out, wrote = processed.process(path, data_path)
+        print(f"ingested {path}: {label}, {n:,} instructions; Parquet tables "
+              f"{'written to' if wrote else 'up to date in'} {out}/", flush=True)
     print(f"{len(paths)} profile(s) ready; view them with neuron-explorer view {' '.join(map(str, paths[:3]))}"
           f"{' …' if len(paths) > 3 else ''}", flush=True)
     return 0

@@ -328,9 +328,53 @@ def parquet(profile, out: str | os.PathLike) -> Path:
             else:
                 profile.sql(f"COPY {name} TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
         for name in profile.real_tables():   # the real tool's files: Instruction.parquet, Summary.parquet, ...
-            profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}") '
-                        f"TO {_quoted(tmp / (name + '.parquet'))} (FORMAT parquet)")
+            real_table_files(profile, name, tmp, keep_empty=True)
     return _into_new_dir(Path(out), fill)
+
+
+#: DuckDB's row group: the unit a Parquet file is cut at
+ROW_GROUP = 122_880
+#: a real table with more rows is split into files of about this many, ``X_0.parquet``, ``X_1.parquet``, ...
+#: (the real tool splits "large tables" without saying where: eight row groups, about a million rows, keeps a
+#: 10 M-instruction table in ten files that pandas or DuckDB read one at a time)
+SPLIT_ROWS = 8 * ROW_GROUP
+
+
+def real_table_files(profile, name: str, into: Path, split_rows: int = SPLIT_ROWS,
+                     keep_empty: bool = False) -> int:
+    """Write the real table ``name`` into the directory ``into`` as ``<name>.parquet``, or, past ``split_rows``
+    rows (in whole row groups: a file may hold a few more), as ``<name>_0.parquet``, ``<name>_1.parquet``, ... (the real
+    tool's layout); return its rows. An empty table writes no file unless ``keep_empty`` (the real tool writes a
+    table only when the profile holds that kind of activity).
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = traces.synthetic.write_run(d / "run", executions=1, instructions=5000)
+    >>> with traces.open(d / "run") as p:
+    ...     n = real_table_files(p, "Instruction", d, split_rows=2048)
+    >>> n > 4096, (d / "Instruction_2.parquet").is_file(), (d / "Instruction.parquet").exists()
+    (True, True, False)
+    """
+    if split_rows < 2048:
+        raise TraceError(f"split_rows {split_rows}: give at least 2048 (one DuckDB vector)")
+    group = min(ROW_GROUP, split_rows)
+    parts = into / f".{name}.parts"
+    shutil.rmtree(parts, ignore_errors=True)
+    try:
+        pattern = "'" + name.replace("'", "''") + "_{i}'"
+        n = profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}") TO {_quoted(parts)} '
+                        f"(FORMAT parquet, ROW_GROUP_SIZE {int(group)}, "
+                        f"ROW_GROUPS_PER_FILE {int(split_rows // group)}, FILENAME_PATTERN {pattern})"
+                        ).column(0)[0].as_py()
+        files = sorted(parts.glob("*.parquet"), key=lambda f: int(f.stem.rsplit("_", 1)[1]))
+        if len(files) == 1 and (n or keep_empty):
+            files[0].rename(into / f"{name}.parquet")
+        elif n:
+            for f in files:
+                f.rename(into / f.name)
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    return int(n or 0)
 
 
 def csv(profile, out: str | os.PathLike) -> Path:

@@ -272,7 +272,14 @@ def merge_intervals(track: np.ndarray, start: np.ndarray, end: np.ndarray):
     track, start, end = (np.asarray(a, dtype=np.int64) for a in (track, start, end))
     if track.size == 0:
         return track, start, end
-    order = np.lexsort((start, track))
+    t_lo, s_lo = int(track.min()), int(start.min())
+    s_span = int(start.max()) - s_lo + 1
+    if (int(track.max()) - t_lo + 1) * s_span < 2**62:
+        # one int64 key (track, start): a single sort, about twice as fast as lexsort on two keys, and many
+        # times faster on input already in runs (merged intervals of sub-tracks: timsort finds the runs)
+        order = np.argsort((track - t_lo) * s_span + (start - s_lo), kind="stable")
+    else:
+        order = np.lexsort((start, track))
     t, s = track[order], start[order]
     e = np.maximum(end[order], s)
     lo = int(s.min())

@@ -20,40 +20,59 @@ from traces.intervals import merge_intervals
 from traces.profile_hierarchy import HFU_SQL, MFU_SQL, rows
 from traces.summary_sql import measured_condition
 
-
-def _with(src: str) -> str:
-    """The rows (``r0``: one narrow copy) and the nodes keyed by small integers (``kk``: ``k1`` per layer, ``k2``
-    per op, ``k3`` per (op, opcode), the same in every query over the same rows), then ``r``: the rows keyed."""
-    return f"""WITH r0 AS MATERIALIZED (SELECT layer, op_id, opcode, x, s, e, dur, mfl, hfl, hr + hw AS hb,
-                                               sr + sw AS sb FROM ({src})),
-        kk AS MATERIALIZED (SELECT layer, op_id, opcode, (dense_rank() OVER (ORDER BY layer))::INT AS k1,
-                                   (dense_rank() OVER (ORDER BY layer, op_id))::INT AS k2,
-                                   (row_number() OVER (ORDER BY layer, op_id, opcode))::INT AS k3
-                            FROM (SELECT DISTINCT layer, op_id, opcode FROM r0)),
-        r AS (SELECT r0.*, kk.k1, kk.k2, kk.k3 FROM r0 JOIN kk ON kk.layer = r0.layer
-              AND kk.op_id IS NOT DISTINCT FROM r0.op_id AND kk.opcode IS NOT DISTINCT FROM r0.opcode)"""
+#: per (op, opcode, execution) of the rows: the sums every level adds up and the span in that execution
+_X0 = ("SELECT op_id, opcode, x, min(s) AS fs, max(e) AS fe, sum(dur)::BIGINT AS dur, count(*)::BIGINT AS cnt, "
+       "sum(mfl)::BIGINT AS mfl, sum(hfl)::BIGINT AS hfl, sum(hr + hw)::BIGINT AS hb, sum(sr + sw)::BIGINT AS sb "
+       "FROM ({src}) GROUP BY ALL")
+_X0_COLS = {"op_id": "BIGINT", "opcode": "VARCHAR", "x": "BIGINT", "fs": "BIGINT", "fe": "BIGINT", "dur": "BIGINT",
+            "cnt": "BIGINT", "mfl": "BIGINT", "hfl": "BIGINT", "hb": "BIGINT", "sb": "BIGINT"}
 
 
-def _active(p, src: str) -> dict[str, list]:
+def _nodes(p, x0: pa.Table) -> pa.Table:
+    """The table's nodes, keyed by small integers: one row per (op, opcode) of the aggregate ``x0``, with its
+    ``layer`` (the op's module path) and ``k1`` per layer, ``k2`` per op, ``k3`` per (op, opcode), numbered in
+    tree order, so an op's opcodes and a layer's ops are consecutive keys."""
+    return p.sql("""
+        WITH d AS (SELECT DISTINCT * FROM (SELECT unnest($op_id::BIGINT[]) AS op_id,
+                                                  unnest($opcode::VARCHAR[]) AS opcode)),
+        l AS (SELECT coalesce(o.module_path, '') AS layer, d.op_id, d.opcode FROM d
+              LEFT JOIN main.ops AS o ON o.op_id = d.op_id)
+        SELECT layer, op_id, opcode, (dense_rank() OVER (ORDER BY layer))::INT AS k1,
+               (dense_rank() OVER (ORDER BY layer, op_id))::INT AS k2,
+               (row_number() OVER (ORDER BY layer, op_id, opcode))::INT AS k3
+        FROM l ORDER BY k3""", {"op_id": x0.column("op_id").to_pylist(), "opcode": x0.column("opcode").to_pylist()})
+
+
+#: the nodes (:func:`_nodes`) as a relation from the query's list parameters
+_KK = """kk AS (SELECT unnest($layer::VARCHAR[]) AS layer, unnest($op_id::BIGINT[]) AS op_id,
+                   unnest($opcode::VARCHAR[]) AS opcode, unnest($k1::INT[]) AS k1, unnest($k2::INT[]) AS k2,
+                   unnest($k3::INT[]) AS k3)"""
+
+
+def _active(p, where: str, params: dict, kk: pa.Table) -> dict[str, list]:
     """Each node's merged time (``active_ns``), as lists ``level``, ``k``, ``active_ns``: the union of its
     instructions' intervals, merged with numpy (:func:`traces.intervals.merge_intervals`: a sort and a running
     maximum, several times cheaper than SQL window passes) per (op, opcode), then those merged intervals per op,
-    then the op's per layer (an op belongs to one layer)."""
-    t = p.sql(f"{_with(src)} SELECT k1, k2, k3, s, e FROM r")
+    then the op's per layer (an op belongs to one layer; the keys' tree order makes each step's input runs that
+    the sort merges cheaply). Reads three narrow columns of the rows, not the rows' joins."""
+    t = p.sql(f"""WITH {_KK}
+        SELECT kk.k3::BIGINT AS k3, i.start_ns AS s, i.start_ns + i.dur_ns AS e FROM main.instructions AS i
+        JOIN kk ON kk.op_id IS NOT DISTINCT FROM i.op_id AND kk.opcode IS NOT DISTINCT FROM i.opcode
+        WHERE i.engine <> 'cpu' AND {where}""", params)
     col = {c: t.column(c).to_numpy() for c in t.column_names}
     out: dict[str, list] = {"level": [], "k": [], "active_ns": []}
     if not t.num_rows:
         return out
     up = {}   # k3 -> k2, k2 -> k1
     for lo, hi in (("k3", "k2"), ("k2", "k1")):
-        up[lo] = np.zeros(int(col[lo].max()) + 1, dtype=np.int64)
-        up[lo][col[lo]] = col[hi]
+        up[lo] = np.zeros(int(max(kk.column(lo).to_pylist())) + 1, dtype=np.int64)
+        up[lo][kk.column(lo).to_numpy()] = kk.column(hi).to_numpy()
     track, s, e = merge_intervals(col["k3"], col["s"], col["e"])
     for level, parent in (("opcode", "k3"), ("op", "k2"), ("layer", None)):
-        keys, inv = np.unique(track, return_inverse=True)
-        out["level"] += [level] * len(keys)
-        out["k"] += keys.tolist()
-        out["active_ns"] += np.bincount(inv, weights=e - s).astype(np.int64).tolist()
+        cuts = np.flatnonzero(np.r_[True, track[1:] != track[:-1]])   # merged intervals come in key order
+        out["level"] += [level] * len(cuts)
+        out["k"] += track[cuts].tolist()
+        out["active_ns"] += np.add.reduceat(e - s, cuts).tolist()
         if parent:
             track, s, e = merge_intervals(up[parent][track], s, e)
     return out
@@ -69,20 +88,26 @@ def operator_table(p, include_warmup: bool | None = None) -> pa.Table:
     ``first_start_ns``/``first_end_ns`` (its span in the first execution it ran in). Ordered as a tree:
     layers by device time, each followed by its ops and their opcodes.
 
-    Why it is fast (1.2 M instructions): the rows are read into a narrow copy keyed by small integers; every
-    level's sums come from one aggregate per (op, opcode, execution) rolled up by grouping sets; the merged
-    time, the costly part, is a numpy sort and running maximum (:func:`_active`), not SQL window passes.
+    Why it is fast: two passes over the instructions and no per-row copy: one aggregate per (op, opcode,
+    execution), whose few rows give the nodes (:func:`_nodes`) and every level's sums (grouping sets), and the
+    merged time, the costly part, from three narrow columns by a numpy sort and running maximum
+    (:func:`_active`).
     """
     warm = (p.metadata().get("summary_includes_warmup", "false") == "true" if include_warmup is None
             else include_warmup)
     where = f"i.exec_id IN (SELECT exec_id FROM main.executions WHERE {measured_condition(warm)})"
-    src = rows("coalesce(o.module_path, '') AS layer, i.op_id, i.opcode", where)
-    act = _active(p, src)
+    x0 = p.sql(_X0.format(src=rows("i.op_id, i.opcode", where)))
+    kk = _nodes(p, x0)
+    params = {c: kk.column(c).to_pylist() for c in kk.column_names}
+    act = _active(p, where, params, kk)
     sums = "sum(dur) AS dur, sum(cnt) AS cnt, sum(mfl) AS mfl, sum(hfl) AS hfl, sum(hb) AS hb, sum(sb) AS sb"
+    x0_rel = ", ".join(f"unnest($x0_{c}::{t}[]) AS {c}" for c, t in _X0_COLS.items())
+    params.update({f"x0_{c}": x0.column(c).to_pylist() for c in _X0_COLS})
     return p.sql(f"""
-        {_with(src)},
-        x AS (SELECT k3, x, min(s) AS fs, max(e) AS fe, sum(dur) AS dur, count(*) AS cnt, sum(mfl) AS mfl,
-                     sum(hfl) AS hfl, sum(hb) AS hb, sum(sb) AS sb FROM r GROUP BY ALL),
+        WITH {_KK},
+        x0 AS (SELECT {x0_rel}),
+        x AS (SELECT kk.k3, x0.* EXCLUDE (op_id, opcode) FROM x0 JOIN kk ON kk.op_id IS NOT DISTINCT FROM x0.op_id
+              AND kk.opcode IS NOT DISTINCT FROM x0.opcode),
         g AS (SELECT level, k, sum(dur)::BIGINT AS dur, sum(cnt)::BIGINT AS cnt, sum(mfl)::BIGINT AS mfl,
                      sum(hfl)::BIGINT AS hfl, sum(hb)::BIGINT AS hb, sum(sb)::BIGINT AS sb,
                      arg_min(fs, x) AS fs, arg_min(fe, x) AS fe
@@ -113,4 +138,4 @@ def operator_table(p, include_warmup: bool | None = None) -> pa.Table:
         LEFT JOIN (SELECT layer, device_ns AS ld FROM t WHERE level = 'layer') AS l USING (layer)
         LEFT JOIN (SELECT layer, op_id, device_ns AS od FROM t WHERE level = 'op') AS o USING (layer, op_id)
         ORDER BY ld DESC, layer, level <> 'layer', od DESC NULLS FIRST, op_id, level <> 'op', device_ns DESC,
-                 opcode""", {"level": act["level"], "k": act["k"], "active": act["active_ns"]})
+                 opcode""", {**params, "level": act["level"], "k": act["k"], "active": act["active_ns"]})
