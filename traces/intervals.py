@@ -149,9 +149,9 @@ def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) 
     busy = np.rint(busy[order]).astype(np.int64)   # exact: float64 sums of ints < 2**53
     count = count[order]
     n_lanes = len(order)
-    lane_core = np.array([keys[i][0] for i in order], dtype=object)
-    lane_engine = np.array([keys[i][1] for i in order], dtype=object)
-    lane_queue = np.array([keys[i][2] for i in order], dtype=object)
+    # the lanes' values as Arrow arrays, repeated per row by a take (not a conversion of Python objects)
+    lane_values = {name: pa.array([keys[i][k] for i in order], LOD_SCHEMA.field(name).type)
+                   for k, name in enumerate(("core", "engine", "queue"))}
     parts = []
     for level in range(base, top + 1):
         if level > base:  # merge bucket pairs: align the first bucket to an even index, pad to even width
@@ -164,11 +164,10 @@ def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) 
             count = count.reshape(n_lanes, -1, 2).sum(axis=2)
             first >>= 1
         bk, ln = np.nonzero(busy.T)   # bucket-major: rows come out in (level, bucket) order, no sort later
+        take = pa.array(ln)
         parts.append(pa.table({
             "level": pa.array(np.full(len(ln), level, dtype=np.int16)),
-            "core": pa.array(lane_core[ln], type=pa.int32()),
-            "engine": pa.array(lane_engine[ln], type=pa.string()),
-            "queue": pa.array(lane_queue[ln], type=pa.string()),
+            **{name: values.take(take) for name, values in lane_values.items()},
             "bucket": pa.array(bk.astype(np.int64) + first),
             "busy_ns": pa.array(busy[ln, bk]),
             "instructions": pa.array(count[ln, bk]),
