@@ -7,7 +7,8 @@ execution on two cores, as the runtime records it) and prints, all measured in t
 * writer: ``traces.Writer.append`` per execution + ``close`` (segments published);
 * raw ceiling again with ``preserve_insertion_order = false`` (the setting finalise loads
   instructions with), so the comparison can be read both ways;
-* finalise: ``traces.finalize`` (load, derived tables, LOD pyramid);
+* finalise: ``traces.finalize`` (load, derived tables, LOD pyramid), and the wall time of each of its
+  steps (from its DEBUG log; the interval work runs on a thread beside the instruction load);
 * ratio (writer + finalise rows/s) / (raw rows/s), target >= 0.9 (issue 41), and the same by CPU time
   (all threads), which a loaded machine skews less than wall time;
 * utilization query latency over the whole trace in 1000 buckets (target < 0.2 s) and over a 1%
@@ -24,6 +25,7 @@ Usage: ``.venv/bin/python bench/ingest.py [--rows 10000000] [--dir DIR] [--write
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -64,6 +66,31 @@ def _raw_table(rows: int, cores=(0, 1)) -> pa.Table:
                 part = part.append_column(f, pa.nulls(part.num_rows, f.type))
         parts.append(part.select(INSTRUCTIONS.names).cast(INSTRUCTIONS))
     return pa.concat_tables(parts)
+
+
+class _StepLog(logging.Handler):
+    """Collects the ``(step, seconds)`` finalise logs at DEBUG level while in a ``with`` block."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.steps: list[tuple[str, float]] = []
+        self._log = logging.getLogger("traces")
+
+    def emit(self, record):
+        if str(record.msg).startswith("finalise: ") and len(record.args or ()) == 2:
+            self.steps.append((str(record.args[0]), float(record.args[1])))
+
+    def __enter__(self):
+        self._level, self._propagate = self._log.level, self._log.propagate
+        self._log.addHandler(self)
+        self._log.setLevel(logging.DEBUG)
+        self._log.propagate = False   # the step lines go here, not to the user's handlers
+        return self
+
+    def __exit__(self, *exc):
+        self._log.removeHandler(self)
+        self._log.setLevel(self._level)
+        self._log.propagate = self._propagate
 
 
 def _best(fn, repeat: int = 5) -> float:
@@ -114,7 +141,8 @@ def run(rows: int, work: Path) -> dict:
     t_write, cpu["write"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
-    profile_path = traces.finalize(out)
+    with _StepLog() as steps:
+        profile_path = traces.finalize(out)
     t_fin, cpu["finalise"] = time.perf_counter() - t, time.process_time() - c
 
     with traces.open(profile_path) as p:
@@ -132,6 +160,10 @@ def run(rows: int, work: Path) -> dict:
     print(f"  same, preserve_insertion_order off {t_raw_unordered:7.2f} s  {rate(t_raw_unordered):6.2f} M rows/s")
     print(f"writer (append + publish segments)   {t_write:7.2f} s  {rate(t_write):6.2f} M rows/s")
     print(f"finalise (load, derived, LOD)        {t_fin:7.2f} s  {rate(t_fin):6.2f} M rows/s")
+    big = [(name, sec) for name, sec in steps.steps if sec >= 0.01 * t_fin]   # the rest: one sum
+    rest = sum(sec for _, sec in steps.steps) - sum(sec for _, sec in big)
+    print("  finalise steps (wall): " + "; ".join(f"{name} {sec:.3f} s" for name, sec in big)
+          + f"; {len(steps.steps) - len(big)} others {rest:.3f} s")
     print(f"writer + finalise                    {t_write + t_fin:7.2f} s  {rate(t_write + t_fin):6.2f} M rows/s")
     print(f"ratio (writer+finalise) / raw        {ratio:7.2f}    target >= {TARGET_RATIO:.2f}  "
           f"{'OK' if ratio >= TARGET_RATIO else 'MISSED'}")

@@ -25,6 +25,7 @@ NUM = r"[-+]?\d[\d,]*(\.\d+)?"
 CASES = {
     "ingest.py": (["--rows", "1"], [
         rf"raw CTAS Arrow -> DuckDB \(ceiling\)\s+{NUM} s",
+        rf"finalise steps \(wall\): .*{NUM} s; {NUM} others {NUM} s",
         rf"writer \+ finalise\s+{NUM} s",
         rf"ratio \(writer\+finalise\) / raw\s+{NUM}",
         rf"by CPU time \(raw {NUM} s; writer {NUM} s \+ finalise {NUM} s\)\s+{NUM}",

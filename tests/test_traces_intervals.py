@@ -41,12 +41,15 @@ def test_lod_pyramid_matches_a_per_row_reference_across_slices(rows, base, level
     """Exact per bucket, whatever the row order, slice size (lanes met in later slices) or nulls."""
     original = intervals.LOD_SLICE_ROWS
     intervals.LOD_SLICE_ROWS = slice_rows
-    try:
-        got = intervals.lod_pyramid(_table(rows), base, base + levels).to_pylist()
+    table = _table(rows)
+    try:   # the codes computed per call, or once for the whole table by the caller (finalise)
+        got = [intervals.lod_pyramid(table, base, base + levels, lanes).to_pylist()
+               for lanes in (None, intervals.lane_codes(table))]
     finally:
         intervals.LOD_SLICE_ROWS = original
-    assert {(r["level"], r["core"], r["engine"], r["queue"], r["bucket"]): (r["busy_ns"], r["instructions"])
-            for r in got} == _reference_lod(rows, base, base + levels)
+    for pyramid in got:
+        assert {(r["level"], r["core"], r["engine"], r["queue"], r["bucket"]): (r["busy_ns"], r["instructions"])
+                for r in pyramid} == _reference_lod(rows, base, base + levels)
 
 
 @settings(max_examples=150, deadline=None)
@@ -56,9 +59,11 @@ def test_union_active_matches_a_per_nanosecond_reference(rows):
     for _, engine, _, start, dur, exec_id in rows:
         if engine == "dma":
             covered[(exec_id, engine)].update(range(start, start + dur))
-    got = {(r["exec_id"], r["engine"]): r["active_ns"]
-           for r in intervals.union_active(_table(rows), ("dma",)).to_pylist()}
-    assert got == {k: len(v) for k, v in covered.items()}
+    table = _table(rows)
+    for lanes in (None, intervals.lane_codes(table)):
+        got = {(r["exec_id"], r["engine"]): r["active_ns"]
+               for r in intervals.union_active(table, ("dma",), lanes).to_pylist()}
+        assert got == {k: len(v) for k, v in covered.items()}
 
 
 def test_damaged_intervals_are_left_out_not_overflowed():

@@ -63,44 +63,59 @@ def _codes(column) -> tuple[np.ndarray, list]:
     return codes, encoded.chunks[-1].dictionary.to_pylist()
 
 
+def lane_codes(rows: pa.Table) -> dict[str, tuple[np.ndarray, list]]:
+    """:func:`_codes` of the lane columns (``core``, ``engine``, ``queue``) over the whole table, for
+    :func:`lod_pyramid` and :func:`union_active` to share: hashing the strings is most of their cost.
+
+    >>> codes = lane_codes(pa.table({"core": [0, 0], "engine": ["dma", "pe"], "queue": ["q", "pe"]}))
+    >>> codes["engine"][0].tolist(), codes["engine"][1]
+    ([0, 1], ['dma', 'pe'])
+    """
+    return {c: _codes(rows[c]) for c in ("core", "engine", "queue")}
+
+
 #: Rows per slice the pyramid is built from: small enough that every numpy temporary stays in
 #: the CPU cache (whole-table arrays of 10 M rows run about twice as slow), big enough to amortise.
 LOD_SLICE_ROWS = 1 << 17
 
 
-def lod_pyramid(rows: pa.Table, base: int, top: int) -> pa.Table:
+def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) -> pa.Table:
     """Busy ns per (core, engine, queue) lane in buckets of 2**level ns, levels ``base``..``top``.
 
     An instruction is split exactly at bucket edges (an instruction touches one base bucket or
     two, except the rare longer one, which is expanded over the buckets it spans); each higher
     level merges bucket pairs of the one below, so every level conserves each lane's busy time.
-    ``instructions`` counts the instructions that start in the bucket. Example:
-    ``lod_pyramid(instructions, base=12, top=20)``.
+    ``instructions`` counts the instructions that start in the bucket. ``lanes``: the rows'
+    :func:`lane_codes`, if the caller has them. Example: ``lod_pyramid(instructions, base=12, top=20)``.
     """
-    rows = valid_intervals(rows)
+    valid = valid_intervals(rows)
+    if valid is not rows or lanes is None:   # codes must be of exactly these rows
+        lanes = lane_codes(valid)
+    rows = valid
     if rows.num_rows == 0:
         return LOD_SCHEMA.empty_table()
+    (core_all, cores), (engine_all, engines), (queue_all, queues) = (lanes[c] for c in ("core", "engine", "queue"))
     first = int(pc.min(rows["start_ns"]).as_py()) >> base
     last = (int(pc.max(pc.add(rows["start_ns"], pc.max_element_wise(rows["dur_ns"], 1))).as_py()) - 1) >> base
     width = last - first + 1
-    lanes: dict[tuple, int] = {}   # (core, engine, queue) -> row of busy / count, in order of appearance
+    lane_row: dict[tuple, int] = {}   # (core, engine, queue) -> row of busy / count, in order of appearance
     busy = np.zeros((8, width))
     count = np.zeros((8, width), dtype=np.int64)
     # Rows arrive in time order (segments are), so a slice covers a narrow span of buckets: each
     # slice is binned into a small local grid that is added into the lanes' rows in place.
-    for part in rows.select(["core", "engine", "queue", "start_ns", "dur_ns"]).to_batches(LOD_SLICE_ROWS):
-        start = part.column("start_ns").to_numpy()
-        end = start + np.maximum(part.column("dur_ns").to_numpy(), 0)
-        core_codes, cores = _codes(part.column("core"))
-        engine_codes, engines = _codes(part.column("engine"))
-        queue_codes, queues = _codes(part.column("queue"))
-        composite = (core_codes * len(engines) + engine_codes) * len(queues) + queue_codes
+    # Slices by row count, whatever the chunks: a run of many short executions writes one small chunk
+    # each, and a loop per chunk was most of the pyramid's time there.
+    for offset in range(0, rows.num_rows, LOD_SLICE_ROWS):
+        start = rows["start_ns"].slice(offset, LOD_SLICE_ROWS).to_numpy()
+        end = start + np.maximum(rows["dur_ns"].slice(offset, LOD_SLICE_ROWS).to_numpy(), 0)
+        rows_here = slice(offset, offset + len(start))
+        composite = (core_all[rows_here] * len(engines) + engine_all[rows_here]) * len(queues) + queue_all[rows_here]
         used = np.flatnonzero(np.bincount(composite))
-        rows_of = np.array([lanes.setdefault((cores[(c // len(queues)) // len(engines)],
-                                              engines[(c // len(queues)) % len(engines)],
-                                              queues[c % len(queues)]), len(lanes)) for c in used])
-        if len(lanes) > len(busy):
-            grow = max(len(lanes), 2 * len(busy)) - len(busy)
+        rows_of = np.array([lane_row.setdefault((cores[(c // len(queues)) // len(engines)],
+                                                 engines[(c // len(queues)) % len(engines)],
+                                                 queues[c % len(queues)]), len(lane_row)) for c in used])
+        if len(lane_row) > len(busy):
+            grow = max(len(lane_row), 2 * len(busy)) - len(busy)
             busy, count = np.pad(busy, ((0, grow), (0, 0))), np.pad(count, ((0, grow), (0, 0)))
         remap = np.zeros(int(composite.max()) + 1, dtype=np.int64)
         remap[used] = np.arange(len(used))
@@ -129,14 +144,14 @@ def lod_pyramid(rows: pa.Table, base: int, top: int) -> pa.Table:
         busy[rows_of, window] += part_busy.reshape(len(used), local)
         count[rows_of, window] += part_count.reshape(len(used), local)
 
-    keys = list(lanes)   # a stable lane order, whatever the rows' order (None: a null column value)
+    keys = list(lane_row)   # a stable lane order, whatever the rows' order (None: a null column value)
     order = sorted(range(len(keys)), key=lambda i: tuple((v is None, "" if v is None else v) for v in keys[i]))
     busy = np.rint(busy[order]).astype(np.int64)   # exact: float64 sums of ints < 2**53
     count = count[order]
     n_lanes = len(order)
-    lane_core = np.array([keys[i][0] for i in order], dtype=object)
-    lane_engine = np.array([keys[i][1] for i in order], dtype=object)
-    lane_queue = np.array([keys[i][2] for i in order], dtype=object)
+    # the lanes' values as Arrow arrays, repeated per row by a take (not a conversion of Python objects)
+    lane_values = {name: pa.array([keys[i][k] for i in order], LOD_SCHEMA.field(name).type)
+                   for k, name in enumerate(("core", "engine", "queue"))}
     parts = []
     for level in range(base, top + 1):
         if level > base:  # merge bucket pairs: align the first bucket to an even index, pad to even width
@@ -149,11 +164,10 @@ def lod_pyramid(rows: pa.Table, base: int, top: int) -> pa.Table:
             count = count.reshape(n_lanes, -1, 2).sum(axis=2)
             first >>= 1
         bk, ln = np.nonzero(busy.T)   # bucket-major: rows come out in (level, bucket) order, no sort later
+        take = pa.array(ln)
         parts.append(pa.table({
             "level": pa.array(np.full(len(ln), level, dtype=np.int16)),
-            "core": pa.array(lane_core[ln], type=pa.int32()),
-            "engine": pa.array(lane_engine[ln], type=pa.string()),
-            "queue": pa.array(lane_queue[ln], type=pa.string()),
+            **{name: values.take(take) for name, values in lane_values.items()},
             "bucket": pa.array(bk.astype(np.int64) + first),
             "busy_ns": pa.array(busy[ln, bk]),
             "instructions": pa.array(count[ln, bk]),
@@ -200,12 +214,47 @@ def bucket_busy(lane: np.ndarray, s: np.ndarray, e: np.ndarray, busy: np.ndarray
     return out
 
 
-def union_active(rows: pa.Table, engines: tuple[str, ...]) -> pa.Table:
+def longest_per_cell(cell: np.ndarray, dur: np.ndarray, value: np.ndarray, cells: int) -> np.ndarray:
+    """Per cell ``0..cells-1``, the ``value`` of its row with the longest ``dur`` (of those, the last row),
+    -1 for a cell without rows: the order ``np.lexsort((dur, cell))`` gives, at a fraction of its cost
+    (a stable sort by cell, a radix sort for up to 65536 cells, and a maximum per cell).
+
+    >>> longest_per_cell(np.array([2, 0, 2, 2]), np.array([5, 1, 7, 7]), np.array([10, 11, 12, 13]), 3).tolist()
+    [11, -1, 13]
+    """
+    out = np.full(cells, -1, dtype=np.int64)
+    if cell.size == 0:
+        return out
+    by = np.argsort(cell.astype(np.uint16) if cells <= 1 << 16 else cell, kind="stable")
+    c, d = cell[by], dur[by]
+    heads = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    top = np.flatnonzero(d == np.repeat(np.maximum.reduceat(d, heads), np.diff(np.r_[heads, c.size])))
+    last = top[np.r_[c[top][1:] != c[top][:-1], True]]   # rows in input order within a cell: the last wins
+    out[c[last]] = value[by][last]
+    return out
+
+
+def union_active(rows: pa.Table, engines: tuple[str, ...], lanes: dict | None = None) -> pa.Table:
     """Per (exec_id, engine) of ``engines``: the length of the union of the instruction intervals.
 
     For engines whose queues run concurrently (DMA queues, collectives) the time the engine was
-    active is less than the sum of durations. Example: ``union_active(instructions, ("dma", "cc"))``.
+    active is less than the sum of durations. ``lanes``: the rows' :func:`lane_codes`, if the caller has
+    them (then ``rows`` must be :func:`valid_intervals` already). Example:
+    ``union_active(instructions, ("dma", "cc"))``.
     """
+    if lanes is not None and valid_intervals(rows) is rows:
+        codes, values = lanes["engine"]
+        wanted = np.isin(np.arange(len(values)), [i for i, v in enumerate(values) if v in engines])
+        sel = np.flatnonzero(wanted[codes]) if len(values) else np.zeros(0, np.int64)
+        exec_id = rows["exec_id"].fill_null(-1).to_numpy()[sel]
+        start = rows["start_ns"].to_numpy()[sel]
+        exec_codes, exec_values = _codes(pa.array(exec_id))
+        group = exec_codes * max(len(values), 1) + codes[sel]
+        firsts, totals = _union_totals(group, start, start + np.maximum(rows["dur_ns"].to_numpy()[sel], 0))
+        return pa.table({"exec_id": pa.array([exec_values[c] for c in (firsts // max(len(values), 1)).tolist()],
+                                             pa.int64()),
+                         "engine": pa.array([values[c] for c in (firsts % max(len(values), 1)).tolist()], pa.string()),
+                         "active_ns": pa.array(totals, pa.int64())}, schema=UNION_SCHEMA)
     rows = rows.select(["exec_id", "engine", "start_ns", "dur_ns"])
     rows = rows.filter(pc.is_in(rows["engine"], value_set=pa.array(list(engines), pa.string())))
     rows = rows.set_column(0, "exec_id", rows["exec_id"].fill_null(-1))
@@ -230,7 +279,34 @@ def union_by(rows: pa.Table, by: tuple[str, ...]) -> pa.Table:
         codes, vals = _codes(rows[k])
         group = group * max(len(vals), 1) + codes
         values.append(vals)
-    order = np.lexsort((start, group))
+    firsts, totals = _union_totals(group, start, end)
+    out = {}
+    for k, vals in reversed(list(zip(by, values))):   # undo the mixed radix, last key first
+        radix = max(len(vals), 1)
+        out[k] = pa.array([vals[c] for c in (firsts % radix).tolist()], rows.schema.field(k).type)
+        firsts = firsts // radix
+    return pa.table({**{k: out[k] for k in by}, "active_ns": pa.array(totals)})
+
+
+def _group_order(group: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``np.lexsort((start, group))``, faster for rows nearly in start order (a trace's are) and few
+    groups: a stable sort by start (runs of sorted rows merge cheaply), then a stable radix sort by group.
+
+    >>> _group_order(np.array([1, 0, 1, 0]), np.array([5, 9, 2, 1])).tolist()
+    [3, 1, 2, 0]
+    """
+    if group.size == 0 or int(group.max()) >= 1 << 16 or int(group.min()) < 0:
+        return np.lexsort((start, group))
+    order = np.argsort(start, kind="stable")
+    return order[np.argsort(group[order].astype(np.uint16), kind="stable")]
+
+
+def _union_totals(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per distinct ``group`` (ascending): the length of the union of its intervals ``[start, end)``,
+    as (groups, lengths)."""
+    if group.size == 0:
+        return group.astype(np.int64), np.zeros(0, np.int64)
+    order = _group_order(group, start)
     start, end, group = start[order], end[order], group[order]
     heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     sizes = np.diff(np.r_[heads, len(group)])
@@ -246,14 +322,7 @@ def union_by(rows: pa.Table, by: tuple[str, ...]) -> pa.Table:
         added = np.concatenate([
             np.maximum(0, e - np.maximum(s, np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(e)[:-1]]))
             for s, e in zip(np.split(start, heads[1:]), np.split(end, heads[1:]))])
-    totals = np.bincount(rank, weights=added)
-    firsts = group[heads]
-    out = {}
-    for k, vals in reversed(list(zip(by, values))):   # undo the mixed radix, last key first
-        radix = max(len(vals), 1)
-        out[k] = pa.array([vals[c] for c in (firsts % radix).tolist()], rows.schema.field(k).type)
-        firsts = firsts // radix
-    return pa.table({**{k: out[k] for k in by}, "active_ns": pa.array(np.rint(totals).astype(np.int64))})
+    return group[heads], np.rint(np.bincount(rank, weights=added)).astype(np.int64)
 
 
 SYSTEM_LOD_SCHEMA = pa.schema([("level", pa.int16()), ("track", pa.int32()), ("bucket", pa.int64()),

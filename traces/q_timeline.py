@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from traces.errors import TraceError
-from traces.intervals import bucket_busy
+from traces.intervals import bucket_busy, longest_per_cell
 from traces.vocab import HOST_TRANSFER_QUEUE
 
 #: A zoomed-out query reads the pyramid level whose buckets are at most 1/16 of its own bucket.
@@ -262,11 +262,8 @@ def lane_cells(p, t0: int, t1: int, buckets: int, core=None, engine=None, by_que
     count = np.bincount(flat, weights=rows["n"].to_numpy()[ok], minlength=n_lanes * buckets)
     count = count.reshape(n_lanes, buckets)
     top_op = np.full(n_lanes * buckets, -1, dtype=np.int64)
-    if level is None and flat.size:
-        dur = rows["busy"].to_numpy()[ok]
-        by = np.lexsort((dur, flat))            # per cell ascending duration: the last one is the longest
-        last = np.r_[flat[by][1:] != flat[by][:-1], True]
-        top_op[flat[by][last]] = rows["op"].to_numpy()[ok][by][last]
+    if level is None:
+        top_op = longest_per_cell(flat, rows["busy"].to_numpy()[ok], rows["op"].to_numpy()[ok], n_lanes * buckets)
     return LaneCells(t0, t1, buckets, lanes.select(lane_cols), busy, count.astype(np.int64),
                      top_op.reshape(n_lanes, buckets), source)
 
