@@ -118,11 +118,30 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
         _matmul(dst, stationary, moving, accumulate, mask, perf_mode)
         return None
     stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
-    out = _new("float32", (stationary.shape[-1], moving.shape[-1]), "psum")
+    if str(perf_mode or "none").startswith("double_row"):
+        shape = (stationary.shape[-1], moving.shape[-1])
+    else:   # the result keeps the moving tile's free dims (a [K, k0, k1] moving gives [M, k0, k1])
+        shape = (stationary.free_size, *(moving.shape[:moving.pdim] + moving.shape[moving.pdim + 1:] or (1,)))
+    out = _new("float32", shape, "psum")
     i = _matmul(out, stationary, moving, None, mask, perf_mode)
+    if hasattr(stationary, "_mbox") or hasattr(moving, "_mbox"):
+        _mask_result(out, stationary, moving)
     if stationary.ndim == 2:        # `acc += nc_matmul(...)` retargets one matmul; a double-row pair is added
         out._mm = (i, stationary, moving)
     return out
+
+
+def _mask_result(out, stationary, moving) -> None:
+    """Operands masked by indexing (``nc_matmul(w[i_m < M], x[i_n < N])``, the legacy form) give a result that
+    is that box of the unmasked product: record it, so ``acc[...] += result`` adds into that box of ``acc``."""
+    sroot, mroot = getattr(stationary, "_mroot", stationary), getattr(moving, "_mroot", moving)
+    if sroot.ndim != 2:
+        return
+    sbox = getattr(stationary, "_mbox", [(0, n) for n in sroot.shape])
+    mbox = getattr(moving, "_mbox", [(0, n) for n in mroot.shape])
+    drop = mroot.pdim
+    out._mfull = (sroot.shape[1 - sroot.pdim], *(n for d, n in enumerate(mroot.shape) if d != drop))
+    out._mbox = [sbox[1 - sroot.pdim], *(b for d, b in enumerate(mbox) if d != drop)]
 
 
 def _matmul(dst, stationary, moving, accumulate, mask, perf_mode) -> int:

@@ -213,6 +213,8 @@ def _assign(dst, value) -> None:
     if isinstance(value, tensor) and (value.buf, value.offset, value.strides, value.shape) == (
             dst.buf, dst.offset, dst.strides, dst.shape):
         return                  # `t[i] += x` writes t[i] in place; the assignment Python adds is not a copy
+    if isinstance(value, tensor) and not value.buf.writes and getattr(t, "masked_box", None) == (value.operand(), None):
+        return                  # `t[...] = nl.load(..., mask=m)` where m selects nothing: nothing is written
     if isinstance(value, tensor) and dst.buf.mem != "hbm" and t.retarget(value, dst):
         return
     if not isinstance(value, tensor):
@@ -337,6 +339,13 @@ def logical_not(x, dtype=None, mask=None, **_):
 def _accumulate(acc, o):
     """``acc += o``: a matmul result just produced is retargeted into ``acc`` (PSUM accumulation);
     anything else is a Vector Engine add."""
+    if getattr(o, "_mfull", None) == acc.shape and o.shape != acc.shape:
+        _add_into(TENSOR_OPS["restrict"](acc, o._mbox, acc.shape), o)   # a masked matmul's box of acc
+        return acc
+    return _add_into(acc, o)
+
+
+def _add_into(acc, o):
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
     # a region no instruction wrote yet: the first matmul starts its accumulation group (as nc_matmul's

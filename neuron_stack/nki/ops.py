@@ -94,9 +94,9 @@ def masked(dst: ndarray, srcs: list, mask) -> tuple | None:
     if mask is None:
         return dst, srcs
     box = box_of(mask, dst.shape)
-    if box is None:
-        return None
     current().masked_box = (dst.operand(), box)     # `t[...] = <masked result>` writes only this box of t
+    if box is None:                                 # (and nothing at all when the mask selects nothing)
+        return None
     return restrict(dst, box, dst.shape), [restrict(s, box, dst.shape) if isinstance(s, ndarray) else s
                                             for s in srcs]
 
