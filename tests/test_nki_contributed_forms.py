@@ -136,3 +136,29 @@ def test_allocator_decorators_are_accepted():
     a = np.ones((4, 8), np.float32)
     np.testing.assert_array_equal(k(a), 2 * a)
     assert nki.compiler.enable_stack_allocator(k) is k and nki.compiler.force_auto_alloc(k) is k
+
+
+def test_bitcast_view_reads_a_tiles_bytes_as_a_narrower_dtype():
+    """``scale.view(nl.float8_e4m3)`` of an fp32 [P, 1] tile is [P, 4]: the scale's four bytes, stored into an
+    fp8 tensor they come back bit for bit (how a quantising kernel ships fp32 scales beside fp8 data)."""
+    @nki.jit
+    def k(s_t):
+        out = nl.ndarray((128, 4), nl.float8_e4m3, buffer=nl.shared_hbm)
+        halves = nl.ndarray((128, 2), nl.bfloat16, buffer=nl.shared_hbm)
+        s = nl.ndarray((2, nl.par_dim(128), 1), nl.float32)
+        s[1] = nl.load(s_t)
+        nl.store(out, s.view(nl.float8_e4m3)[1, :, :4])
+        nl.store(halves, s[1].view(nl.bfloat16))
+        return out, halves
+
+    @nki.jit
+    def write_through(s_t):
+        s = nl.load(s_t)
+        s.view(nl.bfloat16)[:, 0:2] = 0.0  # MARK-BCW
+        return s_t
+
+    scale = np.random.default_rng(3).uniform(1e-4, 1.0, (128, 1)).astype(np.float32)
+    b, h = k(scale)
+    np.testing.assert_array_equal(np.ascontiguousarray(b).view(np.uint8), scale.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(h).view(np.uint16), scale.view(np.uint16))
+    raises_at(write_through, (scale,), "bitcast view is read-only", "MARK-BCW")
