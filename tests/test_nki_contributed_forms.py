@@ -3,7 +3,7 @@ masking an operand by indexing it with a predicate, a matmul whose moving tile k
 load that selects nothing, index expressions of different ranks, the ALU's unary arithmetic operators, and the
 compiler's allocator decorators. Each restated here as a small kernel of our own, checked against numpy."""
 import numpy as np
-from nki_helpers import raises_at
+from nki_helpers import line_of, raises_at
 
 import neuron_stack.nki.isa as nisa
 import neuron_stack.nki.language as nl
@@ -162,3 +162,24 @@ def test_bitcast_view_reads_a_tiles_bytes_as_a_narrower_dtype():
     np.testing.assert_array_equal(np.ascontiguousarray(b).view(np.uint8), scale.view(np.uint8))
     np.testing.assert_array_equal(np.ascontiguousarray(h).view(np.uint16), scale.view(np.uint16))
     raises_at(write_through, (scale,), "bitcast view is read-only", "MARK-BCW")
+
+
+def test_legacy_trace_decorator_inlines_a_helper():
+    """``from neuronxcc.nki import trace``: a ``@trace`` helper runs inline in the calling kernel, its
+    instructions tagged with the helper's own lines, as ``@nki.jit(mode='trace')`` helpers are."""
+    @nki.trace
+    def double_into(dst, src):
+        dst[...] = nl.multiply(src, 2.0)  # MARK-HELPER
+
+    @nki.jit
+    def k(a_t):
+        out = nl.ndarray(a_t.shape, a_t.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a_t.shape, a_t.dtype)
+        double_into(t, nl.load(a_t))
+        nl.store(out, t)
+        return out
+
+    a = np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(k(a), 2 * a)
+    line = line_of(test_legacy_trace_decorator_inlines_a_helper, "MARK-HELPER")
+    assert f"test_nki_contributed_forms.py:{line}" in {i.node for i in k.last.trace.instrs}

@@ -339,13 +339,9 @@ def logical_not(x, dtype=None, mask=None, **_):
 def _accumulate(acc, o):
     """``acc += o``: a matmul result just produced is retargeted into ``acc`` (PSUM accumulation);
     anything else is a Vector Engine add."""
-    if getattr(o, "_mfull", None) == acc.shape and o.shape != acc.shape:
-        _add_into(TENSOR_OPS["restrict"](acc, o._mbox, acc.shape), o)   # a masked matmul's box of acc
+    if getattr(o, "_mfull", None) == acc.shape != o.shape:     # a masked matmul adds into its box of acc
+        _accumulate(TENSOR_OPS["restrict"](acc, o._mbox, acc.shape), o)
         return acc
-    return _add_into(acc, o)
-
-
-def _add_into(acc, o):
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
     # a region no instruction wrote yet: the first matmul starts its accumulation group (as nc_matmul's
