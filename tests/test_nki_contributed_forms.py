@@ -183,3 +183,35 @@ def test_legacy_trace_decorator_inlines_a_helper():
     np.testing.assert_array_equal(k(a), 2 * a)
     line = line_of(test_legacy_trace_decorator_inlines_a_helper, "MARK-HELPER")
     assert f"test_nki_contributed_forms.py:{line}" in {i.node for i in k.last.trace.instrs}
+
+
+def test_matmul_and_transpose_masks_select_a_box_or_skip_the_instruction():
+    """``mask=`` on nc_matmul / nc_transpose: a causal test on loop indices folds to a constant, and False issues
+    no instruction (the accumulator keeps its value, the temporary takes no PSUM); a predicate over the input's
+    indices (transpose) or the product's (matmul) computes that box only."""
+    @nki.jit
+    def k(a_t, b_t, n_valid):
+        outs = [nl.ndarray((128, 128), nl.float32, buffer=nl.shared_hbm) for _ in range(2)]
+        a, b = nl.load(a_t), nl.load(b_t)
+        acc = nl.zeros((128, 128), nl.float32, buffer=nl.psum)
+        for q in nl.affine_range(4):
+            for j in nl.affine_range(4):            # only j <= q contributes (a causal block mask)
+                a_t_ = nisa.nc_transpose(a, mask=q >= j)
+                acc[...] += nisa.nc_matmul(nl.copy(a_t_) if q >= j else a, b, mask=q >= j)
+        nl.store(outs[0], nl.copy(acc))
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(128)[None, :]
+        t = nl.zeros((128, 128), nl.float32)
+        t[...] = nisa.nc_transpose(a, mask=(i_p < n_valid) & (i_f < 128))     # rows n_valid.. of `a` skipped
+        p = nl.zeros((128, 128), nl.float32, buffer=nl.psum)
+        p[...] += nisa.nc_matmul(a, b, mask=(i_p < 128) & (i_f < n_valid))    # product columns n_valid.. skipped
+        nl.store(outs[1], nl.add(t, p))
+        return outs
+
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((128, 128), dtype=np.float32), rng.standard_normal((128, 128), dtype=np.float32)
+    s, tp = k(a, b, 96)
+    np.testing.assert_allclose(s, 10 * (a @ b), rtol=1e-4, atol=1e-3)     # 10 of the 16 (q, j) pairs
+    want = np.zeros((128, 128), np.float32)
+    want[:, :96] += a[:96].T
+    want[:, :96] += (a.T @ b)[:, :96]
+    np.testing.assert_allclose(tp, want, rtol=1e-4, atol=1e-3)
