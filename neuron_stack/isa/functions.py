@@ -28,6 +28,9 @@ ALU = {
     "hypot": torch.hypot, "copysign": torch.copysign, "floor_divide": torch.floor_divide,
     "rsub": lambda x, y: torch.sub(y, x), "rdivide": lambda x, y: torch.div(y, x), "bypass": lambda x, y: x,
     "left_shift": torch.bitwise_left_shift, "right_shift": torch.bitwise_right_shift,
+    # the ALU's unary arithmetic ops (NKI's "Supported Math Operators" table): the operand is ignored
+    "abs": lambda x, y: torch.abs(x), "rsqrt": lambda x, y: torch.rsqrt(x),
+    "reciprocal": lambda x, y: torch.reciprocal(x),
 }
 
 

@@ -84,7 +84,8 @@ ENGINE_OF: dict[str, str] = {op: eng for op, (eng, _) in OPCODES.items()}
 ALU_OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "mod", "fmod",
            "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
            "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass", "left_shift", "right_shift")
+           "rsub", "rdivide", "atan2", "hypot", "copysign", "floor_divide", "bypass", "left_shift", "right_shift",
+           "abs", "rsqrt", "reciprocal")
 
 #: Scalar-engine activation functions (lookup tables). Semantics in interp.ACT_FUNCS.
 ACT_FUNCS = ("copy", "identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log",

@@ -50,7 +50,10 @@ class Memory:
         return b
 
     def view(self, op: dict) -> np.ndarray:
-        """The strided view of an access-pattern operand (writes go through to memory)."""
+        """The strided view of an access-pattern operand (writes go through to memory); a bitcast operand
+        (``"bc"``: the buffer's own dtype) is decoded from the buffer's bytes into a copy."""
+        if "bc" in op:
+            return self._bitcast(op)
         ap = op["ap"]
         o = op["o"]
         extent = o + 1
@@ -62,10 +65,23 @@ class Memory:
         # np.ndarray over the buffer, not as_strided: a third of the interpreter's time went to as_strided
         return np.ndarray(tuple(n for _, n in ap), b.dtype, b, o * isz, tuple(s * isz for s, _ in ap))
 
+    def _bitcast(self, op: dict) -> np.ndarray:
+        src, dst = _bits(op["bc"]), _bits(op["dt"])
+        r = src.itemsize // dst.itemsize
+        extent = op["o"] + 1 + sum((n - 1) * s for s, n in op["ap"] if s > 0)
+        under = self._buf({**op, "dt": op["bc"]}, -(-extent // r))[:-(-extent // r)]
+        flat = np.ascontiguousarray(under.astype(src)).view(dst)
+        flat = flat.astype(np.float32 if dst.kind == "f" or dst.name.startswith(("bfloat", "float8")) else np.int64)
+        isz = flat.itemsize
+        return np.ndarray(tuple(n for _, n in op["ap"]), flat.dtype, flat, op["o"] * isz,
+                          tuple(s * isz for s, _ in op["ap"]))
+
     def read(self, op: dict) -> np.ndarray:
         return np.array(self.view(op))
 
     def write(self, op: dict, value) -> None:
+        if "bc" in op:
+            raise InterpError("a write through a bitcast view (the tile's bytes as another dtype) is not simulated")
         v = self.view(op)
         val = np.asarray(value)
         if val.size != v.size:
@@ -89,6 +105,12 @@ class Memory:
         op = {"m": "hbm", "b": val["buf"], "dt": val["dtype"], "o": val["offset"],
               "ap": [[s, n] for s, n in zip(val["strides"], val["shape"])] or [[1, 1]]}
         return self.read(op).reshape(val["shape"])
+
+
+def _bits(dt: str) -> np.dtype:
+    """The numpy dtype holding ``dt``'s bytes as the hardware stores them (bf16/fp8 from ml_dtypes)."""
+    import ml_dtypes  # numpy has no bf16/fp8
+    return np.dtype(getattr(ml_dtypes, dt, None) or (np.uint8 if dt == "bool" else dt))
 
 
 def contiguous_strides(shape) -> list[int]:

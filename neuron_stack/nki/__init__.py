@@ -29,7 +29,7 @@ from . import compiler, isa, language, typing  # noqa: F401  (language supplies 
 from . import lowering as _lowering  # noqa: F401  (registers the nki op lowering with the compiler)
 from .core import NKIError
 from .kernel import Kernel, KernelRun, run_kernel
-from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel
+from .runner import baremetal, benchmark, jit, profile, simulate, simulate_kernel, trace
 
 
 def __getattr__(name):
@@ -48,4 +48,5 @@ __all__ = [
            "run_kernel",
            "simulate",
            "simulate_kernel",
+           "trace",
 ]

@@ -128,8 +128,9 @@ def place_by_liveness(trace) -> None:
     for i, _, op, _ in trace.prints:          # nl.device_print reads the tile before instruction i
         if op["b"] in trace.tiles:
             last[op["b"]] = max(last.get(op["b"], i), i)
+    # a retargeted temporary, or the result of an instruction masked away that nothing read, takes no space
     span = {n: (t["at"], max(t["at"], last.get(n, t["at"])))
-            for n, t in trace.tiles.items() if not t.get("retargeted")}
+            for n, t in trace.tiles.items() if not t.get("retargeted") and not (t.get("skipped") and n not in last)}
     order = sorted(span, key=lambda n: span[n][0])          # stable: allocation order within a position
     ends = sorted(span, key=lambda n: span[n][1])
     fixed = [n for n in order if trace.tiles[n]["address"] is not None]

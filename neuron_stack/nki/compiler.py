@@ -7,6 +7,8 @@ program order and places tiles itself, so each hint is accepted and changes noth
 ... def k(): return 1
 >>> k()
 1
+>>> enable_stack_allocator(log_level=10)(k)()
+1
 """
 from __future__ import annotations
 
@@ -18,6 +20,15 @@ def skip_middle_end_transformations(fn):
     return fn
 
 
+def enable_stack_allocator(func=None, log_level=50):
+    """The SDK's stack allocator (used with ``skip_middle_end_transformations``): here every tile is
+    placed by the simulator's liveness allocator either way, so the kernel runs as written."""
+    return func if func is not None else (lambda fn: fn)
+
+
+force_auto_alloc = enable_stack_allocator
+
+
 class _Buffer:
     def __init__(self, name: str):
         self.name = name
@@ -26,7 +37,7 @@ class _Buffer:
         """A placement hint: the tile is placed by the simulator's own allocator in this buffer."""
         return self.name
 
-    alloc = mod_alloc
+    alloc = auto_alloc = mod_alloc
 
 
 sbuf, psum = _Buffer("sbuf"), _Buffer("psum")

@@ -202,6 +202,10 @@ class Trace:
         if len(self.instrs) >= MAX_INSTRUCTIONS:
             raise self.error(f"the kernel unrolls to more than {MAX_INSTRUCTIONS} instructions (NKI_MAX_INSTRUCTIONS): "
                              f"every loop iteration is traced; shrink the loop bounds or the problem size")
+        for v in dsts:
+            if v.lanes != 1:
+                raise self.error(f"writing through a {v.buf.dtype} tile viewed as {v.dtype} is not simulated; write "
+                                 f"the tile in its own dtype (a bitcast view is read-only here)")
         for v in (*dsts, *srcs):
             if getattr(v, "_gather", None) is not None:
                 raise self.error("HBM rows chosen by a tile of row numbers are read by nl.load / nisa.dma_copy only "

@@ -180,6 +180,8 @@ class DynIdx:
 
 def index_view(t: ndarray, key) -> ndarray:
     """``t[key]`` as a strided view (see the module docstring for the accepted index forms)."""
+    if isinstance(key, (Pred, bool, np.bool_)):
+        return _masked_view(t, key)
     key = key if isinstance(key, tuple) else (key,)
     if any(isinstance(k, (DynIdx, ndarray)) for k in key):
         return _dynamic_view(t, key)
@@ -210,8 +212,7 @@ def index_view(t: ndarray, key) -> ndarray:
         shape = [1] * nd
         strides = [0] * nd
         pdim = 0
-        for e, st, is_p in exprs:
-            e = e._pad(nd)
+        for e, st, is_p in _aligned(exprs, nd):
             offset += e.base * st
             for d, (c, n) in enumerate(zip(e.coefs, e.shape)):
                 if n > 1:
@@ -300,6 +301,38 @@ def _gather_view(t: ndarray, key, d: int) -> ndarray:
     table = ndarray(t.buf, (t.shape[d], *v.shape[1:]), v.offset, (t.strides[d], *v.strides[1:]), t.dtype)
     v._gather = (idx, table)
     v._limits = ()
+    return v
+
+
+def _aligned(exprs: list, nd: int) -> list:
+    """Index expressions of different ranks brought to ``nd`` dims: leading 1s as numpy broadcasts; if that
+    clashes, trailing ones (a lower-rank expression names the leading dims: ``arange(M)[:, None, None]``
+    beside 4-D ``create_indices`` ones, contributed conv.py), else refused."""
+    for pad in (lambda e: e._pad(nd), lambda e: Idx(e.base, e.coefs + (0,) * (nd - len(e.shape)),
+                                                     e.shape + (1,) * (nd - len(e.shape)))):
+        out = [(pad(e), st, is_p) for e, st, is_p in exprs]
+        sizes = [{n for e, _, _ in out if (n := e.shape[d]) > 1} for d in range(nd)]
+        if all(len(z) <= 1 for z in sizes):
+            return out
+    raise NKIError(f"{where()}: index expressions do not broadcast to one tile shape")
+
+
+def _masked_view(t: ndarray, pred) -> ndarray:
+    """``t[i_f < n]``: the legacy way to mask a tile operand: the view trimmed to the box the predicate
+    selects (a predicate that is a plain ``True``, from compile-time indices, keeps the view whole)."""
+    if isinstance(pred, (bool, np.bool_)) and pred:
+        return t
+    root = getattr(t, "_mroot", t)      # chained masks, `t[a < n][b < m]`, are each over the unmasked view
+    box = box_of(pred, root.shape)
+    if box is not None and hasattr(t, "_mbox"):
+        box = [(max(s, u), min(s + n, u + m) - max(s, u)) for (s, n), (u, m) in zip(box, t._mbox)]
+        box = None if any(n <= 0 for _, n in box) else box
+    if box is None:
+        raise NKIError(f"{where()}: the mask selects nothing of this {root.shape} tile; skip the instruction instead")
+    v = restrict(root, box, root.shape)
+    v._mroot, v._mbox = root, box       # a legacy nc_matmul maps the box onto its result (its `+=` target)
+    if hasattr(root, "_root"):
+        _checked(root._root, v)
     return v
 
 

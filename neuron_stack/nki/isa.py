@@ -26,6 +26,8 @@ array([[1., 1., 1.],
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import ops, ops_more
 from .core import NKIError, current, dtype_name, unsupported, where
 from .core import ndarray as _T
@@ -115,14 +117,60 @@ def nc_matmul(*args, dst=None, stationary=None, moving=None, accumulate=None, is
     if new:
         if is_transpose:
             return ops.nc_transpose(dst, stationary)
-        _matmul(dst, stationary, moving, accumulate, mask, perf_mode)
+        cut = _unmasked(dst, mask, stationary, moving)
+        if cut is not None:
+            _matmul(*cut[1:], accumulate, None, perf_mode)
         return None
+    if str(perf_mode or "none").startswith("double_row"):
+        shape = (stationary.shape[-1], moving.shape[-1])
+    else:   # the result keeps the moving tile's free dims (a [K, k0, k1] moving gives [M, k0, k1])
+        shape = (stationary.free_size, *(moving.shape[:moving.pdim] + moving.shape[moving.pdim + 1:] or (1,)))
+    out = _new("float32", shape, "psum")
+    cut = _unmasked(out, mask, stationary, moving)
+    if cut is None:
+        ops.skip(out)
+        return out              # nothing selected: no instruction, and `acc += out` adds nothing
+    if cut[0] is not None:      # the box of the product: `acc[...] += d` retargets its matmul into that box of acc
+        box, d, s, m = cut
+        s, m = _to_sbuf(s), _to_sbuf(m)
+        d._mm, d._mfull, d._mbox = (_matmul(d, s, m, None, None, perf_mode), s, m), out.shape, box
+        return d
     stationary, moving = _to_sbuf(stationary), _to_sbuf(moving)
-    out = _new("float32", (stationary.shape[-1], moving.shape[-1]), "psum")
-    i = _matmul(out, stationary, moving, None, mask, perf_mode)
+    i = _matmul(out, stationary, moving, None, None, perf_mode)
+    if hasattr(stationary, "_mbox") or hasattr(moving, "_mbox"):
+        _mask_result(out, stationary, moving)
     if stationary.ndim == 2:        # `acc += nc_matmul(...)` retargets one matmul; a double-row pair is added
         out._mm = (i, stationary, moving)
     return out
+
+
+def _unmasked(dst, mask, *operands):
+    """A matmul's ``mask=``, over its result [M, N]: None when it selects nothing, else ``(box, dst, stationary,
+    moving)`` cut to the box (box None: a constant ``True``, as a causal test on loop indices folds to, keeps them
+    whole); the box's M (N) range cuts the stationary's (moving's) free dim."""
+    if isinstance(mask, (bool, np.bool_)) or mask is None:
+        return (None, dst, *operands) if mask is None or mask else None
+    from .indexing import box_of, restrict
+    box = box_of(mask, dst.shape)
+    if box is None:
+        return None
+    if dst.ndim != 2 or any(v.ndim != 2 for v in operands):
+        raise NKIError(f"{where()}: a mask on a matmul is simulated for 2-D tiles only; trim the tiles instead")
+    cut = [restrict(v, [(0, v.shape[0]), b], v.shape) for v, b in zip(operands, box)]
+    return (box, restrict(dst, box, dst.shape), *cut)
+
+
+def _mask_result(out, stationary, moving) -> None:
+    """Operands masked by indexing (``nc_matmul(w[i_m < M], x[i_n < N])``, the legacy form) give a result that
+    is that box of the unmasked product: record it, so ``acc[...] += result`` adds into that box of ``acc``."""
+    sroot, mroot = getattr(stationary, "_mroot", stationary), getattr(moving, "_mroot", moving)
+    if sroot.ndim != 2:
+        return
+    sbox = getattr(stationary, "_mbox", [(0, n) for n in sroot.shape])
+    mbox = getattr(moving, "_mbox", [(0, n) for n in mroot.shape])
+    drop = mroot.pdim
+    out._mfull = (sroot.shape[1 - sroot.pdim], *(n for d, n in enumerate(mroot.shape) if d != drop))
+    out._mbox = [sbox[1 - sroot.pdim], *(b for d, b in enumerate(mbox) if d != drop)]
 
 
 def _matmul(dst, stationary, moving, accumulate, mask, perf_mode) -> int:
@@ -162,15 +210,21 @@ def nc_transpose(*args, dst=None, data=None, engine=None, mask=None, dtype=None,
     eng = "vector" if engine == "vector" else "tensor"
     new = len(args) == 2 or dst is not None
     dst, data = _bind(args, new, dst=dst, data=data)
-    if new:
-        ops.nc_transpose(dst, data, eng)
-        return None
-    if eng == "vector":
-        out = _new(dtype or data.dtype, (data.free_size, data.partitions))
-    else:
-        out = _new("float32", (data.free_size, data.partitions), "psum")
-    ops.nc_transpose(out, data, eng)
-    return out
+    if not new:
+        out = dst = _new(dtype or data.dtype, (data.free_size, data.partitions)) if eng == "vector" else \
+            _new("float32", (data.free_size, data.partitions), "psum")
+    if mask is not None and not isinstance(mask, (bool, np.bool_)):
+        from .indexing import box_of, restrict
+        box = box_of(mask, data.shape)      # over the input's indices, as the samples write it
+        if box is not None:
+            whole, data, dst = dst, restrict(data, box, data.shape), restrict(dst, box[::-1], dst.shape)
+            current().masked_box = (whole.operand(), box[::-1])    # `t[...] = result` writes that box of t
+        mask = box is not None
+    if isinstance(mask, (bool, np.bool_)) and not mask:
+        ops.skip(dst)
+        return None if new else out     # nothing selected: no instruction (see nc_matmul)
+    ops.nc_transpose(dst, data, eng)
+    return None if new else out
 
 
 def activation(*args, dst=None, op=None, data=None, bias=None, scale=1.0, reduce_op=None, reduce_res=None,

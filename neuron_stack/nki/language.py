@@ -206,13 +206,16 @@ def copy(x, dtype=None, mask=None, **_):
 
 
 def _assign(dst, value) -> None:
-    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number. The
-    value just computed into a temporary tile (``nl.load``, ``nl.copy``, ``nl.exp`` ...) is written straight into
-    ``dst`` instead (no Vector copy), as the compiler does."""
+    """``dst[...] = value``: a DMA from HBM, a store to HBM, a tile copy, or a memset of a number; a value just
+    computed into a temporary tile (``nl.load``, ``nl.exp`` ...) is written straight into ``dst`` (no copy)."""
     t = current()
     if isinstance(value, tensor) and (value.buf, value.offset, value.strides, value.shape) == (
             dst.buf, dst.offset, dst.strides, dst.shape):
         return                  # `t[i] += x` writes t[i] in place; the assignment Python adds is not a copy
+    part = ops.masked_part(dst, value)  # a masked result writes its box of dst only (none: nothing at all)
+    if part is None:
+        return
+    dst, value = part
     if isinstance(value, tensor) and dst.buf.mem != "hbm" and t.retarget(value, dst):
         return
     if not isinstance(value, tensor):
@@ -335,18 +338,20 @@ def logical_not(x, dtype=None, mask=None, **_):
 
 
 def _accumulate(acc, o):
-    """``acc += o``: a matmul result just produced is retargeted into ``acc`` (PSUM accumulation);
-    anything else is a Vector Engine add."""
+    """``acc += o``: a matmul result just produced is retargeted into ``acc`` (PSUM accumulation), anything else
+    is a Vector Engine add; a masked result adds into its box of ``acc`` (nothing, if the mask selected none)."""
+    if ops.masked_away(o) or getattr(o, "_mfull", None) == acc.shape != o.shape:
+        ops.masked_away(o) or _accumulate(TENSOR_OPS["restrict"](acc, o._mbox, acc.shape), o)
+        return acc
     t = current()
     mm = getattr(o, "_mm", None) if isinstance(o, tensor) else None
     # a region no instruction wrote yet: the first matmul starts its accumulation group (as nc_matmul's
     # accumulate=None decides), anything else adds into the zeros a lazy nl.zeros owes it
     fresh = not any(_overlap(acc.region(), w) for w in acc.buf.written)
     if mm is not None and acc.buf.mem == "psum" and mm[0] == len(t.instrs) - 1 and acc.shape == o.shape:
-        ins = t.instrs.pop()
+        ins, (_, stat, mov) = t.instrs.pop(), mm
         o.buf.writes.clear()
         o.buf.written.clear()
-        stat, mov = mm[1], mm[2]
         t.emit("MATMUL", [acc], [stat, mov], {"start": fresh, "stop": True}, dur=ins.dur, flops=ins.flops,
                itype="REGULAR", small=False, loc=ins.node)
         return acc

@@ -89,13 +89,39 @@ def on_chip(v, what: str) -> ndarray:
     return v
 
 
+def masked_away(v) -> bool:
+    """Whether ``v`` is the result of an instruction whose mask selected nothing (so none was issued):
+    assigning it or adding it into a tile then writes nothing either."""
+    return isinstance(v, ndarray) and not v.buf.writes and getattr(current(), "masked_box", 0) == (v.operand(), None)
+
+
+def masked_part(dst: ndarray, value):
+    """``dst[...] = value`` for a masked result: None when its mask selected nothing (nothing to write), else
+    ``(dst, value)`` cut to the box its instruction wrote (both whole when it was not masked)."""
+    if masked_away(value):
+        return None
+    box = getattr(current(), "masked_box", None)
+    if isinstance(value, ndarray) and box and box[1] and box[0] == value.operand() and dst.shape == value.shape:
+        return restrict(dst, box[1], dst.shape), restrict(value, box[1], value.shape)
+    return dst, value
+
+
+def skip(v: ndarray) -> None:
+    """``v``'s instruction is not issued (its mask selected nothing): assigning or adding ``v`` writes nothing
+    (:func:`masked_away`), and if nothing else touches it, it takes no SBUF/PSUM space."""
+    t = current()
+    t.masked_box = (v.operand(), None)
+    if v.buf.name in t.tiles and not v.buf.writes:
+        t.tiles[v.buf.name]["skipped"] = True
+
+
 def masked(dst: ndarray, srcs: list, mask) -> tuple | None:
     """(dst, srcs) limited to ``mask``'s box; None when the mask selects nothing."""
     if mask is None:
         return dst, srcs
     box = box_of(mask, dst.shape)
     if box is None:
-        return None
+        return skip(dst)
     current().masked_box = (dst.operand(), box)     # `t[...] = <masked result>` writes only this box of t
     return restrict(dst, box, dst.shape), [restrict(s, box, dst.shape) if isinstance(s, ndarray) else s
                                             for s in srcs]

@@ -59,6 +59,12 @@ def jit(func=None, mode: str = "auto", **kwargs):
     return _deco(func, lambda f: _Jit(f, mode, **kwargs))
 
 
+def trace(func=None, **kwargs):
+    """Legacy ``@nki.trace`` (``from neuronxcc.nki import trace``): a helper that a kernel calls, inlined at the
+    call as ``@nki.jit(mode='trace')`` is."""
+    return jit(func, mode="trace", **kwargs)
+
+
 def simulate(kernel):
     """``nki.simulate(kernel)(*args)``: numbers only (same as calling the kernel; timing is also computed)."""
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)

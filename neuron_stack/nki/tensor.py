@@ -203,14 +203,18 @@ class ndarray:
         ap = [[s, n] for s, n in zip(self.strides, self.shape)] or [[1, 1]]
         if self.pdim:
             ap.insert(0, ap.pop(self.pdim))
-        return {"m": self.buf.mem, "b": self.buf.name, "dt": self.dtype, "o": self.offset, "ap": ap}
+        op = {"m": self.buf.mem, "b": self.buf.name, "dt": self.dtype, "o": self.offset, "ap": ap}
+        if self.dtype != self.buf.dtype and self.lanes != 1:
+            op["bc"] = self.buf.dtype       # a bitcast view: the memory decodes the buffer's bytes
+        return op
 
     def region(self) -> tuple:
         """The box this view touches, as (lo, hi) pairs flattened: (p_lo, p_hi, f_lo, f_hi) on chip,
         one pair per tensor dim in HBM (so disjoint blocks of one output never wait for each other)."""
         if self.buf.mem == "hbm":
             return _hbm_box(self)
-        pitch = self.buf.pitch
+        r = self.lanes
+        pitch = self.buf.pitch * r
         p0, f0 = divmod(self.offset, pitch)
         p1, f1 = p0, f0
         # each stride steps partitions (a multiple of the pitch) or free elements (less than it); a negative
@@ -221,6 +225,8 @@ class ndarray:
                 p1, f1 = p1 + (n - 1) * dp, f1 + (n - 1) * df
             elif s < 0:
                 p0, f0 = p0 - (n - 1) * dp, f0 - (n - 1) * df
+        if r != 1:              # a bitcast view: the buffer elements its bytes lie in
+            f0, f1 = f0 // r, f1 // r
         return (p0, p1, f0, f1)
 
     def flat_range(self) -> tuple[int, int]:
@@ -248,8 +254,28 @@ class ndarray:
     def __setitem__(self, key, value) -> None:
         TENSOR_OPS["assign"](self[key], value)
 
+    @property
+    def lanes(self) -> int:
+        """Elements of this view's dtype per element of its buffer: 4 for ``t.view(nl.float8_e4m3)`` of an fp32
+        tile (a bitcast view), 1 for every other view."""
+        if self.dtype == self.buf.dtype:
+            return 1
+        return max(DTYPE_BYTES[self.buf.dtype] // DTYPE_BYTES[self.dtype], 1)
+
     def view(self, dtype) -> ndarray:
-        return ndarray(self.buf, self.shape, self.offset, self.strides, dtype_name(dtype), self.pdim)
+        """The same bytes as ``dtype``: same-size dtypes keep the shape; a narrower dtype of an on-chip tile
+        splits each element of the last dim into its bytes' worth (an fp32 [P, 1] as fp8 is [P, 4]), read-only."""
+        dt = dtype_name(dtype)
+        old, new = DTYPE_BYTES[self.dtype], DTYPE_BYTES[dt]
+        if old == new:
+            return ndarray(self.buf, self.shape, self.offset, self.strides, dt, self.pdim)
+        if self.buf.mem == "hbm" or old < new or self.lanes != 1 or not self.shape or self.strides[-1] != 1 \
+                or self.pdim == self.ndim - 1:
+            raise NKIError(f"{where()}: a {self.dtype} -> {dt} view reinterprets bytes; the simulator does that for "
+                           f"an on-chip tile with a contiguous last free dim, to a narrower dtype only")
+        r = old // new
+        return ndarray(self.buf, (*self.shape[:-1], self.shape[-1] * r), self.offset * r,
+                       [s * r for s in self.strides[:-1]] + [1], dt, self.pdim)
 
     def reshape(self, shape) -> ndarray:
         """A reshaped view of a contiguous tensor (HBM) or of a tile's free dims."""
