@@ -14,7 +14,7 @@ from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, tra
 from neuron_stack.compiler.lower.custom import lower_custom
 from neuron_stack.compiler.lower.kvread import repeat_kv_operands
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
-from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_on_evacuation
+from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_after_lanes, scale_on_evacuation
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
@@ -147,6 +147,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         lower_custom(low, n)
         return
     members, alone = epilogue_chain(low, n)
+    if members and scale_after_lanes(low, n, ops[1], members):
+        members, alone = [], [m.node for m in members] + alone
     if ops[0].meta.dim() > 3 or ops[1].meta.dim() > 3:
         lower_custom(low, n)
         lower_alone(low, alone)
