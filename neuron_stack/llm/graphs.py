@@ -309,6 +309,10 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -
         from neuron_stack.llm.prefill import context_encoding_cache
 
         context_encoding_cache(cache)
+    else:   # NxDI's k_cache_transposed: the decode step reads each key lane as one run (llm/kcache.py)
+        from neuron_stack.llm.kcache import transposed_k_cache
+
+        transposed_k_cache(cache)
     # a context-encoding call computes the logits of the prompt's last position only (NxDI
     # ``model_base.py``: ``torch.gather`` of the hidden state at ``max(position_ids)`` before ``lm_head``)
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
