@@ -28,6 +28,7 @@ from neuron_stack.compiler.driver import compile_program
 from neuron_stack.frontend.export import capture
 from neuron_stack.ir import Program, TensorSpec
 from neuron_stack.llm.configs import ConfigError, nxdi_head_counts
+from neuron_stack.llm.kcache import LONG_CACHE
 from neuron_stack.llm.quantize import quantize_decoder
 
 
@@ -309,7 +310,7 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -
         from neuron_stack.llm.prefill import context_encoding_cache
 
         context_encoding_cache(cache)
-    else:   # NxDI's k_cache_transposed: the decode step reads each key lane as one run (llm/kcache.py)
+    elif bucket >= LONG_CACHE:   # NxDI's k_cache_transposed: each key lane read as one run (llm/kcache.py)
         from neuron_stack.llm.kcache import transposed_k_cache
 
         transposed_k_cache(cache)

@@ -1,4 +1,4 @@
-"""The K cache kept transposed, as NxDI's ``k_cache_transposed`` keeps it: ``[batch, kv_heads, head_dim, seq]``
+"""A long decode cache's K kept transposed, as NxDI's ``k_cache_transposed`` keeps it: ``[batch, kv_heads, head_dim, seq]``
 (its token-generation kernel's ``K_cache_transposed``), V as Hugging Face's ``[batch, kv_heads, seq, head_dim]``.
 
 A decode step's scores ``q @ K^T`` contract over ``head_dim``, the partition axis of both matmul operands, so the
@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import StaticLayer
+
+from neuron_stack.compiler.lower.resident import LANE_MIN_RUN, PMAX
+
+#: the shortest decode cache kept so: as long as a row of scores takes the lane layout (``LANE_MIN_RUN`` keys a
+#: partition; ``llm.project.kv_length`` pads such buckets to whole partitions), where P @ V reads V in the lane
+#: order too (``compiler/lower/kvread.lane_batches``). A shorter cache is a few 128-key tiles a head.
+LONG_CACHE = PMAX * LANE_MIN_RUN
 
 
 class TransposedKLayer(StaticLayer):
