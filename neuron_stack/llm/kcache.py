@@ -1,5 +1,6 @@
-"""A long decode cache's K kept transposed, as NxDI's ``k_cache_transposed`` keeps it: ``[batch, kv_heads, head_dim, seq]``
-(its token-generation kernel's ``K_cache_transposed``), V as Hugging Face's ``[batch, kv_heads, seq, head_dim]``.
+"""A long decode cache's K kept transposed, as NxDI's ``k_cache_transposed`` keeps it:
+``[batch, kv_heads, head_dim, seq]`` (its token-generation kernel's ``K_cache_transposed``), V as Hugging
+Face's ``[batch, kv_heads, seq, head_dim]``.
 
 A decode step's scores ``q @ K^T`` contract over ``head_dim``, the partition axis of both matmul operands, so the
 keys are needed with ``head_dim`` on the partitions: stored ``[seq, head_dim]`` each 128-token block is loaded as
