@@ -196,6 +196,49 @@ def test_int8_weights_match_the_fake_quantised_eager_model_and_halve_the_bytes()
         project(tiny_config(), sequence_length=64, quantization_dtype="fp8")
 
 
+def test_int8_decode_scale_runs_across_the_lanes_after_bf16s_evacuation_and_matches_eager():
+    """A decode step's quantized linear (``[1, hidden]`` out: channels along one PSUM row) evacuates PSUM as
+    bf16 does (a ScalarE copy) and multiplies by its per-channel scale once the output is in the lane layout
+    (``hidden / 128`` elements on each of the 128 partitions), not as a one-partition pass over ``hidden``
+    elements; the numbers equal eager PyTorch."""
+    import json
+
+    import numpy as np
+    import torch
+
+    from neuron_stack.compiler.fuse import fuse
+    from neuron_stack.compiler.legalize import legalize
+    from neuron_stack.compiler.partition import partition
+    from neuron_stack.compiler.schedule import build_schedules
+    from neuron_stack.frontend.export import capture
+    from neuron_stack.isa.interp import run_program
+    from neuron_stack.llm.quantize import QuantizedLinear
+
+    class Down(torch.nn.Module):     # the MLP's down projection and the residual add after it
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = QuantizedLinear.from_linear(torch.nn.Linear(512, 2048, bias=False), "int8")
+
+        def forward(self, x, res):
+            return res + self.lin(x)
+
+    model = Down().eval()
+    x, res = torch.randn(1, 512), torch.randn(1, 2048)
+    prog = fuse(partition(legalize(capture(model, (x, res)))))
+    sched = build_schedules(prog, {"auto_cast": "none"})
+    got = np.asarray(run_program(prog, dict(zip(prog.input_names, (x.numpy(), res.numpy()))), sched)[0],
+                     dtype=np.float32)
+    ref = model(x, res).detach().numpy()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+    t = sched[0].table
+    mul = [n.name for n in prog.nodes if n.target == "aten.mul.Tensor"]
+    rows = [(e, json.loads(o)) for e, node, o in zip(t.column("engine").to_pylist(), t.column("node").to_pylist(),
+                                                     t.column("operands").to_pylist()) if node in mul]
+    muls = [o for e, o in rows if e == "vector" and o.get("op") == "multiply"]
+    assert muls and all(o["dst"][0]["ap"][0][1] == 128 and o["src"][0]["m"] == "sbuf" for o in muls)
+
+
 def test_decode_buckets_share_one_capture_and_project_as_if_each_were_captured(monkeypatch):
     import importlib
 

@@ -61,10 +61,6 @@ def test_decode_never_gets_faster_as_the_batch_grows_and_reads_the_weights_once(
                 assert b.device_ns < hi / lo * a.device_ns, (q, lo, hi, a.bucket, a.device_ns, b.device_ns)
 
 
-@pytest.mark.xfail(strict=True, reason="int8 decode at batch 1 (8B TP32 trn1) is faster than bf16 at KV 128 but 1-5% "
-                   "slower from 512 up: its weights now convert in their DMA (queues busy 0.6-0.75x bf16's), but the "
-                   "layer is bound by the attention's chain over the cache and the scale's multiply on the Vector "
-                   "Engine, not by the weight stream (docs/llm.md, weight-only quantization)")
 def test_int8_weights_are_not_slower_where_bf16_is_hbm_bound(sweeps):
     for bf16, int8 in zip(_decode(sweeps[None, 1]), _decode(sweeps["int8", 1])):
         assert bf16.bucket == int8.bucket

@@ -1,5 +1,7 @@
 """Long attention rows take the flash path (issue 24): scores of more keys than one PSUM bank never
 go to HBM, and the numbers equal eager PyTorch, masked rows and partial blocks included."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,9 +121,12 @@ def test_causal_flash_instructions_compute_eager_attention_in_the_isa_interprete
     torch.testing.assert_close(torch.from_numpy(out), fn(q, k, v), rtol=1e-4, atol=1e-5)
 
 
-def _decode_step(kv_heads, dtype=torch.float32, B=2, S=256):
-    """One token-generation step of a tiny GQA Llama (4 query heads) over a static cache given as inputs."""
+def _decode_step(kv_heads, dtype=torch.float32, B=2, S=256, k_transposed=False):
+    """One token-generation step of a tiny GQA Llama (4 query heads) over a static cache given as inputs
+    (``k_transposed``: the K cache kept ``[B, kv, d, S]``, llm/kcache.py; its input is the same keys so laid)."""
     import transformers as T
+
+    from neuron_stack.llm.kcache import transposed_k_cache
 
     cfg = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=S)
@@ -136,11 +141,15 @@ def _decode_step(kv_heads, dtype=torch.float32, B=2, S=256):
         def forward(self, ids, k, v, pos):
             cache = T.StaticCache(config=cfg, max_cache_len=S)
             cache.early_initialization(batch_size=B, num_heads=kv_heads, head_dim=16, dtype=dtype, device="cpu")
+            if k_transposed:
+                transposed_k_cache(cache)
             cache.layers[0].keys.copy_(k)
             cache.layers[0].values.copy_(v)
             return self.m(input_ids=ids, past_key_values=cache, cache_position=pos).logits
 
     k, v = (torch.randn(B, kv_heads, S, 16).to(dtype) for _ in range(2))
+    if k_transposed:
+        k = k.transpose(-1, -2).contiguous()
     return Step(), (torch.randint(0, 128, (B, 1)), k, v, torch.tensor([S // 2]))
 
 
@@ -166,6 +175,39 @@ def test_gqa_decode_step_instructions_compute_eager_logits(kv_heads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         else:
             assert (got - want).norm() / want.norm() < 1e-2
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_transposed_k_cache_decode_step_computes_the_untransposed_eager_logits(kv_heads):
+    # NxDI's k_cache_transposed (llm/kcache.py): the same step over the same keys laid [B, kv, d, S] gives the
+    # logits of the Hugging Face cache, eager and instruction by instruction; q @ K^T reads each key lane of the
+    # cache as one run (no 128 x 128 transposes of K on the Tensor Engine, which the [B, kv, S, d] cache takes),
+    # and P @ V runs in the lane order (matmul.lane_batches): each partition reads S / 128 whole rows of V at once
+    from neuron_stack.compiler.schedule import build_schedules
+    from neuron_stack.isa.interp import run_program
+
+    S = 1024        # the lane layout's shortest row: 8 keys a partition (resident.LANE_MIN_RUN)
+    step, args = _decode_step(kv_heads, S=S)
+    tstep, targs = _decode_step(kv_heads, S=S, k_transposed=True)
+    with torch.no_grad():
+        want = step(*args)
+        torch.testing.assert_close(tstep(*targs), want, rtol=1e-5, atol=1e-6)
+    transposes, v_descs = [], []
+    for st, a in ((step, args), (tstep, targs)):
+        prog = fuse(partition(legalize(capture(st, a))))
+        schedules = build_schedules(prog, {"auto_cast": "none", "target": "inf2"})
+        names = [n.name for n in prog.nodes if n.target == "placeholder"]
+        got = torch.from_numpy(run_program(prog, dict(zip(names, [x.numpy() for x in a])), schedules)[0])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        scores, pv = [n.name for n in prog.nodes if n.target == "aten.bmm.default"]
+        t = schedules[0].table
+        rows = list(zip(t["engine"].to_pylist(), t["node"].to_pylist(), t["operands"].to_pylist()))
+        transposes.append(sum(1 for e, nd, o in rows if e == "tensor" and nd == scores and "__identity" in o))
+        v_descs.append(sum(json.loads(o).get("desc", 1) for e, nd, o in rows if e == "dma" and nd == pv))
+    assert transposes[1] < transposes[0]
+    # V read once per (sequence, KV head), one 8-row run a partition (natural tiles: 8 DMAs of 128 one-row runs),
+    # and P^T read in place (no SBUF-to-SBUF DMA per 128 keys)
+    assert v_descs == [2 * kv_heads * 128] * 2, v_descs
 
 
 def test_batch_one_decode_step_reads_the_attention_output_right():

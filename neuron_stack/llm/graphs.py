@@ -28,6 +28,7 @@ from neuron_stack.compiler.driver import compile_program
 from neuron_stack.frontend.export import capture
 from neuron_stack.ir import Program, TensorSpec
 from neuron_stack.llm.configs import ConfigError, nxdi_head_counts
+from neuron_stack.llm.kcache import LONG_CACHE
 from neuron_stack.llm.quantize import quantize_decoder
 
 
@@ -309,6 +310,10 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -
         from neuron_stack.llm.prefill import context_encoding_cache
 
         context_encoding_cache(cache)
+    elif bucket >= LONG_CACHE:   # NxDI's k_cache_transposed: each key lane read as one run (llm/kcache.py)
+        from neuron_stack.llm.kcache import transposed_k_cache
+
+        transposed_k_cache(cache)
     # a context-encoding call computes the logits of the prompt's last position only (NxDI
     # ``model_base.py``: ``torch.gather`` of the hidden state at ``max(position_ids)`` before ``lm_head``)
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters

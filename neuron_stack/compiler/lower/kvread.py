@@ -11,6 +11,7 @@ from neuron_stack.compiler.lower.chain import epilogue_chain
 from neuron_stack.compiler.lower.common import reshape_view
 from neuron_stack.compiler.lower.lowerer import Lowerer
 from neuron_stack.compiler.lower.registry import named, prepare_pass
+from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import PMAX, View, aten_op, is_ref, meta_tensor, packet_name
 from neuron_stack.ir import Node
 
@@ -179,3 +180,20 @@ def _copy_now(low: Lowerer, clone: Node) -> None:
     """Lower a copy :func:`prepare_kv_reads` held back, as the copy lowering would have."""
     named("copy").fn(low, clone)
     low.finished.add(clone.name)
+
+
+def lane_batches(low: Lowerer, A3: View, B3: View) -> bool:
+    """True for a decode step's ``P @ V`` (:func:`lane_operand`, per batch): the probabilities ``A3`` [nb, M, S]
+    kept in the lane layout (each row's ``S`` over the 128 partitions, ``S / 128`` a partition) and each
+    batch's ``B3[b]`` [S, d] one contiguous block of the V cache. The contraction then runs in the lane
+    order: P^T's K-tile ``j`` is read in place (no SBUF-to-SBUF DMA per 128 keys) and V's K-tile ``j`` is
+    rows ``p * S / 128 + j``, so each partition reads a run of ``S / 128`` whole rows of V (4 KiB and more
+    from 2,048 keys of a 128-wide bf16 head) where a natural tile is 256 B a partition. The sum over the keys
+    is the same, taken in another order."""
+    r = low.res.get(A3.buf)
+    if r is None or r.evicted or A3.meta.dim() != 3 or not A3.meta.is_contiguous() or A3.meta.storage_offset():
+        return False
+    nb, S, d = B3.shape
+    lanes = lane_layout(A3.shape)
+    return lanes is not None and (r.C, r.T) == lanes and lanes[0] * PMAX == S and B3.buf not in low.const_ktiled \
+        and B3.meta.stride()[1:] == (d, 1) and A3.shape[0] == nb

@@ -12,9 +12,9 @@ from neuron_stack.compiler.lower.attention import (
 from neuron_stack.compiler.lower.chain import TileCtx, chain_outputs, epilogue_chain, run_chain
 from neuron_stack.compiler.lower.common import broadcast_view, reshape_view, transpose_to
 from neuron_stack.compiler.lower.custom import lower_custom
-from neuron_stack.compiler.lower.kvread import repeat_kv_operands
+from neuron_stack.compiler.lower.kvread import lane_batches, repeat_kv_operands
 from neuron_stack.compiler.lower.lowerer import QUANTIZED_DTYPES, Lowerer
-from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_on_evacuation
+from neuron_stack.compiler.lower.quantized import casts_in_flight, scale_after_lanes, scale_on_evacuation
 from neuron_stack.compiler.lower.registry import lower_alone, lowering
 from neuron_stack.compiler.lower.resident import lane_layout
 from neuron_stack.compiler.lower.tiles import (
@@ -147,6 +147,8 @@ def lower_matmul(low: Lowerer, n: Node) -> None:
         lower_custom(low, n)
         return
     members, alone = epilogue_chain(low, n)
+    if members and scale_after_lanes(low, n, ops[1], members):
+        members, alone = [], [m.node for m in members] + alone
     if ops[0].meta.dim() > 3 or ops[1].meta.dim() > 3:
         lower_custom(low, n)
         lower_alone(low, alone)
@@ -254,7 +256,7 @@ class Matmul:
         # one per DMA queue, as the DMA guide's "16 transfers x 8 buffers" (3 left 13 queues idle)
         self.streamed = streamed = max(3, min(16, nk, (budget // 2) // max(1, NG * es)))
         self.panel_bufs = (2 * nk if 2 * b_bytes <= budget // 2 else nk) if self.panel_resident else streamed
-        self.lanes = not self.batched and lane_operand(low, A, B)
+        self.lanes = lane_operand(low, A, B) if not self.batched else lane_batches(low, A3, self.B3)
         # stores are slow next to one bank's evacuation: enough output slots to keep PSUM draining
         self.epi_pools = {"__F": min(NG, MOVING_FMAX), "__bufs": 6}
         self._sweep_choice()
@@ -326,13 +328,12 @@ class Matmul:
 
     def pools(self) -> None:
         """The SBUF and PSUM pools the plan needs (created in this order: pool order places them)."""
-        low, name, A, B, M, N, nk = self.low, self.n.name, self.A, self.B, self.M, self.N, self.nk
+        low, name, A, B, N, nk = self.low, self.n.name, self.A, self.B, self.N, self.nk
         NG, MG, mm_dt, es, budget, sweep = self.NG, self.MG, self.mm_dt, self.es, self.budget, self.sweep
         if self.lanes:
             # a decode step's x^T read in place, K-tile j = column j of the lane layout; the weight's K-tile j is
             # its rows p * nk + j: g K-tiles per DMA are g x N contiguous elements per partition
-            self.Al = A.with_meta(A.meta.view(M, PMAX, nk).permute(1, 2, 0))        # [128, nk, M]
-            self.Bl = B.with_meta(B.meta.view(PMAX, nk, N))                         # [128, nk, N]
+            self.Al, self.Bl = self.lane_views(A, B) if not self.batched else (None, None)    # (per batch)
             self.lgroup = min(nk, max(1, 4096 // (N * nbytes_of(mm_dt)))) if N <= NG else 1
             groups = ceil_div(nk, self.lgroup)
             # the moving panel's pool (in its place): a resident panel keeps every group (two panels when they
@@ -436,11 +437,17 @@ class Matmul:
         t = self.memo["t"].cols((kb - j0) * nw, nw)
         return t if t.dtype == self.mm_dt else self._cast_weight(t, nw)
 
+    def lane_views(self, A: View, B: View) -> tuple[View, View]:
+        """A^T [128, nk, M] (K-tile ``j``: column ``j`` of each partition), B [128, nk, N] (rows ``p * nk + j``)."""
+        M, N, nk = A.shape[-2], B.shape[-1], self.nk
+        return A.with_meta(A.meta.view(M, PMAX, nk).permute(1, 2, 0)), B.with_meta(B.meta.view(PMAX, nk, N))
+
     def lane_moving(self, kb: int, n0: int, nw: int) -> Tile:
         """K-tile ``kb`` of a weight read in the lane layout's order, ``lgroup`` K-tiles a DMA."""
         g = self.lgroup if nw == self.N else 1
         j0 = kb - kb % g
-        if self.memo.get("key") != (j0, n0):
+        key = (self.Bl.meta.storage_offset(), j0, n0)      # (per batch, for P @ V)
+        if self.memo.get("key") != key:
             gl, low = min(g, self.nk - j0), self.low
             box = [(0, PMAX), (j0, gl), (n0, nw)]
             if casts_in_flight(self, self.B):
@@ -448,7 +455,7 @@ class Matmul:
                 low.dma(self.n.name, t.op(), view_operand(self.Bl, box))
             else:
                 t = low.load(self.n.name, self.Bl, box, self.lpool, 1)
-            self.memo.update(key=(j0, n0), t=t)
+            self.memo.update(key=key, t=t)
         t = self.memo["t"].cols((kb - j0) * nw, nw)
         return t if t.dtype == self.mm_dt else self._cast_weight(t, nw)
 
@@ -571,6 +578,8 @@ class Matmul:
         x^T tiles (lane layout in place, as stored, or transposed), accumulated and evacuated per 128 rows."""
         K, N, M, NG, MG, nk = self.K, self.N, self.M, self.NG, self.MG, self.nk
         ATv = Ab.with_meta(Ab.meta.t())          # [K, M]
+        if self.lanes and self.batched:
+            self.Al, self.Bl = self.lane_views(Ab, Bb)
         for n0 in range(0, N, NG):
             nw = min(NG, N - n0)
             panel = [self.moving(Bb, kb, n0, nw) for kb in range(nk)] if self.panel_resident else []
