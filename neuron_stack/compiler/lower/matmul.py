@@ -281,11 +281,9 @@ class Matmul:
         low, A, B, M, K, N = self.low, self.A, self.B, self.M, self.K, self.N
         nk, NG, MG, es, mm_dt, a_direct = self.nk, self.NG, self.MG, self.es, self.mm_dt, self.a_direct
         self.NB, self.xg, self.xbufs = N, 1, 1
-        # only where streaming would be DMA-bound: its HBM bytes (x once per NG columns, the weight once per 128-row
-        # block unless resident; each over its DMAs' efficiency at their bytes a partition) give an arithmetic
-        # intensity under the roofline's ridge (the tutorial's "memory bound region"); a compute-bound matmul keeps
-        # the N-outer order, whose next panel loads while this one multiplies (a resident sweep waits for each
-        # block's whole panel on its first row block)
+        # only where streaming is DMA-bound: its HBM bytes (x once per NG columns, the weight once per 128-row block
+        # unless resident, each over its DMAs' efficiency) under the roofline's ridge ("memory bound region"); a
+        # compute-bound matmul keeps the N-outer order, whose next panel loads while this one multiplies
         x_run = MG * es if a_direct else min(K, PMAX) * nbytes_of(A.dtype)
         w_run = (kgroup_of(nk, N, B.dtype) * N if B.buf in low.const_ktiled else NG if self.b_direct else PMAX) \
             * nbytes_of(B.dtype)
@@ -296,9 +294,8 @@ class Matmul:
         self.sweep = not self.lanes and M > STAT_FMAX and 2 * M * K * N < ridge * streamed_bytes
         if not self.sweep:
             return
-        # x^T tiles of one row block (all K, rolling: block i+1's tile kb loads once block i's matmuls have read
-        # tile kb): 128 rows from natural x loads of xg K-tiles, 4 KiB a partition (the DMA guide's saturating
-        # size); x^T as stored keeps blocks of 512 rows (1 KiB a partition, its rows' longest runs)
+        # x^T tiles of one row block (all K, rolling): 128 rows from natural x loads of xg K-tiles, 4 KiB a
+        # partition (the DMA guide's saturating size); x^T as stored keeps blocks of 512 rows (1 KiB a partition)
         self.xg = xg = 1 if a_direct else min(nk, max(1, 4096 // (PMAX * nbytes_of(A.dtype))))
         Cv, epi_pools = self.Cv, self.epi_pools
         epi_dts = [self.out_dt if not self.members else "float32"] + ([Cv.dtype] * 2 if Cv is not None else []) \
