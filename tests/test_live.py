@@ -274,3 +274,20 @@ def test_a_long_tag_is_cut_with_a_warning(d, caplog):
         assert any("300 characters" in r.getMessage() and "first 255" in r.getMessage() for r in caplog.records)
     finally:
         pub.close()
+
+
+def test_read_ring_reads_the_newer_executions_only_across_the_wrap(d):
+    pub = LivePublisher(tag="tail", directory=d)
+    n = RING_SIZE + 10
+    _record(pub, n)
+    pub.flush()
+    (s,) = read_all(d, ring=False)
+    assert "ring" not in s
+    tail = live.read_ring(s, after=n - 20)   # slots RING_SIZE - 9 .. end, then 0 .. 10
+    assert tail["seq"].tolist() == list(range(n - 19, n + 1))
+    assert tail["wall_end"].tolist() == [1000.0 + i - 1 for i in range(n - 19, n + 1)]
+    whole, full = live.read_ring(s), read_all(d)[0]["ring"]
+    assert all(whole[k].tolist() == full[k].tolist() for k in full)
+    assert whole["seq"].tolist() == list(range(n - RING_SIZE + 1, n + 1))
+    assert live.read_ring(s, after=n)["seq"].tolist() == []
+    pub.close()
