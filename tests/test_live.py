@@ -291,3 +291,14 @@ def test_read_ring_reads_the_newer_executions_only_across_the_wrap(d):
     assert whole["seq"].tolist() == list(range(n - RING_SIZE + 1, n + 1))
     assert live.read_ring(s, after=n)["seq"].tolist() == []
     pub.close()
+
+
+def test_a_reused_pid_is_caught_after_its_start_time_was_verified(monkeypatch):
+    import psutil
+    pid, started = os.getpid(), psutil.Process().create_time()
+    assert live._alive(pid, started) and live._alive(pid, started)   # the second from the verified start ticks
+    assert live._verified[pid] == (live._start_ticks(pid), started)
+    # the pid now belongs to a process started later: other start ticks, so the start time is read again
+    monkeypatch.setattr(live, "_start_ticks", lambda pid: b"1")
+    monkeypatch.setattr(live, "_process_start_time", lambda pid: started + 60)
+    assert not live._alive(pid, started)

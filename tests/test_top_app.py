@@ -249,6 +249,21 @@ def test_tree_parents_are_the_sum_of_their_children():
     assert model.device_bytes == 20971520 + 29504 and model.host_bytes == 20480
 
 
+def test_memory_tree_is_kept_while_memory_is_the_same_and_follows_a_change():
+    history, totals = History(), Totals()
+    first = build_snapshot(TWO_APPS, history, totals)
+    again = build_snapshot(copy.deepcopy(TWO_APPS), history, totals)   # a new document, the same memory
+    assert [a.memory_tree for a in again.apps] == [a.memory_tree for a in first.apps]
+    assert all(b.memory_tree is a.memory_tree for a, b in zip(first.apps, again.apps))
+    changed = copy.deepcopy(TWO_APPS)
+    usage = changed["neuron_runtime_data"][1]["report"]["memory_used"]["neuron_runtime_used_bytes"]
+    usage["usage_breakdown"]["neuroncore_memory_usage"]["4"]["tensors"] += 1 << 20
+    after = build_snapshot(changed, history, totals)
+    assert after.apps[0].memory_tree == build_snapshot(changed).apps[0].memory_tree != first.apps[0].memory_tree
+    assert after.apps[1].memory_tree is first.apps[1].memory_tree   # the other process's tree is unchanged
+    assert after.apps[2].memory_tree == build_snapshot(changed).apps[2].memory_tree
+
+
 def test_f_toggles_tflops():
     async def script(pilot):
         return pilot.app.screen_text(), await press(pilot, "f"), await press(pilot, "f")
