@@ -42,6 +42,7 @@ class Panel(Widget):
         self._cache: tuple | None = None
         self._generation = 0   # bumped by every show(): keys the text cache
         self._strips: dict[int, tuple[int, Text, Strip]] = {}   # y -> (width, line, its strip)
+        self._title_only = False
         self.border_title = title
 
     def show(self, snapshot: Snapshot, state: ViewState) -> None:
@@ -74,8 +75,20 @@ class Panel(Widget):
             self._cache = (key, title, text, _lines(text))
         _, title, text, lines = self._cache
         if title != self.border_title:   # setting it repaints, even to the same value
-            self.border_title = title
+            self._title_only = True
+            try:
+                self.border_title = title
+            finally:
+                self._title_only = False
         return text, lines
+
+    def refresh(self, *regions: Region, **kwargs) -> "Panel":
+        if self._title_only and not regions and not kwargs and self.is_mounted:
+            # A new border title (the utilization average, every refresh) repaints the top border row only:
+            # textual's setter repaints the whole panel, and each row costs as much as a changed one.
+            x, y = self.content_offset
+            regions = (Region(-x, -y, self.outer_size.width, 1),)
+        return super().refresh(*regions, **kwargs)
 
     def render(self) -> Text:
         return self._text(self.content_size.width)
