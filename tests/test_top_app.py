@@ -628,3 +628,43 @@ def test_a_refresh_repaints_only_the_rows_that_changed():
 
     screen = run(app, (200, 60), script)
     assert "87.2" in screen and "63.5" not in screen
+
+
+@pytest.mark.parametrize("width", [30, 76, 116])
+def test_panel_rows_are_drawn_as_rich_renders_them(width):
+    """neuron-top splits and draws panel rows itself (cheaper): the same rows, cells, styles and offsets as rich."""
+    from rich.console import Console
+    from rich.style import Style
+
+    from top import render
+    from top.widgets import _lines, _strip
+    console, base = Console(), Style(color="white", bgcolor="black")
+
+    def cells(segments):
+        out, x = [], 0
+        for text, style in segments:
+            plain = (style or Style()).copy().clear_meta_and_links()
+            offset = style.meta.get("offset") if style else None
+            out += [(ch, str(plain), (offset[0] + i, offset[1]) if offset else (x + i, None))
+                    for i, ch in enumerate(text)]
+            x += len(text)
+        return out
+
+    snaps = [build_snapshot(TWO_APPS), build_snapshot(document())]
+    states = [render.ViewState(), render.ViewState(flops=True, tab=1, compact=True)]
+    for snap in snaps:
+        for state in states:
+            for body in (render.utilization_body, render.vcpu_body, render.memory_summary_body, render.engine_body,
+                         render.history_body, render.counters_body):
+                text = body(snap, state, width)[1]
+                rows = _lines(text)
+                assert [(r.plain, r.spans, r.style) for r in rows] == \
+                    [(r.plain, r.spans, r.style) for r in text.split("\n", allow_blank=True)]
+                for y, row in enumerate(rows):
+                    clipped = row.copy()
+                    clipped.truncate(width, overflow="ellipsis")
+                    expected = [(t, base + s if s else base) for t, s, _ in clipped.render(console)]
+                    expected.append((" " * (width - clipped.cell_len), base))
+                    got = cells((s.text, s.style) for s in _strip(row, width, base, console, y))
+                    assert [(ch, st) for ch, st, _ in got] == [(ch, st) for ch, st, _ in cells(expected)]
+                    assert [o for _, _, o in got] == [(x, y) for x in range(len(got))]
