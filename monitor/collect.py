@@ -111,6 +111,7 @@ class Collector:
         self._last_scan = self.started
         self._host_id = instance_id()
         self._device = None
+        self._groups_of_tag: dict[str, list] = {}
         self.watch = Watch(self.config.triggers, directory)
         # Processes already running count from now: their history before the monitor is not "this period".
         for snap in live.read_all(self.directory):
@@ -202,11 +203,15 @@ class Collector:
 
     # -- runtime groups ---------------------------------------------------------------------
     def _runtime_groups(self, snap: dict):
-        found = self.config.selector_for(str(snap.get("tag", "")))
-        if found is None:
-            return []
-        i, sel = found
-        return [(i, g) for g in sel.metrics]
+        tag = str(snap.get("tag", ""))
+        groups = self._groups_of_tag.get(tag)
+        if groups is None:   # matched once per tag: the config does not change, and an RE2 search is not free
+            found = self.config.selector_for(tag)
+            groups = [] if found is None else [(found[0], g) for g in found[1].metrics]
+            if len(self._groups_of_tag) > 4096:
+                self._groups_of_tag.clear()
+            self._groups_of_tag[tag] = groups
+        return groups
 
     def _ring_after(self, snap: dict, key: str, groups) -> int:
         """The last execution every group has reported already: only newer ones are read from the ring."""
@@ -233,7 +238,8 @@ class Collector:
         if snap.get("proj_now_ns") is None:   # an older publisher: from the last execution's end, as it was
             known = max(snap["wall"], now - live.PUBLISH_DELAY_MAX_S)
             ends = snap["ring"]["wall_end"][-_OLD_CLOCK_EXECUTIONS:]
-            in_flight = float(np.median(np.diff(ends))) if len(ends) > 2 else 0.0
+            gaps = np.sort(np.diff(ends))   # their median (np.median's own arithmetic, without its set-up)
+            in_flight = float((gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2) if len(ends) > 2 else 0.0
             return int(snap["proj_ns"] + max(0.0, known - snap["proj_wall"] - in_flight) * 1e9)
         if snap.get("proj_stands"):
             return int(snap["proj_now_ns"])

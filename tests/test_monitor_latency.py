@@ -45,3 +45,12 @@ def test_percentiles_are_numpys_to_the_last_bit():
     for n in [*range(1, 40), 101, 4096]:
         values = rng.random((2, n)) * rng.choice([1e-3, 1.0])
         assert (_percentiles(values) == np.percentile(values, [p for _, p in PERCENTILES], axis=1).T).all()
+
+
+def test_an_older_publishers_clock_runs_on_past_the_median_gap_of_its_last_executions():
+    from traces.live import PUBLISH_DELAY_MAX_S
+    ends = np.array([10.0, 10.5, 11.5, 11.75, 13.0])   # gaps 0.5, 1, 0.25, 1.25: median 0.75
+    snap = {"proj_now_ns": None, "wall": 13.0, "proj_ns": 5, "proj_wall": 13.0, "ring": {"wall_end": ends}}
+    idle = 20.0 - PUBLISH_DELAY_MAX_S - 13.0 - float(np.median(np.diff(ends)))
+    assert Collector._proj_now(snap, now=20.0) == int(5 + idle * 1e9)
+    assert Collector._proj_now(dict(snap, ring={"wall_end": ends[:2]}), now=20.0) == int(5 + (idle + 0.75) * 1e9)
