@@ -31,6 +31,7 @@ _CPU_FIELDS = (("user", "user"), ("nice", "nice"), ("system", "system"), ("idle"
 MODEL_DEVICE_MEMORY = ("constants", "model_code", "runtime_memory", "tensors")
 REAL_CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 ENGINES = MONITOR_ENGINES
+_OLD_CLOCK_EXECUTIONS = 33   # an older publisher's in-flight time: the median gap of its last executions
 
 
 def _process_memory(runtime: dict) -> None:
@@ -57,6 +58,29 @@ def _process(pid: int) -> psutil.Process:
     """``psutil.Process(pid)``, made once per pid: making one parses /proc/<pid>/stat, and each refresh reads
     three figures of every process (its reads do not check the pid for reuse either way)."""
     return psutil.Process(pid)
+
+
+_PERCENTILE_KEYS = tuple(k for k, _ in PERCENTILES)
+_QUANTILES = np.array([p for _, p in PERCENTILES], dtype=np.float64) / 100
+
+
+def _percentiles(values: np.ndarray) -> np.ndarray:
+    """``np.percentile(values, [0, 1, 25, 50, 75, 99, 100], axis=1).T`` (its default linear method), row by
+    row of a 2-D array, without numpy's general set-up: that was most of a refresh's latency statistics.
+
+    >>> v = np.array([[4.0, 1.0, 3.0, 2.0]])
+    >>> bool((_percentiles(v) == np.percentile(v, [p for _, p in PERCENTILES], axis=1).T).all())
+    True
+    """
+    n = values.shape[1]
+    ordered = np.sort(values, axis=1)
+    virtual = (n - 1) * _QUANTILES
+    below = np.floor(virtual).astype(np.intp)
+    a, b = ordered[:, below], ordered[:, np.minimum(below + 1, n - 1)]
+    t = virtual - below
+    diff = b - a
+    # numpy's own interpolation (np.lib's _lerp), so the figures match it to the last bit
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
 
 
 def _r(x: float, nd: int = 2) -> float:
@@ -87,6 +111,7 @@ class Collector:
         self._last_scan = self.started
         self._host_id = instance_id()
         self._device = None
+        self._groups_of_tag: dict[str, list] = {}
         self.watch = Watch(self.config.triggers, directory)
         # Processes already running count from now: their history before the monitor is not "this period".
         for snap in live.read_all(self.directory):
@@ -107,7 +132,7 @@ class Collector:
         ''
         """
         now = time.time()
-        snaps = live.read_all(self.directory)
+        snaps = live.read_all(self.directory, ring=False)   # each ring's new part is read below
         device = self._device_info(snaps)
         runtimes = []
         alive = set()
@@ -126,6 +151,10 @@ class Collector:
                 cpu = (0.0, 0.0) if created >= self._last_scan else self._cpu_times(snap["pid"])
                 for _, g in groups:
                     self._prev[(key, g.type)] = dict(self._baseline(None, since), cpu=cpu)
+            try:
+                snap["ring"] = live.read_ring(snap, self._ring_after(snap, key, groups))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue   # its ring is being replaced or is gone: the next refresh reads it
             report = {}
             proj = self._proj_now(snap, now)   # once per process, not per group
             for i, g in groups:
@@ -174,11 +203,22 @@ class Collector:
 
     # -- runtime groups ---------------------------------------------------------------------
     def _runtime_groups(self, snap: dict):
-        found = self.config.selector_for(str(snap.get("tag", "")))
-        if found is None:
-            return []
-        i, sel = found
-        return [(i, g) for g in sel.metrics]
+        tag = str(snap.get("tag", ""))
+        groups = self._groups_of_tag.get(tag)
+        if groups is None:   # matched once per tag: the config does not change, and an RE2 search is not free
+            found = self.config.selector_for(tag)
+            groups = [] if found is None else [(found[0], g) for g in found[1].metrics]
+            if len(self._groups_of_tag) > 4096:
+                self._groups_of_tag.clear()
+            self._groups_of_tag[tag] = groups
+        return groups
+
+    def _ring_after(self, snap: dict, key: str, groups) -> int:
+        """The last execution every group has reported already: only newer ones are read from the ring."""
+        after = min(self._prev[(key, g.type)]["seq"] for _, g in groups)
+        if snap.get("proj_now_ns") is None:   # an older publisher's clock needs its last executions
+            after = min(after, int(snap["seq"]) - _OLD_CLOCK_EXECUTIONS)
+        return after
 
     @staticmethod
     def _proj_now(snap: dict, now: float) -> int:
@@ -197,8 +237,9 @@ class Collector:
         """
         if snap.get("proj_now_ns") is None:   # an older publisher: from the last execution's end, as it was
             known = max(snap["wall"], now - live.PUBLISH_DELAY_MAX_S)
-            ends = snap["ring"]["wall_end"][-33:]
-            in_flight = float(np.median(np.diff(ends))) if len(ends) > 2 else 0.0
+            ends = snap["ring"]["wall_end"][-_OLD_CLOCK_EXECUTIONS:]
+            gaps = np.sort(np.diff(ends))   # their median (np.median's own arithmetic, without its set-up)
+            in_flight = float((gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2) if len(ends) > 2 else 0.0
             return int(snap["proj_ns"] + max(0.0, known - snap["proj_wall"] - in_flight) * 1e9)
         if snap.get("proj_stands"):
             return int(snap["proj_now_ns"])
@@ -276,11 +317,9 @@ class Collector:
         names = ("total_latency", "device_latency")
         latency = dict.fromkeys(names)
         if len(ring["seq"]) > start:
-            # both latencies in one call (row by row: the same numbers as one call each, half the overhead)
             values = np.stack([ring[name][start:].astype(np.float64) for name in names])
-            pct = np.percentile(values, [p for _, p in PERCENTILES], axis=1)
-            for i, name in enumerate(names):
-                latency[name] = {k: float(round(v, 9)) for (k, _), v in zip(PERCENTILES, pct[:, i])}
+            for name, row in zip(names, np.round(_percentiles(values), 9).tolist()):
+                latency[name] = dict(zip(_PERCENTILE_KEYS, row))
         return {"period": period, "error_summary": errors, "execution_summary": summary,
                 "latency_stats": latency, "error": ""}
 

@@ -274,3 +274,31 @@ def test_a_long_tag_is_cut_with_a_warning(d, caplog):
         assert any("300 characters" in r.getMessage() and "first 255" in r.getMessage() for r in caplog.records)
     finally:
         pub.close()
+
+
+def test_read_ring_reads_the_newer_executions_only_across_the_wrap(d):
+    pub = LivePublisher(tag="tail", directory=d)
+    n = RING_SIZE + 10
+    _record(pub, n)
+    pub.flush()
+    (s,) = read_all(d, ring=False)
+    assert "ring" not in s
+    tail = live.read_ring(s, after=n - 20)   # slots RING_SIZE - 9 .. end, then 0 .. 10
+    assert tail["seq"].tolist() == list(range(n - 19, n + 1))
+    assert tail["wall_end"].tolist() == [1000.0 + i - 1 for i in range(n - 19, n + 1)]
+    whole, full = live.read_ring(s), read_all(d)[0]["ring"]
+    assert all(whole[k].tolist() == full[k].tolist() for k in full)
+    assert whole["seq"].tolist() == list(range(n - RING_SIZE + 1, n + 1))
+    assert live.read_ring(s, after=n)["seq"].tolist() == []
+    pub.close()
+
+
+def test_a_reused_pid_is_caught_after_its_start_time_was_verified(monkeypatch):
+    import psutil
+    pid, started = os.getpid(), psutil.Process().create_time()
+    assert live._alive(pid, started) and live._alive(pid, started)   # the second from the verified start ticks
+    assert live._verified[pid] == (live._start_ticks(pid), started)
+    # the pid now belongs to a process started later: other start ticks, so the start time is read again
+    monkeypatch.setattr(live, "_start_ticks", lambda pid: b"1")
+    monkeypatch.setattr(live, "_process_start_time", lambda pid: started + 60)
+    assert not live._alive(pid, started)

@@ -249,6 +249,21 @@ def test_tree_parents_are_the_sum_of_their_children():
     assert model.device_bytes == 20971520 + 29504 and model.host_bytes == 20480
 
 
+def test_memory_tree_is_kept_while_memory_is_the_same_and_follows_a_change():
+    history, totals = History(), Totals()
+    first = build_snapshot(TWO_APPS, history, totals)
+    again = build_snapshot(copy.deepcopy(TWO_APPS), history, totals)   # a new document, the same memory
+    assert [a.memory_tree for a in again.apps] == [a.memory_tree for a in first.apps]
+    assert all(b.memory_tree is a.memory_tree for a, b in zip(first.apps, again.apps))
+    changed = copy.deepcopy(TWO_APPS)
+    usage = changed["neuron_runtime_data"][1]["report"]["memory_used"]["neuron_runtime_used_bytes"]
+    usage["usage_breakdown"]["neuroncore_memory_usage"]["4"]["tensors"] += 1 << 20
+    after = build_snapshot(changed, history, totals)
+    assert after.apps[0].memory_tree == build_snapshot(changed).apps[0].memory_tree != first.apps[0].memory_tree
+    assert after.apps[1].memory_tree is first.apps[1].memory_tree   # the other process's tree is unchanged
+    assert after.apps[2].memory_tree == build_snapshot(changed).apps[2].memory_tree
+
+
 def test_f_toggles_tflops():
     async def script(pilot):
         return pilot.app.screen_text(), await press(pilot, "f"), await press(pilot, "f")
@@ -613,3 +628,43 @@ def test_a_refresh_repaints_only_the_rows_that_changed():
 
     screen = run(app, (200, 60), script)
     assert "87.2" in screen and "63.5" not in screen
+
+
+@pytest.mark.parametrize("width", [30, 76, 116])
+def test_panel_rows_are_drawn_as_rich_renders_them(width):
+    """neuron-top splits and draws panel rows itself (cheaper): the same rows, cells, styles and offsets as rich."""
+    from rich.console import Console
+    from rich.style import Style
+
+    from top import render
+    from top.widgets import _lines, _strip
+    console, base = Console(), Style(color="white", bgcolor="black")
+
+    def cells(segments):
+        out, x = [], 0
+        for text, style in segments:
+            plain = (style or Style()).copy().clear_meta_and_links()
+            offset = style.meta.get("offset") if style else None
+            out += [(ch, str(plain), (offset[0] + i, offset[1]) if offset else (x + i, None))
+                    for i, ch in enumerate(text)]
+            x += len(text)
+        return out
+
+    snaps = [build_snapshot(TWO_APPS), build_snapshot(document())]
+    states = [render.ViewState(), render.ViewState(flops=True, tab=1, compact=True)]
+    for snap in snaps:
+        for state in states:
+            for body in (render.utilization_body, render.vcpu_body, render.memory_summary_body, render.engine_body,
+                         render.history_body, render.counters_body):
+                text = body(snap, state, width)[1]
+                rows = _lines(text)
+                assert [(r.plain, r.spans, r.style) for r in rows] == \
+                    [(r.plain, r.spans, r.style) for r in text.split("\n", allow_blank=True)]
+                for y, row in enumerate(rows):
+                    clipped = row.copy()
+                    clipped.truncate(width, overflow="ellipsis")
+                    expected = [(t, base + s if s else base) for t, s, _ in clipped.render(console)]
+                    expected.append((" " * (width - clipped.cell_len), base))
+                    got = cells((s.text, s.style) for s in _strip(row, width, base, console, y))
+                    assert [(ch, st) for ch, st, _ in got] == [(ch, st) for ch, st, _ in cells(expected)]
+                    assert [o for _, _, o in got] == [(x, y) for x in range(len(got))]

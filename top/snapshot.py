@@ -246,7 +246,9 @@ class Snapshot:
 
 
 class Totals:
-    """Running sums of the monitor's per-period counts, per process; owned by the poll worker.
+    """Running sums of the monitor's per-period counts, per process; owned by the poll worker. It also keeps
+    each tab's last memory tree, reused while the memory it shows is unchanged (memory seldom changes from
+    one refresh to the next, and building the trees was most of a snapshot's cost).
 
     >>> t = Totals()
     >>> t.add((1, "app"), "recompile", 2), t.add((1, "app"), "recompile", 1)
@@ -255,6 +257,18 @@ class Totals:
 
     def __init__(self):
         self._sums: dict[tuple, dict[str, int]] = {}
+        self._trees: dict[tuple, tuple[list, tuple[MemoryNode, ...]]] = {}
+        self._last_trees: dict[tuple, tuple[list, tuple[MemoryNode, ...]]] = {}
+
+    def memory_tree(self, entries: list[dict], per_device: int) -> tuple[MemoryNode, ...]:
+        """The memory tree of these runtime ``entries``: last refresh's when their memory is the same."""
+        key = (per_device, tuple(_process_key(e) for e in entries))
+        shown = [_tree_input(e) for e in entries]
+        kept = self._trees.get(key) or self._last_trees.get(key)
+        if kept is None or kept[0] != shown:
+            kept = (shown, _memory_tree(entries, per_device))
+        self._trees[key] = kept
+        return kept[1]
 
     def add(self, process: tuple, name: str, delta: int) -> int:
         """Add this period's ``delta`` of counter ``name`` for ``process``; return the total."""
@@ -266,6 +280,8 @@ class Totals:
         """Drop processes no longer reported, so a reused pid starts from zero."""
         for process in set(self._sums) - alive:
             del self._sums[process]
+        # Called once a refresh: the trees kept are those this refresh or the last one showed.
+        self._last_trees, self._trees = self._trees, {}
 
 
 class History:
@@ -364,6 +380,16 @@ def _memory_rows(entry: dict, per_device: int) -> list[tuple[int, str, str, str,
     return rows
 
 
+def _tree_input(entry: dict) -> tuple:
+    """What :func:`_memory_rows` reads of a runtime entry (not its period, nor its host memory)."""
+    memory = _group(entry.get("report", {}), "memory_used")
+    if memory is None:
+        return (None,)
+    per_core = ((memory.get("neuron_runtime_used_bytes") or {}).get("usage_breakdown") or {}) \
+        .get("neuroncore_memory_usage")
+    return entry.get("pid", 0), memory.get("loaded_models"), per_core
+
+
 def _memory_tree(entries: list[dict], per_device: int) -> tuple[MemoryNode, ...]:
     by_core: dict[int, list[MemoryNode]] = {}
     unattached: dict[int, dict[str, int]] = {}
@@ -443,7 +469,7 @@ def _process_view(entry: dict, totals: Totals) -> ProcessView:
 
 
 def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int,
-              processes: tuple[ProcessView, ...]) -> AppView:
+              processes: tuple[ProcessView, ...], totals: Totals) -> AppView:
     util: dict[int, float] = {}
     flops: dict[int, float] = {}
     engines: dict[int, dict[str, float]] = {}
@@ -484,7 +510,7 @@ def _app_view(tag: str, pid: int | None, entries: list[dict], per_device: int,
         tag=tag, pid=pid, utilization=util, flops=flops, engines=engines,
         runtime_vcpu=tuple(vcpu) if vcpu is not None else None,
         host_memory=host, device_memory=device,
-        memory_tree=_memory_tree(entries, per_device),
+        memory_tree=totals.memory_tree(entries, per_device),
         processes=processes,
     )
 
@@ -521,9 +547,9 @@ def build_snapshot(document: dict, history: History | None = None, totals: Total
     totals = totals if totals is not None else Totals()
     processes = [_process_view(e, totals) for e in entries]
     totals.forget_except({_process_key(e) for e in entries})
-    apps = [_app_view("all", None, entries, per_device, tuple(processes))]
+    apps = [_app_view("all", None, entries, per_device, tuple(processes), totals)]
     for entry, process in zip(entries, processes):
-        apps.append(_app_view(process.tag, process.pid, [entry], per_device, (process,)))
+        apps.append(_app_view(process.tag, process.pid, [entry], per_device, (process,), totals))
 
     # A driver-less host (or a replay without hardware info) still gets a grid covering every
     # core that reports anything.

@@ -5,11 +5,12 @@ True
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual.geometry import Region
 from textual.screen import ModalScreen
 from textual.strip import Strip
@@ -42,6 +43,7 @@ class Panel(Widget):
         self._cache: tuple | None = None
         self._generation = 0   # bumped by every show(): keys the text cache
         self._strips: dict[int, tuple[int, Text, Strip]] = {}   # y -> (width, line, its strip)
+        self._title_only = False
         self.border_title = title
 
     def show(self, snapshot: Snapshot, state: ViewState) -> None:
@@ -74,8 +76,20 @@ class Panel(Widget):
             self._cache = (key, title, text, _lines(text))
         _, title, text, lines = self._cache
         if title != self.border_title:   # setting it repaints, even to the same value
-            self.border_title = title
+            self._title_only = True
+            try:
+                self.border_title = title
+            finally:
+                self._title_only = False
         return text, lines
+
+    def refresh(self, *regions: Region, **kwargs) -> "Panel":
+        if self._title_only and not regions and not kwargs and self.is_mounted:
+            # A new border title (the utilization average, every refresh) repaints the top border row only:
+            # textual's setter repaints the whole panel, and each row costs as much as a changed one.
+            x, y = self.content_offset
+            regions = (Region(-x, -y, self.outer_size.width, 1),)
+        return super().refresh(*regions, **kwargs)
 
     def render(self) -> Text:
         return self._text(self.content_size.width)
@@ -115,12 +129,71 @@ def _strip(line: Text, width: int, style: Style, console, y: int = 0) -> Strip:
         line = line.copy()
         line.truncate(width, overflow="ellipsis")
     segments, x = [], 0
-    for text, seg_style, _ in line.render(console):
-        segments.append(Segment(text, (style + seg_style if seg_style else style) + _offset(x, y)))
-        x += len(text)
+    run, run_style = "", None
+    for text, seg_style in _runs(line, console):
+        if seg_style == run_style or not run:   # side by side in one style (a bar's blocks): one segment
+            run, run_style = run + text, seg_style
+            continue
+        segments.append(Segment(run, _cell_style(style, run_style, x, y)))
+        x += len(run)
+        run, run_style = text, seg_style
+    if run:
+        segments.append(Segment(run, _cell_style(style, run_style, x, y)))
+        x += len(run)
     if width > line.cell_len:
-        segments.append(Segment(" " * (width - line.cell_len), style + _offset(x, y)))
+        segments.append(Segment(" " * (width - line.cell_len), _cell_style(style, None, x, y)))
     return Strip(segments, max(width, line.cell_len))
+
+
+def _runs(line: Text, console) -> list[tuple[str, Style | None]]:
+    """``line``'s (text, style) runs, as rich's ``Text.render`` makes them, read straight off its spans when they
+    follow one another without overlapping (every panel row: each is built by appends), which saves most of
+    its cost; anything else goes through rich.
+
+    >>> from rich.console import Console
+    >>> _runs(Text("a").append("b", "bold").append("c"), Console())
+    [('a', None), ('b', Style(bold=True)), ('c', None)]
+    """
+    plain, runs, pos = line.plain, [], 0
+    for start, end, style in line.spans if not line.style else ((-1, 0, None),):
+        if start < pos:   # overlapping, out of order, or a style for the whole line: rich combines them
+            return [(text, seg_style) for text, seg_style, _ in line.render(console)]
+        if start > pos:
+            runs.append((plain[pos:start], None))
+        if end > start:
+            runs.append((plain[start:end], _parse(style, console)))
+        pos = end
+    if pos < len(plain):
+        runs.append((plain[pos:], None))
+    return runs
+
+
+_parsed: dict[str, Style] = {}
+
+
+def _parse(style: str | Style, console) -> Style:
+    """A span's style as rich's console reads it (names are parsed once)."""
+    if isinstance(style, Style):
+        return style
+    parsed = _parsed.get(style)
+    if parsed is None:
+        parsed = _parsed[style] = console.get_style(style, default=Style.null())
+    return parsed
+
+
+_cell_styles: dict[tuple, Style] = {}
+
+
+def _cell_style(base: Style, style: Style | None, x: int, y: int) -> Style:
+    """``base + style`` with the offset of cell (x, y), made once: a row redrawn each refresh puts the same
+    styles at the same cells (a combined style costs a new Style each time, the offset's being unique)."""
+    key = (base, style, x, y)
+    combined = _cell_styles.get(key)
+    if combined is None:
+        if len(_cell_styles) > 1 << 16:   # bounded: a resize or a new layout fills it afresh
+            _cell_styles.clear()
+        combined = _cell_styles[key] = (base + style if style else base) + _offset(x, y)
+    return combined
 
 
 _offsets: dict[tuple[int, int], Style] = {}
@@ -135,8 +208,35 @@ def _offset(x: int, y: int) -> Style:
 
 
 def _lines(text: Text) -> list[Text]:
-    """``text`` split at its newlines, one Text per row (blank rows kept)."""
-    return list(text.split("\n", allow_blank=True))
+    """``text`` split at its newlines, one Text per row (blank rows kept): ``text.split("\\n", allow_blank=True)``
+    in one pass over the spans, a third of the cost (panels are split every refresh).
+
+    >>> text = Text("ab\\n\\ncd")
+    >>> text.stylize("bold", 1, 5)
+    >>> [(line.plain, line.spans) for line in _lines(text)]
+    [('ab', [Span(1, 2, 'bold')]), ('', []), ('cd', [Span(0, 1, 'bold')])]
+    """
+    plain = text.plain
+    if "\n" not in plain:
+        return [text.copy()]
+    pieces, starts, pos = plain.split("\n"), [], 0
+    for piece in pieces:
+        starts.append(pos)
+        pos += len(piece) + 1
+    spans: list[list[Span]] = [[] for _ in pieces]
+    for start, end, style in text.spans:
+        i = bisect_right(starts, start) - 1
+        while i < len(pieces) and starts[i] < end:   # every row the span covers, cut to the row
+            cut_start, cut_end = max(0, start - starts[i]), min(end - starts[i], len(pieces[i]))
+            if cut_end > cut_start:
+                spans[i].append(Span(cut_start, cut_end, style))
+            i += 1
+    lines = []
+    for piece, row_spans in zip(pieces, spans):
+        line = Text(piece, style=text.style, justify=text.justify, overflow=text.overflow)
+        line.spans = row_spans
+        lines.append(line)
+    return lines
 
 
 class Line(Widget):

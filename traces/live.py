@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LivePublisher", "read_all", "live_dir", "read_device_info",
+__all__ = ["LivePublisher", "read_all", "read_ring", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
 
 SNAPSHOT_VERSION = 1
@@ -118,6 +118,20 @@ def _process_start_time(pid: int) -> float | None:
         return None
 
 
+def _start_ticks(pid: int) -> bytes | None:
+    """The start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat's 22nd field), None without /proc:
+    one small read, where psutil's start time costs three (a monitor refresh checks every process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        return stat[stat.rindex(b")") + 2:].split()[19]   # fields after the command name, which may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_verified: dict[int, tuple[bytes, float]] = {}   # pid -> (its start ticks, the snapshot start time they matched)
+
+
 def _alive(pid: int, started: float | None) -> bool:
     """True while ``pid`` runs and is the same process that wrote the snapshot (pids get reused)."""
     try:
@@ -128,8 +142,16 @@ def _alive(pid: int, started: float | None) -> bool:
         return True
     if started is None:
         return True
+    ticks = _start_ticks(pid)
+    if ticks is not None and _verified.get(pid) == (ticks, started):
+        return True   # the process whose start time matched before (another one would have other ticks)
     now_started = _process_start_time(pid)
-    return now_started is None or abs(now_started - started) < 1.0
+    same = now_started is None or abs(now_started - started) < 1.0
+    if same and ticks is not None:
+        if len(_verified) > 4096:
+            _verified.clear()
+        _verified[pid] = (ticks, started)
+    return same
 
 
 class LivePublisher:
@@ -478,11 +500,12 @@ class LivePublisher:
         self.close()
 
 
-def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
+def read_all(directory: str | os.PathLike | None = None, ring: bool = True) -> list[dict]:
     """Snapshots of every live publishing process, oldest first; files of dead pids are removed.
 
     A file being replaced while it is read, or a half-written file from a killed process, is
-    skipped (it will be complete at the next read).
+    skipped (it will be complete at the next read). ``ring=False`` leaves each snapshot's execution
+    ring unread: a reader that needs only its newest executions takes them with :func:`read_ring`.
 
     >>> import tempfile
     >>> read_all(tempfile.mkdtemp())
@@ -520,29 +543,53 @@ def read_all(directory: str | os.PathLike | None = None) -> list[dict]:
             _unlink_quietly(path)
             _unlink_quietly(path.with_suffix(_RING_SUFFIX))
             continue
-        try:
-            snap["ring"] = _read_ring(d / snap["ring_file"], int(snap["seq"]), int(snap["ring_size"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
         snap["file"] = str(path)
+        if ring:
+            try:
+                snap["ring"] = read_ring(snap)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
         out.append(snap)
     out.sort(key=lambda s: (s.get("start_time", 0), s.get("pid", 0), s.get("file", "")))
     return out
 
 
-def _read_ring(path: Path, seq: int, size: int) -> dict[str, np.ndarray]:
-    """The ring's executions up to ``seq`` (the snapshot's count), oldest first, as numpy columns.
+def read_ring(snap: dict, after: int = 0) -> dict[str, np.ndarray]:
+    """The executions of snapshot ``snap`` (from :func:`read_all`) with a sequence number above ``after``, up to
+    the snapshot's own count, oldest first, as numpy columns. Raises OSError or ValueError for a missing or
+    foreign ring.
 
-    Entries newer than the snapshot are left for the next read, so the ring and the snapshot's
-    counters always describe the same executions.
+    Only their slots are read (``seq % ring_size``, at most two runs): a monitor refresh wants the
+    last period's few hundred executions, not the whole ring, sixteen processes a second. Entries
+    newer than the snapshot are left for the next read, so the ring and the snapshot's counters
+    always describe the same executions.
+
+    >>> import tempfile
+    >>> pub = LivePublisher(tag="demo", directory=tempfile.mkdtemp())
+    >>> for i in range(3): pub.record_execution(core=0, wall_end=1.0 + i, proj_end_ns=i, total_latency_s=0.001,
+    ...                                         device_latency_s=0.001, busy_ns={}, flops=0)
+    >>> pub.flush(); (snap,) = read_all(pub.directory, ring=False)
+    >>> read_ring(snap, after=1)["seq"].tolist()
+    [2, 3]
+    >>> pub.close()
     """
-    with open(path, "rb") as f:
-        raw = np.frombuffer(f.read(), dtype=_RING_DTYPE)
-    if len(raw) != size:
-        raise ValueError("ring size mismatch")
-    lo = max(0, seq - size)
+    seq, size = int(snap["seq"]), int(snap["ring_size"])
+    lo = max(0, seq - size, int(after))
+    count, first = max(0, seq - lo), (lo + 1) % max(size, 1)
+    fd = os.open(Path(snap["file"]).with_name(snap["ring_file"]), os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_size != size * _RING_DTYPE.itemsize:
+            raise ValueError("ring size mismatch")
+        head = min(count, size - first)
+        data = os.pread(fd, head * _RING_DTYPE.itemsize, first * _RING_DTYPE.itemsize)
+        if count > head:   # the run wraps to the ring's start
+            data += os.pread(fd, (count - head) * _RING_DTYPE.itemsize, 0)
+    finally:
+        os.close(fd)
+    raw = np.frombuffer(data, dtype=_RING_DTYPE)
+    # Slots hold consecutive sequence numbers, so the runs are in order; a slot another execution took
+    # since the snapshot (or never written) drops out.
     entries = raw[(raw["seq"] > lo) & (raw["seq"] <= seq)]
-    entries = entries[np.argsort(entries["seq"], kind="stable")]
     cols = {name: np.ascontiguousarray(entries[name]) for name in _RING_DTYPE.names}
     cols["status"] = _STATUS_NAMES[np.clip(cols["status"], 0, len(EXECUTION_STATUSES) - 1)]
     return cols
