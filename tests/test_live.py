@@ -295,10 +295,12 @@ def test_read_ring_reads_the_newer_executions_only_across_the_wrap(d):
 
 def test_a_reused_pid_is_caught_after_its_start_time_was_verified(monkeypatch):
     import psutil
+
+    from traces import pids
     pid, started = os.getpid(), psutil.Process().create_time()
-    assert live._alive(pid, started) and live._alive(pid, started)   # the second from the verified start ticks
-    assert live._verified[pid] == (live._start_ticks(pid), started)
+    assert pids.alive(pid, started) and pids.alive(pid, started)   # the second from the verified start ticks
+    assert pids._verified[pid] == (pids.start_ticks(pid), started)
     # the pid now belongs to a process started later: other start ticks, so the start time is read again
-    monkeypatch.setattr(live, "_start_ticks", lambda pid: b"1")
-    monkeypatch.setattr(live, "_process_start_time", lambda pid: started + 60)
-    assert not live._alive(pid, started)
+    monkeypatch.setattr(pids, "start_ticks", lambda pid: b"1")
+    monkeypatch.setattr(pids, "process_start_time", lambda pid: started + 60)
+    assert not pids.alive(pid, started)

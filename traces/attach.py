@@ -30,7 +30,8 @@ import uuid
 from pathlib import Path
 
 from traces.errors import TraceError
-from traces.live import _alive, _write_atomic, live_dir, read_all
+from traces.live import _write_atomic, live_dir, read_all
+from traces.pids import alive
 
 __all__ = ["AttachError", "request", "claim", "set_state", "state", "wait", "MAX_SECONDS"]
 
@@ -61,7 +62,7 @@ def request(pid: int, output_dir: str | os.PathLike, seconds: float, directory=N
         raise AttachError(f"--duration {seconds:g} is out of range: give 0 < seconds <= {MAX_SECONDS:g}")
     d = _dir(directory)
     pid = int(pid)
-    if pid <= 0 or not _alive(pid, None):
+    if pid <= 0 or not alive(pid, None):
         raise AttachError(f"process {pid} is not running: pick a pid from neuron-top or neuron-ls -a")
     if not any(s.get("pid") == pid for s in read_all(d)):
         raise AttachError(f"process {pid} does not use the neuron_stack runtime (no live statistics in {d}); "
@@ -155,7 +156,7 @@ def wait(pid: int, rid: str, seconds: float, directory=None, poll_s: float = 0.1
                 pass
             raise AttachError(f"process {pid} did not pick up the attach request within {CLAIM_TIMEOUT_S:g}s "
                               "(stopped, or its runtime closed): check it runs, then attach again")
-        if not _alive(pid, None):
+        if not alive(pid, None):
             raise AttachError(f"process {pid} exited during the attach; what it recorded is in the output directory")
         if deadline is not None and time.monotonic() > deadline:
             raise AttachError(f"process {pid} did not finish its capture in time; what it recorded is in the "

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.pids import alive, process_start_time
+
 __all__ = ["LivePublisher", "read_all", "read_ring", "live_dir", "read_device_info",
            "EXECUTION_STATUSES", "ERROR_TYPES", "DEVICE_MEMORY", "HOST_MEMORY", "EVENT_KINDS"]
 
@@ -110,50 +112,6 @@ def _write_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _process_start_time(pid: int) -> float | None:
-    try:
-        import psutil
-        return psutil.Process(pid).create_time()
-    except Exception:  # gone, or psutil cannot see it: the caller treats None as "unknown"
-        return None
-
-
-def _start_ticks(pid: int) -> bytes | None:
-    """The start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat's 22nd field), None without /proc:
-    one small read, where psutil's start time costs three (a monitor refresh checks every process)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read(4096)
-        return stat[stat.rindex(b")") + 2:].split()[19]   # fields after the command name, which may hold spaces
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_verified: dict[int, tuple[bytes, float]] = {}   # pid -> (its start ticks, the snapshot start time they matched)
-
-
-def _alive(pid: int, started: float | None) -> bool:
-    """True while ``pid`` runs and is the same process that wrote the snapshot (pids get reused)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if started is None:
-        return True
-    ticks = _start_ticks(pid)
-    if ticks is not None and _verified.get(pid) == (ticks, started):
-        return True   # the process whose start time matched before (another one would have other ticks)
-    now_started = _process_start_time(pid)
-    same = now_started is None or abs(now_started - started) < 1.0
-    if same and ticks is not None:
-        if len(_verified) > 4096:
-            _verified.clear()
-        _verified[pid] = (ticks, started)
-    return same
-
-
 class LivePublisher:
     """Publishes one process's live statistics for the monitor; every call is cheap and never blocks.
 
@@ -191,7 +149,7 @@ class LivePublisher:
         self.directory = Path(directory) if directory is not None else live_dir()
         self.path = self.directory / f"{self.pid}-{next(_counter)}.json"
         self.start_time = time.time()
-        self.process_start_time = _process_start_time(self.pid)
+        self.process_start_time = process_start_time(self.pid)
         self._cores: list[int] = []
         # guards the counters; held for microseconds. Re-entrant: a garbage collection while it is held can run a
         # finalizer that counts on the same thread (a freed eager device tensor's set_device_memory)
@@ -521,13 +479,13 @@ def read_all(directory: str | os.PathLike | None = None, ring: bool = True) -> l
         m = _SNAPSHOT_RE.match(name)
         if not m:
             tmp = _TMP_RE.match(name)
-            if tmp and not _alive(int(tmp.group(1)), None):  # a writer killed mid-write
+            if tmp and not alive(int(tmp.group(1)), None):  # a writer killed mid-write
                 _unlink_quietly(d / name)
             continue
         path = d / name
         pid = int(m.group(1))
         if m.group(3) == "ring":  # read with its snapshot; only orphans are handled here
-            if not (d / f"{pid}-{m.group(2)}.json").exists() and not _alive(pid, None):
+            if not (d / f"{pid}-{m.group(2)}.json").exists() and not alive(pid, None):
                 _unlink_quietly(path)
             continue
         try:
@@ -536,10 +494,10 @@ def read_all(directory: str | os.PathLike | None = None, ring: bool = True) -> l
         except (OSError, ValueError):
             snap = None
         if not isinstance(snap, dict) or snap.get("version") != SNAPSHOT_VERSION:
-            if not _alive(pid, None):
+            if not alive(pid, None):
                 _unlink_quietly(path)
             continue
-        if not _alive(pid, snap.get("process_start_time")):
+        if not alive(pid, snap.get("process_start_time")):
             _unlink_quietly(path)
             _unlink_quietly(path.with_suffix(_RING_SUFFIX))
             continue
