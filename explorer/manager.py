@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from explorer import data
-from traces import annotate
+from traces import annotate, processed
 from traces.errors import TraceError
 
 #: Bytes an uploaded profile may have (the browser sends it whole, base64, through the server's memory).
@@ -110,7 +110,10 @@ def delete(key: str) -> str:
     if target is None:
         raise data.ExplorerError("only profiles inside the output directory can be deleted: start the Explorer "
                                  "with `neuron-explorer view -d DIR`")
+    path = reg.entries[key].path
     reg.remove(key)
+    if SETTINGS.get("data_path"):   # its Parquet tables, processed outside its directory (view --data-path)
+        processed.remove(path, SETTINGS["data_path"])
     if target.is_dir():
         shutil.rmtree(target)
     else:

@@ -132,3 +132,22 @@ def test_view_directory_and_ingest_only(tmp_path):
     assert doc["truncated"] == [] and "DmaPacket" in doc["tables"]
     perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)
     assert perf.returncode == 0 and (out / "20260111_mlp" / "profile.perfetto.json").is_file(), perf.stderr
+
+
+def test_delete_removes_the_profiles_parquet_tables_under_a_separate_data_path(app, root, tmp_path):
+    from traces import processed
+
+    copy = root / "20260104_copy"
+    shutil.copytree(root / KEYS[0], copy)
+    key = data.registry().add(copy / "profile.duckdb")
+    workspace = tmp_path / "workspace"
+    out, _ = processed.process(copy / "profile.duckdb", workspace)        # as view --data-path writes it
+    kept, _ = processed.process(root / KEYS[1] / "profile.duckdb", workspace)
+    assert (out / "Summary.parquet").is_file()
+    manager.SETTINGS["data_path"] = workspace
+    try:
+        manager.delete(key)
+    finally:
+        manager.SETTINGS["data_path"] = None
+    assert not out.exists() and not copy.exists()
+    assert (kept / "Summary.parquet").is_file()                          # another profile's tables stay

@@ -98,6 +98,22 @@ def process(profile_path: str | os.PathLike, data_path: str | os.PathLike | None
     return out, True
 
 
+def remove(profile_path: str | os.PathLike, data_path: str | os.PathLike) -> list[Path]:
+    """Remove the processed directories under ``data_path`` made from ``profile_path`` (its profile is being
+    deleted; under the profile's own directory they go with it); returns them.
+
+    >>> import tempfile
+    >>> remove("nowhere/profile.duckdb", tempfile.mkdtemp())
+    []
+    """
+    path = Path(profile_path)
+    profile = str((path / "profile.duckdb" if path.is_dir() else path).resolve())
+    gone = [d for d in (Path(data_path) / "profiles" / "global").glob("*@latest") if _stamp_profile(d) == profile]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
+
+
 def _stamp_profile(d: Path) -> str | None:
     try:
         return json.loads((d / STAMP).read_text(encoding="utf-8")).get("profile")
