@@ -93,7 +93,9 @@ class Views:
             self.wide_doc = replay.document(lo["a"], 2 * lo["b"] - lo["a"])   # twice the span: idle half
         totals = Totals()                                                        # neuron-top --replay
         self.snaps = [build_snapshot(doc, totals=totals) for doc in self.docs]
-        self.prom = prometheus(self.docs)                                        # the exporter's text
+        # the exporter's text after the last period that saw the process (a later one, after its close, has none)
+        shown = [i for i, doc in enumerate(self.docs) if doc["neuron_runtime_data"]]
+        self.prom = prometheus(self.docs[:shown[-1] + 1] if shown else self.docs)
 
     @property
     def last(self):
