@@ -79,6 +79,20 @@ def test_a_killed_worker_is_restarted_for_the_next_query(loaded):
     assert worker._proc.pid != old
 
 
+def test_a_used_worker_that_runs_out_of_memory_retries_once_on_a_fresh_one(loaded):
+    # earlier answers leave the worker's heap bigger than it started: the bound is the query's, not the worker's
+    assert data.run_console(loaded, "SELECT 1 AS x")["rows"] == [{"x": 1}]
+    worker = loaded.cached("console_worker", lambda: None)
+    old = worker._proc.pid
+    with pytest.raises(ExplorerError, match="memory bound") as err:
+        data.run_console(loaded, HUGE)
+    assert "\n" not in str(err.value) and worker._proc.pid != old
+    fresh = worker._proc.pid
+    with pytest.raises(ExplorerError, match="memory bound"):     # a fresh worker that fails does not try again
+        data.run_console(loaded, HUGE)
+    assert worker._proc.pid == fresh
+
+
 @pytest.mark.parametrize("sql", [HUGE, "CREATE TEMP TABLE t AS SELECT repeat('x', 1000000) AS s FROM range(3000)"])
 def test_cli_sql_is_bounded_unless_unsafe(profile, sql):
     proc = subprocess.Popen([CLI, "sql", str(profile), sql], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

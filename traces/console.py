@@ -314,6 +314,7 @@ class ConsoleWorker:
     def __init__(self, path, memory_bytes: int = MEMORY_BOUND_BYTES):
         self.path, self.memory_bytes = str(path), int(memory_bytes)
         self._proc: subprocess.Popen | None = None
+        self._answered = 0      # queries the running worker has answered: its memory is no longer as it started
         self._buf = b""
         self._lock = threading.Lock()
 
@@ -324,13 +325,20 @@ class ConsoleWorker:
             raise TraceError(f"the console is busy with another query for more than {timeout_s:g} s: "
                              "try again when it has finished")
         try:
+            try:
+                return self._run(sql, max_rows, timeout_s, max_bytes)
+            except OutOfMemory:
+                if self._answered == 0:
+                    raise
+            # earlier queries left the worker's heap fragmented: the bound is the query's, so a fresh worker tries once
+            self.close()
             return self._run(sql, max_rows, timeout_s, max_bytes)
         finally:
             self._lock.release()
 
     def close(self) -> None:
         """Stop the worker (it also stops by itself when this process exits: its stdin closes)."""
-        proc, self._proc, self._buf = self._proc, None, b""
+        proc, self._proc, self._buf, self._answered = self._proc, None, b"", 0
         if proc is not None:
             proc.kill()
             proc.wait()
@@ -347,7 +355,8 @@ class ConsoleWorker:
             self._proc.stdin.flush()
             head = json.loads(self._read_line(time.monotonic() + timeout_s + KILL_GRACE_S))
             if "error" in head:
-                raise (RefusedQuery if head.get("refused") else TraceError)(head["error"])
+                raise (RefusedQuery if head.get("refused") else
+                       OutOfMemory if head.get("out_of_memory") else TraceError)(head["error"])
             body = self._read_exact(head["size"], time.monotonic() + KILL_GRACE_S)
         except TimeoutError:
             self.close()
@@ -359,6 +368,7 @@ class ConsoleWorker:
                              "memory; narrow it (a WHERE on start_ns, fewer or shorter columns)") from None
         import pyarrow.ipc as ipc
 
+        self._answered += 1
         return UserResult(ipc.open_stream(body).read_all(), bool(head["truncated"]))
 
     def _start(self) -> None:

@@ -12,7 +12,7 @@ import sys
 import pyarrow as pa
 
 from traces.console import RefusedQuery, cap_address_space, run_user_sql
-from traces.errors import TraceError
+from traces.errors import OutOfMemory, TraceError
 
 
 def main(path: str, memory_bytes: int) -> int:
@@ -46,11 +46,13 @@ def main(path: str, memory_bytes: int) -> int:
             send({"size": len(body), "truncated": res.truncated}, body)
         except RefusedQuery as exc:
             send({"error": str(exc), "refused": True})
+        except OutOfMemory as exc:
+            send({"error": str(exc), "out_of_memory": True})
         except TraceError as exc:
             send({"error": str(exc)})
         except MemoryError:
             send({"error": f"query stopped: it needed more than the console's {memory_bytes >> 20} MiB of memory; "
-                           "narrow it (a WHERE on start_ns, fewer or shorter columns)"})
+                           "narrow it (a WHERE on start_ns, fewer or shorter columns)", "out_of_memory": True})
     return 0
 
 
