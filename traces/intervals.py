@@ -48,19 +48,36 @@ def valid_intervals(rows: pa.Table) -> pa.Table:
 
 
 def _codes(column) -> tuple[np.ndarray, list]:
-    """Small integer codes and their values for a low-cardinality column (nulls get their own code)."""
+    """Small integer codes and their values for a low-cardinality column (nulls get their own code).
+
+    Each distinct chunk is encoded once: the runtime stamps a graph's static schedule once per execution,
+    so a trace's chunks of a string column repeat, and comparing a chunk with one seen before costs a
+    fraction of hashing its strings again.
+
+    >>> codes, values = _codes(pa.chunked_array([["pe", "dma"], ["pe", "dma"], ["act", None]]))
+    >>> codes.tolist(), values
+    ([0, 1, 0, 1, 2, 3], ['pe', 'dma', 'act', None])
+    """
     column = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
     if pa.types.is_integer(column.type) and column.null_count == 0 and len(column):
         values = column.to_numpy().astype(np.int64)   # small ints (cores): offset, no hashing
         lo, hi = int(values.min()), int(values.max())
         if hi - lo < 4096:
             return values - lo, list(range(lo, hi + 1))
-    # one dictionary for all chunks (the kernel's memo table spans them), so indices agree
-    encoded = pc.dictionary_encode(column, null_encoding="encode")
-    if encoded.num_chunks == 0:
-        return np.zeros(0, dtype=np.int64), []
-    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks]).astype(np.int64)
-    return codes, encoded.chunks[-1].dictionary.to_pylist()
+    index: dict = {}                   # value -> code, over the whole column
+    seen: dict[tuple, list] = {}       # (length, bytes) -> [(chunk, its codes)]: chunks already encoded
+    parts = []
+    for chunk in column.chunks:
+        similar = seen.setdefault((len(chunk), chunk.nbytes), [])
+        codes = next((c for prev, c in similar if prev.equals(chunk)), None)
+        if codes is None:
+            local = pc.dictionary_encode(chunk, null_encoding="encode")
+            remap = np.array([index.setdefault(v, len(index)) for v in local.dictionary.to_pylist()], np.int64)
+            codes = remap[local.indices.to_numpy(zero_copy_only=False)]
+            if len(similar) < 4:       # a few distinct schedules of one size; a trace of unique chunks stays linear
+                similar.append((chunk, codes))
+        parts.append(codes)
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), list(index)
 
 
 def lane_codes(rows: pa.Table) -> dict[str, tuple[np.ndarray, list]]:
