@@ -89,7 +89,7 @@ def graphs_dir() -> Path:
     env = os.environ.get(WORKDIR_ENV, "").strip()
     if env:
         return Path(env)
-    from neuron_stack.frontend.flags import DEFAULT_URL, cache_url, parse_flags   # no torch: clean, clear-locks
+    from neuron_stack.frontend.flags import DEFAULT_URL, cache_url, parse_flags  # no torch: clean, clear-locks
     url = cache_url(parse_flags())
     return Path(DEFAULT_URL if url.startswith("s3://") else url) / "neuron_parallel_compile"
 
@@ -419,7 +419,7 @@ def _max_retries() -> int:
 
 
 def _compile_step(gdir: Path, num_parallel: int) -> int:
-    from neuron_stack.compiler.cache import cache_url   # imports torch once, before the workers fork
+    from neuron_stack.compiler.cache import cache_url  # imports torch once, before the workers fork
     from neuron_stack.frontend.flags import parse_flags
 
     max_retries = _max_retries()
