@@ -107,7 +107,8 @@ def _short_period(tmp_path) -> str:
     """A monitor config with a 100 ms period: ``--once`` waits one period (5 s by default) for its document,
     and the instance info these tests compare does not depend on the period."""
     cfg = tmp_path / "monitor.json"
-    cfg.write_text('{"period": "100ms"}')
+    cfg.write_text('{"period": "100ms", "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, '
+                   '{"type": "neuron_hw_counters"}]}')
     return str(cfg)
 
 
