@@ -103,11 +103,20 @@ def test_inspect_of_a_killed_workload_exits_137(tmp_path):
     assert "killed by SIGKILL" in r.stderr and "Traceback" not in r.stderr
 
 
+def _short_period(tmp_path) -> str:
+    """A monitor config with a 100 ms period: ``--once`` waits one period (5 s by default) for its document,
+    and the instance info these tests compare does not depend on the period."""
+    cfg = tmp_path / "monitor.json"
+    cfg.write_text('{"period": "100ms", "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, '
+                   '{"type": "neuron_hw_counters"}]}')
+    return str(cfg)
+
+
 def test_one_instance_id_for_ls_and_monitor(tmp_path):
     import json
     env = {"NEURON_STACK_RUNTIME_DIR": str(tmp_path)}
     ls = run([str(BIN / "neuron-ls")], env=env)
-    mon = run([str(BIN / "neuron-monitor"), "--once"], env=env)
+    mon = run([str(BIN / "neuron-monitor"), "--once", "-c", _short_period(tmp_path)], env=env)
     assert ls.returncode == 0 and mon.returncode == 0, ls.stderr + mon.stderr
     ls_id = next(line.split(": ", 1)[1] for line in ls.stdout.splitlines() if line.startswith("instance-id:"))
     doc = json.loads(mon.stdout.strip().splitlines()[-1])
@@ -220,7 +229,7 @@ def test_ls_and_monitor_name_one_instance_after_an_inf2_workload(tmp_path):
     r = run([sys.executable, "-c", code], env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     ls = run([str(BIN / "neuron-ls")], env=env)
-    mon = run([str(BIN / "neuron-monitor"), "--once"], env=env)
+    mon = run([str(BIN / "neuron-monitor"), "--once", "-c", _short_period(tmp_path)], env=env)
     assert ls.returncode == 0 and mon.returncode == 0, ls.stderr + mon.stderr
     doc = json.loads(mon.stdout.strip().splitlines()[-1])
     assert "instance-type: trn1.32xlarge" in ls.stdout and doc["instance_info"]["instance_type"] == "trn1.32xlarge"

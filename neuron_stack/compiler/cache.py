@@ -34,19 +34,12 @@ from pathlib import Path
 
 from neuron_stack.compiler.hooks import recording
 from neuron_stack.compiler.version import compiler_version
-from neuron_stack.frontend.flags import command_line, flags_hash
+from neuron_stack.frontend.flags import DEFAULT_URL, cache_url, command_line, flags_hash  # noqa: F401
 from neuron_stack.isa.neff import Neff, NeffError, load
-
-DEFAULT_URL = "/var/tmp/neuron-compile-cache"
 
 
 class CacheError(RuntimeError):
     """A cache location that cannot be used; one line with the fix."""
-
-
-def cache_url(flags: dict | None = None) -> str:
-    """Where the cache lives: ``--cache_dir`` > ``$NEURON_COMPILE_CACHE_URL`` > the default."""
-    return (flags or {}).get("cache_dir") or os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_URL
 
 
 def open_cache(url: str) -> "CompileCache | S3CompileCache":

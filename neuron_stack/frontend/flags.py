@@ -33,6 +33,19 @@ AUTO_CAST_TYPES = ("bf16", "fp16")
 MODEL_TYPES = ("generic", "transformer", "unet-inference")
 VERBOSE = ("debug", "info", "warning", "error", "critical")
 LNC_TARGETS = tuple(t for t in TARGETS if len(PROFILES[t].lnc_choices) > 1)
+#: The compile cache when neither ``--cache_dir`` nor ``$NEURON_COMPILE_CACHE_URL`` names one.
+DEFAULT_URL = "/var/tmp/neuron-compile-cache"
+
+
+def cache_url(flags: dict | None = None) -> str:
+    """Where the compile cache lives: ``--cache_dir`` > ``$NEURON_COMPILE_CACHE_URL`` > the default.
+
+    Here, not in ``compiler.cache``, so a tool that only needs the path does not import torch.
+
+    >>> cache_url({"cache_dir": "/tmp/c"})
+    '/tmp/c'
+    """
+    return (flags or {}).get("cache_dir") or os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_URL
 
 
 class FlagError(ValueError):

@@ -106,14 +106,30 @@ def _example(shapes: list[str]):
     return tuple(out)
 
 
-def _load_factory(spec: str):
+def check_spec(spec: str) -> None:
+    """Refuse a MODEL_SPEC that names a missing file, or no factory, before torch's import.
+
+    >>> check_spec("missing.pt2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    neuron_stack.tools.neuron_cc.UsageError: no such file missing.pt2: save one with torch.export.save(...)
+    """
+    if spec.endswith(".pt2"):
+        if not Path(spec).exists():
+            raise UsageError(f"no such file {spec}: save one with torch.export.save(ep, '{spec}')")
+        return
     mod_name, _, attr = spec.rpartition(":")
     if not mod_name or not attr:
         raise UsageError(f"model spec {spec!r}: use model.pt2, module:factory or path/to/file.py:factory")
+    if mod_name.endswith(".py") and not Path(mod_name).exists():
+        raise UsageError(f"model spec {spec!r}: no such file {mod_name}")
+
+
+def _load_factory(spec: str):
+    check_spec(spec)
+    mod_name, _, attr = spec.rpartition(":")
     if mod_name.endswith(".py"):
         path = Path(mod_name)
-        if not path.exists():
-            raise UsageError(f"model spec {spec!r}: no such file {path}")
         sys.path.insert(0, str(path.resolve().parent))
         s = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(s)
@@ -138,9 +154,8 @@ def load_spec(spec: str, shapes: list[str] | None):
 
     from neuron_stack.frontend.export import capture, from_exported
 
+    check_spec(spec)
     if spec.endswith(".pt2"):
-        if not Path(spec).exists():
-            raise UsageError(f"no such file {spec}: save one with torch.export.save(ep, '{spec}')")
         try:
             ep = torch.export.load(spec)
         except Exception as exc:
@@ -185,7 +200,8 @@ def _library_noise_kept_out():
 def _compile(args) -> int:
     from neuron_stack.frontend.flags import parse_flags
 
-    # a bad shape or NEURON_CC_FLAGS is refused before torch's import (seconds on a loaded machine)
+    # a bad shape, spec or NEURON_CC_FLAGS is refused before torch's import (seconds on a loaded machine)
+    check_spec(args.model)
     for text in args.input_shapes or ():
         shape_dims(text)
     cli = []
@@ -229,12 +245,13 @@ def _list_operators(args) -> int:
 
 
 def _analyze(args) -> int:
-    from neuron_stack.compiler.support import analyze
-
     program_spec = args.model
     if program_spec.endswith(".pt2"):
         raise UsageError("analyze takes module:factory (it re-captures the model); for a .pt2 use "
                          "`neuron-cc compile --verbose info`")
+    check_spec(program_spec)   # before the compiler's (and torch's) import
+    from neuron_stack.compiler.support import analyze
+
     made = _load_factory(program_spec)()
     model, example = (made if isinstance(made, tuple) else (made, None))
     if args.input_shapes:

@@ -89,8 +89,7 @@ def graphs_dir() -> Path:
     env = os.environ.get(WORKDIR_ENV, "").strip()
     if env:
         return Path(env)
-    from neuron_stack.compiler.cache import DEFAULT_URL, cache_url
-    from neuron_stack.frontend.flags import parse_flags
+    from neuron_stack.frontend.flags import DEFAULT_URL, cache_url, parse_flags  # no torch: clean, clear-locks
     url = cache_url(parse_flags())
     return Path(DEFAULT_URL if url.startswith("s3://") else url) / "neuron_parallel_compile"
 
@@ -420,7 +419,7 @@ def _max_retries() -> int:
 
 
 def _compile_step(gdir: Path, num_parallel: int) -> int:
-    from neuron_stack.compiler.cache import cache_url
+    from neuron_stack.compiler.cache import cache_url  # imports torch once, before the workers fork
     from neuron_stack.frontend.flags import parse_flags
 
     max_retries = _max_retries()
@@ -464,8 +463,7 @@ def run(argv: list[str] | None) -> int:
         log(PC, f"Removed {n} collected graphs from {gdir}")
         return 0
     if command == "clear-locks":
-        from neuron_stack.compiler.cache import cache_url
-        from neuron_stack.frontend.flags import parse_flags
+        from neuron_stack.frontend.flags import cache_url, parse_flags
         root = Path(cache_url(parse_flags()))
         log(CACHE, f"Removed {clear_locks(root)} stale lock files and unfinished entries from {root}")
         return 0
