@@ -116,7 +116,7 @@ CASES = {
         rf"publish per rank: mean {NUM} s",
         rf"^\| summary\(\) \| {NUM} s \| {NUM} s \| {NUM} \|$",   # on S3 against the local profile
     ], "weed"),
-    "serving.py": (["--quick", "--requests", "2", "--concurrency", "2", "--max-tokens", "4"], [
+    "serving.py": (["--smoke", "--requests", "2", "--concurrency", "2", "--max-tokens", "4"], [
         rf"held {NUM} requests/s, {NUM} generated tokens/s",
         rf"projected TTFT mean {NUM} ms, TPOT mean {NUM} ms; tokens equal eager: True",
         rf"TTFT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)\s+TPOT\s+{NUM} ms \(AWS\s+{NUM}, x {NUM}\)",
