@@ -139,10 +139,18 @@ def workload_output(path: Path) -> dict:
     return out
 
 
+def workload_cmd(env: dict[str, str], *args: str) -> list[str]:
+    """The workload's command line: it loads the NEFF kept next to ``env``'s compile cache (the first
+    workload of that cache traces and saves it), so a start-up is an import and a load, not a capture.
+    """
+    neff = env["NEURON_COMPILE_CACHE_URL"].rstrip("/") + ".workload.neff"
+    return [PYTHON, str(WORKLOAD), "--neff", neff, *args]
+
+
 def start_workload(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     """Start tests/reliability/workload.py with stdout to ``log`` (readable even after a SIGKILL)."""
     with open(log, "w") as out, open(log.with_suffix(".err"), "w") as err:
-        return subprocess.Popen([PYTHON, str(WORKLOAD), *args], stdout=out, stderr=err, env=env, cwd=log.parent)
+        return subprocess.Popen(workload_cmd(env, *args), stdout=out, stderr=err, env=env, cwd=log.parent)
 
 
 def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
@@ -432,6 +440,14 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _newest_mtime_ns(directory: Path) -> int:
+    times = [0]
+    for f in directory.glob("*.arrow"):
+        with contextlib.suppress(OSError):
+            times.append(f.stat().st_mtime_ns)
+    return max(times)
+
+
 def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = None) -> list[Trial]:
     """Fill the disk under a profiled workload at a random moment, with and without space coming back.
 
@@ -463,9 +479,10 @@ def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: boo
     if p.returncode != 0 or r.returncode != 0:
         return Trial(name, False, f"setup run failed: {r.stderr[-300:]}")
     before = _sha(prof / "profile.duckdb")
-    log = root / f"full{k}.out"
-    # paced: unpaced, a quiet machine runs ~10k executions/s and the trace alone outgrows the 64 MiB disk
-    proc = start_workload(env, log, "--seconds", "5", "--interval", "0.002")
+    log, stop = root / f"full{k}.out", root / f"stop{k}"
+    # paced: unpaced, a quiet machine runs ~10k executions/s and the trace alone outgrows the 64 MiB disk;
+    # it runs until told to stop (at most 30 s), once what this trial checks has happened
+    proc = start_workload(env, log, "--seconds", "30", "--interval", "0.002", "--stop-file", str(stop))
     wait_for(lambda: workload_output(log)["core"] is not None or proc.poll() is not None, 180)
     time.sleep(rng.uniform(0.2, 1.5))
     t_full = time.monotonic()
@@ -475,8 +492,15 @@ def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: boo
     recover = None
     if comes_back:
         time.sleep(rng.uniform(0.2, 1.0))
+        t_back = time.time_ns()
         filler.unlink()
         recover = time.monotonic() - t_full
+        # the rows buffered while the disk was full land in a segment written after the space came back
+        wait_for(lambda: _newest_mtime_ns(prof) >= t_back, 10)
+    # and the workload keeps executing afterwards (on the full disk, or after the recovery)
+    n = len(workload_output(log)["execs"])
+    wait_for(lambda: len(workload_output(log)["execs"]) >= n + 50 or proc.poll() is not None, 30, step=0.05)
+    stop.touch()
     proc.wait(timeout=300)
     err = log.with_suffix(".err").read_text()
     seen = workload_output(log)
@@ -553,7 +577,7 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
         results.append(Trial("read-only: live statistics directory", ok,
                              "" if ok else f"the workload did not keep running: rc {p.returncode}, {err[-300:]}"))
 
-        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", PYTHON, str(WORKLOAD), "--execs", "1"],
+        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", *workload_cmd(env, "--execs", "1")],
                     env)
         ok = r.returncode != 0 and is_one_line_error(r.stderr, "neuron-explorer") and "writable" in r.stderr
         results.append(Trial("read-only: neuron-explorer inspect -o", ok,
