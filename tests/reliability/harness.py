@@ -458,26 +458,33 @@ def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = 
     existed before is byte-for-byte unchanged. Raises MountUnavailable when tmpfs cannot be mounted.
     """
     root.mkdir(parents=True, exist_ok=True)
+    cache = cache or root / "cache"
+    # a finished session (segments and profile), recorded once and copied into each trial's directory
+    first = root / "first"
+    env = {**base_env(root, cache=cache), **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(first)}
+    p = start_workload(env, root / "first.out", "--execs", "2")
+    p.wait(timeout=300)
+    r = run_cli(["neuron-explorer", "summary", str(first)], env)
+    if p.returncode != 0 or r.returncode != 0:
+        return [Trial("disk full: setup run", False, f"{(root / 'first.err').read_text()[-300:]}{r.stderr[-300:]}")]
     results = []
     for k in range(trials):
         comes_back = k % 2 == 0
         with tmpfs(root / f"disk{k}", "64m") as disk:
-            results.append(_disk_full_trial(root, disk, rng, comes_back, k, cache or root / "cache"))
+            results.append(_disk_full_trial(root, disk, first, rng, comes_back, k, cache))
     return results
 
 
-def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: bool, k: int, cache: Path) -> Trial:
+def _disk_full_trial(root: Path, disk: Path, first: Path, rng: random.Random, comes_back: bool, k: int,
+                     cache: Path) -> Trial:
+    import shutil
+
     name = f"disk full #{k} ({'space comes back' if comes_back else 'stays full'})"
     prof = disk / "prof"
     env = {**base_env(root, cache=cache), **PROFILED,
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
     # a finished profile from an earlier run in the same directory: it must survive everything
-    first = root / f"first{k}.out"
-    p = start_workload(env, first, "--execs", "2")
-    p.wait(timeout=300)
-    r = run_cli(["neuron-explorer", "summary", str(prof)], env)
-    if p.returncode != 0 or r.returncode != 0:
-        return Trial(name, False, f"setup run failed: {r.stderr[-300:]}")
+    shutil.copytree(first, prof)
     before = _sha(prof / "profile.duckdb")
     log, stop = root / f"full{k}.out", root / f"stop{k}"
     # paced: unpaced, a quiet machine runs ~10k executions/s and the trace alone outgrows the 64 MiB disk;
@@ -827,7 +834,8 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
     docs = [json.loads(line) for line in (root / "monitor.jsonl").read_text().splitlines() if line.strip()]
     if not any(d.get("neuron_runtime_data") for d in docs):
         problems.append(f"neuron-monitor never saw a workload ({len(docs)} documents)")
-    results = [Trial("many at once: readers", not problems, "; ".join(problems[:3]))]
+    results = [Trial(f"many at once: readers ({reads['summary']} summaries, {reads['replay']} replay documents, "
+                     f"{reads['http']} pages)", not problems, "; ".join(problems[:3]))]
     r = run_cli(["neuron-explorer", "summary", str(live_dir_)], env)
     if r.returncode != 0:
         return results + [Trial("many at once: final profile", False, r.stderr[-300:])]
