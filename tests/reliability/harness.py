@@ -142,6 +142,7 @@ def workload_output(path: Path) -> dict:
 def workload_cmd(env: dict[str, str], *args: str) -> list[str]:
     """The workload's command line: it loads the NEFF kept next to ``env``'s compile cache (the first
     workload of that cache traces and saves it), so a start-up is an import and a load, not a capture.
+    Example: ``subprocess.run(workload_cmd(env, "--execs", "2"), env=env)``.
     """
     neff = env["NEURON_COMPILE_CACHE_URL"].rstrip("/") + ".workload.neff"
     return [PYTHON, str(WORKLOAD), "--neff", neff, *args]
