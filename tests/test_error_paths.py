@@ -99,6 +99,24 @@ def _as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _wait_until(predicate, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in process group ``pgid``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state not in "ZX":
+            return True
+    return False
+
+
 def interrupt(tmp_path: Path, times: int, slow_exit: bool) -> tuple[subprocess.CompletedProcess, Path]:
     script = tmp_path / "train.py"
     script.write_text(WORKLOAD)
@@ -116,6 +134,7 @@ def interrupt(tmp_path: Path, times: int, slow_exit: bool) -> tuple[subprocess.C
             time.sleep(0.5)   # a person's second press; two signals before a handler runs are one for Python
             os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=180)
+        _wait_until(lambda: not _group_alive(proc.pid), 30)   # the workload too (of the same Ctrl-C)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -144,7 +163,6 @@ def test_two_ctrl_cs_say_the_session_is_unfinished_and_how_to_finalise_it(tmp_pa
     assert lines == [f"neuron-explorer: interrupted again: {session} is left unfinished (the segments recorded "
                      f"so far, not finalised); `neuron-explorer summary {session}` (or view) finalises it"], \
         r.stderr + r.stdout
-    time.sleep(2)   # the workload dies of the same second Ctrl-C
     s = subprocess.run([str(BIN / "neuron-explorer"), "summary", str(session)], capture_output=True, text=True,
                        env=ENV, timeout=120)
     assert s.returncode == 0 and "execution_count" in s.stdout, s.stderr[-2000:]

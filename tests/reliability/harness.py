@@ -139,10 +139,19 @@ def workload_output(path: Path) -> dict:
     return out
 
 
+def workload_cmd(env: dict[str, str], *args: str) -> list[str]:
+    """The workload's command line: it loads the NEFF kept next to ``env``'s compile cache (the first
+    workload of that cache traces and saves it), so a start-up is an import and a load, not a capture.
+    Example: ``subprocess.run(workload_cmd(env, "--execs", "2"), env=env)``.
+    """
+    neff = env["NEURON_COMPILE_CACHE_URL"].rstrip("/") + ".workload.neff"
+    return [PYTHON, str(WORKLOAD), "--neff", neff, *args]
+
+
 def start_workload(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     """Start tests/reliability/workload.py with stdout to ``log`` (readable even after a SIGKILL)."""
     with open(log, "w") as out, open(log.with_suffix(".err"), "w") as err:
-        return subprocess.Popen([PYTHON, str(WORKLOAD), *args], stdout=out, stderr=err, env=env, cwd=log.parent)
+        return subprocess.Popen(workload_cmd(env, *args), stdout=out, stderr=err, env=env, cwd=log.parent)
 
 
 def wait_for(predicate, timeout: float, step: float = 0.02) -> bool:
@@ -432,6 +441,14 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _newest_mtime_ns(directory: Path) -> int:
+    times = [0]
+    for f in directory.glob("*.arrow"):
+        with contextlib.suppress(OSError):
+            times.append(f.stat().st_mtime_ns)
+    return max(times)
+
+
 def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = None) -> list[Trial]:
     """Fill the disk under a profiled workload at a random moment, with and without space coming back.
 
@@ -442,30 +459,38 @@ def disk_full(root: Path, rng: random.Random, trials: int, cache: Path | None = 
     existed before is byte-for-byte unchanged. Raises MountUnavailable when tmpfs cannot be mounted.
     """
     root.mkdir(parents=True, exist_ok=True)
+    cache = cache or root / "cache"
+    # a finished session (segments and profile), recorded once and copied into each trial's directory
+    first = root / "first"
+    env = {**base_env(root, cache=cache), **PROFILED, "NEURON_RT_INSPECT_OUTPUT_DIR": str(first)}
+    p = start_workload(env, root / "first.out", "--execs", "2")
+    p.wait(timeout=300)
+    r = run_cli(["neuron-explorer", "summary", str(first)], env)
+    if p.returncode != 0 or r.returncode != 0:
+        return [Trial("disk full: setup run", False, f"{(root / 'first.err').read_text()[-300:]}{r.stderr[-300:]}")]
     results = []
     for k in range(trials):
         comes_back = k % 2 == 0
         with tmpfs(root / f"disk{k}", "64m") as disk:
-            results.append(_disk_full_trial(root, disk, rng, comes_back, k, cache or root / "cache"))
+            results.append(_disk_full_trial(root, disk, first, rng, comes_back, k, cache))
     return results
 
 
-def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: bool, k: int, cache: Path) -> Trial:
+def _disk_full_trial(root: Path, disk: Path, first: Path, rng: random.Random, comes_back: bool, k: int,
+                     cache: Path) -> Trial:
+    import shutil
+
     name = f"disk full #{k} ({'space comes back' if comes_back else 'stays full'})"
     prof = disk / "prof"
     env = {**base_env(root, cache=cache), **PROFILED,
            "NEURON_RT_INSPECT_OUTPUT_DIR": str(prof)}
     # a finished profile from an earlier run in the same directory: it must survive everything
-    first = root / f"first{k}.out"
-    p = start_workload(env, first, "--execs", "2")
-    p.wait(timeout=300)
-    r = run_cli(["neuron-explorer", "summary", str(prof)], env)
-    if p.returncode != 0 or r.returncode != 0:
-        return Trial(name, False, f"setup run failed: {r.stderr[-300:]}")
+    shutil.copytree(first, prof)
     before = _sha(prof / "profile.duckdb")
-    log = root / f"full{k}.out"
-    # paced: unpaced, a quiet machine runs ~10k executions/s and the trace alone outgrows the 64 MiB disk
-    proc = start_workload(env, log, "--seconds", "5", "--interval", "0.002")
+    log, stop = root / f"full{k}.out", root / f"stop{k}"
+    # paced: unpaced, a quiet machine runs ~10k executions/s and the trace alone outgrows the 64 MiB disk;
+    # it runs until told to stop (at most 30 s), once what this trial checks has happened
+    proc = start_workload(env, log, "--seconds", "30", "--interval", "0.002", "--stop-file", str(stop))
     wait_for(lambda: workload_output(log)["core"] is not None or proc.poll() is not None, 180)
     time.sleep(rng.uniform(0.2, 1.5))
     t_full = time.monotonic()
@@ -475,8 +500,15 @@ def _disk_full_trial(root: Path, disk: Path, rng: random.Random, comes_back: boo
     recover = None
     if comes_back:
         time.sleep(rng.uniform(0.2, 1.0))
+        t_back = time.time_ns()
         filler.unlink()
         recover = time.monotonic() - t_full
+        # the rows buffered while the disk was full land in a segment written after the space came back
+        wait_for(lambda: _newest_mtime_ns(prof) >= t_back, 10)
+    # and the workload keeps executing afterwards (on the full disk, or after the recovery)
+    n = len(workload_output(log)["execs"])
+    wait_for(lambda: len(workload_output(log)["execs"]) >= n + 50 or proc.poll() is not None, 30, step=0.05)
+    stop.touch()
     proc.wait(timeout=300)
     err = log.with_suffix(".err").read_text()
     seen = workload_output(log)
@@ -553,7 +585,7 @@ def read_only(root: Path, cache: Path | None = None) -> list[Trial]:
         results.append(Trial("read-only: live statistics directory", ok,
                              "" if ok else f"the workload did not keep running: rc {p.returncode}, {err[-300:]}"))
 
-        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", PYTHON, str(WORKLOAD), "--execs", "1"],
+        r = run_cli(["neuron-explorer", "inspect", "-o", str(ro / "out"), "--", *workload_cmd(env, "--execs", "1")],
                     env)
         ok = r.returncode != 0 and is_one_line_error(r.stderr, "neuron-explorer") and "writable" in r.stderr
         results.append(Trial("read-only: neuron-explorer inspect -o", ok,
@@ -803,7 +835,8 @@ def many_at_once(root: Path, workloads: int, execs: int = 30, cache: Path | None
     docs = [json.loads(line) for line in (root / "monitor.jsonl").read_text().splitlines() if line.strip()]
     if not any(d.get("neuron_runtime_data") for d in docs):
         problems.append(f"neuron-monitor never saw a workload ({len(docs)} documents)")
-    results = [Trial("many at once: readers", not problems, "; ".join(problems[:3]))]
+    results = [Trial(f"many at once: readers ({reads['summary']} summaries, {reads['replay']} replay documents, "
+                     f"{reads['http']} pages)", not problems, "; ".join(problems[:3]))]
     r = run_cli(["neuron-explorer", "summary", str(live_dir_)], env)
     if r.returncode != 0:
         return results + [Trial("many at once: final profile", False, r.stderr[-300:])]

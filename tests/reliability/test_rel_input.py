@@ -32,8 +32,8 @@ def small_profile(tmp_path_factory) -> Path:
 def neff_file(tmp_path_factory, compile_cache) -> Path:
     """A real NEFF: the workload compiles once, the cache keeps the archive."""
     root = tmp_path_factory.mktemp("rel-neff")
-    p = subprocess.run([sys.executable, str(harness.WORKLOAD), "--execs", "1"],
-                       env=harness.base_env(root, compile_cache),
+    env = harness.base_env(root, compile_cache)   # the battery's workload: it traces once per cache, then loads
+    p = subprocess.run(harness.workload_cmd(env, "--execs", "1"), env=env,
                        capture_output=True, text=True, timeout=600, cwd=root)
     assert p.returncode == 0, p.stderr[-2000:]
     return next(compile_cache.rglob("*.neff"))
