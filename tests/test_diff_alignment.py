@@ -53,14 +53,17 @@ def profiles(tmp_path_factory):
     import traces
     d = tmp_path_factory.mktemp("align")
     (d / "train.py").write_text(SCRIPT)
-    out = {}
-    for mode in ("eager", "compiled"):
+    procs = {}
+    for mode in ("eager", "compiled"):   # side by side, each on its own simulated instance
         env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_DEVICE_PROFILE="session",
-                   NEURON_RT_INSPECT_OUTPUT_DIR=str(d / mode), NEURON_STACK_RUNTIME_DIR=str(d / "rt"),
+                   NEURON_RT_INSPECT_OUTPUT_DIR=str(d / mode), NEURON_STACK_RUNTIME_DIR=str(d / f"{mode}.rt"),
                    NEURON_COMPILE_CACHE_URL=str(d / "cache"), PYTHONPATH=str(ROOT))
-        r = subprocess.run([sys.executable, str(d / "train.py"), mode], capture_output=True, text=True, env=env,
-                           timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
+        procs[mode] = subprocess.Popen([sys.executable, str(d / "train.py"), mode], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=env)
+    out = {}
+    for mode, proc in procs.items():
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-2000:]
         out[mode] = traces.finalize(str(d / mode))
     return out
 

@@ -128,15 +128,19 @@ def test_a_tensor_dying_while_the_live_publisher_holds_its_lock_does_not_deadloc
 def sample_profiles(tmp_path_factory):
     """The eager sample profiled both ways (``--mode eager``, ``--mode compile``): ``{mode: profile.duckdb}``."""
     import traces
-    out = {}
-    for mode in ("eager", "compile"):
-        d = tmp_path_factory.mktemp(mode)
+    procs, dirs = {}, {}
+    for mode in ("eager", "compile"):   # side by side, each on its own simulated instance
+        d = dirs[mode] = tmp_path_factory.mktemp(mode)
         env = dict(os.environ, NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(d / "prof"),
                    NEURON_STACK_RUNTIME_DIR=str(d / "rt"))
-        r = subprocess.run([sys.executable, str(ROOT / "sample_workloads/eager_device.py"), "--small", "--mode", mode],
-                           capture_output=True, text=True, env=env, timeout=300)
-        assert r.returncode == 0 and "weights match CPU PyTorch" in r.stdout, r.stderr[-2000:]
-        out[mode] = traces.finalize(str(d / "prof"))
+        procs[mode] = subprocess.Popen([sys.executable, str(ROOT / "sample_workloads/eager_device.py"), "--small",
+                                        "--mode", mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env=env)
+    out = {}
+    for mode, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "weights match CPU PyTorch" in stdout, stderr[-2000:]
+        out[mode] = traces.finalize(str(dirs[mode] / "prof"))
     return out
 
 

@@ -3,7 +3,9 @@
 Most run in-process through their ``main()`` (torch.export warm-up paid once per worker); ``mlp.py``
 and ``dynamic_shapes.py`` run as the user types them.
 """
+import contextlib
 import importlib
+import io
 import os
 import subprocess
 import sys
@@ -36,13 +38,28 @@ def run_main(name, *argv, capsys=None):
         sys.argv = old
 
 
+@pytest.fixture(scope="module")
+def printed(env):
+    """``printed(name, *argv)``: what the sample printed, run in-process once per module (the tests that read
+    one run share it)."""
+    runs = {}
+
+    def get(name, *argv):
+        if (name, argv) not in runs:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                run_main(name, *argv)
+            runs[(name, argv)] = out.getvalue()
+        return runs[(name, argv)]
+    return get
+
+
 @pytest.mark.parametrize("name,argv", [
     ("cnn", []), ("bert_encoder", []), ("bert_encoder", ["--auto-cast", "matmult"]), ("gpt_decoder", []),
     ("fallback", []), ("train_mlp", []),
 ])
-def test_sample_matches_eager(name, argv, capsys):
-    run_main(name, *argv)
-    out = capsys.readouterr().out
+def test_sample_matches_eager(name, argv, printed):
+    out = printed(name, *argv)
     assert "MISMATCH" not in out and "OK vs eager PyTorch" in out
     assert len(out.split("\n\n")[0]) > 200          # the explanation paragraph
 
@@ -54,17 +71,15 @@ def test_check_names_its_comparison():
     assert doctest.testmod(common).failed == 0
 
 
-def test_train_mlp_checks_gradients_and_weights_by_norm(capsys):
-    run_main("train_mlp")
-    out = capsys.readouterr().out
+def test_train_mlp_checks_gradients_and_weights_by_norm(printed):
+    out = printed("train_mlp")
     assert "losses: OK vs eager PyTorch (fp32, element-wise rtol 1e-4" in out
     assert "gradients: OK vs eager PyTorch (fp32, element-wise rtol 1e-4" in out
     assert "weights: OK vs eager PyTorch (fp32, relative norm error < 1e-4" in out
 
 
-def test_fallback_sample_reports_reasons_and_lines(capsys):
-    run_main("fallback")
-    out = capsys.readouterr().out
+def test_fallback_sample_reports_reasons_and_lines(printed):
+    out = printed("fallback")
     assert "CPU fallback aten.sort.default at models.py:" in out
     assert "CPU fallback aten.index.Tensor at models.py:" in out and "data-dependent" in out
     assert "device -> cpu -> device" in out
@@ -73,6 +88,19 @@ def test_fallback_sample_reports_reasons_and_lines(capsys):
 def _script(name, *argv, env=None):
     return subprocess.run([sys.executable, str(SAMPLES / f"{name}.py"), "--small", *argv], capture_output=True,
                           text=True, env=env or dict(os.environ), timeout=300)
+
+
+def _scripts(*runs: tuple) -> list[subprocess.CompletedProcess]:
+    """``python SAMPLE.py --small ARGS`` for each ``(SAMPLE, *ARGS)``, run side by side."""
+    procs = []
+    for name, *argv in runs:
+        cmd = [sys.executable, str(SAMPLES / f"{name}.py"), "--small", *argv]
+        procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    done = []
+    for cmd, proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr))
+    return done
 
 
 def test_mlp_script_and_cache_hit_in_new_process(tmp_path):
@@ -90,11 +118,10 @@ def test_mlp_script_and_cache_hit_in_new_process(tmp_path):
 
 
 def test_dynamic_shapes_recompiles_and_bucketing():
-    plain = _script("dynamic_shapes")
+    plain, bucketed = _scripts(("dynamic_shapes",), ("dynamic_shapes", "--bucket"))
     assert plain.returncode == 0, plain.stderr
     assert "5 graphs compiled, 4 recompiles" in plain.stdout
     assert "tensor 'ids' dim 1: 5 -> 9" in plain.stdout and "at dynamic_shapes.py:" in plain.stdout
-    bucketed = _script("dynamic_shapes", "--bucket")
     assert bucketed.returncode == 0, bucketed.stderr
     assert "2 graphs compiled, 1 recompiles" in bucketed.stdout
 

@@ -19,23 +19,29 @@ from traces import q_insights, synthetic
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _inspect(out: Path, script: str, *args) -> Path:
-    # its own simulated instance, so cores other processes hold never refuse it
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_STACK_RUNTIME_DIR": str(out) + ".cores",
-           "NEURON_STACK_LIVE_DIR": str(out) + ".live"}
-    r = subprocess.run([sys.executable, "-m", "explorer.cli", "inspect", "-o", str(out), "--", sys.executable,
-                        str(ROOT / "sample_workloads" / script), "--small", *args],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return next(out.glob("*/profile.duckdb"))
+def _inspect(runs: dict[Path, tuple]) -> list[Path]:
+    """``neuron-explorer inspect -o OUT -- python SCRIPT --small ARGS`` for each ``{OUT: (SCRIPT, *ARGS)}``,
+    side by side: the profiles, in order."""
+    procs = {}
+    for out, (script, *args) in runs.items():
+        # its own simulated instance, so cores other processes hold never refuse it
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "NEURON_STACK_RUNTIME_DIR": str(out) + ".cores",
+               "NEURON_STACK_LIVE_DIR": str(out) + ".live"}
+        procs[out] = subprocess.Popen([sys.executable, "-m", "explorer.cli", "inspect", "-o", str(out), "--",
+                                       sys.executable, str(ROOT / "sample_workloads" / script), "--small", *args],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for proc in procs.values():
+        text, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, text
+    return [next(out.glob("*/profile.duckdb")) for out in runs]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The NKI-kernel sample (trn1), the MLP on trn2 and a synthetic run with collectives, served by the Explorer."""
     root = tmp_path_factory.mktemp("insights")
-    nki = _inspect(root / "nki", "nki/rmsnorm_in_model.py", "--kernel")
-    trn2 = _inspect(root / "trn2", "mlp.py", "--target", "trn2")
+    nki, trn2 = _inspect({root / "nki": ("nki/rmsnorm_in_model.py", "--kernel"),
+                          root / "trn2": ("mlp.py", "--target", "trn2")})
     cc = _collectives(root / "cc")
     create_app([nki, trn2, cc])
     keys = dict(zip(("nki", "trn2", "cc"), data.registry().keys()))

@@ -80,18 +80,21 @@ def runs(tmp_path_factory):
     script = tmp / "train.py"
     script.write_text(SCRIPT)
     base = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_INSPECT")}
-    base.update(NEURON_COMPILE_CACHE_URL=str(tmp / "cache"), NEURON_STACK_LIVE_DIR=str(tmp / "live"),
-                NEURON_STACK_RUNTIME_DIR=str(tmp / "cores"))
-    out = {}
+    base.update(NEURON_COMPILE_CACHE_URL=str(tmp / "cache"), NEURON_STACK_LIVE_DIR=str(tmp / "live"))
+    procs = {}
     for name, mode, capture in (("eager", "eager", "profiler"), ("compiled", "compiled", "profiler"),
                                 ("inspect", "eager", "inspect")):
-        env = dict(base)
+        # the three run side by side, each on its own simulated instance (its own cores)
+        env = dict(base, NEURON_STACK_RUNTIME_DIR=str(tmp / f"{name}.cores"))
         if capture == "inspect":
             env.update(NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp / name))
-        r = subprocess.run([sys.executable, str(script), mode, capture, str(tmp / name)], env=env,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
+        procs[name] = subprocess.Popen([sys.executable, str(script), mode, capture, str(tmp / name)], env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        got = json.loads(stdout.strip().splitlines()[-1])
         path = got["profile"] or str(traces.finalize(str(tmp / name)))
         out[name] = (path, got["copies"])
     return out

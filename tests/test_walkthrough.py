@@ -512,6 +512,10 @@ def walk_through(walk: Walk, shots: bool = True) -> None:
             started = time.monotonic()
             _run_step(walk, step, shots)
             walk.seconds[step.name] = time.monotonic() - started
+            if step.name == "monitor":
+                # the live workload is watched by neuron-top and neuron-monitor only; the steps after read saved
+                # profiles, so it stops here rather than keep a core busy serving until the walk ends
+                walk.stop_background()
             # what the document shows is what the user sees (whitespace aside: wrapping follows the numbers)
             got = normalize(walk.outputs.get(step.name, ""))
             missing = [ln for ln in stable_lines(shown.get(step.name, "")) if normalize(ln) not in got]
