@@ -123,21 +123,36 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, lnc):
-    out = tmp_path / f"lnc{lnc}"
-    env = {**os.environ, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(out),
-           "NEURON_RT_INSPECT_DEVICE_PROFILE": "session", "NEURON_LOGICAL_NC_CONFIG": str(lnc),
-           "NEURON_STACK_TARGET": "trn2", "NEURON_COMPILE_CACHE_URL": str(tmp_path / "cache"),
-           "NEURON_STACK_LIVE_DIR": str(tmp_path / "live"), "NEURON_STACK_RUNTIME_DIR": str(tmp_path / "cores")}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, "--target trn2"], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr
-    return float(r.stdout.strip().splitlines()[-1]), traces.finalize(out)
+def _run(tmp_path, degrees):
+    """Run SCRIPT once per LNC degree, the processes side by side; per degree its error and finalized profile."""
+    procs = {}
+    for lnc in degrees:
+        out = tmp_path / f"lnc{lnc}"
+        # each its own cache and cores (the two degrees compile different NEFFs): as if each ran alone, on core 0
+        env = {**os.environ, "NEURON_RT_INSPECT_ENABLE": "1", "NEURON_RT_INSPECT_OUTPUT_DIR": str(out),
+               "NEURON_RT_INSPECT_DEVICE_PROFILE": "session", "NEURON_LOGICAL_NC_CONFIG": str(lnc),
+               "NEURON_STACK_TARGET": "trn2", "NEURON_COMPILE_CACHE_URL": str(tmp_path / f"cache{lnc}"),
+               "NEURON_STACK_LIVE_DIR": str(tmp_path / f"live{lnc}"),
+               "NEURON_STACK_RUNTIME_DIR": str(tmp_path / f"cores{lnc}")}
+        procs[lnc] = out, subprocess.Popen([sys.executable, "-c", SCRIPT, "--target trn2"], env=env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    try:
+        for lnc, (out, proc) in procs.items():
+            stdout, stderr = proc.communicate(timeout=600)
+            assert proc.returncode == 0, stderr
+            results[lnc] = float(stdout.strip().splitlines()[-1]), traces.finalize(out)
+    finally:
+        for _, proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
 
 
 def test_profile_shows_the_physical_core_and_numbers_do_not_change(tmp_path):
-    err1, path1 = _run(tmp_path, 1)
-    err2, path2 = _run(tmp_path, 2)
+    runs = _run(tmp_path, (1, 2))
+    (err1, path1), (err2, path2) = runs[1], runs[2]
     assert err1 == err2 < 1e-4                   # fp32 against eager, whatever the degree
     with traces.open(path2) as p:
         per = {r["pcore_idx"]: r["n"] for r in p.sql(

@@ -1,6 +1,7 @@
 """End to end, as a user runs it: `neuron-explorer inspect -- python sample_workloads/<w>.py --small`
 records one row per instruction; summed per engine they equal each execution's busy times, and
 every instruction resolves through its op to a source line of the user's model file."""
+import os
 import re
 import subprocess
 import sys
@@ -14,17 +15,37 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "sync", "dma", "cc")
 
 
-@pytest.fixture(scope="module", params=["mlp", "cnn"])
-def profile(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"inspect-{request.param}")
+WORKLOADS = ("mlp", "cnn")
+
+
+@pytest.fixture(scope="module")
+def inspected(tmp_path_factory):
+    """Both workloads' ``neuron-explorer inspect`` runs, started together (two processes, one wait)."""
     cli = Path(sys.executable).parent / "neuron-explorer"
-    r = subprocess.run([str(cli), "inspect", "-o", str(out), "--", sys.executable,
-                        f"sample_workloads/{request.param}.py", "--small"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "NEURON_COMPILE_CACHE_URL": str(out / "cache")})
-    assert r.returncode == 0, r.stderr[-2000:]
-    path = re.search(r"profile written to (\S+profile\.duckdb)", r.stdout + r.stderr).group(1)
-    with traces.open(path) as p:
+    runs = {}
+    for name in WORKLOADS:
+        out = tmp_path_factory.mktemp(f"inspect-{name}")
+        runs[name] = subprocess.Popen(
+            [str(cli), "inspect", "-o", str(out), "--", sys.executable, f"sample_workloads/{name}.py", "--small"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "NEURON_COMPILE_CACHE_URL": str(out / "cache")})
+    paths = {}
+    try:
+        for name, proc in runs.items():
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, stderr[-2000:]
+            paths[name] = re.search(r"profile written to (\S+profile\.duckdb)", stdout + stderr).group(1)
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return paths
+
+
+@pytest.fixture(scope="module", params=WORKLOADS)
+def profile(request, inspected):
+    with traces.open(inspected[request.param]) as p:
         yield request.param, p
 
 

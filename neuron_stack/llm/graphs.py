@@ -18,6 +18,7 @@ import inspect
 import json
 import math
 import re
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -117,8 +118,14 @@ def _compile_graph(config, layers: int, batch: int, tokens: int, bucket: int, dt
 
 
 def _graph_key(config, layers, batch, tokens, bucket, dtype, flags, quantization, sp=1) -> tuple:
-    return (config.to_json_string(use_diff=False), layers, batch, tokens, bucket, dtype,
+    return (_sub_config_key(config, layers), layers, batch, tokens, bucket, dtype,
             json.dumps(flags, sort_keys=True, default=str), quantization, sp)
+
+
+def _sub_config_key(config, layers: int) -> str:
+    """The config of the ``layers``-layer sub-model (:func:`_capture` builds from nothing else), as text: a
+    32-layer and an 80-layer model with the same layer shapes compile the same one- and two-layer graphs."""
+    return rank_config(config, 1, layers).to_json_string(use_diff=False)
 
 
 @dataclass(frozen=True)
@@ -152,9 +159,12 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     while len(_FIGURES) > _FIGURES_MAX:
         _FIGURES.popitem(last=False)
     # the NEFF's tables (hundreds of MB on a long prefill): back to the OS before the next graph is
-    # lowered (peak RSS), not when the collector and Arrow's allocator next happen to let them go
+    # lowered (peak RSS), not when the collector and Arrow's allocator next happen to let them go. Reference
+    # counting frees a NEFF held in no cycle; a full collection (0.2 s over torch's heap) only if it is still here
+    alive = weakref.ref(neff)
     del neff, scs
-    gc.collect()
+    if alive() is not None:
+        gc.collect()
     pa.default_memory_pool().release_unused()
     _malloc_trim()
     return fig
@@ -212,10 +222,12 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
     program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
     lengths between are derived the same way; otherwise (the length decides some structure, or it
     equals another dimension, e.g. the K/V width) each is captured."""
-    family = tuple(sorted(set(family) | {bucket}))
+    # a cache of LONG_CACHE keys or more is laid out otherwise (K transposed, :func:`_capture`): a family
+    # spanning both layouts is two families, each of its own layout
+    family = tuple(sorted(b for b in set(family) | {bucket} if (b >= LONG_CACHE) == (bucket >= LONG_CACHE)))
     if len(family) < 3:
         return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
-    key = (config.to_json_string(use_diff=False), layers, batch, tokens, dtype, quantization, family, sp)
+    key = (_sub_config_key(config, layers), layers, batch, tokens, dtype, quantization, family, sp)
     if key not in _TEMPLATES:
         small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization, sp)
                         for b in (family[0], family[-1]))
