@@ -39,18 +39,21 @@ WORKLOAD = textwrap.dedent("""
 """)
 
 
-def wait_for(pred, what: str, timeout: float = 120.0):
+def wait_for(pred, what: str, timeout: float = 120.0, every: float = 0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = pred()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(every)
     pytest.fail(f"timed out waiting for {what}")
 
 
-@pytest.fixture
-def workload(tmp_path):
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    """One running workload for the module: the attach CLI captures from it first, then
+    test_capture_request_records_then_stops_by_itself (last in the file) idles it and sees it exit."""
+    tmp_path = tmp_path_factory.mktemp("capture")
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     script = tmp_path / "workload.py"
@@ -87,6 +90,30 @@ def run_status(out: Path):
     return rows[0][0] if rows else None     # "incomplete" until the writer records the run's end
 
 
+def test_attach_cli_captures_a_window_and_refuses_in_one_line(workload, capsys):
+    from explorer.cli import main
+    proc, ctl, live, tmp = workload
+    os.environ["NEURON_STACK_LIVE_DIR"] = str(live)
+    try:
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "1", "-o", str(tmp / "att")]) == 0
+        out = capsys.readouterr().out
+        assert "framework events; profile: " in out, out
+        assert main(["attach", "--pid", str(os.getpid()), "--duration", "1"]) == 1          # not using the runtime
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "100000"]) == 1        # over the bound
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        assert main(["attach", "--pid", dead.stdout.strip(), "--duration", "1"]) == 1       # not running
+    finally:
+        del os.environ["NEURON_STACK_LIVE_DIR"]
+    err = capsys.readouterr().err.splitlines()
+    assert [e.split(": error: ")[1].split(" (")[0].split(":")[0] for e in err] == [
+        f"process {os.getpid()} does not use the neuron_stack runtime", "--duration 100000 is out of range",
+        f"process {dead.stdout.strip()} is not running"], err
+    profile = out.split("profile: ")[1].split()[0]
+    import traces
+    with traces.open(profile) as prof:
+        assert prof.sql("SELECT count(*) AS n FROM instructions").to_pylist()[0]["n"] > 0
+
+
 def test_capture_request_records_then_stops_by_itself(workload):
     import traces
     from traces import attach
@@ -105,13 +132,16 @@ def test_capture_request_records_then_stops_by_itself(workload):
         attach.request(proc.pid, tmp / "second", 1.0, directory=live)
     # the writer publishes at least once a second: the first executions segment means recording is on
     wait_for(lambda: out.exists() and any(out.glob("executions.*.arrow")), "the capture to record executions")
-    wait_for(lambda: any(out.glob("system_events.*.arrow")) and time.time() > attach.state(proc.pid, live)["until"],
-             "the window to pass")
+    def window_passed():   # under load the capture may be done (no ``until`` any more) before this looks
+        st = attach.state(proc.pid, live) or {}
+        return st.get("state") != "recording" or time.time() > st["until"]
+    wait_for(lambda: any(out.glob("system_events.*.arrow")) and window_passed(), "the window to pass")
     (ctl / "idle").write_text("")                  # stop executing while the capture is on
     wait_for(lambda: (ctl / "idled").exists(), "the workload to go idle")
     st = attach.wait(proc.pid, rid, 3.0, directory=live)
     assert st["state"] == "done" and st["framework"].endswith("framework events"), st
-    wait_for(lambda: run_status(out) == "ok", "the capture to end by itself", timeout=60)
+    # each look finalises the directory: every 0.5 s, not every 0.05 s
+    wait_for(lambda: run_status(out) == "ok", "the capture to end by itself", timeout=60, every=0.5)
     assert proc.poll() is None                      # ended by its timer, not by the process exiting
 
     with traces.open(traces.finalize(out)) as prof:
@@ -141,27 +171,3 @@ def test_capture_request_records_then_stops_by_itself(workload):
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
-
-
-def test_attach_cli_captures_a_window_and_refuses_in_one_line(workload, capsys):
-    from explorer.cli import main
-    proc, ctl, live, tmp = workload
-    os.environ["NEURON_STACK_LIVE_DIR"] = str(live)
-    try:
-        assert main(["attach", "--pid", str(proc.pid), "--duration", "1", "-o", str(tmp / "att")]) == 0
-        out = capsys.readouterr().out
-        assert "framework events; profile: " in out, out
-        assert main(["attach", "--pid", str(os.getpid()), "--duration", "1"]) == 1          # not using the runtime
-        assert main(["attach", "--pid", str(proc.pid), "--duration", "100000"]) == 1        # over the bound
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        assert main(["attach", "--pid", dead.stdout.strip(), "--duration", "1"]) == 1       # not running
-    finally:
-        del os.environ["NEURON_STACK_LIVE_DIR"]
-    err = capsys.readouterr().err.splitlines()
-    assert [e.split(": error: ")[1].split(" (")[0].split(":")[0] for e in err] == [
-        f"process {os.getpid()} does not use the neuron_stack runtime", "--duration 100000 is out of range",
-        f"process {dead.stdout.strip()} is not running"], err
-    profile = out.split("profile: ")[1].split()[0]
-    import traces
-    with traces.open(profile) as prof:
-        assert prof.sql("SELECT count(*) AS n FROM instructions").to_pylist()[0]["n"] > 0
