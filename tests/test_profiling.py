@@ -17,10 +17,8 @@ SCRIPT = textwrap.dedent("""
     import neuron_stack
     from neuron_stack.profiling import NeuronConfig, ProfileMode, NeuronProfiler
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
-    x = torch.randn(2, 32)
-    traced = neuron_stack.trace(model, x)
+    traced = neuron_stack.load(sys.argv[2])     # the module's saved NEFF (see `neff`)
+    x = torch.ones(2, 8)
     traced(x)
     out, paths = sys.argv[1], {}
     runs = {"full": dict(modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME, ProfileMode.CPU_UTIL,
@@ -43,13 +41,25 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory):
+def neff(tmp_path_factory):
+    """The model every workload here runs, compiled once for the module: the profilers and variables are the
+    runtime's, so each process loads the saved NEFF (torch.jit.load on the real stack) instead of repeating
+    torch.export."""
+    import torch
+
+    import neuron_stack
+    return neuron_stack.trace(torch.nn.Linear(8, 4), torch.ones(2, 8)).save(
+        tmp_path_factory.mktemp("neff") / "linear.neff")
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory, neff):
     tmp = tmp_path_factory.mktemp("profiling")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_INSPECT")}
     env.update(NEURON_COMPILE_CACHE_URL=str(tmp / "cache"), NEURON_STACK_LIVE_DIR=str(tmp / "live"),
                NEURON_STACK_RUNTIME_DIR=str(tmp / "cores"))
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp / "out")], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp / "out"), str(neff)], env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not a valid device option" not in r.stderr   # PrivateUse1 without a C++ backend: silenced
     return tmp / "out", json.loads(r.stdout.strip().splitlines()[-1])
@@ -120,24 +130,12 @@ def test_capture_enabled_for_nc_and_ring_buffer(captured):
         "system_events_note"]
 
 
-# The variables are the runtime's: the workload loads a saved NEFF (torch.jit.load on the real stack) and runs it
-# three times; compiling it in every process would only repeat torch.export.
 ENV_SCRIPT = textwrap.dedent("""
     import sys, torch, neuron_stack
     m = neuron_stack.load(sys.argv[1])
     for _ in range(3):
         m(torch.ones(2, 8))
 """)
-
-
-@pytest.fixture(scope="module")
-def neff(tmp_path_factory):
-    """ENV_SCRIPT's model, compiled once for the module."""
-    import torch
-
-    import neuron_stack
-    return neuron_stack.trace(torch.nn.Linear(8, 4), torch.ones(2, 8)).save(
-        tmp_path_factory.mktemp("neff") / "linear.neff")
 
 
 def _env_run(tmp_path, neff, **variables):
