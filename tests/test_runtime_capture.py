@@ -32,7 +32,7 @@ WORKLOAD = textwrap.dedent("""
     deadline = time.time() + 240
     while time.time() < deadline and not (ctl / "idle").exists():
         mlp(x), ranker(y)
-        time.sleep(0.05)      # ~20 steps a second: every window holds executions, without a busy core
+        time.sleep(0.005)
     (ctl / "idled").write_text("")
     while time.time() < deadline and not (ctl / "exit").exists():
         time.sleep(0.05)      # idle: no executions, so nothing polls; the capture must end by itself
@@ -49,11 +49,8 @@ def wait_for(pred, what: str, timeout: float = 120.0, every: float = 0.05):
     pytest.fail(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
-def workload(tmp_path_factory):
-    """One running workload for the module: the attach CLI captures from it first, then
-    test_capture_request_records_then_stops_by_itself (last in the file) idles it and sees it exit."""
-    tmp_path = tmp_path_factory.mktemp("capture")
+@pytest.fixture
+def workload(tmp_path):
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     script = tmp_path / "workload.py"
@@ -88,30 +85,6 @@ def run_status(out: Path):
     finally:
         con.close()
     return rows[0][0] if rows else None     # "incomplete" until the writer records the run's end
-
-
-def test_attach_cli_captures_a_window_and_refuses_in_one_line(workload, capsys):
-    from explorer.cli import main
-    proc, ctl, live, tmp = workload
-    os.environ["NEURON_STACK_LIVE_DIR"] = str(live)
-    try:
-        assert main(["attach", "--pid", str(proc.pid), "--duration", "1", "-o", str(tmp / "att")]) == 0
-        out = capsys.readouterr().out
-        assert "framework events; profile: " in out, out
-        assert main(["attach", "--pid", str(os.getpid()), "--duration", "1"]) == 1          # not using the runtime
-        assert main(["attach", "--pid", str(proc.pid), "--duration", "100000"]) == 1        # over the bound
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-        assert main(["attach", "--pid", dead.stdout.strip(), "--duration", "1"]) == 1       # not running
-    finally:
-        del os.environ["NEURON_STACK_LIVE_DIR"]
-    err = capsys.readouterr().err.splitlines()
-    assert [e.split(": error: ")[1].split(" (")[0].split(":")[0] for e in err] == [
-        f"process {os.getpid()} does not use the neuron_stack runtime", "--duration 100000 is out of range",
-        f"process {dead.stdout.strip()} is not running"], err
-    profile = out.split("profile: ")[1].split()[0]
-    import traces
-    with traces.open(profile) as prof:
-        assert prof.sql("SELECT count(*) AS n FROM instructions").to_pylist()[0]["n"] > 0
 
 
 def test_capture_request_records_then_stops_by_itself(workload):
@@ -171,3 +144,27 @@ def test_capture_request_records_then_stops_by_itself(workload):
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_attach_cli_captures_a_window_and_refuses_in_one_line(workload, capsys):
+    from explorer.cli import main
+    proc, ctl, live, tmp = workload
+    os.environ["NEURON_STACK_LIVE_DIR"] = str(live)
+    try:
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "1", "-o", str(tmp / "att")]) == 0
+        out = capsys.readouterr().out
+        assert "framework events; profile: " in out, out
+        assert main(["attach", "--pid", str(os.getpid()), "--duration", "1"]) == 1          # not using the runtime
+        assert main(["attach", "--pid", str(proc.pid), "--duration", "100000"]) == 1        # over the bound
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        assert main(["attach", "--pid", dead.stdout.strip(), "--duration", "1"]) == 1       # not running
+    finally:
+        del os.environ["NEURON_STACK_LIVE_DIR"]
+    err = capsys.readouterr().err.splitlines()
+    assert [e.split(": error: ")[1].split(" (")[0].split(":")[0] for e in err] == [
+        f"process {os.getpid()} does not use the neuron_stack runtime", "--duration 100000 is out of range",
+        f"process {dead.stdout.strip()} is not running"], err
+    profile = out.split("profile: ")[1].split()[0]
+    import traces
+    with traces.open(profile) as prof:
+        assert prof.sql("SELECT count(*) AS n FROM instructions").to_pylist()[0]["n"] > 0
