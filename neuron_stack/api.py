@@ -35,6 +35,7 @@ from neuron_stack.isa.neff import Neff, NeffError
 from neuron_stack.isa.neff import load as load_neff
 from neuron_stack.runtime.cores import CoreAllocationError
 from neuron_stack.runtime.errors import OutOfDeviceMemory
+from neuron_stack.runtime.inspect_config import InspectConfigError
 from neuron_stack.runtime.model import LoadedModel
 from neuron_stack.tools.parallel_compile import install_collector
 from traces import TraceError
@@ -242,8 +243,8 @@ def _load(path, target, t0) -> NeuronModule:
     try:
         return NeuronModule(neff, {"kind": "trace", "cache_hit": False, "loaded_from": str(path),
                                    "load_wall_ns": time.perf_counter_ns() - t0, "source": caller_source()})
-    except (NeffError, CoreAllocationError, OutOfDeviceMemory, TraceError):
-        raise
+    except (NeffError, CoreAllocationError, OutOfDeviceMemory, TraceError, InspectConfigError):
+        raise   # the runtime's own one-line refusals (a bad NEURON_RT_INSPECT_* too), not a NEFF problem
     except Exception as exc:  # checksums matched but the program is not one this runtime can build
         first = str(exc).splitlines()[0][:120] if str(exc) else ""
         raise NeffError(f"{path}: its program cannot be loaded ({type(exc).__name__}: {first}); "

@@ -17,10 +17,8 @@ SCRIPT = textwrap.dedent("""
     import neuron_stack
     from neuron_stack.profiling import NeuronConfig, ProfileMode, NeuronProfiler
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
-    x = torch.randn(2, 32)
-    traced = neuron_stack.trace(model, x)
+    traced = neuron_stack.load(sys.argv[2])     # the module's saved NEFF (see `neff`)
+    x = torch.ones(2, 8)
     traced(x)
     out, paths = sys.argv[1], {}
     runs = {"full": dict(modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME, ProfileMode.CPU_UTIL,
@@ -43,13 +41,25 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def captured(tmp_path_factory):
+def neff(tmp_path_factory):
+    """The model every workload here runs, compiled once for the module: the profilers and variables are the
+    runtime's, so each process loads the saved NEFF (torch.jit.load on the real stack) instead of repeating
+    torch.export."""
+    import torch
+
+    import neuron_stack
+    return neuron_stack.trace(torch.nn.Linear(8, 4), torch.ones(2, 8)).save(
+        tmp_path_factory.mktemp("neff") / "linear.neff")
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory, neff):
     tmp = tmp_path_factory.mktemp("profiling")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_INSPECT")}
     env.update(NEURON_COMPILE_CACHE_URL=str(tmp / "cache"), NEURON_STACK_LIVE_DIR=str(tmp / "live"),
                NEURON_STACK_RUNTIME_DIR=str(tmp / "cores"))
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp / "out")], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp / "out"), str(neff)], env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not a valid device option" not in r.stderr   # PrivateUse1 without a C++ backend: silenced
     return tmp / "out", json.loads(r.stdout.strip().splitlines()[-1])
@@ -121,24 +131,25 @@ def test_capture_enabled_for_nc_and_ring_buffer(captured):
 
 
 ENV_SCRIPT = textwrap.dedent("""
-    import torch, neuron_stack
-    m = neuron_stack.trace(torch.nn.Linear(8, 4), torch.ones(2, 8))
+    import sys, torch, neuron_stack
+    m = neuron_stack.load(sys.argv[1])
     for _ in range(3):
         m(torch.ones(2, 8))
 """)
 
 
-def _env_run(tmp_path, **variables):
+def _env_run(tmp_path, neff, **variables):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_RT_INSPECT")}
     env.update(NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_OUTPUT_DIR=str(tmp_path / "out"),
                NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_STACK_LIVE_DIR=str(tmp_path / "live"),
                NEURON_STACK_RUNTIME_DIR=str(tmp_path / "cores"), **variables)
-    return subprocess.run([sys.executable, "-c", ENV_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", ENV_SCRIPT, str(neff)], env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
-def test_env_vars_have_the_real_defaults_and_filters(tmp_path):
+def test_env_vars_have_the_real_defaults_and_filters(tmp_path, neff):
     import traces
-    r = _env_run(tmp_path, NEURON_RT_INSPECT_EVENT_FILTER_TYPE="hardware")
+    r = _env_run(tmp_path, neff, NEURON_RT_INSPECT_EVENT_FILTER_TYPE="hardware")
     assert r.returncode == 0, r.stderr[-2000:]
     path = str(traces.finalize(tmp_path / "out"))
     # device profile off by default (system profile on), the filter keeps the hardware group only
@@ -152,7 +163,7 @@ def test_env_vars_have_the_real_defaults_and_filters(tmp_path):
     assert "no device rows" not in r.stderr
 
 
-def test_inspect_n_keeps_the_newest_system_events(tmp_path):
+def test_inspect_n_keeps_the_newest_system_events(tmp_path, neff):
     """``neuron-explorer inspect -n N`` (the real ``--num-trace-events``) caps the system events per NeuronCore as
     ``NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC`` does; a bad N is one line, before anything runs."""
     (tmp_path / "w.py").write_text(ENV_SCRIPT)
@@ -160,11 +171,11 @@ def test_inspect_n_keeps_the_newest_system_events(tmp_path):
     env.update(NEURON_COMPILE_CACHE_URL=str(tmp_path / "cache"), NEURON_STACK_LIVE_DIR=str(tmp_path / "live"),
                NEURON_STACK_RUNTIME_DIR=str(tmp_path / "cores"))
     run = [sys.executable, "-m", "explorer.cli", "inspect", "-o", str(tmp_path / "out")]
-    bad = subprocess.run([*run, "-n", "lots", "--", sys.executable, "w.py"], cwd=tmp_path, env=env,
+    bad = subprocess.run([*run, "-n", "lots", "--", sys.executable, "w.py", str(neff)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and not (tmp_path / "out").exists()
     assert "-n 'lots' is not a positive whole number of system events per NeuronCore" in bad.stderr
-    r = subprocess.run([*run, "-n", "2", "--", sys.executable, "w.py"], cwd=tmp_path, env=env,
+    r = subprocess.run([*run, "-n", "2", "--", sys.executable, "w.py", str(neff)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     [path] = (tmp_path / "out").glob("*/profile.duckdb")
@@ -174,8 +185,8 @@ def test_inspect_n_keeps_the_newest_system_events(tmp_path):
     assert q(str(path), "SELECT count(*) FROM executions")[0][0] == 3   # the workload ran whole
 
 
-def test_a_bad_variable_is_one_clear_line(tmp_path):
-    r = _env_run(tmp_path, NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC="lots")
+def test_a_bad_variable_is_one_clear_line(tmp_path, neff):
+    r = _env_run(tmp_path, neff, NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC="lots")
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].endswith(
         "NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC='lots' is not a positive whole number of events per "

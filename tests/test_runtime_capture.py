@@ -39,13 +39,13 @@ WORKLOAD = textwrap.dedent("""
 """)
 
 
-def wait_for(pred, what: str, timeout: float = 120.0):
+def wait_for(pred, what: str, timeout: float = 120.0, every: float = 0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = pred()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(every)
     pytest.fail(f"timed out waiting for {what}")
 
 
@@ -105,13 +105,16 @@ def test_capture_request_records_then_stops_by_itself(workload):
         attach.request(proc.pid, tmp / "second", 1.0, directory=live)
     # the writer publishes at least once a second: the first executions segment means recording is on
     wait_for(lambda: out.exists() and any(out.glob("executions.*.arrow")), "the capture to record executions")
-    wait_for(lambda: any(out.glob("system_events.*.arrow")) and time.time() > attach.state(proc.pid, live)["until"],
-             "the window to pass")
+    def window_passed():   # under load the capture may be done (no ``until`` any more) before this looks
+        st = attach.state(proc.pid, live) or {}
+        return st.get("state") != "recording" or time.time() > st["until"]
+    wait_for(lambda: any(out.glob("system_events.*.arrow")) and window_passed(), "the window to pass")
     (ctl / "idle").write_text("")                  # stop executing while the capture is on
     wait_for(lambda: (ctl / "idled").exists(), "the workload to go idle")
     st = attach.wait(proc.pid, rid, 3.0, directory=live)
     assert st["state"] == "done" and st["framework"].endswith("framework events"), st
-    wait_for(lambda: run_status(out) == "ok", "the capture to end by itself", timeout=60)
+    # each look finalises the directory: every 0.5 s, not every 0.05 s
+    wait_for(lambda: run_status(out) == "ok", "the capture to end by itself", timeout=60, every=0.5)
     assert proc.poll() is None                      # ended by its timer, not by the process exiting
 
     with traces.open(traces.finalize(out)) as prof:

@@ -57,14 +57,23 @@ def summary(spark, root: str, include_warmup: bool | None = None, per_core: bool
     """
     cached = register(spark, root)
     try:
-        if include_warmup is None:
-            stored = spark.sql("SELECT value FROM metadata WHERE key = 'summary_includes_warmup'").collect()
-            include_warmup = bool(stored) and stored[0]["value"] == "true"
-        return [{k: _plain(v) for k, v in row.asDict().items()}
-                for row in spark.sql(summary_sql(include_warmup, per_core=per_core)).collect()]
+        return summary_rows(spark, include_warmup, per_core)
     finally:
         for frame in cached:
             frame.unpersist()
+
+
+def summary_rows(spark, include_warmup: bool | None = None, per_core: bool = False) -> list[dict]:
+    """:func:`summary` of the dataset :func:`register` made the session's views: several Summaries of one
+    dataset (whole and per core, say) read its objects once.
+
+    Example: ``register(spark, url); whole, cores = summary_rows(spark), summary_rows(spark, per_core=True)``.
+    """
+    if include_warmup is None:
+        stored = spark.sql("SELECT value FROM metadata WHERE key = 'summary_includes_warmup'").collect()
+        include_warmup = bool(stored) and stored[0]["value"] == "true"
+    return [{k: _plain(v) for k, v in row.asDict().items()}
+            for row in spark.sql(summary_sql(include_warmup, per_core=per_core)).collect()]
 
 
 def _plain(value):
