@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,35 +25,30 @@ def demo(*args, cwd):
     )
 
 
-def test_run_benchmark_report(tmp_path):
-    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama written once by ``inference_demo tiny-model``, read by every run below."""
+    d = tmp_path_factory.mktemp("models")
+    assert demo("tiny-model", str(d / "tiny"), cwd=d).returncode == 0
+    return d / "tiny"
+
+
+@pytest.fixture(scope="module")
+def tp1(tiny, tmp_path_factory):
+    """One TP=1 run with --benchmark, as NxDI's README writes it: its report is checked by
+    test_run_benchmark_report, its text against TP=2 by test_tensor_parallel_run_has_real_numbers_equal_to_tp1."""
+    d = tmp_path_factory.mktemp("tp1")
     r = demo(
-        "--model-type",
-        "llama",
-        "--task-type",
-        "causal-lm",
-        "run",
-        "--model-path",
-        str(tmp_path / "tiny"),
-        "--compiled-model-path",
-        str(tmp_path / "out"),
-        "--tp-degree",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-context-length",
-        "16",
-        "--seq-len",
-        "32",
-        "--prompt",
-        "Hello",
-        "--check-accuracy-mode",
-        "token-matching",
-        "--benchmark",
-        "--num-runs",
-        "2",
-        cwd=tmp_path,
+        "--model-type", "llama", "--task-type", "causal-lm", "run", "--model-path", str(tiny),
+        "--compiled-model-path", str(d / "out"), "--tp-degree", "1", "--batch-size", "2",
+        "--max-context-length", "16", "--seq-len", "32", "--prompt", "Hello",
+        "--check-accuracy-mode", "token-matching", "--benchmark", "--num-runs", "2", cwd=d,
     )
+    return r, d
+
+
+def test_run_benchmark_report(tp1):
+    r, tmp_path = tp1
     assert r.returncode == 0, r.stderr
     assert "Compiling and tracing time:" in r.stdout and "Total model loading time:" in r.stdout
     assert "token matching against eager Hugging Face generate: passed" in r.stdout
@@ -75,43 +72,42 @@ def test_run_benchmark_report(tmp_path):
     assert report["e2e_model"]["throughput"] == 2 * 32 * 2 / (2 * e2e / 1e3)
 
 
-def test_tensor_parallel_run_has_real_numbers_equal_to_tp1(tmp_path):
+def test_tensor_parallel_run_has_real_numbers_equal_to_tp1(tiny, tp1, tmp_path):
     """--tp-degree 2 on a model with weights: sharded over two cores as NxDI shards it, the collectives run
     with numbers and are costed; the text equals TP=1 (and eager). The first line says the mode."""
-    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
+    runs = {1: tp1[0]}
+    runs[2] = demo(  # the TP=1 run's batch of 2, so that both rows' text is compared
+        "run", "--model-path", str(tiny), "--compiled-model-path", str(tmp_path / "c2"),
+        "--tp-degree", "2", "--batch-size", "2", "--max-context-length", "16", "--seq-len", "32",
+        "--prompt", "Hello", "--check-accuracy-mode", "token-matching", "--benchmark", "--num-runs", "1",
+        "--benchmark-report-path", str(tmp_path / "tp2.json"), cwd=tmp_path,
+    )
     outs = {}
-    for tp in (1, 2):
-        r = demo(
-            "run", "--model-path", str(tmp_path / "tiny"), "--compiled-model-path", str(tmp_path / f"c{tp}"),
-            "--tp-degree", str(tp), "--batch-size", "1", "--max-context-length", "16", "--seq-len", "32",
-            "--prompt", "Hello", "--check-accuracy-mode", "token-matching", "--benchmark", "--num-runs", "1",
-            "--benchmark-report-path", str(tmp_path / f"tp{tp}.json"), cwd=tmp_path,
-        )
+    for tp, r in runs.items():
         assert r.returncode == 0, r.stderr
         first = r.stdout.splitlines()[0]
         assert first == f"mode: real numbers (tp_degree={tp} over {tp} NeuronCore{'s' if tp > 1 else ''})"
         assert "token matching against eager Hugging Face generate: passed" in r.stdout
-        outs[tp] = [x for x in r.stdout.splitlines() if x.startswith("Output 0:")]
-    assert outs[1] == outs[2] and outs[1]
+        outs[tp] = [x for x in r.stdout.splitlines() if x.startswith("Output ")]
+    assert outs[1] == outs[2] and len(outs[1]) == 2
     # the TP=2 call includes its collectives' time: more device time per token than the ranks' compute alone
     report = json.loads((tmp_path / "tp2.json").read_text())
     assert report["token_generation_model"]["latency_ms_p50"] > 0
-    r = demo("run", "--model-path", str(tmp_path / "tiny"), "--tp-degree", "2", "--projection",
+    r = demo("run", "--model-path", str(tiny), "--tp-degree", "2", "--projection",
              "--seq-len", "32", "--max-context-length", "16", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "mode: projection (numbers=none, tp_degree=2): asked (--projection)"
 
 
-def test_speculative_decoding_tokens_equal_greedy(tmp_path):
+def test_speculative_decoding_tokens_equal_greedy(tiny, tmp_path):
     """--speculation-length with a draft model: the target checks k draft tokens per call; the tokens are
     the target's greedy ones whatever the draft proposes; the acceptance rate and TPOT are reported."""
-    assert demo("tiny-model", str(tmp_path / "tiny"), cwd=tmp_path).returncode == 0
     assert demo("tiny-model", str(tmp_path / "other"), "--seed", "1", cwd=tmp_path).returncode == 0
     rates = {}
     for name in ("tiny", "other"):  # the target itself as draft (all accepted), then an unrelated one
         r = demo(
-            "run", "--model-path", str(tmp_path / "tiny"), "--compiled-model-path", str(tmp_path / f"c-{name}"),
-            "--draft-model-path", str(tmp_path / name), "--speculation-length", "3",
+            "run", "--model-path", str(tiny), "--compiled-model-path", str(tmp_path / f"c-{name}"),
+            "--draft-model-path", str(tiny if name == "tiny" else tmp_path / name), "--speculation-length", "3",
             "--batch-size", "1", "--max-context-length", "16", "--seq-len", "32", "--prompt", "Hello",
             "--check-accuracy-mode", "token-matching", "--benchmark-report-path", str(tmp_path / "report.json"),
             *(["--benchmark", "--num-runs", "1"] if name == "tiny" else []), cwd=tmp_path,
@@ -125,7 +121,7 @@ def test_speculative_decoding_tokens_equal_greedy(tmp_path):
     sp = json.loads((tmp_path / "report.extras.json").read_text())["speculation"]
     assert sp["speculation_length"] == 3 and sp["acceptance_rate"] == 1.0
     assert sp["tpot_ms"] > 0 and sp["tpot_ms_without_speculation"] > 0
-    r = demo("run", "--model-path", str(tmp_path / "tiny"), "--speculation-length", "3", cwd=tmp_path)
+    r = demo("run", "--model-path", str(tiny), "--speculation-length", "3", cwd=tmp_path)
     assert r.returncode == 2 and "needs both --speculation-length K and --draft-model-path" in r.stderr
 
 
