@@ -108,11 +108,8 @@ def finalize(out_dir: str | os.PathLike, include_warmup: bool = False) -> Path:
     loaded: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
     skipped: list[str] = []
     with _step(f"read {len(segments)} segments"):
-        # memory-mapped: reading costs nothing until DuckDB scans the rows; validating them is the cost,
-        # and it releases the GIL, so two threads share it
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            read = list(pool.map(read_segment, segments))
-        for path, got in zip(segments, read):
+        for path in segments:  # memory-mapped: reading costs nothing until DuckDB scans the rows
+            got = read_segment(path)
             if got is None:
                 skipped.append(path.name)
             else:
