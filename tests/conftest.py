@@ -29,18 +29,6 @@ def recorded_samples(tmp_path_factory):
     return Recorder(tmp_path_factory.mktemp("samples"))
 
 
-def pytest_configure(config):
-    """The suite starts a few hundred Python processes (CLIs, workloads, ranks). Where PYTHONDONTWRITEBYTECODE is
-    set (as on CI) each would compile the project's modules again, ~2 s of CPU apiece: compile them once, up front."""
-    if not hasattr(config, "workerinput"):   # the controller, before the xdist workers start
-        import compileall
-        from pathlib import Path
-
-        root = Path(__file__).resolve().parents[1]
-        for package in ("neuron_stack", "traces", "explorer", "monitor", "top", "sample_workloads", "bench"):
-            compileall.compile_dir(root / package, quiet=1)
-
-
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
                      help="full size: also run the tests marked full (every sample at its default size, on every "
