@@ -28,6 +28,8 @@ _FOLDER = re.compile(r"[A-Za-z0-9 _.-]{1,40}(/[A-Za-z0-9 _.-]{1,40}){0,3}")
 
 #: The directory this server manages (None: profiles named one by one, no delete or upload).
 SETTINGS: dict = {"directory": None, "data_path": None}
+#: The background processing children started here, with the profiles each was given.
+_CHILDREN: list = []
 
 
 def checked_folder(text) -> str:
@@ -112,6 +114,7 @@ def delete(key: str) -> str:
                                  "with `neuron-explorer view -d DIR`")
     path = reg.entries[key].path
     reg.remove(key)
+    _stop_processing(path)   # its child would write its Parquet tables into the directory being deleted
     if SETTINGS.get("data_path"):   # its Parquet tables, processed outside its directory (view --data-path)
         processed.remove(path, SETTINGS["data_path"])
     if target.is_dir():
@@ -167,4 +170,18 @@ def process_in_background(paths: list[Path]):
         return None
     data_path = SETTINGS.get("data_path")
     cmd = [sys.executable, "-m", "traces.processed", *(["--data-path", str(data_path)] if data_path else []), *todo]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    _CHILDREN[:] = [(t, c) for t, c in _CHILDREN if c.poll() is None] + [(todo, child)]
+    return child
+
+
+def _stop_processing(path) -> None:
+    """Stop the background children processing ``path`` and start one for the other profiles they had left
+    (an up-to-date profile is skipped, so nothing is written twice)."""
+    path = Path(path).resolve()
+    for todo, child in list(_CHILDREN):
+        if child.poll() is None and path in {Path(p).resolve() for p in todo}:
+            child.kill()
+            child.wait(10)
+            _CHILDREN.remove((todo, child))
+            process_in_background([p for p in todo if Path(p).resolve() != path])

@@ -151,3 +151,12 @@ def test_delete_removes_the_profiles_parquet_tables_under_a_separate_data_path(a
         manager.SETTINGS["data_path"] = None
     assert not out.exists() and not copy.exists()
     assert (kept / "Summary.parquet").is_file()                          # another profile's tables stay
+
+
+def test_delete_right_after_upload_stops_the_profiles_background_processing(app, root):
+    blob = (root / KEYS[0] / "profile.duckdb").read_bytes()
+    key = manager.upload("fresh.duckdb", blob)
+    child = manager._CHILDREN[-1][1]
+    assert child.poll() is None                         # still writing its Parquet tables into the directory
+    manager.delete(key)
+    assert child.poll() is not None and not (root / "uploaded_fresh").exists()
