@@ -71,11 +71,21 @@ _FIND = """(name) => { const g = document.querySelector('#system-graph .js-plotl
     } return null; }"""
 
 
+_DRAWN = """() => { const g = document.querySelector('#system-graph .js-plotly-plot');
+    return {status: document.querySelector('#system-status').innerText,
+            names: document.querySelector('#system-names').innerText,
+            traces: g && g.data ? g.data.map(t => [t.type, t.name, (t.customdata || []).map(c => [c[0], c[6]])]) : null,
+            cats: g && g._fullLayout && g._fullLayout.yaxis ? g._fullLayout.yaxis.categoryarray : null}; }"""
+
+
 def _click(page, name: str, shows: str) -> None:
     """Click the middle of the first drawn event named ``name`` (plotly's drag layer sits on top: the mouse)
     until ``shows`` appears: under load the graph may still be drawing when it is first clicked."""
     for attempt in range(4):
-        page.wait_for_function(_FIND, arg=name)
+        try:
+            page.wait_for_function(_FIND, arg=name)
+        except PlaywrightTimeout:
+            raise AssertionError(f"{name} is not drawn: {page.evaluate(_DRAWN)}") from None
         page.wait_for_timeout(300)   # the figure settled
         page.mouse.click(*page.evaluate(_FIND, name))
         try:
@@ -155,11 +165,18 @@ def test_click_an_execution_shows_its_dependency_chain_and_zooms_to_each(server,
 
 
 def test_click_a_framework_op_lists_every_call_it_made(server, page):
-    page.goto(f"{server}/system?profile=20260105-120000_chain")
-    page.wait_for_selector("#system-graph .js-plotly-plot")
-    page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
-    _only(page, "step1", shows="1 events")
-    _click(page, "step1", "#system-chain-downstream")
+    for attempt in range(2):   # under load on CI the filtered figure was once never drawn (cause not found)
+        page.goto(f"{server}/system?profile=20260105-120000_chain")
+        page.wait_for_selector("#system-graph .js-plotly-plot")
+        page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
+        _only(page, "step1", shows="1 events")
+        try:
+            _click(page, "step1", "#system-chain-downstream")
+            break
+        except AssertionError as exc:
+            if attempt:
+                raise
+            print(f"retrying once: {exc}")   # shown with the output of a test that fails later
     assert "step1" in page.inner_text("#system-chain-selected")
     assert "No upstream events." in page.inner_text("#system-chain-panel")
     assert _rows(page, "downstream") == ["nrt_execute", "nrt_tensor_write", "dmem_buf_copyin", "nc_exec_running",
