@@ -13,6 +13,7 @@ and chromium stops after the last of them (:func:`stop_after_browser_tests`).
 """
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from contextlib import contextmanager
@@ -29,6 +30,27 @@ FIXTURE = "explorer_shared"
 
 needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which("chromium") is None,
                                     reason="Debian's chromium is not installed (apt-get install -y chromium)")
+
+
+def choose(page, dropdown: str, option: str) -> None:
+    """Pick ``option`` in the Dash dropdown ``dropdown`` (a CSS selector) as a user does: open it, type to
+    search, click the option. Never Enter: under load typed keys can be lost, and Enter picks whatever
+    matched first (seen on CI: ``step0`` for ``step1``)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    item = page.locator(".dash-dropdown-option", has_text=re.compile(rf"^\s*{re.escape(option)}\s*$"))
+    for attempt in range(3):
+        page.click(dropdown)
+        page.keyboard.press("Control+A")   # replace what an earlier attempt typed
+        page.keyboard.type(option)
+        try:
+            item.first.click(timeout=5000 * (attempt + 1))
+            return
+        except PlaywrightTimeout:
+            continue
+        finally:
+            page.keyboard.press("Escape")
+    raise AssertionError(f"{dropdown} never offered {option!r}")
 
 
 class SharedExplorer:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from explorer_browser import needs_chromium
+from explorer_browser import choose, needs_chromium
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from test_explorer_browser import _shot
 from test_explorer_profiles import build_tables, write_profile
@@ -97,19 +97,10 @@ def _click(page, name: str, shows: str) -> None:
 
 
 def _only(page, name: str, shows: str) -> None:
-    """Filter the System Trace to event type ``name`` until the status starts with ``shows``: under load the
-    dropdown may be re-rendered by the page's first callbacks while it is being typed into (seen on CI)."""
-    for attempt in range(3):
-        page.click("#system-names")
-        page.keyboard.type(name)
-        page.keyboard.press("Enter")
-        try:
-            page.wait_for_function("(s) => document.querySelector('#system-status').innerText.startsWith(s)",
-                                   arg=shows, timeout=10_000 * (attempt + 1))
-            return
-        except PlaywrightTimeout:
-            page.keyboard.press("Escape")   # drop a half-typed search before typing it again
-    raise AssertionError(f"filtering to {name} never showed {shows!r}")
+    """Filter the System Trace to event type ``name``; wait until the status starts with ``shows``."""
+    choose(page, "#system-names", name)
+    page.wait_for_function("(s) => document.querySelector('#system-status').innerText.startsWith(s)", arg=shows)
+    assert page.inner_text("#system-names").split() == [name]
 
 
 def _rows(page, which: str) -> list[str]:
@@ -165,18 +156,11 @@ def test_click_an_execution_shows_its_dependency_chain_and_zooms_to_each(server,
 
 
 def test_click_a_framework_op_lists_every_call_it_made(server, page):
-    for attempt in range(2):   # under load on CI the filtered figure was once never drawn (cause not found)
-        page.goto(f"{server}/system?profile=20260105-120000_chain")
-        page.wait_for_selector("#system-graph .js-plotly-plot")
-        page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
-        _only(page, "step1", shows="1 events")
-        try:
-            _click(page, "step1", "#system-chain-downstream")
-            break
-        except AssertionError as exc:
-            if attempt:
-                raise
-            print(f"retrying once: {exc}")   # shown with the output of a test that fails later
+    page.goto(f"{server}/system?profile=20260105-120000_chain")
+    page.wait_for_selector("#system-graph .js-plotly-plot")
+    page.wait_for_function("() => document.querySelector('#system-status').innerText.includes('events')")
+    _only(page, "step1", shows="1 events")
+    _click(page, "step1", "#system-chain-downstream")
     assert "step1" in page.inner_text("#system-chain-selected")
     assert "No upstream events." in page.inner_text("#system-chain-panel")
     assert _rows(page, "downstream") == ["nrt_execute", "nrt_tensor_write", "dmem_buf_copyin", "nc_exec_running",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from explorer_browser import needs_chromium
+from explorer_browser import choose, needs_chromium
 from test_explorer_browser import _plot, _shot
 from test_explorer_profiles import build_tables, write_profile
 
@@ -70,9 +70,7 @@ def test_system_trace_tracks_grouping_filter_hover_and_drill_down(server, page):
                            ".filter(t => t.type === 'bar').map(t => t.y)).includes('NC:1')")
     assert _tracks(page) == {"NC:0", "NC:1", "host"}
 
-    page.click("#system-names")                           # event-type filter: executions only
-    page.keyboard.type("nc_exec_running")
-    page.keyboard.press("Enter")
+    choose(page, "#system-names", "nc_exec_running")     # event-type filter: executions only
     page.wait_for_function("() => document.querySelector('#system-status').innerText.startsWith('6 events')")
     assert [t["name"] for t in _plot(page, "system-graph") if t["type"] == "bar"] == ["neuron_hw"]
 
