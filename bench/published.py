@@ -230,9 +230,11 @@ def _why(r: dict) -> str:
             why.append(
                 f"TTFT under published: per layer the published prefill costs {pub:.0f} us more than a decode "
                 f"step, the projection {proj:.0f} us; request time holds the launch, the copies over the host "
-                f"link, the logits to the host and the collectives at the documented 1-2 us a hop "
-                f"({collectives(r, r['in'])}); a TTFT holds no decode step (transformers-neuronx's sampling loop "
-                f"emits the first token before its first decode call) and the {r['in']}-token prompt runs in "
+                f"link, the logits to the host and the collectives of the row's runtime release "
+                f"({'Neuron 2.18: rings' if r.get('release') == '2.18' else 'the collectives pages'}) at the "
+                f"documented 1-2 us a hop ({collectives(r, r['in'])}); a TTFT holds no decode step "
+                f"(transformers-neuronx's sampling loop emits the first token before its first decode call) and "
+                f"the {r['in']}-token prompt runs in "
                 f"the {r['in']}-token bucket (context buckets half the token buckets, first fit): the rest has "
                 "no public cost and is not modelled"
             )
