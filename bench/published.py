@@ -101,6 +101,17 @@ def row_settings(row) -> tuple[str, NeuronConfig, int, int]:
     return PRESET.get(model, model), nc, n_in, n_out
 
 
+def neuron_release(row) -> str:
+    """The Neuron runtime release whose collective algorithms a row ran with: reference §2.12's transformers-neuronx
+    rows (trn1, inf2) are Neuron 2.18 (Ring: :mod:`neuron_stack.device.collective_cost`), its NxDI rows (trn2)
+    a current release (the collectives pages' Mesh, RDH, KangaRing).
+
+    >>> neuron_release(ROWS[0]), neuron_release(ROWS[9])
+    ('2.18', 'latest')
+    """
+    return "latest" if row[1] == "trn2" else "2.18"
+
+
 def roofline_ms(model: str, target: str, tp: int, batch: int, tokens: int, ctx: int, layer_weight_bytes=2) -> float:
     """max(TensorE time at peak, HBM time at the core's bandwidth share) per rank for ``tokens`` new
     tokens per sequence over a context of ``ctx``: weights read once (decoder layers at
@@ -122,11 +133,13 @@ def project_row(row, cache: dict | None = None) -> dict:
     """One §2.12 row: published and projected TTFT/TPOT (ms), their roofline bounds and why they differ."""
     model, target, tp, batch, n_in, n_out, ttft, tpot, note = row
     preset, nc, _, _ = row_settings(row)
-    key = (preset, target, tp, batch, n_in, n_out, "int8" in note)
+    release = neuron_release(row)
+    key = (preset, target, tp, batch, n_in, n_out, "int8" in note, release)
     cache = {} if cache is None else cache
     if key not in cache:
         # the rows AWS ran with int8 weights are projected with int8 weight-only quantization
-        cache[key] = project_serving(preset, nc, n_in, n_out, quantization_dtype="int8" if "int8" in note else None)
+        cache[key] = project_serving(preset, nc, n_in, n_out, quantization_dtype="int8" if "int8" in note else None,
+                                     neuron_release=release)
     s = cache[key]
     wb = 1 if "int8" in note else 2
     out = {
@@ -137,6 +150,7 @@ def project_row(row, cache: dict | None = None) -> dict:
         "in": n_in,
         "out": n_out,
         "note": note,
+        "release": release,
         "ttft_pub": ttft,
         "tpot_pub": tpot,
         # the compared figure: request time (device time + launch, copies, logits to the host: llm/request.py)
@@ -166,10 +180,12 @@ def collectives(r: dict, tokens: int = 1) -> str:
 
     >>> collectives({"model": "Llama-3-70B", "target": "trn1", "tp": 32, "batch": 1})
     '2 all-reduces per layer of 16 KiB over 32 ranks, each a 4-step Mesh of 6.2 us'
+    >>> collectives({"model": "Llama-3-70B", "target": "trn1", "tp": 32, "batch": 1, "release": "2.18"})
+    '2 all-reduces per layer of 16 KiB over 32 ranks, each a 62-step Ring of 93.1 us'
     """
     c = load_config(PRESET.get(r["model"], r["model"]))
     p = plan("all_reduce", r["batch"] * tokens * c.hidden_size, "bfloat16", Group.on_cores(range(r["tp"])),
-             get_profile(r["target"]))
+             get_profile(r["target"]), r.get("release", "latest"))
     size = f"{p.input_size // 1024} KiB" if p.input_size < 1 << 20 else f"{p.input_size / 2**20:.0f} MiB"
     return (f"2 all-reduces per layer of {size} over {r['tp']} ranks, each a {p.steps}-step {p.algorithm} of "
             f"{p.dur_ns / 1e3:.1f} us")
@@ -214,9 +230,11 @@ def _why(r: dict) -> str:
             why.append(
                 f"TTFT under published: per layer the published prefill costs {pub:.0f} us more than a decode "
                 f"step, the projection {proj:.0f} us; request time holds the launch, the copies over the host "
-                f"link, the logits to the host and the collectives at the documented 1-2 us a hop "
-                f"({collectives(r, r['in'])}); a TTFT holds no decode step (transformers-neuronx's sampling loop "
-                f"emits the first token before its first decode call) and the {r['in']}-token prompt runs in "
+                f"link, the logits to the host and the collectives of the row's runtime release "
+                f"({'Neuron 2.18: rings' if r.get('release') == '2.18' else 'the collectives pages'}) at the "
+                f"documented 1-2 us a hop ({collectives(r, r['in'])}); a TTFT holds no decode step "
+                f"(transformers-neuronx's sampling loop emits the first token before its first decode call) and "
+                f"the {r['in']}-token prompt runs in "
                 f"the {r['in']}-token bucket (context buckets half the token buckets, first fit): the rest has "
                 "no public cost and is not modelled"
             )

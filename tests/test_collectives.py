@@ -131,3 +131,50 @@ def test_instruction_rows_and_ccop_record():
 
 def test_synchronise_waits_for_the_straggler():
     assert synchronise([10, 400, 20]) == (400, [390, 0, 380])
+
+
+# -- the runtime release's algorithms: Neuron 2.18 (runtime 2.20), which ran AWS's transformers-neuronx rows --
+
+@pytest.mark.parametrize("profile,n", [(INF2, 24), (TRN1, 32), (TRN1, 8)])
+def test_neuron_2_18_runs_the_ring_at_every_size(profile, n):
+    # its release notes name the Ring and one all-to-all AllReduce (16 ranks of a trn1 half): no Mesh, RDH or
+    # KangaRing, so every size runs 2(N - 1) hops for an AllReduce and N - 1 for an AllGather
+    for nbytes in (8 * 1024, 1 << 20, 64 << 20):
+        ar = plan("all_reduce", nbytes // 2, "bfloat16", Group.on_cores(range(n)), profile, "2.18")
+        ag = plan("all_gather", nbytes // 2, "bfloat16", Group.on_cores(range(n)), profile, "2.18")
+        assert (ar.algorithm, ar.steps, ag.algorithm, ag.steps) == ("Ring", 2 * (n - 1), "Ring", n - 1)
+        assert ar.dur_ns >= plan("all_reduce", nbytes // 2, "bfloat16", Group.on_cores(range(n)), profile).dur_ns
+
+
+def test_neuron_2_18_ring_by_hand_on_inf2():
+    # a decode all-reduce of an 8B hidden state (4096 bf16 = 8 KiB) over inf2's 24 ranks (12 chips, 2 cores
+    # each): 46 steps of C = 8192 / 24 bytes at the slower hop (inf2's 192 B/ns of NeuronLink, below the
+    # core's 272 B/ns of DMA), each with the intra-node page's 1.5 us
+    p = plan("all_reduce", 4096, "bfloat16", Group.on_cores(range(24)), INF2, "2.18")
+    total = 46 * 1500 + 46 * (8192 / 24) / 192
+    assert p.steps == 46 and p.stages[0].step_ns == round(total / 46) and p.dur_ns == 46 * round(total / 46)
+    # the pages' algorithms: a single-step Mesh, about a hop
+    assert plan("all_reduce", 4096, "bfloat16", Group.on_cores(range(24)), INF2).dur_ns < 5 * 1500
+
+
+def test_neuron_2_18_all_to_all_all_reduce_on_a_trn1_half_only():
+    # runtime 2.15.11: "AllReduce with All-to-all communication pattern enabled for 16 ranks on TRN1/TRN1N
+    # within the instance (intranode); choice of 16 ranks is limited to NeuronCores 0-15 or 16-31"
+    def algo(op, cores, profile=TRN1):
+        return plan(op, 4096, "bfloat16", Group.on_cores(cores), profile, "2.18").algorithm
+    assert algo("all_reduce", range(16)) == algo("all_reduce", range(16, 32)) == "Mesh"
+    assert algo("all_reduce", range(8, 24)) == algo("all_gather", range(16)) == "Ring"
+    assert algo("all_reduce", range(16), INF2) == "Ring"
+
+
+def test_neuron_2_18_across_instances_is_hierarchical_with_rings():
+    g = Group(tuple((n, c) for n in range(4) for c in range(4)))
+    p = plan("all_reduce", 4096, "float32", g, TRN1, "2.18")
+    assert [(s.algorithm, s.operation, s.link) for s in p.stages] == [
+        ("Ring", "reduce_scatter", "neuronlink"), ("Ring", "all_reduce", "efa"), ("Ring", "all_gather", "neuronlink")]
+    assert p.stages[1].steps == 2 * 3
+
+
+def test_an_unknown_runtime_release_is_refused():
+    with pytest.raises(ValueError, match="unknown runtime release '2.5': use one of latest, 2.18"):
+        plan("all_reduce", 16, "float32", Group.on_cores(range(4)), TRN1, "2.5")

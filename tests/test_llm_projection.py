@@ -61,9 +61,13 @@ def test_cli_demo_optimum_and_bench_agree_to_the_nanosecond(cfgdir, tmp_path, ca
 
     monkeypatch.setattr(published, "generate_buckets", lambda lo, hi: [32, 64])  # NxDI's from 128 up
     row = published.project_row((str(cfgdir), "trn1", 2, 1, 16, 48, 1.0, 1.0, ""))
-    assert row["ttft_ns"] == cte and row["tpot_ns"] == tpot and row["ttft_dev"] == cte / 1e6
+    # a trn1 row ran transformers-neuronx on Neuron 2.18: projected with that runtime's collectives (rings),
+    # the same graphs otherwise
+    old = project_serving(str(cfgdir), nc, 16, 48, neuron_release="2.18")
+    assert row["release"] == "2.18" and row["ttft_ns"] == old["ttft_ns"] and row["tpot_ns"] == old["tpot_ns"]
+    assert old["ttft_ns"] - cte == old["ttft_collective_ns"] - serving["ttft_collective_ns"] > 0
     # the bench compares request time with the published figure, device time beside it
-    assert row["ttft_proj"] == serving["ttft_request_ms"] and row["tpot_proj"] == serving["tpot_request_ms"]
+    assert row["ttft_proj"] == old["ttft_request_ms"] and row["tpot_proj"] == old["tpot_request_ms"]
 
     report = tmp_path / "benchmark_report.json"
     assert demo.main(["run", "--model-path", str(cfgdir), "--tp-degree", "2", "--seq-len", "64",

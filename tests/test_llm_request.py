@@ -56,3 +56,32 @@ def test_cli_prints_request_and_device_time_with_sources(tmp_path, capsys):
     for name in ("nrt_launch", "inputs_to_device", "outputs_to_host", "collectives"):
         assert name in out
     assert "NKI DMA guide" in out and "not modelled: host CPU sampling" in out
+
+
+def test_neuron_2_18_costs_the_collectives_as_rings(tmp_path, capsys):
+    # the runtime that ran AWS's transformers-neuronx rows had only the Ring for these groups: the same
+    # graphs, the TP collectives costed as 2(N - 1)-hop rings (device/collective_cost.py), in device time
+    from neuron_stack.device.profiles import get_profile
+    from neuron_stack.llm import cli, project
+    from neuron_stack.llm.configs import ConfigError
+    from neuron_stack.llm.project import _collectives_ns
+    from neuron_stack.runtime.collectives import Group, plan
+
+    kw = dict(batch_size=1, sequence_length=64, context_length=16, token_generation_buckets=[64], tp_degree=4,
+              instance_type="inf2.48xlarge")
+    new, old = project(tiny_config(), **kw), project(tiny_config(), neuron_release="2.18", **kw)
+    p, c = get_profile("inf2"), tiny_config()
+    for a, b in zip(new.graphs, old.graphs):
+        assert b.device_ns - a.device_ns == b.collective_ns - a.collective_ns > 0
+        ring = 2 * c.num_hidden_layers * plan("all_reduce", b.active_tokens * c.hidden_size, "bfloat16",
+                                              Group.on_cores(range(4)), p, "2.18").dur_ns
+        assert ring == b.collective_ns - plan("all_gather", 128, "bfloat16", Group.on_cores(range(4)), p,
+                                              "2.18").dur_ns
+        assert b.collective_ns == _collectives_ns(c, 4, 1, b.active_tokens, "bfloat16", p, release="2.18")
+    assert old.neuron_release == "2.18" and "Neuron 2.18 runtime's collectives" in old.report()
+    with pytest.raises(ConfigError, match="neuron release '2.5' is not one of latest, 2.18"):
+        project(tiny_config(), neuron_release="2.5", **kw)
+    tiny_config().save_pretrained(tmp_path)
+    assert cli.main(["project", str(tmp_path), "--tp", "4", "--instance", "inf2.48xlarge", "--sequence-length",
+                     "64", "--context-length", "16", "--neuron-release", "2.18"]) == 0
+    assert "Neuron 2.18 runtime's collectives" in capsys.readouterr().out

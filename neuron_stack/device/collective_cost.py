@@ -39,6 +39,17 @@ inter-node AllReduce + intra-node AG; AllGather = inter AG + intra AG; ReduceSca
 stage picking its algorithm by the same size ranges (the inter-node page gives none: Mesh small, RDH small to
 medium, Ring large); Y ranks per instance share its EFA bandwidth.
 
+Which algorithms exist depends on the runtime release (``release``; :data:`RELEASES`). ``latest`` is the pages'
+set above. ``2.18`` is Neuron 2.18 (runtime 2.20.22, collectives 2.20.22, April 2024), which ran the published
+transformers-neuronx rows on trn1 and inf2 (reference §2.12): its release notes (aws-neuron-sdk
+``release-notes/runtime/aws-neuronx-runtime-lib`` and ``aws-neuronx-collectives``) name one intra-node algorithm
+besides the Ring, the "AllReduce with All-to-all communication pattern enabled for 16 ranks on TRN1/TRN1N
+within the instance (intranode); choice of 16 ranks is limited to NeuronCores 0-15 or 16-31" (runtime 2.15.11,
+July 2023; costed here as Mesh, an all-to-all per RS/AG phase), and hierarchical AllReduce and ReduceScatter
+across instances (collectives 2.12.22). Mesh as a general intra-node algorithm, RDH ("Introduce RDH algorithm
+for inter-node collective communication", runtime 2.26 of Neuron 2.24) and KangaRing came later. So under
+``2.18`` every other collective, of any size, runs the Ring: 2(N - 1) hops for an AllReduce over N ranks.
+
 >>> from neuron_stack.device.profiles import get_profile
 >>> trn2 = get_profile("trn2")
 >>> [(s.algorithm, s.steps) for s in stages("all_reduce", 16 * 1024, [(0, c) for c in range(64)], trn2)]
@@ -57,6 +68,10 @@ from neuron_stack.device.profiles import DeviceProfile
 MESH_MAX_BYTES = 1 << 20
 RDH_MAX_BYTES = 56 << 20
 OPERATIONS = ("all_reduce", "all_gather", "reduce_scatter")
+#: runtime releases whose algorithm sets are modelled (module docstring): the pages' (latest) and Neuron 2.18's
+RELEASES = ("latest", "2.18")
+#: Neuron 2.18's all-to-all AllReduce: 16 ranks of one trn1 instance, NeuronCores 0-15 or 16-31 (runtime 2.15.11)
+_A2A_CORES = (tuple(range(16)), tuple(range(16, 32)))
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,7 @@ class Topology:
     whole_chips: bool  # every core of each chip it touches is in the group (KangaRing's condition)
     mean_hops: float  # mean NeuronLink hops between two of its chips (1.0 within one chip)
     hypercube: bool  # its chips can pair as a hypercube of direct neighbours (RDH's condition)
+    cores: tuple = ()  # the group's cores on its first instance, sorted
 
     @classmethod
     def of(cls, ranks, p: DeviceProfile) -> Topology:
@@ -91,7 +107,7 @@ class Topology:
         k = len(chips)
         cube = k & (k - 1) == 0 and (p.neuronlink_topology == "torus" or k <= 4)
         return cls(len(ranks), len(nodes), k, max(per_chip.values()),
-                   all(v == p.cores_per_chip for v in per_chip.values()), hops, cube)
+                   all(v == p.cores_per_chip for v in per_chip.values()), hops, cube, tuple(sorted(local)))
 
 
 def _chip_hops(a: int, b: int, p: DeviceProfile) -> int:
@@ -174,14 +190,34 @@ def _inter(algo: str, op: str, B: int, t: Topology, p: DeviceProfile) -> Stage:
     return _stage(algo, op, "efa", steps, nbytes / rate, nbytes, lat)
 
 
-def choose(op: str, B: int, t: Topology, p: DeviceProfile, inter: bool = False) -> Stage:
-    """The algorithm the runtime runs for buffer ``B`` on this group, by the pages' size ranges.
+def _release_2_18(op: str, B: int, t: Topology, p: DeviceProfile, inter: bool) -> Stage:
+    """Neuron 2.18's choice (module docstring): the all-to-all AllReduce on 16 ranks of a trn1 half, else Ring.
+
+    >>> from neuron_stack.device.profiles import get_profile
+    >>> trn1 = get_profile("trn1")
+    >>> [_release_2_18("all_reduce", 8192, Topology.of([(0, c) for c in cores], trn1), trn1, False).algorithm
+    ...  for cores in (range(16), range(32), range(8))]
+    ['Mesh', 'Ring', 'Ring']
+    """
+    if inter:
+        return _inter("Ring", op, B, t, p)
+    a2a = op == "all_reduce" and p.name == "trn1" and t.nodes == 1 and t.cores in _A2A_CORES
+    return _intra("Mesh" if a2a else "Ring", op, B, t, p)
+
+
+def choose(op: str, B: int, t: Topology, p: DeviceProfile, inter: bool = False, release: str = "latest") -> Stage:
+    """The algorithm the runtime ``release`` runs for buffer ``B`` on this group (latest: by the pages' size
+    ranges; ``2.18``: :func:`_release_2_18`).
 
     >>> from neuron_stack.device.profiles import get_profile
     >>> t = Topology.of([(0, c) for c in range(64)], get_profile("trn2"))
     >>> [choose("all_gather", b, t, get_profile("trn2")).algorithm for b in (4096, 8 << 20, 64 << 20)]
     ['Mesh', 'RDH', 'KangaRing']
     """
+    if release not in RELEASES:
+        raise ValueError(f"unknown runtime release {release!r}: use one of {', '.join(RELEASES)}")
+    if release == "2.18":
+        return _release_2_18(op, B, t, p, inter)
     run = _inter if inter else _intra
     n = t.nodes if inter else t.ranks // t.nodes
     if B < MESH_MAX_BYTES:
@@ -197,8 +233,9 @@ def choose(op: str, B: int, t: Topology, p: DeviceProfile, inter: bool = False) 
     return run("KangaRing" if kanga else "Ring", op, B, t, p)
 
 
-def stages(operation: str, input_bytes: int, ranks, p: DeviceProfile) -> list[Stage]:
-    """The stages of ``operation`` on a per-rank input of ``input_bytes`` over ``ranks`` ((node, core) pairs).
+def stages(operation: str, input_bytes: int, ranks, p: DeviceProfile, release: str = "latest") -> list[Stage]:
+    """The stages of ``operation`` on a per-rank input of ``input_bytes`` over ``ranks`` ((node, core) pairs),
+    with the algorithms of runtime ``release`` (:data:`RELEASES`).
 
     >>> from neuron_stack.device.profiles import get_profile
     >>> [(s.algorithm, s.operation, s.link) for s in stages("all_reduce", 1 << 20, [(0, 0), (1, 0)],
@@ -213,11 +250,11 @@ def stages(operation: str, input_bytes: int, ranks, p: DeviceProfile) -> list[St
     B = input_bytes * (t.ranks if operation == "all_gather" else 1)  # the whole buffer
     x, y = t.nodes, t.ranks // t.nodes
     if x == 1:
-        return [choose(operation, B, t, p)]
+        return [choose(operation, B, t, p, release=release)]
     plan = {"all_reduce": [("reduce_scatter", B, False), ("all_reduce", B // y, True), ("all_gather", B, False)],
             "all_gather": [("all_gather", B // y, True), ("all_gather", B, False)],
             "reduce_scatter": [("reduce_scatter", B, False), ("reduce_scatter", B // y, True)]}[operation]
-    return [choose(op, b, t, p, inter) for op, b, inter in plan if inter or y > 1]
+    return [choose(op, b, t, p, inter, release) for op, b, inter in plan if inter or y > 1]
 
 
 def collective_ns(p: DeviceProfile, operation: str, input_bytes: int, world: int) -> int:

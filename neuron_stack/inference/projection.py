@@ -29,9 +29,11 @@ def project_serving(
     instance_type: str | None = None,
     dtype: str | None = None,
     quantization_dtype: str | None = None,
+    neuron_release: str = "latest",
 ) -> dict:
     """Projected TTFT / TPOT / E2E / tok/s of ``model`` (preset, config directory or config) under ``nc``
-    (``quantization_dtype``: int8 or fp8 weight-only quantization, as :func:`neuron_stack.llm.project`)."""
+    (``quantization_dtype``: int8 or fp8 weight-only quantization; ``neuron_release``: the runtime release
+    whose collective algorithms cost the collectives, ``latest`` or ``2.18``: as :func:`neuron_stack.llm.project`)."""
     from neuron_stack.llm import project
 
     from .config import InferenceError
@@ -61,6 +63,7 @@ def project_serving(
         quantization_dtype=quantization_dtype,
         sequence_parallel=nc.sequence_parallel_enabled,
         on_device_sampling=nc.on_device_sampling_config is not None,
+        neuron_release=neuron_release,
     )
     cte_graph = next(g for g in p.graphs if g.name == "context_encoding")
     cte_ns = cte_graph.device_ns

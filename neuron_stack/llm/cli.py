@@ -16,6 +16,7 @@ from pathlib import Path
 
 
 def parser() -> argparse.ArgumentParser:
+    from neuron_stack.device.collective_cost import RELEASES
     from neuron_stack.llm.configs import PRESETS
 
     p = argparse.ArgumentParser(prog="neuron-llm", description=__doc__.split("\n\n")[0])
@@ -50,6 +51,13 @@ def parser() -> argparse.ArgumentParser:
         "--sequence-parallel-enabled",
         action="store_true",
         help="context encoding sequence-parallel over the TP ranks (NxDI sequence_parallel_enabled)",
+    )
+    pr.add_argument(
+        "--neuron-release",
+        choices=RELEASES,
+        default="latest",
+        help="the Neuron runtime release whose collective algorithms cost the TP collectives: latest (Mesh, RDH, "
+        "KangaRing by size) or 2.18 (Ring; the runtime of AWS's transformers-neuronx figures)",
     )
     pr.add_argument("--json", action="store_true", help="print JSON")
     pr.add_argument("--neff-dir", default=None, help="write the compiled 1- and 2-layer NEFFs here")
@@ -88,6 +96,7 @@ def _project(args) -> int:
             token_generation_buckets=args.tkg_buckets,
             quantization_dtype=args.quantization_dtype,
             sequence_parallel=args.sequence_parallel_enabled,
+            neuron_release=args.neuron_release,
         )
     if args.neff_dir:
         out = Path(args.neff_dir)

@@ -40,6 +40,7 @@ from functools import partial
 from neuron_stack.compiler.driver import INSTRUCTION_BYTES, RUNTIME_MEMORY_BYTES
 from neuron_stack.compiler.lower.resident import LANE_MIN_RUN
 from neuron_stack.compiler.lower.tiles import PMAX
+from neuron_stack.device.collective_cost import RELEASES
 from neuron_stack.device.profiles import get_profile
 from neuron_stack.frontend.flags import parse_flags
 from neuron_stack.llm.configs import DTYPES, ConfigError, load_config, require_positive, warn_run
@@ -116,6 +117,7 @@ class Projection:
     quantization: str | None = None  # decoder weights' dtype when quantized (int8, float8_e4m3fn)
     sequence_parallel: bool = False  # the context-encoding graph's (NxDI's sequence_parallel_enabled)
     on_device_sampling: bool = False  # NxDI's on_device_sampling_config: ids, not logits, to the host
+    neuron_release: str = "latest"  # the runtime release whose collective algorithms cost the collectives
 
     @property
     def hbm_used(self) -> int:
@@ -155,6 +157,7 @@ class Projection:
             f"{self.num_layers} layers, {self.dtype}"
             + (f", {self.quantization} decoder weights" if self.quantization else "")
             + (", sequence-parallel context encoding" if self.sequence_parallel else "")
+            + (f", Neuron {self.neuron_release} runtime's collectives" if self.neuron_release != "latest" else "")
             + f", target {self.target} (numbers=none: no weights, "
             "nothing executed)",
             "",
@@ -221,15 +224,16 @@ def kv_length(bucket: int) -> int:
 
 
 def _collectives_ns(config, tp: int, batch: int, tokens: int, dtype: str, profile,
-                    sequence_parallel: bool = False) -> int:
-    """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits. A
-    sequence-parallel graph holds its layers' collectives (the schedule times them): only the logits'."""
+                    sequence_parallel: bool = False, release: str = "latest") -> int:
+    """Per call: two all-reduces of the hidden state per layer, one all-gather of the last logits, with runtime
+    ``release``'s algorithms. A sequence-parallel graph holds its layers' collectives (the schedule times
+    them): only the logits'."""
     if tp == 1:
         return 0
     group = Group.on_cores(range(tp))
     per_layer = 0 if sequence_parallel else \
-        2 * plan("all_reduce", batch * tokens * config.hidden_size, dtype, group, profile).dur_ns
-    logits = plan("all_gather", batch * math.ceil(config.vocab_size / tp), dtype, group, profile).dur_ns
+        2 * plan("all_reduce", batch * tokens * config.hidden_size, dtype, group, profile, release).dur_ns
+    logits = plan("all_gather", batch * math.ceil(config.vocab_size / tp), dtype, group, profile, release).dur_ns
     return config.num_hidden_layers * per_layer + logits
 
 
@@ -258,6 +262,7 @@ def project(
     quantization_dtype: str | None = None,
     sequence_parallel: bool = False,
     on_device_sampling: bool = False,
+    neuron_release: str = "latest",
 ) -> Projection:
     """Project a decoder LLM (a preset name, a config directory or a transformers config) with no weights.
 
@@ -270,7 +275,10 @@ def project(
     context-encoding graph's hidden state sharded on the sequence over the TP ranks, its collectives
     in the graph (:mod:`neuron_stack.llm.parallel`; the prompt bucket padded up to a multiple of ``tp_degree``);
     ``on_device_sampling``: NxDI's ``on_device_sampling_config``, the sampled ids (not the logits) go to the
-    host (request time, :mod:`neuron_stack.llm.request`).
+    host (request time, :mod:`neuron_stack.llm.request`); ``neuron_release``: the Neuron runtime release whose
+    collective algorithms cost the TP collectives, ``latest`` (the collectives pages: Mesh, RDH, KangaRing by
+    size) or ``2.18`` (Ring, as the runtime that ran AWS's transformers-neuronx rows had;
+    :mod:`neuron_stack.device.collective_cost`).
     Example: ``print(project("llama-3-8b", tp_degree=8, instance_type="trn1.32xlarge").report())``.
     """
     t0 = time.perf_counter()
@@ -285,6 +293,8 @@ def project(
         if quantization is None:
             raise ConfigError(f"quantization dtype {quantization_dtype!r} is not one of int8, fp8")
     require_positive(batch_size=batch_size, sequence_length=sequence_length, tp_degree=tp_degree)
+    if neuron_release not in RELEASES:
+        raise ConfigError(f"neuron release {neuron_release!r} is not one of {', '.join(RELEASES)}")
     warn_run(config.to_dict(), tp_degree=tp_degree, sequence_length=sequence_length)
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
@@ -320,7 +330,7 @@ def project(
     kv, head_dim = _kv_geometry(rank)
     elt = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
     shape = dict(config=config, rank=rank, batch=batch_size, dtype=dtype, flags=flags, quantization=quantization,
-                 profile=profile, tp=tp_degree, on_device_sampling=on_device_sampling)
+                 profile=profile, tp=tp_degree, on_device_sampling=on_device_sampling, release=neuron_release)
     for kind, tokens, bucket in plans:
         family = tuple(sorted({kv_length(b) for b in buckets})) if kind == "token_generation" else ()
         g, one = _graph(kind, tokens, bucket, family, sp if kind == "context_encoding" else 1, **shape)
@@ -361,11 +371,12 @@ def project(
         quantization=quantization,
         sequence_parallel=sp > 1,
         on_device_sampling=on_device_sampling,
+        neuron_release=neuron_release,
     )
 
 
 def _graph(kind, tokens, bucket, family, g_sp, *, config, rank, batch, dtype, flags, quantization, profile, tp,
-           on_device_sampling):
+           on_device_sampling, release="latest"):
     """One sub-model at one bucket: compiled with one and two decoder layers, extrapolated to the model's
     layers, its collectives and request components added. Returns it and the one-layer graph's figures."""
     g0 = time.perf_counter()
@@ -382,7 +393,7 @@ def _graph(kind, tokens, bucket, family, g_sp, *, config, rank, batch, dtype, fl
     # neither term of t1 + (L - 1) * layer may be negative: a layer costs at most the whole
     # one-layer graph (the rest of it, embedding and LM head, is then the base)
     layer_ns, layer_instr = min(max(0, marginal), t1), max(0, two.instructions - one.instructions)
-    coll = _collectives_ns(config, tp, batch, tokens, dtype, profile, g_sp > 1)
+    coll = _collectives_ns(config, tp, batch, tokens, dtype, profile, g_sp > 1, release)
     # an engine's time in one layer: the union of its busy intervals (its queues overlap), which
     # a layer's extra latency bounds
     a1, a2 = one.active_ns, two.active_ns

@@ -13,8 +13,9 @@ profile's cited constants (device/profiles.py), never a constant fitted to a pub
 - ``outputs_to_host``: where the host samples (Hugging Face ``generate``, transformers-neuronx) the last
   position's logits, batch x vocab, over PCIe; with NxDI's on-device sampling the sampled ids (batch int32).
 - ``collectives``: the call's tensor-parallel collectives at its TP degree, hop latencies (the intra-node
-  collectives page: 1-2 us per hop) and bytes (``device/collective_cost.py``); already part of device time,
-  shown so the fixed latency at that TP degree is visible beside the rest.
+  collectives page: 1-2 us per hop) and bytes (``device/collective_cost.py``), with the algorithms of the
+  projection's runtime release (``neuron_release``: the pages' Mesh/RDH/KangaRing, or Neuron 2.18's Ring);
+  already part of device time, shown so the fixed latency at that TP degree is visible beside the rest.
 
 Not modelled (no public source gives their cost): the host CPU's own time to sample (a top-k over the
 vocabulary), to build position ids and masks, and the serving framework's per-step Python (transformers-neuronx,
@@ -39,7 +40,8 @@ SOURCES = {
     "nrt_launch": "NKI DMA guide: ~1.3 us descriptor + sync + semaphore overhead (device profile dma_fixed_ns)",
     "inputs_to_device": "PCIe copies (device.cost.pcie_ns: one DMA's fixed cost + bytes at pcie_gbps)",
     "outputs_to_host": "PCIe copy of the logits (host sampling) or the sampled ids (on-device sampling)",
-    "collectives": "the runtime's collective algorithms at the TP degree (intra-node collectives page; in device time)",
+    "collectives": "the runtime release's collective algorithms at the TP degree (intra-node collectives page, "
+                   "runtime release notes; in device time)",
 }
 #: int32: NxDI hands input_ids, position_ids, seq_ids and the attention mask to the device as int32
 _ID_BYTES = 4

@@ -161,8 +161,10 @@ class Plan:
                 "kind": "collective", "core": core, "detail": json.dumps({**self.ccop(), **extra})}
 
 
-def plan(operation: str, num_elements: int, dtype: str, group: Group, profile: DeviceProfile) -> Plan:
-    """The runtime's schedule of ``operation`` over ``group`` for a per-rank input of ``num_elements``.
+def plan(operation: str, num_elements: int, dtype: str, group: Group, profile: DeviceProfile,
+         release: str = "latest") -> Plan:
+    """The runtime's schedule of ``operation`` over ``group`` for a per-rank input of ``num_elements``, with the
+    algorithms of runtime ``release`` (``latest`` or ``2.18``: :mod:`neuron_stack.device.collective_cost`).
 
     >>> from neuron_stack.device.profiles import get_profile
     >>> p = plan("all_gather", 256, "bfloat16", Group.on_cores([0, 1]), get_profile("trn1"))
@@ -177,7 +179,7 @@ def plan(operation: str, num_elements: int, dtype: str, group: Group, profile: D
     in_size = int(num_elements) * DTYPE_BYTES.get(dtype, 4)
     out_size = {"all_reduce": in_size, "all_gather": in_size * n, "reduce_scatter": in_size // n}[operation]
     return Plan(operation, int(num_elements), dtype, group, in_size, out_size,
-                stages(operation, in_size, group.ranks, profile))
+                stages(operation, in_size, group.ranks, profile, release))
 
 
 def synchronise(arrivals_ns: list[int]) -> tuple[int, list[int]]:
