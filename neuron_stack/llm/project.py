@@ -247,6 +247,20 @@ def _instance(instance_type: str | None, target: str):
     return instance_type, profile, chips * profile.cores_per_chip
 
 
+def _checked_choices(dtype, quantization_dtype, neuron_release) -> tuple[str, str | None]:
+    """The torch dtype name and the quantization of ``project``'s choices, or a one-line ConfigError."""
+    if str(dtype).lower() not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
+    quantization = None
+    if quantization_dtype:
+        quantization = QUANT_DTYPES.get(str(quantization_dtype).lower())
+        if quantization is None:
+            raise ConfigError(f"quantization dtype {quantization_dtype!r} is not one of int8, fp8")
+    if neuron_release not in RELEASES:
+        raise ConfigError(f"neuron release {neuron_release!r} is not one of {', '.join(RELEASES)}")
+    return DTYPES[str(dtype).lower()], quantization
+
+
 def project(
     model,
     *,
@@ -284,17 +298,8 @@ def project(
     t0 = time.perf_counter()
     name = model if isinstance(model, str) else type(model).__name__
     config = load_config(model)
-    if str(dtype).lower() not in DTYPES:
-        raise ConfigError(f"dtype {dtype!r} is not one of bf16, fp16, fp32")
-    dtype = DTYPES[str(dtype).lower()]
-    quantization = None
-    if quantization_dtype:
-        quantization = QUANT_DTYPES.get(str(quantization_dtype).lower())
-        if quantization is None:
-            raise ConfigError(f"quantization dtype {quantization_dtype!r} is not one of int8, fp8")
+    dtype, quantization = _checked_choices(dtype, quantization_dtype, neuron_release)
     require_positive(batch_size=batch_size, sequence_length=sequence_length, tp_degree=tp_degree)
-    if neuron_release not in RELEASES:
-        raise ConfigError(f"neuron release {neuron_release!r} is not one of {', '.join(RELEASES)}")
     warn_run(config.to_dict(), tp_degree=tp_degree, sequence_length=sequence_length)
     context_length = context_length or min(128, sequence_length)
     buckets = sorted(set(token_generation_buckets or [sequence_length]))
