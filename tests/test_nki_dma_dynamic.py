@@ -75,3 +75,20 @@ def test_other_instructions_refuse_a_view_at_a_dynamic_offset():
         return out
 
     raises_at(k, (np.ones((128, 8), np.float32), np.array([[3]], np.int32)), "accessed only by", "MARK-ASSIGN")
+
+
+def test_a_one_element_index_tile_keeps_the_row_dim():
+    """``table[idx, :]`` / ``table[idx, i_f]`` with a [1, 1] index tile: one row at the offset, a [1, F] tile (as a
+    one-row gather), not the row turned onto the partitions."""
+    @nki.jit
+    def k(table, e):
+        out = nl.ndarray((2, 64), table.dtype, buffer=nl.shared_hbm)
+        idx = nl.load(e, dtype=nl.int32)
+        a, b = nl.load(table[idx, :]), nl.load(table[idx, nl.arange(64)[None, :]])
+        assert a.shape == b.shape == (1, 64)
+        nl.store(out[0:1, :], a)
+        nl.store(out[1:2, :], b)
+        return out
+
+    t = np.random.default_rng(2).standard_normal((10, 64)).astype(np.float32)
+    np.testing.assert_array_equal(k(t, np.array([[7]], np.int32)), t[[7, 7]])

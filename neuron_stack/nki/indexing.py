@@ -274,9 +274,11 @@ def _dynamic_view(t: ndarray, key) -> ndarray:
     static = k.static
     if static is None:
         nd = max([len(x.shape) for x in key if isinstance(x, Idx)] or [1])
-        static = Idx(0, (0,) * nd, (1,) * nd) if any(isinstance(x, Idx) for x in key) else 0
+        # hbm[idx_tile, :] keeps the dim as a one-row gather would; an integer index would drop it
+        static = Idx(0, (0,) * nd, (1,) * nd) if any(isinstance(x, Idx) for x in key) else \
+            slice(0, 1) if isinstance(key[d], ndarray) and t.buf.mem == "hbm" else 0
     v = index_view(t, key[:d] + (static,) + key[d + 1:])
-    top = int(static.values().max()) if isinstance(static, Idx) else int(static)
+    top = int(static.values().max()) if isinstance(static, Idx) else 0 if isinstance(static, slice) else int(static)
     v._dyn = (k.tile, t.strides[d], t.shape[d] - 1 - top, t)
     return v
 
