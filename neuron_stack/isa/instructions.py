@@ -67,7 +67,8 @@ OPCODES: dict[str, tuple[str, str]] = {
                                "indices"),
     "CUSTOM_OP": ("gpsimd", "a GpSimd library kernel for an ATen op without a dedicated lowering"),
     # DMA and sync
-    "DMA_DIRECT2D": ("dma", "copy src access pattern -> dst access pattern (element order), with descriptors"),
+    "DMA_DIRECT2D": ("dma", "copy src access pattern -> dst access pattern (element order), with descriptors; "
+                            "with side, that operand's start moved by stride x the value of src1 (dynamic start)"),
     "DMA_COMPUTE": ("dma", "dst = src0 + src1 + ... (the DMA engine's fp32 adder, nisa.dma_compute)"),
     "DMA_INDIRECT": ("dma", "row gather: dst[i, :] = src[index[i], :]"),
     "EVENT_SEMAPHORE": ("sync", "wait on / signal a semaphore"),

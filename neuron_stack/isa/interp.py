@@ -79,13 +79,25 @@ class Machine:
 
     def op_DMA_DIRECT2D(self, o):
         src, dst = o["src"][0], o["dst"][0]
+        if o.get("side"):       # a dynamic start address (hardware/software DGE): the offset is read now
+            src, dst = self._moved(o, src, dst)
         if not o.get("rmw") and self._copy(dst, src):
             return
         val = self.mem.read(src).reshape(-1)
         if o.get("rmw"):        # read-modify-write of dst by the DMA engine (fp32 math, nl.atomic_rmw)
-            old = self.mem.read(o["dst"][0]).reshape(-1)
+            old = self.mem.read(dst).reshape(-1)
             val = alu(o["rmw"], as_tensor(old.astype(np.float32)), as_tensor(val.astype(np.float32))).numpy()
-        self.mem.write(o["dst"][0], val)
+        self.mem.write(dst, val)
+
+    def _moved(self, o, src, dst):
+        """(src, dst) with the ``side`` operand's offset moved by ``stride`` x the value in ``src[1]``, read when
+        the instruction runs and checked against 0..``limit``."""
+        v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
+        if not 0 <= v <= o["limit"]:
+            raise InterpError(f"dynamic offset {v} read from SBUF is outside 0..{o['limit']} of the tensor")
+        moved = dict(src if o["side"] == "src" else dst)
+        moved["o"] += v * o["stride"]
+        return (moved, dst) if o["side"] == "src" else (src, moved)
 
     def op_DMA_COMPUTE(self, o):
         self.mem.write(o["dst"][0], sum(self.mem.read(s).reshape(-1).astype(np.float32) for s in o["src"]))
@@ -161,16 +173,8 @@ class Machine:
             self.mem.write(o["dst"][0], self.mem.read(o["src"][0]))
 
     def op_TENSOR_COPY_DYNAMIC(self, o):
-        v = int(_p2(self.mem.read(o["src"][1])).reshape(-1)[0])
-        if not 0 <= v <= o["limit"]:
-            raise InterpError(f"dynamic offset {v} read from SBUF is outside 0..{o['limit']} of the tile")
-        src, dst = o["src"][0], o["dst"][0]
-        moved = dict(src if o["side"] == "src" else dst)
-        moved["o"] += v * o["stride"]
-        if o["side"] == "src":
-            self.mem.write(dst, self.mem.read(moved))
-        else:
-            self.mem.write(moved, self.mem.read(src))
+        src, dst = self._moved(o, o["src"][0], o["dst"][0])
+        self.mem.write(dst, self.mem.read(src))
 
     def op_REDUCE(self, o):
         x = as_tensor(_p2(self.mem.read(o["src"][0])))

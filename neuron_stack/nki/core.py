@@ -210,6 +210,9 @@ class Trace:
             if getattr(v, "_gather", None) is not None:
                 raise self.error("HBM rows chosen by a tile of row numbers are read by nl.load / nisa.dma_copy only "
                                  "(a gather); writing them (a scatter, an atomic update) is not simulated")
+            if getattr(v, "_dyn", None) is not None and opcode not in ("TENSOR_COPY_DYNAMIC", "DMA_DIRECT2D"):
+                raise self.error("a view at an offset read from SBUF (t[i, idx[0, j] + k]) is accessed only by "
+                                 "nisa.tensor_copy_dynamic_src/dst and DMAs (nl.load, nl.store, nisa.dma_copy)")
             for j, lim, msg in v._limits:
                 if v.shape[j] > lim:
                     raise self.error(f"{msg}: mask the ragged tile (or slice within the tensor)")
@@ -268,7 +271,8 @@ class Trace:
                 and dst.shape == value.shape:
             restrict = TENSOR_OPS["restrict"]      # the instruction wrote the mask's box of value: that box of dst
             dst, value = restrict(dst, box[1], dst.shape), restrict(value, box[1], value.shape)
-        if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]]
+        if (b.mem == "hbm" or b.reads or [i for i, _ in b.writes] != [last[0]] or len(ins.operands["dst"]) > 1
+                or getattr(dst, "_dyn", None) is not None
                 or ins.operands["dst"][0] != value.operand() or dst.dtype != value.dtype
                 or dst.partitions != value.partitions or dst.free_size != value.free_size
                 or (dst.buf.mem == "hbm" and ins.opcode != "DMA_DIRECT2D")
@@ -311,7 +315,8 @@ class Trace:
                     desc = max(1, round(ins.operands.get("desc", 1) * frac))
                     nb = round(max(ins.bytes_read, ins.bytes_written) * frac)
                     piece = dataclasses.replace(
-                        ins, deps=deps, operands={**ins.operands, "dst": [d], "src": [s_], "desc": desc},
+                        ins, deps=deps, operands={**ins.operands, "dst": [d, *ins.operands["dst"][1:]],
+                                                  "src": [s_, *ins.operands["src"][1:]], "desc": desc},
                         dur=dma_ns(self.p, nb, desc) - self.p.dma_fixed_ns, bytes_read=round(ins.bytes_read * frac),
                         bytes_written=round(ins.bytes_written * frac), hbm_read=round(ins.hbm_read * frac),
                         hbm_write=round(ins.hbm_write * frac))
@@ -322,8 +327,9 @@ class Trace:
         self.prints = [(first[i], *rest) for i, *rest in self.prints]
         self.instrs = out
 
-    def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None) -> int:
-        """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order)."""
+    def dma(self, dst: ndarray, src: ndarray, attrs: dict | None = None, srcs: list = (), dsts: list = ()) -> int:
+        """DMA_DIRECT2D ``src`` -> ``dst`` (same element count, element order); ``srcs`` / ``dsts``: further
+        operands (a dynamic offset's index tile and the tensor it moves in)."""
         from neuron_stack.device.cost import dma_ns
         n = math.prod(src.shape)
         if n != math.prod(dst.shape):
@@ -339,7 +345,7 @@ class Trace:
                 desc = max(desc, v.partitions)
         nbytes = n * max(DTYPE_BYTES[src.dtype], DTYPE_BYTES[dst.dtype])
         # the ~1.3 us fixed cost is latency before the data moves (same split as the compiler's DMAs)
-        return self.emit("DMA_DIRECT2D", [dst], [src], {"desc": desc, **(attrs or {})},
+        return self.emit("DMA_DIRECT2D", [dst, *dsts], [src, *srcs], {"desc": desc, **(attrs or {})},
                          dur=dma_ns(self.p, nbytes, desc) - self.p.dma_fixed_ns, latency=self.p.dma_fixed_ns)
 
 

@@ -172,7 +172,8 @@ mgrid = _MGrid()
 
 class DynIdx:
     """An index read from SBUF at run time (``t[ix, idx_tile[0, j] + iy]``): ``tile`` holds the offset, ``static``
-    is the compile-time part of the index. Only ``nisa.tensor_copy_dynamic_src/dst`` accept the view it makes."""
+    is the compile-time part of the index. ``nisa.tensor_copy_dynamic_src/dst`` and DMAs (``nl.load``, ``nl.store``,
+    ``nisa.dma_copy``) accept the view it makes."""
 
     def __init__(self, tile: ndarray, static=None):
         self.tile, self.static = tile, static
@@ -262,20 +263,22 @@ def _dynamic_view(t: ndarray, key) -> ndarray:
     """The view at the static part of a dynamic index, carrying ``_dyn = (index tile, stride, largest offset,
     the tensor indexed)``."""
     d = next(i for i, k in enumerate(key) if isinstance(k, (DynIdx, ndarray)))
-    if t.buf.mem == "hbm" and isinstance(key[d], ndarray) and key[d].free_size == 1 \
+    if t.buf.mem == "hbm" and isinstance(key[d], ndarray) and key[d].free_size == 1 and key[d].partitions > 1 \
             and sum(isinstance(x, (DynIdx, ndarray)) for x in key) == 1:
         return _gather_view(t, key, d)
     k = key[d] if isinstance(key[d], DynIdx) else DynIdx(key[d])
     if sum(isinstance(x, (DynIdx, ndarray)) for x in key) > 1 or math.prod(k.tile.shape) != 1 \
             or k.tile.buf.mem == "hbm":
         raise NKIError(f"{where()}: indexing with a tile of indices is not simulated; a dynamic index is one element "
-                       f"of an SBUF tile (idx[0, j]) in one dimension, for nisa.tensor_copy_dynamic_src/dst")
+                       f"of an SBUF tile (idx[0, j]) in one dimension, for nisa.tensor_copy_dynamic_src/dst or a DMA")
     static = k.static
     if static is None:
         nd = max([len(x.shape) for x in key if isinstance(x, Idx)] or [1])
-        static = Idx(0, (0,) * nd, (1,) * nd) if any(isinstance(x, Idx) for x in key) else 0
+        # hbm[idx_tile, :] keeps the dim as a one-row gather would; an integer index would drop it
+        static = Idx(0, (0,) * nd, (1,) * nd) if any(isinstance(x, Idx) for x in key) else \
+            slice(0, 1) if isinstance(key[d], ndarray) and t.buf.mem == "hbm" else 0
     v = index_view(t, key[:d] + (static,) + key[d + 1:])
-    top = int(static.values().max()) if isinstance(static, Idx) else int(static)
+    top = int(static.values().max()) if isinstance(static, Idx) else 0 if isinstance(static, slice) else int(static)
     v._dyn = (k.tile, t.strides[d], t.shape[d] - 1 - top, t)
     return v
 
@@ -377,6 +380,7 @@ def restrict(v: ndarray, box, shape) -> ndarray:
             limits[j] = (limits[j][0] - s, limits[j][1])
     r = ndarray(v.buf, new_shape, off, v.strides, v.dtype, v.pdim)
     r._limits = tuple((j, lim, msg) for j, (lim, msg) in limits.items())
+    r._dyn = getattr(v, "_dyn", None)       # a dynamic offset moves the box alike
     return r
 
 

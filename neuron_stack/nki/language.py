@@ -183,8 +183,11 @@ def load(src, dtype=None, mask=None, **_):
 
 
 def _as(v, shape):
-    return v if v.shape == tuple(shape) else tensor(v.buf, shape, v.offset,
-                                                    list(v.strides) + [1] * (len(shape) - len(v.shape)), v.dtype)
+    if v.shape == tuple(shape):
+        return v
+    out = tensor(v.buf, shape, v.offset, list(v.strides) + [1] * (len(shape) - len(v.shape)), v.dtype)
+    out._dyn = getattr(v, "_dyn", None)     # a dynamic start address moves the reshaped view alike
+    return out
 
 
 def store(dst, value, mask=None, **_):

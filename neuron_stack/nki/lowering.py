@@ -80,7 +80,7 @@ def lower_nki(low, n) -> None:
         if ins.opcode == "DMA_DIRECT2D" and "rmw" in attrs:
             raise LoweringError(f"{ins.node}: a read-modify-write DMA (nl.atomic_rmw, dma_copy(dst_rmw_op=)) cannot be "
                                 f"carried in a captured model yet; call the kernel outside the model")
-        if ins.opcode == "DMA_DIRECT2D":
+        if ins.opcode == "DMA_DIRECT2D" and "side" not in attrs:     # (a dynamic start is issued whole, below)
             first = len(low.instrs)
             low.dma(n.name, dst[0], src[0])
             for j in range(first, len(low.instrs)):     # the DMA's pieces and reloads
