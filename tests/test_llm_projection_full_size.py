@@ -76,9 +76,12 @@ def test_int8_weights_are_not_slower_where_bf16_is_hbm_bound(sweeps):
             # half the weight bytes: the int8 layer's queues are never fuller than bf16's
             assert int8.layer_dma_queue_ns < bf16.layer_dma_queue_ns, (b, bf16.bucket)
     assert (1, 128) in bound, bound    # not vacuous: a batch-1 step over 128 keys is HBM-bound in bf16
-    # and the report says, per graph, whether its DMA queues or its chain bound a layer
-    lines = [x for x in sweeps["int8", 4].report().splitlines() if x.startswith("  token_generation (")]
-    assert lines and all("% of the layer (" in x and "HBM-bound" in x for x in lines), lines
+    # and the report says, per graph, what bounds a layer: its DMA queues, an engine or its chain
+    for p in (sweeps[None, 1], sweeps["int8", 4]):
+        lines = [x for x in p.report().splitlines() if x.startswith("  token_generation (")]
+        assert [x.split("bound by ")[1] for x in lines] == [g.bound_by for g in _decode(p)], lines
+    assert sweeps[None, 1].graphs[1].bound_by.startswith("HBM-bound")
+    assert not any(g.hbm_bound for g in _decode(sweeps["int8", 4])), "int8 at batch 4: its chain bounds it"
 
 
 def test_prefill_never_gets_faster_as_the_prompt_grows():

@@ -85,12 +85,29 @@ class GraphProjection:
         """Whether the layer is bound by its HBM traffic: its DMA transfers, spread over the core's queues, fill
         at least 90% of its period (a weight stream is cut into pieces over the 16 queues and never spreads
         perfectly). Not the DMA engine's busy time (``layer_busy_ns["dma"]``), which one slow transfer keeps
-        "busy" with 15 queues idle: a decode step's scores moved one descriptor an element at batch 8.
+        "busy" with 15 queues idle: at batch 8 each of a decode step's scores' passes through HBM is one
+        transfer of 1,024 short descriptors.
 
         >>> GraphProjection("token_generation", 128, 1, 1000, 0, 0, 0, 0, 0, 0.0, layer_dma_queue_ns=950).hbm_bound
         True
         """
         return self.layer_dma_queue_ns >= 0.9 * self.layer_ns
+
+    @property
+    def bound_by(self) -> str:
+        """What bounds one layer, as the report says it: its HBM traffic (:attr:`hbm_bound`), else a compute
+        engine busy through 90% of it, else the chain of dependent instructions (no engine busy through it).
+
+        >>> g = GraphProjection("token_generation", 128, 1, 1000, 0, 0, 0, 0, 0, 0.0, {"vector": 600, "dma": 990})
+        >>> g.bound_by
+        'the chain of dependent instructions (no engine busy through the layer)'
+        """
+        if self.hbm_bound:
+            return "HBM-bound: the DMA queues"
+        busiest = max((v, e) for e, v in self.layer_busy_ns.items() if e != "dma") if self.layer_busy_ns else (0, "")
+        if busiest[0] >= 0.9 * self.layer_ns:
+            return f"the {busiest[1]} engine"
+        return "the chain of dependent instructions (no engine busy through the layer)"
 
     @property
     def request_ns(self) -> int:
@@ -200,8 +217,8 @@ class Projection:
         for g in self.graphs:
             eng = ", ".join(f"{e} {v / 1e3:.1f}us" for e, v in g.layer_busy_ns.items())
             share = g.layer_dma_queue_ns / max(1, g.layer_ns)
-            why = "HBM-bound" if g.hbm_bound else "not HBM-bound: a chain of dependent instructions bounds it"
-            lines.append(f"  {g.name} ({g.bucket}): {eng}; DMA queues {share:.0%} of the layer ({why})")
+            lines.append(f"  {g.name} ({g.bucket}): {eng}; DMA queues {share:.0%} of the layer; bound by "
+                         f"{g.bound_by}")
         lines += [
             "",
             f"compiled in {self.compile_s:.1f} s, peak RSS {self.peak_rss_bytes / mib:.0f} MiB "
