@@ -122,7 +122,7 @@ class GraphProjection:
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("compile_layers", "request_components")}
-        return {**d, "request_ns": self.request_ns,
+        return {**d, "request_ns": self.request_ns, "hbm_bound": self.hbm_bound, "bound_by": self.bound_by,
                 "request_components": [c.to_json() for c in self.request_components]}
 
 
