@@ -46,6 +46,9 @@ def test_cli_demo_optimum_and_bench_agree_to_the_nanosecond(cfgdir, tmp_path, ca
     cli_graphs = json.loads(capsys.readouterr().out)["graphs"]
     graphs = {(g["name"], g["bucket"]): g["device_ns"] for g in cli_graphs}
     requests = {(g["name"], g["bucket"]): g["request_ns"] for g in cli_graphs}
+    # what bounds a layer, as the report prints it (GraphProjection.bound_by), in the JSON too
+    assert all(g["bound_by"].startswith("HBM-bound") == g["hbm_bound"] and g["layer_dma_queue_ns"] > 0
+               for g in cli_graphs), cli_graphs
     cte = graphs[("context_encoding", 16)]
     steps = [32 if pos + 1 <= 32 else 64 for pos in range(16, 63)]
     tpot = sum(graphs[("token_generation", b)] for b in steps) / len(steps)

@@ -139,6 +139,7 @@ class _Figures:
     flops: int = 0  # the work the device time is for: what the monotone property tests bound it by
     hbm_bytes: int = 0  # read + written
     layer_ends_ns: tuple = ()  # when each decoder layer's last instruction ends (_layer_ends_ns)
+    dma_ns: int = 0  # every DMA's transfer time summed over the queues (_engine_active_ns)
 
 
 def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, family=(), sp=1) -> _Figures:
@@ -155,7 +156,8 @@ def _figures(config, layers, batch, tokens, bucket, dtype, flags, quantization, 
     scs = neff.schedules.values()
     fig = _FIGURES[key] = _Figures(sum(sc.device_ns for sc in scs), neff.program.stats["num_instructions"],
                                    neff.program.stats["memory"], _engine_active_ns(neff), sum(sc.flops for sc in scs),
-                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs), _layer_ends_ns(neff))
+                                   sum(sc.hbm_read_bytes + sc.hbm_write_bytes for sc in scs), _layer_ends_ns(neff),
+                                   _dma_transfer_ns(neff))
     while len(_FIGURES) > _FIGURES_MAX:
         _FIGURES.popitem(last=False)
     # the NEFF's tables (hundreds of MB on a long prefill): back to the OS before the next graph is
@@ -335,6 +337,20 @@ def _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp=1) -
         {"input_ids": ids, "past_key_values": cache, "cache_position": pos, **last},
         name=f"{type(model).__name__}_{layers}layer",
     )
+
+
+def _dma_transfer_ns(neff) -> int:
+    """Every DMA instruction's transfer time, summed over the queues that run them (the fixed latency before
+    a transfer moves data is not in it: the queue moves other transfers meanwhile). Divided by the queues, it
+    is how long the graph's HBM traffic keeps the DMA engines busy however well it is spread."""
+    out = 0
+    for sc in neff.schedules.values():
+        eng = sc.table.column("engine").combine_chunks().dictionary_encode()
+        names = eng.dictionary.to_pylist()
+        if "dma" in names:
+            out += int(sc.table.column("dur_ns").to_numpy()[eng.indices.to_numpy(zero_copy_only=False)
+                                                              == names.index("dma")].sum())
+    return out
 
 
 def _engine_active_ns(neff) -> dict[str, int]:

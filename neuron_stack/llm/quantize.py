@@ -6,7 +6,9 @@ The module computes ``linear(x, W_q.to(x.dtype)) * scale``, which equals a matmu
 weight, as NxDI's quantized layers do in the traced graph (neuronx_distributed ``quantization/dequantize.py``).
 The compiler folds the conversion into the matmul (:meth:`Lowerer.folded_dequant`): each weight tile is
 read from HBM as stored (half the bytes of bf16) and converted to the matmul dtype by its own DMA
-(``neuron_stack.compiler.lower.quantized``); the scale multiplies the output as its PSUM evacuation.
+(``neuron_stack.compiler.lower.quantized``); the scale multiplies the output as its PSUM evacuation, or in
+a decode step once the output is in the lane layout. Where that pays, and what bounds a step when it does
+not, the projection says per graph (``GraphProjection.hbm_bound``, ``bound_by``).
 The LM head and embeddings stay unquantized.
 
 >>> import torch
