@@ -28,7 +28,13 @@ import pyarrow.compute as pc
 
 from traces import naming, profile_schema, table_docs
 from traces.errors import TraceError
-from traces.intervals import lane_codes, lod_pyramid, track_pyramid, union_active, valid_intervals
+from traces.intervals import (
+    lod_pyramid,
+    split_schedules,
+    track_pyramid,
+    union_active,
+    valid_intervals,
+)
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
 from traces.summary_sql import DEVICE_NS_SQL, measured_condition, summary_sql
@@ -308,9 +314,9 @@ def _interval_work(instructions: pa.Table) -> dict:
         else:
             lo = hi = mean = None
         base, top = lod_levels(lo, hi, mean)
-        lanes = lane_codes(valid)
-        return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top, lanes),
-                "union": union_active(valid, CONCURRENT_ENGINES, lanes)}
+        schedules = split_schedules(valid)   # the executions of one schedule are computed once
+        return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top, schedules),
+                "union": union_active(valid, CONCURRENT_ENGINES, schedules)}
 
 
 def _system_lod(con) -> dict[str, str]:
