@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import duckdb
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces import intervals
+import traces
+from traces import intervals, synthetic
 
 row = st.tuples(st.integers(0, 1), st.sampled_from(["tensor", "dma", None]), st.sampled_from(["q0", "q1", None]),
                 st.integers(0, 5000), st.integers(0, 900), st.integers(1, 3))
@@ -119,3 +121,31 @@ def test_only_identical_schedules_are_shared():
     finally:
         intervals.REPEAT_MIN_ROWS = original
     assert split.groups == [] and split.rest.num_rows == 4
+
+
+def test_finalise_with_repeated_schedules_writes_the_same_profile(tmp_path, monkeypatch):
+    """Finalise computes a repeated schedule's pyramid, unions and per-op aggregates once: every table of
+    the profile is what computing them row by row gives, next to executions of no schedule and a run whose
+    executions are too short to be compared."""
+    synthetic.write_run(tmp_path, run_id="a", executions=3, instructions=700, cores=(0, 1), seed=1)
+    synthetic.write_run(tmp_path, run_id="b", executions=2, instructions=50, seed=2)
+    tables = {}
+    for min_rows in (64, 10**9):   # split into schedules, and not at all
+        monkeypatch.setattr(intervals, "REPEAT_MIN_ROWS", min_rows)
+        with duckdb.connect(str(traces.finalize(tmp_path)), read_only=True) as con:
+            names = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                               "WHERE table_schema = 'main' AND table_type = 'BASE TABLE'").fetchall()]
+            tables[min_rows] = {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall() for t in names
+                                if t != "metadata"}
+            tables[min_rows]["metadata"] = con.execute(
+                "SELECT * FROM metadata WHERE key <> 'finalized_at' ORDER BY ALL").fetchall()
+    monkeypatch.setattr(intervals, "REPEAT_MIN_ROWS", 64)
+    split = intervals.split_schedules(_instructions(tmp_path))
+    assert len(split.groups) == 2 and split.rest.num_rows == 2 * 50   # run a's schedule on cores 0 and 1; run b
+    assert tables[64] == tables[10**9] and tables[64]["lod_busy"] and tables[64]["exec_engine_summary"]
+
+
+def _instructions(directory) -> pa.Table:
+    from traces.segments import list_segments, read_segment
+    parts = [t for t in (read_segment(p) for p in list_segments(directory)) if t and t[0] == "instructions"]
+    return pa.concat_tables([rows for _, rows in parts])

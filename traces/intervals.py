@@ -24,9 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-LOD_SCHEMA = pa.schema([("level", pa.int16()), ("core", pa.int32()), ("engine", pa.string()),
-                        ("queue", pa.string()), ("bucket", pa.int64()), ("busy_ns", pa.int64()),
-                        ("instructions", pa.int64())])
+#: The pyramid's rows; engine and queue dictionary-encoded (a few lanes repeated over many rows: DuckDB
+#: reads them as VARCHAR, without a string per row being built first).
+LOD_SCHEMA = pa.schema([("level", pa.int16()), ("core", pa.int32()), ("engine", pa.dictionary(pa.int32(), pa.string())),
+                        ("queue", pa.dictionary(pa.int32(), pa.string())), ("bucket", pa.int64()),
+                        ("busy_ns", pa.int64()), ("instructions", pa.int64())])
 UNION_SCHEMA = pa.schema([("exec_id", pa.int64()), ("engine", pa.string()), ("active_ns", pa.int64())])
 
 
@@ -127,8 +129,9 @@ def split_schedules(rows: pa.Table) -> Schedules:
     a schedule are computed once, and each execution is placed by its shift. An execution here is a
     chunk of one ``exec_id`` that no other row has (the writer appends each execution's rows as one),
     of at least ``REPEAT_MIN_ROWS`` rows; chunks are grouped by a cheap fingerprint and then compared in
-    full, so a group only ever holds identical schedules. Reads zero-copy views of the chunks: no pass
-    over the whole table. Example: ``split_schedules(valid_intervals(instructions)).groups``.
+    full (every column but ``exec_id`` and ``start_ns``), so a group only ever holds identical schedules.
+    Reads zero-copy views of the chunks: no pass over the whole table. Example:
+    ``split_schedules(valid_intervals(instructions)).groups``.
     """
     column = rows["exec_id"]
     heads, sizes, ids, others = [], [], [], []
@@ -167,14 +170,15 @@ def split_schedules(rows: pa.Table) -> Schedules:
         out.append(Schedule(first, lane_codes(first), shifts, ids[g]))
     taken = np.sort(np.concatenate(kept))
     lo, hi = np.r_[0, heads[taken] + sizes[taken]], np.r_[heads[taken], rows.num_rows]   # the rest: in between
-    rest = rows.take(pa.array(np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(lo, hi)])))
+    rest = pa.concat_tables([rows.slice(a, b - a) for a, b in zip(lo.tolist(), hi.tolist())])   # zero-copy
     return Schedules(out, rest, lane_codes(rest))
 
 
 def _same_schedule(a: pa.Table, b: pa.Table) -> bool:
-    """Whether two executions' rows are the same but for ``exec_id`` and one shift of ``start_ns``."""
+    """Whether two executions' rows are the same but for ``exec_id`` and one shift of ``start_ns`` (every
+    other column compared, so what finalise aggregates per execution is the same too)."""
     sa, sb = a["start_ns"].to_numpy(), b["start_ns"].to_numpy()
-    return (all(a[c].equals(b[c]) for c in ("dur_ns", "core", "engine", "queue"))
+    return (all(a[c].equals(b[c]) for c in a.column_names if c not in ("exec_id", "start_ns"))
             and np.array_equal(sa - sa[0], sb - sb[0]))
 
 
@@ -309,9 +313,10 @@ def _levels(grid: _Grid, base: int, top: int) -> pa.Table:
     busy = np.rint(grid.busy[order]).astype(np.int64)   # exact: float64 sums of ints < 2**53
     count = grid.count[order]
     first, n_lanes = grid.first, len(order)
-    # the lanes' values as Arrow arrays, repeated per row by a take (not a conversion of Python objects)
-    lane_values = {name: pa.array([keys[i][k] for i in order], LOD_SCHEMA.field(name).type)
+    # the lanes' values as Arrow arrays, repeated per row by a take of the core or of the strings' indices
+    lane_values = {name: pa.array([keys[i][k] for i in order], pa.int32() if name == "core" else pa.string())
                    for k, name in enumerate(("core", "engine", "queue"))}
+    lane_values = {name: v if name == "core" else v.dictionary_encode() for name, v in lane_values.items()}
     parts = []
     for level in range(base, top + 1):
         if level > base:  # merge bucket pairs: align the first bucket to an even index, pad to even width
@@ -327,7 +332,9 @@ def _levels(grid: _Grid, base: int, top: int) -> pa.Table:
         take = pa.array(ln)
         parts.append(pa.table({
             "level": pa.array(np.full(len(ln), level, dtype=np.int16)),
-            **{name: values.take(take) for name, values in lane_values.items()},
+            **{name: values.take(take) if name == "core" else
+               pa.DictionaryArray.from_arrays(values.indices.take(take), values.dictionary)
+               for name, values in lane_values.items()},
             "bucket": pa.array(bk.astype(np.int64) + first),
             "busy_ns": pa.array(busy[ln, bk]),
             "instructions": pa.array(count[ln, bk]),
