@@ -373,7 +373,7 @@ def _aggregate(con, schedules) -> None:
     """``exec_op_opcode``: one scan of the instructions, or with their repeated ``schedules``
     (:func:`traces.intervals.split_schedules` of every row) one per schedule, repeated per execution, and
     one over the other rows: the same rows either way."""
-    if schedules is None:
+    if schedules is None or not schedules.groups:
         con.execute(f"CREATE TEMP TABLE exec_op_opcode AS {_AGGREGATE_SQL.format(src='instructions')}")
         return
     con.register("_rows", schedules.rest)
