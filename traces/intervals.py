@@ -130,7 +130,7 @@ def split_schedules(rows: pa.Table) -> Schedules:
     chunk of one ``exec_id`` that no other row has (the writer appends each execution's rows as one),
     of at least ``REPEAT_MIN_ROWS`` rows; chunks are grouped by a cheap fingerprint and then compared in
     full (every column but ``exec_id`` and ``start_ns``), so a group only ever holds identical schedules.
-    Reads zero-copy views of the chunks: no pass over the whole table. Example:
+    Reads zero-copy views of the chunks: no copy of the whole table. Example:
     ``split_schedules(valid_intervals(instructions)).groups``.
     """
     column = rows["exec_id"]
@@ -139,7 +139,7 @@ def split_schedules(rows: pa.Table) -> Schedules:
         at = np.r_[0, np.cumsum([len(c) for c in column.chunks])].tolist()
         for i, chunk in enumerate(column.chunks):
             lo, hi = (v.as_py() for v in pc.min_max(chunk).values()) if len(chunk) >= REPEAT_MIN_ROWS else (0, 1)
-            if lo == hi:
+            if lo == hi:   # a long chunk of one execution
                 heads.append(at[i]), sizes.append(len(chunk)), ids.append(lo)
             else:
                 others.append(chunk)

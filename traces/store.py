@@ -28,13 +28,7 @@ import pyarrow.compute as pc
 
 from traces import naming, profile_schema, table_docs
 from traces.errors import TraceError
-from traces.intervals import (
-    lod_pyramid,
-    split_schedules,
-    track_pyramid,
-    union_active,
-    valid_intervals,
-)
+from traces.intervals import lod_pyramid, split_schedules, track_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
 from traces.summary_sql import DEVICE_NS_SQL, measured_condition, summary_sql
@@ -341,7 +335,7 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
     lo, hi, max_dur, count = con.execute(
         "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), count(*) FROM instructions"
     ).fetchall()[0]
-    # one scan over the instructions; everything per op, opcode, engine and execution derives from it
+    # one aggregation of the instructions; everything per op, opcode, engine and execution derives from it
     with _step("aggregate instructions"):
         _aggregate(con, work["schedules"])
     with _step("exec_engine_summary"):
