@@ -18,13 +18,17 @@ work as SQL hash aggregates and window functions (bench/ingest.py).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-LOD_SCHEMA = pa.schema([("level", pa.int16()), ("core", pa.int32()), ("engine", pa.string()),
-                        ("queue", pa.string()), ("bucket", pa.int64()), ("busy_ns", pa.int64()),
-                        ("instructions", pa.int64())])
+#: The pyramid's rows; engine and queue dictionary-encoded (a few lanes repeated over many rows: DuckDB
+#: reads them as VARCHAR, without a string per row being built first).
+LOD_SCHEMA = pa.schema([("level", pa.int16()), ("core", pa.int32()), ("engine", pa.dictionary(pa.int32(), pa.string())),
+                        ("queue", pa.dictionary(pa.int32(), pa.string())), ("bucket", pa.int64()),
+                        ("busy_ns", pa.int64()), ("instructions", pa.int64())])
 UNION_SCHEMA = pa.schema([("exec_id", pa.int64()), ("engine", pa.string()), ("active_ns", pa.int64())])
 
 
@@ -81,8 +85,9 @@ def _codes(column) -> tuple[np.ndarray, list]:
 
 
 def lane_codes(rows: pa.Table) -> dict[str, tuple[np.ndarray, list]]:
-    """:func:`_codes` of the lane columns (``core``, ``engine``, ``queue``) over the whole table, for
-    :func:`lod_pyramid` and :func:`union_active` to share: hashing the strings is most of their cost.
+    """:func:`_codes` of the lane columns (``core``, ``engine``, ``queue``) over the whole table, computed once
+    per part by :func:`split_schedules` for :func:`lod_pyramid` and :func:`union_active` to share (hashing the
+    strings was most of their cost).
 
     >>> codes = lane_codes(pa.table({"core": [0, 0], "engine": ["dma", "pe"], "queue": ["q", "pe"]}))
     >>> codes["engine"][0].tolist(), codes["engine"][1]
@@ -94,30 +99,154 @@ def lane_codes(rows: pa.Table) -> dict[str, tuple[np.ndarray, list]]:
 #: Rows per slice the pyramid is built from: small enough that every numpy temporary stays in
 #: the CPU cache (whole-table arrays of 10 M rows run about twice as slow), big enough to amortise.
 LOD_SLICE_ROWS = 1 << 17
+#: An execution is matched against others replaying its schedule only from this many rows: a short one
+#: (an eager op) is cheaper binned row by row than compared.
+REPEAT_MIN_ROWS = 4096
 
 
-def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) -> pa.Table:
+class Schedule(NamedTuple):
+    """Executions replaying one schedule: ``rows``, one execution's rows (a zero-copy slice) and their
+    :func:`lane_codes`; per execution (``rows``' own first) its ``exec_id`` and its shift in ``start_ns``."""
+    rows: pa.Table
+    lanes: dict
+    shifts: np.ndarray
+    exec_ids: np.ndarray
+
+
+class Schedules(NamedTuple):
+    """Rows split by :func:`split_schedules`: the repeated ``groups`` and the ``rest`` (with its lane codes)."""
+    groups: list[Schedule]
+    rest: pa.Table
+    rest_lanes: dict
+
+
+def split_schedules(rows: pa.Table) -> Schedules:
+    """``rows`` (valid intervals) split into executions that replay one schedule shifted in time, per
+    schedule, and the rest, each with its :func:`lane_codes`.
+
+    The runtime stamps a graph's static schedule once per execution, so its executions' rows differ
+    only in ``start_ns`` by one offset (and in ``exec_id``): the pyramid and the interval unions of such
+    a schedule are computed once, and each execution is placed by its shift. An execution here is a
+    chunk of one ``exec_id`` that no other row has (the writer appends each execution's rows as one),
+    of at least ``REPEAT_MIN_ROWS`` rows; chunks are grouped by a cheap fingerprint and then compared in
+    full (every column but ``exec_id`` and ``start_ns``), so a group only ever holds identical schedules.
+    Reads zero-copy views of the chunks: no copy of the whole table. Example:
+    ``split_schedules(valid_intervals(instructions)).groups``.
+    """
+    column = rows["exec_id"]
+    heads, sizes, ids, others = [], [], [], []
+    if rows.num_rows >= 2 * REPEAT_MIN_ROWS and not column.null_count:
+        at = np.r_[0, np.cumsum([len(c) for c in column.chunks])].tolist()
+        for i, chunk in enumerate(column.chunks):
+            lo, hi = (v.as_py() for v in pc.min_max(chunk).values()) if len(chunk) >= REPEAT_MIN_ROWS else (0, 1)
+            if lo == hi:   # a long chunk of one execution
+                heads.append(at[i]), sizes.append(len(chunk)), ids.append(lo)
+            else:
+                others.append(chunk)
+    ids = np.array(ids, np.int64)
+    _, inverse, times = np.unique(ids, return_inverse=True, return_counts=True)
+    alone = times[inverse] == 1
+    if others and len(ids):   # an execution also met outside its chunk is not one chunk
+        alone &= ~pc.is_in(pa.array(ids), value_set=pc.unique(pa.chunked_array(others))).to_numpy(False)
+    found: dict[tuple, list[list[int]]] = {}   # fingerprint -> groups of indices into heads
+    for k in np.flatnonzero(alone).tolist():
+        part = rows.slice(heads[k], sizes[k])
+        start = part["start_ns"].to_numpy()
+        key = (sizes[k], pc.sum(part["dur_ns"]).as_py(), int((start - start[0]).sum()))
+        groups = found.setdefault(key, [])
+        group = next((g for g in groups if _same_schedule(rows.slice(heads[g[0]], sizes[k]), part)), None)
+        if group is None:
+            groups.append([k])
+        else:
+            group.append(k)
+    kept = [np.array(g) for groups in found.values() for g in groups if len(g) > 1]
+    if not kept:
+        return Schedules([], rows, lane_codes(rows))
+    heads, sizes = np.array(heads), np.array(sizes)
+    out = []
+    for g in kept:
+        first = rows.slice(heads[g[0]], sizes[g[0]])
+        shifts = np.array([rows["start_ns"][h].as_py() for h in heads[g].tolist()]) - first["start_ns"][0].as_py()
+        out.append(Schedule(first, lane_codes(first), shifts, ids[g]))
+    taken = np.sort(np.concatenate(kept))
+    lo, hi = np.r_[0, heads[taken] + sizes[taken]], np.r_[heads[taken], rows.num_rows]   # the rest: in between
+    rest = pa.concat_tables([rows.slice(a, b - a) for a, b in zip(lo.tolist(), hi.tolist())])   # zero-copy
+    return Schedules(out, rest, lane_codes(rest))
+
+
+def _same_schedule(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two executions' rows are the same but for ``exec_id`` and one shift of ``start_ns`` (every
+    other column compared, so what finalise aggregates per execution is the same too)."""
+    sa, sb = a["start_ns"].to_numpy(), b["start_ns"].to_numpy()
+    return (all(a[c].equals(b[c]) for c in a.column_names if c not in ("exec_id", "start_ns"))
+            and np.array_equal(sa - sa[0], sb - sb[0]))
+
+
+def _span(rows: pa.Table) -> tuple[int, int]:
+    """(first start, last end) of valid rows, a zero duration counting as 1 ns (the bucket it starts in)."""
+    ends = pc.add(rows["start_ns"], pc.max_element_wise(rows["dur_ns"], 1))
+    return int(pc.min(rows["start_ns"]).as_py()), int(pc.max(ends).as_py())
+
+
+class _Grid:
+    """Busy ns and instruction starts per (lane, base bucket) of the pyramid; lanes get a row as met."""
+
+    def __init__(self, first: int, width: int):
+        self.first, self.lane_row = first, {}
+        self.busy, self.count = np.zeros((8, width)), np.zeros((8, width), dtype=np.int64)
+
+    def rows(self, lanes: dict, part=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(grid row of each lane met in rows ``part`` of ``lanes``, each row's index into those)."""
+        (core, cores), (engine, engines), (queue, queues) = (lanes[c] for c in ("core", "engine", "queue"))
+        composite = (core[part] * len(engines) + engine[part]) * len(queues) + queue[part]
+        used = np.flatnonzero(np.bincount(composite))
+        rows = np.array([self.lane_row.setdefault((cores[(c // len(queues)) // len(engines)],
+                                                   engines[(c // len(queues)) % len(engines)],
+                                                   queues[c % len(queues)]), len(self.lane_row))
+                         for c in used.tolist()], dtype=np.int64)
+        if len(self.lane_row) > len(self.busy):
+            grow = max(len(self.lane_row), 2 * len(self.busy)) - len(self.busy)
+            self.busy, self.count = (np.pad(a, ((0, grow), (0, 0))) for a in (self.busy, self.count))
+        remap = np.zeros(int(composite.max()) + 1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        return rows, remap[composite]
+
+    def add(self, rows: np.ndarray, lo: int, busy: np.ndarray, count: np.ndarray) -> None:
+        """Add ``(len(rows), k)`` busy ns and starts to buckets ``lo .. lo + k - 1`` of lanes ``rows``."""
+        window = slice(lo - self.first, lo - self.first + busy.shape[1])
+        self.busy[rows, window] += busy
+        self.count[rows, window] += count
+
+
+def lod_pyramid(rows: pa.Table, base: int, top: int, schedules: Schedules | None = None) -> pa.Table:
     """Busy ns per (core, engine, queue) lane in buckets of 2**level ns, levels ``base``..``top``.
 
     An instruction is split exactly at bucket edges (an instruction touches one base bucket or
     two, except the rare longer one, which is expanded over the buckets it spans); each higher
     level merges bucket pairs of the one below, so every level conserves each lane's busy time.
-    ``instructions`` counts the instructions that start in the bucket. ``lanes``: the rows'
-    :func:`lane_codes`, if the caller has them. Example: ``lod_pyramid(instructions, base=12, top=20)``.
+    ``instructions`` counts the instructions that start in the bucket. ``schedules``: the rows'
+    :func:`split_schedules`, if the caller has them (a repeated schedule is binned once per execution
+    from its busy time at bucket edges, not row by row). Example: ``lod_pyramid(instructions, base=12, top=20)``.
     """
     valid = valid_intervals(rows)
-    if valid is not rows or lanes is None:   # codes must be of exactly these rows
-        lanes = lane_codes(valid)
-    rows = valid
-    if rows.num_rows == 0:
+    if valid is not rows or schedules is None:   # the split must be of exactly these rows
+        schedules = split_schedules(valid)
+    if valid.num_rows == 0:
         return LOD_SCHEMA.empty_table()
-    (core_all, cores), (engine_all, engines), (queue_all, queues) = (lanes[c] for c in ("core", "engine", "queue"))
-    first = int(pc.min(rows["start_ns"]).as_py()) >> base
-    last = (int(pc.max(pc.add(rows["start_ns"], pc.max_element_wise(rows["dur_ns"], 1))).as_py()) - 1) >> base
-    width = last - first + 1
-    lane_row: dict[tuple, int] = {}   # (core, engine, queue) -> row of busy / count, in order of appearance
-    busy = np.zeros((8, width))
-    count = np.zeros((8, width), dtype=np.int64)
+    spans = [_span(schedules.rest)] if schedules.rest.num_rows else []
+    for g in schedules.groups:
+        lo, hi = _span(g.rows)
+        spans.append((lo + int(g.shifts.min()), hi + int(g.shifts.max())))
+    first = min(lo for lo, _ in spans) >> base
+    grid = _Grid(first, ((max(hi for _, hi in spans) - 1) >> base) - first + 1)
+    for g in schedules.groups:
+        _bin_schedule(grid, g, base)
+    _bin_rows(grid, schedules.rest, schedules.rest_lanes, base)
+    return _levels(grid, base, top)
+
+
+def _bin_rows(grid: _Grid, rows: pa.Table, lanes: dict, base: int) -> None:
+    """Add every row's busy ns (split at bucket edges) and start to ``grid``, slice by slice."""
     # Rows arrive in time order (segments are), so a slice covers a narrow span of buckets: each
     # slice is binned into a small local grid that is added into the lanes' rows in place.
     # Slices by row count, whatever the chunks: a run of many short executions writes one small chunk
@@ -125,24 +254,13 @@ def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) 
     for offset in range(0, rows.num_rows, LOD_SLICE_ROWS):
         start = rows["start_ns"].slice(offset, LOD_SLICE_ROWS).to_numpy()
         end = start + np.maximum(rows["dur_ns"].slice(offset, LOD_SLICE_ROWS).to_numpy(), 0)
-        rows_here = slice(offset, offset + len(start))
-        composite = (core_all[rows_here] * len(engines) + engine_all[rows_here]) * len(queues) + queue_all[rows_here]
-        used = np.flatnonzero(np.bincount(composite))
-        rows_of = np.array([lane_row.setdefault((cores[(c // len(queues)) // len(engines)],
-                                                 engines[(c // len(queues)) % len(engines)],
-                                                 queues[c % len(queues)]), len(lane_row)) for c in used])
-        if len(lane_row) > len(busy):
-            grow = max(len(lane_row), 2 * len(busy)) - len(busy)
-            busy, count = np.pad(busy, ((0, grow), (0, 0))), np.pad(count, ((0, grow), (0, 0)))
-        remap = np.zeros(int(composite.max()) + 1, dtype=np.int64)
-        remap[used] = np.arange(len(used))
-        lane = remap[composite]
+        rows_of, lane = grid.rows(lanes, slice(offset, offset + len(start)))
 
         b0 = start >> base
         b1 = (np.maximum(end, start + 1) - 1) >> base
         lo = int(b0.min())
         local = int(b1.max()) - lo + 1
-        size = len(used) * local
+        size = len(rows_of) * local
         idx0 = lane * local + (b0 - lo)
         part_busy = np.bincount(idx0, weights=np.minimum(end, (b0 + 1) << base) - start, minlength=size)
         part_count = np.bincount(idx0, minlength=size)
@@ -157,18 +275,48 @@ def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) 
                 offsets = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
                 mids = np.repeat(lane[sel] * local + (b0[sel] + 1 - lo), reps) + offsets
                 part_busy += np.bincount(mids, minlength=size) * float(1 << base)
-        window = slice(lo - first, lo - first + local)
-        busy[rows_of, window] += part_busy.reshape(len(used), local)
-        count[rows_of, window] += part_count.reshape(len(used), local)
+        grid.add(rows_of, lo, part_busy.reshape(len(rows_of), local), part_count.reshape(len(rows_of), local))
 
-    keys = list(lane_row)   # a stable lane order, whatever the rows' order (None: a null column value)
+
+def _bin_schedule(grid: _Grid, schedule: Schedule, base: int) -> None:
+    """Add the busy ns and starts of ``schedule``'s rows, once per execution at its shift, to ``grid``.
+
+    A lane's busy time up to ``x`` is ``sum((x - s)+) - sum((x - e)+)`` over its rows ``[s, e)``: a prefix
+    sum at a binary-searched index. Its busy ns in a bucket is the difference at the bucket's edges, so an
+    execution costs a few operations per bucket edge, not per row. Exact in int64."""
+    rows_of, lane = grid.rows(schedule.lanes)
+    start = schedule.rows["start_ns"].to_numpy()
+    end = start + np.maximum(schedule.rows["dur_ns"].to_numpy(), 0)
+    origin = int(start.min())
+    s, e = start - origin, end - origin
+    width = int(e.max()) + 1                     # positions 0 .. width - 1: one key range per lane
+    ks, ke = np.sort(lane * width + s), np.sort(lane * width + e)
+    ps, pe = (np.r_[0, np.cumsum(k % width)] for k in (ks, ke))
+    bounds = np.r_[0, np.cumsum(np.bincount(lane, minlength=len(rows_of)))][:-1, None]   # a lane's first index
+    reach = max(width - 1, int(s.max()) + 1)     # the buckets an execution touches end at origin + reach - 1
+    lanes_key = np.arange(len(rows_of), dtype=np.int64)[:, None] * width
+    for shift in (schedule.shifts + origin).tolist():
+        lo, hi = shift >> base, (shift + reach - 1) >> base
+        x = (np.arange(lo, hi + 2, dtype=np.int64) << base) - shift    # bucket edges, relative to the schedule
+        xb = np.clip(x, 0, width - 1)[None, :]
+        i_s = np.searchsorted(ks, lanes_key + xb, "right")
+        i_e = np.searchsorted(ke, lanes_key + xb, "right")
+        busy = (xb * (i_s - bounds) - (ps[i_s] - ps[bounds])) - (xb * (i_e - bounds) - (pe[i_e] - pe[bounds]))
+        starts = np.searchsorted(ks, lanes_key + np.clip(x, 0, width)[None, :], "left")
+        grid.add(rows_of, lo, np.diff(busy, axis=1), np.diff(starts, axis=1))
+
+
+def _levels(grid: _Grid, base: int, top: int) -> pa.Table:
+    """The pyramid's rows from its base-level grid: each level merges bucket pairs of the one below."""
+    keys = list(grid.lane_row)   # a stable lane order, whatever the rows' order (None: a null column value)
     order = sorted(range(len(keys)), key=lambda i: tuple((v is None, "" if v is None else v) for v in keys[i]))
-    busy = np.rint(busy[order]).astype(np.int64)   # exact: float64 sums of ints < 2**53
-    count = count[order]
-    n_lanes = len(order)
-    # the lanes' values as Arrow arrays, repeated per row by a take (not a conversion of Python objects)
-    lane_values = {name: pa.array([keys[i][k] for i in order], LOD_SCHEMA.field(name).type)
+    busy = np.rint(grid.busy[order]).astype(np.int64)   # exact: float64 sums of ints < 2**53
+    count = grid.count[order]
+    first, n_lanes = grid.first, len(order)
+    # the lanes' values as Arrow arrays, repeated per row by a take of the core or of the strings' indices
+    lane_values = {name: pa.array([keys[i][k] for i in order], pa.int32() if name == "core" else pa.string())
                    for k, name in enumerate(("core", "engine", "queue"))}
+    lane_values = {name: v if name == "core" else v.dictionary_encode() for name, v in lane_values.items()}
     parts = []
     for level in range(base, top + 1):
         if level > base:  # merge bucket pairs: align the first bucket to an even index, pad to even width
@@ -184,7 +332,9 @@ def lod_pyramid(rows: pa.Table, base: int, top: int, lanes: dict | None = None) 
         take = pa.array(ln)
         parts.append(pa.table({
             "level": pa.array(np.full(len(ln), level, dtype=np.int16)),
-            **{name: values.take(take) for name, values in lane_values.items()},
+            **{name: values.take(take) if name == "core" else
+               pa.DictionaryArray.from_arrays(values.indices.take(take), values.dictionary)
+               for name, values in lane_values.items()},
             "bucket": pa.array(bk.astype(np.int64) + first),
             "busy_ns": pa.array(busy[ln, bk]),
             "instructions": pa.array(count[ln, bk]),
@@ -251,31 +401,43 @@ def longest_per_cell(cell: np.ndarray, dur: np.ndarray, value: np.ndarray, cells
     return out
 
 
-def union_active(rows: pa.Table, engines: tuple[str, ...], lanes: dict | None = None) -> pa.Table:
+def union_active(rows: pa.Table, engines: tuple[str, ...], schedules: Schedules | None = None) -> pa.Table:
     """Per (exec_id, engine) of ``engines``: the length of the union of the instruction intervals.
 
     For engines whose queues run concurrently (DMA queues, collectives) the time the engine was
-    active is less than the sum of durations. ``lanes``: the rows' :func:`lane_codes`, if the caller has
-    them (then ``rows`` must be :func:`valid_intervals` already). Example:
+    active is less than the sum of durations. ``schedules``: the rows' :func:`split_schedules`, if the
+    caller has them (a repeated schedule's unions are computed once). Example:
     ``union_active(instructions, ("dma", "cc"))``.
     """
-    if lanes is not None and valid_intervals(rows) is rows:
-        codes, values = lanes["engine"]
-        wanted = np.isin(np.arange(len(values)), [i for i, v in enumerate(values) if v in engines])
-        sel = np.flatnonzero(wanted[codes]) if len(values) else np.zeros(0, np.int64)
-        exec_id = rows["exec_id"].fill_null(-1).to_numpy()[sel]
-        start = rows["start_ns"].to_numpy()[sel]
-        exec_codes, exec_values = _codes(pa.array(exec_id))
-        group = exec_codes * max(len(values), 1) + codes[sel]
-        firsts, totals = _union_totals(group, start, start + np.maximum(rows["dur_ns"].to_numpy()[sel], 0))
-        return pa.table({"exec_id": pa.array([exec_values[c] for c in (firsts // max(len(values), 1)).tolist()],
-                                             pa.int64()),
-                         "engine": pa.array([values[c] for c in (firsts % max(len(values), 1)).tolist()], pa.string()),
-                         "active_ns": pa.array(totals, pa.int64())}, schema=UNION_SCHEMA)
-    rows = rows.select(["exec_id", "engine", "start_ns", "dur_ns"])
-    rows = rows.filter(pc.is_in(rows["engine"], value_set=pa.array(list(engines), pa.string())))
-    rows = rows.set_column(0, "exec_id", rows["exec_id"].fill_null(-1))
-    return union_by(rows, ("exec_id", "engine")).cast(UNION_SCHEMA)
+    valid = valid_intervals(rows)
+    if valid is not rows or schedules is None:
+        schedules = split_schedules(valid)
+    parts = []
+    for g in schedules.groups:   # a union does not move with its execution: one per schedule, then per execution
+        _, engine, totals = _engine_unions(g.rows, g.lanes, engines)
+        parts.append(pa.table({"exec_id": pa.array(np.repeat(g.exec_ids, len(engine)), pa.int64()),
+                               "engine": pa.array(engine * len(g.exec_ids), pa.string()),
+                               "active_ns": pa.array(np.tile(totals, len(g.exec_ids)), pa.int64())},
+                              schema=UNION_SCHEMA))
+    exec_id, engine, totals = _engine_unions(schedules.rest, schedules.rest_lanes, engines)
+    parts.append(pa.table({"exec_id": pa.array(exec_id, pa.int64()), "engine": pa.array(engine, pa.string()),
+                           "active_ns": pa.array(totals, pa.int64())}, schema=UNION_SCHEMA))
+    return pa.concat_tables(parts)
+
+
+def _engine_unions(rows: pa.Table, lanes: dict, engines: tuple[str, ...]) -> tuple[list, list, np.ndarray]:
+    """(exec_ids, engines, union lengths) per (exec_id, engine) of ``engines`` among valid ``rows``."""
+    codes, values = lanes["engine"]
+    wanted = np.isin(np.arange(len(values)), [i for i, v in enumerate(values) if v in engines])
+    sel = np.flatnonzero(wanted[codes]) if len(values) else np.zeros(0, np.int64)
+    exec_id = rows["exec_id"].fill_null(-1).to_numpy()[sel]
+    start = rows["start_ns"].to_numpy()[sel]
+    exec_codes, exec_values = _codes(pa.array(exec_id))
+    radix = max(len(values), 1)
+    firsts, totals = _union_totals(exec_codes * radix + codes[sel], start,
+                                   start + np.maximum(rows["dur_ns"].to_numpy()[sel], 0))
+    return ([exec_values[c] for c in (firsts // radix).tolist()], [values[c] for c in (firsts % radix).tolist()],
+            totals)
 
 
 def union_by(rows: pa.Table, by: tuple[str, ...]) -> pa.Table:

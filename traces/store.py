@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from traces import naming, profile_schema, table_docs
 from traces.errors import TraceError
-from traces.intervals import lane_codes, lod_pyramid, track_pyramid, union_active, valid_intervals
+from traces.intervals import lod_pyramid, split_schedules, track_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
 from traces.segments import list_segments, read_segment
 from traces.summary_sql import DEVICE_NS_SQL, measured_condition, summary_sql
@@ -297,10 +297,10 @@ def _scalar(con, query: str, params=None):
 
 
 def _interval_work(instructions: pa.Table) -> dict:
-    """The pyramid and the interval unions, from the Arrow rows (see traces.intervals)."""
+    """The pyramid and the interval unions, from the Arrow rows (see traces.intervals), and the rows split
+    into repeated schedules (for :func:`_aggregate`, when every row has a valid interval)."""
     with _step("lod_busy and interval unions (numpy)"):
-        # only the columns the interval work reads: filtering out null intervals then copies little
-        valid = valid_intervals(instructions.select(["exec_id", "core", "engine", "queue", "start_ns", "dur_ns"]))
+        valid = valid_intervals(instructions)
         if valid.num_rows:  # the span only sizes the pyramid's levels: max start + max duration will do
             lo, last = pc.min_max(valid["start_ns"]).values()
             lo, hi = lo.as_py(), last.as_py() + pc.max(valid["dur_ns"]).as_py()
@@ -308,9 +308,10 @@ def _interval_work(instructions: pa.Table) -> dict:
         else:
             lo = hi = mean = None
         base, top = lod_levels(lo, hi, mean)
-        lanes = lane_codes(valid)
-        return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top, lanes),
-                "union": union_active(valid, CONCURRENT_ENGINES, lanes)}
+        schedules = split_schedules(valid)   # the executions of one schedule are computed once
+        return {"base": base, "top": top, "lod": lod_pyramid(valid, base, top, schedules),
+                "union": union_active(valid, CONCURRENT_ENGINES, schedules),
+                "schedules": schedules if valid is instructions else None}
 
 
 def _system_lod(con) -> dict[str, str]:
@@ -334,9 +335,9 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
     lo, hi, max_dur, count = con.execute(
         "SELECT min(start_ns), max(start_ns + dur_ns), max(dur_ns), count(*) FROM instructions"
     ).fetchall()[0]
-    # one scan over the instructions; everything per op, opcode, engine and execution derives from it
+    # one aggregation of the instructions; everything per op, opcode, engine and execution derives from it
     with _step("aggregate instructions"):
-        _aggregate(con)
+        _aggregate(con, work["schedules"])
     with _step("exec_engine_summary"):
         _exec_engine_summary(con, work["union"])
     con.execute(f"CREATE TEMP VIEW measured AS SELECT * FROM executions WHERE {measured_condition(include_warmup)}")
@@ -354,13 +355,29 @@ def _derive(con, work: dict, include_warmup: bool) -> dict[str, str]:
     return {k: ("" if v is None else str(v)) for k, v in stats.items()}
 
 
-def _aggregate(con) -> None:
-    con.execute("""
-        CREATE TEMP TABLE exec_op_opcode AS
-        SELECT exec_id, op_id, engine, opcode, count(*) AS n, sum(dur_ns) AS busy, sum(flops) AS flops,
-               sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
-               sum(greatest(bytes_read, bytes_written)) AS transfer_bytes
-        FROM instructions GROUP BY ALL""")
+#: What every (execution, op, engine, opcode) of the instructions adds up to; ``{src}``: the rows.
+_AGGREGATE_SQL = """
+    SELECT exec_id, op_id, engine, opcode, count(*) AS n, sum(dur_ns) AS busy, sum(flops) AS flops,
+           sum(bytes_read) AS bytes_read, sum(bytes_written) AS bytes_written,
+           sum(greatest(bytes_read, bytes_written)) AS transfer_bytes
+    FROM {src} GROUP BY ALL"""
+
+
+def _aggregate(con, schedules) -> None:
+    """``exec_op_opcode``: one scan of the instructions, or with their repeated ``schedules``
+    (:func:`traces.intervals.split_schedules` of every row) one per schedule, repeated per execution, and
+    one over the other rows: the same rows either way."""
+    if schedules is None or not schedules.groups:
+        con.execute(f"CREATE TEMP TABLE exec_op_opcode AS {_AGGREGATE_SQL.format(src='instructions')}")
+        return
+    con.register("_rows", schedules.rest)
+    con.execute(f"CREATE TEMP TABLE exec_op_opcode AS {_AGGREGATE_SQL.format(src='_rows')}")
+    for g in schedules.groups:
+        con.register("_rows", g.rows)
+        con.execute(f"""INSERT INTO exec_op_opcode
+            SELECT e.exec_id, a.* EXCLUDE (exec_id) FROM ({_AGGREGATE_SQL.format(src='_rows')}) AS a
+            CROSS JOIN (SELECT unnest($ids::BIGINT[]) AS exec_id) AS e""", {"ids": g.exec_ids.tolist()})
+    con.unregister("_rows")
 
 
 def _exec_engine_summary(con, overlap: pa.Table) -> None:
