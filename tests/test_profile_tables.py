@@ -213,3 +213,76 @@ def test_stack_frames_are_the_users_call_stacks(recorded_samples):
     assert [fn for fn, _ in stack] == ["forward", "forward", "forward", "attention"]
     assert [code for _, code in stack] == ["x = layer(x, pad_mask)", "x = self.ln1(x + self.attn(x, pad_mask))",
                                            "y = attention(q, k, v, mask)", "return scores.softmax(dim=-1) @ v"]
+
+
+# -- every real table and column, as a user's query through `neuron-explorer sql` ------------------------------
+#: The reference's tables and columns (tests/data: names only, from the SDK's profile-schema-reference.rst).
+REFERENCE = {name: cols.split() for name, _, cols in (
+    line.partition(": ") for line in (ROOT / "tests" / "data" / "neuron_explorer_schema_7.4.0.txt").read_text()
+    .splitlines() if line and not line.startswith("#"))}
+#: The reference's own words for these: "not persisted to a parquet table" (the real API computes them), so no
+#: query written for the real tool reads them.
+TRANSIENT = {"MemoryBandwidthPoint", "MemoryBandwidthSeries", "MemoryBandwidthResponse"}
+
+
+def _every_table_query() -> str:
+    """One statement that names every real table (``SELECT *``) and every real column: a missing table is a
+    Catalog Error, a missing column a Binder Error. Its one row: each table's row count."""
+    parts = [f'(SELECT count(*) FROM (SELECT * FROM {t} LIMIT 1)) + 0 * (SELECT count(*) FROM (SELECT '
+             + ", ".join(f'"{c}"' for c in cols) + f" FROM {t} LIMIT 1)) AS \"{t}\", "
+             f'(SELECT count(*) FROM {t}) AS "{t}.rows"' for t, cols in REFERENCE.items() if t not in TRANSIENT]
+    return "SELECT " + ",\n".join(parts)
+
+
+def _sql_cli(profile, query) -> dict:
+    """``neuron-explorer sql PROFILE - --format json`` as a user runs it (the statement on stdin)."""
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "sql", str(profile), "-", "--format", "json"],
+                       input=query, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    import json
+    [row] = json.loads(r.stdout)
+    return row
+
+
+def test_the_reference_list_is_the_real_schema():
+    assert len(REFERENCE) == 52 and sum(map(len, REFERENCE.values())) == 656
+    assert set(REFERENCE) - TRANSIENT <= set(profile_schema.TABLES) | {"Flow", "SbufAllocation", "SemaphoreUpdate",
+                                                                       "TensorInfo"}
+
+
+@pytest.fixture(scope="module")
+def nki_profile(tmp_path_factory):
+    """The tiled matmul NKI kernel profiled as the NKI guide does (``nki.profile``)."""
+    import numpy as np
+    from nki_helpers import sample
+
+    from neuron_stack import nki
+
+    prof = nki.profile(working_directory=tmp_path_factory.mktemp("nki"))(sample("matmul").matmul_tiled)
+    prof(np.ones((256, 128), np.float32), np.ones((256, 512), np.float32))
+    return prof.profile_path
+
+
+def test_a_query_naming_every_real_column_runs_on_recorded_profiles(trn2, recorded_samples, nki_profile):
+    query = _every_table_query()
+    mlp = _sql_cli(trn2.profile.path, query)
+    assert all(mlp[t] == (mlp[f"{t}.rows"] > 0) for t in REFERENCE if t not in TRANSIENT)
+    # the tables a small trn2 MLP fills (the rest: collectives, NKI kernels, barriers, errors, warnings, stages
+    # the compiler has not)
+    filled = {t for t in REFERENCE if mlp.get(f"{t}.rows")}
+    assert filled >= {"Instruction", "Summary", "Metadata", "ExecutionInfo", "NeffHeader", "DeviceProfileList",
+                      "SystemProfileMetadata", "DmaUsage", "DmaUsageSummary", "HbmUsageSummaryByType",
+                      "FrameworkInstruction", "SbufAllocation", "SemaphoreUpdate", "TensorInfo", "Flow",
+                      "Throttle", "PendingDma"}, sorted(set(REFERENCE) - filled)
+    assert mlp["ExecutionInfo.rows"] == _one(trn2, "SELECT count(*) FROM executions")
+    tp = _sql_cli(recorded_samples.get("tensor_parallel")["tensor_parallel"], query)
+    assert tp["CcOp.rows"] > 0 and tp["CcInstruction.rows"] > 0 and tp["CcStream.rows"] >= 1
+    kernel = _sql_cli(nki_profile, query)
+    assert kernel["KernelInstructions.rows"] > 0 and kernel["KernelIterationVariables.rows"] > 0
+
+
+def test_schema_fields_describe_every_real_column(trn2):
+    have = set(trn2.execute("SELECT table_name, field_name FROM SchemaFields").fetchall())
+    missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT for c in cols if (t, c) not in have]
+    assert missing == []

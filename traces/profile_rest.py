@@ -1,0 +1,327 @@
+"""The last of the real Neuron Explorer's tables over ours (schema 7.4.0, SDK
+``tools/neuron-explorer/profile-schema-reference.rst``): ``ExecutionInfo``, ``NeffHeader``, ``DeviceProfileList``,
+``SystemProfileMetadata``, ``CcInstruction``, ``CcStream``, ``DmaUsage``, ``DmaUsageSummary``,
+``HbmUsageSummaryByType``, ``Error``, ``Warning``, ``FrameworkInstruction`` and the compiler stages the simulated
+compiler has not (``PenguinInstruction``, ``BirInstruction``, ``AssemblyInstruction``: their real columns, no
+rows); and the real columns the compiler's record tables (``SbufAllocation``, ``SemaphoreUpdate``,
+``TensorInfo``) lack, added by their views (:data:`RECORD_FIELDS`). The reference's ``MemoryBandwidth*`` types are
+no tables there either ("not persisted to a parquet table": the API computes them), so none here.
+
+>>> [f.name for f in EXECUTION_INFO.fields][:3]
+['execution_index', 'neff_name', 'execution_start_ts']
+>>> sorted(RECORD_FIELDS)
+['SbufAllocation', 'SemaphoreUpdate', 'TensorInfo']
+"""
+from __future__ import annotations
+
+from traces.profile_hierarchy import _BYTES, nodes
+from traces.profile_tables import _meta
+from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, F, Table
+
+#: The physical core a queue name carries (``Tensor.pc1``: the LNC=2 schedule's second core), else 0.
+_QUEUE_PCORE = "coalesce(try_cast(regexp_extract({q}, '\\.pc(\\d+)$', 1) AS BIGINT), 0)"
+
+EXECUTION_INFO = Table(
+    "ExecutionInfo", "Per-execution information: one row per execution within the profile.",
+    "main.executions AS x LEFT JOIN main.graphs AS g USING (graph_id) LEFT JOIN (SELECT exec_id, count(*) AS n "
+    "FROM main.instructions GROUP BY exec_id) AS c USING (exec_id)",
+    (
+        F("execution_index", "int32", None, True, "Zero-based index of this execution within the profile.",
+          "row_number() OVER (ORDER BY x.start_ns, x.exec_id) - 1", "every execution, warm-ups included, in time"),
+        F("neff_name", "string", None, False, "File name of the NEFF executed. Example: model.neff.",
+          "g.name || '.neff'", "the compiled graph's name: the NEFF is held in memory, not a file"),
+        F("execution_start_ts", "int64", _NS, False, "Start timestamp of this execution.", "x.start_ns"),
+        F("execution_end_ts", "int64", _NS, False, "End timestamp of this execution.", "x.end_ns"),
+        F("num_subgraphs", "int32", None, False, "Number of subgraphs processed in this execution.",
+          "1", "one subgraph per logical core and execution"),
+        F("row_count", "int64", None, False, "Number of rows written to the profile for this execution.",
+          "coalesce(c.n, 0)", "its Instruction rows"),
+    ),
+    extra=("x.exec_id AS exec_id", "x.core AS nc_idx"),
+)
+
+NEFF_HEADER = Table(
+    "NeffHeader", "Information contained in the NEFF header.",
+    "main.graphs AS g LEFT JOIN main.runs AS r USING (run_id)",
+    (
+        F("network_name", "string", None, False, "Name of the NEFF. Example: file.neff.", "g.name || '.neff'"),
+        F("uuid", "string", None, False, "Unique identifier of the NEFF.", "g.graph_id::VARCHAR",
+          "graphs.graph_id"),
+        F("hash", "string", None, False, "Hash of the NEFF.", "g.neff_hash"),
+        F("enabled_features", "string", None, False, "Comma-separated list of enabled features.", None,
+          "the simulated NEFF has no feature flags"),
+        F("header_size", "int64", _B, False, "Size of the NEFF header in bytes.", None,
+          "the NEFF is an in-memory object, not a packed file"),
+        F("data_size", "int64", _B, False, "Data size in bytes.", None,
+          "the NEFF is an in-memory object, not a packed file"),
+        F("major_version", "int64", None, False, "NEFF major version number.", None, "no NEFF file format"),
+        F("minor_version", "int64", None, False, "NEFF minor version number.", None, "no NEFF file format"),
+        F("package_version", "string", None, False, "Package version.", _meta("stack_version", "VARCHAR"),
+          "neuron_stack's version"),
+        F("build_version", "string", None, False, "Build version.", None, "no separate build number"),
+        F("cc_participant_count", "int64", None, False, "Number of collective communication participants.", None,
+          "groups are chosen when the collective runs, not compiled in"),
+        F("neuroncore_count", "int64", None, False, "Number of NeuronCores used by the NEFF.", "1",
+          "a graph runs on one logical core"),
+        F("logical_neuroncore_count", "int64", None, False, "Number of Logical NeuronCores used by the NEFF.", "1"),
+        F("pcore_count_per_lnc", "int64", None, False, "Physical NeuronCores per Logical NeuronCore.",
+          "coalesce(try_cast(json_extract_string(g.flags, '$.lnc') AS BIGINT), 1)", "the compile's --lnc"),
+    ),
+    extra=("g.graph_id AS graph_id", "g.run_id AS run_id"),
+)
+
+DEVICE_PROFILE_LIST = Table(
+    "DeviceProfileList", "Device profiles: one per process and NeuronCore that executed.",
+    "(SELECT DISTINCT run_id, core FROM main.executions) AS d JOIN main.runs AS r USING (run_id)",
+    (
+        F("device_profile_name", "string", None, True, "Name of the device profile. Example: neuron_profile_001.",
+          "coalesce(r.tag, r.run_id) || '_nc' || d.core", "the run's tag (its pid by default) and the core"),
+        F("instance_id", "string", None, True, "Server instance that produced this profile.", "r.host"),
+        F("process_id", "int64", None, True, "Process ID that produced this profile.", "r.pid"),
+        F("nc_id", "int64", None, True, "NeuronCore ID associated with this profile.", "d.core"),
+        F("session_id", "int64", None, False, "Session identifier (session-based profiling).", None,
+          "a session is the profile itself (one session directory)"),
+        F("model_id", "int64", None, False, "Model identifier (model-based profiling).", None,
+          "model-based profiling keeps each model's executions in the one profile"),
+    ),
+    extra=("d.run_id AS run_id",),
+)
+
+SYSTEM_PROFILE_METADATA = Table(
+    "SystemProfileMetadata", "Metadata for a system profile.",
+    "(SELECT min(ts_ns) AS t0, max(ts_ns + coalesce(dur_ns, 0)) AS t1 FROM main.system_events) AS s "
+    "WHERE s.t0 IS NOT NULL",
+    (
+        F("first_ts", "string", None, True, "First timestamp in the system profile, human-readable.",
+          "strftime(make_timestamp(s.t0 // 1000), '%Y-%m-%d %H:%M:%S.') || lpad((s.t0 % 1000000000)::VARCHAR, 9, "
+          "'0') || ' +0000 UTC'"),
+        F("last_ts", "string", None, True, "Last timestamp in the system profile, human-readable.",
+          "strftime(make_timestamp(s.t1 // 1000), '%Y-%m-%d %H:%M:%S.') || lpad((s.t1 % 1000000000)::VARCHAR, 9, "
+          "'0') || ' +0000 UTC'"),
+        F("first_ts_ns", "string", None, True, "First timestamp, in Unix nanoseconds.", "s.t0::VARCHAR"),
+        F("last_ts_ns", "string", None, True, "Last timestamp, in Unix nanoseconds.", "s.t1::VARCHAR"),
+        F("ntff_version", "int64", None, True, "Version of the NTFF used for this profile.", None,
+          "no NTFF: the profile is a DuckDB file"),
+        F("hbm_capacity_bytes", "int64", _B, True, "Total HBM capacity in bytes for a single NeuronCore.",
+          _meta("hbm_bytes_per_core", "BIGINT")),
+    ),
+)
+
+CC_INSTRUCTION = Table(
+    "CcInstruction", "Collective Communication instructions executed by the CC-Cores.",
+    "main.instructions AS i WHERE i.engine = 'cc'",
+    (
+        F("start_ts", "int64", _NS, True, "When the collective instruction started.", "i.start_ns"),
+        F("end_ts", "int64", _NS, True, "When the collective instruction finished.", "i.start_ns + i.dur_ns"),
+        F("duration_ns", "int64", _NS, True, "Duration of the collective instruction.", "i.dur_ns"),
+        F("core_idx", "int64", None, True, "Index of the CC-Core that executed it.",
+          "coalesce(try_cast(regexp_extract(i.queue, '(\\d+)$', 1) AS BIGINT), 0)",
+          "one CC-Core per logical core: its queue's number, else 0"),
+        F("description", "string", None, True, "Name of the collective instruction. Example: DMA_ADVANCE.",
+          "i.opcode"),
+        F("trigger_engine", "string", None, False, "The engine that triggered it. Example: Pool.", None,
+          "the collective is issued by the runtime, not triggered by an engine instruction"),
+        F("trigger_start_ts", "int64", _NS, False, "Start of the PSEUDO_TRIGGER_COLLECTIVE instruction.", None,
+          "no trigger instruction"),
+    ),
+    extra=("i.core AS nc_idx", "i.exec_id AS exec_id"),
+)
+
+CC_STREAM = Table(
+    "CcStream", "Collective Communication streams.",
+    "(SELECT DISTINCT e.run_id FROM main.events AS e WHERE e.kind = 'collective') AS c",
+    (
+        F("stream_id", "int64", None, True, "The id of this stream.", "0", "one stream per process (CcOp.stream_id)"),
+        F("stream_index", "int64", None, True, "Stream of the operation relative to the execution.", "0"),
+        F("cc_core_ids", "string", None, True, "The CC-Core ids assigned to this stream. Example: [8,9,10,11].",
+          "'[0]'", "one CC-Core (CcInstruction.core_idx)"),
+    ),
+    extra=("c.run_id AS run_id",),
+)
+
+_DMA_BYTES = "greatest(i.bytes_read, i.bytes_written)"   # DmaPacket.transfer_bytes
+DMA_USAGE = Table(
+    "DmaUsage", "DMA time-series usage: throughput over time.",
+    "main.instructions AS i JOIN main.executions AS x USING (exec_id) WHERE i.engine = 'dma'",
+    (
+        F("timestamp", "int64", _NS, True, "Timestamp for this measurement.", "i.start_ns + i.dur_ns",
+          "one sample per DMA instruction, at its end"),
+        F("current_throughput", "float", "bytes_per_second", True, "DMA bytes per second at this timestamp.",
+          f"{_DMA_BYTES} * 1e9 / nullif(i.dur_ns, 0)", "the DMA's bytes over its duration"),
+        F("total_transfer_bytes", "int64", _B, True, "DMA bytes transferred since the start (cumulative).",
+          f"(sum({_DMA_BYTES}) OVER (PARTITION BY x.run_id, i.core, coalesce(i.pcore, 0) "
+          "ORDER BY i.start_ns + i.dur_ns, i.queue, i.pc ROWS UNBOUNDED PRECEDING))::BIGINT"),
+        F("pcore_idx", "int64", None, False, _PCORE, "coalesce(i.pcore, 0)"),
+    ),
+    extra=("i.core AS nc_idx", "i.exec_id AS exec_id"),
+)
+
+#: DmaUsageSummary's bucket: the real one's resolution is not published; 1 µs keeps a µs-long execution's shape.
+DMA_BUCKET_NS = 1000
+DMA_USAGE_SUMMARY = Table(
+    "DmaUsageSummary", "DmaUsage pre-bucketed for fast aggregation.",
+    f"(SELECT timestamp // {DMA_BUCKET_NS} * {DMA_BUCKET_NS} AS b, pcore_idx, nc_idx, "
+    "sum(current_throughput) AS st, sum(total_transfer_bytes) AS sb, max(total_transfer_bytes) AS mb, count(*) AS n "
+    "FROM neuron_explorer.\"DmaUsage\" GROUP BY ALL) AS u",
+    (
+        F("timestamp", "int64", _NS, True, "Bucket start timestamp.", "u.b"),
+        F("pcore_idx", "int64", None, True, "Index of the physical NeuronCore.", "u.pcore_idx"),
+        F("sum_current_throughput", "float", None, True, "Sum of current_throughput in this bucket.", "u.st"),
+        F("sum_total_transfer_bytes", "int64", None, True, "Sum of total_transfer_bytes in this bucket.", "u.sb"),
+        F("max_total_transfer_bytes", "int64", None, True, "Maximum total_transfer_bytes in this bucket.", "u.mb"),
+        F("count", "int64", None, True, "Number of DmaUsage rows in this bucket.", "u.n"),
+        F("bucket_resolution_ns", "int64", _NS, True, "The bucket resolution in nanoseconds.", str(DMA_BUCKET_NS),
+          "1 µs (the real resolution is not published)"),
+    ),
+    extra=("u.nc_idx AS nc_idx",),
+)
+
+HBM_USAGE_SUMMARY_BY_TYPE = Table(
+    "HbmUsageSummaryByType", "HBM memory usage summarized by type.",
+    "(SELECT core, category, max(bytes) AS b FROM main.memory WHERE location = 'device' AND core IS NOT NULL "
+    "GROUP BY ALL) AS m",
+    (
+        F("neuron_device_idx", "int64", None, True, "The Neuron Device index.",
+          f"m.core // greatest({_meta('neuroncore_per_device_count', 'BIGINT')}, 1)",
+          "the core's device: core ÷ NeuronCores per device"),
+        F("neuroncore_idx", "int64", None, True, "The NeuronCore index.", "m.core"),
+        F("usage_type", "string", None, True, "The type of memory usage. Example: Weights.", "m.category",
+          "the runtime's categories (constants, tensors, model_code, ...) as neuron-monitor names them"),
+        F("usage_bytes", "int64", _B, True, "HBM used by this type.", "m.b", "its largest sample"),
+    ),
+)
+
+ERROR = Table(
+    "Error", "Hardware-generated error events (out of bounds, NaN, ...).",
+    "main.events AS e WHERE e.kind IN ('error', 'oom')",
+    (
+        F("description", "string", None, True, "Short description of the error condition.",
+          "coalesce(e.detail->>'message', e.detail->>'error', e.kind)"),
+        F("error_type_id", "int32", None, True, "Numerical value of the error type.",
+          "CASE e.kind WHEN 'error' THEN 1 ELSE 2 END", "1 a runtime error, 2 out of device memory"),
+        F("metadata", "string", None, False, "Error metadata.", "e.detail"),
+        F("metadata_hex", "string", None, False, "Hexadecimal error metadata.", None, "no hardware error word"),
+        F("pcore_idx", "int64", None, False, _PCORE, "0", _NO_LNC),
+        F("timestamp", "int64", _NS, True, "When the error occurred.", "e.ts_ns"),
+        F("type", "string", None, True, "Category: Custom Notification, Errors or Warnings.", "'Errors'"),
+    ),
+    extra=("e.core AS nc_idx", "e.run_id AS run_id"),
+)
+
+WARNING = Table(
+    "Warning", "Warnings produced during profile processing (missing or unexpected data).",
+    "(SELECT coalesce(detail->>'message', detail) AS m, 'Runtime' AS c FROM main.events WHERE kind = 'warning' "
+    "UNION ALL SELECT 'Segments skipped while finalising the profile: ' || value, 'Missing Data' FROM main.metadata "
+    "WHERE key = 'skipped_segments' AND value <> '' "
+    "UNION ALL SELECT value, 'Missing Data' FROM main.metadata WHERE key = 'device_rows_note' AND value <> '') AS w",
+    (
+        F("message", "string", None, True, "The warning shown to users.", "w.m",
+          "the runtime's warnings, segments finalising skipped, and why device rows are missing"),
+        F("category", "string", None, True, "The type of warning. Example: Missing Data.", "w.c"),
+    ),
+)
+
+_STAGE_IDS = (
+    F("id", "int64", None, True, "Identifier of the corresponding assembly level instruction.", "h.k",
+      "ours is ops.op_id"),
+    F("raw_bir_id", "int64", None, True, "BIR level id.", None, "no BIR stage (ops → ISA directly)"),
+    F("raw_penguin_id", "int64", None, True, "Penguin level id.", None, "no Penguin stage"),
+    F("raw_hlo_id", "int64", None, True, "HLO level id.", "h.k", "ours is ops.op_id (Instruction.raw_hlo_id)"),
+    F("raw_framework_id", "int64", None, True, "Framework level id.", "h.k",
+      "ours is ops.op_id (Instruction.raw_framework_id)"),
+)
+_STAGE_FIGURES = (
+    F("start_ts", "int64", _NS, True, "Minimum start of its instructions.", "h.s"),
+    F("end_ts", "int64", _NS, True, "Maximum end of its instructions.", "h.e"),
+    F("time_intervals", "string", None, True, "Merged instruction intervals.", "h.iv"),
+    F("element_count_per_interval", "int64[]", None, True, "Elements processed per interval.", "h.el_l",
+      "Tensor Engine elements of non-transpose instructions"),
+    F("transpose_element_count_per_interval", "int64[]", None, True, "Transpose elements per interval.", "h.tel_l"),
+    F("hbm_transfer_size_per_interval", "int64[]", _B, True, "HBM bytes per interval.", "h.hb_l"),
+    F("hbm_read_bytes", "int64", _B, True, "Bytes read from HBM.", "h.hr", _BYTES),
+    F("hbm_write_bytes", "int64", _B, True, "Bytes written to HBM.", "h.hw", _BYTES),
+    F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
+    F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
+    F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
+)
+_FLOW = F("modular_flow_invocation_idx", "int64", None, False, "Which call of the function.", None, "no modular flows")
+_OP_NODES = f"{nodes('i.op_id', 'i.op_id IS NOT NULL')} AS h LEFT JOIN main.ops AS o ON o.op_id = h.k"
+
+FRAMEWORK_INSTRUCTION = Table(
+    "FrameworkInstruction", "Framework level instructions (ours: each op under its nn.Module path), with their "
+    "instructions' figures.", _OP_NODES,
+    (*_STAGE_IDS, _FLOW,
+     F("framework_name", "string", None, False,
+       "Framework operation name. Example: NeuronLlamaDecoderLayer[1]/function[2]/aten.add.",
+       "CASE WHEN coalesce(o.module_path, '') = '' THEN o.aten_op ELSE replace(o.module_path, '.', '/') || '/' "
+       "|| o.aten_op END", "the op's nn.Module path, then its ATen op"),
+     *_STAGE_FIGURES)
+    + tuple(F(f"{e}_engine_instruction_count", "int64", None, False, f"{e} engine instructions.", f"h.n_{e}")
+            for e in ("tensor", "scalar", "sync", "gpsimd", "vector")),
+    extra=("o.module_path AS layer",),
+)
+
+
+def _no_stage(name: str, description: str, label: str, why: str, pcore: bool = False) -> Table:
+    """A real compiler stage we have not: its real columns, typed, and no rows (never made-up ones)."""
+    fields = (*_STAGE_IDS, F(label, "string", None, True, f"{name[:-11]} instruction name.", None), _FLOW,
+              *((F("pcore_idx", "int64", None, False, _PCORE, None),) if pcore else ()), *_STAGE_FIGURES)
+    return Table(name, description, f"{_OP_NODES} WHERE FALSE",
+                 tuple(F(f.name, f.type, f.unit, f.required, f.description, f.ours, why) for f in fields))
+
+
+_NO_STAGES = "no rows: the compiler lowers each ATen op to the ISA directly (HloInstruction and Instruction)"
+PENGUIN_INSTRUCTION = _no_stage("PenguinInstruction", "Penguin level instructions: between HLO and BIR.",
+                                "penguin_name", _NO_STAGES + ", with no Penguin stage")
+BIR_INSTRUCTION = _no_stage("BirInstruction", "BIR level instructions: between Penguin and the ISA.",
+                            "bir_name", _NO_STAGES + ", with no BIR stage", pcore=True)
+ASSEMBLY_INSTRUCTION = Table(
+    "AssemblyInstruction", "Assembly instructions of the NEFF (perf_sim profiles only).",
+    "main.instructions AS i WHERE FALSE",
+    tuple(F(n, t, None, True, d, o, "no rows: the real table is filled only by perf_sim profiles, and our "
+                                    "Instruction rows are the assembly instructions already")
+          for n, t, d, o in (("instruction_id", "int64", "Parent Instruction.id.", None),
+                             ("compiler_opcode", "string", "Opcode at compile time.", "i.opcode"),
+                             ("compiler_operands", "string", "Operands at compile time.", None),
+                             ("compiler_pc", "int64", "Compiler program counter.", "i.pc"))),
+)
+
+TABLES = (EXECUTION_INFO, NEFF_HEADER, DEVICE_PROFILE_LIST, SYSTEM_PROFILE_METADATA, CC_INSTRUCTION, CC_STREAM,
+          DMA_USAGE, DMA_USAGE_SUMMARY, HBM_USAGE_SUMMARY_BY_TYPE, ERROR, WARNING, FRAMEWORK_INSTRUCTION,
+          PENGUIN_INSTRUCTION, BIR_INSTRUCTION, ASSEMBLY_INSTRUCTION)
+"""The tables this module defines."""
+
+RECORD_FIELDS = {
+    "SbufAllocation": (
+        F("block_id", "int64", None, False, "DMA block ID (DMA source only).", None,
+          "a DMA is one transfer here, not split into blocks"),
+        F("hlo_name", "string", None, False, "HLO operation of the allocation. Example: dot.1.",
+          "(SELECT o.aten_op FROM main.ops AS o WHERE o.op_id = r.op_id)", "the op's ATen op (Instruction.hlo_name)"),
+        F("pcore_idx", "int64", None, False, _PCORE,
+          f"CASE WHEN r.queue_name IS NOT NULL THEN {_QUEUE_PCORE.format(q='r.queue_name')} END",
+          "a DMA's from its queue; an engine's allocation is recorded per logical core (NULL)"),
+    ),
+    "SemaphoreUpdate": (
+        F("double_set_or_clear", "bool", None, False, "A double event set or clear.", None,
+          "the simulator never sets an event twice"),
+        F("update_mode", "int32", None, False, "The ISA's raw semaphore update mode.", None,
+          "the decoded update_operation_type and update_trigger_timing are recorded, not the raw mode"),
+        F("pcore_idx", "int64", None, False, _PCORE, _QUEUE_PCORE.format(q="r.queue"), "from its queue's name"),
+    ),
+    "TensorInfo": (
+        F("pcore_idx", "int64", None, False, _PCORE, None, "a tensor belongs to the logical core's graph"),
+    ),
+}
+"""The real columns the compiler's record tables (physical tables under the real names) lack: their views in
+:data:`traces.profile_schema.SCHEMA` add them (``r`` is the record table)."""
+
+
+def record_view(name: str, schema: str) -> str:
+    """``CREATE VIEW`` of a record table in ``schema``: its columns and the real ones it lacks.
+
+    >>> record_view("TensorInfo", "neuron_explorer").splitlines()[0]
+    'CREATE OR REPLACE VIEW neuron_explorer."TensorInfo" AS SELECT r.*,'
+    """
+    cols = ",\n    ".join(f.sql for f in RECORD_FIELDS.get(name, ()))
+    return (f'CREATE OR REPLACE VIEW {schema}."{name}" AS SELECT r.*' + (f",\n    {cols}" if cols else "")
+            + f'\nFROM main."{name}" AS r')
