@@ -65,7 +65,8 @@ NEFF_HEADER = Table(
           "a graph runs on one logical core"),
         F("logical_neuroncore_count", "int64", None, False, "Number of Logical NeuronCores used by the NEFF.", "1"),
         F("pcore_count_per_lnc", "int64", None, False, "Physical NeuronCores per Logical NeuronCore.",
-          "coalesce(try_cast(json_extract_string(g.flags, '$.lnc') AS BIGINT), 1)", "the compile's --lnc"),
+          "coalesce(CASE WHEN json_valid(g.flags) THEN try_cast(json_extract_string(g.flags, '$.lnc') AS BIGINT) "
+          "END, 1)", "the compile's --lnc (1 when the graph's flags do not say)"),
     ),
     extra=("g.graph_id AS graph_id", "g.run_id AS run_id"),
 )
@@ -196,7 +197,8 @@ ERROR = Table(
     "main.events AS e WHERE e.kind IN ('error', 'oom')",
     (
         F("description", "string", None, True, "Short description of the error condition.",
-          "coalesce(e.detail->>'message', e.detail->>'error', e.kind)"),
+          "coalesce(CASE WHEN json_valid(e.detail) THEN coalesce(e.detail->>'message', e.detail->>'error') END, "
+          "e.kind)"),
         F("error_type_id", "int32", None, True, "Numerical value of the error type.",
           "CASE e.kind WHEN 'error' THEN 1 ELSE 2 END", "1 a runtime error, 2 out of device memory"),
         F("metadata", "string", None, False, "Error metadata.", "e.detail"),
@@ -210,7 +212,8 @@ ERROR = Table(
 
 WARNING = Table(
     "Warning", "Warnings produced during profile processing (missing or unexpected data).",
-    "(SELECT coalesce(detail->>'message', detail) AS m, 'Runtime' AS c FROM main.events WHERE kind = 'warning' "
+    "(SELECT coalesce(CASE WHEN json_valid(detail) THEN detail->>'message' END, detail) AS m, 'Runtime' AS c "
+    "FROM main.events WHERE kind = 'warning' "
     "UNION ALL SELECT 'Segments skipped while finalising the profile: ' || value, 'Missing Data' FROM main.metadata "
     "WHERE key = 'skipped_segments' AND value <> '' "
     "UNION ALL SELECT value, 'Missing Data' FROM main.metadata WHERE key = 'device_rows_note' AND value <> '') AS w",
