@@ -286,3 +286,15 @@ def test_schema_fields_describe_every_real_column(trn2):
     have = set(trn2.execute("SELECT table_name, field_name FROM SchemaFields").fetchall())
     missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT for c in cols if (t, c) not in have]
     assert missing == []
+
+
+def test_show_profile_schema_lists_every_real_column():
+    import yaml
+
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "--show-profile-schema"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    schemas = yaml.safe_load(r.stdout)["components"]["schemas"]
+    missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT
+               for c in cols if c not in schemas.get(t, {}).get("properties", {})]
+    assert missing == []

@@ -517,6 +517,11 @@ def openapi_yaml(ours=()) -> str:
             elif fmt:
                 out.append(f"          format: {fmt}")
             out.append(f"          description: {q(meaning)}")
+        for f in profile_rest.RECORD_FIELDS.get(table, ()):   # the real columns its real-name view adds
+            typ, fmt, _ = _TYPES[f.type]
+            out += [f"        {f.name}:", f"          type: {typ}"] + ([f"          format: {fmt}"] if fmt else [])
+            out += [f"          description: {q(f.description)}",
+                    f"          x-neuron-stack: {q(f.ours if f.ours is not None else 'not recorded: ' + f.why)}"]
     return "\n".join(out) + "\n"
 
 
