@@ -298,3 +298,20 @@ def test_show_profile_schema_lists_every_real_column():
     missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT
                for c in cols if c not in schemas.get(t, {}).get("properties", {})]
     assert missing == []
+
+
+def test_the_summarys_derived_fields_are_their_rows(trn2):
+    s = trn2.profile.user_sql("SELECT * FROM Summary").table.to_pylist()[0]
+    measured = ("exec_id IN (SELECT exec_id FROM executions WHERE NOT warmup)")
+    assert s["matmul_instruction_count"] == _one(trn2, f"SELECT count(*) FROM instructions WHERE opcode = 'MATMUL' "
+                                                       f"AND {measured}") > 0
+    assert s["activate_instruction_count"] == _one(trn2, f"SELECT count(*) FROM instructions WHERE opcode = "
+                                                         f"'ACTIVATE' AND {measured}")
+    assert s["dma_queue_count"] == _one(trn2, "SELECT count(DISTINCT queue) FROM instructions WHERE engine = 'dma'")
+    assert s["weight_size_bytes"] == _one(trn2, "SELECT sum(size) FROM TensorInfo WHERE type = 'WEIGHT'") > 0
+    assert s["weight_size_bytes"] < s["inputs_and_weights_size_bytes"] < s["inputs_outputs_weights_size_bytes"]
+    assert s["mfu_hlo_estimated_percent"] == s["mfu_estimated_percent"]
+    assert s["mfu_estimated_percent"] <= s["mfu_max_achievable_estimated_percent"] <= 100
+    assert s["mfu_inst_estimated_percent"] == pytest.approx(
+        s["mfu_estimated_percent"] * (s["hardware_flops"] - s["transpose_flops"]) / s["model_flops"])
+    assert s["hardware_dynamic_dma_packet_count"] == 0 and s["dma_transfer_time"] == s["dma_packet_time"] > 0

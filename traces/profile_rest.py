@@ -15,7 +15,7 @@ no tables there either ("not persisted to a parquet table": the API computes the
 from __future__ import annotations
 
 from traces.profile_hierarchy import _BYTES, nodes
-from traces.profile_tables import _meta
+from traces.profile_tables import _MEASURED, _meta
 from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, F, Table
 
 #: The physical core a queue name carries (``Tensor.pc1``: the LNC=2 schedule's second core), else 0.
@@ -328,3 +328,69 @@ def record_view(name: str, schema: str) -> str:
     cols = ",\n    ".join(f.sql for f in RECORD_FIELDS.get(name, ()))
     return (f'CREATE OR REPLACE VIEW {schema}."{name}" AS SELECT r.*' + (f",\n    {cols}" if cols else "")
             + f'\nFROM main."{name}" AS r')
+
+# -- Summary fields our summary table has not, over small tables (``s``: our summary row) ----------------------
+_OS = "main.opcode_summary"   # the measured executions' instructions by engine and opcode
+_HBM_BPS = f"({_meta('hbm_ddr_bandwidth')} * 1e9)"   # one HBM stack's bytes per second (Summary's MBU)
+_RATIO = f"(s.tensor_engine_peak_bf16_flops / nullif({_HBM_BPS}, 0))"
+_MEASURED_GRAPHS = f"(SELECT graph_id FROM main.executions WHERE {_MEASURED})"
+
+
+def _tensor_bytes(types: str) -> str:
+    return (f"(SELECT coalesce(sum(t.size), 0) FROM main.\"TensorInfo\" AS t WHERE t.type IN ({types}) "
+            f"AND t.graph_id IN {_MEASURED_GRAPHS})")
+
+
+def _best_mfu(flops: str) -> str:
+    """(FLOPs per HBM byte) over (peak FLOPs per HBM byte): the real formula, at most 100."""
+    return f"least(100.0, 100.0 * ({flops}) / nullif(s.hbm_read_bytes + s.hbm_write_bytes, 0) / nullif({_RATIO}, 0))"
+
+
+_INST_FLOPS = "s.hardware_flops - coalesce(s.transpose_flops, 0)"
+_ONE_PACKET_TIME = "one DMA instruction is one packet and one transfer here"
+SUMMARY_DERIVED = {
+    "matmul_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} WHERE opcode = 'MATMUL')",
+                                 "opcode_summary"),
+    "activate_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} "
+                                   "WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE'))", "opcode_summary"),
+    "activate_instruction_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} "
+                                  "WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE')) / 1e9", "opcode_summary"),
+    "dma_packet_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'dma') / 1e9",
+                        _ONE_PACKET_TIME),
+    "dma_transfer_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'dma') / 1e9",
+                          _ONE_PACKET_TIME + ": dma_packet_time"),
+    "dma_active_cycles": (f"round(s.dma_active_time * {_meta('neuroncore_clock_freq')} * 1e9)",
+                          "dma_active_time × neuroncore_clock_freq"),
+    "dma_queue_count": ("(SELECT count(DISTINCT queue) FROM main.lod_busy WHERE engine = 'dma')",
+                        "the DMA queues that carried a transfer"),
+    "cc_cores_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} WHERE engine = 'cc')",
+                                   "the CC-core's instructions (CcInstruction)"),
+    "cc_cores_instruction_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'cc') "
+                                  "/ 1e9", "the CC-core's instructions (CcInstruction)"),
+    "cc_cores_instruction_active_time": ("s.cc_op_active_time", "one CC-core: cc_op_active_time"),
+    "cc_cores_instruction_active_time_percent": ("s.cc_op_active_time_percent", "one CC-core"),
+    "cc_op_time": ("(SELECT coalesce(sum(dur_ns), 0) FROM main.events WHERE kind = 'collective') / 1e9",
+                   "Σ CcOp.duration_ns"),
+    "weight_size_bytes": (_tensor_bytes("'WEIGHT'"), "TensorInfo of the measured executions' graphs"),
+    "inputs_and_weights_size_bytes": (_tensor_bytes("'IN', 'WEIGHT'"), "TensorInfo"),
+    "inputs_outputs_weights_size_bytes": (_tensor_bytes("'IN', 'OUT', 'WEIGHT'"), "TensorInfo"),
+    "mbu_min_read_util_percent": (
+        "100.0 * (SELECT coalesce(sum(t.size), 0) FROM main.executions AS x JOIN main.\"TensorInfo\" AS t "
+        f"USING (graph_id) WHERE t.type IN ('IN', 'WEIGHT') AND x.{_MEASURED}) / nullif(s.total_time, 0) "
+        f"/ nullif({_HBM_BPS}, 0)", "inputs and weights read once per measured execution"),
+    "peak_flops_bandwidth_ratio": (_RATIO, "FLOPs per HBM byte"),
+    "mfu_max_achievable_estimated_percent": (_best_mfu("s.model_flops"), "capped at 100"),
+    "mfu_hlo_estimated_percent": ("s.mfu_estimated_percent", "model FLOPs are the ops' (our HLO level)"),
+    "mfu_hlo_max_achievable_estimated_percent": (_best_mfu("s.model_flops"), "capped at 100"),
+    "mfu_inst_estimated_percent": (f"100.0 * ({_INST_FLOPS}) / nullif(s.tensor_engine_peak_bf16_flops * "
+                                   "s.total_time, 0)", "hardware_flops - transpose_flops"),
+    "mfu_inst_max_achievable_estimated_percent": (_best_mfu(_INST_FLOPS), "capped at 100"),
+    "dynamic_dma_packet_percent": ("s.software_dynamic_dma_packet_percent",
+                                   "every dynamic DMA is software's (no hardware DGE modelled)"),
+    "dynamic_dma_size_percent": ("s.software_dynamic_dma_size_percent",
+                                 "every dynamic DMA is software's (no hardware DGE modelled)"),
+    **{f"hardware_dynamic_dma_{m}": ("0", "no hardware DGE is modelled: no such DMA")
+       for m in ("active_time", "active_time_percent", "packet_count", "size", "packet_percent", "size_percent")},
+}
+"""Real Summary fields our ``summary`` table has not, defined over small tables: ``{name: (SQL over s, why)}``
+(:data:`traces.profile_schema.SUMMARY` uses them)."""

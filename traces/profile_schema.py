@@ -326,8 +326,12 @@ def _summary_field(name: str) -> Field:
                ("sbuf", "psum", "spill", "input_queue", "output_queue", "weight_queue")) else
            "no transposes or dtype multipliers per instruction" if "transpose" in name or "adjusted" in name else
            "not computed yet (the one formula per figure lives in traces.q_figures)")
+    if name in profile_rest.SUMMARY_DERIVED:   # over small tables of ours, beside our summary row
+        ours, why = profile_rest.SUMMARY_DERIVED[name]
+    else:
+        ours = f"s.{name}" if name in _SUMMARY_OURS else None
     return F(name, "float" if float_ else "int64", unit, False, f"Summary metric {name} (see the real schema).",
-             f"s.{name}" if name in _SUMMARY_OURS else None, why)
+             ours, why)
 
 
 SUMMARY = Table("Summary", "Profile performance metrics which summarize execution.", "main.summary AS s",
