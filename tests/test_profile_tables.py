@@ -315,3 +315,19 @@ def test_the_summarys_derived_fields_are_their_rows(trn2):
     assert s["mfu_inst_estimated_percent"] == pytest.approx(
         s["mfu_estimated_percent"] * (s["hardware_flops"] - s["transpose_flops"]) / s["model_flops"])
     assert s["hardware_dynamic_dma_packet_count"] == 0 and s["dma_transfer_time"] == s["dma_packet_time"] > 0
+
+
+def test_the_summarys_active_times_and_memory_bytes(trn2):
+    s = trn2.profile.user_sql("SELECT * FROM Summary").table.to_pylist()[0]
+    engines = [s[f"{e}_engine_active_time"] for e in ("tensor", "vector", "scalar", "gpsimd", "sync")]
+    # the union of every engine's intervals: at least the busiest engine's, at most their sum and the device time
+    assert max(engines + [s["dma_active_time"]]) <= s["total_active_time"] <= min(
+        sum(engines) + s["dma_active_time"] + s["cc_op_active_time"], s["total_time"]) + 1e-12
+    assert s["static_dma_active_time"] == pytest.approx(s["dma_active_time"])   # no DMA_INDIRECT in an MLP
+    assert s["software_dynamic_dma_active_time"] == 0 == s["software_dynamic_dma_packet_percent"]
+    assert s["adjusted_hardware_flops"] == 4 * s["hardware_flops"]              # fp32 inputs: the real 4.0x
+    assert s["adjusted_transpose_flops"] == 4 * s["transpose_flops"] > 0
+    assert s["psum_read_sbuf_write_count"] > 0 and s["psum_write_bytes"] > 0
+    assert s["sbuf_write_bytes"] >= s["hbm_read_bytes"] and s["sbuf_read_bytes"] >= s["hbm_write_bytes"]
+    assert s["trace_count"] == _one(trn2, "SELECT count(*) FROM instructions") + _one(
+        trn2, "SELECT count(*) FROM SemaphoreUpdate")

@@ -15,7 +15,7 @@ no tables there either ("not persisted to a parquet table": the API computes the
 from __future__ import annotations
 
 from traces.profile_hierarchy import _BYTES, nodes
-from traces.profile_tables import _MEASURED, _meta
+from traces.profile_tables import _MEASURED, _meta, islands
 from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, F, Table
 
 #: The physical core a queue name carries (``Tensor.pc1``: the LNC=2 schedule's second core), else 0.
@@ -347,6 +347,35 @@ def _best_mfu(flops: str) -> str:
 
 
 _INST_FLOPS = "s.hardware_flops - coalesce(s.transpose_flops, 0)"
+_STATIC = "engine = 'dma' AND opcode <> 'DMA_INDIRECT'"
+_SOFTWARE = "engine = 'dma' AND opcode = 'DMA_INDIRECT'"
+_ENGINE_BYTES = ("SELECT coalesce(sum(e.{col}), 0) FROM main.exec_engine_summary AS e "
+                 f"WHERE e.engine NOT IN ('dma', 'cc', 'cpu') AND e.{_MEASURED}")
+#: The measured executions' instructions joined to the compiler's facts, as the Instruction view joins them.
+_INFO_ROWS = ("FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) JOIN (SELECT * FROM "
+              "main.instruction_info QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1) AS n "
+              f"ON n.graph_id = x.graph_id AND n.queue = i.queue AND n.pc = i.pc AND n.pcore = coalesce(i.pcore, 0) "
+              f"WHERE i.{_MEASURED}")
+
+
+#: The real BF16-equivalent multiplier of a Tensor Engine instruction's input dtype (the reference's list:
+#: BF16, FP16, TF32 1.0; FP32 4.0; FP8 1.0 on trn1 / inf2 and 0.5 on trn2 / trn3; UINT8 0.5).
+_BF16_MULT = ("CASE WHEN json_valid(n.operands) THEN CASE json_extract_string(n.operands, '$.src[0].dt') "
+              "WHEN 'float32' THEN 4.0 WHEN 'uint8' THEN 0.5 WHEN 'int8' THEN 0.5 ELSE CASE WHEN "
+              "json_extract_string(n.operands, '$.src[0].dt') LIKE 'float8%' AND "
+              f"{_meta('target', 'VARCHAR')} IN ('trn2', 'trn3') THEN 0.5 ELSE 1.0 END END ELSE 1.0 END")
+_BF16_WHY = "Tensor Engine FLOPs × the real multiplier of their input dtype (instruction_info.operands)"
+
+
+def _active(where: str) -> str:
+    """Seconds when at least one matching instruction runs: merged intervals per measured execution, summed."""
+    rows = (f"SELECT exec_id, start_ns AS s, start_ns + dur_ns AS e FROM main.instructions "
+            f"WHERE {_MEASURED} AND dur_ns > 0 AND {where}")
+    return f"(SELECT coalesce(sum(e - s), 0) FROM ({islands(rows, 'exec_id')})) / 1e9"
+
+
+def _percent(seconds: str) -> str:
+    return f"100.0 * {seconds} / nullif(s.total_time, 0)"
 _ONE_PACKET_TIME = "one DMA instruction is one packet and one transfer here"
 SUMMARY_DERIVED = {
     "matmul_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} WHERE opcode = 'MATMUL')",
@@ -391,6 +420,29 @@ SUMMARY_DERIVED = {
                                  "every dynamic DMA is software's (no hardware DGE modelled)"),
     **{f"hardware_dynamic_dma_{m}": ("0", "no hardware DGE is modelled: no such DMA")
        for m in ("active_time", "active_time_percent", "packet_count", "size", "packet_percent", "size_percent")},
+    # over the measured executions' instructions: computed when the view is read (a pass over the rows)
+    "total_active_time": (_active("engine <> 'cpu'"), "the union of every engine's, DMA queue's and the CC-core's "
+                                                      "instruction intervals per execution"),
+    "total_active_time_percent": (_percent(_active("engine <> 'cpu'")), "of total_time"),
+    "static_dma_active_time": (_active(_STATIC), "DMAs the compiler generated (not DMA_INDIRECT)"),
+    "static_dma_active_time_percent": (_percent(_active(_STATIC)), "of total_time"),
+    "software_dynamic_dma_active_time": (_active(_SOFTWARE), "DMA_INDIRECT: descriptors GpSimd writes"),
+    "software_dynamic_dma_active_time_percent": (_percent(_active(_SOFTWARE)), "of total_time"),
+    "dynamic_dma_active_time_percent": (_percent(_active(_SOFTWARE)), "the software ones (no hardware DGE)"),
+    "sbuf_read_bytes": (f"({_ENGINE_BYTES.format(col='bytes_read')}) + s.hbm_write_bytes",
+                        "engine reads (PSUM included: one read count per instruction) and DMAs out of SBUF to HBM"),
+    "sbuf_write_bytes": (f"({_ENGINE_BYTES.format(col='bytes_written')}) + s.hbm_read_bytes",
+                         "engine writes (PSUM included) and DMAs from HBM into SBUF"),
+    **{c: (f"(SELECT coalesce(sum(n.{c}), 0) {_INFO_ROWS})", "instruction_info (the compiler's operands)")
+       for c in ("psum_read_bytes", "psum_write_bytes", "psum_read_sbuf_write_bytes")},
+    "psum_read_sbuf_write_count": (f"(SELECT count(*) FILTER (WHERE n.psum_read_sbuf_write_bytes > 0) {_INFO_ROWS})",
+                                   "instructions that evacuate PSUM to SBUF"),
+    "adjusted_hardware_flops": (f"(SELECT coalesce(sum(i.flops * {_BF16_MULT}), 0) {_INFO_ROWS} "
+                                "AND i.engine = 'tensor')", _BF16_WHY),
+    "adjusted_transpose_flops": (f"(SELECT coalesce(sum(i.flops * {_BF16_MULT}), 0) {_INFO_ROWS} "
+                                 "AND i.engine = 'tensor' AND n.instruction_type = 'TRANSPOSE')", _BF16_WHY),
+    "trace_count": ("(SELECT count(*) FROM main.instructions) + (SELECT count(*) FROM main.\"SemaphoreUpdate\")",
+                    "every instruction and semaphore update recorded"),
 }
 """Real Summary fields our ``summary`` table has not, defined over small tables: ``{name: (SQL over s, why)}``
 (:data:`traces.profile_schema.SUMMARY` uses them)."""

@@ -320,11 +320,8 @@ def _summary_field(name: str) -> Field:
             "bytes" if name.endswith(("_bytes", "_size")) else "flops" if name.endswith("_flops") else
             "cycles" if name.endswith("_cycles") or name == "neuroncore_cycle_count" else None)
     why = ("" if name in _SUMMARY_OURS else
-           "DMA packets are not modelled one by one (one row per transfer), nor static/dynamic queues"
-           if "dma" in name else
-           "bytes are not split by memory (SBUF/PSUM/spill) or queue kind" if name.startswith(
-               ("sbuf", "psum", "spill", "input_queue", "output_queue", "weight_queue")) else
-           "no transposes or dtype multipliers per instruction" if "transpose" in name or "adjusted" in name else
+           "the DMA queues are not typed input / output / weight here" if name.endswith("_queue_bytes") else
+           "DuckDB keeps no such count: each table's count(*) answers it" if name == "total_row_count" else
            "not computed yet (the one formula per figure lives in traces.q_figures)")
     if name in profile_rest.SUMMARY_DERIVED:   # over small tables of ours, beside our summary row
         ours, why = profile_rest.SUMMARY_DERIVED[name]
