@@ -322,7 +322,8 @@ def _summary_field(name: str) -> Field:
     why = ("" if name in _SUMMARY_OURS else
            "the DMA queues are not typed input / output / weight here" if name.endswith("_queue_bytes") else
            "DuckDB keeps no such count: each table's count(*) answers it" if name == "total_row_count" else
-           "not computed yet (the one formula per figure lives in traces.q_figures)")
+           "our summary table's column of this name, where the profile's summary has it (added since: a "
+           "profile finalised before has NULL)")
     if name in profile_rest.SUMMARY_DERIVED:   # over small tables of ours, beside our summary row
         ours, why = profile_rest.SUMMARY_DERIVED[name]
     else:
