@@ -14,7 +14,7 @@ no tables there either ("not persisted to a parquet table": the API computes the
 """
 from __future__ import annotations
 
-from traces.profile_hierarchy import _BYTES, nodes
+from traces.profile_hierarchy import _BYTES
 from traces.profile_tables import _MEASURED, _meta, islands
 from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, F, Table
 
@@ -248,19 +248,25 @@ _STAGE_FIGURES = (
     F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
 )
 _FLOW = F("modular_flow_invocation_idx", "int64", None, False, "Which call of the function.", None, "no modular flows")
-_OP_NODES = f"{nodes('i.op_id', 'i.op_id IS NOT NULL')} AS h LEFT JOIN main.ops AS o ON o.op_id = h.k"
 
+_ENGINE_COUNTS = ("SELECT op_id, " + ", ".join(f"count(*) FILTER (WHERE engine = '{e}') AS n_{e}" for e in
+                                                 ("tensor", "scalar", "sync", "gpsimd", "vector"))
+                  + " FROM main.instructions WHERE engine <> 'cpu' AND op_id IS NOT NULL GROUP BY op_id")
 FRAMEWORK_INSTRUCTION = Table(
     "FrameworkInstruction", "Framework level instructions (ours: each op under its nn.Module path), with their "
-    "instructions' figures.", _OP_NODES,
-    (*_STAGE_IDS, _FLOW,
+    "instructions' figures.",
+    # the same nodes as HloInstruction (one per op), read from its view: one definition of their figures
+    f'neuron_explorer."HloInstruction" AS h LEFT JOIN main.ops AS o ON o.op_id = h.id LEFT JOIN ({_ENGINE_COUNTS}) '
+    "AS c ON c.op_id = h.id",
+    (*(F(f.name, f.type, f.unit, f.required, f.description, f"h.{f.name}" if f.ours else None, f.why)
+       for f in _STAGE_IDS), _FLOW,
      F("framework_name", "string", None, False,
        "Framework operation name. Example: NeuronLlamaDecoderLayer[1]/function[2]/aten.add.",
        "CASE WHEN coalesce(o.module_path, '') = '' THEN o.aten_op ELSE replace(o.module_path, '.', '/') || '/' "
        "|| o.aten_op END", "the op's nn.Module path, then its ATen op"),
-     *_STAGE_FIGURES)
-    + tuple(F(f"{e}_engine_instruction_count", "int64", None, False, f"{e} engine instructions.", f"h.n_{e}")
-            for e in ("tensor", "scalar", "sync", "gpsimd", "vector")),
+     *(F(f.name, f.type, f.unit, f.required, f.description, f"h.{f.name}", f.why) for f in _STAGE_FIGURES))
+    + tuple(F(f"{e}_engine_instruction_count", "int64", None, False, f"{e} engine instructions.",
+              f"coalesce(c.n_{e}, 0)") for e in ("tensor", "scalar", "sync", "gpsimd", "vector")),
     extra=("o.module_path AS layer",),
 )
 
@@ -269,8 +275,9 @@ def _no_stage(name: str, description: str, label: str, why: str, pcore: bool = F
     """A real compiler stage we have not: its real columns, typed, and no rows (never made-up ones)."""
     fields = (*_STAGE_IDS, F(label, "string", None, True, f"{name[:-11]} instruction name.", None), _FLOW,
               *((F("pcore_idx", "int64", None, False, _PCORE, None),) if pcore else ()), *_STAGE_FIGURES)
-    return Table(name, description, f"{_OP_NODES} WHERE FALSE",
-                 tuple(F(f.name, f.type, f.unit, f.required, f.description, f.ours, why) for f in fields))
+    # no source rows: every column a typed NULL (a small view: a profile stores each view's parsed query)
+    return Table(name, description, "(SELECT 1) AS z WHERE FALSE",
+                 tuple(F(f.name, f.type, f.unit, f.required, f.description, None, why) for f in fields))
 
 
 _NO_STAGES = "no rows: the compiler lowers each ATen op to the ISA directly (HloInstruction and Instruction)"
@@ -280,13 +287,13 @@ BIR_INSTRUCTION = _no_stage("BirInstruction", "BIR level instructions: between P
                             "bir_name", _NO_STAGES + ", with no BIR stage", pcore=True)
 ASSEMBLY_INSTRUCTION = Table(
     "AssemblyInstruction", "Assembly instructions of the NEFF (perf_sim profiles only).",
-    "main.instructions AS i WHERE FALSE",
-    tuple(F(n, t, None, True, d, o, "no rows: the real table is filled only by perf_sim profiles, and our "
+    "(SELECT 1) AS z WHERE FALSE",
+    tuple(F(n, t, None, True, d, None, "no rows: the real table is filled only by perf_sim profiles, and our "
                                     "Instruction rows are the assembly instructions already")
-          for n, t, d, o in (("instruction_id", "int64", "Parent Instruction.id.", None),
-                             ("compiler_opcode", "string", "Opcode at compile time.", "i.opcode"),
-                             ("compiler_operands", "string", "Operands at compile time.", None),
-                             ("compiler_pc", "int64", "Compiler program counter.", "i.pc"))),
+          for n, t, d in (("instruction_id", "int64", "Parent Instruction.id."),
+                          ("compiler_opcode", "string", "Opcode at compile time."),
+                          ("compiler_operands", "string", "Operands at compile time."),
+                          ("compiler_pc", "int64", "Compiler program counter."))),
 )
 
 TABLES = (EXECUTION_INFO, NEFF_HEADER, DEVICE_PROFILE_LIST, SYSTEM_PROFILE_METADATA, CC_INSTRUCTION, CC_STREAM,
@@ -329,16 +336,54 @@ def record_view(name: str, schema: str) -> str:
     return (f'CREATE OR REPLACE VIEW {schema}."{name}" AS SELECT r.*' + (f",\n    {cols}" if cols else "")
             + f'\nFROM main."{name}" AS r')
 
-# -- Summary fields our summary table has not, over small tables (``s``: our summary row) ----------------------
-_OS = "main.opcode_summary"   # the measured executions' instructions by engine and opcode
-_HBM_BPS = f"({_meta('hbm_ddr_bandwidth')} * 1e9)"   # one HBM stack's bytes per second (Summary's MBU)
-_RATIO = f"(s.tensor_engine_peak_bf16_flops / nullif({_HBM_BPS}, 0))"
-_MEASURED_GRAPHS = f"(SELECT graph_id FROM main.executions WHERE {_MEASURED})"
+# -- Summary fields our summary table has not: each aggregate once, in the subqueries SUMMARY_SOURCE joins ----------
+_STATIC, _SOFTWARE = "opcode <> 'DMA_INDIRECT'", "opcode = 'DMA_INDIRECT'"
+#: Each measured instruction twice: as kind ``all``, and as ``d`` (a static DMA), ``w`` (DMA_INDIRECT) or ``x``.
+_KINDS = (f"SELECT exec_id, CASE WHEN v.all_ THEN 'all' WHEN engine <> 'dma' THEN 'x' WHEN {_SOFTWARE} THEN 'w' "
+          "ELSE 'd' END AS k, start_ns AS s, start_ns + dur_ns AS e FROM main.instructions CROSS JOIN "
+          f"(VALUES (TRUE), (FALSE)) AS v(all_) WHERE {_MEASURED} AND dur_ns > 0 AND engine <> 'cpu'")
+#: The real BF16-equivalent multiplier of a Tensor Engine instruction's input dtype (the reference's list:
+#: BF16, FP16, TF32 1.0; FP32 4.0; FP8 1.0 on trn1 / inf2 and 0.5 on trn2 / trn3; UINT8 0.5).
+_DT = "CASE WHEN json_valid(n.operands) THEN json_extract_string(n.operands, '$.src[0].dt') END"
+_BF16 = ("CASE WHEN dt = 'float32' THEN 4.0 WHEN dt IN ('uint8', 'int8') THEN 0.5 WHEN dt LIKE 'float8%' AND "
+         "m.target IN ('trn2', 'trn3') THEN 0.5 ELSE 1.0 END")
+_TENSOR_SIZES = ("SELECT graph_id, sum(size) FILTER (WHERE type = 'WEIGHT') AS w, sum(size) FILTER (WHERE type IN "
+                 "('IN', 'WEIGHT')) AS iw, sum(size) FILTER (WHERE type IN ('IN', 'OUT', 'WEIGHT')) AS iow "
+                 "FROM main.\"TensorInfo\" GROUP BY graph_id")
+SUMMARY_SOURCE = (
+    "main.summary AS s CROSS JOIN (SELECT try_cast(max(value) FILTER (WHERE key = 'hbm_ddr_bandwidth') AS DOUBLE) "
+    "* 1e9 AS bw, try_cast(max(value) FILTER (WHERE key = 'neuroncore_clock_freq') AS DOUBLE) AS ghz, "
+    "max(value) FILTER (WHERE key = 'target') AS target FROM main.metadata) AS m "
+    # the opcodes' counts and times (measured executions, as opcode_summary)
+    "CROSS JOIN (SELECT sum(instruction_count) FILTER (WHERE opcode = 'MATMUL') AS mm, "
+    "sum(instruction_count) FILTER (WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE')) AS act, "
+    "sum(instruction_time_ns) FILTER (WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE')) AS act_ns, "
+    "sum(instruction_time_ns) FILTER (WHERE engine = 'dma') AS dma_ns, "
+    "sum(instruction_count) FILTER (WHERE engine = 'cc') AS cc, sum(instruction_time_ns) FILTER (WHERE engine = "
+    "'cc') AS cc_ns FROM main.opcode_summary) AS o "
+    # the engines' SBUF / PSUM traffic (one read and one write count per instruction)
+    f"CROSS JOIN (SELECT sum(bytes_read) AS r, sum(bytes_written) AS w FROM main.exec_engine_summary "
+    f"WHERE engine NOT IN ('dma', 'cc', 'cpu') AND {_MEASURED}) AS eb "
+    # the measured instructions with the compiler's facts, as the Instruction view joins them
+    "CROSS JOIN (SELECT sum(pr) AS pr, sum(pw) AS pw, sum(prs) AS prs, count(*) FILTER (WHERE prs > 0) AS prs_n, "
+    f"sum(fl * {_BF16}) FILTER (WHERE eng = 'tensor') AS adj, sum(fl * {_BF16}) FILTER (WHERE eng = 'tensor' "
+    "AND it = 'TRANSPOSE') AS adj_t FROM (SELECT n.psum_read_bytes AS pr, n.psum_write_bytes AS pw, "
+    f"n.psum_read_sbuf_write_bytes AS prs, i.flops AS fl, i.engine AS eng, n.instruction_type AS it, {_DT} AS dt "
+    "FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) JOIN (SELECT * FROM main.instruction_info "
+    "QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1) AS n ON n.graph_id = x.graph_id AND "
+    f"n.queue = i.queue AND n.pc = i.pc AND n.pcore = coalesce(i.pcore, 0) WHERE i.{_MEASURED})) AS n "
+    # merged intervals per execution: every row (all), static DMAs (d), DMA_INDIRECT (w)
+    "CROSS JOIN (SELECT sum(e - s) FILTER (WHERE k = 'all') / 1e9 AS t_all, sum(e - s) FILTER (WHERE k = 'd') / 1e9 "
+    f"AS t_d, sum(e - s) FILTER (WHERE k = 'w') / 1e9 AS t_w FROM ({islands(_KINDS, 'exec_id, k')})) AS a "
+    # the tensors of the measured executions' graphs, and read once per execution
+    f"CROSS JOIN (SELECT sum(t.w) AS w, sum(t.iw) AS iw, sum(t.iow) AS iow FROM ({_TENSOR_SIZES}) AS t "
+    f"WHERE t.graph_id IN (SELECT graph_id FROM main.executions WHERE {_MEASURED})) AS ts "
+    f"CROSS JOIN (SELECT sum(t.iw) AS iw FROM main.executions AS x JOIN ({_TENSOR_SIZES}) AS t USING (graph_id) "
+    f"WHERE x.{_MEASURED}) AS tx")
+"""``FROM`` of the Summary view: our summary row ``s`` and the aggregates :data:`SUMMARY_DERIVED` reads."""
 
-
-def _tensor_bytes(types: str) -> str:
-    return (f"(SELECT coalesce(sum(t.size), 0) FROM main.\"TensorInfo\" AS t WHERE t.type IN ({types}) "
-            f"AND t.graph_id IN {_MEASURED_GRAPHS})")
+_RATIO = "(s.tensor_engine_peak_bf16_flops / nullif(m.bw, 0))"
+_INST_FLOPS = "s.hardware_flops - coalesce(s.transpose_flops, 0)"
 
 
 def _best_mfu(flops: str) -> str:
@@ -346,67 +391,32 @@ def _best_mfu(flops: str) -> str:
     return f"least(100.0, 100.0 * ({flops}) / nullif(s.hbm_read_bytes + s.hbm_write_bytes, 0) / nullif({_RATIO}, 0))"
 
 
-_INST_FLOPS = "s.hardware_flops - coalesce(s.transpose_flops, 0)"
-_STATIC = "engine = 'dma' AND opcode <> 'DMA_INDIRECT'"
-_SOFTWARE = "engine = 'dma' AND opcode = 'DMA_INDIRECT'"
-_ENGINE_BYTES = ("SELECT coalesce(sum(e.{col}), 0) FROM main.exec_engine_summary AS e "
-                 f"WHERE e.engine NOT IN ('dma', 'cc', 'cpu') AND e.{_MEASURED}")
-#: The measured executions' instructions joined to the compiler's facts, as the Instruction view joins them.
-_INFO_ROWS = ("FROM main.instructions AS i JOIN main.executions AS x USING (exec_id) JOIN (SELECT * FROM "
-              "main.instruction_info QUALIFY count(*) OVER (PARTITION BY graph_id, queue, pc, pcore) = 1) AS n "
-              f"ON n.graph_id = x.graph_id AND n.queue = i.queue AND n.pc = i.pc AND n.pcore = coalesce(i.pcore, 0) "
-              f"WHERE i.{_MEASURED}")
-
-
-#: The real BF16-equivalent multiplier of a Tensor Engine instruction's input dtype (the reference's list:
-#: BF16, FP16, TF32 1.0; FP32 4.0; FP8 1.0 on trn1 / inf2 and 0.5 on trn2 / trn3; UINT8 0.5).
-_BF16_MULT = ("CASE WHEN json_valid(n.operands) THEN CASE json_extract_string(n.operands, '$.src[0].dt') "
-              "WHEN 'float32' THEN 4.0 WHEN 'uint8' THEN 0.5 WHEN 'int8' THEN 0.5 ELSE CASE WHEN "
-              "json_extract_string(n.operands, '$.src[0].dt') LIKE 'float8%' AND "
-              f"{_meta('target', 'VARCHAR')} IN ('trn2', 'trn3') THEN 0.5 ELSE 1.0 END END ELSE 1.0 END")
-_BF16_WHY = "Tensor Engine FLOPs × the real multiplier of their input dtype (instruction_info.operands)"
-
-
-def _active(where: str) -> str:
-    """Seconds when at least one matching instruction runs: merged intervals per measured execution, summed."""
-    rows = (f"SELECT exec_id, start_ns AS s, start_ns + dur_ns AS e FROM main.instructions "
-            f"WHERE {_MEASURED} AND dur_ns > 0 AND {where}")
-    return f"(SELECT coalesce(sum(e - s), 0) FROM ({islands(rows, 'exec_id')})) / 1e9"
-
-
 def _percent(seconds: str) -> str:
-    return f"100.0 * {seconds} / nullif(s.total_time, 0)"
-_ONE_PACKET_TIME = "one DMA instruction is one packet and one transfer here"
+    return f"100.0 * coalesce({seconds}, 0) / nullif(s.total_time, 0)"
+
+
+_ONE_PACKET = "one DMA instruction is one packet and one transfer here"
+_NO_DGE = "every dynamic DMA is software's (no hardware DGE modelled)"
 SUMMARY_DERIVED = {
-    "matmul_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} WHERE opcode = 'MATMUL')",
-                                 "opcode_summary"),
-    "activate_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} "
-                                   "WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE'))", "opcode_summary"),
-    "activate_instruction_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} "
-                                  "WHERE opcode IN ('ACTIVATE', 'ACTIVATE_QUANTIZE')) / 1e9", "opcode_summary"),
-    "dma_packet_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'dma') / 1e9",
-                        _ONE_PACKET_TIME),
-    "dma_transfer_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'dma') / 1e9",
-                          _ONE_PACKET_TIME + ": dma_packet_time"),
-    "dma_active_cycles": (f"round(s.dma_active_time * {_meta('neuroncore_clock_freq')} * 1e9)",
-                          "dma_active_time × neuroncore_clock_freq"),
+    "matmul_instruction_count": ("coalesce(o.mm, 0)", "opcode_summary"),
+    "activate_instruction_count": ("coalesce(o.act, 0)", "opcode_summary"),
+    "activate_instruction_time": ("coalesce(o.act_ns, 0) / 1e9", "opcode_summary"),
+    "dma_packet_time": ("coalesce(o.dma_ns, 0) / 1e9", _ONE_PACKET),
+    "dma_transfer_time": ("coalesce(o.dma_ns, 0) / 1e9", _ONE_PACKET + ": dma_packet_time"),
+    "dma_active_cycles": ("round(s.dma_active_time * m.ghz * 1e9)", "dma_active_time × neuroncore_clock_freq"),
     "dma_queue_count": ("(SELECT count(DISTINCT queue) FROM main.lod_busy WHERE engine = 'dma')",
                         "the DMA queues that carried a transfer"),
-    "cc_cores_instruction_count": (f"(SELECT coalesce(sum(instruction_count), 0) FROM {_OS} WHERE engine = 'cc')",
-                                   "the CC-core's instructions (CcInstruction)"),
-    "cc_cores_instruction_time": (f"(SELECT coalesce(sum(instruction_time_ns), 0) FROM {_OS} WHERE engine = 'cc') "
-                                  "/ 1e9", "the CC-core's instructions (CcInstruction)"),
+    "cc_cores_instruction_count": ("coalesce(o.cc, 0)", "the CC-core's instructions (CcInstruction)"),
+    "cc_cores_instruction_time": ("coalesce(o.cc_ns, 0) / 1e9", "the CC-core's instructions (CcInstruction)"),
     "cc_cores_instruction_active_time": ("s.cc_op_active_time", "one CC-core: cc_op_active_time"),
     "cc_cores_instruction_active_time_percent": ("s.cc_op_active_time_percent", "one CC-core"),
     "cc_op_time": ("(SELECT coalesce(sum(dur_ns), 0) FROM main.events WHERE kind = 'collective') / 1e9",
                    "Σ CcOp.duration_ns"),
-    "weight_size_bytes": (_tensor_bytes("'WEIGHT'"), "TensorInfo of the measured executions' graphs"),
-    "inputs_and_weights_size_bytes": (_tensor_bytes("'IN', 'WEIGHT'"), "TensorInfo"),
-    "inputs_outputs_weights_size_bytes": (_tensor_bytes("'IN', 'OUT', 'WEIGHT'"), "TensorInfo"),
-    "mbu_min_read_util_percent": (
-        "100.0 * (SELECT coalesce(sum(t.size), 0) FROM main.executions AS x JOIN main.\"TensorInfo\" AS t "
-        f"USING (graph_id) WHERE t.type IN ('IN', 'WEIGHT') AND x.{_MEASURED}) / nullif(s.total_time, 0) "
-        f"/ nullif({_HBM_BPS}, 0)", "inputs and weights read once per measured execution"),
+    "weight_size_bytes": ("coalesce(ts.w, 0)", "TensorInfo of the measured executions' graphs"),
+    "inputs_and_weights_size_bytes": ("coalesce(ts.iw, 0)", "TensorInfo"),
+    "inputs_outputs_weights_size_bytes": ("coalesce(ts.iow, 0)", "TensorInfo"),
+    "mbu_min_read_util_percent": ("100.0 * coalesce(tx.iw, 0) / nullif(s.total_time, 0) / nullif(m.bw, 0)",
+                                  "inputs and weights read once per measured execution"),
     "peak_flops_bandwidth_ratio": (_RATIO, "FLOPs per HBM byte"),
     "mfu_max_achievable_estimated_percent": (_best_mfu("s.model_flops"), "capped at 100"),
     "mfu_hlo_estimated_percent": ("s.mfu_estimated_percent", "model FLOPs are the ops' (our HLO level)"),
@@ -414,35 +424,30 @@ SUMMARY_DERIVED = {
     "mfu_inst_estimated_percent": (f"100.0 * ({_INST_FLOPS}) / nullif(s.tensor_engine_peak_bf16_flops * "
                                    "s.total_time, 0)", "hardware_flops - transpose_flops"),
     "mfu_inst_max_achievable_estimated_percent": (_best_mfu(_INST_FLOPS), "capped at 100"),
-    "dynamic_dma_packet_percent": ("s.software_dynamic_dma_packet_percent",
-                                   "every dynamic DMA is software's (no hardware DGE modelled)"),
-    "dynamic_dma_size_percent": ("s.software_dynamic_dma_size_percent",
-                                 "every dynamic DMA is software's (no hardware DGE modelled)"),
+    "dynamic_dma_packet_percent": ("s.software_dynamic_dma_packet_percent", _NO_DGE),
+    "dynamic_dma_size_percent": ("s.software_dynamic_dma_size_percent", _NO_DGE),
     **{f"hardware_dynamic_dma_{m}": ("0", "no hardware DGE is modelled: no such DMA")
        for m in ("active_time", "active_time_percent", "packet_count", "size", "packet_percent", "size_percent")},
-    # over the measured executions' instructions: computed when the view is read (a pass over the rows)
-    "total_active_time": (_active("engine <> 'cpu'"), "the union of every engine's, DMA queue's and the CC-core's "
-                                                      "instruction intervals per execution"),
-    "total_active_time_percent": (_percent(_active("engine <> 'cpu'")), "of total_time"),
-    "static_dma_active_time": (_active(_STATIC), "DMAs the compiler generated (not DMA_INDIRECT)"),
-    "static_dma_active_time_percent": (_percent(_active(_STATIC)), "of total_time"),
-    "software_dynamic_dma_active_time": (_active(_SOFTWARE), "DMA_INDIRECT: descriptors GpSimd writes"),
-    "software_dynamic_dma_active_time_percent": (_percent(_active(_SOFTWARE)), "of total_time"),
-    "dynamic_dma_active_time_percent": (_percent(_active(_SOFTWARE)), "the software ones (no hardware DGE)"),
-    "sbuf_read_bytes": (f"({_ENGINE_BYTES.format(col='bytes_read')}) + s.hbm_write_bytes",
+    "total_active_time": ("coalesce(a.t_all, 0)", "the union of every engine's, DMA queue's and the CC-core's "
+                                                  "instruction intervals per execution"),
+    "total_active_time_percent": (_percent("a.t_all"), "of total_time"),
+    "static_dma_active_time": ("coalesce(a.t_d, 0)", "DMAs the compiler generated (not DMA_INDIRECT)"),
+    "static_dma_active_time_percent": (_percent("a.t_d"), "of total_time"),
+    "software_dynamic_dma_active_time": ("coalesce(a.t_w, 0)", "DMA_INDIRECT: descriptors GpSimd writes"),
+    "software_dynamic_dma_active_time_percent": (_percent("a.t_w"), "of total_time"),
+    "dynamic_dma_active_time_percent": (_percent("a.t_w"), _NO_DGE),
+    "sbuf_read_bytes": ("coalesce(eb.r, 0) + s.hbm_write_bytes",
                         "engine reads (PSUM included: one read count per instruction) and DMAs out of SBUF to HBM"),
-    "sbuf_write_bytes": (f"({_ENGINE_BYTES.format(col='bytes_written')}) + s.hbm_read_bytes",
-                         "engine writes (PSUM included) and DMAs from HBM into SBUF"),
-    **{c: (f"(SELECT coalesce(sum(n.{c}), 0) {_INFO_ROWS})", "instruction_info (the compiler's operands)")
-       for c in ("psum_read_bytes", "psum_write_bytes", "psum_read_sbuf_write_bytes")},
-    "psum_read_sbuf_write_count": (f"(SELECT count(*) FILTER (WHERE n.psum_read_sbuf_write_bytes > 0) {_INFO_ROWS})",
-                                   "instructions that evacuate PSUM to SBUF"),
-    "adjusted_hardware_flops": (f"(SELECT coalesce(sum(i.flops * {_BF16_MULT}), 0) {_INFO_ROWS} "
-                                "AND i.engine = 'tensor')", _BF16_WHY),
-    "adjusted_transpose_flops": (f"(SELECT coalesce(sum(i.flops * {_BF16_MULT}), 0) {_INFO_ROWS} "
-                                 "AND i.engine = 'tensor' AND n.instruction_type = 'TRANSPOSE')", _BF16_WHY),
+    "sbuf_write_bytes": ("coalesce(eb.w, 0) + s.hbm_read_bytes", "engine writes (PSUM included) and DMAs into SBUF"),
+    "psum_read_bytes": ("coalesce(n.pr, 0)", "instruction_info (the compiler's operands)"),
+    "psum_write_bytes": ("coalesce(n.pw, 0)", "instruction_info (the compiler's operands)"),
+    "psum_read_sbuf_write_bytes": ("coalesce(n.prs, 0)", "instruction_info (the compiler's operands)"),
+    "psum_read_sbuf_write_count": ("n.prs_n", "instructions that evacuate PSUM to SBUF"),
+    "adjusted_hardware_flops": ("coalesce(n.adj, 0)",
+                                "Tensor Engine FLOPs × the real multiplier of their input dtype (instruction_info)"),
+    "adjusted_transpose_flops": ("coalesce(n.adj_t, 0)", "as adjusted_hardware_flops, for the transposes"),
     "trace_count": ("(SELECT count(*) FROM main.instructions) + (SELECT count(*) FROM main.\"SemaphoreUpdate\")",
                     "every instruction and semaphore update recorded"),
 }
-"""Real Summary fields our ``summary`` table has not, defined over small tables: ``{name: (SQL over s, why)}``
+"""Real Summary fields our ``summary`` table has not: ``{name: (SQL over s and SUMMARY_SOURCE's subqueries, why)}``
 (:data:`traces.profile_schema.SUMMARY` uses them)."""

@@ -332,7 +332,7 @@ def _summary_field(name: str) -> Field:
              ours, why)
 
 
-SUMMARY = Table("Summary", "Profile performance metrics which summarize execution.", "main.summary AS s",
+SUMMARY = Table("Summary", "Profile performance metrics which summarize execution.", profile_rest.SUMMARY_SOURCE,
                 tuple(_summary_field(n) for n in _SUMMARY_NAMES))
 
 SCHEMA_FIELDS_COLUMNS = ("table_name", "table_description", "field_name", "field_description", "field_example",
