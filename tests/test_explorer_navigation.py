@@ -48,10 +48,13 @@ def test_a_click_on_an_execution_zooms_the_timeline_to_it(app):
                      {"points": [{"customdata": bar}]}, state)[0] is __import__("dash").no_update
     # a compile span zooms too
     whole = tline.timeline(data.resolve(key), 0, data.bounds(data.resolve(key))["span"])
-    comp = next(s for s in whole["spans"] if s["kind"] == "compile")
-    out = triggered("timeline-graph.clickData", timeline.zoom, None, None, None, None, None,
-                    {"points": [{"customdata": ["span", comp["start"], comp["dur"]]}]}, state)
-    assert out[1]["start"] <= comp["start"] < comp["start"] + comp["dur"] < out[1]["end"]
+    # a compile, recompile or CPU-fallback span zooms too: the window holds it, with the fit margin
+    for kind in ("compile", "recompile", "cpu_fallback"):
+        span = next(s for s in whole["spans"] if s["kind"] == kind)
+        out = triggered("timeline-graph.clickData", timeline.zoom, None, None, None, None, None,
+                        {"points": [{"customdata": ["span", span["start"], span["dur"]]}]}, state)
+        assert out[1]["start"] <= span["start"] <= span["start"] + span["dur"] <= out[1]["end"], kind
+        assert out[1]["end"] - out[1]["start"] <= span["dur"] + 2 * max(1, round(span["dur"] * FIT_MARGIN)), kind
 
 
 def test_empty_lanes_fold_away_and_come_back(app):

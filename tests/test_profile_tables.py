@@ -178,7 +178,7 @@ def test_user_sql_reads_the_real_metadata_and_summary(trn2):
     assert meta[0]["instance_type"] == "trn2.48xlarge" and meta[0]["vnc_enabled"] is True
     real = ", ".join(f.name for f in profile_schema.SUMMARY.fields)
     [row] = p.user_sql(f"SELECT {real}, execution_count FROM Summary", select_only=True).table.to_pylist()
-    assert row["total_time"] == p.summary()["total_time"] and row["adjusted_hardware_flops"] is None
+    assert row["total_time"] == p.summary()["total_time"] and row["input_queue_bytes"] is None   # not typed here
     kv = p.user_sql("SELECT value FROM main.metadata WHERE key = 'target'", select_only=True).table.to_pylist()
     assert kv == [{"value": "trn2"}]
     assert p.sql("SELECT count(*) AS n FROM metadata").to_pylist()[0]["n"] > 1   # the API's own queries: ours
@@ -213,3 +213,121 @@ def test_stack_frames_are_the_users_call_stacks(recorded_samples):
     assert [fn for fn, _ in stack] == ["forward", "forward", "forward", "attention"]
     assert [code for _, code in stack] == ["x = layer(x, pad_mask)", "x = self.ln1(x + self.attn(x, pad_mask))",
                                            "y = attention(q, k, v, mask)", "return scores.softmax(dim=-1) @ v"]
+
+
+# -- every real table and column, as a user's query through `neuron-explorer sql` ------------------------------
+#: The reference's tables and columns (tests/data: names only, from the SDK's profile-schema-reference.rst).
+REFERENCE = {name: cols.split() for name, _, cols in (
+    line.partition(": ") for line in (ROOT / "tests" / "data" / "neuron_explorer_schema_7.4.0.txt").read_text()
+    .splitlines() if line and not line.startswith("#"))}
+#: The reference's own words for these: "not persisted to a parquet table" (the real API computes them), so no
+#: query written for the real tool reads them.
+TRANSIENT = {"MemoryBandwidthPoint", "MemoryBandwidthSeries", "MemoryBandwidthResponse"}
+
+
+def _every_table_query() -> str:
+    """One statement that names every real table (``SELECT *``) and every real column: a missing table is a
+    Catalog Error, a missing column a Binder Error. Its one row: each table's row count."""
+    parts = [f'(SELECT count(*) FROM (SELECT * FROM {t} LIMIT 1)) + 0 * (SELECT count(*) FROM (SELECT '
+             + ", ".join(f'"{c}"' for c in cols) + f" FROM {t} LIMIT 1)) AS \"{t}\", "
+             f'(SELECT count(*) FROM {t}) AS "{t}.rows"' for t, cols in REFERENCE.items() if t not in TRANSIENT]
+    return "SELECT " + ",\n".join(parts)
+
+
+def _sql_cli(profile, query) -> dict:
+    """``neuron-explorer sql PROFILE - --format json`` as a user runs it (the statement on stdin)."""
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "sql", str(profile), "-", "--format", "json"],
+                       input=query, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    import json
+    [row] = json.loads(r.stdout)
+    return row
+
+
+def test_the_reference_list_is_the_real_schema():
+    assert len(REFERENCE) == 52 and sum(map(len, REFERENCE.values())) == 656
+    assert set(REFERENCE) - TRANSIENT <= set(profile_schema.TABLES) | {"Flow", "SbufAllocation", "SemaphoreUpdate",
+                                                                       "TensorInfo"}
+
+
+@pytest.fixture(scope="module")
+def nki_profile(tmp_path_factory):
+    """The tiled matmul NKI kernel profiled as the NKI guide does (``nki.profile``)."""
+    import numpy as np
+    from nki_helpers import sample
+
+    from neuron_stack import nki
+
+    prof = nki.profile(working_directory=tmp_path_factory.mktemp("nki"))(sample("matmul").matmul_tiled)
+    prof(np.ones((256, 128), np.float32), np.ones((256, 512), np.float32))
+    return prof.profile_path
+
+
+def test_a_query_naming_every_real_column_runs_on_recorded_profiles(trn2, recorded_samples, nki_profile):
+    query = _every_table_query()
+    mlp = _sql_cli(trn2.profile.path, query)
+    assert all(mlp[t] == (mlp[f"{t}.rows"] > 0) for t in REFERENCE if t not in TRANSIENT)
+    # the tables a small trn2 MLP fills (the rest: collectives, NKI kernels, barriers, errors, warnings, stages
+    # the compiler has not)
+    filled = {t for t in REFERENCE if mlp.get(f"{t}.rows")}
+    assert filled >= {"Instruction", "Summary", "Metadata", "ExecutionInfo", "NeffHeader", "DeviceProfileList",
+                      "SystemProfileMetadata", "DmaUsage", "DmaUsageSummary", "HbmUsageSummaryByType",
+                      "FrameworkInstruction", "SbufAllocation", "SemaphoreUpdate", "TensorInfo", "Flow",
+                      "Throttle", "PendingDma"}, sorted(set(REFERENCE) - filled)
+    assert mlp["ExecutionInfo.rows"] == _one(trn2, "SELECT count(*) FROM executions")
+    tp = _sql_cli(recorded_samples.get("tensor_parallel")["tensor_parallel"], query)
+    assert tp["CcOp.rows"] > 0 and tp["CcInstruction.rows"] > 0 and tp["CcStream.rows"] >= 1
+    kernel = _sql_cli(nki_profile, query)
+    assert kernel["KernelInstructions.rows"] > 0 and kernel["KernelIterationVariables.rows"] > 0
+
+
+def test_schema_fields_describe_every_real_column(trn2):
+    have = set(trn2.execute("SELECT table_name, field_name FROM SchemaFields").fetchall())
+    missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT for c in cols if (t, c) not in have]
+    assert missing == []
+
+
+def test_show_profile_schema_lists_every_real_column():
+    import yaml
+
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "--show-profile-schema"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    schemas = yaml.safe_load(r.stdout)["components"]["schemas"]
+    missing = [(t, c) for t, cols in REFERENCE.items() if t not in TRANSIENT
+               for c in cols if c not in schemas.get(t, {}).get("properties", {})]
+    assert missing == []
+
+
+def test_the_summarys_derived_fields_are_their_rows(trn2):
+    s = trn2.profile.user_sql("SELECT * FROM Summary").table.to_pylist()[0]
+    measured = ("exec_id IN (SELECT exec_id FROM executions WHERE NOT warmup)")
+    assert s["matmul_instruction_count"] == _one(trn2, f"SELECT count(*) FROM instructions WHERE opcode = 'MATMUL' "
+                                                       f"AND {measured}") > 0
+    assert s["activate_instruction_count"] == _one(trn2, f"SELECT count(*) FROM instructions WHERE opcode = "
+                                                         f"'ACTIVATE' AND {measured}")
+    assert s["dma_queue_count"] == _one(trn2, "SELECT count(DISTINCT queue) FROM instructions WHERE engine = 'dma'")
+    assert s["weight_size_bytes"] == _one(trn2, "SELECT sum(size) FROM TensorInfo WHERE type = 'WEIGHT'") > 0
+    assert s["weight_size_bytes"] < s["inputs_and_weights_size_bytes"] < s["inputs_outputs_weights_size_bytes"]
+    assert s["mfu_hlo_estimated_percent"] == s["mfu_estimated_percent"]
+    assert s["mfu_estimated_percent"] <= s["mfu_max_achievable_estimated_percent"] <= 100
+    assert s["mfu_inst_estimated_percent"] == pytest.approx(
+        s["mfu_estimated_percent"] * (s["hardware_flops"] - s["transpose_flops"]) / s["model_flops"])
+    assert s["hardware_dynamic_dma_packet_count"] == 0 and s["dma_transfer_time"] == s["dma_packet_time"] > 0
+
+
+def test_the_summarys_active_times_and_memory_bytes(trn2):
+    s = trn2.profile.user_sql("SELECT * FROM Summary").table.to_pylist()[0]
+    engines = [s[f"{e}_engine_active_time"] for e in ("tensor", "vector", "scalar", "gpsimd", "sync")]
+    # the union of every engine's intervals: at least the busiest engine's, at most their sum and the device time
+    assert max(engines + [s["dma_active_time"]]) <= s["total_active_time"] <= min(
+        sum(engines) + s["dma_active_time"] + s["cc_op_active_time"], s["total_time"]) + 1e-12
+    assert s["static_dma_active_time"] == pytest.approx(s["dma_active_time"])   # no DMA_INDIRECT in an MLP
+    assert s["software_dynamic_dma_active_time"] == 0 == s["software_dynamic_dma_packet_percent"]
+    assert s["adjusted_hardware_flops"] == 4 * s["hardware_flops"]              # fp32 inputs: the real 4.0x
+    assert s["adjusted_transpose_flops"] == 4 * s["transpose_flops"] > 0
+    assert s["psum_read_sbuf_write_count"] > 0 and s["psum_write_bytes"] > 0
+    assert s["sbuf_write_bytes"] >= s["hbm_read_bytes"] and s["sbuf_read_bytes"] >= s["hbm_write_bytes"]
+    assert s["trace_count"] == _one(trn2, "SELECT count(*) FROM instructions") + _one(
+        trn2, "SELECT count(*) FROM SemaphoreUpdate")

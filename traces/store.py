@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from traces import naming, profile_schema, table_docs
+from traces import naming, profile_rest, profile_schema, table_docs
 from traces.errors import TraceError
 from traces.intervals import lod_pyramid, split_schedules, track_pyramid, union_active, valid_intervals
 from traces.schema import RECORD_CONTEXT, SCHEMA_VERSION, TABLES
@@ -208,7 +208,7 @@ def _real_schema(con) -> None:
         con.execute(statement)
     for name in RECORD_CONTEXT:   # the compiler's records are real tables already: the real schema shows them too
         if name.lower() in taken:
-            con.execute(f'CREATE OR REPLACE VIEW {profile_schema.SCHEMA}."{name}" AS SELECT * FROM main."{name}"')
+            con.execute(profile_rest.record_view(name, profile_schema.SCHEMA))
 
 
 def documented_tables() -> list[tuple[str, str, list[tuple[str, str, str]]]]:

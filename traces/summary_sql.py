@@ -34,9 +34,9 @@ def _dma_split(name: str, where: str) -> str:
     d = "FROM opcode_summary WHERE engine = 'dma'"
     return f"""(SELECT coalesce(sum(instruction_count), 0) {d} AND {where})::BIGINT AS {name}_dma_packet_count,
         (SELECT coalesce(sum(transfer_bytes), 0) {d} AND {where})::BIGINT AS {name}_dma_size,
-        (SELECT 100.0 * sum(instruction_count) FILTER (WHERE {where}) / nullif(sum(instruction_count), 0) {d})
-            AS {name}_dma_packet_percent,
-        (SELECT 100.0 * sum(transfer_bytes) FILTER (WHERE {where}) / nullif(sum(transfer_bytes), 0) {d})
+        (SELECT 100.0 * coalesce(sum(instruction_count) FILTER (WHERE {where}), 0) / nullif(sum(instruction_count), 0)
+            {d}) AS {name}_dma_packet_percent,
+        (SELECT 100.0 * coalesce(sum(transfer_bytes) FILTER (WHERE {where}), 0) / nullif(sum(transfer_bytes), 0) {d})
             AS {name}_dma_size_percent"""
 
 
