@@ -386,3 +386,30 @@ def restrict(v: ndarray, box, shape) -> ndarray:
 
 TENSOR_OPS["index"] = index_view
 TENSOR_OPS["restrict"] = restrict
+
+
+def as_rank(v: ndarray, shape) -> ndarray:
+    """``v`` viewed with ``shape``'s trailing unit axes (a lower-rank HBM view against a tile), keeping a
+    dynamic start address (:func:`dma_dynamic`)."""
+    if v.shape == tuple(shape):
+        return v
+    out = ndarray(v.buf, shape, v.offset, list(v.strides) + [1] * (len(shape) - len(v.shape)), v.dtype)
+    out._dyn = getattr(v, "_dyn", None)
+    return out
+
+
+def dma_dynamic(dst: ndarray, src: ndarray) -> tuple | None:
+    """(attrs, extra srcs, extra dsts) of a DMA whose src or dst starts at an offset read from SBUF when it runs
+    (``hbm[idx[0, 0], i_p, i_f]``, ``hbm[i_p, idx[0, 0] + i_f]``: ``dma_copy``'s dynamic start address under
+    hardware or software DGE); the whole tensor it can reach counts as accessed. None for a static DMA."""
+    ds_, dd = getattr(src, "_dyn", None), getattr(dst, "_dyn", None)
+    if ds_ is None and dd is None:
+        return None
+    if ds_ is not None and dd is not None:
+        raise NKIError(f"{where()}: a DMA with dynamic offsets on both src and dst is not simulated")
+    idx, stride, limit, root = ds_ or dd
+    if idx.buf.mem != "sbuf" or idx.dtype not in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
+        raise NKIError(f"{where()}: a DMA reads its dynamic offset from an integer SBUF tile, got {idx.dtype} in "
+                       f"{idx.buffer}")
+    attrs = {"side": "src" if ds_ is not None else "dst", "stride": int(stride), "limit": int(limit)}
+    return (attrs, [idx, root], []) if ds_ is not None else (attrs, [idx], [root])

@@ -26,7 +26,7 @@ from . import ops, ops_more
 from .core import PMAX, TENSOR_OPS, NKIError, _overlap, current, dtype_name, par_dim, unsupported  # noqa: F401
 from .core import ndarray as tensor
 from .core import where as _where
-from .indexing import DynIdx, Idx, arange, ds, mgrid  # noqa: F401
+from .indexing import DynIdx, Idx, arange, as_rank, ds, mgrid  # noqa: F401
 from .loops import (  # noqa: F401  (nl.program_id, nl.affine_range, ...: the grid and loops)
     NKIObject,
     affine_range,
@@ -178,16 +178,8 @@ def load(src, dtype=None, mask=None, **_):
                        f"of {PMAX}; load tiles of at most {PMAX} rows")
     shape = src.shape if len(src.shape) > 1 else (src.shape[0], 1) if src.shape else (1, 1)
     tile = ndarray(shape, dtype_name(dtype) if dtype else src.dtype)
-    ops.dma_copy(tile, _as(src, shape), mask)
+    ops.dma_copy(tile, as_rank(src, shape), mask)
     return tile
-
-
-def _as(v, shape):
-    if v.shape == tuple(shape):
-        return v
-    out = tensor(v.buf, shape, v.offset, list(v.strides) + [1] * (len(shape) - len(v.shape)), v.dtype)
-    out._dyn = getattr(v, "_dyn", None)     # a dynamic start address moves the reshaped view alike
-    return out
 
 
 def store(dst, value, mask=None, **_):
@@ -198,7 +190,7 @@ def store(dst, value, mask=None, **_):
         value = copy(value)
     if math.prod(value.shape) != math.prod(dst.shape) and mask is None:
         raise NKIError(f"{_where()}: nl.store of a {value.shape} tile into {dst.shape}")
-    ops.dma_copy(_as(dst, value.shape) if len(dst.shape) < len(value.shape) else dst, value, mask)
+    ops.dma_copy(as_rank(dst, value.shape) if len(dst.shape) < len(value.shape) else dst, value, mask)
 
 
 def copy(x, dtype=None, mask=None, **_):

@@ -35,7 +35,7 @@ from .core import (
     ndarray,
     where,
 )
-from .indexing import Idx, box_of, restrict
+from .indexing import Idx, box_of, dma_dynamic, restrict
 
 _REDUCE = {"add": "add", "sum": "add", "maximum": "max", "max": "max", "minimum": "min", "min": "min",
            "multiply": "multiply", "prod": "multiply", "logical_and": "logical_and", "logical_or": "logical_or"}
@@ -538,7 +538,7 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None, rmw_op=None) -> int | None:
         raise NKIError(f"{where()}: DMA does not read or write PSUM; copy the tile to SBUF first (nisa.tensor_copy)")
     if getattr(src, "_gather", None) is not None and rmw_op is None:
         return _dma_gather(dst, src, mask)
-    dyn = _dma_dynamic(dst, src)
+    dyn = dma_dynamic(dst, src)
     r = masked(dst, [src], mask)
     if r is None:
         return None
@@ -546,23 +546,6 @@ def dma_copy(dst: ndarray, src: ndarray, mask=None, rmw_op=None) -> int | None:
     attrs, srcs, dsts = dyn or ({}, [], [])
     rmw = {"rmw": _arith(rmw_op, "a DMA read-modify-write")} if rmw_op is not None else {}
     return t.dma(dst, src, {**attrs, **rmw}, srcs, dsts)
-
-
-def _dma_dynamic(dst: ndarray, src: ndarray) -> tuple | None:
-    """(attrs, extra srcs, extra dsts) of a DMA whose src or dst starts at an offset read from SBUF when it runs
-    (``hbm[idx[0, 0], i_p, i_f]``, ``hbm[i_p, idx[0, 0] + i_f]``: ``dma_copy``'s dynamic start address under
-    hardware or software DGE); the whole tensor it can reach counts as accessed. None for a static DMA."""
-    ds_, dd = getattr(src, "_dyn", None), getattr(dst, "_dyn", None)
-    if ds_ is None and dd is None:
-        return None
-    if ds_ is not None and dd is not None:
-        raise NKIError(f"{where()}: a DMA with dynamic offsets on both src and dst is not simulated")
-    idx, stride, limit, root = ds_ or dd
-    if idx.buf.mem != "sbuf" or idx.dtype not in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
-        raise NKIError(f"{where()}: a DMA reads its dynamic offset from an integer SBUF tile, got {idx.dtype} in "
-                       f"{idx.buffer}")
-    attrs = {"side": "src" if ds_ is not None else "dst", "stride": int(stride), "limit": int(limit)}
-    return (attrs, [idx, root], []) if ds_ is not None else (attrs, [idx], [root])
 
 
 def _dma_gather(dst: ndarray, src: ndarray, mask) -> int | None:
