@@ -75,6 +75,24 @@ MFU_SQL = f"100.0 * h.mfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
 _UTIL = "Tensor Engine FLOPs over the peak of the merged intervals' time (Summary's formula, per node)"
 _BYTES = "as Instruction: DMA rows' bytes are HBM traffic, engine rows' SBUF/PSUM"
 
+#: A hierarchy level's figures over its instructions (the real schema's per-stage columns), shared by
+#: HloInstruction and the other stages' tables (traces.profile_rest).
+STAGE_FIGURES = (
+    F("start_ts", "int64", _NS, True, "Minimum start of its instructions.", "h.s"),
+    F("end_ts", "int64", _NS, True, "Maximum end of its instructions.", "h.e"),
+    F("time_intervals", "string", None, True, "Merged instruction intervals.", "h.iv"),
+    F("element_count_per_interval", "int64[]", None, True, "Elements processed per interval.", "h.el_l",
+      "Tensor Engine elements of non-transpose instructions"),
+    F("transpose_element_count_per_interval", "int64[]", None, True, "Transpose elements per interval.",
+      "h.tel_l"),
+    F("hbm_transfer_size_per_interval", "int64[]", _B, True, "HBM bytes per interval.", "h.hb_l"),
+    F("hbm_read_bytes", "int64", _B, True, "Bytes read from HBM.", "h.hr", _BYTES),
+    F("hbm_write_bytes", "int64", _B, True, "Bytes written to HBM.", "h.hw", _BYTES),
+    F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
+    F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
+    F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
+)
+
 _MODULE = "nullif(o.module_path, '')"
 #: Each op's module path and every prefix of it: the op belongs to all its enclosing modules.
 _PREFIXES = ("JOIN (SELECT DISTINCT module_path, array_to_string(string_split(module_path, '.')[1:d], '.') AS node "
@@ -146,19 +164,7 @@ HLO_INSTRUCTION = Table(
           "the ATen op (Instruction.hlo_name)"),
         F("modular_flow_invocation_idx", "int64", None, False, "Which call of the function.", None,
           "no modular flows"),
-        F("start_ts", "int64", _NS, True, "Minimum start of its instructions.", "h.s"),
-        F("end_ts", "int64", _NS, True, "Maximum end of its instructions.", "h.e"),
-        F("time_intervals", "string", None, True, "Merged instruction intervals.", "h.iv"),
-        F("element_count_per_interval", "int64[]", None, True, "Elements processed per interval.", "h.el_l",
-          "Tensor Engine elements of non-transpose instructions"),
-        F("transpose_element_count_per_interval", "int64[]", None, True, "Transpose elements per interval.",
-          "h.tel_l"),
-        F("hbm_transfer_size_per_interval", "int64[]", _B, True, "HBM bytes per interval.", "h.hb_l"),
-        F("hbm_read_bytes", "int64", _B, True, "Bytes read from HBM.", "h.hr", _BYTES),
-        F("hbm_write_bytes", "int64", _B, True, "Bytes written to HBM.", "h.hw", _BYTES),
-        F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
-        F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
-        F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
+        *STAGE_FIGURES,
     ),
     extra=("o.module_path AS layer",),
 )

@@ -14,7 +14,7 @@ no tables there either ("not persisted to a parquet table": the API computes the
 """
 from __future__ import annotations
 
-from traces.profile_hierarchy import _BYTES
+from traces.profile_hierarchy import STAGE_FIGURES
 from traces.profile_tables import _MEASURED, _meta, islands
 from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, F, Table
 
@@ -233,20 +233,6 @@ _STAGE_IDS = (
     F("raw_framework_id", "int64", None, True, "Framework level id.", "h.k",
       "ours is ops.op_id (Instruction.raw_framework_id)"),
 )
-_STAGE_FIGURES = (
-    F("start_ts", "int64", _NS, True, "Minimum start of its instructions.", "h.s"),
-    F("end_ts", "int64", _NS, True, "Maximum end of its instructions.", "h.e"),
-    F("time_intervals", "string", None, True, "Merged instruction intervals.", "h.iv"),
-    F("element_count_per_interval", "int64[]", None, True, "Elements processed per interval.", "h.el_l",
-      "Tensor Engine elements of non-transpose instructions"),
-    F("transpose_element_count_per_interval", "int64[]", None, True, "Transpose elements per interval.", "h.tel_l"),
-    F("hbm_transfer_size_per_interval", "int64[]", _B, True, "HBM bytes per interval.", "h.hb_l"),
-    F("hbm_read_bytes", "int64", _B, True, "Bytes read from HBM.", "h.hr", _BYTES),
-    F("hbm_write_bytes", "int64", _B, True, "Bytes written to HBM.", "h.hw", _BYTES),
-    F("sbuf_read_bytes", "int64", _B, False, "Bytes read from SBUF.", "h.sr", _BYTES),
-    F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
-    F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
-)
 _FLOW = F("modular_flow_invocation_idx", "int64", None, False, "Which call of the function.", None, "no modular flows")
 
 _ENGINE_COUNTS = ("SELECT op_id, " + ", ".join(f"count(*) FILTER (WHERE engine = '{e}') AS n_{e}" for e in
@@ -264,7 +250,7 @@ FRAMEWORK_INSTRUCTION = Table(
        "Framework operation name. Example: NeuronLlamaDecoderLayer[1]/function[2]/aten.add.",
        "CASE WHEN coalesce(o.module_path, '') = '' THEN o.aten_op ELSE replace(o.module_path, '.', '/') || '/' "
        "|| o.aten_op END", "the op's nn.Module path, then its ATen op"),
-     *(F(f.name, f.type, f.unit, f.required, f.description, f"h.{f.name}", f.why) for f in _STAGE_FIGURES))
+     *(F(f.name, f.type, f.unit, f.required, f.description, f"h.{f.name}", f.why) for f in STAGE_FIGURES))
     + tuple(F(f"{e}_engine_instruction_count", "int64", None, False, f"{e} engine instructions.",
               f"coalesce(c.n_{e}, 0)") for e in ("tensor", "scalar", "sync", "gpsimd", "vector")),
     extra=("o.module_path AS layer",),
@@ -274,7 +260,7 @@ FRAMEWORK_INSTRUCTION = Table(
 def _no_stage(name: str, description: str, label: str, why: str, pcore: bool = False) -> Table:
     """A real compiler stage we have not: its real columns, typed, and no rows (never made-up ones)."""
     fields = (*_STAGE_IDS, F(label, "string", None, True, f"{name[:-11]} instruction name.", None), _FLOW,
-              *((F("pcore_idx", "int64", None, False, _PCORE, None),) if pcore else ()), *_STAGE_FIGURES)
+              *((F("pcore_idx", "int64", None, False, _PCORE, None),) if pcore else ()), *STAGE_FIGURES)
     # no source rows: every column a typed NULL (a small view: a profile stores each view's parsed query)
     return Table(name, description, "(SELECT 1) AS z WHERE FALSE",
                  tuple(F(f.name, f.type, f.unit, f.required, f.description, None, why) for f in fields))
