@@ -6,6 +6,7 @@ Ctrl-C is SIGINT to the process group, as a terminal sends it: to ``neuron-explo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,8 +145,10 @@ def interrupt(tmp_path: Path, times: int, slow_exit: bool) -> tuple[subprocess.C
 def test_one_ctrl_c_says_what_was_kept_and_where(tmp_path):
     r, out = interrupt(tmp_path, 1, slow_exit=False)
     assert r.returncode == 130 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert r.stderr.strip().splitlines() == [
-        "neuron_stack: interrupted (Ctrl-C) at train.py:8 (NEURON_STACK_DEBUG=1 shows the traceback)"], r.stderr
+    # The press lands in the loop's call (line 7: the user's frame, not ours inside it) or its sleep (line 8).
+    (line,) = r.stderr.strip().splitlines()
+    assert re.fullmatch(r"neuron_stack: interrupted \(Ctrl-C\) at train\.py:[78] "
+                        r"\(NEURON_STACK_DEBUG=1 shows the traceback\)", line), r.stderr
     (session,) = out.iterdir()
     first = r.stdout.splitlines()[0]   # "running" was read above
     assert first == ("neuron-explorer: interrupted (Ctrl-C): the profile keeps what the workload recorded before "
