@@ -80,8 +80,8 @@ def perfetto(profile, out: str | os.PathLike, t0: int | None = None, t1: int | N
     params = _window_params(profile, t0, t1)
     multi = (profile.sql("SELECT count(*) AS n FROM runs").to_pylist()[0]["n"] or 0) > 1
     profile_lanes = _lanes_sql()
-    queries = [_meta_query(profile_lanes, multi), _exec_query(profile_lanes), _host_query(profile_lanes),
-               _instr_query(profile_lanes)]
+    queries = [_meta_query(profile_lanes, multi), _complete_json(exec_rows(profile_lanes)),
+               _host_query(profile_lanes), _complete_json(instr_rows(profile_lanes))]
     if "system_events" in profile.tables():
         queries.append(_system_query(profile_lanes))
     meta = profile.metadata()
@@ -111,19 +111,20 @@ def _window_params(profile, t0: int | None, t1: int | None) -> dict:
     if lo is not None:
         origin = max(origin, lo) if origin is not None else lo
     params["origin"] = int(origin)
+    params["graph"] = None   # every graph (a device file keeps one)
     return params
 
 
 def _lanes_sql() -> str:
     """The CTEs every query shares: one pid per (run, core) lane group and one per run's host; tids per track
-    within a pid."""
+    within a pid. ``$graph`` (NULL for all) keeps one graph's executions and instructions."""
     track = _track_sql("i.")
     return f"""
         lanes AS (SELECT DISTINCT e.run_id, i.core, {track} AS track
                   FROM instructions i LEFT JOIN executions e USING (exec_id)
-                  WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo
+                  WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo AND ($graph IS NULL OR e.graph_id = $graph)
                   UNION SELECT run_id, core, 'Executions(nc' || core || ')' FROM executions
-                        WHERE end_ns > $lo AND start_ns < $hi),
+                        WHERE end_ns > $lo AND start_ns < $hi AND ($graph IS NULL OR graph_id = $graph)),
         procs AS (SELECT run_id, core, row_number() OVER (ORDER BY run_id, core) AS pid
                   FROM (SELECT DISTINCT run_id, core FROM lanes)),
         threads AS (SELECT l.run_id, l.core, l.track, p.pid,
@@ -160,61 +161,78 @@ def _meta_query(profile_lanes: str, multi: bool) -> str:
         FROM hosts"""
 
 
-def _instr_query(profile_lanes: str) -> str:
-    """One complete event per instruction on its engine or DMA-queue track."""
+def _complete_json(rows: str) -> str:
+    """Chrome JSON complete events (``ph: X``) over a rows query's ``pid, tid, ts_ns, dur_ns, name, cat, args``."""
+    return f"""
+        SELECT '{{"ph":"X","pid":' || pid || ',"tid":' || tid || ',"ts":' || {_us('ts_ns - $origin')}
+               || ',"dur":' || {_us('dur_ns')} || ',"name":' || to_json(name) || ',"cat":' || to_json(cat)
+               || ',"args":' || to_json(args) || '}}' FROM ({rows})"""
+
+
+def instr_rows(profile_lanes: str) -> str:
+    """One row per instruction on its engine or DMA-queue track: ``pid, tid, ts_ns, dur_ns, name`` (the
+    opcode), ``cat`` and ``args`` (op, source line, bytes, ...), read by the JSON and protobuf encoders."""
     track = _track_sql("i.")
     return f"""
         WITH {profile_lanes}
-        SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('i.start_ns - $origin')}
-               || ',"dur":' || {_us('i.dur_ns')} || ',"name":' || to_json(i.opcode)
-               || ',"cat":' || to_json(coalesce(o.aten_op, i.engine))
-               || ',"args":' || to_json({{'op': o.aten_op, 'op_name': o.name, 'op_id': i.op_id::VARCHAR,
-                                         'exec_id': i.exec_id::VARCHAR, 'pc': i.pc, 'queue': i.queue,
-                                         'flops': i.flops, 'bytes_read': i.bytes_read,
-                                         'bytes_written': i.bytes_written, 'sem_wait_ns': i.sem_wait_ns,
-                                         'source': s.file || ':' || s.line}}) || '}}'
+        SELECT t.pid, t.tid, i.start_ns AS ts_ns, i.dur_ns, i.opcode AS name, coalesce(o.aten_op, i.engine) AS cat,
+               {{'op': o.aten_op, 'op_name': o.name, 'op_id': i.op_id::VARCHAR,
+                 'exec_id': i.exec_id::VARCHAR, 'pc': i.pc, 'queue': i.queue, 'flops': i.flops,
+                 'bytes_read': i.bytes_read, 'bytes_written': i.bytes_written, 'sem_wait_ns': i.sem_wait_ns,
+                 'source': s.file || ':' || s.line}} AS args
         FROM instructions i LEFT JOIN executions e USING (exec_id)
         JOIN threads t ON t.run_id IS NOT DISTINCT FROM e.run_id AND t.core = i.core AND t.track = {track}
         LEFT JOIN ops o ON o.op_id = i.op_id LEFT JOIN sources s ON s.source_id = o.source_id
-        WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo AND i.start_ns >= $origin"""
+        WHERE i.start_ns < $hi AND i.start_ns + i.dur_ns > $lo AND i.start_ns >= $origin
+          AND ($graph IS NULL OR e.graph_id = $graph)"""
 
 
-def _exec_query(profile_lanes: str) -> str:
-    """One complete event per NEFF execution on its core's ``Executions(ncN)`` track."""
+def exec_rows(profile_lanes: str) -> str:
+    """One row per NEFF execution on its core's ``Executions(ncN)`` track, as :func:`instr_rows`."""
     return f"""
         WITH {profile_lanes}
-        SELECT '{{"ph":"X","pid":' || t.pid || ',"tid":' || t.tid || ',"ts":' || {_us('x.start_ns - $origin')}
-               || ',"dur":' || {_us('greatest(x.end_ns - x.start_ns, 0)')}
-               || ',"name":' || to_json(coalesce(g.name, 'execution')
-                                        || CASE WHEN x.warmup THEN ' (warm-up)' ELSE '' END)
-               || ',"cat":"execution","args":' || to_json({{'exec_id': x.exec_id::VARCHAR,
-                                                         'graph_id': x.graph_id::VARCHAR,
-                                                         'iteration': x.iteration, 'status': x.status,
-                                                         'device_ns': x.device_ns, 'warmup': x.warmup}}) || '}}'
+        SELECT t.pid, t.tid, x.start_ns AS ts_ns, greatest(x.end_ns - x.start_ns, 0) AS dur_ns,
+               coalesce(g.name, 'execution') || CASE WHEN x.warmup THEN ' (warm-up)' ELSE '' END AS name,
+               'execution' AS cat,
+               {{'exec_id': x.exec_id::VARCHAR, 'graph_id': x.graph_id::VARCHAR, 'iteration': x.iteration,
+                 'status': x.status, 'device_ns': x.device_ns, 'warmup': x.warmup}} AS args
         FROM executions x LEFT JOIN graphs g USING (graph_id)
         JOIN threads t ON t.run_id = x.run_id AND t.core = x.core AND t.track = 'Executions(nc' || x.core || ')'
-        WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin"""
+        WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin AND ($graph IS NULL OR x.graph_id = $graph)"""
+
+
+#: the host process's threads: (tid, name), events by kind (compiles and recompiles share one)
+HOST_THREADS = ((1, "CPU fallbacks"), (2, "Compiles"), (3, "Events"))
+
+
+def host_rows(profile_lanes: str) -> str:
+    """The host side of each run (CPU fallbacks, compiles and other events) as rows ``pid`` (the run's host
+    process), ``host`` (its name), ``tid`` (:data:`HOST_THREADS`), ``ts_ns, dur_ns, name, cat, args``."""
+    return f"""
+        WITH {profile_lanes}
+        SELECT h.pid, 'Host ' || coalesce(h.tag, h.run_id) || ' (pid ' || coalesce(h.os_pid::VARCHAR, '?') || ')' AS host,
+               CASE ev.kind WHEN 'cpu_fallback' THEN 1 WHEN 'compile' THEN 2 WHEN 'recompile' THEN 2 ELSE 3 END AS tid,
+               ev.ts_ns, coalesce(ev.dur_ns, 0) AS dur_ns,
+               CASE WHEN ev.kind = 'cpu_fallback' THEN 'cpu_fallback ' || coalesce(o.aten_op, '') ELSE ev.kind END AS name,
+               ev.kind AS cat, {{'detail': ev.detail, 'core': ev.core, 'source': s.file || ':' || s.line}} AS args
+        FROM events ev JOIN hosts h ON h.run_id = ev.run_id
+        LEFT JOIN ops o ON o.op_id = ev.op_id LEFT JOIN sources s ON s.source_id = ev.source_id
+        WHERE ev.ts_ns >= $lo AND ev.ts_ns < $hi AND ev.ts_ns >= $origin"""
 
 
 def _host_query(profile_lanes: str) -> str:
-    """The host process of each run: CPU fallbacks, compiles and other events on three named threads."""
+    """The host process of each run as Chrome JSON: :func:`host_rows` on three named threads."""
+    names = ", ".join(f"({tid}, '{label}')" for tid, label in HOST_THREADS)
     return f"""
         WITH {profile_lanes}
-        SELECT '{{"ph":' || CASE WHEN coalesce(ev.dur_ns, 0) > 0 THEN '"X","dur":' || {_us('ev.dur_ns')}
-                                 ELSE '"i","s":"p"' END
-               || ',"pid":' || h.pid || ',"tid":' || (CASE ev.kind WHEN 'cpu_fallback' THEN 1 WHEN 'compile' THEN 2
-                                                       WHEN 'recompile' THEN 2 ELSE 3 END)
-               || ',"ts":' || {_us('ev.ts_ns - $origin')} || ',"name":' || to_json(
-                   CASE WHEN ev.kind = 'cpu_fallback' THEN 'cpu_fallback ' || coalesce(o.aten_op, '') ELSE ev.kind END)
-               || ',"cat":' || to_json(ev.kind) || ',"args":' || to_json({{'detail': ev.detail, 'core': ev.core,
-                                                                           'source': s.file || ':' || s.line}}) || '}}'
-        FROM events ev JOIN hosts h ON h.run_id = ev.run_id
-        LEFT JOIN ops o ON o.op_id = ev.op_id LEFT JOIN sources s ON s.source_id = ev.source_id
-        WHERE ev.ts_ns >= $lo AND ev.ts_ns < $hi AND ev.ts_ns >= $origin
+        SELECT '{{"ph":' || CASE WHEN dur_ns > 0 THEN '"X","dur":' || {_us('dur_ns')} ELSE '"i","s":"p"' END
+               || ',"pid":' || pid || ',"tid":' || tid || ',"ts":' || {_us('ts_ns - $origin')}
+               || ',"name":' || to_json(name) || ',"cat":' || to_json(cat) || ',"args":' || to_json(args) || '}}'
+        FROM ({host_rows(profile_lanes)})
         UNION ALL
         SELECT '{{"ph":"M","name":"thread_name","pid":' || h.pid || ',"tid":' || k.tid || ',"args":{{"name":'
                || to_json(k.label) || '}}}}'
-        FROM hosts h, (VALUES (1, 'CPU fallbacks'), (2, 'Compiles'), (3, 'Events')) AS k(tid, label)"""
+        FROM hosts h, (VALUES {names}) AS k(tid, label)"""
 
 
 def _write_events(profile, out: Path, other: dict, queries: list[str], params: dict) -> None:
@@ -242,22 +260,45 @@ def _write_events(profile, out: Path, other: dict, queries: list[str], params: d
         raise
 
 
-def _system_query(profile_lanes: str) -> str:
-    """The system profile as Perfetto tracks named as the real tool's (``<instance>/PID:<pid>/neuron_rt/NC:0``,
-    ``.../framework/TID:<tid>``), one process per run, and flow arrows host → device: each ``nrt_execute``
-    (``s``) through its ``nc_exec_running`` (``t``) to the execution on the device process (``f``)."""
+def _system_ctes(profile_lanes: str) -> str:
+    """The system profile's CTEs: ``ev``, the window's events with their track (named as the real tool's,
+    ``<instance>/PID:<pid>/neuron_rt/NC:0``), the real grouping fields (``host`` the instance, ``process_id``,
+    ``thread_id``, ``core`` the lnc_idx, ``worker_gid``: the NeuronCore's dense rank over (node, instance,
+    core), the whole profile's) and a Chrome pid/tid per run and track."""
     track = ("coalesce(r.host, '?') || '/PID:' || coalesce(r.pid::VARCHAR, '?') || '/' || s.source || '/' || "
              "CASE WHEN s.source <> 'framework' AND s.core IS NOT NULL THEN 'NC:' || s.core "
              "ELSE 'TID:' || s.thread_id END")
-    return f"""
-        WITH {profile_lanes},
-        sys AS (SELECT s.*, {track} AS track, r.host FROM system_events s LEFT JOIN runs r USING (run_id)
+    return f"""{profile_lanes},
+        gids AS (SELECT node, host, core, dense_rank() OVER (ORDER BY node, host, core) - 1 AS worker_gid
+                 FROM (SELECT DISTINCT r.node, r.host, s.core FROM system_events s LEFT JOIN runs r USING (run_id)
+                       WHERE s.core IS NOT NULL)),
+        sys AS (SELECT s.*, {track} AS track, r.host, r.pid AS process_id, g.worker_gid
+                FROM system_events s LEFT JOIN runs r USING (run_id)
+                LEFT JOIN gids g ON g.node IS NOT DISTINCT FROM r.node AND g.host IS NOT DISTINCT FROM r.host
+                                    AND g.core = s.core
                 WHERE s.ts_ns >= $lo AND s.ts_ns < $hi AND s.ts_ns >= $origin),
         sprocs AS (SELECT run_id, host, 2000000 + row_number() OVER (ORDER BY run_id) AS pid
                    FROM (SELECT DISTINCT run_id, host FROM sys)),
         sthreads AS (SELECT p.pid, x.run_id, x.track, row_number() OVER (PARTITION BY p.pid ORDER BY x.track) AS tid
                      FROM (SELECT DISTINCT run_id, track FROM sys) x JOIN sprocs p USING (run_id)),
-        ev AS (SELECT sys.*, t.pid, t.tid FROM sys JOIN sthreads t USING (run_id, track))
+        ev AS (SELECT sys.*, t.pid, t.tid FROM sys JOIN sthreads t USING (run_id, track))"""
+
+
+def system_rows(profile_lanes: str) -> str:
+    """The window's system events, one row each, with their track, grouping fields and flow id
+    (:func:`_system_ctes`), for the protobuf encoder."""
+    return f"""
+        WITH {_system_ctes(profile_lanes)}
+        SELECT ts_ns, greatest(dur_ns, 0) AS dur_ns, name, source, track, host, process_id, thread_id, core,
+               worker_gid, exec_id, flow_id, detail FROM ev"""
+
+
+def _system_query(profile_lanes: str) -> str:
+    """The system profile as Perfetto tracks named as the real tool's (``<instance>/PID:<pid>/neuron_rt/NC:0``,
+    ``.../framework/TID:<tid>``), one process per run, and flow arrows host → device: each ``nrt_execute``
+    (``s``) through its ``nc_exec_running`` (``t``) to the execution on the device process (``f``)."""
+    return f"""
+        WITH {_system_ctes(profile_lanes)}
         SELECT '{{"ph":"M","name":"process_name","pid":' || pid || ',"args":{{"name":'
                || to_json('System ' || coalesce(host, run_id)) || '}}}}' FROM sprocs
         UNION ALL
