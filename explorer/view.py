@@ -19,6 +19,8 @@ from pathlib import Path
 
 def register(subparsers) -> None:
     """Add the ``view`` and ``diff`` verbs to the ``neuron-explorer`` parser."""
+    from traces import cli
+
     p = subparsers.add_parser("view", help="serve the Explorer web app over one or more profiles",
                               description="Serve the Explorer (Summary, Timeline, Hierarchy, Source, Fallbacks, "
                                           "Recompiles, SQL, Compare, System Trace). With no profile, lists the "
@@ -45,9 +47,12 @@ def register(subparsers) -> None:
                    help="instead of serving, as the real flag: print each profile's Summary (summary-text, "
                         "summary-json: neuron-explorer summary [--json]) or write it beside the profile "
                         "(json: profile.json, every real table, at most 1,000,000 rows each; "
-                        "perfetto: profile.perfetto.json, Chrome JSON; parquet: the processed profile, as "
+                        "perfetto: Perfetto's protobuf, system_profile.pftrace and one "
+                        "device_profile_model_<graph_id>.pftrace per graph (Chrome JSON: neuron-explorer export "
+                        "--format perfetto); parquet: the processed profile, as "
                         "--ingest-only). Without it, view and --ingest-only write parquet, the real default: "
                         "<data-path>/profiles/global/<display-name>@latest/Instruction.parquet, Summary.parquet, …")
+    cli.add_group_flags(p)
     p.add_argument("--data-path", metavar="DIR",
                    help="write processed profiles (Parquet tables) under DIR/profiles/global/ instead of each "
                         "profile's session directory")
@@ -152,7 +157,7 @@ def _view(args) -> int:
     if args.ingest_only or args.output_format == "parquet":
         return _ingest(paths, args.display_name or [], args.data_path)
     if args.output_format:
-        return _output(paths, args.output_format, args.display_name or [])
+        return _output(paths, args)
     _check_port(args.host, args.port)
     if args.api_port is not None:
         _check_port(args.host, args.api_port)
@@ -234,23 +239,28 @@ def _ingest(paths: list[Path], names: list[str], data_path: str | None = None) -
     return 0
 
 
-def _output(paths: list[Path], fmt: str, names: list[str]) -> int:
+def _output(paths: list[Path], args) -> int:
     """``view --output-format``: each profile's Summary printed, or its export written beside it (no server)."""
     import argparse
 
     from traces import cli
 
+    fmt = args.output_format
+    if fmt != "perfetto" and (args.system_trace_primary_group or args.system_trace_secondary_group):
+        raise ValueError("--system-trace-primary-group/--system-trace-secondary-group apply to "
+                         "--output-format perfetto only")
     if not paths:
         raise ValueError("--output-format: no profile to process; name one or use -d DIR")
-    _name_profiles(paths, names)
+    _name_profiles(paths, args.display_name or [])
     for path in paths:
         if fmt.startswith("summary"):
             cli.summary_cmd(argparse.Namespace(profile=str(path), json=fmt == "summary-json", per_core=False,
                                                include_warmup=False))
+        elif fmt == "perfetto":   # the real files, beside the profile: system_profile.pftrace, device_profile_model_*
+            cli.pftrace_cmd(str(path), path.parent, args, new_dir=False)
         else:
-            out = path.parent / {"perfetto": "profile.perfetto.json", "json": "profile.json"}.get(fmt, "parquet")
-            cli.export_cmd(argparse.Namespace(profile=str(path), format=fmt, output=str(out), start_ns=None,
-                                              end_ns=None))
+            cli.export_cmd(argparse.Namespace(profile=str(path), format=fmt, output=str(path.parent / "profile.json"),
+                                              start_ns=None, end_ns=None))
     return 0
 
 

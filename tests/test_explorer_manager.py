@@ -130,8 +130,9 @@ def test_view_directory_and_ingest_only(tmp_path):
         total = p.sql('SELECT total_time FROM "Summary"').column(0)[0].as_py()
         assert doc["tables"]["Summary"][0]["total_time"] == total
     assert doc["truncated"] == [] and "DmaPacket" in doc["tables"]
-    perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)
-    assert perf.returncode == 0 and (out / "20260111_mlp" / "profile.perfetto.json").is_file(), perf.stderr
+    perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)   # the real files
+    assert perf.returncode == 0 and (out / "20260111_mlp" / "system_profile.pftrace").is_file(), perf.stderr
+    assert list((out / "20260111_mlp").glob("device_profile_model_*.pftrace"))
 
 
 def test_delete_removes_the_profiles_parquet_tables_under_a_separate_data_path(app, root, tmp_path):

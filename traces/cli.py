@@ -102,18 +102,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=sql_cmd)
 
     p = subparsers.add_parser(
-        "export", help="export a profile to Perfetto JSON, a Parquet dataset or CSV",
-        description="Export a profile: perfetto = Chrome/Perfetto trace JSON (ui.perfetto.dev), "
+        "export", help="export a profile to Perfetto (JSON or protobuf), a Parquet dataset or CSV",
+        description="Export a profile: perfetto = Chrome/Perfetto trace JSON, one file (ui.perfetto.dev), "
+                    "pftrace = Perfetto's protobuf, a new directory with system_profile.pftrace and one "
+                    "device_profile_model_<graph_id>.pftrace per graph (what view --output-format perfetto writes), "
                     "parquet = hive-partitioned dataset (run_id/core) plus the real tool's files "
                     "(Instruction.parquet, Summary.parquet, SystemProfileEvents.parquet, ...), "
                     "csv = one file per table.")
     p.add_argument("profile", metavar="PROFILE", help="profile.duckdb, session directory or Parquet export")
-    p.add_argument("--format", required=True, choices=("perfetto", "parquet", "csv", "json"),
+    p.add_argument("--format", required=True, choices=("perfetto", "pftrace", "parquet", "csv", "json"),
                    help="export format (json: every real table in one document, at most 1,000,000 rows each)")
     p.add_argument("-o", "--output", required=True, type=Path, metavar="OUT",
-                   help="output file (perfetto) or new directory (parquet, csv)")
-    p.add_argument("--start-ns", type=int, help="perfetto: first ns (projected clock) to export")
-    p.add_argument("--end-ns", type=int, help="perfetto: ns (projected clock) to stop at")
+                   help="output file (perfetto, json) or new directory (pftrace, parquet, csv)")
+    p.add_argument("--start-ns", type=int, help="perfetto, pftrace: first ns (projected clock) to export")
+    p.add_argument("--end-ns", type=int, help="perfetto, pftrace: ns (projected clock) to stop at")
+    add_group_flags(p)
     p.set_defaults(func=export_cmd)
 
 
@@ -332,15 +335,54 @@ def sql_cmd(args: argparse.Namespace) -> int:
 
 
 # -- export ----------------------------------------------------------------------------------------
+def add_group_flags(p: argparse.ArgumentParser) -> None:
+    """The real tool's Perfetto grouping flags (``export --format pftrace``, ``view --output-format perfetto``)."""
+    from traces import perfetto_proto as pp
+
+    p.add_argument("--system-trace-primary-group", metavar="FIELDS",
+                   help="Perfetto: the System Trace's first-order grouping (a parent track per value), comma-separated "
+                        f"from {', '.join(pp.PRIMARY_FIELDS)} (default {pp.PRIMARY_DEFAULT})")
+    p.add_argument("--system-trace-secondary-group", metavar="FIELDS",
+                   help="Perfetto: the second-order grouping (one row per value), comma-separated from "
+                        f"{', '.join(pp.SECONDARY_FIELDS)} (default {pp.SECONDARY_DEFAULT})")
+
+
+def pftrace_cmd(profile: str, out_dir: Path, args: argparse.Namespace, new_dir: bool) -> None:
+    """Write ``profile``'s ``.pftrace`` files into ``out_dir`` (a new directory when ``new_dir``) and say
+    what was written."""
+    from traces import perfetto_proto as pp
+    from traces.export import _into_new_dir
+
+    groups = (pp.parse_group(getattr(args, "system_trace_primary_group", None)),
+              pp.parse_group(getattr(args, "system_trace_secondary_group", None), "--system-trace-secondary-group"))
+    window = {"t0": getattr(args, "start_ns", None), "t1": getattr(args, "end_ns", None)}
+    with _open(profile) as p:
+        files = []
+        if new_dir:
+            _into_new_dir(Path(out_dir), lambda tmp: files.extend(pp.write(p, tmp, *window.values(), *groups)))
+        else:
+            files = pp.write(p, out_dir, *window.values(), *groups)
+    for f in files:
+        cut = f" ({f.cut:,} more left out: at most {pp.MAX_SLICES:,} per file; export a window)" if f.cut else ""
+        print(f"{PROG}: wrote {Path(out_dir) / f.path.name}: {f.slices:,} slices{cut}")
+    print(f"{PROG}: open them at https://ui.perfetto.dev")
+
+
 def export_cmd(args: argparse.Namespace) -> int:
-    """``neuron-explorer export PROFILE --format perfetto|parquet|csv -o OUT``."""
+    """``neuron-explorer export PROFILE --format perfetto|pftrace|parquet|csv|json -o OUT``."""
     from traces.export import export
 
     options = {}
-    if args.format == "perfetto":
+    if args.format in ("perfetto", "pftrace"):
         options = {"t0": args.start_ns, "t1": args.end_ns}
     elif args.start_ns is not None or args.end_ns is not None:
-        raise TraceError("--start-ns/--end-ns apply to --format perfetto only")
+        raise TraceError("--start-ns/--end-ns apply to --format perfetto and pftrace only")
+    if args.format != "pftrace" and (getattr(args, "system_trace_primary_group", None) is not None
+                                     or getattr(args, "system_trace_secondary_group", None) is not None):
+        raise TraceError("--system-trace-*-group apply to --format pftrace only")
+    if args.format == "pftrace":
+        pftrace_cmd(args.profile, args.output, args, new_dir=True)
+        return 0
     with _open(args.profile) as p:
         out = export(p, args.format, args.output, **options)
     hint = {"perfetto": " (open it at https://ui.perfetto.dev)",

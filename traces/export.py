@@ -198,7 +198,8 @@ def exec_rows(profile_lanes: str) -> str:
                  'status': x.status, 'device_ns': x.device_ns, 'warmup': x.warmup}} AS args
         FROM executions x LEFT JOIN graphs g USING (graph_id)
         JOIN threads t ON t.run_id = x.run_id AND t.core = x.core AND t.track = 'Executions(nc' || x.core || ')'
-        WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin AND ($graph IS NULL OR x.graph_id = $graph)"""
+        WHERE x.end_ns > $lo AND x.start_ns < $hi AND x.start_ns >= $origin
+          AND ($graph IS NULL OR x.graph_id = $graph)"""
 
 
 #: the host process's threads: (tid, name), events by kind (compiles and recompiles share one)
@@ -210,10 +211,12 @@ def host_rows(profile_lanes: str) -> str:
     process), ``host`` (its name), ``tid`` (:data:`HOST_THREADS`), ``ts_ns, dur_ns, name, cat, args``."""
     return f"""
         WITH {profile_lanes}
-        SELECT h.pid, 'Host ' || coalesce(h.tag, h.run_id) || ' (pid ' || coalesce(h.os_pid::VARCHAR, '?') || ')' AS host,
+        SELECT h.pid,
+               'Host ' || coalesce(h.tag, h.run_id) || ' (pid ' || coalesce(h.os_pid::VARCHAR, '?') || ')' AS host,
                CASE ev.kind WHEN 'cpu_fallback' THEN 1 WHEN 'compile' THEN 2 WHEN 'recompile' THEN 2 ELSE 3 END AS tid,
                ev.ts_ns, coalesce(ev.dur_ns, 0) AS dur_ns,
-               CASE WHEN ev.kind = 'cpu_fallback' THEN 'cpu_fallback ' || coalesce(o.aten_op, '') ELSE ev.kind END AS name,
+               CASE WHEN ev.kind = 'cpu_fallback' THEN 'cpu_fallback ' || coalesce(o.aten_op, '')
+                    ELSE ev.kind END AS name,
                ev.kind AS cat, {{'detail': ev.detail, 'core': ev.core, 'source': s.file || ':' || s.line}} AS args
         FROM events ev JOIN hosts h ON h.run_id = ev.run_id
         LEFT JOIN ops o ON o.op_id = ev.op_id LEFT JOIN sources s ON s.source_id = ev.source_id
