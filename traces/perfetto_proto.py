@@ -131,11 +131,26 @@ def _file(path: Path, fill) -> Written:
 
 
 class _Builder:
-    """Track descriptors, slices, instants and counters as TracePackets, streamed to a file."""
+    """Track descriptors, slices, instants and counters as TracePackets, streamed to a file.
+
+    Slices on one Perfetto track must nest (an end closes the innermost open slice); one that would cross a
+    slice still open on its track goes on a sibling track with the same name and merge key, which the UI draws
+    in the same row. Slices must come in start order (the longest first at one start).
+
+    >>> import io
+    >>> b = _Builder(io.BytesIO())
+    >>> lane = b.track("Tensor(nc0)", merge_key="Tensor(nc0)")
+    >>> b.slice(lane, 0, 10, "A", None, {}); b.slice(lane, 2, 3, "B", None, {}); b.slice(lane, 8, 10, "C", None, {})
+    >>> [b._tracks[t][0] for t in sorted(b._open)], len(b._open)
+    (['Tensor(nc0)', 'Tensor(nc0)'], 2)
+    """
 
     def __init__(self, f):
         self._out = StreamingTraceProtoBuilder(f)
         self._uuid = 0
+        self._tracks = {}   # uuid → (name, parent, rank, merge key): what a spill track copies
+        self._open = {}     # uuid → ends of the slices open on it, innermost last
+        self._spill = {}    # uuid → the sibling that takes its crossing slices
 
     def _packet(self, ts: int | None = None) -> pb.TracePacket:
         p = pb.TracePacket(trusted_packet_sequence_id=_SEQ)
@@ -163,12 +178,29 @@ class _Builder:
         if unit is not None:
             d.counter.unit_name = unit
         self._out.write_packet(p)
+        self._tracks[self._uuid] = (name, parent, rank, merge_key)
         return self._uuid
+
+    def _place(self, track: int, ts: int, end: int) -> int:
+        """The track a slice ``[ts, end)`` goes on: ``track``, or its spill sibling if it would cross there."""
+        while True:
+            stack = self._open.setdefault(track, [])
+            while stack and stack[-1] <= ts:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                return track
+            if track not in self._spill:
+                name, parent, rank, key = self._tracks[track]
+                self._spill[track] = self.track(name, parent=parent, rank=rank, merge_key=key or name)
+            track = self._spill[track]
 
     def slice(self, track: int, ts: int, dur: int, name: str, cat: str | None, args: dict,
               flow: int | None = None, flow_end: int | None = None) -> None:
         """A slice ``[ts, ts + dur)`` (an instant when ``dur`` is 0) with ``args`` as debug annotations; ``flow``
         starts a flow arrow at it, ``flow_end`` ends one there."""
+        if dur > 0:
+            track = self._place(track, ts, ts + dur)
         p = self._packet(ts)
         e = p.track_event
         e.type, e.track_uuid, e.name = (_B if dur > 0 else _I), track, name
@@ -234,7 +266,8 @@ def _device(profile, b: _Builder, params: dict, max_slices: int) -> tuple[int, i
         if t["pid"] not in parents:
             parents[t["pid"]] = b.track(f"NeuronCore nc{t['core']}" + (f" · {t['tag']}" if multi and t["tag"] else ""),
                                          ordered=True)
-        tracks[(t["pid"], t["tid"])] = b.track(t["track"], parent=parents[t["pid"]], rank=t["tid"])
+        tracks[(t["pid"], t["tid"])] = b.track(t["track"], parent=parents[t["pid"]], rank=t["tid"],
+                                                merge_key=t["track"])
     n = cut = 0
     for query in (export.exec_rows(lanes), export.instr_rows(lanes)):
         got, more = _each(profile, query, params, max_slices - n, lambda r: b.slice(
@@ -270,7 +303,8 @@ def _system(profile, b: _Builder, params: dict, groups: tuple, max_slices: int) 
         if (r["host"], r["tid"]) not in tracks:
             if r["host"] not in parents:
                 parents[r["host"]] = b.track(r["host"], ordered=True)
-            tracks[(r["host"], r["tid"])] = b.track(labels[r["tid"]], parent=parents[r["host"]], rank=r["tid"])
+            tracks[(r["host"], r["tid"])] = b.track(labels[r["tid"]], parent=parents[r["host"]], rank=r["tid"],
+                                                    merge_key=labels[r["tid"]])
         b.slice(tracks[(r["host"], r["tid"])], r["ts_ns"], r["dur_ns"], r["name"], r["cat"], r["args"])
 
     labels = dict(export.HOST_THREADS)
