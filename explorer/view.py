@@ -136,6 +136,9 @@ def _view(args) -> int:
     from explorer import manager, sources
 
     sources.set_root(args.framework_source_root)   # a bad DIR is one line before anything runs
+    if args.output_format != "perfetto" and (args.system_trace_primary_group or args.system_trace_secondary_group):
+        raise ValueError("--system-trace-primary-group/--system-trace-secondary-group apply to "
+                         "--output-format perfetto only (the real tool's Perfetto output view options)")
     if args.ai_recommendation:   # a bad model or region is one line too; nothing is contacted until asked
         from explorer import ai_recommend
 
@@ -246,9 +249,6 @@ def _output(paths: list[Path], args) -> int:
     from traces import cli
 
     fmt = args.output_format
-    if fmt != "perfetto" and (args.system_trace_primary_group or args.system_trace_secondary_group):
-        raise ValueError("--system-trace-primary-group/--system-trace-secondary-group apply to "
-                         "--output-format perfetto only")
     if not paths:
         raise ValueError("--output-format: no profile to process; name one or use -d DIR")
     _name_profiles(paths, args.display_name or [])

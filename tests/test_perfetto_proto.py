@@ -86,10 +86,10 @@ def test_device_files_hold_every_instruction_on_the_real_lanes(session):
             first = next(e for e in begins(events) if not tracks[e.track_event.track_uuid].name.startswith("Exec"))
             row = p.sql("SELECT i.opcode, o.aten_op, s.file || ':' || s.line AS line FROM instructions i "
                         "JOIN ops o USING (op_id) JOIN sources s ON s.source_id = o.source_id "
-                        "WHERE i.exec_id = ? AND i.pc = ?",
-                        [int(args(first)["exec_id"]), args(first)["pc"]]).to_pylist()[0]
-            assert (first.track_event.name, args(first)["op"], args(first)["source"]) == \
-                (row["opcode"], row["aten_op"], row["line"])
+                        "WHERE i.exec_id = ? AND i.pc = ? AND i.start_ns = ?",
+                        [int(args(first)["exec_id"]), args(first)["pc"], first.timestamp]).to_pylist()
+            assert (first.track_event.name, args(first)["op"], args(first)["source"]) in \
+                {(r["opcode"], r["aten_op"], r["line"]) for r in row}
 
 
 def test_system_file_has_events_flows_and_counters(session):
