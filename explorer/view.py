@@ -36,8 +36,10 @@ def register(subparsers) -> None:
                    help='System Trace: show these event types only ("nrt_execute,nrt_load")')
     p.add_argument("--system-trace-filter-instance-id", metavar="IDS", help="System Trace: these instances only")
     p.add_argument("--ignore-device-profile", action="store_true",
-                   help="System Trace: no drill-down from an execution into its device timeline")
-    p.add_argument("--ignore-system-profile", action="store_true", help="do not show the system profile")
+                   help="System Trace: no drill-down from an execution into its device timeline; --output-format "
+                        "perfetto: no device_profile_model_*.pftrace")
+    p.add_argument("--ignore-system-profile", action="store_true",
+                   help="do not show the system profile; --output-format perfetto: no system_profile.pftrace")
     p.add_argument("-d", "--directory", metavar="DIR",
                    help="serve every profile under DIR (session directories, finalised first) and manage them: "
                         "the Profiles page deletes and uploads there")

@@ -3,6 +3,7 @@ Perfetto's own ``Trace`` message: the real file names, the lanes, one slice per 
 host → device flows, the counters, the grouping flags and the bound."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -137,6 +138,14 @@ def test_grouping_flags_change_the_parents_and_a_window_and_bad_flags(session, t
     for g in want:
         tracks, events = read(win / f"device_profile_model_{g['graph_id']}.pftrace")
         assert sum(1 for e in begins(events) if not tracks[e.track_event.track_uuid].name.startswith("Exec")) == g["n"]
+
+    copy = tmp_path / "copy"              # the real --ignore-device-profile: the system file only
+    copy.mkdir()
+    shutil.copy(session, copy / "profile.duckdb")
+    run = subprocess.run([*CLI, "view", str(copy / "profile.duckdb"), "--output-format", "perfetto",
+                          "--ignore-device-profile"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert sorted(f.name for f in copy.glob("*.pftrace")) == ["system_profile.pftrace"]
 
     bad = subprocess.run([*CLI, "view", str(session), "--output-format", "perfetto",
                           "--system-trace-primary-group", "worker_gid"], capture_output=True, text=True, timeout=300)

@@ -356,12 +356,14 @@ def pftrace_cmd(profile: str, out_dir: Path, args: argparse.Namespace, new_dir: 
     groups = (pp.parse_group(getattr(args, "system_trace_primary_group", None)),
               pp.parse_group(getattr(args, "system_trace_secondary_group", None), "--system-trace-secondary-group"))
     window = {"t0": getattr(args, "start_ns", None), "t1": getattr(args, "end_ns", None)}
+    sides = {"system": not getattr(args, "ignore_system_profile", False),   # view's --ignore-*-profile, as the real
+             "device": not getattr(args, "ignore_device_profile", False)}   # tool's Perfetto output
     with _open(profile) as p:
         files = []
         if new_dir:
-            _into_new_dir(Path(out_dir), lambda tmp: files.extend(pp.write(p, tmp, *window.values(), *groups)))
+            _into_new_dir(Path(out_dir), lambda tmp: files.extend(pp.write(p, tmp, *window.values(), *groups, **sides)))
         else:
-            files = pp.write(p, out_dir, *window.values(), *groups)
+            files = pp.write(p, out_dir, *window.values(), *groups, **sides)
     for f in files:
         cut = f" ({f.cut:,} more left out: at most {pp.MAX_SLICES:,} per file; export a window)" if f.cut else ""
         print(f"{PROG}: wrote {Path(out_dir) / f.path.name}: {f.slices:,} slices{cut}")

@@ -95,11 +95,12 @@ def group_name(row: dict, fields: tuple[str, ...]) -> str:
 
 def write(profile, out_dir: str | os.PathLike, t0: int | None = None, t1: int | None = None,
           primary: tuple[str, ...] | None = None, secondary: tuple[str, ...] | None = None,
-          max_slices: int = MAX_SLICES) -> list[Written]:
+          max_slices: int = MAX_SLICES, system: bool = True, device: bool = True) -> list[Written]:
     """Write ``system_profile.pftrace`` and one ``device_profile_model_<graph_id>.pftrace`` per graph executed
     in the window ``[t0, t1)`` (projected-clock ns; the whole profile without) into the directory ``out_dir``;
     each file is written under a temporary name and renamed into place. ``primary``/``secondary``: the
-    System Trace's grouping fields (:func:`parse_group`). Example: ``write(p, "output/session")``.
+    System Trace's grouping fields (:func:`parse_group`); ``system=False`` / ``device=False`` leave that side out
+    (the real ``--ignore-system-profile`` / ``--ignore-device-profile``). Example: ``write(p, "output/session")``.
     """
     out_dir = Path(out_dir)
     if max_slices < 1:
@@ -107,7 +108,9 @@ def write(profile, out_dir: str | os.PathLike, t0: int | None = None, t1: int | 
     params = export._window_params(profile, t0, t1)
     groups = (primary or parse_group(None), secondary or parse_group(None, "--system-trace-secondary-group"))
     files = [_file(out_dir / "system_profile.pftrace",
-                   lambda b: _system(profile, b, params, groups, max_slices))]
+                   lambda b: _system(profile, b, params, groups, max_slices))] if system else []
+    if not device:
+        return files
     graphs = profile.sql("SELECT DISTINCT graph_id FROM executions WHERE end_ns > $lo AND start_ns < $hi "
                          "AND graph_id IS NOT NULL ORDER BY graph_id", {"lo": params["lo"], "hi": params["hi"]})
     for g in graphs.column(0).to_pylist():
