@@ -110,6 +110,13 @@ def test_system_file_has_events_flows_and_counters(session):
     assert "test/PID:1234" in tops
     rows = {t.name for t in tracks.values() if t.parent_uuid and tracks[t.parent_uuid].name == "test/PID:1234"}
     assert rows == {"TID:1", "GID:0/NC:0/TID:1234", "GID:1/NC:1/TID:1234"}
+    with traces.open(session) as p:    # worker_gid as the real table has it, event by event
+        real = {(r["start_ts"], r["name"], r["nc_idx"]): r["worker_gid"] for r in p.sql(
+            'SELECT start_ts, name, nc_idx, worker_gid FROM "SystemProfileEvents"').to_pylist()}
+    got = {(e.timestamp, e.track_event.name, a.get("lnc_idx")): a.get("worker_gid")
+           for e in sliced for a in [{d.name: d.int_value for d in e.track_event.debug_annotations}]
+           if (e.timestamp, e.track_event.name, a.get("lnc_idx")) in real}
+    assert len(got) == n_sys and all(real[k] == v for k, v in got.items())
     cpu = next(u for u, t in tracks.items() if t.name == "host CPU %")
     assert sum(1 for e in events if e.track_event.track_uuid == cpu and e.track_event.type == TrackEvent.TYPE_COUNTER) \
         == n_cpu

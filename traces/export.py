@@ -266,15 +266,15 @@ def _write_events(profile, out: Path, other: dict, queries: list[str], params: d
 def _system_ctes(profile_lanes: str) -> str:
     """The system profile's CTEs: ``ev``, the window's events with their track (named as the real tool's,
     ``<instance>/PID:<pid>/neuron_rt/NC:0``), the real grouping fields (``host`` the instance, ``process_id``,
-    ``thread_id``, ``core`` the lnc_idx, ``worker_gid``: the NeuronCore's dense rank over (node, instance,
-    core), the whole profile's) and a Chrome pid/tid per run and track."""
+    ``thread_id``, ``core`` the lnc_idx, ``worker_gid``: ``SystemProfileEvents.worker_gid``'s formula over the whole
+    profile) and a Chrome pid/tid per run and track."""
+    gid = profile_schema.SYSTEM_PROFILE_EVENTS.field("worker_gid").ours
     track = ("coalesce(r.host, '?') || '/PID:' || coalesce(r.pid::VARCHAR, '?') || '/' || s.source || '/' || "
              "CASE WHEN s.source <> 'framework' AND s.core IS NOT NULL THEN 'NC:' || s.core "
              "ELSE 'TID:' || s.thread_id END")
     return f"""{profile_lanes},
-        gids AS (SELECT node, host, core, dense_rank() OVER (ORDER BY node, host, core) - 1 AS worker_gid
-                 FROM (SELECT DISTINCT r.node, r.host, s.core FROM system_events s LEFT JOIN runs r USING (run_id)
-                       WHERE s.core IS NOT NULL)),
+        gids AS (SELECT DISTINCT r.node, r.host, s.core, {gid} AS worker_gid
+                 FROM system_events s LEFT JOIN runs r USING (run_id)),
         sys AS (SELECT s.*, {track} AS track, r.host, r.pid AS process_id, g.worker_gid
                 FROM system_events s LEFT JOIN runs r USING (run_id)
                 LEFT JOIN gids g ON g.node IS NOT DISTINCT FROM r.node AND g.host IS NOT DISTINCT FROM r.host
