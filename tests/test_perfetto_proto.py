@@ -1,6 +1,7 @@
 """Perfetto's protobuf output (``view --output-format perfetto``, ``export --format pftrace``), read back with
-Perfetto's own ``Trace`` message: the real file names, the lanes, one slice per instruction and event, the
-host → device flows, the counters, the grouping flags and the bound."""
+Perfetto's own ``Trace`` message (``perfetto_proto.read``, interned names resolved): the real file names, the
+lanes, one slice per instruction and event, the host → device flows, the counters, the grouping flags and the
+bound."""
 from __future__ import annotations
 
 import shutil
@@ -10,7 +11,6 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 from test_explorer_profiles import build_tables, write_profile
 
 import traces
@@ -52,19 +52,12 @@ def session(tmp_path_factory):
     return path
 
 
-def read(path) -> tuple[dict, list]:
-    """A .pftrace file's track descriptors by uuid and its track events."""
-    trace = Trace.FromString(path.read_bytes())
-    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
-    return tracks, [p for p in trace.packet if p.HasField("track_event")]
+read = perfetto_proto.read
 
 
 def begins(events) -> list:
-    return [p for p in events if p.track_event.type in (TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_INSTANT)]
-
-
-def args(packet) -> dict:
-    return {a.name: a.string_value or a.int_value for a in packet.track_event.debug_annotations}
+    """The slices and instants (a slice's end is another event)."""
+    return [e for e in events if e["type"] in "BI"]
 
 
 def test_device_files_hold_every_instruction_on_the_real_lanes(session):
@@ -76,20 +69,20 @@ def test_device_files_hold_every_instruction_on_the_real_lanes(session):
             want = p.sql(f"""SELECT {_track_sql('i.')} AS track, count(*) AS n FROM instructions i
                              JOIN executions e USING (exec_id) WHERE e.graph_id = ? GROUP BY track""",
                          [g["graph_id"]]).to_pylist()
-            lanes = Counter(tracks[e.track_event.track_uuid].name for e in begins(events))
+            lanes = Counter(tracks[e["track"]].name for e in begins(events))
             assert lanes == {**{r["track"]: r["n"] for r in want}, "Executions(nc0)": lanes["Executions(nc0)"],
                              "Executions(nc1)": lanes["Executions(nc1)"]}
             assert lanes["Executions(nc0)"] + lanes["Executions(nc1)"] == g["n"]
             parents = {tracks[t.parent_uuid].name for t in tracks.values() if t.parent_uuid}
             assert parents == {"NeuronCore nc0", "NeuronCore nc1"}
-            ends = [e for e in events if e.track_event.type == TrackEvent.TYPE_SLICE_END]
+            ends = [e for e in events if e["type"] == "E"]
             assert len(ends) == len(begins(events))        # every slice closes
-            first = next(e for e in begins(events) if not tracks[e.track_event.track_uuid].name.startswith("Exec"))
+            first = next(e for e in begins(events) if not tracks[e["track"]].name.startswith("Exec"))
             row = p.sql("SELECT i.opcode, o.aten_op, s.file || ':' || s.line AS line FROM instructions i "
                         "JOIN ops o USING (op_id) JOIN sources s ON s.source_id = o.source_id "
                         "WHERE i.exec_id = ? AND i.pc = ? AND i.start_ns = ?",
-                        [int(args(first)["exec_id"]), args(first)["pc"], first.timestamp]).to_pylist()
-            assert (first.track_event.name, args(first)["op"], args(first)["source"]) in \
+                        [int(first["args"]["exec_id"]), first["args"]["pc"], first["ts"]]).to_pylist()
+            assert (first["name"], first["args"]["op"], first["args"]["source"]) in \
                 {(r["opcode"], r["aten_op"], r["line"]) for r in row}
 
 
@@ -98,12 +91,12 @@ def test_system_file_has_events_flows_and_counters(session):
     with traces.open(session) as p:
         n_sys = p.sql("SELECT count(*) FROM system_events").column(0)[0].as_py()
         n_host = p.sql("SELECT count(*) FROM events").column(0)[0].as_py()
-        n_cpu = p.sql("SELECT count(*) FROM cpu_usage").column(0)[0].as_py()
+        cpu_values = p.sql("SELECT util_percent FROM cpu_usage ORDER BY ts_ns").column(0).to_pylist()
         flows = set(p.sql("SELECT DISTINCT flow_id FROM system_events WHERE flow_id IS NOT NULL").column(0).to_pylist())
     sliced = begins(events)
     assert len(sliced) == n_sys + n_host
-    starts = {f for e in sliced if e.track_event.name == "nrt_execute" for f in e.track_event.flow_ids}
-    ends = {f for e in sliced if e.track_event.name == "nc_exec_running" for f in e.track_event.terminating_flow_ids}
+    starts = {f for e in sliced if e["name"] == "nrt_execute" for f in e["flows"]}
+    ends = {f for e in sliced if e["name"] == "nc_exec_running" for f in e["flow_ends"]}
     assert starts == ends == flows
     # the real defaults: a parent per instance and process, a row per worker_gid, lnc_idx and thread
     tops = {t.name for t in tracks.values() if not t.parent_uuid and not t.counter.unit_name}
@@ -113,13 +106,11 @@ def test_system_file_has_events_flows_and_counters(session):
     with traces.open(session) as p:    # worker_gid as the real table has it, event by event
         real = {(r["start_ts"], r["name"], r["nc_idx"]): r["worker_gid"] for r in p.sql(
             'SELECT start_ts, name, nc_idx, worker_gid FROM "SystemProfileEvents"').to_pylist()}
-    got = {(e.timestamp, e.track_event.name, a.get("lnc_idx")): a.get("worker_gid")
-           for e in sliced for a in [{d.name: d.int_value for d in e.track_event.debug_annotations}]
-           if (e.timestamp, e.track_event.name, a.get("lnc_idx")) in real}
+    got = {(e["ts"], e["name"], e["args"].get("lnc_idx")): e["args"].get("worker_gid") for e in sliced
+           if (e["ts"], e["name"], e["args"].get("lnc_idx")) in real}
     assert len(got) == n_sys and all(real[k] == v for k, v in got.items())
     cpu = next(u for u, t in tracks.items() if t.name == "host CPU %")
-    assert sum(1 for e in events if e.track_event.track_uuid == cpu and e.track_event.type == TrackEvent.TYPE_COUNTER) \
-        == n_cpu
+    assert [e["value"] for e in events if e["track"] == cpu and e["type"] == "C"] == cpu_values
 
 
 def test_grouping_flags_change_the_parents_and_a_window_and_bad_flags(session, tmp_path):
@@ -144,7 +135,7 @@ def test_grouping_flags_change_the_parents_and_a_window_and_bad_flags(session, t
     assert run.returncode == 0, run.stderr
     for g in want:
         tracks, events = read(win / f"device_profile_model_{g['graph_id']}.pftrace")
-        assert sum(1 for e in begins(events) if not tracks[e.track_event.track_uuid].name.startswith("Exec")) == g["n"]
+        assert sum(1 for e in begins(events) if not tracks[e["track"]].name.startswith("Exec")) == g["n"]
 
     copy = tmp_path / "copy"              # the real --ignore-device-profile: the system file only
     copy.mkdir()

@@ -11,16 +11,15 @@ The rows are the Chrome JSON export's (:mod:`traces.export`: ``instr_rows``, ``e
 the first in time (the rest are counted as cut).
 
 >>> import tempfile, traces, traces.synthetic
->>> from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
 >>> d = Path(tempfile.mkdtemp())
 >>> _ = traces.synthetic.write_run(d, executions=1, instructions=40)
 >>> with traces.open(d) as p:
 ...     files = write(p, d)
 >>> [f.path.name.split("_")[0] for f in files]
 ['system', 'device']
->>> trace = Trace.FromString(files[1].path.read_bytes())
->>> sum(1 for k in trace.packet if k.track_event.type == k.track_event.TYPE_SLICE_BEGIN) == files[1].slices
-True
+>>> tracks, events = read(files[1].path)
+>>> sum(1 for e in events if e["type"] == "B") == files[1].slices, events[0]["name"], events[0]["cat"]
+(True, 'Block.forward (warm-up)', 'execution')
 """
 from __future__ import annotations
 
@@ -136,9 +135,11 @@ def _file(path: Path, fill) -> Written:
 class _Builder:
     """Track descriptors, slices, instants and counters as TracePackets, streamed to a file.
 
-    Slices on one Perfetto track must nest (an end closes the innermost open slice); one that would cross a
-    slice still open on its track goes on a sibling track with the same name and merge key, which the UI draws
-    in the same row. Slices must come in start order (the longest first at one start).
+    Event names, categories and argument names are interned (written once on the sequence, then referred to by
+    id, as Perfetto's SDK does). Slices on one Perfetto track must nest (an end closes the innermost open
+    slice); one that would cross a slice still open on its track goes on a sibling track with the same name
+    and merge key, which the UI draws in the same row. Slices must come in start order (the longest first at
+    one start).
 
     >>> import io
     >>> b = _Builder(io.BytesIO())
@@ -154,12 +155,28 @@ class _Builder:
         self._tracks = {}   # uuid → (name, parent, rank, merge key): what a spill track copies
         self._open = {}     # uuid → ends of the slices open on it, innermost last
         self._spill = {}    # uuid → the sibling that takes its crossing slices
+        self._iids = ({}, {}, {})   # interned event names, categories, argument names → iid
+        self._first = True
 
     def _packet(self, ts: int | None = None) -> pb.TracePacket:
         p = pb.TracePacket(trusted_packet_sequence_id=_SEQ)
+        if self._first:   # the sequence's interning starts empty here
+            p.sequence_flags, self._first = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED, False
         if ts is not None:
             p.timestamp = int(ts)
         return p
+
+    def _iid(self, p: pb.TracePacket, kind: int, name: str) -> int:
+        """The interned id of ``name`` (0: event name, 1: category, 2: argument name), interned in ``p`` the
+        first time."""
+        table = self._iids[kind]
+        iid = table.get(name)
+        if iid is None:
+            iid = table[name] = len(table) + 1
+            entries = (p.interned_data.event_names, p.interned_data.event_categories,
+                       p.interned_data.debug_annotation_names)[kind]
+            entries.add(iid=iid, name=name)
+        return iid
 
     def track(self, name: str, parent: int | None = None, rank: int | None = None, merge_key: str | None = None,
               unit: str | None = None, ordered: bool = False) -> int:
@@ -205,15 +222,16 @@ class _Builder:
         if dur > 0:
             track = self._place(track, ts, ts + dur)
         p = self._packet(ts)
+        p.sequence_flags |= pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
         e = p.track_event
-        e.type, e.track_uuid, e.name = (_B if dur > 0 else _I), track, name
+        e.type, e.track_uuid, e.name_iid = (_B if dur > 0 else _I), track, self._iid(p, 0, name)
         if cat:
-            e.categories.append(cat)
+            e.category_iids.append(self._iid(p, 1, cat))
         for k, v in args.items():
             if v is None:
                 continue
             a = e.debug_annotations.add()
-            a.name = k
+            a.name_iid = self._iid(p, 2, k)
             if isinstance(v, bool):
                 a.bool_value = v
             elif isinstance(v, int):
@@ -237,6 +255,34 @@ class _Builder:
         p.track_event.type, p.track_event.track_uuid = _C, track
         p.track_event.double_counter_value = float(value)
         self._out.write_packet(p)
+
+
+def read(path: str | os.PathLike) -> tuple[dict, list[dict]]:
+    """A ``.pftrace`` file written here, read back with Perfetto's ``Trace`` message: its track descriptors by
+    uuid, and its track events in file order as dicts (``ts``, ``type`` B/E/I/C, ``track``, ``name``, ``cat``,
+    ``args``, ``flows``, ``flow_ends``, ``value``) with the interned names resolved as Perfetto does, in
+    sequence order. Example: ``tracks, events = read("system_profile.pftrace")``.
+    """
+    trace = pb.Trace.FromString(Path(path).read_bytes())
+    names, cats, keys, tracks, events = {}, {}, {}, {}, []
+    kinds = {_B: "B", _E: "E", _I: "I", _C: "C"}
+    for p in trace.packet:
+        if p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
+            names, cats, keys = {}, {}, {}
+        names.update((i.iid, i.name) for i in p.interned_data.event_names)
+        cats.update((i.iid, i.name) for i in p.interned_data.event_categories)
+        keys.update((i.iid, i.name) for i in p.interned_data.debug_annotation_names)
+        if p.HasField("track_descriptor"):
+            tracks[p.track_descriptor.uuid] = p.track_descriptor
+        if not p.HasField("track_event"):
+            continue
+        e = p.track_event
+        args = {keys.get(a.name_iid, a.name): getattr(a, a.WhichOneof("value")) for a in e.debug_annotations}
+        events.append({"ts": p.timestamp, "type": kinds[e.type], "track": e.track_uuid,
+                       "name": names.get(e.name_iid, e.name), "cat": cats.get(e.category_iids[0]) if e.category_iids
+                       else None, "args": args, "flows": list(e.flow_ids), "flow_ends": list(e.terminating_flow_ids),
+                       "value": e.double_counter_value})
+    return tracks, events
 
 
 def _used(query: str, params: dict) -> dict:
