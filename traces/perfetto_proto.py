@@ -309,7 +309,7 @@ def _device(profile, b: _Builder, params: dict, max_slices: int) -> tuple[int, i
     lanes = export._lanes_sql()
     q = f"WITH {lanes} SELECT t.pid, t.tid, t.track, t.core, r.tag FROM threads t LEFT JOIN runs r USING (run_id)"
     threads = profile.sql(q + " ORDER BY t.pid, t.tid", _used(q, params)).to_pylist()
-    multi = len({(t["pid"]) for t in threads}) > len({t["core"] for t in threads})
+    multi = len({t["pid"] for t in threads}) > len({t["core"] for t in threads})   # several runs on a core
     parents, tracks = {}, {}
     for t in threads:
         if t["pid"] not in parents:
