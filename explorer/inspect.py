@@ -138,7 +138,8 @@ def _finish(session: Path, code: int, include_warmup: bool, interrupted: bool = 
         return code
     if not has_segments and code:   # it failed before its first execution: its own error is above
         print(f"neuron-explorer: error: the workload ended with exit status {code} before recording any "
-              f"Neuron execution, so {dest or session} holds no profile (its own output above says why)", file=sys.stderr)
+              f"Neuron execution, so {dest or session} holds no profile (its own output above says why)",
+              file=sys.stderr)
         return code
     if not has_segments:
         print(f"neuron-explorer: error: no Neuron executions were recorded in {dest or session}: does the script "
@@ -246,8 +247,8 @@ def _profile_file(path: Path) -> Path | None:
     directory, or a new path not ending in .ntff / .duckdb, as before). Refuses, as one line, a file whose directory
     is missing and an existing file that is no profile (it would be overwritten).
 
-    >>> _profile_file(Path("/tmp")) is None, _profile_file(Path("/tmp/p.ntff"))
-    (True, PosixPath('/tmp/p.ntff'))
+    >>> _profile_file(Path("/proc")) is None, _profile_file(Path("/proc/profile.ntff"))
+    (True, PosixPath('/proc/profile.ntff'))
     """
     if path.is_dir():
         return None

@@ -214,7 +214,8 @@ def _view(args) -> int:
             registry.get(key)
         except data.ExplorerError as exc:
             warnings.append(f"neuron-explorer: warning: {exc}")
-    if (args.profiles or args.session_file) and len(warnings) == len(paths):   # nothing to serve but error pages: refuse up front
+    # nothing to serve but error pages: refuse up front
+    if (args.profiles or args.session_file) and len(warnings) == len(paths):
         registry.close()
         raise ValueError(next(e.error for e in registry.entries.values()))
     for line in warnings:

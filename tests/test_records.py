@@ -137,8 +137,9 @@ def test_framework_node_channels_are_the_partitions_its_instructions_cover(tmp_p
     assert r.returncode == 0, r.stderr
     with traces.open(tmp_path / "p.ntff") as p:
         assert p.sql("SELECT DISTINCT channels FROM instruction_info").column(0).to_pylist() == [64]
-        [row] = p.sql("""SELECT node_name, scalar_engine_instruction_count AS ns, vector_engine_instruction_count AS nv,
-                                total_channels_scalar AS cs, total_channels_vector AS cv FROM FrameworkNode""").to_pylist()
+        [row] = p.sql("""SELECT node_name, scalar_engine_instruction_count AS ns,
+                                vector_engine_instruction_count AS nv, total_channels_scalar AS cs,
+                                total_channels_vector AS cv FROM FrameworkNode""").to_pylist()
     # instructions of the 2nd execution only: one of each engine, 64 partitions each
     assert row == {"node_name": "act", "ns": 1, "nv": 1, "cs": 64, "cv": 64}
 
