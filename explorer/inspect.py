@@ -260,10 +260,12 @@ def _profile_file(path: Path) -> Path | None:
     if not path.parent.is_dir():
         raise TraceError(f"capture -s {path}: the directory {path.parent} does not exist; create it first, "
                          "or pass a file in an existing directory")
-    if path.exists():
-        with open(path, "rb") as f:
-            head = f.read(12)
-        if head[8:12] != b"DUCK":   # a profile (a DuckDB database) is rewritten; anything else is kept
+    if path.exists():   # a profile is rewritten; anything else (another DuckDB database too) is kept
+        import traces
+
+        try:
+            traces.open(path).close()
+        except TraceError:
             raise TraceError(f"capture -s {path}: the file exists and is not a profile, so capture will not "
-                             "overwrite it; pass a new file name such as profile.ntff")
+                             "overwrite it; pass a new file name such as profile.ntff") from None
     return path

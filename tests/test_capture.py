@@ -151,9 +151,12 @@ def test_capture_to_a_profile_file_as_the_real_command_line(work):
 @pytest.mark.parametrize("args,needle", [
     (["-s", "nodir/profile.ntff"], "capture -s nodir/profile.ntff: the directory nodir does not exist"),
     (["-s", "x.npy"], "capture -s x.npy: the file exists and is not a profile, so capture will not overwrite it"),
+    (["-s", "other.duckdb"], "capture -s other.duckdb: the file exists and is not a profile"),
     (["-s", "profile_view.ntff", "--num-exec", "0"], "--num-exec must be >= 1"),
 ])
 def test_a_bad_profile_file_is_one_line(work, args, needle):
+    if not (work / "other.duckdb").exists():   # a DuckDB database of the user's, not a profile: kept
+        duckdb.connect(str(work / "other.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS a").close()
     before = {p: p.stat().st_mtime_ns for p in work.iterdir()}
     r = capture(work, *args)
     assert r.returncode == 1
