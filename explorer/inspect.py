@@ -15,9 +15,11 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,8 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("capture", help="run a saved NEFF with given or generated inputs and profile it",
                        description="Execute a NEFF on a simulated NeuronCore and write its profile.")
     c.add_argument("-n", "--neff", default="file.neff", help="the NEFF to run (default: file.neff)")
-    c.add_argument("-s", "--session-dir", default=None,
-                   help="profile output directory (default: ./output/<timestamp>_<neff name>)")
+    c.add_argument("-s", "--session-file", "--session-dir", dest="session", default=None, metavar="PATH",
+                   help="where the profile goes: FILE.ntff (or .duckdb, or an existing profile) is written as "
+                        "that one file, as the real flag (a DuckDB profile under that name: the real NTFF format "
+                        "is not public); any other PATH is a session directory, made if missing, that gets "
+                        "profile.duckdb (default: ./output/<timestamp>_<neff name>)")
     c.add_argument("--num-exec", type=int, default=1, help="number of executions (default 1)")
     c.add_argument("--profile-nth-exec", type=int, default=1,
                    help="record instructions of the Nth execution only (0 disables device profiling)")
@@ -119,7 +124,9 @@ def _run_profiled(cmd: list[str], session: Path, extra_env: dict[str, str]) -> t
     return code, interrupted
 
 
-def _finish(session: Path, code: int, include_warmup: bool, interrupted: bool = False) -> int:
+def _finish(session: Path, code: int, include_warmup: bool, interrupted: bool = False,
+            dest: Path | None = None) -> int:
+    """Finalise ``session`` into its profile.duckdb, or into the file ``dest`` (``capture -s profile.ntff``)."""
     import traces
 
     has_segments = any(p.is_file() for p in session.rglob("*") if p.name != "profile.duckdb")
@@ -131,13 +138,17 @@ def _finish(session: Path, code: int, include_warmup: bool, interrupted: bool = 
         return code
     if not has_segments and code:   # it failed before its first execution: its own error is above
         print(f"neuron-explorer: error: the workload ended with exit status {code} before recording any "
-              f"Neuron execution, so {session} holds no profile (its own output above says why)", file=sys.stderr)
+              f"Neuron execution, so {dest or session} holds no profile (its own output above says why)",
+              file=sys.stderr)
         return code
     if not has_segments:
-        print(f"neuron-explorer: error: no Neuron executions were recorded in {session}: does the script "
+        print(f"neuron-explorer: error: no Neuron executions were recorded in {dest or session}: does the script "
               "run a model through neuron_stack.trace or torch.compile(backend='neuron')?", file=sys.stderr)
         return 1
     profile = traces.finalize(session, include_warmup=include_warmup)
+    if dest is not None:   # one rename on the same file system: the file is the whole profile or untouched
+        os.replace(profile, dest)
+        profile = dest
     if interrupted:
         print(f"neuron-explorer: interrupted (Ctrl-C): the profile keeps what the workload recorded before it, "
               f"written to {profile}")
@@ -202,13 +213,59 @@ def _capture(args: argparse.Namespace) -> int:
         raise TraceError("inputs come in pairs: NAME file.npy [NAME file.npy ...]")
     if args.num_exec < 1 or not 0 <= args.profile_nth_exec <= args.num_exec:
         raise TraceError("--num-exec must be >= 1 and --profile-nth-exec between 0 and --num-exec")
-    session = Path(args.session_dir) if args.session_dir else _session_dir("output", neff.stem)
-    session.mkdir(parents=True, exist_ok=True)
+    target = _profile_file(Path(args.session)) if args.session else None
+    if target:   # the segments go to a hidden directory beside the file, removed once it is written
+        session = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".segments", dir=target.parent))
+    else:
+        session = Path(args.session) if args.session else _session_dir("output", neff.stem)
+        session.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "neuron_stack.tools.capture", str(neff), "--num-exec", str(args.num_exec),
            "--profile-nth-exec", str(args.profile_nth_exec)]
     if args.save_output_npy:
         cmd += ["--save-output-npy", args.save_output_npy]
-    code, interrupted = _run_profiled(cmd + ["--", *args.inputs], session, {})
-    if code != 0 and not interrupted and not any(session.iterdir()):
-        return code  # the child already printed its one-line error (bad NEFF, bad input)
-    return _finish(session, code, include_warmup=args.profile_nth_exec == 1, interrupted=interrupted)
+    try:
+        code, interrupted = _run_profiled(cmd + ["--", *args.inputs], session, {})
+        if code != 0 and not interrupted and not any(session.iterdir()):
+            return code  # the child already printed its one-line error (bad NEFF, bad input)
+        return _finish(session, code, include_warmup=args.profile_nth_exec == 1, interrupted=interrupted,
+                       dest=target)
+    except KeyboardInterrupt:   # a second Ctrl-C: the segments stay (finalisable), nothing is removed
+        _unfinished(session)
+        target = None
+        return 130
+    finally:
+        if target:
+            shutil.rmtree(session, ignore_errors=True)
+
+
+#: ``capture -s`` names a profile file, not a session directory, by these endings (the real ``profile.ntff``).
+PROFILE_FILE_SUFFIXES = (".ntff", ".duckdb")
+
+
+def _profile_file(path: Path) -> Path | None:
+    """The file ``capture -s PATH`` writes the profile to, or None when PATH is a session directory (an existing
+    directory, or a new path not ending in .ntff / .duckdb, as before). Refuses, as one line, a file whose directory
+    is missing and an existing file that is no profile (it would be overwritten).
+
+    >>> _profile_file(Path("/proc")) is None, _profile_file(Path("/proc/profile.ntff"))
+    (True, PosixPath('/proc/profile.ntff'))
+    """
+    if path.is_dir():
+        return None
+    kind = special_kind(path)
+    if kind:
+        raise TraceError(f"capture -s {path}: it is {kind}, not a file; pass a new file name such as profile.ntff")
+    if not path.exists() and path.suffix.lower() not in PROFILE_FILE_SUFFIXES:
+        return None
+    if not path.parent.is_dir():
+        raise TraceError(f"capture -s {path}: the directory {path.parent} does not exist; create it first, "
+                         "or pass a file in an existing directory")
+    if path.exists():   # a profile is rewritten; anything else (another DuckDB database too) is kept
+        import traces
+
+        try:
+            traces.open(path).close()
+        except TraceError:
+            raise TraceError(f"capture -s {path}: the file exists and is not a profile, so capture will not "
+                             "overwrite it; pass a new file name such as profile.ntff") from None
+    return path

@@ -27,6 +27,12 @@ def register(subparsers) -> None:
                                           "profiles in the inspect output directory "
                                           "($NEURON_RT_INSPECT_OUTPUT_DIR or ./output).")
     p.add_argument("profiles", nargs="*", metavar="PROFILE", help="profile.duckdb files or session directories")
+    p.add_argument("-s", "--session-file", metavar="PROFILE",
+                   help="the profile `capture -s profile.ntff` wrote (as the real `view -n x.neff -s profile.ntff`; "
+                        "same as a PROFILE argument)")
+    p.add_argument("-n", "--neff", metavar="NEFF",
+                   help="with -s: the NEFF that was captured; checked to be the one the profile ran (ours keeps the "
+                        "compiled model in the profile, so it is not read for anything else)")
     p.add_argument("--port", type=int, default=3001, help="port to serve on (default 3001, as the real tool)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: only this machine; use 0.0.0.0 deliberately)")
@@ -104,6 +110,37 @@ def resolve_profile(arg: str) -> Path:
     return path
 
 
+def check_pair(neff: Path, profile: Path) -> None:
+    """Refuse (one line) a NEFF that is not the one ``profile`` ran: the real tool needs the matching
+    ``.neff`` / ``.ntff`` pair; ours compares the NEFF header's hash (``neff.json``) with the profile's graphs'.
+
+    >>> check_pair(Path("/nonexistent.neff"), Path("p.ntff"))
+    Traceback (most recent call last):
+    ValueError: -n /nonexistent.neff: no such file; pass the NEFF given to capture -n
+    """
+    import json
+    import zipfile
+
+    import traces
+
+    if not neff.is_file():
+        raise ValueError(f"-n {neff}: no such file; pass the NEFF given to capture -n")
+    try:
+        with zipfile.ZipFile(neff) as z:
+            info = z.getinfo("neff.json")
+            if info.file_size > 1 << 20:   # a header is a few KiB; read it bounded
+                raise ValueError(f"-n {neff}: its neff.json header is {info.file_size} bytes, not a NEFF's")
+            digest = json.loads(z.read(info)).get("hash")
+    except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        raise ValueError(f"-n {neff}: not a NEFF (no readable neff.json header); pass the NEFF given to "
+                         "capture -n") from None
+    with traces.open(profile) as p:
+        ran = {h for h in p.graphs().column("neff_hash").to_pylist() if h}
+    if str(digest) not in ran:
+        raise ValueError(f"-n {neff} is not the NEFF {profile} ran (its hash {digest} is not among the profile's "
+                         f"{len(ran)} graph(s)); pass the NEFF given to capture -n, or leave -n out")
+
+
 def discover(output_dir: Path) -> list[Path]:
     """Profiles under the inspect output directory (``DIR/<session>/profile.duckdb``), newest first."""
     if not output_dir.is_dir():
@@ -146,6 +183,13 @@ def _view(args) -> int:
 
         ai_recommend.SETTINGS.update(ai_recommend.settings(args.ai_model, args.ai_region), enabled=True)
     paths = [resolve_profile(a) for a in args.profiles]
+    if args.neff and not args.session_file:
+        raise ValueError(f"view -n {args.neff}: give the profile it was captured into too: "
+                         f"view -n {args.neff} -s profile.ntff")
+    if args.session_file:
+        paths.append(resolve_profile(args.session_file))
+        if args.neff:
+            check_pair(Path(args.neff), paths[-1])
     if args.directory:
         root = Path(args.directory)
         if not root.is_dir():
@@ -154,7 +198,7 @@ def _view(args) -> int:
         paths += [_finalised(d) for d in sessions(root)]
         manager.SETTINGS["directory"] = root.resolve()
         print(f"neuron-explorer: {len(paths)} profile(s) in {root}/", file=sys.stderr)
-    elif not args.profiles:
+    elif not paths:
         out_dir = Path(os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "output"))
         paths = discover(out_dir)
         manager.SETTINGS["directory"] = out_dir.resolve() if out_dir.is_dir() else None
@@ -180,7 +224,8 @@ def _view(args) -> int:
             registry.get(key)
         except data.ExplorerError as exc:
             warnings.append(f"neuron-explorer: warning: {exc}")
-    if args.profiles and len(warnings) == len(paths):   # nothing to serve but error pages: refuse up front
+    # nothing to serve but error pages: refuse up front
+    if (args.profiles or args.session_file) and len(warnings) == len(paths):
         registry.close()
         raise ValueError(next(e.error for e in registry.entries.values()))
     for line in warnings:

@@ -120,3 +120,60 @@ def test_bad_neff_is_one_line(tmp_path):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "junk.neff: not a NEFF archive" in lines[0], r.stderr
+
+
+def test_capture_to_a_profile_file_as_the_real_command_line(work):
+    """``capture -n x.neff -s profile.ntff IN x.npy`` (the real command line, unchanged) writes exactly that file (a
+    DuckDB profile: the real NTFF format is not public) and nothing else; ``summary``, ``sql`` and the real
+    ``view -n x.neff -s profile.ntff`` open it; a second capture rewrites it."""
+    before = set(work.iterdir())
+    r = capture(work, "-s", "profile.ntff", "x", "x.npy", "scale", "scale.npy")
+    assert r.returncode == 0, r.stderr
+    assert "profile written to profile.ntff" in r.stdout and "neuron-explorer summary profile.ntff" in r.stdout
+    assert set(work.iterdir()) - before == {work / "profile.ntff"}   # no session directory, no segments left
+    run = lambda *a: subprocess.run([EXPLORER, *a], cwd=work, capture_output=True, text=True, timeout=120)  # noqa: E731
+    s = run("summary", "profile.ntff", "--json")
+    assert s.returncode == 0, s.stderr
+    [row] = json.loads(s.stdout)["summary"]
+    assert row["execution_count"] == 1 and row["event_count"] > 0
+    q = run("sql", "profile.ntff", "SELECT count(*) AS n FROM Instruction", "--format", "json")
+    assert q.returncode == 0 and json.loads(q.stdout)[0]["n"] == row["event_count"], q.stdout + q.stderr
+    v = run("view", "-n", "wd/model.neff", "-s", "profile.ntff", "--output-format", "summary-json")
+    assert v.returncode == 0, v.stderr
+    assert json.loads(v.stdout)["summary"][0]["total_time"] == row["total_time"]
+    first = (work / "profile.ntff").stat().st_mtime_ns
+    r = capture(work, "-s", "profile.ntff", "x", "x.npy", "--num-exec", "2")
+    assert r.returncode == 0, r.stderr
+    assert (work / "profile.ntff").stat().st_mtime_ns != first
+    assert json.loads(run("summary", "profile.ntff", "--json").stdout)["summary"][0]["execution_count"] == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-s", "nodir/profile.ntff"], "capture -s nodir/profile.ntff: the directory nodir does not exist"),
+    (["-s", "x.npy"], "capture -s x.npy: the file exists and is not a profile, so capture will not overwrite it"),
+    (["-s", "other.duckdb"], "capture -s other.duckdb: the file exists and is not a profile"),
+    (["-s", "profile_view.ntff", "--num-exec", "0"], "--num-exec must be >= 1"),
+])
+def test_a_bad_profile_file_is_one_line(work, args, needle):
+    if not (work / "other.duckdb").exists():   # a DuckDB database of the user's, not a profile: kept
+        duckdb.connect(str(work / "other.duckdb")).execute("CREATE TABLE t AS SELECT 1 AS a").close()
+    before = {p: p.stat().st_mtime_ns for p in work.iterdir()}
+    r = capture(work, *args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert {p: p.stat().st_mtime_ns for p in work.iterdir()} == before   # nothing written, nothing overwritten
+
+
+def test_view_checks_the_neff_profile_pair(work, tmp_path):
+    """The real ``view -n x.neff -s profile.ntff`` needs the matching pair: another NEFF is one line."""
+    r = capture(work, "-s", str(tmp_path / "p.ntff"))
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "other.neff"
+    bad.write_bytes(b"PK\x03\x04 not really")
+    v = subprocess.run([EXPLORER, "view", "-n", str(bad), "-s", str(tmp_path / "p.ntff"), "--output-format",
+                        "summary-json"], capture_output=True, text=True, timeout=120)
+    assert v.returncode == 1 and v.stderr.count("\n") == 1 and "not a NEFF" in v.stderr, v.stderr
+    v = subprocess.run([EXPLORER, "view", "-n", str(work / "wd/model.neff"), "--output-format", "summary-json"],
+                       capture_output=True, text=True, timeout=120)
+    assert v.returncode == 1 and "give the profile it was captured into too" in v.stderr, v.stderr

@@ -104,3 +104,59 @@ def test_instruction_columns_the_compiler_knows_are_filled(encoder):
             "SELECT field_name, field_description FROM SchemaFields WHERE table_name = 'Instruction'").to_pylist()}
         assert "NULL here: never filled: no compute instruction triggers a DMA" in why["dma_trigger_start_ts"]
         assert one("SELECT count(*) FROM Instruction WHERE dma_trigger_start_ts IS NOT NULL") == 0
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x):
+        return torch.exp(x) * 3.0   # one ACTIVATE (Scalar) and one TENSOR_SCALAR (Vector) per tile
+
+
+class _Channels(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = _Scaled()
+
+    def forward(self, x):
+        return self.act(x)
+
+
+def test_framework_node_channels_are_the_partitions_its_instructions_cover(tmp_path):
+    """A [64, N] elementwise layer: every instruction's access pattern covers 64 partitions, so its FrameworkNode's
+    total_channels_scalar / _vector are 64 × its Scalar / Vector instructions, counted by hand from the NEFF."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    neff = neuron_stack.trace(_Channels().eval(), torch.randn(64, 48)).save(tmp_path / "m.neff")
+    [sched] = Neff.load(neff).schedules.values()
+    per_exec = {e: sched.table.column("engine").to_pylist().count(e) for e in ("scalar", "vector")}
+    assert per_exec == {"scalar": 1, "vector": 1}
+    r = subprocess.run([sys.executable, "-m", "explorer.cli", "capture", "-n", str(neff), "-s",
+                        str(tmp_path / "p.ntff"), "--num-exec", "2", "--profile-nth-exec", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with traces.open(tmp_path / "p.ntff") as p:
+        assert p.sql("SELECT DISTINCT channels FROM instruction_info").column(0).to_pylist() == [64]
+        [row] = p.sql("""SELECT node_name, scalar_engine_instruction_count AS ns,
+                                vector_engine_instruction_count AS nv, total_channels_scalar AS cs,
+                                total_channels_vector AS cv FROM FrameworkNode""").to_pylist()
+    # instructions of the 2nd execution only: one of each engine, 64 partitions each
+    assert row == {"node_name": "act", "ns": 1, "nv": 1, "cs": 64, "cv": 64}
+
+
+def test_channels_are_null_where_not_recorded(tmp_path):
+    """Rows from before instruction_info.channels (old segments are cast, the column null) give NULL totals, not 0."""
+    w = traces.Writer(tmp_path, run={"run_id": "r"})
+    w.append("graphs", {"graph_id": [1], "run_id": ["r"], "name": ["g"], "kind": ["trace"]})
+    w.append("ops", {"op_id": [1], "graph_id": [1], "aten_op": ["aten::exp"], "module_path": ["act"]})
+    w.append("executions", {"exec_id": [1], "graph_id": [1], "run_id": ["r"], "core": [0], "start_ns": [0],
+                            "end_ns": [100]})
+    w.append("instructions", {"exec_id": [1, 1], "core": [0, 0], "engine": ["scalar", "tensor"],
+                              "queue": ["Scalar", "PE"], "pc": [0, 0], "opcode": ["ACTIVATE", "MATMUL"],
+                              "op_id": [1, 1], "start_ns": [0, 10], "dur_ns": [10, 10]})
+    w.append("instruction_info", {"graph_id": [1], "partition": [0], "queue": ["Scalar"], "pc": [0], "pcore": [0],
+                                  "seq": [0]})
+    w.close()
+    with traces.open(traces.finalize(tmp_path)) as p:
+        [row] = p.sql("SELECT total_channels_scalar AS cs, total_channels_vector AS cv FROM FrameworkNode").to_pylist()
+    assert row == {"cs": None, "cv": 0}   # a Scalar instruction of unknown channels; no Vector instruction

@@ -24,28 +24,35 @@ _ROWS = (
     "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END AS hw, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END AS sr, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END AS sw, "
-    "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, i.dur_ns AS dur, 1 AS cnt, "
+    "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, i.dur_ns AS dur, 1 AS cnt, {ch}"
     + ", ".join(f"(i.engine = '{e}')::INT AS n_{e}" for e in COMPUTE_ENGINES) + " "
     "FROM " + _DMA_SOURCE.replace("WHERE i.engine = 'dma'", "LEFT JOIN main.ops AS o ON o.op_id = i.op_id ")
     + "{join} WHERE i.engine <> 'cpu' AND {where}")
-_SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw", "dur", "cnt") + tuple(
+#: Scalar / Vector instructions' channels (instruction_info.channels, schema 1.7.0); NULL on other engines.
+_CHANNELS = ("CASE WHEN i.engine = 'scalar' THEN n.channels END AS chs, "
+             "CASE WHEN i.engine = 'vector' THEN n.channels END AS chv, ")
+_SUMS = ("el", "tel", "mfl", "hfl", "hr", "hw", "sr", "sw", "lw", "dur", "cnt", "chs", "chv") + tuple(
     f"n_{e}" for e in COMPUTE_ENGINES)
 
 
-def rows(keys: str, where: str, join: str = "") -> str:
+def rows(keys: str, where: str, join: str = "", channels: bool = True) -> str:
     """One row per device instruction (not on the CPU) matching ``where``, with the columns ``keys`` (expressions
     over ``i`` instructions, ``o`` ops, ``n`` instruction_info, named) and what a node adds up: ``x`` (exec_id),
     ``s``/``e`` (start, end), ``el``/``tel`` (elements, transpose elements), ``mfl``/``hfl`` (Tensor Engine
     FLOPs without / with transposes), ``hr``/``hw`` (HBM), ``sr``/``sw`` (SBUF), ``lw`` (LDWEIGHTS), ``dur``,
-    ``cnt`` and ``n_<engine>``. Example: ``rows("i.op_id AS k", "TRUE")``."""
-    return _ROWS.format(key=keys, where=where, join=join)
+    ``cnt``, ``chs``/``chv`` (a Scalar / Vector instruction's channels, else NULL; with ``channels=False`` the
+    rows do not read ``instruction_info.channels``, for a query over a profile recorded before it was) and
+    ``n_<engine>``. Example: ``rows("i.op_id AS k", "TRUE")``."""
+    ch = _CHANNELS if channels else "NULL::INTEGER AS chs, NULL::INTEGER AS chv, "
+    return _ROWS.format(key=keys, where=where, join=join, ch=ch)
 
 
 def nodes(key: str, where: str, join: str = "") -> str:
     """Per node ``k`` (``key``: an expression over ``i`` instructions, ``o`` ops, ``n`` instruction_info): its
     merged intervals as lists (``iv``, ``el``, ``tel``, ``hb``, ``hfu``, ``mfu``, ``mbu`` per interval), their
     span (``s``, ``e``), their total length ``active_ns``, and the totals over its instructions (:func:`rows`):
-    ``dur`` (Σ durations), ``cnt``, ``hfl``/``mfl``, ``hr``/``hw``, ``sr``/``sw``, ``lw``. The one definition of a
+    ``dur`` (Σ durations), ``cnt``, ``hfl``/``mfl``, ``hr``/``hw``, ``sr``/``sw``, ``lw``, ``chs``/``chv`` (NULL
+    when no Scalar / Vector instruction's channels are known). The one definition of a
     node's figures: FrameworkNode and HloInstruction read it; the operator table (:mod:`traces.q_operators`) adds
     up the same :func:`rows` with the same formulas (:data:`HFU_SQL`, :data:`MFU_SQL`)."""
     isl = islands(rows(f"{key} AS k", where, join), "k", _SUMS)
@@ -92,6 +99,11 @@ STAGE_FIGURES = (
     F("sbuf_write_bytes", "int64", _B, False, "Bytes written to SBUF.", "h.sw", _BYTES),
     F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
 )
+
+#: Σ channels of a node's Scalar / Vector instructions: 0 without any, NULL when none's channels are known.
+_TOTAL_CHANNELS = "coalesce(h.{c}, CASE WHEN h.n_{e} = 0 THEN 0 END)"
+_CHANNELS_WHY = ("Σ over its instructions (every execution) of instruction_info.channels: the partitions (engine "
+                 "lanes) each one's access pattern covers; NULL where not recorded (a profile before schema 1.7.0)")
 
 _MODULE = "nullif(o.module_path, '')"
 #: Each op's module path and every prefix of it: the op belongs to all its enclosing modules.
@@ -143,10 +155,10 @@ FRAMEWORK_NODE = Table(
             for e in ("tensor", "scalar", "sync", "gpsimd", "vector"))
     + (
         F("load_weight_bytes", "int64", _B, False, "Bytes loaded by LDWEIGHTS.", "h.lw"),
-        F("total_channels_scalar", "int64", None, False, "Channels processed by Scalar instructions.", None,
-          "channels per instruction are not recorded"),
-        F("total_channels_vector", "int64", None, False, "Channels processed by Vector instructions.", None,
-          "channels per instruction are not recorded"),
+        F("total_channels_scalar", "int64", None, False, "Channels processed by Scalar instructions.",
+          _TOTAL_CHANNELS.format(e="scalar", c="chs"), _CHANNELS_WHY),
+        F("total_channels_vector", "int64", None, False, "Channels processed by Vector instructions.",
+          _TOTAL_CHANNELS.format(e="vector", c="chv"), _CHANNELS_WHY),
     ),
 )
 

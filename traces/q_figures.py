@@ -457,12 +457,13 @@ def fallbacks(p) -> pa.Table:
 
 
 def graphs(p) -> pa.Table:
-    """Every graph with its call site, executions and first compile time (``compile_ts``), compile order;
+    """Every graph (with its NEFF's hash) with its call site, executions and first compile time (``compile_ts``),
+    compile order;
     ``recompiled`` (:data:`traces.summary_sql.RECOMPILED_SQL`) and ``before_window`` (loaded before the recording
     window: :data:`traces.summary_sql.WINDOW_CTES`), so a page's counts are the Summary's."""
     return p.sql(f"""
         WITH {WINDOW_CTES}
-        SELECT g.graph_id, g.name, g.kind, g.input_signature, g.compile_wall_ns, g.compile_ns, g.cache_hit,
+        SELECT g.graph_id, g.name, g.kind, g.neff_hash, g.input_signature, g.compile_wall_ns, g.compile_ns, g.cache_hit,
                g.recompile_of, g.recompile_reason, g.source_id, s.file, s.line, s.code,
                coalesce({RECOMPILED_SQL}, FALSE) AS recompiled,
                g.graph_id IN (SELECT graph_id FROM before_window) AS before_window,

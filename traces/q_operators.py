@@ -96,7 +96,7 @@ def operator_table(p, include_warmup: bool | None = None) -> pa.Table:
     warm = (p.metadata().get("summary_includes_warmup", "false") == "true" if include_warmup is None
             else include_warmup)
     where = f"i.exec_id IN (SELECT exec_id FROM main.executions WHERE {measured_condition(warm)})"
-    x0 = p.sql(_X0.format(src=rows("i.op_id, i.opcode", where)))
+    x0 = p.sql(_X0.format(src=rows("i.op_id, i.opcode", where, channels=False)))
     kk = _nodes(p, x0)
     params = {c: kk.column(c).to_pylist() for c in kk.column_names}
     act = _active(p, where, params, kk)

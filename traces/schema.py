@@ -18,7 +18,8 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.6.0"   # 1.6.0: serving_steps.request_ns, ops.stack (the user's call stack);
+SCHEMA_VERSION = "1.7.0"   # 1.7.0: instruction_info.channels (partitions an instruction covers);
+# 1.6.0: serving_steps.request_ns, ops.stack (the user's call stack);
 # 1.5.0: ops.fwd_source_id (a backward op's forward line);
 # instruction_info (the compiler's facts per instruction of a graph);
 # 1.4.0: instructions.pcore (the physical core of an LNC=2 logical core);
@@ -152,7 +153,7 @@ INSTRUCTION_INFO = pa.schema([
     ("graph_id", _i64), ("partition", _i32), ("queue", _str), ("pc", _i32), ("pcore", _i32), ("seq", _i32),
     ("operands", _str), ("instruction_type", _str), ("activation_fn", _str), ("psum_read_bytes", _i64),
     ("psum_write_bytes", _i64), ("psum_read_sbuf_write_bytes", _i64), ("tensor_elements", _i64),
-    ("performance_mode", _str), ("spill_save_bytes", _i64), ("spill_reload_bytes", _i64),
+    ("performance_mode", _str), ("spill_save_bytes", _i64), ("spill_reload_bytes", _i64), ("channels", _i32),
 ])
 
 #: the columns the recorder adds to each record table (the NEFF stores the rest)

@@ -303,7 +303,11 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                        'performance_mode': 'Vector Engine: the mode the cost model applied (1x; 2x/4x for low '
                                            'precision on NC-v3: device/cost.vector_perf_mode)',
                        'spill_save_bytes': "the instruction's spill traffic",
-                       'spill_reload_bytes': "the instruction's spill traffic"}),
+                       'spill_reload_bytes': "the instruction's spill traffic",
+                       'channels': "(1.7.0) the partitions (engine lanes, the real Metadata's "
+                                   "*_engine_num_channels) its output's SBUF/PSUM access pattern covers (its first "
+                                   "count), else its first on-chip input's; NULL without an on-chip operand, and "
+                                   'in profiles recorded before 1.7.0'}),
  'lod_busy': ('The level-of-detail pyramid.',
               {'level': 'k: buckets are 2^k ns wide; from lod_base_level (a bucket is at least 16 mean instruction '
                         'durations, at least 1/65536 of the trace and at least 64 ns wide) up to lod_top_level (≤ '

@@ -74,12 +74,29 @@ def _operand_bytes(o: dict) -> int:
     return n * nbytes_of(o.get("dt", "float32"))
 
 
+def _channels(dst: list, src: list) -> int | None:
+    """The partitions (channels) an instruction's lanes cover: the partition count of its output's on-chip
+    access pattern (SBUF/PSUM: the first ``[stride, num]`` pair, :mod:`neuron_stack.isa.instructions`), else its
+    first on-chip input's (a DMA to HBM); None without an on-chip operand (a semaphore wait, HBM to HBM).
+
+    >>> _channels([{"m": "sbuf", "ap": [[512, 64], [1, 512]]}], [])
+    64
+    >>> _channels([{"m": "hbm", "ap": [[1, 4096]]}], [{"m": "sbuf", "ap": [[16, 128], [1, 16]]}])
+    128
+    """
+    for o in (*dst, *src):
+        if o.get("m") in ("sbuf", "psum") and o.get("ap"):
+            return int(o["ap"][0][1])
+    return None
+
+
 def instruction_info(schedule: pa.Table, profile) -> pa.Table:
     """What the compiler knows about each instruction of a scheduled partition, for the profile's
     ``instruction_info`` table and the ``Instruction`` view's columns the per-execution rows do not carry:
     the operands (JSON access patterns), the compiler's instruction index (``seq``: the id ``Flow`` uses),
     the Tensor Engine's instruction type, the activation function, PSUM traffic, the Tensor Engine's
-    elements, the Vector Engine's performance mode (``device/cost.py``) and spill traffic. One row per
+    elements, the Vector Engine's performance mode (``device/cost.py``), spill traffic and the channels
+    (partitions) the instruction covers (:func:`_channels`). One row per
     ``(queue, pc, pcore)``; empty for a schedule compiled without operands (timings only).
 
     >>> from neuron_stack.device.profiles import get_profile
@@ -88,8 +105,8 @@ def instruction_info(schedule: pa.Table, profile) -> pa.Table:
     ...     "operands": ['{"dst":[{"m":"sbuf","dt":"float32","ap":[[1,128],[1,4]]}],'
     ...                  '"src":[{"m":"psum","dt":"float32","ap":[[1,128],[1,4]]}],"func":"gelu"}']})
     >>> row = instruction_info(t, get_profile("trn1")).to_pylist()[0]
-    >>> row["activation_fn"], row["psum_read_bytes"], row["psum_read_sbuf_write_bytes"]
-    ('GELU', 2048, 2048)
+    >>> row["activation_fn"], row["psum_read_bytes"], row["psum_read_sbuf_write_bytes"], row["channels"]
+    ('GELU', 2048, 2048, 128)
     """
     from neuron_stack.device.cost import vector_perf_mode
 
@@ -116,7 +133,8 @@ def instruction_info(schedule: pa.Table, profile) -> pa.Table:
             psum_read_sbuf_write_bytes=psum_in if any(o.get("m") == "sbuf" for o in dst) else 0,
             tensor_elements=_operand_bytes(src[0]) // nbytes_of(src[0].get("dt", "float32"))
             if r["engine"] == "tensor" and src else None,
-            performance_mode=f"{vector_perf_mode(profile, r['opcode'], dtype)}x" if r["engine"] == "vector" else None)
+            performance_mode=f"{vector_perf_mode(profile, r['opcode'], dtype)}x" if r["engine"] == "vector" else None,
+            channels=_channels(dst, src))
         for k in cols:
             cols[k].append(values[k])
     return pa.table(cols, schema=INSTRUCTION_INFO_SCHEMA)
