@@ -21,12 +21,14 @@ def compile_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def recorded_samples(tmp_path_factory):
-    """Sample workloads recorded with profiling on, each once per session: ``recorded_samples.get(name, ...)``
-    returns ``{name: profile.duckdb}`` (tests/recorded_samples.py)."""
+def recorded_samples(tmp_path_factory, worker_id):
+    """Sample workloads recorded with profiling on, each once per run (xdist's workers share the recording,
+    as pytest-xdist documents for once-only session fixtures): ``recorded_samples.get(name, ...)`` returns
+    ``{name: profile.duckdb}``, this worker's copy (tests/recorded_samples.py)."""
     from recorded_samples import Recorder
 
-    return Recorder(tmp_path_factory.mktemp("samples"))
+    shared = tmp_path_factory.getbasetemp().parent / "samples" if worker_id != "master" else None
+    return Recorder(tmp_path_factory.mktemp("samples"), shared)
 
 
 def pytest_addoption(parser):

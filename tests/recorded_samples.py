@@ -7,10 +7,13 @@ directory, and returns ``{name: profile.duckdb}``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from filelock import FileLock
 
 import traces
 
@@ -110,55 +113,80 @@ CORE_VARIABLES = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_STAC
 
 
 class Recorder:
-    """Records workloads into ``root`` on demand and remembers the profiles."""
+    """Records workloads on demand and remembers the profiles.
 
-    def __init__(self, root: Path):
+    Under pytest-xdist the workers share ``shared``: the first worker to ask for a workload records it there
+    (under a file lock) and every worker reads its own copy in ``root``, so a run records each workload once
+    and no worker's reads meet another's writes (annotations, names) on one file."""
+
+    def __init__(self, root: Path, shared: Path | None = None):
         self.root = Path(root)
+        self.shared = Path(shared or root)
+        self.shared.mkdir(parents=True, exist_ok=True)
         self.profiles: dict[str, Path] = {}
-        (self.root / "two_targets.py").write_text(TWO_TARGETS)
-        (self.root / "live_dump.py").write_text(LIVE_DUMP)
-        (self.root / "profiler_window.py").write_text(PROFILER_WINDOW)
+        with FileLock(self.shared / "recorder.lock"):
+            for name, text in (("two_targets.py", TWO_TARGETS), ("live_dump.py", LIVE_DUMP),
+                               ("profiler_window.py", PROFILER_WINDOW)):
+                if not (self.shared / name).exists():
+                    (self.shared / name).write_text(text)
 
     def live_file(self, name: str) -> Path:
         """The live snapshots ``name`` published, as it ended (JSON list, ring buffers left out)."""
         return self.root / f"{name}.live.json"
 
+    def _record(self, procs: dict[str, subprocess.Popen], profile) -> None:
+        """Wait for ``procs`` and write each one's marker: its profile's path under ``shared``."""
+        for key, proc in procs.items():
+            text, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, f"{key}: {text[-2000:]}"
+            (self.shared / f"{key}.done").write_text(str(profile(key).relative_to(self.shared)))
+
+    def _take(self, keys) -> None:
+        """This worker's copies of the recorded ``keys`` (their directories and live files)."""
+        for key in (k for k in keys if k not in self.profiles):
+            path = self.shared / (self.shared / f"{key}.done").read_text()
+            if self.shared != self.root:
+                shutil.copytree(self.shared / key, self.root / key, dirs_exist_ok=True)
+                if (live := self.shared / f"{key}.live.json").exists():
+                    shutil.copy(live, self.root / live.name)
+                path = self.root / path.relative_to(self.shared)
+            self.profiles[key] = path
+
     def windows(self, *modes: str) -> dict[str, Path]:
         """``{mode: profile.duckdb}``: the one torch.profiler window :data:`PROFILER_WINDOW` records in each
         ``mode`` (``eager``, ``compiled``), run side by side, profiling off outside the window."""
-        procs = {}
-        for mode in (m for m in modes if f"window_{m}" not in self.profiles):
-            env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES and not k.startswith("NEURON_RT_")}
-            env.update(NEURON_STACK_RUNTIME_DIR=str(self.root / f"window_{mode}.cores"),
-                       NEURON_STACK_LIVE_DIR=str(self.root / f"window_{mode}.live"),
-                       NEURON_COMPILE_CACHE_URL=str(self.root / f"window_{mode}.cache"),
-                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-            cmd = [sys.executable, "profiler_window.py", mode, str(self.root / f"window_{mode}")]
-            procs[mode] = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True)
-        for mode, proc in procs.items():
-            text, _ = proc.communicate(timeout=600)
-            assert proc.returncode == 0, f"{mode}: {text[-2000:]}"
-            (path,) = sorted((self.root / f"window_{mode}").glob("*/*/profile.duckdb"))
-            self.profiles[f"window_{mode}"] = path
+        keys = [f"window_{m}" for m in modes]
+        with FileLock(self.shared / "recorder.lock"):
+            procs = {}
+            for mode in (m for m in modes if not (self.shared / f"window_{m}.done").exists()):
+                env = {k: v for k, v in os.environ.items()
+                       if k not in CORE_VARIABLES and not k.startswith("NEURON_RT_")}
+                env.update(NEURON_STACK_RUNTIME_DIR=str(self.shared / f"window_{mode}.cores"),
+                           NEURON_STACK_LIVE_DIR=str(self.shared / f"window_{mode}.live"),
+                           NEURON_COMPILE_CACHE_URL=str(self.shared / f"window_{mode}.cache"),
+                           PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+                cmd = [sys.executable, "profiler_window.py", mode, str(self.shared / f"window_{mode}")]
+                procs[f"window_{mode}"] = subprocess.Popen(cmd, cwd=self.shared, env=env, stdout=subprocess.PIPE,
+                                                           stderr=subprocess.STDOUT, text=True)
+            self._record(procs, lambda key: min((self.shared / key).glob("*/*/profile.duckdb")))
+        self._take(keys)
         return {m: self.profiles[f"window_{m}"] for m in modes}
 
     def get(self, *names: str) -> dict[str, Path]:
         """``{name: profile.duckdb}`` for ``names``, recording the missing ones side by side."""
-        procs = {}
-        for name in (n for n in names if n not in self.profiles):
-            env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES}
-            env.update(NEURON_RT_INSPECT_ENABLE="1",
-                       NEURON_RT_INSPECT_DEVICE_PROFILE="session", NEURON_RT_INSPECT_OUTPUT_DIR=str(self.root / name),
-                       NEURON_STACK_RUNTIME_DIR=str(self.root / f"{name}.cores"),
-                       NEURON_STACK_LIVE_DIR=str(self.root / f"{name}.live"),
-                       NEURON_COMPILE_CACHE_URL=str(self.root / f"{name}.cache"),
-                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
-            procs[name] = subprocess.Popen([sys.executable, "live_dump.py", str(self.live_file(name)),
-                                            *WORKLOADS[name]], cwd=self.root, env=env,
-                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for name, proc in procs.items():
-            text, _ = proc.communicate(timeout=600)
-            assert proc.returncode == 0, f"{name}: {text[-2000:]}"
-            self.profiles[name] = traces.finalize(self.root / name)
+        with FileLock(self.shared / "recorder.lock"):
+            procs = {}
+            for name in (n for n in names if not (self.shared / f"{n}.done").exists()):
+                env = {k: v for k, v in os.environ.items() if k not in CORE_VARIABLES}
+                env.update(NEURON_RT_INSPECT_ENABLE="1", NEURON_RT_INSPECT_DEVICE_PROFILE="session",
+                           NEURON_RT_INSPECT_OUTPUT_DIR=str(self.shared / name),
+                           NEURON_STACK_RUNTIME_DIR=str(self.shared / f"{name}.cores"),
+                           NEURON_STACK_LIVE_DIR=str(self.shared / f"{name}.live"),
+                           NEURON_COMPILE_CACHE_URL=str(self.shared / f"{name}.cache"),
+                           PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+                procs[name] = subprocess.Popen([sys.executable, "live_dump.py", str(self.shared / f"{name}.live.json"),
+                                                *WORKLOADS[name]], cwd=self.shared, env=env,
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._record(procs, lambda key: traces.finalize(self.shared / key))
+        self._take(names)
         return {n: self.profiles[n] for n in names}
