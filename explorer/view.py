@@ -43,9 +43,10 @@ def register(subparsers) -> None:
     p.add_argument("--system-trace-filter-instance-id", metavar="IDS", help="System Trace: these instances only")
     p.add_argument("--ignore-device-profile", action="store_true",
                    help="System Trace: no drill-down from an execution into its device timeline; --output-format "
-                        "perfetto: no device_profile_model_*.pftrace")
+                        "perfetto / json: no device_profile_model_*.pftrace / .json")
     p.add_argument("--ignore-system-profile", action="store_true",
-                   help="do not show the system profile; --output-format perfetto: no system_profile.pftrace")
+                   help="do not show the system profile; --output-format perfetto / json: no "
+                        "system_profile.pftrace / .json")
     p.add_argument("-d", "--directory", metavar="DIR",
                    help="serve every profile under DIR (session directories, finalised first) and manage them: "
                         "the Profiles page deletes and uploads there")
@@ -54,7 +55,8 @@ def register(subparsers) -> None:
     p.add_argument("--output-format", choices=("summary-text", "summary-json", "json", "perfetto", "parquet"),
                    help="instead of serving, as the real flag: print each profile's Summary (summary-text, "
                         "summary-json: neuron-explorer summary [--json]) or write it beside the profile "
-                        "(json: profile.json, every real table, at most 1,000,000 rows each; "
+                        "(json: system_profile.json and one device_profile_model_<graph_id>.json per graph, "
+                        "every real table, at most 1,000,000 rows each; "
                         "perfetto: Perfetto's protobuf, system_profile.pftrace and one "
                         "device_profile_model_<graph_id>.pftrace per graph (Chrome JSON: neuron-explorer export "
                         "--format perfetto); parquet: the processed profile, as "
@@ -305,9 +307,8 @@ def _output(paths: list[Path], args) -> int:
                                                include_warmup=False))
         elif fmt == "perfetto":   # the real files, beside the profile: system_profile.pftrace, device_profile_model_*
             cli.pftrace_cmd(str(path), path.parent, args, new_dir=False)
-        else:
-            cli.export_cmd(argparse.Namespace(profile=str(path), format=fmt, output=str(path.parent / "profile.json"),
-                                              start_ns=None, end_ns=None))
+        else:                     # json: system_profile.json, device_profile_model_<graph_id>.json
+            cli.json_files_cmd(str(path), path.parent, args)
     return 0
 
 

@@ -124,12 +124,14 @@ def test_view_directory_and_ingest_only(tmp_path):
     assert js.returncode == 0 and js.stdout.count('"summary": [') == 2
     full = subprocess.run([*view, "json"], capture_output=True, text=True, timeout=300)
     assert full.returncode == 0, full.stderr
-    doc = json.loads((out / "20260111_mlp" / "profile.json").read_text())
+    docs = [json.loads(f.read_text()) for f in (out / "20260111_mlp").glob("device_profile_model_*.json")]
+    assert docs and (out / "20260111_mlp" / "system_profile.json").is_file()   # the real files (test_json_files)
     with traces.open(out / "20260111_mlp") as p:    # the same rows as the profile's real tables
-        assert len(doc["tables"]["Instruction"]) == p.sql('SELECT count(*) FROM "Instruction"').column(0)[0].as_py()
+        n = p.sql('SELECT count(*) FROM "Instruction"').column(0)[0].as_py()
+        assert sum(len(d["tables"]["Instruction"]) for d in docs) == n
         total = p.sql('SELECT total_time FROM "Summary"').column(0)[0].as_py()
-        assert doc["tables"]["Summary"][0]["total_time"] == total
-    assert doc["truncated"] == [] and "DmaPacket" in doc["tables"]
+        assert docs[0]["tables"]["Summary"][0]["total_time"] == total
+    assert docs[0]["truncated"] == [] and "DmaPacket" in docs[0]["tables"]
     perf = subprocess.run([*view, "perfetto"], capture_output=True, text=True, timeout=300)   # the real files
     assert perf.returncode == 0 and (out / "20260111_mlp" / "system_profile.pftrace").is_file(), perf.stderr
     assert list((out / "20260111_mlp").glob("device_profile_model_*.pftrace"))

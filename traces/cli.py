@@ -370,6 +370,21 @@ def pftrace_cmd(profile: str, out_dir: Path, args: argparse.Namespace, new_dir: 
     print(f"{PROG}: open them at https://ui.perfetto.dev")
 
 
+def json_files_cmd(profile: str, out_dir: Path, args: argparse.Namespace) -> None:
+    """Write ``profile``'s real JSON files (``system_profile.json``, ``device_profile_model_<graph_id>.json``)
+    into ``out_dir`` (``view --output-format json``) and say what was written."""
+    from traces import json_files
+
+    with _open(profile) as p:
+        files = json_files.write(p, out_dir, system=not getattr(args, "ignore_system_profile", False),
+                                 device=not getattr(args, "ignore_device_profile", False))
+    for f in files:
+        cut = (f" ({', '.join(f.truncated)} cut at {json_files.MAX_ROWS:,} rows: query the profile for the rest)"
+               if f.truncated else "")
+        print(f"{PROG}: wrote {Path(out_dir) / f.path.name}: {len(f.rows)} tables, "
+              f"{sum(f.rows.values()):,} rows{cut}")
+
+
 def export_cmd(args: argparse.Namespace) -> int:
     """``neuron-explorer export PROFILE --format perfetto|pftrace|parquet|csv|json -o OUT``."""
     from traces.export import export

@@ -115,6 +115,21 @@ def _window_params(profile, t0: int | None, t1: int | None) -> dict:
     return params
 
 
+def executed_graphs(profile, lo: int = -(2**62), hi: int = 2**62) -> list[int]:
+    """The graphs executed in ``[lo, hi)`` (projected-clock ns), in id order: one device file each
+    (``device_profile_model_<graph_id>.pftrace`` and ``.json``, as the real tool's one per compiled model).
+
+    >>> import tempfile, traces, traces.synthetic
+    >>> d = tempfile.mkdtemp()
+    >>> _ = traces.synthetic.write_run(d, executions=2, instructions=40)
+    >>> with traces.open(d) as p:
+    ...     len(executed_graphs(p))
+    1
+    """
+    return profile.sql("SELECT DISTINCT graph_id FROM executions WHERE end_ns > $lo AND start_ns < $hi "
+                       "AND graph_id IS NOT NULL ORDER BY graph_id", {"lo": lo, "hi": hi}).column(0).to_pylist()
+
+
 def _lanes_sql() -> str:
     """The CTEs every query shares: one pid per (run, core) lane group and one per run's host; tids per track
     within a pid. ``$graph`` (NULL for all) keeps one graph's executions and instructions."""
@@ -434,11 +449,11 @@ def csv(profile, out: str | os.PathLike) -> Path:
 
 
 def full_json(profile, out: str | os.PathLike, max_rows: int = JSON_MAX_ROWS) -> Path:
-    """Write the whole profile as one JSON document, as the real tool's ``view --output-format json``:
+    """Write the whole profile as one JSON document (``export --format json``):
     ``{"format", "tables": {name: [row, ...]}, "truncated": [names]}`` with every real table
     (``Instruction``, ``Summary``, ``Metadata``, ``DmaPacket``, ...) under its real name, each at most
-    ``max_rows`` rows (those cut are listed in ``truncated``). Streamed table by table through DuckDB, so a
-    large profile never sits in memory as Python objects. Returns the file.
+    ``max_rows`` rows (those cut are listed in ``truncated``). ``view --output-format json`` writes the real
+    tool's files instead (:mod:`traces.json_files`). Returns the file.
 
     >>> import tempfile, traces, traces.synthetic
     >>> d = tempfile.mkdtemp()
@@ -448,25 +463,41 @@ def full_json(profile, out: str | os.PathLike, max_rows: int = JSON_MAX_ROWS) ->
     >>> len(doc["tables"]["Instruction"]), "Instruction" in doc["truncated"], "Summary" in doc["tables"]
     (10, True, True)
     """
+    tables = [(name, "", {}) for name in profile.real_tables()]
+    json_tables(profile, out, {"format": "neuron-explorer full-profile json"}, tables, max_rows)
+    return Path(out)
+
+
+def json_tables(profile, out: str | os.PathLike, head: dict, tables: list[tuple[str, str, dict]],
+                max_rows: int = JSON_MAX_ROWS) -> tuple[dict[str, int], list[str]]:
+    """Write the JSON document ``{**head, "tables": {name: [row, ...]}, "truncated": [names]}`` to ``out``
+    (through a temporary file renamed into place): per ``(name, where, params)`` the real table ``name``'s rows
+    that pass the SQL condition ``where`` ("" for all; its values in ``params``), at most ``max_rows`` each.
+    Streamed table by table through DuckDB, so a large profile never sits in memory as Python objects.
+    Returns the rows written per table and the names of the tables cut.
+    Example: ``json_tables(p, "x.json", {}, [("Summary", "", {})])``.
+    """
     out = Path(out)
     if max_rows < 1:
         raise TraceError(f"max_rows {max_rows}: give at least 1")
     tmp_dir = out.with_name(f".{out.name}.{os.getpid()}.parts")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp_dir, ignore_errors=True)
+    rows, cut = {}, []
     try:
         tmp_dir.mkdir(parents=True)
-        names, cut = profile.real_tables(), []
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write('{"format": "neuron-explorer full-profile json", "tables": {')
-            for i, name in enumerate(names):
-                part = tmp_dir / f"{i}.json"
-                n = profile.sql(f'SELECT count(*) AS n FROM (SELECT 1 FROM {profile_schema.SCHEMA}."{name}" '
-                                "LIMIT $n)", {"n": max_rows + 1}).column(0)[0].as_py()
+            f.write(json.dumps(head)[:-1] + (", " if head else "") + '"tables": {')
+            for i, (name, where, params) in enumerate(tables):
+                query = f'SELECT * FROM {profile_schema.SCHEMA}."{name}"' + (f" WHERE {where}" if where else "")
+                n = profile.sql(f"SELECT count(*) AS n FROM ({query} LIMIT $n)",
+                                {**params, "n": max_rows + 1}).column(0)[0].as_py()
+                rows[name] = min(n, max_rows)
                 if n > max_rows:
                     cut.append(name)
-                profile.sql(f'COPY (SELECT * FROM {profile_schema.SCHEMA}."{name}" LIMIT {int(max_rows)}) '
-                            f"TO {_quoted(part)} (FORMAT json, ARRAY true)")
+                part = tmp_dir / f"{i}.json"
+                profile.sql(f"COPY ({query} LIMIT {int(max_rows)}) TO {_quoted(part)} (FORMAT json, ARRAY true)",
+                            params or None)
                 f.write(("" if i == 0 else ", ") + json.dumps(name) + ": ")
                 with open(part, encoding="utf-8") as src:
                     shutil.copyfileobj(src, f)
@@ -474,12 +505,11 @@ def full_json(profile, out: str | os.PathLike, max_rows: int = JSON_MAX_ROWS) ->
             f.write('}, "truncated": ' + json.dumps(cut) + "}\n")
         os.replace(tmp, out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise TraceError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         tmp.unlink(missing_ok=True)
-    return out
+    return rows, cut
 
 
 #: the tables a window's CSV export holds, under the real tool's file names

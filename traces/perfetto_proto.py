@@ -110,9 +110,7 @@ def write(profile, out_dir: str | os.PathLike, t0: int | None = None, t1: int | 
                    lambda b: _system(profile, b, params, groups, max_slices))] if system else []
     if not device:
         return files
-    graphs = profile.sql("SELECT DISTINCT graph_id FROM executions WHERE end_ns > $lo AND start_ns < $hi "
-                         "AND graph_id IS NOT NULL ORDER BY graph_id", {"lo": params["lo"], "hi": params["hi"]})
-    for g in graphs.column(0).to_pylist():
+    for g in export.executed_graphs(profile, params["lo"], params["hi"]):
         files.append(_file(out_dir / f"device_profile_model_{g}.pftrace",
                            lambda b, g=g: _device(profile, b, dict(params, graph=g), max_slices)))
     return files
