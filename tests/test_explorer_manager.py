@@ -143,6 +143,7 @@ def test_delete_removes_the_profiles_parquet_tables_under_a_separate_data_path(a
     copy = root / "20260104_copy"
     shutil.copytree(root / KEYS[0], copy)
     key = data.registry().add(copy / "profile.duckdb")
+    manager.rename(key, "the copy")   # its own <display-name>@latest: one name is one processed directory
     workspace = tmp_path / "workspace"
     out, _ = processed.process(copy / "profile.duckdb", workspace)        # as view --data-path writes it
     kept, _ = processed.process(root / KEYS[1] / "profile.duckdb", workspace)
@@ -152,7 +153,7 @@ def test_delete_removes_the_profiles_parquet_tables_under_a_separate_data_path(a
         manager.delete(key)
     finally:
         manager.SETTINGS["data_path"] = None
-    assert not out.exists() and not copy.exists()
+    assert out != kept and not out.exists() and not copy.exists()
     assert (kept / "Summary.parquet").is_file()                          # another profile's tables stay
 
 
