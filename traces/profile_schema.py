@@ -366,6 +366,8 @@ EXTRA_DESCRIPTIONS = {
     "transfer_bytes": ("int64", "Bytes the instructions moved, a DMA's larger side (ours, opcode_summary)."),
     "layer": ("string", "The op's nn.Module path (ours, Instruction.layer)."),
     "graph_id": ("int64", "The compiled graph (graphs.graph_id) (ours)."),
+    "bucket_resolution_ns": ("int64", "The bucket's width in nanoseconds (ours, as DmaUsageSummary's)."),
+    "bucket_bytes": ("int64", "HBM bytes moved in the bucket (ours: current_throughput × the bucket's width)."),
 }
 
 #: DuckDB column types → (OpenAPI type, format), for the rows of our own tables.
