@@ -94,3 +94,24 @@ def test_monitor_and_system_profile_hbm_usage_agree(profiles, recorded_samples, 
         for cats, cols in profile_samples.MONITOR_CATEGORIES.items():
             cats = (cats,) if isinstance(cats, str) else cats
             assert sum(monitor.get(c, 0) for c in cats) == sum(last[key][c] for c in cols), (key, cats, monitor)
+
+
+def test_a_models_usage_types_split_its_categories_and_count_its_spills():
+    """A loaded model's device bytes by usage type add up to its neuron-monitor categories, category by category,
+    and the value the compiler spills to HBM (saved once for the GpSimd sort) is dram_spill."""
+    import torch
+
+    import neuron_stack
+
+    class Sorted(torch.nn.Module):
+        def forward(self, x):
+            return torch.sort(torch.relu(x @ x.t()), -1).values * 2
+
+    model = neuron_stack.trace(Sorted().eval(), torch.randn(128, 64), target="trn1").model
+    usage = {f"{k}_bytes": v for k, v in model.hbm_usage.items()}
+    assert usage["dram_spill_bytes"] == 128 * 128 * 4
+    for cats, cols in profile_samples.MONITOR_CATEGORIES.items():
+        if cats != "runtime_memory":   # the core's reservation, not the model's
+            cats = (cats,) if isinstance(cats, str) else cats
+            assert sum(model.memory[c] for c in cats) == sum(usage.get(c, 0) for c in cols), cats
+    assert usage["gpsimd_instructions_bytes"] > 0 and usage["unknown_bytes"] == 0

@@ -60,6 +60,8 @@ _WHERE = {
     "generic_bytes": "the runtime's per-core reservation (neuron-monitor runtime_memory)",
     "weights_bytes": "the loaded models' weights (neuron-monitor constants)",
     "io_bytes": "the graphs' input and output tensors (the part of neuron-monitor tensors that is)",
+    "dram_spill_bytes": "the values the compiler's spills save to HBM (the NEFF's spill_save_bytes, each value saved "
+                        "once), at most the non-IO part of neuron-monitor tensors",
     "tensors_bytes": "the graphs' other tensors at their peak, and the KV cache (the rest of neuron-monitor tensors)",
     "shared_scratchpad_bytes": "the largest activation, the SBUF spills' staging buffer (model_shared_scratchpad)",
     "unknown_bytes": "model_code the NEFF does not split: none unless its bytes per instruction are not whole",
@@ -69,8 +71,6 @@ _WHERE = {
                                    "instructions); a collective run by the runtime has no NEFF",
 }
 _ZERO = {
-    "dram_spill_bytes": "a spilled intermediate stays in its own tensor's HBM (counted in tensors_bytes), and its "
-                        "staging buffer is shared_scratchpad_bytes: no separate spill area",
     "profiler_buffers_bytes": "the recorder keeps its rows in host memory (the device model has no trace buffer)",
     "scalar_table_bytes": "the Scalar Engine's functions are computed, no lookup tables are loaded",
     "ucode_lib_bytes": "no engine microcode library is loaded",
@@ -83,7 +83,8 @@ _ZERO = {
 #: the same bytes, so a category equals its columns' sum at every sample (tests/test_hbm_usage.py).
 MONITOR_CATEGORIES = {
     "constants": ("weights_bytes",), "runtime_memory": ("generic_bytes",),
-    "model_shared_scratchpad": ("shared_scratchpad_bytes",), ("tensors", "kv_cache"): ("io_bytes", "tensors_bytes"),
+    "model_shared_scratchpad": ("shared_scratchpad_bytes",),
+    ("tensors", "kv_cache"): ("io_bytes", "dram_spill_bytes", "tensors_bytes"),
     "model_code": ("tensor_instructions_bytes", "vector_instructions_bytes", "scalar_instructions_bytes",
                    "gpsimd_instructions_bytes", "sync_instructions_bytes", "dma_rings_io_bytes",
                    "dma_rings_spill_bytes", "dma_rings_collectives_bytes", "unknown_bytes"),

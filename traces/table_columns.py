@@ -159,11 +159,11 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
              'category': 'device: constants, model_code, model_shared_scratchpad, runtime_memory, tensors, '
                          "kv_cache (an LLM's KV cache, neuron_stack.inference); host: application_memory, "
                          'constants, dma_buffers, tensors; hbm_usage (neuron_stack/runtime/hbm_usage.py): weights '
-                         "(= constants), io and tensors (tensors + kv_cache: the graphs' inputs and outputs, the "
-                         'rest), shared_scratchpad, generic (= runtime_memory), '
-                         '{tensor,vector,scalar,gpsimd,sync}_instructions and dma_rings_{io,spill,collectives} '
-                         "(model_code by each engine's and DMA queue purpose's share of the NEFF's instructions), "
-                         'unknown (model_code left unsplit)',
+                         "(= constants), io, dram_spill and tensors (tensors + kv_cache: the graphs' inputs and "
+                         "outputs, the values the compiler's spills save to HBM, the rest), shared_scratchpad, "
+                         'generic (= runtime_memory), {tensor,vector,scalar,gpsimd,sync}_instructions and '
+                         "dma_rings_{io,spill,collectives} (model_code by each engine's and DMA queue purpose's "
+                         "share of the NEFF's instructions), unknown (model_code left unsplit)",
              'bytes': 'bytes in use'}),
  'serving_requests': ('One row per finished LLM request (schema 1.2.0; neuron_stack.inference).',
                       {'run_id': 'process',

@@ -3,10 +3,12 @@ neuron-monitor categories (``session.MEMORY_CATEGORIES``) and what the NEFF hold
 
 neuron-monitor reports a loaded model's device memory in a few categories; the profiler's HBM usage splits the same
 bytes finer. Here each category is split where the NEFF says how: ``tensors`` into the graph's inputs and outputs
-(``io``) and the rest; ``model_code`` (the compiler's instructions × ``INSTRUCTION_BYTES``, ``compiler/driver.py``)
-into each engine's instruction stream by its share of the NEFF's instructions, and the DMA queues' descriptors into
-the DMA rings of their queue's purpose (``q*Spill*`` → spill, the other queues → io; collective steps →
-collectives). The split never invents bytes: each category's parts add up to it, and what is left is ``unknown``.
+(``io``), the values the compiler's spills save to HBM (``dram_spill``: the NEFF's ``spill_save_bytes``, each
+spilled value saved once, at most the tensors that are not IO) and the rest; ``model_code`` (the compiler's
+instructions × ``INSTRUCTION_BYTES``, ``compiler/driver.py``) into each engine's instruction stream by its share of
+the NEFF's instructions, and the DMA queues' descriptors into the DMA rings of their queue's purpose (``q*Spill*`` →
+spill, the other queues → io; collective steps → collectives). The split never invents bytes: each category's
+parts add up to it, and what is left is ``unknown``.
 
 >>> import pyarrow as pa
 >>> t = pa.table({"engine": ["tensor", "tensor", "dma", "dma"], "queue": ["Tensor", "Tensor", "qSyncIO0",
@@ -23,7 +25,7 @@ import pyarrow.compute as pc
 
 #: The usage types a loaded model's bytes go to (``<type>_bytes`` in SystemProfileHbmUsage); ``generic`` (the
 #: runtime's per-core reservation) is the core's, not a model's.
-MODEL_USAGE_TYPES = ("weights", "io", "tensors", "shared_scratchpad", "tensor_instructions",
+MODEL_USAGE_TYPES = ("weights", "io", "dram_spill", "tensors", "shared_scratchpad", "tensor_instructions",
                      "vector_instructions", "scalar_instructions", "gpsimd_instructions", "sync_instructions",
                      "dma_rings_io", "dma_rings_spill", "dma_rings_collectives", "unknown")
 _STREAMS = {e: f"{e}_instructions" for e in ("tensor", "vector", "scalar", "gpsimd", "sync")}
@@ -49,6 +51,10 @@ def usage_types(memory: dict, schedules: list[pa.Table]) -> dict[str, int]:
     out = dict.fromkeys(MODEL_USAGE_TYPES, 0)
     out.update(weights=int(memory.get("constants", 0)), io=io, tensors=tensors - io,
                shared_scratchpad=int(memory.get("model_shared_scratchpad", 0)))
+    spill = sum(int(pc.sum(t["spill_save_bytes"]).as_py() or 0) for t in schedules
+                if "spill_save_bytes" in t.column_names)
+    out["dram_spill"] = min(spill, out["tensors"])
+    out["tensors"] -= out["dram_spill"]
     code = int(memory.get("model_code", 0))
     counts: dict[str, int] = {}
     for t in schedules:
