@@ -40,6 +40,9 @@ def test_hbm_usage_buckets_add_up_to_each_executions_hbm_bytes(profiles, name):
         # the smallest power of two of ns giving at most 1,000 buckets over the execution's span
         assert res & (res - 1) == 0 and span <= 1000 * res and (res == 1 or span > 1000 * (res // 2)), (span, res)
         assert n <= 1001 and (hi - lo) // res < 1001
+    # one number: the Instruction view's per-instruction HBM bytes add up to the same
+    per_exec = dict(_rows(p, "SELECT exec_id, sum(hbm_read_bytes + hbm_write_bytes) FROM Instruction GROUP BY 1"))
+    assert all(per_exec.get(exec_id, 0) == hbm for exec_id, hbm, *_ in rows)
 
 
 @pytest.mark.parametrize("name", SAMPLES)

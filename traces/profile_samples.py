@@ -7,14 +7,13 @@ schema 7.4.0; :mod:`traces.profile_schema` lists them with the others.
 """
 from __future__ import annotations
 
-from traces.real_fields import _B, _NS, _PCORE, F, Field, Table
+from traces.real_fields import _B, _NS, _PCORE, HBM_READ, HBM_WRITE, F, Field, Table
 
 #: HbmUsage's samples per execution at most: its bucket is the smallest power of two of ns (the level-of-detail
 #: pyramid's buckets, ``lod_busy``) that cuts the execution's device span into no more than this many.
 HBM_USAGE_MAX_SAMPLES = 1000
-#: An instruction's HBM bytes: the compiler's per-instruction count (schema 1.7); before it, a DMA's bytes.
-HBM_BYTES = ("coalesce(i.hbm_read_bytes, CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END) + "
-             "coalesce(i.hbm_write_bytes, CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END)")
+#: An instruction's HBM bytes, as Instruction.hbm_read_bytes + hbm_write_bytes count them.
+HBM_BYTES = f"{HBM_READ} + {HBM_WRITE}"
 # Each instruction's bytes spread evenly over its own [s, e) (at least 1 ns): the bytes before time t are
 # b·(t − s) ÷ (e − s), floored, so a bucket's share is that at its end minus that at its start, and the
 # shares add up to b exactly.
