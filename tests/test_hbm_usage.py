@@ -118,3 +118,24 @@ def test_a_models_usage_types_split_its_categories_and_count_its_spills():
             cats = (cats,) if isinstance(cats, str) else cats
             assert sum(model.memory[c] for c in cats) == sum(usage.get(c, 0) for c in cols), cats
     assert usage["gpsimd_instructions_bytes"] > 0 and usage["unknown_bytes"] == 0
+
+
+def test_hbm_usage_splits_long_large_transfers_exactly(tmp_path):
+    """A transfer whose bytes × duration passes 2**63 (5 TB over 4 ms), a zero-length one and one in a bucket of its
+    own: each execution's buckets still add up to its bytes, and none is lost at a bucket edge."""
+    t, span = 10**12, 4_000_000
+    w = traces.Writer(tmp_path, run={"run_id": "r", "target": "trn1", "start_ns": t})
+    w.append("executions", {"exec_id": [1], "run_id": "r", "graph_id": 1, "core": 0, "iteration": 0,
+                            "start_ns": t, "end_ns": t + span, "device_ns": span, "status": "completed",
+                            "warmup": False, "hbm_read_bytes": 5 * 10**12 + 7, "hbm_write_bytes": 3 + 1000})
+    w.append("instructions", {"exec_id": [1, 1, 1], "core": 0, "engine": ["dma", "dma", "gpsimd"],
+                              "queue": ["qSyncIO0", "qSyncIO1", "GpSimd"], "opcode": ["DMA_DIRECT2D"] * 2 + ["X"],
+                              "start_ns": [t, t + 1234, t + span - 1], "dur_ns": [span, 0, 1],
+                              "bytes_read": [5 * 10**12 + 7, 3, 10], "bytes_written": [5 * 10**12 + 7, 3, 10],
+                              "hbm_read_bytes": [5 * 10**12 + 7, 0, 0], "hbm_write_bytes": [0, 3, 1000]})
+    w.close(status="ok", end_ns=t + span)
+    with traces.open(traces.finalize(tmp_path)) as p:
+        [(rows, total, res, last)] = _rows(p, "SELECT count(*), sum(bucket_bytes), min(bucket_resolution_ns), "
+                                              "max(total_transfer_bytes) FROM HbmUsage")
+    assert total == last == 5 * 10**12 + 7 + 3 + 1000
+    assert res == 4096 and rows <= 1001     # 4 ms in at most 1,000 buckets: 2**12 ns each

@@ -14,19 +14,22 @@ from traces.real_fields import _B, _NS, _PCORE, HBM_READ, HBM_WRITE, F, Field, T
 HBM_USAGE_MAX_SAMPLES = 1000
 #: An instruction's HBM bytes, as Instruction.hbm_read_bytes + hbm_write_bytes count them.
 HBM_BYTES = f"{HBM_READ} + {HBM_WRITE}"
-# Each instruction's bytes spread evenly over its own [s, e) (at least 1 ns): the bytes before time t are
-# b·(t − s) ÷ (e − s), floored, so a bucket's share is that at its end minus that at its start, and the
-# shares add up to b exactly.
-_BEFORE = "d.b * (least(greatest({t}, d.s), d.e) - d.s) // (d.e - d.s)"
+# Each instruction's b bytes spread evenly over its own [s, e) (at least 1 ns, w = e − s): the bytes before time t
+# are ⌊b·(t − s) ÷ w⌋, so a bucket's share is that at its end minus that at its start, and the shares add up to b
+# exactly. Written as q·x + ⌊r·x ÷ w⌋ (b = q·w + r, x = t − s): the same integer, and no product exceeds BIGINT.
+_BEFORE = "(d.q * ({x}) + (d.r * ({x})) // d.w)"
+_X = "least(greatest({t}, d.s), d.e) - d.s"
 _HBM_BUCKETS = (
-    "(SELECT exec_id, run_id, core, pcore, res, bucket, sum(" + _BEFORE.format(t="least(d.e, (bucket + 1) * res)")
-    + " - " + _BEFORE.format(t="greatest(d.s, bucket * res)") + ")::BIGINT AS bytes FROM ("
-    "SELECT d.*, unnest(range(d.s // d.res, (d.e - 1) // d.res + 1)) AS bucket FROM ("
+    "(SELECT exec_id, run_id, core, pcore, res, bucket, sum("
+    + _BEFORE.format(x=_X.format(t="(bucket + 1) * res")) + " - " + _BEFORE.format(x=_X.format(t="bucket * res"))
+    + ")::BIGINT AS bytes FROM ("
+    "SELECT d.*, d.b // d.w AS q, d.b % d.w AS r, unnest(range(d.s // d.res, (d.e - 1) // d.res + 1)) AS bucket "
+    "FROM (SELECT *, e - s AS w FROM ("
     f"SELECT i.exec_id, x.run_id, i.core, coalesce(i.pcore, 0) AS pcore, i.start_ns AS s, "
     f"i.start_ns + greatest(i.dur_ns, 1) AS e, {HBM_BYTES} AS b, x.res "
     "FROM main.instructions AS i JOIN (SELECT exec_id, run_id, 1::BIGINT << greatest(0, ceil(log2("
     f"greatest(end_ns - start_ns, 1) / {HBM_USAGE_MAX_SAMPLES}.0)))::INTEGER AS res FROM main.executions) AS x "
-    f"USING (exec_id) WHERE {HBM_BYTES} > 0) AS d) AS d GROUP BY ALL) AS h")
+    f"USING (exec_id) WHERE {HBM_BYTES} > 0)) AS d) AS d GROUP BY ALL) AS h")
 HBM_USAGE = Table(
     "HbmUsage", "HBM time-series usage metrics such as throughput over time.",
     _HBM_BUCKETS,
