@@ -145,7 +145,9 @@ def build_tables(iterations: int = 3, cores: int = 2, tiles: int = 2, seqs=SEQS,
             t += fb + 1000
         prev_graph = graph_id
     instructions = pa.concat_tables([pa.table({"nki_source_location": [None] * len(p["exec_id"]),
-                                               "pcore": [None] * len(p["exec_id"]), **p},
+                                               "pcore": [None] * len(p["exec_id"]),
+                                               "hbm_read_bytes": [None] * len(p["exec_id"]),
+                                               "hbm_write_bytes": [None] * len(p["exec_id"]), **p},
                                               schema=TABLES["instructions"]) for p in instr_parts])
     meta = {"target": "trn1", "device_profile": "trn1", "instance_type": "trn1.32xlarge", "is_simulation": "true",
             "timing_model": "instruction", "auto_cast": "none", "warmup_executions": "1",

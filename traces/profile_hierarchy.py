@@ -9,7 +9,7 @@ merged time intervals (:func:`traces.profile_tables.islands`), as the real tool'
 from __future__ import annotations
 
 from traces.profile_tables import _DMA_SOURCE, _PEAK_PER_NS, _meta, islands
-from traces.real_fields import _B, _NS, _PCORE, F, Table
+from traces.real_fields import _B, _NS, _PCORE, HBM_READ, HBM_WRITE, F, Table
 from traces.vocab import COMPUTE_ENGINES
 
 #: One row per device instruction with what the hierarchy tables add up (the node it belongs to: ``{key}``, set
@@ -20,8 +20,7 @@ _ROWS = (
     "coalesce(CASE WHEN n.instruction_type = 'TRANSPOSE' THEN n.tensor_elements END, 0) AS tel, "
     "CASE WHEN i.engine = 'tensor' AND coalesce(n.instruction_type, '') <> 'TRANSPOSE' THEN i.flops ELSE 0 END "
     "AS mfl, CASE WHEN i.engine = 'tensor' THEN i.flops ELSE 0 END AS hfl, "
-    "CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END AS hr, "
-    "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END AS hw, "
+    f"{HBM_READ} AS hr, {HBM_WRITE} AS hw, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END AS sr, "
     "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END AS sw, "
     "CASE WHEN i.opcode = 'LDWEIGHTS' THEN i.bytes_read ELSE 0 END AS lw, i.dur_ns AS dur, 1 AS cnt, {ch}"
@@ -80,7 +79,7 @@ def _csv(col: str) -> str:
 HFU_SQL = f"100.0 * h.hfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
 MFU_SQL = f"100.0 * h.mfl / nullif({_PEAK_PER_NS} * h.active_ns, 0)"
 _UTIL = "Tensor Engine FLOPs over the peak of the merged intervals' time (Summary's formula, per node)"
-_BYTES = "as Instruction: DMA rows' bytes are HBM traffic, engine rows' SBUF/PSUM"
+_BYTES = "the sum of Instruction's over the node's instructions (HBM: the compiler's count; SBUF: engine rows')"
 
 #: A hierarchy level's figures over its instructions (the real schema's per-stage columns), shared by
 #: HloInstruction and the other stages' tables (traces.profile_rest).

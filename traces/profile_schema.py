@@ -25,7 +25,7 @@ from dataclasses import replace
 from traces import profile_hierarchy, profile_rest, profile_tables
 from traces.profile_hierarchy import OP_STACK, frame_id
 from traces.profile_samples import CPU_USAGE, HBM_USAGE, HOST_MEM_USAGE, SYSTEM_PROFILE_HBM_USAGE
-from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, F, Field, Table  # noqa: F401
+from traces.real_fields import _B, _NO_LNC, _NS, _PCORE, _TYPES, HBM_READ, HBM_WRITE, F, Field, Table  # noqa: F401
 
 #: The real schema version these tables follow (Metadata.profile_schema_version of the real tool).
 REAL_SCHEMA_VERSION = "7.4.0"
@@ -97,15 +97,15 @@ INSTRUCTION = Table(
         F("dma_wait_time_ns", "int64", _NS, False, "Delay from trigger to DMA start.", None,
           "never filled: as dma_trigger_start_ts; a DMA's own wait is evt_wait_time_ns of its row"),
         F("instruction_chain", "string", None, False, "Instructions executed together.", None, "no chains"),
-        F("hbm_read_bytes", "int64", None, False, "Bytes read from HBM.",
-          "CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END",
-          "ours has one read/write count per row: on DMA queues it is HBM traffic, on engines SBUF/PSUM"),
-        F("hbm_write_bytes", "int64", None, False, "Bytes written to HBM.",
-          "CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END", "as hbm_read_bytes"),
+        F("hbm_read_bytes", "int64", None, False, "Bytes read from HBM.", HBM_READ,
+          "the compiler's count per instruction (a DMA from HBM, a custom op, a collective step; schema 1.7); "
+          "before 1.7 a DMA's bytes_read"),
+        F("hbm_write_bytes", "int64", None, False, "Bytes written to HBM.", HBM_WRITE, "as hbm_read_bytes"),
         F("sbuf_read_bytes", "int64", None, False, "Bytes read from SBUF.",
-          "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
+          "CASE WHEN i.engine <> 'dma' THEN i.bytes_read ELSE 0 END",
+          "an engine's one read count (PSUM included); a DMA's bytes are counted as HBM's"),
         F("sbuf_write_bytes", "int64", None, False, "Bytes written to SBUF.",
-          "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END", "as hbm_read_bytes (PSUM included)"),
+          "CASE WHEN i.engine <> 'dma' THEN i.bytes_written ELSE 0 END", "as sbuf_read_bytes"),
         F("spill_save_bytes", "int64", None, False, "Bytes spilled SBUF→HBM.", "n.spill_save_bytes", _INFO_WHY),
         F("spill_reload_bytes", "int64", None, False, "Bytes reloaded HBM→SBUF.", "n.spill_reload_bytes", _INFO_WHY),
         F("psum_read_bytes", "int64", None, False, "Bytes read from PSUM.", "n.psum_read_bytes",
@@ -366,6 +366,8 @@ EXTRA_DESCRIPTIONS = {
     "transfer_bytes": ("int64", "Bytes the instructions moved, a DMA's larger side (ours, opcode_summary)."),
     "layer": ("string", "The op's nn.Module path (ours, Instruction.layer)."),
     "graph_id": ("int64", "The compiled graph (graphs.graph_id) (ours)."),
+    "bucket_resolution_ns": ("int64", "The bucket's width in nanoseconds (ours, as DmaUsageSummary's)."),
+    "bucket_bytes": ("int64", "HBM bytes moved in the bucket (ours: current_throughput × the bucket's width)."),
 }
 
 #: DuckDB column types → (OpenAPI type, format), for the rows of our own tables.

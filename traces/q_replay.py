@@ -115,8 +115,9 @@ class _Recorded:
             FROM events e LEFT JOIN sources s USING (source_id)
             WHERE list_contains($kinds, e.kind) ORDER BY e.ts_ns""", {"kinds": list(COUNTED_EVENTS)}).to_pylist()
         self.event_ts = np.array([r["ts_ns"] for r in self.events], dtype=np.int64)
+        # neuron-monitor's categories (the hbm_usage rows split the same device bytes by the profiler's types)
         self.memory = p.sql("""SELECT run_id, core, location, category, bytes, ts_ns FROM memory
-                               WHERE ts_ns IS NOT NULL ORDER BY ts_ns""").to_pylist()
+                               WHERE ts_ns IS NOT NULL AND location IN ('device', 'host') ORDER BY ts_ns""").to_pylist()
         self.memory_ts = np.array([r["ts_ns"] for r in self.memory], dtype=np.int64)
         self.loads = p.sql("""SELECT run_id, core, graph_id, detail, ts_ns FROM events
                               WHERE kind = 'load' AND ts_ns IS NOT NULL ORDER BY ts_ns""").to_pylist()

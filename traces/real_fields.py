@@ -63,5 +63,10 @@ def F(name, typ, unit, required, description, ours, why=""):   # noqa: N802 - re
     return Field(name, typ, unit, required, description, ours, why)
 
 
+#: An instruction's HBM bytes read and written: the compiler's count per instruction (instructions.hbm_read_bytes,
+#: schema 1.7); before it, a DMA's bytes (on engines bytes_read / bytes_written are SBUF/PSUM traffic).
+HBM_READ = "coalesce(i.hbm_read_bytes, CASE WHEN i.engine = 'dma' THEN i.bytes_read ELSE 0 END)"
+HBM_WRITE = "coalesce(i.hbm_write_bytes, CASE WHEN i.engine = 'dma' THEN i.bytes_written ELSE 0 END)"
+
 _NS = "nanoseconds"
 _B = "bytes"

@@ -18,7 +18,8 @@ import pyarrow as pa
 from traces.vocab import ENGINES  # noqa: F401  (re-exported: the schema's engine column values)
 
 #: Bumped on every change: major = readers must refuse, minor = added columns/tables.
-SCHEMA_VERSION = "1.7.0"   # 1.7.0: instruction_info.channels (partitions an instruction covers);
+SCHEMA_VERSION = "1.7.0"   # 1.7.0: instruction_info.channels (partitions an instruction covers),
+# instructions.hbm_read_bytes, hbm_write_bytes (HbmUsage over time);
 # 1.6.0: serving_steps.request_ns, ops.stack (the user's call stack);
 # 1.5.0: ops.fwd_source_id (a backward op's forward line);
 # instruction_info (the compiler's facts per instruction of a graph);
@@ -77,6 +78,7 @@ INSTRUCTIONS = pa.schema([
     ("bytes_read", _i64), ("bytes_written", _i64), ("sem_wait_ns", _i64),
     ("nki_source_location", _str),   # 1.1: the NKI kernel line (file.py:line) of a kernel's instruction
     ("pcore", _i32),                 # 1.4: physical core within the logical core (0/1 under LNC=2; null: 0)
+    ("hbm_read_bytes", _i64), ("hbm_write_bytes", _i64),   # 1.7: of bytes_read / bytes_written, HBM's
 ])
 
 EVENTS = pa.schema([

@@ -96,6 +96,9 @@ def schedule(op_ids: list[int], instructions: int, seed: int = 0) -> pa.Table:
         "flops": flops.astype(np.int64), "bytes_read": nbytes.astype(np.int64),
         "bytes_written": np.where(is_dma | (engine == "vector"), nbytes, nbytes // 4).astype(np.int64),
         "sem_wait_ns": gap.astype(np.int64),
+        # what write_run's executions count as HBM traffic: the DMAs' reads and the stores' writes
+        "hbm_read_bytes": np.where(is_dma, nbytes, 0).astype(np.int64),
+        "hbm_write_bytes": np.where(opcode == "DMA_STORE", nbytes, 0).astype(np.int64),
     })
 
 
@@ -144,9 +147,8 @@ def write_run(out_dir: str | os.PathLike, *, executions: int = 4, instructions: 
     busy = {e: int(durs[engines == e].sum()) for e in DEVICE_ENGINES}
     flops = int(sched["flops"].to_numpy().sum())
     # the same for every execution: computed once (per execution it was most of the bench's writer time)
-    hbm_read = int(sched["bytes_read"].to_numpy()[engines == "dma"].sum())
-    hbm_write = int(sched["bytes_written"].to_numpy()[sched["opcode"].to_numpy(zero_copy_only=False)
-                                                      == "DMA_STORE"].sum())
+    hbm_read = int(sched["hbm_read_bytes"].to_numpy().sum())
+    hbm_write = int(sched["hbm_write_bytes"].to_numpy().sum())
     cpu_ns = 35_000
     exec_ids = []
     for core in cores:

@@ -125,7 +125,19 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
                    'pcore': '(1.4) the physical core of the logical core that ran it: 0 or 1 on trn2 at LNC=2 (two '
                             "physical cores' engines and DMA queues, [cost "
                             'model](cost_model.md#logical-neuroncores-lnc)); 0 or NULL elsewhere. The real '
-                            'Instruction.pcore_idx'}),
+                            'Instruction.pcore_idx',
+                   'hbm_read_bytes': '(1.7) of bytes_read / bytes_written, the bytes read from / written to HBM '
+                                     "(the compiler's count per instruction, compiler/lower/lowerer.py): a DMA "
+                                     'between HBM and SBUF has one side, an SBUF-to-SBUF DMA and an engine '
+                                     'instruction none, a custom op (GpSimd) or a collective step both; an '
+                                     "execution's rows add up to its executions.hbm_read_bytes / hbm_write_bytes. "
+                                     "NULL before 1.7 (readers then count a DMA's bytes)",
+                   'hbm_write_bytes': '(1.7) of bytes_read / bytes_written, the bytes read from / written to HBM '
+                                      "(the compiler's count per instruction, compiler/lower/lowerer.py): a DMA "
+                                      'between HBM and SBUF has one side, an SBUF-to-SBUF DMA and an engine '
+                                      'instruction none, a custom op (GpSimd) or a collective step both; an '
+                                      "execution's rows add up to its executions.hbm_read_bytes / hbm_write_bytes. "
+                                      "NULL before 1.7 (readers then count a DMA's bytes)"}),
  'events': ('Notable moments.',
             {'ts_ns': 'when (projected clock)',
              'wall_ns': 'when (host clock)',
@@ -142,10 +154,16 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {'metadata': ('One row per key.'
             {'ts_ns': 'when (projected clock)',
              'run_id': 'process',
              'core': 'NeuronCore (NULL for host memory)',
-             'location': 'device or host',
+             'location': "device, host, or (1.7) hbm_usage: the device bytes again, split by the real tool's HBM "
+                         'usage types (SystemProfileHbmUsage) at the same moment',
              'category': 'device: constants, model_code, model_shared_scratchpad, runtime_memory, tensors, '
                          "kv_cache (an LLM's KV cache, neuron_stack.inference); host: application_memory, "
-                         'constants, dma_buffers, tensors',
+                         'constants, dma_buffers, tensors; hbm_usage (neuron_stack/runtime/hbm_usage.py): weights '
+                         "(= constants), io, dram_spill and tensors (tensors + kv_cache: the graphs' inputs and "
+                         "outputs, the values the compiler's spills save to HBM, the rest), shared_scratchpad, "
+                         'generic (= runtime_memory), {tensor,vector,scalar,gpsimd,sync}_instructions and '
+                         "dma_rings_{io,spill,collectives} (model_code by each engine's and DMA queue purpose's "
+                         "share of the NEFF's instructions), unknown (model_code left unsplit)",
              'bytes': 'bytes in use'}),
  'serving_requests': ('One row per finished LLM request (schema 1.2.0; neuron_stack.inference).',
                       {'run_id': 'process',

@@ -143,7 +143,8 @@ def memory_plan(program: Program) -> dict:
 
     tensors = peak of live inputs, activations and outputs over the op order (views are free);
     constants = weights; model_code = instructions x INSTRUCTION_BYTES; model_shared_scratchpad =
-    the largest single activation (the staging buffer for SBUF spills).
+    the largest single activation (the staging buffer for SBUF spills); io_tensors = the part of tensors that is
+    the graph's inputs and outputs (not a category of its own: SystemProfileHbmUsage's io_bytes).
     """
     last_use: dict[str, int] = {}
     for i, n in enumerate(program.nodes):
@@ -163,8 +164,20 @@ def memory_plan(program: Program) -> dict:
         for r in dies_at.get(i, ()):
             live -= sizes.pop(r, 0)
     constants = sum(t.numel() * t.element_size() for t in program.constants.values())
+    outputs = set(_names(program.output_names))
+    io = {n.name: sum(nbytes(s) for s in n.outputs) for n in program.nodes
+          if n.target == "placeholder" or n.name in outputs}
     return {"tensors": peak, "constants": constants, "model_shared_scratchpad": largest,
-            "runtime_memory": RUNTIME_MEMORY_BYTES}
+            "runtime_memory": RUNTIME_MEMORY_BYTES, "io_tensors": min(peak, sum(io.values()))}
+
+
+def _names(value) -> list[str]:
+    """The node names in ``Program.output_names`` (a name, or nested lists of them, or references)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _names(v)]
+    return list(refs(value))
 
 
 @contextlib.contextmanager

@@ -73,7 +73,7 @@ def _compute_ns(n, profile, flags) -> float:
 def build_roofline(program, partition: int, profile, flags: dict) -> Schedule:
     """Time the device ops of ``partition`` with the roofline model. Example in the module docstring."""
     cols = {k: [] for k in ("engine", "queue", "opcode", "node", "pc", "rel_start_ns", "dur_ns", "flops",
-                            "bytes_read", "bytes_written", "sem_wait_ns")}
+                            "bytes_read", "bytes_written", "sem_wait_ns", "hbm_read_bytes", "hbm_write_bytes")}
     busy: dict[str, int] = {}
     t = 0
     hbm_bw = profile.hbm_bytes_per_ns_per_core
@@ -103,6 +103,9 @@ def build_roofline(program, partition: int, profile, flags: dict) -> Schedule:
             cols["bytes_read"].append(n.bytes - out_bytes if k == 0 else 0)
             cols["bytes_written"].append(out_bytes if k == 0 else 0)
             cols["sem_wait_ns"].append(0)
+            # an op's traffic is HBM's here (the roofline's memory time): the read and written totals below
+            cols["hbm_read_bytes"].append(max(n.bytes - out_bytes, 0) if k == 0 else 0)
+            cols["hbm_write_bytes"].append(out_bytes if k == 0 else 0)
             busy[engine] = busy.get(engine, 0) + d
             total_flops += m.flops
         read += max(n.bytes - out_bytes, 0)

@@ -137,7 +137,7 @@ def execution(append, run_id: str, run: KernelRun, graph_id: int, op_ids: dict, 
         idx = pc.index_in(t.column("node"), value_set=pa.array(names, pa.string()))
         n = t.num_rows
         cols = {k: t.column(k) for k in ("engine", "queue", "opcode", "pc", "dur_ns", "flops", "bytes_read",
-                                         "bytes_written", "sem_wait_ns")}
+                                         "bytes_written", "sem_wait_ns", "hbm_read_bytes", "hbm_write_bytes")}
         cols["op_id"] = pc.take(pa.array([op_ids[k] for k in names], pa.int64()), idx)
         cols["start_ns"] = pc.add(t.column("rel_start_ns"), pa.scalar(proj0, pa.int64()))
         cols["exec_id"] = pa.array(np.full(n, exec_id, dtype=np.int64))

@@ -153,6 +153,8 @@ class Plan:
             "node": np.full(n, node, dtype=object), "pc": np.arange(pc0, pc0 + n, dtype=np.int32),
             "rel_start_ns": starts, "dur_ns": dur, "flops": reduce,
             "bytes_read": nbytes, "bytes_written": nbytes.copy(), "sem_wait_ns": wait,
+            # each step reads what it sends from HBM and writes what it receives there (wire_bytes each)
+            "hbm_read_bytes": nbytes.copy(), "hbm_write_bytes": nbytes.copy(),
         }
 
     def event(self, ts_ns: int, run_id: str = "", core: int = 0, wall_ns: int = 0, **extra) -> dict:

@@ -33,6 +33,7 @@ from neuron_stack.ir import Partition
 from neuron_stack.isa.neff import Neff, PartitionSchedule
 from neuron_stack.runtime.errors import InputMismatch, OutOfDeviceMemory
 from neuron_stack.runtime.graph import PartitionFn, build_graph_module, from_json
+from neuron_stack.runtime.hbm_usage import usage_types
 from neuron_stack.runtime.recorder import is_recompile, record_execution, record_load
 from neuron_stack.runtime.session import MEMORY_CATEGORIES, Session
 from traces.ids import new_id
@@ -169,6 +170,8 @@ class LoadedModel:
     def _reserve_memory(self) -> None:
         plan = dict(self.program.stats.get("memory", {}))
         self.memory = {c: int(plan.get(c, 0)) for c in MEMORY_CATEGORIES}
+        # the same bytes by the profiler's HBM usage types (SystemProfileHbmUsage), recorded beside them
+        self.hbm_usage = usage_types(plan, [p.sched.table for p in self.parts if p.sched is not None])
         used = self.session.device_memory[self.core]
         # runtime_memory is a per-core reservation, not per model
         need = sum(v for k, v in self.memory.items() if k != "runtime_memory") + (

@@ -409,6 +409,16 @@ def record_load(rec: Recorder, model, history: bool = True) -> None:
                           "core": [model.core] * len(model.memory), "location": ["device"] * len(model.memory),
                           "category": list(model.memory),
                           "bytes": [model.session.device_memory[model.core][k] for k in model.memory]})
+    # the same bytes by HBM usage type (runtime/hbm_usage.py): the loaded models' on this core, and the core's
+    # runtime reservation (generic)
+    usage = {"generic": model.session.device_memory[model.core]["runtime_memory"]}
+    for m in model.session.models:
+        if m.core == model.core:
+            for k, v in getattr(m, "hbm_usage", {}).items():
+                usage[k] = usage.get(k, 0) + v
+    rec.append("memory", {"ts_ns": [now] * len(usage), "run_id": [model.session.run_id] * len(usage),
+                          "core": [model.core] * len(usage), "location": ["hbm_usage"] * len(usage),
+                          "category": list(usage), "bytes": list(usage.values())})
 
 
 def instruction_tables(model) -> dict[int, pa.Table]:
@@ -424,7 +434,7 @@ def instruction_tables(model) -> dict[int, pa.Table]:
             idx = pc.index_in(t.column("node"), value_set=pa.array(names, pa.string()))
             op_id = pc.take(ids, idx)
             keep = ["engine", "queue", "opcode", "pc", "dur_ns", "flops", "bytes_read", "bytes_written",
-                    "sem_wait_ns", "pcore"]
+                    "sem_wait_ns", "pcore", "hbm_read_bytes", "hbm_write_bytes"]
             cols = {k: t.column(k) for k in keep if k in t.column_names}   # roofline tables have no pcore
             cols["op_id"] = op_id
             cols["rel_start_ns"] = t.column("rel_start_ns")
@@ -500,6 +510,8 @@ def record_execution(rec: Recorder, model, proj0, wall0, wall1, device_ns, cpu_n
                 "dur_ns": pa.array(durs, pa.int64()), "flops": pa.array([0] * len(times), pa.int64()),
                 "bytes_read": pa.array([0] * len(times), pa.int64()),
                 "bytes_written": pa.array([0] * len(times), pa.int64()),
+                "hbm_read_bytes": pa.array([0] * len(times), pa.int64()),
+                "hbm_write_bytes": pa.array([0] * len(times), pa.int64()),
                 "sem_wait_ns": pa.array([0] * len(times), pa.int64()), "op_id": pa.array(ops, pa.int64()),
                 "start_ns": pa.array(starts, pa.int64()),
                 "exec_id": pa.array(np.full(len(times), exec_id, dtype=np.int64)),
