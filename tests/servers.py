@@ -49,11 +49,13 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path, ok=
     raise RuntimeError(f"server at {url} did not answer in {timeout_s} s: {log.read_text()[-2000:]}")
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, grace_s: float = 2) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``: the servers here hold only a test's temporary data, and
+    SeaweedFS's graceful stop never finished (it waited out a 15 s grace at every session's end)."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
