@@ -269,11 +269,17 @@ def test_decode_buckets_share_one_capture_and_project_as_if_each_were_captured(m
         for key in [k for k in P._FIGURES if k[3] == 1]:   # _graph_key: (config, layers, batch, tokens, ...)
             del P._FIGURES[key]
 
-    # 32 is also the K/V projection's width: substituting it would change that too, so each is captured
+    # 32 is also the K/V projection's width: substituting it would change that too, so the lengths between
+    # are derived from the largest (144 is no other dimension), which substitutes back to the smallest exactly
     captured.clear()
     forget_decode_figures()
     q = project(cfg, sequence_length=144, context_length=16, token_generation_buckets=[32, 80, 144])
-    assert sorted(captured) == [(1, 32), (1, 80), (1, 144), (2, 32), (2, 80), (2, 144)]
+    assert sorted(captured) == [(1, 32), (1, 144), (2, 32), (2, 144)]
+    # and where both ends are other dimensions too (32 the K/V width, 64 the hidden size), each is captured
+    captured.clear()
+    forget_decode_figures()
+    project(cfg, sequence_length=64, context_length=16, token_generation_buckets=[32, 48, 64])
+    assert sorted(captured) == [(1, 32), (1, 48), (1, 64), (2, 32), (2, 48), (2, 64)]
     # a derived bucket projects exactly as its own capture
     forget_decode_figures()
     P._TEMPLATES.clear()

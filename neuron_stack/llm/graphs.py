@@ -222,8 +222,10 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
     and in the integer arguments that size them (``arange``, ``expand``, ``view``). So the family's
     smallest and largest lengths are captured, and when substituting the length in the smallest's
     program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
-    lengths between are derived the same way; otherwise (the length decides some structure, or it
-    equals another dimension, e.g. the K/V width) each is captured."""
+    lengths between are derived the same way. A length that equals another dimension (the head width 128,
+    the usual smallest bucket) would be substituted there too, so the check runs from either end and the
+    lengths between are derived from the end that passes it; if neither does (the length decides some
+    structure, or both ends equal other dimensions) each is captured."""
     # a cache of LONG_CACHE keys or more is laid out otherwise (K transposed, :func:`_capture`): a family
     # spanning both layouts is two families, each of its own layout
     family = tuple(sorted(b for b in set(family) | {bucket} if (b >= LONG_CACHE) == (bucket >= LONG_CACHE)))
@@ -231,18 +233,22 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
         return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
     key = (_sub_config_key(config, layers), layers, batch, tokens, dtype, quantization, family, sp)
     if key not in _TEMPLATES:
-        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization, sp)
-                        for b in (family[0], family[-1]))
-        _TEMPLATES[key] = small, large, _same(rebucket(small, family[0], family[-1]), large)
+        lo, hi = family[0], family[-1]
+        small, large = (_capture(config, layers, batch, tokens, b, dtype, quantization, sp) for b in (lo, hi))
+        template = ((large, hi) if _same(rebucket(large, hi, lo), small) else
+                    (small, lo) if _same(rebucket(small, lo, hi), large) else None)
+        _TEMPLATES[key] = small, large, template
         while len(_TEMPLATES) > _TEMPLATES_MAX:
             _TEMPLATES.popitem(last=False)
     _TEMPLATES.move_to_end(key)
-    small, large, shared = _TEMPLATES[key]
+    small, large, template = _TEMPLATES[key]
     # copies: the compiler annotates the program it compiles
     if bucket == family[-1]:
         return rebucket(large, bucket, bucket)
-    if bucket == family[0] or shared:
-        return rebucket(small, family[0], bucket)
+    if bucket == family[0]:
+        return rebucket(small, bucket, bucket)
+    if template is not None:
+        return rebucket(*template, bucket)
     return _capture(config, layers, batch, tokens, bucket, dtype, quantization, sp)
 
 
