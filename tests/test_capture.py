@@ -113,6 +113,15 @@ def test_bad_input_is_one_line(work, args, needle):
     assert not (work / f"bad_{abs(hash(needle))}" / "profile.duckdb").exists()
 
 
+def test_inputs_are_checked_before_torch_loads(work):
+    """A NEFF's inputs are read, and a bad .npy refused, without importing torch (1.5 s): the error comes at once."""
+    code = ("import sys\nfrom neuron_stack.tools.capture import gather_inputs, input_specs\n"
+            "specs = input_specs('wd/model.neff')\ngather_inputs(['x', 'x.npy'], specs)\n"
+            "print(sorted(specs), 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["['scale',", "'x']", "False"], r.stderr[-2000:]
+
+
 def test_bad_neff_is_one_line(tmp_path):
     (tmp_path / "junk.neff").write_bytes(b"not a neff at all")
     r = subprocess.run([EXPLORER, "capture", "-n", "junk.neff", "-s", "out"], cwd=tmp_path, capture_output=True,

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
-import torch
 
 from neuron_stack.ir import Program
 from neuron_stack.isa import weights as weights_mod
@@ -339,6 +338,8 @@ def load(path: str | os.PathLike, target: str | None = None, constants: dict | N
     try:
         pj = json.loads(data["program.json"])
         if constants is None:
+            import torch  # only here: a NEFF's header and program are read without it (tools/capture.py)
+
             constants = torch.load(io.BytesIO(data["constants.pt"]), weights_only=True)
         elif sorted(constants) != pj.get("constant_names"):
             raise _fail(path, "its weights are not the ones given")

@@ -30,9 +30,12 @@ import json
 import mmap
 import struct
 import zipfile
+from typing import TYPE_CHECKING
 
-import torch
 import xxhash
+
+if TYPE_CHECKING:
+    import torch
 
 BIN, INDEX = "weights.bin", "weights.json"
 ALIGN = 64
@@ -65,6 +68,8 @@ class WeightsError(ValueError):
 
 def write_weights(z: zipfile.ZipFile, constants: dict[str, torch.Tensor]) -> tuple[bytes, str]:
     """Stream ``constants`` into ``z`` as ``weights.bin``; returns ``(weights.json bytes, its checksum)``."""
+    import torch  # here, not at import: reading a NEFF's header and program needs no torch (tools/capture.py)
+
     h = xxhash.xxh3_128()
     entries, offset = [], 0
     with z.open(_aligned_info(z), "w", force_zip64=True) as out:
@@ -115,6 +120,8 @@ def _member_view(fileobj, info: zipfile.ZipInfo):
 
 def read_weights(fileobj, z: zipfile.ZipFile, index: bytes, digest: str) -> dict[str, torch.Tensor]:
     """The tensors of ``weights.bin`` (checked against ``digest``) as ``weights.json`` lays them out."""
+    import torch
+
     buf = _member_view(fileobj, z.getinfo(BIN))
     h, want = _hasher(digest)
     h.update(buf)
