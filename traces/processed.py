@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-path", metavar="DIR")
     args = ap.parse_args(argv)
     os.nice(19)
+    # DuckDB's extension loads before the handler: a SystemExit raised inside its initialisation aborted the
+    # interpreter ("Fatal Python error: Aborted" on the view's stderr, once in CI, when a view stopped at once).
+    # A SIGTERM before the handler just ends the process: nothing is written yet.
+    import duckdb  # noqa: F401
+
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwinds: the temporary directory is removed
     status = 0
     for path in args.profiles:
