@@ -220,11 +220,10 @@ def _program(config, layers, batch, tokens, bucket, dtype, quantization, family=
     Capturing (``torch.export`` and its decompositions) is most of a projection's time, and the
     graphs of one decode step at different KV lengths differ only in that length: in tensor shapes
     and in the integer arguments that size them (``arange``, ``expand``, ``view``). So the family's
-    smallest and largest lengths are captured, and when substituting the length in the smallest's
-    program gives exactly the largest's (every node, argument, shape, source line and I/O spec), the
-    lengths between are derived the same way. A length that equals another dimension (the head width 128,
-    the usual smallest bucket) would be substituted there too, so the check runs from either end and the
-    lengths between are derived from the end that passes it; if neither does (the length decides some
+    smallest and largest lengths are captured, and when substituting the length in one end's program
+    gives exactly the other's (every node, argument, shape, source line and I/O spec), the lengths between
+    are derived from that end. The largest is tried first: the usual smallest bucket, 128, is also the head
+    width, which a substitution from it would change too. When neither end passes (the length decides some
     structure, or both ends equal other dimensions) each is captured."""
     # a cache of LONG_CACHE keys or more is laid out otherwise (K transposed, :func:`_capture`): a family
     # spanning both layouts is two families, each of its own layout
