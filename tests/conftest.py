@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import warm_python
 
 # the browser tests' one Explorer server and chromium, and their page (tests/explorer_browser.py)
 from explorer_browser import explorer_shared, group_browser_modules, page, stop_after_browser_tests  # noqa: F401
@@ -29,6 +30,19 @@ def recorded_samples(tmp_path_factory, worker_id):
 
     shared = tmp_path_factory.getbasetemp().parent / "samples" if worker_id != "master" else None
     return Recorder(tmp_path_factory.mktemp("samples"), shared)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_python_server(tmp_path_factory):
+    """The tests' ``[sys.executable, ...]`` processes fork from a server with torch imported (tests/warm_python.py);
+    a test marked ``real_python`` gets real interpreters."""
+    with warm_python.serve(tmp_path_factory.mktemp("warm")):
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    warm_python.enabled = item.get_closest_marker("real_python") is None
 
 
 def pytest_addoption(parser):

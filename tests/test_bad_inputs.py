@@ -202,6 +202,7 @@ def test_profiled_run_with_a_bad_rank_variable(name, value, tmp_path):
                                                       "which sets it"), r.stderr[-1000:]
 
 
+@pytest.mark.real_python   # it checks what the process imports: a warm one has torch
 def test_neuron_cc_refuses_bad_shapes_and_flags_before_importing_torch():
     # issue 15 wants these answered within a second: torch's import alone takes seconds on a loaded machine
     code = ("import os, sys\nfrom neuron_stack.tools.neuron_cc import main\n"

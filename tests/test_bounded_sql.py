@@ -21,6 +21,8 @@ from explorer import data
 from explorer.profiles import ExplorerError, Loaded
 from traces.console import MEMORY_BOUND_BYTES
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 CLI = str(Path(sys.executable).parent / "neuron-explorer")
 HUGE = "SELECT repeat('x', 1000000000) || 'a' AS s"
 

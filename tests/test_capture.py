@@ -113,6 +113,7 @@ def test_bad_input_is_one_line(work, args, needle):
     assert not (work / f"bad_{abs(hash(needle))}" / "profile.duckdb").exists()
 
 
+@pytest.mark.real_python   # it checks what the process imports: a warm one has torch
 def test_inputs_are_checked_before_torch_loads(work):
     """A NEFF's inputs are read, and a bad .npy refused, without importing torch (1.5 s): the error comes at once."""
     code = ("import sys\nfrom neuron_stack.tools.capture import gather_inputs, input_specs\n"

@@ -181,6 +181,7 @@ def test_neff_with_sha256_unaligned_weights_still_loads(cache, tmp_path):
     torch.testing.assert_close(neuron_stack.load(old)(x), m(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.real_python   # it checks what the process imports: a warm one has torch
 def test_load_in_a_new_process_imports_no_compiler(cache, tmp_path):
     """Loading and running a saved NEFF needs neither sympy (via torch.fx's symbolic shapes) nor the passes."""
     m, x = _model(), torch.randn(4, 16)

@@ -9,6 +9,8 @@ import pytest
 
 from neuron_stack.runtime import cores
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 HOLDER = """
 import json, sys
 from neuron_stack.runtime.cores import acquire, CoreAllocationError

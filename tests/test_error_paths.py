@@ -20,6 +20,8 @@ BIN = Path(sys.executable).parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("NEURON_STACK_DEBUG", None)
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 
 def one_error_line(r: subprocess.CompletedProcess, prog: str, needle: str) -> str:
     assert r.returncode != 0, r.stdout[-500:]

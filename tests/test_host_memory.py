@@ -13,6 +13,8 @@ from monitor.config import load_config
 from top.render import memory_summary
 from top.snapshot import build_snapshot, human_bytes
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 # a real workload on the neuron device, holding ~64 MiB of host tensors, then idle until stdin closes
 WORKLOAD = textwrap.dedent("""
     import sys, torch

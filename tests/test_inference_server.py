@@ -20,6 +20,8 @@ from neuron_stack.inference.server import free_port, start_server_process
 from neuron_stack.inference.tiny import save_tiny_llama, tiny_llama
 from neuron_stack.inference.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 server_proc: list = []  # the running server (the last test stops it to read its profile)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 UI = {"textual", "dash", "plotly"}
 FORBIDDEN = {

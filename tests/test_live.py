@@ -11,6 +11,8 @@ import pytest
 from traces import live
 from traces.live import RING_SIZE, LivePublisher, read_all, read_device_info
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

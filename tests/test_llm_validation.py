@@ -50,6 +50,7 @@ def test_flags_are_checked(capsys, argv, needle):
     assert code == 1 and err.count("\n") == 1 and needle in err, err
 
 
+@pytest.mark.real_python   # it checks what the process imports: a warm one has torch
 def test_a_refusal_loads_neither_torch_nor_the_compiler(tmp_path):
     """The checks run before `neuron_stack.llm.project` (and torch) load: a bad size costs a second, not 250 MB."""
     import subprocess
@@ -108,6 +109,7 @@ def _fast_refusal(argv: list[str], module: str) -> tuple[int, str, list[str]]:
     ("neuron_stack.inference.demo", ["run", "--model-path", "{cfg}", "--tp-degree", "8"], 2),
     ("neuron_stack.inference.demo", ["serve", "--model-path", "{cfg}"], 2),
 ])
+@pytest.mark.real_python   # it checks what the process imports: a warm one has torch
 def test_every_cli_refuses_before_torch(tmp_path, module, argv, rc):
     """32 attention heads over 5 KV heads: one line from each CLI, with neither torch nor transformers loaded
     (the 8-10 s that transformers' own validator took to say nothing after its colon)."""

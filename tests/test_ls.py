@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 NEURON_LS = str(Path(sys.executable).parent / "neuron-ls")
 HOLD = ("import sys; from neuron_stack.runtime.cores import acquire; acquire('trn1'); print('held', flush=True); "
         "sys.stdin.read()")

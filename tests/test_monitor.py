@@ -18,6 +18,7 @@ BIN = Path(sys.executable).parent
 SCHEMA = json.loads((ROOT / "monitor" / "schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 ALL_RUNTIME = ["neuroncore_counters", "execution_stats", "memory_used", "neuron_runtime_vcpu_usage", "neuron_stack"]
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
 
 # A workload: publishes N executions with known latencies, memory, a model and events, then idles
 # until killed (or exits when IDLE_EXIT is set). Prints "done" once everything is recorded.

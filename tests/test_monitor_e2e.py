@@ -13,12 +13,14 @@ from test_monitor import Stream, runtimes
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
 
 LOOP = r'''
 import sys, time
 sys.path.insert(0, "sample_workloads")
 import torch, neuron_stack
 from models import MLP
+
 torch.manual_seed(0)
 model = MLP(32, 64, 10).eval()
 x = torch.randn(4, 32)

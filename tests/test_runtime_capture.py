@@ -13,6 +13,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKLOAD = textwrap.dedent("""

@@ -17,6 +17,8 @@ import pytest
 from top.app import NeuronTop
 from top.sources import LiveSource
 
+pytestmark = pytest.mark.real_python   # the test needs its processes' own pids (tests/warm_python.py)
+
 NEURON_TOP = Path(sys.executable).parent / "neuron-top"
 
 WORKLOAD = textwrap.dedent("""

@@ -461,9 +461,10 @@ def check_monitor(walk, picked):
     assert isinstance(doc["compiles"], int) and all("neuroncore_utilization" in v for v in doc["utilization"].values())
     # step 9's claim for the rest of the run: every call runs a cached graph, no compile, no recompile
     assert doc["compiles"] == 0 and doc["recompiles"]["count"] == 0, doc
-    # a serving period's core is busy for a small share of the projected time (a few to ~20 %), never the
-    # 100 % a period starting mid-simulation read (tests/test_monitor_projected_clock.py)
-    assert all(v["neuroncore_utilization"] < 50 for v in doc["utilization"].values()), doc
+    # a serving period's core is busy for a share of the projected time that depends on the host's speed
+    # between calls (a few % on a loaded machine, 54 % seen on a fast one), never the 100 % a period starting
+    # mid-simulation read (tests/test_monitor_projected_clock.py)
+    assert all(v["neuroncore_utilization"] < 90 for v in doc["utilization"].values()), doc
     assert doc["recompiles"]["last_source"].startswith("dynamic_shapes.py:"), doc
 
 

@@ -22,8 +22,11 @@ def islands(rows_sql: str, keys: str, sums: tuple[str, ...] = ()) -> str:
     """Merged intervals: ``rows_sql`` yields ``keys``, ``s``, ``e`` (and the ``sums`` columns); the result is one
     row per run of overlapping (or touching) intervals with the same keys: ``keys``, ``s``, ``e`` and each sum."""
     extra = "".join(f", sum({c})::BIGINT AS {c}" for c in sums)
+    # Of identical intervals one starts a run (brk 1), the others not, in whatever order the first window sorted
+    # them; the second window counts ties together (its default RANGE frame) so they all join that run. With
+    # ROWS here a sort that put a tie with brk 0 first joined it to the run before, across the gap.
     return f"""SELECT {keys}, min(s) AS s, max(e) AS e{extra} FROM (
-        SELECT *, sum(brk) OVER (PARTITION BY {keys} ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS grp FROM (
+        SELECT *, sum(brk) OVER (PARTITION BY {keys} ORDER BY s, e) AS grp FROM (
             SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY {keys} ORDER BY s, e
                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS brk FROM ({rows_sql})))
         GROUP BY {keys}, grp"""
