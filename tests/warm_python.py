@@ -1,18 +1,22 @@
 """A warm Python for the tests' subprocesses: torch already imported, forked per process.
 
-Most of the suite's CPU outside pytest is the same 2.3 s of ``import torch`` + ``torch._dynamo`` in each
-``[sys.executable, ...]`` a test starts. Here one server per xdist worker imports them once; a test's
-``subprocess.Popen([sys.executable, ...])`` instead starts a tiny client (``python -I -S`` of this file, no site,
-~20 ms) that hands its stdin/stdout/stderr, argv, environment and cwd to the server, which forks a child to run
-the program as ``python`` would. The client stays the test's process: it forwards the signals it gets, exits with
-the child's status (a child killed by signal N kills the client with N), and if the client dies the server
-SIGKILLs the child. What differs from a real interpreter, and so is never sent here (``Popen`` runs the real
-thing): a test that needs the process's pid to be the workload's (``proc.pid``, psutil, ``/proc``) sets
-``NEURON_TEST_WARM=0`` in the child's environment (``real_python``); any interpreter option other than
-``-u``/``-m``/``-c``; and an environment that differs from the server's in a variable read while torch imports
-(``TORCH*``, ``OMP_*``, ``LD_*``, ``PYTHON*`` but ``PYTHONPATH``/``PYTHONUNBUFFERED``, locale).
+Most of the suite's CPU outside pytest was the same 2.3 s of ``import torch`` + ``torch._dynamo`` in each
+``[sys.executable, ...]`` a test starts. Here one server per xdist worker imports them once. A test's
+``subprocess.Popen([sys.executable, ...])`` (or ``.venv/bin/<console script>``) instead starts a tiny client
+(``python -I -S`` of this file, ~20 ms) that hands its stdin/stdout/stderr, argv, environment and cwd to the
+server, which forks a child to run the program as ``python`` would. The client stays the test's process: it
+forwards the signals it gets and exits with the child's status (a child killed by signal N kills the client
+with N); if the client dies, the server SIGKILLs the child; if the server is gone, the client execs the real
+interpreter.
 
-Usage (tests/conftest.py): ``with serve(): ...`` patches ``subprocess.Popen`` for the worker's session.
+What differs: the program's pid is not ``proc.pid``, and torch is already imported. A test that needs the
+program's pid (``proc.pid``, psutil, ``/proc``) or checks what it imports is marked ``real_python`` (or sets
+``NEURON_TEST_WARM=0`` in the child's environment). Real interpreters also run any command with an interpreter
+option other than ``-u``/``-m``/``-c``, and any environment that differs from the server's in a variable read
+while torch imports or the interpreter starts (``TORCH*``, ``OMP_*``, ``LD_*``, ``PYTHON*`` but ``PYTHONPATH``
+and ``PYTHONUNBUFFERED``, the locale).
+
+Usage (tests/conftest.py): ``with serve(directory): ...`` patches ``subprocess.Popen`` for the worker's session.
 """
 import contextlib
 import json
@@ -117,7 +121,10 @@ def serve(directory):
 
 def _client(path, argv):
     sock = socket.socket(socket.AF_UNIX)
-    sock.connect(path)
+    try:
+        sock.connect(path)
+    except OSError:   # the server is gone: this process becomes the real interpreter, same pid
+        os.execv(sys.executable, [sys.executable, *argv])
     body = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
     socket.send_fds(sock, [struct.pack("!I", len(body)) + body], [0, 1, 2])
     reader = sock.makefile("r")
