@@ -7,7 +7,8 @@ Most of the suite's CPU outside pytest was the same 2.3 s of ``import torch`` + 
 server, which forks a child to run the program as ``python`` would. The client stays the test's process: it
 forwards the signals it gets and exits with the child's status (a child killed by signal N kills the client
 with N); if the client dies, the server SIGKILLs the child; if the server is gone, the client execs the real
-interpreter.
+interpreter. The child's own Python subprocesses (``neuron-explorer inspect -- python train.py``, a bench's
+workloads) go to the same server.
 
 What differs: the program's pid is not ``proc.pid``, and torch is already imported. A test that needs the
 program's pid (``proc.pid``, psutil, ``/proc``) or checks what it imports is marked ``real_python`` (or sets
@@ -34,11 +35,16 @@ enabled = True   # off during a test marked real_python (tests/conftest.py)
 _SENSITIVE = ("TORCH", "PYTORCH", "OMP_", "MKL", "KMP_", "GOMP", "OPENBLAS", "LD_", "PYTHON", "LC_", "LANG",
               "CUDA", "TRITON", "NUMPY")
 _HANDLED = {"PYTHONPATH", "PYTHONUNBUFFERED", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONDONTWRITEBYTECODE"}
+# Popen arguments that set up the process itself (limits in preexec_fn, extra descriptors, ids): a fork of the
+# server would not get them
+_PER_PROCESS = ("shell", "executable", "preexec_fn", "pass_fds", "user", "group", "extra_groups", "process_group")
+_SET_BY_IMPORT = {}   # what importing torch put in the server's os.environ: a child's import would have too
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _key(env):
-    return {k: v for k, v in env.items() if k.startswith(_SENSITIVE) and k not in _HANDLED}
+    return {k: v for k, v in env.items()
+            if k.startswith(_SENSITIVE) and k not in _HANDLED and _SET_BY_IMPORT.get(k) != v}
 
 
 def _strings(args):
@@ -57,7 +63,8 @@ def _shebang(argv):
         try:
             with open(argv[0], "rb") as f:
                 first = f.readline(512).rstrip()
-            if first.startswith(b"#!") and os.path.realpath(first[2:]) == os.path.realpath(sys.executable):
+            interpreter = os.fsdecode(first[2:])
+            if first.startswith(b"#!") and os.path.realpath(interpreter) == os.path.realpath(sys.executable):
                 return [sys.executable, *argv]
         except OSError:
             pass
@@ -91,20 +98,7 @@ def serve(directory):
         server.wait()
         yield
         return
-    key, real = _key(os.environ), subprocess.Popen
-
-    class Popen(real):
-        def __init__(self, args, *more, **kwargs):
-            env = kwargs.get("env")
-            env = os.environ if env is None else env
-            argv = _shebang(_strings(args))
-            if (enabled and not more and argv and argv[0] == sys.executable and _plan(argv[1:]) is not None
-                    and not kwargs.get("shell") and kwargs.get("executable") is None
-                    and env.get(OPT_OUT) != "0" and _key(env) == key):
-                args = [sys.executable, "-I", "-S", __file__, "client", path, *argv[1:]]
-            super().__init__(args, *more, **kwargs)
-
-    subprocess.Popen = Popen
+    real = _route(path, _key(os.environ))
     try:
         yield
     finally:
@@ -115,6 +109,25 @@ def serve(directory):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _route(path, key):
+    """Patch ``subprocess.Popen`` to send ``[sys.executable, ...]`` to the server at ``path``; returns the real one."""
+    real = subprocess.Popen
+
+    class Popen(real):
+        def __init__(self, args, *more, **kwargs):
+            env = kwargs.get("env")
+            env = os.environ if env is None else env
+            argv = _shebang(_strings(args))
+            if (enabled and not more and argv and argv[0] == sys.executable and _plan(argv[1:]) is not None
+                    and not any(kwargs.get(k) for k in _PER_PROCESS) and kwargs.get("close_fds", True)
+                    and kwargs.get("umask", -1) == -1 and env.get(OPT_OUT) != "0" and _key(env) == key):
+                args = [sys.executable, "-I", "-S", __file__, "client", path, *argv[1:]]
+            super().__init__(args, *more, **kwargs)
+
+    subprocess.Popen = Popen
+    return real
 
 
 # --- the client: the process the test holds ---------------------------------------------------------------
@@ -240,6 +253,7 @@ def _become(request, fds):
     env = request["env"]
     os.chdir(request["cwd"])
     os.environ.clear()
+    os.environ.update(_SET_BY_IMPORT)
     os.environ.update(env)
     plan = _plan(request["argv"])
     unbuffered = plan[0] or bool(env.get("PYTHONUNBUFFERED"))
@@ -265,6 +279,7 @@ def _become(request, fds):
     if env.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1":
         import torch
         torch._import_device_backends()
+    _route(*_SERVER)   # its own Python subprocesses fork from the server too
     return kind, target, args
 
 
@@ -328,16 +343,20 @@ def _exit(kind, target, args):
 
 
 _INHERITED_PATH = set()
+_SERVER = ()   # the server's socket and environment key, for the children's own subprocesses
 
 if __name__ == "__main__":
     if sys.argv[1] == "client":   # before anything else is imported: the client must start in milliseconds
         _client(sys.argv[2], sys.argv[3:])
+    before = dict(os.environ)
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"   # the neuron device registers per child (it reads env)
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import torch.export  # noqa: F401
 
     assert not any(m.startswith(("neuron_stack", "traces")) for m in sys.modules), "the server must not import ours"
-    _INHERITED_PATH.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    _INHERITED_PATH.update(p for p in before.get("PYTHONPATH", "").split(os.pathsep) if p)
     del os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"]
+    _SET_BY_IMPORT.update((k, v) for k, v in os.environ.items() if k not in before)   # TORCHINDUCTOR_CACHE_DIR
+    _SERVER = (sys.argv[2], _key(before))
     _exit(*_become(*_server(sys.argv[2])))

@@ -37,8 +37,17 @@ def install(env=None) -> bool:
 
 
 def _user_frame(tb) -> str:
-    """`` at script.py:12``: the innermost frame outside the libraries, where the user's code was."""
+    """`` at script.py:12``: the innermost frame outside the libraries, where the user's code was. Code we
+    generate (``<neuron_stack partition forward>``, runtime/graph.py) and frozen modules are not the user's.
+
+    >>> try:
+    ...     exec(compile("raise KeyboardInterrupt", "<neuron_stack partition forward>", "exec"))
+    ... except KeyboardInterrupt as e:
+    ...     _user_frame(e.__traceback__).startswith(" at <doctest")
+    True
+    """
     ours = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))     # beside neuron_stack/: traces/...
-    libs = (os.path.dirname(os.__file__), *(os.path.join(ours, p) + os.sep for p in ("neuron_stack", "traces")))
+    libs = (os.path.dirname(os.__file__), *(os.path.join(ours, p) + os.sep for p in ("neuron_stack", "traces")),
+            "<neuron_stack ", "<frozen ")
     user = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(libs) and "-packages" not in f.filename]
     return f" at {os.path.basename(user[-1].filename)}:{user[-1].lineno}" if user else ""
