@@ -24,7 +24,8 @@ def islands(rows_sql: str, keys: str, sums: tuple[str, ...] = ()) -> str:
     extra = "".join(f", sum({c})::BIGINT AS {c}" for c in sums)
     # Of identical intervals one starts a run (brk 1), the others not, in whatever order the first window sorted
     # them; the second window counts ties together (its default RANGE frame) so they all join that run. With
-    # ROWS here a sort that put a tie with brk 0 first joined it to the run before, across the gap.
+    # ROWS there, a second sort that put a tie with brk 0 first would join it to the run before, across the gap:
+    # SQL promises no order among ties.
     return f"""SELECT {keys}, min(s) AS s, max(e) AS e{extra} FROM (
         SELECT *, sum(brk) OVER (PARTITION BY {keys} ORDER BY s, e) AS grp FROM (
             SELECT *, CASE WHEN s <= max(e) OVER (PARTITION BY {keys} ORDER BY s, e
