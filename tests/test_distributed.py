@@ -12,6 +12,7 @@ import traces
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+pytestmark = pytest.mark.real_python   # it finds a rank among torchrun's children (psutil)
 STRAGGLER_SQL = """
 SELECT r.rank, r.node, sum(i.sem_wait_ns) AS waited_ns, sum(i.dur_ns) AS cc_ns
 FROM instructions i JOIN executions e USING (exec_id) JOIN runs r USING (run_id)
