@@ -156,6 +156,10 @@ def _client(path, argv):
 
 def _recv(conn):
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < 4 or len(fds) != 3:   # a client killed while connecting
+        for fd in fds:
+            os.close(fd)
+        raise EOFError
     (size,) = struct.unpack("!I", data[:4])
     body = data[4:]
     while len(body) < size:
