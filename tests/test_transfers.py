@@ -137,9 +137,14 @@ def test_under_torch_profiler_each_copy_sits_in_the_torch_op_that_made_it(runs, 
                                           AND f.end_ts >= w.end_ts) AS around
                         FROM SystemProfileEvents w
                         WHERE w.name IN ('nrt_tensor_write', 'nrt_tensor_read')""").to_pylist()
-    made_by = collections.Counter(next((op for op in ("aten::copy_", "aten::_local_scalar_dense", "aten::_to_copy")
-                                        if op in r["around"]), "print") for r in rows)
-    # writes: .to("neuron") and load_state_dict's copies; reads: .item(), .cpu(); print(loss) is no ATen op
+    # writes: .to("neuron") and load_state_dict's copies (aten::copy_); reads: .item(), .cpu(), and print(loss),
+    # which is no ATen op. A read is classed by the outermost op that made it: .cpu()'s aten::_to_copy also runs
+    # the host copy (a CPU aten::copy_) a few microseconds before the read, and torch.profiler's clock (TSC,
+    # fitted to the wall clock over the window) and ours may disagree by that much
+    made_by = collections.Counter(
+        next((op for op in (("aten::copy_",) if r["name"] == "nrt_tensor_write" else
+                            ("aten::_local_scalar_dense", "aten::_to_copy")) if op in r["around"]), "print")
+        for r in rows)
     writes = sum(d == "to_device" for d, _ in copies)
     assert made_by == {"aten::copy_": writes, "aten::_local_scalar_dense": 2, "print": 2,
                        "aten::_to_copy": len(copies) - writes - 4}
