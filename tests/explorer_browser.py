@@ -39,6 +39,7 @@ def choose(page, dropdown: str, option: str) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     item = page.locator(".dash-dropdown-option", has_text=re.compile(rf"^\s*{re.escape(option)}\s*$"))
+    seen = None
     for attempt in range(3):
         page.click(dropdown)
         page.keyboard.press("Control+A")   # replace what an earlier attempt typed
@@ -46,11 +47,14 @@ def choose(page, dropdown: str, option: str) -> None:
         try:
             item.first.click(timeout=5000 * (attempt + 1))
             return
-        except PlaywrightTimeout:
-            continue
+        except PlaywrightTimeout:   # what the open list showed, and where the typing went, for the message
+            seen = page.evaluate("""() => ({options: [...document.querySelectorAll('.dash-dropdown-option')]
+                                                .map(o => o.innerText.trim()).slice(0, 20),
+                                            focus: document.activeElement && [document.activeElement.tagName,
+                                                                              document.activeElement.value]})""")
         finally:
             page.keyboard.press("Escape")
-    raise AssertionError(f"{dropdown} never offered {option!r}")
+    raise AssertionError(f"{dropdown} never offered {option!r}; last attempt: {seen}")
 
 
 class SharedExplorer:
