@@ -33,18 +33,18 @@ needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists() or shutil.which(
 
 
 def choose(page, dropdown: str, option: str) -> None:
-    """Pick ``option`` in the Dash dropdown ``dropdown`` (a CSS selector) as a user does: open it, type to
-    search, click the option. Never Enter: under load typed keys can be lost, and Enter picks whatever
-    matched first (seen on CI: ``step0`` for ``step1``)."""
+    """Pick ``option`` in the Dash dropdown ``dropdown`` (a CSS selector) as a user does: open it, search for
+    it, click the option. Never Enter: under load typed keys can be lost, and Enter picks whatever matched
+    first (seen on CI: ``step0`` for ``step1``)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     item = page.locator(".dash-dropdown-option", has_text=re.compile(rf"^\s*{re.escape(option)}\s*$"))
     seen = None
     for attempt in range(3):
         page.click(dropdown)
-        page.keyboard.press("Control+A")   # replace what an earlier attempt typed
-        page.keyboard.type(option)
         try:
+            # fill, not Control+A and typing: a failed run's search box held 'Astep1' (the A typed as text)
+            page.locator(".dash-dropdown-content .dash-dropdown-search").fill(option, timeout=5000)
             item.first.click(timeout=5000 * (attempt + 1))
             return
         except PlaywrightTimeout:   # what the open list showed, and where the typing went, for the message
